@@ -1,0 +1,3 @@
+from zsprob.cli import main
+
+main()

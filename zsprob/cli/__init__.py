@@ -1,0 +1,116 @@
+"""The ``zsprob`` command line.
+
+A click group whose sub-commands live one per module in this package (``zsprob/cli/<name>.py``,
+each a thin function that parses options and calls the library) and are imported only when
+used, so ``zsprob --help`` does not pay for importing torch.
+
+Error policy: a :class:`zsprob.UserError` or a click usage error prints one line on stderr
+(``zsprob: error: ...``) and exits with status 2. ``zsprob --debug CMD`` (or ``ZSPROB_DEBUG=1``)
+re-raises with the full traceback instead.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from zsprob import __version__
+from zsprob.errors import UserError
+
+# command name -> (module, attribute, one-line help shown by `zsprob --help`)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "data": ("zsprob.cli.data", "data", "Generate SynthWorld and inspect datasets."),
+    "pretrain": ("zsprob.cli.pretrain", "pretrain", "Pretrain a probabilistic image-text model on shards."),
+    "finetune": ("zsprob.cli.finetune", "finetune", "Fine-tune on COCO with the PCME++ recipe."),
+    "select-prompts": ("zsprob.cli.select_prompts", "select_prompts",
+                       "Rank prompt templates by text uncertainty and select them per class."),
+    "zeroshot": ("zsprob.cli.zeroshot", "zeroshot", "Zero-shot classification with selected prompts."),
+    "eval": ("zsprob.cli.eval", "eval_", "Retrieval evaluation (COCO 1K/5K, CxC, ECCV, PMRP, SynthWorld)."),
+    "index": ("zsprob.cli.index", "index", "Build and search exact / approximate CSD indexes (FAISS)."),
+    "demo": ("zsprob.cli.demo", "demo", "Run the whole mission on SynthWorld and write a report."),
+}
+
+
+def debug_enabled() -> bool:
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        root = ctx.find_root()
+        if root.obj and root.obj.get("debug"):
+            return True
+    return os.environ.get("ZSPROB_DEBUG", "") not in ("", "0")
+
+
+class LazyGroup(click.Group):
+    """A group that imports each sub-command's module on first use."""
+
+    def list_commands(self, ctx):
+        return list(COMMANDS) + [c for c in super().list_commands(ctx) if c not in COMMANDS]
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return super().get_command(ctx, name)
+        mod, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(mod), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, helptext) for name, (_, _, helptext) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="zsprob")
+@click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """zsprob: probabilistic image-text models (PCME++, PCME, probabilistic VSE, jWAE).
+
+    Start with `zsprob demo`, which runs the whole pipeline offline on SynthWorld.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug or os.environ.get("ZSPROB_DEBUG", "") not in ("", "0")
+
+
+def not_available(what: str, issue: str) -> None:
+    """Exit 2 for a capability that is not in this version yet."""
+    raise UserError(f"{what} is not available in zsprob {__version__} yet ({issue})")
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(str(msg).split())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the group, mapping user errors to one line and exit code 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args[: args.index("--") if "--" in args else len(args)] or \
+        os.environ.get("ZSPROB_DEBUG", "") not in ("", "0")
+    try:
+        rv = cli.main(args=args, prog_name="zsprob", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("zsprob: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        if debug:
+            raise
+        click.echo(f"zsprob: error: {_one_line(e.format_message())}", err=True)
+        sys.exit(2)
+    except UserError as e:
+        if debug:
+            raise
+        click.echo(f"zsprob: error: {_one_line(e)}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("zsprob: interrupted", err=True)
+        sys.exit(130)
+    if isinstance(rv, int) and rv not in (0, None):
+        sys.exit(rv)
+    sys.exit(0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,132 @@
+"""YAML configs with dotted command-line overrides.
+
+A config is a nested dict read from a YAML file (``configs/*.yaml``), optionally built on a
+``base:`` file named inside it, then patched with ``--set a.b.c=value`` overrides whose values
+are parsed as YAML scalars (``1e-4`` -> float, ``true`` -> bool, ``[1, 2]`` -> list).
+Malformed files and overrides raise :class:`zsprob.UserError`.
+
+:class:`Config` is a dict with attribute access, so ``cfg.optim.lr`` and ``cfg["optim"]["lr"]``
+both work; it round-trips to YAML / JSON unchanged.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from zsprob.errors import UserError
+from zsprob.utils.paths import configs_dir, resolve_resource
+
+
+class Config(dict):
+    """A nested dict with attribute access (read and write)."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def __deepcopy__(self, memo):
+        return Config({k: copy.deepcopy(v, memo) for k, v in self.items()})
+
+    def to_dict(self) -> dict:
+        return _plain(self)
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def to_config(x: Any) -> Any:
+    """Recursively wrap mappings as :class:`Config`."""
+    if isinstance(x, Mapping):
+        return Config({k: to_config(v) for k, v in x.items()})
+    if isinstance(x, list):
+        return [to_config(v) for v in x]
+    return x
+
+
+def deep_merge(base: Mapping, update: Mapping) -> dict:
+    """``update`` merged into a copy of ``base``; nested mappings merge, everything else replaces."""
+    out = copy.deepcopy(dict(base))
+    for k, v in update.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override value as a YAML scalar / flow collection."""
+    try:
+        return yaml.safe_load(text) if text.strip() != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(cfg: dict, item: str) -> None:
+    """Apply one ``a.b.c=value`` override in place."""
+    if "=" not in item:
+        raise UserError(f"override must look like key.sub=value, got {item!r}")
+    key, value = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise UserError(f"override has an empty key: {item!r}")
+    node = cfg
+    for p in parts[:-1]:
+        if p not in node or node[p] is None:
+            node[p] = Config()
+        elif not isinstance(node[p], dict):
+            raise UserError(f"override {item!r}: {p!r} is a value, not a section")
+        node = node[p]
+    node[parts[-1]] = to_config(parse_value(value))
+
+
+def read_yaml(path: str | os.PathLike) -> dict:
+    p = resolve_resource(path, configs_dir())
+    if not p.is_file():
+        raise UserError(f"config file not found: {path} (looked in . and {configs_dir()})")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        first = " ".join(str(e).split())
+        raise UserError(f"malformed YAML in {p}: {first}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"config {p} must be a mapping at the top level, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base:
+        base_path = Path(base)
+        if not base_path.is_absolute() and not base_path.exists():
+            base_path = p.parent / base
+        data = deep_merge(read_yaml(base_path), data)
+    return data
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] = (),
+                defaults: Mapping | None = None) -> Config:
+    """Defaults <- YAML file (and its ``base:`` chain) <- ``key=value`` overrides."""
+    cfg: dict = copy.deepcopy(dict(defaults)) if defaults else {}
+    if path is not None:
+        cfg = deep_merge(cfg, read_yaml(path))
+    cfg = to_config(cfg)
+    for item in overrides:
+        apply_override(cfg, item)
+    return cfg
+
+
+def dump_yaml(cfg: Mapping) -> str:
+    return yaml.safe_dump(_plain(cfg), sort_keys=False)

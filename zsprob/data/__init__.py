@@ -1,0 +1,1 @@
+"""zsprob.data (being built)."""

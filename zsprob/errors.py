@@ -1,0 +1,41 @@
+"""The one exception type for errors a user can cause.
+
+Missing paths, corrupted checkpoints, unknown model names, malformed configs, class-list
+mismatches: raise :class:`UserError` with a message that says what is wrong and what to do.
+The command line prints it as a single line on stderr and exits with status 2 (a traceback
+only with ``zsprob --debug``). Library users catch it like any exception.
+"""
+
+
+class UserError(Exception):
+    """An error caused by the user's input or environment, reported without a traceback."""
+
+
+def require_file(path, what: str, hint: str = "") -> "object":
+    """Return ``Path(path)`` if it is an existing file, else raise :class:`UserError`.
+
+    ``what`` names the file for the message ("COCO Karpathy split JSON"), ``hint`` says
+    where it comes from or how to make it.
+    """
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        msg = f"{what} not found: {p}"
+        if hint:
+            msg += f" ({hint})"
+        raise UserError(msg)
+    return p
+
+
+def require_dir(path, what: str, hint: str = "") -> "object":
+    """Return ``Path(path)`` if it is an existing directory, else raise :class:`UserError`."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_dir():
+        msg = f"{what} not found: {p}"
+        if hint:
+            msg += f" ({hint})"
+        raise UserError(msg)
+    return p

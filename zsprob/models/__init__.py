@@ -1,0 +1,1 @@
+"""zsprob.models (being built)."""

@@ -1,0 +1,1 @@
+"""zsprob.prob (being built)."""

@@ -1,0 +1,1 @@
+"""zsprob.report (being built)."""

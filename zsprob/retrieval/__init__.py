@@ -1,0 +1,1 @@
+"""zsprob.retrieval (being built)."""

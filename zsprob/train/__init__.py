@@ -1,0 +1,1 @@
+"""zsprob.train (being built)."""

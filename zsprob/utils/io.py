@@ -1,0 +1,86 @@
+"""Atomic writes and small JSON helpers.
+
+Everything zsprob writes that a user would miss if a crash left it half-written
+(checkpoints, selections, results) goes through these functions: the data is written to a
+temporary file in the same directory, flushed and fsync'ed, then renamed over the target,
+so a reader sees either the old file or the new one, never a torn one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+
+def atomic_write(path: str | os.PathLike, writer: Callable[[str], None]) -> Path:
+    """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        writer(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    def _w(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    return atomic_write(path, _w)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _default(o: Any) -> Any:
+    # numpy / torch scalars and arrays, Paths
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def to_json(obj: Any, indent: int | None = 2) -> str:
+    return json.dumps(obj, indent=indent, default=_default, sort_keys=False) + "\n"
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Path:
+    return atomic_write_text(path, to_json(obj, indent=indent))
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """Read JSON, turning a missing or malformed file into a :class:`zsprob.UserError`."""
+    from zsprob.errors import UserError
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{what} not found: {p}")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{what} is not valid JSON: {p} ({e})") from None
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    """Append one JSON record as a line (used for metrics logs; appends are line-atomic)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, default=_default) + "\n")

@@ -1,0 +1,40 @@
+"""Where zsprob's shipped resources live: prompts/ and configs/ at the repository root.
+
+zsprob is installed editable (``pip install -e .``), so these folders sit next to the
+package. ``ZSPROB_HOME`` overrides the root.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def project_root() -> Path:
+    env = os.environ.get("ZSPROB_HOME")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2]
+
+
+def prompts_dir() -> Path:
+    return project_root() / "prompts"
+
+
+def configs_dir() -> Path:
+    return project_root() / "configs"
+
+
+def model_configs_dir() -> Path:
+    return configs_dir() / "models"
+
+
+def resolve_resource(path: str | os.PathLike, folder: Path) -> Path:
+    """A user path if it exists, else the same name inside a shipped folder."""
+    p = Path(path)
+    if p.exists():
+        return p
+    q = folder / p
+    if q.exists():
+        return q
+    q = folder / p.name
+    return q if q.exists() else p

@@ -1,0 +1,1 @@
+"""zsprob.zeroshot (being built)."""
