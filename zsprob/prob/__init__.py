@@ -1,1 +1,33 @@
-"""zsprob.prob (being built)."""
+"""zsprob.prob: tensor math on diagonal Gaussian embeddings (no I/O, no models).
+
+- :mod:`zsprob.prob.distances`: pairwise distances [N, M] (CSD, 2-Wasserstein, KL, min-KL, JS,
+  ELK, Bhattacharyya, mean-only, cosine, Monte Carlo match probability / average L2),
+  uncertainty scalars, and :func:`score` (similarities, higher = better) by name;
+- :mod:`zsprob.prob.losses`: PCMEPPLoss, PCMELoss, InfoNCELoss, TripletLoss, ProbTripletLoss,
+  MuOnlyLoss, :func:`create_loss`, :func:`needs_sigma`;
+- :mod:`zsprob.prob.jwae`: jWAE reconstruction / adversarial prior / alignment terms;
+- :mod:`zsprob.prob.msda`: Mixup / CutMix of images with soft match targets (:func:`mix_batch`);
+- :mod:`zsprob.prob.reference`: broadcast reference of the PCME++ pseudo-code (tests, benchmarks).
+"""
+from zsprob.prob.distances import (
+    SCORE_NAMES, bhattacharyya, cosine, csd, elk, js, kl, kl_reverse, mc_avg_l2, mc_match_prob,
+    min_kl, sample_gaussian, score, sq_euclidean, uncertainty, wasserstein2,
+)
+from zsprob.prob.losses import (
+    LOSS_NAMES, InfoNCELoss, MuOnlyLoss, PCMELoss, PCMEPPLoss, ProbTripletLoss, TripletLoss,
+    create_loss, needs_sigma, pseudo_positive_targets, vib_kl,
+)
+from zsprob.prob.msda import mix_batch
+from zsprob.prob.jwae import (
+    JWAE_PRESETS, JWAEObjective, PriorDiscriminator, discriminator_loss, generator_loss,
+    max_margin_alignment, mse_alignment, reconstruction_loss, sample_prior,
+)
+
+__all__ = [
+    "SCORE_NAMES", "bhattacharyya", "cosine", "csd", "elk", "js", "kl", "kl_reverse", "mc_avg_l2",
+    "mc_match_prob", "min_kl", "sample_gaussian", "score", "sq_euclidean", "uncertainty", "wasserstein2",
+    "LOSS_NAMES", "InfoNCELoss", "MuOnlyLoss", "PCMELoss", "PCMEPPLoss", "ProbTripletLoss", "TripletLoss",
+    "create_loss", "needs_sigma", "pseudo_positive_targets", "vib_kl", "mix_batch",
+    "JWAE_PRESETS", "JWAEObjective", "PriorDiscriminator", "discriminator_loss", "generator_loss",
+    "max_margin_alignment", "mse_alignment", "reconstruction_loss", "sample_prior",
+]

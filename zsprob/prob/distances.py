@@ -1,0 +1,326 @@
+"""Pairwise distances and similarities between diagonal Gaussians, plus uncertainty scalars.
+
+Every Gaussian is a pair ``(mu, logvar)`` of tensors [N, D] (``logvar = log sigma^2``); every
+pairwise function takes the rows ``a`` [N, D] and the columns ``b`` [M, D] and returns [N, M].
+
+Formulas and where they come from (p = N(mu_a, v_a), q = N(mu_b, v_b), v = sigma^2, sums over D):
+
+- ``csd``: PCME++ Eq. 1 (App. A.1), E||Z_a - Z_b||^2 = ||mu_a - mu_b||^2 + sum(v_a) + sum(v_b);
+- ``wasserstein2``: squared 2-Wasserstein distance ||mu_a - mu_b||^2 + ||sigma_a - sigma_b||^2
+  (PCME++ Sec. 2.2, PCME Sec. 4); ``form="var"`` gives ||mu_a - mu_b||^2 + ||v_a - v_b||^2, the
+  diagonal form as Pishdad et al. print it (Sec. 3); ``squared=False`` takes the square root
+  (Pishdad et al. use -W2, not -W2^2);
+- ``kl`` = KL(p || q) = 0.5 sum[log v_b - log v_a + v_a / v_b + (mu_a - mu_b)^2 / v_b - 1]
+  (PCME Sec. C, Pishdad et al. Eq. 4); ``kl_reverse`` = KL(q || p); ``min_kl`` = min of the two;
+  ``js`` = 0.5 (KL(p||q) + KL(q||p)) exactly as the PCME paper defines its "JS";
+- ``elk``: negative log expected likelihood kernel without the 2 pi constant,
+  0.5 sum[(mu_a - mu_b)^2 / (v_a + v_b) + log(v_a + v_b)] (PCME Sec. C);
+- ``bhattacharyya``: 0.25 sum (mu_a - mu_b)^2 / (v_a + v_b) + 0.5 sum log((v_a + v_b) / (2 sqrt(v_a v_b)))
+  (the standard form; zero for identical Gaussians; the PCME digest's form adds 0.5 log 2 per dim);
+- ``mc_match_prob``: PCME Eq. 2-3, (1/J^2) sum_{j,j'} sigmoid(-a ||z_a^j - z_b^j'||_2 + b) with
+  J reparameterised samples per input; ``mc_avg_l2``: the mean sampled L2 distance (PCME Table 1);
+- ``uncertainty``: ||sigma^2||_1 (PCME++), log det Sigma = sum logvar (Pishdad et al.), geometric
+  mean of sigma (PCME).
+
+Memory: closed forms that separate over (a, b) go through matrix products, O(N*M) memory and no
+[N, M, D] tensor (CSD, W2, KL and its relatives expand the square and the 1/v_b factor into three
+matmuls). ELK and Bhattacharyya have (mu_a - mu_b)^2 / (v_a + v_b), which does not separate; they
+are computed in row blocks whose [rows, M, D] temporaries stay under ``chunk_elements``. The Monte
+Carlo functions draw the samples once and evaluate the [N*J, M*J] sample distances in blocks (a
+matmul each), so their memory is bounded for any N, M.
+
+Dtypes: float64 inputs are computed in float64, everything else (float32, float16, bfloat16) in
+float32; results come back in that compute dtype.
+
+All of this is written here on top of plain torch (matmul, logsumexp); no other library does it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from zsprob.errors import UserError
+
+__all__ = [
+    "csd", "wasserstein2", "kl", "kl_reverse", "min_kl", "js", "elk", "bhattacharyya",
+    "sq_euclidean", "cosine", "mc_match_prob", "mc_avg_l2", "sample_gaussian", "uncertainty",
+    "score", "SCORE_NAMES", "compute_dtype",
+]
+
+#: default size (number of elements) of one temporary block in the chunked functions (64 MiB f32)
+DEFAULT_CHUNK_ELEMENTS = 1 << 24
+
+
+def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    """float64 if any input is float64, else float32 (half / bfloat16 are promoted)."""
+    for t in tensors:
+        if t is not None and t.dtype == torch.float64:
+            return torch.float64
+    return torch.float32
+
+
+def _cast(*tensors: torch.Tensor | None):
+    dt = compute_dtype(*tensors)
+    return tuple(None if t is None else t.to(dt) for t in tensors)
+
+
+def _check_pair(mu_a, mu_b):
+    if mu_a.dim() != 2 or mu_b.dim() != 2 or mu_a.shape[1] != mu_b.shape[1]:
+        raise ValueError(f"expected [N, D] and [M, D] tensors, got {tuple(mu_a.shape)} and {tuple(mu_b.shape)}")
+
+
+def _require_logvar(name: str, *logvars):
+    if any(lv is None for lv in logvars):
+        raise ValueError(f"{name} needs logvar for both inputs (got None: a deterministic model?)")
+
+
+def _sq_dist(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """||x_i - y_j||^2 [N, M] through one matmul; clamped at 0 against round-off."""
+    x2 = (x * x).sum(-1, keepdim=True)
+    y2 = (y * y).sum(-1).unsqueeze(0)
+    d = torch.addmm(y2, x, y.t(), alpha=-2.0)
+    if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):
+        return (d + x2).clamp(min=0.0)
+    return d.add_(x2).clamp_(min=0.0)  # in place: no second [N, M] temporary
+
+
+def sq_euclidean(mu_a: torch.Tensor, mu_b: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean distance of the means, [N, M] (the "mean-only" distance)."""
+    mu_a, mu_b = _cast(mu_a, mu_b)
+    _check_pair(mu_a, mu_b)
+    return _sq_dist(mu_a, mu_b)
+
+
+def cosine(mu_a: torch.Tensor, mu_b: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Cosine similarity of the means, [N, M] (a similarity: higher = closer)."""
+    mu_a, mu_b = _cast(mu_a, mu_b)
+    _check_pair(mu_a, mu_b)
+    return F.normalize(mu_a, dim=-1, eps=eps) @ F.normalize(mu_b, dim=-1, eps=eps).t()
+
+
+def csd(mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
+    """PCME++ closed-form sampled distance E||Z_a - Z_b||^2 (Eq. 1), [N, M].
+
+    = ||mu_a||^2 + ||mu_b||^2 - 2 mu_a mu_b^T + sum(sigma_a^2) + sum(sigma_b^2): one matmul.
+    """
+    _require_logvar("csd", logvar_a, logvar_b)
+    mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
+    _check_pair(mu_a, mu_b)
+    s_a = logvar_a.exp().sum(-1, keepdim=True)
+    s_b = logvar_b.exp().sum(-1).unsqueeze(0)
+    return _sq_dist(mu_a, mu_b) + s_a + s_b
+
+
+def wasserstein2(mu_a, logvar_a, mu_b, logvar_b, *, form: str = "std", squared: bool = True,
+                 eps: float = 1e-12) -> torch.Tensor:
+    """2-Wasserstein distance between diagonal Gaussians, [N, M].
+
+    ``form="std"``: ||mu_a - mu_b||^2 + ||sigma_a - sigma_b||^2 (the standard closed form);
+    ``form="var"``: ||mu_a - mu_b||^2 + ||sigma_a^2 - sigma_b^2||^2 (Pishdad et al. as printed).
+    ``squared=False`` returns the square root (sqrt(x + eps) to keep the gradient finite at 0).
+    """
+    _require_logvar("wasserstein2", logvar_a, logvar_b)
+    mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
+    _check_pair(mu_a, mu_b)
+    if form == "std":
+        s_a, s_b = (0.5 * logvar_a).exp(), (0.5 * logvar_b).exp()
+    elif form == "var":
+        s_a, s_b = logvar_a.exp(), logvar_b.exp()
+    else:
+        raise ValueError(f"form must be 'std' or 'var', got {form!r}")
+    # one matmul on concatenated features: ||[mu, s]_a - [mu, s]_b||^2
+    d = _sq_dist(torch.cat([mu_a, s_a], dim=1), torch.cat([mu_b, s_b], dim=1))
+    return d if squared else (d + eps).sqrt()
+
+
+def kl(mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
+    """KL(N_a || N_b) for every pair, [N, M].
+
+    0.5 [sum logvar_b - sum logvar_a - D + (v_a + mu_a^2) . (1/v_b) - 2 mu_a . (mu_b / v_b)
+    + sum(mu_b^2 / v_b)]: the two dot products are one matmul on concatenated features.
+    """
+    _require_logvar("kl", logvar_a, logvar_b)
+    mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
+    _check_pair(mu_a, mu_b)
+    inv_b = (-logvar_b).exp()
+    left = torch.cat([logvar_a.exp() + mu_a * mu_a, mu_a], dim=1)
+    right = torch.cat([inv_b, -2.0 * mu_b * inv_b], dim=1)
+    cross = left @ right.t()
+    row = (-logvar_a.sum(-1)).unsqueeze(1) - mu_a.shape[1]
+    col = (logvar_b.sum(-1) + (mu_b * mu_b * inv_b).sum(-1)).unsqueeze(0)
+    return 0.5 * (cross + row + col)
+
+
+def kl_reverse(mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
+    """KL(N_b || N_a) for every pair (rows a, columns b), [N, M]."""
+    return kl(mu_b, logvar_b, mu_a, logvar_a).t()
+
+
+def min_kl(mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
+    """min(KL(a||b), KL(b||a)), [N, M] (Pishdad et al.)."""
+    return torch.minimum(kl(mu_a, logvar_a, mu_b, logvar_b), kl_reverse(mu_a, logvar_a, mu_b, logvar_b))
+
+
+def js(mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
+    """PCME's "JS" divergence: 0.5 (KL(a||b) + KL(b||a)), [N, M] (symmetric)."""
+    return 0.5 * (kl(mu_a, logvar_a, mu_b, logvar_b) + kl_reverse(mu_a, logvar_a, mu_b, logvar_b))
+
+
+def _row_chunks(n_rows: int, per_row: int, chunk_elements: int):
+    step = max(1, int(chunk_elements) // max(1, per_row))
+    for s in range(0, n_rows, step):
+        yield s, min(n_rows, s + step)
+
+
+def _pairwise_blocks(fn: Callable, mu_a, logvar_a, mu_b, logvar_b, chunk_elements: int) -> torch.Tensor:
+    """Evaluate fn on [rows, 1, D] x [1, M, D] blocks with rows * M * D <= chunk_elements."""
+    n, d = mu_a.shape
+    m = mu_b.shape[0]
+    v_a, v_b = logvar_a.exp(), logvar_b.exp()
+    out = []
+    for s, e in _row_chunks(n, m * d, chunk_elements):
+        out.append(fn(mu_a[s:e, None], logvar_a[s:e, None], v_a[s:e, None],
+                      mu_b[None], logvar_b[None], v_b[None]))
+    return torch.cat(out, dim=0) if out else mu_a.new_zeros(0, m)
+
+
+def _elk_block(mu_a, lv_a, v_a, mu_b, lv_b, v_b):
+    vs = v_a + v_b
+    return 0.5 * ((mu_a - mu_b).pow(2) / vs + vs.log()).sum(-1)
+
+
+def _bhat_block(mu_a, lv_a, v_a, mu_b, lv_b, v_b):
+    vs = v_a + v_b
+    return (0.25 * (mu_a - mu_b).pow(2) / vs + 0.5 * (vs.log() - math.log(2.0) - 0.5 * (lv_a + lv_b))).sum(-1)
+
+
+def elk(mu_a, logvar_a, mu_b, logvar_b, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+    """Negative log expected likelihood kernel (no 2 pi constant), [N, M]; row-blocked."""
+    _require_logvar("elk", logvar_a, logvar_b)
+    mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
+    _check_pair(mu_a, mu_b)
+    return _pairwise_blocks(_elk_block, mu_a, logvar_a, mu_b, logvar_b, chunk_elements)
+
+
+def bhattacharyya(mu_a, logvar_a, mu_b, logvar_b, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+    """Bhattacharyya distance between diagonal Gaussians, [N, M]; row-blocked."""
+    _require_logvar("bhattacharyya", logvar_a, logvar_b)
+    mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
+    _check_pair(mu_a, mu_b)
+    return _pairwise_blocks(_bhat_block, mu_a, logvar_a, mu_b, logvar_b, chunk_elements)
+
+
+# ----------------------------------------------------------------------------- Monte Carlo
+
+def sample_gaussian(mu: torch.Tensor, logvar: torch.Tensor | None, n_samples: int,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """Reparameterised samples mu + sigma * eps, [N, J, D] (J = 0 or logvar None: the means, J = 1)."""
+    if logvar is None or n_samples == 0:
+        return mu.unsqueeze(1)
+    gen_device = generator.device if generator is not None else mu.device
+    eps = torch.randn((mu.shape[0], n_samples, mu.shape[1]), generator=generator,
+                      device=gen_device, dtype=mu.dtype).to(mu.device)
+    return mu.unsqueeze(1) + (0.5 * logvar).exp().unsqueeze(1) * eps
+
+
+def _sample_dist_blocks(z_a: torch.Tensor, z_b: torch.Tensor, reduce: Callable, chunk_elements: int):
+    """Apply ``reduce(d [rows, J, cols, J]) -> [rows, cols]`` to the sample L2 distances in blocks."""
+    n, ja, d = z_a.shape
+    m, jb, _ = z_b.shape
+    fb = z_b.reshape(m * jb, d)
+    fb2 = (fb * fb).sum(-1)
+    col_step = max(1, min(m, int(chunk_elements) // max(1, ja * jb)))
+    rows_out = []
+    for cs in range(0, m, col_step):
+        ce = min(m, cs + col_step)
+        per_row = ja * (ce - cs) * jb
+        blk_cols = []
+        fbb, fbb2 = fb[cs * jb:ce * jb], fb2[cs * jb:ce * jb]
+        for rs, re in _row_chunks(n, per_row, chunk_elements):
+            fa = z_a[rs:re].reshape(-1, d)
+            d2 = torch.addmm(fbb2.unsqueeze(0), fa, fbb.t(), alpha=-2.0) + (fa * fa).sum(-1, keepdim=True)
+            dist = (d2.clamp(min=0.0) + 1e-12).sqrt().view(re - rs, ja, ce - cs, jb)
+            blk_cols.append(reduce(dist))
+        rows_out.append(torch.cat(blk_cols, dim=0))
+    return torch.cat(rows_out, dim=1)
+
+
+def _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator):
+    mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
+    _check_pair(mu_a, mu_b)
+    z_a = sample_gaussian(mu_a, logvar_a, n_samples, generator)
+    z_b = sample_gaussian(mu_b, logvar_b, n_samples, generator)
+    return z_a, z_b
+
+
+def mc_match_prob(mu_a, logvar_a, mu_b, logvar_b, a=5.0, b=5.0, n_samples: int = 7,
+                  generator: torch.Generator | None = None,
+                  chunk_size: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+    """PCME's Monte Carlo match probability (Eq. 2-3), [N, M].
+
+    mean over the J x J sample pairs of sigmoid(-a ||z_a - z_b||_2 + b). ``chunk_size`` bounds
+    the number of sample-pair distances held at once. ``a``, ``b`` may be tensors (learnable).
+    """
+    z_a, z_b = _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator)
+    return _sample_dist_blocks(z_a, z_b, lambda d: torch.sigmoid(-a * d + b).mean(dim=(1, 3)), chunk_size)
+
+
+def mc_avg_l2(mu_a, logvar_a, mu_b, logvar_b, n_samples: int = 7,
+              generator: torch.Generator | None = None,
+              chunk_size: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+    """Average sampled L2 distance E||z_a - z_b||_2 over J x J sample pairs (PCME), [N, M]."""
+    z_a, z_b = _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator)
+    return _sample_dist_blocks(z_a, z_b, lambda d: d.mean(dim=(1, 3)), chunk_size)
+
+
+# ----------------------------------------------------------------------------- uncertainty
+
+def uncertainty(logvar: torch.Tensor, kind: str = "l1") -> torch.Tensor:
+    """Per-input uncertainty [N]: ``"l1"`` ||sigma^2||_1 (PCME++), ``"logdet"`` sum logvar
+    (Pishdad et al.), ``"geomean"`` geometric mean of sigma = exp(mean(logvar) / 2) (PCME)."""
+    if logvar is None:
+        raise ValueError("uncertainty needs logvar (deterministic models have none)")
+    (logvar,) = _cast(logvar)
+    if kind == "l1":
+        return logvar.exp().sum(-1)
+    if kind == "logdet":
+        return logvar.sum(-1)
+    if kind == "geomean":
+        return (0.5 * logvar.mean(-1)).exp()
+    raise UserError(f"unknown uncertainty kind {kind!r} (choose from l1, logdet, geomean)")
+
+
+# ----------------------------------------------------------------------------- scores
+
+SCORE_NAMES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
+
+
+def score(name: str, mu_a, logvar_a=None, mu_b=None, logvar_b=None, **kw) -> torch.Tensor:
+    """Similarity matrix [N, M] for retrieval / classification: higher = better match.
+
+    Distances are negated ("csd" -> -CSD, "kl" -> -KL(a||b), "w2" -> -W2^2, ...); "cosine" is the
+    cosine of the means; "mc" is the match probability. ``kw`` go to the underlying function
+    (``form``/``squared`` for "w2"; ``a``, ``b``, ``n_samples``, ``generator`` for "mc").
+    ``logvar_a``/``logvar_b`` may be None for "mean" and "cosine".
+    """
+    if mu_b is None:
+        raise ValueError("score needs mu_b")
+    if name == "mean":
+        return -sq_euclidean(mu_a, mu_b)
+    if name == "cosine":
+        return cosine(mu_a, mu_b, **kw)
+    fns = {"csd": csd, "w2": wasserstein2, "kl": kl, "minkl": min_kl, "js": js, "elk": elk,
+           "bhattacharyya": bhattacharyya}
+    if name in fns:
+        if logvar_a is None or logvar_b is None:
+            raise UserError(f"score {name!r} needs sigma, but the model is deterministic "
+                            "(use 'mean' or 'cosine')")
+        return -fns[name](mu_a, logvar_a, mu_b, logvar_b, **kw)
+    if name == "mc":
+        if logvar_a is None or logvar_b is None:
+            raise UserError("score 'mc' needs sigma, but the model is deterministic (use 'mean' or 'cosine')")
+        return mc_match_prob(mu_a, logvar_a, mu_b, logvar_b, **kw)
+    raise UserError(f"unknown score {name!r} (choose from {', '.join(SCORE_NAMES)})")

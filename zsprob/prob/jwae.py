@@ -1,0 +1,159 @@
+"""Objective terms of the joint Wasserstein autoencoders (jWAE) for image-text embeddings.
+
+Each modality has an autoencoder (encoder f, decoder g) mapping inputs to points z in R^d; the
+encoded distribution of each modality is pushed towards the shared prior N(0, I_d) with an
+adversarial (GAN / Jensen-Shannon) term, and matching pairs are aligned with MSE (jWAE-MSE,
+Eq. 7) or a bidirectional max-margin hinge (jWAE-MH, Eq. 1). Unsupervised objective (Eq. 6):
+
+    lambda1 rec(x_v, g_v(f_v(x_v))) + lambda2 rec(x_t, g_t(f_t(x_t)))
+    + lambda3 D_JS(F_v || N(0, I)) + lambda4 D_JS(F_t || N(0, I))
+
+with the paper's presets (:data:`JWAE_PRESETS`): jWAE-MSE lambda1 = lambda2 = 1, lambda3 =
+lambda4 = 0.2; jWAE-MH lambda1 = 0.5, lambda2 = 0.005, lambda3 = lambda4 = 0.01. The paper
+trains the autoencoders with Adam lr 1e-4 and the discriminator with lr 5e-5 (its own optimizer).
+
+What is here: :func:`reconstruction_loss` (l1 / l2 / mse), :class:`PriorDiscriminator` (one
+shared discriminator, 3 FC layers 256-256-2 with leaky ReLU, class 1 = "prior sample"),
+:func:`sample_prior`, :func:`discriminator_loss` and :func:`generator_loss` (non-saturating),
+:func:`mse_alignment`, :func:`max_margin_alignment` (hinge from :mod:`zsprob.prob.losses`) and
+:class:`JWAEObjective`, which combines them with a preset. Unpaired images / texts enter only the
+reconstruction and prior terms (the semi-supervised setting). Plain torch; nothing reused from
+another library beyond torch.nn.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from zsprob.errors import UserError
+from zsprob.prob.losses import hinge_rows
+
+__all__ = [
+    "JWAE_PRESETS", "reconstruction_loss", "PriorDiscriminator", "sample_prior", "discriminator_loss",
+    "generator_loss", "mse_alignment", "max_margin_alignment", "JWAEObjective",
+]
+
+JWAE_PRESETS = {
+    "jwae-mse": {"lambda1": 1.0, "lambda2": 1.0, "lambda3": 0.2, "lambda4": 0.2, "align": "mse"},
+    "jwae-mh": {"lambda1": 0.5, "lambda2": 0.005, "lambda3": 0.01, "lambda4": 0.01, "align": "mh"},
+}
+
+
+def reconstruction_loss(x: torch.Tensor, x_rec: torch.Tensor, kind: str = "l2") -> torch.Tensor:
+    """Mean over the batch of ||x - x_rec||_1 ("l1"), ||x - x_rec||_2 ("l2"), or the mean squared
+    error over all elements ("mse")."""
+    diff = (x - x_rec).flatten(1)
+    if kind == "l1":
+        return diff.abs().sum(1).mean()
+    if kind == "l2":
+        return (diff.pow(2).sum(1) + 1e-12).sqrt().mean()
+    if kind == "mse":
+        return diff.pow(2).mean()
+    raise UserError(f"unknown reconstruction loss {kind!r} (choose from l1, l2, mse)")
+
+
+class PriorDiscriminator(nn.Module):
+    """Discriminates prior samples N(0, I) (class 1) from encodings (class 0): 3 FC layers."""
+
+    def __init__(self, dim: int, hidden: int = 256, negative_slope: float = 0.2):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden), nn.LeakyReLU(negative_slope),
+            nn.Linear(hidden, hidden), nn.LeakyReLU(negative_slope),
+            nn.Linear(hidden, 2),
+        )
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z)
+
+
+def sample_prior(n: int, dim: int, *, like: torch.Tensor | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """n samples of N(0, I_dim) (device / dtype of ``like``)."""
+    dev = generator.device if generator is not None else (like.device if like is not None else "cpu")
+    dtype = like.dtype if like is not None else torch.float32
+    z = torch.randn((n, dim), generator=generator, device=dev, dtype=dtype)
+    return z.to(like.device) if like is not None else z
+
+
+def discriminator_loss(disc: nn.Module, z_codes: torch.Tensor, z_prior: torch.Tensor | None = None,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+    """Cross-entropy of the discriminator: prior samples -> 1, (detached) encodings -> 0.
+    As many prior samples as encodings are drawn when ``z_prior`` is None."""
+    if z_prior is None:
+        z_prior = sample_prior(z_codes.shape[0], z_codes.shape[1], like=z_codes, generator=generator)
+    logits = disc(torch.cat([z_prior, z_codes.detach()], dim=0))
+    labels = torch.cat([torch.ones(z_prior.shape[0]), torch.zeros(z_codes.shape[0])]).long().to(logits.device)
+    return F.cross_entropy(logits, labels)
+
+
+def generator_loss(disc: nn.Module, z_codes: torch.Tensor) -> torch.Tensor:
+    """Non-saturating adversarial term for the encoder: make the discriminator call the codes prior samples."""
+    logits = disc(z_codes)
+    return F.cross_entropy(logits, torch.ones(z_codes.shape[0], dtype=torch.long, device=logits.device))
+
+
+def mse_alignment(z_img: torch.Tensor, z_txt: torch.Tensor) -> torch.Tensor:
+    """jWAE-MSE alignment (Eq. 7): mean over pairs of ||f_v(x) - f_t(y)||^2."""
+    return (z_img - z_txt).pow(2).sum(-1).mean()
+
+
+def max_margin_alignment(z_img: torch.Tensor, z_txt: torch.Tensor, margin: float = 0.2,
+                         negatives: str = "all", normalize: bool = True) -> torch.Tensor:
+    """jWAE-MH alignment (Eq. 1): bidirectional hinge on cosine similarity of paired codes,
+    summed over negatives (``negatives="hardest"``: VSE++ max violation); mean over pairs."""
+    if normalize:
+        z_img, z_txt = F.normalize(z_img, dim=-1), F.normalize(z_txt, dim=-1)
+    s = z_img @ z_txt.t()
+    eye = torch.eye(s.shape[0], device=s.device, dtype=s.dtype)
+    return hinge_rows(s, eye, margin, negatives).mean() + hinge_rows(s.t(), eye, margin, negatives).mean()
+
+
+class JWAEObjective(nn.Module):
+    """jWAE losses with a preset ("jwae-mse" or "jwae-mh") and a shared prior discriminator.
+
+    ``encoder_loss(...)`` is minimised by the autoencoders, ``discriminator_loss(...)`` by the
+    discriminator (its own optimiser, e.g. Adam lr 5e-5). Both return ``(loss, stats)``.
+    """
+
+    def __init__(self, latent_dim: int, preset: str = "jwae-mh", rec_kind_img: str = "l2",
+                 rec_kind_txt: str = "mse", margin: float = 0.2, negatives: str = "all", **overrides):
+        super().__init__()
+        if preset not in JWAE_PRESETS:
+            raise UserError(f"unknown jWAE preset {preset!r} (choose from {', '.join(JWAE_PRESETS)})")
+        cfg = dict(JWAE_PRESETS[preset])
+        unknown = set(overrides) - set(cfg)
+        if unknown:
+            raise UserError(f"unknown jWAE options {sorted(unknown)}")
+        cfg.update(overrides)
+        self.cfg = cfg
+        self.rec_kind_img, self.rec_kind_txt = rec_kind_img, rec_kind_txt
+        self.margin, self.negatives = float(margin), negatives
+        self.discriminator = PriorDiscriminator(latent_dim)
+
+    def encoder_loss(self, x_img, x_img_rec, z_img, x_txt, x_txt_rec, z_txt, paired: bool = True):
+        """Eq. 6 plus the alignment term (only when ``paired``: rows i of both are pairs)."""
+        c = self.cfg
+        rec_v = reconstruction_loss(x_img, x_img_rec, self.rec_kind_img)
+        rec_t = reconstruction_loss(x_txt, x_txt_rec, self.rec_kind_txt)
+        adv_v = generator_loss(self.discriminator, z_img)
+        adv_t = generator_loss(self.discriminator, z_txt)
+        loss = c["lambda1"] * rec_v + c["lambda2"] * rec_t + c["lambda3"] * adv_v + c["lambda4"] * adv_t
+        stats = {"rec_img": rec_v.detach(), "rec_txt": rec_t.detach(), "adv_img": adv_v.detach(),
+                 "adv_txt": adv_t.detach()}
+        if paired:
+            if c["align"] == "mse":
+                align = mse_alignment(z_img, z_txt)
+            else:
+                align = max_margin_alignment(z_img, z_txt, self.margin, self.negatives)
+            loss = loss + align
+            stats["align"] = align.detach()
+        stats["loss"] = loss.detach()
+        return loss, stats
+
+    def discriminator_loss(self, z_img, z_txt, generator: torch.Generator | None = None):
+        d_v = discriminator_loss(self.discriminator, z_img, generator=generator)
+        d_t = discriminator_loss(self.discriminator, z_txt, generator=generator)
+        loss = d_v + d_t
+        return loss, {"disc_img": d_v.detach(), "disc_txt": d_t.detach(), "loss": loss.detach()}

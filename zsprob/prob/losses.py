@@ -1,0 +1,565 @@
+"""Training objectives of the four papers, as torch.nn.Modules with one forward signature.
+
+    loss, stats = criterion(img_mu, img_logvar, txt_mu, txt_logvar, matched=None,
+                            all_img=None, all_txt=None, offset=0)
+
+- ``img_*`` / ``txt_*``: this process's rows [n, D] (logvar may be None for losses that do not
+  use sigma, see :func:`needs_sigma`);
+- ``all_img`` / ``all_txt``: ``(mu, logvar)`` of the globally gathered batch [N, D] (gathered
+  with gradients, e.g. ``zsprob.train.distributed.gather_gaussians``), this process's rows at
+  ``offset``; None in a single process (the columns are then the local batch);
+- ``matched``: soft match targets in [0, 1] for the GLOBAL batch, [N_img, N_txt] (images x
+  texts), the identity if None; MSDA (``zsprob.prob.msda``) makes them soft.
+
+Every pairwise loss is a mean over this process's rows (image rows against all texts, text rows
+against all images), so the average over processes equals the single-process loss on the global
+batch, and with gradient-carrying gathers the gradients agree too (tests/test_prob_losses.py
+checks both by splitting a batch into two simulated processes).
+
+Objectives (paper, section):
+- :class:`PCMEPPLoss` (PCME++ Sec. 2.2-2.3, Eq. 2-3, App. A.4 pseudo-code): BCE on logits
+  ``-a * CSD + b`` (a = b = 5 learnable) over all image-text pairs, counted in both directions
+  (i2t and t2i; the official code computes i2t and doubles it, the values agree), pseudo-positives
+  (for each row, every column at least as close as the row's ground truth takes the ground
+  truth's label, weight ``pp_alpha``) in both directions, VIB = KL(N(mu, sigma^2) || N(0, I))
+  = -0.5 mean(1 + logvar - mu^2 - exp(logvar)) per modality with weight ``vib_beta`` (a term
+  above 1e4 is skipped, as in the official code). ``distance="wd"`` is the 2-Wasserstein ablation
+  (Table 4); :class:`MuOnlyLoss` uses ||mu_v - mu_t||^2 (the mean-only baseline).
+  The PP rule follows the official code (row-wise: ``logits >= gt_val[:, None]``); the printed
+  pseudo-code line ``logits >= gt_vals`` broadcasts the [N] vector along the wrong axis.
+- :class:`PCMELoss` (PCME Eq. 1-3): soft contrastive NLL of the Monte Carlo match probability
+  with J samples per input, KL (VIB) and uniformity (log mean exp(-2 ||z - z'||^2), Wang & Isola,
+  as in the official PCME code) regularisers. Sample distances are computed in blocks, each
+  block under activation checkpointing when gradients are needed, so memory stays bounded.
+- :class:`InfoNCELoss` (CLIP): symmetric cross-entropy on cosine similarities of the means with a
+  learnable logit scale initialised to 1/0.07 and clamped at 100.
+- :class:`TripletLoss` (VSE++ / VSE infinity): hinge with margin 0.2 on cosine similarity,
+  hardest negative (``hardest=False``: sum over negatives), both directions.
+- :class:`ProbTripletLoss` (Pishdad et al. Eq. 3): the same hinge with similarity -KL(i||c),
+  -min-KL, -W2 (standard-deviation form) or -W2 in the variance form as printed, hardest or
+  semi-hard negatives, variances clamped to ``var_bounds`` = [0.1, 10].
+
+jWAE pieces are in :mod:`zsprob.prob.jwae`. Written here on plain torch (matmul,
+``binary_cross_entropy_with_logits``, ``torch.utils.checkpoint``); the pairwise math comes from
+:mod:`zsprob.prob.distances`.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from zsprob.errors import UserError
+from zsprob.prob import distances as D
+
+__all__ = [
+    "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
+    "vib_kl", "pseudo_positive_targets", "create_loss", "needs_sigma", "LOSS_NAMES",
+]
+
+VIB_GUARD = 1e4
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+def _f(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(dtype)
+
+
+class _Batch:
+    """Local rows, global columns and the target rows of both directions, in the compute dtype."""
+
+    def __init__(self, img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
+                 need_sigma: bool):
+        if need_sigma and (img_logvar is None or txt_logvar is None):
+            raise ValueError("this loss needs sigma (img_logvar / txt_logvar), got None")
+        dt = D.compute_dtype(img_mu, txt_mu)
+        self.dtype = dt
+        self.img_mu, self.img_lv = _f(img_mu, dt), _f(img_logvar, dt)
+        self.txt_mu, self.txt_lv = _f(txt_mu, dt), _f(txt_logvar, dt)
+        self.single = all_img is None and all_txt is None
+        if (all_img is None) != (all_txt is None):
+            raise ValueError("give both all_img and all_txt, or neither")
+        if self.single:
+            if offset:
+                raise ValueError("offset needs all_img / all_txt")
+            self.all_img_mu, self.all_img_lv = self.img_mu, self.img_lv
+            self.all_txt_mu, self.all_txt_lv = self.txt_mu, self.txt_lv
+        else:
+            self.all_img_mu, self.all_img_lv = _f(all_img[0], dt), _f(all_img[1], dt)
+            self.all_txt_mu, self.all_txt_lv = _f(all_txt[0], dt), _f(all_txt[1], dt)
+            if need_sigma and (self.all_img_lv is None or self.all_txt_lv is None):
+                raise ValueError("this loss needs sigma: all_img / all_txt carry logvar None")
+        n_i, n_t = self.img_mu.shape[0], self.txt_mu.shape[0]
+        N_i, N_t = self.all_img_mu.shape[0], self.all_txt_mu.shape[0]
+        self.offset = int(offset)
+        if self.offset + n_i > N_i or self.offset + n_t > N_t:
+            raise ValueError(f"local rows at offset {offset} do not fit in the global batch ({N_i}, {N_t})")
+        dev = self.img_mu.device
+        if matched is None:
+            if N_i != N_t:
+                raise ValueError("matched is required when the numbers of images and texts differ")
+            eye_rows = torch.zeros(n_i, N_t, device=dev, dtype=dt)
+            eye_rows[torch.arange(n_i, device=dev), self.offset + torch.arange(n_i, device=dev)] = 1.0
+            self.t_i2t = eye_rows
+            t2i = torch.zeros(n_t, N_i, device=dev, dtype=dt)
+            t2i[torch.arange(n_t, device=dev), self.offset + torch.arange(n_t, device=dev)] = 1.0
+            self.t_t2i = t2i
+        else:
+            if tuple(matched.shape) != (N_i, N_t):
+                raise ValueError(f"matched must be [{N_i}, {N_t}] (global images x texts), got {tuple(matched.shape)}")
+            m = matched.to(device=dev, dtype=dt)
+            self.t_i2t = m[self.offset:self.offset + n_i]
+            self.t_t2i = m[:, self.offset:self.offset + n_t].t()
+        # single process with a square batch: the t2i matrix is the transpose of the i2t matrix
+        self.transpose_ok = self.single
+
+
+def vib_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """KL(N(mu, sigma^2) || N(0, I)) as PCME++ writes it: -0.5 mean(1 + logvar - mu^2 - exp(logvar))."""
+    return -0.5 * (1.0 + logvar - mu.pow(2) - logvar.exp()).mean()
+
+
+def _guarded_vib(mu, logvar, name: str) -> torch.Tensor:
+    v = vib_kl(mu, logvar)
+    if float(v.detach()) > VIB_GUARD:  # the official code's guard against loss explosions
+        warnings.warn(f"VIB loss of the {name} embeddings exploded ({float(v):.3g} > {VIB_GUARD:g}); "
+                      "skipping it for this step", RuntimeWarning, stacklevel=3)
+        return v * 0.0
+    return v
+
+
+def pseudo_positive_targets(logits: torch.Tensor, targets: torch.Tensor):
+    """PCME++ pseudo-positives (Sec. 2.3, App. A.4) for the rows of a [n, M] logit matrix.
+
+    For every row, the ground truth is the column with the largest target (its label
+    ``gt_label``); every column whose logit is >= the ground truth's logit (i.e. whose distance
+    is <= the ground truth's) takes the label ``gt_label``. Returns (new targets, number of
+    selected entries minus the number of rows, as the official code counts them).
+    """
+    gt_label, gt_idx = targets.max(dim=1)
+    gt_val = logits.detach().gather(1, gt_idx.unsqueeze(1))
+    sel = logits.detach() >= gt_val
+    new = torch.where(sel, gt_label.unsqueeze(1).expand_as(targets), targets)
+    return new, sel.sum() - sel.shape[0]
+
+
+def _bce(logits, targets):
+    return F.binary_cross_entropy_with_logits(logits, targets)
+
+
+def _stat(x) -> torch.Tensor:
+    return x.detach() if torch.is_tensor(x) else torch.tensor(float(x))
+
+
+# ----------------------------------------------------------------------------- PCME++
+
+class PCMEPPLoss(nn.Module):
+    """PCME++ objective: L_match (i2t + t2i) + pp_alpha L_pseudo-match (i2t + t2i) + vib_beta L_VIB.
+
+    ``a`` (``self.scale``) and ``b`` (``self.shift``) are learnable, logits = -a * distance + b.
+    ``distance``: "csd" (PCME++), "wd" (2-Wasserstein ablation), "mu" (mean-only).
+    """
+
+    DISTANCES = ("csd", "wd", "mu")
+
+    def __init__(self, init_scale: float = 5.0, init_shift: float = 5.0, pp_alpha: float = 0.1,
+                 vib_beta: float = 1e-4, distance: str = "csd"):
+        super().__init__()
+        if distance not in self.DISTANCES:
+            raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
+        self.scale = nn.Parameter(torch.tensor(float(init_scale)))
+        self.shift = nn.Parameter(torch.tensor(float(init_shift)))
+        self.pp_alpha = float(pp_alpha)
+        self.vib_beta = float(vib_beta)
+        self.distance = distance
+
+    def extra_repr(self) -> str:
+        return f"distance={self.distance!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}"
+
+    def pairwise_distance(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
+        if self.distance == "csd":
+            return D.csd(mu_a, logvar_a, mu_b, logvar_b)
+        if self.distance == "wd":
+            return D.wasserstein2(mu_a, logvar_a, mu_b, logvar_b, form="std", squared=True)
+        return D.sq_euclidean(mu_a, mu_b)
+
+    def logits(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
+        """-a * d + b, [N, M] (for evaluation or plotting)."""
+        d = self.pairwise_distance(mu_a, logvar_a, mu_b, logvar_b)
+        return -self.scale.to(d.dtype) * d + self.shift.to(d.dtype)
+
+    def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
+                all_img=None, all_txt=None, offset: int = 0):
+        uses_sigma = self.distance != "mu"
+        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
+                   need_sigma=uses_sigma)
+        a, b = self.scale.to(B.dtype), self.shift.to(B.dtype)
+        l_i2t = -a * self.pairwise_distance(B.img_mu, B.img_lv, B.all_txt_mu, B.all_txt_lv) + b
+        if B.transpose_ok:
+            l_t2i = l_i2t.t()
+        else:
+            l_t2i = -a * self.pairwise_distance(B.txt_mu, B.txt_lv, B.all_img_mu, B.all_img_lv) + b
+
+        match_i2t = _bce(l_i2t, B.t_i2t)
+        match_t2i = match_i2t if B.transpose_ok else _bce(l_t2i, B.t_t2i)  # same pairs when transposed
+        loss = match_i2t + match_t2i
+        stats = {"match_i2t": _stat(match_i2t), "match_t2i": _stat(match_t2i)}
+
+        pp_count = torch.zeros((), device=l_i2t.device, dtype=torch.long)
+        if self.pp_alpha != 0:
+            pp_t_i2t, c1 = pseudo_positive_targets(l_i2t, B.t_i2t)
+            pp_t_t2i, c2 = pseudo_positive_targets(l_t2i, B.t_t2i)
+            pp_i2t, pp_t2i = _bce(l_i2t, pp_t_i2t), _bce(l_t2i, pp_t_t2i)
+            loss = loss + self.pp_alpha * (pp_i2t + pp_t2i)
+            pp_count = c1 + c2
+            stats.update(pp_match_i2t=_stat(pp_i2t), pp_match_t2i=_stat(pp_t2i))
+
+        if uses_sigma:
+            if self.vib_beta != 0:
+                v_img = _guarded_vib(B.img_mu, B.img_lv, "image")
+                v_txt = _guarded_vib(B.txt_mu, B.txt_lv, "text")
+                loss = loss + self.vib_beta * (v_img + v_txt)
+            else:
+                with torch.no_grad():
+                    v_img, v_txt = vib_kl(B.img_mu, B.img_lv), vib_kl(B.txt_mu, B.txt_lv)
+            stats.update(vib_img=_stat(v_img), vib_txt=_stat(v_txt),
+                         img_sigma2=_stat(B.img_lv.detach().exp().mean()),
+                         txt_sigma2=_stat(B.txt_lv.detach().exp().mean()))
+        stats.update(loss=_stat(loss), scale=_stat(self.scale), shift=_stat(self.shift),
+                     n_pseudo_positives=pp_count.detach())
+        return loss, stats
+
+
+class MuOnlyLoss(PCMEPPLoss):
+    """PCME++'s BCE matching loss on the mean-only distance ||mu_v - mu_t||^2 (no sigma, no VIB)."""
+
+    def __init__(self, init_scale: float = 5.0, init_shift: float = 5.0, pp_alpha: float = 0.1):
+        super().__init__(init_scale=init_scale, init_shift=init_shift, pp_alpha=pp_alpha,
+                         vib_beta=0.0, distance="mu")
+
+
+# ----------------------------------------------------------------------------- PCME
+
+def _mc_log_probs_block(fa: torch.Tensor, fb: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                        ja: int, jb: int):
+    """log p and log(1 - p) of the MC match probability for flattened sample blocks."""
+    d2 = torch.addmm((fb * fb).sum(-1).unsqueeze(0), fa, fb.t(), alpha=-2.0) + (fa * fa).sum(-1, keepdim=True)
+    dist = (d2.clamp(min=0.0) + 1e-12).sqrt()
+    logit = (-a * dist + b).view(fa.shape[0] // ja, ja, fb.shape[0] // jb, jb).permute(0, 2, 1, 3)
+    logit = logit.reshape(logit.shape[0], logit.shape[1], ja * jb)
+    log_j2 = math.log(ja * jb)
+    logp = torch.logsumexp(F.logsigmoid(logit), dim=-1) - log_j2
+    log1mp = torch.logsumexp(F.logsigmoid(-logit), dim=-1) - log_j2
+    return torch.stack([logp, log1mp], dim=-1)
+
+
+def mc_log_match_probs(z_a: torch.Tensor, z_b: torch.Tensor, a, b,
+                       chunk_elements: int = D.DEFAULT_CHUNK_ELEMENTS, use_checkpoint: bool | None = None):
+    """[n, m, 2] = (log p, log(1 - p)) of the MC match probability between sample sets
+    z_a [n, J, D] and z_b [m, J, D], computed in blocks of at most ``chunk_elements`` sample
+    pairs (each block recomputed in the backward pass, so memory stays bounded)."""
+    n, ja, d = z_a.shape
+    m, jb, _ = z_b.shape
+    a = torch.as_tensor(a, dtype=z_a.dtype, device=z_a.device)
+    b = torch.as_tensor(b, dtype=z_a.dtype, device=z_a.device)
+    if use_checkpoint is None:
+        use_checkpoint = torch.is_grad_enabled() and any(t.requires_grad for t in (z_a, z_b, a, b))
+    fb_all = z_b.reshape(m * jb, d)
+    col_step = max(1, min(m, chunk_elements // max(1, ja * jb)))
+    cols = []
+    for cs in range(0, m, col_step):
+        ce = min(m, cs + col_step)
+        fb = fb_all[cs * jb:ce * jb]
+        row_step = max(1, chunk_elements // max(1, ja * (ce - cs) * jb))
+        rows = []
+        for rs in range(0, n, row_step):
+            re = min(n, rs + row_step)
+            fa = z_a[rs:re].reshape(-1, d)
+            if use_checkpoint:
+                rows.append(checkpoint(_mc_log_probs_block, fa, fb, a, b, ja, jb, use_reentrant=False))
+            else:
+                rows.append(_mc_log_probs_block(fa, fb, a, b, ja, jb))
+        cols.append(torch.cat(rows, dim=0))
+    return torch.cat(cols, dim=1)
+
+
+def _soft_nll(logps: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return -(targets * logps[..., 0] + (1.0 - targets) * logps[..., 1]).mean()
+
+
+def _uniformity(z: torch.Tensor, t: float = 2.0) -> torch.Tensor:
+    """log mean_{i != j} exp(-t ||z_i - z_j||^2) over the rows of z [K, D]."""
+    k = z.shape[0]
+    if k < 2:
+        return z.new_zeros(())
+    d2 = D._sq_dist(z, z)
+    off = ~torch.eye(k, dtype=torch.bool, device=z.device)
+    return torch.logsumexp((-t * d2)[off], dim=0) - math.log(k * (k - 1))
+
+
+class PCMELoss(nn.Module):
+    """PCME soft contrastive loss with the Monte Carlo match probability (J samples per input).
+
+    NLL_vt = -[m log p_vt + (1 - m) log(1 - p_vt)], p_vt = mean_jj' sigmoid(-a ||z_v^j - z_t^j'||_2 + b),
+    averaged over all pairs and counted in both directions, plus ``vib_beta`` * KL(. || N(0, I))
+    and ``uniform_weight`` * uniformity of all samples of the local batch (at most
+    ``uniform_max_samples`` of them). Pass ``generator=`` to forward for reproducible samples;
+    noise is drawn for the whole global batch so that every process uses the same samples.
+    """
+
+    def __init__(self, n_samples: int = 7, init_scale: float = 5.0, init_shift: float = 5.0,
+                 vib_beta: float = 1e-5, uniform_weight: float = 0.0, uniform_max_samples: int = 1024,
+                 chunk_elements: int = D.DEFAULT_CHUNK_ELEMENTS):
+        super().__init__()
+        if n_samples < 1:
+            raise UserError("PCMELoss needs n_samples >= 1")
+        self.n_samples = int(n_samples)
+        self.scale = nn.Parameter(torch.tensor(float(init_scale)))
+        self.shift = nn.Parameter(torch.tensor(float(init_shift)))
+        self.vib_beta = float(vib_beta)
+        self.uniform_weight = float(uniform_weight)
+        self.uniform_max_samples = int(uniform_max_samples)
+        self.chunk_elements = int(chunk_elements)
+
+    def extra_repr(self) -> str:
+        return f"n_samples={self.n_samples}, vib_beta={self.vib_beta}, uniform_weight={self.uniform_weight}"
+
+    def _noise(self, n: int, d: int, like: torch.Tensor, generator):
+        dev = generator.device if generator is not None else like.device
+        return torch.randn((n, self.n_samples, d), generator=generator, device=dev, dtype=like.dtype).to(like.device)
+
+    def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
+                all_img=None, all_txt=None, offset: int = 0, generator: torch.Generator | None = None):
+        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=True)
+        a, b = self.scale.to(B.dtype), self.shift.to(B.dtype)
+        dim = B.img_mu.shape[1]
+        eps_img = self._noise(B.all_img_mu.shape[0], dim, B.img_mu, generator)
+        eps_txt = self._noise(B.all_txt_mu.shape[0], dim, B.img_mu, generator)
+
+        def samples(mu, lv, eps):
+            return mu.unsqueeze(1) + (0.5 * lv).exp().unsqueeze(1) * eps
+
+        o = B.offset
+        z_img = samples(B.img_mu, B.img_lv, eps_img[o:o + B.img_mu.shape[0]])
+        z_txt = samples(B.txt_mu, B.txt_lv, eps_txt[o:o + B.txt_mu.shape[0]])
+        if B.single:
+            z_all_img, z_all_txt = z_img, z_txt
+        else:
+            z_all_img = samples(B.all_img_mu, B.all_img_lv, eps_img)
+            z_all_txt = samples(B.all_txt_mu, B.all_txt_lv, eps_txt)
+
+        lp_i2t = mc_log_match_probs(z_img, z_all_txt, a, b, self.chunk_elements)
+        nll_i2t = _soft_nll(lp_i2t, B.t_i2t)
+        if B.transpose_ok:
+            nll_t2i = _soft_nll(lp_i2t.transpose(0, 1), B.t_t2i)
+        else:
+            nll_t2i = _soft_nll(mc_log_match_probs(z_txt, z_all_img, a, b, self.chunk_elements), B.t_t2i)
+        loss = nll_i2t + nll_t2i
+        stats = {"match_i2t": _stat(nll_i2t), "match_t2i": _stat(nll_t2i)}
+        if self.vib_beta != 0:
+            v = _guarded_vib(B.img_mu, B.img_lv, "image") + _guarded_vib(B.txt_mu, B.txt_lv, "text")
+            loss = loss + self.vib_beta * v
+            stats["vib"] = _stat(v)
+        if self.uniform_weight != 0:
+            z = torch.cat([z_img.reshape(-1, dim), z_txt.reshape(-1, dim)], dim=0)
+            if z.shape[0] > self.uniform_max_samples:
+                dev = generator.device if generator is not None else z.device
+                idx = torch.randperm(z.shape[0], generator=generator, device=dev)[:self.uniform_max_samples]
+                z = z[idx.to(z.device)]
+            u = _uniformity(z)
+            loss = loss + self.uniform_weight * u
+            stats["uniformity"] = _stat(u)
+        stats.update(loss=_stat(loss), scale=_stat(self.scale), shift=_stat(self.shift),
+                     img_sigma2=_stat(B.img_lv.detach().exp().mean()),
+                     txt_sigma2=_stat(B.txt_lv.detach().exp().mean()))
+        return loss, stats
+
+
+# ----------------------------------------------------------------------------- InfoNCE
+
+def _soft_ce_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    p = targets / targets.sum(dim=1, keepdim=True).clamp(min=1e-12)
+    return -(p * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
+
+
+class InfoNCELoss(nn.Module):
+    """CLIP's symmetric InfoNCE on the (L2-normalised) means; logit scale exp(s) learnable,
+    initialised to 1 / init_temperature and clamped at ``max_scale`` = 100 as in CLIP. Soft
+    targets are normalised per row into distributions."""
+
+    def __init__(self, init_temperature: float = 0.07, max_scale: float = 100.0, normalize: bool = True):
+        super().__init__()
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / float(init_temperature))))
+        self.max_scale = float(max_scale)
+        self.normalize = bool(normalize)
+
+    def _sim(self, x, y):
+        if self.normalize:
+            x, y = F.normalize(x, dim=-1), F.normalize(y, dim=-1)
+        return x @ y.t()
+
+    def forward(self, img_mu, img_logvar=None, txt_mu=None, txt_logvar=None, matched=None, *,
+                all_img=None, all_txt=None, offset: int = 0):
+        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=False)
+        scale = self.logit_scale.exp().clamp(max=self.max_scale).to(B.dtype)
+        l_i2t = scale * self._sim(B.img_mu, B.all_txt_mu)
+        l_t2i = l_i2t.t() if B.transpose_ok else scale * self._sim(B.txt_mu, B.all_img_mu)
+        i2t, t2i = _soft_ce_rows(l_i2t, B.t_i2t), _soft_ce_rows(l_t2i, B.t_t2i)
+        loss = 0.5 * (i2t + t2i)
+        return loss, {"loss": _stat(loss), "i2t": _stat(i2t), "t2i": _stat(t2i), "logit_scale": _stat(scale)}
+
+
+# ----------------------------------------------------------------------------- triplets
+
+def hinge_rows(sim: torch.Tensor, targets: torch.Tensor, margin: float, negatives: str = "hardest") -> torch.Tensor:
+    """Row-wise triplet hinge [n]: positive = the column with the largest target, negatives =
+    columns with target 0. ``negatives``: "hardest" (max violation, VSE++), "all" (sum over
+    negatives), "semihard" (the most similar negative that is still less similar than the
+    positive; rows without one use their least similar negative, as in FaceNet-style mining)."""
+    pos_idx = targets.argmax(dim=1, keepdim=True)
+    s_pos = sim.gather(1, pos_idx)
+    neg = targets <= 0
+    cost = (margin + sim - s_pos).clamp(min=0.0)
+    if negatives == "all":
+        return cost.masked_fill(~neg, 0.0).sum(dim=1)
+    if negatives == "hardest":
+        return cost.masked_fill(~neg, 0.0).max(dim=1).values
+    if negatives == "semihard":
+        with torch.no_grad():
+            semi = neg & (sim < s_pos)
+            s_semi = sim.masked_fill(~semi, float("-inf"))
+            has = semi.any(dim=1)
+            easiest = sim.masked_fill(~neg, float("inf")).argmin(dim=1)
+            choice = torch.where(has, s_semi.argmax(dim=1), easiest)
+            any_neg = neg.any(dim=1)
+        c = cost.gather(1, choice.unsqueeze(1)).squeeze(1)
+        return torch.where(any_neg, c, torch.zeros_like(c))
+    raise UserError(f"unknown negatives {negatives!r} (choose from hardest, semihard, all)")
+
+
+class TripletLoss(nn.Module):
+    """VSE++ hinge triplet on cosine similarity of the means, both directions, margin 0.2;
+    ``hardest=True``: hardest negative in the batch (VSE++), else the sum over negatives.
+    The per-row hinges are averaged over the local rows (VSE++ sums them; only the lr scale differs)."""
+
+    def __init__(self, margin: float = 0.2, hardest: bool = True, normalize: bool = True):
+        super().__init__()
+        self.margin = float(margin)
+        self.hardest = bool(hardest)
+        self.normalize = bool(normalize)
+
+    def forward(self, img_mu, img_logvar=None, txt_mu=None, txt_logvar=None, matched=None, *,
+                all_img=None, all_txt=None, offset: int = 0):
+        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=False)
+        f = (lambda x: F.normalize(x, dim=-1)) if self.normalize else (lambda x: x)
+        s_i2t = f(B.img_mu) @ f(B.all_txt_mu).t()
+        s_t2i = s_i2t.t() if B.transpose_ok else f(B.txt_mu) @ f(B.all_img_mu).t()
+        mode = "hardest" if self.hardest else "all"
+        i2t = hinge_rows(s_i2t, B.t_i2t, self.margin, mode).mean()
+        t2i = hinge_rows(s_t2i, B.t_t2i, self.margin, mode).mean()
+        loss = i2t + t2i
+        return loss, {"loss": _stat(loss), "i2t": _stat(i2t), "t2i": _stat(t2i)}
+
+
+class ProbTripletLoss(nn.Module):
+    """Pishdad et al.'s hinge triplet on a distribution similarity sim(i, c):
+
+    "kl": -KL(N_i || N_c) (caption as reference), "minkl": -min(KL(i||c), KL(c||i)),
+    "w2": -W2 = -sqrt(||mu_i - mu_c||^2 + ||sigma_i - sigma_c||^2),
+    "w2var": the same with variances (the diagonal form as the paper prints it).
+    Variances are clamped to ``var_bounds`` (default [0.1, 10]; None: no clamp).
+    """
+
+    SIMILARITIES = ("kl", "minkl", "w2", "w2var")
+
+    def __init__(self, similarity: str = "kl", margin: float = 0.2, negatives: str = "hardest",
+                 var_bounds: tuple[float, float] | None = (0.1, 10.0)):
+        super().__init__()
+        if similarity not in self.SIMILARITIES:
+            raise UserError(f"unknown similarity {similarity!r} (choose from {', '.join(self.SIMILARITIES)})")
+        if negatives not in ("hardest", "semihard", "all"):
+            raise UserError(f"unknown negatives {negatives!r} (choose from hardest, semihard, all)")
+        self.similarity = similarity
+        self.margin = float(margin)
+        self.negatives = negatives
+        self.var_bounds = None if var_bounds is None else (float(var_bounds[0]), float(var_bounds[1]))
+
+    def _bound(self, lv):
+        if self.var_bounds is None or lv is None:
+            return lv
+        return lv.clamp(math.log(self.var_bounds[0]), math.log(self.var_bounds[1]))
+
+    def sim(self, img_mu, img_logvar, txt_mu, txt_logvar) -> torch.Tensor:
+        """sim(image i, text c) [N_img, N_txt]."""
+        img_logvar, txt_logvar = self._bound(img_logvar), self._bound(txt_logvar)
+        if self.similarity == "kl":
+            return -D.kl(img_mu, img_logvar, txt_mu, txt_logvar)
+        if self.similarity == "minkl":
+            return -D.min_kl(img_mu, img_logvar, txt_mu, txt_logvar)
+        form = "std" if self.similarity == "w2" else "var"
+        return -D.wasserstein2(img_mu, img_logvar, txt_mu, txt_logvar, form=form, squared=False)
+
+    def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
+                all_img=None, all_txt=None, offset: int = 0):
+        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=True)
+        s_i2t = self.sim(B.img_mu, B.img_lv, B.all_txt_mu, B.all_txt_lv)  # [n_img, N_txt]
+        if B.transpose_ok:
+            s_t2i = s_i2t.t()
+        else:  # rows: local texts, columns: all images, still sim(image, text)
+            s_t2i = self.sim(B.all_img_mu, B.all_img_lv, B.txt_mu, B.txt_lv).t()
+        i2t = hinge_rows(s_i2t, B.t_i2t, self.margin, self.negatives).mean()
+        t2i = hinge_rows(s_t2i, B.t_t2i, self.margin, self.negatives).mean()
+        loss = i2t + t2i
+        return loss, {"loss": _stat(loss), "i2t": _stat(i2t), "t2i": _stat(t2i),
+                      "img_sigma2": _stat(self._bound(B.img_lv).detach().exp().mean()),
+                      "txt_sigma2": _stat(self._bound(B.txt_lv).detach().exp().mean())}
+
+
+# ----------------------------------------------------------------------------- factory
+
+_LOSSES = {
+    "pcmepp": PCMEPPLoss,
+    "pcme": PCMELoss,
+    "infonce": InfoNCELoss,
+    "triplet": TripletLoss,
+    "prob-triplet": ProbTripletLoss,
+    "mu-only": MuOnlyLoss,
+}
+_ALIASES = {"pcme++": "pcmepp", "clip": "infonce", "vse": "triplet", "vsepp": "triplet",
+            "probtriplet": "prob-triplet", "pishdad": "prob-triplet", "mu": "mu-only", "muonly": "mu-only"}
+LOSS_NAMES = tuple(_LOSSES)
+_NEEDS_SIGMA = {"pcmepp": True, "pcme": True, "prob-triplet": True,
+                "infonce": False, "triplet": False, "mu-only": False}
+
+
+def _canonical(method: str) -> str:
+    key = str(method).strip().lower().replace("_", "-")
+    key = _ALIASES.get(key, key)
+    if key not in _LOSSES:
+        raise UserError(f"unknown loss {method!r} (choose from {', '.join(LOSS_NAMES)})")
+    return key
+
+
+def create_loss(method: str, **kwargs) -> nn.Module:
+    """Build a loss by name: "pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only".
+
+    ``kwargs`` go to the class (e.g. ``create_loss("pcmepp", pp_alpha=0, distance="wd")``);
+    an unknown name or option raises :class:`zsprob.UserError`.
+    """
+    cls = _LOSSES[_canonical(method)]
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        import inspect
+        opts = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        raise UserError(f"bad options for loss {method!r}: {e} (accepted: {', '.join(opts)})") from None
+
+
+def needs_sigma(method: str) -> bool:
+    """Whether the loss uses sigma (the model must be probabilistic)."""
+    return _NEEDS_SIGMA[_canonical(method)]
