@@ -1,0 +1,790 @@
+"""WebDataset image-text shards: RedCaps, any img2dataset output, SynthWorld pretraining shards.
+
+Layout read: tar shards whose members are grouped by key, ``KEY.jpg`` (or ``.jpeg``, ``.png``,
+``.webp``), ``KEY.txt`` (the caption) and optionally ``KEY.json`` (metadata; img2dataset
+writes it, RedCaps' subreddit lives there, SynthWorld writes all captions and ground truth).
+
+What the ``webdataset`` library (1.0.x) does here: shard-pattern expansion (brace patterns,
+``::`` separated sources, ``WDS_`` environment variables: :func:`webdataset.shardlists.expand_urls`),
+opening local paths / URLs / ``pipe:`` commands (:func:`webdataset.gopen.gopen`), streaming
+tar members (:func:`webdataset.tariterators.tar_file_iterator`), key/extension splitting
+(:func:`webdataset.tariterators.base_plus_ext`), the sample shuffle buffer
+(:func:`webdataset.filters.shuffle`), pipeline composition (:class:`webdataset.DataPipeline`) and
+the worker loader (:class:`webdataset.WebLoader`, a ``torch.utils.data.DataLoader``).
+
+What zsprob writes itself (around 500 lines): the epoch-aware, seeded shard schedule (split
+by node and worker, or resampled with per-source weights), grouping members into samples per
+shard (so a truncated shard cannot leak a half sample into the next one; open_clip's own
+``group_by_keys_nothrow`` breaks on webdataset 1.0's end-of-shard markers), error accounting
+(every skipped thing is counted by kind and the counts travel with the batches from the
+worker processes to :meth:`WdsLoader.stats`), caption cleaning (RedCaps rules), per-sample
+seeding of augmentations, batched tokenisation in the workers, and exact resumption.
+
+Semantics in one place
+----------------------
+* ``shards``: a pattern string (``"/data/redcaps/{00000..00999}.tar"``), several sources
+  joined by ``::`` or given as a list, or a local directory (all ``*.tar`` in it, sorted; a
+  SynthWorld output directory means its ``pretrain/`` folder). URLs and ``pipe:`` commands
+  are passed to webdataset's ``gopen``.
+* ``resampled=False`` (default): each epoch every shard is read exactly once. The shard list
+  is permuted with ``(seed, epoch)`` (identical on every rank), split ``shards[rank::world]``
+  and then ``[worker::num_workers]``. Rank / world size come from the arguments, else
+  ``torch.distributed`` if initialised, else the ``RANK`` / ``WORLD_SIZE`` environment.
+  Without ``num_samples`` one epoch = one pass; every good sample is yielded exactly once
+  (the last batch of each worker may be partial unless ``drop_last``). With ``num_samples``
+  (global samples per epoch) every worker yields exactly
+  ``ceil(num_samples / (batch_size * world_size * workers))`` full batches, re-reading its
+  shards in a new order if it runs out (open_clip's "roll over" rule), so all ranks see the
+  same number of steps (needed for DDP).
+* ``resampled=True`` (open_clip's convention for many GPUs): every worker draws shards with
+  replacement from an RNG seeded by ``(seed, epoch, rank, worker)``; with ``weights`` (one
+  per source, ``"1::3"`` or a list) it first draws a source with those probabilities, then a
+  shard of that source uniformly. (open_clip's upsampling factors weight each *shard*; here
+  a weight is the probability of the *source*.) ``num_samples`` bounds the epoch as above;
+  without it the stream is infinite. Weights need ``resampled=True``.
+* Shuffle: a sample buffer (``shuffle_buffer``) seeded by ``(seed, epoch, rank, worker)``.
+  ``shuffle=False`` reads shards in order with no buffer (evaluation).
+* Per-sample randomness (augmentation, choice of a caption from a list) is seeded by
+  ``(seed, epoch, rank, worker, position in the worker's stream)``: the torch default
+  generator and Python's ``random`` are re-seeded around each ``preprocess`` call and restored
+  afterwards, so the loader never disturbs the caller's RNG and results are reproducible.
+* ``dataset_type``: ``"webdataset"`` (whitespace cleaning only), ``"redcaps"`` (RedCaps
+  cleaning, :func:`clean_redcaps_caption`, and ``prepend_subreddit`` -> ``"<subreddit>: caption"``
+  from ``KEY.json``), ``"synthetic"`` (SynthWorld shards; whitespace cleaning). ``caption_key``
+  is a member extension (``"txt"``) or ``"json:FIELD"``; if the field holds a list, one
+  element is drawn per sample (e.g. ``"json:captions"`` for all SynthWorld captions).
+* Bad data never stops training: an undecodable image, a missing image, a missing / empty /
+  undecodable caption, a transform that raises, an unreadable or missing shard, a truncated
+  tar: the item is skipped, a warning is logged (logger ``zsprob.data``; the first few of each
+  kind per worker, then every 1000th) and it is counted. :meth:`WdsLoader.stats` returns the
+  counts of this process, aggregated over its DataLoader workers (the workers send their
+  counts along with each batch; no shared memory).
+
+Resuming (what is exact)
+------------------------
+``loader.state_dict()`` is ``{"epoch": e, "batch": k}`` (batches handed out so far in epoch
+e). ``loader.load_state_dict(sd)`` (or ``set_epoch(e, skip_batches=k)``) makes the next
+iteration start at batch k of epoch e. The workers skip their share of the first k batches
+before preprocessing (they still decode the skipped images, which is how they know which
+samples are bad) and send cheap placeholders, so the DataLoader's round-robin order is kept.
+The resumed stream is batch-for-batch identical to an uninterrupted run, augmentations
+included, given the same shards, seed, batch size, num_workers, world size and
+``dataset_type`` options, and provided that k lies before the point where the first worker
+runs out of data: always so with ``num_samples`` or ``resampled`` (all workers yield equally
+many batches); in a plain one-pass epoch the last few batches after a worker ran dry may be
+ordered differently. A transform that raises on a decodable image counts as bad in a normal
+pass but not while skipping (it is not run); this is the one other way to lose exactness.
+Starting a new epoch at batch 0 is always exact.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import random
+import re
+import tarfile
+import unicodedata
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+import webdataset as wds
+from webdataset.gopen import gopen
+from webdataset.shardlists import expand_urls
+from webdataset.tariterators import base_plus_ext, tar_file_iterator
+
+from zsprob.errors import UserError
+
+__all__ = [
+    "build_wds_pipeline",
+    "WdsLoader",
+    "expand_shards",
+    "clean_caption",
+    "clean_redcaps_caption",
+    "STAT_KEYS",
+    "DATASET_TYPES",
+]
+
+log = logging.getLogger("zsprob.data")
+
+DATASET_TYPES = ("webdataset", "redcaps", "synthetic")
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
+
+# every counter the loader reports (all start at 0)
+STAT_KEYS = (
+    "samples",            # good samples put into batches
+    "batches",            # batches handed out (not counting skipped ones)
+    "skipped_batches",    # batches skipped on resume
+    "shards_opened",      # shard files/streams opened (a shard read twice counts twice)
+    "missing_shard",      # shard could not be opened (missing file, bad URL)
+    "truncated_shard",    # tar stream ended in an error (truncated / corrupt tar)
+    "bad_image",          # image bytes PIL cannot decode
+    "missing_image",      # no jpg/jpeg/png/webp member
+    "missing_caption",    # no caption member / json field
+    "empty_caption",      # caption empty after cleaning
+    "bad_caption",        # caption bytes not UTF-8, json not parseable
+    "bad_sample",         # malformed group (e.g. duplicate member names)
+    "transform_error",    # preprocess raised
+    "dropped_partial",    # good samples in a final partial batch dropped by drop_last
+)
+_ERROR_KEYS = tuple(k for k in STAT_KEYS if k not in ("samples", "batches", "skipped_batches",
+                                                      "shards_opened", "dropped_partial"))
+
+
+# --------------------------------------------------------------------------- captions
+
+_WS = re.compile(r"\s+")
+# bracketed tags: [OC], [oc], [1920x1080], [x-post r/pics], [itap], (OC), (x-post ...), (1920 x 1080)
+_BRACKET_TAG = re.compile(r"\[[^\[\]]{0,60}\]|\{[^{}]{0,60}\}")
+_PAREN_TAG = re.compile(
+    r"\(\s*(?:oc|o\.c\.|x-?post[^()]*|xpost[^()]*|crosspost[^()]*|\d{3,5}\s*[x×]\s*\d{3,5}|"
+    r"more in comments?|album in comments?|via [^()]*|source[^()]*|self)\s*\)", re.IGNORECASE)
+_RESOLUTION = re.compile(r"\b\d{3,5}\s*[x×]\s*\d{3,5}\b")
+_ITAP = re.compile(r"^\s*(?:i\s+took\s+a\s+(?:picture|photo|pic)\s+of|itapo?\s+of|itap:?|itapot)\b[\s:,\-]*",
+                   re.IGNORECASE)
+_XPOST = re.compile(r"\b(?:x-?post(?:ed)?|crosspost(?:ed)?)\s+(?:from\s+)?(?:/?r/\w+)?", re.IGNORECASE)
+_USER_SUB = re.compile(r"(?<!\w)/?[ur]/[A-Za-z0-9_\-]+")
+_OC_EDGE = re.compile(r"^\s*oc\b[\s:\-]*|[\s\-]*\boc\s*$", re.IGNORECASE)
+_EDGE_PUNCT = re.compile(r"^[\s\-:;,|/]+|[\s\-:;,|/]+$")
+
+
+def _is_emoji(ch: str) -> bool:
+    cp = ord(ch)
+    if 0x1F000 <= cp <= 0x1FAFF or 0x2600 <= cp <= 0x27BF or 0x1F900 <= cp <= 0x1F9FF:
+        return True
+    if cp in (0x200D, 0x20E3) or 0xFE00 <= cp <= 0xFE0F or 0xE0020 <= cp <= 0xE007F:
+        return True  # ZWJ, keycap, variation selectors, tag characters
+    cat = unicodedata.category(ch)
+    return cat in ("So", "Cs", "Co")
+
+
+def clean_caption(text: str) -> str:
+    """Generic cleaning: Unicode NFC, control characters -> space, collapse whitespace, strip."""
+    text = unicodedata.normalize("NFC", text)
+    text = "".join(" " if unicodedata.category(c) in ("Cc", "Cf") and c != "\u200d" else c for c in text)
+    return _WS.sub(" ", text).strip()
+
+
+def clean_redcaps_caption(text: str, *, keep_emoji: bool = False) -> str:
+    """Clean a RedCaps caption (a Reddit post title), idempotently.
+
+    Rules, in order: :func:`clean_caption`; drop bracketed tags (``[OC]``, ``[1920x1080]``,
+    ``[x-post r/pics]``, any ``[...]`` / ``{...}`` up to 60 characters) and common
+    parenthesised ones (``(OC)``, ``(x-post ...)``, ``(more in comments)``, resolutions);
+    drop "x-post from r/sub" phrases, ``u/user`` and ``r/sub`` mentions and bare resolutions;
+    drop a leading "itap of" / "I took a picture of" (r/itookapicture's convention) and a
+    leading or trailing "OC"; **emoji policy**: emoji and other pictographic symbols (Unicode
+    category So, the emoji blocks, variation selectors, zero-width joiners) are removed,
+    because RedCaps' published ``caption`` field is emoji-free and the CLIP BPE would turn
+    them into rare byte tokens; pass ``keep_emoji=True`` to keep them. Finally collapse
+    whitespace and strip separator punctuation from both ends. Case is kept (the CLIP
+    tokenizer lowercases). May return "" (the sample is then skipped as an empty caption).
+    """
+    t = clean_caption(text)
+    if not keep_emoji:
+        t = "".join(" " if _is_emoji(c) else c for c in t)
+    t = _BRACKET_TAG.sub(" ", t)
+    t = _PAREN_TAG.sub(" ", t)
+    t = _XPOST.sub(" ", t)
+    t = _USER_SUB.sub(" ", t)
+    t = _RESOLUTION.sub(" ", t)
+    t = _WS.sub(" ", t).strip()
+    for _ in range(2):
+        t = _ITAP.sub("", t)
+        t = _OC_EDGE.sub("", t)
+        t = _EDGE_PUNCT.sub("", t)
+    t = re.sub(r"\(\s*\)", " ", t)
+    return _WS.sub(" ", t).strip()
+
+
+# --------------------------------------------------------------------------- shard lists
+
+def _split_sources(shards: Union[str, os.PathLike, Sequence]) -> list[str]:
+    if isinstance(shards, (str, os.PathLike)):
+        s = str(shards)
+        return [p for p in s.split("::") if p.strip()]
+    out: list[str] = []
+    for item in shards:
+        if isinstance(item, (tuple, list)):
+            raise UserError("give weights with the weights= argument, not as (pattern, weight) pairs")
+        out.extend(p for p in str(item).split("::") if p.strip())
+    return out
+
+
+def _expand_one(source: str) -> list[str]:
+    p = Path(os.path.expanduser(source))
+    if "://" not in source and not source.startswith("pipe:") and p.is_dir():
+        if (p / "pretrain").is_dir() and not list(p.glob("*.tar")):
+            p = p / "pretrain"  # a SynthWorld output directory
+        tars = sorted(str(x) for x in p.glob("*.tar"))
+        if not tars:
+            raise UserError(f"no *.tar shards in directory {p}")
+        return tars
+    return list(expand_urls(source))
+
+
+def expand_shards(shards) -> list[list[str]]:
+    """Expand a shard spec into one list of URLs per source (brace patterns, ``::``, directories)."""
+    sources = _split_sources(shards)
+    if not sources:
+        raise UserError("no shards given (expected a pattern like 'dir/{000000..000099}.tar')")
+    return [_expand_one(s) for s in sources]
+
+
+def _is_local(url: str) -> bool:
+    return not (url.startswith("pipe:") or "://" in url) or url.startswith("file:")
+
+
+def _local_path(url: str) -> str:
+    return re.sub(r"^file://?", "/", url) if url.startswith("file:") else url
+
+
+def _parse_weights(weights, n_sources: int) -> Optional[list[float]]:
+    if weights is None:
+        return None
+    if isinstance(weights, str):
+        parts = [w for w in weights.split("::") if w.strip()]
+    else:
+        parts = list(weights)
+    try:
+        w = [float(x) for x in parts]
+    except ValueError:
+        raise UserError(f"shard weights must be numbers, got {weights!r}") from None
+    if len(w) != n_sources:
+        raise UserError(f"{len(w)} weights given for {n_sources} shard sources")
+    if any(x < 0 for x in w) or sum(w) <= 0:
+        raise UserError(f"shard weights must be >= 0 with a positive sum, got {w}")
+    return w
+
+
+def _dist_info(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    r, w = 0, 1
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            r, w = dist.get_rank(), dist.get_world_size()
+        else:
+            r = int(os.environ.get("RANK", 0))
+            w = int(os.environ.get("WORLD_SIZE", 1))
+    except Exception:  # pragma: no cover
+        pass
+    return (int(rank) if rank is not None else r, int(world_size) if world_size is not None else w)
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1, np.uint64)[0]
+               & 0x7FFFFFFFFFFFFFFF)
+
+
+# --------------------------------------------------------------------------- worker side
+
+class _Counts:
+    """Per-worker counters, plus rate-limited warnings."""
+
+    def __init__(self, worker: int, rank: int):
+        self.delta: Counter = Counter()
+        self.seen: Counter = Counter()
+        self.where = f"rank {rank} worker {worker}"
+
+    def add(self, key: str, n: int = 1) -> None:
+        self.delta[key] += n
+
+    def bad(self, key: str, detail: str) -> None:
+        self.delta[key] += 1
+        self.seen[key] += 1
+        c = self.seen[key]
+        if c <= 5 or c % 1000 == 0:
+            log.warning("zsprob.data: skipped (%s, #%d on %s): %s", key, c, self.where, detail)
+
+    def take(self) -> dict:
+        d = dict(self.delta)
+        self.delta.clear()
+        return d
+
+
+class _PrivateRNG:
+    """Seed torch's default generator and Python's random for one call, then restore them."""
+
+    def __init__(self):
+        self.gen = torch.default_generator
+
+    def __call__(self, seed: int, fn: Callable, *args):
+        ts = self.gen.get_state()
+        ps = random.getstate()
+        try:
+            self.gen.manual_seed(seed)
+            random.seed(seed)
+            return fn(*args)
+        finally:
+            self.gen.set_state(ts)
+            random.setstate(ps)
+
+
+class _ShardStream(IterableDataset):
+    """The iterable each DataLoader worker runs: shards -> samples -> shuffled -> batches."""
+
+    def __init__(self, sources: list[list[str]], *, weights, preprocess, tokenizer, batch_size, seed,
+                 resampled, shuffle, shuffle_buffer, shuffle_initial, caption_key, image_keys,
+                 clean_fn, prepend_subreddit, num_samples, drop_last, rank, world_size, with_keys):
+        super().__init__()
+        self.sources = sources
+        self.urls = [u for s in sources for u in s]
+        self.weights = weights
+        self.preprocess = preprocess
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.seed = seed
+        self.resampled = resampled
+        self.shuffle = shuffle
+        self.shuffle_buffer = shuffle_buffer
+        self.shuffle_initial = shuffle_initial
+        self.caption_key = caption_key
+        self.image_keys = tuple(image_keys)
+        self.clean_fn = clean_fn
+        self.prepend_subreddit = prepend_subreddit
+        self.num_samples = num_samples
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+        self.with_keys = with_keys
+        # set by WdsLoader before each iteration (workers get a copy at iter() time)
+        self.epoch = 0
+        self.skip_batches = 0
+        self.num_workers = 0
+
+    # ---- schedule
+    def batches_per_worker(self) -> Optional[int]:
+        if self.num_samples is None:
+            return None
+        nw = max(1, self.num_workers)
+        return max(1, math.ceil(self.num_samples / (self.batch_size * self.world_size * nw)))
+
+    def assigned_shards(self, worker: int, nw: int, epoch: int) -> list[str]:
+        """Shards this (rank, worker) reads in a non-resampled epoch (before repeats)."""
+        urls = list(self.urls)
+        if self.shuffle:
+            random.Random(_seed(self.seed, epoch, 0xA11)).shuffle(urls)
+        return urls[self.rank::self.world_size][worker::nw]
+
+    def _shard_iter(self, worker: int, nw: int, epoch: int, repeat: bool) -> Iterator[str]:
+        if self.resampled:
+            rng = random.Random(_seed(self.seed, epoch, self.rank, worker, 0x5E5))
+            if self.weights is None:
+                while True:
+                    yield rng.choice(self.urls)
+            cum = np.cumsum(self.weights)
+            while True:
+                s = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+                s = min(s, len(self.sources) - 1)
+                yield rng.choice(self.sources[s])
+        mine = self.assigned_shards(worker, nw, epoch)
+        if not mine:
+            log.warning("zsprob.data: rank %d worker %d has no shard this epoch (%d shards for %d "
+                        "ranks x %d workers); use fewer workers or resampled=True",
+                        self.rank, worker, len(self.urls), self.world_size, nw)
+            return
+        yield from mine
+        p = 1
+        while repeat:
+            again = list(mine)
+            if self.shuffle:
+                random.Random(_seed(self.seed, epoch, self.rank, worker, p, 0xAE7)).shuffle(again)
+            yield from again
+            p += 1
+
+    # ---- reading
+    def _read_shard(self, url: str, counts: _Counts) -> Iterator[dict]:
+        if _is_local(url) and not os.path.isfile(_local_path(url)):
+            counts.bad("missing_shard", f"{url} does not exist")
+            return
+        try:
+            stream = gopen(url, "rb")
+        except Exception as e:
+            counts.bad("missing_shard", f"{url}: {e!r}")
+            return
+        counts.add("shards_opened")
+        current: Optional[dict] = None
+        failed = False
+        try:
+            for f in tar_file_iterator(stream):
+                prefix, suffix = base_plus_ext(f["fname"])
+                if prefix is None:
+                    continue
+                suffix = suffix.lower()
+                if current is None or current["__key__"] != prefix:
+                    if current is not None:
+                        yield current
+                    current = {"__key__": prefix, "__url__": url}
+                if suffix in current:
+                    counts.bad("bad_sample", f"duplicate member {f['fname']} in {url}")
+                    current["__bad__"] = True
+                current[suffix] = f["data"]
+        except (tarfile.TarError, EOFError, OSError, ValueError, AssertionError, Exception) as e:
+            failed = True
+            counts.bad("truncated_shard", f"{url}: {type(e).__name__}: {e}")
+        finally:
+            try:
+                stream.close()
+            except Exception as e:  # e.g. a pipe: command exiting with an error
+                if not failed:
+                    failed = True
+                    counts.bad("truncated_shard", f"{url}: {e!r}")
+        if current is not None:
+            if failed and not self._complete(current):
+                return  # half a sample at the cut: part of the truncation already counted
+            yield current
+
+    def _complete(self, s: dict) -> bool:
+        cap = self.caption_key.split(":", 1)[0]
+        return any(k in s for k in self.image_keys) and cap in s
+
+    def _samples(self, shard_urls: Iterable[str], counts: _Counts) -> Iterator[dict]:
+        for url in shard_urls:
+            yield from self._read_shard(url, counts)
+
+    # ---- decoding
+    def _caption(self, s: dict, rng: random.Random, counts: _Counts) -> Optional[str]:
+        key = self.caption_key
+        meta = None
+        if key.startswith("json:"):
+            field = key[5:]
+            if "json" not in s:
+                counts.bad("missing_caption", f"{s['__key__']}: no json member")
+                return None
+            try:
+                meta = json.loads(s["json"])
+            except Exception as e:
+                counts.bad("bad_caption", f"{s['__key__']}.json: {e}")
+                return None
+            cap = meta.get(field) if isinstance(meta, dict) else None
+            if isinstance(cap, (list, tuple)):
+                cap = [c for c in cap if isinstance(c, str)]
+                cap = rng.choice(cap) if cap else None
+            if cap is None or not isinstance(cap, str):
+                counts.bad("missing_caption", f"{s['__key__']}: json has no {field!r}")
+                return None
+        else:
+            if key not in s:
+                counts.bad("missing_caption", f"{s['__key__']}: no .{key} member")
+                return None
+            try:
+                cap = s[key].decode("utf-8")
+            except UnicodeDecodeError as e:
+                counts.bad("bad_caption", f"{s['__key__']}.{key}: {e}")
+                return None
+        cap = self.clean_fn(cap)
+        if not cap:
+            counts.bad("empty_caption", f"{s['__key__']}: empty caption")
+            return None
+        if self.prepend_subreddit:
+            if meta is None and "json" in s:
+                try:
+                    meta = json.loads(s["json"])
+                except Exception:
+                    meta = None
+            sub = meta.get("subreddit") if isinstance(meta, dict) else None
+            if isinstance(sub, str) and sub.strip():
+                cap = f"{sub.strip()}: {cap}"
+        return cap
+
+    def _image(self, s: dict, counts: _Counts):
+        from PIL import Image
+
+        for k in self.image_keys:
+            if k in s:
+                try:
+                    with Image.open(io.BytesIO(s[k])) as im:
+                        return im.convert("RGB")
+                except Exception as e:
+                    counts.bad("bad_image", f"{s['__key__']}.{k}: {type(e).__name__}: {e}")
+                    return None
+        counts.bad("missing_image", f"{s['__key__']}: no {'/'.join(self.image_keys)} member")
+        return None
+
+    # ---- the worker loop
+    def __iter__(self):
+        info = get_worker_info()
+        worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        counts = _Counts(worker, self.rank)
+        epoch = self.epoch
+        per_worker = self.batches_per_worker()
+        k = self.skip_batches
+        my_skip = max(0, -(-(k - worker) // nw)) if k > 0 else 0
+        shards = self._shard_iter(worker, nw, epoch, repeat=per_worker is not None)
+        samples = self._samples(shards, counts)
+        if self.shuffle and self.shuffle_buffer > 1:
+            rng = random.Random(_seed(self.seed, epoch, self.rank, worker, 0x5B0))
+            samples = wds.filters._shuffle(samples, self.shuffle_buffer,
+                                           min(self.shuffle_initial, self.shuffle_buffer), rng=rng)
+        sample_base = _seed(self.seed, epoch, self.rank, worker, 0x5A3)
+        private = _PrivateRNG()
+        imgs: list = []
+        caps: list[str] = []
+        keys: list[str] = []
+        produced = 0
+        for idx, s in enumerate(samples):
+            if per_worker is not None and produced >= per_worker:
+                break
+            if s.get("__bad__"):
+                continue
+            skipping = produced < my_skip
+            sseed = (sample_base + idx) & 0x7FFFFFFFFFFFFFFF
+            srng = random.Random(sseed)
+            cap = self._caption(s, srng, counts)
+            if cap is None:
+                continue
+            img = self._image(s, counts)
+            if img is None:
+                continue
+            if not skipping:
+                try:
+                    img = private(sseed, self.preprocess, img) if self.preprocess is not None else img
+                except Exception as e:
+                    counts.bad("transform_error", f"{s['__key__']}: {type(e).__name__}: {e}")
+                    continue
+            imgs.append(img)
+            caps.append(cap)
+            keys.append(s["__key__"])
+            if len(caps) == self.batch_size:
+                counts.add("samples", len(caps))
+                if skipping:
+                    counts.add("skipped_batches")
+                    yield self._placeholder(counts)
+                else:
+                    yield self._emit(imgs, caps, keys, counts)
+                produced += 1
+                imgs, caps, keys = [], [], []
+        if caps and per_worker is None:
+            if self.drop_last or produced < my_skip:
+                counts.add("dropped_partial" if self.drop_last else "samples", len(caps))
+                if not self.drop_last:
+                    counts.add("skipped_batches")
+            else:
+                counts.add("samples", len(caps))
+                yield self._emit(imgs, caps, keys, counts)
+        yield self._placeholder(counts)  # flush the last counts
+
+    def _placeholder(self, counts: _Counts):
+        return (None, None, None, counts.take()) if self.with_keys else (None, None, counts.take())
+
+    def _emit(self, imgs, caps, keys, counts: _Counts):
+        counts.add("batches")
+        if isinstance(imgs[0], torch.Tensor):
+            images = torch.stack(imgs)
+        else:
+            images = imgs  # preprocess=None: PIL images
+        tokens = self.tokenizer(caps) if self.tokenizer is not None else list(caps)
+        if self.with_keys:
+            return images, tokens, list(keys), counts.take()
+        return images, tokens, counts.take()
+
+
+def _identity_collate(x):
+    return x
+
+
+# --------------------------------------------------------------------------- loader
+
+class WdsLoader:
+    """Iterable over ``(images [B,3,H,W], tokens [B,L])`` batches of one rank (see module doc).
+
+    Attributes: ``epoch`` (the epoch the next iteration reads), ``num_batches`` (batches per
+    epoch on this rank when fixed by ``num_samples``, else None), ``num_shards``,
+    ``batch_size``, ``num_workers``, ``rank``, ``world_size``.
+    """
+
+    def __init__(self, stream: _ShardStream, *, epoch: int, num_workers: int, pin_memory: bool,
+                 prefetch_factor: Optional[int], timeout: float):
+        self._stream = stream
+        self.epoch = int(epoch)
+        self.num_workers = int(num_workers)
+        self.pin_memory = pin_memory
+        self.prefetch_factor = prefetch_factor
+        self.timeout = timeout
+        self._skip = 0
+        self._batch_in_epoch = 0
+        self._stats: Counter = Counter({k: 0 for k in STAT_KEYS})
+        stream.num_workers = self.num_workers
+        pw = stream.batches_per_worker()
+        self.num_batches = pw * max(1, self.num_workers) if pw is not None else None
+        self.num_samples = self.num_batches * stream.batch_size if self.num_batches is not None else None
+
+    # -- info
+    @property
+    def batch_size(self) -> int:
+        return self._stream.batch_size
+
+    @property
+    def rank(self) -> int:
+        return self._stream.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._stream.world_size
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._stream.urls)
+
+    @property
+    def shards(self) -> list[str]:
+        return list(self._stream.urls)
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("this WdsLoader has no fixed length (give num_samples=...)")
+        return self.num_batches
+
+    def stats(self) -> dict[str, int]:
+        """Counts since construction (this rank, all its workers): good samples, batches, and
+        every kind of skipped item (see ``STAT_KEYS``); plus ``skipped_total`` and ``epoch``."""
+        d = {k: int(self._stats.get(k, 0)) for k in STAT_KEYS}
+        for k, v in self._stats.items():
+            d.setdefault(k, int(v))
+        d["skipped_total"] = sum(d[k] for k in _ERROR_KEYS)
+        d["epoch"] = self.epoch
+        return d
+
+    def reset_stats(self) -> None:
+        self._stats = Counter({k: 0 for k in STAT_KEYS})
+
+    # -- epochs and resuming
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Make the next iteration read epoch ``epoch``, starting after ``skip_batches`` batches."""
+        self.epoch = int(epoch)
+        self._skip = max(0, int(skip_batches))
+        self._batch_in_epoch = self._skip
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self._batch_in_epoch, "seed": self._stream.seed,
+                "num_workers": self.num_workers, "world_size": self.world_size,
+                "batch_size": self.batch_size}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for k in ("num_workers", "world_size", "batch_size"):
+            if k in sd and sd[k] != getattr(self, k):
+                log.warning("zsprob.data: resuming with %s=%s (saved with %s): the data order "
+                            "will not be identical", k, getattr(self, k), sd[k])
+        self.set_epoch(sd["epoch"], sd.get("batch", 0))
+
+    # -- iteration
+    def _dataloader(self):
+        kw: dict[str, Any] = dict(batch_size=None, shuffle=False, num_workers=self.num_workers,
+                                  collate_fn=_identity_collate, pin_memory=self.pin_memory,
+                                  # our own generator: creating the iterator draws a base seed,
+                                  # which must not consume the caller's global RNG
+                                  generator=torch.Generator().manual_seed(_seed(self._stream.seed, self.epoch)))
+        if self.num_workers > 0:
+            kw["timeout"] = self.timeout
+            if self.prefetch_factor is not None:
+                kw["prefetch_factor"] = self.prefetch_factor
+        return wds.WebLoader(self._stream, **kw)
+
+    def __iter__(self):
+        epoch, skip = self.epoch, self._skip
+        self._skip = 0
+        self._stream.epoch = epoch
+        self._stream.skip_batches = skip
+        self._stream.num_workers = self.num_workers
+        self._batch_in_epoch = skip
+        with_keys = self._stream.with_keys
+        for item in self._dataloader():
+            delta = item[-1]
+            if delta:
+                self._stats.update(delta)
+            if item[0] is None:
+                continue
+            self._batch_in_epoch += 1
+            yield item[:-1] if with_keys else (item[0], item[1])
+        self.epoch = epoch + 1
+        self._batch_in_epoch = 0
+
+
+def build_wds_pipeline(
+    shards,
+    *,
+    preprocess: Optional[Callable],
+    tokenizer: Optional[Callable],
+    batch_size: int,
+    seed: int = 0,
+    epoch: int = 0,
+    resampled: bool = False,
+    weights=None,
+    shuffle: bool = True,
+    shuffle_buffer: int = 2000,
+    shuffle_initial: int = 500,
+    num_workers: int = 0,
+    caption_key: str = "txt",
+    image_keys: Sequence[str] = IMAGE_KEYS,
+    dataset_type: str = "webdataset",
+    prepend_subreddit: bool = False,
+    keep_emoji: bool = False,
+    clean: Optional[Callable[[str], str]] = None,
+    num_samples: Optional[int] = None,
+    drop_last: bool = False,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    skip_batches: int = 0,
+    with_keys: bool = False,
+    pin_memory: bool = False,
+    prefetch_factor: Optional[int] = None,
+    timeout: float = 0,
+) -> WdsLoader:
+    """Build the shard loader; see the module docstring for the exact semantics.
+
+    ``preprocess``: PIL image -> tensor (the model's open_clip transform, optionally with
+    :class:`zsprob.data.transforms.SizeAugment`); ``tokenizer``: list[str] -> LongTensor [B, L]
+    (called once per batch, in the worker). ``tokenizer=None`` yields caption strings,
+    ``preprocess=None`` PIL images. ``with_keys=True`` yields ``(images, tokens, keys)``.
+    ``clean`` overrides the caption cleaning of ``dataset_type``.
+    """
+    if dataset_type not in DATASET_TYPES:
+        raise UserError(f"unknown dataset type {dataset_type!r}; choose one of {', '.join(DATASET_TYPES)}")
+    if batch_size < 1:
+        raise UserError(f"batch_size must be >= 1, got {batch_size}")
+    if num_workers < 0:
+        raise UserError(f"num_workers must be >= 0, got {num_workers}")
+    if num_samples is not None and num_samples < 1:
+        raise UserError(f"num_samples must be >= 1, got {num_samples}")
+    sources = expand_shards(shards)
+    w = _parse_weights(weights, len(sources))
+    if w is not None and not resampled and len(set(w)) > 1:
+        raise UserError("source sampling weights need resampled=True (sampling shards with "
+                        "replacement); a plain epoch reads every shard exactly once")
+    r, ws = _dist_info(rank, world_size)
+    if not 0 <= r < ws:
+        raise UserError(f"rank {r} outside world size {ws}")
+    urls = [u for s in sources for u in s]
+    local = [u for u in urls if _is_local(u)]
+    if local and len(local) == len(urls) and not any(os.path.isfile(_local_path(u)) for u in local):
+        raise UserError(f"none of the {len(urls)} shards exists (first: {urls[0]}); check the --shards pattern")
+    if not resampled and num_samples is not None and len(urls) < ws * max(1, num_workers):
+        raise UserError(f"{len(urls)} shards cannot feed {ws} ranks x {max(1, num_workers)} workers "
+                        f"with a fixed epoch length; use fewer workers or resampled=True")
+    if clean is None:
+        if dataset_type == "redcaps":
+            def clean(t, _k=keep_emoji):
+                return clean_redcaps_caption(t, keep_emoji=_k)
+        else:
+            clean = clean_caption
+    stream = _ShardStream(
+        sources, weights=w, preprocess=preprocess, tokenizer=tokenizer, batch_size=int(batch_size),
+        seed=int(seed), resampled=bool(resampled), shuffle=bool(shuffle), shuffle_buffer=int(shuffle_buffer),
+        shuffle_initial=int(shuffle_initial), caption_key=caption_key, image_keys=image_keys,
+        clean_fn=clean, prepend_subreddit=bool(prepend_subreddit), num_samples=num_samples,
+        drop_last=bool(drop_last), rank=r, world_size=ws, with_keys=bool(with_keys))
+    loader = WdsLoader(stream, epoch=epoch, num_workers=num_workers, pin_memory=pin_memory,
+                       prefetch_factor=prefetch_factor, timeout=timeout)
+    if skip_batches:
+        loader.set_epoch(epoch, skip_batches)
+    return loader
