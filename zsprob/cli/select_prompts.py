@@ -1,10 +1,82 @@
-"""`zsprob select-prompts`: not in this version yet (placeholder replaced by issue 6 (zero-shot))."""
+"""`zsprob select-prompts`: rank prompt templates by text uncertainty and choose them per class.
+
+Thin: parses options, loads the model (zsprob checkpoint or plain open_clip), calls
+``zsprob.zeroshot.classify.run_selection`` and writes selection.json. No torch at import.
+"""
+from __future__ import annotations
+
 import click
 
-from zsprob.cli import not_available
+_STRATEGIES = ("all", "single", "topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe",
+               "bprw", "zpe", "oracle", "oracle-global")
 
 
-@click.command("select-prompts", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def select_prompts() -> None:
+def model_options(f):
+    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file (with --model).")(f)
+    f = click.option("--model", "model_name", default=None,
+                     help="A plain open_clip model name (e.g. ViT-B-32) instead of a checkpoint.")(f)
+    f = click.option("--checkpoint", type=click.Path(), default=None, help="zsprob checkpoint directory.")(f)
+    return f
+
+
+def common_options(f):
+    f = click.option("--k-grid", default=None, help="K values searched by auto/global/oracle, e.g. '1-80' "
+                     "or '1,2,4,8,16,32,80' (default: every K).")(f)
+    f = click.option("--batch-size", type=int, default=256, show_default=True)(f)
+    f = click.option("--device", default=None, help="torch device (default: the model's).")(f)
+    f = click.option("--cache-dir", type=click.Path(), default=None,
+                     help="Prompt-bank and image-embedding cache (default: cache/ next to --out).")(f)
+    f = click.option("--templates", default=None, help="Template file, one per line with {} "
+                     "(default: the 80 CLIP ImageNet templates).")(f)
+    f = click.option("--classes", type=click.Path(), default=None,
+                     help="Class-name file (default: the dataset's class names).")(f)
+    return f
+
+
+def load_model(checkpoint, model_name, pretrained, device):
+    from zsprob.models import load_for_inference
+
+    m = load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device)
+    meta = {"checkpoint": None if checkpoint is None else str(checkpoint), "name": getattr(m, "name", model_name),
+            "pretrained": pretrained, "deterministic": bool(m.deterministic), "embed_dim": m.embed_dim}
+    return m, meta
+
+
+@click.command("select-prompts")
+@model_options
+@click.option("--dataset", type=click.Choice(["imagenet", "synthetic", "folder"]), required=True)
+@click.option("--root", type=click.Path(), default=None,
+              help="Dataset root (class names; evaluation images for zpe/bprw/oracle). SynthWorld: the "
+                   "`zsprob data synthetic` output, whose classify/select split is the default selection split.")
+@click.option("--topk", default="auto", show_default=True, help="auto | N | all | oracle")
+@click.option("--strategy", type=click.Choice(_STRATEGIES), default=None,
+              help="Overrides --topk: any strategy (see README).")
+@click.option("--select-root", type=click.Path(), default=None,
+              help="Labelled selection split (folder per class; ImageNet: train images), disjoint from evaluation.")
+@click.option("--no-select", is_flag=True, help="auto: ignore the selection split (label-free variant).")
+@click.option("--threshold-c", type=float, default=1.0, show_default=True,
+              help="Label-free auto: keep u <= mean + c*std per class.")
+@click.option("--beta", type=float, default=1.0, show_default=True, help="fusion: weights u^-beta.")
+@common_options
+@click.option("--out", type=click.Path(), required=True, help="selection.json to write.")
+def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, strategy, select_root, no_select,
+                   threshold_c, beta, k_grid, batch_size, device, cache_dir, templates, classes, out):
     """Rank prompt templates by text uncertainty and select them per class."""
-    not_available("zsprob select-prompts", "issue 6 (zero-shot)")
+    from pathlib import Path
+
+    from zsprob.utils.io import atomic_write_json
+    from zsprob.zeroshot.classify import run_selection, strategy_from_topk
+
+    name, k = strategy_from_topk(topk, strategy)
+    model, meta = load_model(checkpoint, model_name, pretrained, device)
+    cache = Path(cache_dir) if cache_dir else Path(out).resolve().parent / "cache"
+    sel, doc = run_selection(model, dataset, root, strategy=name, k=k, select_root=select_root,
+                             use_select=not no_select, templates=templates, classnames=classes, cache_dir=cache,
+                             k_values=k_grid, threshold_c=threshold_c, beta=beta, batch_size=batch_size,
+                             device=device, model_meta=meta)
+    atomic_write_json(out, doc)
+    ks = sel.k
+    kdesc = "" if ks is None else f", K per class {min(ks)}..{max(ks)} (mean {sum(ks) / len(ks):.1f})"
+    flag = " [USES EVALUATION LABELS]" if sel.uses_eval_labels else ""
+    click.echo(f"{sel.label}: {len(sel.classnames)} classes x {len(sel.templates)} templates{kdesc}{flag}")
+    click.echo(f"wrote {out}")

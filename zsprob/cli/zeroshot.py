@@ -1,10 +1,67 @@
-"""`zsprob zeroshot`: not in this version yet (placeholder replaced by issue 6 (zero-shot))."""
+"""`zsprob zeroshot`: zero-shot classification with selected prompts (or every strategy: --compare).
+
+Thin: parses options, loads the model, calls ``zsprob.zeroshot.classify.zeroshot_eval`` or
+``compare_strategies``, writes results.json and prints a summary. No torch at import.
+"""
+from __future__ import annotations
+
 import click
 
-from zsprob.cli import not_available
+from zsprob.cli.select_prompts import _STRATEGIES, common_options, load_model, model_options
 
 
-@click.command("zeroshot", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def zeroshot() -> None:
+@click.command("zeroshot")
+@click.argument("dataset", type=click.Choice(["imagenet", "synthetic", "folder"]))
+@model_options
+@click.option("--root", type=click.Path(), required=True,
+              help="Evaluation data (ImageNet root with val/, a folder per class, or a SynthWorld output).")
+@click.option("--prompts", type=click.Path(), default=None, help="selection.json from zsprob select-prompts.")
+@click.option("--topk", default="auto", show_default=True, help="auto | N | all | oracle (without --prompts)")
+@click.option("--strategy", type=click.Choice(_STRATEGIES), default=None, help="Overrides --topk.")
+@click.option("--select-root", type=click.Path(), default=None, help="Labelled selection split for auto.")
+@click.option("--score", type=click.Choice(["cosine", "csd", "unc"]), default="cosine", show_default=True,
+              help="cosine of means; CSD between image and class Gaussians; uncertainty-adjusted cosine.")
+@click.option("--unc-weight", type=float, default=0.5, show_default=True, help="--score unc: cos - w * ||sigma^2||_1.")
+@click.option("--compare", is_flag=True, help="Evaluate every strategy in one run; print one table and write PNGs.")
+@common_options
+@click.option("--out", type=click.Path(), required=True, help="results.json to write.")
+def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, strategy, select_root, score,
+             unc_weight, compare, k_grid, batch_size, device, cache_dir, templates, classes, out):
     """Zero-shot classification with selected prompts."""
-    not_available("zsprob zeroshot", "issue 6 (zero-shot)")
+    from pathlib import Path
+
+    from zsprob.errors import UserError, require_dir
+    from zsprob.utils.io import atomic_write_json
+    from zsprob.zeroshot.classify import compare_strategies, parse_k_grid, strategy_from_topk, zeroshot_eval
+
+    require_dir(root, f"{dataset} data root")
+    if prompts is not None and compare:
+        raise UserError("--compare evaluates every strategy; it does not take --prompts")
+    model, meta = load_model(checkpoint, model_name, pretrained, device)
+    out = Path(out)
+    cache = Path(cache_dir) if cache_dir else out.resolve().parent / "cache"
+    if compare:
+        kv = parse_k_grid(k_grid) if k_grid else None
+        res = compare_strategies(model, root, dataset, out_dir=out.resolve().parent, select_root=select_root,
+                                 templates=templates, classnames=classes, cache_dir=cache, k_values=kv, score=score,
+                                 batch_size=batch_size, device=device, model_meta=meta)
+        doc = {k: v for k, v in res.items() if k != "selections"}
+        atomic_write_json(out, doc)
+        click.echo(res["table"])
+        if res["deterministic"]:
+            click.echo("(deterministic model: strategies that need sigma^2 were skipped)")
+        for name, path in res.get("files", {}).items():
+            if name.endswith(("topk", "hist")):
+                click.echo(f"figure: {path}")
+        click.echo(f"wrote {out}")
+        return
+    name, k = (None, None) if prompts is not None else strategy_from_topk(topk, strategy)
+    res = zeroshot_eval(model, dataset, root, prompts=prompts, strategy=name or "auto", k=k, select_root=select_root,
+                        templates=templates, classnames=classes, cache_dir=cache, k_values=k_grid, score=score,
+                        unc_weight=unc_weight, batch_size=batch_size, device=device, model_meta=meta)
+    atomic_write_json(out, res)
+    m = res["metrics"]
+    flag = " [USES EVALUATION LABELS]" if res["selection"]["uses_eval_labels"] else ""
+    click.echo(f"{res['selection']['label']} ({score}): top-1 {m['top1']:.2f}%  top-5 {m['top5']:.2f}%  "
+               f"mean per-class {m['mean_per_class']:.2f}%  on {m['n_images']} images{flag}")
+    click.echo(f"wrote {out}")

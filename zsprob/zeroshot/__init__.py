@@ -1,1 +1,35 @@
-"""zsprob.zeroshot (being built)."""
+"""zsprob.zeroshot: prompt banks, uncertainty-based prompt selection, zero-shot classification.
+
+    from zsprob.zeroshot import compare_strategies
+    res = compare_strategies(model, "synth_out", dataset="synthetic", out_dir="zs")   # every strategy
+    print(res["table"])
+
+Modules: ``prompts`` (template / class files, the cached prompt bank), ``selection`` (the
+strategies, pure tensor math), ``classify`` (scores, metrics, image-embedding cache,
+``compare_strategies``, the functions behind ``zsprob select-prompts`` / ``zsprob zeroshot``).
+Imports are lazy so ``import zsprob.zeroshot`` does not import torch.
+"""
+from __future__ import annotations
+
+_EXPORTS = {
+    "PromptBank": "prompts", "build_prompt_bank": "prompts", "load_templates": "prompts",
+    "load_classnames": "prompts", "model_fingerprint": "prompts",
+    "Selection": "selection", "run_strategy": "selection", "STRATEGIES": "selection",
+    "select_all": "selection", "select_topk": "selection", "select_auto": "selection",
+    "select_fusion": "selection", "select_poe": "selection", "select_bprw": "selection",
+    "select_zpe": "selection", "select_oracle": "selection", "NeedsSigma": "selection",
+    "compare_strategies": "classify", "compare_on_features": "classify", "run_selection": "classify",
+    "zeroshot_eval": "classify", "class_scores": "classify", "evaluate_scores": "classify",
+    "load_selection": "classify", "save_selection": "classify", "ImageFeatures": "classify",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        mod = importlib.import_module(f"zsprob.zeroshot.{_EXPORTS[name]}")
+        return getattr(mod, name)
+    raise AttributeError(name)

@@ -1,0 +1,288 @@
+"""Prompt templates, class names and the prompt bank (every class x template, embedded once).
+
+What the libraries do: the text tower and its tokenizer are open_clip's (through
+``zsprob.models``: ``encode_texts`` batches, runs under ``no_grad`` and returns float32
+``(mu, logvar)``); the cache files are written with ``safetensors`` and zsprob's atomic
+writers. What zsprob writes itself: template / class-list parsing and validation, the
+``PromptBank`` container (``mu``/``logvar`` shaped [C, T, D], uncertainty ``||sigma^2||_1``
+per prompt) and its disk cache, keyed by (model fingerprint, templates, class names).
+
+Text order: prompts are embedded class-major (``classes[0]`` with every template, then
+``classes[1]`` ...), in one call so ``encode_texts`` can use large batches.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from zsprob.errors import UserError
+
+BANK_FORMAT = 1
+DEFAULT_TEMPLATES = "imagenet_templates.txt"
+SINGLE_TEMPLATE = "a photo of a {}."
+
+
+# ----------------------------------------------------------------------------- text files
+
+def _resolve(path, what: str) -> Path:
+    from zsprob.utils.paths import prompts_dir, resolve_resource
+
+    p = resolve_resource(path, prompts_dir())
+    if not p.is_file():
+        raise UserError(f"{what} not found: {path} (give a text file with one entry per line, "
+                        f"or a name inside {prompts_dir()})")
+    return p
+
+
+def _read_lines(p: Path, what: str) -> list[str]:
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{what} is not UTF-8 text: {p}") from None
+    lines = [ln.strip() for ln in text.splitlines()]
+    return [ln for ln in lines if ln and not ln.startswith("#")]
+
+
+def validate_templates(templates: Sequence[str], source: str = "templates") -> list[str]:
+    """Every template must contain exactly one ``{}`` placeholder; duplicates are refused."""
+    out = [str(t) for t in templates]
+    if not out:
+        raise UserError(f"{source}: no prompt templates")
+    for i, t in enumerate(out):
+        if t.count("{}") != 1 or t.replace("{}", "").count("{") or t.replace("{}", "").count("}"):
+            raise UserError(f"{source}: template {i + 1} must contain exactly one '{{}}' for the class "
+                            f"name: {t!r}")
+    dup = sorted({t for t in out if out.count(t) > 1})
+    if dup:
+        raise UserError(f"{source}: duplicate templates: {dup[:3]}")
+    return out
+
+
+def validate_classnames(classnames: Sequence[str], source: str = "class names") -> list[str]:
+    out = [str(c).strip() for c in classnames]
+    if not out:
+        raise UserError(f"{source}: no class names")
+    if any(not c for c in out):
+        raise UserError(f"{source}: empty class name")
+    dup = sorted({c for c in out if out.count(c) > 1})
+    if dup:
+        raise UserError(f"{source}: duplicate class names: {dup[:3]}")
+    return out
+
+
+def load_templates(path=None) -> list[str]:
+    """Templates from a text file (one per line, ``{}`` for the class name; ``#`` comments).
+
+    ``None`` gives the 80 CLIP ImageNet templates shipped in ``prompts/``.
+    """
+    p = _resolve(path or DEFAULT_TEMPLATES, "prompt template file")
+    return validate_templates(_read_lines(p, "prompt template file"), str(p))
+
+
+def load_classnames(path) -> list[str]:
+    p = _resolve(path, "class-name file")
+    return validate_classnames(_read_lines(p, "class-name file"), str(p))
+
+
+def render(template: str, classname: str) -> str:
+    return template.replace("{}", classname)
+
+
+def prompt_texts(classnames: Sequence[str], templates: Sequence[str]) -> list[str]:
+    """All prompts, class-major: index ``c * T + t`` is ``templates[t]`` applied to ``classnames[c]``."""
+    return [render(t, c) for c in classnames for t in templates]
+
+
+# ----------------------------------------------------------------------------- model identity
+
+def model_fingerprint(model) -> str:
+    """A cheap identity of a model's weights, for cache keys.
+
+    Hashes the model config (when it has one), every parameter/buffer name and shape, and a
+    strided sample of each tensor's values (up to 256 numbers) plus its sum. Any training
+    step changes it; it costs a fraction of a second even for ViT-L.
+    """
+    import torch
+
+    h = hashlib.sha256()
+    cfg = getattr(model, "config", None)
+    if cfg is not None:
+        try:
+            h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+        except TypeError:
+            h.update(repr(cfg).encode())
+    h.update(type(model).__name__.encode())
+    with torch.no_grad():
+        for name, t in list(model.state_dict().items()):
+            h.update(name.encode())
+            h.update(str(tuple(t.shape)).encode())
+            if t.numel() == 0 or not (t.is_floating_point() or t.dtype in (torch.int64, torch.int32)):
+                continue
+            flat = t.detach().reshape(-1)
+            step = max(1, flat.numel() // 256)
+            sample = flat[::step][:256].double().cpu()
+            h.update(sample.numpy().tobytes())
+            h.update(repr(float(flat.double().sum().cpu())).encode())
+    return h.hexdigest()[:32]
+
+
+def bank_key(model_id: str, templates: Sequence[str], classnames: Sequence[str]) -> str:
+    payload = json.dumps({"format": BANK_FORMAT, "model": model_id, "templates": list(templates),
+                          "classes": list(classnames)}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- the bank
+
+@dataclass
+class PromptBank:
+    """Embeddings of every (class, template) prompt.
+
+    ``mu``: [C, T, D] float32 text means as the model returns them; ``logvar``: [C, T, D]
+    (log sigma^2) or ``None`` for a deterministic model. ``uncertainty`` is ``||sigma^2||_1``
+    per prompt, [C, T] (``None`` when deterministic).
+    """
+
+    classnames: list[str]
+    templates: list[str]
+    mu: "object"
+    logvar: "object | None" = None
+    model_id: str = ""
+    key: str = ""
+    encode_seconds: float = 0.0
+    from_cache: bool = False
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        C, T = len(self.classnames), len(self.templates)
+        if tuple(self.mu.shape[:2]) != (C, T) or self.mu.dim() != 3:
+            raise ValueError(f"bank mu must be [C={C}, T={T}, D], got {tuple(self.mu.shape)}")
+        if self.logvar is not None and self.logvar.shape != self.mu.shape:
+            raise ValueError("bank logvar must have the shape of mu")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classnames)
+
+    @property
+    def num_templates(self) -> int:
+        return len(self.templates)
+
+    @property
+    def dim(self) -> int:
+        return int(self.mu.shape[-1])
+
+    @property
+    def deterministic(self) -> bool:
+        return self.logvar is None
+
+    @property
+    def mu_normed(self):
+        import torch.nn.functional as F
+
+        return F.normalize(self.mu.float(), dim=-1)
+
+    @property
+    def var(self):
+        return None if self.logvar is None else self.logvar.float().exp()
+
+    @property
+    def uncertainty(self):
+        """``||sigma^2||_1`` per prompt, [C, T]; ``None`` for deterministic models."""
+        return None if self.logvar is None else self.logvar.float().exp().sum(-1)
+
+    @classmethod
+    def from_embeddings(cls, mu, logvar, classnames, templates, model_id: str = "") -> "PromptBank":
+        """A bank from precomputed [C*T, D] (class-major) or [C, T, D] tensors."""
+        classnames = validate_classnames(classnames)
+        templates = validate_templates(templates)
+        C, T = len(classnames), len(templates)
+        mu = mu.float().reshape(C, T, -1)
+        logvar = None if logvar is None else logvar.float().reshape(C, T, -1)
+        return cls(classnames, templates, mu, logvar, model_id=model_id,
+                   key=bank_key(model_id, templates, classnames))
+
+    # -- cache files -----------------------------------------------------------------------
+    def save(self, path_stem) -> Path:
+        """Write ``<stem>.safetensors`` (mu, logvar) and ``<stem>.json`` (key, names), atomically."""
+        from safetensors.torch import save_file
+
+        from zsprob.utils.io import atomic_write, atomic_write_json
+
+        stem = Path(path_stem)
+        tensors = {"mu": self.mu.contiguous()}
+        if self.logvar is not None:
+            tensors["logvar"] = self.logvar.contiguous()
+        atomic_write(stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, tmp))
+        atomic_write_json(stem.with_suffix(".json"), {
+            "format": BANK_FORMAT, "key": self.key, "model_id": self.model_id,
+            "classnames": self.classnames, "templates": self.templates,
+            "deterministic": self.deterministic, "shape": list(self.mu.shape),
+            "encode_seconds": self.encode_seconds})
+        return stem.with_suffix(".safetensors")
+
+    @classmethod
+    def load(cls, path_stem, expect_key: str | None = None) -> "PromptBank | None":
+        """Read a cached bank; ``None`` if absent, unreadable or for another key."""
+        from safetensors.torch import load_file
+
+        stem = Path(path_stem)
+        jp, tp = stem.with_suffix(".json"), stem.with_suffix(".safetensors")
+        if not (jp.is_file() and tp.is_file()):
+            return None
+        try:
+            meta = json.loads(jp.read_text(encoding="utf-8"))
+            if meta.get("format") != BANK_FORMAT or (expect_key and meta.get("key") != expect_key):
+                return None
+            t = load_file(str(tp))
+            bank = cls(list(meta["classnames"]), list(meta["templates"]), t["mu"], t.get("logvar"),
+                       model_id=meta.get("model_id", ""), key=meta.get("key", ""),
+                       encode_seconds=float(meta.get("encode_seconds", 0.0)), from_cache=True)
+        except Exception:  # a torn or foreign file is a cache miss, not an error
+            return None
+        return bank
+
+
+def bank_cache_stem(cache_dir, key: str) -> Path:
+    return Path(cache_dir) / f"promptbank-{key[:24]}"
+
+
+def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str] | None = None, *,
+                      cache_dir=None, model_id: str | None = None, batch_size: int = 512,
+                      device=None, progress: bool = True,
+                      encode_fn: Callable | None = None) -> PromptBank:
+    """Embed every class x template prompt once (batched), with a disk cache.
+
+    ``encode_fn(model, texts, batch_size=..., device=..., progress=...) -> (mu, logvar)``
+    defaults to :func:`zsprob.models.encode.encode_texts`. ``model_id`` identifies the
+    weights in the cache key (defaults to :func:`model_fingerprint`). With ``cache_dir``,
+    a bank for the same (model, templates, classes) is read back instead of re-encoded.
+    """
+    import time
+
+    classnames = validate_classnames(classnames)
+    templates = validate_templates(templates if templates is not None else load_templates())
+    if model_id is None:
+        model_id = model_fingerprint(model)
+    key = bank_key(model_id, templates, classnames)
+    stem = bank_cache_stem(cache_dir, key) if cache_dir is not None else None
+    if stem is not None:
+        cached = PromptBank.load(stem, expect_key=key)
+        if cached is not None:
+            return cached
+    if encode_fn is None:
+        from zsprob.models.encode import encode_texts as encode_fn
+    texts = prompt_texts(classnames, templates)
+    t0 = time.perf_counter()
+    mu, logvar = encode_fn(model, texts, batch_size=batch_size, device=device, progress=progress)
+    seconds = time.perf_counter() - t0
+    bank = PromptBank.from_embeddings(mu, logvar, classnames, templates, model_id=model_id)
+    bank.encode_seconds = seconds
+    if stem is not None:
+        os.makedirs(stem.parent, exist_ok=True)
+        bank.save(stem)
+    return bank
