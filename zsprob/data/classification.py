@@ -1,0 +1,360 @@
+"""Image classification datasets for zero-shot evaluation: ImageNet, any folder-per-class set,
+SynthWorld's classify splits.
+
+Libraries: PIL opens images; timm ships the canonical list of the 1,000 ImageNet-1k synsets in
+class-index order (``timm.data.ImageNetInfo``: sorted WordNet ids, n01440764 ... n15075141),
+which is what aligns synset folders and label files with zsprob's
+``prompts/imagenet_classnames.txt`` (CLIP's 1,000 names, generated from open_clip, in the same
+order). zsprob writes the layout detection, label-file parsing and the consistency checks.
+
+Layouts
+-------
+``ImageNetDataset(root, split="val")`` reads ``root/<split>`` if it exists, else ``root``:
+
+1. one folder per synset (``n01440764/*.JPEG``; any subset of the 1,000 synsets may be present);
+2. flat image files plus a label file, given as ``label_file=`` or found next to the images
+   (or one level up): Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``, the
+   first WordNet id of the prediction string is the label), or a text file of
+   ``filename label`` lines (``val.txt``, ``val_labels.txt``, ``ILSVRC2012_val_labels.txt``)
+   where ``label`` is a WordNet id or an integer class index in the canonical order.
+
+ImageNet always has the 1,000 classes (targets are canonical indices, ``classnames`` the 1,000
+CLIP names), even when only some synsets have images. The devkit's
+``ILSVRC2012_validation_ground_truth.txt`` uses the devkit's own ILSVRC ids, not this order;
+convert it, or use ``LOC_val_solution.csv``.
+
+``FolderDataset(root)``: one sub-folder per class; classes are the sub-folders sorted by name
+(Python string order, as torchvision's ImageFolder), images found recursively, sorted. Display
+names come from ``classnames`` (a list or a file; default ``root/classnames.txt`` if present,
+else the folder name with ``_`` turned into spaces). A class-name file is either
+
+- one ``folder<TAB>display name`` line per class (any order), or
+- one name per line: if the names are exactly the folder names (``_`` and space are treated
+  alike), the file's order is the class order (SynthWorld writes it so); otherwise there must
+  be one line per folder and line i names the i-th folder in sorted order.
+
+``build_classification_dataset("synthetic", OUT, split)`` reads SynthWorld's
+``OUT/classify/<split>/<class>/*.jpg`` with ``OUT/classify/classnames.txt`` (split ``select``:
+the few labelled images for prompt selection; ``eval``: the evaluation images).
+
+Every dataset has ``classnames`` (list[str]), ``targets`` (list[int]), ``samples``
+(list of (Path, label)) and ``ds[i] -> (transform(image) or PIL image, label)``. User mistakes
+(missing root, empty class folders, class-count or name mismatches, unlabelled images) raise
+:class:`zsprob.UserError`.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import re
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+from zsprob.errors import UserError
+
+__all__ = ["FolderDataset", "ImageNetDataset", "build_classification_dataset", "imagenet_synsets",
+           "imagenet_classnames", "IMAGE_EXTENSIONS", "KINDS"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm")
+KINDS = ("imagenet", "folder", "synthetic")
+_WNID = re.compile(r"^n\d{8}$")
+IMAGENET_HINT = ("ImageNet-1k validation images from image-net.org (ILSVRC2012_img_val.tar), as one "
+                 "folder per synset or flat files with LOC_val_solution.csv")
+
+PathLike = Union[str, Path]
+
+
+def imagenet_synsets() -> list[str]:
+    """The 1,000 ImageNet-1k WordNet ids in class-index order (timm's ``imagenet_synsets.txt``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("timm")  # read timm's data file without importing timm (slow)
+    if spec is not None and spec.origin:
+        p = Path(spec.origin).parent / "data" / "_info" / "imagenet_synsets.txt"
+        if p.is_file():
+            syn = p.read_text().split()
+            if len(syn) == 1000:
+                return syn
+    from timm.data import ImageNetInfo
+
+    return list(ImageNetInfo().label_names())
+
+
+def imagenet_classnames(path: Optional[PathLike] = None) -> list[str]:
+    """CLIP's 1,000 ImageNet class names (``prompts/imagenet_classnames.txt``) in synset order."""
+    from zsprob.utils.paths import prompts_dir
+
+    p = Path(path) if path is not None else prompts_dir() / "imagenet_classnames.txt"
+    names = _read_lines(p, "ImageNet class-name file")
+    if len(names) != 1000:
+        raise UserError(f"{p} has {len(names)} class names; ImageNet-1k needs 1000 (one per line, synset order)")
+    return names
+
+
+def _read_lines(path: Path, what: str) -> list[str]:
+    if not path.is_file():
+        raise UserError(f"{what} not found: {path}")
+    lines = [ln.rstrip("\r\n") for ln in path.read_text(encoding="utf-8").splitlines()]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if any(not ln.strip() for ln in lines):
+        raise UserError(f"{what} {path} has empty lines")
+    return lines
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+
+
+def _images_under(d: Path) -> list[Path]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(d, followlinks=True):
+        dirnames[:] = sorted(x for x in dirnames if not x.startswith("."))
+        out.extend(Path(dirpath) / f for f in sorted(filenames) if _is_image(f))
+    return out
+
+
+def _subdirs(d: Path) -> list[str]:
+    return sorted(x.name for x in d.iterdir() if x.is_dir() and not x.name.startswith("."))
+
+
+def _open_rgb(path: Path):
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.convert("RGB")
+
+
+class _ImageList:
+    """Shared item access: ``samples`` = [(path, label)], ``transform``."""
+
+    samples: list[tuple[Path, int]]
+    classnames: list[str]
+    transform: Optional[Callable]
+
+    @property
+    def targets(self) -> list[int]:
+        return [t for _, t in self.samples]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classnames)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        img = _open_rgb(path)
+        return (self.transform(img) if self.transform is not None else img), label
+
+
+def _norm(name: str) -> str:
+    return " ".join(name.replace("_", " ").split()).lower()
+
+
+def _resolve_classnames(folders: list[str], spec, where: Path) -> tuple[list[str], list[str]]:
+    """Return (class folders in class order, display names) for a folder-per-class dataset."""
+    if spec is None:
+        return folders, [f.replace("_", " ") for f in folders]
+    if isinstance(spec, (str, Path)):
+        path = Path(spec)
+        lines = _read_lines(path, "class-name file")
+        source = str(path)
+    else:
+        lines = [str(x) for x in spec]
+        source = "the classnames list"
+    if lines and all("\t" in ln for ln in lines):
+        mapping = {}
+        for ln in lines:
+            folder, name = ln.split("\t", 1)
+            mapping[folder.strip()] = name.strip()
+        missing = [f for f in folders if f not in mapping]
+        extra = [f for f in mapping if f not in folders]
+        if missing or extra:
+            raise UserError(f"class-name mapping {source} does not match the class folders of {where}: "
+                            f"no name for {missing[:5]}, no folder for {extra[:5]}")
+        return folders, [mapping[f] for f in folders]
+    by_norm = {}
+    for f in folders:
+        by_norm.setdefault(_norm(f), f)
+    if len(lines) == len(folders) and len(by_norm) == len(folders) and \
+            sorted(_norm(x) for x in lines) == sorted(by_norm):
+        return [by_norm[_norm(x)] for x in lines], [x.strip() for x in lines]
+    if len(lines) != len(folders):
+        raise UserError(f"{source} has {len(lines)} class names but {where} has {len(folders)} class folders")
+    return folders, [x.strip() for x in lines]
+
+
+class FolderDataset(_ImageList):
+    """A folder-per-class image dataset (see the module docstring for class order and names)."""
+
+    def __init__(self, root: PathLike, transform: Optional[Callable] = None,
+                 classnames: Union[None, PathLike, Sequence[str]] = None):
+        self.root = Path(root)
+        self.transform = transform
+        if not self.root.is_dir():
+            raise UserError(f"image folder not found: {self.root}")
+        folders = _subdirs(self.root)
+        if not folders:
+            raise UserError(f"{self.root} has no class sub-folders (expected ROOT/<class>/<image>)")
+        if classnames is None and (self.root / "classnames.txt").is_file():
+            classnames = self.root / "classnames.txt"
+        self.class_folders, self.classnames = _resolve_classnames(folders, classnames, self.root)
+        self.samples = []
+        for label, folder in enumerate(self.class_folders):
+            files = _images_under(self.root / folder)
+            if not files:
+                raise UserError(f"class folder {self.root / folder} has no images "
+                                f"({', '.join(IMAGE_EXTENSIONS)})")
+            self.samples.extend((p, label) for p in files)
+        if len(set(self.classnames)) != len(self.classnames):
+            raise UserError(f"duplicate class names for {self.root}")
+
+    def __repr__(self) -> str:
+        return f"FolderDataset({str(self.root)!r}, classes={len(self.classnames)}, images={len(self)})"
+
+
+_LABEL_FILES = ("LOC_val_solution.csv", "val.txt", "val_labels.txt", "ILSVRC2012_val_labels.txt",
+                "labels.txt")
+
+
+class ImageNetDataset(_ImageList):
+    """ImageNet-1k in either usual layout (module docstring); 1,000 classes, CLIP names."""
+
+    def __init__(self, root: PathLike, split: str = "val", transform: Optional[Callable] = None, *,
+                 label_file: Optional[PathLike] = None, classnames_file: Optional[PathLike] = None):
+        self.root = Path(root)
+        self.split = split
+        self.transform = transform
+        if not self.root.is_dir():
+            raise UserError(f"ImageNet root not found: {self.root} ({IMAGENET_HINT})")
+        base = self.root / split if split and (self.root / split).is_dir() else self.root
+        self.image_dir = base
+        self.synsets = imagenet_synsets()
+        index = {w: i for i, w in enumerate(self.synsets)}
+        self.classnames = imagenet_classnames(classnames_file)
+        dirs = _subdirs(base)
+        wnid_dirs = [d for d in dirs if _WNID.match(d)]
+        if wnid_dirs and label_file is None:
+            self.layout = "folders"
+            unknown = [d for d in wnid_dirs if d not in index]
+            if unknown:
+                raise UserError(f"{len(unknown)} synset folders in {base} are not ImageNet-1k classes "
+                                f"(e.g. {unknown[0]}); use kind 'folder' for other class sets")
+            others = [d for d in dirs if d not in index]
+            if others:
+                raise UserError(f"{base} mixes synset folders with other folders ({others[:3]})")
+            self.samples = []
+            for d in wnid_dirs:
+                files = _images_under(base / d)
+                if not files:
+                    raise UserError(f"synset folder {base / d} has no images")
+                self.samples.extend((p, index[d]) for p in files)
+            self.present_classes = len(wnid_dirs)
+        else:
+            self.layout = "flat"
+            lf = self._find_label_file(base, label_file)
+            self.label_file = lf
+            labels = self._parse_labels(lf, index)
+            files = [base / f for f in sorted(os.listdir(base)) if _is_image(f)]
+            if not files:
+                raise UserError(f"no images in {base} (and no synset folders) ({IMAGENET_HINT})")
+            self.samples = []
+            unlabelled = []
+            for p in files:
+                lab = labels.get(p.name, labels.get(p.stem))
+                if lab is None:
+                    unlabelled.append(p.name)
+                else:
+                    self.samples.append((p, lab))
+            if unlabelled:
+                raise UserError(f"{len(unlabelled)} images in {base} have no label in {lf} "
+                                f"(e.g. {unlabelled[0]})")
+            self.present_classes = len(set(self.targets))
+
+    @staticmethod
+    def _find_label_file(base: Path, label_file) -> Path:
+        if label_file is not None:
+            p = Path(label_file)
+            if not p.is_file():
+                raise UserError(f"ImageNet label file not found: {p}")
+            return p
+        for d in (base, base.parent):
+            for name in _LABEL_FILES:
+                if (d / name).is_file():
+                    return d / name
+        raise UserError(f"no synset folders in {base} and no label file ({', '.join(_LABEL_FILES)}) next to "
+                        f"it; pass label_file=... ({IMAGENET_HINT})")
+
+    @staticmethod
+    def _parse_labels(path: Path, index: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        text = path.read_text(encoding="utf-8")
+        first = text.lstrip().split("\n", 1)[0]
+        if path.suffix.lower() == ".csv" or first.startswith("ImageId"):
+            rows = list(csv.reader(text.splitlines()))
+            if rows and rows[0] and rows[0][0] == "ImageId":
+                rows = rows[1:]
+            for r in rows:
+                if len(r) < 2 or not r[1].split():
+                    continue
+                wnid = r[1].split()[0]
+                if wnid not in index:
+                    raise UserError(f"{path}: unknown synset {wnid!r} for {r[0]}")
+                out[r[0]] = index[wnid]
+            return out
+        for n, line in enumerate(text.splitlines(), 1):
+            parts = line.split()
+            if not parts:
+                continue
+            if len(parts) != 2:
+                raise UserError(f"{path}:{n}: expected 'filename label', got {line!r}")
+            name, lab = parts
+            if lab in index:
+                out[Path(name).name] = index[lab]
+            elif lab.isdigit() and int(lab) < 1000:
+                out[Path(name).name] = int(lab)
+            else:
+                raise UserError(f"{path}:{n}: label {lab!r} is neither an ImageNet synset nor an index 0..999")
+        return out
+
+    def __repr__(self) -> str:
+        return (f"ImageNetDataset({str(self.image_dir)!r}, layout={self.layout}, images={len(self)}, "
+                f"synsets present={self.present_classes}/1000)")
+
+
+def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
+    root = Path(root)
+    hint = "generate it with `zsprob data synthetic --out OUT`"
+    cls_dir = root / "classify" if (root / "classify").is_dir() else root
+    if not (cls_dir / "classnames.txt").is_file():
+        raise UserError(f"SynthWorld classify split not found: {cls_dir / 'classnames.txt'} ({hint})")
+    if split not in ("select", "eval"):
+        raise UserError(f"SynthWorld classify split must be 'select' or 'eval', got {split!r}")
+    d = cls_dir / split
+    if not d.is_dir():
+        raise UserError(f"SynthWorld classify split not found: {d} ({hint})")
+    return FolderDataset(d, transform, classnames=cls_dir / "classnames.txt")
+
+
+def build_classification_dataset(kind: str, root: PathLike, split: Optional[str] = None,
+                                 transform: Optional[Callable] = None, **kwargs):
+    """``kind``: ``"imagenet"`` (split default "val"), ``"folder"`` (``root/split`` when split is
+    given and exists, else ``root``; ``classnames=`` optional), ``"synthetic"`` (root = SynthWorld
+    OUT, split "select" or "eval", default "eval")."""
+    if kind == "imagenet":
+        return ImageNetDataset(root, split or "val", transform, **kwargs)
+    if kind == "folder":
+        r = Path(root)
+        if split and (r / split).is_dir():
+            r = r / split
+        elif split and not r.is_dir():
+            raise UserError(f"image folder not found: {r}")
+        cn = kwargs.pop("classnames", None)
+        if cn is None and r != Path(root) and (Path(root) / "classnames.txt").is_file():
+            cn = Path(root) / "classnames.txt"
+        return FolderDataset(r, transform, classnames=cn, **kwargs)
+    if kind == "synthetic":
+        return _synthetic(root, split or "eval", transform)
+    raise UserError(f"unknown classification dataset kind {kind!r}; choose one of {', '.join(KINDS)}")

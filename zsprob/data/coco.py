@@ -1,0 +1,336 @@
+"""COCO Captions with the Karpathy splits, official COCO ids, and optional instance labels.
+
+Files read (all from the user's disk; nothing is downloaded):
+
+- ``dataset_coco.json``: the Karpathy split file (from Karpathy's NeuralTalk splits,
+  ``caption_datasets.zip``). Each image has ``filepath`` (train2014 / val2014), ``filename``,
+  ``cocoid`` (the official image id), ``split`` (train / restval / val / test) and
+  ``sentences`` (``raw`` caption text, ``sentid``).
+- ``annotations/captions_train2014.json`` and ``annotations/captions_val2014.json``
+  (cocodataset.org, "2014 Train/Val annotations"): the official caption annotation ids.
+- optional ``annotations/instances_train2014.json`` / ``instances_val2014.json`` (same zip):
+  object categories, for the 80-class multi-hot labels that PMRP needs.
+- the image folders ``train2014/`` and ``val2014/`` (cocodataset.org "2014 Train images" /
+  "2014 Val images"), under ROOT or ROOT/images.
+
+Libraries: Python's json, PIL for images, torch's Dataset protocol. What zsprob writes: split
+selection (train = train + restval, as in VSE / PCME / PCME++), keeping five captions per
+image, and the caption-id mapping: the Karpathy file only has its own sentence ids, while the
+CxC and ECCV Caption ground truth (eccv_caption package) is keyed by official COCO ids. Every
+Karpathy caption is matched to an official annotation of the same image by exact raw text,
+then by whitespace-normalised text, then by whitespace- and case-normalised text (each
+official annotation used at most once); what stays unmatched is reported
+(``CocoCaptions.unmapped``, a warning) and gets caption id -1.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from zsprob.errors import UserError
+
+__all__ = ["CocoCaptions", "CocoImages", "CocoPairs", "SPLITS", "KARPATHY_HINT", "ANNOTATIONS_HINT"]
+
+log = logging.getLogger("zsprob.data")
+
+SPLITS = {"train": ("train", "restval"), "val": ("val",), "test": ("test",),
+          "restval": ("restval",), "train-only": ("train",)}
+KARPATHY_HINT = ("the Karpathy split file dataset_coco.json, from Karpathy's NeuralTalk splits "
+                 "(caption_datasets.zip, cs.stanford.edu/people/karpathy/deepimagesent); pass "
+                 "karpathy_json=... or put it in ROOT or ROOT/annotations")
+ANNOTATIONS_HINT = ("from cocodataset.org, '2014 Train/Val annotations' "
+                    "(annotations_trainval2014.zip), unpacked to ROOT/annotations")
+IMAGES_HINT = "from cocodataset.org, '2014 Train images' / '2014 Val images', unpacked in ROOT"
+
+PathLike = Union[str, Path]
+
+
+def _ws(s: str) -> str:
+    return " ".join(s.split())
+
+
+def _load_json(path: Path, what: str, hint: str):
+    if not path.is_file():
+        raise UserError(f"{what} not found: {path} ({hint})")
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{what} is not valid JSON: {path} ({e})") from None
+
+
+class CocoCaptions:
+    """One Karpathy split of COCO Captions with official ids.
+
+    Attributes (images in Karpathy-file order; captions image-major, five per image):
+
+    - ``image_ids``: list[int], official COCO image ids; ``image_paths``: list[Path];
+    - ``captions``: list[str] (raw text, stripped); ``caption_ids``: list[int], official COCO
+      caption annotation ids (-1 when unmapped, or when ``official_ids=False``);
+      ``sent_ids``: Karpathy sentence ids; ``caption_image``: np.ndarray [n_cap] int64, index
+      of each caption's image; ``image_captions``: list of caption-index lists per image;
+    - ``instance_labels``: np.ndarray [n_img, 80] uint8 multi-hot, columns in COCO category-id
+      order (``category_ids``, ``category_names``), or None;
+    - ``unmapped``: list of dicts for captions without an official id; ``mapping``: counts of
+      how captions were matched (exact / whitespace / case / unmapped).
+
+    ``instances``: ``"auto"`` loads instance labels when the files exist, ``True`` requires
+    them, ``False`` skips them. ``captions_per_image``: 5 as in every COCO benchmark (a few
+    images have 6 or 7; the first 5 in file order are kept), None keeps all.
+    """
+
+    def __init__(self, root: PathLike, split: str = "test", karpathy_json: Optional[PathLike] = None, *,
+                 annotations_dir: Optional[PathLike] = None, instances: Union[str, bool] = "auto",
+                 official_ids: bool = True, captions_per_image: Optional[int] = 5,
+                 check_images: bool = True):
+        if split not in SPLITS:
+            raise UserError(f"unknown COCO split {split!r}; choose one of {', '.join(SPLITS)}")
+        self.root = Path(root)
+        self.split = split
+        if not self.root.is_dir():
+            raise UserError(f"COCO root directory not found: {self.root} ({IMAGES_HINT})")
+        kjson = self._find_karpathy(karpathy_json)
+        ann_dir = Path(annotations_dir) if annotations_dir is not None else self.root / "annotations"
+        self.annotations_dir = ann_dir
+        data = _load_json(kjson, "COCO Karpathy split JSON", KARPATHY_HINT)
+        if not isinstance(data, dict) or "images" not in data:
+            raise UserError(f"{kjson} is not a Karpathy split file (no 'images' list)")
+        wanted = set(SPLITS[split])
+        entries = [im for im in data["images"] if im.get("split") in wanted]
+        if not entries:
+            raise UserError(f"no images with split {sorted(wanted)} in {kjson}")
+
+        self.image_ids: list[int] = []
+        self.image_paths: list[Path] = []
+        self.captions: list[str] = []
+        self.sent_ids: list[int] = []
+        self.caption_image: list[int] = []
+        self.image_captions: list[list[int]] = []
+        self.images_with_extra_captions = 0
+        raws: list[str] = []
+        folders: set[str] = set()
+        for im in entries:
+            sents = im.get("sentences", [])
+            if captions_per_image is not None:
+                if len(sents) > captions_per_image:
+                    self.images_with_extra_captions += 1
+                if len(sents) < captions_per_image:
+                    raise UserError(f"image {im.get('cocoid')} has {len(sents)} captions in {kjson}, "
+                                    f"fewer than {captions_per_image}")
+                sents = sents[:captions_per_image]
+            idx = len(self.image_ids)
+            self.image_ids.append(int(im["cocoid"]))
+            fp = im.get("filepath") or ("val2014" if "val2014" in im["filename"] else "train2014")
+            folders.add(fp)
+            self.image_paths.append(self._image_dir(fp, check_images) / im["filename"])
+            caps = []
+            for s in sents:
+                caps.append(len(self.captions))
+                raw = s.get("raw")
+                if raw is None:
+                    raw = " ".join(s.get("tokens", []))
+                raws.append(raw)
+                self.captions.append(raw.strip())
+                self.sent_ids.append(int(s.get("sentid", -1)))
+                self.caption_image.append(idx)
+            self.image_captions.append(caps)
+        self.caption_image = np.asarray(self.caption_image, dtype=np.int64)
+        if check_images and self.image_paths and not self.image_paths[0].is_file():
+            raise UserError(f"COCO image not found: {self.image_paths[0]} ({IMAGES_HINT})")
+
+        self.caption_ids: list[int] = [-1] * len(self.captions)
+        self.unmapped: list[dict] = []
+        self.mapping = {"exact": 0, "whitespace": 0, "case": 0, "unmapped": 0}
+        if official_ids:
+            self._map_caption_ids(raws, folders)
+
+        self.instance_labels: Optional[np.ndarray] = None
+        self.category_ids: list[int] = []
+        self.category_names: list[str] = []
+        if instances not in ("auto", True, False):
+            raise UserError(f"instances must be 'auto', True or False, got {instances!r}")
+        if instances:
+            files = [ann_dir / f"instances_{f}.json" for f in sorted(folders)]
+            if instances is True or all(f.is_file() for f in files):
+                self._load_instances(files)
+
+    # ------------------------------------------------------------------ files
+    def _find_karpathy(self, karpathy_json) -> Path:
+        if karpathy_json is not None:
+            p = Path(karpathy_json)
+            if not p.is_file():
+                raise UserError(f"COCO Karpathy split JSON not found: {p} ({KARPATHY_HINT})")
+            return p
+        for cand in (self.root / "dataset_coco.json", self.root / "annotations" / "dataset_coco.json",
+                     self.root / "karpathy" / "dataset_coco.json"):
+            if cand.is_file():
+                return cand
+        raise UserError(f"COCO Karpathy split JSON not found: {self.root / 'dataset_coco.json'} ({KARPATHY_HINT})")
+
+    def _image_dir(self, folder: str, check: bool) -> Path:
+        for cand in (self.root / folder, self.root / "images" / folder):
+            if cand.is_dir():
+                return cand
+        if check:
+            raise UserError(f"COCO image folder not found: {self.root / folder} ({IMAGES_HINT})")
+        return self.root / folder
+
+    # ------------------------------------------------------------------ ids
+    def _map_caption_ids(self, raws: list[str], folders: set[str]) -> None:
+        by_image: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        for folder in sorted(folders):
+            path = self.annotations_dir / f"captions_{folder}.json"
+            ann = _load_json(path, f"COCO caption annotations captions_{folder}.json", ANNOTATIONS_HINT)
+            for a in ann.get("annotations", []):
+                by_image[int(a["image_id"])].append((int(a["id"]), str(a["caption"])))
+        keys = (lambda s: s, _ws, lambda s: _ws(s).lower())
+        names = ("exact", "whitespace", "case")
+        for img_idx, caps in enumerate(self.image_captions):
+            pool = by_image.get(self.image_ids[img_idx], [])
+            used: set[int] = set()
+            todo = list(caps)
+            for key, name in zip(keys, names):
+                if not todo:
+                    break
+                table: dict[str, list[int]] = defaultdict(list)
+                for aid, text in pool:
+                    if aid not in used:
+                        table[key(text)].append(aid)
+                rest = []
+                for ci in todo:
+                    lst = table.get(key(raws[ci]))
+                    if lst:
+                        aid = lst.pop(0)
+                        used.add(aid)
+                        self.caption_ids[ci] = aid
+                        self.mapping[name] += 1
+                    else:
+                        rest.append(ci)
+                todo = rest
+            for ci in todo:
+                self.mapping["unmapped"] += 1
+                self.unmapped.append({"caption_index": ci, "image_id": self.image_ids[img_idx],
+                                      "sent_id": self.sent_ids[ci], "caption": raws[ci]})
+        if self.unmapped:
+            log.warning("zsprob.data: %d of %d COCO %s captions have no official caption id "
+                        "(first: image %d, %r); their caption_ids are -1",
+                        len(self.unmapped), len(self.captions), self.split,
+                        self.unmapped[0]["image_id"], self.unmapped[0]["caption"])
+
+    def _load_instances(self, files: Sequence[Path]) -> None:
+        cats: dict[int, str] = {}
+        pos = {iid: i for i, iid in enumerate(self.image_ids)}
+        pairs = []
+        for path in files:
+            ann = _load_json(path, f"COCO instance annotations {path.name}", ANNOTATIONS_HINT)
+            for c in ann.get("categories", []):
+                cats[int(c["id"])] = str(c["name"])
+            for a in ann.get("annotations", []):
+                i = pos.get(int(a["image_id"]))
+                if i is not None:
+                    pairs.append((i, int(a["category_id"])))
+        if len(cats) != 80:
+            log.warning("zsprob.data: COCO instance files list %d categories (expected 80)", len(cats))
+        self.category_ids = sorted(cats)
+        self.category_names = [cats[c] for c in self.category_ids]
+        col = {c: j for j, c in enumerate(self.category_ids)}
+        labels = np.zeros((len(self.image_ids), len(self.category_ids)), dtype=np.uint8)
+        for i, c in pairs:
+            if c in col:
+                labels[i, col[c]] = 1
+        self.instance_labels = labels
+
+    # ------------------------------------------------------------------ views
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def num_captions(self) -> int:
+        return len(self.captions)
+
+    def image_dataset(self, transform: Optional[Callable] = None) -> "CocoImages":
+        return CocoImages(self, transform)
+
+    def pair_dataset(self, transform: Optional[Callable] = None, tokenizer: Optional[Callable] = None,
+                     mode: str = "random", seed: int = 0) -> "CocoPairs":
+        return CocoPairs(self, transform, tokenizer, mode=mode, seed=seed)
+
+    def __repr__(self) -> str:
+        return (f"CocoCaptions(split={self.split!r}, images={len(self.image_ids)}, "
+                f"captions={len(self.captions)}, unmapped={len(self.unmapped)}, "
+                f"instances={'yes' if self.instance_labels is not None else 'no'})")
+
+
+def _open_image(path: Path):
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except FileNotFoundError:
+        raise UserError(f"COCO image not found: {path} ({IMAGES_HINT})") from None
+
+
+class CocoImages:
+    """torch-style map Dataset over the split's images: ``ds[i] -> (transform(image), i)``."""
+
+    def __init__(self, coco: CocoCaptions, transform: Optional[Callable] = None):
+        self.coco = coco
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.coco.image_paths)
+
+    def __getitem__(self, i: int):
+        img = _open_image(self.coco.image_paths[i])
+        return (self.transform(img) if self.transform is not None else img), i
+
+
+class CocoPairs:
+    """Image-caption training pairs: ``ds[i] -> (image, caption, image_index, caption_index)``.
+
+    ``mode="random"``: one item per image, the caption drawn per (seed, epoch, image) (call
+    ``set_epoch`` each epoch, like VSE / PCME image-major sampling); ``mode="all"``: one
+    item per caption (every pair each epoch, PCME++'s caption-major sampling). ``caption`` is
+    the string, or the 1-D token tensor when a tokenizer is given.
+    """
+
+    def __init__(self, coco: CocoCaptions, transform: Optional[Callable] = None,
+                 tokenizer: Optional[Callable] = None, *, mode: str = "random", seed: int = 0):
+        if mode not in ("random", "all"):
+            raise UserError(f"CocoPairs mode must be 'random' or 'all', got {mode!r}")
+        self.coco = coco
+        self.transform = transform
+        self.tokenizer = tokenizer
+        self.mode = mode
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.coco.captions) if self.mode == "all" else len(self.coco.image_ids)
+
+    def caption_index(self, i: int) -> int:
+        if self.mode == "all":
+            return i
+        caps = self.coco.image_captions[i]
+        return caps[random.Random(hash((self.seed, self.epoch, i))).randrange(len(caps))]
+
+    def __getitem__(self, i: int):
+        ci = self.caption_index(i)
+        ii = int(self.coco.caption_image[ci])
+        img = _open_image(self.coco.image_paths[ii])
+        if self.transform is not None:
+            img = self.transform(img)
+        cap = self.coco.captions[ci]
+        if self.tokenizer is not None:
+            cap = self.tokenizer([cap])[0]
+        return img, cap, ii, ci
