@@ -1,0 +1,160 @@
+"""Retrieval metrics: tensor code vs brute-force Python definitions and vs eccv_caption."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from zsprob.retrieval import metrics as M
+
+
+def brute_rank(scores_row):
+    # descending score, ties by lower index (a stable sort)
+    return sorted(range(len(scores_row)), key=lambda j: (-float(scores_row[j]), j))
+
+
+def brute_metrics(scores, pos_lists, ks=(1, 5, 10)):
+    out = {f"r@{k}": [] for k in ks}
+    out["rprecision"], out["map_at_r"] = [], []
+    for q, pos in enumerate(pos_lists):
+        if not pos:
+            continue
+        pos = set(pos)
+        order = brute_rank(scores[q])
+        for k in ks:
+            out[f"r@{k}"].append(1.0 if set(order[:k]) & pos else 0.0)
+        R = len(pos)
+        out["rprecision"].append(len(set(order[:R]) & pos) / R)
+        precs = [len(set(order[:r]) & pos) / r if order[r - 1] in pos else 0.0 for r in range(1, R + 1)]
+        out["map_at_r"].append(float(np.mean(precs)))
+    return {k: float(np.mean(v)) for k, v in out.items()}
+
+
+def random_case(seed, nq=37, ng=53, integer=False):
+    rng = np.random.default_rng(seed)
+    scores = rng.integers(0, 6, size=(nq, ng)).astype(np.float32) if integer else rng.normal(size=(nq, ng)).astype(np.float32)
+    pos = [sorted(rng.choice(ng, size=rng.integers(0, 9), replace=False).tolist()) for _ in range(nq)]
+    return torch.from_numpy(scores), pos
+
+
+@pytest.mark.parametrize("seed,integer", [(0, False), (1, True), (2, True), (3, False)])
+def test_rank_metrics_match_brute_force(seed, integer):
+    scores, pos = random_case(seed, integer=integer)
+    expected = brute_metrics(scores.numpy(), pos)
+    csr = M.positives_from_lists(pos, scores.shape[1])
+    got = M.rank_metrics(scores, csr, chunk_size=7).mean()  # several chunks
+    for k, v in expected.items():
+        assert got[k] == pytest.approx(v, abs=1e-12), k
+    # the one-shot path on shared top-L lists gives the same numbers
+    ranked = M.rank_lists(scores, np.arange(scores.shape[0]), 20)
+    got2 = M.metrics_from_ranking(ranked, csr).mean()
+    for k, v in expected.items():
+        assert got2[k] == pytest.approx(v, abs=1e-12), k
+
+
+def test_topk_ranking_is_a_stable_sort_even_across_the_cut():
+    scores = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 2.0], [5.0, 5.0, 5.0, 5.0, 5.0, 5.0]])
+    assert M.topk_ranking(scores, 2).tolist() == [[1, 2], [0, 1]]
+    assert M.topk_ranking(scores, 4).tolist() == [[1, 2, 4, 5], [0, 1, 2, 3]]
+    rng = np.random.default_rng(0)
+    s = torch.from_numpy(rng.integers(0, 4, size=(50, 30)).astype(np.float32))
+    for k in (1, 3, 10, 30):
+        ref = torch.stack([torch.tensor(brute_rank(r)[:k]) for r in s.numpy()])
+        assert torch.equal(M.topk_ranking(s, k), ref)
+
+
+def test_queries_without_positives_are_skipped_and_short_lists_rejected():
+    scores = torch.randn(4, 10)
+    pos = [[1], [], [2, 3], []]
+    qm = M.rank_metrics(scores, M.positives_from_lists(pos, 10))
+    assert qm.queries.tolist() == [0, 2]
+    assert len(qm.values["r@1"]) == 2
+    hits = torch.zeros(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError):
+        M.metrics_from_hits(hits, torch.tensor([1, 5]))
+
+
+@pytest.mark.parametrize("integer", [False, True])
+def test_best_positive_ranks_equal_ranked_recalls(integer):
+    scores, pos = random_case(5, nq=40, ng=60, integer=integer)
+    csr = M.positives_from_lists(pos, 60)
+    q = np.flatnonzero(np.diff(csr.indptr) > 0)
+    ranks = M.best_positive_ranks(scores, csr, dim=1, chunk_size=9)
+    assert M.recalls_from_ranks(ranks, queries=q) == pytest.approx(
+        M.rank_metrics(scores, csr, r_metrics=False).mean(), abs=1e-12)
+    # column queries (text->image on an image x caption matrix) without transposing
+    csr_t = M.positives_from_lists(pos, 60)  # 40 queries x 60 gallery; use scores.T as [60, 40]
+    ranks_t = M.best_positive_ranks(scores.T.contiguous().T, csr_t, dim=1)
+    assert torch.equal(ranks, ranks_t)
+    st = scores.T.contiguous()  # [60, 40]: queries are columns
+    ranks_c = M.best_positive_ranks(st, csr, dim=0, chunk_size=7)
+    assert torch.equal(ranks_c, ranks)
+
+
+def test_coco_folds_rank_within_each_fold():
+    rng = np.random.default_rng(3)
+    n_img, per = 20, 5
+    cap_img = np.repeat(np.arange(n_img), per)
+    scores = torch.from_numpy(rng.normal(size=(n_img, n_img * per)).astype(np.float32))
+    pos = M.positives_from_assignment(cap_img, n_img)
+    folds = M.coco_folds(np.arange(n_img * per), cap_img, n_folds=5)
+    assert [f[0].tolist() for f in folds][1] == [4, 5, 6, 7]
+    got = M.fold_recalls(scores, pos, folds, ks=(1, 2))
+    fast = M.fold_recalls_fast(scores, pos, folds, ks=(1, 2))
+    # brute force: rank inside each fold only
+    exp = {"i2t": {"r@1": [], "r@2": []}, "t2i": {"r@1": [], "r@2": []}}
+    for imgs, caps in folds:
+        sub = scores.numpy()[np.ix_(imgs, caps)]
+        lists_i = [[j for j, c in enumerate(caps) if cap_img[c] == i] for i in imgs]
+        lists_t = [[list(imgs).index(cap_img[c])] for c in caps]
+        bi = brute_metrics(sub, lists_i, ks=(1, 2))
+        bt = brute_metrics(sub.T, lists_t, ks=(1, 2))
+        for k in ("r@1", "r@2"):
+            exp["i2t"][k].append(bi[k])
+            exp["t2i"][k].append(bt[k])
+    for d in exp:
+        for k in exp[d]:
+            assert got[d][k] == pytest.approx(np.mean(exp[d][k]), abs=1e-12)
+            assert fast[d][k] == pytest.approx(np.mean(exp[d][k]), abs=1e-12)
+    # in-fold ranking differs from global ranking: a global R@1 computed on the 5K-style matrix is lower
+    glob = M.rank_metrics(scores, pos, r_metrics=False, ks=(1,)).mean()["r@1"]
+    assert glob <= got["i2t"]["r@1"] + 1e-12
+
+
+def test_plausible_positives_hamming():
+    rng = np.random.default_rng(0)
+    img = (rng.random((30, 8)) < 0.3).astype(np.int8)
+    img[0] = 0  # an unlabeled image
+    cap_img = rng.integers(0, 30, size=70)
+    cap = img[cap_img]
+    for z in (0, 1, 2):
+        pm = M.plausible_positives(img, cap, z).toarray()
+        for i in range(30):
+            for c in range(70):
+                ham = int(np.abs(img[i] - cap[c]).sum())
+                exp = ham <= z and img[i].any() and cap[c].any()
+                assert pm[i, c] == exp
+
+
+def test_matches_eccv_caption_functions_on_small_dicts():
+    """eccv_caption's own metric functions on id dictionaries give our numbers."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from eccv_caption._metrics import compute_eccv_metrics, compute_r_at_k
+    scores, pos = random_case(11, nq=60, ng=80)
+    pos = [p if p else [0] for p in pos]
+    csr = M.positives_from_lists(pos, 80)
+    ranked = M.rank_lists(scores, np.arange(60), 30)
+    ours = M.metrics_from_ranking(ranked, csr).mean()
+    qids = 1000 + np.arange(60) * 7  # arbitrary ids
+    gids = 50000 + np.arange(80) * 3
+    target = {int(qids[q]): gids[ranked[q].numpy()].tolist() for q in range(60)}
+    gts = {int(qids[q]): gids[np.array(p)].tolist() for q, p in enumerate(pos)}
+    e = compute_eccv_metrics(target, gts)
+    assert ours["map_at_r"] == pytest.approx(e["eccv_map_at_r"], abs=1e-12)
+    assert ours["rprecision"] == pytest.approx(e["eccv_rprecision"], abs=1e-12)
+    assert ours["r@1"] == pytest.approx(e["eccv_r1"], abs=1e-12)
+    for k in (1, 5, 10):
+        assert ours[f"r@{k}"] == pytest.approx(compute_r_at_k(target, gts, K=k), abs=1e-12)

@@ -1,0 +1,193 @@
+"""COCO benchmarks: COCO 1K / 5K, CxC, ECCV Caption and PMRP, wired to the official ground truth.
+
+The ground truth for the COCO 5K test split, CxC and ECCV Caption comes from the
+``eccv_caption`` package (``eccv_caption.Metrics()``: ``coco_ids``, ``coco_gts``, ``cxc_gts``,
+``eccv_gts``), keyed by official COCO image / annotation ids; this module maps those ids to
+row / column indices of the embeddings and builds sparse positive matrices. The 1K folds are
+eccv_caption's: five contiguous chunks of its ``coco_ids`` caption order. PMRP (PCME) uses 80-class
+instance label vectors when the data set provides them (``zsprob.data.coco.CocoCaptions.instance_labels``).
+Images come from ``zsprob.data.coco`` and the towers from ``zsprob.models``; the metrics are
+zsprob's tensor code (:mod:`zsprob.retrieval.metrics`), checked against eccv_caption in the tests.
+"""
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from zsprob.errors import UserError
+from zsprob.retrieval import metrics as M
+from zsprob.retrieval.embeddings import Embeddings
+from zsprob.retrieval.evaluate import BenchmarkSet, RetrievalTask
+
+PMRP_ZETAS = (0, 1, 2)
+
+
+@lru_cache(maxsize=1)
+def eccv_metrics():
+    """``eccv_caption.Metrics()`` (loaded once; it reads ~2 MB of JSON shipped in the package)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            import eccv_caption
+        except ImportError as e:  # pragma: no cover - a dependency
+            raise UserError("COCO CxC / ECCV Caption evaluation needs the eccv_caption package (pip install eccv_caption)") from e
+        return eccv_caption.Metrics()
+
+
+def official_test_ids() -> tuple[np.ndarray, np.ndarray]:
+    """The 5,000 image ids (sorted) and 25,000 caption ids (eccv_caption order) of COCO 5K test."""
+    m = eccv_metrics()
+    return np.array(sorted(m.coco_gts["i2t"]), dtype=np.int64), np.asarray(m.coco_ids, dtype=np.int64)
+
+
+def official_subset(image_ids: np.ndarray, caption_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Indices selecting the official 5K test images and 25K captions (in eccv_caption's caption
+    order) from the given ids, or None when the ids do not contain the whole official set."""
+    off_img, off_cap = official_test_ids()
+    img_pos = {int(x): i for i, x in enumerate(image_ids)}
+    cap_pos = {int(x): i for i, x in enumerate(caption_ids)}
+    if not all(int(x) in img_pos for x in off_img) or not all(int(x) in cap_pos for x in off_cap):
+        return None
+    return (np.array([img_pos[int(x)] for x in off_img], dtype=np.int64),
+            np.array([cap_pos[int(x)] for x in off_cap], dtype=np.int64))
+
+
+def _gts_to_csr(gts: dict, q_index: dict, g_index: dict, n_q: int, n_g: int) -> tuple[M.sp.csr_matrix, np.ndarray]:
+    lists = [[] for _ in range(n_q)]
+    queries = []
+    for qid, items in gts.items():
+        qi = q_index.get(int(qid))
+        if qi is None:
+            continue
+        queries.append(qi)
+        lists[qi] = [g_index[int(x)] for x in items if int(x) in g_index]
+    return M.positives_from_lists(lists, n_g), np.array(sorted(queries), dtype=np.int64)
+
+
+def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.ndarray | None = None, *,
+              instance_labels: np.ndarray | None = None, official: bool | None = None,
+              zetas=PMRP_ZETAS) -> RetrievalTask:
+    """Ground truth of a COCO-style test set.
+
+    ``official`` (default: auto) uses eccv_caption's COCO 5K / CxC / ECCV ground truth and folds;
+    it requires the ids to be exactly the official 5K x 25K set (use :func:`official_subset`
+    to select it). Otherwise COCO positives come from ``caption_image`` and the 1K folds (when
+    there are 5,000 images) from the caption order, as in the Karpathy split files.
+    """
+    image_ids = np.asarray(image_ids, dtype=np.int64)
+    caption_ids = np.asarray(caption_ids, dtype=np.int64)
+    off_img, off_cap = official_test_ids()
+    is_official = (len(image_ids) == len(off_img) and len(caption_ids) == len(off_cap)
+                   and set(image_ids.tolist()) == set(off_img.tolist()) and set(caption_ids.tolist()) == set(off_cap.tolist()))
+    if official is None:
+        official = is_official
+    if official and not is_official:
+        raise UserError("the embeddings are not the official COCO 5K test set (5,000 image ids and eccv_caption's "
+                        "25,000 caption ids); select them with zsprob.retrieval.coco.official_subset")
+    n_img, n_cap = len(image_ids), len(caption_ids)
+    img_index = {int(x): i for i, x in enumerate(image_ids)}
+    cap_index = {int(x): i for i, x in enumerate(caption_ids)}
+    notes = []
+    if official:
+        m = eccv_metrics()
+        coco_i2t, _ = _gts_to_csr(m.coco_gts["i2t"], img_index, cap_index, n_img, n_cap)
+        cap_img = np.full(n_cap, -1, dtype=np.int64)
+        for cid, iids in m.coco_gts["t2i"].items():
+            cap_img[cap_index[int(cid)]] = img_index[int(iids[0])]
+        if caption_image is not None and not np.array_equal(np.asarray(caption_image), cap_img):
+            raise UserError("caption_image disagrees with eccv_caption's COCO ground truth for these ids")
+        caption_image = cap_img
+        sets = [BenchmarkSet("coco_5k", coco_i2t, M.sp.csr_matrix(coco_i2t.T))]
+        for name, gts in (("cxc", m.cxc_gts), ("eccv", m.eccv_gts)):
+            i2t, qi = _gts_to_csr(gts["i2t"], img_index, cap_index, n_img, n_cap)
+            t2i, qt = _gts_to_csr(gts["t2i"], cap_index, img_index, n_cap, n_img)
+            sets.append(BenchmarkSet(name, i2t, t2i, kind="recall" if name == "cxc" else "precision",
+                                     i2t_queries=qi, t2i_queries=qt))
+        order = np.array([cap_index[int(c)] for c in m.coco_ids], dtype=np.int64)
+        folds = M.coco_folds(order, caption_image)
+        notes.append("ground truth: eccv_caption (COCO 5K, CxC, ECCV Caption); 1K folds: eccv_caption coco_ids order, "
+                     "ranked exactly within each fold")
+    else:
+        if caption_image is None:
+            raise UserError("these ids are not the official COCO 5K test set, so the embeddings need caption_image "
+                            "(each caption's image index) to define the positives")
+        caption_image = np.asarray(caption_image, dtype=np.int64)
+        pos = M.positives_from_assignment(caption_image, n_img)
+        sets = [BenchmarkSet("coco_5k" if n_img == 5000 else "coco", pos, M.sp.csr_matrix(pos.T))]
+        folds = M.coco_folds(np.arange(n_cap), caption_image) if n_img == 5000 else None
+        notes.append("not the official 5K test ids: CxC and ECCV Caption skipped; positives from caption_image")
+        if folds is not None and any(len(f[0]) != 1000 for f in folds):
+            folds = None
+            notes.append("1K folds skipped: caption order does not give 1,000 images per fold")
+    if instance_labels is not None:
+        labels = np.asarray(instance_labels)
+        if labels.shape[0] != n_img:
+            raise UserError(f"instance_labels has {labels.shape[0]} rows for {n_img} images")
+        cap_labels = labels[caption_image]
+        for z in zetas:
+            pm = M.plausible_positives(labels, cap_labels, z)
+            sets.append(BenchmarkSet(f"pmrp_zeta{z}", pm, M.sp.csr_matrix(pm.T), kind="rprecision"))
+        n_unl = int((labels.sum(1) == 0).sum())
+        notes.append(f"PMRP: {n_unl} images without instance labels are neither queries nor positives")
+    return RetrievalTask(name="coco", image_ids=image_ids, caption_ids=caption_ids,
+                         caption_image=np.asarray(caption_image, dtype=np.int64), sets=sets, folds=folds, notes=notes)
+
+
+def task_for_embeddings(emb: Embeddings, instance_labels: np.ndarray | None = None) -> tuple[Embeddings, RetrievalTask]:
+    """Pick the official 5K subset when the embeddings contain it (extra captions, e.g. the 25,010
+    Karpathy test captions, are dropped), else evaluate the ids as given."""
+    sub = official_subset(emb.image_ids, emb.caption_ids)
+    if sub is not None:
+        ii, ci = sub
+        if len(ii) != len(emb.image_ids) or len(ci) != len(emb.caption_ids) or not (
+                np.array_equal(ii, np.arange(len(ii))) and np.array_equal(ci, np.arange(len(ci)))):
+            emb = emb.select(ii, ci)
+            if instance_labels is not None:
+                instance_labels = np.asarray(instance_labels)[ii]
+        cap_img = emb.caption_image
+        task = coco_task(emb.image_ids, emb.caption_ids, None, instance_labels=instance_labels, official=True)
+        if cap_img is not None and not np.array_equal(cap_img, task.caption_image):
+            raise UserError("caption_image in the embeddings disagrees with eccv_caption's COCO ground truth")
+        emb.caption_image = task.caption_image
+        return emb, task
+    return emb, coco_task(emb.image_ids, emb.caption_ids, emb.caption_image, instance_labels=instance_labels,
+                          official=False)
+
+
+def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, device=None, num_workers: int = 0,
+                progress: bool = True, karpathy_json=None) -> tuple[Embeddings, np.ndarray | None]:
+    """Embed a COCO split with a zsprob / open_clip model. Returns embeddings and instance labels (or None)."""
+    from zsprob.data.coco import CocoCaptions
+    from zsprob.models.encode import encode_images, encode_texts
+
+    ds = CocoCaptions(root, split=split, karpathy_json=karpathy_json)
+    images = ImageList(ds.image_paths, model.preprocess_val)
+    img_mu, img_lv = encode_images(model, images, batch_size=batch_size, device=device, num_workers=num_workers,
+                                   progress=progress)
+    cap_mu, cap_lv = encode_texts(model, list(ds.captions), batch_size=max(batch_size, 256), device=device,
+                                  progress=progress)
+    emb = Embeddings(image_ids=np.asarray(ds.image_ids, dtype=np.int64), caption_ids=np.asarray(ds.caption_ids, dtype=np.int64),
+                     image_mu=img_mu, caption_mu=cap_mu, image_logvar=img_lv, caption_logvar=cap_lv,
+                     caption_image=np.asarray(ds.caption_image, dtype=np.int64))
+    labels = getattr(ds, "instance_labels", None)
+    return emb, (None if labels is None else np.asarray(labels))
+
+
+class ImageList:
+    """A map-style dataset of image files -> ``transform(PIL image)`` (PIL decodes)."""
+
+    def __init__(self, paths, transform):
+        self.paths = [Path(p) for p in paths]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as im:
+            return self.transform(im.convert("RGB"))

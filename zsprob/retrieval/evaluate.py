@@ -1,0 +1,228 @@
+"""Evaluate a test set's image x caption scores on several benchmarks at once.
+
+A :class:`RetrievalTask` holds the ground truth of one test set as sparse positive matrices
+(one :class:`BenchmarkSet` per benchmark: COCO 5K, CxC, ECCV Caption, PMRP per zeta,
+SynthWorld's caption and plausible-match sets) and optionally the COCO 1K folds.
+:func:`evaluate_scores` ranks each direction once (top-L with L = the largest list any
+metric needs, via :mod:`zsprob.retrieval.metrics`) and reads every benchmark's metrics off
+the same ranked lists; benchmarks with very long positive lists (PMRP) are ranked in
+query chunks. Results are percentages (as in the papers' tables), plus per-query arrays
+for the uncertainty analyses. Everything here is zsprob's own code on torch / scipy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from zsprob.retrieval import metrics as M
+from zsprob.retrieval.scoring import PairScores
+
+#: above this many positives per query a benchmark is ranked in chunks instead of sharing the top-L lists
+SHARED_L_LIMIT = 256
+
+
+@dataclass
+class BenchmarkSet:
+    """One benchmark's positives. ``kind``: "recall" (R@K for ``ks``) or "precision"
+    (mAP@R, R-Precision and R@1) or "rprecision" (R-Precision only, e.g. PMRP)."""
+
+    name: str
+    i2t: sp.csr_matrix  # [n_img, n_cap]
+    t2i: sp.csr_matrix  # [n_cap, n_img]
+    kind: str = "recall"
+    i2t_queries: np.ndarray | None = None  # default: rows with a positive
+    t2i_queries: np.ndarray | None = None
+
+
+@dataclass
+class RetrievalTask:
+    name: str
+    image_ids: np.ndarray
+    caption_ids: np.ndarray
+    caption_image: np.ndarray
+    sets: list[BenchmarkSet] = field(default_factory=list)
+    folds: list[tuple[np.ndarray, np.ndarray]] | None = None  # COCO 1K
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_images(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def n_captions(self) -> int:
+        return len(self.caption_ids)
+
+    def caption_positives(self) -> sp.csr_matrix:
+        return M.positives_from_assignment(self.caption_image, self.n_images)
+
+
+@dataclass
+class EvalResult:
+    metrics: dict  # nested, percentages
+    per_query: dict  # {"i2t": {"r@1": array over images}, "t2i": {...}} from the first recall set
+    top: dict  # {"i2t": [n_img, T] caption indices, "t2i": [n_cap, T] image indices}
+
+
+def _pct(d: dict) -> dict:
+    return {k: 100.0 * v for k, v in d.items()}
+
+
+def _needed_len(bs: BenchmarkSet, direction: str, ks: Sequence[int]) -> int:
+    pos = bs.i2t if direction == "i2t" else bs.t2i
+    if bs.kind == "recall":
+        return max(ks)
+    counts = np.diff(pos.indptr)
+    q = _queries(bs, direction)
+    return max(1, int(counts[q].max()) if len(q) else 1)
+
+
+def _queries(bs: BenchmarkSet, direction: str) -> np.ndarray:
+    pos = bs.i2t if direction == "i2t" else bs.t2i
+    q = bs.i2t_queries if direction == "i2t" else bs.t2i_queries
+    if q is None:
+        q = np.flatnonzero(np.diff(pos.indptr) > 0)
+    return np.asarray(q, dtype=np.int64)
+
+
+def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS,
+                    keep_top: int = 0, chunk_size: int = 2048) -> EvalResult:
+    """All benchmark metrics of ``task`` from the image x caption ``scores``."""
+    metrics: dict = {}
+    per_query: dict = {}
+    top: dict = {}
+    mats = {"i2t": scores.i2t, "t2i": scores.t2i}
+    n_q = {"i2t": task.n_images, "t2i": task.n_captions}
+    shared = [bs for bs in task.sets if _needed_len(bs, "i2t", ks) <= SHARED_L_LIMIT
+              and _needed_len(bs, "t2i", ks) <= SHARED_L_LIMIT]
+    ranked = {}
+    for d in ("i2t", "t2i"):
+        L = max([max(ks), keep_top] + [_needed_len(bs, d, ks) for bs in shared])
+        L = min(L, mats[d].shape[1])
+        ranked[d] = M.rank_lists(mats[d], np.arange(n_q[d]), L, chunk_size=chunk_size)
+        if keep_top:
+            top[d] = ranked[d][:, :keep_top].numpy()
+    for bs in task.sets:
+        out = {}
+        for d in ("i2t", "t2i"):
+            pos = bs.i2t if d == "i2t" else bs.t2i
+            q = _queries(bs, d)
+            r_metrics = bs.kind != "recall"
+            k_use = tuple(ks) if bs.kind == "recall" else (1,)
+            if bs in shared:
+                qm = M.metrics_from_ranking(ranked[d], pos, queries=q, ks=k_use, r_metrics=r_metrics)
+            else:
+                qm = M.rank_metrics(mats[d], pos, queries=q, ks=k_use, r_metrics=r_metrics, chunk_size=chunk_size)
+            vals = qm.mean()
+            if bs.kind == "rprecision":
+                vals = {"rprecision": vals["rprecision"]}
+            out[d] = _pct(vals)
+            out[d]["n_queries"] = int(len(q))
+            if bs.kind == "recall" and d not in per_query:
+                per_query[d] = {"queries": qm.queries, **qm.values, "set": bs.name}
+        if bs.kind == "recall":
+            out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
+        metrics[bs.name] = out
+    pm = sorted(k for k in metrics if k.startswith("pmrp_zeta"))
+    if pm:
+        agg = {}
+        for d in ("i2t", "t2i"):
+            agg[d] = {k.replace("pmrp_", ""): metrics[k][d]["rprecision"] for k in pm}
+            agg[d]["mean"] = float(np.mean(list(agg[d].values())))
+        for k in pm:
+            del metrics[k]
+        metrics["pmrp"] = agg
+    if task.folds:
+        metrics["coco_1k"] = fold_metrics(scores, task, ks=ks)
+    return EvalResult(metrics=metrics, per_query=per_query, top=top)
+
+
+def fold_metrics(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS) -> dict:
+    """COCO 1K: each fold's images x captions ranked on their own; mean of the fold means."""
+    pos = task.caption_positives()
+    per = {"i2t": [], "t2i": []}
+    for imgs, caps in task.folds:
+        it, ct = torch.from_numpy(imgs), torch.from_numpy(caps)
+        sub_i = scores.i2t.index_select(0, it).index_select(1, ct)
+        sub_t = scores.t2i.index_select(0, ct).index_select(1, it)
+        p_i = pos[imgs][:, caps]
+        p_t = sp.csr_matrix(p_i.T)
+        for d, sub, p in (("i2t", sub_i, p_i), ("t2i", sub_t, p_t)):
+            q = np.flatnonzero(np.diff(p.indptr) > 0)
+            ranked = M.rank_lists(sub, q, max(ks))
+            per[d].append(M.metrics_from_ranking(ranked, p, ranked_queries=q, queries=q, ks=ks, r_metrics=False).mean())
+    out = {d: _pct({k: float(np.mean([m[k] for m in per[d]])) for k in per[d][0]}) for d in per}
+    for d in out:
+        out[d]["n_queries"] = int(sum(len(f[0] if d == "i2t" else f[1]) for f in task.folds))
+    out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
+    out["n_folds"] = len(task.folds)
+    return out
+
+
+# ----------------------------------------------------------------------------- tables
+def _avg(m: dict, key: str) -> float | None:
+    if "i2t" not in m or key not in m["i2t"]:
+        return None
+    return 0.5 * (m["i2t"][key] + m["t2i"][key])
+
+
+def summary_row(metrics: dict) -> dict[str, float]:
+    """The PCME++ Table 1 columns (average of i2t and t2i) that ``metrics`` has."""
+    row = {}
+    cols = [("ECCV mAP@R", "eccv", "map_at_r"), ("ECCV R-P", "eccv", "rprecision"), ("ECCV R@1", "eccv", "r@1"),
+            ("CxC R@1", "cxc", "r@1"), ("COCO 1K R@1", "coco_1k", "r@1"), ("COCO 5K R@1", "coco_5k", "r@1")]
+    for label, bench, key in cols:
+        if bench in metrics:
+            v = _avg(metrics[bench], key)
+            if v is not None:
+                row[label] = v
+    if "coco_1k" in metrics:
+        row["RSUM"] = metrics["coco_1k"]["rsum"]
+    elif "coco_5k" in metrics:
+        row["RSUM (5K)"] = metrics["coco_5k"]["rsum"]
+    if "pmrp" in metrics:
+        row["PMRP"] = _avg(metrics["pmrp"], "mean")
+    for bench, label in (("caption", "R@1"), ("plausible", "PM mAP@R")):
+        if bench in metrics:
+            key = "r@1" if bench == "caption" else "map_at_r"
+            row[label] = _avg(metrics[bench], key)
+    if "caption" in metrics:
+        row["RSUM"] = metrics["caption"]["rsum"]
+    if "plausible" in metrics:
+        row["PM R-P"] = _avg(metrics["plausible"], "rprecision")
+    return row
+
+
+def format_table(metrics: dict, label: str = "model") -> str:
+    """Markdown tables: the paper-style summary row and every benchmark per direction."""
+    row = summary_row(metrics)
+    lines = ["| " + " | ".join(["model"] + list(row)) + " |", "|" + "---|" * (len(row) + 1),
+             "| " + " | ".join([label] + [f"{v:.1f}" for v in row.values()]) + " |", ""]
+    lines += ["| benchmark | direction | " + " | ".join(["metric", "value"]) + " |", "|---|---|---|---|"]
+    for bench, m in metrics.items():
+        if not isinstance(m, dict) or "i2t" not in m:
+            continue
+        for d in ("i2t", "t2i"):
+            for k, v in m[d].items():
+                if k == "n_queries":
+                    continue
+                lines.append(f"| {bench} | {d} | {k} | {v:.2f} |")
+        if "rsum" in m:
+            lines.append(f"| {bench} | both | RSUM | {m['rsum']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Sequence[int] = M.DEFAULT_KS,
+                        keep_top: int = 0, chunk_size: int = 1024, progress: bool = False, seed: int = 0,
+                        **score_kw) -> EvalResult:
+    """Score ``emb`` (:class:`zsprob.retrieval.embeddings.Embeddings`) with ``score`` (any
+    ``zsprob.prob.score`` name) and evaluate ``task``. ``metrics["setup"]`` records the score and sizes."""
+    ps = PairScores(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar,
+                    chunk_size=chunk_size, progress=progress, seed=seed, **score_kw)
+    res = evaluate_scores(ps, task, ks=ks, keep_top=keep_top)
+    res.metrics = {"setup": {"score": score, "n_images": task.n_images, "n_captions": task.n_captions,
+                             "unit": "percent", "notes": list(task.notes)}, **res.metrics}
+    return res

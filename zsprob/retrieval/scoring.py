@@ -1,0 +1,163 @@
+"""Chunked image-caption scoring for retrieval.
+
+The similarity itself comes from :func:`zsprob.prob.score` (CSD, mean-only, W2, KL, min-KL,
+JS, ELK, Bhattacharyya, cosine, PCME's Monte Carlo match probability); zsprob.prob computes
+each block through matrix products (closed forms) or bounded sample blocks (MC), so no
+[N, M, D] tensor is formed here. What this module adds:
+
+* :class:`PairScores`: the image x caption similarity of a whole test set, scored in row
+  blocks. For symmetric scores it can serve text->image rows by scoring caption blocks
+  against the images directly (a matmul), which is much faster on a CPU than transposing a
+  5K x 25K matrix; for asymmetric or sampled scores ("kl", "mc") the one image x caption
+  matrix is used in both directions (so both directions rank by the same numbers).
+* :func:`chunked_topk`: the best ``k`` gallery items for every query, merging per-block top-k,
+  so a query set can be ranked against a gallery of any size with bounded memory.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from zsprob.errors import UserError
+
+#: scores with score(a, b) == score(b, a).T (MC is symmetric in expectation but sampled)
+SYMMETRIC_SCORES = ("csd", "mean", "cosine", "w2", "minkl", "js", "elk", "bhattacharyya")
+NEEDS_SIGMA = ("csd", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
+
+
+def _prob_score() -> Callable:
+    try:
+        from zsprob.prob import score  # type: ignore[attr-defined]
+    except ImportError:  # package __init__ not re-exporting yet
+        from zsprob.prob.distances import score
+    return score
+
+
+def score_names() -> tuple[str, ...]:
+    try:
+        from zsprob.prob import SCORE_NAMES  # type: ignore[attr-defined]
+    except ImportError:
+        from zsprob.prob.distances import SCORE_NAMES
+    return tuple(SCORE_NAMES)
+
+
+def check_score(name: str, has_sigma: bool) -> None:
+    names = score_names()
+    if name not in names:
+        raise UserError(f"unknown score {name!r} (choose from {', '.join(names)})")
+    if name in NEEDS_SIGMA and not has_sigma:
+        raise UserError(f"score {name!r} needs sigma (logvar), but the embeddings have none; use 'mean' or 'cosine'")
+
+
+def score_block(name: str, mu_a, logvar_a, mu_b, logvar_b, **kw) -> torch.Tensor:
+    """``zsprob.prob.score`` on one block, as float32 CPU."""
+    return _prob_score()(name, mu_a, logvar_a, mu_b, logvar_b, **kw).float()
+
+
+def score_matrix(name: str, mu_a: torch.Tensor, logvar_a: torch.Tensor | None, mu_b: torch.Tensor,
+                 logvar_b: torch.Tensor | None, *, chunk_size: int = 1024, progress: bool = False,
+                 seed: int = 0, **kw) -> torch.Tensor:
+    """Full similarity matrix [N, M] (float32), scored in blocks of ``chunk_size`` rows.
+
+    For "mc" a seeded generator is passed to every block (``seed``) so results are reproducible.
+    """
+    check_score(name, logvar_a is not None and logvar_b is not None)
+    n, m = mu_a.shape[0], mu_b.shape[0]
+    out = torch.empty(n, m, dtype=torch.float32)
+    if name == "mc" and "generator" not in kw:
+        kw["generator"] = torch.Generator().manual_seed(seed)
+    it = range(0, n, chunk_size)
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(it, desc=f"score {name}", unit="block")
+    for a in it:
+        b = min(n, a + chunk_size)
+        out[a:b] = score_block(name, mu_a[a:b], None if logvar_a is None else logvar_a[a:b], mu_b, logvar_b, **kw)
+    return out
+
+
+class PairScores:
+    """Image x caption similarities of a test set, with fast row access in both directions.
+
+    ``i2t`` is the [n_img, n_cap] matrix (computed in blocks). ``t2i`` is [n_cap, n_img]:
+    scored directly from the embeddings for symmetric scores (``direct_t2i=True``), otherwise the
+    transpose of ``i2t`` (computed once, in blocks).
+    """
+
+    def __init__(self, name: str, img_mu, img_logvar, cap_mu, cap_logvar, *, chunk_size: int = 1024,
+                 direct_t2i: bool | None = None, progress: bool = False, seed: int = 0, **kw):
+        self.name = name
+        self.i2t = score_matrix(name, img_mu, img_logvar, cap_mu, cap_logvar, chunk_size=chunk_size,
+                                progress=progress, seed=seed, **kw)
+        if direct_t2i is None:
+            direct_t2i = name in SYMMETRIC_SCORES
+        if direct_t2i:
+            self.t2i = score_matrix(name, cap_mu, cap_logvar, img_mu, img_logvar, chunk_size=chunk_size * 4,
+                                    progress=progress, seed=seed, **kw)
+        else:
+            self.t2i = transpose_blocked(self.i2t)
+
+    @classmethod
+    def from_matrix(cls, i2t: torch.Tensor, t2i: torch.Tensor | None = None, name: str = "given") -> "PairScores":
+        self = cls.__new__(cls)
+        self.name = name
+        self.i2t = i2t
+        self.t2i = transpose_blocked(i2t) if t2i is None else t2i
+        return self
+
+
+def transpose_blocked(x: torch.Tensor, block: int = 128) -> torch.Tensor:
+    """Contiguous transpose in column blocks (bounded temporaries)."""
+    out = torch.empty(x.shape[1], x.shape[0], dtype=x.dtype)
+    for a in range(0, x.shape[1], block):
+        out[a:a + block] = x[:, a:a + block].T
+    return out
+
+
+def chunked_topk(name: str, q_mu: torch.Tensor, q_logvar: torch.Tensor | None, g_mu: torch.Tensor,
+                 g_logvar: torch.Tensor | None, k: int, *, query_chunk: int = 1024, gallery_chunk: int = 65536,
+                 progress: bool = False, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` similarities and gallery indices [Q, k] of every query, best first.
+
+    Memory is bounded by ``query_chunk x gallery_chunk`` scores at a time: per gallery block
+    the block's top-k are merged with the running top-k.
+    """
+    check_score(name, q_logvar is not None and g_logvar is not None)
+    nq, ng = q_mu.shape[0], g_mu.shape[0]
+    k = min(k, ng)
+    vals_out = torch.empty(nq, k)
+    idx_out = torch.empty(nq, k, dtype=torch.int64)
+    it = range(0, nq, query_chunk)
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(it, desc=f"search {name}", unit="block")
+    for a in it:
+        b = min(nq, a + query_chunk)
+        best_v = None
+        best_i = None
+        for g0 in range(0, ng, gallery_chunk):
+            g1 = min(ng, g0 + gallery_chunk)
+            s = score_block(name, q_mu[a:b], None if q_logvar is None else q_logvar[a:b], g_mu[g0:g1],
+                            None if g_logvar is None else g_logvar[g0:g1], **kw)
+            v, i = s.topk(min(k, g1 - g0), dim=1)
+            i = i + g0
+            if best_v is None:
+                best_v, best_i = v, i
+            else:
+                cv = torch.cat([best_v, v], 1)
+                ci = torch.cat([best_i, i], 1)
+                best_v, j = cv.topk(k, dim=1)
+                best_i = ci.gather(1, j)
+        vals_out[a:b] = best_v
+        idx_out[a:b] = best_i
+    return vals_out, idx_out
+
+
+def as_tensor(x, dtype=torch.float32) -> torch.Tensor | None:
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(np.ascontiguousarray(x))
+    return x.to(dtype)
