@@ -326,13 +326,10 @@ def _ll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def fit_scale(scores: torch.Tensor, y: torch.Tensor) -> float:
     """Softmax temperature (logit scale) maximising the log-likelihood of ``y``, grid 1..1000."""
-    grid = torch.logspace(0, 3, 61)
-    best, best_s = -math.inf, 1.0
-    for s in grid.tolist():
-        v = _ll(s * scores, y).sum().item()
-        if v > best:
-            best, best_s = v, s
-    return best_s
+    grid = torch.logspace(0, 3, 61, dtype=torch.float64)
+    lp = torch.log_softmax(grid[:, None, None] * scores.double()[None], dim=2)     # [G, N, C]
+    ll = lp.gather(2, y[None, :, None].expand(len(grid), -1, 1)).sum((1, 2))
+    return float(grid[int(torch.argmax(ll))])
 
 
 def _argmax_prefer_last(v: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -343,7 +340,8 @@ def _argmax_prefer_last(v: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def choose_global_k(S: torch.Tensor, y: torch.Tensor, scale: float) -> tuple[int, torch.Tensor]:
     """Index into k_values maximising the summed selection log-likelihood; also the curve."""
-    ll = torch.stack([_ll(scale * S[:, :, j], y).sum() for j in range(S.shape[2])])
+    lp = torch.log_softmax(scale * S.double(), dim=1)                                # [N, C, nK]
+    ll = lp.gather(1, y[:, None, None].expand(-1, 1, S.shape[2])).squeeze(1).sum(0)  # [nK]
     return int(_argmax_prefer_last(ll)), ll
 
 
@@ -529,26 +527,30 @@ def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Select
 
 # ----------------------------------------------------------------------------- published baselines
 
-def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-12, max_iter=300):
-    """MAP mixing proportions (Dirichlet(alpha) prior) of fixed diagonal Gaussians for ``obs``."""
-    N, D = obs.shape
-    T = means.shape[0]
+def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-12, max_iter=1000):
+    """MAP mixing proportions (Dirichlet(alpha) prior) of fixed diagonal Gaussians, batched over classes.
+
+    obs [B, M, D], means / var [B, T, D] -> pi [B, T], iterations run.
+    """
+    B, M, D = obs.shape
+    T = means.shape[1]
     if prior == "inverse":
-        pi = 1.0 / var.mean(1)
+        pi = 1.0 / var.mean(2)
     else:
-        pi = torch.ones(T, dtype=obs.dtype)
-    pi = pi / pi.sum()
-    inv = 1.0 / var                                           # [T, D]
+        pi = torch.ones(B, T, dtype=obs.dtype)
+    pi = pi / pi.sum(1, keepdim=True)
+    inv = 1.0 / var                                           # [B, T, D]
     # log N(x | m, v) = -0.5 [sum x^2/v - 2 x.(m/v) + sum m^2/v] - 0.5 sum log v - D/2 log 2pi
-    logp = -0.5 * ((obs ** 2) @ inv.T - 2 * obs @ (means * inv).T + (means ** 2 * inv).sum(1)[None])
-    logp = logp - 0.5 * var.log().sum(1)[None] - 0.5 * D * math.log(2 * math.pi)   # [N, T]
+    logp = -0.5 * (torch.bmm(obs ** 2, inv.transpose(1, 2)) - 2 * torch.bmm(obs, (means * inv).transpose(1, 2))
+                   + (means ** 2 * inv).sum(2)[:, None])
+    logp = logp - 0.5 * var.log().sum(2)[:, None] - 0.5 * D * math.log(2 * math.pi)   # [B, M, T]
     it = 0
     for it in range(max_iter):
-        r = torch.softmax(logp + pi.log()[None], dim=1)
-        nk = r.sum(0)
-        new = (nk + alpha - 1).clamp_min(0) / (N + T * (alpha - 1))
-        new = new / new.sum()
-        done = torch.linalg.vector_norm(new - pi) < tol
+        r = torch.softmax(logp + pi.log()[:, None], dim=2)
+        nk = r.sum(1)
+        new = (nk + alpha - 1).clamp_min(0) / (M + T * (alpha - 1))
+        new = new / new.sum(1, keepdim=True)
+        done = bool((torch.linalg.vector_norm(new - pi, dim=1) < tol).all())
         pi = new
         if done:
             break
@@ -574,26 +576,28 @@ def select_bprw(bank, pool_feats, *, n_neighbors: int = 10, n_samples: int = 10,
     var = bank.var.double() * var_mult + stable_eps
     C, T, D = mun.shape
     nn_k = min(n_neighbors, x.shape[0])
+    sims = x.double() @ mun.mean(1).T                        # [N, C]
+    idx = torch.topk(sims, nn_k, dim=0).indices.T             # [C, nn_k]
+    m = x.double()[idx]                                       # [C, nn_k, D]
+    if xlv is not None:
+        std = (0.5 * xlv.double()[idx]).exp()
+        eps = torch.randn(C, nn_k, n_samples, D, generator=gen, dtype=torch.float64)
+        obs = (m[:, :, None] + eps * std[:, :, None]).reshape(C, nn_k * n_samples, D)
+    else:
+        obs = m
     W = torch.zeros(C, T, dtype=torch.float64)
     iters = []
-    for c in range(C):
-        sims = x.double() @ mun[c].mean(0)
-        idx = torch.topk(sims, nn_k).indices
-        m = x[idx].double()
-        if xlv is not None:
-            std = (0.5 * xlv[idx].double()).exp()
-            eps = torch.randn(nn_k, n_samples, D, generator=gen, dtype=torch.float64)
-            obs = (m[:, None] + eps * std[:, None]).reshape(-1, D)
-        else:
-            obs = m
-        pi, n_it = _em_mixture_weights(obs, mun[c], var[c], alpha=alpha, prior=prior)
-        W[c] = pi
+    step = max(1, int(4e6 // max(1, obs.shape[1] * T * 4)))
+    for c0 in range(0, C, step):
+        pi, n_it = _em_mixture_weights(obs[c0:c0 + step], mun[c0:c0 + step], var[c0:c0 + step], alpha=alpha,
+                                       prior=prior)
+        W[c0:c0 + step] = pi
         iters.append(n_it)
     W = W.float()
     return _make(bank, "bprw", "ProLIP BPRW", W, renormalize=False, var_rule="avg",
                  info={"data_used": data, "n_pool_images": int(x.shape[0]), "n_neighbors": nn_k,
                        "n_samples": n_samples, "alpha": alpha, "var_mult": var_mult, "stable_eps": stable_eps,
-                       "prior": prior, "seed": seed, "em_iterations_mean": sum(iters) / len(iters),
+                       "prior": prior, "seed": seed, "em_iterations_max": max(iters),
                        "reference": "ProLIP (Chun et al., ICLR 2025) analysis/unc_zeroshot_prompts.py bprw"})
 
 
