@@ -1,1 +1,21 @@
-"""zsprob.models (being built)."""
+"""zsprob.models: open_clip towers with mean / log-variance heads, checkpoints, batched encoding.
+
+open_clip provides the towers, configs, checkpoint conversion, tokenizers and transforms;
+zsprob splits every tower into a shared trunk, a mean head and a log-variance head (PCME++
+Sec. 2.5), adds GPO pooling, and saves / loads checkpoints as safetensors + JSON.
+
+    model = create_model("zsprob-tiny")                 # or "ViT-B-16", pretrained="openai" (cached)
+    mu, logvar = model.encode_image(images)             # [B, D] each, float32
+    mu, logvar = model.encode_text(model.tokenizer(["a red square"]))
+    save(model, "ckpt/", extra={"method": "pcmepp", "step": 1000}); model = load("ckpt/")
+"""
+from zsprob.models.checkpoint import (is_checkpoint, load, load_extra_tensors, load_for_inference, load_meta,
+                                      save)
+from zsprob.models.encode import encode_images, encode_texts
+from zsprob.models.factory import create_model, list_models, model_from_config, register_model_configs
+from zsprob.models.heads import GPO, bound_logvar
+from zsprob.models.prob_clip import ProbCLIP
+
+__all__ = ["create_model", "list_models", "model_from_config", "register_model_configs", "ProbCLIP", "GPO",
+           "bound_logvar", "save", "load", "load_meta", "load_extra_tensors", "load_for_inference",
+           "is_checkpoint", "encode_images", "encode_texts"]

@@ -1,0 +1,209 @@
+"""Checkpoints: a directory with ``model.safetensors`` + ``zsprob.json``; loading never unpickles.
+
+What libraries do: safetensors writes and reads the tensors (a plain header + raw bytes,
+no pickle); :mod:`zsprob.utils.io` makes every file write atomic (temp file + fsync + rename).
+
+What zsprob does: ``zsprob.json`` holds everything that rebuilds the model (``model.config``:
+name, full open_clip config, embedding size, sigma-head depth and init, pooling,
+deterministic flag, variance bounds, preprocessing), the method and step, the zsprob version,
+the caller's ``extra`` dict and the SHA-256 and size of the weights file. The weights are
+written first and the JSON last, and :func:`load` checks the hash, so a crash between the two
+writes, a truncated or corrupted file or a missing file is reported as a
+:class:`zsprob.UserError` instead of a half-loaded model.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zsprob.errors import UserError
+
+WEIGHTS_NAME = "model.safetensors"
+META_NAME = "zsprob.json"
+FORMAT = "zsprob-checkpoint"
+FORMAT_VERSION = 1
+_EXTRA_PREFIX = "extra_tensors."
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _ckpt_dir(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.is_file() and p.name in (WEIGHTS_NAME, META_NAME):
+        return p.parent
+    return p
+
+
+def save(model, path: str | os.PathLike, extra: dict | None = None, *,
+         extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``model`` to the directory ``path`` (created if needed); returns the directory.
+
+    ``extra``: JSON-serialisable dict stored in zsprob.json (``method`` and ``step`` are also
+    copied to the top level). ``extra_tensors``: optional named tensors (e.g. a loss's learnable
+    scale and shift) stored beside the weights; read them back with :func:`load_extra_tensors`.
+    """
+    from safetensors.torch import save_file
+
+    import zsprob
+    from zsprob.utils.io import atomic_write, atomic_write_json
+
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise UserError(f"checkpoint path exists and is not a directory: {d}")
+    d.mkdir(parents=True, exist_ok=True)
+    model = getattr(model, "module", model)  # DDP / accelerate wrappers
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    for k, v in (extra_tensors or {}).items():
+        tensors[_EXTRA_PREFIX + k] = torch.as_tensor(v).detach().to("cpu").contiguous()
+    # break shared storage (safetensors refuses aliasing tensors)
+    seen: set[int] = set()
+    for k, v in tensors.items():
+        ptr = v.untyped_storage().data_ptr() if v.numel() else -1
+        if ptr in seen:
+            tensors[k] = v.clone()
+        seen.add(ptr)
+
+    atomic_write(d / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    wpath = d / WEIGHTS_NAME
+    extra = dict(extra or {})
+    cfg = dict(model.config)
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "zsprob_version": zsprob.__version__,
+        "name": model.name,
+        "embed_dim": model.embed_dim,
+        "sigma_depth": model.sigma_depth,
+        "sigma_init": model.sigma_init,
+        "pooling": model.pooling,
+        "deterministic": model.deterministic,
+        "var_bounds": list(model.var_bounds) if model.var_bounds is not None else None,
+        "method": extra.get("method"),
+        "step": extra.get("step"),
+        "config": cfg,
+        "extra": extra,
+        "weights": {"file": WEIGHTS_NAME, "bytes": wpath.stat().st_size, "sha256": _sha256(wpath),
+                    "num_tensors": len(tensors)},
+    }
+    atomic_write_json(d / META_NAME, meta)
+    return d
+
+
+def load_meta(path: str | os.PathLike) -> dict:
+    """The parsed ``zsprob.json`` of a checkpoint directory (UserError if missing / malformed)."""
+    from zsprob.utils.io import read_json
+
+    d = _ckpt_dir(path)
+    if not d.exists():
+        raise UserError(f"checkpoint not found: {d}")
+    if not d.is_dir():
+        raise UserError(f"not a zsprob checkpoint directory: {d} (expected a folder with {META_NAME} and "
+                        f"{WEIGHTS_NAME})")
+    meta = read_json(d / META_NAME, what="zsprob checkpoint metadata")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or "config" not in meta:
+        raise UserError(f"{d / META_NAME} is not zsprob checkpoint metadata (format {FORMAT!r} expected)")
+    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+        raise UserError(f"checkpoint {d} has format version {meta.get('format_version')}; this zsprob reads "
+                        f"up to {FORMAT_VERSION} (upgrade zsprob)")
+    return meta
+
+
+def _read_tensors(d: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    w = d / meta.get("weights", {}).get("file", WEIGHTS_NAME)
+    if not w.is_file():
+        raise UserError(f"checkpoint weights missing: {w}")
+    info = meta.get("weights", {})
+    if "bytes" in info and w.stat().st_size != int(info["bytes"]):
+        raise UserError(f"checkpoint weights {w} are truncated or were overwritten: {w.stat().st_size} bytes, "
+                        f"{info['bytes']} expected")
+    if verify and info.get("sha256") and _sha256(w) != info["sha256"]:
+        raise UserError(f"checkpoint weights {w} are corrupted (SHA-256 mismatch with {META_NAME})")
+    try:
+        return load_file(str(w), device="cpu")
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
+        raise UserError(f"cannot read checkpoint weights {w}: {type(e).__name__}: {e}") from None
+
+
+def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", *, verify: bool = True):
+    """Rebuild the ProbCLIP saved at ``path`` (directory, or a file inside it). No pickle involved.
+
+    ``verify`` checks the weights' SHA-256 against zsprob.json (reads the file once more).
+    """
+    from zsprob.models.factory import model_from_config
+
+    d = _ckpt_dir(path)
+    meta = load_meta(d)
+    tensors = _read_tensors(d, meta, verify)
+    model = model_from_config(meta["config"])
+    state = {k: v for k, v in tensors.items() if not k.startswith(_EXTRA_PREFIX)}
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise UserError(f"checkpoint {d} does not match its config: missing {missing[:5]}, "
+                        f"unexpected {unexpected[:5]}")
+    bad = [k for k in own if tuple(own[k].shape) != tuple(state[k].shape)]
+    if bad:
+        raise UserError(f"checkpoint {d} has tensors of the wrong shape: {bad[:5]}")
+    model.load_state_dict(state, strict=True)
+    model.checkpoint_meta = meta
+    return model.to(map_location)
+
+
+def load_extra_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The ``extra_tensors`` saved with :func:`save`."""
+    d = _ckpt_dir(path)
+    meta = load_meta(d)
+    tensors = _read_tensors(d, meta, verify=False)
+    return {k[len(_EXTRA_PREFIX):]: v for k, v in tensors.items() if k.startswith(_EXTRA_PREFIX)}
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    d = _ckpt_dir(path)
+    return d.is_dir() and (d / META_NAME).is_file()
+
+
+def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str | None = None,
+                       pretrained: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
+                       **create_kwargs):
+    """A model in eval mode for the CLI: a zsprob checkpoint, or a plain open_clip model.
+
+    ``checkpoint``: a zsprob checkpoint directory. Otherwise ``model`` (an open_clip name or zsprob
+    config) with optional ``pretrained`` (tag in the local cache or checkpoint file) is wrapped
+    with native pooling and no sigma heads, so its mean equals open_clip's normalised features
+    and logvar is None (pass ``create_kwargs`` to change that).
+    """
+    from zsprob.models.factory import create_model
+
+    if checkpoint is not None and model is not None:
+        raise UserError("give either a zsprob checkpoint or an open_clip model name, not both")
+    if checkpoint is not None:
+        if pretrained is not None:
+            raise UserError("--pretrained applies to --model, not to a zsprob checkpoint")
+        m = load(checkpoint)
+    elif model is not None:
+        kw = dict(pooling="native", deterministic=True)
+        kw.update(create_kwargs)
+        m = create_model(model, pretrained=pretrained, **kw)
+    else:
+        raise UserError("no model given: pass a zsprob checkpoint directory or an open_clip model name "
+                        "(e.g. --model ViT-B-32 --pretrained openai)")
+    if device is not None:
+        m = m.to(device)
+    return m.eval()
+
+
+__all__ = ["save", "load", "load_meta", "load_extra_tensors", "load_for_inference", "is_checkpoint",
+           "WEIGHTS_NAME", "META_NAME"]

@@ -1,0 +1,382 @@
+"""create_model: any open_clip model name or zsprob config -> ProbCLIP.
+
+What open_clip does: the model configs (``open_clip.get_model_config``; zsprob's own JSONs in
+``configs/models/`` are registered with ``open_clip.add_model_config``), building the CLIP
+model from a config, reading and converting checkpoint files
+(``open_clip.factory.load_state_dict``, ``convert_state_dict``, position-embedding resizing),
+the tokenizer (``open_clip.get_tokenizer``) and the image transforms
+(``open_clip.image_transform``). huggingface_hub's ``try_to_load_from_cache`` answers whether a
+pretrained tag's weights are already cached.
+
+What zsprob does: never downloads (a pretrained tag must be in the local cache, otherwise a
+:class:`zsprob.UserError` names the file to fetch and where to put it), loads the weights into
+the mean branch *before* the log-variance heads are copied (so ``sigma_init="copy"`` copies the
+pretrained head), re-initialises projections whose shape differs from the checkpoint (a
+different ``embed_dim``), and records everything needed to rebuild the model in
+``model.config``.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zsprob.errors import UserError
+
+log = logging.getLogger(__name__)
+
+ZSPROB_CONFIGS = ("zsprob-tiny", "ViT-S-16-d128")
+_registered = False
+
+# Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
+_ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text")
+
+
+def _open_clip():
+    import open_clip
+
+    return open_clip
+
+
+def register_model_configs() -> None:
+    """Register zsprob's model JSONs (configs/models/*.json) with open_clip (once)."""
+    global _registered
+    if _registered:
+        return
+    from zsprob.utils.paths import model_configs_dir
+
+    d = model_configs_dir()
+    if d.is_dir():
+        _open_clip().add_model_config(d)
+    _registered = True
+
+
+def list_models() -> list[str]:
+    """Every name :func:`create_model` accepts (open_clip's configs plus zsprob's)."""
+    register_model_configs()
+    return list(_open_clip().list_models())
+
+
+def _deep_update(base: dict, upd: dict) -> dict:
+    for k, v in upd.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def get_open_clip_config(name: str) -> dict:
+    register_model_configs()
+    oc = _open_clip()
+    cfg = oc.get_model_config(name.replace("/", "-"))
+    if cfg is None:
+        import difflib
+
+        close = difflib.get_close_matches(name, oc.list_models(), n=5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UserError(f"unknown model {name!r}: not an open_clip model name nor a zsprob config in "
+                        f"configs/models/ (see zsprob.models.list_models()){hint}")
+    return copy.deepcopy(cfg)
+
+
+def build_open_clip(cfg: dict) -> torch.nn.Module:
+    """Instantiate an open_clip CLIP / CustomTextCLIP from a full model config (random init)."""
+    oc = _open_clip()
+    cfg = copy.deepcopy(cfg)
+    custom_text = cfg.pop("custom_text", False) or "hf_model_name" in cfg.get("text_cfg", {})
+    if "multimodal_cfg" in cfg:
+        raise UserError("CoCa models (multimodal_cfg) are not supported by zsprob")
+    vision_cfg = cfg.get("vision_cfg", {})
+    if "timm_model_name" in vision_cfg:
+        vision_cfg["timm_model_pretrained"] = False  # never fetch timm weights at run time
+    if "hf_model_name" in cfg.get("text_cfg", {}):
+        raise UserError("open_clip models with Hugging Face text towers are not supported by zsprob")
+    cls = oc.CustomTextCLIP if custom_text else oc.CLIP
+    try:
+        return cls(**cfg)
+    except TypeError as e:
+        raise UserError(f"invalid open_clip model config: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------
+# Pretrained weights: resolve without downloading, load into the mean branch.
+# ----------------------------------------------------------------------------------------
+_CKPT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors",
+               "open_clip_pytorch_model.bin", "open_clip_pytorch_model.pth",
+               "model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")
+
+
+def _cached_hf(repo: str, filename: str, cache_dir: str | None) -> str | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        got = try_to_load_from_cache(repo_id=repo, filename=filename, cache_dir=cache_dir)
+    except Exception:  # noqa: BLE001 - malformed cache entries count as missing
+        return None
+    return got if isinstance(got, str) and os.path.isfile(got) else None
+
+
+def _hf_cache_root(cache_dir: str | None) -> str:
+    if cache_dir:
+        return cache_dir
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        return HF_HUB_CACHE
+    except ImportError:  # pragma: no cover
+        return os.path.expanduser("~/.cache/huggingface/hub")
+
+
+def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str | None = None) -> tuple[Path, dict]:
+    """(checkpoint file, open_clip pretrained cfg) for a tag or a path; never downloads."""
+    oc = _open_clip()
+    p = Path(pretrained).expanduser()
+    if p.is_file():
+        return p, {}
+    if p.is_dir():
+        for fn in _CKPT_NAMES:
+            if (p / fn).is_file():
+                return p / fn, {}
+        cands = sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")) + sorted(p.glob("*.pt")) \
+            + sorted(p.glob("*.pth"))
+        if cands:
+            return cands[0], {}
+        raise UserError(f"no open_clip checkpoint file (.safetensors/.bin/.pt/.pth) in directory {p}")
+    tag = str(pretrained)
+    looks_like_path = os.sep in tag or tag.endswith((".pt", ".pth", ".bin", ".safetensors", ".npz"))
+    cfg = oc.get_pretrained_cfg(name.replace("/", "-"), tag) if not looks_like_path else {}
+    if not cfg:
+        if looks_like_path:
+            raise UserError(f"pretrained checkpoint file not found: {p}")
+        tags = oc.list_pretrained_tags_by_model(name.replace("/", "-"))
+        raise UserError(f"{tag!r} is neither a pretrained tag of {name} nor an existing file "
+                        f"(known tags: {', '.join(tags) if tags else 'none'})")
+    if cfg.get("file") and os.path.isfile(cfg["file"]):
+        return Path(cfg["file"]), cfg
+    wanted = []
+    hf = cfg.get("hf_hub", "")
+    if hf:
+        repo, filename = os.path.split(hf.rstrip("/") if hf.endswith("/") else hf)
+        if hf.endswith("/"):
+            repo, filename = hf.rstrip("/"), ""
+        names = [filename] if filename else ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
+        if filename.endswith((".bin", ".pth")):
+            names.insert(0, filename[:-4] + ".safetensors")
+        for fn in names:
+            got = _cached_hf(repo, fn, cache_dir)
+            if got:
+                return Path(got), cfg
+        wanted.append(f"https://huggingface.co/{repo} file {names[-1]} into the Hugging Face cache "
+                      f"{_hf_cache_root(cache_dir)} (e.g. `huggingface-cli download {repo} {names[-1]}`)")
+    url = cfg.get("url", "")
+    if url:
+        target = Path(cache_dir or os.path.expanduser("~/.cache/clip")) / os.path.basename(url)
+        if target.is_file():
+            return target, cfg
+        wanted.append(f"{url} to {target}")
+    raise UserError(f"pretrained weights {name}/{tag} are not in the local cache and zsprob does not download "
+                    f"at run time: download {' or '.join(wanted)}; or pass the checkpoint file path as pretrained")
+
+
+_PROJ_KEYS = ("visual.proj", "text_projection", "text_projection.weight", "text_projection.bias",
+              "text.text_projection", "text.text_projection.weight", "text.text_projection.bias")
+
+
+def load_open_clip_weights(model: torch.nn.Module, path: str | os.PathLike) -> list[str]:
+    """Load an open_clip checkpoint file into an open_clip model (strict, except projections).
+
+    Returns the names of projection parameters whose shape differs from the checkpoint (they
+    keep their random init). Any other mismatch, a missing / unexpected key or an unreadable
+    file raises :class:`UserError`.
+    """
+    from open_clip.convert import convert_state_dict
+    from open_clip.factory import load_state_dict
+    from open_clip.model import convert_to_custom_text_state_dict, resize_pos_embed, resize_text_pos_embed
+
+    path = Path(path)
+    try:
+        sd = load_state_dict(str(path), device="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any read / unpickling failure is the user's file
+        raise UserError(f"cannot read open_clip checkpoint {path}: {type(e).__name__}: {e}") from None
+    if not isinstance(sd, dict) or not sd:
+        raise UserError(f"open_clip checkpoint {path} holds no state dict")
+    try:
+        sd = convert_state_dict(model, sd)
+    except Exception:  # noqa: BLE001 - conversion only applies to third-party formats
+        pass
+    if "positional_embedding" in sd and not hasattr(model, "positional_embedding"):
+        sd = convert_to_custom_text_state_dict(sd)
+    for k in ("logit_scale", "logit_bias"):
+        own = getattr(model, k, None)
+        if k in sd and own is not None and sd[k].ndim != own.ndim:
+            sd[k] = sd[k].reshape(own.shape)
+    if "logit_bias" not in sd and getattr(model, "logit_bias", None) is not None and "logit_scale" in sd:
+        sd["logit_bias"] = torch.zeros_like(model.logit_bias)
+    sd.pop("text.transformer.embeddings.position_ids", None)
+    try:
+        resize_pos_embed(sd, model)
+        resize_text_pos_embed(sd, model)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"open_clip checkpoint {path} does not fit model: {e}") from None
+    own = model.state_dict()
+    reinit, bad = [], []
+    for k, v in list(sd.items()):
+        if k in own and tuple(own[k].shape) != tuple(v.shape):
+            if k in _PROJ_KEYS:
+                reinit.append(k)
+                del sd[k]
+            else:
+                bad.append(f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}")
+    if bad:
+        raise UserError(f"open_clip checkpoint {path} does not match the model config: " + "; ".join(bad[:5]))
+    res = model.load_state_dict(sd, strict=False)
+    missing = [k for k in res.missing_keys if k not in reinit]
+    if missing or res.unexpected_keys:
+        raise UserError(f"open_clip checkpoint {path} does not match the model: missing {missing[:5]}, "
+                        f"unexpected {list(res.unexpected_keys)[:5]}")
+    if reinit:
+        log.warning("projections %s re-initialised: embed_dim differs from the checkpoint %s", reinit, path)
+    return reinit
+
+
+# ----------------------------------------------------------------------------------------
+def _transforms(preprocess_cfg: dict):
+    oc = _open_clip()
+    kw = dict(mean=tuple(preprocess_cfg["mean"]), std=tuple(preprocess_cfg["std"]),
+              interpolation=preprocess_cfg.get("interpolation"), resize_mode=preprocess_cfg.get("resize_mode"),
+              fill_color=preprocess_cfg.get("fill_color", 0))
+    size = preprocess_cfg["size"]
+    return oc.image_transform(size, is_train=True, **kw), oc.image_transform(size, is_train=False, **kw)
+
+
+def _preprocess_cfg(open_clip_cfg: dict, pretrained_cfg: dict | None) -> dict:
+    from dataclasses import asdict
+
+    from open_clip.transform import PreprocessCfg, merge_preprocess_dict
+
+    pc = asdict(PreprocessCfg())
+    if pretrained_cfg:
+        pc = merge_preprocess_dict(pc, pretrained_cfg)
+    pc = merge_preprocess_dict(pc, open_clip_cfg.get("preprocess_cfg", {}))
+    pc["size"] = open_clip_cfg["vision_cfg"].get("image_size", 224)
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in pc.items()}
+
+
+def _wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = None):
+    """ProbCLIP around an open_clip model, with open_clip's tokenizer and transforms."""
+    from zsprob.models.prob_clip import ProbCLIP
+
+    oc = _open_clip()
+    name = config["name"]
+    ctx = config["open_clip_cfg"].get("text_cfg", {}).get("context_length", 77)
+    try:
+        tokenizer = oc.get_tokenizer(name if name in oc.list_models() else "", context_length=ctx)
+    except Exception as e:  # noqa: BLE001 - e.g. an HF tokenizer that is not cached
+        raise UserError(f"cannot build the tokenizer for {name}: {e}") from None
+    pre = config["preprocess_cfg"]
+    p_train, p_val = _transforms(pre)
+    size = pre["size"]
+    return ProbCLIP(
+        clip_model, name=name, config=config, embed_dim=config["embed_dim"],
+        sigma_depth=config["sigma_depth"], sigma_init=sigma_init or config["sigma_init"],
+        pooling=config["pooling"], deterministic=config["deterministic"], var_bounds=config["var_bounds"],
+        normalize_mu=config.get("normalize_mu", True), gpo_dim=config.get("gpo_dim", 32),
+        sigma_bias_init=config.get("sigma_bias_init", 0.0), truncate_text=config.get("truncate_text", True),
+        tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
+        image_size=int(size if isinstance(size, int) else size[0]),
+        reinit_params=tuple(config.get("reinit_params", ())))
+
+
+def model_from_config(config: dict, *, sigma_init: str | None = None):
+    """Rebuild a (randomly initialised) ProbCLIP from ``model.config``; weights are loaded separately."""
+    register_model_configs()
+    for k in ("name", "open_clip_cfg", "embed_dim", "sigma_depth", "sigma_init", "pooling", "deterministic",
+              "var_bounds", "preprocess_cfg"):
+        if k not in config:
+            raise UserError(f"model config lacks {k!r}")
+    clip_model = build_open_clip(config["open_clip_cfg"])
+    return _wrap(clip_model, copy.deepcopy(config), sigma_init=sigma_init)
+
+
+def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embed_dim: int | None = None,
+                 sigma_depth: int = 1, sigma_init: str = "random", pooling: str = "gpo",
+                 deterministic: bool = False, var_bounds=None, cache_dir: str | None = None,
+                 seed: int | None = None, **overrides: Any):
+    """Build a :class:`~zsprob.models.prob_clip.ProbCLIP`.
+
+    name: an open_clip model name (``open_clip.list_models()``, e.g. ``ViT-B-16``) or a zsprob
+        config from configs/models/ (``zsprob-tiny``, ``ViT-S-16-d128``).
+    pretrained: None (random init), an open_clip pretrained tag whose weights are in the local
+        cache (``openai``, ``laion2b_s34b_b88k``, ...), or a path to an open_clip checkpoint
+        (state dict in .pt/.pth/.bin/.safetensors, or a directory holding one). The weights go into
+        the mean branch; the log-variance branch follows ``sigma_init``.
+    embed_dim: embedding size D (default: the config's). A pretrained projection of another size
+        is re-initialised (and marked ``backbone=False`` in :meth:`param_info`).
+    sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`.
+    seed: seeds torch's RNG before building, so random inits are reproducible.
+    overrides: zsprob options ``normalize_mu`` (True), ``gpo_dim`` (32), ``sigma_bias_init`` (0.0),
+        ``truncate_text`` (True); open_clip options ``image_size``, ``context_length``,
+        ``quick_gelu``, ``patch_dropout``; or ``open_clip_cfg={...}`` merged into the open_clip
+        config (e.g. ``{"vision_cfg": {"layers": 2}}``).
+    """
+    register_model_configs()
+    ocfg = get_open_clip_config(name)
+    zopts = {k: overrides.pop(k) for k in list(overrides) if k in _ZSPROB_OPTIONS}
+    if "open_clip_cfg" in overrides:
+        _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
+    if "image_size" in overrides:
+        ocfg["vision_cfg"]["image_size"] = overrides.pop("image_size")
+    if "context_length" in overrides:
+        ocfg["text_cfg"]["context_length"] = overrides.pop("context_length")
+    if "patch_dropout" in overrides:
+        ocfg["vision_cfg"]["patch_dropout"] = overrides.pop("patch_dropout")
+    if "quick_gelu" in overrides:
+        ocfg["quick_gelu"] = bool(overrides.pop("quick_gelu"))
+    if overrides:
+        raise UserError(f"unknown create_model options: {sorted(overrides)}")
+    if embed_dim is not None:
+        ocfg["embed_dim"] = int(embed_dim)
+
+    ckpt, pcfg = (None, {})
+    if pretrained is not None and str(pretrained) != "":
+        ckpt, pcfg = resolve_pretrained(name, pretrained, cache_dir=cache_dir)
+        if pcfg.get("quick_gelu", False) and not ocfg.get("quick_gelu", False):
+            ocfg["quick_gelu"] = True  # e.g. OpenAI weights were trained with QuickGELU
+    if seed is not None:
+        torch.manual_seed(int(seed))
+
+    clip_model = build_open_clip(ocfg)
+    reinit: list[str] = []
+    if ckpt is not None:
+        reinit = load_open_clip_weights(clip_model, ckpt)
+
+    config = {
+        "name": name,
+        "open_clip_cfg": ocfg,
+        "embed_dim": int(ocfg["embed_dim"]),
+        "sigma_depth": int(sigma_depth),
+        "sigma_init": sigma_init,
+        "pooling": pooling,
+        "deterministic": bool(deterministic),
+        "var_bounds": list(var_bounds) if var_bounds is not None else None,
+        "normalize_mu": bool(zopts.get("normalize_mu", True)),
+        "gpo_dim": int(zopts.get("gpo_dim", 32)),
+        "sigma_bias_init": float(zopts.get("sigma_bias_init", 0.0)),
+        "truncate_text": bool(zopts.get("truncate_text", True)),
+        "preprocess_cfg": _preprocess_cfg(ocfg, pcfg),
+        "pretrained": str(pretrained) if pretrained is not None else None,
+        "reinit_params": ["clip." + k for k in reinit],
+    }
+    return _wrap(clip_model, config)
+
+
+__all__ = ["create_model", "list_models", "register_model_configs", "resolve_pretrained",
+           "load_open_clip_weights", "model_from_config", "build_open_clip", "get_open_clip_config",
+           "ZSPROB_CONFIGS"]

@@ -1,0 +1,442 @@
+"""ProbCLIP: an open_clip CLIP model turned into a pair of Gaussian encoders (PCME++ Sec. 2.5).
+
+What open_clip does: the towers themselves (patch / token embeddings, residual attention
+blocks, final LayerNorms, projections, the causal text mask, pooling by CLS / end-of-text
+token), the tokenizers and the image transforms. The wrapped model is kept whole as
+``self.clip``, so an open_clip state dict loads into it unchanged and, with native pooling,
+the mean branch runs exactly open_clip's operations.
+
+What zsprob adds here: each tower is split into a shared trunk (all but the last ``n``
+residual blocks, ``n = sigma_depth``), a mean head (the last ``n`` blocks, the tower's own
+final LayerNorm and projection) and a log-variance head (a deep copy of those ``n`` blocks,
+LayerNorm and projection, re-initialised randomly by default or kept as a copy), each pooled
+either natively (CLS / end-of-text token, as open_clip) or by GPO (:mod:`zsprob.models.heads`).
+
+Pooling ``"gpo"``: the final LayerNorm and the projection are applied to *every* token and
+GPO pools the projected tokens (as PCME++ does: GPO over embedding-space token features).
+Image tokens: the class token and all patch tokens. Text tokens: start-of-text up to and
+including the end-of-text token (the length comes from the EOT position, later padding is
+ignored).
+
+Outputs: ``mu`` l2-normalised (``normalize_mu=True``), ``logvar`` raw (no normalisation,
+sigmoid or LayerNorm; PCME's ablation) plus a learnable per-dimension bias initialised to
+``sigma_bias_init``, optionally squashed into variance bounds (Pishdad et al.: [0.1, 10]).
+Both are returned as float32 (also under bf16 autocast) so distances stay accurate.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from zsprob.errors import UserError
+from zsprob.models.heads import GPO, bound_logvar
+
+
+def _open_clip():
+    import open_clip
+
+    return open_clip
+
+
+# --------------------------------------------------------------------------------------
+# Tower adapters: plain Python objects (not modules) that know where open_clip keeps things.
+# --------------------------------------------------------------------------------------
+class _VisionTower:
+    def __init__(self, clip_model: nn.Module):
+        from open_clip.transformer import VisionTransformer
+
+        visual = clip_model.visual
+        if not isinstance(visual, VisionTransformer):
+            raise UserError(
+                f"zsprob needs an open_clip VisionTransformer image tower; this model has "
+                f"{type(visual).__name__} (ResNet / timm / other towers are not supported yet)")
+        if visual.attn_pool is not None:
+            raise UserError("open_clip image towers with attentional pooling (CoCa) are not supported")
+        if visual.pool_type not in ("tok", "avg"):
+            raise UserError(f"unsupported image pool_type {visual.pool_type!r}")
+        if not visual.transformer.batch_first:
+            raise UserError("open_clip transformer with batch_first=False is not supported")
+        self.visual = visual
+        self.blocks = visual.transformer.resblocks
+        self.width = visual.transformer.width
+        self.num_blocks = len(self.blocks)
+
+    @property
+    def ln(self) -> nn.Module:
+        return self.visual.ln_post
+
+    @property
+    def proj(self):
+        return self.visual.proj
+
+    def embed(self, images: torch.Tensor):
+        return self.visual._embeds(images), None, None  # tokens, attn_mask, lengths (all)
+
+    def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
+        v = self.visual
+        if v.final_ln_after_pool:
+            pooled, _ = v._global_pool(x)
+            return ln(pooled)
+        x = ln(x)
+        pooled, _ = v._global_pool(x)
+        return pooled
+
+    @staticmethod
+    def project(x: torch.Tensor, proj) -> torch.Tensor:
+        if proj is None:
+            return x
+        if isinstance(proj, nn.Module):
+            return proj(x)
+        return x @ proj
+
+
+class _TextTower:
+    def __init__(self, clip_model: nn.Module, truncate: bool):
+        oc = _open_clip()
+        from open_clip.transformer import TextTransformer
+
+        if isinstance(clip_model, oc.CLIP):
+            self.src = clip_model
+            self.is_clip = True
+            self.pool_type = clip_model.text_pool_type
+            self.eos_id = getattr(clip_model, "text_eos_id", None)
+            self.pad_id = 0
+            self.causal = clip_model.attn_mask is not None
+            self.cls = False
+        else:
+            text = getattr(clip_model, "text", None)
+            if not isinstance(text, TextTransformer):
+                raise UserError(
+                    f"zsprob needs an open_clip TextTransformer text tower; this model has "
+                    f"{type(text).__name__} (Hugging Face text towers are not supported yet)")
+            self.src = text
+            self.is_clip = False
+            self.pool_type = text.pool_type
+            self.eos_id = text.eos_id
+            self.pad_id = text.pad_id
+            self.causal = text.attn_mask is not None and not text.use_pad_mask
+            self.cls = text.cls_emb is not None
+            if self.cls:
+                raise UserError("open_clip text towers with an appended CLS token (CoCa) are not supported")
+        if self.pool_type not in ("argmax", "eos", "first", "last"):
+            raise UserError(f"unsupported text pool_type {self.pool_type!r}")
+        if not self.src.transformer.batch_first:
+            raise UserError("open_clip transformer with batch_first=False is not supported")
+        self.blocks = self.src.transformer.resblocks
+        self.width = self.src.transformer.width
+        self.num_blocks = len(self.blocks)
+        # Truncating the sequence after the longest end-of-text token is exact for causal towers
+        # pooled at (or before) the EOT token: no earlier position attends to later ones.
+        self.truncate = bool(truncate) and self.causal and self.pool_type in ("argmax", "eos", "first")
+
+    @property
+    def ln(self) -> nn.Module:
+        return self.src.ln_final
+
+    @property
+    def proj(self):
+        return self.src.text_projection
+
+    def lengths(self, text: torch.Tensor) -> torch.Tensor:
+        if self.pool_type == "argmax":
+            return text.argmax(dim=-1) + 1
+        if self.pool_type == "eos":
+            return (text == self.eos_id).int().argmax(dim=-1) + 1
+        return (text != self.pad_id).sum(dim=-1).clamp(min=1)
+
+    def embed(self, text: torch.Tensor):
+        lengths = self.lengths(text)
+        if self.truncate:
+            n = int(lengths.max())
+            if n < text.shape[1]:
+                text = text[:, :n]
+        if self.is_clip:
+            m = self.src
+            cast = m.transformer.get_cast_dtype()
+            x = m.token_embedding(text).to(cast)
+            seq = text.shape[1]
+            if seq == m.positional_embedding.shape[0]:
+                x = x + m.positional_embedding.to(cast)
+                mask = m.attn_mask
+            else:
+                x = x + m.positional_embedding[:seq].to(cast)
+                mask = m.attn_mask[:seq, :seq] if m.attn_mask is not None else None
+        else:
+            x, mask = self.src._embeds(text)
+            seq = text.shape[1]
+            if mask is not None and mask.ndim == 2 and mask.shape[0] != seq:
+                mask = mask[:seq, :seq]
+        return x, mask, (text, lengths)
+
+    def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
+        from open_clip.transformer import text_global_pool
+
+        text, _ = ctx
+        x = ln(x)
+        return text_global_pool(x, text, self.pool_type, eos_token_id=self.eos_id)
+
+    project = staticmethod(_VisionTower.project)
+
+
+# --------------------------------------------------------------------------------------
+# The log-variance head of one tower.
+# --------------------------------------------------------------------------------------
+class SigmaHead(nn.Module):
+    """Copy of a tower's last ``n`` blocks + final LayerNorm + projection (+ GPO), for log sigma^2."""
+
+    def __init__(self, blocks: list[nn.Module], ln: nn.Module, proj, embed_dim: int, gpo: GPO | None,
+                 bias_init: float):
+        super().__init__()
+        self.blocks = nn.ModuleList(copy.deepcopy(b) for b in blocks)
+        self.ln = copy.deepcopy(ln)
+        if isinstance(proj, nn.Module):
+            self.proj = copy.deepcopy(proj)
+        elif proj is not None:
+            self.proj = nn.Parameter(proj.detach().clone())
+        else:
+            self.proj = None
+        self.bias = nn.Parameter(torch.full((embed_dim,), float(bias_init)))
+        self.gpo = gpo
+
+
+def _reinit_block_(block: nn.Module, width: int, num_layers: int) -> None:
+    """CLIP-style random init of a residual attention block (as open_clip's TextTransformer)."""
+    attn_std = width ** -0.5
+    proj_std = width ** -0.5 * (2 * max(num_layers, 1)) ** -0.5
+    fc_std = (2 * width) ** -0.5
+    for mod in block.modules():
+        if isinstance(mod, nn.LayerNorm):
+            mod.reset_parameters()
+    for name, p in block.named_parameters():
+        if name.endswith("in_proj_weight"):
+            nn.init.normal_(p, std=attn_std)
+        elif name.endswith("out_proj.weight") or name.endswith("c_proj.weight"):
+            nn.init.normal_(p, std=proj_std)
+        elif name.endswith("c_fc.weight"):
+            nn.init.normal_(p, std=fc_std)
+        elif name.endswith("bias") and not _is_norm_param(block, name):
+            nn.init.zeros_(p)
+        elif p.ndim >= 2 and not _is_norm_param(block, name):
+            nn.init.normal_(p, std=0.02)
+
+
+def _is_norm_param(root: nn.Module, name: str) -> bool:
+    mod_name = name.rsplit(".", 1)[0] if "." in name else ""
+    mod = root.get_submodule(mod_name) if mod_name else root
+    return isinstance(mod, nn.LayerNorm)
+
+
+def _reinit_head_(head: SigmaHead, width: int, num_layers: int) -> None:
+    for b in head.blocks:
+        _reinit_block_(b, width, num_layers)
+    if isinstance(head.ln, nn.LayerNorm):
+        head.ln.reset_parameters()
+    if isinstance(head.proj, nn.Linear):
+        nn.init.normal_(head.proj.weight, std=width ** -0.5)
+        if head.proj.bias is not None:
+            nn.init.zeros_(head.proj.bias)
+    elif isinstance(head.proj, nn.Parameter):
+        with torch.no_grad():
+            head.proj.normal_(std=width ** -0.5)
+
+
+# --------------------------------------------------------------------------------------
+class ProbCLIP(nn.Module):
+    """Gaussian image and text encoders on top of an open_clip CLIP model.
+
+    Build with :func:`zsprob.models.create_model` (or :func:`zsprob.models.load`). Arguments:
+
+    clip_model: an open_clip ``CLIP`` / ``CustomTextCLIP`` with a VisionTransformer image tower
+        and a TextTransformer text tower; it becomes ``self.clip`` (the trunk and mean heads).
+    config: the dict that rebuilds this model (see :func:`zsprob.models.factory.model_from_config`).
+    sigma_depth: number of final blocks in each head (n); the trunk is the other L - n blocks.
+    sigma_init: "random" (re-initialised copy, PCME++) or "copy" (the mean head's weights).
+    pooling: "gpo" or "native" (CLS / EOT token as open_clip).
+    deterministic: no log-variance heads (logvar is None), for InfoNCE / triplet baselines.
+    var_bounds: None or (lo, hi) variance bounds, e.g. (0.1, 10).
+    """
+
+    def __init__(self, clip_model: nn.Module, *, name: str, config: dict, embed_dim: int,
+                 sigma_depth: int = 1, sigma_init: str = "random", pooling: str = "gpo",
+                 deterministic: bool = False, var_bounds=None, normalize_mu: bool = True,
+                 gpo_dim: int = 32, sigma_bias_init: float = 0.0, truncate_text: bool = True,
+                 tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
+                 reinit_params: tuple[str, ...] = ()):
+        super().__init__()
+        if pooling not in ("gpo", "native"):
+            raise UserError(f"pooling must be 'gpo' or 'native', got {pooling!r}")
+        if sigma_init not in ("random", "copy"):
+            raise UserError(f"sigma_init must be 'random' or 'copy', got {sigma_init!r}")
+        if var_bounds is not None:
+            var_bounds = (float(var_bounds[0]), float(var_bounds[1]))
+            if not (0 < var_bounds[0] < var_bounds[1]):
+                raise UserError(f"var_bounds must satisfy 0 < lo < hi, got {var_bounds}")
+        self.clip = clip_model
+        self.name = name
+        self.config = config
+        self.embed_dim = int(embed_dim)
+        self.sigma_depth = int(sigma_depth)
+        self.sigma_init = sigma_init
+        self.pooling = pooling
+        self.deterministic = bool(deterministic)
+        self.var_bounds = var_bounds
+        self.normalize_mu = bool(normalize_mu)
+        self.tokenizer = tokenizer
+        self.preprocess_train = preprocess_train
+        self.preprocess_val = preprocess_val
+        self.image_size = image_size
+        self.grad_checkpointing = False
+        self._reinit_params = set(reinit_params)
+
+        self._vision = _VisionTower(clip_model)
+        self._text = _TextTower(clip_model, truncate_text)
+        for tower, what in ((self._vision, "image"), (self._text, "text")):
+            if not 1 <= self.sigma_depth <= tower.num_blocks:
+                raise UserError(f"sigma_depth={self.sigma_depth} but the {what} tower has "
+                                f"{tower.num_blocks} blocks (need 1 <= sigma_depth <= blocks)")
+        # logit_scale / logit_bias of open_clip are not used by zsprob's losses: keep them (so
+        # open_clip state dicts load strictly) but frozen, so DDP sees no unused trainable params.
+        for pname in ("logit_scale", "logit_bias"):
+            p = getattr(clip_model, pname, None)
+            if isinstance(p, nn.Parameter):
+                p.requires_grad_(False)
+
+        gpo = (lambda: GPO(gpo_dim, gpo_dim)) if pooling == "gpo" else (lambda: None)
+        self.image_gpo = gpo()
+        self.text_gpo = gpo()
+        if self.deterministic:
+            self.image_sigma = None
+            self.text_sigma = None
+        else:
+            self.image_sigma = self._make_sigma(self._vision, self.image_gpo, gpo, sigma_bias_init)
+            self.text_sigma = self._make_sigma(self._text, self.text_gpo, gpo, sigma_bias_init)
+
+    def _make_sigma(self, tower, gpo_mu, new_gpo, bias_init) -> SigmaHead:
+        n = self.sigma_depth
+        # "copy": the whole mean head, GPO included; "random": a fresh GPO and re-initialised blocks
+        gpo = copy.deepcopy(gpo_mu) if (self.sigma_init == "copy" and gpo_mu is not None) else new_gpo()
+        head = SigmaHead(list(tower.blocks[tower.num_blocks - n:]), tower.ln, tower.proj, self.embed_dim, gpo,
+                         bias_init)
+        if self.sigma_init == "random":
+            _reinit_head_(head, tower.width, tower.num_blocks)
+        return head
+
+    # ----------------------------------------------------------------------------------
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward (saves memory on large towers)."""
+        self.grad_checkpointing = bool(enable)
+
+    def _run(self, blocks, x, mask):
+        for blk in blocks:
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(blk, x, None, None, mask, use_reentrant=False)
+            else:
+                x = blk(x, attn_mask=mask)
+        return x
+
+    def _head_out(self, tower, x, ln, proj, gpo, ctx, lengths):
+        if gpo is None:
+            pooled = tower.native_pool(x, ln, ctx)
+            return tower.project(pooled, proj)
+        tokens = tower.project(ln(x), proj)  # [B, T, D]
+        return gpo(tokens, lengths)
+
+    def _encode(self, tower, gpo_mu, sigma: SigmaHead | None, inp, with_sigma: bool):
+        x, mask, ctx = tower.embed(inp)
+        lengths = ctx[1] if ctx is not None else None
+        n = self.sigma_depth
+        split = tower.num_blocks - n
+        h = self._run(tower.blocks[:split], x, mask)
+        hm = self._run(tower.blocks[split:], h, mask)
+        mu = self._head_out(tower, hm, tower.ln, tower.proj, gpo_mu, ctx, lengths).float()
+        if self.normalize_mu:
+            mu = F.normalize(mu, dim=-1)
+        if sigma is None or not with_sigma:
+            return mu, None
+        hs = self._run(sigma.blocks, h, mask)
+        raw = self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths).float() + sigma.bias.float()
+        return mu, bound_logvar(raw, self.var_bounds)
+
+    def encode_image(self, images: torch.Tensor, *, with_sigma: bool = True):
+        """images [B, 3, H, W] -> (mu [B, D], logvar [B, D] or None), float32."""
+        return self._encode(self._vision, self.image_gpo, self.image_sigma, images, with_sigma)
+
+    def encode_text(self, tokens: torch.Tensor, *, with_sigma: bool = True):
+        """tokens [B, L] (from ``self.tokenizer``) -> (mu [B, D], logvar [B, D] or None), float32."""
+        return self._encode(self._text, self.text_gpo, self.text_sigma, tokens, with_sigma)
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        img_mu, img_logvar = self.encode_image(images)
+        txt_mu, txt_logvar = self.encode_text(tokens)
+        return {"img_mu": img_mu, "img_logvar": img_logvar, "txt_mu": txt_mu, "txt_logvar": txt_logvar}
+
+    # ----------------------------------------------------------------------------------
+    def param_info(self) -> dict[str, dict[str, Any]]:
+        """Per-parameter metadata for the trainer.
+
+        ``tower``: "image" | "text" | "other"; ``depth``: 0 = embeddings, i + 1 = residual block i
+        (the log-variance copies of the last blocks share their depth), ``num_layers`` =
+        final LayerNorm, projection, GPO, log-variance bias; ``num_layers`` = blocks + 1, so a
+        layer-wise decay reads ``lr_scale = decay ** (num_layers - depth)``. ``backbone``: True
+        for parameters of the wrapped open_clip model (those a pretrained checkpoint provides),
+        False for modules zsprob adds (log-variance heads, GPO) and for projections that were
+        re-initialised because the embedding size differs from the checkpoint.
+        """
+        nv, nt = self._vision.num_blocks, self._text.num_blocks
+        split_v, split_t = nv - self.sigma_depth, nt - self.sigma_depth
+        vis_prefix = "clip.visual."
+        text_prefix = "clip.text." if not self._text.is_clip else "clip."
+        info: dict[str, dict[str, Any]] = {}
+        for name, _ in self.named_parameters():
+            tower, depth, backbone = "other", 0, True
+            num_layers = 0
+            parts = name.split(".")
+            if name.startswith(vis_prefix):
+                tower, num_layers = "image", nv + 1
+                rest = name[len(vis_prefix):]
+                if rest.startswith("transformer.resblocks."):
+                    depth = int(rest.split(".")[2]) + 1
+                elif rest.split(".")[0] in ("conv1", "class_embedding", "positional_embedding", "ln_pre",
+                                            "patch_dropout"):
+                    depth = 0
+                else:
+                    depth = nv + 1
+            elif name.startswith("clip.") and name.split(".")[-1] not in ("logit_scale", "logit_bias") \
+                    and (name.startswith(text_prefix)):
+                tower, num_layers = "text", nt + 1
+                rest = name[len(text_prefix):]
+                if rest.startswith("transformer.resblocks."):
+                    depth = int(rest.split(".")[2]) + 1
+                elif rest.split(".")[0] in ("token_embedding", "positional_embedding", "cls_emb"):
+                    depth = 0
+                else:
+                    depth = nt + 1
+            elif parts[0] in ("image_sigma", "image_gpo"):
+                tower, num_layers, backbone = "image", nv + 1, False
+                depth = split_v + int(parts[2]) + 1 if parts[0] == "image_sigma" and parts[1] == "blocks" else nv + 1
+            elif parts[0] in ("text_sigma", "text_gpo"):
+                tower, num_layers, backbone = "text", nt + 1, False
+                depth = split_t + int(parts[2]) + 1 if parts[0] == "text_sigma" and parts[1] == "blocks" else nt + 1
+            if name in self._reinit_params:
+                backbone = False
+            info[name] = {"tower": tower, "depth": depth, "num_layers": num_layers, "backbone": backbone}
+        return info
+
+    def extra_repr(self) -> str:
+        return (f"name={self.name!r}, embed_dim={self.embed_dim}, sigma_depth={self.sigma_depth}, "
+                f"sigma_init={self.sigma_init!r}, pooling={self.pooling!r}, deterministic={self.deterministic}, "
+                f"var_bounds={self.var_bounds}")
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = ["ProbCLIP", "SigmaHead", "count_parameters"]
+
