@@ -1,10 +1,116 @@
-"""`zsprob eval`: not in this version yet (placeholder replaced by issue 7 (retrieval))."""
+"""`zsprob eval`: retrieval evaluation (COCO 1K/5K, CxC, ECCV Caption, PMRP; SynthWorld; any embeddings).
+
+Thin: parses options and calls :mod:`zsprob.retrieval` (torch is imported inside the commands).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
 import click
 
-from zsprob.cli import not_available
+SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
 
 
-@click.command("eval", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def _model_options(f):
+    f = click.option("--checkpoint", type=click.Path(), default=None, help="zsprob checkpoint directory.")(f)
+    f = click.option("--model", "model_name", default=None, help="open_clip model name (instead of --checkpoint).")(f)
+    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file (with --model).")(f)
+    f = click.option("--device", default=None, help="torch device (default: cpu).")(f)
+    f = click.option("--batch-size", type=int, default=128, show_default=True)(f)
+    return f
+
+
+def _common(f):
+    f = click.option("--score", type=click.Choice(SCORES), default="csd", show_default=True,
+                     help="similarity used for ranking (zsprob.prob.score).")(f)
+    f = click.option("--out", type=click.Path(dir_okay=False), default="metrics.json", show_default=True,
+                     help="metrics JSON; table.md, PNGs and pages go to the same folder.")(f)
+    f = click.option("--no-analysis", is_flag=True, help="skip the uncertainty analyses.")(f)
+    return f
+
+
+def _load_model(checkpoint, model_name, pretrained, device):
+    from zsprob.errors import UserError
+    from zsprob.models import load_for_inference
+
+    if checkpoint is None and model_name is None:
+        raise UserError("give --checkpoint CKPT or --model NAME (or --embeddings E.npz)")
+    return load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device)
+
+
+def _finish(res: dict, out: str) -> None:
+    click.echo(res["table"], nl=False)
+    unc = res.get("uncertainty")
+    dec = unc.get("deciles") if isinstance(unc, dict) and "deciles" in unc else unc
+    if isinstance(dec, dict):
+        for name, d in dec.items():
+            click.echo(f"{name}: Spearman(uncertainty decile, R@1) = {d['spearman_bins']['rho']:.3f}")
+    for k, v in res.get("files", {}).items():
+        click.echo(f"wrote {k}: {v}")
+
+
+@click.group("eval")
 def eval_() -> None:
-    """Retrieval evaluation."""
-    not_available("zsprob eval", "issue 7 (retrieval)")
+    """Retrieval evaluation: COCO 1K/5K, CxC, ECCV Caption, PMRP; SynthWorld; any embeddings."""
+
+
+@eval_.command("coco")
+@_model_options
+@click.option("--root", type=click.Path(), default=None, help="COCO folder (Karpathy JSON, images, annotations).")
+@click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
+@click.option("--embeddings", type=click.Path(), default=None,
+              help="precomputed E.npz (image_ids, caption_ids, image_mu, caption_mu[, *_logvar, caption_image]).")
+@click.option("--save-embeddings", type=click.Path(dir_okay=False), default=None, help="also save the embeddings (.npz).")
+@_common
+def coco(checkpoint, model_name, pretrained, device, batch_size, root, split, embeddings, save_embeddings, score, out,
+         no_analysis):
+    """Evaluate on COCO (official ids: COCO 1K/5K, CxC and ECCV Caption via eccv_caption; PMRP with instance labels)."""
+    from zsprob.errors import UserError
+    from zsprob.retrieval.coco import evaluate_coco
+
+    model = None
+    label = Path(embeddings).stem if embeddings else (checkpoint or model_name or "model")
+    if embeddings is None:
+        if root is None:
+            raise UserError("--root COCO_DIR is required unless --embeddings is given")
+        model = _load_model(checkpoint, model_name, pretrained, device)
+    elif checkpoint or model_name:
+        raise UserError("give either --embeddings or a model (--checkpoint / --model), not both")
+    outp = Path(out)
+    res = evaluate_coco(model, root, split, score, outp.parent, embeddings=embeddings, batch_size=batch_size,
+                        device=device, analyses=not no_analysis, save_embeddings=save_embeddings, label=str(label),
+                        metrics_file=outp.name)
+    _finish(res, out)
+
+
+@eval_.command("embeddings")
+@click.argument("embeddings", type=click.Path())
+@_common
+def embeddings_cmd(embeddings, score, out, no_analysis):
+    """Evaluate precomputed embeddings E.npz (official COCO 5K ids, or any set with caption_image)."""
+    from zsprob.retrieval.coco import evaluate_coco
+
+    outp = Path(out)
+    res = evaluate_coco(None, None, "test", score, outp.parent, embeddings=embeddings, analyses=not no_analysis,
+                        label=Path(embeddings).stem, metrics_file=outp.name, progress=False)
+    _finish(res, out)
+
+
+@eval_.command("synthetic")
+@_model_options
+@click.option("--root", type=click.Path(), required=True, help="SynthWorld folder (from `zsprob data synthetic`).")
+@click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
+@click.option("--no-corruption", is_flag=True, help="skip the corruption sweep.")
+@_common
+def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, split, no_corruption, score, out,
+              no_analysis):
+    """Evaluate on SynthWorld's retrieval split (five-caption R@K and exact plausible-match mAP@R / R-P)."""
+    from zsprob.errors import require_dir
+    from zsprob.retrieval.synthetic import evaluate_synthetic
+
+    require_dir(root, "SynthWorld folder", "generate it with `zsprob data synthetic --out DIR`")
+    model = _load_model(checkpoint, model_name, pretrained, device)
+    outp = Path(out)
+    res = evaluate_synthetic(model, root, split, score, outp.parent, batch_size=batch_size, device=device,
+                             corruption=not (no_corruption or no_analysis), progress=True, metrics_file=outp.name)
+    _finish(res, out)

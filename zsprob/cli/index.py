@@ -1,10 +1,79 @@
-"""`zsprob index`: not in this version yet (placeholder replaced by issue 7 (retrieval))."""
+"""`zsprob index`: build and search exact / approximate CSD indexes (FAISS or torch).
+
+Thin: parses options and calls :mod:`zsprob.retrieval.search`.
+"""
+from __future__ import annotations
+
 import click
 
-from zsprob.cli import not_available
+
+def _load_side(path, side: str):
+    """(ids, mu, logvar) of the ``side`` ("image" or "caption") of an E.npz."""
+    from zsprob.retrieval.embeddings import load_embeddings
+
+    e = load_embeddings(path)
+    if side == "image":
+        return e.image_ids, e.image_mu, e.image_logvar
+    return e.caption_ids, e.caption_mu, e.caption_logvar
 
 
-@click.command("index", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.group("index")
 def index() -> None:
-    """Build and search CSD indexes."""
-    not_available("zsprob index", "issue 7 (retrieval)")
+    """Build and search CSD indexes: exact CSD ranking as nearest-neighbour search on augmented vectors."""
+
+
+@index.command("build")
+@click.option("--embeddings", type=click.Path(), required=True, help="E.npz (see `zsprob eval coco --help`).")
+@click.option("--gallery", type=click.Choice(["caption", "image"]), default="caption", show_default=True,
+              help="which side of the npz to index.")
+@click.option("--kind", type=click.Choice(["flat", "hnsw", "ivf", "torch"]), default="flat", show_default=True)
+@click.option("--metric", type=click.Choice(["ip", "l2"]), default=None,
+              help="augmentation (default: ip for flat/torch, l2 for hnsw/ivf).")
+@click.option("--hnsw-m", type=int, default=32, show_default=True)
+@click.option("--ef-construction", type=int, default=80, show_default=True)
+@click.option("--ef-search", type=int, default=64, show_default=True)
+@click.option("--nlist", type=int, default=None, help="IVF lists (default ~4 sqrt(N)).")
+@click.option("--nprobe", type=int, default=16, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="index directory to write.")
+def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search, nlist, nprobe, out):
+    """Index one side of an embeddings file."""
+    from zsprob.retrieval.search import build_index
+
+    ids, mu, logvar = _load_side(embeddings, gallery)
+    idx = build_index(mu, logvar, kind=kind, metric=metric, ids=ids, hnsw_m=hnsw_m, ef_construction=ef_construction,
+                      ef_search=ef_search, nlist=nlist, nprobe=nprobe)
+    path = idx.save(out)
+    click.echo(f"indexed {len(idx)} {gallery}s (kind={idx.kind}, metric={idx.metric}, dim={idx.dim}"
+               f"{', ' + ', '.join(f'{k}={v}' for k, v in idx.params.items()) if idx.params else ''}) -> {path}")
+
+
+@index.command("search")
+@click.option("--index", "index_dir", type=click.Path(), required=True, help="index directory from `zsprob index build`.")
+@click.option("--queries", type=click.Path(), required=True, help="E.npz holding the queries.")
+@click.option("--query-side", type=click.Choice(["image", "caption"]), default="image", show_default=True)
+@click.option("-k", "--k", "k", type=int, default=10, show_default=True)
+@click.option("--ef-search", type=int, default=None, help="override HNSW efSearch.")
+@click.option("--nprobe", type=int, default=None, help="override IVF nprobe.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="write results JSON here.")
+@click.option("--show", type=int, default=3, show_default=True, help="print the results of this many queries.")
+def search(index_dir, queries, query_side, k, ef_search, nprobe, out, show):
+    """Top-k gallery items by CSD for every query."""
+    import time
+
+    from zsprob.retrieval.search import load_index
+    from zsprob.utils.io import atomic_write_json
+
+    idx = load_index(index_dir)
+    qids, mu, logvar = _load_side(queries, query_side)
+    idx.set_search_params(ef_search=ef_search, nprobe=nprobe)
+    t = time.perf_counter()
+    res = idx.search(mu, logvar, k)
+    dt = time.perf_counter() - t
+    click.echo(f"searched {len(qids)} queries in {dt:.3f}s ({len(qids) / max(dt, 1e-9):.0f} queries/s), "
+               f"index {idx.kind}/{idx.metric} with {len(idx)} items")
+    for i in range(min(show, len(qids))):
+        items = ", ".join(f"{int(g)} ({c:.4g})" for g, c in zip(res.ids[i], res.csd[i]))
+        click.echo(f"query {int(qids[i])}: {items}")
+    if out:
+        atomic_write_json(out, {"index": str(index_dir), "k": k, "query_ids": qids, "ids": res.ids, "csd": res.csd})
+        click.echo(f"wrote {out}")

@@ -158,13 +158,16 @@ def task_for_embeddings(emb: Embeddings, instance_labels: np.ndarray | None = No
 
 
 def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, device=None, num_workers: int = 0,
-                progress: bool = True, karpathy_json=None) -> tuple[Embeddings, np.ndarray | None]:
-    """Embed a COCO split with a zsprob / open_clip model. Returns embeddings and instance labels (or None)."""
+                progress: bool = True, karpathy_json=None):
+    """Embed a COCO split with a zsprob / open_clip model.
+
+    Returns ``(embeddings, instance_labels or None, dataset)`` (the dataset gives image paths and
+    captions for the uncertainty pages)."""
     from zsprob.data.coco import CocoCaptions
     from zsprob.models.encode import encode_images, encode_texts
 
     ds = CocoCaptions(root, split=split, karpathy_json=karpathy_json)
-    images = ImageList(ds.image_paths, model.preprocess_val)
+    images = ds.image_dataset(model.preprocess_val)
     img_mu, img_lv = encode_images(model, images, batch_size=batch_size, device=device, num_workers=num_workers,
                                    progress=progress)
     cap_mu, cap_lv = encode_texts(model, list(ds.captions), batch_size=max(batch_size, 256), device=device,
@@ -173,7 +176,7 @@ def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, devi
                      image_mu=img_mu, caption_mu=cap_mu, image_logvar=img_lv, caption_logvar=cap_lv,
                      caption_image=np.asarray(ds.caption_image, dtype=np.int64))
     labels = getattr(ds, "instance_labels", None)
-    return emb, (None if labels is None else np.asarray(labels))
+    return emb, (None if labels is None else np.asarray(labels)), ds
 
 
 class ImageList:
@@ -191,3 +194,53 @@ class ImageList:
 
         with Image.open(self.paths[i]) as im:
             return self.transform(im.convert("RGB"))
+
+
+def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd", out_dir=None, *,
+                  embeddings=None, instance_labels=None, batch_size: int = 128, device=None, num_workers: int = 0,
+                  analyses: bool = True, progress: bool = True, save_embeddings=None, karpathy_json=None,
+                  label: str = "model", metrics_file: str = "metrics.json") -> dict:
+    """COCO evaluation of a model (``model`` + ``root``) or of precomputed ``embeddings``
+    (an :class:`Embeddings` or an ``.npz`` path).
+
+    Returns ``{"metrics", "summary", "table", "uncertainty", "files"}``; with ``out_dir`` writes
+    ``metrics.json``, ``table.md`` and (probabilistic models) the decile PNG / table and the
+    uncertain-queries page.
+    """
+    from zsprob.retrieval.analysis import report_uncertainty
+    from zsprob.retrieval.embeddings import load_embeddings
+    from zsprob.retrieval.evaluate import evaluate_embeddings, format_table, summary_row
+    from zsprob.utils.io import atomic_write_json, atomic_write_text
+
+    ds = None
+    if embeddings is not None:
+        emb = load_embeddings(embeddings) if isinstance(embeddings, (str, Path)) else embeddings
+    else:
+        if model is None or root is None:
+            raise UserError("COCO evaluation needs a model and --root, or --embeddings")
+        emb, labels, ds = encode_coco(model, root, split, batch_size=batch_size, device=device,
+                                      num_workers=num_workers, progress=progress, karpathy_json=karpathy_json)
+        if instance_labels is None:
+            instance_labels = labels
+        if save_embeddings:
+            emb.save(save_embeddings)
+    sub = official_subset(emb.image_ids, emb.caption_ids)
+    emb, task = task_for_embeddings(emb, instance_labels)
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress)
+    out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "table": format_table(res.metrics, label=label),
+           "uncertainty": None, "files": {}}
+    if analyses and emb.has_sigma:
+        paths = captions = None
+        if ds is not None:
+            ii, ci = sub if sub is not None else (np.arange(len(ds.image_paths)), np.arange(len(ds.captions)))
+            paths = [ds.image_paths[i] for i in ii]
+            captions = [ds.captions[c] for c in ci]
+        unc = report_uncertainty(emb, res, task, out_dir, image_paths=paths, captions=captions)
+        out["uncertainty"] = unc["deciles"]
+        out["files"].update(unc["files"])
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out["files"]["metrics"] = str(atomic_write_json(out_dir / metrics_file, {
+            "metrics": out["metrics"], "summary": out["summary"], "uncertainty": out["uncertainty"]}))
+        out["files"]["table"] = str(atomic_write_text(out_dir / "table.md", out["table"]))
+    return out

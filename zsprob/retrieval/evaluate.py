@@ -179,6 +179,9 @@ def summary_row(metrics: dict) -> dict[str, float]:
             v = _avg(metrics[bench], key)
             if v is not None:
                 row[label] = v
+    if "coco" in metrics:
+        row["R@1"] = _avg(metrics["coco"], "r@1")
+        row["RSUM"] = metrics["coco"]["rsum"]
     if "coco_1k" in metrics:
         row["RSUM"] = metrics["coco_1k"]["rsum"]
     elif "coco_5k" in metrics:

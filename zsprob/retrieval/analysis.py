@@ -1,0 +1,292 @@
+"""Uncertainty analyses of a probabilistic retrieval model (PCME++ Fig. 5-6, PCME Fig. 6-7).
+
+* :func:`uncertainty_deciles`: R@1 of the queries in each decile of ||sigma^2||_1, with the
+  Spearman correlation of decile index vs R@1 and of per-query uncertainty vs R@1;
+  :func:`plot_deciles` draws it (matplotlib, PNG).
+* :func:`uncertain_queries_page`: the most and least uncertain image and caption queries with
+  their top retrieved items, as markdown with thumbnails (PIL writes the thumbnails).
+* :func:`corruption_sweep`: mean sigma^2 as growing fractions of pixels are erased or words
+  are masked (PCME Fig. 7) -- real image / text edits, re-encoded by the model;
+  :func:`plot_corruption`.
+* :func:`spearman` and :func:`group_stats` for SynthWorld's ground-truth properties.
+
+scipy.stats does the rank correlations; matplotlib the plots; the rest is zsprob's own code.
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+def spearman(x, y) -> dict[str, float]:
+    """Spearman rank correlation (scipy) as ``{"rho", "p", "n"}``; NaN when undefined."""
+    from scipy.stats import spearmanr
+
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return {"rho": float("nan"), "p": float("nan"), "n": int(ok.sum())}
+    r = spearmanr(x[ok], y[ok])
+    return {"rho": float(r.statistic), "p": float(r.pvalue), "n": int(ok.sum())}
+
+
+def uncertainty_deciles(uncertainty, correct, n_bins: int = 10) -> dict:
+    """R@1 (mean of ``correct``) per quantile bin of ``uncertainty`` (bin 0 = most certain).
+
+    Returns ``{"bins": [{"bin", "lo", "hi", "n", "r1"}], "spearman_bins": {...},
+    "spearman_queries": {...}}`` with R@1 in percent. Queries are split into ``n_bins``
+    equal-count bins by rank (ties by position), so every bin is populated.
+    """
+    u = np.asarray(uncertainty, dtype=np.float64)
+    c = np.asarray(correct, dtype=np.float64)
+    if u.shape != c.shape or u.ndim != 1:
+        raise ValueError("uncertainty and correct must be 1-D arrays of the same length")
+    order = np.argsort(u, kind="stable")
+    bins = []
+    for b, idx in enumerate(np.array_split(order, n_bins)):
+        if len(idx) == 0:
+            continue
+        bins.append({"bin": b, "lo": float(u[idx].min()), "hi": float(u[idx].max()), "n": int(len(idx)),
+                     "r1": float(100.0 * c[idx].mean())})
+    return {"bins": bins,
+            "spearman_bins": spearman([b["bin"] for b in bins], [b["r1"] for b in bins]),
+            "spearman_queries": spearman(u, c)}
+
+
+def deciles_table(results: dict[str, dict]) -> str:
+    """Markdown table: one column of R@1 per direction (e.g. {"image queries": d, "caption queries": d})."""
+    names = list(results)
+    n = max(len(r["bins"]) for r in results.values())
+    lines = ["| decile (low -> high uncertainty) | " + " | ".join(f"{k} R@1" for k in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for b in range(n):
+        cells = []
+        for k in names:
+            bb = results[k]["bins"]
+            cells.append(f"{bb[b]['r1']:.1f} (u {bb[b]['lo']:.3g}-{bb[b]['hi']:.3g})" if b < len(bb) else "")
+        lines.append(f"| {b + 1} | " + " | ".join(cells) + " |")
+    lines.append("| Spearman(decile, R@1) | " + " | ".join(f"{results[k]['spearman_bins']['rho']:.3f}" for k in names) + " |")
+    lines.append("| Spearman(u, correct) per query | " + " | ".join(
+        f"{results[k]['spearman_queries']['rho']:.3f}" for k in names) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_deciles(results: dict[str, dict], path, title: str = "R@1 per uncertainty decile") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
+    for name, r in results.items():
+        xs = [b["bin"] + 1 for b in r["bins"]]
+        ax.plot(xs, [b["r1"] for b in r["bins"]], marker="o",
+                label=f"{name} (rho={r['spearman_bins']['rho']:.2f})")
+    ax.set_xlabel("uncertainty decile (||sigma^2||_1, 1 = most certain)")
+    ax.set_ylabel("R@1 (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _thumb(src, out_dir: Path, name: str, size: int = 96) -> str | None:
+    if src is None:
+        return None
+    from PIL import Image
+
+    try:
+        with Image.open(src) as im:
+            im = im.convert("RGB")
+            im.thumbnail((size, size))
+            out_dir.mkdir(parents=True, exist_ok=True)
+            p = out_dir / f"{name}.jpg"
+            im.save(p, quality=85)
+            return f"{out_dir.name}/{p.name}"
+    except OSError:
+        return None
+
+
+def uncertain_queries_page(out_dir, *, image_uncertainty, caption_uncertainty, i2t_top, t2i_top,
+                           i2t_positives=None, image_paths: Sequence | None = None, captions: Sequence[str] | None = None,
+                           image_ids: Sequence[int] | None = None, caption_ids: Sequence[int] | None = None,
+                           n: int = 5, top: int = 5, title: str = "Most and least uncertain queries") -> Path:
+    """Write ``out_dir/uncertain_queries.md`` (+ ``thumbs/``): for image and caption queries, the
+    ``n`` most and least uncertain ones with their top-``top`` retrieved items; a check mark
+    marks items that are annotated positives (``i2t_positives`` CSR [n_img, n_cap])."""
+    out_dir = Path(out_dir)
+    thumbs = out_dir / "thumbs"
+    n_img, n_cap = len(image_uncertainty), len(caption_uncertainty)
+    pos = None if i2t_positives is None else i2t_positives.tocsr()
+
+    def is_pos(i, c):
+        return pos is not None and bool(pos[i, c])
+
+    def img_cell(i):
+        label = f"image {image_ids[i] if image_ids is not None else i}"
+        t = _thumb(image_paths[i], thumbs, f"img{i}") if image_paths is not None else None
+        return f"![{label}]({t})<br>{label}" if t else label
+
+    def cap_cell(c):
+        txt = captions[c] if captions is not None else f"caption {caption_ids[c] if caption_ids is not None else c}"
+        return html.escape(str(txt)).replace("|", "\\|")
+
+    lines = [f"# {title}", "",
+             "Uncertainty = ||sigma^2||_1 of the query embedding. A check mark marks an annotated positive; "
+             "unmarked items near the top of uncertain queries are often plausible but unannotated matches.", ""]
+    i2t_top, t2i_top = np.asarray(i2t_top), np.asarray(t2i_top)
+    for label, unc, topl, q_cell, g_cell, pair in (
+            ("Image queries", np.asarray(image_uncertainty), i2t_top, img_cell, cap_cell, lambda q, g: is_pos(q, g)),
+            ("Caption queries", np.asarray(caption_uncertainty), t2i_top, cap_cell, img_cell, lambda q, g: is_pos(g, q))):
+        order = np.argsort(unc, kind="stable")
+        for which, qs in (("most uncertain", order[::-1][:n]), ("least uncertain", order[:n])):
+            lines += [f"## {label}: {which}", "", "| query | uncertainty | " + " | ".join(f"#{r + 1}" for r in range(top)) + " |",
+                      "|---|---|" + "---|" * top]
+            for q in qs:
+                cells = [(("&#10003; " if pair(q, g) else "") + g_cell(g)) for g in topl[q][:top]]
+                lines.append(f"| {q_cell(q)} | {unc[q]:.4g} | " + " | ".join(cells) + " |")
+            lines.append("")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from zsprob.utils.io import atomic_write_text
+
+    return atomic_write_text(out_dir / "uncertain_queries.md", "\n".join(lines) + "\n")
+
+
+# ----------------------------------------------------------------------------- corruption
+def erase_pixels(img, fraction: float, rng: np.random.Generator, fill: int = 0):
+    """A copy of a PIL image with ``fraction`` of its pixels set to ``fill`` (uniformly at random)."""
+    from PIL import Image
+
+    a = np.array(img.convert("RGB"))
+    h, w = a.shape[:2]
+    k = int(round(fraction * h * w))
+    if k:
+        flat = rng.choice(h * w, size=k, replace=False)
+        a.reshape(h * w, 3)[flat] = fill
+    return Image.fromarray(a)
+
+
+def mask_words(caption: str, fraction: float, rng: np.random.Generator) -> str:
+    """Erase ``fraction`` of the words of ``caption`` (at least one word is kept)."""
+    words = caption.split()
+    k = min(int(round(fraction * len(words))), max(0, len(words) - 1))
+    if k == 0:
+        return caption
+    drop = set(rng.choice(len(words), size=k, replace=False).tolist())
+    return " ".join(w for i, w in enumerate(words) if i not in drop)
+
+
+def corruption_sweep(model, images: Sequence, captions: Sequence[str], *,
+                     fractions: Sequence[float] = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9), seed: int = 0,
+                     batch_size: int = 64, device=None) -> dict:
+    """Mean uncertainty of images with erased pixels and captions with masked words.
+
+    ``images``: PIL images or paths. Returns ``{"fractions", "image": {"mean_sigma2",
+    "mean_l1"}, "text": {...}, "spearman_image", "spearman_text"}`` where ``mean_sigma2`` is
+    the mean of sigma^2 over dimensions and inputs and ``mean_l1`` the mean ||sigma^2||_1.
+    """
+    from PIL import Image
+
+    from zsprob.models.encode import encode_images, encode_texts
+
+    if getattr(model, "deterministic", False):
+        from zsprob.errors import UserError
+
+        raise UserError("the corruption sweep needs a probabilistic model (this one has no sigma head)")
+    pil = []
+    for im in images:
+        if isinstance(im, (str, Path)):
+            with Image.open(im) as f:
+                pil.append(f.convert("RGB"))
+        else:
+            pil.append(im.convert("RGB"))
+    out = {"fractions": [float(f) for f in fractions], "image": {"mean_sigma2": [], "mean_l1": []},
+           "text": {"mean_sigma2": [], "mean_l1": []}, "n_images": len(pil), "n_captions": len(captions)}
+    for f in fractions:
+        rng = np.random.default_rng(seed)
+        batch = torch.stack([model.preprocess_val(erase_pixels(im, f, rng)) for im in pil])
+        _, lv = encode_images(model, batch, batch_size=batch_size, device=device, progress=False)
+        out["image"]["mean_sigma2"].append(float(lv.exp().mean()))
+        out["image"]["mean_l1"].append(float(lv.exp().sum(1).mean()))
+        rng = np.random.default_rng(seed)
+        texts = [mask_words(c, f, rng) for c in captions]
+        _, lv = encode_texts(model, texts, batch_size=batch_size * 4, device=device, progress=False)
+        out["text"]["mean_sigma2"].append(float(lv.exp().mean()))
+        out["text"]["mean_l1"].append(float(lv.exp().sum(1).mean()))
+    out["spearman_image"] = spearman(out["fractions"], out["image"]["mean_sigma2"])
+    out["spearman_text"] = spearman(out["fractions"], out["text"]["mean_sigma2"])
+    return out
+
+
+def plot_corruption(sweep: dict, path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), dpi=120)
+    for ax, key, xl in ((axes[0], "image", "fraction of erased pixels"), (axes[1], "text", "fraction of masked words")):
+        ax.plot(sweep["fractions"], sweep[key]["mean_sigma2"], marker="o")
+        ax.set_xlabel(xl)
+        ax.set_ylabel("mean sigma^2")
+        ax.set_title(f"{key} (rho={sweep[f'spearman_{key}']['rho']:.2f})")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def group_stats(values, groups) -> dict[str, dict]:
+    """Mean / std / n of ``values`` per group label (e.g. image uncertainty per condition)."""
+    values = np.asarray(values, dtype=np.float64)
+    groups = np.asarray([str(g) for g in groups])
+    out = {}
+    for g in sorted(set(groups.tolist()), key=lambda s: (len(s), s)):
+        v = values[groups == g]
+        out[g] = {"mean": float(v.mean()), "std": float(v.std()), "n": int(len(v))}
+    return out
+
+
+def report_uncertainty(emb, result, task, out_dir=None, *, image_paths=None, captions=None, n_pages: int = 5) -> dict:
+    """Decile analysis for image and caption queries (R@1 on the task's first recall benchmark),
+    plus the uncertain-queries page when ``out_dir`` is given and top lists were kept.
+
+    ``emb``: :class:`~zsprob.retrieval.embeddings.Embeddings` with logvar; ``result``: an
+    :class:`~zsprob.retrieval.evaluate.EvalResult`. Returns ``{"deciles": {...}, "files": {...}}``.
+    """
+    from zsprob.utils.io import atomic_write_text
+
+    if not emb.has_sigma:
+        return {"deciles": None, "files": {}, "note": "deterministic embeddings: no uncertainty"}
+    u_img = emb.image_logvar.exp().sum(1).numpy()
+    u_cap = emb.caption_logvar.exp().sum(1).numpy()
+    dec = {}
+    for name, d, u in (("image queries", "i2t", u_img), ("caption queries", "t2i", u_cap)):
+        pq = result.per_query.get(d)
+        if pq is None:
+            continue
+        dec[name] = uncertainty_deciles(u[pq["queries"]], pq["r@1"])
+        dec[name]["benchmark"] = pq["set"]
+    files = {}
+    if out_dir is not None and dec:
+        out_dir = Path(out_dir)
+        files["deciles_png"] = str(plot_deciles(dec, out_dir / "uncertainty_deciles.png"))
+        files["deciles_md"] = str(atomic_write_text(out_dir / "uncertainty_deciles.md", deciles_table(dec)))
+        if result.top:
+            files["uncertain_queries"] = str(uncertain_queries_page(
+                out_dir, image_uncertainty=u_img, caption_uncertainty=u_cap, i2t_top=result.top["i2t"],
+                t2i_top=result.top["t2i"], i2t_positives=task.caption_positives(), image_paths=image_paths,
+                captions=captions, image_ids=task.image_ids, caption_ids=task.caption_ids, n=n_pages))
+    return {"deciles": dec, "files": files}

@@ -1,0 +1,310 @@
+"""Exact (and approximate) CSD search over large galleries.
+
+PCME++'s closed-form sampled distance is CSD(v, t) = ||mu_v - mu_t||^2 + s_v + s_t with
+s = sum(sigma^2). For a fixed query, s_v is a constant, so ranking a gallery by CSD is a plain
+nearest-neighbour problem on *augmented* vectors -- no re-ranking step:
+
+* inner product ("ip", maximum inner-product search):
+  q = [mu_v, 1], x = [2 mu_t, -(||mu_t||^2 + s_t)];  q.x = ||mu_v||^2 + s_v - CSD(v, t)
+* squared L2 ("l2"): q = [mu_v, 0], x = [mu_t, sqrt(s_t)];  ||q - x||^2 = CSD(v, t) - s_v
+  (s_t >= 0 always, so the square root exists). Graph and inverted-file indexes are built for
+  L2 and work better there than on raw inner products, so "l2" is the default for HNSW / IVF.
+
+Any exact index on these vectors returns the exact CSD ranking; approximate indexes
+(HNSW, IVF) approximate CSD itself rather than the means only. The paper's scheme
+(PCME++ App. C.3: a mean-only index, then re-rank K' candidates by CSD with the stored s_t) is
+:class:`MeanRerankIndex`, kept as the baseline.
+
+What FAISS does (faiss-cpu, imported lazily; a clear :class:`UserError` if it is missing):
+``IndexFlatIP`` / ``IndexFlatL2`` (exact), ``IndexHNSWFlat`` and ``IndexIVFFlat`` (approximate),
+their search and their (de)serialisation. What zsprob writes: the augmentation, the torch
+brute-force exact path (chunked matmul + top-k), the conversion of scores back to CSD, the
+re-rank baseline, and the on-disk layout (``index.faiss`` or ``gallery.npy``, ``ids.npy``,
+``index.json``), written atomically.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zsprob.errors import UserError
+
+KINDS = ("flat", "hnsw", "ivf", "torch")
+METRICS = ("ip", "l2")
+FORMAT_VERSION = 1
+
+
+def _faiss():
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        raise UserError("FAISS is not installed: pip install faiss-cpu (or zsprob[faiss]); "
+                        "kind='torch' gives exact search without it") from None
+    return faiss
+
+
+def _np32(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+
+
+def variance_sum(logvar, n: int) -> np.ndarray:
+    """s = ||sigma^2||_1 per row (zeros when ``logvar`` is None: deterministic embeddings)."""
+    if logvar is None:
+        return np.zeros(n, dtype=np.float64)
+    lv = np.asarray(logvar.detach().cpu().numpy() if isinstance(logvar, torch.Tensor) else logvar, dtype=np.float64)
+    return np.exp(lv).sum(1)
+
+
+def augment_queries(mu, metric: str = "ip") -> np.ndarray:
+    """[mu, 1] (ip) or [mu, 0] (l2), float32 [N, D+1]."""
+    mu = _np32(mu)
+    extra = np.ones if metric == "ip" else np.zeros
+    return np.ascontiguousarray(np.concatenate([mu, extra((mu.shape[0], 1), dtype=np.float32)], 1))
+
+
+def augment_gallery(mu, logvar, metric: str = "ip") -> np.ndarray:
+    """[2 mu, -(||mu||^2 + s)] (ip) or [mu, sqrt(s)] (l2), float32 [N, D+1]."""
+    mu64 = np.asarray(_np32(mu), dtype=np.float64)
+    s = variance_sum(logvar, mu64.shape[0])
+    if metric == "ip":
+        last = -((mu64 ** 2).sum(1) + s)
+        out = np.concatenate([2.0 * mu64, last[:, None]], 1)
+    elif metric == "l2":
+        out = np.concatenate([mu64, np.sqrt(s)[:, None]], 1)
+    else:
+        raise UserError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def to_csd(raw: np.ndarray, q_mu, q_logvar, metric: str) -> np.ndarray:
+    """Convert index scores of augmented vectors back to CSD (float64) for the given queries."""
+    qmu = np.asarray(_np32(q_mu), dtype=np.float64)
+    s_q = variance_sum(q_logvar, qmu.shape[0])[:, None]
+    if metric == "ip":
+        return (qmu ** 2).sum(1)[:, None] + s_q - raw.astype(np.float64)
+    return raw.astype(np.float64) + s_q
+
+
+@dataclass
+class SearchResult:
+    """``csd`` [Q, k] (ascending; the query's own s_v included when its logvar was given),
+    ``index`` [Q, k] gallery positions, ``ids`` [Q, k] gallery ids (-1 where fewer than k found)."""
+
+    csd: np.ndarray
+    index: np.ndarray
+    ids: np.ndarray
+
+
+class CSDIndex:
+    """A CSD index over a gallery of Gaussians (mu, logvar). Build with :func:`build_index`."""
+
+    def __init__(self, kind: str, metric: str, dim: int, ids: np.ndarray, params: dict, backend):
+        self.kind, self.metric, self.dim = kind, metric, dim
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.params = dict(params)
+        self.backend = backend  # faiss index, or a float32 torch tensor [N, D+1] (kind "torch")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def set_search_params(self, *, ef_search: int | None = None, nprobe: int | None = None) -> None:
+        if ef_search is not None and self.kind == "hnsw":
+            self.backend.hnsw.efSearch = int(ef_search)
+            self.params["ef_search"] = int(ef_search)
+        if nprobe is not None and self.kind == "ivf":
+            self.backend.nprobe = int(nprobe)
+            self.params["nprobe"] = int(nprobe)
+
+    def search_raw(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Search augmented queries; returns (raw scores, positions) as the backend orders them."""
+        if self.kind == "torch":
+            return _torch_search(torch.from_numpy(q), self.backend, k, self.metric,
+                                 chunk=int(self.params.get("query_chunk", 1024)))
+        return self.backend.search(q, k)
+
+    def search(self, q_mu, q_logvar=None, k: int = 10) -> SearchResult:
+        """The ``k`` gallery items with the smallest CSD to each query (exact for flat / torch)."""
+        qmu = _np32(q_mu)
+        if qmu.ndim != 2 or qmu.shape[1] != self.dim:
+            raise UserError(f"queries have shape {tuple(qmu.shape)}, the index expects dimension {self.dim}")
+        k = int(k)
+        if k < 1:
+            raise UserError("k must be >= 1")
+        k_eff = min(k, len(self))
+        raw, pos = self.search_raw(augment_queries(qmu, self.metric), k_eff)
+        csd = to_csd(raw, qmu, q_logvar, self.metric)
+        csd[pos < 0] = np.inf
+        if k_eff < k:
+            pad = k - k_eff
+            csd = np.concatenate([csd, np.full((len(csd), pad), np.inf)], 1)
+            pos = np.concatenate([pos, np.full((len(pos), pad), -1)], 1)
+        ids = np.where(pos >= 0, self.ids[np.clip(pos, 0, None)], -1)
+        return SearchResult(csd=csd, index=pos.astype(np.int64), ids=ids)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, out_dir) -> Path:
+        from zsprob.utils.io import atomic_write, atomic_write_json
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.kind == "torch":
+            atomic_write(out / "gallery.npy", lambda tmp: np.save(open(tmp, "wb"), self.backend.numpy()))
+        else:
+            faiss = _faiss()
+            atomic_write(out / "index.faiss", lambda tmp: faiss.write_index(self.backend, tmp))
+        atomic_write(out / "ids.npy", lambda tmp: np.save(open(tmp, "wb"), self.ids))
+        atomic_write_json(out / "index.json", {"format": "zsprob-csd-index", "version": FORMAT_VERSION,
+                                               "kind": self.kind, "metric": self.metric, "dim": self.dim,
+                                               "size": len(self), "params": self.params})
+        return out
+
+
+def load_index(path) -> CSDIndex:
+    """Load an index written by :meth:`CSDIndex.save`."""
+    from zsprob.errors import require_dir
+    from zsprob.utils.io import read_json
+
+    d = require_dir(path, "index directory", "build one with `zsprob index build`")
+    meta = read_json(d / "index.json", "index metadata (index.json)")
+    if meta.get("format") != "zsprob-csd-index" or meta.get("kind") not in KINDS or meta.get("metric") not in METRICS:
+        raise UserError(f"{d / 'index.json'} is not a zsprob CSD index description")
+    try:
+        ids = np.load(d / "ids.npy", allow_pickle=False)
+        if meta["kind"] == "torch":
+            backend = torch.from_numpy(np.load(d / "gallery.npy", allow_pickle=False))
+        else:
+            faiss = _faiss()
+            f = d / "index.faiss"
+            if not f.is_file():
+                raise UserError(f"index file not found: {f}")
+            backend = faiss.read_index(str(f))
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"cannot read index in {d}: {e}") from None
+    n = backend.shape[0] if meta["kind"] == "torch" else backend.ntotal
+    if n != len(ids) or n != meta.get("size"):
+        raise UserError(f"index in {d} is inconsistent: {n} vectors, {len(ids)} ids, size {meta.get('size')}")
+    idx = CSDIndex(meta["kind"], meta["metric"], int(meta["dim"]), ids, meta.get("params", {}), backend)
+    idx.set_search_params(ef_search=meta.get("params", {}).get("ef_search"), nprobe=meta.get("params", {}).get("nprobe"))
+    return idx
+
+
+def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = None, ids=None,
+                hnsw_m: int = 32, ef_construction: int = 80, ef_search: int = 64,
+                nlist: int | None = None, nprobe: int = 16, train_size: int = 100_000,
+                threads: int | None = None, seed: int = 0) -> CSDIndex:
+    """Index a gallery for CSD search.
+
+    ``kind``: "flat" (FAISS exact), "hnsw", "ivf" (FAISS approximate), "torch" (exact, no FAISS).
+    ``metric``: augmentation, "ip" or "l2" (default "ip" for flat / torch, "l2" for hnsw / ivf).
+    ``nlist`` defaults to about 4 sqrt(N); IVF trains its k-means on up to ``train_size`` vectors.
+    """
+    if kind not in KINDS:
+        raise UserError(f"unknown index kind {kind!r} (choose from {', '.join(KINDS)})")
+    metric = metric or ("l2" if kind in ("hnsw", "ivf") else "ip")
+    if metric not in METRICS:
+        raise UserError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
+    mu_np = _np32(mu)
+    if mu_np.ndim != 2 or mu_np.shape[0] == 0:
+        raise UserError(f"gallery means must be a non-empty [N, D] array, got shape {tuple(mu_np.shape)}")
+    n, d = mu_np.shape
+    if logvar is not None and tuple(np.shape(logvar)) != (n, d):
+        raise UserError(f"gallery logvar has shape {tuple(np.shape(logvar))}, expected {(n, d)}")
+    ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+    if len(ids) != n:
+        raise UserError(f"{len(ids)} ids for {n} gallery items")
+    x = augment_gallery(mu_np, logvar, metric)
+    params: dict = {}
+    if kind == "torch":
+        return CSDIndex(kind, metric, d, ids, params, torch.from_numpy(x))
+    faiss = _faiss()
+    if threads:
+        faiss.omp_set_num_threads(int(threads))
+    fm = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+    if kind == "flat":
+        index = faiss.IndexFlatIP(d + 1) if metric == "ip" else faiss.IndexFlatL2(d + 1)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d + 1, int(hnsw_m), fm)
+        index.hnsw.efConstruction = int(ef_construction)
+        index.hnsw.efSearch = int(ef_search)
+        params.update(hnsw_m=int(hnsw_m), ef_construction=int(ef_construction), ef_search=int(ef_search))
+    else:
+        nlist = int(nlist or max(1, min(n // 39, int(4 * np.sqrt(n)))))
+        quantizer = faiss.IndexFlatIP(d + 1) if metric == "ip" else faiss.IndexFlatL2(d + 1)
+        index = faiss.IndexIVFFlat(quantizer, d + 1, nlist, fm)
+        rng = np.random.default_rng(seed)
+        train = x if n <= train_size else x[np.sort(rng.choice(n, size=train_size, replace=False))]
+        index.train(train)
+        index.nprobe = int(min(nprobe, nlist))
+        params.update(nlist=nlist, nprobe=int(min(nprobe, nlist)))
+    index.add(x)
+    return CSDIndex(kind, metric, d, ids, params, index)
+
+
+def _torch_search(q: torch.Tensor, gallery: torch.Tensor, k: int, metric: str, chunk: int = 1024):
+    vals, pos = [], []
+    g_sq = (gallery ** 2).sum(1) if metric == "l2" else None
+    for a in range(0, q.shape[0], chunk):
+        s = q[a:a + chunk] @ gallery.T
+        if metric == "l2":  # ||q - x||^2 = ||q||^2 + ||x||^2 - 2 q.x; rank by -(||x||^2 - 2 q.x)
+            s = 2 * s - g_sq[None, :]
+        v, i = s.topk(k, dim=1)
+        if metric == "l2":
+            v = (q[a:a + chunk] ** 2).sum(1, keepdim=True) - v
+        vals.append(v)
+        pos.append(i)
+    return torch.cat(vals).numpy(), torch.cat(pos).numpy()
+
+
+def brute_force_csd(q_mu, q_logvar, g_mu, g_logvar, k: int = 10, *, query_chunk: int = 256,
+                    gallery_chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k by CSD with ``zsprob.prob.score("csd")`` (chunked; the reference ranking).
+    Returns (csd [Q, k] ascending, gallery positions [Q, k])."""
+    from zsprob.retrieval.scoring import chunked_topk
+
+    qmu, gmu = torch.as_tensor(_np32(q_mu)), torch.as_tensor(_np32(g_mu))
+    qlv = None if q_logvar is None else torch.as_tensor(_np32(q_logvar))
+    glv = None if g_logvar is None else torch.as_tensor(_np32(g_logvar))
+    if qlv is None and glv is None:
+        v, i = chunked_topk("mean", qmu, None, gmu, None, k, query_chunk=query_chunk, gallery_chunk=gallery_chunk)
+    else:
+        qlv = torch.full_like(qmu, -30.0) if qlv is None else qlv
+        glv = torch.full_like(gmu, -30.0) if glv is None else glv
+        v, i = chunked_topk("csd", qmu, qlv, gmu, glv, k, query_chunk=query_chunk, gallery_chunk=gallery_chunk)
+    return (-v).double().numpy(), i.numpy()
+
+
+class MeanRerankIndex:
+    """PCME++ App. C.3 baseline: a FAISS index on the means (L2), then the ``candidates`` nearest
+    means are re-ranked by CSD using the stored s_t = ||sigma_t^2||_1."""
+
+    def __init__(self, mu, logvar, *, kind: str = "hnsw", candidates: int = 100, hnsw_m: int = 32,
+                 ef_construction: int = 80, ef_search: int = 64, nlist: int | None = None, nprobe: int = 16,
+                 threads: int | None = None, seed: int = 0):
+        self.mean_index = build_index(mu, None, kind=kind, metric="l2", hnsw_m=hnsw_m, ef_construction=ef_construction,
+                                      ef_search=ef_search, nlist=nlist, nprobe=nprobe, threads=threads, seed=seed)
+        self.s = variance_sum(logvar, len(self.mean_index))
+        self.candidates = int(candidates)
+
+    def search(self, q_mu, q_logvar=None, k: int = 10) -> SearchResult:
+        qmu = _np32(q_mu)
+        kc = max(k, self.candidates)
+        raw, pos = self.mean_index.search_raw(augment_queries(qmu, "l2"), kc)  # squared L2 of means
+        d = raw.astype(np.float64) + np.where(pos >= 0, self.s[np.clip(pos, 0, None)], np.inf)
+        order = np.argsort(d, axis=1, kind="stable")[:, :k]
+        pos = np.take_along_axis(pos, order, 1)
+        csd = np.take_along_axis(d, order, 1) + variance_sum(q_logvar, qmu.shape[0])[:, None]
+        return SearchResult(csd=csd, index=pos, ids=np.where(pos >= 0, self.mean_index.ids[np.clip(pos, 0, None)], -1))
+
+
+def recall_at_k(found: np.ndarray, exact: np.ndarray) -> float:
+    """Mean |found_i ∩ exact_i| / k over queries (k = exact.shape[1])."""
+    k = exact.shape[1]
+    hit = (found[:, :, None] == exact[:, None, :]).any(2).sum(1)
+    return float(hit.mean() / k)
