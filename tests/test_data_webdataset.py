@@ -286,3 +286,16 @@ def test_redcaps_caption_cleaning(raw, clean):
 def test_caption_cleaning_emoji_option_and_generic():
     assert clean_redcaps_caption("dog \U0001F436 park", keep_emoji=True) == "dog \U0001F436 park"
     assert clean_caption(" a\tb\u200b  c ") == "a b c"
+
+
+def test_pipe_urls_and_unreadable_streams(shards, tmp_path):
+    pattern, good = shards
+    root = Path(pattern).parent
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(b"")
+    spec = f"pipe:cat {root / '000003.tar'}::pipe:cat {tmp_path / 'gone.tar'}::{empty}"
+    loader = build_wds_pipeline(spec, preprocess=None, tokenizer=None, batch_size=4, with_keys=True)
+    keys = _keys(loader)
+    assert sorted(keys) == sorted(k for k in good if k.startswith("s3_"))
+    st = loader.stats()
+    assert st["missing_shard"] == 2 and st["truncated_shard"] == 0

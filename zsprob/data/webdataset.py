@@ -85,7 +85,6 @@ import math
 import os
 import random
 import re
-import tarfile
 import unicodedata
 from collections import Counter
 from pathlib import Path
@@ -123,8 +122,8 @@ STAT_KEYS = (
     "batches",            # batches handed out (not counting skipped ones)
     "skipped_batches",    # batches skipped on resume
     "shards_opened",      # shard files/streams opened (a shard read twice counts twice)
-    "missing_shard",      # shard could not be opened (missing file, bad URL)
-    "truncated_shard",    # tar stream ended in an error (truncated / corrupt tar)
+    "missing_shard",      # shard missing, unopenable, or without one readable member (bad URL)
+    "truncated_shard",    # tar stream broke off after some members (truncated / corrupt tar)
     "bad_image",          # image bytes PIL cannot decode
     "missing_image",      # no jpg/jpeg/png/webp member
     "missing_caption",    # no caption member / json field
@@ -415,8 +414,10 @@ class _ShardStream(IterableDataset):
         counts.add("shards_opened")
         current: Optional[dict] = None
         failed = False
+        members = 0
         try:
             for f in tar_file_iterator(stream):
+                members += 1
                 prefix, suffix = base_plus_ext(f["fname"])
                 if prefix is None:
                     continue
@@ -429,16 +430,19 @@ class _ShardStream(IterableDataset):
                     counts.bad("bad_sample", f"duplicate member {f['fname']} in {url}")
                     current["__bad__"] = True
                 current[suffix] = f["data"]
-        except (tarfile.TarError, EOFError, OSError, ValueError, AssertionError, Exception) as e:
+        except Exception as e:  # tarfile.ReadError, EOFError, OSError, a failing pipe: ...
             failed = True
-            counts.bad("truncated_shard", f"{url}: {type(e).__name__}: {e}")
+            # nothing readable at all (empty / garbage file, a URL that returned nothing):
+            # the shard is as good as missing; otherwise it broke off in the middle
+            counts.bad("missing_shard" if members == 0 else "truncated_shard",
+                       f"{url}: {type(e).__name__}: {e}")
         finally:
             try:
                 stream.close()
-            except Exception as e:  # e.g. a pipe: command exiting with an error
+            except Exception as e:  # e.g. a pipe: command exiting with an error status
                 if not failed:
                     failed = True
-                    counts.bad("truncated_shard", f"{url}: {e!r}")
+                    counts.bad("missing_shard" if members == 0 else "truncated_shard", f"{url}: {e!r}")
         if current is not None:
             if failed and not self._complete(current):
                 return  # half a sample at the cut: part of the truncation already counted
