@@ -50,8 +50,8 @@ __all__ = [
     "score", "SCORE_NAMES", "compute_dtype",
 ]
 
-#: default size (number of elements) of one temporary block in the chunked functions (64 MiB f32)
-DEFAULT_CHUNK_ELEMENTS = 1 << 24
+#: default size (number of elements) of one temporary block in the chunked functions (16 MiB in float32)
+DEFAULT_CHUNK_ELEMENTS = 1 << 22
 
 
 def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:

@@ -126,8 +126,9 @@ def vib_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
 
 def _guarded_vib(mu, logvar, name: str) -> torch.Tensor:
     v = vib_kl(mu, logvar)
-    if float(v.detach()) > VIB_GUARD:  # the official code's guard against loss explosions
-        warnings.warn(f"VIB loss of the {name} embeddings exploded ({float(v):.3g} > {VIB_GUARD:g}); "
+    value = v.detach().item()
+    if value > VIB_GUARD:  # the official code's guard against loss explosions
+        warnings.warn(f"VIB loss of the {name} embeddings exploded ({value:.3g} > {VIB_GUARD:g}); "
                       "skipping it for this step", RuntimeWarning, stacklevel=3)
         return v * 0.0
     return v

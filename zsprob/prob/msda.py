@@ -6,8 +6,12 @@ and turns the match labels soft: the mixed image i matches its own caption with 
 and its partner j's caption with weight 1 - lambda (``matched[i, i] = lambda``,
 ``matched[i, j] = 1 - lambda``). For CutMix lambda is the area fraction actually kept from image
 i after the box is clipped at the borders. Feed ``matched`` to any loss of
-:mod:`zsprob.prob.losses`; with ``m = lambda`` the BCE gradient is dL/dl = (1 - lambda) -
-(1 - 2 lambda) sigmoid(l) (checked in tests/test_prob_msda.py).
+:mod:`zsprob.prob.losses`. With ``m = lambda`` the BCE gradient per pair is exactly
+dL/dl = sigmoid(l) - lambda (tests/test_prob_losses.py checks it numerically): a confidently
+matched pair (sigmoid(l) ~ 1) gets 1 - lambda instead of the full 1 of a hard negative. The
+expression printed in PCME++ Sec. 2.4, (1 - lambda) - (1 - 2 lambda) sigmoid(l), is not the
+derivative of Eq. 2 (it is 0.5 for every l at lambda = 0.5, where the true gradient sigmoid(l) - 0.5
+vanishes at l = 0).
 
 Library reuse: the CutMix box is timm's ``timm.data.mixup.cutmix_bbox_and_lam`` (square box of
 side sqrt(1 - lambda), lambda corrected to the clipped area). timm draws from numpy's global RNG,
