@@ -247,7 +247,10 @@ def test_json_caption_key_draws_from_a_list(tmp_path):
         for i in range(4):
             _add(tf, f"k{i}.jpg", _jpg((10, 20, 30)))
             _add(tf, f"k{i}.txt", b"first caption")
-            _add(tf, f"k{i}.json", json.dumps({"captions": ["red cube", "a red cube", "cube"]}).encode())
+            caps = ["red cube", "a red cube", "cube"]
+            if i % 2:  # SynthWorld style: caption records with a "text" field
+                caps = [{"text": c, "noisy": False} for c in caps]
+            _add(tf, f"k{i}.json", json.dumps({"captions": caps}).encode())
     caps = []
     for e in range(6):
         caps += next(iter(build_wds_pipeline(str(path), preprocess=None, tokenizer=None, batch_size=4,

@@ -51,8 +51,9 @@ Semantics in one place
 * ``dataset_type``: ``"webdataset"`` (whitespace cleaning only), ``"redcaps"`` (RedCaps
   cleaning, :func:`clean_redcaps_caption`, and ``prepend_subreddit`` -> ``"<subreddit>: caption"``
   from ``KEY.json``), ``"synthetic"`` (SynthWorld shards; whitespace cleaning). ``caption_key``
-  is a member extension (``"txt"``) or ``"json:FIELD"``; if the field holds a list, one
-  element is drawn per sample (e.g. ``"json:captions"`` for all SynthWorld captions).
+  is a member extension (``"txt"``) or ``"json:FIELD"``; if the field holds a list (of
+  strings, or of dicts with a ``"text"`` or ``"caption"`` field), one element is drawn per
+  sample (e.g. ``"json:captions"`` for all five SynthWorld captions).
 * Bad data never stops training: an undecodable image, a missing image, a missing / empty /
   undecodable caption, a transform that raises, an unreadable or missing shard, a truncated
   tar: the item is skipped, a warning is logged (logger ``zsprob.data``; the first few of each
@@ -472,6 +473,9 @@ class _ShardStream(IterableDataset):
                 return None
             cap = meta.get(field) if isinstance(meta, dict) else None
             if isinstance(cap, (list, tuple)):
+                # strings, or dicts with a "text" / "caption" field (SynthWorld's caption records)
+                cap = [c if isinstance(c, str) else (c.get("text") or c.get("caption"))
+                       if isinstance(c, dict) else None for c in cap]
                 cap = [c for c in cap if isinstance(c, str)]
                 cap = rng.choice(cap) if cap else None
             if cap is None or not isinstance(cap, str):
