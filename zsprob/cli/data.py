@@ -1,10 +1,83 @@
-"""`zsprob data`: not in this version yet (placeholder replaced by issue 4 (data))."""
+"""`zsprob data`: generate SynthWorld (``zsprob data synthetic``).
+
+Thin: parses options and calls :func:`zsprob.data.synthetic.generate`; no torch import.
+"""
+from __future__ import annotations
+
 import click
 
-from zsprob.cli import not_available
+from zsprob.errors import UserError
+
+_PRESETS_HELP = ("default: 20000 pretraining images (20 shards), 10 + 50 images per class for "
+                 "classify select / eval, 1000 + 500 retrieval test / val images; "
+                 "quick: 2000 / 4 + 10 per class / 200 + 100")
 
 
-@click.command("data", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.group("data")
 def data() -> None:
     """Generate SynthWorld and inspect datasets."""
-    not_available("zsprob data", "issue 4 (data)")
+
+
+@data.command("synthetic")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--preset", type=click.Choice(["default", "quick"]), default="default", show_default=True,
+              help=f"Size preset; explicit --num-* options override it. {_PRESETS_HELP}.")
+@click.option("--image-size", type=int, default=None, help="Canvas size in pixels, 32..224 [default: 64].")
+@click.option("--num-pretrain", type=int, default=None, help="Pretraining images (WebDataset shards).")
+@click.option("--num-classify-select", type=int, default=None,
+              help="Labelled images per class for prompt selection (classify/select).")
+@click.option("--num-classify-eval", type=int, default=None, help="Images per class for zero-shot evaluation.")
+@click.option("--num-retrieval", type=int, default=None, help="Retrieval test images (5 captions each).")
+@click.option("--num-retrieval-val", type=int, default=None, help="Retrieval val images (5 captions each).")
+@click.option("--noise", type=float, default=None,
+              help="Noisy-correspondence rate of the pretraining captions, 0..1 [default: 0].")
+@click.option("--seed", type=int, default=None, help="World seed [default: 0].")
+@click.option("--shard-size", type=int, default=None, help="Samples per pretraining shard [default: 1000].")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Processes; output bytes do not depend on it.")
+@click.option("--preview", is_flag=True, help="Also write OUT/preview.png (one row per condition, with captions).")
+@click.option("--preview-only", is_flag=True, help="Only write OUT/preview.png (no dataset).")
+@click.option("--overwrite", is_flag=True, help="Replace a SynthWorld generated in OUT with other arguments.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_classify_eval, num_retrieval,
+              num_retrieval_val, noise, seed, shard_size, workers, preview, preview_only, overwrite,
+              no_progress) -> None:
+    """Generate SynthWorld under OUT: pretrain/ shards, classify/select|eval/, retrieval/, manifest.json."""
+    import json
+    import time
+    from pathlib import Path
+
+    from zsprob.data.synthetic import DEFAULTS, PRESETS, generate, write_preview
+
+    cfg = dict(DEFAULTS)
+    cfg.update(PRESETS[preset])
+    given = dict(image_size=image_size, num_pretrain=num_pretrain, num_classify_select=num_classify_select,
+                 num_classify_eval=num_classify_eval, num_retrieval=num_retrieval,
+                 num_retrieval_val=num_retrieval_val, noise=noise, seed=seed, shard_size=shard_size)
+    cfg.update({k: v for k, v in given.items() if v is not None})
+    if preview_only:
+        from zsprob.data.synthetic import _check_size
+
+        _check_size(cfg["image_size"])
+        if Path(out).exists() and not Path(out).is_dir():
+            raise UserError(f"--out must be a directory, but {out} is a file")
+        p = write_preview(Path(out) / "preview.png", seed=cfg["seed"], image_size=cfg["image_size"])
+        click.echo(f"preview: {p}")
+        return
+    t0 = time.perf_counter()
+    m = generate(out, workers=workers, progress=not no_progress, overwrite=overwrite, preview=preview, **cfg)
+    wall = time.perf_counter() - t0
+    st, c = m["stats"], m["counts"]
+    click.echo(f"SynthWorld written to {out} (seed {m['seed']}, {m['image_size']} px, noise {m['noise']})")
+    click.echo(f"  pretrain:  {c['pretrain']} images in {c['pretrain_shards']} shards")
+    click.echo(f"  classify:  {len(m['classes'])} classes, select {c['classify_select']} "
+               f"({c['classify_select_per_class']}/class), eval {c['classify_eval']} ({c['classify_eval_per_class']}/class)")
+    click.echo(f"  retrieval: test {c['retrieval_test']} images / {c['retrieval_test_captions']} captions, "
+               f"val {c['retrieval_val']} / {c['retrieval_val_captions']}")
+    if preview:
+        click.echo(f"  preview:   {Path(out) / 'preview.png'}")
+    click.echo(f"rendered {st['rendered']} images in {st['generation_seconds']:.1f} s "
+               f"({st['samples_per_second']:.0f} samples/s with {workers} worker{'s' if workers > 1 else ''}); "
+               f"total {wall:.1f} s")
+    click.echo(json.dumps({"samples_per_second": round(st["samples_per_second"], 1), "rendered": st["rendered"],
+                           "workers": workers, "seconds": round(wall, 2)}))

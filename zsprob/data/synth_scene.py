@@ -1,0 +1,162 @@
+"""SynthWorld vocabulary, sampling priors and scene sampling (pure numpy).
+
+A *scene* is a JSON-able dict that fully determines one SynthWorld image: its rendering
+condition, background, objects (shape, colour, size, position, fill) and the continuous
+rendering parameters (jitter, rotation, noise seed). :func:`sample_scene` draws it from a
+``numpy.random.Generator``; :func:`scene_rng` seeds that generator from a hash of
+(seed, split, index), so a scene is a pure function of those three values.
+
+The priors here are the single source of truth for both the sampler and the analytic
+caption ambiguity in :mod:`zsprob.data.synth_captions`; change one and the other follows.
+Written by zsprob (numpy only).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+SHAPES: list[str] = [
+    "circle", "ellipse", "square", "rectangle", "triangle", "diamond", "pentagon", "hexagon",
+    "octagon", "star", "cross", "plus", "heart", "crescent", "ring", "arrow", "trapezoid",
+    "semicircle", "parallelogram", "kite",
+]
+PLURALS: dict[str, str] = {s: (s + "es" if s.endswith(("s", "x", "ch", "sh")) else s + "s") for s in SHAPES}
+
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30), "orange": (255, 140, 0), "yellow": (250, 225, 20), "green": (30, 160, 50),
+    "blue": (30, 70, 220), "purple": (130, 40, 170), "pink": (255, 120, 190), "brown": (125, 75, 30),
+    "black": (15, 15, 15), "white": (250, 250, 250), "gray": (128, 128, 128),
+}
+COLOR_NAMES: list[str] = list(COLORS)
+SIZES: list[str] = ["small", "medium", "large"]
+POSITIONS: list[str] = ["top left", "top", "top right", "left", "center", "right",
+                        "bottom left", "bottom", "bottom right"]
+FILLS: list[str] = ["solid", "striped", "dotted", "outline"]
+BACKGROUNDS: list[str] = ["plain", "gradient", "noise", "stripes"]
+CONDITIONS: list[str] = ["normal", "blurry", "pixelated", "low resolution", "dark", "bright",
+                         "black and white", "jpeg corrupted", "cropped", "drawing", "many"]
+COND_P: np.ndarray = np.array([0.5] + [0.05] * 10)
+NUM_OBJECTS: list[int] = [1, 2, 3]
+NUM_OBJECTS_P: np.ndarray = np.array([0.6, 0.3, 0.1])
+MANY_COUNTS: list[int] = [3, 4, 5]  # uniform
+CENTER = POSITIONS.index("center")
+# Conditions whose objects have no visible colour (the ground truth stores color=None).
+COLORLESS = ("black and white", "drawing")
+
+ATTRS: tuple[str, ...] = ("shape", "color", "size", "position", "fill")
+VOCAB: dict[str, list[str]] = {"shape": SHAPES, "color": COLOR_NAMES, "size": SIZES,
+                               "position": POSITIONS, "fill": FILLS}
+
+
+def scene_rng(seed: int, split: str, index: int, *extra) -> np.random.Generator:
+    """A Generator seeded from a stable hash of (seed, split, index, *extra)."""
+    key = "/".join(str(x) for x in (int(seed), str(split), int(index), *extra)).encode("utf-8")
+    digest = hashlib.blake2b(key, digest_size=16).digest()
+    return np.random.default_rng(np.frombuffer(digest, dtype=np.uint32).tolist())
+
+
+def _bg_color(rng: np.random.Generator, avoid: list[tuple[int, int, int]]) -> list[int]:
+    """A random background colour far enough from every object colour to keep objects visible.
+
+    24 candidates are drawn at once; the first one at distance >= 110 (RGB) from every object
+    colour wins, else the farthest. Near-white colours are penalised (white paper is reserved
+    for the drawing condition).
+    """
+    cand = rng.integers(0, 256, size=(24, 3))
+    if avoid:
+        d = np.sqrt(((cand[:, None, :] - np.asarray(avoid)[None]) ** 2).sum(-1)).min(1)
+    else:
+        d = np.full(len(cand), 1e9)
+    d = np.where(cand.min(1) > 200, np.minimum(d, 50.0), d)
+    ok = np.flatnonzero(d >= 110)
+    i = int(ok[0]) if len(ok) else int(np.argmax(d))
+    return [int(x) for x in cand[i]]
+
+
+def _pick(rng: np.random.Generator, cum: np.ndarray) -> int:
+    """Index drawn from a categorical distribution given its cumulative probabilities."""
+    return int(min(np.searchsorted(cum, rng.random(), side="right"), len(cum) - 1))
+
+
+_COND_CUM = np.cumsum(COND_P)
+_NOBJ_CUM = np.cumsum(NUM_OBJECTS_P)
+
+
+def sample_scene(rng: np.random.Generator, *, shape: str | None = None, single: bool = False,
+                 condition: str | None = None) -> dict:
+    """Draw one scene.
+
+    Default: the world prior (condition ~ COND_P, 1/2/3 objects with p 0.6/0.3/0.1, distinct
+    shapes and grid cells, colour/size/fill uniform and independent). ``shape`` forces the
+    (main) object's shape and ``single`` forces one object (classification splits);
+    ``condition`` forces the condition (previews). Only unforced scenes follow the prior
+    that caption ambiguity is computed under.
+    """
+    cond = CONDITIONS[_pick(rng, _COND_CUM)]
+    if condition is not None:
+        cond = condition
+    bg_type = "plain" if cond == "drawing" else BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
+    objects: list[dict] = []
+    if cond == "many":
+        n = int(MANY_COUNTS[int(rng.integers(len(MANY_COUNTS)))])
+        s = SHAPES[int(rng.integers(len(SHAPES)))]
+        if shape is not None:
+            s = shape
+        col = COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]
+        fill = FILLS[int(rng.integers(len(FILLS)))]
+        cells = rng.choice(len(POSITIONS), size=n, replace=False)
+        for c in cells:
+            objects.append({"shape": s, "color": col, "size": "small", "position": POSITIONS[int(c)],
+                            "fill": fill})
+    else:
+        n = NUM_OBJECTS[_pick(rng, _NOBJ_CUM)]
+        if single:
+            n = 1
+        shapes = [SHAPES[int(i)] for i in rng.choice(len(SHAPES), size=n, replace=False)]
+        if shape is not None and shape not in shapes:
+            shapes[0] = shape
+        elif shape is not None:
+            j = shapes.index(shape)
+            shapes[0], shapes[j] = shapes[j], shapes[0]
+        if cond == "cropped":
+            edge = [i for i in range(len(POSITIONS)) if i != CENTER]
+            first = int(edge[int(rng.integers(len(edge)))])
+            rest = [i for i in range(len(POSITIONS)) if i != first]
+            cells = [first] + [int(rest[int(i)]) for i in rng.choice(len(rest), size=n - 1, replace=False)]
+        else:
+            cells = [int(i) for i in rng.choice(len(POSITIONS), size=n, replace=False)]
+        for j in range(n):
+            col = COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]
+            size = SIZES[int(rng.integers(len(SIZES)))]
+            fill = FILLS[int(rng.integers(len(FILLS)))]
+            if cond in COLORLESS:
+                col = None
+            if cond == "drawing":
+                fill = "outline"
+            objects.append({"shape": shapes[j], "color": col, "size": size, "position": POSITIONS[cells[j]],
+                            "fill": fill})
+    # continuous rendering parameters (part of the scene so rendering is a pure function of it)
+    src_cols = [COLORS[o["color"]] for o in objects if o["color"] is not None]
+    if cond in COLORLESS:  # the colour the object had before the condition removed it
+        src_cols = [COLORS[COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]] for _ in objects]
+    render_objs = []
+    for o in objects:
+        render_objs.append({
+            "dx": float(rng.uniform(-0.035, 0.035)), "dy": float(rng.uniform(-0.035, 0.035)),
+            "angle": float(rng.uniform(-15, 15)), "scale": float(rng.uniform(0.9, 1.1)),
+        })
+    if cond == "drawing":
+        bg_col = [246, 244, 236]
+    else:
+        bg_col = _bg_color(rng, src_cols or [COLORS[o["color"]] for o in objects if o["color"]])
+    render = {
+        "bg_color": bg_col,
+        "bg_angle": float(rng.uniform(0, 180)),
+        "bg_contrast": float(rng.uniform(35, 70)) * (1 if rng.random() < 0.5 else -1),
+        "src_colors": [list(c) for c in src_cols] if cond in COLORLESS else None,
+        "noise_seed": int(rng.integers(0, 2**31 - 1)),
+        "objects": render_objs,
+    }
+    return {"condition": cond, "background": bg_type, "num_objects": len(objects),
+            "objects": objects, "render": render}
