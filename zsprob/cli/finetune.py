@@ -1,10 +1,33 @@
-"""`zsprob finetune`: not in this version yet (placeholder replaced by issue 5 (training))."""
+"""`zsprob finetune coco`: fine-tune on COCO captions with the PCME++ recipe (thin wrapper).
+
+No torch import at module level; the work is :func:`zsprob.train.loop.train`.
+"""
 import click
 
-from zsprob.cli import not_available
+from zsprob.train.cli_common import common_options, print_summary, resolve_run_config, run
 
 
-@click.command("finetune", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def finetune() -> None:
-    """Fine-tune on COCO with the PCME++ recipe."""
-    not_available("zsprob finetune", "issue 5 (training)")
+@click.group("finetune")
+def finetune():
+    """Fine-tune a probabilistic image-text model (PCME++ recipe)."""
+
+
+@finetune.command("coco")
+@click.option("--root", required=True, type=click.Path(),
+              help="COCO directory (images and the Karpathy split JSON, see README).")
+@click.option("--karpathy-json", type=click.Path(), default=None, help="dataset_coco.json if not under ROOT.")
+@common_options
+def coco(root, karpathy_json, **kw):
+    """Fine-tune on COCO Karpathy train (+restval) captions.
+
+    \b
+    zsprob finetune coco --config configs/finetune_coco_vitb32.yaml --root COCO --out runs/coco_b32
+    """
+    extra = ["data.kind=coco", f"data.root={root}"]
+    if karpathy_json:
+        extra.append(f"data.karpathy_json={karpathy_json}")
+    cfg = resolve_run_config(kw, extra, default_config="finetune_coco_vitb32.yaml")
+    summary = run(cfg, kw)
+    from zsprob.train.cli_common import is_main_process
+    if is_main_process():
+        print_summary(summary)

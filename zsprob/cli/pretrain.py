@@ -1,10 +1,35 @@
-"""`zsprob pretrain`: not in this version yet (placeholder replaced by issue 5 (training))."""
+"""`zsprob pretrain`: pretrain a probabilistic image-text model on shards (thin wrapper).
+
+Parses options, builds the config (recipe + flags + --set) and calls
+:func:`zsprob.train.loop.train`. No torch import at module level.
+"""
 import click
 
-from zsprob.cli import not_available
+from zsprob.train.cli_common import common_options, print_summary, resolve_run_config, run
 
 
-@click.command("pretrain", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def pretrain() -> None:
-    """Pretrain a probabilistic image-text model on image-text shards."""
-    not_available("zsprob pretrain", "issue 5 (training)")
+@click.command("pretrain")
+@click.option("--data", "data_kind", type=click.Choice(["synthetic", "webdataset", "redcaps"]), default=None,
+              help="Shard flavour: SynthWorld, any img2dataset shards, or RedCaps (caption cleaning).")
+@click.option("--shards", type=str, default=None,
+              help="A directory of .tar shards, or a pattern like 'redcaps/{00000..00999}.tar' ('::' joins sources).")
+@common_options
+def pretrain(data_kind, shards, **kw):
+    """Pretrain a probabilistic image-text model (PCME++ by default) on image-text shards.
+
+    \b
+    zsprob pretrain --config configs/synthetic_tiny.yaml --data synthetic --shards SW/pretrain \\
+        --method pcmepp --out runs/tiny
+    The trained checkpoint is OUT/model (OUT/model-swa with SWA); OUT/metrics.jsonl logs the run.
+    """
+    extra = []
+    if data_kind:
+        extra.append(f"data.kind={data_kind}")
+    if shards:
+        extra.append(f"data.shards={shards}")
+    cfg = resolve_run_config(kw, extra, default_config="synthetic_tiny.yaml")
+    from zsprob.train.hooks import default_hooks
+    summary = run(cfg, kw, hooks=default_hooks(cfg))
+    from zsprob.train.cli_common import is_main_process
+    if is_main_process():
+        print_summary(summary)

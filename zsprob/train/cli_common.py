@@ -1,0 +1,130 @@
+"""Shared pieces of ``zsprob pretrain`` and ``zsprob finetune`` (no torch import at module level).
+
+First-class flags map onto config keys (a flag wins over the YAML recipe; ``--set`` wins over
+both, applied last in command-line order)::
+
+    --method M          method                  --steps N        schedule.steps (clears epochs)
+    --distance D        loss.pcmepp.distance    --epochs E       schedule.epochs
+    --batch-size B      data.batch_size         --lr LR          optim.lr
+    --model NAME        model.name              --pretrained P   model.pretrained
+    --noise-ratio R     data.noise_ratio        --msda/--no-msda msda.enabled
+    --precision P       train.precision         --workers N      data.num_workers
+    --seed S            seed                    --threads N      train.threads
+    --log-every N       train.log_every         --checkpoint-every N  train.checkpoint_every
+    --eval-every N      train.eval_every
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+METHOD_CHOICES = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only")
+
+
+def common_options(f):
+    opts = [
+        click.option("--config", "config_path", type=str, default=None,
+                     help="YAML recipe (a path, or a name in configs/)."),
+        click.option("--out", required=True, type=click.Path(file_okay=False),
+                     help="Run directory: metrics.jsonl, checkpoints/, model/ (the trained checkpoint)."),
+        click.option("--method", type=click.Choice(METHOD_CHOICES), default=None,
+                     help="Training objective (default: the recipe's, else pcmepp)."),
+        click.option("--distance", type=click.Choice(["csd", "wd"]), default=None,
+                     help="PCME++ distance: csd (paper) or wd (2-Wasserstein ablation)."),
+        click.option("--steps", type=int, default=None, help="Total optimiser steps."),
+        click.option("--epochs", type=float, default=None, help="Total epochs (needs a known epoch length)."),
+        click.option("--batch-size", type=int, default=None, help="GLOBAL batch size (all processes)."),
+        click.option("--lr", type=float, default=None, help="Base learning rate."),
+        click.option("--model", "model_name", type=str, default=None, help="Model name (open_clip or configs/models)."),
+        click.option("--pretrained", type=str, default=None, help="open_clip pretrained tag or checkpoint file."),
+        click.option("--noise-ratio", type=float, default=None,
+                     help="Share of training captions replaced by wrong ones (PCME++ Table 2)."),
+        click.option("--msda/--no-msda", default=None, help="Mixup / CutMix with soft targets (PCME++ Sec. 2.4)."),
+        click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default=None),
+        click.option("--workers", type=int, default=None, help="Data loader worker processes per process."),
+        click.option("--seed", type=int, default=None),
+        click.option("--threads", type=int, default=None, help="torch CPU threads."),
+        click.option("--log-every", type=int, default=None, help="Steps between metrics.jsonl records."),
+        click.option("--checkpoint-every", type=int, default=None, help="Steps between resumable checkpoints."),
+        click.option("--eval-every", type=int, default=None, help="Steps between evaluation hooks."),
+        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                     help="Override any config value, e.g. --set optim.layer_decay=0.7 (repeatable)."),
+        click.option("--resume", is_flag=True, help="Continue from OUT/checkpoints/latest.json exactly."),
+        click.option("--resume-from", type=click.Path(), default=None, help="Continue from a step directory."),
+        click.option("--no-progress", is_flag=True, help="No progress bar."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def flag_overrides(kw: dict) -> list[str]:
+    """``key=value`` strings for the first-class flags that were given."""
+    import json
+    out: list[str] = []
+
+    def put(key, value):
+        if value is not None:
+            out.append(f"{key}={json.dumps(value) if isinstance(value, (list, bool)) else value}")
+
+    put("method", kw.get("method"))
+    if kw.get("distance") is not None:
+        put("loss.pcmepp.distance", kw["distance"])
+    if kw.get("steps") is not None:
+        put("schedule.steps", kw["steps"])
+        out.append("schedule.epochs=null")
+    put("schedule.epochs", kw.get("epochs"))
+    put("data.batch_size", kw.get("batch_size"))
+    put("optim.lr", kw.get("lr"))
+    put("model.name", kw.get("model_name"))
+    put("model.pretrained", kw.get("pretrained"))
+    put("data.noise_ratio", kw.get("noise_ratio"))
+    if kw.get("msda") is not None:
+        out.append(f"msda.enabled={'true' if kw['msda'] else 'false'}")
+    put("train.precision", kw.get("precision"))
+    put("data.num_workers", kw.get("workers"))
+    put("seed", kw.get("seed"))
+    put("train.threads", kw.get("threads"))
+    put("train.log_every", kw.get("log_every"))
+    put("train.checkpoint_every", kw.get("checkpoint_every"))
+    put("train.eval_every", kw.get("eval_every"))
+    return out
+
+
+def resolve_run_config(kw: dict, extra: list[str], default_config: str | None):
+    """Recipe (or the run's saved config.yaml when resuming without --config) + flags + --set."""
+    from zsprob.train import load_train_config
+    path = kw.get("config_path")
+    out = Path(kw["out"])
+    if path is None and (kw.get("resume") or kw.get("resume_from")) and (out / "config.yaml").is_file():
+        path = str(out / "config.yaml")
+    if path is None:
+        path = default_config
+    return load_train_config(path, extra + flag_overrides(kw) + list(kw.get("overrides") or ()))
+
+
+def run(cfg, kw: dict, hooks=()) -> dict:
+    from zsprob.train.loop import train
+    resume = kw.get("resume_from") or bool(kw.get("resume"))
+    summary = train(cfg, kw["out"], resume=resume, eval_hooks=hooks, progress=not kw.get("no_progress"))
+    return summary
+
+
+def print_summary(summary: dict) -> None:
+    if not summary:
+        return
+    click.echo(f"trained {summary['method']} for {summary['steps']} steps "
+               f"(global batch {summary['global_batch_size']}, {summary['world_size']} process(es)): "
+               f"final loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s")
+    click.echo(f"model: {summary['model']}")
+    if summary.get("model_swa"):
+        click.echo(f"SWA model: {summary['model_swa']}")
+
+
+def is_main_process() -> bool:
+    import os
+    return os.environ.get("RANK", "0") == "0"
+
+
+__all__ = ["common_options", "flag_overrides", "resolve_run_config", "run", "print_summary", "is_main_process"]

@@ -1,0 +1,294 @@
+"""Training batch sources with a resumable position (epoch, batch index within the epoch).
+
+Libraries: webdataset (through ``zsprob.data.webdataset.build_wds_pipeline``: shards, decoding,
+shuffling, worker / node splitting, bad-sample skipping), torch DataLoader (COCO), open_clip
+(tokenizer and transforms, carried by the model). zsprob writes here:
+
+- the epoch bookkeeping shared by every source (``epoch_batches(epoch, skip)``);
+- deterministic mid-epoch resume: the pipeline of an epoch is rebuilt from (seed, epoch) and the
+  first ``skip`` batches are read and dropped (for WebDataset shards, which cannot seek); COCO
+  skips in index space without decoding anything;
+- per-process slicing of the GLOBAL batch (``batch_size`` in the config is the global batch;
+  each of ``world`` processes receives ``batch_size / world`` rows);
+- noisy correspondence (``noise_ratio``, PCME++ Table 2): COCO permutes that share of the
+  training captions once (fixed for the run, as the paper does); streaming shards, which have
+  no global index, re-draw the corrupted rows in every batch from a generator seeded by
+  (seed, step, rank) by rotating their captions, so a share ``noise_ratio`` of pairs is wrong.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from zsprob.errors import UserError
+
+
+def mixed_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (deterministic, order sensitive)."""
+    h = np.uint64(0x9E3779B97F4A7C15)
+    out = np.uint64(1469598103934665603)
+    with np.errstate(over="ignore"):
+        for p in parts:
+            out = (out ^ np.uint64(int(p) & 0xFFFFFFFFFFFFFFFF)) * np.uint64(1099511628211) + h
+    return int(out) & 0x7FFFFFFFFFFFFFFF
+
+
+@contextlib.contextmanager
+def isolated_rng():
+    """Run a block without disturbing the python / numpy / torch global generators.
+
+    Used for skip-ahead on resume: batches consumed before the checkpoint are re-read (the
+    stream cannot seek) without drawing from the generators that the restored run needs.
+    """
+    st = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        yield
+    finally:
+        random.setstate(st[0])
+        np.random.set_state(st[1])
+        torch.set_rng_state(st[2])
+
+
+class BatchSource:
+    """Base: ``epoch_batches(epoch, skip)`` yields local (images, tokens) batches of one epoch."""
+
+    steps_per_epoch: int | None = None   # known for map-style data; None for streams
+    local_batch_size: int
+
+    def epoch_batches(self, epoch: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+    def stats(self) -> dict:
+        return {}
+
+
+class TensorSource(BatchSource):
+    """In-memory global batches, sliced per process (tests, and any Python user with tensors).
+
+    ``batches``: a list of (images [B, ...], tokens [B, L]) GLOBAL batches; one epoch = the list.
+    """
+
+    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], rank: int = 0, world: int = 1):
+        self.batches = batches
+        self.rank, self.world = rank, world
+        b = batches[0][0].shape[0]
+        if b % world:
+            raise UserError(f"global batch {b} is not divisible by {world} processes")
+        self.local_batch_size = b // world
+        self.steps_per_epoch = len(batches)
+
+    def epoch_batches(self, epoch, skip=0):
+        n = self.local_batch_size
+        for images, tokens in self.batches[skip:]:
+            sl = slice(self.rank * n, (self.rank + 1) * n)
+            yield images[sl], tokens[sl]
+
+
+class WdsSource(BatchSource):
+    """WebDataset shards (SynthWorld, RedCaps, any img2dataset output) via build_wds_pipeline.
+
+    The pipeline owns the data order: shards permuted by (seed, epoch), split by rank and
+    worker, per-sample augmentation seeds; with ``num_samples`` every rank yields the same
+    number of full batches per epoch (needed by DDP). Resuming passes ``skip_batches`` so the
+    workers skip the consumed batches before preprocessing (exact, see zsprob.data.webdataset).
+    """
+
+    def __init__(self, shards, *, kind: str, preprocess, tokenizer, local_batch_size: int,
+                 seed: int, num_workers: int, shuffle_buffer: int | None, resampled: bool,
+                 samples_per_epoch: int | None, world: int, extra: dict | None = None):
+        from zsprob.data.webdataset import build_wds_pipeline
+        self._build = build_wds_pipeline
+        self.shards = shards
+        self.kind = kind
+        self.preprocess, self.tokenizer = preprocess, tokenizer
+        self.local_batch_size = local_batch_size
+        self.seed = seed
+        self.num_workers = num_workers
+        self.shuffle_buffer = shuffle_buffer
+        self.resampled = resampled
+        self.samples_per_epoch = int(samples_per_epoch) if samples_per_epoch else None
+        self.extra = dict(extra or {})
+        self.world = world
+        self._loader = None
+        self._stats_total: dict[str, int] = {}
+        probe = self._make(0, 0)
+        self.steps_per_epoch = probe.num_batches  # None for a plain one-pass epoch
+
+    def _make(self, epoch: int, skip: int):
+        kw: dict[str, Any] = dict(preprocess=self.preprocess, tokenizer=self.tokenizer,
+                                  batch_size=self.local_batch_size, seed=self.seed, epoch=epoch,
+                                  resampled=self.resampled, num_workers=self.num_workers,
+                                  dataset_type=self.kind, drop_last=True, skip_batches=skip,
+                                  num_samples=self.samples_per_epoch)
+        if self.shuffle_buffer is not None:
+            kw["shuffle_buffer"] = int(self.shuffle_buffer)
+        kw.update(self.extra)
+        return self._build(self.shards, **kw)
+
+    def epoch_batches(self, epoch, skip=0):
+        self._fold_stats()
+        loader = self._make(epoch, skip)
+        self._loader = loader
+        for batch in loader:
+            images, tokens = batch[0], batch[1]
+            if images.shape[0] != self.local_batch_size:
+                continue  # all processes need the same local size
+            yield images, tokens
+
+    def _fold_stats(self) -> None:
+        if self._loader is not None:
+            for k, v in (self._loader.stats() or {}).items():
+                if isinstance(v, (int, float)) and k != "epoch":
+                    self._stats_total[k] = self._stats_total.get(k, 0) + v
+            self._loader = None
+
+    def stats(self) -> dict:
+        out = dict(self._stats_total)
+        if self._loader is not None:
+            for k, v in (self._loader.stats() or {}).items():
+                if isinstance(v, (int, float)) and k != "epoch":
+                    out[k] = out.get(k, 0) + v
+        return {k: v for k, v in out.items() if v}
+
+
+class _CocoTrain(torch.utils.data.Dataset):
+    def __init__(self, coco, preprocess, caption_order: np.ndarray):
+        self.coco = coco
+        self.preprocess = preprocess
+        self.caption_order = caption_order  # caption index used for sample i (noise permutes it)
+        self.bad = 0
+
+    def __len__(self):
+        return len(self.coco.captions)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        img_idx = int(self.coco.caption_image[i])
+        path = self.coco.image_paths[img_idx]
+        try:
+            with Image.open(path) as im:
+                image = self.preprocess(im.convert("RGB"))
+            ok = True
+        except (OSError, ValueError):
+            image, ok = None, False
+        return image, self.coco.captions[int(self.caption_order[i])], ok
+
+
+class CocoSource(BatchSource):
+    """COCO Karpathy train captions (one sample per caption, PCME++ style), map-style and seekable."""
+
+    def __init__(self, root, *, preprocess, tokenizer, global_batch_size: int, rank: int, world: int,
+                 seed: int, num_workers: int, noise_ratio: float = 0.0, split: str = "train",
+                 karpathy_json=None):
+        from zsprob.data.coco import CocoCaptions
+        kw = {"karpathy_json": karpathy_json} if karpathy_json else {}
+        self.coco = CocoCaptions(root, split=split, **kw)
+        n = len(self.coco.captions)
+        if n < global_batch_size:
+            raise UserError(f"COCO {split} has {n} captions, fewer than the batch size {global_batch_size}")
+        order = np.arange(n)
+        if noise_ratio > 0:
+            rng = np.random.default_rng(mixed_seed(seed, 0x401CE))
+            k = int(round(noise_ratio * n))
+            picked = rng.choice(n, size=k, replace=False)
+            order[picked] = order[rng.permutation(picked)]
+        self.dataset = _CocoTrain(self.coco, preprocess, order)
+        self.tokenizer = tokenizer
+        self.global_batch_size = global_batch_size
+        self.local_batch_size = global_batch_size // world
+        self.rank, self.world, self.seed = rank, world, seed
+        self.num_workers = num_workers
+        self.steps_per_epoch = n // global_batch_size
+        self.bad = 0
+
+    def _collate(self, items):
+        images = [x[0] for x in items if x[2]]
+        texts = [x[1] for x in items if x[2]]
+        return images, texts, sum(1 for x in items if not x[2])
+
+    def epoch_batches(self, epoch, skip=0):
+        n = len(self.dataset)
+        perm = np.random.default_rng(mixed_seed(self.seed, epoch, 0xC0C0)).permutation(n)
+        B, b = self.global_batch_size, self.local_batch_size
+        idx_batches = [perm[s * B + self.rank * b: s * B + (self.rank + 1) * b].tolist()
+                       for s in range(skip, self.steps_per_epoch)]
+        loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=idx_batches,
+                                             num_workers=self.num_workers, collate_fn=self._collate,
+                                             persistent_workers=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(mixed_seed(self.seed, epoch, skip, self.rank))
+            it = iter(loader)
+        for images, texts, bad in it:
+            self.bad += bad
+            if not images:
+                continue
+            while len(images) < b:  # replace unreadable images by repeating good ones (counted)
+                images.append(images[len(images) % max(1, len(images))])
+                texts.append(texts[len(texts) % max(1, len(texts))])
+            yield torch.stack(images), self.tokenizer(texts)
+
+    def stats(self):
+        return {"bad_images": self.bad}
+
+
+def add_caption_noise(tokens: torch.Tensor, ratio: float, generator: torch.Generator) -> tuple[torch.Tensor, int]:
+    """Rotate the captions of ``round(ratio * n)`` random rows among themselves (each gets a wrong one)."""
+    n = tokens.shape[0]
+    k = int(round(ratio * n))
+    if ratio <= 0 or k < 2:
+        return tokens, 0
+    rows = torch.randperm(n, generator=generator)[:k]
+    out = tokens.clone()
+    out[rows] = tokens[rows.roll(1)]
+    return out, k
+
+
+def count_samples_synthetic(shards: str | Path) -> int | None:
+    """Number of pretraining samples from a SynthWorld manifest next to the shards, if any."""
+    p = Path(str(shards))
+    for cand in (p / "manifest.json", p.parent / "manifest.json", p.parent.parent / "manifest.json"):
+        if cand.is_file():
+            import json
+            try:
+                m = json.loads(cand.read_text())
+            except json.JSONDecodeError:
+                return None
+            for key in ("num_pretrain", "pretrain"):
+                v = m.get(key)
+                if isinstance(v, int):
+                    return v
+                if isinstance(v, dict) and isinstance(v.get("num"), int):
+                    return v["num"]
+            counts = m.get("counts")
+            if isinstance(counts, dict) and isinstance(counts.get("pretrain"), int):
+                return counts["pretrain"]
+    return None
+
+
+def resolve_shards(shards: str | Path) -> str | list[str]:
+    """A directory means every ``*.tar`` in it (sorted); patterns / URLs pass through."""
+    p = Path(str(shards))
+    if p.is_dir():
+        tars = sorted(str(x) for x in p.glob("*.tar"))
+        if not tars:
+            raise UserError(f"no .tar shards in {p}")
+        return tars
+    return str(shards)
+
+
+def steps_from(value: float | int | None, steps_per_epoch: int | None, what: str) -> int | None:
+    if value is None:
+        return None
+    if steps_per_epoch is None:
+        raise UserError(f"{what} is given in epochs but the epoch length is unknown "
+                        "(set data.samples_per_epoch, or give the value in steps)")
+    return int(math.ceil(float(value) * steps_per_epoch))
+
+
+Callback = Callable[..., Any]

@@ -1,0 +1,87 @@
+"""Default training configuration: every key a recipe in configs/*.yaml may set.
+
+A recipe (YAML) is merged over these defaults and then patched with ``--set a.b=v``
+overrides (``zsprob.config.load_config``). Durations are in optimiser steps unless the key
+says epochs; ``*_epochs`` keys win over ``*_steps`` keys when both are set and the epoch
+length is known (map-style COCO, ``data.samples_per_epoch``, or a SynthWorld manifest).
+"""
+from __future__ import annotations
+
+METHODS = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only")
+
+DEFAULTS: dict = {
+    "seed": 0,
+    "method": "pcmepp",
+    "model": {
+        "name": "zsprob-tiny",
+        "pretrained": None,
+        "embed_dim": None,
+        "sigma_depth": 1,
+        "sigma_init": "random",
+        "pooling": "gpo",
+        "var_bounds": None,
+        "overrides": {},           # passed to create_model as **overrides
+    },
+    "loss": {                      # keyword arguments of each method's loss (zsprob.prob.create_loss)
+        "pcmepp": {"init_scale": 5.0, "init_shift": 5.0, "pp_alpha": 0.1, "vib_beta": 1e-4, "distance": "csd"},
+        "pcme": {"n_samples": 7, "init_scale": 5.0, "init_shift": 5.0},
+        "infonce": {"init_temperature": 0.07},
+        "triplet": {"margin": 0.2},
+        "prob-triplet": {"similarity": "kl", "margin": 0.2},
+        "mu-only": {"init_scale": 5.0, "init_shift": 5.0},
+    },
+    "data": {
+        "kind": "synthetic",       # synthetic | webdataset | redcaps | coco
+        "shards": None,
+        "root": None,              # COCO root
+        "karpathy_json": None,
+        "batch_size": 128,         # GLOBAL batch (all processes together)
+        "num_workers": 1,
+        "shuffle_buffer": 1000,
+        "resampled": False,
+        "samples_per_epoch": None, # epoch length for streams (None: one pass over the shards)
+        "noise_ratio": 0.0,        # share of training captions replaced by wrong ones
+        "pipeline": {},            # extra keyword arguments for build_wds_pipeline
+    },
+    "msda": {"enabled": False, "ratio": 0.25, "alpha": 2.0, "mode": "random"},
+    "optim": {
+        "name": "adamp",
+        "lr": 5e-4,
+        "weight_decay": 1e-4,
+        "betas": [0.9, 0.999],
+        "eps": 1e-8,
+        "layer_decay": None,       # e.g. 0.7: lr x decay^(num_layers - depth) for backbone blocks
+        "image_lr_mult": 1.0,      # lr multiplier of the image backbone (PCME++ COCO: 0.01)
+        "text_lr_mult": 1.0,       # lr multiplier of the text backbone (PCME++ COCO: 0.1)
+        "grad_clip": 2.0,          # max global grad norm; null disables
+    },
+    "schedule": {
+        "name": "cosine",          # cosine | step | constant
+        "steps": None,             # total optimiser steps ...
+        "epochs": None,            # ... or epochs
+        "warmup_steps": 0,
+        "warmup_epochs": None,
+        "min_lr_ratio": 0.0,
+        "milestones_steps": [],    # step schedule: lr x gamma at each milestone
+        "milestones_epochs": [],
+        "gamma": 0.1,
+    },
+    "freeze": {                    # backbone frozen at the start, then linear warm-up
+        "image_steps": 0, "image_epochs": None,
+        "text_steps": 0, "text_epochs": None,
+        "warmup_steps": 0, "warmup_epochs": None,
+    },
+    "swa": {"enabled": False, "last_epochs": None, "last_steps": None, "every_steps": None},
+    "train": {
+        "precision": "fp32",       # fp32 | bf16 | fp16
+        "cpu": None,               # null: CPU when no GPU
+        "log_every": 10,
+        "checkpoint_every": 1000,
+        "keep_checkpoints": 2,
+        "max_nonfinite": 10,       # consecutive non-finite losses before the run stops
+        "tensorboard": True,
+        "eval_every": None,        # steps between evaluation hooks
+        "threads": None,           # torch.set_num_threads on the CPU
+        "find_unused_parameters": False,
+    },
+}

@@ -1,0 +1,106 @@
+"""Gathering embeddings across processes with gradients, for global-batch pairwise losses.
+
+torch.distributed (through accelerate's process group) does the communication; zsprob writes
+the autograd rule. Every process computes its local rows against the columns of the whole
+global batch (open_clip's ``gather_features`` with ``local_loss=True``), and the gradient that
+other processes' losses send to this process's embeddings is summed back to it:
+
+    forward:  all_gather(x_local)                  -> X [world * n, D]
+    backward: all_reduce(SUM, dL/dX)[local slice]  -> dL/dx_local
+
+With per-process loss ``L_p = mean over local rows`` and DDP averaging parameter gradients,
+the update equals the single-process gradient of the loss on the same global batch
+(tests/test_train_distributed.py checks this with torchrun on the CPU). ``all_reduce`` is used
+in the backward instead of ``reduce_scatter`` because gloo (the CPU backend) has no
+reduce_scatter; the extra traffic is one [N, D] tensor per step.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_info() -> tuple[int, int]:
+    """(rank, world_size); (0, 1) outside a process group."""
+    if is_distributed():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        rank, world = dist.get_rank(), dist.get_world_size()
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x)
+        ctx.rank, ctx.n = rank, x.shape[0]
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad[ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n]
+
+
+def all_gather_with_grad(x: torch.Tensor | None) -> torch.Tensor | None:
+    """Concatenate ``x`` [n, ...] from every process (rank order) -> [world * n, ...], differentiable.
+
+    All processes must pass the same local size. Returns ``x`` itself outside a process group
+    and None for None (deterministic models have no logvar).
+    """
+    if x is None or not is_distributed():
+        return x
+    return _AllGatherWithGrad.apply(x)
+
+
+@torch.no_grad()
+def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate ``x`` from every process without gradients (targets, counters)."""
+    if not is_distributed():
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    return torch.cat(parts, dim=0)
+
+
+def gather_gaussians(mu: torch.Tensor, logvar: torch.Tensor | None):
+    """``((all_mu, all_logvar), offset)`` for the loss's ``all_img`` / ``all_txt`` arguments."""
+    rank, _ = world_info()
+    return (all_gather_with_grad(mu), all_gather_with_grad(logvar)), rank * mu.shape[0]
+
+
+def block_diag_targets(local: torch.Tensor) -> torch.Tensor:
+    """Global [N, N] match targets from every process's local [n, n] targets (block diagonal).
+
+    Mixed images (MSDA) only mix captions of their own process's batch, so the global target
+    matrix is block diagonal with each process's block in rank order.
+    """
+    if not is_distributed():
+        return local
+    blocks = all_gather_nograd(local.unsqueeze(0))  # [world, n, n]
+    return torch.block_diag(*blocks.unbind(0))
+
+
+def all_reduce_any(flag: bool, device: torch.device) -> bool:
+    """True if ``flag`` is true on any process (used to end a data epoch together)."""
+    if not is_distributed():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def mean_across(values: torch.Tensor) -> torch.Tensor:
+    """Average a tensor over processes (for logging)."""
+    if not is_distributed():
+        return values
+    values = values.detach().clone()
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values / dist.get_world_size()

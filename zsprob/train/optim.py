@@ -1,0 +1,247 @@
+"""Optimisers, parameter groups, learning-rate schedules, backbone freezing and SWA.
+
+Libraries: timm (``timm.optim.AdamP``), torch (``AdamW``, ``LambdaLR``,
+``torch.optim.swa_utils.AveragedModel``). zsprob writes the parameter grouping (layer-wise lr
+decay from ``model.param_info()``, per-tower backbone multipliers, no weight decay on norms /
+biases / scalars), the schedule functions (warmup + cosine, step, constant) and the backbone
+freeze-then-warm-up factor, all expressed in optimiser steps so that resuming is exact.
+
+Learning rate of parameter group g at step s::
+
+    lr_g(s) = lr * scale_g * schedule(s) * freeze_g(s)
+    scale_g = tower_mult * layer_decay ** (num_layers - depth)      (backbone parameters)
+            = 1                                                      (new modules: heads, GPO, loss)
+    freeze_g(s) = 0 while the group's backbone is frozen, then a linear ramp to 1 over
+                  ``unfreeze_warmup`` steps (PCME++: visual backbone frozen 2 epochs, 1 epoch warm-up)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from zsprob.errors import UserError
+
+def no_weight_decay(name: str, p: torch.Tensor) -> bool:
+    """Norms, biases and scalars (a, b, temperature, logit scale) are not weight-decayed.
+
+    Same rule as open_clip's trainer: 0/1-d tensors, or names with bn / ln / norm / bias.
+    """
+    if p.ndim < 2:
+        return True
+    low = name.lower()
+    return any(k in low for k in ("norm", "ln_", ".ln", ".bn", "bias", "logit_scale"))
+
+
+@dataclass
+class GroupSpec:
+    name: str
+    tower: str          # "image" | "text" | "other"
+    backbone: bool
+    depth: int
+    decay: bool
+    scale: float
+
+
+def _lookup_info(name: str, info: dict, prefix: str) -> dict | None:
+    if prefix and name.startswith(prefix):
+        key = name[len(prefix):]
+        return info.get(key)
+    return info.get(name)
+
+
+def param_groups(module: nn.Module, *, lr: float, weight_decay: float,
+                 param_info: dict | None = None, prefix: str = "",
+                 layer_decay: float | None = None, image_lr_mult: float = 1.0,
+                 text_lr_mult: float = 1.0) -> list[dict]:
+    """Optimizer parameter groups for ``module``.
+
+    ``param_info`` maps parameter names (without ``prefix``) to
+    ``dict(tower, depth, num_layers, backbone)`` as returned by ``ProbCLIP.param_info()``;
+    parameters it does not list (e.g. the loss's a, b) are "other" with scale 1.
+    Each group carries ``lr_scale``, ``tower``, ``backbone`` and ``group_name`` keys, which the
+    schedule and the freeze logic read.
+    """
+    param_info = param_info or {}
+    buckets: dict[tuple, dict] = {}
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        info = _lookup_info(name, param_info, prefix)
+        tower = info.get("tower", "other") if info else "other"
+        backbone = bool(info.get("backbone", False)) if info else False
+        depth = int(info.get("depth", 0)) if info else 0
+        num_layers = int(info.get("num_layers", 0)) if info else 0
+        scale = 1.0
+        if backbone:
+            scale *= image_lr_mult if tower == "image" else text_lr_mult if tower == "text" else 1.0
+            if layer_decay is not None and layer_decay != 1.0 and num_layers > 0:
+                scale *= layer_decay ** max(0, num_layers - depth)
+        decay = not no_weight_decay(name, p)
+        key = (tower, backbone, depth if (backbone and layer_decay not in (None, 1.0)) else -1, decay)
+        if key not in buckets:
+            gname = f"{tower}{'-backbone' if backbone else ''}" + \
+                (f"-d{depth}" if key[2] >= 0 else "") + ("" if decay else "-nowd")
+            buckets[key] = {"params": [], "lr": lr * scale, "weight_decay": weight_decay if decay else 0.0,
+                            "lr_scale": scale, "tower": tower, "backbone": backbone,
+                            "group_name": gname}
+        buckets[key]["params"].append(p)
+    return list(buckets.values())
+
+
+def create_optimizer(groups: list[dict], *, name: str = "adamp", lr: float = 5e-4,
+                     weight_decay: float = 1e-4, betas: Iterable[float] = (0.9, 0.999),
+                     eps: float = 1e-8, **kwargs) -> torch.optim.Optimizer:
+    """AdamP (timm, PCME++'s optimiser) or AdamW (torch, foreach implementation)."""
+    betas = tuple(float(b) for b in betas)
+    name = name.lower()
+    if name == "adamp":
+        from timm.optim import AdamP
+        return AdamP(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
+    if name == "adam":
+        return torch.optim.Adam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=kwargs.pop("momentum", 0.9),
+                               weight_decay=weight_decay, **kwargs)
+    raise UserError(f"unknown optimizer {name!r} (choose adamp, adamw, adam or sgd)")
+
+
+# ----------------------------------------------------------------------------- schedules
+
+def schedule_fn(name: str, *, total_steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.0,
+                milestones: Iterable[int] = (), gamma: float = 0.1) -> Callable[[int], float]:
+    """Multiplier of the base lr at optimiser step ``s`` (0-based: the lr used BY step s)."""
+    name = name.lower()
+    total_steps = max(1, int(total_steps))
+    warmup_steps = max(0, int(warmup_steps))
+    milestones = sorted(int(m) for m in milestones)
+
+    def warm(s: int) -> float:
+        return (s + 1) / (warmup_steps + 1) if s < warmup_steps else 1.0
+
+    if name == "cosine":
+        def f(s: int) -> float:
+            if s < warmup_steps:
+                return warm(s)
+            span = max(1, total_steps - warmup_steps)
+            prog = min(1.0, (s - warmup_steps) / span)
+            return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+    elif name == "step":
+        def f(s: int) -> float:
+            return warm(s) * gamma ** sum(1 for m in milestones if s >= m)
+    elif name in ("constant", "const", "none"):
+        def f(s: int) -> float:
+            return warm(s)
+    else:
+        raise UserError(f"unknown lr schedule {name!r} (choose cosine, step or constant)")
+    return f
+
+
+def freeze_fn(freeze_steps: int, unfreeze_warmup_steps: int) -> Callable[[int], float]:
+    """0 for the first ``freeze_steps`` steps, then a linear ramp to 1."""
+    freeze_steps = max(0, int(freeze_steps))
+    ramp = max(0, int(unfreeze_warmup_steps))
+
+    def f(s: int) -> float:
+        if s < freeze_steps:
+            return 0.0
+        if s < freeze_steps + ramp:
+            return (s - freeze_steps + 1) / (ramp + 1)
+        return 1.0
+    return f
+
+
+class GroupSchedule:
+    """Per-group lr = initial_lr * schedule(s) * freeze_g(s); a picklable-free LambdaLR replacement.
+
+    ``state_dict()`` is a plain dict of ints (the step), so it goes straight into the JSON state.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: Callable[[int], float],
+                 freeze: dict[str, Callable[[int], float]] | None = None):
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.freeze = freeze or {}
+        for g in optimizer.param_groups:
+            g.setdefault("initial_lr", g["lr"])
+        self.step_count = 0
+        self._apply()
+
+    def factor(self, group: dict, s: int) -> float:
+        f = self.schedule(s)
+        tower = group.get("tower", "other")
+        if group.get("backbone") and tower in self.freeze:
+            f *= self.freeze[tower](s)
+        return f
+
+    def frozen_groups(self, s: int | None = None) -> list[dict]:
+        s = self.step_count if s is None else s
+        return [g for g in self.optimizer.param_groups
+                if g.get("backbone") and g.get("tower") in self.freeze and self.freeze[g["tower"]](s) == 0.0]
+
+    def _apply(self) -> None:
+        for g in self.optimizer.param_groups:
+            g["lr"] = g["initial_lr"] * self.factor(g, self.step_count)
+
+    def step(self) -> None:
+        self.step_count += 1
+        self._apply()
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {"step_count": self.step_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = int(state["step_count"])
+        self._apply()
+
+
+def zero_frozen_grads(groups: list[dict]) -> None:
+    """Drop the gradients of frozen groups so the optimiser neither moves nor updates their state."""
+    for g in groups:
+        for p in g["params"]:
+            p.grad = None
+
+
+# ----------------------------------------------------------------------------- SWA
+
+class SWA:
+    """Stochastic weight averaging over the last steps (torch.optim.swa_utils.AveragedModel).
+
+    ``maybe_update(step)`` averages the live weights every ``every`` steps once
+    ``step >= start``, counting from the end of a step (so with ``every = steps_per_epoch`` it
+    averages the end-of-epoch weights of the last epochs, as PCME++ does).
+    """
+
+    def __init__(self, model: nn.Module, *, start: int, every: int, device=None):
+        from torch.optim.swa_utils import AveragedModel
+        self.start = int(start)
+        self.every = max(1, int(every))
+        self.averaged = AveragedModel(model, device=device, use_buffers=True)
+        for p in self.averaged.parameters():
+            p.requires_grad_(False)
+
+    @property
+    def n_averaged(self) -> int:
+        return int(self.averaged.n_averaged.item())
+
+    def should_update(self, step_done: int) -> bool:
+        """``step_done``: number of optimiser steps finished."""
+        return step_done > self.start and (step_done - self.start) % self.every == 0
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        self.averaged.update_parameters(model)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in self.averaged.state_dict().items()}
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.averaged.load_state_dict(tensors)

@@ -1,0 +1,192 @@
+"""Training state for exact resume: safetensors for tensors + JSON for everything else.
+
+Nothing is pickled, so loading a state never executes code. A checkpoint directory is::
+
+    OUT/checkpoints/step-000500/
+        model/                 zsprob.models.save(...) (model.safetensors + zsprob.json)
+        model-swa/             averaged model, when SWA has started
+        state.safetensors      optimizer tensors, RNG states, SWA running average
+        state.json             step, data position, optimizer scalars, scheduler, scaler, RNG (python)
+    OUT/checkpoints/latest.json  {"step": 500, "dir": "step-000500"}   (written last, atomically)
+
+The directory is written under a temporary name and renamed, then ``latest.json`` is replaced,
+so a crash at any moment leaves the previous checkpoint usable.
+
+zsprob writes the flattening of nested state dicts (tensors -> safetensors keys, the rest ->
+JSON); safetensors (``save_file`` / ``load_file``) does the tensor I/O.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from zsprob.errors import UserError
+from zsprob.utils.io import atomic_write_json, read_json
+
+TENSOR = "__tensor__"
+NDARRAY = "__ndarray__"
+TUPLE = "__tuple__"
+
+
+def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
+    """Replace every tensor / ndarray in a nested structure by a reference into ``tensors``."""
+    if isinstance(obj, torch.Tensor):
+        key = prefix
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {TENSOR: key}
+    if isinstance(obj, np.ndarray):
+        key = prefix
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj))
+        return {NDARRAY: key}
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            sk = str(k)
+            out[("i:" + sk) if isinstance(k, int) else sk] = flatten(v, tensors, f"{prefix}/{sk}")
+        return out
+    if isinstance(obj, tuple):
+        return {TUPLE: [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} in a training state")
+
+
+def unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if TENSOR in obj and len(obj) == 1:
+            return tensors[obj[TENSOR]]
+        if NDARRAY in obj and len(obj) == 1:
+            return tensors[obj[NDARRAY]].numpy()
+        if TUPLE in obj and len(obj) == 1:
+            return tuple(unflatten(v, tensors) for v in obj[TUPLE])
+        out = {}
+        for k, v in obj.items():
+            key: Any = int(k[2:]) if k.startswith("i:") else k
+            out[key] = unflatten(v, tensors)
+        return out
+    if isinstance(obj, list):
+        return [unflatten(v, tensors) for v in obj]
+    return obj
+
+
+# ----------------------------------------------------------------------------- RNG
+
+def rng_state() -> dict:
+    """Python, numpy and torch (CPU and every CUDA device) generator states."""
+    st = {"python": random.getstate(), "numpy": np.random.get_state(),
+          "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = [s for s in torch.cuda.get_rng_state_all()]
+    return st
+
+
+def set_rng_state(st: dict) -> None:
+    py = st["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np_st = st["numpy"]
+    np.random.set_state((np_st[0], np.asarray(np_st[1], dtype=np.uint32), int(np_st[2]),
+                         int(np_st[3]), float(np_st[4])))
+    torch.set_rng_state(st["torch"].to(torch.uint8))
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.to(torch.uint8) for s in st["cuda"]])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------- files
+
+def save_state(path: str | os.PathLike, state: dict) -> None:
+    """Write ``state`` (nested dict with tensors) as ``path/state.safetensors`` + ``path/state.json``."""
+    from safetensors.torch import save_file
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    meta = flatten(state, tensors, "s")
+    tmp = path / ".state.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path / "state.safetensors")
+    atomic_write_json(path / "state.json", meta)
+
+
+def load_state(path: str | os.PathLike) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    path = Path(path)
+    meta = read_json(path / "state.json", "training state")
+    f = path / "state.safetensors"
+    if not f.is_file():
+        raise UserError(f"training state tensors not found: {f} (the checkpoint is incomplete)")
+    try:
+        tensors = load_file(str(f))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"training state {f} is corrupted: {e}") from None
+    try:
+        return unflatten(meta, tensors)
+    except KeyError as e:
+        raise UserError(f"training state {path} is inconsistent (missing tensor {e})") from None
+
+
+def checkpoint_root(out: str | os.PathLike) -> Path:
+    return Path(out) / "checkpoints"
+
+
+def latest_checkpoint(out: str | os.PathLike) -> Path | None:
+    """The directory named by ``OUT/checkpoints/latest.json``, or None if there is none."""
+    root = checkpoint_root(out)
+    pointer = root / "latest.json"
+    if not pointer.is_file():
+        return None
+    try:
+        info = json.loads(pointer.read_text())
+    except json.JSONDecodeError:
+        raise UserError(f"{pointer} is corrupted; delete it or point --resume at a step directory") from None
+    d = root / info["dir"]
+    if not (d / "state.json").is_file():
+        raise UserError(f"checkpoint {d} named by {pointer} is incomplete")
+    return d
+
+
+def commit_checkpoint(out: str | os.PathLike, tmp_dir: Path, step: int, keep: int = 2) -> Path:
+    """Rename a fully written ``tmp_dir`` to ``step-NNNNNN``, update latest.json, prune old ones."""
+    root = checkpoint_root(out)
+    final = root / f"step-{step:07d}"
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp_dir, final)
+    atomic_write_json(root / "latest.json", {"step": step, "dir": final.name})
+    if keep and keep > 0:
+        steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+        for old in steps[:-keep]:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-*"):
+        if stale != tmp_dir:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def new_tmp_dir(out: str | os.PathLike, step: int) -> Path:
+    root = checkpoint_root(out)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
