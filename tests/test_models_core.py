@@ -266,3 +266,36 @@ def test_user_errors():
         tiny(sigma_init="zeros")
     with pytest.raises(UserError, match="unknown create_model options"):
         tiny(bogus_option=1)
+
+
+def test_size_augment_drops_image_tokens_in_training_only(images):
+    m = tiny(size_augment=0.5)
+    ref = tiny(size_augment=0.0)
+    ref.load_state_dict(m.state_dict())
+    torch.manual_seed(0)
+    sel = m.train()._size_augment(64, 17, torch.device("cpu"))
+    order, kept = sel
+    assert (kept >= 1).all() and (kept < 17).any() and (kept == 17).any()
+    assert (order.sort(dim=1).values == torch.arange(17)).all()  # a permutation per sample
+    with torch.no_grad():
+        m.eval()
+        assert torch.equal(m.encode_image(images)[0], ref.eval().encode_image(images)[0])  # off in eval
+        m.train()
+        ref.train()
+        torch.manual_seed(1)
+        a = m.encode_image(images)
+        b = ref.encode_image(images)
+    assert not torch.allclose(a[0], b[0]) and not torch.allclose(a[1], b[1])
+    with pytest.raises(UserError):
+        tiny(size_augment=1.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,size,dim", [("ViT-S-16-d128", 224, 128), ("ViT-B-16", 224, 512)])
+def test_full_size_configs_build_and_encode(name, size, dim):
+    m = create_model(name, seed=0).eval()
+    assert m.image_size == size and m.embed_dim == dim
+    assert m._vision.num_blocks == 12 and m._text.num_blocks == 12
+    with torch.no_grad():
+        mu, lv = m.encode_text(m.tokenizer(["a photo of a dog"]))
+    assert mu.shape == (1, dim) and lv.shape == (1, dim) and torch.isfinite(lv).all()

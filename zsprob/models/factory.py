@@ -33,7 +33,7 @@ ZSPROB_CONFIGS = ("zsprob-tiny", "ViT-S-16-d128")
 _registered = False
 
 # Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
-_ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text")
+_ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment")
 
 
 def _open_clip():
@@ -289,6 +289,7 @@ def _wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = No
         pooling=config["pooling"], deterministic=config["deterministic"], var_bounds=config["var_bounds"],
         normalize_mu=config.get("normalize_mu", True), gpo_dim=config.get("gpo_dim", 32),
         sigma_bias_init=config.get("sigma_bias_init", 0.0), truncate_text=config.get("truncate_text", True),
+        size_augment=config.get("size_augment", 0.0),
         tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
         image_size=int(size if isinstance(size, int) else size[0]),
         reinit_params=tuple(config.get("reinit_params", ())))
@@ -322,7 +323,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`.
     seed: seeds torch's RNG before building, so random inits are reproducible.
     overrides: zsprob options ``normalize_mu`` (True), ``gpo_dim`` (32), ``sigma_bias_init`` (0.0),
-        ``truncate_text`` (True); open_clip options ``image_size``, ``context_length``,
+        ``truncate_text`` (True), ``size_augment`` (0.0; VSE infinity / PCME++ use 0.2 for fine-tuning);
+        open_clip options ``image_size``, ``context_length``,
         ``quick_gelu``, ``patch_dropout``; or ``open_clip_cfg={...}`` merged into the open_clip
         config (e.g. ``{"vision_cfg": {"layers": 2}}``).
     """
@@ -370,6 +372,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         "gpo_dim": int(zopts.get("gpo_dim", 32)),
         "sigma_bias_init": float(zopts.get("sigma_bias_init", 0.0)),
         "truncate_text": bool(zopts.get("truncate_text", True)),
+        "size_augment": float(zopts.get("size_augment", 0.0)),
         "preprocess_cfg": _preprocess_cfg(ocfg, pcfg),
         "pretrained": str(pretrained) if pretrained is not None else None,
         "reinit_params": ["clip." + k for k in reinit],

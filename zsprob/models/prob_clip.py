@@ -18,6 +18,10 @@ Image tokens: the class token and all patch tokens. Text tokens: start-of-text u
 including the end-of-text token (the length comes from the EOT position, later padding is
 ignored).
 
+SizeAugment (VSE infinity, used by PCME++ fine-tuning; ``size_augment=p``, off by default):
+in training with GPO, image tokens are randomly dropped before pooling (both heads drop the
+same tokens).
+
 Outputs: ``mu`` l2-normalised (``normalize_mu=True``), ``logvar`` raw (no normalisation,
 sigmoid or LayerNorm; PCME's ablation) plus a learnable per-dimension bias initialised to
 ``sigma_bias_init``, optionally squashed into variance bounds (Pishdad et al.: [0.1, 10]).
@@ -265,6 +269,7 @@ class ProbCLIP(nn.Module):
                  sigma_depth: int = 1, sigma_init: str = "random", pooling: str = "gpo",
                  deterministic: bool = False, var_bounds=None, normalize_mu: bool = True,
                  gpo_dim: int = 32, sigma_bias_init: float = 0.0, truncate_text: bool = True,
+                 size_augment: float = 0.0,
                  tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
                  reinit_params: tuple[str, ...] = ()):
         super().__init__()
@@ -291,6 +296,9 @@ class ProbCLIP(nn.Module):
         self.preprocess_val = preprocess_val
         self.image_size = image_size
         self.grad_checkpointing = False
+        self.size_augment = float(size_augment)
+        if not 0.0 <= self.size_augment < 1.0:
+            raise UserError(f"size_augment must be in [0, 1), got {size_augment}")
         self._reinit_params = set(reinit_params)
 
         self._vision = _VisionTower(clip_model)
@@ -340,12 +348,31 @@ class ProbCLIP(nn.Module):
                 x = blk(x, attn_mask=mask)
         return x
 
-    def _head_out(self, tower, x, ln, proj, gpo, ctx, lengths):
+    def _head_out(self, tower, x, ln, proj, gpo, ctx, lengths, keep):
         if gpo is None:
             pooled = tower.native_pool(x, ln, ctx)
             return tower.project(pooled, proj)
         tokens = tower.project(ln(x), proj)  # [B, T, D]
+        if keep is not None:  # SizeAugment: move the kept tokens to the front, GPO ignores the rest
+            order, lengths = keep
+            tokens = tokens.gather(1, order[..., None].expand(-1, -1, tokens.shape[-1]))
         return gpo(tokens, lengths)
+
+    def _size_augment(self, b: int, t: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """VSE infinity's SizeAugment for image tokens (training + GPO only).
+
+        A sample is augmented with probability 1 - r, r ~ U(0, 1) per sample (when r > p); each of
+        its tokens is then dropped with probability p * r. Returns (token order putting kept
+        tokens first, number kept) or None when off.
+        """
+        p = self.size_augment
+        if p <= 0 or not self.training or self.pooling != "gpo":
+            return None
+        r = torch.rand(b, 1, device=device)
+        keep = (torch.rand(b, t, device=device) > p * r) | (r <= p)
+        keep[:, 0] |= ~keep.any(dim=1)  # never drop everything
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+        return order, keep.sum(dim=1)
 
     def _encode(self, tower, gpo_mu, sigma: SigmaHead | None, inp, with_sigma: bool):
         x, mask, ctx = tower.embed(inp)
@@ -354,13 +381,15 @@ class ProbCLIP(nn.Module):
         split = tower.num_blocks - n
         h = self._run(tower.blocks[:split], x, mask)
         hm = self._run(tower.blocks[split:], h, mask)
-        mu = self._head_out(tower, hm, tower.ln, tower.proj, gpo_mu, ctx, lengths).float()
+        keep = self._size_augment(hm.shape[0], hm.shape[1], hm.device) if tower is self._vision else None
+        mu = self._head_out(tower, hm, tower.ln, tower.proj, gpo_mu, ctx, lengths, keep).float()
         if self.normalize_mu:
             mu = F.normalize(mu, dim=-1)
         if sigma is None or not with_sigma:
             return mu, None
         hs = self._run(sigma.blocks, h, mask)
-        raw = self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths).float() + sigma.bias.float()
+        raw = self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep).float() \
+            + sigma.bias.float()
         return mu, bound_logvar(raw, self.var_bounds)
 
     def encode_image(self, images: torch.Tensor, *, with_sigma: bool = True):
