@@ -17,7 +17,7 @@ lacks it); zsprob's runs in a subprocess of the same interpreter with the venv's
 1.0.2. The runs alternate (zsprob, open_clip, zsprob, ...) so machine load hits both alike;
 medians are reported.
 
-    python scripts/bench_data.py                       # 8 shards x 256 samples, workers 1 and 2
+    python scripts/bench_data.py                       # 8 shards x 256 samples, workers 0, 1 and 2
     python scripts/bench_data.py --workers 1,2,4 --repeats 5 --image-size 224
 """
 from __future__ import annotations
@@ -109,6 +109,7 @@ def child(args) -> None:
         data = get_wds_dataset(ns, preprocess, is_train=True, epoch=0, tokenizer=tokenizer)
         iterable = data.dataloader
     n = 0
+    c0 = time.process_time()
     t0 = time.perf_counter()
     t_first = None
     shape = None
@@ -119,9 +120,11 @@ def child(args) -> None:
             shape = [list(images.shape), list(tokens.shape)]
         n += images.shape[0]
     t1 = time.perf_counter()
+    cpu = time.process_time() - c0  # this process only: all the work when num_workers == 0
     steady = (n - n_first) / (t1 - t_first) if n > n_first and t1 > t_first else float("nan")
     out = {"pipeline": args.child, "samples": n, "seconds": t1 - t0, "samples_per_s": n / (t1 - t0),
-           "steady_samples_per_s": steady, "first_batch_s": t_first - t0, "shapes": shape}
+           "steady_samples_per_s": steady, "first_batch_s": t_first - t0, "shapes": shape,
+           "cpu_ms_per_sample": 1000 * cpu / n if args.num_workers == 0 else None}
     if args.child == "zsprob":
         out["stats"] = {k: v for k, v in loader.stats().items() if v}
     print("RESULT " + json.dumps(out), flush=True)
@@ -158,7 +161,8 @@ def main() -> None:
     ap.add_argument("--src-size", type=int, default=320, help="mean source image width")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--workers", default="1,2", help="comma-separated DataLoader worker counts")
+    ap.add_argument("--workers", default="0,1,2",
+                    help="comma-separated DataLoader worker counts (0: in the main process, also reports CPU ms/sample)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default="ViT-B-32", help="open_clip model whose tokenizer is used")
     ap.add_argument("--legacy-wds", default="/tmp/wds0286", help="dir with webdataset 0.2.86 for open_clip")
@@ -178,8 +182,9 @@ def main() -> None:
           f"written in {time.perf_counter() - t:.1f}s)")
     print(f"work per sample: decode JPEG, open_clip train transform {a.image_size}px, {a.model} tokenizer; "
           f"batch {a.batch_size}; shuffle buffer 5000 (initial 1000); {a.repeats} alternating repeats, medians")
-    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
+    cpu_row = None
     for w in [int(x) for x in a.workers.split(",")]:
         res = {"zsprob": [], "open_clip": []}
         for r in range(a.repeats):
@@ -188,18 +193,28 @@ def main() -> None:
                 res[kind].append(o)
                 print(f"  workers={w} run {r + 1} {kind:9s}: {o['samples']} samples in {o['seconds']:.2f}s "
                       f"= {o['samples_per_s']:.1f} samples/s (steady {o['steady_samples_per_s']:.1f}, "
-                      f"first batch {o['first_batch_s']:.2f}s)", flush=True)
+                      f"first batch {o['first_batch_s']:.2f}s"
+                      + (f", CPU {o['cpu_ms_per_sample']:.2f} ms/sample" if o["cpu_ms_per_sample"] else "")
+                      + ")", flush=True)
         z = statistics.median(x["samples_per_s"] for x in res["zsprob"])
         oc = statistics.median(x["samples_per_s"] for x in res["open_clip"])
         zs = statistics.median(x["steady_samples_per_s"] for x in res["zsprob"])
         ocs = statistics.median(x["steady_samples_per_s"] for x in res["open_clip"])
         rows.append((w, z, oc, zs, ocs, res["zsprob"][0]["samples"], res["open_clip"][0]["samples"]))
+        if w == 0:
+            cz = statistics.median(x["cpu_ms_per_sample"] for x in res["zsprob"])
+            co = statistics.median(x["cpu_ms_per_sample"] for x in res["open_clip"])
+            cpu_row = (cz, co)
     print()
     print("| workers | zsprob samples/s | open_clip samples/s | zsprob / worker | open_clip / worker | "
           "ratio | steady ratio | samples (zsprob / open_clip) |")
     print("|---|---|---|---|---|---|---|---|")
     for w, z, oc, zs, ocs, nz, no in rows:
-        print(f"| {w} | {z:.1f} | {oc:.1f} | {z / w:.1f} | {oc / w:.1f} | {z / oc:.2f}x | {zs / ocs:.2f}x | {nz} / {no} |")
+        k = max(1, w)  # workers=0: everything runs in the main process
+        print(f"| {w} | {z:.1f} | {oc:.1f} | {z / k:.1f} | {oc / k:.1f} | {z / oc:.2f}x | {zs / ocs:.2f}x | {nz} / {no} |")
+    if cpu_row:
+        print(f"\nCPU time per sample with workers=0 (insensitive to other load on the host): "
+              f"zsprob {cpu_row[0]:.2f} ms, open_clip {cpu_row[1]:.2f} ms, ratio {cpu_row[1] / cpu_row[0]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -302,3 +302,12 @@ def test_pipe_urls_and_unreadable_streams(shards, tmp_path):
     assert sorted(keys) == sorted(k for k in good if k.startswith("s3_"))
     st = loader.stats()
     assert st["missing_shard"] == 2 and st["truncated_shard"] == 0
+
+
+def test_endless_streams_over_broken_shards_stop(tmp_path):
+    (tmp_path / "000000.tar").write_bytes(b"not a tar at all" * 10)
+    pattern = str(tmp_path / "{000000..000001}.tar")          # one garbage, one missing
+    for kw in (dict(resampled=True, num_samples=100), dict(num_samples=100)):
+        loader = build_wds_pipeline(pattern, preprocess=None, tokenizer=None, batch_size=4, **kw)
+        assert list(loader) == []
+        assert loader.stats()["missing_shard"] >= 2

@@ -454,8 +454,20 @@ class _ShardStream(IterableDataset):
         return any(k in s for k in self.image_keys) and cap in s
 
     def _samples(self, shard_urls: Iterable[str], counts: _Counts) -> Iterator[dict]:
+        # repeating / resampled shard streams are endless: stop when shard after shard gives
+        # nothing (every shard missing or broken) instead of spinning forever
+        limit = 10 * len(self.urls) + 10
+        empty = 0
         for url in shard_urls:
-            yield from self._read_shard(url, counts)
+            n = 0
+            for sample in self._read_shard(url, counts):
+                n += 1
+                yield sample
+            empty = 0 if n else empty + 1
+            if empty >= limit:
+                log.warning("zsprob.data: %s: %d shards in a row had no readable sample; "
+                            "this worker stops", counts.where, empty)
+                return
 
     # ---- decoding
     def _caption(self, s: dict, rng: random.Random, counts: _Counts) -> Optional[str]:
