@@ -249,7 +249,9 @@ def caption_key(cm: dict) -> tuple:
 def ambiguity(caption_meta: dict) -> float:
     """ln P(caption true of a scene drawn from the world prior), exact (analytic)."""
     p = caption_probability(canonical_key(caption_key(caption_meta)))
-    return float(math.log(p)) if p > 0 else float("-inf")
+    if p <= 0:  # cannot happen for a caption generated from a scene of the world prior
+        return float("-inf")
+    return min(0.0, float(math.log(p)))  # clamp float round-off above 1
 
 
 # Values the prior treats specially keep their identity; all others of an attribute are
@@ -333,6 +335,78 @@ def _phrases_prob(phrases_t: tuple, regime: str, n: int) -> float:
         return _many_prob(phrases, need, n)
     if K == 1:
         return _single_phrase_prob(phrases[0], regime, n)
+    shapes_named = [p.get("shape") for p in phrases]
+    if None not in shapes_named and len(set(shapes_named)) == K:
+        return _distinct_shapes_prob(phrases, regime, n)
+    return _dp_prob(phrases_t, regime, n)
+
+
+def _iid_match_prob(ph: dict, regime: str) -> float:
+    """P(an object's colour, size and fill match the phrase) (independent of everything else)."""
+    q = 1.0
+    if "color" in ph:
+        q *= 0.0 if regime in COLORLESS else 1.0 / len(COLOR_NAMES)
+    if "size" in ph:
+        q *= 1.0 / len(SIZES)
+    if "fill" in ph:
+        q *= (1.0 if ph["fill"] == "outline" else 0.0) if regime == "drawing" else 1.0 / len(FILLS)
+    return q
+
+
+def _distinct_shapes_prob(phrases: list[dict], regime: str, n: int) -> float:
+    """Every phrase names a different shape, so each must be matched by a different object.
+
+    Sum over the ordered choices of distinct object slots for the phrases: P(those slots
+    carry those shapes) x P(named cells on those slots) x product of the independent
+    attribute probabilities.
+    """
+    from itertools import permutations
+
+    K = len(phrases)
+    if K > n:
+        return 0.0
+    q = 1.0
+    for ph in phrases:
+        q *= _iid_match_prob(ph, regime)
+    if q == 0.0:
+        return 0.0
+    p_shapes = 1.0
+    for i in range(K):
+        p_shapes /= len(SHAPES) - i
+    npos = len(POSITIONS)
+    total = 0.0
+    for slots in permutations(range(n), K):
+        named = {slots[k]: ph["position"] for k, ph in enumerate(phrases) if "position" in ph}
+        cells = list(named.values())
+        m = len(cells)
+        if len(set(cells)) < m:
+            continue
+        if regime == "cropped":
+            if 0 in named:
+                if named[0] == "center":
+                    continue
+                pp = 1.0 / (npos - 1)
+                for i in range(m - 1):
+                    pp /= npos - 1 - i
+            else:
+                free0 = (npos - 1) - sum(1 for c in cells if c != "center")
+                pp = free0 / (npos - 1)
+                for i in range(m):
+                    pp /= npos - 1 - i
+        else:
+            pp = 1.0
+            for i in range(m):
+                pp /= npos - i
+        total += pp
+    return total * p_shapes * q
+
+
+@lru_cache(maxsize=100_000)
+def _dp_prob(phrases_t: tuple, regime: str, n: int) -> float:
+    """General case: dynamic programme over the objects (exact)."""
+    phrases = [dict(p) for p in phrases_t]
+    K = len(phrases)
+    need = {a: [p[a] for p in phrases if a in p] for a in ATTRS}
     shape_cls = [v for v, _ in _classes(need["shape"], SHAPES) if v is not None]
     pos_cls = [v for v, _ in _classes(need["position"], POSITIONS) if v is not None]
     n_other_shape = len(SHAPES) - len(shape_cls)

@@ -120,6 +120,12 @@ def _grid(size: int) -> tuple[np.ndarray, np.ndarray]:
     return xx, yy
 
 
+@lru_cache(maxsize=8)
+def _noise_bank(size: int) -> np.ndarray:
+    """Gaussian noise (sd 34) of shape [2 size, 2 size, 3] from a fixed seed."""
+    return np.random.default_rng(1234567).standard_normal((2 * size, 2 * size, 3), dtype=np.float32) * 34
+
+
 def _background(scene: dict, size: int) -> Image.Image:
     """Background at ``size`` (the final canvas; upsampled for supersampled drawing)."""
     r = scene["render"]
@@ -137,8 +143,9 @@ def _background(scene: dict, size: int) -> Image.Image:
         band = (np.floor(proj * (2 / 0.16)) % 2)[..., None]
         arr = base + (band - 0.5) * (1.6 * abs(r["bg_contrast"]))
     else:  # noise
-        g = np.random.default_rng(r["noise_seed"])
-        arr = base + g.standard_normal((size, size, 3), dtype=np.float32) * 34
+        bank = _noise_bank(size)  # a fixed noise texture; the scene picks a random window of it
+        oy, ox = divmod(r["noise_seed"] % (size * size), size)
+        arr = base + bank[oy:oy + size, ox:ox + size]
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "RGB")
 
 
@@ -228,13 +235,13 @@ def apply_condition(img: Image.Image, scene: dict) -> Image.Image:
     cond = scene["condition"]
     s = img.size[0]
     if cond == "blurry":
-        return img.filter(ImageFilter.GaussianBlur(radius=max(1.2, s * 0.035)))
+        return img.filter(ImageFilter.GaussianBlur(radius=max(1.5, s * 0.045)))
     if cond == "pixelated":
-        k = max(8, s // 5)
+        k = max(8, s // 4)
         return img.resize((k, k), Image.BOX).resize((s, s), Image.NEAREST)
     if cond == "low resolution":
-        k = max(10, s // 3)
-        return img.resize((k, k), Image.BILINEAR).resize((s, s), Image.BILINEAR)
+        k = max(8, s // 4)
+        return img.resize((k, k), Image.BILINEAR).resize((s, s), Image.BICUBIC)
     if cond == "dark":
         a = np.asarray(img, dtype=np.float32) * 0.27
         return Image.fromarray(a.astype(np.uint8), "RGB")

@@ -13,6 +13,7 @@ Written by zsprob (numpy only).
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 
@@ -63,15 +64,18 @@ def _bg_color(rng: np.random.Generator, avoid: list[tuple[int, int, int]]) -> li
     colour wins, else the farthest. Near-white colours are penalised (white paper is reserved
     for the drawing condition).
     """
-    cand = rng.integers(0, 256, size=(24, 3))
-    if avoid:
-        d = np.sqrt(((cand[:, None, :] - np.asarray(avoid)[None]) ** 2).sum(-1)).min(1)
-    else:
-        d = np.full(len(cand), 1e9)
-    d = np.where(cand.min(1) > 200, np.minimum(d, 50.0), d)
-    ok = np.flatnonzero(d >= 110)
-    i = int(ok[0]) if len(ok) else int(np.argmax(d))
-    return [int(x) for x in cand[i]]
+    cand = rng.integers(0, 256, size=(24, 3)).tolist()
+    best, best_d = cand[0], -1.0
+    for c in cand:
+        d = min((math.sqrt((c[0] - a[0]) ** 2 + (c[1] - a[1]) ** 2 + (c[2] - a[2]) ** 2) for a in avoid),
+                default=1e9)
+        if min(c) > 200:
+            d = min(d, 50.0)
+        if d >= 110:
+            return [int(x) for x in c]
+        if d > best_d:
+            best, best_d = c, d
+    return [int(x) for x in best]
 
 
 def _pick(rng: np.random.Generator, cum: np.ndarray) -> int:

@@ -114,6 +114,13 @@ class SynthWorld:
             metas.append(cm)
         return metas
 
+    def meta(self, split: str, index: int, noise: float = 0.0, condition: str | None = None) -> dict:
+        """The ground truth of ``sample(split, index)`` without rendering the image."""
+        sc, rng = self.scene(split, index, condition)
+        cms = self.captions_for(sc, rng, split, index, float(noise))
+        return {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
+                **sc, "captions": cms}
+
     def sample(self, split: str, index: int, noise: float = 0.0, condition: str | None = None) -> SynthSample:
         """The (seed, split, index) sample; ``condition`` forces a condition (previews only)."""
         if not 0.0 <= float(noise) <= 1.0:
@@ -237,13 +244,19 @@ def _retrieval_unit(args: dict) -> dict:
     world = SynthWorld(args["seed"], args["image_size"])
     split = args["split"]
     metas = []
+    skipped = 0
     for i in range(args["start"], args["end"]):
-        s = world.sample(f"retrieval-{split}", i)
-        img_id = RETRIEVAL_ID_BASE[split] + i
-        _write_atomic(out / "retrieval" / "images" / split / f"{img_id}.jpg", _jpeg(s.image, args["quality"]))
-        metas.append(s.meta)
-    return {"kind": "retrieval", "n": len(metas), "skipped": False, "metas": metas, "split": split,
-            "start": args["start"]}
+        path = out / "retrieval" / "images" / split / f"{RETRIEVAL_ID_BASE[split] + i}.jpg"
+        if path.is_file() and args.get("resume", True):  # ground truth without rendering
+            meta = world.meta(f"retrieval-{split}", i)
+            skipped += 1
+        else:
+            s = world.sample(f"retrieval-{split}", i)
+            _write_atomic(path, _jpeg(s.image, args["quality"]))
+            meta = s.meta
+        metas.append(meta)
+    return {"kind": "retrieval", "n": len(metas), "skipped": skipped == len(metas), "metas": metas,
+            "split": split, "start": args["start"]}
 
 
 def _run_unit(args: dict) -> dict:
