@@ -215,3 +215,37 @@ def test_encode_helpers(images):
     assert encode_images(d, images, progress=False)[1] is None
     with pytest.raises(UserError):
         encode_texts(m, "a single string", progress=False)
+
+
+def test_zsprob_checkpoint_as_pretrained(images, tmp_path):
+    m = create_model("zsprob-tiny", open_clip_cfg=TINY, seed=8).eval()
+    save(m, tmp_path / "pre")
+    tok = m.tokenizer(CAPTIONS)
+    # same heads: everything (mean and log-variance branches) is reused
+    f = create_model("zsprob-tiny", pretrained=str(tmp_path / "pre"), seed=9).eval()
+    assert f.config["open_clip_cfg"]["vision_cfg"]["width"] == 64
+    assert f.config["heads_from_checkpoint"] == ["image_gpo", "text_gpo", "image_sigma", "text_sigma"]
+    with torch.no_grad():
+        a, b = m(images, tok), f(images, tok)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    # deterministic fine-tuning from it: the mean branch carries over
+    d = create_model("zsprob-tiny", pretrained=str(tmp_path / "pre"), deterministic=True).eval()
+    with torch.no_grad():
+        assert torch.equal(d.encode_image(images)[0], a["img_mu"])
+
+
+def test_deepcopy_and_grad_checkpointing(images):
+    import copy
+
+    m = create_model("zsprob-tiny", open_clip_cfg=TINY, seed=10).train()
+    c = copy.deepcopy(m)  # e.g. SWA's AveragedModel
+    assert c._vision.visual is c.clip.visual and c._text.blocks is c.clip.transformer.resblocks
+    tok = m.tokenizer(CAPTIONS)
+    c.set_grad_checkpointing(True)
+    for model in (m, c):
+        o = model(images[:3], tok)
+        (o["img_mu"].sum() + o["txt_logvar"].exp().sum() + o["img_logvar"].sum()).backward()
+    for (n, p), (_, q) in zip(m.named_parameters(), c.named_parameters()):
+        if p.grad is not None:
+            assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), n

@@ -225,6 +225,12 @@ def load_open_clip_weights(model: torch.nn.Module, path: str | os.PathLike) -> l
         resize_text_pos_embed(sd, model)
     except Exception as e:  # noqa: BLE001
         raise UserError(f"open_clip checkpoint {path} does not fit model: {e}") from None
+    return _load_state_into(model, sd, str(path))
+
+
+def _load_state_into(model: torch.nn.Module, sd: dict, source: str) -> list[str]:
+    """Strict load except projections of another shape (returned; they keep their init)."""
+    path = source
     own = model.state_dict()
     reinit, bad = [], []
     for k, v in list(sd.items()):
@@ -329,7 +335,16 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         config (e.g. ``{"vision_cfg": {"layers": 2}}``).
     """
     register_model_configs()
-    ocfg = get_open_clip_config(name)
+    from zsprob.models.checkpoint import is_checkpoint
+
+    zs_ckpt = pretrained is not None and str(pretrained) != "" and is_checkpoint(pretrained)
+    if zs_ckpt:  # a zsprob checkpoint: its open_clip config is the base
+        from zsprob.models.checkpoint import load_meta
+
+        zs_meta = load_meta(pretrained)
+        ocfg = copy.deepcopy(zs_meta["config"]["open_clip_cfg"])
+    else:
+        ocfg = get_open_clip_config(name)
     zopts = {k: overrides.pop(k) for k in list(overrides) if k in _ZSPROB_OPTIONS}
     if "open_clip_cfg" in overrides:
         _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
@@ -347,7 +362,9 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         ocfg["embed_dim"] = int(embed_dim)
 
     ckpt, pcfg = (None, {})
-    if pretrained is not None and str(pretrained) != "":
+    if zs_ckpt:
+        pass
+    elif pretrained is not None and str(pretrained) != "":
         ckpt, pcfg = resolve_pretrained(name, pretrained, cache_dir=cache_dir)
         if pcfg.get("quick_gelu", False) and not ocfg.get("quick_gelu", False):
             ocfg["quick_gelu"] = True  # e.g. OpenAI weights were trained with QuickGELU
@@ -356,8 +373,16 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
 
     clip_model = build_open_clip(ocfg)
     reinit: list[str] = []
+    zs_rest: dict = {}
     if ckpt is not None:
         reinit = load_open_clip_weights(clip_model, ckpt)
+    elif zs_ckpt:
+        from zsprob.models.checkpoint import _EXTRA_PREFIX, _ckpt_dir, _read_tensors
+
+        tensors = _read_tensors(_ckpt_dir(pretrained), zs_meta, verify=True)
+        clip_sd = {k[len("clip."):]: v for k, v in tensors.items() if k.startswith("clip.")}
+        reinit = _load_state_into(clip_model, clip_sd, str(pretrained))
+        zs_rest = {k: v for k, v in tensors.items() if not k.startswith(("clip.", _EXTRA_PREFIX))}
 
     config = {
         "name": name,
@@ -377,7 +402,29 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         "pretrained": str(pretrained) if pretrained is not None else None,
         "reinit_params": ["clip." + k for k in reinit],
     }
-    return _wrap(clip_model, config)
+    if zs_ckpt:
+        config["preprocess_cfg"] = copy.deepcopy(zs_meta["config"].get("preprocess_cfg", config["preprocess_cfg"]))
+        config["preprocess_cfg"]["size"] = ocfg["vision_cfg"].get("image_size", 224)
+    model = _wrap(clip_model, config)
+    if zs_rest:
+        # the checkpoint's heads (GPO, log-variance heads) are reused, group by group, where they fit
+        own = model.state_dict()
+        loaded, skipped = [], []
+        for group in ("image_gpo", "text_gpo", "image_sigma", "text_sigma"):
+            mine = {k: v for k, v in own.items() if k.split(".")[0] == group}
+            theirs = {k: v for k, v in zs_rest.items() if k.split(".")[0] == group}
+            if not mine:
+                continue
+            if set(mine) == set(theirs) and all(mine[k].shape == theirs[k].shape for k in mine):
+                model.load_state_dict(theirs, strict=False)
+                loaded.append(group)
+            else:
+                skipped.append(group)
+        model.config["heads_from_checkpoint"] = loaded
+        if skipped:
+            log.warning("zsprob checkpoint %s: %s do not fit this model (sigma_depth / pooling / embed_dim "
+                        "differ) and keep their fresh init (sigma_init=%r)", pretrained, skipped, sigma_init)
+    return model
 
 
 __all__ = ["create_model", "list_models", "register_model_configs", "resolve_pretrained",

@@ -343,7 +343,7 @@ class ProbCLIP(nn.Module):
     def _run(self, blocks, x, mask):
         for blk in blocks:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(blk, x, None, None, mask, use_reentrant=False)
+                x = checkpoint(blk, x, attn_mask=mask, use_reentrant=False)
             else:
                 x = blk(x, attn_mask=mask)
         return x
