@@ -55,16 +55,19 @@ def official_subset(image_ids: np.ndarray, caption_ids: np.ndarray) -> tuple[np.
             np.array([cap_pos[int(x)] for x in off_cap], dtype=np.int64))
 
 
-def _gts_to_csr(gts: dict, q_index: dict, g_index: dict, n_q: int, n_g: int) -> tuple[M.sp.csr_matrix, np.ndarray]:
+def _gts_to_csr(gts: dict, q_index: dict, g_index: dict, n_q: int, n_g: int):
+    """CSR positives, the query rows, and R per row counting ground-truth items outside the gallery."""
     lists = [[] for _ in range(n_q)]
     queries = []
+    n_pos = np.zeros(n_q, dtype=np.int64)
     for qid, items in gts.items():
         qi = q_index.get(int(qid))
         if qi is None:
             continue
         queries.append(qi)
         lists[qi] = [g_index[int(x)] for x in items if int(x) in g_index]
-    return M.positives_from_lists(lists, n_g), np.array(sorted(queries), dtype=np.int64)
+        n_pos[qi] = len(set(int(x) for x in items))
+    return M.positives_from_lists(lists, n_g), np.array(sorted(queries), dtype=np.int64), n_pos
 
 
 def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.ndarray | None = None, *,
@@ -93,7 +96,7 @@ def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.
     notes = []
     if official:
         m = eccv_metrics()
-        coco_i2t, _ = _gts_to_csr(m.coco_gts["i2t"], img_index, cap_index, n_img, n_cap)
+        coco_i2t, _, _ = _gts_to_csr(m.coco_gts["i2t"], img_index, cap_index, n_img, n_cap)
         cap_img = np.full(n_cap, -1, dtype=np.int64)
         for cid, iids in m.coco_gts["t2i"].items():
             cap_img[cap_index[int(cid)]] = img_index[int(iids[0])]
@@ -102,10 +105,14 @@ def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.
         caption_image = cap_img
         sets = [BenchmarkSet("coco_5k", coco_i2t, M.sp.csr_matrix(coco_i2t.T))]
         for name, gts in (("cxc", m.cxc_gts), ("eccv", m.eccv_gts)):
-            i2t, qi = _gts_to_csr(gts["i2t"], img_index, cap_index, n_img, n_cap)
-            t2i, qt = _gts_to_csr(gts["t2i"], cap_index, img_index, n_cap, n_img)
+            i2t, qi, ni = _gts_to_csr(gts["i2t"], img_index, cap_index, n_img, n_cap)
+            t2i, qt, nt = _gts_to_csr(gts["t2i"], cap_index, img_index, n_cap, n_img)
             sets.append(BenchmarkSet(name, i2t, t2i, kind="recall" if name == "cxc" else "precision",
-                                     i2t_queries=qi, t2i_queries=qt))
+                                     i2t_queries=qi, t2i_queries=qt, i2t_n_pos=ni, t2i_n_pos=nt))
+            outside = int(ni.sum() - i2t.nnz + nt.sum() - t2i.nnz)
+            if outside:
+                notes.append(f"{name}: {outside} ground-truth items lie outside the 5K x 25K gallery; as in "
+                             "eccv_caption they count in R (R-Precision, mAP@R) but can never be retrieved")
         order = np.array([cap_index[int(c)] for c in m.coco_ids], dtype=np.int64)
         folds = M.coco_folds(order, caption_image)
         notes.append("ground truth: eccv_caption (COCO 5K, CxC, ECCV Caption); 1K folds: eccv_caption coco_ids order, "

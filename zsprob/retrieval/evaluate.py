@@ -36,6 +36,8 @@ class BenchmarkSet:
     kind: str = "recall"
     i2t_queries: np.ndarray | None = None  # default: rows with a positive
     t2i_queries: np.ndarray | None = None
+    i2t_n_pos: np.ndarray | None = None  # R per query if it counts positives outside the gallery
+    t2i_n_pos: np.ndarray | None = None
 
 
 @dataclass
@@ -113,7 +115,8 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
             r_metrics = bs.kind != "recall"
             k_use = tuple(ks) if bs.kind == "recall" else (1,)
             if bs in shared:
-                qm = M.metrics_from_ranking(ranked[d], pos, queries=q, ks=k_use, r_metrics=r_metrics)
+                qm = M.metrics_from_ranking(ranked[d], pos, queries=q, ks=k_use, r_metrics=r_metrics,
+                                            n_pos=bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos)
             else:
                 qm = M.rank_metrics(mats[d], pos, queries=q, ks=k_use, r_metrics=r_metrics, chunk_size=chunk_size)
             vals = qm.mean()

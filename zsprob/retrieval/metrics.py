@@ -188,12 +188,14 @@ def rank_lists(scores: torch.Tensor | BlockFn, queries: np.ndarray, k: int, *, c
 
 def metrics_from_ranking(ranked: torch.Tensor, positives: sp.csr_matrix, *, ranked_queries: np.ndarray | None = None,
                          queries: np.ndarray | None = None, ks: Sequence[int] = DEFAULT_KS,
-                         r_metrics: bool = True) -> QueryMetrics:
+                         r_metrics: bool = True, n_pos: np.ndarray | None = None) -> QueryMetrics:
     """Per-query metrics from ranked lists.
 
     ``ranked`` [n, L]: ranked gallery indices of the queries ``ranked_queries`` (default: all
     rows of ``positives``, in order). ``queries``: which of them to evaluate (default: those with
     at least one positive). L must be >= max(ks) and, with ``r_metrics``, >= the largest R.
+    ``n_pos`` [n_query_rows]: R per query when it differs from the row's positives in the gallery
+    (eccv_caption counts ground-truth items that are not in the gallery, e.g. a 6th caption).
     """
     positives = sp.csr_matrix(positives, dtype=bool)
     positives.sort_indices()
@@ -217,7 +219,10 @@ def metrics_from_ranking(ranked: torch.Tensor, positives: sp.csr_matrix, *, rank
     sub_ranked = ranked[torch.from_numpy(where[queries])]
     sub = positives[queries]
     hits = hits_matrix(sub_ranked, sub)
-    vals = metrics_from_hits(hits, torch.from_numpy(np.diff(sub.indptr)), ks, r_metrics)
+    R = np.diff(sub.indptr) if n_pos is None else np.asarray(n_pos, dtype=np.int64)[queries]
+    if r_metrics and len(R) and L < int(R.max()) and L < positives.shape[1]:
+        hits = torch.cat([hits, torch.zeros(hits.shape[0], int(R.max()) - L, dtype=torch.bool)], 1)
+    vals = metrics_from_hits(hits, torch.from_numpy(np.ascontiguousarray(R)), ks, r_metrics)
     return QueryMetrics(queries=queries, values={k: v.numpy() for k, v in vals.items()})
 
 
