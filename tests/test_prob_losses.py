@@ -318,16 +318,16 @@ def test_infonce_is_clip_loss_with_clamped_scale():
 
 def test_triplet_matches_vsepp_loops():
     x = batch(5, 4)
-    a, b = F.normalize(x[0], dim=-1), F.normalize(x[2], dim=-1)
-    S = (a @ b.t()).detach()
+    a, b = F.normalize(x[0].detach(), dim=-1), F.normalize(x[2].detach(), dim=-1)
+    S = a @ b.t()
     hard = summ = 0.0
     for i in range(5):
         ci = [max(0.0, 0.2 + float(S[i, j] - S[i, i])) for j in range(5) if j != i]
         ri = [max(0.0, 0.2 + float(S[j, i] - S[i, i])) for j in range(5) if j != i]
         hard += max(ci) + max(ri)
         summ += sum(ci) + sum(ri)
-    assert float(TripletLoss()(x[0], None, x[2], None)[0]) == pytest.approx(hard / 5)
-    assert float(TripletLoss(hardest=False)(x[0], None, x[2], None)[0]) == pytest.approx(summ / 5)
+    assert TripletLoss()(x[0], None, x[2], None)[0].item() == pytest.approx(hard / 5)
+    assert TripletLoss(hardest=False)(x[0], None, x[2], None)[0].item() == pytest.approx(summ / 5)
 
 
 def test_hinge_negative_mining_hand_made():
