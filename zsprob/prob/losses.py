@@ -27,6 +27,12 @@ Objectives (paper, section):
   (Table 4); :class:`MuOnlyLoss` uses ||mu_v - mu_t||^2 (the mean-only baseline).
   The PP rule follows the official code (row-wise: ``logits >= gt_val[:, None]``); the printed
   pseudo-code line ``logits >= gt_vals`` broadcasts the [N] vector along the wrong axis.
+  Per pair the BCE gradient is dL/dl = sigmoid(l) - m for any soft label m (tests check it
+  numerically): confident positives saturate (-> 0), a confident false negative (m = 0,
+  sigmoid(l) ~ 1) gets ~1, a pseudo-positive relabelled to 1 gets ~0 and an MSDA label lambda
+  gets 1 - lambda. The expressions printed in Sec. 2.3-2.4 ("1 - sigmoid(l) for m = 0",
+  "(1 - lambda) - (1 - 2 lambda) sigmoid(l)") are not the derivative of Eq. 2; zsprob implements
+  Eq. 2 / the pseudo-code, not those expressions.
 - :class:`PCMELoss` (PCME Eq. 1-3): soft contrastive NLL of the Monte Carlo match probability
   with J samples per input, KL (VIB) and uniformity (log mean exp(-2 ||z - z'||^2), Wang & Isola,
   as in the official PCME code) regularisers. Sample distances are computed in blocks, each
