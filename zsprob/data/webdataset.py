@@ -165,11 +165,15 @@ def _is_emoji(ch: str) -> bool:
     return cat in ("So", "Cs", "Co")
 
 
+# control and format characters (C0/C1 controls, zero-width spaces, bidi marks, BOM), not ZWJ
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u200b\u200c\u200e\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
+
+
 def clean_caption(text: str) -> str:
-    """Generic cleaning: Unicode NFC, control characters -> space, collapse whitespace, strip."""
-    text = unicodedata.normalize("NFC", text)
-    text = "".join(" " if unicodedata.category(c) in ("Cc", "Cf") and c != "\u200d" else c for c in text)
-    return _WS.sub(" ", text).strip()
+    """Generic cleaning: Unicode NFC, control / zero-width characters -> space, collapse whitespace, strip."""
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text)
+    return _WS.sub(" ", _CONTROL.sub(" ", text)).strip()
 
 
 def clean_redcaps_caption(text: str, *, keep_emoji: bool = False) -> str:
@@ -470,7 +474,7 @@ class _ShardStream(IterableDataset):
                 return
 
     # ---- decoding
-    def _caption(self, s: dict, rng: random.Random, counts: _Counts) -> Optional[str]:
+    def _caption(self, s: dict, seed: int, counts: _Counts) -> Optional[str]:
         key = self.caption_key
         meta = None
         if key.startswith("json:"):
@@ -489,7 +493,7 @@ class _ShardStream(IterableDataset):
                 cap = [c if isinstance(c, str) else (c.get("text") or c.get("caption"))
                        if isinstance(c, dict) else None for c in cap]
                 cap = [c for c in cap if isinstance(c, str)]
-                cap = rng.choice(cap) if cap else None
+                cap = random.Random(seed).choice(cap) if cap else None
             if cap is None or not isinstance(cap, str):
                 counts.bad("missing_caption", f"{s['__key__']}: json has no {field!r}")
                 return None
@@ -523,8 +527,9 @@ class _ShardStream(IterableDataset):
         for k in self.image_keys:
             if k in s:
                 try:
-                    with Image.open(io.BytesIO(s[k])) as im:
-                        return im.convert("RGB")
+                    im = Image.open(io.BytesIO(s[k]))
+                    im.load()  # full decode here, so a corrupt or truncated file fails now
+                    return im if im.mode == "RGB" else im.convert("RGB")
                 except Exception as e:
                     counts.bad("bad_image", f"{s['__key__']}.{k}: {type(e).__name__}: {e}")
                     return None
@@ -559,8 +564,7 @@ class _ShardStream(IterableDataset):
                 continue
             skipping = produced < my_skip
             sseed = (sample_base + idx) & 0x7FFFFFFFFFFFFFFF
-            srng = random.Random(sseed)
-            cap = self._caption(s, srng, counts)
+            cap = self._caption(s, sseed, counts)
             if cap is None:
                 continue
             img = self._image(s, counts)
