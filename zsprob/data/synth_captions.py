@@ -56,7 +56,7 @@ KIND_P = {"full": 0.2, "partial": 0.33, "scene": 0.2, "condition": 0.22, "vague"
 def _kind_table(exclude: tuple) -> tuple[list[str], np.ndarray]:
     kinds = [k for k in KIND_P if k not in exclude]
     p = np.array([KIND_P[k] for k in kinds])
-    return kinds, np.cumsum(p / p.sum())
+    return kinds, np.cumsum(p / p.sum()).tolist()
 
 
 _KINDS_ALL = _kind_table(())
@@ -92,30 +92,31 @@ def _meta(text, kind, objects, condition=None, background=None, count=None) -> d
             "background": background, "count": count}
 
 
-def _partial_attrs(rng: np.random.Generator, obj: dict, allow_position: bool = True) -> set[str]:
+def _partial_attrs(rng, obj: dict, allow_position: bool = True) -> set[str]:
     avail = [a for a in ("color", "size", "fill", "position") if obj.get(a) is not None
              and (allow_position or a != "position")]
     attrs = {a for a in avail if rng.random() < 0.3}
     if rng.random() < 0.8:
         attrs.add("shape")
     if not attrs:
-        attrs.add("shape" if rng.random() < 0.5 or not avail else avail[int(rng.integers(len(avail)))])
+        attrs.add("shape" if rng.random() < 0.5 or not avail else avail[rng.integers(len(avail))])
     if attrs >= set(ATTRS):
         attrs.discard("position")
     return attrs
 
 
-def make_caption(rng: np.random.Generator, scene: dict, kind: str | None = None) -> dict:
+def make_caption(rng, scene: dict, kind: str | None = None) -> dict:
     """One caption (meta dict with ``text``) that is true of ``scene``."""
     objs = scene["objects"]
     cond = scene["condition"]
     if kind is None:
         kinds, cum = _KINDS_NORMAL if cond == "normal" else _KINDS_ALL
-        kind = kinds[min(int(np.searchsorted(cum, rng.random(), side="right")), len(kinds) - 1)]
-    wrap = WRAPPERS[int(rng.integers(len(WRAPPERS)))]
-    obj = objs[int(rng.integers(len(objs)))]
+        u = rng.random()
+        kind = next((k for k, c in zip(kinds, cum) if u < c), kinds[-1])
+    wrap = WRAPPERS[rng.integers(len(WRAPPERS))]
+    obj = objs[rng.integers(len(objs))]
     if kind == "vague":
-        text, phrases = VAGUE[int(rng.integers(len(VAGUE)))]
+        text, phrases = VAGUE[rng.integers(len(VAGUE))]
         return _meta(text, kind, [dict(p) for p in phrases])
     if kind == "full":
         ph, m = object_phrase(obj, set(ATTRS))
@@ -124,7 +125,7 @@ def make_caption(rng: np.random.Generator, scene: dict, kind: str | None = None)
         ph, m = object_phrase(obj, _partial_attrs(rng, obj))
         return _meta(wrap.format(ph), kind, [m])
     if kind == "condition":
-        tmpl = COND_TEMPLATES[cond][int(rng.integers(len(COND_TEMPLATES[cond])))]
+        tmpl = COND_TEMPLATES[cond][rng.integers(len(COND_TEMPLATES[cond]))]
         if cond == "many":
             attrs = {a for a in ("color", "fill") if rng.random() < 0.4} | {"shape"}
             ph, m = object_phrase(obj, attrs, plural=True)
@@ -136,7 +137,7 @@ def make_caption(rng: np.random.Generator, scene: dict, kind: str | None = None)
     n = len(objs)
     if n >= 2 and cond != "many" and r < 0.6:
         k = n if (n == 2 or rng.random() < 0.5) else 2
-        idx = sorted(rng.choice(n, size=k, replace=False).tolist())
+        idx = sorted(rng.sample(n, k))
         parts, ms = [], []
         for i in idx:
             attrs = _partial_attrs(rng, objs[i]) | {"shape"}

@@ -132,7 +132,7 @@ def _background(scene: dict, size: int) -> Image.Image:
     base = np.array(r["bg_color"], dtype=np.float32)
     kind = scene["background"]
     if kind == "plain":
-        return Image.new("RGB", (size, size), tuple(int(v) for v in base))
+        return Image.new("RGB", (size, size), tuple(int(v) for v in r["bg_color"]))
     xx, yy = _grid(size)
     a = math.radians(r["bg_angle"])
     proj = xx * math.cos(a) + yy * math.sin(a)
@@ -146,7 +146,9 @@ def _background(scene: dict, size: int) -> Image.Image:
         bank = _noise_bank(size)  # a fixed noise texture; the scene picks a random window of it
         oy, ox = divmod(r["noise_seed"] % (size * size), size)
         arr = base + bank[oy:oy + size, ox:ox + size]
-    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "RGB")
+    np.maximum(arr, 0, out=arr)
+    np.minimum(arr, 255, out=arr)
+    return Image.fromarray(arr.astype(np.uint8), "RGB")
 
 
 def _geometry(scene: dict, j: int, size: int):
@@ -179,11 +181,14 @@ def render_scene(scene: dict, image_size: int) -> Image.Image:
     """Render a scene (see :func:`zsprob.data.synth_scene.sample_scene`) to an RGB image."""
     big = image_size * SS
     cond = scene["condition"]
-    img = _background(scene, image_size).resize((big, big), Image.NEAREST)
+    if scene["background"] == "plain":
+        img = _background(scene, big)
+    else:
+        img = _background(scene, image_size).resize((big, big), Image.NEAREST)
     draw = ImageDraw.Draw(img)
     order = sorted(range(len(scene["objects"])),
                    key=lambda j: -SIZE_RADIUS[scene["objects"][j]["size"]])  # larger first: none hidden
-    rnd = np.random.default_rng(scene["render"]["noise_seed"] + 1)
+    rnd = np.random.default_rng(scene["render"]["noise_seed"] + 1) if cond == "drawing" else None
     for j in order:
         o, ro = scene["objects"][j], scene["render"]["objects"][j]
         rpx, cx, cy = _geometry(scene, j, big)

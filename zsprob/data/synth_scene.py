@@ -50,44 +50,87 @@ VOCAB: dict[str, list[str]] = {"shape": SHAPES, "color": COLOR_NAMES, "size": SI
                                "position": POSITIONS, "fill": FILLS}
 
 
-def scene_rng(seed: int, split: str, index: int, *extra) -> np.random.Generator:
-    """A Generator seeded from a stable hash of (seed, split, index, *extra)."""
+class Stream:
+    """Fast scalar draws from a ``numpy.random.Generator`` (uniforms drawn 64 at a time).
+
+    ``random()`` in [0, 1), ``integers(n)`` / ``integers(lo, hi)`` uniform, ``uniform(a, b)``,
+    ``sample(n, k)`` = k distinct values of range(n) in uniformly random order (partial
+    Fisher-Yates). One numpy call per 64 draws instead of one per draw.
+    """
+
+    __slots__ = ("gen", "_buf", "_i")
+
+    def __init__(self, gen: np.random.Generator):
+        self.gen = gen
+        self._buf: list[float] = []
+        self._i = 0
+
+    def random(self) -> float:
+        if self._i >= len(self._buf):
+            self._buf = self.gen.random(64).tolist()
+            self._i = 0
+        v = self._buf[self._i]
+        self._i += 1
+        return v
+
+    def integers(self, lo: int, hi: int | None = None) -> int:
+        if hi is None:
+            lo, hi = 0, lo
+        return min(hi - 1, lo + int(self.random() * (hi - lo)))
+
+    def uniform(self, a: float, b: float) -> float:
+        return a + (b - a) * self.random()
+
+    def sample(self, n: int, k: int) -> list[int]:
+        pool = list(range(n))
+        for i in range(k):
+            j = i + min(n - i - 1, int(self.random() * (n - i)))
+            pool[i], pool[j] = pool[j], pool[i]
+        return pool[:k]
+
+
+def scene_rng(seed: int, split: str, index: int, *extra) -> Stream:
+    """A random stream seeded from a stable hash (BLAKE2b) of (seed, split, index, *extra)."""
     key = "/".join(str(x) for x in (int(seed), str(split), int(index), *extra)).encode("utf-8")
     digest = hashlib.blake2b(key, digest_size=16).digest()
-    return np.random.default_rng(np.frombuffer(digest, dtype=np.uint32).tolist())
+    return Stream(np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little"))))
 
 
-def _bg_color(rng: np.random.Generator, avoid: list[tuple[int, int, int]]) -> list[int]:
+def _bg_color(rng: Stream, avoid: list[tuple[int, int, int]]) -> list[int]:
     """A random background colour far enough from every object colour to keep objects visible.
 
     24 candidates are drawn at once; the first one at distance >= 110 (RGB) from every object
     colour wins, else the farthest. Near-white colours are penalised (white paper is reserved
     for the drawing condition).
     """
-    cand = rng.integers(0, 256, size=(24, 3)).tolist()
-    best, best_d = cand[0], -1.0
-    for c in cand:
+    best, best_d = None, -1.0
+    for _ in range(24):
+        c = [rng.integers(256), rng.integers(256), rng.integers(256)]
         d = min((math.sqrt((c[0] - a[0]) ** 2 + (c[1] - a[1]) ** 2 + (c[2] - a[2]) ** 2) for a in avoid),
                 default=1e9)
         if min(c) > 200:
             d = min(d, 50.0)
         if d >= 110:
-            return [int(x) for x in c]
+            return c
         if d > best_d:
             best, best_d = c, d
-    return [int(x) for x in best]
+    return best
 
 
-def _pick(rng: np.random.Generator, cum: np.ndarray) -> int:
+def _pick(rng: Stream, cum: list[float]) -> int:
     """Index drawn from a categorical distribution given its cumulative probabilities."""
-    return int(min(np.searchsorted(cum, rng.random(), side="right"), len(cum) - 1))
+    u = rng.random()
+    for i, c in enumerate(cum):
+        if u < c:
+            return i
+    return len(cum) - 1
 
 
-_COND_CUM = np.cumsum(COND_P)
-_NOBJ_CUM = np.cumsum(NUM_OBJECTS_P)
+_COND_CUM = np.cumsum(COND_P).tolist()
+_NOBJ_CUM = np.cumsum(NUM_OBJECTS_P).tolist()
 
 
-def sample_scene(rng: np.random.Generator, *, shape: str | None = None, single: bool = False,
+def sample_scene(rng: Stream, *, shape: str | None = None, single: bool = False,
                  condition: str | None = None) -> dict:
     """Draw one scene.
 
@@ -100,16 +143,16 @@ def sample_scene(rng: np.random.Generator, *, shape: str | None = None, single: 
     cond = CONDITIONS[_pick(rng, _COND_CUM)]
     if condition is not None:
         cond = condition
-    bg_type = "plain" if cond == "drawing" else BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
+    bg_type = "plain" if cond == "drawing" else BACKGROUNDS[rng.integers(len(BACKGROUNDS))]
     objects: list[dict] = []
     if cond == "many":
-        n = int(MANY_COUNTS[int(rng.integers(len(MANY_COUNTS)))])
-        s = SHAPES[int(rng.integers(len(SHAPES)))]
+        n = int(MANY_COUNTS[rng.integers(len(MANY_COUNTS))])
+        s = SHAPES[rng.integers(len(SHAPES))]
         if shape is not None:
             s = shape
-        col = COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]
-        fill = FILLS[int(rng.integers(len(FILLS)))]
-        cells = rng.choice(len(POSITIONS), size=n, replace=False)
+        col = COLOR_NAMES[rng.integers(len(COLOR_NAMES))]
+        fill = FILLS[rng.integers(len(FILLS))]
+        cells = rng.sample(len(POSITIONS), n)
         for c in cells:
             objects.append({"shape": s, "color": col, "size": "small", "position": POSITIONS[int(c)],
                             "fill": fill})
@@ -117,7 +160,7 @@ def sample_scene(rng: np.random.Generator, *, shape: str | None = None, single: 
         n = NUM_OBJECTS[_pick(rng, _NOBJ_CUM)]
         if single:
             n = 1
-        shapes = [SHAPES[int(i)] for i in rng.choice(len(SHAPES), size=n, replace=False)]
+        shapes = [SHAPES[int(i)] for i in rng.sample(len(SHAPES), n)]
         if shape is not None and shape not in shapes:
             shapes[0] = shape
         elif shape is not None:
@@ -125,15 +168,15 @@ def sample_scene(rng: np.random.Generator, *, shape: str | None = None, single: 
             shapes[0], shapes[j] = shapes[j], shapes[0]
         if cond == "cropped":
             edge = [i for i in range(len(POSITIONS)) if i != CENTER]
-            first = int(edge[int(rng.integers(len(edge)))])
+            first = int(edge[rng.integers(len(edge))])
             rest = [i for i in range(len(POSITIONS)) if i != first]
-            cells = [first] + [int(rest[int(i)]) for i in rng.choice(len(rest), size=n - 1, replace=False)]
+            cells = [first] + [int(rest[int(i)]) for i in rng.sample(len(rest), n - 1)]
         else:
-            cells = [int(i) for i in rng.choice(len(POSITIONS), size=n, replace=False)]
+            cells = [int(i) for i in rng.sample(len(POSITIONS), n)]
         for j in range(n):
-            col = COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]
-            size = SIZES[int(rng.integers(len(SIZES)))]
-            fill = FILLS[int(rng.integers(len(FILLS)))]
+            col = COLOR_NAMES[rng.integers(len(COLOR_NAMES))]
+            size = SIZES[rng.integers(len(SIZES))]
+            fill = FILLS[rng.integers(len(FILLS))]
             if cond in COLORLESS:
                 col = None
             if cond == "drawing":
@@ -143,7 +186,7 @@ def sample_scene(rng: np.random.Generator, *, shape: str | None = None, single: 
     # continuous rendering parameters (part of the scene so rendering is a pure function of it)
     src_cols = [COLORS[o["color"]] for o in objects if o["color"] is not None]
     if cond in COLORLESS:  # the colour the object had before the condition removed it
-        src_cols = [COLORS[COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]] for _ in objects]
+        src_cols = [COLORS[COLOR_NAMES[rng.integers(len(COLOR_NAMES))]] for _ in objects]
     render_objs = []
     for o in objects:
         render_objs.append({
@@ -159,7 +202,7 @@ def sample_scene(rng: np.random.Generator, *, shape: str | None = None, single: 
         "bg_angle": float(rng.uniform(0, 180)),
         "bg_contrast": float(rng.uniform(35, 70)) * (1 if rng.random() < 0.5 else -1),
         "src_colors": [list(c) for c in src_cols] if cond in COLORLESS else None,
-        "noise_seed": int(rng.integers(0, 2**31 - 1)),
+        "noise_seed": rng.integers(2**31 - 1),
         "objects": render_objs,
     }
     return {"condition": cond, "background": bg_type, "num_objects": len(objects),

@@ -90,7 +90,7 @@ class SynthWorld:
         self.seed = int(seed)
         self.image_size = _check_size(image_size)
 
-    def scene(self, split: str, index: int, condition: str | None = None) -> tuple[dict, np.random.Generator]:
+    def scene(self, split: str, index: int, condition: str | None = None) -> tuple[dict, Any]:
         rng = scene_rng(self.seed, split, index)
         if str(split).startswith("classify"):
             sc = sample_scene(rng, shape=SHAPES[int(index) % len(SHAPES)], single=True, condition=condition)
@@ -98,7 +98,7 @@ class SynthWorld:
             sc = sample_scene(rng, condition=condition)
         return sc, rng
 
-    def captions_for(self, scene: dict, rng: np.random.Generator, split: str, index: int,
+    def captions_for(self, scene: dict, rng, split: str, index: int,
                      noise: float = 0.0) -> list[dict]:
         metas = []
         for k in range(CAPTIONS_PER_IMAGE):
@@ -568,7 +568,7 @@ def write_preview(path: str | os.PathLike, *, seed: int = 0, image_size: int = 6
         font = bold = ImageFont.load_default()
     disp = cell - 16
     label_w = 130
-    text_h = 66
+    text_h = 86
     W = label_w + per_condition * cell
     H = len(CONDITIONS) * (cell + text_h) + 10
     canvas = Image.new("RGB", (W, H), "white")
@@ -581,11 +581,11 @@ def write_preview(path: str | os.PathLike, *, seed: int = 0, image_size: int = 6
             im = s.image.resize((disp, disp), Image.NEAREST)
             x = label_w + c * cell + 8
             canvas.paste(im, (x, y + 8))
-            lines: list[str] = []
-            for cap in s.captions[:2]:
-                lines += _wrap(cap, 30)[:2]
-            for k, line in enumerate(lines[:4]):
-                d.text((x, y + cell - 4 + k * 15), line, fill=(20, 20, 120) if k < 2 else (110, 20, 20), font=font)
+            ty = y + cell - 4
+            for k, cap in enumerate(s.captions[:2]):
+                for line in _wrap(cap, 30)[:3]:
+                    d.text((x, ty), line, fill=((20, 20, 130), (120, 25, 25))[k], font=font)
+                    ty += 14
     path = Path(path)
     buf = io.BytesIO()
     canvas.save(buf, format="PNG")
