@@ -64,10 +64,17 @@ def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, stra
     """Rank prompt templates by text uncertainty and select them per class."""
     from pathlib import Path
 
-    from zsprob.utils.io import atomic_write_json
-    from zsprob.zeroshot.classify import run_selection, strategy_from_topk
+    from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk
 
     name, k = strategy_from_topk(topk, strategy)
+    parse_k_grid(k_grid)                      # fail fast on a malformed grid, before loading torch
+    if root is not None:
+        from zsprob.errors import require_dir
+
+        require_dir(root, f"{dataset} data root")
+    from zsprob.utils.io import atomic_write_json
+    from zsprob.zeroshot.classify import run_selection
+
     model, meta = load_model(checkpoint, model_name, pretrained, device)
     cache = Path(cache_dir) if cache_dir else Path(out).resolve().parent / "cache"
     sel, doc = run_selection(model, dataset, root, strategy=name, k=k, select_root=select_root,

@@ -30,13 +30,20 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     """Zero-shot classification with selected prompts."""
     from pathlib import Path
 
-    from zsprob.errors import UserError, require_dir
-    from zsprob.utils.io import atomic_write_json
-    from zsprob.zeroshot.classify import compare_strategies, parse_k_grid, strategy_from_topk, zeroshot_eval
+    from zsprob.errors import UserError, require_dir, require_file
+    from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk
 
     require_dir(root, f"{dataset} data root")
     if prompts is not None and compare:
         raise UserError("--compare evaluates every strategy; it does not take --prompts")
+    if prompts is not None:
+        require_file(prompts, "selection file", "make one with zsprob select-prompts")
+    else:
+        strategy_from_topk(topk, strategy)
+    parse_k_grid(k_grid)
+    from zsprob.utils.io import atomic_write_json
+    from zsprob.zeroshot.classify import compare_strategies, zeroshot_eval
+
     model, meta = load_model(checkpoint, model_name, pretrained, device)
     out = Path(out)
     cache = Path(cache_dir) if cache_dir else out.resolve().parent / "cache"

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
+from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk  # noqa: F401  (re-exported)
 
 SCORES = ("cosine", "csd", "unc")
 DATASET_KINDS = ("imagenet", "synthetic", "folder")
@@ -205,6 +206,52 @@ def topk_curve(bank, feats: ImageFeatures, k_values=None) -> dict:
     return {"k": k_values, "top1": [float(v) for v in acc]}
 
 
+def prompt_quality_diagnostic(bank, feats: ImageFeatures, k_values=None) -> dict:
+    """Does text uncertainty track prompt quality? (analysis on labelled images; selects nothing).
+
+    For each template t: the accuracy of the single-template classifier and its uncertainty
+    averaged over classes; per class: the recall of each single template. Reports Spearman
+    correlations (negative = more certain prompts are better) and the per-class recall of the
+    same-top-K classifier for every K (the per-class curves behind the oracle).
+    """
+    from scipy.stats import spearmanr
+
+    from zsprob.zeroshot.selection import default_k_values, topk_score_tensor
+
+    if bank.deterministic:
+        return {}
+    x = F.normalize(feats.mu.float(), dim=-1)
+    y = feats.labels
+    C, T = bank.num_classes, bank.num_templates
+    unc = bank.uncertainty
+    scores = torch.einsum("nd,ctd->ntc", x, bank.mu_normed)            # [N, T, C]
+    hit = (scores.argmax(2) == y[:, None]).double()                     # [N, T]
+    acc_t = hit.mean(0) * 100
+    counts = torch.bincount(y, minlength=C).double().clamp_min(1)
+    recall = torch.zeros(C, T, dtype=torch.float64).index_add_(0, y, hit) / counts[:, None]
+    rho_t = spearmanr(unc.mean(0).numpy(), acc_t.numpy()).statistic
+    per_class = []
+    for c in range(C):
+        if recall[c].std() > 0 and unc[c].std() > 0:
+            per_class.append(float(spearmanr(unc[c].numpy(), recall[c].numpy()).statistic))
+    k_values = list(k_values or default_k_values(T))
+    S = topk_score_tensor(bank, x, k_values)
+    hitk = (S.argmax(1) == y[:, None]).double()                         # [N, nK]
+    rk = torch.zeros(C, len(k_values), dtype=torch.float64).index_add_(0, y, hitk) / counts[:, None]
+    order = torch.argsort(unc.mean(0), stable=True)
+    return {"uses_eval_labels": True,
+            "template_accuracy": {bank.templates[t]: float(acc_t[t]) for t in range(T)},
+            "template_mean_uncertainty": {bank.templates[t]: float(unc[:, t].mean()) for t in range(T)},
+            "spearman_template_uncertainty_vs_accuracy": float(rho_t),
+            "spearman_per_class_uncertainty_vs_recall_mean": (sum(per_class) / len(per_class)) if per_class else None,
+            "n_classes_with_negative_rho": sum(1 for r in per_class if r < 0), "n_classes_rho": len(per_class),
+            "most_certain_templates": [bank.templates[t] for t in order[:5].tolist()],
+            "least_certain_templates": [bank.templates[t] for t in order[-5:].tolist()],
+            "uncertainty_relative_spread": float((unc.std(1) / unc.mean(1)).mean()),
+            "per_class_recall_vs_k": {"k": k_values,
+                                      "recall": {bank.classnames[c]: [float(v) for v in rk[c]] for c in range(C)}}}
+
+
 # ----------------------------------------------------------------------------- selection I/O
 
 def model_info(model, model_id: str, checkpoint=None, name=None, pretrained=None) -> dict:
@@ -347,9 +394,11 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
             curves["select"] = topk_curve(bank, select_feats, k_values)
         curves["reference"] = {r["name"]: r["metrics"]["top1"] for r in rows if not r.get("skipped")}
     files = {}
+    diagnostic = prompt_quality_diagnostic(bank, eval_feats, k_values)
     result = {"rows": rows, "curves": curves, "deterministic": bank.deterministic, "score": score,
               "n_eval": len(eval_feats), "n_select": None if select_feats is None else len(select_feats),
-              "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {}}
+              "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {},
+              "diagnostic_eval_labels": diagnostic}
     result["table"] = format_table(rows)
     if out_dir is not None:
         out_dir = Path(out_dir)
@@ -458,45 +507,6 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
 
 
 # ----------------------------------------------------------------------------- library entry points of the CLI
-
-def parse_k_grid(text: str | None, T: int | None = None):
-    """``"1,2,4,8"`` or ``"1-80"`` -> list of ints (``None`` -> all K)."""
-    if text is None or str(text).strip() == "":
-        return None
-    out = []
-    try:
-        for part in str(text).split(","):
-            part = part.strip()
-            if "-" in part:
-                a, b = part.split("-", 1)
-                out.extend(range(int(a), int(b) + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise UserError(f"--k-grid must be comma-separated integers or ranges like 1-80, got {text!r}") from None
-    out = sorted(set(out))
-    if not out or out[0] < 1 or (T is not None and out[-1] > T):
-        raise UserError(f"--k-grid values must be between 1 and the number of templates ({T}), got {text!r}")
-    if T is not None and out[-1] != T:
-        out.append(T)  # 'all' is always a candidate
-    return out
-
-
-def strategy_from_topk(topk: str | None, strategy: str | None):
-    """Map ``--topk auto|N|all|oracle`` and ``--strategy`` to (strategy name, K or None)."""
-    if strategy is not None:
-        if strategy == "topk":
-            if topk is None or not str(topk).isdigit():
-                raise UserError("--strategy topk needs --topk N (a number)")
-            return "topk", int(topk)
-        return strategy, None
-    t = (topk or "auto").strip().lower()
-    if t in ("auto", "all", "oracle"):
-        return t, None
-    if t.isdigit() and int(t) >= 1:
-        return "topk", int(t)
-    raise UserError(f"--topk must be auto, all, oracle or a positive number, got {topk!r}")
-
 
 def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: int | None = None,
                   select_root=None, use_select: bool = True, templates=None, classnames=None, cache_dir=None,

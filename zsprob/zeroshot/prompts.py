@@ -68,9 +68,7 @@ def validate_classnames(classnames: Sequence[str], source: str = "class names") 
         raise UserError(f"{source}: no class names")
     if any(not c for c in out):
         raise UserError(f"{source}: empty class name")
-    dup = sorted({c for c in out if out.count(c) > 1})
-    if dup:
-        raise UserError(f"{source}: duplicate class names: {dup[:3]}")
+    # duplicates are allowed: CLIP's ImageNet names repeat ("missile", "sunglasses")
     return out
 
 
