@@ -249,3 +249,23 @@ def test_deepcopy_and_grad_checkpointing(images):
     for (n, p), (_, q) in zip(m.named_parameters(), c.named_parameters()):
         if p.grad is not None:
             assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), n
+
+
+def test_pretrained_tag_found_in_local_hf_cache(tmp_path):
+    """A tag resolves to a file already in the Hugging Face cache layout, without any download."""
+    from zsprob.models.factory import resolve_pretrained
+
+    repo = tmp_path / "models--timm--vit_base_patch32_clip_224.openai"
+    snap = repo / "snapshots" / "0123abc"
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abc")
+    f = snap / "open_clip_model.safetensors"
+    f.write_bytes(b"x")
+    path, cfg = resolve_pretrained("ViT-B-32", "openai", cache_dir=str(tmp_path))
+    assert path == f and cfg["quick_gelu"] is True
+    # open_clip's URL cache (~/.cache/clip style) is looked at too
+    f.unlink()
+    (tmp_path / "ViT-B-32.pt").write_bytes(b"x")
+    path, _ = resolve_pretrained("ViT-B-32", "openai", cache_dir=str(tmp_path))
+    assert path == tmp_path / "ViT-B-32.pt"

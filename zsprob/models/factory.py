@@ -189,6 +189,21 @@ _PROJ_KEYS = ("visual.proj", "text_projection", "text_projection.weight", "text_
               "text.text_projection", "text.text_projection.weight", "text.text_projection.bias")
 
 
+def _load_torchscript_state(path: Path) -> dict | None:
+    """State dict of a TorchScript archive (no Python pickle involved), or None if it is not one."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        sd = torch.jit.load(str(path), map_location="cpu").state_dict()
+    except Exception:  # noqa: BLE001
+        return None
+    for k in ("input_resolution", "context_length", "vocab_size"):
+        sd.pop(k, None)
+    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+
+
 def load_open_clip_weights(model: torch.nn.Module, path: str | os.PathLike) -> list[str]:
     """Load an open_clip checkpoint file into an open_clip model (strict, except projections).
 
@@ -204,7 +219,9 @@ def load_open_clip_weights(model: torch.nn.Module, path: str | os.PathLike) -> l
     try:
         sd = load_state_dict(str(path), device="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any read / unpickling failure is the user's file
-        raise UserError(f"cannot read open_clip checkpoint {path}: {type(e).__name__}: {e}") from None
+        sd = _load_torchscript_state(path)  # OpenAI's original .pt files are TorchScript archives
+        if sd is None:
+            raise UserError(f"cannot read open_clip checkpoint {path}: {type(e).__name__}: {e}") from None
     if not isinstance(sd, dict) or not sd:
         raise UserError(f"open_clip checkpoint {path} holds no state dict")
     try:
