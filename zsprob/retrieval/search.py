@@ -67,10 +67,11 @@ def augment_queries(mu, metric: str = "ip") -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([mu, extra((mu.shape[0], 1), dtype=np.float32)], 1))
 
 
-def augment_gallery(mu, logvar, metric: str = "ip") -> np.ndarray:
-    """[2 mu, -(||mu||^2 + s)] (ip) or [mu, sqrt(s)] (l2), float32 [N, D+1]."""
+def augment_gallery(mu, logvar, metric: str = "ip", *, var_sum: np.ndarray | None = None) -> np.ndarray:
+    """[2 mu, -(||mu||^2 + s)] (ip) or [mu, sqrt(s)] (l2), float32 [N, D+1].
+    ``var_sum`` gives s = ||sigma^2||_1 directly instead of ``logvar``."""
     mu64 = np.asarray(_np32(mu), dtype=np.float64)
-    s = variance_sum(logvar, mu64.shape[0])
+    s = variance_sum(logvar, mu64.shape[0]) if var_sum is None else np.asarray(var_sum, dtype=np.float64)
     if metric == "ip":
         last = -((mu64 ** 2).sum(1) + s)
         out = np.concatenate([2.0 * mu64, last[:, None]], 1)
@@ -198,12 +199,13 @@ def load_index(path) -> CSDIndex:
 def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = None, ids=None,
                 hnsw_m: int = 32, ef_construction: int = 80, ef_search: int = 64,
                 nlist: int | None = None, nprobe: int = 16, train_size: int = 100_000,
-                threads: int | None = None, seed: int = 0) -> CSDIndex:
+                threads: int | None = None, seed: int = 0, var_sum: np.ndarray | None = None) -> CSDIndex:
     """Index a gallery for CSD search.
 
     ``kind``: "flat" (FAISS exact), "hnsw", "ivf" (FAISS approximate), "torch" (exact, no FAISS).
     ``metric``: augmentation, "ip" or "l2" (default "ip" for flat / torch, "l2" for hnsw / ivf).
     ``nlist`` defaults to about 4 sqrt(N); IVF trains its k-means on up to ``train_size`` vectors.
+    ``var_sum`` [N] may replace ``logvar`` (only s = ||sigma^2||_1 enters CSD ranking).
     """
     if kind not in KINDS:
         raise UserError(f"unknown index kind {kind!r} (choose from {', '.join(KINDS)})")
@@ -219,7 +221,8 @@ def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = Non
     ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
     if len(ids) != n:
         raise UserError(f"{len(ids)} ids for {n} gallery items")
-    x = augment_gallery(mu_np, logvar, metric)
+    x = augment_gallery(mu_np, logvar, metric, var_sum=var_sum)
+    del mu_np
     params: dict = {}
     if kind == "torch":
         return CSDIndex(kind, metric, d, ids, params, torch.from_numpy(x))
@@ -286,10 +289,10 @@ class MeanRerankIndex:
 
     def __init__(self, mu, logvar, *, kind: str = "hnsw", candidates: int = 100, hnsw_m: int = 32,
                  ef_construction: int = 80, ef_search: int = 64, nlist: int | None = None, nprobe: int = 16,
-                 threads: int | None = None, seed: int = 0):
+                 threads: int | None = None, seed: int = 0, var_sum: np.ndarray | None = None):
         self.mean_index = build_index(mu, None, kind=kind, metric="l2", hnsw_m=hnsw_m, ef_construction=ef_construction,
                                       ef_search=ef_search, nlist=nlist, nprobe=nprobe, threads=threads, seed=seed)
-        self.s = variance_sum(logvar, len(self.mean_index))
+        self.s = variance_sum(logvar, len(self.mean_index)) if var_sum is None else np.asarray(var_sum, np.float64)
         self.candidates = int(candidates)
 
     def search(self, q_mu, q_logvar=None, k: int = 10) -> SearchResult:
