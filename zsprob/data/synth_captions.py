@@ -247,9 +247,17 @@ def caption_key(cm: dict) -> tuple:
 
 # --------------------------------------------------------------------------- ambiguity
 
+_RAW_CACHE: dict[tuple, float] = {}
+
+
 def ambiguity(caption_meta: dict) -> float:
     """ln P(caption true of a scene drawn from the world prior), exact (analytic)."""
-    p = caption_probability(canonical_key(caption_key(caption_meta)))
+    key = caption_key(caption_meta)
+    p = _RAW_CACHE.get(key)
+    if p is None:
+        p = caption_probability(canonical_key(key))
+        if len(_RAW_CACHE) < 500_000:
+            _RAW_CACHE[key] = p
     if p <= 0:  # cannot happen for a caption generated from a scene of the world prior
         return float("-inf")
     return min(0.0, float(math.log(p)))  # clamp float round-off above 1

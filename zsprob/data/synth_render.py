@@ -114,10 +114,17 @@ def _contrast(rgb) -> tuple[int, int, int]:
     return (25, 25, 25) if lum > 150 else (240, 240, 240)
 
 
-@lru_cache(maxsize=16)
-def _grid(size: int) -> tuple[np.ndarray, np.ndarray]:
+@lru_cache(maxsize=1024)
+def _unit_pattern(kind: str, size: int, angle_step: int) -> np.ndarray:
+    """[size, size, 1] float32 in [-0.5, 0.5]: a linear ramp or stripes along a direction (5 deg steps)."""
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
-    return xx, yy
+    a = math.radians(angle_step * 5)
+    proj = xx * math.cos(a) + yy * math.sin(a)
+    if kind == "gradient":
+        out = (proj - proj.min()) / max(1e-6, float(proj.max() - proj.min())) - 0.5
+    else:  # stripes, period 0.16 of the canvas
+        out = (np.floor(proj * (2 / 0.16)) % 2) - 0.5
+    return np.ascontiguousarray(out[..., None], dtype=np.float32)
 
 
 @lru_cache(maxsize=8)
@@ -129,25 +136,19 @@ def _noise_bank(size: int) -> np.ndarray:
 def _background(scene: dict, size: int) -> Image.Image:
     """Background at ``size`` (the final canvas; upsampled for supersampled drawing)."""
     r = scene["render"]
-    base = np.array(r["bg_color"], dtype=np.float32)
     kind = scene["background"]
     if kind == "plain":
         return Image.new("RGB", (size, size), tuple(int(v) for v in r["bg_color"]))
-    xx, yy = _grid(size)
-    a = math.radians(r["bg_angle"])
-    proj = xx * math.cos(a) + yy * math.sin(a)
-    if kind == "gradient":
-        proj = (proj - proj.min()) / max(1e-6, float(proj.max() - proj.min()))
-        arr = base + (proj[..., None] - 0.5) * (2.4 * r["bg_contrast"])
-    elif kind == "stripes":
-        band = (np.floor(proj * (2 / 0.16)) % 2)[..., None]
-        arr = base + (band - 0.5) * (1.6 * abs(r["bg_contrast"]))
-    else:  # noise
+    base = np.array(r["bg_color"], dtype=np.float32)
+    if kind == "noise":
         bank = _noise_bank(size)  # a fixed noise texture; the scene picks a random window of it
         oy, ox = divmod(r["noise_seed"] % (size * size), size)
-        arr = base + bank[oy:oy + size, ox:ox + size]
-    np.maximum(arr, 0, out=arr)
-    np.minimum(arr, 255, out=arr)
+        arr = bank[oy:oy + size, ox:ox + size] + base
+    else:
+        pat = _unit_pattern(kind, size, int(round(r["bg_angle"] / 5)) % 36)
+        amp = 2.4 * r["bg_contrast"] if kind == "gradient" else 1.6 * abs(r["bg_contrast"])
+        arr = pat * np.float32(amp) + base
+    np.clip(arr, 0, 255, out=arr)
     return Image.fromarray(arr.astype(np.uint8), "RGB")
 
 
@@ -210,6 +211,9 @@ def render_scene(scene: dict, image_size: int) -> Image.Image:
             draw.polygon(pts, outline=col, width=wline)
             for hp in hole_pts:
                 draw.polygon(hp, outline=col, width=wline)
+            continue
+        if not hole_pts and o["fill"] == "solid":  # same pixels as the mask path, fewer calls
+            draw.polygon(pts, fill=col)
             continue
         # draw the mask only over the object's bounding box (cheap pastes)
         allp = np.asarray(pts)

@@ -1,14 +1,17 @@
-"""SynthWorld vocabulary, sampling priors and scene sampling (pure numpy).
+"""SynthWorld vocabulary, sampling priors and scene sampling (pure Python + numpy).
 
 A *scene* is a JSON-able dict that fully determines one SynthWorld image: its rendering
 condition, background, objects (shape, colour, size, position, fill) and the continuous
-rendering parameters (jitter, rotation, noise seed). :func:`sample_scene` draws it from a
-``numpy.random.Generator``; :func:`scene_rng` seeds that generator from a hash of
+rendering parameters (jitter, rotation, background colour / angle, noise seed).
+:func:`sample_scene` draws it from a :class:`Stream` (buffered uniforms of a numpy
+``Generator``, PCG64); :func:`scene_rng` seeds that generator from a BLAKE2b hash of
 (seed, split, index), so a scene is a pure function of those three values.
 
-The priors here are the single source of truth for both the sampler and the analytic
-caption ambiguity in :mod:`zsprob.data.synth_captions`; change one and the other follows.
-Written by zsprob (numpy only).
+The constants here (vocabularies, COND_P, NUM_OBJECTS_P, ...) are read by both the sampler
+and the analytic caption ambiguity in :mod:`zsprob.data.synth_captions`; a change to the
+sampling *logic* (e.g. drawing shapes with replacement) must be mirrored there — the tests
+compare the analytic probabilities with Monte Carlo frequencies of this sampler.
+Written by zsprob.
 """
 from __future__ import annotations
 
