@@ -108,7 +108,8 @@ def build_model(cfg: Config):
     if kw.get("var_bounds") is not None:
         kw["var_bounds"] = tuple(kw["var_bounds"])
     kw.update(dict(m.get("overrides") or {}))
-    return create_model(m.name, pretrained=m.get("pretrained"), deterministic=not needs_sigma(cfg.method), **kw)
+    return create_model(m.name, pretrained=m.get("pretrained"), deterministic=not needs_sigma(cfg.method),
+                        seed=int(cfg.seed), **kw)
 
 
 def build_loss(cfg: Config) -> nn.Module:
@@ -468,9 +469,9 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
             steps_in = step_done - (step_done - 1) // log_every * log_every if step_done == total_steps \
                 else log_every
             rec: dict[str, Any] = {"step": step_done, "epoch": cursor.epoch, "loss": last_loss}
-            for k, v in stats.items():
+            for k, v in stats.items():  # the last step's terms on this process (rank 0)
                 s = _scalar(v)
-                if s is not None:
+                if s is not None and k not in rec:
                     rec[k] = s
             for k, v in _loss_scalars(raw.loss).items():
                 rec.setdefault(k, v)
