@@ -453,3 +453,22 @@ def test_positives_npz_is_deterministic_and_scipy_readable(tmp_path):
     (tmp_path / "p.npz").write_bytes(b1)
     back = sp.load_npz(tmp_path / "p.npz")
     assert back.format == "csr" and back.shape == (30, 70) and (back != m).nnz == 0
+
+
+def test_make_scene_for_controlled_tests():
+    from zsprob.data.synthetic import make_scene
+
+    w = SynthWorld(0, 64)
+    a = make_scene([{"shape": "star"}])
+    ab = make_scene([{"shape": "star"}, {"shape": "circle", "color": "blue"}])
+    cap_a = {"objects": [{"shape": "star"}]}
+    cap_ab = {"objects": [{"shape": "star"}, {"shape": "circle"}]}
+    assert caption_matches(cap_a, a) and caption_matches(cap_a, ab)
+    assert not caption_matches(cap_ab, a) and caption_matches(cap_ab, ab)
+    ia, iab = np.asarray(w.render(a)), np.asarray(w.render(ab))
+    assert ia.shape == (64, 64, 3) and np.array_equal(ia, np.asarray(w.render(make_scene([{"shape": "star"}]))))
+    assert sc.ambiguity(cap_ab) < sc.ambiguity(cap_a)
+    with pytest.raises(UserError):
+        make_scene([{"shape": "blob"}])
+    with pytest.raises(UserError):
+        make_scene([{"shape": "star", "position": "left"}, {"shape": "ring", "position": "left"}])

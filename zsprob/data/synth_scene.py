@@ -186,7 +186,11 @@ def sample_scene(rng: Stream, *, shape: str | None = None, single: bool = False,
                 fill = "outline"
             objects.append({"shape": shapes[j], "color": col, "size": size, "position": POSITIONS[cells[j]],
                             "fill": fill})
-    # continuous rendering parameters (part of the scene so rendering is a pure function of it)
+    return finish_scene(rng, cond, bg_type, objects)
+
+
+def finish_scene(rng: Stream, cond: str, bg_type: str, objects: list[dict]) -> dict:
+    """Add the continuous rendering parameters (so rendering is a pure function of the scene)."""
     src_cols = [COLORS[o["color"]] for o in objects if o["color"] is not None]
     if cond in COLORLESS:  # the colour the object had before the condition removed it
         src_cols = [COLORS[COLOR_NAMES[rng.integers(len(COLOR_NAMES))]] for _ in objects]
@@ -199,7 +203,7 @@ def sample_scene(rng: Stream, *, shape: str | None = None, single: bool = False,
     if cond == "drawing":
         bg_col = [246, 244, 236]
     else:
-        bg_col = _bg_color(rng, src_cols or [COLORS[o["color"]] for o in objects if o["color"]])
+        bg_col = _bg_color(rng, src_cols)
     render = {
         "bg_color": bg_col,
         "bg_angle": float(rng.uniform(0, 180)),

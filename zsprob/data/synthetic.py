@@ -7,6 +7,7 @@ Public API::
     caption_matches(caption_meta, scene_meta) -> bool
     generate(out, image_size=64, num_pretrain=20000, ...) -> manifest dict
     load_retrieval_split(root, split="test") -> RetrievalSplit
+    make_scene([{"shape": "star"}, {"shape": "circle"}]) -> scene; world.render(scene)
     SHAPES                                           # the 20 class names
 
 Every sample is a pure function of (seed, split, index): a numpy Generator is seeded from a
@@ -46,7 +47,7 @@ from zsprob.data.synth_scene import (BACKGROUNDS, COLOR_NAMES, COND_P, CONDITION
 from zsprob.errors import UserError
 
 __all__ = ["SynthWorld", "SynthSample", "RetrievalSplit", "caption_matches", "generate",
-           "load_retrieval_split", "write_preview", "SHAPES", "CONDITIONS", "PRESETS", "DEFAULTS"]
+           "load_retrieval_split", "write_preview", "make_scene", "SHAPES", "CONDITIONS", "PRESETS", "DEFAULTS"]
 
 FORMAT_VERSION = 1
 MIN_SIZE, MAX_SIZE = 32, 224
@@ -114,6 +115,10 @@ class SynthWorld:
             metas.append(cm)
         return metas
 
+    def render(self, scene: dict):
+        """Render a scene dict (from ``scene()`` or :func:`make_scene`) at this world's size."""
+        return render_scene(scene, self.image_size)
+
     def meta(self, split: str, index: int, noise: float = 0.0, condition: str | None = None) -> dict:
         """The ground truth of ``sample(split, index)`` without rendering the image."""
         sc, rng = self.scene(split, index, condition)
@@ -131,6 +136,50 @@ class SynthWorld:
         meta = {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
                 **sc, "captions": cms}
         return SynthSample(image=image, captions=[c["text"] for c in cms], meta=meta)
+
+
+def make_scene(objects: list[dict], *, condition: str = "normal", background: str = "plain",
+               seed: int = 0) -> dict:
+    """A hand-made scene for controlled experiments, e.g. Pishdad et al.'s test (an image with
+    object A vs one with A and B, captions "A" vs "A and B").
+
+    ``objects``: dicts with ``shape`` (required), ``color`` (default "red"), ``size``
+    ("medium"), ``position`` (distinct cells, default: the first free of center, left,
+    right, ...), ``fill`` ("solid"). Render it with ``SynthWorld.render(scene)``; match
+    captions with :func:`caption_matches`. Rendering details are drawn from ``seed``.
+    """
+    from zsprob.data.synth_scene import VOCAB, finish_scene
+
+    if condition not in CONDITIONS:
+        raise UserError(f"unknown condition {condition!r}; one of {CONDITIONS}")
+    if background not in BACKGROUNDS:
+        raise UserError(f"unknown background {background!r}; one of {BACKGROUNDS}")
+    order = ["center", "left", "right", "top", "bottom", "top left", "top right", "bottom left", "bottom right"]
+    used = {o["position"] for o in objects if o.get("position")}
+    objs = []
+    for o in objects:
+        o = dict(o)
+        if "shape" not in o:
+            raise UserError("every object needs a shape")
+        o.setdefault("color", "red")
+        o.setdefault("size", "medium")
+        o.setdefault("fill", "solid")
+        if not o.get("position"):
+            o["position"] = next(p for p in order if p not in used)
+            used.add(o["position"])
+        if condition in ("black and white", "drawing"):
+            o["color"] = None
+        if condition == "drawing":
+            o["fill"] = "outline"
+        for a in ("shape", "color", "size", "position", "fill"):
+            if o[a] is not None and o[a] not in VOCAB[a]:
+                raise UserError(f"unknown {a} {o[a]!r}; one of {VOCAB[a]}")
+        objs.append({a: o[a] for a in ("shape", "color", "size", "position", "fill")})
+    if len({o["position"] for o in objs}) != len(objs):
+        raise UserError("objects must be in distinct positions")
+    key = json.dumps([objs, condition, background], sort_keys=True)
+    rng = scene_rng(seed, "custom:" + key, 0)
+    return finish_scene(rng, condition, "plain" if condition == "drawing" else background, objs)
 
 
 # --------------------------------------------------------------------------- writing helpers
