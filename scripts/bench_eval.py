@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Benchmark: COCO-sized retrieval evaluation, zsprob vs eccv_caption, in one run.
+
+On eccv_caption's real COCO 5K test ids (5,000 images x 25,000 captions) with synthetic
+Gaussian embeddings (captions = noisy copies of their image's mean, random log sigma^2):
+
+* zsprob end to end: CSD scoring in row blocks (both orientations) + every metric
+  (COCO 1K exact in-fold, COCO 5K, CxC R@1/5/10, ECCV mAP@R / R-P / R@1) from top-L rankings;
+* eccv_caption end to end on the SAME CSD scores: top-300 ranked id lists for both directions
+  (long enough for its filtered 1K recall, see NOTES.md), dicts of official ids, and
+  ``Metrics.compute_all_metrics`` (all of the metrics above);
+* the numbers must be identical (max |difference| printed), and the speed ratio is reported
+  for the whole pipeline and for the part after scoring;
+* CSD vs PCME's Monte Carlo match probability (J = 7 samples): scoring speed on the same
+  image x caption block (MC on a subset, it is ~J^2 times the work).
+
+Run: ``nice .venv/bin/python scripts/bench_eval.py [--dim 256]``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from zsprob.retrieval import metrics as M  # noqa: E402
+from zsprob.retrieval.coco import eccv_metrics, official_test_ids, task_for_embeddings  # noqa: E402
+from zsprob.retrieval.embeddings import Embeddings  # noqa: E402
+from zsprob.retrieval.evaluate import evaluate_scores, format_table  # noqa: E402
+from zsprob.retrieval.scoring import PairScores, score_matrix, transpose_blocked  # noqa: E402
+
+TARGETS = ("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_r1", "eccv_map_at_r", "eccv_rprecision")
+
+
+class Clock:
+    def __init__(self, wall, cpu):
+        self.wall, self.cpu = wall, cpu
+
+    def __sub__(self, o):
+        return Clock(self.wall - o.wall, self.cpu - o.cpu)
+
+    def __add__(self, o):
+        return Clock(self.wall + o.wall, self.cpu + o.cpu)
+
+    def __str__(self):
+        return f"{self.wall:.2f}s / {self.cpu:.2f}s"
+
+
+def clock() -> Clock:
+    return Clock(time.perf_counter(), time.process_time())
+
+
+def embeddings(d, seed=0, noise=3.0):
+    img_ids, cap_ids = official_test_ids()
+    m = eccv_metrics()
+    where = {int(x): i for i, x in enumerate(img_ids)}
+    cap_img = np.array([where[m.coco_gts["t2i"][int(c)][0]] for c in cap_ids])
+    g = torch.Generator().manual_seed(seed)
+    img = torch.randn(len(img_ids), d, generator=g) / d ** 0.5
+    cap = img[torch.from_numpy(cap_img)] + noise * torch.randn(len(cap_ids), d, generator=g) / d ** 0.5
+    lv_i = torch.randn(len(img_ids), d, generator=g) * 0.5 - 4
+    lv_c = torch.randn(len(cap_ids), d, generator=g) * 0.5 - 4
+    return Embeddings(img_ids, cap_ids, img, cap, lv_i, lv_c)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--list-len", type=int, default=300)
+    p.add_argument("--mc-images", type=int, default=500)
+    p.add_argument("--mc-captions", type=int, default=2500)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    print(f"bench_eval: torch {torch.__version__}, threads {args.threads}, load avg {os.getloadavg()[0]:.1f}, D = {args.dim}")
+    emb, task = task_for_embeddings(embeddings(args.dim))
+    m = eccv_metrics()
+    ei, ec, eil, ecl = emb.image_mu, emb.caption_mu, emb.image_logvar, emb.caption_logvar
+
+    # ---------------- zsprob, end to end
+    t0 = clock()
+    ps = PairScores("csd", ei, eil, ec, ecl)
+    t1 = clock()
+    ours = evaluate_scores(ps, task).metrics
+    t2 = clock()
+    z_score, z_metrics = t1 - t0, t2 - t1
+
+    # ---------------- eccv_caption, end to end on the same CSD scores
+    t0 = clock()
+    s = score_matrix("csd", ei, eil, ec, ecl)
+    t1 = clock()
+    ri = M.rank_lists(s, np.arange(s.shape[0]), args.list_len).numpy()
+    rt = M.rank_lists(transpose_blocked(s), np.arange(s.shape[1]), args.list_len).numpy()
+    i2t = {int(emb.image_ids[q]): emb.caption_ids[ri[q]].tolist() for q in range(len(ri))}
+    t2i = {int(emb.caption_ids[q]): emb.image_ids[rt[q]].tolist() for q in range(len(rt))}
+    t2 = clock()
+    ref = m.compute_all_metrics(i2t, t2i, target_metrics=TARGETS, Ks=(1, 5, 10), verbose=False)
+    t3 = clock()
+    e_score, e_lists, e_metrics = t1 - t0, t2 - t1, t3 - t2
+    same_scores = bool(torch.equal(s, ps.i2t))
+
+    # ---------------- identical?
+    pairs = []
+    for d in ("i2t", "t2i"):
+        for k in (1, 5, 10):
+            pairs += [(f"coco_1k {d} R@{k}", ours["coco_1k"][d][f"r@{k}"], ref[f"coco_1k_r{k}"][d]),
+                      (f"coco_5k {d} R@{k}", ours["coco_5k"][d][f"r@{k}"], ref[f"coco_5k_r{k}"][d]),
+                      (f"cxc {d} R@{k}", ours["cxc"][d][f"r@{k}"], ref[f"cxc_r{k}"][d])]
+        pairs += [(f"eccv {d} mAP@R", ours["eccv"][d]["map_at_r"], ref["eccv_map_at_r"][d]),
+                  (f"eccv {d} R-P", ours["eccv"][d]["rprecision"], ref["eccv_rprecision"][d]),
+                  (f"eccv {d} R@1", ours["eccv"][d]["r@1"], ref["eccv_r1"][d])]
+    diffs = [abs(a - 100.0 * b) for _, a, b in pairs]
+    fold_img = np.zeros(5000, dtype=int)
+    fold_cap = np.zeros(25000, dtype=int)
+    for f, (imgs, caps) in enumerate(task.folds):
+        fold_img[imgs], fold_cap[caps] = f, f
+    min_in_fold = min(int((fold_cap[ri] == fold_img[:, None]).sum(1).min()), int((fold_img[rt] == fold_cap[:, None]).sum(1).min()))
+
+    print("\n" + format_table(ours, label="synthetic CSD"))
+    print("| metric | zsprob | eccv_caption |\n|---|---|---|")
+    for name, a, b in pairs:
+        print(f"| {name} | {a:.10f} | {100 * b:.10f} |")
+    print(f"\nidentical: {len(pairs)} numbers, max |zsprob - eccv_caption| = {max(diffs):.3g} (percent points); "
+          f"the same score matrix: {same_scores}; shortest fold-filtered eccv list = {min_in_fold} items (>= 10 needed)")
+    z_total, e_total = z_score + z_metrics, e_score + e_lists + e_metrics
+    print("\nTimes as wall / CPU seconds (CPU = this process's user+system time over all its threads; on a "
+          "shared machine CPU time is the stable measure of work)")
+    print("| stage | zsprob | eccv_caption route |\n|---|---|---|")
+    print(f"| CSD scoring | {z_score} (both orientations) | {e_score} (image x caption) |")
+    print(f"| ranking -> id lists / dicts | (inside metrics) | {e_lists} |")
+    print(f"| metrics | {z_metrics} (rankings + all metrics) | {e_metrics} (compute_all_metrics) |")
+    print(f"| end to end | {z_total} | {e_total} |")
+    for label, a, b in (("end to end (embeddings -> all metrics)", e_total, z_total),
+                        ("after scoring (scores -> all metrics)", e_lists + e_metrics, z_metrics),
+                        ("metric computation alone (compute_all_metrics vs zsprob rankings + metrics)", e_metrics, z_metrics)):
+        print(f"speed-up {label}: wall {a.wall / b.wall:.1f}x, CPU {a.cpu / b.cpu:.1f}x")
+
+    # ---------------- CSD vs MC (J = 7)
+    ni, nc = args.mc_images, args.mc_captions
+    t_csd = []
+    for _ in range(3):
+        t0 = clock()
+        score_matrix("csd", ei[:ni], eil[:ni], ec[:nc], ecl[:nc])
+        t_csd.append(clock() - t0)
+    t_csd = min(t_csd, key=lambda t: t.cpu)
+    t0 = clock()
+    score_matrix("mc", ei[:ni], eil[:ni], ec[:nc], ecl[:nc], n_samples=7)
+    t_mc = clock() - t0
+    full = 5000 * 25000 / (ni * nc)
+    print(f"\nCSD vs MC (J = 7) scoring of the same {ni} x {nc} image x caption block (D = {args.dim}): "
+          f"CSD {t_csd}, MC {t_mc} -> MC / CSD = wall {t_mc.wall / t_csd.wall:.0f}x, CPU {t_mc.cpu / t_csd.cpu:.0f}x; "
+          f"full 5K x 25K image x caption: CSD measured {e_score}, MC extrapolated {t_mc.wall * full:.0f}s wall")
+
+
+if __name__ == "__main__":
+    main()
