@@ -425,6 +425,10 @@ def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int 
         for f in ("manifest.json", "preview.png"):
             (out / f).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    for sub in ("pretrain", "classify", "retrieval"):  # temp files of a killed run
+        if (out / sub).is_dir():
+            for tmp in (out / sub).rglob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
     _write_atomic(pfile, (_dumps(params, indent=2) + "\n").encode())
 
     base = dict(out=str(out), seed=seed, image_size=image_size, quality=jpeg_quality, resume=True)
