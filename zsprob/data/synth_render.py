@@ -245,11 +245,11 @@ def apply_condition(img: Image.Image, scene: dict) -> Image.Image:
     s = img.size[0]
     if cond == "blurry":
         return img.filter(ImageFilter.GaussianBlur(radius=max(1.5, s * 0.045)))
-    if cond == "pixelated":
-        k = max(8, s // 4)
+    if cond == "pixelated":  # a 16 x 16 mosaic (8 x 8 below 64 px): hard square blocks
+        k = 16 if s >= 64 else max(8, s // 4)
         return img.resize((k, k), Image.BOX).resize((s, s), Image.NEAREST)
-    if cond == "low resolution":
-        k = max(8, s // 4)
+    if cond == "low resolution":  # the same information, smoothly upsampled
+        k = 16 if s >= 64 else max(8, s // 4)
         return img.resize((k, k), Image.BILINEAR).resize((s, s), Image.BICUBIC)
     if cond == "dark":
         a = np.asarray(img, dtype=np.float32) * 0.27
@@ -260,17 +260,21 @@ def apply_condition(img: Image.Image, scene: dict) -> Image.Image:
     if cond == "black and white":
         return img.convert("L").convert("RGB")
     if cond == "jpeg corrupted":
+        # a quality-6 JPEG at <= 64 px (8 x 8 blocks stay visible at any canvas size) ...
+        w = min(s, 64)
+        small = img if w == s else img.resize((w, w), Image.BOX)
         buf = io.BytesIO()
-        img.save(buf, format="JPEG", quality=6)
+        small.save(buf, format="JPEG", quality=6)
         a = np.array(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
         g = np.random.default_rng(scene["render"]["noise_seed"] + 2)
-        # a corrupted band: rows shifted sideways with swapped colour channels
-        h0 = int(g.integers(s // 4, s - s // 4))
-        h1 = min(s, h0 + max(3, s // 6))
-        a[h0:h1] = np.roll(a[h0:h1], int(g.integers(s // 6, s // 2)), axis=1)[..., ::-1]
-        # and a few 8x8 blocks of garbage
+        # ... a corrupted band: rows shifted sideways with swapped colour channels ...
+        h0 = int(g.integers(w // 4, w - w // 4))
+        h1 = min(w, h0 + max(3, w // 6))
+        a[h0:h1] = np.roll(a[h0:h1], int(g.integers(w // 6, w // 2)), axis=1)[..., ::-1]
+        # ... and a few 8 x 8 blocks of garbage
         for _ in range(3):
-            by, bx = (int(v) * 8 for v in g.integers(0, max(1, s // 8), size=2))
+            by, bx = (int(v) * 8 for v in g.integers(0, max(1, w // 8), size=2))
             a[by:by + 8, bx:bx + 8] = g.integers(0, 256, size=3, dtype=np.uint8)
-        return Image.fromarray(a, "RGB")
+        out = Image.fromarray(a, "RGB")
+        return out if w == s else out.resize((s, s), Image.NEAREST)
     return img
