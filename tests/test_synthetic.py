@@ -501,3 +501,10 @@ def test_interrupted_generation_leaves_no_partial_files_and_resumes(tmp_path, mo
     generate(out, **kw)
     a, b = _tree(ref), _tree(out)
     assert a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+
+
+def test_five_captions_say_different_things():
+    w = SynthWorld(1, 32)
+    for i in range(150):
+        cms = w.sample("pretrain", i).meta["captions"]
+        assert len({sc.caption_key(c) for c in cms}) == 5

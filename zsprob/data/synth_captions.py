@@ -147,7 +147,7 @@ def make_caption(rng, scene: dict, kind: str | None = None) -> dict:
         text = ", ".join(parts[:-1]) + " and " + parts[-1]
         return _meta(wrap.format(text), kind, ms)
     bg = scene["background"]
-    if r < 0.8 or cond == "many":
+    if (n >= 2 and r < 0.8) or (n == 1 and r < 0.5) or cond == "many":
         count_word = COUNT_WORD[n] + (" shape" if n == 1 else " shapes")
         text = f"{count_word} on a {BG_WORD[bg]} background"
         return _meta(wrap.format(text), kind, [], background=bg, count=n)

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from zsprob.data.synth_captions import (ambiguity, caption_matches, make_caption, match_matrix)
+from zsprob.data.synth_captions import (ambiguity, caption_key, caption_matches, make_caption, match_matrix)
 from zsprob.data.synth_render import render_scene
 from zsprob.data.synth_scene import (BACKGROUNDS, COLOR_NAMES, COND_P, CONDITIONS, FILLS, NUM_OBJECTS_P,
                                      POSITIONS, SHAPES, SIZES, sample_scene, scene_rng)
@@ -105,6 +105,11 @@ class SynthWorld:
         for k in range(CAPTIONS_PER_IMAGE):
             u = rng.random()  # always drawn so clean captions do not depend on the noise rate
             cm = make_caption(rng, scene)
+            seen = {caption_key(m) for m in metas}
+            for _ in range(8):  # five captions saying different things, when the scene allows
+                if caption_key(cm) not in seen:
+                    break
+                cm = make_caption(rng, scene)
             cm["noisy"] = False
             if u < noise:
                 orng = scene_rng(self.seed, split, index, "noise", k)
