@@ -311,3 +311,19 @@ def test_endless_streams_over_broken_shards_stop(tmp_path):
         loader = build_wds_pipeline(pattern, preprocess=None, tokenizer=None, batch_size=4, **kw)
         assert list(loader) == []
         assert loader.stats()["missing_shard"] >= 2
+
+
+def test_preprocess_with_inconsistent_output_shape_is_skipped_and_counted(tmp_path):
+    p, good = make_shards(tmp_path, n_shards=2, corrupt=False)
+
+    def odd(img):
+        t = to_tensor(img)
+        return t[:, :10] if abs(img.getpixel((0, 0))[1] - 40) <= 8 else t   # sample 1 of each shard
+
+    loader = build_wds_pipeline(p, preprocess=odd, tokenizer=None, batch_size=4, shuffle=False,
+                                num_workers=2, with_keys=True)
+    batches = list(loader)
+    keys = [k for _, _, ks in batches for k in ks]
+    assert sorted(keys) == sorted(k for k in good if not k.endswith("_001"))
+    assert all(b[0].shape[1:] == (3, 24, 24) and b[0].shape[0] == len(b[2]) for b in batches)
+    assert loader.stats()["transform_error"] == 2

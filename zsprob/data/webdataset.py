@@ -12,7 +12,7 @@ tar members (:func:`webdataset.tariterators.tar_file_iterator`), key/extension s
 (:func:`webdataset.filters.shuffle`), pipeline composition (:class:`webdataset.DataPipeline`) and
 the worker loader (:class:`webdataset.WebLoader`, a ``torch.utils.data.DataLoader``).
 
-What zsprob writes itself (around 500 lines): the epoch-aware, seeded shard schedule (split
+What zsprob writes itself (this file): the epoch-aware, seeded shard schedule (split
 by node and worker, or resampled with per-source weights), grouping members into samples per
 shard (so a truncated shard cannot leak a half sample into the next one; open_clip's own
 ``group_by_keys_nothrow`` breaks on webdataset 1.0's end-of-shard markers), error accounting
@@ -334,6 +334,48 @@ class _PrivateRNG:
             random.setstate(ps)
 
 
+class _BatchBuffer:
+    """Collects one batch of images. Tensors are copied into a preallocated [B, ...] tensor as
+    they arrive (while still in cache); inside a DataLoader worker that tensor lives in shared
+    memory, as torch's default_collate does, so sending the batch to the main process copies
+    nothing. Saves the separate torch.stack pass and the copy into shared memory."""
+
+    def __init__(self, batch_size: int, shared: bool):
+        self.batch_size = batch_size
+        self.shared = shared
+        self.buf: Optional[torch.Tensor] = None
+        self.items: list = []
+        self.n = 0
+
+    def add(self, img) -> Optional[str]:
+        if not isinstance(img, torch.Tensor):
+            self.items.append(img)
+            self.n += 1
+            return None
+        if self.buf is None:
+            shape = (self.batch_size, *img.shape)
+            if self.shared:
+                numel = math.prod(shape)
+                storage = img._typed_storage()._new_shared(numel, device=img.device)
+                self.buf = img.new(storage).resize_(*shape)
+            else:
+                self.buf = torch.empty(shape, dtype=img.dtype, device=img.device)
+        elif img.shape != self.buf.shape[1:] or img.dtype != self.buf.dtype:
+            return (f"preprocess output {tuple(img.shape)} {img.dtype} differs from the batch's "
+                    f"{tuple(self.buf.shape[1:])} {self.buf.dtype}")
+        self.buf[self.n].copy_(img)
+        self.n += 1
+        return None
+
+    def take(self):
+        if self.buf is not None:
+            out = self.buf if self.n == self.batch_size else self.buf[: self.n]
+        else:
+            out = self.items
+        self.buf, self.items, self.n = None, [], 0
+        return out
+
+
 class _ShardStream(IterableDataset):
     """The iterable each DataLoader worker runs: shards -> samples -> shuffled -> batches."""
 
@@ -553,7 +595,7 @@ class _ShardStream(IterableDataset):
                                            min(self.shuffle_initial, self.shuffle_buffer), rng=rng)
         sample_base = _seed(self.seed, epoch, self.rank, worker, 0x5A3)
         private = _PrivateRNG()
-        imgs: list = []
+        imgs = _BatchBuffer(self.batch_size, shared=info is not None)
         caps: list[str] = []
         keys: list[str] = []
         produced = 0
@@ -576,7 +618,10 @@ class _ShardStream(IterableDataset):
                 except Exception as e:
                     counts.bad("transform_error", f"{s['__key__']}: {type(e).__name__}: {e}")
                     continue
-            imgs.append(img)
+                err = imgs.add(img)
+                if err is not None:
+                    counts.bad("transform_error", f"{s['__key__']}: {err}")
+                    continue
             caps.append(cap)
             keys.append(s["__key__"])
             if len(caps) == self.batch_size:
@@ -587,7 +632,7 @@ class _ShardStream(IterableDataset):
                 else:
                     yield self._emit(imgs, caps, keys, counts)
                 produced += 1
-                imgs, caps, keys = [], [], []
+                caps, keys = [], []
         if caps and per_worker is None:
             if self.drop_last or produced < my_skip:
                 counts.add("dropped_partial" if self.drop_last else "samples", len(caps))
@@ -601,12 +646,9 @@ class _ShardStream(IterableDataset):
     def _placeholder(self, counts: _Counts):
         return (None, None, None, counts.take()) if self.with_keys else (None, None, counts.take())
 
-    def _emit(self, imgs, caps, keys, counts: _Counts):
+    def _emit(self, imgs: _BatchBuffer, caps, keys, counts: _Counts):
         counts.add("batches")
-        if isinstance(imgs[0], torch.Tensor):
-            images = torch.stack(imgs)
-        else:
-            images = imgs  # preprocess=None: PIL images
+        images = imgs.take()  # a tensor, or a list of PIL images with preprocess=None
         tokens = self.tokenizer(caps) if self.tokenizer is not None else list(caps)
         if self.with_keys:
             return images, tokens, list(keys), counts.take()
