@@ -1,10 +1,33 @@
-"""`zsprob demo`: not in this version yet (placeholder replaced by issue 8 (demo))."""
+"""`zsprob demo`: run the whole pipeline on SynthWorld and write a report (thin wrapper).
+
+The work is done by :func:`zsprob.report.demo.run_demo`, which chains the real commands.
+"""
 import click
 
-from zsprob.cli import not_available
 
+@click.command("demo")
+@click.option("--out", type=click.Path(file_okay=False), default="demo_out", show_default=True,
+              help="Output folder; an existing one is resumed (finished steps are skipped).")
+@click.option("--quick", is_flag=True, help="Small world and short training (about 2 minutes on 2 cores).")
+@click.option("--steps", type=int, default=None, help="Pretraining steps per model [default: 300, quick: 80].")
+@click.option("--batch-size", type=int, default=None, help="Pretraining batch size [default: 128, quick: 64].")
+@click.option("--seed", type=int, default=None, help="World and training seed [default: 0].")
+@click.option("--workers", type=int, default=None, help="Data loader workers during pretraining [default: 1].")
+@click.option("--threads", type=int, default=None, help="torch CPU threads [default: torch's].")
+def demo(out, quick, steps, batch_size, seed, workers, threads):
+    """Run the whole mission on SynthWorld and write OUT/report.md.
 
-@click.command("demo", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def demo() -> None:
-    """Run the whole mission on SynthWorld and write a report."""
-    not_available("zsprob demo", "issue 8 (demo)")
+    \b
+    Generates SynthWorld, pretrains PCME++ and an InfoNCE baseline, selects prompts by text
+    uncertainty without evaluation labels, classifies zero-shot with every prompt strategy,
+    evaluates retrieval, and writes OUT/report.md + OUT/report.json with plots.
+    """
+    from zsprob.errors import UserError
+    from zsprob.report.demo import run_demo
+
+    for name, v in (("--steps", steps), ("--batch-size", batch_size), ("--workers", workers),
+                    ("--threads", threads)):
+        if v is not None and v < (0 if name == "--workers" else 1):
+            raise UserError(f"{name} must be positive, got {v}")
+    run_demo(out, quick=quick, echo=click.echo, steps=steps, batch_size=batch_size, seed=seed,
+             workers=workers, threads=threads)

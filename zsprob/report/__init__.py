@@ -1,1 +1,7 @@
-"""zsprob.report (being built)."""
+"""Plots and the demo report.
+
+- :mod:`zsprob.report.plots`: training curves from metrics.jsonl (matplotlib, Agg backend).
+- :mod:`zsprob.report.pipeline`: a resumable chain of zsprob commands run as subprocesses.
+- :mod:`zsprob.report.demo`: `zsprob demo`, the whole mission on SynthWorld.
+- :mod:`zsprob.report.demo_report`: OUT/report.md and OUT/report.json from the commands' outputs.
+"""

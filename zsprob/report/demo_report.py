@@ -1,0 +1,291 @@
+"""The demo report: OUT/report.md (plots embedded) and OUT/report.json (the same figures).
+
+It only reads what the demo's commands wrote (metrics.jsonl and summary.json of each training
+run, the zero-shot compare.json / selected.json, the retrieval metrics.json and their PNGs)
+and draws the training curves; it recomputes nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from zsprob import __version__
+from zsprob.report.plots import read_jsonl, training_curves
+from zsprob.utils.io import atomic_write_json, atomic_write_text
+
+METHOD_LABEL = {"pcmepp": "PCME++", "infonce": "InfoNCE"}
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _rel(out: Path, p: str | Path | None) -> str | None:
+    if not p:
+        return None
+    p = Path(p)
+    if not p.exists():
+        return None
+    return os.path.relpath(p.resolve(), out.resolve())
+
+
+def _f(v: Any, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def _training(out: Path, method: str) -> dict:
+    run = out / "runs" / method
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    summ = _load(run / "summary.json") or {}
+    first = rows[:3]
+    last = rows[-3:]
+    mean = lambda rs, k: (sum(r[k] for r in rs) / len(rs)) if rs and all(k in r for r in rs) else None  # noqa: E731
+    rec = {"steps": summ.get("steps"), "batch_size": summ.get("global_batch_size"),
+           "loss_start": mean(first, "loss"), "loss_end": mean(last, "loss"),
+           "samples_per_s": summ.get("samples_per_s"), "wall_s": summ.get("wall_s")}
+    if last and "img_sigma2" in last[-1]:
+        rec["img_sigma2_end"] = last[-1]["img_sigma2"]
+        rec["txt_sigma2_end"] = last[-1].get("txt_sigma2")
+    return rec
+
+
+def _zeroshot(out: Path, method: str) -> dict | None:
+    d = _load(out / "zeroshot" / method / "compare.json")
+    if not d:
+        return None
+    rows = []
+    for r in d.get("rows", []):
+        m = r.get("metrics", {})
+        rows.append({"name": r.get("name"), "label": r.get("label"), "top1": m.get("top1"), "top5": m.get("top5"),
+                     "mean_per_class": m.get("mean_per_class"),
+                     "uses_eval_labels": bool(r.get("uses_eval_labels", "oracle" in str(r.get("name")))),
+                     "data_used": r.get("data_used"), "k_mean": r.get("k_mean")})
+    by = {r["name"]: r for r in rows}
+    res = {"rows": rows, "n_classes": len(d.get("classes", [])), "n_eval": d.get("n_eval"),
+           "n_select": d.get("n_select"), "deterministic": d.get("deterministic"), "files": d.get("files", {}),
+           "table": d.get("table")}
+    if res["n_classes"]:
+        res["chance_top1"] = 100.0 / res["n_classes"]
+    if "all" in by and "auto" in by and by["all"]["top1"] is not None and by["auto"]["top1"] is not None:
+        res["gain_auto_over_all"] = by["auto"]["top1"] - by["all"]["top1"]
+    for name in ("fusion", "poe"):
+        if name in by and "all" in by and by[name]["top1"] is not None:
+            res[f"gain_{name}_over_all"] = by[name]["top1"] - by["all"]["top1"]
+    return res
+
+
+def _retrieval(out: Path, method: str) -> dict | None:
+    d = _load(out / "retrieval" / method / "metrics.json")
+    if not d:
+        return None
+    m = d.get("metrics", {})
+    cap, pl = m.get("caption", {}), m.get("plausible", {})
+    res = {"score": m.get("setup", {}).get("score"), "n_images": m.get("setup", {}).get("n_images"),
+           "n_captions": m.get("setup", {}).get("n_captions"),
+           "i2t": cap.get("i2t"), "t2i": cap.get("t2i"), "rsum": cap.get("rsum"),
+           "pm_i2t": pl.get("i2t"), "pm_t2i": pl.get("t2i"), "summary": d.get("summary"),
+           "files": d.get("files", {})}
+    if res["n_images"] and res["n_captions"]:
+        # chance R@1: i2t has 5 positives among all captions, t2i one among all images
+        res["chance_r1_i2t"] = 100.0 * 5 / res["n_captions"]
+        res["chance_r1_t2i"] = 100.0 / res["n_images"]
+    unc = d.get("uncertainty")
+    if unc:
+        gt = unc.get("ground_truth", {})
+        dec = unc.get("deciles", {})
+        res["uncertainty"] = {
+            "spearman_text_uncertainty_vs_ambiguity": (gt.get("text_uncertainty_vs_ambiguity") or {}).get("rho"),
+            "spearman_image_uncertainty_vs_num_objects": (gt.get("image_uncertainty_vs_num_objects") or {}).get("rho"),
+            "image_uncertainty_by_condition": {k: v.get("mean") for k, v in
+                                               (gt.get("image_uncertainty_by_condition") or {}).items()},
+            "image_uncertainty_by_num_objects": {k: v.get("mean") for k, v in
+                                                 (gt.get("image_uncertainty_by_num_objects") or {}).items()},
+            "deciles": {q: {"spearman": (v.get("spearman") or {}).get("rho") if isinstance(v.get("spearman"), dict)
+                            else v.get("spearman"),
+                            "r1": [b.get("r1") for b in v.get("bins", [])]} for q, v in dec.items()},
+            "corruption_spearman_image": ((unc.get("corruption") or {}).get("spearman_image") or {}).get("rho"),
+            "corruption_spearman_text": ((unc.get("corruption") or {}).get("spearman_text") or {}).get("rho"),
+        }
+    return res
+
+
+def build_report(out: str | Path, settings: dict | None = None, timings: dict | None = None,
+                 wall_seconds: float | None = None) -> dict:
+    """Assemble OUT/report.md and OUT/report.json from the outputs of the demo's commands."""
+    out = Path(out)
+    methods = [m for m in METHOD_LABEL if (out / "runs" / m).exists()]
+    manifest = _load(out / "data" / "manifest.json") or {}
+    curves = training_curves({METHOD_LABEL[m]: out / "runs" / m / "metrics.jsonl" for m in methods},
+                             out / "figures" / "training_curves.png",
+                             keys=(("loss", "training loss"), ("img_sigma2", "mean image sigma^2 (PCME++)"),
+                                   ("txt_sigma2", "mean text sigma^2 (PCME++)")),
+                             title="Pretraining on SynthWorld shards")
+    selected = _load(out / "zeroshot" / "selected.json")
+    report: dict[str, Any] = {
+        "zsprob_version": __version__, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "settings": settings or {}, "wall_seconds": wall_seconds,
+        "steps": {k: round(v["seconds"], 1) for k, v in (timings or {}).items()},
+        "world": {k: manifest.get(k) for k in ("seed", "image_size", "counts", "classes") if k in manifest},
+        "training": {m: _training(out, m) for m in methods},
+        "zeroshot": {m: _zeroshot(out, m) for m in methods},
+        "retrieval": {m: _retrieval(out, m) for m in methods},
+    }
+    if selected:
+        report["zeroshot_selected"] = {"top1": selected.get("metrics", {}).get("top1"),
+                                       "top5": selected.get("metrics", {}).get("top5"),
+                                       "strategy": (selected.get("selection") or {}).get("label"),
+                                       "uses_eval_labels": (selected.get("selection") or {}).get("uses_eval_labels")}
+    report["checks"] = _checks(report)
+    atomic_write_json(out / "report.json", report)
+    atomic_write_text(out / "report.md", _markdown(out, report, curves))
+    return report
+
+
+def _checks(r: dict) -> dict:
+    """Sanity checks a reader (and CI) can rely on: trained models well above chance."""
+    checks = {}
+    for m, z in r["zeroshot"].items():
+        if z and z.get("chance_top1") is not None:
+            best_fair = max((row["top1"] for row in z["rows"] if not row["uses_eval_labels"]
+                             and row["top1"] is not None), default=None)
+            checks[f"zeroshot_{m}_above_chance"] = best_fair is not None and best_fair > 2 * z["chance_top1"]
+    for m, rt in r["retrieval"].items():
+        if rt and rt.get("i2t") and rt.get("chance_r1_i2t") is not None:
+            checks[f"retrieval_{m}_above_chance"] = (rt["i2t"]["r@1"] > 3 * rt["chance_r1_i2t"]
+                                                     and rt["t2i"]["r@1"] > 3 * rt["chance_r1_t2i"])
+    for m, t in r["training"].items():
+        if t.get("loss_start") is not None and t.get("loss_end") is not None:
+            checks[f"training_{m}_loss_decreased"] = t["loss_end"] < t["loss_start"]
+    return checks
+
+
+def _img(out: Path, path: str | Path | None, alt: str) -> str:
+    rel = _rel(out, path)
+    return f"![{alt}]({rel})\n" if rel else f"({alt}: not produced)\n"
+
+
+def _markdown(out: Path, r: dict, curves: Path | None) -> str:
+    L: list[str] = []
+    s = r["settings"]
+    L.append("# zsprob demo report\n")
+    L.append(f"zsprob {r['zsprob_version']}, {r['created']}. Everything below was produced offline on SynthWorld "
+             f"by the commands listed at the end ({'quick' if s.get('quick') else 'full'} run"
+             + (f", {r['wall_seconds'] / 60:.1f} minutes wall time" if r.get("wall_seconds") else "") + ").\n")
+    w = r.get("world", {})
+    if w:
+        L.append(f"SynthWorld: seed {w.get('seed')}, {w.get('image_size')} px, "
+                 f"{len(w.get('classes') or [])} shape classes; counts {json.dumps(w.get('counts'))}.\n")
+
+    L.append("## 1. Pretraining\n")
+    L.append("| model | steps x batch | loss (first -> last logs) | samples/s | final mean sigma^2 (image / text) |")
+    L.append("|---|---|---|---|---|")
+    for m, t in r["training"].items():
+        sig = (f"{_f(t.get('img_sigma2_end'), 3)} / {_f(t.get('txt_sigma2_end'), 3)}"
+               if "img_sigma2_end" in t else "- (deterministic)")
+        L.append(f"| {METHOD_LABEL[m]} | {t.get('steps')} x {t.get('batch_size')} | {_f(t.get('loss_start'), 3)} -> "
+                 f"{_f(t.get('loss_end'), 3)} | {_f(t.get('samples_per_s'), 0)} | {sig} |")
+    L.append("")
+    L.append(_img(out, curves, "training curves"))
+    L.append("Left: training loss per step (thin: raw, thick: moving average; the two losses are on different "
+             "scales, InfoNCE is a softmax cross-entropy, PCME++ a pairwise BCE). Middle and right: the mean "
+             "variance the PCME++ heads predict for images and captions.\n")
+
+    L.append("## 2. Zero-shot classification with uncertainty-based prompt selection\n")
+    zp = r["zeroshot"].get("pcmepp")
+    if zp:
+        L.append(f"{zp['n_classes']} classes, {zp['n_eval']} evaluation images (`classify/eval`), "
+                 f"{zp['n_select']} labelled selection images (`classify/select`, disjoint from evaluation). "
+                 f"Chance top-1: {_f(zp.get('chance_top1'))}%. Prompts: the 80 CLIP ImageNet templates. "
+                 "Every strategy except the two marked EVAL LABELS chooses prompts without the evaluation labels.\n")
+        L.append("### PCME++\n")
+        L.append(zp.get("table") or "")
+        L.append("")
+        if zp.get("gain_auto_over_all") is not None:
+            sign = "+" if zp["gain_auto_over_all"] >= 0 else ""
+            L.append(f"**auto vs all-80: {sign}{zp['gain_auto_over_all']:.2f} top-1 points** "
+                     f"(auto chooses each class's number of prompts on the selection split, shrunk towards the "
+                     f"best global K).\n")
+        sel = r.get("zeroshot_selected")
+        if sel:
+            L.append(f"`zsprob select-prompts --topk auto` followed by `zsprob zeroshot --prompts selection.json`: "
+                     f"top-1 {_f(sel['top1'], 2)}%, top-5 {_f(sel['top5'], 2)}% ({sel['strategy']}).\n")
+        files = zp.get("files", {})
+        L.append(_img(out, files.get("accuracy_vs_topk"), "accuracy vs top-K"))
+        L.append("Accuracy when every class keeps its K most certain prompts (PCME++ Fig. C.1, left).\n")
+        L.append(_img(out, files.get("per_class_k_hist"), "per-class K histogram"))
+        L.append("How many prompts `auto` kept per class (PCME++ Fig. C.1, right).\n")
+    zi = r["zeroshot"].get("infonce")
+    if zi:
+        L.append("### InfoNCE baseline (deterministic: strategies that need sigma^2 are skipped)\n")
+        L.append(zi.get("table") or "")
+        L.append("")
+
+    L.append("## 3. Retrieval on the SynthWorld test split\n")
+    L.append("R@K use the five captions written for each image as positives (COCO protocol); mAP@R and R-P use "
+             "the exact plausible-match positives given by the world's match predicate (ECCV Caption protocol, "
+             "but exact). Values in %.\n")
+    L.append("| model | score | i2t R@1 | R@5 | R@10 | t2i R@1 | R@5 | R@10 | RSUM | PM mAP@R (i2t / t2i) | "
+             "PM R-P (i2t / t2i) |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    chance = None
+    for m, rt in r["retrieval"].items():
+        if not rt:
+            continue
+        i, t, pi, pt = rt["i2t"], rt["t2i"], rt["pm_i2t"] or {}, rt["pm_t2i"] or {}
+        L.append(f"| {METHOD_LABEL[m]} | {rt['score']} | {_f(i['r@1'])} | {_f(i['r@5'])} | {_f(i['r@10'])} | "
+                 f"{_f(t['r@1'])} | {_f(t['r@5'])} | {_f(t['r@10'])} | {_f(rt['rsum'])} | "
+                 f"{_f(pi.get('map_at_r'))} / {_f(pt.get('map_at_r'))} | "
+                 f"{_f(pi.get('rprecision'))} / {_f(pt.get('rprecision'))} |")
+        chance = (rt.get("chance_r1_i2t"), rt.get("chance_r1_t2i"))
+    if chance:
+        L.append(f"\nChance R@1: {_f(chance[0], 2)}% (i2t), {_f(chance[1], 2)}% (t2i).\n")
+
+    rp = r["retrieval"].get("pcmepp")
+    if rp and rp.get("uncertainty"):
+        u = rp["uncertainty"]
+        files = rp.get("files", {})
+        L.append("## 4. What the PCME++ uncertainty means\n")
+        L.append(f"- Spearman correlation of caption uncertainty ||sigma^2||_1 with the caption's ground-truth "
+                 f"ambiguity (log of the fraction of scenes it is true of; vaguer captions are true of more "
+                 f"scenes): **{_f(u['spearman_text_uncertainty_vs_ambiguity'], 3)}**.")
+        L.append(f"- Spearman of image uncertainty with the number of objects: "
+                 f"{_f(u['spearman_image_uncertainty_vs_num_objects'], 3)}.")
+        if u.get("corruption_spearman_image") is not None:
+            L.append(f"- Corruption sweep: Spearman of mean image sigma^2 with the fraction of erased pixels "
+                     f"{_f(u['corruption_spearman_image'], 3)}, of caption sigma^2 with the fraction of masked "
+                     f"words {_f(u['corruption_spearman_text'], 3)}.")
+        L.append("")
+        L.append(_img(out, files.get("ambiguity_png"), "caption uncertainty vs ambiguity"))
+        L.append(_img(out, files.get("deciles_png"), "R@1 per uncertainty decile"))
+        L.append("R@1 of image and caption queries grouped into ten bins of their uncertainty (PCME++ Fig. 5): "
+                 "a useful uncertainty makes the most uncertain queries the hardest.\n")
+        L.append(_img(out, files.get("groups_png"), "image uncertainty by objects and condition"))
+        L.append("Mean image uncertainty per number of objects and per rendering condition.\n")
+        L.append(_img(out, files.get("corruption_png"), "corruption sweep"))
+        L.append("Mean sigma^2 as pixels are erased from images and words masked from captions (PCME Fig. 7).\n")
+        page = _rel(out, files.get("uncertain_queries"))
+        if page:
+            L.append(f"The most and least uncertain queries with what they retrieved: [{page}]({page}).\n")
+
+    L.append("## Checks\n")
+    for k, v in r["checks"].items():
+        L.append(f"- {k}: {'yes' if v else 'NO'}")
+    L.append("\n## Commands that produced this report\n")
+    L.append("Each step is a plain zsprob command; `zsprob demo --out DIR` skips the steps already done.\n")
+    L.append("```")
+    for name, secs in r["steps"].items():
+        cmd = _load(out / ".steps" / f"{name}.json") or {}
+        L.append(f"# {name}: {secs:.0f} s")
+        L.append(cmd.get("command", ""))
+    L.append("```\n")
+    return "\n".join(L)

@@ -1,0 +1,90 @@
+"""Plots shared by reports: training curves from metrics.jsonl logs.
+
+matplotlib (Agg backend, no display) draws everything; figures are written as PNG files.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+
+def _mpl():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Records of a JSONL log; a torn last line (crash mid-write) is ignored."""
+    rows = []
+    p = Path(path)
+    if not p.is_file():
+        return rows
+    for line in p.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def smooth(values: Sequence[float], window: int) -> list[float]:
+    """Trailing moving average (the first points average what exists so far)."""
+    out, acc = [], []
+    for v in values:
+        acc.append(v)
+        if len(acc) > window:
+            acc.pop(0)
+        out.append(sum(acc) / len(acc))
+    return out
+
+
+def training_curves(runs: Mapping[str, str | Path], out_png: str | Path,
+                    keys: Sequence[tuple[str, str]] = (("loss", "training loss"),),
+                    title: str = "Training curves") -> Path | None:
+    """One panel per (metrics key, label), one line per run (label -> metrics.jsonl path).
+
+    Losses of different methods live on different scales, so each run is drawn on its own
+    normalised axis only if asked; here every panel shares its y axis and uses a log scale
+    when all values are positive.
+    """
+    plt = _mpl()
+    data = {name: [r for r in read_jsonl(p) if "step" in r] for name, p in runs.items()}
+    panels = [(k, lbl) for k, lbl in keys if any(k in r for rows in data.values() for r in rows)]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels):
+        allpos = True
+        for name, rows in data.items():
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))
+                   and math.isfinite(r[key])]
+            if not pts:
+                continue
+            xs, ys = zip(*pts)
+            allpos &= min(ys) > 0
+            w = max(1, len(ys) // 30)
+            ax.plot(xs, ys, alpha=0.25, lw=0.8)
+            ax.plot(xs, smooth(ys, w), lw=1.8, label=name, color=ax.lines[-1].get_color())
+        if allpos and key.startswith("loss"):
+            ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label)
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
