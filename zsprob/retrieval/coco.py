@@ -38,9 +38,15 @@ def eccv_metrics():
 
 
 def official_test_ids() -> tuple[np.ndarray, np.ndarray]:
-    """The 5,000 image ids (sorted) and 25,000 caption ids (eccv_caption order) of COCO 5K test."""
+    """The 5,000 image ids and 25,000 caption ids of COCO 5K test, in eccv_caption's caption order
+    (``coco_ids``) and images in order of first appearance there, so each 1K fold is a contiguous
+    block of rows and columns."""
     m = eccv_metrics()
-    return np.array(sorted(m.coco_gts["i2t"]), dtype=np.int64), np.asarray(m.coco_ids, dtype=np.int64)
+    caps = np.asarray(m.coco_ids, dtype=np.int64)
+    seen: dict[int, None] = {}
+    for c in caps:
+        seen.setdefault(int(m.coco_gts["t2i"][int(c)][0]), None)
+    return np.fromiter(seen, dtype=np.int64, count=len(seen)), caps
 
 
 def official_subset(image_ids: np.ndarray, caption_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

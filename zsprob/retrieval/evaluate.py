@@ -143,14 +143,26 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
     return EvalResult(metrics=metrics, per_query=per_query, top=top)
 
 
+def _as_slice(idx: np.ndarray):
+    if len(idx) and idx[-1] - idx[0] == len(idx) - 1 and (np.diff(idx) == 1).all():
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return torch.from_numpy(idx)
+
+
+def _block(mat: torch.Tensor, rows: np.ndarray, cols: np.ndarray) -> torch.Tensor:
+    """mat[rows][:, cols], as views when the indices are contiguous ranges (COCO 1K folds)."""
+    r, c = _as_slice(rows), _as_slice(cols)
+    out = mat[r] if isinstance(r, slice) else mat.index_select(0, r)
+    return out[:, c] if isinstance(c, slice) else out.index_select(1, c)
+
+
 def fold_metrics(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS) -> dict:
     """COCO 1K: each fold's images x captions ranked on their own; mean of the fold means."""
     pos = task.caption_positives()
     per = {"i2t": [], "t2i": []}
     for imgs, caps in task.folds:
-        it, ct = torch.from_numpy(imgs), torch.from_numpy(caps)
-        sub_i = scores.i2t.index_select(0, it).index_select(1, ct)
-        sub_t = scores.t2i.index_select(0, ct).index_select(1, it)
+        sub_i = _block(scores.i2t, imgs, caps)
+        sub_t = _block(scores.t2i, caps, imgs)
         p_i = pos[imgs][:, caps]
         p_t = sp.csr_matrix(p_i.T)
         for d, sub, p in (("i2t", sub_i, p_i), ("t2i", sub_t, p_t)):
