@@ -107,24 +107,40 @@ def child(args) -> None:
                                 dataset_resampled=False, train_data_upsampling_factors=None, seed=0,
                                 batch_size=args.batch_size, workers=args.num_workers, world_size=1)
         data = get_wds_dataset(ns, preprocess, is_train=True, epoch=0, tokenizer=tokenizer)
-        iterable = data.dataloader
+        # WebLoader = DataPipeline(DataLoader): iterate the torch DataLoader itself (same
+        # batches) so that its persistent workers can be shut down and their CPU time counted
+        iterable = data.dataloader.pipeline[0]
+    import gc
+    import resource
+
+    def cpu_now():  # this process + every reaped child (DataLoader workers once joined)
+        ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + ch.ru_utime + ch.ru_stime
+
     n = 0
-    c0 = time.process_time()
+    c0 = cpu_now()
     t0 = time.perf_counter()
     t_first = None
     shape = None
-    for images, tokens in iterable:
+    it = iter(iterable)
+    for images, tokens in it:
         if t_first is None:
             t_first = time.perf_counter()
             n_first = images.shape[0]
             shape = [list(images.shape), list(tokens.shape)]
         n += images.shape[0]
     t1 = time.perf_counter()
-    cpu = time.process_time() - c0  # this process only: all the work when num_workers == 0
+    # make sure the workers have exited and were reaped (open_clip keeps persistent workers)
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    del it
+    gc.collect()
+    cpu = cpu_now() - c0
     steady = (n - n_first) / (t1 - t_first) if n > n_first and t1 > t_first else float("nan")
     out = {"pipeline": args.child, "samples": n, "seconds": t1 - t0, "samples_per_s": n / (t1 - t0),
            "steady_samples_per_s": steady, "first_batch_s": t_first - t0, "shapes": shape,
-           "cpu_ms_per_sample": 1000 * cpu / n if args.num_workers == 0 else None}
+           "cpu_ms_per_sample": 1000 * cpu / n}
     if args.child == "zsprob":
         out["stats"] = {k: v for k, v in loader.stats().items() if v}
     print("RESULT " + json.dumps(out), flush=True)
@@ -184,7 +200,6 @@ def main() -> None:
           f"batch {a.batch_size}; shuffle buffer 5000 (initial 1000); {a.repeats} alternating repeats, medians")
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
     rows = []
-    cpu_row = None
     for w in [int(x) for x in a.workers.split(",")]:
         res = {"zsprob": [], "open_clip": []}
         for r in range(a.repeats):
@@ -194,27 +209,25 @@ def main() -> None:
                 print(f"  workers={w} run {r + 1} {kind:9s}: {o['samples']} samples in {o['seconds']:.2f}s "
                       f"= {o['samples_per_s']:.1f} samples/s (steady {o['steady_samples_per_s']:.1f}, "
                       f"first batch {o['first_batch_s']:.2f}s"
-                      + (f", CPU {o['cpu_ms_per_sample']:.2f} ms/sample" if o["cpu_ms_per_sample"] else "")
+                      + f", CPU {o['cpu_ms_per_sample']:.2f} ms/sample"
                       + ")", flush=True)
         z = statistics.median(x["samples_per_s"] for x in res["zsprob"])
         oc = statistics.median(x["samples_per_s"] for x in res["open_clip"])
         zs = statistics.median(x["steady_samples_per_s"] for x in res["zsprob"])
         ocs = statistics.median(x["steady_samples_per_s"] for x in res["open_clip"])
-        rows.append((w, z, oc, zs, ocs, res["zsprob"][0]["samples"], res["open_clip"][0]["samples"]))
-        if w == 0:
-            cz = statistics.median(x["cpu_ms_per_sample"] for x in res["zsprob"])
-            co = statistics.median(x["cpu_ms_per_sample"] for x in res["open_clip"])
-            cpu_row = (cz, co)
+        cz = statistics.median(x["cpu_ms_per_sample"] for x in res["zsprob"])
+        co = statistics.median(x["cpu_ms_per_sample"] for x in res["open_clip"])
+        rows.append((w, z, oc, zs, ocs, cz, co, res["zsprob"][0]["samples"], res["open_clip"][0]["samples"]))
     print()
     print("| workers | zsprob samples/s | open_clip samples/s | zsprob / worker | open_clip / worker | "
-          "ratio | steady ratio | samples (zsprob / open_clip) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for w, z, oc, zs, ocs, nz, no in rows:
+          "ratio | steady ratio | CPU ms/sample zsprob | CPU ms/sample open_clip | CPU ratio | samples |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for w, z, oc, zs, ocs, cz, co, nz, no in rows:
         k = max(1, w)  # workers=0: everything runs in the main process
-        print(f"| {w} | {z:.1f} | {oc:.1f} | {z / k:.1f} | {oc / k:.1f} | {z / oc:.2f}x | {zs / ocs:.2f}x | {nz} / {no} |")
-    if cpu_row:
-        print(f"\nCPU time per sample with workers=0 (insensitive to other load on the host): "
-              f"zsprob {cpu_row[0]:.2f} ms, open_clip {cpu_row[1]:.2f} ms, ratio {cpu_row[1] / cpu_row[0]:.2f}x")
+        print(f"| {w} | {z:.1f} | {oc:.1f} | {z / k:.1f} | {oc / k:.1f} | {z / oc:.2f}x | {zs / ocs:.2f}x "
+              f"| {cz:.2f} | {co:.2f} | {co / cz:.2f}x | {nz} / {no} |")
+    print("\nratio = zsprob / open_clip throughput (> 1: zsprob faster); CPU ratio = open_clip / zsprob CPU time "
+          "per sample, main process + workers (> 1: zsprob cheaper; less sensitive to other load on the host)")
 
 
 if __name__ == "__main__":
