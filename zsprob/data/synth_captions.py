@@ -53,10 +53,14 @@ VAGUE = [("a shape", [{}]), ("an object", [{}]), ("a picture of something", []),
 KIND_P = {"full": 0.2, "partial": 0.33, "scene": 0.2, "condition": 0.22, "vague": 0.05}
 
 
-def _kind_table(exclude: tuple) -> tuple[list[str], np.ndarray]:
+def _kind_table(exclude: tuple) -> tuple[list[str], list[float]]:
+    """Cumulative kind probabilities without ``exclude``; the vague rate stays KIND_P["vague"]."""
     kinds = [k for k in KIND_P if k not in exclude]
     p = np.array([KIND_P[k] for k in kinds])
-    return kinds, np.cumsum(p / p.sum()).tolist()
+    v = kinds.index("vague")
+    rest = p.sum() - p[v]
+    p = np.where(np.arange(len(p)) == v, KIND_P["vague"], p * (1 - KIND_P["vague"]) / rest)
+    return kinds, np.cumsum(p).tolist()
 
 
 _KINDS_ALL = _kind_table(())
