@@ -206,3 +206,27 @@ def test_mixed_seed_is_deterministic_and_sensitive():
     assert len({mixed_seed(0, s, r) for s in range(50) for r in range(4)}) == 200
     assert 0 <= mixed_seed(2 ** 62, 5) < 2 ** 63
     assert not math.isnan(float(mixed_seed(1)))
+
+
+def test_recipes_carry_the_paper_settings():
+    from zsprob.train import load_train_config
+    from zsprob.train.loop import resolve_config
+    c = resolve_config(load_train_config("finetune_coco_vitb32.yaml"))
+    assert (c.model.name, c.model.pretrained, c.model.embed_dim) == ("ViT-B-32", "openai", 1024)
+    assert (c.optim.name, c.optim.lr, c.optim.weight_decay, c.optim.layer_decay) == ("adamp", 5e-4, 1e-4, 0.7)
+    assert (c.optim.image_lr_mult, c.optim.text_lr_mult, c.optim.grad_clip) == (0.01, 0.1, 2.0)
+    assert (c.schedule.epochs, c.schedule.milestones_epochs, c.data.batch_size) == (25, [15], 128)
+    assert (c.freeze.image_epochs, c.freeze.warmup_epochs) == (2, 1)
+    assert c.msda.enabled and c.msda.ratio == 0.25 and c.msda.alpha == 2.0
+    assert c.swa.enabled and c.swa.last_epochs == 10
+    assert c.loss.pcmepp.pp_alpha == 0.1 and c.loss.pcmepp.vib_beta == 1e-4
+    b16 = resolve_config(load_train_config("finetune_coco_vitb16.yaml"))
+    l14 = resolve_config(load_train_config("finetune_coco_vitl14.yaml", ["optim.lr=1.0e-4"]))
+    assert b16.model.name == "ViT-B-16" and b16.swa.enabled and b16.optim.layer_decay == 0.7
+    assert l14.model.name == "ViT-L-14" and not l14.swa.enabled and l14.optim.lr == 1e-4
+    r = resolve_config(load_train_config("pretrain_redcaps_vits16.yaml"))
+    assert (r.model.name, r.model.embed_dim, r.data.batch_size, r.schedule.steps) == ("ViT-S-16-d128", 128, 1536, 100000)
+    assert (r.optim.lr, r.optim.betas, r.optim.eps, r.optim.weight_decay) == (5e-4, [0.9, 0.98], 1e-6, 0.2)
+    assert r.loss.pcmepp.pp_alpha == 0 and r.loss.pcmepp.vib_beta == 1e-6 and not r.msda.enabled
+    t = resolve_config(load_train_config("synthetic_tiny.yaml", ["method=infonce", "schedule.steps=5"]))
+    assert t.model.name == "zsprob-tiny" and t.method == "infonce" and t.schedule.steps == 5

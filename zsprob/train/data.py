@@ -188,7 +188,8 @@ class CocoSource(BatchSource):
                  karpathy_json=None):
         from zsprob.data.coco import CocoCaptions
         kw = {"karpathy_json": karpathy_json} if karpathy_json else {}
-        self.coco = CocoCaptions(root, split=split, **kw)
+        # training needs neither the official caption ids nor the instance labels
+        self.coco = CocoCaptions(root, split=split, official_ids=False, instances=False, **kw)
         n = len(self.coco.captions)
         if n < global_batch_size:
             raise UserError(f"COCO {split} has {n} captions, fewer than the batch size {global_batch_size}")

@@ -465,10 +465,13 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
             mean_loss = (loss_sum / max(1, n_in_interval))
             if world > 1:
                 mean_loss = D.mean_across(mean_loss)
-            last_loss = float(mean_loss.item())
+            # None when every step of the interval was skipped (non-finite)
+            interval_loss = float(mean_loss.item()) if n_in_interval else None
+            if interval_loss is not None:
+                last_loss = interval_loss
             steps_in = step_done - (step_done - 1) // log_every * log_every if step_done == total_steps \
                 else log_every
-            rec: dict[str, Any] = {"step": step_done, "epoch": cursor.epoch, "loss": last_loss}
+            rec: dict[str, Any] = {"step": step_done, "epoch": cursor.epoch, "loss": interval_loss}
             for k, v in stats.items():  # the last step's terms on this process (rank 0)
                 s = _scalar(v)
                 if s is not None and k not in rec:
@@ -494,7 +497,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
                 append_jsonl(out / "metrics.jsonl", rec)
                 if log_with:
                     acc.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=step_done)
-                bar.set_postfix(loss=f"{last_loss:.4f}", sps=f"{rec['samples_per_s']:.0f}")
+                bar.set_postfix(loss=f"{last_loss:.4f}", sps=f"{rec['samples_per_s']:.0f}", refresh=False)
             loss_sum.zero_()
             n_in_interval = 0
             data_time = 0.0
