@@ -25,7 +25,7 @@ from itertools import product
 
 import numpy as np
 
-from zsprob.data.synth_scene import (ATTRS, BACKGROUNDS, CENTER, COLOR_NAMES, COLORLESS, COND_P,
+from zsprob.data.synth_scene import (ATTRS, BACKGROUNDS, COLOR_NAMES, COLORLESS, COND_P,
                                      CONDITIONS, FILLS, MANY_COUNTS, NUM_OBJECTS, NUM_OBJECTS_P, PLURALS,
                                      POSITIONS, SHAPES, SIZES, VOCAB)
 
@@ -544,4 +544,4 @@ def _many_prob(phrases: list[dict], need: dict, n: int) -> float:
 
 
 __all__ = ["caption_matches", "make_caption", "match_matrix", "match_vector", "encode_scenes", "ambiguity",
-           "caption_probability", "caption_key", "CENTER", "FILLS"]
+           "caption_probability", "caption_key", "canonical_key", "object_phrase"]
