@@ -508,3 +508,38 @@ def test_five_captions_say_different_things():
     for i in range(150):
         cms = w.sample("pretrain", i).meta["captions"]
         assert len({sc.caption_key(c) for c in cms}) == 5
+
+
+def test_objects_never_hide_each_other(monkeypatch):
+    """Render each object alone and in its scene (unique colours): part of it is always visible."""
+    from zsprob.data import synth_render as R
+
+    monkeypatch.setitem(R.COLORS, "id0", (40, 0, 0))
+    for k in range(1, 6):
+        monkeypatch.setitem(R.COLORS, f"id{k}", (40 * (k + 1), 0, 0))
+    w = SynthWorld(0, 64)
+    worst = 1.0
+    checked = 0
+    for i in range(400):
+        sc_ = json.loads(json.dumps(w.scene("pretrain", i)[0]))
+        if sc_["num_objects"] < 2 or sc_["condition"] == "drawing":
+            continue
+        if sc_["condition"] != "cropped":
+            sc_["condition"] = "normal"
+        sc_["background"] = "plain"
+        sc_["render"]["bg_color"] = [0, 0, 255]
+        for k, o in enumerate(sc_["objects"]):
+            o["color"], o["fill"] = f"id{k}", "solid"
+        full = np.asarray(R.render_scene(sc_, 64))[..., 0]
+        for k in range(sc_["num_objects"]):
+            alone = json.loads(json.dumps(sc_))
+            alone["objects"] = [sc_["objects"][k]]
+            alone["render"]["objects"] = [sc_["render"]["objects"][k]]
+            if k > 0:
+                alone["condition"] = "normal"  # only object 0 is pushed out of a cropped frame
+            area = (np.asarray(R.render_scene(alone, 64))[..., 0] == 40 * (k + 1)).sum()
+            visible = (full == 40 * (k + 1)).sum()
+            assert area > 0
+            worst = min(worst, visible / area)
+            checked += 1
+    assert checked > 150 and worst > 0.1
