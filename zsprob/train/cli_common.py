@@ -107,7 +107,13 @@ def resolve_run_config(kw: dict, extra: list[str], default_config: str | None):
 def run(cfg, kw: dict, hooks=()) -> dict:
     from zsprob.train.loop import train
     resume = kw.get("resume_from") or bool(kw.get("resume"))
-    summary = train(cfg, kw["out"], resume=resume, eval_hooks=hooks, progress=not kw.get("no_progress"))
+    try:
+        summary = train(cfg, kw["out"], resume=resume, eval_hooks=hooks, progress=not kw.get("no_progress"))
+    finally:
+        # under torchrun / accelerate launch: leave the process group cleanly (gloo can abort at exit otherwise)
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
     return summary
 
 
