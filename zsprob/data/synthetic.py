@@ -424,7 +424,7 @@ def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int 
         if not overwrite:
             raise UserError(f"{out} already holds a SynthWorld generated with other arguments; "
                             "use another --out or --overwrite")
-    if overwrite:
+    if overwrite and old is not None:  # only ever delete what a SynthWorld run wrote
         for sub in ("pretrain", "classify", "retrieval"):
             shutil.rmtree(out / sub, ignore_errors=True)
         for f in ("manifest.json", "preview.png"):
