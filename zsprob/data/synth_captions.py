@@ -254,9 +254,13 @@ def caption_key(cm: dict) -> tuple:
 _RAW_CACHE: dict[tuple, float] = {}
 
 
-def ambiguity(caption_meta: dict) -> float:
-    """ln P(caption true of a scene drawn from the world prior), exact (analytic)."""
-    key = caption_key(caption_meta)
+def ambiguity(caption_meta: dict, key: tuple | None = None) -> float:
+    """ln P(caption true of a scene drawn from the world prior), exact (analytic).
+
+    ``key``: the caption's :func:`caption_key` if already computed.
+    """
+    if key is None:
+        key = caption_key(caption_meta)
     p = _RAW_CACHE.get(key)
     if p is None:
         p = caption_probability(canonical_key(key))
@@ -270,13 +274,13 @@ def ambiguity(caption_meta: dict) -> float:
 # Values the prior treats specially keep their identity; all others of an attribute are
 # exchangeable under the prior, so they are renamed in order of appearance (canonical form).
 _SPECIAL = {"shape": (), "color": (), "size": ("small",), "position": ("center",), "fill": ("outline",)}
+_POOLS = {a: [v for v in VOCAB[a] if v not in _SPECIAL[a]] for a in ATTRS}
 
 
 def canonical_key(key: tuple) -> tuple:
     """A key with the same probability as ``key`` under the prior (maximises cache hits)."""
     phrases_t, cond, bg, count = key
-    maps: dict[str, dict] = {a: {} for a in ATTRS}
-    pools = {a: [v for v in VOCAB[a] if v not in _SPECIAL[a]] for a in ATTRS}
+    maps: dict[str, dict] = {}
     new_phrases = []
     for ph in phrases_t:
         items = []
@@ -284,9 +288,9 @@ def canonical_key(key: tuple) -> tuple:
             if v in _SPECIAL[a]:
                 items.append((a, v))
                 continue
-            m = maps[a]
+            m = maps.setdefault(a, {})
             if v not in m:
-                m[v] = pools[a][len(m)]
+                m[v] = _POOLS[a][len(m)]
             items.append((a, m[v]))
         new_phrases.append(tuple(sorted(items)))
     return (tuple(sorted(new_phrases)), cond, bg, count)

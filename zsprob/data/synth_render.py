@@ -148,7 +148,8 @@ def _background(scene: dict, size: int) -> Image.Image:
         pat = _unit_pattern(kind, size, int(round(r["bg_angle"] / 5)) % 36)
         amp = 2.4 * r["bg_contrast"] if kind == "gradient" else 1.6 * abs(r["bg_contrast"])
         arr = pat * np.float32(amp) + base
-    np.clip(arr, 0, 255, out=arr)
+    np.maximum(arr, 0, out=arr)
+    np.minimum(arr, 255, out=arr)
     return Image.fromarray(arr.astype(np.uint8), "RGB")
 
 

@@ -3,9 +3,10 @@
 A *scene* is a JSON-able dict that fully determines one SynthWorld image: its rendering
 condition, background, objects (shape, colour, size, position, fill) and the continuous
 rendering parameters (jitter, rotation, background colour / angle, noise seed).
-:func:`sample_scene` draws it from a :class:`Stream` (buffered uniforms of a numpy
-``Generator``, PCG64); :func:`scene_rng` seeds that generator from a BLAKE2b hash of
-(seed, split, index), so a scene is a pure function of those three values.
+:func:`sample_scene` draws it from a :class:`Stream` (Python's Mersenne Twister, whose
+``random()`` sequence per int seed is stable across Python versions); :func:`scene_rng` seeds
+it from a BLAKE2b hash of (seed, split, index), so a scene is a pure function of those three
+values.
 
 The constants here (vocabularies, COND_P, NUM_OBJECTS_P, ...) are read by both the sampler
 and the analytic caption ambiguity in :mod:`zsprob.data.synth_captions`; a change to the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random as _random
 
 import numpy as np
 
@@ -54,27 +56,19 @@ VOCAB: dict[str, list[str]] = {"shape": SHAPES, "color": COLOR_NAMES, "size": SI
 
 
 class Stream:
-    """Fast scalar draws from a ``numpy.random.Generator`` (uniforms drawn 64 at a time).
+    """Fast scalar random draws: Python's Mersenne Twister (``random.Random``) seeded with an int.
 
-    ``random()`` in [0, 1), ``integers(n)`` / ``integers(lo, hi)`` uniform, ``uniform(a, b)``,
-    ``sample(n, k)`` = k distinct values of range(n) in uniformly random order (partial
-    Fisher-Yates). One numpy call per 64 draws instead of one per draw.
+    Python guarantees that ``random()`` yields the same sequence for the same int seed in every
+    version, and every draw here is derived from ``random()`` alone: ``integers(n)`` /
+    ``integers(lo, hi)`` uniform, ``uniform(a, b)``, ``sample(n, k)`` = k distinct values of
+    range(n) in uniformly random order (partial Fisher-Yates). One C call per draw, no numpy
+    overhead.
     """
 
-    __slots__ = ("gen", "_buf", "_i")
+    __slots__ = ("random",)
 
-    def __init__(self, gen: np.random.Generator):
-        self.gen = gen
-        self._buf: list[float] = []
-        self._i = 0
-
-    def random(self) -> float:
-        if self._i >= len(self._buf):
-            self._buf = self.gen.random(64).tolist()
-            self._i = 0
-        v = self._buf[self._i]
-        self._i += 1
-        return v
+    def __init__(self, seed: int):
+        self.random = _random.Random(seed).random
 
     def integers(self, lo: int, hi: int | None = None) -> int:
         if hi is None:
@@ -93,10 +87,9 @@ class Stream:
 
 
 def scene_rng(seed: int, split: str, index: int, *extra) -> Stream:
-    """A random stream seeded from a stable hash (BLAKE2b) of (seed, split, index, *extra)."""
+    """A random stream seeded from a stable hash (BLAKE2b, 128 bits) of (seed, split, index, *extra)."""
     key = "/".join(str(x) for x in (int(seed), str(split), int(index), *extra)).encode("utf-8")
-    digest = hashlib.blake2b(key, digest_size=16).digest()
-    return Stream(np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little"))))
+    return Stream(int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "little"))
 
 
 def _bg_color(rng: Stream, avoid: list[tuple[int, int, int]]) -> list[int]:

@@ -10,7 +10,7 @@ Public API::
     make_scene([{"shape": "star"}, {"shape": "circle"}]) -> scene; world.render(scene)
     SHAPES                                           # the 20 class names
 
-Every sample is a pure function of (seed, split, index): a numpy Generator is seeded from a
+Every sample is a pure function of (seed, split, index): a random stream is seeded from a
 BLAKE2 hash of the three (``synth_scene.scene_rng``). Scenes are sampled in
 :mod:`zsprob.data.synth_scene`, drawn by Pillow in :mod:`zsprob.data.synth_render`, captioned
 and matched in :mod:`zsprob.data.synth_captions` (analytic ambiguity, exact predicate).
@@ -102,21 +102,25 @@ class SynthWorld:
     def captions_for(self, scene: dict, rng, split: str, index: int,
                      noise: float = 0.0) -> list[dict]:
         metas = []
+        seen: set = set()
         for k in range(CAPTIONS_PER_IMAGE):
             u = rng.random()  # always drawn so clean captions do not depend on the noise rate
             cm = make_caption(rng, scene)
-            seen = {caption_key(m) for m in metas}
-            for _ in range(8):  # five captions saying different things, when the scene allows
-                if caption_key(cm) not in seen:
+            key = caption_key(cm)
+            for _ in range(30):  # five captions saying different things, when the scene allows
+                if key not in seen:
                     break
                 cm = make_caption(rng, scene)
+                key = caption_key(cm)
+            seen.add(key)
             cm["noisy"] = False
             if u < noise:
                 orng = scene_rng(self.seed, split, index, "noise", k)
                 other = sample_scene(orng)
                 cm = make_caption(orng, other)
                 cm["noisy"] = True
-            cm["ambiguity"] = ambiguity(cm)
+                key = caption_key(cm)
+            cm["ambiguity"] = ambiguity(cm, key)
             metas.append(cm)
         return metas
 
