@@ -410,8 +410,8 @@ class ProbCLIP(nn.Module):
         """Per-parameter metadata for the trainer.
 
         ``tower``: "image" | "text" | "other"; ``depth``: 0 = embeddings, i + 1 = residual block i
-        (the log-variance copies of the last blocks share their depth), ``num_layers`` =
-        final LayerNorm, projection, GPO, log-variance bias; ``num_layers`` = blocks + 1, so a
+        (the log-variance copies of the last blocks share their depth), depth ``num_layers`` for
+        the final LayerNorm, projection, GPO and log-variance bias; ``num_layers`` = blocks + 1, so a
         layer-wise decay reads ``lr_scale = decay ** (num_layers - depth)``. ``backbone``: True
         for parameters of the wrapped open_clip model (those a pretrained checkpoint provides),
         False for modules zsprob adds (log-variance heads, GPO) and for projections that were
