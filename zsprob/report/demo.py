@@ -54,7 +54,7 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
     data = out / "data"
     steps = [Step("data", "Generate SynthWorld",
                   ["data", "synthetic", "--out", str(data), "--preset", s.preset, "--seed", str(s.seed),
-                   "--preview"],
+                   "--workers", "2", "--preview"],
                   outputs=[data / "manifest.json", data / "preview.png"])]
     for m in METHODS:
         run_dir = out / "runs" / m

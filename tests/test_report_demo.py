@@ -1,0 +1,73 @@
+"""The demo: its resumable step runner, the report builder, and (slow) `zsprob demo --quick` end to end."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from zsprob import UserError
+from zsprob.report.pipeline import Step, is_done, run_steps
+
+
+def _steps(out: Path, n: int) -> list[Step]:
+    data = out / "sw"
+    return [Step("data", "tiny world",
+                 ["data", "synthetic", "--out", str(data), "--preset", "quick", "--num-pretrain", str(n),
+                  "--num-classify-select", "1", "--num-classify-eval", "1", "--num-retrieval", "5",
+                  "--num-retrieval-val", "5", "--no-progress", "--overwrite"],
+                 outputs=[data / "manifest.json"])]
+
+
+def test_steps_skip_when_done_and_rerun_when_arguments_change(tmp_path):
+    log: list[str] = []
+    t1 = run_steps(tmp_path, _steps(tmp_path, 8), echo=log.append, stream=False)
+    assert not t1["data"]["skipped"] and is_done(tmp_path, _steps(tmp_path, 8)[0])
+    assert json.loads((tmp_path / "sw" / "manifest.json").read_text())["counts"]["pretrain"] == 8
+    t2 = run_steps(tmp_path, _steps(tmp_path, 8), echo=log.append, stream=False)
+    assert t2["data"]["skipped"] and any("skipping" in line for line in log)
+    t3 = run_steps(tmp_path, _steps(tmp_path, 12), echo=log.append, stream=False)
+    assert not t3["data"]["skipped"]
+    assert json.loads((tmp_path / "sw" / "manifest.json").read_text())["counts"]["pretrain"] == 12
+    # deleting an output makes the step run again
+    (tmp_path / "sw" / "manifest.json").unlink()
+    assert not is_done(tmp_path, _steps(tmp_path, 12)[0])
+
+
+def test_failing_step_is_one_clear_user_error(tmp_path):
+    bad = Step("bad", "bad step", ["data", "synthetic", "--out", str(tmp_path / "x"), "--image-size", "16"],
+               outputs=[tmp_path / "x" / "manifest.json"])
+    with pytest.raises(UserError, match="demo step 'bad' failed with exit code 2"):
+        run_steps(tmp_path, [bad], echo=lambda s: None, stream=False)
+    assert not is_done(tmp_path, bad)
+
+
+def test_demo_rejects_bad_options():
+    r = run_cli("demo", "--steps", "0")
+    assert r.returncode == 2 and r.stderr.startswith("zsprob: error:") and r.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_demo_quick_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    r = run_cli("demo", "--quick", "--out", out, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads((out / "report.json").read_text())
+    # trained models well above chance on both tasks, losses went down
+    assert rep["checks"] and all(rep["checks"].values()), rep["checks"]
+    zs = rep["zeroshot"]["pcmepp"]
+    assert zs["n_classes"] >= 20 and any(row["name"] == "auto" for row in zs["rows"])
+    assert not next(row for row in zs["rows"] if row["name"] == "auto")["uses_eval_labels"]
+    unc = rep["retrieval"]["pcmepp"]["uncertainty"]
+    assert -1.0 <= unc["spearman_text_uncertainty_vs_ambiguity"] <= 1.0
+    md = (out / "report.md").read_text()
+    for img in ["figures/training_curves.png", "accuracy_vs_topk.png", "uncertainty_deciles.png"]:
+        assert img in md, img
+    for line in md.splitlines():  # every embedded figure exists
+        if line.startswith("!["):
+            assert (out / line.split("](")[1].rstrip(")")).is_file(), line
+    # a second run resumes: every step is skipped and the report is rebuilt
+    r2 = run_cli("demo", "--quick", "--out", out, timeout=600)
+    assert r2.returncode == 0 and r2.stdout.count("skipping") >= 8, r2.stdout
