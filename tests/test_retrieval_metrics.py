@@ -158,3 +158,25 @@ def test_matches_eccv_caption_functions_on_small_dicts():
     assert ours["r@1"] == pytest.approx(e["eccv_r1"], abs=1e-12)
     for k in (1, 5, 10):
         assert ours[f"r@{k}"] == pytest.approx(compute_r_at_k(target, gts, K=k), abs=1e-12)
+
+
+def test_pair_scores_and_chunked_topk_use_prob_score():
+    from zsprob.prob import score
+    from zsprob.retrieval.scoring import PairScores, chunked_topk, score_matrix
+
+    g = torch.Generator().manual_seed(0)
+    a, la = torch.randn(23, 6, generator=g), torch.randn(23, 6, generator=g) - 1
+    b, lb = torch.randn(71, 6, generator=g), torch.randn(71, 6, generator=g) - 1
+    full = score("csd", a, la, b, lb)
+    ps = PairScores("csd", a, la, b, lb, chunk_size=5)
+    torch.testing.assert_close(ps.i2t, full)
+    torch.testing.assert_close(ps.t2i, full.T, rtol=1e-5, atol=1e-5)  # scored directly in caption x image
+    v, i = chunked_topk("csd", a, la, b, lb, 7, query_chunk=4, gallery_chunk=16)
+    ref_v, ref_i = full.topk(7, dim=1)
+    torch.testing.assert_close(v, ref_v)
+    assert torch.equal(i, ref_i)
+    # MC: one sampled image x caption matrix serves both directions (same numbers), reproducible by seed
+    mc = PairScores("mc", a, la, b, lb, chunk_size=8, seed=3)
+    assert torch.equal(mc.t2i, mc.i2t.T.contiguous())
+    torch.testing.assert_close(score_matrix("mc", a, la, b, lb, chunk_size=8, seed=3), mc.i2t)
+    assert (mc.i2t >= 0).all() and (mc.i2t <= 1).all()
