@@ -180,3 +180,29 @@ def test_pair_scores_and_chunked_topk_use_prob_score():
     assert torch.equal(mc.t2i, mc.i2t.T.contiguous())
     torch.testing.assert_close(score_matrix("mc", a, la, b, lb, chunk_size=8, seed=3), mc.i2t)
     assert (mc.i2t >= 0).all() and (mc.i2t <= 1).all()
+
+
+def test_pmrp_through_coco_task_matches_brute_force():
+    from zsprob.retrieval.coco import coco_task
+    from zsprob.retrieval.evaluate import evaluate_scores, format_table
+    from zsprob.retrieval.scoring import PairScores
+
+    rng = np.random.default_rng(4)
+    n_img = 30
+    cap_img = np.repeat(np.arange(n_img), 5)
+    labels = (rng.random((n_img, 6)) < 0.35).astype(np.uint8)
+    labels[0] = 0  # unlabeled image: neither query nor positive
+    task = coco_task(np.arange(n_img) + 1, np.arange(150) + 1, cap_img, instance_labels=labels)
+    s = torch.from_numpy(rng.normal(size=(n_img, 150)).astype(np.float32))
+    m = evaluate_scores(PairScores.from_matrix(s), task).metrics
+    for z in (0, 1, 2):
+        lists_i, lists_t = [], []
+        for i in range(n_img):
+            lists_i.append([c for c in range(150) if labels[i].any() and labels[cap_img[c]].any()
+                            and np.abs(labels[i].astype(int) - labels[cap_img[c]]).sum() <= z])
+        for c in range(150):
+            lists_t.append([i for i in range(n_img) if c in lists_i[i]])
+        assert m["pmrp"]["i2t"][f"zeta{z}"] == pytest.approx(100 * brute_metrics(s.numpy(), lists_i)["rprecision"])
+        assert m["pmrp"]["t2i"][f"zeta{z}"] == pytest.approx(100 * brute_metrics(s.numpy().T, lists_t)["rprecision"])
+    assert m["pmrp"]["i2t"]["mean"] == pytest.approx(np.mean([m["pmrp"]["i2t"][f"zeta{z}"] for z in (0, 1, 2)]))
+    assert "PMRP" in format_table(m)
