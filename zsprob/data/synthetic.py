@@ -199,6 +199,17 @@ def _jpeg(image, quality: int) -> bytes:
     return buf.getvalue()
 
 
+_UMASK: list[int] = []
+
+
+def _umask() -> int:
+    if not _UMASK:
+        m = os.umask(0)
+        os.umask(m)
+        _UMASK.append(m)
+    return _UMASK[0]
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     """tmp file + rename (no fsync: many small files; a reader never sees a torn file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -206,6 +217,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode
         os.replace(tmp, path)
     except BaseException:
         try:
