@@ -98,6 +98,36 @@ def _plot_groups(gt: dict, path) -> Path:
     return path
 
 
+def _plot_ambiguity(emb: Embeddings, split, gt: dict, path) -> Path:
+    """Scatter of caption uncertainty against ground-truth caption ambiguity, with Spearman's rho."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    u_cap = emb.caption_logvar.exp().sum(1).numpy()
+    amb = np.asarray(split.caption_ambiguity, dtype=np.float64)
+    rho = (gt.get("text_uncertainty_vs_ambiguity") or {}).get("rho", float("nan"))
+    fig, ax = plt.subplots(figsize=(5.6, 4.0), dpi=120)
+    ax.scatter(amb, u_cap, s=6, alpha=0.35, edgecolors="none")
+    # mean uncertainty per ambiguity decile, to show the trend through the cloud
+    edges = np.quantile(amb, np.linspace(0, 1, 11))
+    idx = np.clip(np.searchsorted(edges, amb, side="right") - 1, 0, 9)
+    xs = [amb[idx == b].mean() for b in range(10) if (idx == b).any()]
+    ys = [u_cap[idx == b].mean() for b in range(10) if (idx == b).any()]
+    ax.plot(xs, ys, "o-", color="C3", lw=2, label="mean per ambiguity decile")
+    ax.set_xlabel("caption ambiguity: log fraction of scenes the caption is true of\n(right = vaguer)")
+    ax.set_ylabel("caption uncertainty ||sigma^2||_1")
+    ax.set_title(f"Text uncertainty vs ground-truth ambiguity (Spearman {rho:.3f})", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out_dir=None, *,
                        batch_size: int = 128, device=None, corruption: bool = True, n_corruption: int = 64,
                        progress: bool = False, seed: int = 0, metrics_file: str = "metrics.json") -> dict:
@@ -137,13 +167,15 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
             out["uncertainty"]["corruption"] = sweep
         if out_dir is not None:
             out["files"]["groups_png"] = str(_plot_groups(gt, Path(out_dir) / "uncertainty_groups.png"))
+            out["files"]["ambiguity_png"] = str(_plot_ambiguity(emb, rs, gt, Path(out_dir) / "uncertainty_vs_ambiguity.png"))
             if corruption:
                 out["files"]["corruption_png"] = str(A.plot_corruption(sweep, Path(out_dir) / "corruption.png"))
     else:
         out["uncertainty"] = None
     if out_dir is not None:
         out_dir = Path(out_dir)
-        out["files"]["metrics"] = str(atomic_write_json(out_dir / metrics_file, {
-            "metrics": out["metrics"], "summary": out["summary"], "uncertainty": out["uncertainty"]}))
         out["files"]["table"] = str(atomic_write_text(out_dir / "table.md", out["table"]))
+        out["files"]["metrics"] = str(out_dir / metrics_file)
+        atomic_write_json(out_dir / metrics_file, {"metrics": out["metrics"], "summary": out["summary"],
+                                                   "uncertainty": out["uncertainty"], "files": out["files"]})
     return out
