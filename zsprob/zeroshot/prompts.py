@@ -272,11 +272,25 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
         cached = PromptBank.load(stem, expect_key=key)
         if cached is not None:
             return cached
-    if encode_fn is None:
-        from zsprob.models.encode import encode_texts as encode_fn
     texts = prompt_texts(classnames, templates)
     t0 = time.perf_counter()
-    mu, logvar = encode_fn(model, texts, batch_size=batch_size, device=device, progress=progress)
+    if encode_fn is None and callable(getattr(model, "tokenizer", None)):
+        # Tokenise once, sort by length (longest first) so every batch is cut to its own longest
+        # prompt by the text tower's exact causal truncation, then restore the class-major order.
+        import torch
+
+        from zsprob.models.encode import encode_texts
+
+        tokens = model.tokenizer(texts)
+        order = torch.argsort((tokens != 0).sum(1), descending=True, stable=True)
+        mu_s, lv_s = encode_texts(model, tokens[order], batch_size=batch_size, device=device, progress=progress)
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(len(order))
+        mu, logvar = mu_s[inv], (None if lv_s is None else lv_s[inv])
+    else:
+        if encode_fn is None:
+            from zsprob.models.encode import encode_texts as encode_fn
+        mu, logvar = encode_fn(model, texts, batch_size=batch_size, device=device, progress=progress)
     seconds = time.perf_counter() - t0
     bank = PromptBank.from_embeddings(mu, logvar, classnames, templates, model_id=model_id)
     bank.encode_seconds = seconds
