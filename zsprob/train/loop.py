@@ -286,7 +286,8 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     oc = cfg.optim
     info = model.param_info() if hasattr(model, "param_info") else {}
     groups = O.param_groups(step_module, lr=float(oc.lr), weight_decay=float(oc.weight_decay), param_info=info,
-                            prefix="model.", layer_decay=oc.get("layer_decay"),
+                            prefix="model.",
+                            layer_decay=float(oc.layer_decay) if oc.get("layer_decay") is not None else None,
                             image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult))
     optimizer = O.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
                                    betas=oc.betas, eps=float(oc.eps))
@@ -453,14 +454,17 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
                                 f"(step {step + 1}); lower optim.lr, keep optim.grad_clip on, use fp32 or bf16, "
                                 "or check the data")
         optimizer.zero_grad(set_to_none=True)
-        schedule.step()
         step_done = step + 1
+        log_now = step_done % log_every == 0 or step_done == total_steps
+        if log_now:  # the learning rates this step used
+            lr_groups = {g.get("group_name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+        schedule.step()
         bar.update(1)
 
         if swa is not None and swa.should_update(step_done):
             swa.update(raw.model)
 
-        if step_done % log_every == 0 or step_done == total_steps:
+        if log_now:
             now = time.perf_counter()
             mean_loss = (loss_sum / max(1, n_in_interval))
             if world > 1:
@@ -478,9 +482,8 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
                     rec[k] = s
             for k, v in _loss_scalars(raw.loss).items():
                 rec.setdefault(k, v)
-            lrs = schedule.get_last_lr()
-            rec["lr"] = max(lrs) if lrs else 0.0
-            rec["lr_groups"] = {g.get("group_name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+            rec["lr"] = max(lr_groups.values()) if lr_groups else 0.0
+            rec["lr_groups"] = lr_groups
             elapsed = now - t_interval
             rec["samples_per_s"] = global_bs * steps_in / max(elapsed, 1e-9)
             rec["data_time_frac"] = data_time / max(elapsed, 1e-9)
