@@ -374,7 +374,7 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
                                pool_data=pool_data)
             secs = time.perf_counter() - t0
         except NeedsSigma as e:
-            rows.append({"name": name, "label": name, "skipped": f"needs sigma ({e.__class__.__name__})"})
+            rows.append({"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)"})
             continue
         selections[name] = sel
         metrics = evaluate_selection(sel, eval_feats, score=score if (score == "cosine" or
