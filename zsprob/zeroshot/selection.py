@@ -49,7 +49,8 @@ The ``auto`` rule, exactly (``select_auto``):
    ``K_c = argmax_k J_c(k) - (log k - log K_g)^2 / (2 tau^2)`` (one coordinate-ascent pass).
 5. ``tau`` (the shrinkage) is chosen from {0, 0.25, 0.5, 1, 2, inf} by stratified
    ``F``-fold cross-validation on the selection split (``F = min(5, images per class)``),
-   maximising held-out log-likelihood; ties prefer more shrinkage. ``tau = 0`` is the
+   with the one-standard-error rule: the most-shrunk ``tau`` whose held-out log-likelihood is
+   within one standard error (of the per-image differences) of the best. ``tau = 0`` is the
    global K; with one image per class no CV is possible and ``tau = 0.5``.
 A handful of images thus moves a class away from ``K_g`` only when the held-out
 likelihood says per-class choices generalise.
@@ -442,15 +443,24 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
     cv = {}
     if n_folds >= 2 and len(taus) > 1:
         fold = _folds(y, n_folds)
+        per_image = {}
         for tau in taus:
-            tot = 0.0
+            ll = torch.zeros(len(y), dtype=torch.float64)
             for f in range(n_folds):
                 tr, te = fold != f, fold == f
                 scale, g, kc, _ = _fit_auto(S[tr], y[tr], k_values, tau)
-                tot += _ll(scale * _gather_classes(S[te], kc), y[te]).sum().item()
-            cv[tau] = tot
-        best = max(cv.values())
-        tau = min(t for t, v in cv.items() if v >= best - 1e-9)   # ties: more shrinkage
+                ll[te] = _ll(scale * _gather_classes(S[te], kc), y[te])
+            per_image[tau] = ll
+            cv[tau] = ll.sum().item()
+        best_tau = max(cv, key=lambda t: cv[t])
+        # one-standard-error rule: the most-shrunk tau whose held-out log-likelihood is within one
+        # standard error (of the per-image differences) of the best
+        tau = best_tau
+        for t in sorted(taus):
+            d = per_image[best_tau] - per_image[t]
+            if d.sum().item() <= math.sqrt(len(d)) * d.std().item() + 1e-9:
+                tau = t
+                break
     else:
         tau = 0.5 if len(taus) > 1 else taus[0]
     scale, g, kc, curve = _fit_auto(S, y, k_values, tau)
