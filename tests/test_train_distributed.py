@@ -97,7 +97,10 @@ def test_two_processes_match_one_process(tmp_path):
         g2 = load_file(str(two / f"grads-{method}.safetensors"))
         assert g1.keys() == g2.keys() and len(g1) > 10
         for k in g1:
-            assert torch.allclose(g1[k], g2[k], rtol=1e-4, atol=1e-6), (k, (g1[k] - g2[k]).abs().max())
+            # float32 reductions run in another order across 2 processes: compare each element
+            # against 1e-5 of its tensor's scale (observed worst: 2.3e-6 of scale)
+            atol = max(1e-6, 1e-5 * g1[k].abs().max().item())
+            assert torch.allclose(g1[k], g2[k], rtol=1e-4, atol=atol), (k, (g1[k] - g2[k]).abs().max())
         # the sigma heads and the loss's scalars received gradients too
         if method == "pcmepp":
             assert any("sigma" in k for k in g1) and f"{method}/loss.scale" in g1
