@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import tarfile
-import tempfile
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from zsprob.data.synth_render import render_scene
 from zsprob.data.synth_scene import (BACKGROUNDS, COLOR_NAMES, COND_P, CONDITIONS, FILLS, NUM_OBJECTS_P,
                                      POSITIONS, SHAPES, SIZES, sample_scene, scene_rng)
 from zsprob.errors import UserError
+from zsprob.utils.io import atomic_write_bytes
 
 __all__ = ["SynthWorld", "SynthSample", "RetrievalSplit", "caption_matches", "generate",
            "load_retrieval_split", "write_preview", "make_scene", "SHAPES", "CONDITIONS", "PRESETS", "DEFAULTS"]
@@ -199,32 +199,9 @@ def _jpeg(image, quality: int) -> bytes:
     return buf.getvalue()
 
 
-_UMASK: list[int] = []
-
-
-def _umask() -> int:
-    if not _UMASK:
-        m = os.umask(0)
-        os.umask(m)
-        _UMASK.append(m)
-    return _UMASK[0]
-
-
 def _write_atomic(path: Path, data: bytes) -> None:
-    """tmp file + rename (no fsync: many small files; a reader never sees a torn file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """tmp file + rename through zsprob.utils.io (no fsync: many small files; never a torn file)."""
+    atomic_write_bytes(path, data, fsync=False)
 
 
 def _dumps(obj: Any, indent: int | None = None) -> str:

@@ -14,16 +14,34 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-def atomic_write(path: str | os.PathLike, writer: Callable[[str], None]) -> Path:
-    """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path``."""
+_UMASK: list[int] = []
+
+
+def _umask() -> int:
+    if not _UMASK:
+        m = os.umask(0)
+        os.umask(m)
+        _UMASK.append(m)
+    return _UMASK[0]
+
+
+def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsync: bool = True) -> Path:
+    """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path``.
+
+    The file gets the usual mode (0666 less the umask; mkstemp alone would leave 0600).
+    ``fsync=False`` skips the flush to disk for bulk writes of many small files (a reader still
+    never sees a torn file, but a power loss may lose the latest ones).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         writer(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        if fsync:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -34,12 +52,12 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], None]) -> Path
     return path
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> Path:
     def _w(tmp: str) -> None:
         with open(tmp, "wb") as f:
             f.write(data)
 
-    return atomic_write(path, _w)
+    return atomic_write(path, _w, fsync=fsync)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
