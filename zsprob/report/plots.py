@@ -19,6 +19,19 @@ def _mpl():
     return plt
 
 
+pyplot = _mpl  # matplotlib.pyplot on the Agg backend (no display needed)
+
+
+def save_figure(fig, path: str | Path, dpi: int | None = None) -> Path:
+    """tight_layout, write ``fig`` to ``path`` (parents created) as PNG, close it; returns the path."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi if dpi is not None else "figure")
+    _mpl().close(fig)
+    return path
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
     """Records of a JSONL log; a torn last line (crash mid-write) is ignored."""
     rows = []
@@ -82,9 +95,4 @@ def training_curves(runs: Mapping[str, str | Path], out_png: str | Path,
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png, dpi=110)

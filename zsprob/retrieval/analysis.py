@@ -76,10 +76,9 @@ def deciles_table(results: dict[str, dict]) -> str:
 
 
 def plot_deciles(results: dict[str, dict], path, title: str = "R@1 per uncertainty decile") -> Path:
-    import matplotlib
+    from zsprob.report.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=120)
     for name, r in results.items():
@@ -91,12 +90,7 @@ def plot_deciles(results: dict[str, dict], path, title: str = "R@1 per uncertain
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _thumb(src, out_dir: Path, name: str, size: int = 96) -> str | None:
@@ -228,10 +222,9 @@ def corruption_sweep(model, images: Sequence, captions: Sequence[str], *,
 
 
 def plot_corruption(sweep: dict, path) -> Path:
-    import matplotlib
+    from zsprob.report.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), dpi=120)
     for ax, key, xl in ((axes[0], "image", "fraction of erased pixels"), (axes[1], "text", "fraction of masked words")):
@@ -240,12 +233,7 @@ def plot_corruption(sweep: dict, path) -> Path:
         ax.set_ylabel("mean sigma^2")
         ax.set_title(f"{key} (rho={sweep[f'spearman_{key}']['rho']:.2f})")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def group_stats(values, groups) -> dict[str, dict]:

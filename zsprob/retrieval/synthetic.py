@@ -75,10 +75,9 @@ def ground_truth_uncertainty(emb: Embeddings, split) -> dict:
 
 
 def _plot_groups(gt: dict, path) -> Path:
-    import matplotlib
+    from zsprob.report.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), dpi=120, gridspec_kw={"width_ratios": [1, 3]})
     for ax, key, xl in ((axes[0], "image_uncertainty_by_num_objects", "number of objects"),
@@ -91,19 +90,14 @@ def _plot_groups(gt: dict, path) -> Path:
                            fontsize=7)
         ax.set_xlabel(xl)
         ax.set_ylabel("image ||sigma^2||_1")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _plot_ambiguity(emb: Embeddings, split, gt: dict, path) -> Path:
     """Scatter of caption uncertainty against ground-truth caption ambiguity, with Spearman's rho."""
-    import matplotlib
+    from zsprob.report.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     u_cap = emb.caption_logvar.exp().sum(1).numpy()
     amb = np.asarray(split.caption_ambiguity, dtype=np.float64)
@@ -121,11 +115,7 @@ def _plot_ambiguity(emb: Embeddings, split, gt: dict, path) -> Path:
     ax.set_title(f"Text uncertainty vs ground-truth ambiguity (Spearman {rho:.3f})", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out_dir=None, *,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,10 +299,9 @@ def format_table(rows: list[dict]) -> str:
 
 
 def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
-    import matplotlib
+    from zsprob.report.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     files = {}
     if curves.get("eval"):
@@ -319,11 +317,7 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
         ax.set_ylabel("top-1 accuracy (%)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out_dir / "accuracy_vs_topk.png"
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        files["accuracy_vs_topk"] = str(p)
+        files["accuracy_vs_topk"] = str(save_figure(fig, out_dir / "accuracy_vs_topk.png", dpi=120))
     hist = {n: s.k for n, s in selections.items() if n in ("auto", "oracle") and s.k is not None}
     if hist:
         T = max(len(s.templates) for s in selections.values())
@@ -335,11 +329,7 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
         ax.set_ylabel("number of classes")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out_dir / "per_class_k_hist.png"
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        files["per_class_k_hist"] = str(p)
+        files["per_class_k_hist"] = str(save_figure(fig, out_dir / "per_class_k_hist.png", dpi=120))
     return files
 
 
