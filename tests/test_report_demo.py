@@ -75,3 +75,8 @@ def test_demo_quick_end_to_end(tmp_path):
     # a second run resumes: every step is skipped and the report is rebuilt
     r2 = run_cli("demo", "--quick", "--out", out, timeout=600)
     assert r2.returncode == 0 and r2.stdout.count("skipping") >= 8, r2.stdout
+    rep2 = json.loads((out / "report.json").read_text())
+    # the resumed report still counts the time the steps took in the first invocation
+    assert rep2["steps_seconds_total"] == pytest.approx(rep["steps_seconds_total"], abs=1.0)
+    assert rep2["steps_seconds_total"] > 10 and len(rep2["resumed_steps"]) >= 8
+    assert "finished by an earlier invocation" in (out / "report.md").read_text()

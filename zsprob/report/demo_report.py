@@ -142,6 +142,9 @@ def build_report(out: str | Path, settings: dict | None = None, timings: dict | 
         "zsprob_version": __version__, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "settings": settings or {}, "wall_seconds": wall_seconds,
         "steps": {k: round(v["seconds"], 1) for k, v in (timings or {}).items()},
+        # the steps' own recorded times, also of steps finished by an earlier (resumed) invocation
+        "steps_seconds_total": round(sum(v["seconds"] for v in (timings or {}).values()), 1) if timings else None,
+        "resumed_steps": sorted(k for k, v in (timings or {}).items() if v.get("skipped")),
         "world": {k: manifest.get(k) for k in ("seed", "image_size", "counts", "classes") if k in manifest},
         "training": {m: _training(out, m) for m in methods},
         "zeroshot": {m: _zeroshot(out, m) for m in methods},
@@ -189,7 +192,10 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
     L.append("# zsprob demo report\n")
     L.append(f"zsprob {r['zsprob_version']}, {r['created']}. Everything below was produced offline on SynthWorld "
              f"by the commands listed at the end ({'quick' if s.get('quick') else 'full'} run"
-             + (f", {r['wall_seconds'] / 60:.1f} minutes wall time" if r.get("wall_seconds") else "") + ").\n")
+             + (f", {r['steps_seconds_total'] / 60:.1f} minutes of command time" if r.get("steps_seconds_total") else "")
+             + (f", {len(r['resumed_steps'])} step(s) finished by an earlier invocation" if r.get("resumed_steps") else "")
+             + (f", this invocation {r['wall_seconds'] / 60:.1f} minutes wall time" if r.get("wall_seconds") else "")
+             + ").\n")
     w = r.get("world", {})
     if w:
         L.append(f"SynthWorld: seed {w.get('seed')}, {w.get('image_size')} px, "
