@@ -35,12 +35,18 @@ MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
 
 
+def fail(msg: str) -> None:
+    """One clear line on stderr, exit code 2 (bad input), as zsprob's commands do."""
+    print(f"probe_synthworld: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def load(data: str, attribute: str, limit: int):
     import webdataset as wds
 
     urls = sorted(glob.glob(os.path.join(data, "pretrain", "*.tar")))
     if not urls:
-        sys.exit(f"probe_synthworld: error: no shards under {data}/pretrain (run `zsprob data synthetic --out {data}`)")
+        fail(f"no shards under {data}/pretrain (run `zsprob data synthetic --out {data}`)")
     xs, labels = [], []
     for img, meta in wds.WebDataset(urls, shardshuffle=False).decode("rgb8").to_tuple("jpg", "json"):
         objs = meta.get("objects") or []
@@ -77,12 +83,12 @@ def main(argv=None):
     x, y, names = load(a.data, a.attribute, a.limit)
     n_tr = len(x) - a.held_out
     if n_tr < a.batch_size:
-        sys.exit(f"probe_synthworld: error: only {len(x)} usable images; generate more pretraining images")
+        fail(f"only {len(x)} usable images; generate more pretraining images")
     if a.timm:
         import timm
 
         net = timm.create_model(a.timm, num_classes=len(names), pretrained=False)
-        forward, params, what = net, list(net.parameters()), f"timm {a.timm}"
+        forward, modules, what = net, [net], f"timm {a.timm}"
     else:
         from zsprob.models import create_model
 
@@ -92,14 +98,13 @@ def main(argv=None):
         def forward(images):
             return head(model.encode_image(images, with_sigma=False)[0]) * 10.0  # mu is unit-norm
 
-        params = list(model.clip.visual.parameters()) + list(head.parameters())
-        what = f"{a.model} image tower + linear head"
+        modules, what = [model.clip.visual, head], f"{a.model} image tower + linear head"
     mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
 
     def prep(u8):
         return (u8.float() / 255 - mean) / std
 
-    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.05)
+    opt = torch.optim.AdamW([q for mod in modules for q in mod.parameters()], lr=a.lr, weight_decay=0.05)
     counts = torch.bincount(y[n_tr:], minlength=len(names)).float()
     print(f"probe_synthworld: {what}; attribute {a.attribute} ({len(names)} classes); {n_tr} train / "
           f"{len(x) - n_tr} held-out single-object normal images; chance {100 / len(names):.1f}%, "
@@ -115,12 +120,12 @@ def main(argv=None):
         loss.backward()
         opt.step()
         if step % a.eval_every == 0 or step == a.steps:
+            for mod in modules:
+                mod.eval()
             with torch.no_grad():
-                if hasattr(forward, "eval"):
-                    forward.eval()
                 pred = torch.cat([forward(prep(x[i:i + 256])).argmax(1) for i in range(n_tr, len(x), 256)])
-                if hasattr(forward, "train"):
-                    forward.train()
+            for mod in modules:
+                mod.train()
             acc = 100 * (pred == y[n_tr:]).float().mean().item()
             print(f"| {step} | {step * a.batch_size} | {loss.item():.3f} | {acc:.1f} | "
                   f"{step * a.batch_size / (time.time() - t0):.0f} |", flush=True)

@@ -211,8 +211,7 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
                  f"{_f(t.get('loss_end'), 3)} | {_f(t.get('samples_per_s'), 0)} | {sig} |")
     L.append("")
     for m, t in r["training"].items():
-        if t.get("base_rate_loss") is not None and t.get("loss_end") is not None \
-                and t["loss_end"] >= 0.95 * t["base_rate_loss"]:
+        if r["checks"].get(f"training_{m}_beats_base_rate") is False:
             L.append(f"**Warning: the {METHOD_LABEL[m]} loss ended at {t['loss_end']:.4f}, the value of matching every "
                      f"pair to the base rate 1/{t['batch_size']} ({t['base_rate_loss']:.4f}).** The model has not "
                      "learnt pair-specific matches in this budget; its zero-shot and retrieval figures below are "
