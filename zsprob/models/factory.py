@@ -29,7 +29,7 @@ from zsprob.errors import UserError
 
 log = logging.getLogger(__name__)
 
-ZSPROB_CONFIGS = ("zsprob-tiny", "ViT-S-16-d128")
+ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "ViT-S-16-d128")
 _registered = False
 
 # Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
@@ -186,7 +186,10 @@ def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str 
 
 
 _PROJ_KEYS = ("visual.proj", "text_projection", "text_projection.weight", "text_projection.bias",
-              "text.text_projection", "text.text_projection.weight", "text.text_projection.bias")
+              "text.text_projection", "text.text_projection.weight", "text.text_projection.bias",
+              "visual.head.proj.weight", "visual.head.proj.bias",  # timm towers (linear / mlp head)
+              "visual.head.mlp.fc1.weight", "visual.head.mlp.fc1.bias", "visual.head.mlp.fc2.weight",
+              "visual.head.mlp.fc2.bias")
 
 
 def _load_torchscript_state(path: Path) -> dict | None:

@@ -18,6 +18,14 @@ Image tokens: the class token and all patch tokens. Text tokens: start-of-text u
 including the end-of-text token (the length comes from the EOT position, later padding is
 ignored).
 
+timm image towers (open_clip's ``TimmModel``: ConvNeXt, ResNet, EfficientNet, RegNet trunks):
+the "blocks" are the trunk's stages, so the log-variance head copies the last ``n`` stages plus
+what follows them (EfficientNet's conv_head, ConvNeXt's norm_pre and head norm, the global
+pooling) and open_clip's projection head. Native pooling is timm's own global pooling (the mean
+branch then equals open_clip's ``encode_image``); GPO pools the projected H x W positions of the
+final feature map. timm provides the stages, their init and ``forward_head``'s operations; zsprob
+only decides where to cut.
+
 SizeAugment (VSE infinity, used by PCME++ fine-tuning; ``size_augment=p``, off by default):
 in training with GPO, image tokens are randomly dropped before pooling (both heads drop the
 same tokens).
@@ -49,16 +57,16 @@ def _open_clip():
 
 # --------------------------------------------------------------------------------------
 # Tower adapters: plain Python objects (not modules) that know where open_clip keeps things.
+# Each gives: ``blocks`` (the residual blocks / stages the trunk and heads are cut from),
+# ``embed`` (input -> tokens before the first block), ``run_block``, ``ln`` (what follows the
+# last block in the mean head: open_clip's final LayerNorm, or the tail + pooling of a timm
+# trunk), ``proj``, ``native_pool``, ``num_tokens`` and ``depth_of`` (for layer-wise lr decay).
 # --------------------------------------------------------------------------------------
 class _VisionTower:
-    def __init__(self, clip_model: nn.Module):
-        from open_clip.transformer import VisionTransformer
+    kind = "vit"
 
+    def __init__(self, clip_model: nn.Module):
         visual = clip_model.visual
-        if not isinstance(visual, VisionTransformer):
-            raise UserError(
-                f"zsprob needs an open_clip VisionTransformer image tower; this model has "
-                f"{type(visual).__name__} (ResNet / timm / other towers are not supported yet)")
         if visual.attn_pool is not None:
             raise UserError("open_clip image towers with attentional pooling (CoCa) are not supported")
         if visual.pool_type not in ("tok", "avg"):
@@ -81,6 +89,14 @@ class _VisionTower:
     def embed(self, images: torch.Tensor):
         return self.visual._embeds(images), None, None  # tokens, attn_mask, lengths (all)
 
+    @staticmethod
+    def run_block(block: nn.Module, x: torch.Tensor, mask) -> torch.Tensor:
+        return block(x, attn_mask=mask)
+
+    @staticmethod
+    def num_tokens(x: torch.Tensor) -> int:
+        return x.shape[1]
+
     def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
         v = self.visual
         if v.final_ln_after_pool:
@@ -90,6 +106,14 @@ class _VisionTower:
         pooled, _ = v._global_pool(x)
         return pooled
 
+    def depth_of(self, rest: str) -> int:
+        """Depth of a parameter named ``clip.visual.<rest>`` (0 = embeddings, i + 1 = block i)."""
+        if rest.startswith("transformer.resblocks."):
+            return int(rest.split(".")[2]) + 1
+        if rest.split(".")[0] in ("conv1", "class_embedding", "positional_embedding", "ln_pre", "patch_dropout"):
+            return 0
+        return self.num_blocks + 1
+
     @staticmethod
     def project(x: torch.Tensor, proj) -> torch.Tensor:
         if proj is None:
@@ -97,6 +121,154 @@ class _VisionTower:
         if isinstance(proj, nn.Module):
             return proj(x)
         return x @ proj
+
+
+class _TimmPost(nn.Module):
+    """What a timm trunk does after its last stage, as one module the log-variance head can copy.
+
+    ``tail``: the modules of ``forward_features`` after the stages (EfficientNet's conv_head +
+    bn2, ConvNeXt's norm_pre, RegNet's final_conv; none for ResNet). ``pooled(x)`` = tail +
+    timm's own ``forward_head`` operations (global pool, ConvNeXt's head norm, dropout; the
+    classifier is Identity because open_clip resets it) - exactly what open_clip's TimmModel
+    computes before its projection. ``forward(x)`` = tail + per-position head norm, flattened to
+    tokens [B, H*W, C] for GPO (the CNN analogue of applying ln_post to every ViT token).
+    """
+
+    def __init__(self, tail: list[nn.Module], head: nn.Module | None, global_pool: nn.Module | None,
+                 drop_rate: float, token_norm: nn.Module | None):
+        super().__init__()
+        self.tail = nn.Sequential(*tail)
+        self.head = head
+        self.global_pool = global_pool
+        self.drop_rate = float(drop_rate)
+        self.token_norm = token_norm
+
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.tail(x)
+        if self.head is not None:
+            return self.head(x)
+        x = self.global_pool(x)
+        if self.drop_rate > 0:
+            x = F.dropout(x, p=self.drop_rate, training=self.training)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.tail(x)
+        if self.token_norm is not None:
+            x = self.token_norm(x)
+        return x.flatten(2).transpose(1, 2)
+
+
+def _timm_layout(trunk: nn.Module) -> dict:
+    """Stem / stages / tail / head of the timm families zsprob can cut into trunk and heads."""
+    from timm.models.convnext import ConvNeXt
+    from timm.models.efficientnet import EfficientNet
+    from timm.models.regnet import RegNet
+    from timm.models.resnet import ResNet
+
+    if isinstance(trunk, ResNet):
+        return dict(family="resnet", stem=["conv1", "bn1", "act1", "maxpool"],
+                    stages=[f"layer{i}" for i in range(1, 5)], tail=[], head=None, pool="global_pool",
+                    token_norm=None)
+    if isinstance(trunk, EfficientNet):
+        return dict(family="efficientnet", stem=["conv_stem", "bn1"],
+                    stages=[f"blocks.{i}" for i in range(len(trunk.blocks))], tail=["conv_head", "bn2"],
+                    head=None, pool="global_pool", token_norm=None)
+    if isinstance(trunk, RegNet):
+        return dict(family="regnet", stem=["stem"], stages=["s1", "s2", "s3", "s4"], tail=["final_conv"],
+                    head="head", pool=None, token_norm=None)
+    if isinstance(trunk, ConvNeXt):
+        return dict(family="convnext", stem=["stem"], stages=[f"stages.{i}" for i in range(len(trunk.stages))],
+                    tail=["norm_pre"], head="head", pool=None, token_norm="head.norm")
+    raise UserError(
+        f"timm image tower {type(trunk).__name__} is not supported: zsprob cuts timm towers into a trunk "
+        f"and heads for the ResNet, EfficientNet, RegNet and ConvNeXt families (or use a ViT config)")
+
+
+class _TimmVisionTower:
+    """An open_clip ``TimmModel`` image tower (a CNN from timm), seen as stem + stages + head.
+
+    The "blocks" are the trunk's stages (ResNet layer1-4, EfficientNet block groups, RegNet
+    s1-s4, ConvNeXt stages): the log-variance head copies the last ``n`` stages, the tail and
+    the pooling; the mean head is the trunk's own last stages + open_clip's projection head.
+    """
+
+    kind = "timm"
+
+    def __init__(self, clip_model: nn.Module):
+        visual = clip_model.visual
+        trunk = visual.trunk
+        names = dict(visual.head.named_children())
+        if any(k in names for k in ("pool",)) or not any(k in names for k in ("proj", "mlp")):
+            raise UserError("zsprob needs an open_clip timm image tower with timm_proj 'linear' or 'mlp' "
+                            "and timm's own pooling (attention pooling / classifier-as-projection are not "
+                            "supported)")
+        lay = _timm_layout(trunk)
+        if not isinstance(trunk.get_classifier(), nn.Identity):
+            raise UserError("the timm trunk still has a classifier; zsprob expects open_clip to have reset it")
+        self.visual = visual
+        self.trunk = trunk
+        self.layout = lay
+        self.stem = [trunk.get_submodule(n) for n in lay["stem"]]
+        self.blocks = [trunk.get_submodule(n) for n in lay["stages"]]
+        self.num_blocks = len(self.blocks)
+        self.width = None
+        self._post = _TimmPost(
+            [trunk.get_submodule(n) for n in lay["tail"]],
+            trunk.get_submodule(lay["head"]) if lay["head"] else None,
+            trunk.get_submodule(lay["pool"]) if lay["pool"] else None,
+            float(getattr(trunk, "drop_rate", 0.0) or 0.0),
+            trunk.get_submodule(lay["token_norm"]) if lay["token_norm"] else None)
+
+    @property
+    def ln(self) -> nn.Module:
+        return self._post
+
+    @property
+    def proj(self):
+        return self.visual.head
+
+    def embed(self, images: torch.Tensor):
+        x = images
+        for m in self.stem:
+            x = m(x)
+        return x, None, None
+
+    @staticmethod
+    def run_block(block: nn.Module, x: torch.Tensor, mask) -> torch.Tensor:
+        return block(x)
+
+    @staticmethod
+    def num_tokens(x: torch.Tensor) -> int:
+        return x.shape[2] * x.shape[3]
+
+    def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
+        return ln.pooled(x)
+
+    def depth_of(self, rest: str) -> int:
+        if rest.startswith("trunk."):
+            sub = rest[len("trunk."):]
+            for i, n in enumerate(self.layout["stages"]):
+                if sub.startswith(n + "."):
+                    return i + 1
+            if any(sub.startswith(n + ".") for n in self.layout["stem"]):
+                return 0
+        return self.num_blocks + 1
+
+    project = staticmethod(_VisionTower.project)
+
+
+def _vision_tower(clip_model: nn.Module):
+    from open_clip.timm_model import TimmModel
+    from open_clip.transformer import VisionTransformer
+
+    visual = clip_model.visual
+    if isinstance(visual, VisionTransformer):
+        return _VisionTower(clip_model)
+    if isinstance(visual, TimmModel):
+        return _TimmVisionTower(clip_model)
+    raise UserError(f"zsprob needs an open_clip VisionTransformer or timm image tower; this model has "
+                    f"{type(visual).__name__} (open_clip's ModifiedResNet is not supported; timm ResNets are)")
 
 
 class _TextTower:
@@ -185,6 +357,7 @@ class _TextTower:
         return text_global_pool(x, text, self.pool_type, eos_token_id=self.eos_id)
 
     project = staticmethod(_VisionTower.project)
+    run_block = staticmethod(_VisionTower.run_block)
 
 
 # --------------------------------------------------------------------------------------
@@ -235,7 +408,12 @@ def _is_norm_param(root: nn.Module, name: str) -> bool:
     return isinstance(mod, nn.LayerNorm)
 
 
-def _reinit_head_(head: SigmaHead, width: int, num_layers: int) -> None:
+def _reinit_head_(head: SigmaHead, width: int | None, num_layers: int) -> None:
+    if width is None:  # a timm CNN head: every layer's own PyTorch default init
+        for mod in head.modules():
+            if mod is not head and hasattr(mod, "reset_parameters"):
+                mod.reset_parameters()
+        return
     for b in head.blocks:
         _reinit_block_(b, width, num_layers)
     if isinstance(head.ln, nn.LayerNorm):
@@ -301,7 +479,7 @@ class ProbCLIP(nn.Module):
             raise UserError(f"size_augment must be in [0, 1), got {size_augment}")
         self._reinit_params = set(reinit_params)
 
-        self._vision = _VisionTower(clip_model)
+        self._vision = _vision_tower(clip_model)
         self._text = _TextTower(clip_model, truncate_text)
         for tower, what in ((self._vision, "image"), (self._text, "text")):
             if not 1 <= self.sigma_depth <= tower.num_blocks:
@@ -340,12 +518,12 @@ class ProbCLIP(nn.Module):
         """Recompute block activations in backward (saves memory on large towers)."""
         self.grad_checkpointing = bool(enable)
 
-    def _run(self, blocks, x, mask):
+    def _run(self, tower, blocks, x, mask):
         for blk in blocks:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(blk, x, attn_mask=mask, use_reentrant=False)
+                x = checkpoint(tower.run_block, blk, x, mask, use_reentrant=False)
             else:
-                x = blk(x, attn_mask=mask)
+                x = tower.run_block(blk, x, mask)
         return x
 
     def _head_out(self, tower, x, ln, proj, gpo, ctx, lengths, keep):
@@ -379,15 +557,15 @@ class ProbCLIP(nn.Module):
         lengths = ctx[1] if ctx is not None else None
         n = self.sigma_depth
         split = tower.num_blocks - n
-        h = self._run(tower.blocks[:split], x, mask)
-        hm = self._run(tower.blocks[split:], h, mask)
-        keep = self._size_augment(hm.shape[0], hm.shape[1], hm.device) if tower is self._vision else None
+        h = self._run(tower, tower.blocks[:split], x, mask)
+        hm = self._run(tower, tower.blocks[split:], h, mask)
+        keep = self._size_augment(hm.shape[0], tower.num_tokens(hm), hm.device) if tower is self._vision else None
         mu = self._head_out(tower, hm, tower.ln, tower.proj, gpo_mu, ctx, lengths, keep).float()
         if self.normalize_mu:
             mu = F.normalize(mu, dim=-1)
         if sigma is None or not with_sigma:
             return mu, None
-        hs = self._run(sigma.blocks, h, mask)
+        hs = self._run(tower, sigma.blocks, h, mask)
         raw = self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep).float() \
             + sigma.bias.float()
         return mu, bound_logvar(raw, self.var_bounds)
@@ -428,14 +606,7 @@ class ProbCLIP(nn.Module):
             parts = name.split(".")
             if name.startswith(vis_prefix):
                 tower, num_layers = "image", nv + 1
-                rest = name[len(vis_prefix):]
-                if rest.startswith("transformer.resblocks."):
-                    depth = int(rest.split(".")[2]) + 1
-                elif rest.split(".")[0] in ("conv1", "class_embedding", "positional_embedding", "ln_pre",
-                                            "patch_dropout"):
-                    depth = 0
-                else:
-                    depth = nv + 1
+                depth = self._vision.depth_of(name[len(vis_prefix):])
             elif name.startswith("clip.") and name.split(".")[-1] not in ("logit_scale", "logit_bias") \
                     and (name.startswith(text_prefix)):
                 tower, num_layers = "text", nt + 1
