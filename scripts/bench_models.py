@@ -99,6 +99,9 @@ def main(argv=None):
           f"prob {sum(p.numel() for p in prob.parameters()) / 1e6:.2f}M")
     print(f"expected block overhead of the sigma heads: image {n}/{L_img} = {n / L_img:.1%}, "
           f"text {n}/{L_txt} = {n / L_txt:.1%}")
+    if getattr(prob._vision, "kind", "vit") == "timm":
+        print("  (timm image tower: the blocks are CNN stages of unequal cost; the last stages run at the "
+              "lowest resolution, so the image overhead is usually below n/L)")
     results = []
     for bs in args.batch_sizes:
         images = torch.randn(bs, 3, prob.image_size, prob.image_size, device=device)
