@@ -16,6 +16,7 @@ zsprob.models builds the tower, timm builds the optional CNN; the training loop 
     python scripts/probe_synthworld.py --data sw --attribute shape --steps 400
     python scripts/probe_synthworld.py --data sw --attribute color --steps 200
     python scripts/probe_synthworld.py --data sw --attribute shape --timm regnetx_002 --lr 2e-3
+    python scripts/probe_synthworld.py --render 22000 --attribute shape --model zsprob-tiny-cnn --steps 1000 --batch-size 64 --lr 2e-3
 """
 from __future__ import annotations
 
@@ -62,9 +63,27 @@ def load(data: str, attribute: str, limit: int):
     return x, y, names
 
 
+def render(n: int, attribute: str, seed: int):
+    """n fresh single-object, normal-condition images rendered by SynthWorld (no shards needed)."""
+    from zsprob.data.synthetic import SynthWorld
+
+    world = SynthWorld(seed=seed, image_size=64)
+    xs, labels = [], []
+    for i in range(n):  # "classify*" splits: one object, shape cycling over the classes
+        s = world.sample("classify_probe", i, condition="normal")
+        xs.append(np.asarray(s.image))
+        labels.append(s.meta["objects"][0][attribute])
+    names = sorted(set(labels))
+    x = torch.from_numpy(np.stack(xs)).permute(0, 3, 1, 2).contiguous()
+    return x, torch.tensor([names.index(v) for v in labels]), names
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", required=True, help="a `zsprob data synthetic` output folder")
+    p.add_argument("--data", default=None, help="a `zsprob data synthetic` output folder")
+    p.add_argument("--render", type=int, default=0,
+                   help="instead of --data: render this many fresh single-object normal images "
+                        "(no image is seen twice unless the steps exceed them)")
     p.add_argument("--attribute", default="shape", choices=("shape", "color", "fill", "size", "position"))
     p.add_argument("--model", default="zsprob-tiny", help="zsprob / open_clip model whose image tower is probed")
     p.add_argument("--timm", default=None, help="probe this timm model instead (random init)")
@@ -80,7 +99,11 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
 
-    x, y, names = load(a.data, a.attribute, a.limit)
+    if bool(a.data) == bool(a.render):
+        fail("give exactly one of --data DIR or --render N")
+    if a.render < 0:
+        fail("--render must be positive")
+    x, y, names = load(a.data, a.attribute, a.limit) if a.data else render(a.render, a.attribute, a.seed)
     n_tr = len(x) - a.held_out
     if n_tr < a.batch_size:
         fail(f"only {len(x)} usable images; generate more pretraining images")
