@@ -208,3 +208,27 @@ def test_finetune_coco_recipe_freezes_then_trains_the_visual_backbone(tmp_path):
     assert not torch.equal(final[k_img], init[k_img])
     meta = json.loads((tmp_path / "run" / "model-swa" / "zsprob.json").read_text())
     assert meta["extra"]["swa_n"] == 3                                 # end of each epoch (SWA over the last 10)
+
+
+def test_cnn_image_tower_trains_and_reloads(world, tmp_path):
+    """The timm (BatchNorm) image tower goes through the same loop: loss decreases, SWA averages the
+    BN statistics with the weights, and the saved model rebuilds with identical outputs."""
+    from zsprob.models import load
+    from zsprob.train import train
+    over = {"model": {"name": "zsprob-tiny-cnn", "overrides": {"open_clip_cfg": {
+        "vision_cfg": {"image_size": 32}, "text_cfg": {"layers": 2, "width": 32, "heads": 2, "context_length": 16}}}},
+        "swa": {"enabled": True, "last_steps": 4, "every_steps": 2}}
+    cfg = tiny_cfg(world / "pretrain", **over)
+    train(cfg, tmp_path / "run", progress=False)
+    ls = losses(tmp_path / "run")
+    assert sum(ls[s] for s in (13, 14, 15, 16)) < 0.9 * sum(ls[s] for s in (1, 2, 3, 4))
+    m = load(tmp_path / "run" / "model").eval()
+    assert m._vision.kind == "timm" and m.config["name"] == "zsprob-tiny-cnn"
+    bn = [b for n, b in m.named_buffers() if n.endswith("running_mean")]
+    assert bn and any(b.abs().sum() > 0 for b in bn)  # BN statistics were trained and saved
+    swa = load(tmp_path / "run" / "model-swa").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.isfinite(swa.encode_image(x)[0]).all()
+        a, b = m.encode_image(x), load(tmp_path / "run" / "model").eval().encode_image(x)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
