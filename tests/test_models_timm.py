@@ -122,6 +122,12 @@ def test_shipped_cnn_config_round_trip_and_pretrained_file(registered, images, t
     with torch.no_grad():
         a, b = m.encode_image(images), m2.encode_image(images)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    c = create_model("zsprob-test-convnext", seed=0).eval()  # head norm used per token and after pooling
+    assert not [k for k in c.state_dict() if "token_norm" in k]  # stored once
+    save(c, tmp_path / "cx")
+    with torch.no_grad():
+        a, b = c.encode_image(images), load(tmp_path / "cx").eval().encode_image(images)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     # an open_clip state dict written to disk loads into the mean branch; embed_dim change re-inits head.proj
     torch.manual_seed(5)
     oc = open_clip.create_model("zsprob-test-resnet").eval()

@@ -135,13 +135,13 @@ class _TimmPost(nn.Module):
     """
 
     def __init__(self, tail: list[nn.Module], head: nn.Module | None, global_pool: nn.Module | None,
-                 drop_rate: float, token_norm: nn.Module | None):
+                 drop_rate: float, token_norm: str | None):
         super().__init__()
         self.tail = nn.Sequential(*tail)
         self.head = head
         self.global_pool = global_pool
         self.drop_rate = float(drop_rate)
-        self.token_norm = token_norm
+        self.token_norm = token_norm  # path of the norm inside ``head`` (not registered twice)
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tail(x)
@@ -155,7 +155,7 @@ class _TimmPost(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tail(x)
         if self.token_norm is not None:
-            x = self.token_norm(x)
+            x = self.head.get_submodule(self.token_norm)(x)
         return x.flatten(2).transpose(1, 2)
 
 
@@ -179,7 +179,7 @@ def _timm_layout(trunk: nn.Module) -> dict:
                     head="head", pool=None, token_norm=None)
     if isinstance(trunk, ConvNeXt):
         return dict(family="convnext", stem=["stem"], stages=[f"stages.{i}" for i in range(len(trunk.stages))],
-                    tail=["norm_pre"], head="head", pool=None, token_norm="head.norm")
+                    tail=["norm_pre"], head="head", pool=None, token_norm="norm")
     raise UserError(
         f"timm image tower {type(trunk).__name__} is not supported: zsprob cuts timm towers into a trunk "
         f"and heads for the ResNet, EfficientNet, RegNet and ConvNeXt families (or use a ViT config)")
@@ -199,7 +199,7 @@ class _TimmVisionTower:
         visual = clip_model.visual
         trunk = visual.trunk
         names = dict(visual.head.named_children())
-        if any(k in names for k in ("pool",)) or not any(k in names for k in ("proj", "mlp")):
+        if "pool" in names or not any(k in names for k in ("proj", "mlp")):
             raise UserError("zsprob needs an open_clip timm image tower with timm_proj 'linear' or 'mlp' "
                             "and timm's own pooling (attention pooling / classifier-as-projection are not "
                             "supported)")
@@ -218,7 +218,7 @@ class _TimmVisionTower:
             trunk.get_submodule(lay["head"]) if lay["head"] else None,
             trunk.get_submodule(lay["pool"]) if lay["pool"] else None,
             float(getattr(trunk, "drop_rate", 0.0) or 0.0),
-            trunk.get_submodule(lay["token_norm"]) if lay["token_norm"] else None)
+            lay["token_norm"])
 
     @property
     def ln(self) -> nn.Module:
@@ -433,8 +433,8 @@ class ProbCLIP(nn.Module):
 
     Build with :func:`zsprob.models.create_model` (or :func:`zsprob.models.load`). Arguments:
 
-    clip_model: an open_clip ``CLIP`` / ``CustomTextCLIP`` with a VisionTransformer image tower
-        and a TextTransformer text tower; it becomes ``self.clip`` (the trunk and mean heads).
+    clip_model: an open_clip ``CLIP`` / ``CustomTextCLIP`` with a VisionTransformer or timm
+        (ResNet / EfficientNet / RegNet / ConvNeXt) image tower and a TextTransformer text tower; it becomes ``self.clip`` (the trunk and mean heads).
     config: the dict that rebuilds this model (see :func:`zsprob.models.factory.model_from_config`).
     sigma_depth: number of final blocks in each head (n); the trunk is the other L - n blocks.
     sigma_init: "random" (re-initialised copy, PCME++) or "copy" (the mean head's weights).
