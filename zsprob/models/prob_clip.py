@@ -62,6 +62,15 @@ def _open_clip():
 # last block in the mean head: open_clip's final LayerNorm, or the tail + pooling of a timm
 # trunk), ``proj``, ``native_pool``, ``num_tokens`` and ``depth_of`` (for layer-wise lr decay).
 # --------------------------------------------------------------------------------------
+def _block_depth(rest: str, embed_names: tuple[str, ...], num_blocks: int) -> int:
+    """Depth of an open_clip transformer tower's parameter ``rest`` (relative to the tower)."""
+    if rest.startswith("transformer.resblocks."):
+        return int(rest.split(".")[2]) + 1
+    if rest.split(".")[0] in embed_names:
+        return 0
+    return num_blocks + 1
+
+
 class _VisionTower:
     kind = "vit"
 
@@ -108,11 +117,8 @@ class _VisionTower:
 
     def depth_of(self, rest: str) -> int:
         """Depth of a parameter named ``clip.visual.<rest>`` (0 = embeddings, i + 1 = block i)."""
-        if rest.startswith("transformer.resblocks."):
-            return int(rest.split(".")[2]) + 1
-        if rest.split(".")[0] in ("conv1", "class_embedding", "positional_embedding", "ln_pre", "patch_dropout"):
-            return 0
-        return self.num_blocks + 1
+        return _block_depth(rest, ("conv1", "class_embedding", "positional_embedding", "ln_pre", "patch_dropout"),
+                            self.num_blocks)
 
     @staticmethod
     def project(x: torch.Tensor, proj) -> torch.Tensor:
@@ -212,7 +218,6 @@ class _TimmVisionTower:
         self.stem = [trunk.get_submodule(n) for n in lay["stem"]]
         self.blocks = [trunk.get_submodule(n) for n in lay["stages"]]
         self.num_blocks = len(self.blocks)
-        self.width = None
         self._post = _TimmPost(
             [trunk.get_submodule(n) for n in lay["tail"]],
             trunk.get_submodule(lay["head"]) if lay["head"] else None,
@@ -272,6 +277,8 @@ def _vision_tower(clip_model: nn.Module):
 
 
 class _TextTower:
+    kind = "text"
+
     def __init__(self, clip_model: nn.Module, truncate: bool):
         oc = _open_clip()
         from open_clip.transformer import TextTransformer
@@ -356,6 +363,10 @@ class _TextTower:
         x = ln(x)
         return text_global_pool(x, text, self.pool_type, eos_token_id=self.eos_id)
 
+    def depth_of(self, rest: str) -> int:
+        """Depth of a text-tower parameter ``rest`` (name after the tower's prefix)."""
+        return _block_depth(rest, ("token_embedding", "positional_embedding", "cls_emb"), self.num_blocks)
+
     project = staticmethod(_VisionTower.project)
     run_block = staticmethod(_VisionTower.run_block)
 
@@ -408,12 +419,13 @@ def _is_norm_param(root: nn.Module, name: str) -> bool:
     return isinstance(mod, nn.LayerNorm)
 
 
-def _reinit_head_(head: SigmaHead, width: int | None, num_layers: int) -> None:
-    if width is None:  # a timm CNN head: every layer's own PyTorch default init
+def _reinit_head_(head: SigmaHead, tower) -> None:
+    if tower.kind == "timm":  # a CNN head: every layer's own PyTorch default init
         for mod in head.modules():
             if mod is not head and hasattr(mod, "reset_parameters"):
                 mod.reset_parameters()
         return
+    width, num_layers = tower.width, tower.num_blocks
     for b in head.blocks:
         _reinit_block_(b, width, num_layers)
     if isinstance(head.ln, nn.LayerNorm):
@@ -509,7 +521,7 @@ class ProbCLIP(nn.Module):
         head = SigmaHead(list(tower.blocks[tower.num_blocks - n:]), tower.ln, tower.proj, self.embed_dim, gpo,
                          bias_init)
         if self.sigma_init == "random":
-            _reinit_head_(head, tower.width, tower.num_blocks)
+            _reinit_head_(head, tower)
         return head
 
     # ----------------------------------------------------------------------------------
@@ -610,13 +622,7 @@ class ProbCLIP(nn.Module):
             elif name.startswith("clip.") and name.split(".")[-1] not in ("logit_scale", "logit_bias") \
                     and (name.startswith(text_prefix)):
                 tower, num_layers = "text", nt + 1
-                rest = name[len(text_prefix):]
-                if rest.startswith("transformer.resblocks."):
-                    depth = int(rest.split(".")[2]) + 1
-                elif rest.split(".")[0] in ("token_embedding", "positional_embedding", "cls_emb"):
-                    depth = 0
-                else:
-                    depth = nt + 1
+                depth = self._text.depth_of(name[len(text_prefix):])
             elif parts[0] in ("image_sigma", "image_gpo"):
                 tower, num_layers, backbone = "image", nv + 1, False
                 depth = split_v + int(parts[2]) + 1 if parts[0] == "image_sigma" and parts[1] == "blocks" else nv + 1
