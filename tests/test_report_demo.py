@@ -64,9 +64,13 @@ def test_demo_quick_end_to_end(tmp_path):
     zs = rep["zeroshot"]["pcmepp"]
     assert zs["n_classes"] >= 20 and any(row["name"] == "auto" for row in zs["rows"])
     assert not next(row for row in zs["rows"] if row["name"] == "auto")["uses_eval_labels"]
+    sep = zs["class_separation"]
+    assert rep["checks"]["zeroshot_pcmepp_class_names_separated"] == (not sep["collapsed"])
     unc = rep["retrieval"]["pcmepp"]["uncertainty"]
     assert -1.0 <= unc["spearman_text_uncertainty_vs_ambiguity"] <= 1.0
     md = (out / "report.md").read_text()
+    assert ("the class prompts embed almost identically" in md) == any(
+        (z or {}).get("class_separation", {}).get("collapsed") for z in rep["zeroshot"].values())
     for img in ["figures/training_curves.png", "accuracy_vs_topk.png", "uncertainty_deciles.png"]:
         assert img in md, img
     for line in md.splitlines():  # every embedded figure exists

@@ -94,6 +94,9 @@ def test_select_then_zeroshot_then_compare(world, tmp_path):
     assert m["n_images"] == 18 and 0 <= m["top1"] <= m["top5"] == 100.0   # 3 classes: top-5 is trivial
     assert set(m["per_class"]) == set(CLASSES) and len(m["uncertainty_bins"]) == 10
     assert res["selection"]["file"] == str(sel_path) and "top-1" in r.stdout
+    sep = res["class_separation"]
+    assert -1.0 <= sep["mean_pairwise_cosine"] <= sep["max_pairwise_cosine"] <= 1.0 + 1e-6
+    assert ("warning: the class text embeddings are nearly identical" in r.stderr) == sep["collapsed"]
 
     cmp_out = tmp_path / "cmp" / "results.json"
     r = run_cli("zeroshot", "folder", "--checkpoint", world["ckpt"], "--root", world["eval"], "--select-root",

@@ -280,3 +280,27 @@ def test_prompt_bank_cache_and_template_validation(tmp_path):
     for bad in (["no placeholder"], ["two {} {}"], ["a {}", "a {}"]):
         with pytest.raises(UserError):
             validate_templates(bad)
+
+
+def test_class_separation_flags_collapsed_class_embeddings():
+    from zsprob.zeroshot.classify import class_separation, separation_warning
+
+    names = ["a", "b", "c", "d"]
+    ortho = class_separation(torch.eye(4, 8) * 3.0, names)           # norms do not matter
+    assert ortho["mean_pairwise_cosine"] == pytest.approx(0.0) and not ortho["collapsed"]
+    assert separation_warning(ortho) is None
+    g = torch.Generator().manual_seed(0)
+    base = F.normalize(torch.randn(1, 8, generator=g), dim=-1)
+    near = base + 0.01 * torch.randn(4, 8, generator=g)
+    near[2] = base[0] + 0.0001 * near[2]                               # c is the closest to ... everyone
+    near[3] = base[0] + 0.00005 * near[3]
+    sep = class_separation(near, names)
+    assert sep["collapsed"] and sep["mean_pairwise_cosine"] > 0.99
+    assert sorted(sep["closest_pair"]) == ["c", "d"]
+    line = separation_warning(sep)
+    assert line.startswith("warning:") and "\n" not in line and "near chance" in line
+    # compare_on_features reports it for CLIP's all-template classifier, without reading images
+    bank, sel, ev = make_world()
+    res = compare_on_features(bank, ev, sel, strategies=["all"])
+    want = class_separation(bank.mu_normed.mean(1), bank.classnames)
+    assert res["class_separation"] == want and not want["collapsed"]

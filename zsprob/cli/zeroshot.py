@@ -55,6 +55,7 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
         doc = {k: v for k, v in res.items() if k != "selections"}
         atomic_write_json(out, doc)
         click.echo(res["table"])
+        _warn_separation(res)
         if res["deterministic"]:
             click.echo("(deterministic model: strategies that need sigma^2 were skipped)")
         for name, path in res.get("files", {}).items():
@@ -71,4 +72,13 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     flag = " [USES EVALUATION LABELS]" if res["selection"]["uses_eval_labels"] else ""
     click.echo(f"{res['selection']['label']} ({score}): top-1 {m['top1']:.2f}%  top-5 {m['top5']:.2f}%  "
                f"mean per-class {m['mean_per_class']:.2f}%  on {m['n_images']} images{flag}")
+    _warn_separation(res)
     click.echo(f"wrote {out}")
+
+
+def _warn_separation(res: dict) -> None:
+    from zsprob.zeroshot.classify import separation_warning
+
+    line = separation_warning(res.get("class_separation") or {})
+    if line:
+        click.echo(line, err=True)

@@ -80,7 +80,7 @@ def _zeroshot(out: Path, method: str) -> dict | None:
     by = {r["name"]: r for r in rows}
     res = {"rows": rows, "n_classes": len(d.get("classes", [])), "n_eval": d.get("n_eval"),
            "n_select": d.get("n_select"), "deterministic": d.get("deterministic"), "files": d.get("files", {}),
-           "table": d.get("table")}
+           "table": d.get("table"), "class_separation": d.get("class_separation")}
     if res["n_classes"]:
         res["chance_top1"] = 100.0 / res["n_classes"]
     if "all" in by and "auto" in by and by["all"]["top1"] is not None and by["auto"]["top1"] is not None:
@@ -169,6 +169,9 @@ def _checks(r: dict) -> dict:
             best_fair = max((row["top1"] for row in z["rows"] if not row["uses_eval_labels"]
                              and row["top1"] is not None), default=None)
             checks[f"zeroshot_{m}_above_chance"] = best_fair is not None and best_fair > 2 * z["chance_top1"]
+        sep = (z or {}).get("class_separation") or {}
+        if sep.get("mean_pairwise_cosine") is not None:
+            checks[f"zeroshot_{m}_class_names_separated"] = not sep["collapsed"]
     for m, rt in r["retrieval"].items():
         if rt and rt.get("i2t") and rt.get("chance_r1_i2t") is not None:
             checks[f"retrieval_{m}_above_chance"] = (rt["i2t"]["r@1"] > 3 * rt["chance_r1_i2t"]
@@ -228,6 +231,14 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
                  f"{zp['n_select']} labelled selection images (`classify/select`, disjoint from evaluation). "
                  f"Chance top-1: {_f(zp.get('chance_top1'))}%. Prompts: the 80 CLIP ImageNet templates. "
                  "Every strategy except the two marked EVAL LABELS chooses prompts without the evaluation labels.\n")
+        for m, z in r["zeroshot"].items():
+            sep = (z or {}).get("class_separation") or {}
+            if sep.get("collapsed"):
+                L.append(f"**Warning ({METHOD_LABEL[m]}): the class prompts embed almost identically (mean pairwise "
+                         f"cosine {sep['mean_pairwise_cosine']:.3f} between the {sep['n_classes']} class vectors; "
+                         f"closest: {' / '.join(sep['closest_pair'])}).** The text tower does not tell the shape "
+                         "names apart yet, so every prompt strategy below is near chance and their differences are "
+                         "noise. Train longer before reading this section.\n")
         L.append("### PCME++\n")
         L.append(zp.get("table") or "")
         L.append("")

@@ -251,6 +251,43 @@ def prompt_quality_diagnostic(bank, feats: ImageFeatures, k_values=None) -> dict
                                       "recall": {bank.classnames[c]: [float(v) for v in rk[c]] for c in range(C)}}}
 
 
+COLLAPSE_COSINE = 0.95
+
+
+def class_separation(class_vectors: torch.Tensor, classnames: Sequence[str],
+                     collapse_cosine: float = COLLAPSE_COSINE) -> dict:
+    """How far apart the class text embeddings are (label-free; reads no image).
+
+    A text tower that has not learned to tell the class names apart maps every class prompt to
+    nearly the same vector; zero-shot accuracy is then near chance whatever the prompts. This
+    reports the mean and largest pairwise cosine between the (normalised) class vectors, the
+    closest pair, and ``collapsed`` = mean pairwise cosine above ``collapse_cosine``.
+    """
+    v = F.normalize(class_vectors.float(), dim=-1)
+    C = v.shape[0]
+    if C < 2:
+        return {"n_classes": C, "mean_pairwise_cosine": None, "max_pairwise_cosine": None,
+                "closest_pair": None, "collapsed": False}
+    sim = v @ v.t()
+    off = ~torch.eye(C, dtype=torch.bool)
+    vals = sim[off]
+    masked = sim.masked_fill(~off, -2.0)
+    i, j = divmod(int(masked.argmax()), C)
+    mean = float(vals.mean())
+    return {"n_classes": C, "mean_pairwise_cosine": mean, "max_pairwise_cosine": float(vals.max()),
+            "closest_pair": [classnames[i], classnames[j]], "collapsed": mean > collapse_cosine,
+            "collapse_threshold": float(collapse_cosine)}
+
+
+def separation_warning(sep: dict) -> str | None:
+    """One line for the user when the class embeddings have collapsed, else None."""
+    if not sep.get("collapsed"):
+        return None
+    return (f"warning: the class text embeddings are nearly identical (mean pairwise cosine "
+            f"{sep['mean_pairwise_cosine']:.3f} > {sep['collapse_threshold']}): this model's text tower does not "
+            f"tell these class names apart, so zero-shot accuracy will be near chance for every prompt strategy")
+
+
 # ----------------------------------------------------------------------------- selection I/O
 
 def model_info(model, model_id: str, checkpoint=None, name=None, pretrained=None) -> dict:
@@ -385,7 +422,9 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
         curves["reference"] = {r["name"]: r["metrics"]["top1"] for r in rows if not r.get("skipped")}
     files = {}
     diagnostic = prompt_quality_diagnostic(bank, eval_feats, k_values)
+    all_vectors = bank.mu_normed.mean(1)  # CLIP's classifier: the average over every template
     result = {"rows": rows, "curves": curves, "deterministic": bank.deterministic, "score": score,
+              "class_separation": class_separation(all_vectors, bank.classnames),
               "n_eval": len(eval_feats), "n_select": None if select_feats is None else len(select_feats),
               "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {},
               "diagnostic_eval_labels": diagnostic}
@@ -602,6 +641,7 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
         raise UserError(f"the selection has {len(sel.classnames)} classes, the dataset {len(feats.classnames)}")
     feats.classnames = list(sel.classnames)
     metrics = evaluate_selection(sel, feats, score=score, unc_weight=unc_weight)
+    separation = class_separation(sel.class_mu, sel.classnames)
     sel_doc.update({"strategy": sel.strategy, "label": sel.label, "uses_eval_labels": sel.uses_eval_labels,
                     "k": sel.k, "how": {k_: v for k_, v in sel.info.items() if not k_.endswith("curve")}})
     from zsprob import __version__
@@ -610,4 +650,5 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
     meta.setdefault("id", model_id)
     return {"zsprob_version": __version__, "dataset": {"kind": dataset, "root": str(root), "source": feats.source},
             "model": meta, "score": score, "selection": sel_doc, "metrics": metrics,
+            "class_separation": separation,
             "images_from_cache": feats.from_cache}
