@@ -10,8 +10,8 @@ as ``zsprob pretrain`` draws them), in memory, and prints every ``steps / 6`` st
 * the mean pairwise cosine between the 20 class prompts (1.00 = the text tower ignores the
   shape word: the same check ``zsprob zeroshot`` reports as ``class_separation``);
 
-and at the end a linear probe of the image tower's features for shape (800 / 200 held-out
-``classify_eval`` scenes), next to the same probe at initialisation: does the image side hold
+and at the end a linear probe of the image tower's features for shape (80% / 20% of the
+``classify_eval`` scenes, 800 / 200 by default), next to the same probe at initialisation: does the image side hold
 shape information even when the text side does not?
 
 The towers are real components: the text tower (and ``--image-tower model``) come from
@@ -49,8 +49,11 @@ def fail(msg: str) -> None:
     sys.exit(2)
 
 
-def render(split: str, n: int, seed: int):
-    """n SynthWorld scenes of ``split``: uint8 images [n, 3, 64, 64], their captions, shape labels."""
+def render(split: str, n: int, seed: int, captions: str = "world"):
+    """n SynthWorld scenes of ``split``: uint8 images [n, 3, 64, 64], their captions, shape labels.
+
+    ``captions="shape"`` replaces the five captions by "a {shape}" for each object of the scene.
+    """
     from zsprob.data.synthetic import SHAPES, SynthWorld
 
     world = SynthWorld(seed=seed, image_size=64)
@@ -58,7 +61,8 @@ def render(split: str, n: int, seed: int):
     for i in range(n):
         s = world.sample(split, i)
         xs.append(np.asarray(s.image))
-        caps.append(s.captions)
+        caps.append(s.captions if captions == "world" else
+                    [f"a {o['shape']}" for o in s.meta["objects"]])
         ys.append(SHAPES.index(s.meta["objects"][0]["shape"]))
     return torch.from_numpy(np.stack(xs)).permute(0, 3, 1, 2).contiguous(), caps, torch.tensor(ys)
 
@@ -73,9 +77,11 @@ def plain_cnn(embed_dim: int) -> nn.Sequential:
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, embed_dim))
 
 
-def linear_probe(feats: torch.Tensor, labels: torch.Tensor, n_train: int = 800) -> float:
+def linear_probe(feats: torch.Tensor, labels: torch.Tensor) -> float:
+    """Held-out accuracy (%) of a logistic regression on the first 80% of the scenes."""
     from sklearn.linear_model import LogisticRegression
 
+    n_train = int(0.8 * len(labels))
     x = F.normalize(feats.float(), dim=-1).numpy()
     clf = LogisticRegression(max_iter=3000).fit(x[:n_train], labels[:n_train].numpy())
     return 100.0 * clf.score(x[n_train:], labels[n_train:].numpy())
@@ -96,11 +102,16 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--num-pretrain", type=int, default=20000, help="distinct pretraining scenes (the demo's world)")
+    p.add_argument("--captions", default="world", choices=("world", "shape"),
+                   help="world: SynthWorld's five captions; shape: only 'a {shape}' per object (no colour shortcut)")
+    p.add_argument("--center", default="none", choices=("none", "batchnorm"),
+                   help="batchnorm: BatchNorm1d (no affine) on both embeddings before L2 normalisation")
+    p.add_argument("--num-eval", type=int, default=1000, help="classify_eval scenes (zero-shot and the probe)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    if a.steps < 0 or a.batch_size < 2 or a.num_pretrain < a.batch_size:
-        fail("need --steps >= 0, --batch-size >= 2 and --num-pretrain >= --batch-size")
+    if a.steps < 0 or a.batch_size < 2 or a.num_pretrain < a.batch_size or a.num_eval < 40:
+        fail("need --steps >= 0, --batch-size >= 2, --num-pretrain >= --batch-size and --num-eval >= 40")
     if a.text_lr_mult < 0:
         fail("--text-lr-mult must be >= 0")
     torch.set_num_threads(a.threads)
@@ -112,25 +123,30 @@ def main(argv=None):
     from zsprob.prob import InfoNCELoss
 
     t0 = time.time()
-    x, caps, _ = render("pretrain", a.num_pretrain, a.seed)
-    ex, _, ey = render("classify_eval", 1000, a.seed)
+    x, caps, _ = render("pretrain", a.num_pretrain, a.seed, a.captions)
+    ex, _, ey = render("classify_eval", a.num_eval, a.seed)
     print(f"probe_contrastive: rendered {len(x)} pretraining and {len(ex)} evaluation scenes in "
           f"{time.time() - t0:.0f}s")
 
     cfg = {"text_cfg": {"layers": a.text_layers}} if a.text_layers else None
     try:
-        model = create_model(a.model, pooling=a.text_pooling, deterministic=True, seed=a.seed,
+        model = create_model(a.model, pooling=a.text_pooling, deterministic=True, seed=a.seed, normalize_mu=False,
                              **({"open_clip_cfg": cfg} if cfg else {}))
     except UserError as e:
         fail(str(e))
     tok = model.tokenizer
     D = model.embed_dim
+    norms = {k: (nn.BatchNorm1d(D, affine=False) if a.center == "batchnorm" else nn.Identity())
+             for k in ("image", "text")}
+
+    def out(z, k):
+        return F.normalize(norms[k](z), dim=-1)
     if a.image_tower == "plain-cnn":
         cnn = plain_cnn(D)
         image_modules = [cnn]
 
         def enc_img(u):
-            return F.normalize(cnn(u), dim=-1)
+            return out(cnn(u), "image")
 
         def img_feats(u):
             return cnn[:-1](u)  # before the projection
@@ -138,7 +154,7 @@ def main(argv=None):
         image_modules = [model.clip.visual]
 
         def enc_img(u):
-            return model.encode_image(u, with_sigma=False)[0]
+            return out(model.encode_image(u, with_sigma=False)[0], "image")
 
         img_feats = enc_img
     if a.text == "bow":
@@ -148,12 +164,12 @@ def main(argv=None):
         def enc_txt(tokens):
             rows = [[t for t in r if t != 0] for r in tokens.tolist()]
             offsets = torch.tensor([0] + [len(r) for r in rows[:-1]]).cumsum(0)
-            return F.normalize(bow(torch.tensor([t for r in rows for t in r]), offsets), dim=-1)
+            return out(bow(torch.tensor([t for r in rows for t in r]), offsets), "text")
     else:
         text_params = [q for n, q in model.named_parameters() if not n.startswith("clip.visual.")]
 
         def enc_txt(tokens):
-            return model.encode_text(tokens, with_sigma=False)[0]
+            return out(model.encode_text(tokens, with_sigma=False)[0], "text")
 
     loss_fn = InfoNCELoss(init_temperature=a.temperature)
     image_params = [q for m in image_modules for q in m.parameters()] + list(loss_fn.parameters())
@@ -165,7 +181,7 @@ def main(argv=None):
             q.requires_grad_(False)
     opt = torch.optim.AdamW(groups, lr=a.lr, weight_decay=0.1, betas=(0.9, 0.98), eps=1e-6)
     trained = [q for g in groups for q in g["params"]]
-    everything = image_modules + ([bow] if a.text == "bow" else [model])
+    everything = image_modules + ([bow] if a.text == "bow" else [model]) + list(norms.values())
     prompts = tok([f"a photo of a {s}." for s in SHAPES])
 
     def prep(u8):
@@ -195,8 +211,8 @@ def main(argv=None):
     every = max(1, a.steps // 6)
     for step in range(1, a.steps + 1):
         idx = torch.randint(len(x), (a.batch_size,), generator=g)
-        which = torch.randint(5, (a.batch_size,), generator=g)
-        tokens = tok([caps[i][c] for i, c in zip(idx.tolist(), which.tolist())])
+        which = torch.rand(a.batch_size, generator=g)
+        tokens = tok([caps[i][int(u * len(caps[i]))] for i, u in zip(idx.tolist(), which.tolist())])
         loss, stats = loss_fn(enc_img(prep(x[idx])), None, enc_txt(tokens), None)
         if step <= a.warmup:
             lr = a.lr * step / a.warmup

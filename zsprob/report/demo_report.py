@@ -238,7 +238,7 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
                          f"cosine {sep['mean_pairwise_cosine']:.3f} between the {sep['n_classes']} class vectors; "
                          f"closest: {' / '.join(sep['closest_pair'])}).** The text tower does not tell the shape "
                          "names apart yet, so every prompt strategy below is near chance and their differences are "
-                         "noise. Train longer before reading this section.\n")
+                         "noise (README, demo: 'What to expect').\n")
         L.append("### PCME++\n")
         L.append(zp.get("table") or "")
         L.append("")
