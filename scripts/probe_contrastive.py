@@ -21,7 +21,8 @@ plateau fastest in our measurements); ``--text bow`` is a bag-of-words baseline
 (``torch.nn.EmbeddingBag`` over the same tokens). The loss is ``zsprob.prob.InfoNCELoss``.
 
     python scripts/probe_contrastive.py --steps 300                    # plain CNN + zsprob-tiny text tower
-    python scripts/probe_contrastive.py --steps 300 --text bow
+    python scripts/probe_contrastive.py --steps 900 --text bow        # learns shape: 41% zero-shot at 115k samples
+    python scripts/probe_contrastive.py --steps 300 --captions shape   # no colour shortcut: still stalls
     python scripts/probe_contrastive.py --steps 300 --text-lr-mult 0   # frozen random text tower
     python scripts/probe_contrastive.py --image-tower model --model zsprob-tiny-cnn
 """
@@ -94,7 +95,11 @@ def main(argv=None):
                                                           "(and the image tower with --image-tower model)")
     p.add_argument("--text", default="model", choices=("model", "bow"))
     p.add_argument("--text-layers", type=int, default=None, help="override the text tower's depth")
-    p.add_argument("--text-pooling", default="native", choices=("native", "gpo"))
+    p.add_argument("--text-pooling", default="native", choices=("native", "gpo"),
+                   help="the zsprob model's pooling (of both towers with --image-tower model)")
+    p.add_argument("--text-zero-init", action="store_true",
+                   help="zero the text blocks' residual output projections: at init the tower passes token "
+                        "embeddings through (with GPO pooling: a bag of words behind a LayerNorm)")
     p.add_argument("--text-lr-mult", type=float, default=1.0, help="0 freezes the text tower at its random init")
     p.add_argument("--temperature", type=float, default=0.07, help="InfoNCE's initial temperature")
     p.add_argument("--steps", type=int, default=300)
@@ -136,6 +141,12 @@ def main(argv=None):
         fail(str(e))
     tok = model.tokenizer
     D = model.embed_dim
+    if a.text_zero_init:
+        with torch.no_grad():
+            for name, q in model.named_parameters():
+                if not name.startswith("clip.visual.") and (name.endswith("attn.out_proj.weight")
+                                                            or name.endswith("mlp.c_proj.weight")):
+                    q.zero_()
     norms = {k: (nn.BatchNorm1d(D, affine=False) if a.center == "batchnorm" else nn.Identity())
              for k in ("image", "text")}
 
