@@ -126,6 +126,7 @@ def main(argv=None):
     from zsprob.errors import UserError
     from zsprob.models import create_model
     from zsprob.prob import InfoNCELoss
+    from zsprob.zeroshot.classify import class_separation
 
     t0 = time.time()
     x, caps, _ = render("pretrain", a.num_pretrain, a.seed, a.captions)
@@ -152,22 +153,28 @@ def main(argv=None):
 
     def out(z, k):
         return F.normalize(norms[k](z), dim=-1)
+    # image embedding = image_head(image_features(u)); the shape probe reads the plain CNN's
+    # features before its projection, and the model tower's embeddings
     if a.image_tower == "plain-cnn":
         cnn = plain_cnn(D)
         image_modules = [cnn]
 
-        def enc_img(u):
-            return out(cnn(u), "image")
+        def image_features(u):
+            return cnn[:-1](u)
 
-        def img_feats(u):
-            return cnn[:-1](u)  # before the projection
+        def image_head(f):
+            return out(cnn[-1](f), "image")
     else:
         image_modules = [model.clip.visual]
 
-        def enc_img(u):
-            return out(model.encode_image(u, with_sigma=False)[0], "image")
+        def image_features(u):
+            return model.encode_image(u, with_sigma=False)[0]
 
-        img_feats = enc_img
+        def image_head(f):
+            return out(f, "image")
+
+    def enc_img(u):
+        return image_head(image_features(u))
     if a.text == "bow":
         bow = nn.EmbeddingBag(tok.vocab_size if hasattr(tok, "vocab_size") else 49408, D, mode="mean")
         text_params = list(bow.parameters())
@@ -203,13 +210,13 @@ def main(argv=None):
         for m in everything:
             m.eval()
         t = enc_txt(prompts)
-        e = torch.cat([enc_img(prep(ex[i:i + 250])) for i in range(0, len(ex), 250)])
-        f = torch.cat([img_feats(prep(ex[i:i + 250])) for i in range(0, len(ex), 250)])
+        f = torch.cat([image_features(prep(ex[i:i + 250])) for i in range(0, len(ex), 250)])
+        e = image_head(f)
         for m in everything:
             m.train()
-        C = len(SHAPES)
-        sep = float(((t @ t.t()).sum() - t.pow(2).sum()) / (C * (C - 1)))
-        return 100.0 * float(((e @ t.t()).argmax(1) == ey).float().mean()), sep, f
+        sep = class_separation(t, SHAPES)["mean_pairwise_cosine"]
+        return 100.0 * float(((e @ t.t()).argmax(1) == ey).float().mean()), sep, \
+            (f if a.image_tower == "plain-cnn" else e)
 
     zs0, sep0, f0 = evaluate()
     probe0 = linear_probe(f0, ey)

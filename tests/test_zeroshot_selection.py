@@ -302,5 +302,5 @@ def test_class_separation_flags_collapsed_class_embeddings():
     # compare_on_features reports it for CLIP's all-template classifier, without reading images
     bank, sel, ev = make_world()
     res = compare_on_features(bank, ev, sel, strategies=["all"])
-    want = class_separation(bank.mu_normed.mean(1), bank.classnames)
+    want = class_separation(S.select_all(bank).class_mu, bank.classnames)
     assert res["class_separation"] == want and not want["collapsed"]

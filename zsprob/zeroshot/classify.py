@@ -380,7 +380,7 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
     Each row: ``name``, ``label``, ``metrics`` (see :func:`evaluate_scores`), ``uses_eval_labels``,
     ``data_used``, ``k_mean`` / ``k_hist`` for hard selections, or ``skipped`` with the reason.
     """
-    from zsprob.zeroshot.selection import NeedsSigma, run_strategy
+    from zsprob.zeroshot.selection import NeedsSigma, run_strategy, select_all
 
     strategies = list(strategies or COMPARE_ORDER)
     pool = eval_feats.feats   # unlabelled evaluation images for ZPE / BPRW (labels never passed)
@@ -422,9 +422,9 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
         curves["reference"] = {r["name"]: r["metrics"]["top1"] for r in rows if not r.get("skipped")}
     files = {}
     diagnostic = prompt_quality_diagnostic(bank, eval_feats, k_values)
-    all_vectors = bank.mu_normed.mean(1)  # CLIP's classifier: the average over every template
+    all_classifier = selections["all"] if "all" in selections else select_all(bank)  # CLIP's classifier
     result = {"rows": rows, "curves": curves, "deterministic": bank.deterministic, "score": score,
-              "class_separation": class_separation(all_vectors, bank.classnames),
+              "class_separation": class_separation(all_classifier.class_mu, bank.classnames),
               "n_eval": len(eval_feats), "n_select": None if select_feats is None else len(select_feats),
               "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {},
               "diagnostic_eval_labels": diagnostic}
