@@ -41,8 +41,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-MEAN = torch.tensor((0.48145466, 0.4578275, 0.40821073)).view(1, 3, 1, 1)
-STD = torch.tensor((0.26862954, 0.26130258, 0.27577711)).view(1, 3, 1, 1)
+from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD  # noqa: E402
+
+MEAN = torch.tensor(OPENAI_DATASET_MEAN).view(1, 3, 1, 1)
+STD = torch.tensor(OPENAI_DATASET_STD).view(1, 3, 1, 1)
 
 
 def fail(msg: str) -> None:
