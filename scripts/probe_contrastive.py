@@ -102,6 +102,8 @@ def main(argv=None):
     p.add_argument("--text-zero-init", action="store_true",
                    help="zero the text blocks' residual output projections: at init the tower passes token "
                         "embeddings through (with GPO pooling: a bag of words behind a LayerNorm)")
+    p.add_argument("--text-embed-std", type=float, default=None,
+                   help="re-initialise the text token embeddings with this std (open_clip: 0.02)")
     p.add_argument("--text-lr-mult", type=float, default=1.0, help="0 freezes the text tower at its random init")
     p.add_argument("--temperature", type=float, default=0.07, help="InfoNCE's initial temperature")
     p.add_argument("--steps", type=int, default=300)
@@ -150,6 +152,9 @@ def main(argv=None):
                 if not name.startswith("clip.visual.") and (name.endswith("attn.out_proj.weight")
                                                             or name.endswith("mlp.c_proj.weight")):
                     q.zero_()
+    if a.text_embed_std is not None:
+        with torch.no_grad():
+            model.clip.token_embedding.weight.normal_(std=a.text_embed_std)
     norms = {k: (nn.BatchNorm1d(D, affine=False) if a.center == "batchnorm" else nn.Identity())
              for k in ("image", "text")}
 

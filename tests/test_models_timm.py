@@ -14,7 +14,7 @@ from zsprob.models import create_model, load, save
 TEXT = {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}
 # one small timm model per supported family (test_* are timm's own tiny test architectures)
 FAMILIES = {"resnet": "test_resnet", "efficientnet": "test_efficientnet", "convnext": "test_convnext",
-            "regnet": "regnetx_002"}
+            "regnet": "regnetx_002", "plaincnn": "zsprob_plaincnn"}
 CAPTIONS = ["a red square", "two small blue circles", "x"]
 
 
@@ -31,6 +31,9 @@ def images():
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory):
+    from zsprob.models.factory import register_model_configs
+
+    register_model_configs()  # also registers zsprob's timm model zsprob_plaincnn
     d = tmp_path_factory.mktemp("oc_timm")
     for fam, name in FAMILIES.items():
         (d / f"zsprob-test-{fam}.json").write_text(json.dumps(cfg(name)))

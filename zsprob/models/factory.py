@@ -47,7 +47,10 @@ def register_model_configs() -> None:
     global _registered
     if _registered:
         return
+    from zsprob.models.plain_cnn import register as register_plaincnn
     from zsprob.utils.paths import model_configs_dir
+
+    register_plaincnn()  # timm model "zsprob_plaincnn" (zsprob-tiny-plaincnn's image tower)
 
     d = model_configs_dir()
     if d.is_dir():
@@ -97,6 +100,10 @@ def build_open_clip(cfg: dict) -> torch.nn.Module:
     if "hf_model_name" in cfg.get("text_cfg", {}):
         raise UserError("open_clip models with Hugging Face text towers are not supported by zsprob")
     cls = oc.CustomTextCLIP if custom_text else oc.CLIP
+    from zsprob.models.bow_text import BowCLIP, is_bow_config
+
+    if is_bow_config(cfg):
+        cls = BowCLIP  # open_clip image tower + zsprob's bag-of-words text tower
     try:
         return cls(**cfg)
     except TypeError as e:

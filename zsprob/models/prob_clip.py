@@ -183,12 +183,18 @@ def _timm_layout(trunk: nn.Module) -> dict:
     if isinstance(trunk, RegNet):
         return dict(family="regnet", stem=["stem"], stages=["s1", "s2", "s3", "s4"], tail=["final_conv"],
                     head="head", pool=None, token_norm=None)
+    from zsprob.models.plain_cnn import PlainConvNet
+
+    if isinstance(trunk, PlainConvNet):
+        return dict(family="plaincnn", stem=["stem"], stages=[f"stages.{i}" for i in range(len(trunk.stages))],
+                    tail=[], head=None, pool="global_pool", token_norm=None)
     if isinstance(trunk, ConvNeXt):
         return dict(family="convnext", stem=["stem"], stages=[f"stages.{i}" for i in range(len(trunk.stages))],
                     tail=["norm_pre"], head="head", pool=None, token_norm="norm")
     raise UserError(
         f"timm image tower {type(trunk).__name__} is not supported: zsprob cuts timm towers into a trunk "
-        f"and heads for the ResNet, EfficientNet, RegNet and ConvNeXt families (or use a ViT config)")
+        f"and heads for the ResNet, EfficientNet, RegNet and ConvNeXt families and zsprob_plaincnn "
+        f"(or use a ViT config)")
 
 
 class _TimmVisionTower:
@@ -371,6 +377,56 @@ class _TextTower:
     run_block = staticmethod(_VisionTower.run_block)
 
 
+class _BowTextTower:
+    """A :class:`zsprob.models.bow_text.BagOfWordsText` tower: no blocks, a per-token projection, pooled.
+
+    The trunk is the word embedding; the mean head is the projection (+ pooling: masked mean
+    natively, or GPO); the log-variance head is a second projection of the same word embeddings
+    (+ its own pooling), so a word can make a caption more or less certain.
+    """
+
+    kind = "bow"
+    is_clip = False
+    run_block = staticmethod(_VisionTower.run_block)
+    project = staticmethod(_VisionTower.project)
+
+    def __init__(self, text: nn.Module):
+        self.src = text
+        self.blocks: list[nn.Module] = []
+        self.num_blocks = 0
+        self.width = text.width
+
+    @property
+    def ln(self) -> nn.Module:
+        return self.src.ln_final
+
+    @property
+    def proj(self):
+        return self.src.text_projection
+
+    def embed(self, text: torch.Tensor):
+        lengths = self.src.lengths(text)
+        n = int(lengths.max())
+        if n < text.shape[1]:
+            text = text[:, :n]
+        return self.src.token_embedding(text), None, (text, lengths)
+
+    def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
+        return self.src.masked_mean(ln(x), ctx[1])
+
+    @staticmethod
+    def depth_of(rest: str) -> int:
+        return 0 if rest.startswith("token_embedding.") else 1
+
+
+def _text_tower(clip_model: nn.Module, truncate: bool):
+    from zsprob.models.bow_text import BagOfWordsText
+
+    if isinstance(getattr(clip_model, "text", None), BagOfWordsText):
+        return _BowTextTower(clip_model.text)
+    return _TextTower(clip_model, truncate)
+
+
 # --------------------------------------------------------------------------------------
 # The log-variance head of one tower.
 # --------------------------------------------------------------------------------------
@@ -446,9 +502,12 @@ class ProbCLIP(nn.Module):
     Build with :func:`zsprob.models.create_model` (or :func:`zsprob.models.load`). Arguments:
 
     clip_model: an open_clip ``CLIP`` / ``CustomTextCLIP`` with a VisionTransformer or timm
-        (ResNet / EfficientNet / RegNet / ConvNeXt) image tower and a TextTransformer text tower; it becomes ``self.clip`` (the trunk and mean heads).
+        (ResNet / EfficientNet / RegNet / ConvNeXt / zsprob_plaincnn) image tower and a
+        TextTransformer text tower, or a :class:`zsprob.models.bow_text.BowCLIP` (bag-of-words
+        text); it becomes ``self.clip`` (the trunk and mean heads).
     config: the dict that rebuilds this model (see :func:`zsprob.models.factory.model_from_config`).
-    sigma_depth: number of final blocks in each head (n); the trunk is the other L - n blocks.
+    sigma_depth: number of final blocks in each head (n); the trunk is the other L - n blocks
+        (a bag-of-words text tower has no blocks: its heads are a projection + pooling each).
     sigma_init: "random" (re-initialised copy, PCME++) or "copy" (the mean head's weights).
     pooling: "gpo" or "native" (CLS / EOT token as open_clip).
     deterministic: no log-variance heads (logvar is None), for InfoNCE / triplet baselines.
@@ -492,8 +551,10 @@ class ProbCLIP(nn.Module):
         self._reinit_params = set(reinit_params)
 
         self._vision = _vision_tower(clip_model)
-        self._text = _TextTower(clip_model, truncate_text)
+        self._text = _text_tower(clip_model, truncate_text)
         for tower, what in ((self._vision, "image"), (self._text, "text")):
+            if tower.num_blocks == 0:  # a bag-of-words tower: its heads are projection + pooling only
+                continue
             if not 1 <= self.sigma_depth <= tower.num_blocks:
                 raise UserError(f"sigma_depth={self.sigma_depth} but the {what} tower has "
                                 f"{tower.num_blocks} blocks (need 1 <= sigma_depth <= blocks)")
@@ -514,8 +575,12 @@ class ProbCLIP(nn.Module):
             self.image_sigma = self._make_sigma(self._vision, self.image_gpo, gpo, sigma_bias_init)
             self.text_sigma = self._make_sigma(self._text, self.text_gpo, gpo, sigma_bias_init)
 
+    def _head_depth(self, tower) -> int:
+        """Blocks in each head of ``tower``: ``sigma_depth``, or 0 for a tower without blocks."""
+        return self.sigma_depth if tower.num_blocks else 0
+
     def _make_sigma(self, tower, gpo_mu, new_gpo, bias_init) -> SigmaHead:
-        n = self.sigma_depth
+        n = self._head_depth(tower)
         # "copy": the whole mean head, GPO included; "random": a fresh GPO and re-initialised blocks
         gpo = copy.deepcopy(gpo_mu) if (self.sigma_init == "copy" and gpo_mu is not None) else new_gpo()
         head = SigmaHead(list(tower.blocks[tower.num_blocks - n:]), tower.ln, tower.proj, self.embed_dim, gpo,
@@ -567,8 +632,7 @@ class ProbCLIP(nn.Module):
     def _encode(self, tower, gpo_mu, sigma: SigmaHead | None, inp, with_sigma: bool):
         x, mask, ctx = tower.embed(inp)
         lengths = ctx[1] if ctx is not None else None
-        n = self.sigma_depth
-        split = tower.num_blocks - n
+        split = tower.num_blocks - self._head_depth(tower)
         h = self._run(tower, tower.blocks[:split], x, mask)
         hm = self._run(tower, tower.blocks[split:], h, mask)
         keep = self._size_augment(hm.shape[0], tower.num_tokens(hm), hm.device) if tower is self._vision else None
@@ -608,7 +672,7 @@ class ProbCLIP(nn.Module):
         re-initialised because the embedding size differs from the checkpoint.
         """
         nv, nt = self._vision.num_blocks, self._text.num_blocks
-        split_v, split_t = nv - self.sigma_depth, nt - self.sigma_depth
+        split_v, split_t = nv - self._head_depth(self._vision), nt - self._head_depth(self._text)
         vis_prefix = "clip.visual."
         text_prefix = "clip.text." if not self._text.is_clip else "clip."
         info: dict[str, dict[str, Any]] = {}

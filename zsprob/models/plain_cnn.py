@@ -1,0 +1,135 @@
+"""``zsprob_plaincnn``: a small VGG-style conv net registered with timm, for SynthWorld on a CPU.
+
+Why it exists: on SynthWorld (64 px scenes, 20 shapes) the small image towers that ship with
+timm and open_clip learn *shape* far too slowly for a CPU-minutes budget. Measured with
+``scripts/probe_synthworld.py`` (supervised, fresh single-object images, 38,400 samples):
+timm ``test_resnet`` 5.6%, ``resnet10t`` 10.3%, ``regnetx_002`` 6.1%, the zsprob-tiny ViT
+8.6% at 51,200 - while this plain net (stride-2 3x3 stem, one 3x3 conv-BN-ReLU per stage,
+max-pool between stages, widths 32-256) reaches 75.8%. ResNet-style stems (7x7 stride 2 +
+max-pool) leave 16 x 16 positions before the first stage at 64 px; here the first stage runs
+at 32 x 32.
+
+It is a regular timm model: built through ``timm.create_model("zsprob_plaincnn")`` (so open_clip's
+``TimmModel`` wraps it like any timm trunk: ``"timm_model_name": "zsprob_plaincnn"`` in a model
+JSON), with timm's ``ConvNormAct`` layers, timm's classifier / global pooling
+(``create_classifier``) and the usual timm model interface (``forward_features``,
+``forward_head``, ``reset_classifier``, ``group_matcher``). zsprob cuts it into trunk and heads
+at its stages like the other timm families (:mod:`zsprob.models.prob_clip`).
+No pretrained weights exist for it.
+
+Importing this module registers the model (``zsprob.models.factory`` does so before building
+any tower).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _timm():
+    import timm  # noqa: F401
+    from timm.layers import ConvNormAct, create_classifier
+    from timm.models import build_model_with_cfg, register_model
+
+    return ConvNormAct, create_classifier, build_model_with_cfg, register_model
+
+
+class PlainConvNet(nn.Module):
+    """stem (3x3 conv stride 2) -> stages [max-pool 2x2 (from the 2nd stage) + 3x3 conv-BN-ReLU] -> pool -> fc.
+
+    widths: output channels of the stages; stem_width: channels of the stem. The overall stride is
+    2 * 2 ** (len(widths) - 1) (16 with the defaults: 64 px -> 4 x 4 final positions).
+    """
+
+    def __init__(self, widths: tuple[int, ...] = (64, 128, 256, 256), stem_width: int = 32, in_chans: int = 3,
+                 num_classes: int = 1000, global_pool: str = "avg", drop_rate: float = 0.0, **_ignored):
+        super().__init__()
+        ConvNormAct, create_classifier, _, _ = _timm()
+        self.num_classes = num_classes
+        self.drop_rate = float(drop_rate)
+        self.grad_checkpointing = False
+        self.stem = ConvNormAct(in_chans, stem_width, 3, stride=2)
+        stages, prev, self.feature_info = [], stem_width, []
+        stride = 2
+        for i, w in enumerate(widths):
+            layers: list[nn.Module] = []
+            if i > 0:
+                layers.append(nn.MaxPool2d(2))
+                stride *= 2
+            layers.append(ConvNormAct(prev, w, 3))
+            stages.append(nn.Sequential(*layers))
+            self.feature_info.append(dict(num_chs=w, reduction=stride, module=f"stages.{i}"))
+            prev = w
+        self.stages = nn.Sequential(*stages)
+        self.num_features = self.head_hidden_size = prev
+        self.global_pool, self.fc = create_classifier(prev, num_classes, pool_type=global_pool)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return dict(stem=r"^stem", blocks=r"^stages\.(\d+)")
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = bool(enable)
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str = "avg") -> None:
+        _, create_classifier, _, _ = _timm()
+        self.num_classes = num_classes
+        self.global_pool, self.fc = create_classifier(self.num_features, num_classes, pool_type=global_pool)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            from timm.models._manipulate import checkpoint_seq
+
+            return checkpoint_seq(self.stages, x)
+        return self.stages(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.global_pool(x)
+        if self.drop_rate > 0:
+            x = nn.functional.dropout(x, p=self.drop_rate, training=self.training)
+        return x if pre_logits else self.fc(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+default_cfgs = {
+    "zsprob_plaincnn": dict(url="", num_classes=1000, input_size=(3, 64, 64), pool_size=(4, 4),
+                            crop_pct=1.0, interpolation="bicubic", mean=(0.48145466, 0.4578275, 0.40821073),
+                            std=(0.26862954, 0.26130258, 0.27577711), first_conv="stem.conv",
+                            classifier="fc"),
+}
+
+
+def zsprob_plaincnn(pretrained: bool = False, **kwargs) -> PlainConvNet:
+    """The SynthWorld image tower of ``zsprob-tiny-plaincnn`` (1.0M parameters at widths 32-256)."""
+    _, _, build_model_with_cfg, _ = _timm()
+    if pretrained:
+        from zsprob.errors import UserError
+
+        raise UserError("zsprob_plaincnn has no pretrained weights (it is trained from scratch on SynthWorld)")
+    kwargs.pop("pretrained_cfg", None)
+    return build_model_with_cfg(PlainConvNet, "zsprob_plaincnn", pretrained=False,
+                                feature_cfg=dict(flatten_sequential=True), **kwargs)
+
+
+_registered = False
+
+
+def register() -> None:
+    """Register ``zsprob_plaincnn`` with timm's model registry (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    _, _, _, register_model = _timm()
+    register_model(zsprob_plaincnn)
+    _registered = True
+
+
+__all__ = ["PlainConvNet", "register", "zsprob_plaincnn"]
