@@ -232,3 +232,14 @@ def test_cnn_image_tower_trains_and_reloads(world, tmp_path):
         assert torch.isfinite(swa.encode_image(x)[0]).all()
         a, b = m.encode_image(x), load(tmp_path / "run" / "model").eval().encode_image(x)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_augment_false_trains_on_the_eval_transform(world):
+    """data.augment=False: the training batches go through model.preprocess_val (no random crop)."""
+    from zsprob.train.loop import build_model, build_source, resolve_config
+    for augment in (True, False):
+        cfg = resolve_config(tiny_cfg(world / "pretrain", data={"augment": augment}))
+        model = build_model(cfg)
+        src = build_source(cfg, model, rank=0, world=1)
+        assert src.preprocess is (model.preprocess_train if augment else model.preprocess_val)
+    assert resolve_config(tiny_cfg(world / "pretrain")).data.augment is True  # open_clip's default

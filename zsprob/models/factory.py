@@ -29,7 +29,7 @@ from zsprob.errors import UserError
 
 log = logging.getLogger(__name__)
 
-ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "ViT-S-16-d128")
+ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "zsprob-tiny-bow", "ViT-S-16-d128")
 _registered = False
 
 # Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).

@@ -41,6 +41,7 @@ DEFAULTS: dict = {
         "resampled": False,
         "samples_per_epoch": None, # epoch length for streams (None: one pass over the shards)
         "noise_ratio": 0.0,        # share of training captions replaced by wrong ones
+        "augment": True,           # open_clip's training transform (RandomResizedCrop); False: the eval transform
         "pipeline": {},            # extra keyword arguments for build_wds_pipeline
     },
     "msda": {"enabled": False, "ratio": 0.25, "alpha": 2.0, "mode": "random"},

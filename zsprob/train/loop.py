@@ -124,6 +124,10 @@ def build_loss(cfg: Config) -> nn.Module:
 def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
     d = cfg.data
     B = int(d.batch_size)
+    # data.augment=False trains on the evaluation transform (resize + centre crop): open_clip's
+    # RandomResizedCrop also jitters the aspect ratio (3/4..4/3), which blurs classes that differ
+    # by aspect ratio only (SynthWorld's circle / ellipse, square / rectangle)
+    preprocess = model.preprocess_train if d.get("augment", True) else model.preprocess_val
     if B % world:
         raise UserError(f"data.batch_size {B} (the global batch) is not divisible by {world} processes")
     kind = d.kind
@@ -136,7 +140,7 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
         samples = d.get("samples_per_epoch")
         if samples is None and kind == "synthetic":
             samples = count_samples_synthetic(d.shards)
-        return WdsSource(resolve_shards(d.shards), kind=kind, preprocess=model.preprocess_train,
+        return WdsSource(resolve_shards(d.shards), kind=kind, preprocess=preprocess,
                          tokenizer=model.tokenizer, local_batch_size=B // world, seed=int(cfg.seed),
                          num_workers=int(d.num_workers), shuffle_buffer=d.get("shuffle_buffer"),
                          resampled=bool(d.resampled), samples_per_epoch=samples, world=world,
@@ -144,7 +148,7 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
     if kind == "coco":
         if not d.root:
             raise UserError("--data coco needs --root (the COCO directory)")
-        return CocoSource(d.root, preprocess=model.preprocess_train, tokenizer=model.tokenizer,
+        return CocoSource(d.root, preprocess=preprocess, tokenizer=model.tokenizer,
                           global_batch_size=B, rank=rank, world=world, seed=int(cfg.seed),
                           num_workers=int(d.num_workers), noise_ratio=float(d.noise_ratio or 0.0),
                           karpathy_json=d.get("karpathy_json"))
