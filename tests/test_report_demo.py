@@ -55,12 +55,19 @@ def test_demo_quick_end_to_end(tmp_path):
     r = run_cli("demo", "--quick", "--out", out, timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads((out / "report.json").read_text())
-    # Both pretrainings ran and their losses went down. (The quick budget, 80 x 64 samples per model,
-    # is NOT enough for above-chance zero-shot / retrieval on SynthWorld yet: the report's
-    # *_above_chance checks are computed and shown, but not asserted here; see report.md.)
-    assert rep["checks"]["training_pcmepp_loss_decreased"] and rep["checks"]["training_infonce_loss_decreased"]
-    assert {"zeroshot_pcmepp_above_chance", "retrieval_pcmepp_above_chance"} <= set(rep["checks"])
-    assert rep["training"]["pcmepp"]["steps"] == 80 and "img_sigma2_end" in rep["training"]["pcmepp"]
+    # Both pretrainings ran, their losses went down, PCME++ left its base-rate loss, and the models
+    # are far above chance on retrieval. Measured on this budget (300 x 128 per model, seed 0):
+    # i2t R@1 19.5% / 19.0% (PCME++ / InfoNCE; chance 0.5%); best zero-shot top-1 11.0% / 10.0% on
+    # 200 images (chance 5%), so zero-shot is asserted with a margin below that.
+    c = rep["checks"]
+    assert c["training_pcmepp_loss_decreased"] and c["training_infonce_loss_decreased"]
+    assert c["training_pcmepp_beats_base_rate"]
+    assert c["retrieval_pcmepp_above_chance"] and c["retrieval_infonce_above_chance"], c
+    assert c["zeroshot_pcmepp_class_names_separated"] and c["zeroshot_infonce_class_names_separated"]
+    best = max(row["top1"] for row in rep["zeroshot"]["pcmepp"]["rows"]
+               if row.get("top1") is not None and not row["uses_eval_labels"])
+    assert best > 1.6 * rep["zeroshot"]["pcmepp"]["chance_top1"], best
+    assert rep["training"]["pcmepp"]["steps"] == 300 and "img_sigma2_end" in rep["training"]["pcmepp"]
     zs = rep["zeroshot"]["pcmepp"]
     assert zs["n_classes"] >= 20 and any(row["name"] == "auto" for row in zs["rows"])
     assert not next(row for row in zs["rows"] if row["name"] == "auto")["uses_eval_labels"]

@@ -229,4 +229,5 @@ def test_recipes_carry_the_paper_settings():
     assert (r.optim.lr, r.optim.betas, r.optim.eps, r.optim.weight_decay) == (5e-4, [0.9, 0.98], 1e-6, 0.2)
     assert r.loss.pcmepp.pp_alpha == 0 and r.loss.pcmepp.vib_beta == 1e-6 and not r.msda.enabled
     t = resolve_config(load_train_config("synthetic_tiny.yaml", ["method=infonce", "schedule.steps=5"]))
-    assert t.model.name == "zsprob-tiny" and t.method == "infonce" and t.schedule.steps == 5
+    assert t.model.name == "zsprob-tiny-bow" and t.method == "infonce" and t.schedule.steps == 5
+    assert t.model.overrides.sigma_bias_init == -6.0 and t.data.augment is False

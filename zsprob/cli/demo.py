@@ -8,9 +8,9 @@ import click
 @click.command("demo")
 @click.option("--out", type=click.Path(file_okay=False), default="demo_out", show_default=True,
               help="Output folder; an existing one is resumed (finished steps are skipped).")
-@click.option("--quick", is_flag=True, help="Small world and short training (about 2 minutes on 2 cores).")
-@click.option("--steps", type=int, default=None, help="Pretraining steps per model [default: 300, quick: 80].")
-@click.option("--batch-size", type=int, default=None, help="Pretraining batch size [default: 128, quick: 64].")
+@click.option("--quick", is_flag=True, help="Small world and short training (about 5 minutes on 2 cores).")
+@click.option("--steps", type=int, default=None, help="Pretraining steps per model [default: 900, quick: 300].")
+@click.option("--batch-size", type=int, default=None, help="Pretraining batch size [default: 128, quick: 128].")
 @click.option("--seed", type=int, default=None, help="World and training seed [default: 0].")
 @click.option("--workers", type=int, default=None, help="Data loader workers during pretraining [default: 1].")
 @click.option("--threads", type=int, default=None, help="torch CPU threads [default: torch's].")
