@@ -50,7 +50,7 @@ def register_model_configs() -> None:
     from zsprob.models.plain_cnn import register as register_plaincnn
     from zsprob.utils.paths import model_configs_dir
 
-    register_plaincnn()  # timm model "zsprob_plaincnn" (zsprob-tiny-plaincnn's image tower)
+    register_plaincnn()  # timm models zsprob_plaincnn(_small): zsprob-tiny-bow's image tower
 
     d = model_configs_dir()
     if d.is_dir():

@@ -18,13 +18,18 @@ Image tokens: the class token and all patch tokens. Text tokens: start-of-text u
 including the end-of-text token (the length comes from the EOT position, later padding is
 ignored).
 
-timm image towers (open_clip's ``TimmModel``: ConvNeXt, ResNet, EfficientNet, RegNet trunks):
+timm image towers (open_clip's ``TimmModel``: ConvNeXt, ResNet, EfficientNet, RegNet trunks and
+zsprob's own timm-registered ``zsprob_plaincnn``):
 the "blocks" are the trunk's stages, so the log-variance head copies the last ``n`` stages plus
 what follows them (EfficientNet's conv_head, ConvNeXt's norm_pre and head norm, the global
 pooling) and open_clip's projection head. Native pooling is timm's own global pooling (the mean
 branch then equals open_clip's ``encode_image``); GPO pools the projected H x W positions of the
 final feature map. timm provides the stages, their init and ``forward_head``'s operations; zsprob
 only decides where to cut.
+
+Bag-of-words text towers (:mod:`zsprob.models.bow_text`, the SynthWorld model): no blocks; the
+mean head is the word-embedding projection, the log-variance head a second projection of the
+same embeddings, each pooled over the caption's tokens (masked mean natively, or GPO).
 
 SizeAugment (VSE infinity, used by PCME++ fine-tuning; ``size_augment=p``, off by default):
 in training with GPO, image tokens are randomly dropped before pooling (both heads drop the
