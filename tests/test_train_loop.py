@@ -243,3 +243,5 @@ def test_augment_false_trains_on_the_eval_transform(world):
         src = build_source(cfg, model, rank=0, world=1)
         assert src.preprocess is (model.preprocess_train if augment else model.preprocess_val)
     assert resolve_config(tiny_cfg(world / "pretrain")).data.augment is True  # open_clip's default
+    with pytest.raises(UserError, match="data.augment must be true or false"):
+        resolve_config(tiny_cfg(world / "pretrain", data={"augment": "maybe"}))

@@ -63,9 +63,14 @@ class BagOfWordsText(nn.Module):
         keep = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
         return (x * keep[..., None].to(x.dtype)).sum(1) / lengths[:, None].to(x.dtype)
 
-    def forward(self, text: torch.Tensor) -> torch.Tensor:
+    def embed(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Word embeddings [B, L', width] of the tokens cut after the longest caption, those tokens, lengths."""
         lengths = self.lengths(text)
-        x = self.token_embedding(text[:, :int(lengths.max())])
+        text = text[:, :int(lengths.max())]
+        return self.token_embedding(text), text, lengths
+
+    def forward(self, text: torch.Tensor) -> torch.Tensor:
+        x, _, lengths = self.embed(text)
         return self.text_projection(self.masked_mean(x, lengths))
 
 

@@ -287,7 +287,22 @@ def _vision_tower(clip_model: nn.Module):
                     f"{type(visual).__name__} (open_clip's ModifiedResNet is not supported; timm ResNets are)")
 
 
-class _TextTower:
+class _TextHeads:
+    """What the text adapters share: ``self.src`` holds ``ln_final`` and ``text_projection``."""
+
+    project = staticmethod(_VisionTower.project)
+    run_block = staticmethod(_VisionTower.run_block)
+
+    @property
+    def ln(self) -> nn.Module:
+        return self.src.ln_final
+
+    @property
+    def proj(self):
+        return self.src.text_projection
+
+
+class _TextTower(_TextHeads):
     kind = "text"
 
     def __init__(self, clip_model: nn.Module, truncate: bool):
@@ -327,14 +342,6 @@ class _TextTower:
         # Truncating the sequence after the longest end-of-text token is exact for causal towers
         # pooled at (or before) the EOT token: no earlier position attends to later ones.
         self.truncate = bool(truncate) and self.causal and self.pool_type in ("argmax", "eos", "first")
-
-    @property
-    def ln(self) -> nn.Module:
-        return self.src.ln_final
-
-    @property
-    def proj(self):
-        return self.src.text_projection
 
     def lengths(self, text: torch.Tensor) -> torch.Tensor:
         if self.pool_type == "argmax":
@@ -378,11 +385,8 @@ class _TextTower:
         """Depth of a text-tower parameter ``rest`` (name after the tower's prefix)."""
         return _block_depth(rest, ("token_embedding", "positional_embedding", "cls_emb"), self.num_blocks)
 
-    project = staticmethod(_VisionTower.project)
-    run_block = staticmethod(_VisionTower.run_block)
 
-
-class _BowTextTower:
+class _BowTextTower(_TextHeads):
     """A :class:`zsprob.models.bow_text.BagOfWordsText` tower: no blocks, a per-token projection, pooled.
 
     The trunk is the word embedding; the mean head is the projection (+ pooling: masked mean
@@ -392,8 +396,6 @@ class _BowTextTower:
 
     kind = "bow"
     is_clip = False
-    run_block = staticmethod(_VisionTower.run_block)
-    project = staticmethod(_VisionTower.project)
 
     def __init__(self, text: nn.Module):
         self.src = text
@@ -401,20 +403,9 @@ class _BowTextTower:
         self.num_blocks = 0
         self.width = text.width
 
-    @property
-    def ln(self) -> nn.Module:
-        return self.src.ln_final
-
-    @property
-    def proj(self):
-        return self.src.text_projection
-
     def embed(self, text: torch.Tensor):
-        lengths = self.src.lengths(text)
-        n = int(lengths.max())
-        if n < text.shape[1]:
-            text = text[:, :n]
-        return self.src.token_embedding(text), None, (text, lengths)
+        x, text, lengths = self.src.embed(text)
+        return x, None, (text, lengths)
 
     def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
         return self.src.masked_mean(ln(x), ctx[1])

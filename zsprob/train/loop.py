@@ -92,6 +92,8 @@ def resolve_config(cfg: Any) -> Config:
     cfg = to_config(deep_merge(DEFAULTS, dict(cfg or {})))
     if cfg.method not in METHODS:
         raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
+    if not isinstance(cfg.data.get("augment", True), bool):
+        raise UserError(f"data.augment must be true or false, got {cfg.data.augment!r}")
     if cfg.train.precision not in ("fp32", "bf16", "fp16"):
         raise UserError(f"train.precision must be fp32, bf16 or fp16, got {cfg.train.precision!r}")
     return cfg
