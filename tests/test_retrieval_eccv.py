@@ -10,7 +10,7 @@ import torch
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.coco import eccv_metrics, official_test_ids, task_for_embeddings
 from zsprob.retrieval.embeddings import Embeddings
-from zsprob.retrieval.evaluate import evaluate_scores
+from zsprob.retrieval.evaluate import evaluate_rankings, evaluate_scores
 from zsprob.retrieval.scoring import PairScores
 
 LIST_LEN = 300  # eccv_caption's 1K recall filters these lists to the fold (see NOTES.md)
@@ -69,6 +69,11 @@ def test_identical_to_eccv_caption_compute_all_metrics():
                   (ours["eccv"][d]["r@1"], ref["eccv_r1"][d])]
     for a, b in pairs:
         assert abs(a - 100.0 * b) < 1e-9, (a, 100 * b)
+    # the same metrics straight from the ranked lists that eccv_caption was given
+    from_lists = evaluate_rankings(ri, rt, task)
+    for bench in ("coco_1k", "coco_5k", "cxc", "eccv"):
+        for d in ("i2t", "t2i"):
+            assert from_lists[bench][d] == pytest.approx(ours[bench][d], abs=1e-9), (bench, d)
     # non-trivial operating point (not all 0 / 100)
     assert 5 < ours["coco_5k"]["i2t"]["r@1"] < 95 and 1 < ours["eccv"]["i2t"]["map_at_r"] < 90
     assert ours["eccv"]["i2t"]["n_queries"] == 1261 and ours["eccv"]["t2i"]["n_queries"] == 1332

@@ -182,6 +182,26 @@ def test_pair_scores_and_chunked_topk_use_prob_score():
     assert (mc.i2t >= 0).all() and (mc.i2t <= 1).all()
 
 
+@pytest.mark.parametrize("name", ["csd", "mean", "cosine"])
+def test_linear_scores_are_one_gemm_equal_to_prob_score(name):
+    from zsprob.prob import score
+    from zsprob.retrieval.scoring import linear_form, score_matrix, transposed
+
+    g = torch.Generator().manual_seed(1)
+    a, la = torch.randn(37, 9, generator=g, dtype=torch.float64), torch.randn(37, 9, generator=g) - 2
+    b, lb = torch.randn(53, 9, generator=g, dtype=torch.float64), torch.randn(53, 9, generator=g) - 2
+    ref = score(name, a, la, b, lb).float()
+    A, B = linear_form(name, a, la, b, lb)
+    assert A.dtype == B.dtype == torch.float32 and A.shape[1] == B.shape[1]
+    torch.testing.assert_close(A @ B.T, ref, rtol=1e-5, atol=1e-5)
+    s = score_matrix(name, a, la, b, lb, chunk_size=7)
+    torch.testing.assert_close(s, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(transposed(s, rows=5), s.T.contiguous())
+    # a score that needs autograd or is not linear in augmented vectors takes the general path
+    assert linear_form("w2", a, la, b, lb) is None
+    assert linear_form(name, a.float().requires_grad_(), la, b, lb) is None
+
+
 def test_pmrp_through_coco_task_matches_brute_force():
     from zsprob.retrieval.coco import coco_task
     from zsprob.retrieval.evaluate import evaluate_scores, format_table
@@ -206,3 +226,52 @@ def test_pmrp_through_coco_task_matches_brute_force():
         assert m["pmrp"]["t2i"][f"zeta{z}"] == pytest.approx(100 * brute_metrics(s.numpy().T, lists_t)["rprecision"])
     assert m["pmrp"]["i2t"]["mean"] == pytest.approx(np.mean([m["pmrp"]["i2t"][f"zeta{z}"] for z in (0, 1, 2)]))
     assert "PMRP" in format_table(m)
+
+
+def test_evaluate_rankings_equals_evaluate_scores_and_rejects_short_lists():
+    from zsprob.retrieval.coco import coco_task
+    from zsprob.retrieval.evaluate import evaluate_rankings, evaluate_scores
+    from zsprob.retrieval.scoring import PairScores
+
+    rng = np.random.default_rng(5)
+    n_img = 30
+    cap_img = np.repeat(np.arange(n_img), 5)
+    labels = (rng.random((n_img, 6)) < 0.35).astype(np.uint8)
+    task = coco_task(np.arange(n_img) + 1, np.arange(150) + 1, cap_img, instance_labels=labels)
+    order = np.concatenate([np.flatnonzero(cap_img == i) for i in rng.permutation(n_img)])
+    task.folds = M.coco_folds(order, cap_img, n_folds=3)  # 10 scattered images per fold, with their captions
+    cap_img_noisy = torch.from_numpy(cap_img)
+    s = torch.from_numpy(rng.normal(size=(n_img, 150)).astype(np.float32))
+    s[cap_img_noisy, torch.arange(150)] += 1.5  # a non-trivial operating point
+    # image 0's fold and caption 0's fold rank last globally (a uniform shift keeps the in-fold order),
+    # so their in-fold items lie beyond any short prefix of the lists
+    f_img = next(f for f in task.folds if 0 in f[0])
+    s[0, torch.from_numpy(f_img[1])] -= 100.0
+    f_cap = next(f for f in task.folds if 0 in f[1])
+    s[torch.from_numpy(f_cap[0]), 0] -= 100.0
+    ps = PairScores.from_matrix(s)
+    ref = evaluate_scores(ps, task, ks=(1, 2, 5)).metrics
+    full_i = M.rank_lists(ps.i2t, np.arange(n_img), 150)
+    full_t = M.rank_lists(ps.t2i, np.arange(150), n_img)
+    got = evaluate_rankings(full_i, full_t, task, ks=(1, 2, 5))
+    assert got.keys() == ref.keys()
+    for bench in ref:
+        for d in ("i2t", "t2i"):
+            for key, v in ref[bench][d].items():
+                assert got[bench][d][key] == pytest.approx(v, abs=1e-12), (bench, d, key)
+    assert 0 < ref["coco_1k"]["i2t"]["r@1"] < 100 and ref["coco_1k"]["i2t"]["r@1"] != ref["coco"]["i2t"]["r@1"]
+    # PMRP needs lists as long as its largest positive set
+    with pytest.raises(ValueError, match="pmrp"):
+        evaluate_rankings(full_i[:, :20], full_t, task, ks=(1, 2, 5))
+    # COCO 1K from truncated lists: exact while each list holds max(ks) items of its fold, else an error
+    plain = coco_task(np.arange(n_img) + 1, np.arange(150) + 1, cap_img)
+    plain.folds = task.folds
+    ref_p = evaluate_scores(ps, plain, ks=(1, 2, 5)).metrics
+    need_i = int(max(np.flatnonzero(np.isin(full_i[q].numpy(), plain.folds[f][1]))[4]
+                     for f, (imgs, _) in enumerate(plain.folds) for q in imgs)) + 1
+    got_p = evaluate_rankings(full_i[:, :need_i], full_t, plain, ks=(1, 2, 5))
+    assert got_p["coco_1k"] == ref_p["coco_1k"]
+    with pytest.raises(ValueError, match="fold"):
+        evaluate_rankings(full_i[:, :need_i - 1], full_t, plain, ks=(1, 2, 5))
+    with pytest.raises(ValueError, match="outside"):
+        evaluate_rankings(full_i + 1, full_t, plain, ks=(1, 2, 5))

@@ -4,7 +4,8 @@
   operations over rankings (definitions identical to eccv_caption's);
 - :mod:`~zsprob.retrieval.scoring`: chunked scoring with ``zsprob.prob.score`` (:class:`PairScores`,
   :func:`chunked_topk`);
-- :mod:`~zsprob.retrieval.evaluate`: benchmark sets, :func:`evaluate_embeddings`, the Table-1 style table;
+- :mod:`~zsprob.retrieval.evaluate`: benchmark sets, :func:`evaluate_embeddings`, :func:`evaluate_rankings`
+  (metrics of rankings made elsewhere), the Table-1 style table;
 - :mod:`~zsprob.retrieval.coco`: COCO 5K / 1K, CxC, ECCV Caption (ground truth from eccv_caption), PMRP,
   :func:`evaluate_coco`;
 - :mod:`~zsprob.retrieval.synthetic`: SynthWorld, :func:`evaluate_synthetic`;
@@ -16,7 +17,8 @@
 from zsprob.retrieval.coco import coco_task, evaluate_coco, official_subset, task_for_embeddings
 from zsprob.retrieval.embeddings import Embeddings, load_embeddings
 from zsprob.retrieval.evaluate import (
-    BenchmarkSet, EvalResult, RetrievalTask, evaluate_embeddings, evaluate_scores, format_table, summary_row,
+    BenchmarkSet, EvalResult, RetrievalTask, evaluate_embeddings, evaluate_rankings, evaluate_scores, format_table,
+    summary_row,
 )
 from zsprob.retrieval.scoring import PairScores, chunked_topk, score_matrix
 from zsprob.retrieval.search import (
@@ -27,8 +29,8 @@ from zsprob.retrieval.synthetic import evaluate_synthetic, synthetic_task
 
 __all__ = [
     "coco_task", "evaluate_coco", "official_subset", "task_for_embeddings", "Embeddings", "load_embeddings",
-    "BenchmarkSet", "EvalResult", "RetrievalTask", "evaluate_embeddings", "evaluate_scores", "format_table",
-    "summary_row", "PairScores", "chunked_topk", "score_matrix", "CSDIndex", "MeanRerankIndex", "SearchResult",
+    "BenchmarkSet", "EvalResult", "RetrievalTask", "evaluate_embeddings", "evaluate_rankings", "evaluate_scores",
+    "format_table", "summary_row", "PairScores", "chunked_topk", "score_matrix", "CSDIndex", "MeanRerankIndex", "SearchResult",
     "augment_gallery", "augment_queries", "brute_force_csd", "build_index", "load_index", "evaluate_synthetic",
     "synthetic_task",
 ]

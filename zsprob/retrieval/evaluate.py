@@ -6,8 +6,10 @@ SynthWorld's caption and plausible-match sets) and optionally the COCO 1K folds.
 :func:`evaluate_scores` ranks each direction once (top-L with L = the largest list any
 metric needs, via :mod:`zsprob.retrieval.metrics`) and reads every benchmark's metrics off
 the same ranked lists; benchmarks with very long positive lists (PMRP) are ranked in
-query chunks. Results are percentages (as in the papers' tables), plus per-query arrays
-for the uncertainty analyses. Everything here is zsprob's own code on torch / scipy.
+query chunks. :func:`evaluate_rankings` reads the same metrics off ranked lists made
+elsewhere (eccv_caption's ``compute_all_metrics`` interface, with index arrays). Results are
+percentages (as in the papers' tables), plus per-query arrays for the uncertainty analyses.
+Everything here is zsprob's own code on torch / scipy.
 """
 from __future__ import annotations
 
@@ -129,6 +131,14 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
         if bs.kind == "recall":
             out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
         metrics[bs.name] = out
+    _merge_pmrp(metrics)
+    if task.folds:
+        metrics["coco_1k"] = fold_metrics(scores, task, ks=ks)
+    return EvalResult(metrics=metrics, per_query=per_query, top=top)
+
+
+def _merge_pmrp(metrics: dict) -> None:
+    """Gather the per-zeta PMRP sets into metrics["pmrp"] with their mean."""
     pm = sorted(k for k in metrics if k.startswith("pmrp_zeta"))
     if pm:
         agg = {}
@@ -138,9 +148,108 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
         for k in pm:
             del metrics[k]
         metrics["pmrp"] = agg
+
+
+def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS) -> dict:
+    """All benchmark metrics of ``task`` from given ranked lists: the counterpart of eccv_caption's
+    ``Metrics.compute_all_metrics``, for rankings made elsewhere (a FAISS search, another toolkit).
+
+    ``ranked_i2t`` [n_images, L]: caption indices (columns of ``task``) best first, one row per
+    image; ``ranked_t2i`` [n_captions, L']: image indices. Every metric is read off these lists;
+    COCO 1K, like eccv_caption, keeps each list's items of the query's fold, in order, so it
+    equals an in-fold ranking as long as every list holds ``max(ks)`` items of its fold (else a
+    ValueError says to pass longer lists, as it does when a list is shorter than a benchmark's
+    largest positive set R). Returns the nested percentages of :func:`evaluate_scores`.
+    """
+    ranked = {"i2t": torch.as_tensor(np.asarray(ranked_i2t), dtype=torch.int64),
+              "t2i": torch.as_tensor(np.asarray(ranked_t2i), dtype=torch.int64)}
+    n_q = {"i2t": task.n_images, "t2i": task.n_captions}
+    n_g = {"i2t": task.n_captions, "t2i": task.n_images}
+    for d in ranked:
+        if ranked[d].ndim != 2 or ranked[d].shape[0] != n_q[d]:
+            raise ValueError(f"{d} rankings must be [{n_q[d]}, L], got {tuple(ranked[d].shape)}")
+        if ranked[d].numel() and (int(ranked[d].min()) < 0 or int(ranked[d].max()) >= n_g[d]):
+            raise ValueError(f"{d} rankings hold indices outside 0..{n_g[d] - 1}")
+    metrics: dict = {}
+    for bs in task.sets:
+        out = {}
+        for d in ("i2t", "t2i"):
+            need = _needed_len(bs, d, ks)
+            L = ranked[d].shape[1]
+            if L < min(need, n_g[d]):
+                raise ValueError(f"{bs.name} {d} needs ranked lists of at least {need} items, got {L}")
+            pos = bs.i2t if d == "i2t" else bs.t2i
+            q = _queries(bs, d)
+            k_use = tuple(ks) if bs.kind == "recall" else (1,)
+            vals = M.metrics_from_ranking(ranked[d][:, :need], pos, queries=q, ks=k_use, r_metrics=bs.kind != "recall",
+                                          n_pos=bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos).mean()
+            if bs.kind == "rprecision":
+                vals = {"rprecision": vals["rprecision"]}
+            out[d] = _pct(vals)
+            out[d]["n_queries"] = int(len(q))
+        if bs.kind == "recall":
+            out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
+        metrics[bs.name] = out
+    _merge_pmrp(metrics)
     if task.folds:
-        metrics["coco_1k"] = fold_metrics(scores, task, ks=ks)
-    return EvalResult(metrics=metrics, per_query=per_query, top=top)
+        metrics["coco_1k"] = _fold_metrics_from_rankings(ranked, task, ks)
+    return metrics
+
+
+def _fold_metrics_from_rankings(ranked: dict, task: RetrievalTask, ks: Sequence[int]) -> dict:
+    pos = {"i2t": task.caption_positives()}
+    pos["t2i"] = sp.csr_matrix(pos["i2t"].T)
+    fold = {"i2t": np.zeros(task.n_images, dtype=np.int64), "t2i": np.zeros(task.n_captions, dtype=np.int64)}
+    for f, (imgs, caps) in enumerate(task.folds):
+        fold["i2t"][imgs], fold["t2i"][caps] = f, f
+    if sum(len(i) for i, _ in task.folds) > task.n_images or sum(len(c) for _, c in task.folds) > task.n_captions:
+        raise ValueError("COCO 1K from rankings needs folds that split the images and captions (no item in two folds)")
+    K = max(ks)
+    if min(min(len(i), len(c)) for i, c in task.folds) < K:
+        raise ValueError(f"COCO 1K from rankings needs folds of at least {K} images and captions")
+    per = {"i2t": [], "t2i": []}
+    for d, other in (("i2t", "t2i"), ("t2i", "i2t")):
+        q_fold = torch.from_numpy(fold[d])
+        item_fold = torch.from_numpy(fold[other])
+
+        def first_in_fold(rows: torch.Tensor, lists: torch.Tensor):
+            """Each list's first K items of its query's fold, in ranked order, and which lists have K."""
+            in_fold = item_fold[lists] == q_fold[rows][:, None]
+            cum = in_fold.cumsum(1, dtype=torch.int32)
+            ok = cum[:, -1] >= K
+            keep = in_fold & (cum <= K) & ok[:, None]
+            return lists[keep].view(-1, K), ok  # boolean indexing keeps row-major order
+
+        # most lists hold K in-fold items early on: look at a prefix first, the whole list where needed
+        all_rows = torch.arange(ranked[d].shape[0])
+        head, ok = first_in_fold(all_rows, ranked[d][:, :8 * K])
+        sub = torch.empty(ranked[d].shape[0], K, dtype=torch.int64)
+        sub[ok] = head
+        rest = torch.nonzero(~ok).flatten()
+        if rest.numel():
+            tail, ok_rest = first_in_fold(rest, ranked[d][rest])
+            if not bool(ok_rest.all()):
+                short = rest[~ok_rest]
+                raise ValueError(f"COCO 1K {d}: {short.numel()} ranked lists hold fewer than {K} items of their "
+                                 f"query's fold (e.g. query {int(short[0])}); pass longer lists")
+            sub[rest] = tail
+        for f, (imgs, caps) in enumerate(task.folds):
+            qs = np.asarray(imgs if d == "i2t" else caps, dtype=np.int64)
+            qs = qs[np.diff(pos[d].indptr)[qs] > 0]
+            m = M.metrics_from_ranking(sub[torch.from_numpy(qs)], pos[d], ranked_queries=qs, queries=qs, ks=ks,
+                                       r_metrics=False)
+            per[d].append(m.mean())
+    return _fold_summary(per, task, ks)
+
+
+def _fold_summary(per: dict, task: RetrievalTask, ks: Sequence[int]) -> dict:
+    """COCO 1K result: per direction the mean of the fold means, query counts, RSUM."""
+    out = {d: _pct({k: float(np.mean([m[k] for m in per[d]])) for k in per[d][0]}) for d in per}
+    for d in out:
+        out[d]["n_queries"] = int(sum(len(f[0] if d == "i2t" else f[1]) for f in task.folds))
+    out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
+    out["n_folds"] = len(task.folds)
+    return out
 
 
 def _as_slice(idx: np.ndarray):
@@ -169,12 +278,7 @@ def fold_metrics(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] =
             q = np.flatnonzero(np.diff(p.indptr) > 0)
             ranked = M.rank_lists(sub, q, max(ks))
             per[d].append(M.metrics_from_ranking(ranked, p, ranked_queries=q, queries=q, ks=ks, r_metrics=False).mean())
-    out = {d: _pct({k: float(np.mean([m[k] for m in per[d]])) for k in per[d][0]}) for d in per}
-    for d in out:
-        out[d]["n_queries"] = int(sum(len(f[0] if d == "i2t" else f[1]) for f in task.folds))
-    out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
-    out["n_folds"] = len(task.folds)
-    return out
+    return _fold_summary(per, task, ks)
 
 
 # ----------------------------------------------------------------------------- tables

@@ -8,7 +8,9 @@ each block through matrix products (closed forms) or bounded sample blocks (MC),
 * :class:`PairScores`: the image x caption similarity of a whole test set, scored in row
   blocks, and its contiguous transpose for text->image rows. Both directions therefore rank by
   the very same numbers. A transposed copy is also cheaper than scoring the caption blocks
-  again: 0.5 s vs 1.5 s for 5K x 25K CSD at D = 256 on 2 CPU threads.
+  again. CSD, mean-only and cosine scores are one inner product of augmented vectors
+  (:func:`linear_form`), so their blocks are single GEMMs written into the output, with no
+  [N, M] temporaries: 0.55 s vs 1.3 s for the 5K x 25K CSD matrix at D = 256 (2 threads).
   ``direct_t2i=True`` still scores the t2i direction separately, for symmetric scores.
 * :func:`chunked_topk`: the best ``k`` gallery items for every query, merging per-block top-k,
   so a query set can be ranked against a gallery of any size with bounded memory.
@@ -66,6 +68,16 @@ def score_matrix(name: str, mu_a: torch.Tensor, logvar_a: torch.Tensor | None, m
     check_score(name, logvar_a is not None and logvar_b is not None)
     n, m = mu_a.shape[0], mu_b.shape[0]
     out = torch.empty(n, m, dtype=torch.float32)
+    form = linear_form(name, mu_a, logvar_a, mu_b, logvar_b)
+    if form is not None:  # one GEMM per row block, written straight into the output
+        a_aug, b_aug = form
+        it = range(0, n, chunk_size)
+        if progress:
+            from tqdm import tqdm
+            it = tqdm(it, desc=f"score {name}", unit="block")
+        for a in it:
+            torch.mm(a_aug[a:a + chunk_size], b_aug.t(), out=out[a:a + chunk_size])
+        return out
     if name == "mc" and "generator" not in kw:
         kw["generator"] = torch.Generator().manual_seed(seed)
     it = range(0, n, chunk_size)
@@ -108,10 +120,48 @@ class PairScores:
         return self
 
 
-def transposed(x: torch.Tensor) -> torch.Tensor:
-    """A contiguous transposed copy (torch's copy kernel: no temporaries; 2x faster than copying
-    column blocks in a Python loop, measured on a 5K x 25K float32 matrix)."""
-    return x.t().contiguous()
+def linear_form(name: str, mu_a, logvar_a, mu_b, logvar_b) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For scores that are one inner product of augmented vectors, float32 (A, B) with
+    ``A @ B.T == score(name, ...)`` up to float32 rounding; None for every other score.
+
+    -CSD = 2 mu_a.mu_b - (||mu_a||^2 + s_a) - (||mu_b||^2 + s_b) with s = ||sigma^2||_1, so
+    A = [2 mu_a, -(||mu_a||^2 + s_a), 1] and B = [mu_b, 1, -(||mu_b||^2 + s_b)]; "mean" is the same
+    with s = 0 and "cosine" uses the normalised means. The row and column terms are summed in
+    float64. Unlike :func:`zsprob.prob.score`, a squared distance is not clamped at 0 (rounding
+    can make -CSD of two identical points a tiny positive number; the ranking is unaffected).
+    """
+    if name not in ("csd", "mean", "cosine") or torch.is_grad_enabled() and (
+            getattr(mu_a, "requires_grad", False) or getattr(mu_b, "requires_grad", False)):
+        return None
+    mu_a, mu_b = as_tensor(mu_a), as_tensor(mu_b)
+    if mu_a.device.type != "cpu" or mu_a.ndim != 2 or mu_b.ndim != 2 or mu_a.shape[1] != mu_b.shape[1]:
+        return None  # let zsprob.prob.score raise its own error / run on the device
+    if name == "cosine":
+        return (torch.nn.functional.normalize(mu_a, dim=-1, eps=1e-8),
+                torch.nn.functional.normalize(mu_b, dim=-1, eps=1e-8))
+
+    def row_term(mu, logvar):
+        t = mu.double().pow(2).sum(-1)
+        if name == "csd":
+            t = t + as_tensor(logvar, torch.float64).exp().sum(-1)
+        return t.float()
+
+    ones_a, ones_b = torch.ones(mu_a.shape[0], 1), torch.ones(mu_b.shape[0], 1)
+    a_aug = torch.cat([2.0 * mu_a, -row_term(mu_a, logvar_a)[:, None], ones_a], 1)
+    b_aug = torch.cat([mu_b, ones_b, -row_term(mu_b, logvar_b)[:, None]], 1)
+    return a_aug, b_aug
+
+
+def transposed(x: torch.Tensor, rows: int = 64) -> torch.Tensor:
+    """A contiguous transposed copy, written in bands of ``rows`` source rows (the band's columns
+    stay in cache: 0.16 s vs 0.47 s for ``x.t().contiguous()`` on a warm 5K x 25K float32 matrix,
+    2 threads)."""
+    if x.ndim != 2:
+        return x.t().contiguous()
+    out = torch.empty(x.shape[1], x.shape[0], dtype=x.dtype, device=x.device)
+    for r in range(0, x.shape[0], rows):
+        out[:, r:r + rows].copy_(x[r:r + rows].t())
+    return out
 
 
 def chunked_topk(name: str, q_mu: torch.Tensor, q_logvar: torch.Tensor | None, g_mu: torch.Tensor,
