@@ -137,3 +137,52 @@ def test_index_build_and_search_end_to_end(tmp_path, cli):
                    "index directory not found")
     one_line_error(cli("index", "build", "--embeddings", tmp_path / "e.npz", "--kind", "lsh", "--out", tmp_path / "i2"),
                    "Invalid value")
+
+
+@pytest.mark.slow
+def test_eval_rankings_on_official_ids(tmp_path, cli):
+    """`zsprob eval rankings`: an eccv_caption-style dict and a `zsprob index search` file give the
+    metrics of evaluate_rankings; broken lists are one-line errors."""
+    from test_retrieval_eccv import synthetic_official_embeddings
+    from zsprob.retrieval import metrics as M
+    from zsprob.retrieval.coco import task_for_embeddings
+    from zsprob.retrieval.evaluate import evaluate_rankings
+    from zsprob.retrieval.scoring import PairScores
+
+    emb, task = task_for_embeddings(synthetic_official_embeddings(d=16, noise=0.6))
+    ps = PairScores("csd", emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar)
+    ri = M.rank_lists(ps.i2t, np.arange(5000), 200).numpy()
+    rt = M.rank_lists(ps.t2i, np.arange(25000), 200).numpy()
+    expected = evaluate_rankings(ri, rt, task)
+    del ps
+    i2t = {str(k): v for k, v in zip(emb.image_ids.tolist(), emb.caption_ids[ri].tolist())}
+    (tmp_path / "i2t.json").write_text(json.dumps(i2t))
+    rng = np.random.default_rng(0)
+    order = rng.permutation(25000)  # any query order
+    (tmp_path / "t2i.json").write_text(json.dumps({"query_ids": emb.caption_ids[order].tolist(),
+                                                   "ids": emb.image_ids[rt[order]].tolist(), "k": 200}))
+    out = tmp_path / "m.json"
+    r = cli("eval", "rankings", "--i2t", tmp_path / "i2t.json", "--t2i", tmp_path / "t2i.json", "--out", out)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())["metrics"]
+    for bench in ("coco_1k", "coco_5k", "cxc", "eccv"):
+        for d in ("i2t", "t2i"):
+            assert got[bench][d] == pytest.approx(expected[bench][d], abs=1e-9)
+    assert 5 < got["coco_5k"]["i2t"]["r@1"] < 95
+    assert "| eccv | i2t | map_at_r |" in r.stdout and "fold" in r.stdout
+
+    def write(name, obj):
+        (tmp_path / name).write_text(json.dumps(obj))
+        return tmp_path / name
+
+    t2i_arg = ("--t2i", tmp_path / "t2i.json")
+    missing = dict(i2t)
+    missing.pop(next(iter(missing)))
+    one_line_error(cli("eval", "rankings", "--i2t", write("a.json", missing), *t2i_arg), "have no ranked list")
+    bad = dict(i2t)
+    bad[next(iter(bad))] = [1, 2, 3] + bad[next(iter(bad))][3:]
+    one_line_error(cli("eval", "rankings", "--i2t", write("b.json", bad), *t2i_arg), "not in the official gallery")
+    short = {k: v[:20] for k, v in i2t.items()}
+    one_line_error(cli("eval", "rankings", "--i2t", write("c.json", short), *t2i_arg), "needs ranked lists of at least")
+    one_line_error(cli("eval", "rankings", "--i2t", write("d.json", {k: "x" for k in i2t}), *t2i_arg), "list of integer ids")
+    one_line_error(cli("eval", "rankings", "--i2t", tmp_path / "none.json", *t2i_arg), "not found")

@@ -96,6 +96,42 @@ def embeddings_cmd(embeddings, score, out, no_analysis):
     _finish(res, out)
 
 
+def _read_rankings(path: str, direction: str) -> dict:
+    """A `zsprob index search --out` file (query_ids, ids) or a JSON object {query id: [ids]}."""
+    from zsprob.errors import UserError
+    from zsprob.utils.io import read_json
+
+    obj = read_json(path, f"{direction} rankings")
+    if isinstance(obj, dict) and "query_ids" in obj and "ids" in obj:
+        if len(obj["query_ids"]) != len(obj["ids"]):
+            raise UserError(f"{path}: {len(obj['query_ids'])} query_ids but {len(obj['ids'])} ranked lists")
+        return dict(zip(obj["query_ids"], obj["ids"]))
+    if isinstance(obj, dict) and direction in obj and isinstance(obj[direction], dict):
+        return obj[direction]  # {"i2t": {...}, "t2i": {...}} in one file
+    if isinstance(obj, dict):
+        return obj
+    raise UserError(f"{path}: expected a JSON object {{query id: [ranked ids]}} or `zsprob index search` output")
+
+
+@eval_.command("rankings")
+@click.option("--i2t", "i2t_path", type=click.Path(), required=True,
+              help="image->caption rankings: `zsprob index search --out` JSON or {image id: [caption ids]}.")
+@click.option("--t2i", "t2i_path", type=click.Path(), required=True,
+              help="caption->image rankings, same formats ({caption id: [image ids]}).")
+@click.option("--out", type=click.Path(dir_okay=False), default="metrics.json", show_default=True)
+def rankings_cmd(i2t_path, t2i_path, out):
+    """Metrics of ranked id lists on the official COCO 5K test ids (COCO 1K/5K, CxC, ECCV Caption),
+    e.g. from `zsprob index search` or from eccv_caption-style dicts."""
+    from zsprob.retrieval.coco import evaluate_coco_rankings
+    from zsprob.utils.io import atomic_write_json
+
+    res = evaluate_coco_rankings(_read_rankings(i2t_path, "i2t"), _read_rankings(t2i_path, "t2i"))
+    click.echo(res["table"], nl=False)
+    for n in res["notes"]:
+        click.echo(f"note: {n}")
+    click.echo(f"wrote metrics: {atomic_write_json(out, {'metrics': res['metrics'], 'summary': res['summary'], 'notes': res['notes']})}")
+
+
 @eval_.command("synthetic")
 @_model_options
 @click.option("--root", type=click.Path(), required=True, help="SynthWorld folder (from `zsprob data synthetic`).")

@@ -257,3 +257,58 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
             "metrics": out["metrics"], "summary": out["summary"], "uncertainty": out["uncertainty"]}))
         out["files"]["table"] = str(atomic_write_text(out_dir / "table.md", out["table"]))
     return out
+
+
+def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarray, direction: str) -> tuple[np.ndarray, int]:
+    """{query id: [gallery ids, best first]} -> [n_queries, L] gallery indices (L = the shortest list),
+    in the order of ``query_ids``; also returns the longest list's length."""
+    try:
+        keys = np.fromiter((int(k) for k in lists), dtype=np.int64, count=len(lists))
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{direction}: query ids must be integers ({e})") from None
+    missing = np.setdiff1d(query_ids, keys)
+    if len(missing):
+        raise UserError(f"{direction}: {len(missing)} of the {len(query_ids)} official query ids have no ranked list "
+                        f"(e.g. {int(missing[0])})")
+    rows = [lists[k] for k in lists]
+    try:
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        L = int(lengths.min()) if len(rows) else 0
+        flat = np.asarray([int(x) for r in rows for x in r[:L]], dtype=np.int64).reshape(len(rows), L)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{direction}: each query needs a list of integer ids, best first ({e})") from None
+    order = np.argsort(gallery_ids)
+    pos = np.searchsorted(gallery_ids, flat, sorter=order).clip(max=len(gallery_ids) - 1)
+    idx = order[pos]
+    bad = gallery_ids[idx] != flat
+    if bad.any():
+        raise UserError(f"{direction}: {int(bad.sum())} ranked ids are not in the official gallery "
+                        f"(e.g. {int(flat[bad][0])})")
+    where = {int(k): i for i, k in enumerate(keys)}
+    return idx[[where[int(q)] for q in query_ids]], int(lengths.max()) if len(rows) else 0
+
+
+def evaluate_coco_rankings(i2t: dict, t2i: dict, *, ks=M.DEFAULT_KS) -> dict:
+    """COCO 1K/5K, CxC and ECCV Caption metrics of ranked id lists on the official 5K test ids.
+
+    ``i2t``: {image id: [caption ids, best first]} for all 5,000 images; ``t2i``: {caption id:
+    [image ids]} for all 25,000 captions (eccv_caption's ``compute_all_metrics`` input). Lists
+    are cut to the shortest one. Returns ``{"metrics", "summary", "table", "notes"}``.
+    """
+    from zsprob.retrieval.evaluate import evaluate_rankings, format_table, summary_row
+
+    img_ids, cap_ids = official_test_ids()
+    task = coco_task(img_ids, cap_ids, official=True)
+    ri, li = _id_lists_to_array(i2t, img_ids, cap_ids, "i2t")
+    rt, lt = _id_lists_to_array(t2i, cap_ids, img_ids, "t2i")
+    notes = [n.replace("ranked exactly within each fold", "each list's items of the query's fold, in order")
+             for n in task.notes]
+    for d, arr, longest in (("i2t", ri, li), ("t2i", rt, lt)):
+        if arr.shape[1] < longest:
+            notes.append(f"{d}: lists cut to the shortest one ({arr.shape[1]} of up to {longest} items)")
+    try:
+        metrics = evaluate_rankings(ri, rt, task, ks=ks)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return {"metrics": metrics, "summary": summary_row(metrics), "table": format_table(metrics, label="rankings"),
+            "notes": notes}
