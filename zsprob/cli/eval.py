@@ -129,7 +129,8 @@ def rankings_cmd(i2t_path, t2i_path, out):
     click.echo(res["table"], nl=False)
     for n in res["notes"]:
         click.echo(f"note: {n}")
-    click.echo(f"wrote metrics: {atomic_write_json(out, {'metrics': res['metrics'], 'summary': res['summary'], 'notes': res['notes']})}")
+    path = atomic_write_json(out, {k: res[k] for k in ("metrics", "summary", "notes")})
+    click.echo(f"wrote metrics: {path}")
 
 
 @eval_.command("synthetic")
