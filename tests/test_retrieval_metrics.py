@@ -240,9 +240,9 @@ def test_evaluate_rankings_equals_evaluate_scores_and_rejects_short_lists():
     task = coco_task(np.arange(n_img) + 1, np.arange(150) + 1, cap_img, instance_labels=labels)
     order = np.concatenate([np.flatnonzero(cap_img == i) for i in rng.permutation(n_img)])
     task.folds = M.coco_folds(order, cap_img, n_folds=3)  # 10 scattered images per fold, with their captions
-    cap_img_noisy = torch.from_numpy(cap_img)
+    cap_img_t = torch.from_numpy(cap_img)
     s = torch.from_numpy(rng.normal(size=(n_img, 150)).astype(np.float32))
-    s[cap_img_noisy, torch.arange(150)] += 1.5  # a non-trivial operating point
+    s[cap_img_t, torch.arange(150)] += 1.5  # a non-trivial operating point
     # image 0's fold and caption 0's fold rank last globally (a uniform shift keeps the in-fold order),
     # so their in-fold items lie beyond any short prefix of the lists
     f_img = next(f for f in task.folds if 0 in f[0])
