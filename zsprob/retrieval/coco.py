@@ -260,17 +260,18 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
 
 
 def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarray, direction: str) -> tuple[np.ndarray, int]:
-    """{query id: [gallery ids, best first]} -> [n_queries, L] gallery indices (L = the shortest list),
-    in the order of ``query_ids``; also returns the longest list's length."""
+    """{query id: [gallery ids, best first]} -> [n_queries, L] gallery indices in the order of
+    ``query_ids`` (L = the shortest of their lists; other queries are ignored); also returns the
+    longest list's length."""
     try:
-        keys = np.fromiter((int(k) for k in lists), dtype=np.int64, count=len(lists))
+        by_id = {int(k): v for k, v in lists.items()}
     except (TypeError, ValueError) as e:
         raise UserError(f"{direction}: query ids must be integers ({e})") from None
-    missing = np.setdiff1d(query_ids, keys)
-    if len(missing):
+    missing = [int(q) for q in query_ids if int(q) not in by_id]
+    if missing:
         raise UserError(f"{direction}: {len(missing)} of the {len(query_ids)} official query ids have no ranked list "
-                        f"(e.g. {int(missing[0])})")
-    rows = [lists[k] for k in lists]
+                        f"(e.g. {missing[0]})")
+    rows = [by_id[int(q)] for q in query_ids]
     try:
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         L = int(lengths.min()) if len(rows) else 0
@@ -278,14 +279,12 @@ def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarr
     except (TypeError, ValueError) as e:
         raise UserError(f"{direction}: each query needs a list of integer ids, best first ({e})") from None
     order = np.argsort(gallery_ids)
-    pos = np.searchsorted(gallery_ids, flat, sorter=order).clip(max=len(gallery_ids) - 1)
-    idx = order[pos]
+    idx = order[np.searchsorted(gallery_ids, flat, sorter=order).clip(max=len(gallery_ids) - 1)]
     bad = gallery_ids[idx] != flat
     if bad.any():
         raise UserError(f"{direction}: {int(bad.sum())} ranked ids are not in the official gallery "
                         f"(e.g. {int(flat[bad][0])})")
-    where = {int(k): i for i, k in enumerate(keys)}
-    return idx[[where[int(q)] for q in query_ids]], int(lengths.max()) if len(rows) else 0
+    return idx, int(lengths.max()) if len(rows) else 0
 
 
 def evaluate_coco_rankings(i2t: dict, t2i: dict, *, ks=M.DEFAULT_KS) -> dict:

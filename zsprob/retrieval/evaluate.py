@@ -121,20 +121,29 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
                                             n_pos=bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos)
             else:
                 qm = M.rank_metrics(mats[d], pos, queries=q, ks=k_use, r_metrics=r_metrics, chunk_size=chunk_size)
-            vals = qm.mean()
-            if bs.kind == "rprecision":
-                vals = {"rprecision": vals["rprecision"]}
-            out[d] = _pct(vals)
-            out[d]["n_queries"] = int(len(q))
+            out[d] = _direction_result(bs, qm.mean(), len(q))
             if bs.kind == "recall" and d not in per_query:
                 per_query[d] = {"queries": qm.queries, **qm.values, "set": bs.name}
-        if bs.kind == "recall":
-            out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
-        metrics[bs.name] = out
+        metrics[bs.name] = _with_rsum(bs, out, ks)
     _merge_pmrp(metrics)
     if task.folds:
         metrics["coco_1k"] = fold_metrics(scores, task, ks=ks)
     return EvalResult(metrics=metrics, per_query=per_query, top=top)
+
+
+def _direction_result(bs: BenchmarkSet, vals: dict, n_queries: int) -> dict:
+    """One benchmark's mean metrics for one direction, in percent (PMRP keeps R-Precision only)."""
+    if bs.kind == "rprecision":
+        vals = {"rprecision": vals["rprecision"]}
+    out = _pct(vals)
+    out["n_queries"] = int(n_queries)
+    return out
+
+
+def _with_rsum(bs: BenchmarkSet, out: dict, ks: Sequence[int]) -> dict:
+    if bs.kind == "recall":
+        out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
+    return out
 
 
 def _merge_pmrp(metrics: dict) -> None:
@@ -181,15 +190,10 @@ def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequen
             pos = bs.i2t if d == "i2t" else bs.t2i
             q = _queries(bs, d)
             k_use = tuple(ks) if bs.kind == "recall" else (1,)
-            vals = M.metrics_from_ranking(ranked[d][:, :need], pos, queries=q, ks=k_use, r_metrics=bs.kind != "recall",
-                                          n_pos=bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos).mean()
-            if bs.kind == "rprecision":
-                vals = {"rprecision": vals["rprecision"]}
-            out[d] = _pct(vals)
-            out[d]["n_queries"] = int(len(q))
-        if bs.kind == "recall":
-            out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
-        metrics[bs.name] = out
+            qm = M.metrics_from_ranking(ranked[d][:, :need], pos, queries=q, ks=k_use, r_metrics=bs.kind != "recall",
+                                        n_pos=bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos)
+            out[d] = _direction_result(bs, qm.mean(), len(q))
+        metrics[bs.name] = _with_rsum(bs, out, ks)
     _merge_pmrp(metrics)
     if task.folds:
         metrics["coco_1k"] = _fold_metrics_from_rankings(ranked, task, ks)

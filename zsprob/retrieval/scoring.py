@@ -68,22 +68,18 @@ def score_matrix(name: str, mu_a: torch.Tensor, logvar_a: torch.Tensor | None, m
     check_score(name, logvar_a is not None and logvar_b is not None)
     n, m = mu_a.shape[0], mu_b.shape[0]
     out = torch.empty(n, m, dtype=torch.float32)
+    it = range(0, n, chunk_size)
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(it, desc=f"score {name}", unit="block")
     form = linear_form(name, mu_a, logvar_a, mu_b, logvar_b)
     if form is not None:  # one GEMM per row block, written straight into the output
         a_aug, b_aug = form
-        it = range(0, n, chunk_size)
-        if progress:
-            from tqdm import tqdm
-            it = tqdm(it, desc=f"score {name}", unit="block")
         for a in it:
             torch.mm(a_aug[a:a + chunk_size], b_aug.t(), out=out[a:a + chunk_size])
         return out
     if name == "mc" and "generator" not in kw:
         kw["generator"] = torch.Generator().manual_seed(seed)
-    it = range(0, n, chunk_size)
-    if progress:
-        from tqdm import tqdm
-        it = tqdm(it, desc=f"score {name}", unit="block")
     for a in it:
         b = min(n, a + chunk_size)
         out[a:b] = score_block(name, mu_a[a:b], None if logvar_a is None else logvar_a[a:b], mu_b, logvar_b, **kw)
