@@ -26,6 +26,9 @@ def _common(f):
     f = click.option("--out", type=click.Path(dir_okay=False), default="metrics.json", show_default=True,
                      help="metrics JSON; table.md, PNGs and pages go to the same folder.")(f)
     f = click.option("--no-analysis", is_flag=True, help="skip the uncertainty analyses.")(f)
+    f = click.option("--method", type=click.Choice(["auto", "screen", "matrix"]), default="auto", show_default=True,
+                     help="screen: exact metrics from a certified bfloat16 screen, no score matrix (csd, mean, "
+                          "cosine); matrix: float32 score matrix (any score); auto: screen where it applies.")(f)
     return f
 
 
@@ -63,7 +66,7 @@ def eval_() -> None:
 @click.option("--save-embeddings", type=click.Path(dir_okay=False), default=None, help="also save the embeddings (.npz).")
 @_common
 def coco(checkpoint, model_name, pretrained, device, batch_size, root, split, embeddings, save_embeddings, score, out,
-         no_analysis):
+         no_analysis, method):
     """Evaluate on COCO (official ids: COCO 1K/5K, CxC and ECCV Caption via eccv_caption; PMRP with instance labels)."""
     from zsprob.errors import UserError
     from zsprob.retrieval.coco import evaluate_coco
@@ -79,20 +82,20 @@ def coco(checkpoint, model_name, pretrained, device, batch_size, root, split, em
     outp = Path(out)
     res = evaluate_coco(model, root, split, score, outp.parent, embeddings=embeddings, batch_size=batch_size,
                         device=device, analyses=not no_analysis, save_embeddings=save_embeddings, label=str(label),
-                        metrics_file=outp.name)
+                        metrics_file=outp.name, method=method)
     _finish(res, out)
 
 
 @eval_.command("embeddings")
 @click.argument("embeddings", type=click.Path())
 @_common
-def embeddings_cmd(embeddings, score, out, no_analysis):
+def embeddings_cmd(embeddings, score, out, no_analysis, method):
     """Evaluate precomputed embeddings E.npz (official COCO 5K ids, or any set with caption_image)."""
     from zsprob.retrieval.coco import evaluate_coco
 
     outp = Path(out)
     res = evaluate_coco(None, None, "test", score, outp.parent, embeddings=embeddings, analyses=not no_analysis,
-                        label=Path(embeddings).stem, metrics_file=outp.name, progress=False)
+                        label=Path(embeddings).stem, metrics_file=outp.name, progress=False, method=method)
     _finish(res, out)
 
 
@@ -140,7 +143,7 @@ def rankings_cmd(i2t_path, t2i_path, out):
 @click.option("--no-corruption", is_flag=True, help="skip the corruption sweep.")
 @_common
 def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, split, no_corruption, score, out,
-              no_analysis):
+              no_analysis, method):
     """Evaluate on SynthWorld's retrieval split (five-caption R@K and exact plausible-match mAP@R / R-P)."""
     from zsprob.errors import require_dir
     from zsprob.retrieval.synthetic import evaluate_synthetic
@@ -149,5 +152,6 @@ def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, spli
     model = _load_model(checkpoint, model_name, pretrained, device)
     outp = Path(out)
     res = evaluate_synthetic(model, root, split, score, outp.parent, batch_size=batch_size, device=device,
-                             corruption=not (no_corruption or no_analysis), progress=True, metrics_file=outp.name)
+                             corruption=not (no_corruption or no_analysis), progress=True, metrics_file=outp.name,
+                             method=method)
     _finish(res, out)

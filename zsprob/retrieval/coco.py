@@ -212,7 +212,7 @@ class ImageList:
 def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd", out_dir=None, *,
                   embeddings=None, instance_labels=None, batch_size: int = 128, device=None, num_workers: int = 0,
                   analyses: bool = True, progress: bool = True, save_embeddings=None, karpathy_json=None,
-                  label: str = "model", metrics_file: str = "metrics.json") -> dict:
+                  label: str = "model", metrics_file: str = "metrics.json", method: str = "auto") -> dict:
     """COCO evaluation of a model (``model`` + ``root``) or of precomputed ``embeddings``
     (an :class:`Embeddings` or an ``.npz`` path).
 
@@ -239,7 +239,7 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
             emb.save(save_embeddings)
     sub = official_subset(emb.image_ids, emb.caption_ids)
     emb, task = task_for_embeddings(emb, instance_labels)
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress)
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, method=method)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "table": format_table(res.metrics, label=label),
            "uncertainty": None, "files": {}}
     if analyses and emb.has_sigma:

@@ -105,18 +105,20 @@ def topk_ranking(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def hits_matrix(ranked: torch.Tensor, positives: sp.csr_matrix, row_offset: int = 0) -> torch.Tensor:
-    """``hits[q, r]`` = item ``ranked[q, r]`` is a positive of query ``row_offset + q``."""
+    """``hits[q, r]`` = item ``ranked[q, r]`` is a positive of query ``row_offset + q``
+    (a negative entry pads a list shorter than the others and is never a hit)."""
     q, L = ranked.shape
     g = positives.shape[1]
     block = positives[row_offset: row_offset + q]
     block.sort_indices()
     rows = np.repeat(np.arange(q, dtype=np.int64), np.diff(block.indptr))
     pos_keys = torch.from_numpy(rows * g + block.indices.astype(np.int64))  # sorted ascending
-    keys = torch.arange(q, dtype=torch.int64)[:, None] * g + ranked.to(torch.int64)
+    ranked = ranked.to(torch.int64)
+    keys = torch.arange(q, dtype=torch.int64)[:, None] * g + ranked
     if pos_keys.numel() == 0:
         return torch.zeros(q, L, dtype=torch.bool)
     loc = torch.searchsorted(pos_keys, keys.reshape(-1)).clamp_max(pos_keys.numel() - 1)
-    return (pos_keys[loc] == keys.reshape(-1)).reshape(q, L)
+    return (pos_keys[loc] == keys.reshape(-1)).reshape(q, L) & (ranked >= 0)
 
 
 def metrics_from_hits(hits: torch.Tensor, n_pos: torch.Tensor, ks: Sequence[int] = DEFAULT_KS,

@@ -120,7 +120,8 @@ def _plot_ambiguity(emb: Embeddings, split, gt: dict, path) -> Path:
 
 def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out_dir=None, *,
                        batch_size: int = 128, device=None, corruption: bool = True, n_corruption: int = 64,
-                       progress: bool = False, seed: int = 0, metrics_file: str = "metrics.json") -> dict:
+                       progress: bool = False, seed: int = 0, metrics_file: str = "metrics.json",
+                       method: str = "auto") -> dict:
     """Evaluate ``model`` on SynthWorld's retrieval ``split`` (root = a SynthWorld OUT folder).
 
     Returns a JSON-able dict:
@@ -142,7 +143,7 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
     rs = load_retrieval_split(root, split)
     emb = encode_split(model, rs, batch_size=batch_size, device=device, progress=progress)
     task = synthetic_task(rs)
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed)
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, method=method)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics),
            "table": format_table(res.metrics, label=getattr(model, "name", "model")), "files": {}}
     if emb.has_sigma:
