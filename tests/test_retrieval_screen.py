@@ -248,3 +248,27 @@ def test_parallel_restores_the_thread_count():
     seen = S.parallel([torch.get_num_threads, torch.get_num_threads], threads=2)
     assert seen == [1, 1] and torch.get_num_threads() == before
     assert S.parallel([lambda: 1, lambda: 2], threads=1) == [1, 2]
+
+
+def test_exact_ranks_fallback_and_input_checks():
+    rng = np.random.default_rng(9)
+    q_mu, q_lv = gaussians(12, 8, rng)
+    g_mu, g_lv = gaussians(90, 8, rng)
+    g_mu[40], g_lv[40] = g_mu[5], g_lv[5]
+    keys = S.LinearKeys.from_score("csd", q_mu, q_lv, g_mu, g_lv)
+    ref = neg_csd64(q_mu, q_lv, g_mu, g_lv)
+    rows = torch.arange(12).repeat_interleave(3)
+    cols = torch.tensor([5, 40, 7] * 12)
+    caps = torch.tensor([90, 3, 90] * 12)
+    lo, hi = torch.zeros(36, dtype=torch.int64), torch.full((36,), 90)
+    lo[2::3], hi[2::3] = 4, 60
+    got = S.exact_ranks(keys, rows, cols, caps, keys.exact_pairs(rows, cols), lo, hi)
+    for p in range(36):
+        sub = ref[rows[p], lo[p]:hi[p]]
+        assert int(got[p]) == min(stable_rank(sub, int(cols[p] - lo[p])), int(caps[p]))
+    bad = q_mu.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        S.LinearKeys.from_score("csd", bad, q_lv, g_mu, g_lv)
+    with pytest.raises(ValueError, match="not linear"):
+        S.LinearKeys.from_score("kl", q_mu, q_lv, g_mu, g_lv)

@@ -6,6 +6,8 @@
   :func:`chunked_topk`);
 - :mod:`~zsprob.retrieval.evaluate`: benchmark sets, :func:`evaluate_embeddings`, :func:`evaluate_rankings`
   (metrics of rankings made elsewhere), the Table-1 style table;
+- :mod:`~zsprob.retrieval.screen`: the same metrics for CSD / mean / cosine without a score matrix
+  (clipped ranks of the positives from a certified bfloat16 screen, float64 keys);
 - :mod:`~zsprob.retrieval.coco`: COCO 5K / 1K, CxC, ECCV Caption (ground truth from eccv_caption), PMRP,
   :func:`evaluate_coco`;
 - :mod:`~zsprob.retrieval.synthetic`: SynthWorld, :func:`evaluate_synthetic`;

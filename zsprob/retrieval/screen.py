@@ -135,6 +135,9 @@ def prepare(score: str, img_mu, img_logvar, cap_mu, cap_logvar, dtype: torch.dty
     mc = torch.as_tensor(cap_mu).detach().to("cpu", torch.float32)
     if mi.ndim != 2 or mc.ndim != 2 or mi.shape[1] != mc.shape[1]:
         raise ValueError(f"image {tuple(mi.shape)} and caption {tuple(mc.shape)} means must be [N, D] with the same D")
+    for name, x in (("image_mu", mi), ("caption_mu", mc), ("image_logvar", img_logvar), ("caption_logvar", cap_logvar)):
+        if x is not None and not bool(torch.isfinite(torch.as_tensor(x)).all()):
+            raise ValueError(f"{name} contains NaN or inf")
     if score == "cosine":  # the normalised means, as zsprob.prob.score and linear_form compute them
         mi = torch.nn.functional.normalize(mi, dim=-1, eps=1e-8)
         mc = torch.nn.functional.normalize(mc, dim=-1, eps=1e-8)
@@ -499,23 +502,29 @@ def screen_ranks(keys: LinearKeys, rows, cols, caps, *, theta: torch.Tensor | No
         rank[need] = torch.minimum(count[need], caps[need])
     fb = torch.nonzero(~valid).flatten()
     if fb.numel():  # thresholds too close to zero for the integer comparison: whole rows in float64
-        fr = torch.unique(rows[fb])
-        st["fallback_rows"] += fr.numel()
-        j = torch.arange(m)[None, :]
-        for a in range(0, fr.numel(), 256):
-            rr = fr[a:a + 256]
-            kk = keys.exact_rows(rr)
-            pos = torch.searchsorted(rr, rows[fb])
-            inb = (pos < rr.numel()) & (rr[pos.clamp_max(rr.numel() - 1)] == rows[fb])
-            f, pos = fb[inb], pos[inb]
-            t = theta[f][:, None]
-            row_keys = kk[pos]
-            before = ((row_keys > t) | ((row_keys == t) & (j < cols[f][:, None])))
-            before &= (j >= c_lo[f][:, None]) & (j < c_hi[f][:, None])
-            rank[f] = torch.minimum(before.sum(1), caps[f])
+        st["fallback_rows"] += torch.unique(rows[fb]).numel()
+        rank[fb] = exact_ranks(keys, rows[fb], cols[fb], caps[fb], theta[fb], c_lo[fb], c_hi[fb])
     out = torch.empty_like(rank)
     out[order] = rank
     return out.numpy()
+
+
+def exact_ranks(keys: LinearKeys, rows: torch.Tensor, cols: torch.Tensor, caps: torch.Tensor, theta: torch.Tensor,
+                c_lo: torch.Tensor, c_hi: torch.Tensor) -> torch.Tensor:
+    """:func:`screen_ranks` the slow way, from whole float64 rows (its fallback)."""
+    rank = torch.zeros(rows.numel(), dtype=torch.int64)
+    urows = torch.unique(rows)
+    j = torch.arange(keys.m)[None, :]
+    for a in range(0, urows.numel(), 256):
+        rr = urows[a:a + 256]
+        kk = keys.exact_rows(rr)
+        pos = torch.searchsorted(rr, rows)
+        f = torch.nonzero((pos < rr.numel()) & (rr[pos.clamp_max(rr.numel() - 1)] == rows)).flatten()
+        row_keys, t = kk[pos[f]], theta[f][:, None]
+        before = (row_keys > t) | ((row_keys == t) & (j < cols[f][:, None]))
+        before &= (j >= c_lo[f][:, None]) & (j < c_hi[f][:, None])
+        rank[f] = torch.minimum(before.sum(1), caps[f])
+    return rank
 
 
 # ----------------------------------------------------------------------------- top lists
