@@ -272,3 +272,5 @@ def test_exact_ranks_fallback_and_input_checks():
         S.LinearKeys.from_score("csd", bad, q_lv, g_mu, g_lv)
     with pytest.raises(ValueError, match="not linear"):
         S.LinearKeys.from_score("kl", q_mu, q_lv, g_mu, g_lv)
+    with pytest.raises(ValueError, match="col_lo <= col < col_hi"):
+        S.screen_ranks(keys, [0], [50], [10], col_lo=[0], col_hi=[40])

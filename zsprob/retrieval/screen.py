@@ -60,8 +60,12 @@ SUB = 8
 CHUNK = 2048
 #: target size of one block of approximate keys (rows x padded gallery; measured best on 2 cores)
 BLOCK_ELEMS = 6_500_000
-#: inflation of norms computed in float32 (their relative rounding error is below D * 2^-24)
-NORM_SLACK = 1.001
+
+
+def norm_slack(d: int) -> float:
+    """Inflation covering the rounding of a float32 norm of d terms (squares, sum, scaling, sqrt:
+    relative error below (d + 4) 2^-24), with a factor 4 to spare."""
+    return 1.0 + 4 * (d + 4) * 2.0 ** -24
 
 
 class ScreenBoundError(RuntimeError):
@@ -106,8 +110,8 @@ class Side:
 
     def lp(self, dtype: torch.dtype):
         """(rounded vectors [N, D], their transpose [D, N], float64 norms of the rounded vectors and
-        of the rounding residuals, both inflated by NORM_SLACK). A residual x - rn(x) is exact in
-        float32 (Sterbenz), so only the norm's own rounding needs the slack."""
+        of the rounding residuals, both inflated by :func:`norm_slack`). A residual x - rn(x) is
+        exact in float32 (Sterbenz), so only the norm's own rounding needs the slack."""
         if dtype not in self._lp:
             v = self.mu.to(dtype)
             n = len(self)
@@ -119,7 +123,8 @@ class Side:
                 torch.linalg.vector_norm(b, dim=1, out=hat[s:s + b.shape[0]])
                 b.sub_(self.mu[s:s + CHUNK]).neg_()
                 torch.linalg.vector_norm(b, dim=1, out=res[s:s + b.shape[0]])
-            self._lp[dtype] = (v, v.T.contiguous(), hat.double() * NORM_SLACK, res.double() * NORM_SLACK)
+            slack = norm_slack(self.mu.shape[1])
+            self._lp[dtype] = (v, v.T.contiguous(), hat.double() * slack, res.double() * slack)
         return self._lp[dtype]
 
 
@@ -305,7 +310,7 @@ class Screen:
         self.a_lp = a_lp
         self.qrows = keys.rows
         # the bound's ingredients: norms of the GEMM inputs and of their rounding residuals
-        self.bmax = float(keys.g.sq[cols].max().sqrt()) * NORM_SLACK if m else 0.0
+        self.bmax = float(keys.g.sq[cols].max().sqrt()) * (1 + 1e-12) if m else 0.0
         self.bhat_max = float(b_hat_norm[cols].max()) if m else 0.0
         self.rb_max = float(rb[cols].max()) if m else 0.0
         self.ahat = a_hat_norm * keys.w
@@ -327,12 +332,15 @@ class Screen:
         With alpha_i = w a_i, beta_j = b_j and hats for the rounded GEMM inputs,
         |alpha.beta - alpha^.beta^| <= ||alpha - alpha^|| ||beta|| + ||alpha^|| ||beta - beta^|| (Cauchy-Schwarz);
         the K float32 additions of exact bfloat16 products add at most gamma times the sum of |terms|;
-        the three-part bias split leaves ``c_resid``; the output rounding is the ``rel |out|`` part.
+        the three-part bias split leaves ``c_resid`` (and 2^-50 |c| + 2^-50 |o| for float64 sums of
+        the parts); denormals flushed to zero are covered by 1e-30; the output rounding is the
+        ``rel |out|`` part.
         """
         rows = self.qrows[rows]
         prod = self.ra[rows] * self.bmax + self.ahat[rows] * self.rb_max
-        acc = self.gamma * (self.ahat[rows] * self.bhat_max + (self.cmax + o_fold.abs()) * (1 + 2 * self.u))
-        return (prod + acc) * (1 + 1e-12) + self.c_resid + 1e-30
+        bias = (self.cmax + o_fold.abs()) * (1 + 2 * self.u)
+        acc = self.gamma * (self.ahat[rows] * self.bhat_max + bias)
+        return (prod + acc) * (1 + 1e-12) + self.c_resid + 2.0 ** -50 * bias + 1e-30
 
     def gemm(self, rows: torch.Tensor, o_parts: torch.Tensor) -> torch.Tensor:
         """Approximate keys minus offsets of the queries ``rows`` (at most :meth:`block_rows`), written
@@ -377,7 +385,8 @@ def screen_ranks(keys: LinearKeys, rows, cols, caps, *, theta: torch.Tensor | No
     rank = #{j : key(row, j) > key(row, col)} + #{j < col : key(row, j) == key(row, col)}, the
     0-based position of ``col`` in the stable descending order of the float64 keys, counting only
     items ``col_lo[p] <= j < col_hi[p]`` when given (COCO 1K ranks within a fold's contiguous
-    range). ``theta``: the float64 keys of the pairs if already known. Returns int64 [P].
+    range, which must hold ``cols[p]``). ``theta``: the float64 keys of the pairs if already known
+    (``keys.exact_pairs(rows, cols)``). Returns int64 [P].
     """
     scr = screen or Screen(keys, dtype=dtype, group=group)
     st = stats if stats is not None else {}
@@ -393,6 +402,8 @@ def screen_ranks(keys: LinearKeys, rows, cols, caps, *, theta: torch.Tensor | No
     st["requests"] += P
     if P == 0:
         return np.zeros(0, dtype=np.int64)
+    if bool(((cols < c_lo) | (cols >= c_hi) | (c_lo < 0) | (c_hi > m) | (rows < 0) | (rows >= keys.n)).any()):
+        raise ValueError("each request needs 0 <= row < n and 0 <= col_lo <= col < col_hi <= m")
     theta = keys.exact_pairs(rows, cols) if theta is None else torch.as_tensor(theta, dtype=torch.float64)
     order = torch.argsort(rows, stable=True)
     rows, cols, caps, theta, c_lo, c_hi = (x[order] for x in (rows, cols, caps, theta, c_lo, c_hi))
