@@ -372,17 +372,17 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
     the method and the sizes.
 
     ``method``: "screen" ranks by the float64 keys without a score matrix
-    (:func:`zsprob.retrieval.screen.evaluate_screened`, CSD / mean / cosine; 25x faster on COCO
-    5K); "matrix" scores float32 blocks with ``zsprob.prob.score`` (every score); "auto" picks
+    (:func:`zsprob.retrieval.screen.evaluate_screened`, CSD / mean / cosine; about 3x faster than
+    the matrix on COCO 5K, see scripts/bench_eval.py); "matrix" scores float32 blocks with
+    ``zsprob.prob.score`` (every score); "auto" picks
     "screen" where it applies. The two agree up to float32 near-ties (see the tests). Should a
     screened key ever break its certified error bound, the matrix is used instead, with a warning.
     """
     import warnings
 
     from zsprob.errors import UserError
-    from zsprob.retrieval.screen import ScreenBoundError, amx_available, evaluate_screened
-
     from zsprob.retrieval.scoring import check_score
+    from zsprob.retrieval.screen import ScreenBoundError, amx_available, evaluate_screened
 
     check_score(score, emb.has_sigma)
     try:
