@@ -682,23 +682,22 @@ def evaluate_screened(score: str, img_mu, img_logvar, cap_mu, cap_logvar, task, 
     si, ci, sc, cc, w = prepare(score, img_mu, img_logvar, cap_mu, cap_logvar, dt, threads)
     keys = {"i2t": LinearKeys(si, sc, cc, w), "t2i": LinearKeys(sc, si, ci, w)}
     stats = stats if stats is not None else {}
+    # per direction and benchmark: (set, queries, positive pairs); "long" sets keep the queries only
     plan = {d: {"recall": [], "list": [], "long": []} for d in ("i2t", "t2i")}
     img_all, cap_all = [], []
     for d in ("i2t", "t2i"):
         for bs in task.sets:
-            pos = bs.i2t if d == "i2t" else bs.t2i
-            if bs.kind == "recall":
-                plan[d]["recall"].append(bs)
-            elif E._needed_len(bs, d, ks) <= E.SHARED_L_LIMIT:
-                plan[d]["list"].append(bs)
-            else:
-                plan[d]["long"].append(bs)
+            q = E._queries(bs, d)
+            if bs.kind != "recall" and E._needed_len(bs, d, ks) > E.SHARED_L_LIMIT:
+                plan[d]["long"].append((bs, q))
                 continue
-            pq, pg = _positive_pairs(pos, E._queries(bs, d))
+            pq, pg = _positive_pairs(bs.i2t if d == "i2t" else bs.t2i, q)
+            plan[d]["recall" if bs.kind == "recall" else "list"].append((bs, q, pq, pg))
             img_all.append(pq if d == "i2t" else pg)
             cap_all.append(pg if d == "i2t" else pq)
+    cap_pos = task.caption_positives() if task.folds else None
     if task.folds:
-        cp = task.caption_positives().tocoo()
+        cp = cap_pos.tocoo()
         img_all.append(cp.row.astype(np.int64))
         cap_all.append(cp.col.astype(np.int64))
     cat = lambda x: np.concatenate(x) if x else np.zeros(0, dtype=np.int64)  # noqa: E731
@@ -706,8 +705,8 @@ def evaluate_screened(score: str, img_mu, img_logvar, cap_mu, cap_logvar, task, 
     emb = {"i2t": (img_mu, img_logvar, cap_mu, cap_logvar), "t2i": (cap_mu, cap_logvar, img_mu, img_logvar)}
     for d in ("i2t", "t2i"):
         stats.setdefault(d, {})
-    res = parallel([lambda d=d: _direction(d, keys[d], dots, task, plan[d], ks, keep_top, score, emb[d], stats[d],
-                                           dtype=dt, group=group) for d in ("i2t", "t2i")], threads)
+    res = parallel([lambda d=d: _direction(d, keys[d], dots, task, cap_pos, plan[d], ks, keep_top, score, emb[d],
+                                           stats[d], dtype=dt, group=group) for d in ("i2t", "t2i")], threads)
     out = dict(zip(("i2t", "t2i"), res))
     metrics: dict = {}
     for bs in task.sets:
@@ -717,17 +716,17 @@ def evaluate_screened(score: str, img_mu, img_logvar, cap_mu, cap_logvar, task, 
     if task.folds:
         per = {d: out[d]["folds"] for d in ("i2t", "t2i")}
         if not all(per.values()):  # folds that are not contiguous ranges: each fold on its own
-            per = _fold_separately(keys, dots, task, ks, stats.setdefault("folds", {}), dtype=dt, group=group)
+            per = _fold_separately(keys, dots, task, cap_pos, ks, stats.setdefault("folds", {}), dtype=dt,
+                                   group=group)
         metrics["coco_1k"] = E._fold_summary(per, task, ks)
     per_query = {d: out[d]["per_query"] for d in ("i2t", "t2i") if out[d]["per_query"] is not None}
     top = {d: out[d]["top"] for d in ("i2t", "t2i") if out[d]["top"] is not None}
     return E.EvalResult(metrics=metrics, per_query=per_query, top=top)
 
 
-def _direction(d: str, kd: LinearKeys, dots: "_PairDots", task, plan: dict, ks: tuple, keep_top: int, score: str,
-               emb: tuple, st: dict, **kw) -> dict:
+def _direction(d: str, kd: LinearKeys, dots: "_PairDots", task, cap_pos, plan: dict, ks: tuple, keep_top: int,
+               score: str, emb: tuple, st: dict, **kw) -> dict:
     """One direction of :func:`evaluate_screened`: its requests, one screened pass, its metrics."""
-    from zsprob.retrieval import evaluate as E
     from zsprob.retrieval import metrics as M
     from zsprob.retrieval.scoring import score_block
 
@@ -743,19 +742,14 @@ def _direction(d: str, kd: LinearKeys, dots: "_PairDots", task, plan: dict, ks: 
         req_lo.append(np.zeros(len(rows), dtype=np.int64) if lo is None else lo)
         req_hi.append(np.full(len(rows), kd.m, dtype=np.int64) if hi is None else hi)
 
-    for bs in plan["recall"]:
-        q = E._queries(bs, d)
-        pq, pg = _positive_pairs(bs.i2t if d == "i2t" else bs.t2i, q)
+    for bs, q, pq, pg in plan["recall"]:
         best, _ = _best(pq, pg, _keys_of(dots, kd, d, pq, pg), q)
         add("recall", bs, q, q, best, np.full(len(q), kmax, dtype=np.int64))
-    for bs in plan["list"]:
-        pos = bs.i2t if d == "i2t" else bs.t2i
-        q = E._queries(bs, d)
+    for bs, q, pq, pg in plan["list"]:
         npos = bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos
-        R = np.diff(pos.indptr) if npos is None else np.asarray(npos, dtype=np.int64)
-        pq, pg = _positive_pairs(pos, q)
+        R = np.diff((bs.i2t if d == "i2t" else bs.t2i).indptr) if npos is None else np.asarray(npos, dtype=np.int64)
         add("list", bs, (q, pq, pg, R), pq, pg, np.maximum(R[pq], 1))
-    fold = _fold_requests(kd, dots, task, d, ks) if task.folds else None
+    fold = _fold_requests(kd, dots, task, cap_pos, d) if task.folds else None
     if fold is not None:
         fq, fcol, flo, fhi, fjob = fold
         add("folds", None, fjob, fq, fcol, np.full(len(fq), kmax, dtype=np.int64), flo, fhi)
@@ -797,13 +791,12 @@ def _direction(d: str, kd: LinearKeys, dots: "_PairDots", task, plan: dict, ks: 
             vals = M.metrics_from_hits(hits, torch.from_numpy(R[q]), (1,), r_metrics=True)
             out["means"][bs.name] = ({k: float(v.mean()) if v.numel() else float("nan") for k, v in vals.items()},
                                      len(q))
-    for bs in plan["long"]:  # very long positive lists (PMRP): ranked on float32 score blocks
+    for bs, q in plan["long"]:  # very long positive lists (PMRP): ranked on float32 score blocks
         mq, lq, mg, lg = emb
 
         def rows_fn(rows, mq=mq, lq=lq, mg=mg, lg=lg):
             return score_block(score, mq[rows], None if lq is None else lq[rows], mg, lg)
 
-        q = E._queries(bs, d)
         qm = M.rank_metrics(rows_fn, bs.i2t if d == "i2t" else bs.t2i, queries=q, ks=(1,), r_metrics=True)
         out["means"][bs.name] = (qm.mean(), len(q))
     if keep_top:
@@ -824,10 +817,10 @@ def _fold_problem(dots: _PairDots, keys: LinearKeys, d: str, rows: np.ndarray, c
     return q, best, theta
 
 
-def _fold_requests(keys: LinearKeys, dots: _PairDots, task, d: str, ks: Sequence[int]):
-    """COCO 1K as requests of the full pass: each query's best in-fold positive, ranked among the
-    fold's items only (a column range). None unless every fold's gallery is a contiguous range."""
-    pos = task.caption_positives()
+def _fold_requests(keys: LinearKeys, dots: _PairDots, task, pos: sp.csr_matrix, d: str):
+    """COCO 1K as requests of the full pass: each query's best in-fold positive (``pos``: the
+    task's caption positives), ranked among the fold's items only (a column range). None unless
+    every fold's gallery is a contiguous range."""
     fq, fcol, flo, fhi, jobs = [], [], [], [], []
     n = 0
     for imgs, caps in task.folds:
@@ -849,9 +842,9 @@ def _fold_requests(keys: LinearKeys, dots: _PairDots, task, d: str, ks: Sequence
     return cat(fq), cat(fcol), cat(flo), cat(fhi), jobs
 
 
-def _fold_separately(keys: dict, dots: _PairDots, task, ks: Sequence[int], stats: dict, **kw) -> dict:
+def _fold_separately(keys: dict, dots: _PairDots, task, pos: sp.csr_matrix, ks: Sequence[int], stats: dict,
+                     **kw) -> dict:
     """COCO 1K for folds of any shape: each fold's images x captions screened on their own."""
-    pos = task.caption_positives()
     per: dict = {"i2t": [], "t2i": []}
     for imgs, caps in task.folds:
         p_i = pos[imgs][:, caps]
