@@ -248,3 +248,41 @@ def test_closed_forms_never_build_an_n_by_m_by_d_tensor():
         fn(*x)  # warm-up: first calls initialise BLAS buffers
         peak = _peak_bytes(lambda: fn(*x))
         assert peak < nmd / 4, (fn, peak / 2 ** 20)
+
+
+def _inclusion_reference(mu_1, lv_1, mu_2, lv_2, eps):
+    """ProLIP's per-dimension inclusion score written out with math, one scalar at a time."""
+    out = []
+    for row in range(len(mu_1)):
+        total = 0.0
+        for k in range(len(mu_1[row])):
+            m1, l1, m2, l2 = (float(mu_1[row][k]), float(lv_1[row][k]), float(mu_2[row][k]), float(lv_2[row][k]))
+            w1, w2 = math.exp(eps - l1), math.exp(eps - l2)
+            a = w1 + w2 / 2
+            b = 2 * m1 * w1 + m2 * w2
+            c = m1 * m1 * w1 + m2 * m2 * w2 / 2
+            total += -2 * l1 - l2 - math.log(a) / 2 + b * b / (4 * a) - c
+        out.append(total / len(mu_1[row]))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_inclusion_test_matches_scalar_reference_and_orders_nested_gaussians():
+    g = torch.Generator().manual_seed(3)
+    mu_1, mu_2 = torch.randn(5, 7, generator=g, dtype=torch.float64), torch.randn(5, 7, generator=g, dtype=torch.float64)
+    lv_1, lv_2 = torch.randn(5, 7, generator=g, dtype=torch.float64), torch.randn(5, 7, generator=g, dtype=torch.float64)
+    for eps in (-10.0, 0.0):
+        got = D.inclusion_test(mu_1, lv_1, mu_2, lv_2, eps=eps)
+        assert torch.allclose(got, _inclusion_reference(mu_1, lv_1, mu_2, lv_2, eps), rtol=1e-12, atol=1e-12)
+        logit = D.inclusion_logit(mu_1, lv_1, mu_2, lv_2, eps=eps)
+        assert torch.allclose(logit, -D.inclusion_logit(mu_2, lv_2, mu_1, lv_1, eps=eps))
+    # a narrow Gaussian at the centre of a broad one is the included one, whatever the scale
+    centre = torch.zeros(1, 4, dtype=torch.float64)
+    narrow, broad = torch.full((1, 4), -3.0, dtype=torch.float64), torch.zeros(1, 4, dtype=torch.float64)
+    assert D.inclusion_logit(centre, narrow, centre, broad).item() > 0
+    assert D.inclusion_logit(centre, broad, centre, narrow).item() < 0
+    # float32 inputs are computed in float32 and agree with float64
+    got32 = D.inclusion_test(mu_1.float(), lv_1.float(), mu_2.float(), lv_2.float())
+    assert got32.dtype == torch.float32
+    assert torch.allclose(got32.double(), D.inclusion_test(mu_1, lv_1, mu_2, lv_2), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError):
+        D.inclusion_test(mu_1, lv_1, mu_2[:, :3], lv_2[:, :3])

@@ -2,7 +2,7 @@
 
 - :mod:`zsprob.prob.distances`: pairwise distances [N, M] (CSD, 2-Wasserstein, KL, min-KL, JS,
   ELK, Bhattacharyya, mean-only, cosine, Monte Carlo match probability / average L2),
-  uncertainty scalars, and :func:`score` (similarities, higher = better) by name;
+  ProLIP's inclusion test, uncertainty scalars, and :func:`score` (similarities, higher = better) by name;
 - :mod:`zsprob.prob.losses`: PCMEPPLoss, PCMELoss, InfoNCELoss, TripletLoss, ProbTripletLoss,
   MuOnlyLoss, :func:`create_loss`, :func:`needs_sigma`;
 - :mod:`zsprob.prob.jwae`: jWAE reconstruction / adversarial prior / alignment terms;
@@ -10,7 +10,7 @@
 - :mod:`zsprob.prob.reference`: broadcast reference of the PCME++ pseudo-code (tests, benchmarks).
 """
 from zsprob.prob.distances import (
-    SCORE_NAMES, bhattacharyya, cosine, csd, elk, js, kl, kl_reverse, mc_avg_l2, mc_match_prob,
+    SCORE_NAMES, bhattacharyya, cosine, csd, elk, inclusion_logit, inclusion_test, js, kl, kl_reverse, mc_avg_l2, mc_match_prob,
     min_kl, sample_gaussian, score, sq_euclidean, uncertainty, wasserstein2,
 )
 from zsprob.prob.losses import (
@@ -24,7 +24,7 @@ from zsprob.prob.jwae import (
 )
 
 __all__ = [
-    "SCORE_NAMES", "bhattacharyya", "cosine", "csd", "elk", "js", "kl", "kl_reverse", "mc_avg_l2",
+    "SCORE_NAMES", "bhattacharyya", "cosine", "csd", "elk", "inclusion_logit", "inclusion_test", "js", "kl", "kl_reverse", "mc_avg_l2",
     "mc_match_prob", "min_kl", "sample_gaussian", "score", "sq_euclidean", "uncertainty", "wasserstein2",
     "LOSS_NAMES", "InfoNCELoss", "MuOnlyLoss", "PCMELoss", "PCMEPPLoss", "ProbTripletLoss", "TripletLoss",
     "create_loss", "needs_sigma", "pseudo_positive_targets", "vib_kl", "mix_batch",

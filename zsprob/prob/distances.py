@@ -19,6 +19,12 @@ Formulas and where they come from (p = N(mu_a, v_a), q = N(mu_b, v_b), v = sigma
   (the standard form; zero for identical Gaussians; the PCME digest's form adds 0.5 log 2 per dim);
 - ``mc_match_prob``: PCME Eq. 2-3, (1/J^2) sum_{j,j'} sigmoid(-a ||z_a^j - z_b^j'||_2 + b) with
   J reparameterised samples per input; ``mc_avg_l2``: the mean sampled L2 distance (PCME Table 1);
+- ``inclusion_test`` / ``inclusion_logit`` (ProLIP, Chun et al. ICLR 2025, Sec. 3.3 and its
+  official ``inclusion_test``): an element-wise (not pairwise) score of "N(mu_1, v_1) is included
+  in N(mu_2, v_2)"; per dimension, with w_k = exp(-logvar_k + eps):
+  A = w_1 + w_2 / 2, B = 2 mu_1 w_1 + mu_2 w_2, C = mu_1^2 w_1 + mu_2^2 w_2 / 2,
+  test = -2 logvar_1 - logvar_2 - log(A) / 2 + B^2 / (4 A) - C, averaged over D;
+  ``inclusion_logit`` = test(1 in 2) - test(2 in 1) (> 0: 1 is the included one);
 - ``uncertainty``: ||sigma^2||_1 (PCME++), log det Sigma = sum logvar (Pishdad et al.), geometric
   mean of sigma (PCME).
 
@@ -47,7 +53,7 @@ from zsprob.errors import UserError
 __all__ = [
     "csd", "wasserstein2", "kl", "kl_reverse", "min_kl", "js", "elk", "bhattacharyya",
     "sq_euclidean", "cosine", "mc_match_prob", "mc_avg_l2", "sample_gaussian", "uncertainty",
-    "score", "SCORE_NAMES", "compute_dtype",
+    "score", "SCORE_NAMES", "compute_dtype", "inclusion_test", "inclusion_logit",
 ]
 
 #: default size (number of elements) of one temporary block in the chunked functions (16 MiB in float32)
@@ -277,6 +283,32 @@ def mc_avg_l2(mu_a, logvar_a, mu_b, logvar_b, n_samples: int = 7,
 
 
 # ----------------------------------------------------------------------------- uncertainty
+
+def inclusion_test(mu_1: torch.Tensor, logvar_1: torch.Tensor, mu_2: torch.Tensor, logvar_2: torch.Tensor,
+                   eps: float = -10.0) -> torch.Tensor:
+    """ProLIP's inclusion score of row i of (mu_1, logvar_1) in row i of (mu_2, logvar_2): [N].
+
+    Element-wise over matching rows (shapes [N, D] or [D]); the per-dimension value (module
+    docstring) is averaged over the last dimension. Larger means "1 is inside 2". ``eps`` scales
+    the precisions (ProLIP's ``inclusion_loss_eps``, -10 by default).
+    """
+    mu_1, logvar_1, mu_2, logvar_2 = _cast(mu_1, logvar_1, mu_2, logvar_2)
+    if mu_1.shape != mu_2.shape or logvar_1.shape != mu_1.shape or logvar_2.shape != mu_2.shape:
+        raise ValueError(f"inclusion_test needs equal shapes, got {tuple(mu_1.shape)}, {tuple(logvar_1.shape)}, "
+                         f"{tuple(mu_2.shape)}, {tuple(logvar_2.shape)}")
+    prec_1 = torch.exp(eps - logvar_1)
+    prec_2 = torch.exp(eps - logvar_2)
+    quad_a = prec_1 + 0.5 * prec_2
+    lin_b = 2.0 * mu_1 * prec_1 + mu_2 * prec_2
+    const_c = mu_1.square() * prec_1 + 0.5 * mu_2.square() * prec_2
+    value = -2.0 * logvar_1 - logvar_2 - 0.5 * torch.log(quad_a) + lin_b.square() / (4.0 * quad_a) - const_c
+    return value.mean(dim=-1)
+
+
+def inclusion_logit(mu_1, logvar_1, mu_2, logvar_2, eps: float = -10.0) -> torch.Tensor:
+    """test(1 in 2) - test(2 in 1), [N]: positive when row i of 1 is the included (more specific) one."""
+    return inclusion_test(mu_1, logvar_1, mu_2, logvar_2, eps) - inclusion_test(mu_2, logvar_2, mu_1, logvar_1, eps)
+
 
 def uncertainty(logvar: torch.Tensor, kind: str = "l1") -> torch.Tensor:
     """Per-input uncertainty [N]: ``"l1"`` ||sigma^2||_1 (PCME++), ``"logdet"`` sum logvar
