@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from zsprob.errors import UserError
+from zsprob.models.sigma_heads import DEFAULT_BIAS_INIT
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,8 @@ ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "zsprob-tiny-bow", "ViT-S-16
 _registered = False
 
 # Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
-_ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment")
+_ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment", "sigma_head",
+                   "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias")
 
 
 def _open_clip():
@@ -323,6 +325,9 @@ def _wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = No
         normalize_mu=config.get("normalize_mu", True), gpo_dim=config.get("gpo_dim", 32),
         sigma_bias_init=config.get("sigma_bias_init", 0.0), truncate_text=config.get("truncate_text", True),
         size_augment=config.get("size_augment", 0.0),
+        # log-variance heads (issue 17): a config saved before these keys existed is the legacy block head
+        sigma_head=config.get("sigma_head", "block"), sigma_layout=config.get("sigma_layout", "legacy"),
+        sigma_ln_init=config.get("sigma_ln_init"), sigma_ln_init_bias=config.get("sigma_ln_init_bias", 0.0),
         tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
         image_size=int(size if isinstance(size, int) else size[0]),
         reinit_params=tuple(config.get("reinit_params", ())))
@@ -355,7 +360,10 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         is re-initialised (and marked ``backbone=False`` in :meth:`param_info`).
     sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`.
     seed: seeds torch's RNG before building, so random inits are reproducible.
-    overrides: zsprob options ``normalize_mu`` (True), ``gpo_dim`` (32), ``sigma_bias_init`` (0.0),
+    overrides: zsprob options ``sigma_head`` ("block" | "unc"), ``sigma_layout`` ("official" |
+        "legacy"), ``sigma_ln_init`` (None), ``sigma_ln_init_bias`` (0.0) (see
+        :mod:`zsprob.models.sigma_heads`), ``normalize_mu`` (True), ``gpo_dim`` (32),
+        ``sigma_bias_init`` (0.0; -10 with ``sigma_head="unc"``, ProLIP's init_unc_bias),
         ``truncate_text`` (True), ``size_augment`` (0.0; VSE infinity / PCME++ use 0.2 for fine-tuning);
         open_clip options ``image_size``, ``context_length``,
         ``quick_gelu``, ``patch_dropout``; or ``open_clip_cfg={...}`` merged into the open_clip
@@ -422,7 +430,11 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         "var_bounds": list(var_bounds) if var_bounds is not None else None,
         "normalize_mu": bool(zopts.get("normalize_mu", True)),
         "gpo_dim": int(zopts.get("gpo_dim", 32)),
-        "sigma_bias_init": float(zopts.get("sigma_bias_init", 0.0)),
+        "sigma_head": zopts.get("sigma_head", "block"),
+        "sigma_layout": zopts.get("sigma_layout", "official"),  # new models: PCME++'s official layout
+        "sigma_ln_init": zopts.get("sigma_ln_init"),
+        "sigma_ln_init_bias": zopts.get("sigma_ln_init_bias", 0.0),
+        "sigma_bias_init": zopts.get("sigma_bias_init", DEFAULT_BIAS_INIT.get(zopts.get("sigma_head", "block"), 0.0)),
         "truncate_text": bool(zopts.get("truncate_text", True)),
         "size_augment": float(zopts.get("size_augment", 0.0)),
         "preprocess_cfg": _preprocess_cfg(ocfg, pcfg),

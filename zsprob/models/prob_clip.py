@@ -43,6 +43,7 @@ Both are returned as float32 (also under bf16 autocast) so distances stay accura
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
@@ -52,6 +53,10 @@ from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError
 from zsprob.models.heads import GPO, bound_logvar
+from zsprob.models.sigma_heads import (SIGMA_HEADS, SIGMA_LAYOUTS, UNC_EMBEDDING_NAMES, SigmaHead,
+                                       UncPooledHead, UncTokenHead, make_sigma_ln, reinit_block_legacy_,
+                                       reinit_block_official_, reinit_cnn_head_, reinit_projection_legacy_,
+                                       reinit_projection_official_)
 
 
 def _open_clip():
@@ -119,6 +124,18 @@ class _VisionTower:
         x = ln(x)
         pooled, _ = v._global_pool(x)
         return pooled
+
+    def insert_unc(self, x: torch.Tensor, mask, lengths, token: torch.Tensor):
+        """[CLS, patches] -> [CLS, UNC, patches] (ProLIP's order); ``ln_pre`` is per token, so the
+        [UNC] token gets it on its own, as if it had been applied after concatenation."""
+        unc = self.visual.ln_pre(token.to(x.dtype))
+        unc = unc.view(1, 1, -1).expand(x.shape[0], 1, -1)
+        return torch.cat([x[:, :1], unc, x[:, 1:]], dim=1), mask
+
+    @staticmethod
+    def split_unc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Outputs -> (tokens without [UNC], [UNC] output)."""
+        return torch.cat([x[:, :1], x[:, 2:]], dim=1), x[:, 1]
 
     def depth_of(self, rest: str) -> int:
         """Depth of a parameter named ``clip.visual.<rest>`` (0 = embeddings, i + 1 = block i)."""
@@ -374,6 +391,21 @@ class _TextTower(_TextHeads):
                 mask = mask[:seq, :seq]
         return x, mask, (text, lengths)
 
+    def insert_unc(self, x: torch.Tensor, mask, lengths: torch.Tensor, token: torch.Tensor):
+        """Append the [UNC] token after the last position; extend the attention mask (see
+        :mod:`zsprob.models.sigma_heads`): none stays none (ProLIP), otherwise [UNC] reads the
+        caption's tokens and itself, and caption tokens read [UNC] only in a non-causal tower."""
+        b = x.shape[0]
+        unc = token.to(x.dtype).view(1, 1, -1).expand(b, 1, -1)
+        x = torch.cat([x, unc], dim=1)
+        if mask is None:
+            return x, None
+        return x, _unc_text_mask(mask, lengths, self.blocks[0].attn.num_heads, self.causal, x.dtype)
+
+    @staticmethod
+    def split_unc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[:, :-1], x[:, -1]
+
     def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
         from open_clip.transformer import text_global_pool
 
@@ -384,6 +416,30 @@ class _TextTower(_TextHeads):
     def depth_of(self, rest: str) -> int:
         """Depth of a text-tower parameter ``rest`` (name after the tower's prefix)."""
         return _block_depth(rest, ("token_embedding", "positional_embedding", "cls_emb"), self.num_blocks)
+
+
+def _unc_text_mask(mask: torch.Tensor, lengths: torch.Tensor, heads: int, causal: bool,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """A text tower's attention mask [L, L] or [B * heads, L, L] -> [B * heads, L + 1, L + 1] with [UNC] last.
+
+    Row L ([UNC]) may read the first ``lengths`` tokens and itself; column L (caption tokens
+    reading [UNC]) is open unless the tower is causal.
+    """
+    b, seq = lengths.shape[0], mask.shape[-1]
+    if mask.dtype == torch.bool:  # PyTorch's boolean masks: True = may not attend
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
+    base = mask.to(dtype)
+    if base.ndim == 2:
+        base = base.expand(b * heads, seq, seq)
+    full = base.new_zeros(b * heads, seq + 1, seq + 1)
+    full[:, :seq, :seq] = base
+    if causal:
+        full[:, :seq, seq] = float("-inf")
+    keys = torch.arange(seq + 1, device=lengths.device)
+    readable = (keys[None, :] < lengths[:, None]) | (keys[None, :] == seq)  # [B, L + 1]
+    unc_row = torch.zeros(b, seq + 1, dtype=dtype, device=lengths.device).masked_fill(~readable, float("-inf"))
+    full[:, seq, :] = unc_row.repeat_interleave(heads, dim=0)
+    return full
 
 
 class _BowTextTower(_TextHeads):
@@ -424,71 +480,60 @@ def _text_tower(clip_model: nn.Module, truncate: bool):
 
 
 # --------------------------------------------------------------------------------------
-# The log-variance head of one tower.
+# Building the log-variance heads (the modules themselves live in zsprob.models.sigma_heads).
 # --------------------------------------------------------------------------------------
-class SigmaHead(nn.Module):
-    """Copy of a tower's last ``n`` blocks + final LayerNorm + projection (+ GPO), for log sigma^2."""
-
-    def __init__(self, blocks: list[nn.Module], ln: nn.Module, proj, embed_dim: int, gpo: GPO | None,
-                 bias_init: float):
-        super().__init__()
-        self.blocks = nn.ModuleList(copy.deepcopy(b) for b in blocks)
-        self.ln = copy.deepcopy(ln)
-        if isinstance(proj, nn.Module):
-            self.proj = copy.deepcopy(proj)
-        elif proj is not None:
-            self.proj = nn.Parameter(proj.detach().clone())
-        else:
-            self.proj = None
-        self.bias = nn.Parameter(torch.full((embed_dim,), float(bias_init)))
-        self.gpo = gpo
-
-
-def _reinit_block_(block: nn.Module, width: int, num_layers: int) -> None:
-    """CLIP-style random init of a residual attention block (as open_clip's TextTransformer)."""
-    attn_std = width ** -0.5
-    proj_std = width ** -0.5 * (2 * max(num_layers, 1)) ** -0.5
-    fc_std = (2 * width) ** -0.5
-    for mod in block.modules():
-        if isinstance(mod, nn.LayerNorm):
-            mod.reset_parameters()
-    for name, p in block.named_parameters():
-        if name.endswith("in_proj_weight"):
-            nn.init.normal_(p, std=attn_std)
-        elif name.endswith("out_proj.weight") or name.endswith("c_proj.weight"):
-            nn.init.normal_(p, std=proj_std)
-        elif name.endswith("c_fc.weight"):
-            nn.init.normal_(p, std=fc_std)
-        elif name.endswith("bias") and not _is_norm_param(block, name):
-            nn.init.zeros_(p)
-        elif p.ndim >= 2 and not _is_norm_param(block, name):
-            nn.init.normal_(p, std=0.02)
+def _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, sigma_ln_init, sigma_ln_init_bias,
+                         sigma_bias_init) -> None:
+    if sigma_head not in SIGMA_HEADS:
+        raise UserError(f"sigma_head must be one of {', '.join(SIGMA_HEADS)}, got {sigma_head!r}")
+    if sigma_layout not in SIGMA_LAYOUTS:
+        raise UserError(f"sigma_layout must be one of {', '.join(SIGMA_LAYOUTS)}, got {sigma_layout!r}")
+    if sigma_head == "unc" and deterministic:
+        raise UserError("sigma_head 'unc' needs a probabilistic model; a deterministic model (InfoNCE / triplet "
+                        "methods) has no log-variance head")
+    if sigma_head == "unc" and sigma_init == "copy":
+        raise UserError("sigma_init 'copy' has nothing to copy with sigma_head 'unc' (no duplicated blocks); "
+                        "use sigma_init 'random'")
+    for key, value in (("sigma_ln_init", sigma_ln_init), ("sigma_ln_init_bias", sigma_ln_init_bias),
+                       ("sigma_bias_init", sigma_bias_init)):
+        if value is None and key == "sigma_ln_init":
+            continue
+        try:
+            finite = not isinstance(value, bool) and math.isfinite(float(value))
+        except (TypeError, ValueError):
+            finite = False
+        if not finite:
+            raise UserError(f"{key} must be a finite number{' or null' if key == 'sigma_ln_init' else ''}, "
+                            f"got {value!r}")
 
 
-def _is_norm_param(root: nn.Module, name: str) -> bool:
-    mod_name = name.rsplit(".", 1)[0] if "." in name else ""
-    mod = root.get_submodule(mod_name) if mod_name else root
-    return isinstance(mod, nn.LayerNorm)
+def _make_unc_head(tower, side: str, embed_dim: int, bias_init: float, sigma_ln) -> nn.Module:
+    """[UNC] token head for open_clip transformer towers, pooled-MLP head for bag-of-words / CNN towers."""
+    if tower.kind in ("vit", "text"):
+        return UncTokenHead(side, tower.width, embed_dim, bias_init, sigma_ln)
+    if tower.kind == "bow":
+        return UncPooledHead(tower.width, embed_dim, bias_init, word_init_std=tower.src.embed_init_std,
+                             sigma_ln=sigma_ln)
+    if tower.kind == "timm":
+        return UncPooledHead(int(tower.trunk.num_features), embed_dim, bias_init, sigma_ln=sigma_ln)
+    raise UserError(f"sigma_head 'unc' cannot serve a {tower.kind} tower")
 
 
-def _reinit_head_(head: SigmaHead, tower) -> None:
-    if tower.kind == "timm":  # a CNN head: every layer's own PyTorch default init
-        for mod in head.modules():
-            if mod is not head and hasattr(mod, "reset_parameters"):
-                mod.reset_parameters()
+def _reinit_block_head_(head: SigmaHead, tower, side: str, official: bool, bias_init: float,
+                        with_sigma_ln: bool) -> None:
+    """Random init of a block head: official (PCME++'s code) or legacy laws; CNN heads: layer defaults."""
+    if tower.kind == "timm":
+        reinit_cnn_head_(head)
         return
     width, num_layers = tower.width, tower.num_blocks
-    for b in head.blocks:
-        _reinit_block_(b, width, num_layers)
-    if isinstance(head.ln, nn.LayerNorm):
-        head.ln.reset_parameters()
-    if isinstance(head.proj, nn.Linear):
-        nn.init.normal_(head.proj.weight, std=width ** -0.5)
-        if head.proj.bias is not None:
-            nn.init.zeros_(head.proj.bias)
-    elif isinstance(head.proj, nn.Parameter):
-        with torch.no_grad():
-            head.proj.normal_(std=width ** -0.5)
+    if official:
+        for block in head.blocks:
+            reinit_block_official_(block, side, width, num_layers)
+        reinit_projection_official_(head, side, width, bias_init, with_sigma_ln)
+        return
+    for block in head.blocks:
+        reinit_block_legacy_(block, width, num_layers)
+    reinit_projection_legacy_(head, width)
 
 
 # --------------------------------------------------------------------------------------
@@ -508,13 +553,23 @@ class ProbCLIP(nn.Module):
     pooling: "gpo" or "native" (CLS / EOT token as open_clip).
     deterministic: no log-variance heads (logvar is None), for InfoNCE / triplet baselines.
     var_bounds: None or (lo, hi) variance bounds, e.g. (0.1, 10).
+    sigma_head: "block" (PCME++: duplicated last blocks) or "unc" (ProLIP's [UNC] token; a
+        pooled MLP on bag-of-words and CNN towers); see :mod:`zsprob.models.sigma_heads`.
+    sigma_layout: "official" (PCME++'s code: no LayerNorm before the sigma projection, the
+        official init laws) or "legacy" (zsprob before issue 17) for ``sigma_head="block"``.
+        :func:`create_model` builds "official"; a saved config without the key means "legacy".
+    sigma_bias_init: initial bias of log sigma^2 (the block head's bias, the [UNC] projection's
+        bias, the MLP's output bias).
+    sigma_ln_init, sigma_ln_init_bias: None (default) or the weight init of a LayerNorm on
+        log sigma^2 (PCME++'s ``sigma_ln_init``, e.g. 0.01) and its bias init.
     """
 
     def __init__(self, clip_model: nn.Module, *, name: str, config: dict, embed_dim: int,
                  sigma_depth: int = 1, sigma_init: str = "random", pooling: str = "gpo",
                  deterministic: bool = False, var_bounds=None, normalize_mu: bool = True,
                  gpo_dim: int = 32, sigma_bias_init: float = 0.0, truncate_text: bool = True,
-                 size_augment: float = 0.0,
+                 size_augment: float = 0.0, sigma_head: str = "block", sigma_layout: str = "official",
+                 sigma_ln_init: float | None = None, sigma_ln_init_bias: float = 0.0,
                  tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
                  reinit_params: tuple[str, ...] = ()):
         super().__init__()
@@ -522,6 +577,8 @@ class ProbCLIP(nn.Module):
             raise UserError(f"pooling must be 'gpo' or 'native', got {pooling!r}")
         if sigma_init not in ("random", "copy"):
             raise UserError(f"sigma_init must be 'random' or 'copy', got {sigma_init!r}")
+        _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, sigma_ln_init,
+                             sigma_ln_init_bias, sigma_bias_init)
         if var_bounds is not None:
             var_bounds = (float(var_bounds[0]), float(var_bounds[1]))
             if not (0 < var_bounds[0] < var_bounds[1]):
@@ -532,6 +589,10 @@ class ProbCLIP(nn.Module):
         self.embed_dim = int(embed_dim)
         self.sigma_depth = int(sigma_depth)
         self.sigma_init = sigma_init
+        self.sigma_head = sigma_head
+        self.sigma_layout = sigma_layout
+        self.sigma_ln_init = None if sigma_ln_init is None else float(sigma_ln_init)
+        self.sigma_ln_init_bias = float(sigma_ln_init_bias)
         self.pooling = pooling
         self.deterministic = bool(deterministic)
         self.var_bounds = var_bounds
@@ -549,7 +610,7 @@ class ProbCLIP(nn.Module):
         self._vision = _vision_tower(clip_model)
         self._text = _text_tower(clip_model, truncate_text)
         for tower, what in ((self._vision, "image"), (self._text, "text")):
-            if tower.num_blocks == 0:  # a bag-of-words tower: its heads are projection + pooling only
+            if tower.num_blocks == 0 or sigma_head == "unc":  # no duplicated blocks to cut
                 continue
             if not 1 <= self.sigma_depth <= tower.num_blocks:
                 raise UserError(f"sigma_depth={self.sigma_depth} but the {what} tower has "
@@ -568,21 +629,27 @@ class ProbCLIP(nn.Module):
             self.image_sigma = None
             self.text_sigma = None
         else:
-            self.image_sigma = self._make_sigma(self._vision, self.image_gpo, gpo, sigma_bias_init)
-            self.text_sigma = self._make_sigma(self._text, self.text_gpo, gpo, sigma_bias_init)
+            self.image_sigma = self._make_sigma(self._vision, self.image_gpo, gpo, float(sigma_bias_init))
+            self.text_sigma = self._make_sigma(self._text, self.text_gpo, gpo, float(sigma_bias_init))
 
     def _head_depth(self, tower) -> int:
-        """Blocks in each head of ``tower``: ``sigma_depth``, or 0 for a tower without blocks."""
-        return self.sigma_depth if tower.num_blocks else 0
+        """Blocks in each head of ``tower``: ``sigma_depth``, or 0 (a tower without blocks, or [UNC] heads)."""
+        return self.sigma_depth if tower.num_blocks and self.sigma_head == "block" else 0
 
-    def _make_sigma(self, tower, gpo_mu, new_gpo, bias_init) -> SigmaHead:
+    def _make_sigma(self, tower, gpo_mu, new_gpo, bias_init) -> nn.Module:
+        side = "image" if tower is self._vision else "text"
+        sigma_ln = make_sigma_ln(self.embed_dim, self.sigma_ln_init, self.sigma_ln_init_bias)
+        if self.sigma_head == "unc":
+            return _make_unc_head(tower, side, self.embed_dim, bias_init, sigma_ln)
         n = self._head_depth(tower)
         # "copy": the whole mean head, GPO included; "random": a fresh GPO and re-initialised blocks
         gpo = copy.deepcopy(gpo_mu) if (self.sigma_init == "copy" and gpo_mu is not None) else new_gpo()
-        head = SigmaHead(list(tower.blocks[tower.num_blocks - n:]), tower.ln, tower.proj, self.embed_dim, gpo,
-                         bias_init)
+        official = self.sigma_layout == "official" and tower.kind in ("vit", "text")
+        ln = nn.Identity() if official and self.sigma_init == "random" else tower.ln
+        head = SigmaHead(list(tower.blocks[tower.num_blocks - n:]), ln, tower.proj, self.embed_dim, gpo,
+                         bias_init, sigma_ln)
         if self.sigma_init == "random":
-            _reinit_head_(head, tower)
+            _reinit_block_head_(head, tower, side, official, bias_init, sigma_ln is not None)
         return head
 
     # ----------------------------------------------------------------------------------
@@ -625,22 +692,33 @@ class ProbCLIP(nn.Module):
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
         return order, keep.sum(dim=1)
 
-    def _encode(self, tower, gpo_mu, sigma: SigmaHead | None, inp, with_sigma: bool):
+    def _encode(self, tower, gpo_mu, sigma: nn.Module | None, inp, with_sigma: bool):
         x, mask, ctx = tower.embed(inp)
         lengths = ctx[1] if ctx is not None else None
+        token_head = isinstance(sigma, UncTokenHead)
+        if token_head:  # [UNC] joins the sequence whether or not sigma is asked for: mu may attend to it
+            x, mask = tower.insert_unc(x, mask, lengths, sigma.token())
         split = tower.num_blocks - self._head_depth(tower)
         h = self._run(tower, tower.blocks[:split], x, mask)
         hm = self._run(tower, tower.blocks[split:], h, mask)
+        unc_out = None
+        if token_head:
+            hm, unc_out = tower.split_unc(hm)
         keep = self._size_augment(hm.shape[0], tower.num_tokens(hm), hm.device) if tower is self._vision else None
         mu = self._head_out(tower, hm, tower.ln, tower.proj, gpo_mu, ctx, lengths, keep).float()
         if self.normalize_mu:
             mu = F.normalize(mu, dim=-1)
         if sigma is None or not with_sigma:
             return mu, None
-        hs = self._run(tower, sigma.blocks, h, mask)
-        raw = self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep).float() \
-            + sigma.bias.float()
-        return mu, bound_logvar(raw, self.var_bounds)
+        if token_head:  # ProLIP: the tower's own final LayerNorm, then the [UNC] projection
+            raw = sigma(tower.ln(unc_out))
+        elif isinstance(sigma, UncPooledHead):
+            pooled = sigma.pool_words(hm, lengths) if sigma.unc_emb is not None else tower.ln.pooled(hm)
+            raw = sigma(pooled)
+        else:
+            hs = self._run(tower, sigma.blocks, h, mask)
+            raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
+        return mu, bound_logvar(raw.float(), self.var_bounds)
 
     def encode_image(self, images: torch.Tensor, *, with_sigma: bool = True):
         """images [B, 3, H, W] -> (mu [B, D], logvar [B, D] or None), float32."""
@@ -660,8 +738,10 @@ class ProbCLIP(nn.Module):
         """Per-parameter metadata for the trainer.
 
         ``tower``: "image" | "text" | "other"; ``depth``: 0 = embeddings, i + 1 = residual block i
-        (the log-variance copies of the last blocks share their depth), depth ``num_layers`` for
-        the final LayerNorm, projection, GPO and log-variance bias; ``num_layers`` = blocks + 1, so a
+        (the log-variance copies of the last blocks share their depth; the [UNC] token's embedding
+        and position are embeddings: depth 0), depth ``num_layers`` for the final LayerNorm,
+        projection, GPO, log-variance bias, [UNC] projection, pooled MLP and sigma LayerNorm;
+        ``num_layers`` = blocks + 1, so a
         layer-wise decay reads ``lr_scale = decay ** (num_layers - depth)``. ``backbone``: True
         for parameters of the wrapped open_clip model (those a pretrained checkpoint provides),
         False for modules zsprob adds (log-variance heads, GPO) and for projections that were
@@ -685,19 +765,29 @@ class ProbCLIP(nn.Module):
                 depth = self._text.depth_of(name[len(text_prefix):])
             elif parts[0] in ("image_sigma", "image_gpo"):
                 tower, num_layers, backbone = "image", nv + 1, False
-                depth = split_v + int(parts[2]) + 1 if parts[0] == "image_sigma" and parts[1] == "blocks" else nv + 1
+                depth = _sigma_depth_of(parts, split_v, nv + 1)
             elif parts[0] in ("text_sigma", "text_gpo"):
                 tower, num_layers, backbone = "text", nt + 1, False
-                depth = split_t + int(parts[2]) + 1 if parts[0] == "text_sigma" and parts[1] == "blocks" else nt + 1
+                depth = _sigma_depth_of(parts, split_t, nt + 1)
             if name in self._reinit_params:
                 backbone = False
             info[name] = {"tower": tower, "depth": depth, "num_layers": num_layers, "backbone": backbone}
         return info
 
     def extra_repr(self) -> str:
-        return (f"name={self.name!r}, embed_dim={self.embed_dim}, sigma_depth={self.sigma_depth}, "
+        return (f"name={self.name!r}, embed_dim={self.embed_dim}, sigma_head={self.sigma_head!r}, "
+                f"sigma_layout={self.sigma_layout!r}, sigma_depth={self.sigma_depth}, "
                 f"sigma_init={self.sigma_init!r}, pooling={self.pooling!r}, deterministic={self.deterministic}, "
                 f"var_bounds={self.var_bounds}")
+
+
+def _sigma_depth_of(parts: list[str], split: int, num_layers: int) -> int:
+    """Depth of a log-variance head / GPO parameter (name split at dots) in a tower cut at ``split``."""
+    if parts[0].endswith("_sigma") and parts[1] == "blocks":
+        return split + int(parts[2]) + 1
+    if parts[0].endswith("_sigma") and parts[1] in UNC_EMBEDDING_NAMES:
+        return 0
+    return num_layers
 
 
 def count_parameters(module: nn.Module) -> int:
