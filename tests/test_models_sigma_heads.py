@@ -353,3 +353,15 @@ def test_bad_sigma_options_are_one_line_user_errors():
             build("vit", **options)
         assert "\n" not in str(err.value)
     assert isinstance(build("vit", sigma_head="unc").image_sigma, UncTokenHead)
+
+
+def test_cli_rejects_unc_head_on_a_deterministic_method(tmp_path):
+    """Through a recipe's model section: one line on stderr, exit 2, no traceback."""
+    from conftest import run_cli
+
+    r = run_cli("pretrain", "--config", "synthetic_tiny.yaml", "--data", "synthetic", "--shards", tmp_path / "none",
+                "--method", "infonce", "--out", tmp_path / "run", "--steps", 2,
+                "--set", "model.overrides.sigma_head=unc", timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.startswith("zsprob: error: sigma_head 'unc' needs a probabilistic model")
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr

@@ -6,11 +6,19 @@ token), the tokenizers and the image transforms. The wrapped model is kept whole
 ``self.clip``, so an open_clip state dict loads into it unchanged and, with native pooling,
 the mean branch runs exactly open_clip's operations.
 
-What zsprob adds here: each tower is split into a shared trunk (all but the last ``n``
-residual blocks, ``n = sigma_depth``), a mean head (the last ``n`` blocks, the tower's own
-final LayerNorm and projection) and a log-variance head (a deep copy of those ``n`` blocks,
-LayerNorm and projection, re-initialised randomly by default or kept as a copy), each pooled
+What zsprob adds here: the log-variance heads (``sigma_head``; the modules, layouts and init
+laws are in :mod:`zsprob.models.sigma_heads`) and the code that runs them beside the mean branch.
+With ``sigma_head="block"`` (PCME++) each tower is split into a shared trunk (all but the last
+``n`` residual blocks, ``n = sigma_depth``), a mean head (the last ``n`` blocks, the tower's own
+final LayerNorm and projection) and a log-variance head (a deep copy of those ``n`` blocks and
+the projection - PCME++'s official layout has no LayerNorm before it, the legacy layout a copy
+of the final LayerNorm - re-initialised randomly by default or kept as a copy), each pooled
 either natively (CLS / end-of-text token, as open_clip) or by GPO (:mod:`zsprob.models.heads`).
+With ``sigma_head="unc"`` (ProLIP) the whole tower is shared: a learned [UNC] token joins the
+token sequence (the tower adapters below know where: after the class token of a ViT, after the
+last position of a text transformer, with the extra attention-mask row / column) and its output
+gives log sigma^2; bag-of-words and CNN towers read log sigma^2 from a small MLP on a pooled
+vector instead.
 
 Pooling ``"gpo"``: the final LayerNorm and the projection are applied to *every* token and
 GPO pools the projected tokens (as PCME++ does: GPO over embedding-space token features).
@@ -35,9 +43,10 @@ SizeAugment (VSE infinity, used by PCME++ fine-tuning; ``size_augment=p``, off b
 in training with GPO, image tokens are randomly dropped before pooling (both heads drop the
 same tokens).
 
-Outputs: ``mu`` l2-normalised (``normalize_mu=True``), ``logvar`` raw (no normalisation,
-sigmoid or LayerNorm; PCME's ablation) plus a learnable per-dimension bias initialised to
-``sigma_bias_init``, optionally squashed into variance bounds (Pishdad et al.: [0.1, 10]).
+Outputs: ``mu`` l2-normalised (``normalize_mu=True``), ``logvar`` raw (no normalisation or
+sigmoid; PCME's ablation; a LayerNorm only with ``sigma_ln_init``, PCME++'s option) plus a
+learnable per-dimension bias initialised to ``sigma_bias_init``, optionally squashed into
+variance bounds (Pishdad et al.: [0.1, 10]).
 Both are returned as float32 (also under bf16 autocast) so distances stay accurate.
 """
 from __future__ import annotations
