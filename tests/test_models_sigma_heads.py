@@ -365,3 +365,23 @@ def test_cli_rejects_unc_head_on_a_deterministic_method(tmp_path):
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.startswith("zsprob: error: sigma_head 'unc' needs a probabilistic model")
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_zsprob_checkpoint_as_pretrained_keeps_its_head_kind(tmp_path):
+    """Fine-tuning a legacy (or [UNC]) checkpoint reuses its log-variance heads unless the caller asks otherwise."""
+    images = images_for("vit")
+    for options in ({"sigma_layout": "legacy"}, {"sigma_head": "unc"}):
+        m = build("vit", seed=9, **options).eval()
+        save(m, tmp_path / "pre")
+        f = create_model("zsprob-tiny", pretrained=str(tmp_path / "pre"), pooling="native", seed=10).eval()
+        assert f.sigma_head == m.sigma_head and f.sigma_layout == m.sigma_layout
+        assert "image_sigma" in f.config["heads_from_checkpoint"] and "text_sigma" in f.config["heads_from_checkpoint"]
+        tok = m.tokenizer(CAPTIONS)
+        with torch.no_grad():
+            a, b = m(images, tok), f(images, tok)
+        for key in a:
+            assert torch.equal(a[key], b[key]), (options, key)
+    # asked for: a fresh official block head on the checkpoint's trunk
+    o = create_model("zsprob-tiny", pretrained=str(tmp_path / "pre"), pooling="native", sigma_head="block",
+                     sigma_layout="official", seed=10)
+    assert o.sigma_layout == "official" and "image_sigma" not in o.config["heads_from_checkpoint"]

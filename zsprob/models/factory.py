@@ -381,6 +381,10 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     else:
         ocfg = get_open_clip_config(name)
     zopts = {k: overrides.pop(k) for k in list(overrides) if k in _ZSPROB_OPTIONS}
+    if zs_ckpt:  # fine-tuning a zsprob checkpoint keeps its log-variance head kind unless told otherwise
+        for key, missing in (("sigma_head", "block"), ("sigma_layout", "legacy"), ("sigma_ln_init", None),
+                             ("sigma_ln_init_bias", 0.0)):
+            zopts.setdefault(key, zs_meta["config"].get(key, missing))
     if "open_clip_cfg" in overrides:
         _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
     if "image_size" in overrides:
