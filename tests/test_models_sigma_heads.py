@@ -355,6 +355,7 @@ def test_bad_sigma_options_are_one_line_user_errors():
     assert isinstance(build("vit", sigma_head="unc").image_sigma, UncTokenHead)
 
 
+@pytest.mark.slow  # a subprocess importing the CLI: ~10 s alone, ~30 s on a shared 2-core machine
 def test_cli_rejects_unc_head_on_a_deterministic_method(tmp_path):
     """Through a recipe's model section: one line on stderr, exit 2, no traceback."""
     from conftest import run_cli

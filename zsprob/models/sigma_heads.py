@@ -289,7 +289,9 @@ def reinit_projection_official_(head: SigmaHead, side: str, width: int, bias_ini
     weight = head.proj.weight if isinstance(head.proj, nn.Linear) else head.proj
     bound = width ** -0.5
     with torch.no_grad():
-        if side == "image":
+        if weight is None:  # a tower without projection (width = D): only the bias is initialised
+            pass
+        elif side == "image":
             nn.init.xavier_uniform_(weight)  # symmetric in fan-in / fan-out: layout of proj does not matter
         else:
             weight.uniform_(-bound, bound)
