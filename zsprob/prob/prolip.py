@@ -23,10 +23,16 @@ Terms (official code: naver-ai/prolip ``src/prolip/loss.py``; recipe values from
   [0, log 100] in the forward pass (the official trainer clamps the parameter after every step);
   b = ``logit_bias`` initialised to -10 (``init_logit_bias`` in every ProLIP model config).
 - Inclusion (Sec. 3.3), ``-log sigmoid(inclusion_scale * logit)`` with logit = test(1 in 2) -
-  test(2 in 1) from :func:`zsprob.prob.distances.inclusion_logit`, applied PER DIMENSION and then
-  averaged over rows and dimensions as the official code does (its inclusion test returns [N, D]
-  and the loss means -log sigmoid over both; zsprob's ``inclusion_logit`` averages over its last
-  axis, so it is called on [N, D, 1] views). Image i in its caption i: weight
+  test(2 in 1), the logit of :func:`zsprob.prob.distances.inclusion_logit`, applied PER DIMENSION
+  and then averaged over rows and dimensions as the official code does (its inclusion test
+  returns [N, D] and the loss means -log sigmoid over both; zsprob's ``inclusion_logit``
+  averages over D first). The loss evaluates the difference in closed form: with
+  w_k = e^eps / s_k, s_k = sigma_k^2, the quadratic parts B^2 / 4A - C of both tests reduce to
+  -w_1 w_2 (mu_1 - mu_2)^2 / 2A, and the eps factors cancel in the log terms, giving
+  :func:`inclusion_logit_per_dim` (a quarter of the element-wise operations, and no e^eps / s
+  underflow in float32 at eps = -100). So eps only weighs the mean term: at the recipe's
+  eps = -20 (e^-20 = 2e-9) the inclusion loss is, in practice, a loss on the variances.
+  Image i in its caption i: weight
   ``inclusion_alpha`` (1e-7); original in masked, for images and for texts: weight
   ``inclusion_alpha_occ`` (1e-3) each. ``inclusion_scale`` 1000; ``inclusion_eps`` -20: the
   ProLIP class defaults to -10, but its trainer passes ``--inclusion-eps``, whose default is -20
@@ -48,8 +54,7 @@ masks inputs instead of tokens. ``mask_patch_size`` is the grid cell size in pix
 ViT-B/16 patch).
 
 Written on plain torch (matmul, ``binary_cross_entropy_with_logits``, ``logsigmoid``); the
-inclusion test comes from :mod:`zsprob.prob.distances`, the row / column bookkeeping from
-:mod:`zsprob.prob.losses`.
+row / column bookkeeping comes from :mod:`zsprob.prob.losses`.
 """
 from __future__ import annotations
 
@@ -61,9 +66,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
-from zsprob.prob.distances import inclusion_logit
-
-__all__ = ["ProLIPLoss", "prolip_vib", "inclusion_loss", "VIB_GUARD", "INCLUSION_GUARD"]
+__all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "VIB_GUARD", "INCLUSION_GUARD"]
 
 #: a VIB term above this is skipped for the step (ProLIP's ``kl_divergence``)
 VIB_GUARD = 1e4
@@ -72,16 +75,68 @@ INCLUSION_GUARD = 1e5
 
 
 def prolip_vib(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-    """ProLIP's VIB term: h = logvar / 2, -0.5 mean(1 + h - mu^2 - exp(h)) (module docstring)."""
-    log_sigma = 0.5 * logvar
-    return -0.5 * (1.0 + log_sigma - mu.pow(2) - log_sigma.exp()).mean()
+    """ProLIP's VIB term: h = logvar / 2, -0.5 mean(1 + h - mu^2 - exp(h)) (module docstring),
+    evaluated as means and a dot product (no [N, D] temporaries besides exp(h))."""
+    flat_mu = mu.reshape(-1)
+    mean_sq = torch.dot(flat_mu, flat_mu) / flat_mu.numel()
+    return -0.5 * (1.0 + 0.5 * logvar.mean() - mean_sq - (0.5 * logvar).exp().mean())
+
+
+def inclusion_logit_per_dim(mu_1, logvar_1, mu_2, logvar_2, eps: float) -> torch.Tensor:
+    """test(1 in 2) - test(2 in 1) per dimension, [N, D], in closed form (module docstring).
+
+    Equal to :func:`zsprob.prob.distances.inclusion_logit` on [N, D, 1] views (tests check it in
+    float64 for eps in {0, -20, -100}), with s = sigma^2, W_2 = s_1 + 2 s_2, W_1 = 2 s_1 + s_2:
+    (logvar_2 - logvar_1) - log(W_2 / W_1) / 2 - e^eps (mu_1 - mu_2)^2 (1 / W_2 - 1 / W_1).
+    """
+    var_1, var_2 = logvar_1.exp(), logvar_2.exp()
+    wide_2 = var_1 + 2.0 * var_2
+    wide_1 = 2.0 * var_1 + var_2
+    mean_term = math.exp(eps) * (mu_1 - mu_2).square() * (wide_2.reciprocal() - wide_1.reciprocal())
+    return (logvar_2 - logvar_1) - 0.5 * (wide_2 / wide_1).log() - mean_term
+
+
+class _InclusionLoss(torch.autograd.Function):
+    """mean(softplus(-scale * logit)) with logit = :func:`inclusion_logit_per_dim`, with a
+    hand-written backward that recomputes the element-wise terms (saves time and the [N, D]
+    intermediates autograd would keep; gradcheck in tests/test_prob_prolip.py). With r_k = 1 / W_k,
+    q = e^eps (mu_1 - mu_2)^2:
+    d logit / d mu_1 = -2 e^eps (mu_1 - mu_2) (r_2 - r_1) = -d logit / d mu_2,
+    d logit / d logvar_1 = -1 - s_1 (r_2 - 2 r_1) / 2 - q s_1 (2 r_1^2 - r_2^2),
+    d logit / d logvar_2 = 1 - s_2 (2 r_2 - r_1) / 2 - q s_2 (r_1^2 - 2 r_2^2).
+    """
+
+    @staticmethod
+    def forward(ctx, mu_1, logvar_1, mu_2, logvar_2, scale: float, eps: float):
+        scaled = scale * inclusion_logit_per_dim(mu_1, logvar_1, mu_2, logvar_2, eps)
+        ctx.save_for_backward(mu_1, logvar_1, mu_2, logvar_2, scaled)
+        ctx.scale, ctx.eps = scale, eps
+        return F.softplus(-scaled).mean()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        mu_1, logvar_1, mu_2, logvar_2, scaled = ctx.saved_tensors
+        # d loss / d logit, element-wise
+        grad_logit = torch.sigmoid(scaled).sub_(1.0).mul_(grad_out * ctx.scale / scaled.numel())
+        del scaled
+        var_1, var_2 = logvar_1.exp(), logvar_2.exp()
+        inv_2 = (var_1 + 2.0 * var_2).reciprocal_()
+        inv_1 = (2.0 * var_1 + var_2).reciprocal_()
+        diff = mu_1 - mu_2
+        c = math.exp(ctx.eps)
+        grad_mu_1 = diff * (inv_2 - inv_1) * (-2.0 * c) * grad_logit
+        quad = diff.square_().mul_(c)
+        grad_lv_1 = (-1.0 - 0.5 * var_1 * (inv_2 - 2.0 * inv_1)
+                     - quad * var_1 * (2.0 * inv_1.square() - inv_2.square())) * grad_logit
+        grad_lv_2 = (1.0 - 0.5 * var_2 * (2.0 * inv_2 - inv_1)
+                     - quad * var_2 * (inv_1.square() - 2.0 * inv_2.square())) * grad_logit
+        return grad_mu_1, grad_lv_1, -grad_mu_1, grad_lv_2, None, None
 
 
 def inclusion_loss(mu_in, logvar_in, mu_out, logvar_out, scale: float, eps: float) -> torch.Tensor:
     """mean over rows and dimensions of -log sigmoid(scale * (test(in in out) - test(out in in)))."""
-    logit = inclusion_logit(mu_in.unsqueeze(-1), logvar_in.unsqueeze(-1),
-                            mu_out.unsqueeze(-1), logvar_out.unsqueeze(-1), eps=eps)
-    return -F.logsigmoid(scale * logit).mean()
+    return _InclusionLoss.apply(mu_in, logvar_in, mu_out, logvar_out, float(scale), float(eps))
 
 
 def _guarded(value: torch.Tensor, limit: float, name: str) -> torch.Tensor:
@@ -163,11 +218,20 @@ class ProLIPLoss(nn.Module):
         return s if dtype is None else s.to(dtype)
 
     def logits(self, img_mu, img_logvar, txt_mu, txt_logvar) -> torch.Tensor:
-        """s * (mu_i . mu_t - (||sigma_i^2||_1 + ||sigma_t^2||_1) / 2) + b, [N_img, N_txt]."""
+        """s * (mu_i . mu_t - (||sigma_i^2||_1 + ||sigma_t^2||_1) / 2) + b, [N_img, N_txt].
+
+        One matmul of augmented rows: [s mu_i, -s ||sigma_i^2||_1 / 2, s, b] . [mu_t, 1,
+        -||sigma_t^2||_1 / 2, 1], so no [N_img, N_txt] temporary besides the result.
+        """
+        dtype = img_mu.dtype
+        scale, bias = self.scale(dtype), self.logit_bias.to(dtype)
+        ones_img = torch.ones_like(img_mu[:, :1])
+        ones_txt = torch.ones_like(txt_mu[:, :1])
         half_var_img = 0.5 * img_logvar.exp().sum(-1, keepdim=True)
-        half_var_txt = 0.5 * txt_logvar.exp().sum(-1).unsqueeze(0)
-        similarity = img_mu @ txt_mu.t() - half_var_img - half_var_txt
-        return self.scale(similarity.dtype) * similarity + self.logit_bias.to(similarity.dtype)
+        half_var_txt = 0.5 * txt_logvar.exp().sum(-1, keepdim=True)
+        rows = torch.cat([scale * img_mu, -scale * half_var_img, scale * ones_img, bias * ones_img], dim=1)
+        cols = torch.cat([txt_mu, ones_txt, -half_var_txt, ones_txt], dim=1)
+        return rows @ cols.t()
 
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0, masked_img=None, masked_txt=None):
@@ -180,7 +244,8 @@ class ProLIPLoss(nn.Module):
         dtype = batch.dtype
         n_rows = batch.img_mu.shape[0]
         logits = self.logits(batch.img_mu, batch.img_lv, batch.all_txt_mu, batch.all_txt_lv)
-        ppcl = F.binary_cross_entropy_with_logits(logits, batch.t_i2t, reduction="sum") / n_rows
+        # summed BCE with targets m: softplus(l) - m l (two passes over [n, N] instead of BCE's six)
+        ppcl = (F.softplus(logits).sum() - torch.dot(batch.t_i2t.reshape(-1), logits.reshape(-1))) / n_rows
         loss = self.ppcl_weight * ppcl
         stats = {"ppcl": _stat(ppcl)}
 
