@@ -17,7 +17,8 @@ from zsprob import UserError
 from zsprob.data.masking import (TextMaskSpec, cells_to_mask, mask_image_cells, mask_tokens,
                                  text_mask_spec)
 from zsprob.prob import ProLIPLoss, create_loss, needs_sigma
-from zsprob.prob.prolip import prolip_vib
+from zsprob.prob.distances import inclusion_logit
+from zsprob.prob.prolip import inclusion_logit_per_dim, prolip_vib
 
 
 @pytest.fixture(autouse=True)
@@ -144,6 +145,21 @@ def test_inclusion_and_vib_match_reference():
         total = 0.3 * incl + 0.7 * (occ_img + occ_txt) + 0.11 * (vib_img + vib_txt)
         assert loss.item() == pytest.approx(total, rel=1e-10)
         assert int(stats["n_masked"]) == 2
+
+
+@pytest.mark.parametrize("eps", [0.0, -20.0, -100.0, 3.0])
+def test_closed_form_logit_equals_the_package_inclusion_test(eps):
+    """The loss's closed form == zsprob.prob.distances.inclusion_logit on [N, D, 1] views (per dimension)."""
+    g = torch.Generator().manual_seed(9)
+    mu_1, mu_2 = torch.randn(2, 6, 5, generator=g, dtype=torch.float64) * 2
+    lv_1, lv_2 = torch.randn(2, 6, 5, generator=g, dtype=torch.float64) * 2 - 1
+    direct = inclusion_logit(mu_1.unsqueeze(-1), lv_1.unsqueeze(-1), mu_2.unsqueeze(-1), lv_2.unsqueeze(-1), eps=eps)
+    torch.testing.assert_close(inclusion_logit_per_dim(mu_1, lv_1, mu_2, lv_2, eps), direct, rtol=1e-9, atol=1e-9)
+    # and ProLIP's -log sigmoid form built on it, float32 at the recipe's eps, against float64
+    loss32 = ProLIPLoss(ppcl_weight=0, inclusion_alpha=1.0, inclusion_alpha_occ=0, vib_beta=0, inclusion_eps=-20.0)
+    value = loss32(*(t.float() for t in (mu_1, lv_1, mu_2, lv_2)))[0]
+    reference = -F.logsigmoid(1000.0 * inclusion_logit_per_dim(mu_1, lv_1, mu_2, lv_2, -20.0)).mean()
+    assert value.item() == pytest.approx(reference.item(), rel=1e-5)
 
 
 def test_inclusion_loss_prefers_the_narrow_gaussian_inside_the_wide_one():
