@@ -11,6 +11,7 @@ One step::
     images, tokens  <- next local batch (global batch / world processes)
     noisy captions   (data.noise_ratio), MSDA mixing (msda.*): generator seeded by (seed, step, rank)
     mu, logvar       <- model(images, tokens)               (autocast in bf16 / fp16)
+    masked copies    <- model(masked first rows)            (losses with wants_masked: ProLIP; seed, step, rank)
     columns          <- all_gather_with_grad(mu, logvar)    (every process: local rows x global columns)
     loss, stats      <- loss(local rows, matched, all_img, all_txt, offset)   (float32)
     backward; frozen backbone grads dropped; clip; skip the update if the loss is non-finite
@@ -80,7 +81,6 @@ class ContrastiveStep(nn.Module):
         if n_masked == 0:
             return {}
         from zsprob.data.masking import mask_image_cells, mask_tokens, text_mask_spec
-        from zsprob.train.data import mixed_seed
         if self._text_mask_spec is None:
             self._text_mask_spec = text_mask_spec(self.model.tokenizer)
         rank = D.world_info()[0]
