@@ -146,6 +146,22 @@ class _InclusionLoss(torch.autograd.Function):
         return grad_mu_1, grad_lv_1, -grad_mu_1, grad_lv_2, None, None
 
 
+class _PairwiseBCESum(torch.autograd.Function):
+    """sum over [n, N] of BCE(logits, targets) = softplus(l) - m l; backward (sigmoid(l) - m) g
+    in place: one [n, N] temporary per pass (targets are constants, as in every zsprob loss)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):
+        ctx.save_for_backward(logits, targets)
+        return F.softplus(logits).sum() - torch.dot(targets.reshape(-1), logits.reshape(-1))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        logits, targets = ctx.saved_tensors
+        return torch.sigmoid(logits).sub_(targets).mul_(grad_out), None
+
+
 def inclusion_loss(mu_in, logvar_in, mu_out, logvar_out, scale: float, eps: float) -> torch.Tensor:
     """mean over rows and dimensions of -log sigmoid(scale * (test(in in out) - test(out in in)))."""
     return _InclusionLoss.apply(mu_in, logvar_in, mu_out, logvar_out, float(scale), float(eps))
@@ -256,8 +272,7 @@ class ProLIPLoss(nn.Module):
         dtype = batch.dtype
         n_rows = batch.img_mu.shape[0]
         logits = self.logits(batch.img_mu, batch.img_lv, batch.all_txt_mu, batch.all_txt_lv)
-        # summed BCE with targets m: softplus(l) - m l (two passes over [n, N] instead of BCE's six)
-        ppcl = (F.softplus(logits).sum() - torch.dot(batch.t_i2t.reshape(-1), logits.reshape(-1))) / n_rows
+        ppcl = _PairwiseBCESum.apply(logits, batch.t_i2t) / n_rows
         loss = self.ppcl_weight * ppcl
         stats = {"ppcl": _stat(ppcl)}
 
