@@ -4,7 +4,8 @@
   ELK, Bhattacharyya, mean-only, cosine, Monte Carlo match probability / average L2),
   ProLIP's inclusion test, uncertainty scalars, and :func:`score` (similarities, higher = better) by name;
 - :mod:`zsprob.prob.losses`: PCMEPPLoss, PCMELoss, InfoNCELoss, TripletLoss, ProbTripletLoss,
-  MuOnlyLoss, :func:`create_loss`, :func:`needs_sigma`;
+  MuOnlyLoss, ProLIPLoss, :func:`create_loss`, :func:`needs_sigma`;
+- :mod:`zsprob.prob.prolip`: ProLIP's objective (PPCL, inclusion, its VIB);
 - :mod:`zsprob.prob.jwae`: jWAE reconstruction / adversarial prior / alignment terms;
 - :mod:`zsprob.prob.msda`: Mixup / CutMix of images with soft match targets (:func:`mix_batch`);
 - :mod:`zsprob.prob.reference`: broadcast reference of the PCME++ pseudo-code (tests, benchmarks).
@@ -14,7 +15,7 @@ from zsprob.prob.distances import (
     min_kl, sample_gaussian, score, sq_euclidean, uncertainty, wasserstein2,
 )
 from zsprob.prob.losses import (
-    LOSS_NAMES, InfoNCELoss, MuOnlyLoss, PCMELoss, PCMEPPLoss, ProbTripletLoss, TripletLoss,
+    LOSS_NAMES, InfoNCELoss, MuOnlyLoss, PCMELoss, PCMEPPLoss, ProbTripletLoss, ProLIPLoss, TripletLoss,
     create_loss, needs_sigma, pseudo_positive_targets, vib_kl,
 )
 from zsprob.prob.msda import mix_batch
@@ -26,7 +27,7 @@ from zsprob.prob.jwae import (
 __all__ = [
     "SCORE_NAMES", "bhattacharyya", "cosine", "csd", "elk", "inclusion_logit", "inclusion_test", "js", "kl", "kl_reverse", "mc_avg_l2",
     "mc_match_prob", "min_kl", "sample_gaussian", "score", "sq_euclidean", "uncertainty", "wasserstein2",
-    "LOSS_NAMES", "InfoNCELoss", "MuOnlyLoss", "PCMELoss", "PCMEPPLoss", "ProbTripletLoss", "TripletLoss",
+    "LOSS_NAMES", "InfoNCELoss", "MuOnlyLoss", "PCMELoss", "PCMEPPLoss", "ProbTripletLoss", "ProLIPLoss", "TripletLoss",
     "create_loss", "needs_sigma", "pseudo_positive_targets", "vib_kl", "mix_batch",
     "JWAE_PRESETS", "JWAEObjective", "PriorDiscriminator", "discriminator_loss", "generator_loss",
     "max_margin_alignment", "mse_alignment", "reconstruction_loss", "sample_prior",

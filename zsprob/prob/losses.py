@@ -45,6 +45,9 @@ Objectives (paper, section):
   -min-KL, -W2 (standard-deviation form) or -W2 in the variance form as printed, hardest or
   semi-hard negatives, variances clamped to ``var_bounds`` = [0.1, 10].
 
+- :class:`ProLIPLoss` (ProLIP, Chun et al. ICLR 2025): its own module, :mod:`zsprob.prob.prolip`,
+  registered here as "prolip".
+
 jWAE pieces are in :mod:`zsprob.prob.jwae`. Written here on plain torch (matmul,
 ``binary_cross_entropy_with_logits``, ``torch.utils.checkpoint``); the pairwise math comes from
 :mod:`zsprob.prob.distances`.
@@ -64,7 +67,7 @@ from zsprob.prob import distances as D
 
 __all__ = [
     "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
-    "vib_kl", "pseudo_positive_targets", "create_loss", "needs_sigma", "LOSS_NAMES",
+    "ProLIPLoss", "vib_kl", "pseudo_positive_targets", "create_loss", "needs_sigma", "LOSS_NAMES",
 ]
 
 VIB_GUARD = 1e4
@@ -529,6 +532,8 @@ class ProbTripletLoss(nn.Module):
 
 # ----------------------------------------------------------------------------- factory
 
+from zsprob.prob.prolip import ProLIPLoss  # noqa: E402  (its own module; it reads _Batch at call time)
+
 _LOSSES = {
     "pcmepp": PCMEPPLoss,
     "pcme": PCMELoss,
@@ -536,11 +541,12 @@ _LOSSES = {
     "triplet": TripletLoss,
     "prob-triplet": ProbTripletLoss,
     "mu-only": MuOnlyLoss,
+    "prolip": ProLIPLoss,
 }
 _ALIASES = {"pcme++": "pcmepp", "clip": "infonce", "vse": "triplet", "vsepp": "triplet",
             "probtriplet": "prob-triplet", "pishdad": "prob-triplet", "mu": "mu-only", "muonly": "mu-only"}
 LOSS_NAMES = tuple(_LOSSES)
-_NEEDS_SIGMA = {"pcmepp": True, "pcme": True, "prob-triplet": True,
+_NEEDS_SIGMA = {"pcmepp": True, "pcme": True, "prob-triplet": True, "prolip": True,
                 "infonce": False, "triplet": False, "mu-only": False}
 
 
@@ -553,7 +559,7 @@ def _canonical(method: str) -> str:
 
 
 def create_loss(method: str, **kwargs) -> nn.Module:
-    """Build a loss by name: "pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only".
+    """Build a loss by name: "pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "prolip".
 
     ``kwargs`` go to the class (e.g. ``create_loss("pcmepp", pp_alpha=0, distance="wd")``);
     an unknown name or option raises :class:`zsprob.UserError`.

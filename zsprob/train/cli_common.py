@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-METHOD_CHOICES = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only")
+from zsprob.train.defaults import METHODS as METHOD_CHOICES
 
 
 def common_options(f):

@@ -7,7 +7,7 @@ length is known (map-style COCO, ``data.samples_per_epoch``, or a SynthWorld man
 """
 from __future__ import annotations
 
-METHODS = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only")
+METHODS = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "prolip")
 
 DEFAULTS: dict = {
     "seed": 0,
@@ -29,6 +29,10 @@ DEFAULTS: dict = {
         "triplet": {"margin": 0.2},
         "prob-triplet": {"similarity": "kl", "margin": 0.2},
         "mu-only": {"init_scale": 5.0, "init_shift": 5.0},
+        # ProLIP's recipe (naver-ai/prolip scripts/prolip_datacomp_*.sh, params.py); zsprob.prob.prolip
+        "prolip": {"ppcl_weight": 1.0, "inclusion_alpha": 1e-7, "inclusion_alpha_occ": 1e-3, "vib_beta": 1e-4,
+                   "inclusion_scale": 1000.0, "inclusion_eps": -20.0, "init_logit_bias": -10.0,
+                   "drop_ratio": 0.125, "drop_prob": 0.75, "image_drop_prob": 0.25, "mask_patch_size": 16},
     },
     "data": {
         "kind": "synthetic",       # synthetic | webdataset | redcaps | coco

@@ -11,6 +11,7 @@ One step::
     images, tokens  <- next local batch (global batch / world processes)
     noisy captions   (data.noise_ratio), MSDA mixing (msda.*): generator seeded by (seed, step, rank)
     mu, logvar       <- model(images, tokens)               (autocast in bf16 / fp16)
+    masked copies    <- model(masked first rows)            (losses with wants_masked: ProLIP; seed, step, rank)
     columns          <- all_gather_with_grad(mu, logvar)    (every process: local rows x global columns)
     loss, stats      <- loss(local rows, matched, all_img, all_txt, offset)   (float32)
     backward; frozen backbone grads dropped; clip; skip the update if the loss is non-finite
@@ -51,16 +52,50 @@ EvalHook = Callable[[nn.Module, int], dict]
 # ----------------------------------------------------------------------------- the step module
 
 class ContrastiveStep(nn.Module):
-    """Model + loss in one module, so DDP sees every trainable parameter (incl. the loss's a, b)."""
+    """Model + loss in one module, so DDP sees every trainable parameter (incl. the loss's a, b).
 
-    def __init__(self, model: nn.Module, loss: nn.Module):
+    A loss with ``wants_masked`` (ProLIP with ``inclusion_alpha_occ`` > 0) also gets masked copies
+    of this process's first ``loss.n_masked(n)`` images and captions (``zsprob.data.masking``),
+    encoded by the same model; the masks come from a generator seeded by (seed, step, rank), so a
+    run and its resumption draw the same masks.
+    """
+
+    MASK_SALT = 0x3A5C  # keeps the mask stream apart from the noise / MSDA stream of the same step
+
+    def __init__(self, model: nn.Module, loss: nn.Module, seed: int = 0):
         super().__init__()
         self.model = model
         self.loss = loss
+        self.seed = int(seed)
+        self._text_mask_spec = None
 
-    def forward(self, images: torch.Tensor, tokens: torch.Tensor, matched: torch.Tensor | None = None):
+    def _mu_logvar(self, out: dict, side: str):
+        mu, logvar = out[f"{side}_mu"].float(), out[f"{side}_logvar"]
+        return mu, (logvar.float() if logvar is not None else None)
+
+    def masked_features(self, images: torch.Tensor, tokens: torch.Tensor, step: int) -> dict:
+        """``masked_img`` / ``masked_txt`` keyword arguments for the loss ({} when it wants none)."""
+        if not getattr(self.loss, "wants_masked", False):
+            return {}
+        n_masked = self.loss.n_masked(images.shape[0])
+        if n_masked == 0:
+            return {}
+        from zsprob.data.masking import mask_image_cells, mask_tokens, text_mask_spec
+        if self._text_mask_spec is None:
+            self._text_mask_spec = text_mask_spec(self.model.tokenizer)
+        rank = D.world_info()[0]
+        generator = torch.Generator().manual_seed(mixed_seed(self.seed, int(step), rank, self.MASK_SALT))
+        masked_tokens = mask_tokens(tokens[:n_masked].cpu(), self.loss.drop_prob, self._text_mask_spec, generator)
+        masked_images = mask_image_cells(images[:n_masked].cpu(), self.loss.image_drop_prob,
+                                         self.loss.mask_patch_size, generator)
+        out = self.model(masked_images.to(images.device), masked_tokens.to(tokens.device))
+        return {"masked_img": self._mu_logvar(out, "img"), "masked_txt": self._mu_logvar(out, "txt")}
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor, matched: torch.Tensor | None = None,
+                step: int = 0):
         out = self.model(images, tokens)
         img_mu, img_lv, txt_mu, txt_lv = (out["img_mu"], out["img_logvar"], out["txt_mu"], out["txt_logvar"])
+        masked = self.masked_features(images, tokens, step)
         device_type = img_mu.device.type
         with torch.autocast(device_type=device_type, enabled=False):
             img_mu, txt_mu = img_mu.float(), txt_mu.float()
@@ -75,7 +110,7 @@ class ContrastiveStep(nn.Module):
                 all_img = all_txt = None
                 offset = 0
             loss, stats = self.loss(img_mu, img_lv, txt_mu, txt_lv, matched,
-                                    all_img=all_img, all_txt=all_txt, offset=offset)
+                                    all_img=all_img, all_txt=all_txt, offset=offset, **masked)
         stats = dict(stats or {})
         with torch.no_grad():
             if img_lv is not None:
@@ -110,7 +145,11 @@ def build_model(cfg: Config):
     if kw.get("var_bounds") is not None:
         kw["var_bounds"] = tuple(kw["var_bounds"])
     kw.update(dict(m.get("overrides") or {}))
-    return create_model(m.name, pretrained=m.get("pretrained"), deterministic=not needs_sigma(cfg.method),
+    deterministic = bool(kw.pop("deterministic", not needs_sigma(cfg.method)))
+    if deterministic and needs_sigma(cfg.method):
+        raise UserError(f"--method {cfg.method} needs sigma, but the model is deterministic "
+                        "(model.overrides.deterministic); drop that override or pick a method without sigma")
+    return create_model(m.name, pretrained=m.get("pretrained"), deterministic=deterministic,
                         seed=int(cfg.seed), **kw)
 
 
@@ -288,7 +327,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
             freeze[tower] = O.freeze_fn(n, f_warm)
 
     # ---- optimisation
-    step_module = ContrastiveStep(model, loss_fn)
+    step_module = ContrastiveStep(model, loss_fn, seed=seed)
     oc = cfg.optim
     info = model.param_info() if hasattr(model, "param_info") else {}
     groups = O.param_groups(step_module, lr=float(oc.lr), weight_decay=float(oc.weight_decay), param_info=info,
@@ -433,7 +472,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
         tokens = tokens.to(device, non_blocking=True)
 
         frozen = schedule.frozen_groups()
-        loss, stats = step_module(images, tokens, matched)
+        loss, stats = step_module(images, tokens, matched, step=step)
         acc.backward(loss)
         if frozen:
             O.zero_frozen_grads(frozen)
