@@ -155,3 +155,23 @@ def test_reads_safetensors_torch_hf_dir_and_the_coco_trainer_dict(tmp_path):
     with pytest.raises(UserError, match="holds no state dict"):
         torch.save({"epoch": 1}, tmp_path / "empty.pt")
         read_state_dict(tmp_path / "empty.pt")
+
+
+@pytest.mark.parametrize("name", ["prolip-ViT-B-16", "prolip-ViT-B-16-long", "prolip-ViT-L-16", "prolip-ViT-H-14",
+                                  "prolip-ViT-SO400M-14"])
+def test_prolip_model_json_builds_the_official_mean_branch(name):
+    """configs/models/<name>.json gives open_clip towers whose names and shapes are ProLIP's mean branch;
+    only the positional embeddings differ, by the one row of the [UNC] token (model.sigma_head 'unc')."""
+    from zsprob.models.factory import build_open_clip, get_open_clip_config
+
+    with torch.device("meta"):
+        towers = build_open_clip(get_open_clip_config(name))
+    expected = {"clip." + k: tuple(v.shape) for k, v in towers.state_dict().items()}
+    rules = LAYOUTS["prolip"].rules
+    converted = to_zsprob(official_state(name), rules)
+    mean = {k: tuple(v.shape) for k, v in converted.items() if branch_of(k, rules) == "mean"}
+    assert set(mean) == set(expected)
+    differ = {k: (mean[k], expected[k]) for k in mean if mean[k] != expected[k]}
+    assert set(differ) == {"clip.visual.positional_embedding", "clip.text.positional_embedding"}, differ
+    for official, ours in differ.values():
+        assert official[0] == ours[0] + 1 and official[1:] == ours[1:]
