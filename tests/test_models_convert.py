@@ -175,3 +175,19 @@ def test_prolip_model_json_builds_the_official_mean_branch(name):
     assert set(differ) == {"clip.visual.positional_embedding", "clip.text.positional_embedding"}, differ
     for official, ours in differ.values():
         assert official[0] == ours[0] + 1 and official[1:] == ours[1:]
+
+
+def test_local_tokenizer_dir_goes_into_the_model_and_its_checkpoint(tmp_path):
+    """create_model(..., tokenizer_dir=DIR) tokenizes with that directory; save / load keeps it (no hub)."""
+    from test_models_hf_tokenizer import make_tokenizer_dir
+    from zsprob.models import create_model, load, save
+
+    directory = make_tokenizer_dir(tmp_path / "tokenizer")
+    model = create_model("zsprob-tiny", tokenizer_dir=directory)
+    context = model.config["open_clip_cfg"]["text_cfg"]["context_length"]
+    tokens = model.tokenizer(["A RED car!"])
+    assert tokens.shape == (1, context)
+    assert model.tokenizer.tokenizer.decode(tokens[0], skip_special_tokens=True) == "a red car"
+    again = load(save(model, tmp_path / "ckpt"))
+    assert torch.equal(again.tokenizer(["A RED car!"]), tokens)
+    assert again.config["tokenizer_dir"] == str(directory.resolve())

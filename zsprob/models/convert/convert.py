@@ -46,20 +46,18 @@ def convert_checkpoint(source: str | os.PathLike, *, model_name: str | None = No
     rules = LAYOUTS[kind].rules
     converted = to_zsprob(state, rules)
     name = model_name or DEFAULT_MODELS[kind]
-    model = create_model(name, sigma_depth=_sigma_depth(kind, state), pooling=POOLING[kind])
+    tok_dir = None
+    if kind == "prolip" or tokenizer is not None:  # resolved (and loaded by create_model) before anything is built
+        from zsprob.models.hf_tokenizer import find_tokenizer_dir
+
+        tok_dir = find_tokenizer_dir(source, tokenizer)
+    options = {"tokenizer_dir": str(tok_dir)} if tok_dir is not None else {}
+    model = create_model(name, sigma_depth=_sigma_depth(kind, state), pooling=POOLING[kind], **options)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     loss = {k: v for k, v in converted.items() if k.startswith(LOSS_PREFIX)}
     expected.update({k: v.shape for k, v in loss.items()})
     check_strict(converted, expected, rules, str(source))
     model.load_state_dict({k: v for k, v in converted.items() if k not in loss}, strict=True)
-    tok_dir = None
-    if kind == "prolip" or tokenizer is not None:
-        from zsprob.models.hf_tokenizer import find_tokenizer_dir, load_hf_tokenizer
-
-        tok_dir = find_tokenizer_dir(source, tokenizer)
-        context = model.config["open_clip_cfg"].get("text_cfg", {}).get("context_length", 64)
-        model.tokenizer = load_hf_tokenizer(tok_dir, context_length=context)
-        model.config["tokenizer_dir"] = str(Path(tok_dir).resolve())
     info = {"source": str(source), "layout": kind, "family": LAYOUTS[kind].family, "model": name,
             "official_keys": len(state), "hf_config": read_hf_config(source),
             "tokenizer": None if tok_dir is None else str(tok_dir)}
