@@ -146,7 +146,33 @@ def test_reads_safetensors_torch_hf_dir_and_the_coco_trainer_dict(tmp_path):
     for source in (tmp_path / "w.safetensors", tmp_path / "w.pth", hf, tmp_path / "last.ckpt"):
         got = read_state_dict(source)
         assert sorted(got) == sorted(state) and all(torch.equal(got[k], state[k]) for k in state), source
-    # a pickled Python object is never unpickled
+    # the official trainer's hyper-parameters are a munch.Munch: read as a dict, munch's code never runs
+    import sys
+    import types
+
+    fake = types.ModuleType("munch")
+
+    class Munch(dict):  # pickles as munch's Munch does: dict items plus __getstate__ / __setstate__
+        def __getstate__(self):
+            return dict(self)
+
+        def __setstate__(self, state):
+            self.clear()
+            self.update(state)
+
+    Munch.__module__, Munch.__qualname__ = "munch", "Munch"
+    fake.Munch = Munch
+    sys.modules["munch"], saved = fake, sys.modules.get("munch")
+    try:
+        torch.save(dict(trainer, hyper_parameters={"opt": Munch(model=Munch(n_unc_layers=1))}), tmp_path / "munch.ckpt")
+    finally:
+        if saved is None:
+            del sys.modules["munch"]
+        else:
+            sys.modules["munch"] = saved
+    got = read_state_dict(tmp_path / "munch.ckpt")
+    assert sorted(got) == sorted(state) and all(torch.equal(got[k], state[k]) for k in state)
+    # any other pickled Python object is never unpickled
     torch.save({"state_dict": state, "opt": Path("x")}, tmp_path / "obj.ckpt")
     with pytest.raises(UserError, match="without unpickling code"):
         read_state_dict(tmp_path / "obj.ckpt")

@@ -5,7 +5,9 @@ Formats: a safetensors file; a PyTorch file (``.pt`` / ``.pth`` / ``.bin`` / ``.
 ``model.safetensors`` or ``pytorch_model.bin``, as ``PyTorchModelHubMixin.save_pretrained``
 writes for ProLIP and PCME++); the dict of the official PCME++ COCO trainer (a Lightning
 ``ModelCheckpoint``: the weights under ``"state_dict"``; a ``"model"`` / ``"module"`` entry is
-accepted too) with a DistributedDataParallel ``module.`` prefix stripped.
+accepted too) with a DistributedDataParallel ``module.`` prefix stripped. Its hyper-parameters
+(a ``munch.Munch``) are read as an ``OrderedDict`` in its place (``CONFIG_DICT_CLASSES``);
+any other Python object in the file is refused.
 
 safetensors and torch do the reading; this module only finds the weights inside the container.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -50,9 +53,20 @@ def read_hf_config(path: str | os.PathLike) -> dict | None:
         raise UserError(f"cannot read {config}: {e}") from None
 
 
+# attribute-dict classes that trainer checkpoints pickle in their hyper-parameters (PCME++'s config is a
+# munch.Munch); they are read as collections.OrderedDict (items kept), so no code from the file's world runs
+CONFIG_DICT_CLASSES = ("munch.Munch", "munch.DefaultMunch", "easydict.EasyDict")
+
+
 def _torch_file(path: Path) -> dict:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception:  # noqa: BLE001 - not a zip checkpoint: torch.load reports it below
+        unsafe = set()
+    stand_ins = [(OrderedDict, name) for name in sorted(unsafe & set(CONFIG_DICT_CLASSES))]
+    try:
+        with torch.serialization.safe_globals(stand_ins):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - the file is the user's
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot read {path} without unpickling code ({first}); if the file is from a source you "
