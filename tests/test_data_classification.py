@@ -129,3 +129,17 @@ def test_synthetic_classify_splits(tmp_path):
         build_classification_dataset("synthetic", out, "train")
     with pytest.raises(UserError, match="unknown classification dataset kind"):
         build_classification_dataset("cifar", out)
+
+
+def test_align_classnames_by_name_position_or_refused():
+    from zsprob.data.classification import align_classnames
+    from zsprob.errors import UserError
+
+    # folder names are the class names: matched by name whatever the file's order, case and underscores
+    assert align_classnames(["oak tree", "red car"], ["Red_Car", "oak tree"]) == ["oak tree", "Red_Car"]
+    # no folder name matches (ImageNet wnids): the file's order is the folders' order
+    assert align_classnames(["n01440764", "n01443537"], ["tench", "goldfish"]) == ["tench", "goldfish"]
+    with pytest.raises(UserError, match="no name for oak tree"):
+        align_classnames(["oak tree", "red car"], ["red car", "birch"])
+    with pytest.raises(UserError, match="3 class names but the dataset has 2"):
+        align_classnames(["oak tree", "red car"], ["red car", "oak tree", "elm"])

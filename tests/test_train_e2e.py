@@ -46,3 +46,22 @@ def test_pretrain_synthetic_beats_chance(tmp_path):
     r1 = (trained["synthworld/t2i_R@1"] + trained["synthworld/i2t_R@1"]) / 2
     assert r5 > 2 * chance5 and r1 > 1.5 * chance1, trained
     assert min(trained["synthworld/t2i_R@5"], trained["synthworld/i2t_R@5"]) > 1.5 * chance5, trained
+
+
+@pytest.mark.slow
+def test_pretrain_redcaps_flavour_sets_its_caption_key(tmp_path):
+    """The SynthWorld recipe reads json:captions; --data redcaps reads the shards' .txt unless --set says otherwise."""
+    from test_data_webdataset import make_shards
+
+    pattern, good = make_shards(tmp_path / "redcaps", n_shards=2, per=8, corrupt=False)
+    common = ("pretrain", "--config", "synthetic_tiny.yaml", "--data", "redcaps", "--shards", pattern,
+              "--steps", 2, "--batch-size", 4, "--no-progress", "--checkpoint-every", 0,
+              "--set", "train.tensorboard=false")
+    out = tmp_path / "run"
+    r = run_cli(*common, "--out", out, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["step"] == 2
+    # a caption key set explicitly on the command line still wins (and these shards have no json captions)
+    r = run_cli(*common, "--out", tmp_path / "run2", "--set", "data.pipeline.caption_key=json:captions", timeout=600)
+    assert r.returncode == 2 and "captions" in r.stderr, r.stderr[-3000:]

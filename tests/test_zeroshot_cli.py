@@ -114,3 +114,43 @@ def test_select_then_zeroshot_then_compare(world, tmp_path):
     # image embeddings and the prompt bank were cached and are reused
     cached = list((tmp_path / "cmp" / "cache").glob("*.safetensors"))
     assert any(p.name.startswith("images-") for p in cached) and any(p.name.startswith("promptbank-") for p in cached)
+
+
+def _named_folders(root, counts):
+    for i, (folder, n) in enumerate(counts.items()):
+        (root / folder).mkdir(parents=True)
+        for j in range(n):
+            _draw(CLASSES[i % 3], 10 * i + j).save(root / folder / f"{j:03d}.png")
+    return root
+
+
+@pytest.mark.slow
+def test_classes_file_is_matched_to_folders_by_name(world, tmp_path):
+    """--classes lists "red car" before "oak tree": labels follow the folder names, not the file's order."""
+    root = _named_folders(tmp_path / "ev", {"oak_tree": 2, "red_car": 5})
+    sel_root = _named_folders(tmp_path / "sel", {"oak_tree": 2, "red_car": 2})
+    (tmp_path / "classes.txt").write_text("red car\noak tree\n")
+    common = ("zeroshot", "folder", "--checkpoint", world["ckpt"], "--root", root, "--templates", world["templates"],
+              "--strategy", "all")
+    by_file, by_folder = tmp_path / "file.json", tmp_path / "folder.json"
+    r = run_cli(*common, "--classes", tmp_path / "classes.txt", "--out", by_file)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_cli(*common, "--out", by_folder)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got, want = json.loads(by_file.read_text()), json.loads(by_folder.read_text())
+    assert got["metrics"]["per_class"] == want["metrics"]["per_class"]
+    assert got["metrics"]["top1"] == want["metrics"]["top1"]
+
+    # the same file with a labelled selection split (--select-root)
+    out = tmp_path / "sel.json"
+    r = run_cli("select-prompts", "--checkpoint", world["ckpt"], "--dataset", "folder", "--select-root", sel_root,
+                "--templates", world["templates"], "--classes", tmp_path / "classes.txt", "--topk", "auto",
+                "--out", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [c["name"] for c in json.loads(out.read_text())["classes"]] == ["oak tree", "red car"]
+
+    # a file naming only some of the folders is refused, naming the folder left without a name
+    (tmp_path / "partial.txt").write_text("red car\nbirch\n")
+    r = run_cli(*common, "--classes", tmp_path / "partial.txt", "--out", tmp_path / "p.json")
+    _one_line_error(r)
+    assert "oak tree" in r.stderr and "red car" not in r.stderr.split("no name for", 1)[1]

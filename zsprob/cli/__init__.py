@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "zeroshot": ("zsprob.cli.zeroshot", "zeroshot", "Zero-shot classification with selected prompts."),
     "eval": ("zsprob.cli.eval", "eval_", "Retrieval evaluation (COCO 1K/5K, CxC, ECCV, PMRP, SynthWorld)."),
     "index": ("zsprob.cli.index", "index", "Build and search exact / approximate CSD indexes (FAISS)."),
+    "convert": ("zsprob.cli.convert", "convert", "Convert a published ProLIP / PCME++ checkpoint to zsprob's format."),
     "demo": ("zsprob.cli.demo", "demo", "Run the whole mission on SynthWorld and write a report."),
 }
 

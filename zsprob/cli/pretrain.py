@@ -24,7 +24,10 @@ def pretrain(data_kind, shards, **kw):
     """
     extra = []
     if data_kind:
-        extra.append(f"data.kind={data_kind}")
+        from zsprob.data.webdataset import FLAVOUR_CAPTION_KEYS
+
+        # the flavour's own caption key replaces the recipe's; a --set data.pipeline.caption_key=... comes later and wins
+        extra += [f"data.kind={data_kind}", f"data.pipeline.caption_key={FLAVOUR_CAPTION_KEYS[data_kind]}"]
     if shards:
         extra.append(f"data.shards={shards}")
     cfg = resolve_run_config(kw, extra, default_config="synthetic_tiny.yaml")

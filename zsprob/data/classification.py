@@ -33,6 +33,10 @@ else the folder name with ``_`` turned into spaces). A class-name file is either
   alike), the file's order is the class order (SynthWorld writes it so); otherwise there must
   be one line per folder and line i names the i-th folder in sorted order.
 
+A user's class-name list given next to a folder dataset (``zsprob zeroshot folder --classes``)
+goes through :func:`align_classnames`: matched to the folders by name when it names them, by
+position only when it names none of them (ImageNet wnid folders), refused when it names some.
+
 ``build_classification_dataset("synthetic", OUT, split)`` reads SynthWorld's
 ``OUT/classify/<split>/<class>/*.jpg`` with ``OUT/classify/classnames.txt`` (split ``select``:
 the few labelled images for prompt selection; ``eval``: the evaluation images).
@@ -184,6 +188,31 @@ def _resolve_classnames(folders: list[str], spec, where: Path) -> tuple[list[str
     if len(lines) != len(folders):
         raise UserError(f"{source} has {len(lines)} class names but {where} has {len(folders)} class folders")
     return folders, [x.strip() for x in lines]
+
+
+def align_classnames(dataset_names: Sequence[str], names: Sequence[str], source: str = "the class-name file") \
+        -> list[str]:
+    """``names`` (a user's class-name list) reordered so that entry i names the dataset's class i.
+
+    ``dataset_names`` are a folder dataset's class names in label order (its folder names, ``_``
+    read as a space, or its ``classnames.txt``). When the user's names are those classes
+    (spaces / underscores / case normalised) they are matched by name, in any order; when no name
+    matches any class (e.g. ImageNet wnid folders), by position; a partial match is refused.
+    """
+    names = [str(x).strip() for x in names]
+    if len(names) != len(dataset_names):
+        raise UserError(f"{source} has {len(names)} class names but the dataset has {len(dataset_names)} classes")
+    by_norm = {_norm(x): x for x in names}
+    if len(by_norm) != len(names):
+        raise UserError(f"{source} has duplicate class names (after normalising spaces, underscores and case)")
+    matched = [by_norm.get(_norm(c)) for c in dataset_names]
+    if not any(matched):
+        return names
+    unmatched = [c for c, m in zip(dataset_names, matched) if m is None]
+    if unmatched:
+        raise UserError(f"{source} names only some class folders: no name for {', '.join(unmatched[:10])}"
+                        f"{' ...' if len(unmatched) > 10 else ''} (name every folder, or none for positional order)")
+    return matched
 
 
 class FolderDataset(_ImageList):

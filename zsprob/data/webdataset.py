@@ -115,6 +115,8 @@ __all__ = [
 log = logging.getLogger("zsprob.data")
 
 DATASET_TYPES = ("webdataset", "redcaps", "synthetic")
+# the caption member each shard flavour reads unless a recipe / --set names another
+FLAVOUR_CAPTION_KEYS = {"webdataset": "txt", "redcaps": "txt", "synthetic": "json:captions"}
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 
 # every counter the loader reports (all start at 0)

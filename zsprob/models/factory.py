@@ -35,7 +35,7 @@ _registered = False
 
 # Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
 _ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment", "sigma_head",
-                   "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias")
+                   "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias", "tokenizer_dir")
 
 
 def _open_clip():
@@ -311,10 +311,16 @@ def _wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = No
     oc = _open_clip()
     name = config["name"]
     ctx = config["open_clip_cfg"].get("text_cfg", {}).get("context_length", 77)
-    try:
-        tokenizer = oc.get_tokenizer(name if name in oc.list_models() else "", context_length=ctx)
-    except Exception as e:  # noqa: BLE001 - e.g. an HF tokenizer that is not cached
-        raise UserError(f"cannot build the tokenizer for {name}: {e}") from None
+    if config.get("tokenizer_dir"):  # a local Hugging Face tokenizer (ProLIP's SigLIP tokenizer), never the hub
+        from zsprob.models.hf_tokenizer import load_hf_tokenizer
+
+        tokenizer = load_hf_tokenizer(config["tokenizer_dir"], context_length=ctx)
+    else:
+        try:
+            tokenizer = oc.get_tokenizer(name if name in oc.list_models() else "", context_length=ctx)
+        except Exception as e:  # noqa: BLE001 - e.g. an HF tokenizer that is not cached
+            raise UserError(f"cannot build the tokenizer for {name} (a local Hugging Face tokenizer directory "
+                            f"goes in tokenizer_dir / --tokenizer DIR): {str(e).splitlines()[0]}") from None
     pre = config["preprocess_cfg"]
     p_train, p_val = _transforms(pre)
     size = pre["size"]
@@ -364,7 +370,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         "legacy"), ``sigma_ln_init`` (None), ``sigma_ln_init_bias`` (0.0) (see
         :mod:`zsprob.models.sigma_heads`), ``normalize_mu`` (True), ``gpo_dim`` (32),
         ``sigma_bias_init`` (0.0; -10 with ``sigma_head="unc"``, ProLIP's init_unc_bias),
-        ``truncate_text`` (True), ``size_augment`` (0.0; VSE infinity / PCME++ use 0.2 for fine-tuning);
+        ``truncate_text`` (True), ``size_augment`` (0.0; VSE infinity / PCME++ use 0.2 for fine-tuning),
+        ``tokenizer_dir`` (a local Hugging Face tokenizer directory, e.g. ProLIP's SigLIP tokenizer);
         open_clip options ``image_size``, ``context_length``,
         ``quick_gelu``, ``patch_dropout``; or ``open_clip_cfg={...}`` merged into the open_clip
         config (e.g. ``{"vision_cfg": {"layers": 2}}``).
@@ -441,6 +448,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         "sigma_bias_init": zopts.get("sigma_bias_init", DEFAULT_BIAS_INIT.get(zopts.get("sigma_head", "block"), 0.0)),
         "truncate_text": bool(zopts.get("truncate_text", True)),
         "size_augment": float(zopts.get("size_augment", 0.0)),
+        "tokenizer_dir": str(Path(zopts["tokenizer_dir"]).resolve()) if zopts.get("tokenizer_dir") else None,
         "preprocess_cfg": _preprocess_cfg(ocfg, pcfg),
         "pretrained": str(pretrained) if pretrained is not None else None,
         "reinit_params": ["clip." + k for k in reinit],

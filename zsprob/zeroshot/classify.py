@@ -487,6 +487,8 @@ def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templa
         if list(select_feats.classnames) != list(eval_feats.classnames):
             raise UserError("the selection split's classes differ from the evaluation split's classes")
     names = load_classnames(classnames) if classnames is not None else list(eval_feats.classnames)
+    if classnames is not None and dataset == "folder":
+        names = _align_to_folders(names, classnames, eval_feats.classnames)
     if len(names) != len(eval_feats.classnames):
         raise UserError(f"class-name file has {len(names)} names but the dataset has "
                         f"{len(eval_feats.classnames)} classes")
@@ -536,6 +538,15 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
 
 
 # ----------------------------------------------------------------------------- library entry points of the CLI
+
+def _align_to_folders(names: list[str], source, folder_classes) -> list[str]:
+    """A user's class names in the folder dataset's label order (by name, else by position)."""
+    if folder_classes is None:
+        return names
+    from zsprob.data.classification import align_classnames
+
+    return align_classnames(list(folder_classes), names, f"class-name file {source}")
+
 
 def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: int | None = None,
                   select_root=None, use_select: bool = True, templates=None, classnames=None, cache_dir=None,
@@ -589,6 +600,10 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
         names = list(ev_feats.classnames) if ev_feats is not None else list(load_split(*ev).classnames)
     else:
         raise UserError("no class names: pass --classes FILE or the dataset --root")
+    if classnames is not None and dataset == "folder":
+        names = _align_to_folders(names, classnames, sf.classnames if select is not None else
+                                  ev_feats.classnames if ev_feats is not None else
+                                  load_split(*ev).classnames if root is not None else None)
     if select is not None and len(sf.classnames) != len(names):
         raise UserError(f"the selection split has {len(sf.classnames)} classes but there are {len(names)} "
                         "class names")

@@ -1,0 +1,27 @@
+"""`zsprob convert`: a published ProLIP / PCME++ checkpoint -> a zsprob checkpoint (thin wrapper).
+
+Calls :func:`zsprob.models.convert.convert.convert_to_checkpoint`; errors are one line (exit 2).
+"""
+import click
+
+
+@click.command("convert")
+@click.argument("source", type=click.Path())
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="zsprob checkpoint directory to write.")
+@click.option("--model", "model_name", default=None,
+              help="zsprob model name (default: from the layout, e.g. prolip-ViT-B-16, pcmepp-ViT-B-16).")
+@click.option("--layout", "layout_name", type=click.Choice(["prolip", "pcmepp-hf", "pcmepp-coco"]), default=None,
+              help="Official layout (default: detected from the key names).")
+@click.option("--tokenizer", type=click.Path(), default=None,
+              help="Local Hugging Face tokenizer directory (default: tokenizer/ next to SOURCE).")
+def convert(source, out, model_name, layout_name, tokenizer):
+    """Convert an official checkpoint (file, Hugging Face directory or COCO trainer .ckpt), strictly.
+
+    \b
+    zsprob convert PCMEPP-ViT-B-16/ --out ckpt/pcmepp-b16
+    Every official key must be consumed and every zsprob parameter filled, shapes equal.
+    """
+    from zsprob.models.convert.convert import convert_to_checkpoint
+
+    path = convert_to_checkpoint(source, out, model_name=model_name, layout_name=layout_name, tokenizer=tokenizer)
+    click.echo(f"checkpoint: {path}")

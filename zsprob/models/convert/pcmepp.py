@@ -1,0 +1,69 @@
+"""PCME++ (naver-ai/pcmepp) official state-dict names <-> zsprob names, for both official layouts.
+
+``hf_models.HfPCMEPPModel`` (the ImageNet zero-shot ViT-B/16 on the Hugging Face hub): open_clip
+CLIP names for the mean branch (``visual.*``, ``transformer.*``, ``token_embedding``, ...) plus
+``visual.uncertainty_transformer`` / ``uncertainty_transformer`` (the last ``unc_layers`` blocks,
+branched off the trunk) and ``visual.uncertainty_proj`` / ``uncertainty_text_projection``; the
+loss's ``shift`` / ``negative_scale`` sit at the top level.
+
+The official COCO trainer (``pcmepp.engine.PCMEPPModel``, a Lightning module; weights under the
+checkpoint's ``state_dict``): ``img_enc.backbone`` (OpenAI CLIP visual trunk without ``ln_post`` /
+``proj``, with ``uncertainty_transformer``), ``img_enc.image_encoder`` / ``image_std_encoder``
+(a biased ``fc`` to the embedding size, then GPO ``gpool``), ``img_enc.image_std_ln`` (with
+``sigma_ln_init``), ``txt_enc.backbone`` (the CLIP text trunk, ``transformer.prob_resblocks`` for
+uncertainty), ``txt_enc.linear`` / ``std_linear``, ``gpool`` / ``std_gpool``, ``text_std_ln``, and
+``criterion.shift`` / ``criterion.negative_scale``.
+
+The mean-branch rules of the HF layout name today's ``ProbCLIP`` parameters; the sigma rules and
+the COCO trainer's head rules name the official-layout heads of ``zsprob.models.prob_clip``
+(``sigma_head``; biased ``fc`` before GPO, optional LayerNorm on log sigma^2).
+"""
+from zsprob.models.convert.mapping import Rule
+
+FAMILY = "pcmepp"
+MODELS = ("pcmepp-ViT-B-16",)
+
+HF_RULES = [
+    Rule("visual.uncertainty_transformer.resblocks.{i}.{rest}", "image_sigma.blocks.{i}.{rest}", "sigma"),
+    Rule("visual.uncertainty_proj", "image_sigma.proj", "sigma"),
+    Rule("uncertainty_transformer.resblocks.{i}.{rest}", "text_sigma.blocks.{i}.{rest}", "sigma"),
+    Rule("uncertainty_text_projection", "text_sigma.proj", "sigma"),
+    Rule("shift", "loss.shift", "loss"),
+    Rule("negative_scale", "loss.negative_scale", "loss"),
+    Rule("logit_scale", "clip.logit_scale"),
+    Rule("visual.{rest}", "clip.visual.{rest}"),
+    Rule("transformer.{rest}", "clip.transformer.{rest}"),
+    Rule("token_embedding.{rest}", "clip.token_embedding.{rest}"),
+    Rule("positional_embedding", "clip.positional_embedding"),
+    Rule("ln_final.{rest}", "clip.ln_final.{rest}"),
+    Rule("text_projection", "clip.text_projection"),
+]
+
+COCO_RULES = [
+    # image tower
+    Rule("img_enc.backbone.uncertainty_transformer.resblocks.{i}.{rest}", "image_sigma.blocks.{i}.{rest}", "sigma"),
+    Rule("img_enc.backbone.{rest}", "clip.visual.{rest}"),
+    Rule("img_enc.image_encoder.fc.{rest}", "image_head.fc.{rest}"),
+    Rule("img_enc.image_encoder.gpool.gru.{rest}", "image_gpo.gru.{rest}"),
+    Rule("img_enc.image_encoder.gpool.linear.weight", "image_gpo.score.weight"),
+    Rule("img_enc.image_std_encoder.fc.{rest}", "image_sigma.fc.{rest}", "sigma"),
+    Rule("img_enc.image_std_encoder.gpool.gru.{rest}", "image_sigma.gpo.gru.{rest}", "sigma"),
+    Rule("img_enc.image_std_encoder.gpool.linear.weight", "image_sigma.gpo.score.weight", "sigma"),
+    Rule("img_enc.image_std_ln.{rest}", "image_sigma.out_ln.{rest}", "sigma"),
+    # text tower
+    Rule("txt_enc.backbone.transformer.prob_resblocks.{i}.{rest}", "text_sigma.blocks.{i}.{rest}", "sigma"),
+    Rule("txt_enc.backbone.transformer.resblocks.{i}.{rest}", "clip.transformer.resblocks.{i}.{rest}"),
+    Rule("txt_enc.backbone.token_embedding.{rest}", "clip.token_embedding.{rest}"),
+    Rule("txt_enc.backbone.positional_embedding", "clip.positional_embedding"),
+    Rule("txt_enc.backbone.ln_final.{rest}", "clip.ln_final.{rest}"),
+    Rule("txt_enc.linear.{rest}", "text_head.fc.{rest}"),
+    Rule("txt_enc.gpool.gru.{rest}", "text_gpo.gru.{rest}"),
+    Rule("txt_enc.gpool.linear.weight", "text_gpo.score.weight"),
+    Rule("txt_enc.std_linear.{rest}", "text_sigma.fc.{rest}", "sigma"),
+    Rule("txt_enc.std_gpool.gru.{rest}", "text_sigma.gpo.gru.{rest}", "sigma"),
+    Rule("txt_enc.std_gpool.linear.weight", "text_sigma.gpo.score.weight", "sigma"),
+    Rule("txt_enc.text_std_ln.{rest}", "text_sigma.out_ln.{rest}", "sigma"),
+    # loss
+    Rule("criterion.shift", "loss.shift", "loss"),
+    Rule("criterion.negative_scale", "loss.negative_scale", "loss"),
+]

@@ -1,0 +1,69 @@
+"""Hugging Face tokenizers from a local directory (ProLIP's SigLIP tokenizer), never from the hub.
+
+What zsprob owns: finding the tokenizer directory (``--tokenizer DIR``, a ``tokenizer/``
+directory next to the weights, or the weights' own directory when it holds the tokenizer
+files), refusing anything that would reach the network (``HF_HUB_OFFLINE`` and
+``local_files_only``), and one-line :class:`zsprob.UserError` messages.
+
+What the libraries do: ``transformers.AutoTokenizer`` reads the directory (``tokenizer.json``
+built with the ``tokenizers`` package, ``tokenizer_config.json``, ``special_tokens_map.json``);
+open_clip's ``HFTokenizer`` applies the text cleaning (ProLIP's ``canonicalize``: lower case,
+punctuation removed, whitespace collapsed) and pads / truncates to the context length
+(ProLIP: 64) by calling the tokenizer directly (transformers 5 has no ``batch_encode_plus``).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from zsprob.errors import UserError
+
+# files a saved Hugging Face tokenizer directory holds (any one marks the directory)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "vocab.txt")
+PROLIP_CONTEXT_LENGTH = 64
+PROLIP_TEXT_CLEANING = "canonicalize"
+
+
+def is_tokenizer_dir(path: str | os.PathLike) -> bool:
+    path = Path(path)
+    return path.is_dir() and any((path / name).is_file() for name in TOKENIZER_FILES)
+
+
+def find_tokenizer_dir(weights: str | os.PathLike | None = None, tokenizer: str | os.PathLike | None = None) -> Path:
+    """The tokenizer directory: ``tokenizer`` if given, else ``tokenizer/`` beside (or inside) the weights."""
+    if tokenizer is not None:
+        tokenizer = Path(tokenizer).expanduser()
+        if not is_tokenizer_dir(tokenizer):
+            raise UserError(f"tokenizer directory {tokenizer} not found or holds none of {', '.join(TOKENIZER_FILES)}")
+        return tokenizer
+    if weights is None:
+        raise UserError("no tokenizer: pass --tokenizer DIR (a saved Hugging Face tokenizer directory)")
+    weights = Path(weights).expanduser()
+    base = weights if weights.is_dir() else weights.parent
+    for candidate in (base / "tokenizer", base):
+        if is_tokenizer_dir(candidate):
+            return candidate
+    raise UserError(f"no Hugging Face tokenizer next to {weights} (looked for {base / 'tokenizer'} and {base}); "
+                    "pass --tokenizer DIR, e.g. the tokenizer files of the model's hub page saved locally")
+
+
+def load_hf_tokenizer(directory: str | os.PathLike, context_length: int = PROLIP_CONTEXT_LENGTH,
+                      clean: str = PROLIP_TEXT_CLEANING):
+    """open_clip ``HFTokenizer`` over a local directory: ``tok(texts) -> LongTensor [N, context_length]``."""
+    from open_clip.tokenizer import HFTokenizer
+
+    directory = find_tokenizer_dir(tokenizer=directory)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        tok = HFTokenizer(str(directory), context_length=int(context_length), clean=clean, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - a malformed directory is the user's
+        raise UserError(f"cannot load the Hugging Face tokenizer in {directory}: {type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    if tok.tokenizer.pad_token_id is None:
+        raise UserError(f"tokenizer in {directory} has no pad token (tokenizer_config.json / special_tokens_map.json)")
+    tok.directory = str(directory)
+    return tok
+
+
+__all__ = ["TOKENIZER_FILES", "PROLIP_CONTEXT_LENGTH", "PROLIP_TEXT_CLEANING", "is_tokenizer_dir",
+           "find_tokenizer_dir", "load_hf_tokenizer"]
