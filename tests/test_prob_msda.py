@@ -1,4 +1,5 @@
-"""zsprob.prob.msda.mix_batch: which images are mixed, how, and the soft targets (PCME++ Sec. 2.4)."""
+"""zsprob.prob.msda: which images are mixed, how, and the soft targets, for the paper-text modes
+(PCME++ Sec. 2.4) and the official mode (naver-ai/pcmepp's per-image Mixup / CutMix)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +9,7 @@ from scipy import stats
 
 from zsprob import UserError
 from zsprob.prob import PCMEPPLoss, mix_batch
+from zsprob.prob.msda import check_config, mix_batch_official, official_targets, smooth_targets
 
 
 def constant_images(b=16, c=3, h=20, w=24):
@@ -93,3 +95,107 @@ def test_targets_feed_the_loss_and_reach_the_mixed_pair():
         hard = 1.0 if r == c else 0.0
         diff += (bce(logits[r, c], torch.tensor(m)) - bce(logits[r, c], torch.tensor(hard))).item()
     assert (loss_soft - loss_hard).item() == pytest.approx(2 * diff / 64, rel=1e-4, abs=1e-7)
+
+
+# ----------------------------------------------------------------------------- official mode
+
+def test_official_targets_by_hand():
+    """Row 0 mixed with lambda 0.3 (partner 3), s = 0.1: own 0.3 * 0.9 + 0.7 * 0.1 = 0.34,
+    partner 0.3 * 0.1 + 0.7 * 0.9 = 0.66, others s; unmixed rows 1 - s on the diagonal."""
+    lam = torch.tensor([0.3, 1.0, 1.0, 1.0], dtype=torch.float64)
+    expected = torch.tensor([[0.34, 0.1, 0.1, 0.66],
+                             [0.1, 0.9, 0.1, 0.1],
+                             [0.1, 0.1, 0.9, 0.1],
+                             [0.1, 0.1, 0.1, 0.9]])
+    torch.testing.assert_close(official_targets(lam, 0.1), expected)
+    torch.testing.assert_close(official_targets(lam, 0.0)[0], torch.tensor([0.3, 0.0, 0.0, 0.7]))
+
+
+def test_label_smoothing_values():
+    m = smooth_targets(torch.eye(5), 1e-4)
+    assert m.diagonal().tolist() == pytest.approx([1 - 1e-4] * 5)
+    assert m[~torch.eye(5, dtype=torch.bool)].tolist() == pytest.approx([1e-4] * 20)
+    with pytest.raises(UserError):
+        smooth_targets(torch.eye(3), -0.1)
+
+
+def _expected_official_row(b, i, lam, s):
+    """Float64 row i of the official targets, entry by entry."""
+    row = np.full(b, s)
+    j = b - 1 - i
+    if lam == 1.0:
+        row[i] = 1 - s
+    else:
+        row[i] = lam * (1 - s) + (1 - lam) * s
+        row[j] = lam * s + (1 - lam) * (1 - s)
+    return row
+
+
+def test_official_mixed_pixels_and_targets():
+    b, s = 16, 1e-4
+    x = constant_images(b, 3, 20, 24)
+    before = x.clone()
+    seen = {True: 0, False: 0}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(6):
+        out, matched, info = mix_batch_official(x, ratio=0.5, smoothing=s, generator=g, return_info=True)
+        assert torch.equal(x, before)
+        lam_of = dict(zip(info["index"], info["lam"]))
+        for i in range(b):
+            j = b - 1 - i
+            lam = lam_of.get(i, 1.0)
+            np.testing.assert_allclose(matched[i].double().numpy(), _expected_official_row(b, i, lam, s),
+                                       rtol=0, atol=1e-7)
+            if i not in lam_of:
+                assert torch.equal(out[i], x[i])
+                continue
+            cut = info["cutmix"][info["index"].index(i)]
+            seen[cut] += 1
+            if not cut:
+                torch.testing.assert_close(out[i], lam * x[i] + (1 - lam) * x[j])
+            else:  # lambda = pixel share kept from image i; the box comes from the partner B-1-i
+                from_i = (out[i] == i + 1).double().mean().item()
+                from_j = (out[i] == j + 1).double().mean().item()
+                assert from_i == pytest.approx(lam, abs=1e-9) and from_i + from_j == pytest.approx(1.0)
+    assert seen[True] > 0 and seen[False] > 0
+
+
+def test_official_selection_shares_lambda_and_determinism():
+    b, batches = 16, 400
+    x = constant_images(b, 1, 8, 8)
+    a = mix_batch_official(x, generator=torch.Generator().manual_seed(5), return_info=True)
+    c = mix_batch_official(x, generator=torch.Generator().manual_seed(5), return_info=True)
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1]) and a[2] == c[2]
+    g = torch.Generator().manual_seed(6)
+    mixed = cutmix = 0
+    mixup_lams = []
+    for _ in range(batches):
+        _, _, info = mix_batch_official(x, ratio=0.25, generator=g, return_info=True)
+        mixed += len(info["index"])
+        cutmix += sum(info["cutmix"])
+        mixup_lams += [lam for lam, cut in zip(info["lam"], info["cutmix"]) if not cut]
+    n = b * batches  # per image with probability 0.25; CutMix for half of the mixed ones
+    assert abs(mixed / n - 0.25) < 4 * np.sqrt(0.25 * 0.75 / n)
+    assert abs(cutmix / mixed - 0.5) < 4 * np.sqrt(0.25 / mixed)
+    assert stats.kstest(np.array(mixup_lams), stats.beta(2, 2).cdf).pvalue > 1e-3
+
+
+def test_official_odd_batch_and_errors():
+    x = constant_images(5, 1, 4, 4)
+    out, matched, info = mix_batch_official(x, ratio=1.0, smoothing=0.0, generator=torch.Generator().manual_seed(0),
+                                            return_info=True)
+    assert 2 not in info["index"] and torch.equal(out[2], x[2]) and matched[2].tolist() == [0, 0, 1, 0, 0]
+    assert sorted(info["index"]) == [0, 1, 3, 4]
+    out, matched = mix_batch(x, mode="official", ratio=0.0)
+    torch.testing.assert_close(matched, smooth_targets(torch.eye(5), 1e-4))
+    for bad in ({"ratio": 1.2}, {"switch_prob": -0.1}, {"smoothing": 2.0}, {"alpha": 0.0}):
+        with pytest.raises(UserError):
+            mix_batch_official(x, **bad)
+    ok = dict(enabled=True, mode="official", ratio=0.25, alpha=2.0, switch_prob=0.5, smoothing=1e-4,
+              label_smoothing=1e-4)
+    check_config(**ok)
+    for key, value, message in (("mode", "mosaic", "unknown msda.mode"), ("ratio", 1.5, "msda.ratio"),
+                                ("switch_prob", -1.0, "msda.switch_prob"),
+                                ("label_smoothing", 1.1, "msda.label_smoothing")):
+        with pytest.raises(UserError, match=message):
+            check_config(**{**ok, key: value})

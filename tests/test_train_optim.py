@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from zsprob.errors import UserError
 from zsprob.train import optim as O
 from zsprob.train import state as S
 from zsprob.train.data import add_caption_noise, mixed_seed
@@ -231,3 +233,136 @@ def test_recipes_carry_the_paper_settings():
     t = resolve_config(load_train_config("synthetic_tiny.yaml", ["method=infonce", "schedule.steps=5"]))
     assert t.model.name == "zsprob-tiny-bow" and t.method == "infonce" and t.schedule.steps == 5
     assert t.model.overrides.sigma_bias_init == -6.0 and t.data.augment is False
+
+
+# ----------------------------------------------------------------------------- ViT-B/16 lr table
+
+B16_LR, B16_WD, B16_DECAY, B16_IMAGE_MULT, B16_TEXT_MULT = 5e-4, 1e-4, 0.7, 0.01, 0.1
+BLOCK_INDEX = re.compile(r"resblocks\.(\d+)\.")
+SIGMA_BLOCK_INDEX = re.compile(r"^(image|text)_sigma\.blocks\.(\d+)\.")
+
+
+def official_lr_wd(name: str, n_blocks: int = 12, n_unc_layers: int = 1) -> tuple[float, float]:
+    """naver-ai/pcmepp ``configure_optimizers`` written out on zsprob's parameter names.
+
+    img_enc.backbone = clip.visual.* + the image sigma blocks (uncertainty_transformer);
+    txt_enc.backbone = the text tower (token / positional embedding, blocks, ln_final, projection)
+    + the text sigma blocks (prob_resblocks); the rest of each encoder (GPO, sigma projection) at
+    lr; parameters outside both encoders (loss a, b; logit scale) at lr without weight decay.
+    Inside a backbone: lr * backbone_mult * decay^(12 - k) for ``resblocks.k.``,
+    decay^(n_unc - j) for sigma block j, no layer decay for everything else.
+    """
+    name = name.removeprefix("model.")
+    sigma = SIGMA_BLOCK_INDEX.match(name)
+    if sigma:
+        tower = sigma.group(1)
+        factor = B16_DECAY ** (n_unc_layers - int(sigma.group(2)))
+    elif name.startswith("clip.visual."):
+        tower = "image"
+        block = BLOCK_INDEX.search(name)
+        factor = B16_DECAY ** (n_blocks - int(block.group(1))) if block else 1.0
+    elif name.startswith("clip.") and name not in ("clip.logit_scale", "clip.logit_bias"):
+        tower = "text"
+        block = BLOCK_INDEX.search(name)
+        factor = B16_DECAY ** (n_blocks - int(block.group(1))) if block else 1.0
+    elif name.startswith(("image_sigma.", "image_gpo.", "text_sigma.", "text_gpo.")):
+        return B16_LR, B16_WD
+    else:
+        return B16_LR, 0.0
+    mult = B16_IMAGE_MULT if tower == "image" else B16_TEXT_MULT
+    return B16_LR * mult * factor, B16_WD
+
+
+def zsprob_lr_wd(name: str, p: torch.Tensor, n_blocks: int = 12) -> tuple[float, float]:
+    """zsprob's earlier grouping on the same names: every open_clip parameter layer-decayed by its
+    depth (embeddings 0, block k at k + 1, final LN / projection at 13), added modules at lr, no
+    weight decay on norms / biases / scalars."""
+    name = name.removeprefix("model.")
+    wd = 0.0 if O.no_weight_decay(name, p) else B16_WD
+    if name.startswith("clip.") and name not in ("clip.logit_scale", "clip.logit_bias"):
+        mult = B16_IMAGE_MULT if name.startswith("clip.visual.") else B16_TEXT_MULT
+        block = BLOCK_INDEX.search(name)
+        if block:
+            depth = int(block.group(1)) + 1
+        elif any(k in name for k in ("ln_post", "ln_final", "proj")):
+            depth = n_blocks + 1
+        else:
+            depth = 0
+        return B16_LR * mult * B16_DECAY ** (n_blocks + 1 - depth), wd
+    return B16_LR, wd
+
+
+@pytest.fixture(scope="module")
+def b16_step():
+    """A ViT-B/16 ProbCLIP (one sigma block per tower) on the meta device, with PCME++'s loss."""
+    from zsprob.models import create_model
+    from zsprob.prob import create_loss
+    from zsprob.train.loop import ContrastiveStep
+    with torch.device("meta"):
+        model = create_model("ViT-B-16", None, sigma_depth=1, seed=0)
+        return ContrastiveStep(model, create_loss("pcmepp"))
+
+
+def _b16_groups(step, grouping):
+    return O.param_groups(step, lr=B16_LR, weight_decay=B16_WD, param_info=step.model.param_info(),
+                          prefix="model.", layer_decay=B16_DECAY, image_lr_mult=B16_IMAGE_MULT,
+                          text_lr_mult=B16_TEXT_MULT, grouping=grouping)
+
+
+@pytest.mark.parametrize("grouping", ["official", "zsprob"])
+def test_vitb16_every_group_lr_and_weight_decay(b16_step, grouping):
+    groups = _b16_groups(b16_step, grouping)
+    named = [(n, p) for n, p in b16_step.named_parameters() if p.requires_grad]
+    assert sum(len(g["params"]) for g in groups) == len(named)
+    sigma_blocks = [n for n, _ in named if SIGMA_BLOCK_INDEX.match(n.removeprefix("model."))]
+    assert {n.split("_")[0].removeprefix("model.") for n in sigma_blocks} == {"image", "text"}
+    assert any(n.startswith("loss.") for n, _ in named)  # the loss's a, b are grouped too
+    for name, p in named:
+        g = _group_of(groups, p)
+        want_lr, want_wd = official_lr_wd(name) if grouping == "official" else zsprob_lr_wd(name, p)
+        assert g["lr"] == pytest.approx(want_lr, rel=1e-12), (grouping, name, g["group_name"])
+        assert g["weight_decay"] == want_wd, (grouping, name, g["group_name"])
+
+
+def test_vitb16_official_vs_zsprob_rates(b16_step):
+    """The figures of issue 17: sigma blocks 143x / 14x too fast, embeddings ~1/100 too slow."""
+    params = dict(b16_step.named_parameters())
+    official = {id(p): g for g in _b16_groups(b16_step, "official") for p in g["params"]}
+    zsprob = {id(p): g for g in _b16_groups(b16_step, "zsprob") for p in g["params"]}
+
+    def lr_ratio(name):
+        p = params[name]
+        return zsprob[id(p)]["lr"] / official[id(p)]["lr"]
+
+    sigma_image = "model.image_sigma.blocks.0.attn.in_proj_weight"
+    sigma_text = "model.text_sigma.blocks.0.attn.in_proj_weight"
+    assert official[id(params[sigma_image])]["lr"] == pytest.approx(5e-4 * 0.01 * 0.7)  # 3.5e-6
+    assert official[id(params[sigma_text])]["lr"] == pytest.approx(5e-4 * 0.1 * 0.7)    # 3.5e-5
+    assert lr_ratio(sigma_image) == pytest.approx(1 / (0.01 * 0.7)) and round(lr_ratio(sigma_image)) == 143
+    assert lr_ratio(sigma_text) == pytest.approx(1 / (0.1 * 0.7)) and round(lr_ratio(sigma_text)) == 14
+    for emb in ("model.clip.visual.conv1.weight", "model.clip.visual.positional_embedding",
+                "model.clip.token_embedding.weight", "model.clip.positional_embedding"):
+        assert lr_ratio(emb) == pytest.approx(0.7 ** 13)  # 0.0097, about 1/103
+    # the sigma blocks sit in the backbone groups: a frozen image backbone freezes them too
+    assert official[id(params[sigma_image])]["backbone"] and not zsprob[id(params[sigma_image])]["backbone"]
+
+
+def test_grouping_and_layer_decay_validated(step_module):
+    with pytest.raises(UserError, match="optim.grouping"):
+        O.param_groups(step_module, lr=1e-3, weight_decay=0.1, grouping="paper")
+    with pytest.raises(UserError, match="layer_decay"):
+        O.param_groups(step_module, lr=1e-3, weight_decay=0.1, layer_decay=1.5, grouping="official")
+
+
+def test_official_groups_freeze_the_sigma_blocks(step_module):
+    """Official: a frozen image backbone freezes the image sigma blocks; the heads keep training."""
+    info = step_module.model.param_info()
+    groups = O.param_groups(step_module, lr=1e-3, weight_decay=0.1, param_info=info, prefix="model.",
+                            layer_decay=0.7, grouping="official")
+    opt = torch.optim.AdamW(groups, lr=1e-3)
+    sched = O.GroupSchedule(opt, lambda s: 1.0, freeze={"image": O.freeze_fn(2, 0)})
+    frozen = {id(p) for g in sched.frozen_groups() for p in g["params"]}
+    params = dict(step_module.named_parameters())
+    sigma = [n for n in params if n.startswith("model.image_sigma.blocks.")]
+    assert sigma and all(id(params[n]) in frozen for n in sigma)
+    assert all(id(params[n]) not in frozen for n in params if n.startswith(("model.image_gpo.", "model.text_")))

@@ -45,16 +45,24 @@ DEFAULTS: dict = {
         "resampled": False,
         "samples_per_epoch": None, # epoch length for streams (None: one pass over the shards)
         "noise_ratio": 0.0,        # share of training captions replaced by wrong ones
+        "text_size_augment": 0.0,  # text SizeAugment: share of caption tokens selected (official COCO 0.2) ...
+        "text_size_augment_masking": 0.5,  # ... of which masked ...
+        "text_size_augment_erasing": 0.1,  # ... or randomised; the rest deleted (zsprob.data.text_augment)
         "augment": True,           # open_clip's training transform (RandomResizedCrop); False: the eval transform
         "pipeline": {},            # extra keyword arguments for build_wds_pipeline
     },
-    "msda": {"enabled": False, "ratio": 0.25, "alpha": 2.0, "mode": "random"},
+    # mode: official (naver-ai/pcmepp: per image, partner B-1-i, smoothed targets) | random | mixup | cutmix
+    "msda": {"enabled": False, "ratio": 0.25, "alpha": 2.0, "mode": "random",
+             "switch_prob": 0.5,        # official: per-image probability of CutMix instead of Mixup
+             "smoothing": 1.0e-4,       # official: target smoothing of the mixed batch (mixup_smoothing)
+             "label_smoothing": 0.0},   # smoothing of the identity targets of steps without MSDA (official 1e-4)
     "optim": {
         "name": "adamp",
         "lr": 5e-4,
         "weight_decay": 1e-4,
         "betas": [0.9, 0.999],
         "eps": 1e-8,
+        "grouping": "zsprob",      # zsprob | official (naver-ai/pcmepp's parameter groups, see train/optim.py)
         "layer_decay": None,       # e.g. 0.7: lr x decay^(num_layers - depth) for backbone blocks
         "image_lr_mult": 1.0,      # lr multiplier of the image backbone (PCME++ COCO: 0.01)
         "text_lr_mult": 1.0,       # lr multiplier of the text backbone (PCME++ COCO: 0.1)

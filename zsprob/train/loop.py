@@ -333,7 +333,8 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     groups = O.param_groups(step_module, lr=float(oc.lr), weight_decay=float(oc.weight_decay), param_info=info,
                             prefix="model.",
                             layer_decay=float(oc.layer_decay) if oc.get("layer_decay") is not None else None,
-                            image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult))
+                            image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
+                            grouping=str(oc.get("grouping") or "zsprob"))
     optimizer = O.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
                                    betas=oc.betas, eps=float(oc.eps))
     schedule = O.GroupSchedule(optimizer, O.schedule_fn(sch.name, total_steps=total_steps, warmup_steps=warmup,
@@ -393,7 +394,16 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     noise = float(cfg.data.get("noise_ratio") or 0.0) if cfg.data.kind != "coco" else 0.0
     msda = cfg.msda
     if msda.enabled:
-        from zsprob.prob.msda import mix_batch
+        from zsprob.prob.msda import mix_batch, mix_batch_official
+    from zsprob.prob.msda import check_config, smooth_targets
+    check_config(enabled=bool(msda.enabled), mode=str(msda.mode), ratio=float(msda.ratio), alpha=float(msda.alpha),
+                 switch_prob=float(msda.get("switch_prob", 0.5)), smoothing=float(msda.get("smoothing", 1e-4)),
+                 label_smoothing=float(msda.get("label_smoothing") or 0.0))
+    from zsprob.data.text_augment import TextSizeAugment
+    label_smoothing = float(msda.get("label_smoothing") or 0.0)  # targets of the steps without MSDA
+    text_aug = TextSizeAugment(float(cfg.data.get("text_size_augment") or 0.0),
+                               float(cfg.data.get("text_size_augment_masking", 0.5)),
+                               float(cfg.data.get("text_size_augment_erasing", 0.1)), model.tokenizer)
     precision_fp16 = mp == "fp16"
     max_nonfinite = int(tc.max_nonfinite)
     log_every = max(1, int(tc.log_every))
@@ -459,14 +469,23 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
         data_time += time.perf_counter() - t_d
         gen = None
         matched = None
-        if noise > 0 or msda.enabled:
+        if noise > 0 or msda.enabled or text_aug.share > 0:
             gen = torch.Generator().manual_seed(mixed_seed(seed, step, rank))
         if noise > 0:
             tokens, k = add_caption_noise(tokens, noise, gen)
             noisy_rows += k
-        if msda.enabled:
+        if text_aug.share > 0:
+            tokens = text_aug(tokens, gen)
+        if msda.enabled and msda.mode == "official":
+            images, matched = mix_batch_official(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
+                                                 switch_prob=float(msda.get("switch_prob", 0.5)),
+                                                 smoothing=float(msda.get("smoothing", 1e-4)), generator=gen)
+        elif msda.enabled:
             images, matched = mix_batch(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
                                         mode=msda.mode, generator=gen)
+        elif label_smoothing > 0:
+            matched = smooth_targets(torch.eye(images.shape[0]), label_smoothing)
+        if matched is not None:
             matched = matched.to(device, non_blocking=True)
         images = images.to(device, non_blocking=True)
         tokens = tokens.to(device, non_blocking=True)

@@ -9,10 +9,39 @@ freeze-then-warm-up factor, all expressed in optimiser steps so that resuming is
 Learning rate of parameter group g at step s::
 
     lr_g(s) = lr * scale_g * schedule(s) * freeze_g(s)
-    scale_g = tower_mult * layer_decay ** (num_layers - depth)      (backbone parameters)
-            = 1                                                      (new modules: heads, GPO, loss)
     freeze_g(s) = 0 while the group's backbone is frozen, then a linear ramp to 1 over
                   ``unfreeze_warmup`` steps (PCME++: visual backbone frozen 2 epochs, 1 epoch warm-up)
+
+Two groupings (``optim.grouping``; ``GROUPINGS``), both read from ``param_info()`` only (per
+parameter: tower, depth, num_layers, backbone flag; depth 0 = embeddings, 1..num_layers-1 = blocks,
+num_layers = final norm / projection / heads):
+
+``"zsprob"`` (zsprob's original grouping)::
+
+    scale_g = tower_mult * layer_decay ** (num_layers - depth)     (backbone parameters, embeddings included)
+            = 1                                                     (added modules: sigma blocks, heads, GPO, loss)
+    weight decay on matrices only (no_weight_decay: norms, biases, scalars excluded)
+
+``"official"`` (naver-ai/pcmepp ``configure_optimizers``: the encoder's ``backbone`` module holds the
+pretrained tower AND the duplicated uncertainty blocks; only parameters whose name carries a block
+index ``resblocks.<k>.`` are layer-decayed, everything else of the backbone keeps the backbone lr)::
+
+    scale_g = tower_mult * layer_decay ** (num_layers - depth)     (blocks: backbone blocks and the sigma
+                                                                    blocks, which share the depth of the
+                                                                    block they duplicate)
+            = tower_mult                                            (backbone parameters outside blocks:
+                                                                    token / patch / positional embeddings,
+                                                                    class token, ln_pre, final LN, projection)
+            = 1                                                     (added modules outside blocks: sigma
+                                                                    projection, GPO, re-initialised projection)
+    weight decay on every tower parameter (norms and biases too); none on the parameters outside
+    the towers (the loss's a, b, logit scale)
+
+The official code hard-codes 12 blocks and counts the sigma blocks from the uncertainty depth:
+block k of 12 gets decay^(12 - k), sigma block j of n gets decay^(n - j); with zsprob's depths
+(block k at depth k + 1, sigma block j at the depth of block 12 - n + j) both are
+decay^(num_layers - depth). In the official code the sigma blocks sit in the backbone module, so a
+frozen backbone freezes them too: the "official" groups of sigma blocks carry ``backbone=True``.
 """
 from __future__ import annotations
 
@@ -53,38 +82,77 @@ def _lookup_info(name: str, info: dict, prefix: str) -> dict | None:
     return info.get(name)
 
 
+GROUPINGS = ("zsprob", "official")
+
+
+def _tower_mult(tower: str, image_lr_mult: float, text_lr_mult: float) -> float:
+    return image_lr_mult if tower == "image" else text_lr_mult if tower == "text" else 1.0
+
+
+def _zsprob_group(name: str, p: torch.Tensor, info: dict | None, *, layer_decay: float | None,
+                  image_lr_mult: float, text_lr_mult: float) -> tuple[str, bool, int, bool, float]:
+    """(tower, backbone, depth key, weight-decayed, lr scale) of one parameter, zsprob's rule."""
+    tower = info.get("tower", "other") if info else "other"
+    backbone = bool(info.get("backbone", False)) if info else False
+    depth = int(info.get("depth", 0)) if info else 0
+    num_layers = int(info.get("num_layers", 0)) if info else 0
+    scale = 1.0
+    decayed_layers = backbone and layer_decay not in (None, 1.0)
+    if backbone:
+        scale *= _tower_mult(tower, image_lr_mult, text_lr_mult)
+        if decayed_layers and num_layers > 0:
+            scale *= layer_decay ** max(0, num_layers - depth)
+    return tower, backbone, depth if decayed_layers else -1, not no_weight_decay(name, p), scale
+
+
+def _official_group(name: str, p: torch.Tensor, info: dict | None, *, layer_decay: float | None,
+                    image_lr_mult: float, text_lr_mult: float) -> tuple[str, bool, int, bool, float]:
+    """(tower, backbone, depth key, weight-decayed, lr scale) of one parameter, naver-ai/pcmepp's rule."""
+    tower = info.get("tower", "other") if info else "other"
+    if tower not in ("image", "text"):
+        return tower, False, -1, False, 1.0
+    backbone = bool(info.get("backbone", False))
+    depth = int(info.get("depth", 0))
+    num_layers = int(info.get("num_layers", 0))
+    in_block = 0 < depth < num_layers
+    if not (backbone or in_block):
+        return tower, False, -1, True, 1.0
+    scale = _tower_mult(tower, image_lr_mult, text_lr_mult)
+    if in_block and layer_decay not in (None, 1.0):
+        return tower, True, depth, True, scale * layer_decay ** (num_layers - depth)
+    return tower, True, -1, True, scale
+
+
 def param_groups(module: nn.Module, *, lr: float, weight_decay: float,
                  param_info: dict | None = None, prefix: str = "",
                  layer_decay: float | None = None, image_lr_mult: float = 1.0,
-                 text_lr_mult: float = 1.0) -> list[dict]:
+                 text_lr_mult: float = 1.0, grouping: str = "zsprob") -> list[dict]:
     """Optimizer parameter groups for ``module``.
 
     ``param_info`` maps parameter names (without ``prefix``) to
     ``dict(tower, depth, num_layers, backbone)`` as returned by ``ProbCLIP.param_info()``;
     parameters it does not list (e.g. the loss's a, b) are "other" with scale 1.
+    ``grouping``: "zsprob" or "official" (see the module docstring).
     Each group carries ``lr_scale``, ``tower``, ``backbone`` and ``group_name`` keys, which the
     schedule and the freeze logic read.
     """
+    if grouping not in GROUPINGS:
+        raise UserError(f"unknown optim.grouping {grouping!r} (choose {' or '.join(GROUPINGS)})")
+    if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
+        raise UserError(f"optim.layer_decay must be in (0, 1], got {layer_decay}")
+    rule = _official_group if grouping == "official" else _zsprob_group
     param_info = param_info or {}
     buckets: dict[tuple, dict] = {}
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
         info = _lookup_info(name, param_info, prefix)
-        tower = info.get("tower", "other") if info else "other"
-        backbone = bool(info.get("backbone", False)) if info else False
-        depth = int(info.get("depth", 0)) if info else 0
-        num_layers = int(info.get("num_layers", 0)) if info else 0
-        scale = 1.0
-        if backbone:
-            scale *= image_lr_mult if tower == "image" else text_lr_mult if tower == "text" else 1.0
-            if layer_decay is not None and layer_decay != 1.0 and num_layers > 0:
-                scale *= layer_decay ** max(0, num_layers - depth)
-        decay = not no_weight_decay(name, p)
-        key = (tower, backbone, depth if (backbone and layer_decay not in (None, 1.0)) else -1, decay)
+        tower, backbone, depth_key, decay, scale = rule(
+            name, p, info, layer_decay=layer_decay, image_lr_mult=image_lr_mult, text_lr_mult=text_lr_mult)
+        key = (tower, backbone, depth_key, decay)
         if key not in buckets:
             gname = f"{tower}{'-backbone' if backbone else ''}" + \
-                (f"-d{depth}" if key[2] >= 0 else "") + ("" if decay else "-nowd")
+                (f"-d{depth_key}" if depth_key >= 0 else "") + ("" if decay else "-nowd")
             buckets[key] = {"params": [], "lr": lr * scale, "weight_decay": weight_decay if decay else 0.0,
                             "lr_scale": scale, "tower": tower, "backbone": backbone,
                             "group_name": gname}

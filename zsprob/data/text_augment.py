@@ -1,0 +1,112 @@
+"""Text SizeAugment on token batches, as naver-ai/pcmepp applies it to COCO training captions.
+
+The official dataset (``datasets.process_caption_vit``; every official COCO config sets
+txt_size_augment 0.2, txt_size_augment_masking 0.5, txt_size_augment_erasing 0.1) walks the BPE
+tokens of a caption between its start and end tokens and, independently per token, selects it with
+probability ``share``; a selected token is replaced by the mask token (CLIP's BPE token of the
+single character "M") with probability ``masking``, by a random token with probability ``erasing``,
+and deleted otherwise (the caption gets shorter: the following tokens move up). The start token,
+the end token and the padding are never touched.
+
+zsprob owns the whole module (no library does this): a pure function on an open_clip token batch
+[B, L] padded with 0, with an explicit ``torch.Generator``. The start token is position 0, the end
+token is the last non-zero position of each row. One deviation: the official code draws random
+tokens from the whole vocabulary; zsprob draws them from ``[1, vocab_size - 2)``, so that neither
+the padding id 0 nor CLIP's start / end ids (the two largest; the end token is found by argmax
+pooling) can appear inside a caption.
+"""
+from __future__ import annotations
+
+import torch
+
+from zsprob.errors import UserError
+
+__all__ = ["size_augment_tokens", "mask_token_of", "TextSizeAugment"]
+
+CLIP_MASK_TOKEN = 44  # open_clip SimpleTokenizer().encoder["M"]
+CLIP_VOCAB_SIZE = 49408
+
+
+def mask_token_of(tokenizer) -> tuple[int, int]:
+    """(mask token id, vocabulary size) of a tokenizer: CLIP's "M" BPE token, or CLIP's ids."""
+    inner = getattr(tokenizer, "tokenizer", tokenizer)
+    encoder = getattr(inner, "encoder", None)
+    mask = encoder.get("M", CLIP_MASK_TOKEN) if isinstance(encoder, dict) else CLIP_MASK_TOKEN
+    vocab = getattr(inner, "vocab_size", None) or CLIP_VOCAB_SIZE
+    return int(mask), int(vocab)
+
+
+def _check_share(name: str, value: float) -> float:
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise UserError(f"{name} must be in [0, 1], got {value}")
+    return value
+
+
+def size_augment_tokens(tokens: torch.Tensor, *, share: float = 0.2, masking: float = 0.5,
+                        erasing: float = 0.1, mask_token: int = CLIP_MASK_TOKEN,
+                        vocab_size: int = CLIP_VOCAB_SIZE, generator: torch.Generator | None = None,
+                        return_counts: bool = False):
+    """Mask / randomise / delete caption tokens (see the module docstring).
+
+    Args:
+        tokens: [B, L] integer token ids, padded with 0 after the end token (not modified).
+        share: probability that a caption token is selected (txt_size_augment).
+        masking: share of the selected tokens replaced by ``mask_token``.
+        erasing: share of the selected tokens replaced by a random token; the remaining
+            ``1 - masking - erasing`` are deleted.
+        generator: torch generator on the tokens' device (None: torch's global RNG).
+        return_counts: also return ``dict(candidates, masked, random, deleted)`` (token counts).
+
+    Returns:
+        [B, L] tokens of the same dtype, padded with 0.
+    """
+    if tokens.dim() != 2:
+        raise UserError(f"text SizeAugment expects tokens [B, L], got shape {tuple(tokens.shape)}")
+    share = _check_share("data.text_size_augment", share)
+    masking = _check_share("data.text_size_augment_masking", masking)
+    erasing = _check_share("data.text_size_augment_erasing", erasing)
+    if masking + erasing > 1.0:
+        raise UserError(f"text SizeAugment masking + erasing must be <= 1, got {masking} + {erasing}")
+    if vocab_size < 4:
+        raise UserError(f"text SizeAugment needs a vocabulary of at least 4 tokens, got {vocab_size}")
+    bsz, length = tokens.shape
+    positions = torch.arange(length, device=tokens.device).expand(bsz, length)
+    nonzero = tokens != 0
+    last = torch.where(nonzero, positions, torch.zeros_like(positions)).amax(dim=1, keepdim=True)
+    candidates = (positions > 0) & (positions < last)
+    draw = torch.rand(bsz, length, generator=generator, device=tokens.device)
+    random_ids = torch.randint(1, vocab_size - 2, (bsz, length), generator=generator, device=tokens.device)
+    selected = candidates & (draw < share)
+    within = draw / share if share > 0 else draw
+    masked = selected & (within < masking)
+    randomised = selected & (within >= masking) & (within < masking + erasing)
+    deleted = selected & ~masked & ~randomised
+    out = torch.where(masked, torch.full_like(tokens, mask_token), tokens)
+    out = torch.where(randomised, random_ids.to(tokens.dtype), out)
+    keep = ~deleted
+    target_pos = keep.long().cumsum(dim=1) - 1
+    rows = torch.arange(bsz, device=tokens.device).unsqueeze(1).expand(bsz, length)
+    shortened = torch.zeros_like(tokens)
+    shortened[rows[keep], target_pos[keep]] = out[keep]
+    if not return_counts:
+        return shortened
+    counts = {"candidates": int(candidates.sum()), "masked": int(masked.sum()),
+              "random": int(randomised.sum()), "deleted": int(deleted.sum())}
+    return shortened, counts
+
+
+class TextSizeAugment:
+    """The training loop's view: config values and the tokenizer's ids bound once."""
+
+    def __init__(self, share: float, masking: float, erasing: float, tokenizer=None):
+        self.share = _check_share("data.text_size_augment", share)
+        self.masking = _check_share("data.text_size_augment_masking", masking)
+        self.erasing = _check_share("data.text_size_augment_erasing", erasing)
+        if self.masking + self.erasing > 1.0:
+            raise UserError(f"text SizeAugment masking + erasing must be <= 1, got {masking} + {erasing}")
+        self.mask_token, self.vocab_size = mask_token_of(tokenizer)
+
+    def __call__(self, tokens: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        return size_augment_tokens(tokens, share=self.share, masking=self.masking, erasing=self.erasing,
+                                   mask_token=self.mask_token, vocab_size=self.vocab_size, generator=generator)
