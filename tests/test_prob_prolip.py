@@ -14,11 +14,11 @@ import torch.nn.functional as F
 
 from conftest import run_cli
 from zsprob import UserError
-from zsprob.data.masking import (TextMaskSpec, cells_to_mask, mask_image_cells, mask_tokens,
+from zsprob.data.masking import (TextMaskSpec, cells_to_mask, delete_tokens, mask_image_cells, mask_tokens,
                                  text_mask_spec)
 from zsprob.prob import ProLIPLoss, create_loss, needs_sigma
 from zsprob.prob.distances import inclusion_logit
-from zsprob.prob.prolip import inclusion_logit_per_dim, prolip_vib
+from zsprob.prob.prolip import cover_loss, inclusion_logit_per_dim, prolip_vib
 
 
 @pytest.fixture(autouse=True)
@@ -212,6 +212,10 @@ def test_defaults_are_the_recipe_and_scale_is_clamped():
     ({"init_logit_scale": 10.0}, "init_logit_scale"),
     ({"mask_patch_size": 0}, "mask_patch_size"),
     ({"inclusion_eps": "x"}, "must be a number"),
+    ({"inclusion_form": "kl"}, "inclusion_form must be one of prolip, cover"),
+    ({"text_mask_mode": "drop"}, "text_mask_mode must be one of replace, delete"),
+    ({"cover_scale": 0}, "cover_scale must be > 0"),
+    ({"cover_lambda": -1}, "cover_lambda must be >= 0"),
 ])
 def test_out_of_range_hyper_parameters(kw, match):
     with pytest.raises(UserError, match=match):
@@ -455,3 +459,52 @@ def test_cli_bad_input_one_line(world, tmp_path):
         r = run_cli(*base, *extra)
         assert r.returncode == 2, r.stderr[-2000:]
         assert r.stderr.count("\n") == 1 and text in r.stderr and "Traceback" not in r.stderr
+
+
+def test_delete_tokens_keeps_a_subset_in_order():
+    tokenizer, tokens = clip_tokens()
+    spec = text_mask_spec(tokenizer)
+    many = tokens.repeat(200, 1)
+    out = delete_tokens(many, 0.5, spec, torch.Generator().manual_seed(3))
+    ordinary = ~torch.isin(many, torch.tensor(spec.protected_ids))
+    for row_in, row_out, keep in zip(many, out, ordinary):
+        kept = row_out[row_out != 0].tolist()
+        # a subsequence of the input that still holds every protected (start / end) token, padding after it
+        it = iter(row_in.tolist())
+        assert all(tok in it for tok in kept)
+        assert kept[0] == tokenizer.sot_token_id and kept[-1] == tokenizer.eot_token_id
+        assert (row_out[len(kept):] == 0).all()
+    deleted = int(ordinary.sum() - (~torch.isin(out, torch.tensor(spec.protected_ids))).sum())
+    n = int(ordinary.sum())
+    assert abs(deleted / n - 0.5) < 5 * math.sqrt(0.25 / n)
+    # the same draws as mask_tokens: a token is deleted exactly where mask_tokens would replace it
+    masked = mask_tokens(many, 0.5, spec, torch.Generator().manual_seed(3))
+    assert torch.equal((masked == spec.mask_id).sum(1), (many != 0).sum(1) - (out != 0).sum(1))
+    assert torch.equal(delete_tokens(many, 0.0, spec, torch.Generator().manual_seed(0)), many)
+
+
+def test_cover_loss_matches_reference_and_asks_for_the_mean_shift():
+    g = torch.Generator().manual_seed(5)
+    mu_in, mu_out = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randn(6, 4, generator=g, dtype=torch.float64)
+    lv_in, lv_out = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randn(6, 4, generator=g, dtype=torch.float64)
+    expected = 0.0
+    for i in range(6):
+        s_in = sum(math.exp(v) for v in lv_in[i].tolist())
+        s_out = sum(math.exp(v) for v in lv_out[i].tolist())
+        gap = sum((a - b) ** 2 for a, b in zip(mu_in[i].tolist(), mu_out[i].tolist()))
+        logit = 3.0 * (math.log(s_out) - math.log(s_in + 0.5 * gap))
+        expected += math.log1p(math.exp(-logit)) / 6
+    got = cover_loss(mu_in, lv_in, mu_out, lv_out, 3.0, 0.5)
+    assert got.item() == pytest.approx(expected, rel=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b, c, d: cover_loss(a, b, c, d, 3.0, 0.5),
+                                    tuple(t.clone().requires_grad_() for t in (mu_in, lv_in, mu_out, lv_out)))
+    # the same variances: a displaced outer Gaussian covers less than a concentric one
+    lv = torch.full((1, 4), -2.0, dtype=torch.float64)
+    centre, moved = torch.zeros(1, 4, dtype=torch.float64), torch.full((1, 4), 0.5, dtype=torch.float64)
+    assert cover_loss(centre, lv, moved, lv + 1, 5.0, 1.0) > cover_loss(centre, lv, centre, lv + 1, 5.0, 1.0)
+    # through the loss: inclusion_form="cover" is what the occlusion term uses
+    crit = ProLIPLoss(inclusion_form="cover", cover_scale=3.0, cover_lambda=0.5, inclusion_alpha=0.0, vib_beta=0.0)
+    x = [t.float() for t in (mu_in, lv_in, mu_in, lv_in)]
+    _, stats = crit(*x, masked_txt=(mu_out[:3].float(), lv_out[:3].float()))
+    want = cover_loss(mu_in[:3], lv_in[:3], mu_out[:3], lv_out[:3], 3.0, 0.5).item()
+    assert float(stats["txt_inclusion"]) == pytest.approx(want, rel=1e-5)

@@ -6,6 +6,10 @@ Pure tensor functions with an explicit ``torch.Generator`` (same generator state
   probability ``drop_prob`` (independently, as ProLIP's trainer does); padding and the special
   tokens (start / end of text) are never touched, so the caption length and the pooled position
   stay where the tower expects them.
+- :func:`delete_tokens`: zsprob's variant for SynthWorld's recipe: each ordinary token is DELETED
+  with probability ``drop_prob`` and the rest close up (padding moves to the end), so the copy is
+  a shorter caption made of a subset of the words - for a bag of words exactly a more general
+  caption ("a red star" -> "a star"), which is what the inclusion term should teach.
 - :func:`text_mask_spec`: the mask token and the protected ids of a tokenizer.
   open_clip's CLIP BPE (``SimpleTokenizer``) has no mask token; zsprob uses "?" (id 286 in the
   CLIP vocabulary, the id ProLIP's ``--replace-token`` help names for CLIP). It is an ordinary
@@ -34,7 +38,7 @@ import torch
 
 from zsprob.errors import UserError
 
-__all__ = ["TextMaskSpec", "text_mask_spec", "mask_tokens", "cells_to_mask", "mask_image_cells", "CLIP_MASK_TOKEN"]
+__all__ = ["TextMaskSpec", "text_mask_spec", "mask_tokens", "delete_tokens", "cells_to_mask", "mask_image_cells", "CLIP_MASK_TOKEN"]
 
 #: the mask token zsprob uses with open_clip's CLIP BPE: "?</w>"
 CLIP_MASK_TOKEN = "?</w>"
@@ -89,6 +93,27 @@ def mask_tokens(tokens: torch.Tensor, drop_prob: float, spec: TextMaskSpec,
     protected = torch.isin(tokens, torch.tensor(spec.protected_ids, dtype=tokens.dtype, device=tokens.device))
     replace = (draws < drop_prob) & ~protected
     return tokens.masked_fill(replace, spec.mask_id)
+
+
+def delete_tokens(tokens: torch.Tensor, drop_prob: float, spec: TextMaskSpec,
+                  generator: torch.Generator | None = None, pad_id: int = 0) -> torch.Tensor:
+    """A copy of ``tokens`` [B, L] where each unprotected token is deleted with probability
+    ``drop_prob`` (one uniform draw per position, from ``generator``, the same draws as
+    :func:`mask_tokens`); the kept tokens keep their order and the freed positions become
+    ``pad_id`` at the end of the row."""
+    drop_prob = _check_prob("drop_prob", drop_prob)
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be [B, L], got {tuple(tokens.shape)}")
+    device = generator.device if generator is not None else tokens.device
+    draws = torch.rand(tokens.shape, generator=generator, device=device).to(tokens.device)
+    protected = torch.isin(tokens, torch.tensor(spec.protected_ids, dtype=tokens.dtype, device=tokens.device))
+    keep = ~((draws < drop_prob) & ~protected) & (tokens != pad_id)
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept positions first, in order
+    return torch.where(keep, tokens, torch.full_like(tokens, pad_id)).gather(1, order)
+
+
+#: text masking functions by ProLIPLoss.text_mask_mode
+TEXT_MASK_MODES = {"replace": mask_tokens, "delete": delete_tokens}
 
 
 def cells_to_mask(n_cells: int, drop_prob: float) -> int:

@@ -44,6 +44,20 @@ Terms (official code: naver-ai/prolip ``src/prolip/loss.py``; recipe values from
   it is not the textbook KL(N(mu, sigma^2) || N(0, I)) (that is :func:`zsprob.prob.vib_kl`). Its
   minimum over sigma is at sigma = 1 as well. A term above 1e4 is skipped, as in the official code.
 
+zsprob's options (off by default; SynthWorld's recipe turns them on, docs/findings.md says why):
+
+- ``inclusion_form="cover"`` replaces ProLIP's per-dimension test in the inclusion terms by a
+  covering condition on whole embeddings: the outer Gaussian must hold the inner one's variance
+  AND the displacement of its mean,
+  loss = mean -log sigmoid(cover_scale * (log S_out - log(S_in + cover_lambda ||mu_in - mu_out||^2)))
+  with S = ||sigma^2||_1. ProLIP's test at eps = -20 compares variances only, so dropping a filler
+  word ("photo") and dropping an attribute ("red") ask for the same growth of sigma; under
+  "cover" the growth must match how far the mean moved, so informative words carry more of the
+  certainty.
+- ``text_mask_mode="delete"``: the masked caption copies DELETE the chosen tokens
+  (:func:`zsprob.data.masking.delete_tokens`) instead of replacing them with a mask token, so the
+  copy is a more general caption of the same grammar, not a caption with an unknown word.
+
 Masking hyper-parameters live here too, so one config section says the whole objective:
 ``drop_ratio`` (0.125: share of each process's batch that gets a masked copy), ``drop_prob``
 (0.75: each text token replaced by the mask token with this probability) and
@@ -66,7 +80,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
-__all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "VIB_GUARD", "INCLUSION_GUARD"]
+__all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "VIB_GUARD",
+           "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
+
+#: the inclusion tests ProLIPLoss can train with (module docstring)
+INCLUSION_FORMS = ("prolip", "cover")
+#: how the masked caption copies are made (zsprob.data.masking)
+TEXT_MASK_MODES = ("replace", "delete")
 
 #: a VIB term above this is skipped for the step (ProLIP's ``kl_divergence``)
 VIB_GUARD = 1e4
@@ -167,6 +187,16 @@ def inclusion_loss(mu_in, logvar_in, mu_out, logvar_out, scale: float, eps: floa
     return _InclusionLoss.apply(mu_in, logvar_in, mu_out, logvar_out, float(scale), float(eps))
 
 
+def cover_loss(mu_in, logvar_in, mu_out, logvar_out, scale: float, spread: float) -> torch.Tensor:
+    """mean over rows of -log sigmoid(scale * (log S_out - log(S_in + spread ||mu_in - mu_out||^2))),
+    S = ||sigma^2||_1: "out" covers "in", its variance and the displacement of its mean."""
+    var_in = logvar_in.exp().sum(-1)
+    var_out = logvar_out.exp().sum(-1)
+    gap = (mu_in - mu_out).square().sum(-1)
+    logit = torch.log(var_out) - torch.log(var_in + spread * gap)
+    return -F.logsigmoid(scale * logit).mean()
+
+
 def _guarded(value: torch.Tensor, limit: float, name: str) -> torch.Tensor:
     magnitude = value.detach().abs().item()
     if magnitude > limit:
@@ -205,8 +235,17 @@ class ProLIPLoss(nn.Module):
                  vib_beta: float = 1e-4, inclusion_scale: float = 1000.0, inclusion_eps: float = -20.0,
                  init_logit_scale: float = math.log(1 / 0.07), init_logit_bias: float = -10.0,
                  max_logit_scale: float = 100.0, drop_ratio: float = 0.125, drop_prob: float = 0.75,
-                 image_drop_prob: float = 0.25, mask_patch_size: int = 16):
+                 image_drop_prob: float = 0.25, mask_patch_size: int = 16, inclusion_form: str = "prolip",
+                 cover_scale: float = 5.0, cover_lambda: float = 1.0, text_mask_mode: str = "replace"):
         super().__init__()
+        if inclusion_form not in INCLUSION_FORMS:
+            raise UserError(f"ProLIP inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
+        if text_mask_mode not in TEXT_MASK_MODES:
+            raise UserError(f"ProLIP text_mask_mode must be one of {', '.join(TEXT_MASK_MODES)}, got {text_mask_mode!r}")
+        self.inclusion_form = inclusion_form
+        self.text_mask_mode = text_mask_mode
+        self.cover_scale = _check_range("cover_scale", cover_scale, 0.0, low_open=True)
+        self.cover_lambda = _check_range("cover_lambda", cover_lambda, 0.0)
         self.ppcl_weight = _check_range("ppcl_weight", ppcl_weight, 0.0)
         self.inclusion_alpha = _check_range("inclusion_alpha", inclusion_alpha, 0.0)
         self.inclusion_alpha_occ = _check_range("inclusion_alpha_occ", inclusion_alpha_occ, 0.0)
@@ -229,7 +268,14 @@ class ProLIPLoss(nn.Module):
     def extra_repr(self) -> str:
         return (f"ppcl_weight={self.ppcl_weight}, inclusion_alpha={self.inclusion_alpha}, "
                 f"inclusion_alpha_occ={self.inclusion_alpha_occ}, vib_beta={self.vib_beta}, "
-                f"inclusion_scale={self.inclusion_scale}, inclusion_eps={self.inclusion_eps}")
+                f"inclusion_scale={self.inclusion_scale}, inclusion_eps={self.inclusion_eps}, "
+                f"inclusion_form={self.inclusion_form!r}, text_mask_mode={self.text_mask_mode!r}")
+
+    def inclusion(self, mu_in, logvar_in, mu_out, logvar_out) -> torch.Tensor:
+        """The inclusion loss of "in" inside "out" in the configured form (module docstring)."""
+        if self.inclusion_form == "cover":
+            return cover_loss(mu_in, logvar_in, mu_out, logvar_out, self.cover_scale, self.cover_lambda)
+        return inclusion_loss(mu_in, logvar_in, mu_out, logvar_out, self.inclusion_scale, self.inclusion_eps)
 
     @property
     def wants_masked(self) -> bool:
@@ -276,12 +322,11 @@ class ProLIPLoss(nn.Module):
         loss = self.ppcl_weight * ppcl
         stats = {"ppcl": _stat(ppcl)}
 
-        scale, eps = self.inclusion_scale, self.inclusion_eps
         if self.inclusion_alpha > 0:
             if batch.txt_mu.shape[0] != n_rows:
                 raise ValueError("the image-in-caption inclusion term pairs row i of the images with row i "
                                  "of the texts: give as many local texts as images")
-            incl = _guarded(inclusion_loss(batch.img_mu, batch.img_lv, batch.txt_mu, batch.txt_lv, scale, eps),
+            incl = _guarded(self.inclusion(batch.img_mu, batch.img_lv, batch.txt_mu, batch.txt_lv),
                             INCLUSION_GUARD, "inclusion")
             loss = loss + self.inclusion_alpha * incl
             stats["inclusion"] = _stat(incl)
@@ -299,7 +344,7 @@ class ProLIPLoss(nn.Module):
                 continue
             if n_masked > mu.shape[0]:
                 raise ValueError(f"masked_{name} has {n_masked} rows, more than the {mu.shape[0]} local rows")
-            occ = inclusion_loss(mu[:n_masked], lv[:n_masked], m_mu.to(dtype), m_lv.to(dtype), scale, eps)
+            occ = self.inclusion(mu[:n_masked], lv[:n_masked], m_mu.to(dtype), m_lv.to(dtype))
             occ = _guarded(occ, INCLUSION_GUARD, f"{name} occlusion inclusion")
             loss = loss + self.inclusion_alpha_occ * occ
             stats[f"{name}_inclusion"] = _stat(occ)

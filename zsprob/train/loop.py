@@ -80,12 +80,13 @@ class ContrastiveStep(nn.Module):
         n_masked = self.loss.n_masked(images.shape[0])
         if n_masked == 0:
             return {}
-        from zsprob.data.masking import mask_image_cells, mask_tokens, text_mask_spec
+        from zsprob.data.masking import TEXT_MASK_MODES, mask_image_cells, text_mask_spec
         if self._text_mask_spec is None:
             self._text_mask_spec = text_mask_spec(self.model.tokenizer)
         rank = D.world_info()[0]
         generator = torch.Generator().manual_seed(mixed_seed(self.seed, int(step), rank, self.MASK_SALT))
-        masked_tokens = mask_tokens(tokens[:n_masked].cpu(), self.loss.drop_prob, self._text_mask_spec, generator)
+        mask_text = TEXT_MASK_MODES[getattr(self.loss, "text_mask_mode", "replace")]
+        masked_tokens = mask_text(tokens[:n_masked].cpu(), self.loss.drop_prob, self._text_mask_spec, generator)
         masked_images = mask_image_cells(images[:n_masked].cpu(), self.loss.image_drop_prob,
                                          self.loss.mask_patch_size, generator)
         out = self.model(masked_images.to(images.device), masked_tokens.to(tokens.device))
