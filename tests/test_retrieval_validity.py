@@ -184,3 +184,34 @@ def test_eval_synthetic_writes_the_validity_section(tmp_path):
     assert all(len(trend["r1"]) == 10 and "falling" in trend for trend in validity["deciles"].values())
     assert sum(c["n"] for c in validity["image_conditions"]["by_condition"].values()) + \
         validity["image_conditions"]["reference"]["n"] == 40
+
+
+def test_validity_table_shows_every_analysis_and_the_demo_report_prints_it(tmp_path):
+    rng = np.random.default_rng(5)
+    n, dim = 200, 4
+    gauss = [(torch.randn(n, dim), torch.randn(n, dim) * 0.1) for _ in range(4)]
+    captions = [" ".join(["w"] * int(k)) for k in rng.integers(2, 4, size=n)]
+    deciles = {"image queries": {"bins": [{"r1": float(10 - b)} for b in range(10)],
+                                 "spearman_bins": {"rho": -1.0}, "spearman_queries": {"rho": -0.2}}}
+    validity = {"text_ambiguity": V.ambiguity_spearman(rng.random(n), rng.random(n), captions),
+                "inclusion": V.inclusion_accuracy(*gauss[0], *gauss[1], rng.random(n) < 0.5),
+                "image_conditions": V.condition_uncertainty(rng.random(n), np.where(np.arange(n) < 100, "normal", "dark")),
+                "crop_test": V.crop_test(*gauss), "deciles": V.decile_trend(deciles)}
+    assert validity["deciles"]["image queries"]["falling"]
+    table = V.validity_table(validity, "pcmepp")
+    for row in ("Spearman(text u, ambiguity), all", "... 2 words", "inclusion accuracy, sigma comparison",
+                "... same word count", "conditions more uncertain than normal", "1 of 8", "dark",
+                "selection -kl", "selection -minkl", "selection -w2", "R@1 per u decile, image queries"):
+        assert row in table, row
+    # the demo report reads it from the eval step's metrics.json into report.json and report.md
+    from zsprob.report.demo_report import build_report
+
+    recall = {"r@1": 2.0, "r@5": 4.0, "r@10": 12.0}
+    (tmp_path / "runs" / "pcmepp").mkdir(parents=True)
+    (tmp_path / "retrieval" / "pcmepp").mkdir(parents=True)
+    (tmp_path / "retrieval" / "pcmepp" / "metrics.json").write_text(
+        json.dumps({"metrics": {"caption": {"i2t": recall, "t2i": recall, "rsum": 36.0}}, "uncertainty_validity": validity}))
+    report = build_report(tmp_path)
+    assert report["retrieval"]["pcmepp"]["uncertainty_validity"]["inclusion"]["sigma"]["n"] == n
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Uncertainty validity" in markdown and "| uncertainty validity (pcmepp) |" in markdown
