@@ -48,6 +48,8 @@ def _finish(res: dict, out: str) -> None:
     if isinstance(dec, dict):
         for name, d in dec.items():
             click.echo(f"{name}: Spearman(uncertainty decile, R@1) = {d['spearman_bins']['rho']:.3f}")
+    if res.get("validity_table"):
+        click.echo(res["validity_table"], nl=False)
     for k, v in res.get("files", {}).items():
         click.echo(f"wrote {k}: {v}")
 
@@ -153,5 +155,5 @@ def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, spli
     outp = Path(out)
     res = evaluate_synthetic(model, root, split, score, outp.parent, batch_size=batch_size, device=device,
                              corruption=not (no_corruption or no_analysis), progress=True, metrics_file=outp.name,
-                             method=method)
+                             method=method, validity=not no_analysis)
     _finish(res, out)

@@ -121,7 +121,7 @@ def _plot_ambiguity(emb: Embeddings, split, gt: dict, path) -> Path:
 def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out_dir=None, *,
                        batch_size: int = 128, device=None, corruption: bool = True, n_corruption: int = 64,
                        progress: bool = False, seed: int = 0, metrics_file: str = "metrics.json",
-                       method: str = "auto") -> dict:
+                       method: str = "auto", validity: bool = True, n_pairs: int = 1000, n_crops: int = 300) -> dict:
     """Evaluate ``model`` on SynthWorld's retrieval ``split`` (root = a SynthWorld OUT folder).
 
     Returns a JSON-able dict:
@@ -134,6 +134,10 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
       caption queries, with Spearman), ``ground_truth`` (Spearman of text uncertainty vs caption
       ambiguity, image uncertainty vs #objects / per condition), ``corruption`` (mean sigma^2 vs
       erased-pixel / masked-word fraction);
+    * ``uncertainty_validity`` (probabilistic models, ``validity=True``): the evidence of
+      :func:`zsprob.retrieval.validity.uncertainty_validity` (ambiguity Spearman with bootstrap
+      intervals, inclusion accuracy on ``n_pairs`` exact pairs, image uncertainty per condition, the
+      crop test on ``n_crops`` triplets, the decile trend); ``validity_table`` is its markdown table;
     * ``files``: paths written under ``out_dir`` (metrics.json, table.md, PNGs, uncertain_queries.md).
     """
     from zsprob.data.synthetic import load_retrieval_split
@@ -151,6 +155,13 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
         gt = ground_truth_uncertainty(emb, rs)
         out["uncertainty"] = {"deciles": unc["deciles"], "ground_truth": gt}
         out["files"].update(unc["files"])
+        if validity:
+            from zsprob.retrieval.validity import uncertainty_validity, validity_table
+
+            out["uncertainty_validity"] = uncertainty_validity(model, rs, emb, unc["deciles"], seed=seed,
+                                                               n_pairs=n_pairs, n_crops=n_crops,
+                                                               batch_size=batch_size, device=device)
+            out["validity_table"] = validity_table(out["uncertainty_validity"], getattr(model, "name", "model"))
         if corruption:
             k = min(n_corruption, len(rs.image_paths))
             sweep = A.corruption_sweep(model, rs.image_paths[:k], rs.captions[: 5 * k : 5], seed=seed,
@@ -163,10 +174,13 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
                 out["files"]["corruption_png"] = str(A.plot_corruption(sweep, Path(out_dir) / "corruption.png"))
     else:
         out["uncertainty"] = None
+        out["uncertainty_validity"] = None
     if out_dir is not None:
         out_dir = Path(out_dir)
         out["files"]["table"] = str(atomic_write_text(out_dir / "table.md", out["table"]))
         out["files"]["metrics"] = str(out_dir / metrics_file)
         atomic_write_json(out_dir / metrics_file, {"metrics": out["metrics"], "summary": out["summary"],
-                                                   "uncertainty": out["uncertainty"], "files": out["files"]})
+                                                   "uncertainty": out["uncertainty"],
+                                                   "uncertainty_validity": out.get("uncertainty_validity"),
+                                                   "files": out["files"]})
     return out

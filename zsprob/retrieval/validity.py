@@ -1,0 +1,324 @@
+"""Uncertainty-validity evidence on SynthWorld: does sigma^2 mean ambiguity? (issue 17 section 3)
+
+Every analysis compares a model's ||sigma^2||_1 (or ProLIP's inclusion test) with SynthWorld's
+exact ground truth, with an uncertainty interval and its count:
+
+1. :func:`ambiguity_spearman`: Spearman(text ||sigma^2||_1, exact caption ambiguity) overall and
+   per caption word count (bins with >= ``MIN_BIN`` captions are flagged ``counts``), each with a
+   seeded, vectorised bootstrap 95% percentile interval (:func:`bootstrap_spearman`, resampling
+   captions).
+2. :func:`inclusion_accuracy`: on exact inclusion pairs (:func:`zsprob.data.synth_probes.inclusion_pairs`)
+   the accuracy of ProLIP's inclusion test (correct when ``inclusion_logit(specific, general) > 0``)
+   and of the plain comparison (correct when ||sigma^2||_1(general) > ||sigma^2||_1(specific)),
+   with binomial standard errors, overall and split by same / different word count.
+3. :func:`condition_uncertainty`: image ||sigma^2||_1 per rendering condition minus normal
+   (Welch standard error), and how many of ``DEGRADED_CONDITIONS`` are more uncertain than normal.
+4. :func:`crop_test`: Pishdad et al.'s controlled test (their Sec. 4.3, Table 4) on
+   :func:`zsprob.data.synth_probes.crop_scenes`: mean uncertainty of image A vs image A+B and of
+   caption "A" vs "A and B", and binary selection accuracy. As in the paper, a query (caption A,
+   caption A+B, image A or image A+B) chooses between the two candidates of the other modality of
+   the same triplet by similarity, and is correct when it picks its own counterpart (A for A, A+B
+   for A+B). Similarities: -KL(N_image || N_caption) (caption as reference, the paper's), -min-KL,
+   -W2 (std form; the square root does not change a choice), and -CSD (zsprob's default score).
+5. :func:`decile_trend`: the R@1-per-uncertainty-decile trend of
+   :func:`zsprob.retrieval.analysis.uncertainty_deciles` for both directions, with its Spearman.
+
+:func:`uncertainty_validity` runs all five for a model (probe images rendered by SynthWorld, each
+probe set encoded once) and :func:`validity_table` prints them. scipy ranks, torch does the
+Gaussian math (:mod:`zsprob.prob.distances`); the rest is zsprob's own code.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from zsprob.prob import distances as D
+
+MIN_BIN = 100  # a word-count bin with at least this many captions counts for the acceptance
+N_BOOTSTRAP = 300
+DEGRADED_CONDITIONS = ("blurry", "pixelated", "low resolution", "dark", "jpeg corrupted", "cropped", "drawing",
+                       "many")
+CROP_SIMILARITIES = ("kl", "minkl", "w2", "csd")
+PAIR_BLOCK = 256
+
+
+def _rowwise_spearman(x_ranks_rows: np.ndarray, y_ranks_rows: np.ndarray) -> np.ndarray:
+    """Pearson correlation of rank rows (each row one resample), NaN where a row is constant."""
+    x = x_ranks_rows - x_ranks_rows.mean(1, keepdims=True)
+    y = y_ranks_rows - y_ranks_rows.mean(1, keepdims=True)
+    denom = np.sqrt((x * x).sum(1) * (y * y).sum(1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denom > 0, (x * y).sum(1) / denom, np.nan)
+
+
+def bootstrap_spearman(x, y, *, n_boot: int = N_BOOTSTRAP, seed: int = 0, level: float = 0.95) -> dict:
+    """Spearman's rho of (x, y) with a percentile bootstrap interval (resampling pairs).
+
+    Vectorised: all ``n_boot`` resamples are ranked at once (scipy ``rankdata`` along rows, ties
+    averaged, as Spearman's definition wants). Returns ``{"rho", "lo", "hi", "n"}`` (NaN when
+    undefined, e.g. fewer than 3 items or a constant input).
+    """
+    from scipy.stats import rankdata
+
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    n = len(x)
+    if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return {"rho": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": int(n)}
+    rho = float(_rowwise_spearman(rankdata(x)[None], rankdata(y)[None])[0])
+    rng = np.random.default_rng([int(seed), n])
+    idx = rng.integers(0, n, size=(n_boot, n))
+    boot = _rowwise_spearman(rankdata(x[idx], axis=1), rankdata(y[idx], axis=1))
+    boot = boot[np.isfinite(boot)]
+    tail = 100 * (1 - level) / 2
+    lo, hi = (np.percentile(boot, [tail, 100 - tail]) if len(boot) else (np.nan, np.nan))
+    return {"rho": rho, "lo": float(lo), "hi": float(hi), "n": int(n)}
+
+
+def ambiguity_spearman(text_uncertainty, caption_ambiguity, captions, *, seed: int = 0,
+                       n_boot: int = N_BOOTSTRAP) -> dict:
+    """Spearman(text uncertainty, ambiguity) overall and per word count (bootstrap 95% intervals).
+
+    Returns ``{"overall": {...}, "by_word_count": {"3": {..., "counts": bool}, ...},
+    "positive_in_counted_bins": bool}``.
+    """
+    u = np.asarray(text_uncertainty, dtype=np.float64)
+    amb = np.asarray(caption_ambiguity, dtype=np.float64)
+    words = np.array([len(c.split()) for c in captions])
+    by_bin = {}
+    for count in sorted(set(words.tolist())):
+        mask = words == count
+        stats = bootstrap_spearman(u[mask], amb[mask], n_boot=n_boot, seed=seed + count)
+        stats["counts"] = bool(mask.sum() >= MIN_BIN)
+        by_bin[str(count)] = stats
+    counted = [s["rho"] for s in by_bin.values() if s["counts"]]
+    return {"overall": bootstrap_spearman(u, amb, n_boot=n_boot, seed=seed), "by_word_count": by_bin,
+            "min_bin": MIN_BIN,
+            "positive_in_counted_bins": bool(counted) and all(np.isfinite(r) and r > 0 for r in counted)}
+
+
+def _binomial(correct: np.ndarray) -> dict:
+    n = int(len(correct))
+    acc = float(correct.mean()) if n else float("nan")
+    return {"accuracy": acc, "se": math.sqrt(acc * (1 - acc) / n) if n else float("nan"), "n": n}
+
+
+def inclusion_accuracy(general_mu, general_logvar, specific_mu, specific_logvar, same_word_count=None,
+                       *, eps: float = -10.0) -> dict:
+    """Accuracy of the inclusion test and of the plain sigma comparison on (general, specific) rows.
+
+    ``inclusion``: correct when ``inclusion_logit(specific, general) > 0`` (specific inside general);
+    ``sigma``: correct when ||sigma^2||_1(general) > ||sigma^2||_1(specific). Each with ``se`` and
+    ``n``; with ``same_word_count`` (bool per pair) also ``by_word_count`` {"same", "different"}.
+    """
+    logit = D.inclusion_logit(specific_mu, specific_logvar, general_mu, general_logvar, eps=eps).numpy()
+    plain = (D.uncertainty(general_logvar) > D.uncertainty(specific_logvar)).numpy()
+    results = {"inclusion": np.asarray(logit > 0), "sigma": np.asarray(plain)}
+    out = {name: _binomial(correct) for name, correct in results.items()}
+    if same_word_count is not None:
+        same = np.asarray(same_word_count, dtype=bool)
+        out["by_word_count"] = {label: {name: _binomial(correct[mask]) for name, correct in results.items()}
+                                for label, mask in (("same", same), ("different", ~same))}
+    return out
+
+
+def condition_uncertainty(image_uncertainty, conditions, *, reference: str = "normal") -> dict:
+    """Mean image uncertainty per condition minus ``reference`` with its Welch standard error.
+
+    Returns ``{"by_condition": {cond: {"mean", "diff", "se", "n"}}, "reference": {...},
+    "more_uncertain": int, "of": len(DEGRADED_CONDITIONS)}`` (a condition absent from the data
+    counts as not more uncertain).
+    """
+    u = np.asarray(image_uncertainty, dtype=np.float64)
+    conditions = np.asarray(conditions)
+    ref = u[conditions == reference]
+    ref_var = ref.var(ddof=1) / len(ref) if len(ref) > 1 else float("nan")
+    by = {}
+    for cond in sorted(set(conditions.tolist()) - {reference}):
+        group = u[conditions == cond]
+        var = group.var(ddof=1) / len(group) if len(group) > 1 else float("nan")
+        by[cond] = {"mean": float(group.mean()), "diff": float(group.mean() - ref.mean()) if len(ref) else float("nan"),
+                    "se": float(math.sqrt(var + ref_var)), "n": int(len(group))}
+    more = sum(1 for c in DEGRADED_CONDITIONS if c in by and by[c]["diff"] > 0)
+    return {"by_condition": by, "reference": {"name": reference, "mean": float(ref.mean()) if len(ref) else float("nan"),
+                                              "n": int(len(ref))},
+            "more_uncertain": int(more), "of": len(DEGRADED_CONDITIONS)}
+
+
+def _pair_similarity(name: str, image_mu, image_logvar, caption_mu, caption_logvar) -> torch.Tensor:
+    """Similarity of row i of the images with row i of the captions: the diagonal of ``score``,
+    computed in blocks of ``PAIR_BLOCK`` rows so memory stays bounded."""
+    parts = [D.score(name, image_mu[s:s + PAIR_BLOCK], image_logvar[s:s + PAIR_BLOCK],
+                     caption_mu[s:s + PAIR_BLOCK], caption_logvar[s:s + PAIR_BLOCK]).diagonal()
+             for s in range(0, len(image_mu), PAIR_BLOCK)]
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def crop_test(image_a, image_ab, caption_a, caption_ab) -> dict:
+    """Pishdad et al.'s crop test from the four Gaussians of every trial (each a (mu, logvar) pair).
+
+    Returns ``{"uncertainty": {"image_a", "image_ab", "caption_a", "caption_ab"} (mean, se, n),
+    "image_ab_more_uncertain", "caption_ab_less_uncertain" (fractions of trials),
+    "selection": {similarity: {"caption_a", "caption_ab", "image_a", "image_ab"} (accuracy, se, n)}}``.
+    """
+    gaussians = {"image_a": image_a, "image_ab": image_ab, "caption_a": caption_a, "caption_ab": caption_ab}
+    unc = {name: D.uncertainty(lv).double().numpy() for name, (mu, lv) in gaussians.items()}
+    n = len(unc["image_a"])
+    out = {"uncertainty": {name: {"mean": float(v.mean()), "se": float(v.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
+                                  "n": int(n)} for name, v in unc.items()},
+           "image_ab_more_uncertain": _binomial(unc["image_ab"] > unc["image_a"]),
+           "caption_ab_less_uncertain": _binomial(unc["caption_ab"] < unc["caption_a"]),
+           "selection": {}}
+    for name in CROP_SIMILARITIES:
+        sim = {(img, cap): _pair_similarity(name, *gaussians[img], *gaussians[cap]).double().numpy()
+               for img in ("image_a", "image_ab") for cap in ("caption_a", "caption_ab")}
+        out["selection"][name] = {
+            "caption_a": _binomial(sim["image_a", "caption_a"] > sim["image_ab", "caption_a"]),
+            "caption_ab": _binomial(sim["image_ab", "caption_ab"] > sim["image_a", "caption_ab"]),
+            "image_a": _binomial(sim["image_a", "caption_a"] > sim["image_a", "caption_ab"]),
+            "image_ab": _binomial(sim["image_ab", "caption_ab"] > sim["image_ab", "caption_a"]),
+        }
+    return out
+
+
+def decile_trend(deciles: dict) -> dict:
+    """R@1 per uncertainty decile (bin 0 = most certain) and its Spearman, per query direction;
+    ``falling`` is True when Spearman(decile, R@1) < 0."""
+    out = {}
+    for direction, result in deciles.items():
+        rho = result["spearman_bins"]["rho"]
+        out[direction] = {"r1": [b["r1"] for b in result["bins"]], "spearman_bins": result["spearman_bins"],
+                          "spearman_queries": result["spearman_queries"],
+                          "falling": bool(np.isfinite(rho) and rho < 0)}
+    return out
+
+
+# --------------------------------------------------------------------------- one model, one call
+
+class _RenderedScenes:
+    """Map-style dataset: SynthWorld scenes rendered (PIL) and passed through ``transform``."""
+
+    def __init__(self, world, scenes: list[dict], transform):
+        self.world, self.scenes, self.transform = world, scenes, transform
+
+    def __len__(self) -> int:
+        return len(self.scenes)
+
+    def __getitem__(self, index: int):
+        return self.transform(self.world.render(self.scenes[index]).convert("RGB"))
+
+
+def _world_image_size(split) -> int:
+    size = (split.image_meta[0].get("image_size") if split.image_meta else None)
+    if size:
+        return int(size)
+    from PIL import Image
+
+    with Image.open(split.image_paths[0]) as image:
+        return int(image.size[0])
+
+
+def _encode_captions(model, texts, batch_size, device):
+    from zsprob.models.encode import encode_texts
+
+    return encode_texts(model, list(texts), batch_size=max(256, batch_size), device=device, progress=False)
+
+
+def uncertainty_validity(model, split, embeddings, deciles: dict, *, seed: int = 0, n_pairs: int = 1000,
+                         n_crops: int = 300, n_boot: int = N_BOOTSTRAP, batch_size: int = 128, device=None) -> dict:
+    """All five analyses for ``model`` on a SynthWorld ``RetrievalSplit``.
+
+    ``embeddings``: the split's :class:`~zsprob.retrieval.embeddings.Embeddings` (already encoded);
+    ``deciles``: ``{direction: uncertainty_deciles(...)}`` of the same evaluation. The inclusion
+    pairs (``n_pairs``) and crop triplets (``n_crops``) are generated from ``seed`` and encoded
+    once; probe images are rendered at the split's image size (not JPEG-compressed).
+    """
+    from zsprob.data.synth_probes import crop_scenes, inclusion_pairs
+    from zsprob.data.synthetic import SynthWorld
+    from zsprob.models.encode import encode_images
+
+    text_u = D.uncertainty(embeddings.caption_logvar).double().numpy()
+    image_u = D.uncertainty(embeddings.image_logvar).double().numpy()
+    conditions = [m.get("condition", "unknown") for m in split.image_meta]
+
+    pairs = inclusion_pairs(n_pairs, seed)
+    general = _encode_captions(model, [p["general"]["text"] for p in pairs], batch_size, device)
+    specific = _encode_captions(model, [p["specific"]["text"] for p in pairs], batch_size, device)
+    inclusion = inclusion_accuracy(*general, *specific, [p["same_word_count"] for p in pairs])
+    inclusion["by_kind"] = {}
+    kinds = np.array([p["kind"] for p in pairs])
+    for kind in sorted(set(kinds.tolist())):
+        rows = torch.from_numpy(np.flatnonzero(kinds == kind))
+        sub = inclusion_accuracy(general[0][rows], general[1][rows], specific[0][rows], specific[1][rows])
+        inclusion["by_kind"][kind] = {name: sub[name] for name in ("inclusion", "sigma")}
+    inclusion["examples"] = [[p["general"]["text"], p["specific"]["text"]] for p in pairs[:5]]
+
+    trials = crop_scenes(n_crops, seed)
+    world = SynthWorld(seed=seed, image_size=_world_image_size(split))
+    scenes = [t["scene_a"] for t in trials] + [t["scene_ab"] for t in trials]
+    image_mu, image_lv = encode_images(model, _RenderedScenes(world, scenes, model.preprocess_val),
+                                       batch_size=batch_size, device=device, progress=False)
+    caption_mu, caption_lv = _encode_captions(
+        model, [t["caption_a"]["text"] for t in trials] + [t["caption_ab"]["text"] for t in trials], batch_size, device)
+    half = len(trials)
+    crops = crop_test((image_mu[:half], image_lv[:half]), (image_mu[half:], image_lv[half:]),
+                      (caption_mu[:half], caption_lv[:half]), (caption_mu[half:], caption_lv[half:]))
+    crops["examples"] = [[t["caption_a"]["text"], t["caption_ab"]["text"]] for t in trials[:3]]
+
+    return {"text_ambiguity": ambiguity_spearman(text_u, split.caption_ambiguity, split.captions, seed=seed,
+                                                 n_boot=n_boot),
+            "inclusion": inclusion,
+            "image_conditions": condition_uncertainty(image_u, conditions),
+            "crop_test": crops,
+            "deciles": decile_trend(deciles),
+            "setup": {"seed": int(seed), "n_pairs": int(n_pairs), "n_crops": int(n_crops), "n_boot": int(n_boot),
+                      "uncertainty": "||sigma^2||_1", "interval": "bootstrap 95% percentile (Spearman); "
+                      "binomial / Welch standard errors (accuracies, differences)"}}
+
+
+def _fmt_interval(stats: dict) -> str:
+    return f"{stats['rho']:+.3f} [{stats['lo']:+.3f}, {stats['hi']:+.3f}] (n {stats['n']})"
+
+
+def _fmt_acc(stats: dict) -> str:
+    return f"{100 * stats['accuracy']:.1f} +- {100 * stats['se']:.1f}% (n {stats['n']})"
+
+
+def validity_table(validity: dict, label: str = "model") -> str:
+    """A compact markdown table of :func:`uncertainty_validity`'s result."""
+    amb, inc = validity["text_ambiguity"], validity["inclusion"]
+    cond, crops, dec = validity["image_conditions"], validity["crop_test"], validity["deciles"]
+    rows = [("Spearman(text u, ambiguity), all", _fmt_interval(amb["overall"]))]
+    for words, stats in amb["by_word_count"].items():
+        if stats["counts"]:
+            rows.append((f"  ... {words} words", _fmt_interval(stats)))
+    rows.append(("  positive in every bin >= %d captions" % amb["min_bin"], str(amb["positive_in_counted_bins"])))
+    rows.append(("inclusion accuracy, inclusion test", _fmt_acc(inc["inclusion"])))
+    rows.append(("inclusion accuracy, sigma comparison", _fmt_acc(inc["sigma"])))
+    for label_wc, sub in inc.get("by_word_count", {}).items():
+        if sub["sigma"]["n"]:
+            rows.append((f"  ... {label_wc} word count (test / sigma)",
+                         f"{_fmt_acc(sub['inclusion'])} / {_fmt_acc(sub['sigma'])}"))
+    diffs = ", ".join(f"{c} {cond['by_condition'][c]['diff']:+.3g}+-{cond['by_condition'][c]['se']:.2g}"
+                      for c in DEGRADED_CONDITIONS if c in cond["by_condition"])
+    rows.append(("image u: conditions more uncertain than normal", f"{cond['more_uncertain']} of {cond['of']}"))
+    rows.append(("  ... u(condition) - u(normal)", diffs or "n/a"))
+    unc = crops["uncertainty"]
+    rows.append(("crop test: image u, A vs A+B", f"{unc['image_a']['mean']:.4g} vs {unc['image_ab']['mean']:.4g}"))
+    rows.append(("crop test: caption u, A vs A+B", f"{unc['caption_a']['mean']:.4g} vs {unc['caption_ab']['mean']:.4g}"))
+    for name, sel in crops["selection"].items():
+        rows.append((f"  selection -{name} (cap A / cap A+B / img A / img A+B)",
+                     " / ".join(f"{100 * sel[q]['accuracy']:.1f}" for q in ("caption_a", "caption_ab", "image_a",
+                                                                            "image_ab")) + f" (n {unc['image_a']['n']})"))
+    for direction, trend in dec.items():
+        rows.append((f"R@1 per u decile, {direction}",
+                     " ".join(f"{r:.1f}" for r in trend["r1"]) + f"; Spearman {trend['spearman_bins']['rho']:+.3f}"))
+    lines = [f"| uncertainty validity ({label}) | value |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["CROP_SIMILARITIES", "DEGRADED_CONDITIONS", "MIN_BIN", "ambiguity_spearman", "bootstrap_spearman",
+           "condition_uncertainty", "crop_test", "decile_trend", "inclusion_accuracy", "uncertainty_validity",
+           "validity_table"]
