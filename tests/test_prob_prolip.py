@@ -508,3 +508,24 @@ def test_cover_loss_matches_reference_and_asks_for_the_mean_shift():
     _, stats = crit(*x, masked_txt=(mu_out[:3].float(), lv_out[:3].float()))
     want = cover_loss(mu_in[:3], lv_in[:3], mu_out[:3], lv_out[:3], 3.0, 0.5).item()
     assert float(stats["txt_inclusion"]) == pytest.approx(want, rel=1e-5)
+
+
+def test_pcmepp_occlusion_term_is_the_prolip_inclusion_loss():
+    from zsprob.prob import PCMEPPLoss
+    from zsprob.prob.prolip import inclusion_loss
+    img_mu, img_lv, txt_mu, txt_lv = gaussians(6)
+    masked_img = (img_mu[:3] + 0.1, img_lv[:3] + 0.5)
+    masked_txt = (txt_mu[:3] - 0.1, txt_lv[:3] + 0.3)
+    plain = PCMEPPLoss(pp_alpha=0.0)
+    with_occ = PCMEPPLoss(pp_alpha=0.0, inclusion_alpha_occ=0.5)
+    assert with_occ.wants_masked and with_occ.n_masked(8) == 4 and not plain.wants_masked
+    base, _ = plain(img_mu, img_lv, txt_mu, txt_lv)
+    total, stats = with_occ(img_mu, img_lv, txt_mu, txt_lv, masked_img=masked_img, masked_txt=masked_txt)
+    want = 0.5 * (inclusion_loss(img_mu[:3], img_lv[:3], *masked_img, 1000.0, -20.0)
+                  + inclusion_loss(txt_mu[:3], txt_lv[:3], *masked_txt, 1000.0, -20.0))
+    assert (total - base).item() == pytest.approx(want.item(), rel=1e-6)
+    assert "txt_inclusion" in stats and "img_inclusion" in stats
+    with pytest.raises(UserError, match="needs sigma"):
+        PCMEPPLoss(distance="mu", inclusion_alpha_occ=0.1)
+    with pytest.raises(UserError, match="text_mask_mode"):
+        PCMEPPLoss(text_mask_mode="swap")

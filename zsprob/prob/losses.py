@@ -178,7 +178,10 @@ class PCMEPPLoss(nn.Module):
     DISTANCES = ("csd", "wd", "mu")
 
     def __init__(self, init_scale: float = 5.0, init_shift: float = 5.0, pp_alpha: float = 0.1,
-                 vib_beta: float = 1e-4, distance: str = "csd"):
+                 vib_beta: float = 1e-4, distance: str = "csd", inclusion_alpha_occ: float = 0.0,
+                 drop_ratio: float = 0.5, drop_prob: float = 0.5, image_drop_prob: float = 0.25,
+                 mask_patch_size: int = 16, text_mask_mode: str = "delete", inclusion_scale: float = 1000.0,
+                 inclusion_eps: float = -20.0):
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
@@ -187,9 +190,29 @@ class PCMEPPLoss(nn.Module):
         self.pp_alpha = float(pp_alpha)
         self.vib_beta = float(vib_beta)
         self.distance = distance
+        # zsprob's extension (off by default): ProLIP's occlusion inclusion term, "a caption with words
+        # deleted / an image with cells blanked includes the whole" (zsprob.prob.prolip documents it)
+        from zsprob.prob.prolip import check_occlusion_options
+        opts = check_occlusion_options(inclusion_alpha_occ=inclusion_alpha_occ, drop_ratio=drop_ratio,
+                                       drop_prob=drop_prob, image_drop_prob=image_drop_prob,
+                                       mask_patch_size=mask_patch_size, text_mask_mode=text_mask_mode,
+                                       inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps)
+        for key, value in opts.items():
+            setattr(self, key, value)
+        if self.inclusion_alpha_occ > 0 and distance == "mu":
+            raise UserError("the occlusion inclusion term needs sigma; it cannot be used with distance='mu'")
 
     def extra_repr(self) -> str:
-        return f"distance={self.distance!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}"
+        return (f"distance={self.distance!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
+                f"inclusion_alpha_occ={self.inclusion_alpha_occ}")
+
+    @property
+    def wants_masked(self) -> bool:
+        """Whether the trainer must encode masked copies (the occlusion inclusion term is on)."""
+        return self.inclusion_alpha_occ > 0 and self.drop_ratio > 0
+
+    def n_masked(self, n_rows: int) -> int:
+        return int(n_rows * self.drop_ratio) if self.wants_masked else 0
 
     def pairwise_distance(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
         if self.distance == "csd":
@@ -204,7 +227,7 @@ class PCMEPPLoss(nn.Module):
         return -self.scale.to(d.dtype) * d + self.shift.to(d.dtype)
 
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
-                all_img=None, all_txt=None, offset: int = 0):
+                all_img=None, all_txt=None, offset: int = 0, masked_img=None, masked_txt=None):
         uses_sigma = self.distance != "mu"
         B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
                    need_sigma=uses_sigma)
@@ -240,6 +263,12 @@ class PCMEPPLoss(nn.Module):
             stats.update(vib_img=_stat(v_img), vib_txt=_stat(v_txt),
                          img_sigma2=_stat(B.img_lv.detach().exp().mean()),
                          txt_sigma2=_stat(B.txt_lv.detach().exp().mean()))
+        if self.inclusion_alpha_occ > 0:
+            from zsprob.prob.prolip import prolip_inclusion, occlusion_terms
+            occ, occ_stats = occlusion_terms(((masked_img, B.img_mu, B.img_lv), (masked_txt, B.txt_mu, B.txt_lv)),
+                                             prolip_inclusion(self.inclusion_scale, self.inclusion_eps), B.dtype)
+            loss = loss + self.inclusion_alpha_occ * occ
+            stats.update(occ_stats)
         stats.update(loss=_stat(loss), scale=_stat(self.scale), shift=_stat(self.shift),
                      n_pseudo_positives=pp_count.detach())
         return loss, stats

@@ -80,7 +80,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
-__all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "VIB_GUARD",
+__all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "check_occlusion_options", "VIB_GUARD",
            "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
 
 #: the inclusion tests ProLIPLoss can train with (module docstring)
@@ -218,6 +218,58 @@ def _check_range(name: str, value, low: float, high: float = math.inf, low_open:
     return number
 
 
+def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image_drop_prob, mask_patch_size,
+                            text_mask_mode, inclusion_scale, inclusion_eps) -> dict:
+    """Validated options of the occlusion inclusion term (shared by ProLIPLoss and PCMEPPLoss)."""
+    if text_mask_mode not in TEXT_MASK_MODES:
+        raise UserError(f"text_mask_mode must be one of {', '.join(TEXT_MASK_MODES)}, got {text_mask_mode!r}")
+    patch = _check_range("mask_patch_size", mask_patch_size, 1.0)
+    if patch != int(patch):
+        raise UserError(f"mask_patch_size must be a whole number of pixels, got {mask_patch_size!r}")
+    return {"inclusion_alpha_occ": _check_range("inclusion_alpha_occ", inclusion_alpha_occ, 0.0),
+            "drop_ratio": _check_range("drop_ratio", drop_ratio, 0.0, 1.0),
+            "drop_prob": _check_range("drop_prob", drop_prob, 0.0, 1.0),
+            "image_drop_prob": _check_range("image_drop_prob", image_drop_prob, 0.0, 1.0),
+            "mask_patch_size": int(patch), "text_mask_mode": text_mask_mode,
+            "inclusion_scale": _check_range("inclusion_scale", inclusion_scale, 0.0, low_open=True),
+            "inclusion_eps": _check_range("inclusion_eps", inclusion_eps, -math.inf)}
+
+
+def occlusion_terms(items, inclusion, dtype) -> tuple[torch.Tensor | float, dict]:
+    """Sum over the modalities of the inclusion loss "original row in its masked copy".
+
+    ``items``: ``(masked_pair or None, mu, logvar)`` per modality (image first, then text), the
+    masked pair holding the copies of the first n rows; ``inclusion(mu_in, lv_in, mu_out, lv_out)``
+    is the loss of one modality. Returns (sum, stats with ``img_inclusion`` / ``txt_inclusion``).
+    """
+    from zsprob.prob.losses import _stat
+    total, stats = 0.0, {}
+    for name, (pair, mu, lv) in zip(("img", "txt"), items):
+        pair = _as_pair(f"masked_{name}", pair)
+        if pair is None:
+            continue
+        m_mu, m_lv = pair
+        if m_lv is None:
+            raise UserError("the occlusion inclusion term needs sigma of the masked inputs, "
+                            "but the model is deterministic")
+        n_masked = m_mu.shape[0]
+        if n_masked == 0:
+            continue
+        if n_masked > mu.shape[0]:
+            raise ValueError(f"masked_{name} has {n_masked} rows, more than the {mu.shape[0]} local rows")
+        occ = inclusion(mu[:n_masked], lv[:n_masked], m_mu.to(dtype), m_lv.to(dtype))
+        occ = _guarded(occ, INCLUSION_GUARD, f"{name} occlusion inclusion")
+        total = total + occ
+        stats[f"{name}_inclusion"] = _stat(occ)
+        stats["n_masked"] = torch.tensor(n_masked)
+    return total, stats
+
+
+def prolip_inclusion(scale: float, eps: float):
+    """ProLIP's inclusion loss as a function of (mu_in, lv_in, mu_out, lv_out), for :func:`occlusion_terms`."""
+    return lambda mu_in, lv_in, mu_out, lv_out: inclusion_loss(mu_in, lv_in, mu_out, lv_out, scale, eps)
+
+
 def _as_pair(name: str, pair):
     if pair is None:
         return None
@@ -330,25 +382,11 @@ class ProLIPLoss(nn.Module):
                             INCLUSION_GUARD, "inclusion")
             loss = loss + self.inclusion_alpha * incl
             stats["inclusion"] = _stat(incl)
-        for name, pair, mu, lv in (("img", masked_img, batch.img_mu, batch.img_lv),
-                                   ("txt", masked_txt, batch.txt_mu, batch.txt_lv)):
-            pair = _as_pair(f"masked_{name}", pair)
-            if pair is None or self.inclusion_alpha_occ == 0:
-                continue
-            m_mu, m_lv = pair
-            if m_lv is None:
-                raise UserError("the ProLIP occlusion inclusion term needs sigma of the masked inputs, "
-                                "but the model is deterministic")
-            n_masked = m_mu.shape[0]
-            if n_masked == 0:
-                continue
-            if n_masked > mu.shape[0]:
-                raise ValueError(f"masked_{name} has {n_masked} rows, more than the {mu.shape[0]} local rows")
-            occ = self.inclusion(mu[:n_masked], lv[:n_masked], m_mu.to(dtype), m_lv.to(dtype))
-            occ = _guarded(occ, INCLUSION_GUARD, f"{name} occlusion inclusion")
+        if self.inclusion_alpha_occ > 0:
+            occ, occ_stats = occlusion_terms(((masked_img, batch.img_mu, batch.img_lv),
+                                              (masked_txt, batch.txt_mu, batch.txt_lv)), self.inclusion, dtype)
             loss = loss + self.inclusion_alpha_occ * occ
-            stats[f"{name}_inclusion"] = _stat(occ)
-            stats["n_masked"] = torch.tensor(n_masked)
+            stats.update(occ_stats)
 
         vib_img = _guarded(prolip_vib(batch.img_mu, batch.img_lv), VIB_GUARD, "image VIB")
         vib_txt = _guarded(prolip_vib(batch.txt_mu, batch.txt_lv), VIB_GUARD, "text VIB")
