@@ -9,8 +9,8 @@ Sec. 2.5), adds GPO pooling, and saves / loads checkpoints as safetensors + JSON
     mu, logvar = model.encode_text(model.tokenizer(["a red square"]))
     save(model, "ckpt/", extra={"method": "pcmepp", "step": 1000}); model = load("ckpt/")
 """
-from zsprob.models.checkpoint import (is_checkpoint, load, load_extra_tensors, load_for_inference, load_meta,
-                                      save)
+from zsprob.models.builder import load, load_for_inference
+from zsprob.models.checkpoint import is_checkpoint, load_extra_tensors, load_meta, save
 from zsprob.models.encode import encode_images, encode_texts
 from zsprob.models.factory import create_model, list_models, model_from_config, register_model_configs
 from zsprob.models.heads import GPO, bound_logvar
