@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError
+from zsprob.methods import METHODS
 from zsprob.prob import distances as D
 
 __all__ = [
@@ -540,6 +541,8 @@ _LOSSES = {
 _ALIASES = {"pcme++": "pcmepp", "clip": "infonce", "vse": "triplet", "vsepp": "triplet",
             "probtriplet": "prob-triplet", "pishdad": "prob-triplet", "mu": "mu-only", "muonly": "mu-only"}
 LOSS_NAMES = tuple(_LOSSES)
+if LOSS_NAMES != METHODS:  # one list of methods: zsprob.methods
+    raise ImportError(f"zsprob.prob.losses registers {LOSS_NAMES}, zsprob.methods lists {METHODS}")
 _NEEDS_SIGMA = {"pcmepp": True, "pcme": True, "prob-triplet": True,
                 "infonce": False, "triplet": False, "mu-only": False}
 
