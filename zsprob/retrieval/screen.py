@@ -21,7 +21,7 @@ index, i.e. the position in the stable descending order of the float64 keys
 (:func:`zsprob.retrieval.metrics.topk_ranking`'s rule).
 
 :class:`Screen` computes every key approximately with one bfloat16 GEMM per block of queries
-(AMX tiles on recent Xeons: ~5x the float32 GEMM here), each query offset by ``o_i`` so that its
+(AMX tiles on recent Xeons; see docs/benchmarks.md), each query offset by ``o_i`` so that its
 thresholds lie just above zero (positive bfloat16 numbers order like their int16 bit patterns),
 and reduces the block to int16 group maxima of 64 items. A rigorous rounding bound
 (:meth:`Screen.error`: input rounding by Cauchy-Schwarz on the actual residual norms, float32
@@ -55,7 +55,7 @@ GROUP = 64
 SUB = 8
 #: rows per chunk of the float64 work (fits in L2 cache)
 CHUNK = 2048
-#: target size of one block of approximate keys (rows x padded gallery; measured best on 2 cores)
+#: target size of one block of approximate keys (rows x padded gallery; tuned with scripts/bench_eval.py)
 BLOCK_ELEMS = 6_500_000
 
 
