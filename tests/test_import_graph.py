@@ -118,3 +118,62 @@ def test_layering_rules_of_the_design():
             assert not {t for t in targets if t.startswith(("zsprob.models", "zsprob.data"))}, name
         if name.startswith("zsprob.models"):
             assert not {t for t in targets if t.startswith("zsprob.train")}, name
+
+
+#: what each package may import besides itself, as its __init__ docstring says (leaves: errors, methods,
+#: utils, config and the root package for the version)
+ALLOWED = {
+    "prob": {"errors", "methods"},
+    "utils": {"errors"},
+    "config": {"errors", "utils"},
+    "data": {"errors", "utils", "zsprob"},
+    "models": {"errors", "utils", "zsprob"},
+    "report": {"errors", "utils", "zsprob"},
+    "retrieval": {"data", "models", "prob", "report", "errors", "utils"},
+    "train": {"config", "data", "models", "prob", "methods", "errors", "utils"},
+    "zeroshot": {"data", "models", "prob", "report", "methods", "errors", "utils", "zsprob"},
+}
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_packages_import_only_what_their_docstrings_allow():
+    graph = import_graph()
+    broken = sorted((name, target) for name, targets in graph.items() for target in targets
+                    if package_of(name) in ALLOWED and package_of(target) != package_of(name)
+                    and package_of(target) not in ALLOWED[package_of(name)])
+    assert not broken, broken
+
+
+#: functions allowed over LONG_FUNCTION lines, with the reason
+LONG_FUNCTION = 80
+LONG_ALLOWED = {
+    "zsprob/retrieval/screen.py:screen_ranks": "one numerical kernel whose locals flow through every stage "
+                                               "(thresholds, block scan, candidate rescoring); splitting it would "
+                                               "pass a dozen tensors between pieces",
+    "zsprob/data/synthetic.py:generate": "the SynthWorld writer: one pass over splits and shards, to be split "
+                                         "when the data owners next change it",
+    "zsprob/models/factory.py:create_model": "open_clip-style factory with the zsprob-checkpoint branch; to be "
+                                             "split into config resolution and weight loading",
+    "zsprob/report/demo_report.py:_markdown": "the report template, one section after another (file owned by "
+                                              "the report work, not restructured here)",
+}
+
+
+def long_functions() -> dict[str, int]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > LONG_FUNCTION:
+                    found[f"{path.relative_to(PACKAGE.parent).as_posix()}:{node.name}"] = length
+    return found
+
+
+def test_no_function_over_80_lines_outside_the_allow_list():
+    found = long_functions()
+    assert not set(found) - set(LONG_ALLOWED), {k: v for k, v in found.items() if k not in LONG_ALLOWED}
+    assert not set(LONG_ALLOWED) - set(found), "allow-list entries that are short now: remove them"

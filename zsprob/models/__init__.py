@@ -1,5 +1,9 @@
 """zsprob.models: open_clip towers with mean / log-variance heads, checkpoints, batched encoding.
 
+Owns the probabilistic towers, their factory (``factory``), the checkpoint file format
+(``checkpoint``) and building a model from a checkpoint (``builder``). May import ``zsprob.errors``,
+``zsprob.utils`` and the root package only: never data, prob, train, zeroshot or retrieval.
+
 open_clip provides the towers, configs, checkpoint conversion, tokenizers and transforms;
 zsprob splits every tower into a shared trunk, a mean head and a log-variance head (PCME++
 Sec. 2.5), adds GPO pooling, and saves / loads checkpoints as safetensors + JSON.

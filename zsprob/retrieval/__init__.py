@@ -1,5 +1,9 @@
 """zsprob.retrieval: retrieval evaluation, uncertainty analyses and exact CSD search.
 
+Owns retrieval evaluation (benchmark sets, metrics, the screen kernel, scoring), search indexes and
+the uncertainty analyses. May import data, models, prob, report (plots), ``zsprob.errors`` and
+``zsprob.utils``; never train, zeroshot or cli.
+
 - :mod:`~zsprob.retrieval.metrics`: R@K, R-Precision, mAP@R, COCO 1K folds, PMRP as tensor
   operations over rankings (definitions identical to eccv_caption's);
 - :mod:`~zsprob.retrieval.scoring`: chunked scoring with ``zsprob.prob.score`` (:class:`PairScores`,
