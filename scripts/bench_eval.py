@@ -46,7 +46,8 @@ from zsprob.retrieval import metrics as M  # noqa: E402
 from zsprob.retrieval.coco import eccv_metrics, official_test_ids, task_for_embeddings  # noqa: E402
 from zsprob.retrieval.embeddings import Embeddings  # noqa: E402
 from zsprob.retrieval.evaluate import evaluate_embeddings, evaluate_rankings, evaluate_scores, format_table  # noqa: E402
-from zsprob.retrieval.screen import amx_available, evaluate_screened  # noqa: E402
+from zsprob.retrieval.screen import amx_available  # noqa: E402
+from zsprob.retrieval.screened import evaluate_screened  # noqa: E402
 from zsprob.retrieval.scoring import PairScores, score_matrix, transposed  # noqa: E402
 
 TARGETS = ("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_r1", "eccv_map_at_r", "eccv_rprecision")

@@ -75,7 +75,7 @@ def test_identical_to_eccv_caption_compute_all_metrics():
         for d in ("i2t", "t2i"):
             assert from_lists[bench][d] == pytest.approx(ours[bench][d], abs=1e-9), (bench, d)
     # the screened evaluation (no score matrix, float64 keys; zsprob eval's default) gives the same numbers
-    from zsprob.retrieval.screen import evaluate_screened
+    from zsprob.retrieval.screened import evaluate_screened
 
     stats = {}
     screened = evaluate_screened("csd", emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar, task,

@@ -1,4 +1,4 @@
-"""The screened exact evaluation (zsprob.retrieval.screen) against float64 brute force.
+"""The screened exact evaluation (zsprob.retrieval.screen, zsprob.retrieval.screened) against float64 brute force.
 
 Every decision the screen makes must equal the float64 ranking: ranks of requested items
 (with ties broken by the lower index and column ranges), top lists, every benchmark metric,
@@ -17,6 +17,7 @@ from zsprob.retrieval import metrics as M
 from zsprob.retrieval import screen as S
 from zsprob.retrieval.evaluate import BenchmarkSet, RetrievalTask, evaluate_scores
 from zsprob.retrieval.scoring import PairScores
+from zsprob.retrieval.screened import evaluate_screened
 
 DTYPES = (torch.bfloat16, torch.float32)
 
@@ -180,7 +181,7 @@ def test_evaluate_screened_equals_float64_score_matrix(dtype, score, folds, thre
     ref_scores = neg_csd64(mi, li, mc, lc, score)
     ref = evaluate_scores(PairScores.from_matrix(ref_scores), task, keep_top=5)
     st = {}
-    got = S.evaluate_screened(score, mi, li if score == "csd" else None, mc, lc if score == "csd" else None, task,
+    got = evaluate_screened(score, mi, li if score == "csd" else None, mc, lc if score == "csd" else None, task,
                               keep_top=5, dtype=dtype, group=8, stats=st, threads=threads)
     assert_same_metrics(got.metrics, ref.metrics)
     for d in ("i2t", "t2i"):
@@ -208,7 +209,7 @@ def test_a_broken_bound_is_caught_and_the_matrix_answers(monkeypatch):
     real = S.Screen.error
     monkeypatch.setattr(S.Screen, "error", lambda self, rows, o: real(self, rows, o) * 1e-3)
     with pytest.raises(S.ScreenBoundError):
-        S.evaluate_screened("csd", mi, li, mc, lc, task, threads=1)
+        evaluate_screened("csd", mi, li, mc, lc, task, threads=1)
     with pytest.warns(RuntimeWarning, match="score matrix"):
         fallback = evaluate_embeddings(emb, task)
     assert fallback.metrics["setup"]["method"].startswith("matrix")

@@ -210,7 +210,8 @@ def test_validity_table_shows_every_analysis_and_the_demo_report_prints_it(tmp_p
     (tmp_path / "runs" / "pcmepp").mkdir(parents=True)
     (tmp_path / "retrieval" / "pcmepp").mkdir(parents=True)
     (tmp_path / "retrieval" / "pcmepp" / "metrics.json").write_text(
-        json.dumps({"metrics": {"caption": {"i2t": recall, "t2i": recall, "rsum": 36.0}}, "uncertainty_validity": validity}))
+        json.dumps({"metrics": {"caption": {"i2t": recall, "t2i": recall, "rsum": 36.0}}, "uncertainty_validity": validity,
+                    "validity_table": table}))
     report = build_report(tmp_path)
     assert report["retrieval"]["pcmepp"]["uncertainty_validity"]["inclusion"]["sigma"]["n"] == n
     markdown = (tmp_path / "report.md").read_text()

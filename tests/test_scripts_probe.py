@@ -1,4 +1,4 @@
-"""The learning probes in scripts/ run end to end (tiny sizes) and reject bad options with exit 2."""
+"""The learning probes in experiments/ run end to end (tiny sizes) and reject bad options with exit 2."""
 from __future__ import annotations
 
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "probe_contrastive.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "probe_contrastive.py"
 
 
 def _run(*args, timeout=300):

@@ -12,7 +12,10 @@ data flow of DESIGN.md::
     zsprob.retrieval  retrieval metrics (COCO, CxC, ECCV Caption, PMRP), exact CSD search
     zsprob.report     plots and the demo report
 
-Sub-packages are imported lazily so that ``import zsprob`` stays cheap.
+Sub-packages are imported lazily so that ``import zsprob`` stays cheap. This module owns the
+version and :class:`UserError`, and imports ``zsprob.errors`` only. Beside the packages,
+``zsprob.methods`` holds the one list of training methods and of prompt strategies,
+``zsprob.config`` the YAML configs and ``zsprob.errors`` the user-error type.
 """
 from zsprob.errors import UserError
 

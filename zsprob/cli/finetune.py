@@ -4,7 +4,7 @@ No torch import at module level; the work is :func:`zsprob.train.loop.train`.
 """
 import click
 
-from zsprob.train.cli_common import common_options, print_summary, resolve_run_config, run
+from zsprob.cli.train_options import common_options, print_summary, resolve_run_config, run
 
 
 @click.group("finetune")
@@ -28,6 +28,6 @@ def coco(root, karpathy_json, **kw):
         extra.append(f"data.karpathy_json={karpathy_json}")
     cfg = resolve_run_config(kw, extra, default_config="finetune_coco_vitb32.yaml")
     summary = run(cfg, kw)
-    from zsprob.train.cli_common import is_main_process
+    from zsprob.cli.train_options import is_main_process
     if is_main_process():
         print_summary(summary)

@@ -5,7 +5,7 @@ Parses options, builds the config (recipe + flags + --set) and calls
 """
 import click
 
-from zsprob.train.cli_common import common_options, print_summary, resolve_run_config, run
+from zsprob.cli.train_options import common_options, print_summary, resolve_run_config, run
 
 
 @click.command("pretrain")
@@ -33,6 +33,6 @@ def pretrain(data_kind, shards, **kw):
     cfg = resolve_run_config(kw, extra, default_config="synthetic_tiny.yaml")
     from zsprob.train.hooks import default_hooks
     summary = run(cfg, kw, hooks=default_hooks(cfg))
-    from zsprob.train.cli_common import is_main_process
+    from zsprob.cli.train_options import is_main_process
     if is_main_process():
         print_summary(summary)

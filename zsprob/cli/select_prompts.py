@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import click
 
-_STRATEGIES = ("all", "single", "topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe",
-               "bprw", "zpe", "oracle", "oracle-global")
+from zsprob.methods import STRATEGIES
 
 
 def model_options(f):
@@ -49,7 +48,7 @@ def load_model(checkpoint, model_name, pretrained, device):
               help="Dataset root (class names; evaluation images for zpe/bprw/oracle). SynthWorld: the "
                    "`zsprob data synthetic` output, whose classify/select split is the default selection split.")
 @click.option("--topk", default="auto", show_default=True, help="auto | N | all | oracle")
-@click.option("--strategy", type=click.Choice(_STRATEGIES), default=None,
+@click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
               help="Overrides --topk: any strategy (see README).")
 @click.option("--select-root", type=click.Path(), default=None,
               help="Labelled selection split (folder per class; ImageNet: train images), disjoint from evaluation.")

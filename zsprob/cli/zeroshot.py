@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.select_prompts import _STRATEGIES, common_options, load_model, model_options
+from zsprob.cli.select_prompts import common_options, load_model, model_options
+from zsprob.methods import STRATEGIES
 
 
 @click.command("zeroshot")
@@ -17,7 +18,7 @@ from zsprob.cli.select_prompts import _STRATEGIES, common_options, load_model, m
               help="Evaluation data (ImageNet root with val/, a folder per class, or a SynthWorld output).")
 @click.option("--prompts", type=click.Path(), default=None, help="selection.json from zsprob select-prompts.")
 @click.option("--topk", default="auto", show_default=True, help="auto | N | all | oracle (without --prompts)")
-@click.option("--strategy", type=click.Choice(_STRATEGIES), default=None, help="Overrides --topk.")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default=None, help="Overrides --topk.")
 @click.option("--select-root", type=click.Path(), default=None, help="Labelled selection split for auto.")
 @click.option("--score", type=click.Choice(["cosine", "csd", "unc"]), default="cosine", show_default=True,
               help="cosine of means; CSD between image and class Gaussians; uncertainty-adjusted cosine.")

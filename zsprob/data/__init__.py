@@ -1,5 +1,9 @@
 """zsprob.data: everything zsprob reads, real and embedded.
 
+Owns every reader of data (shards, caption cleaning, COCO, classification sets, transforms) and
+SynthWorld. May import ``zsprob.errors``, ``zsprob.utils`` and the root package only: never models,
+prob, train, zeroshot or retrieval.
+
 Sub-modules (imported on first attribute access, so ``import zsprob.data`` stays cheap):
 
 - :mod:`zsprob.data.webdataset`: image-text tar shards (RedCaps, img2dataset output, SynthWorld

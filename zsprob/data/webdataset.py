@@ -17,7 +17,7 @@ by node and worker, or resampled with per-source weights), grouping members into
 shard (so a truncated shard cannot leak a half sample into the next one; open_clip's own
 ``group_by_keys_nothrow`` breaks on webdataset 1.0's end-of-shard markers), error accounting
 (every skipped thing is counted by kind and the counts travel with the batches from the
-worker processes to :meth:`WdsLoader.stats`), caption cleaning (RedCaps rules), per-sample
+worker processes to :meth:`WdsLoader.stats`), caption cleaning (:mod:`zsprob.data.captions`), per-sample
 seeding of augmentations, batched tokenisation in the workers, and exact resumption.
 
 Semantics in one place
@@ -86,7 +86,6 @@ import math
 import os
 import random
 import re
-import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
@@ -100,6 +99,7 @@ from webdataset.gopen import gopen
 from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
+from zsprob.data.captions import clean_caption, clean_redcaps_caption
 from zsprob.errors import UserError
 
 __all__ = [
@@ -138,76 +138,6 @@ STAT_KEYS = (
 )
 _ERROR_KEYS = tuple(k for k in STAT_KEYS if k not in ("samples", "batches", "skipped_batches",
                                                       "shards_opened", "dropped_partial"))
-
-
-# --------------------------------------------------------------------------- captions
-
-_WS = re.compile(r"\s+")
-# bracketed tags: [OC], [oc], [1920x1080], [x-post r/pics], [itap], (OC), (x-post ...), (1920 x 1080)
-_BRACKET_TAG = re.compile(r"\[[^\[\]]{0,60}\]|\{[^{}]{0,60}\}")
-_PAREN_TAG = re.compile(
-    r"\(\s*(?:oc|o\.c\.|x-?post[^()]*|xpost[^()]*|crosspost[^()]*|\d{3,5}\s*[x×]\s*\d{3,5}|"
-    r"more in comments?|album in comments?|via [^()]*|source[^()]*|self)\s*\)", re.IGNORECASE)
-_RESOLUTION = re.compile(r"\b\d{3,5}\s*[x×]\s*\d{3,5}\b")
-_ITAP = re.compile(r"^\s*(?:i\s+took\s+a\s+(?:picture|photo|pic)\s+of|itapo?\s+of|itap:?|itapot)\b[\s:,\-]*",
-                   re.IGNORECASE)
-_XPOST = re.compile(r"\b(?:x-?post(?:ed)?|crosspost(?:ed)?)\s+(?:from\s+)?(?:/?r/\w+)?", re.IGNORECASE)
-_USER_SUB = re.compile(r"(?<!\w)/?[ur]/[A-Za-z0-9_\-]+")
-_OC_EDGE = re.compile(r"^\s*oc\b[\s:\-]*|[\s\-]*\boc\s*$", re.IGNORECASE)
-_EDGE_PUNCT = re.compile(r"^[\s\-:;,|/]+|[\s\-:;,|/]+$")
-
-
-def _is_emoji(ch: str) -> bool:
-    cp = ord(ch)
-    if 0x1F000 <= cp <= 0x1FAFF or 0x2600 <= cp <= 0x27BF or 0x1F900 <= cp <= 0x1F9FF:
-        return True
-    if cp in (0x200D, 0x20E3) or 0xFE00 <= cp <= 0xFE0F or 0xE0020 <= cp <= 0xE007F:
-        return True  # ZWJ, keycap, variation selectors, tag characters
-    cat = unicodedata.category(ch)
-    return cat in ("So", "Cs", "Co")
-
-
-# control and format characters (C0/C1 controls, zero-width spaces, bidi marks, BOM), not ZWJ
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u200b\u200c\u200e\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
-
-
-def clean_caption(text: str) -> str:
-    """Generic cleaning: Unicode NFC, control / zero-width characters -> space, collapse whitespace, strip."""
-    if not text.isascii():
-        text = unicodedata.normalize("NFC", text)
-    return _WS.sub(" ", _CONTROL.sub(" ", text)).strip()
-
-
-def clean_redcaps_caption(text: str, *, keep_emoji: bool = False) -> str:
-    """Clean a RedCaps caption (a Reddit post title), idempotently.
-
-    Rules, in order: :func:`clean_caption`; drop bracketed tags (``[OC]``, ``[1920x1080]``,
-    ``[x-post r/pics]``, any ``[...]`` / ``{...}`` up to 60 characters) and common
-    parenthesised ones (``(OC)``, ``(x-post ...)``, ``(more in comments)``, resolutions);
-    drop "x-post from r/sub" phrases, ``u/user`` and ``r/sub`` mentions and bare resolutions;
-    drop a leading "itap of" / "I took a picture of" (r/itookapicture's convention) and a
-    leading or trailing "OC"; **emoji policy**: emoji and other pictographic symbols (Unicode
-    category So, the emoji blocks, variation selectors, zero-width joiners) are removed,
-    because RedCaps' published ``caption`` field is emoji-free and the CLIP BPE would turn
-    them into rare byte tokens; pass ``keep_emoji=True`` to keep them. Finally collapse
-    whitespace and strip separator punctuation from both ends. Case is kept (the CLIP
-    tokenizer lowercases). May return "" (the sample is then skipped as an empty caption).
-    """
-    t = clean_caption(text)
-    if not keep_emoji:
-        t = "".join(" " if _is_emoji(c) else c for c in t)
-    t = _BRACKET_TAG.sub(" ", t)
-    t = _PAREN_TAG.sub(" ", t)
-    t = _XPOST.sub(" ", t)
-    t = _USER_SUB.sub(" ", t)
-    t = _RESOLUTION.sub(" ", t)
-    t = _WS.sub(" ", t).strip()
-    for _ in range(2):
-        t = _ITAP.sub("", t)
-        t = _OC_EDGE.sub("", t)
-        t = _EDGE_PUNCT.sub("", t)
-    t = re.sub(r"\(\s*\)", " ", t)
-    return _WS.sub(" ", t).strip()
 
 
 # --------------------------------------------------------------------------- shard lists

@@ -1,5 +1,9 @@
 """zsprob.models: open_clip towers with mean / log-variance heads, checkpoints, batched encoding.
 
+Owns the probabilistic towers, their factory (``factory``), the checkpoint file format
+(``checkpoint``) and building a model from a checkpoint (``builder``). May import ``zsprob.errors``,
+``zsprob.utils`` and the root package only: never data, prob, train, zeroshot or retrieval.
+
 open_clip provides the towers, configs, checkpoint conversion, tokenizers and transforms;
 zsprob splits every tower into a shared trunk, a mean head and a log-variance head (PCME++
 Sec. 2.5), adds GPO pooling, and saves / loads checkpoints as safetensors + JSON.
@@ -9,8 +13,8 @@ Sec. 2.5), adds GPO pooling, and saves / loads checkpoints as safetensors + JSON
     mu, logvar = model.encode_text(model.tokenizer(["a red square"]))
     save(model, "ckpt/", extra={"method": "pcmepp", "step": 1000}); model = load("ckpt/")
 """
-from zsprob.models.checkpoint import (is_checkpoint, load, load_extra_tensors, load_for_inference, load_meta,
-                                      save)
+from zsprob.models.builder import load, load_for_inference
+from zsprob.models.checkpoint import is_checkpoint, load_extra_tensors, load_meta, save
 from zsprob.models.encode import encode_images, encode_texts
 from zsprob.models.factory import create_model, list_models, model_from_config, register_model_configs
 from zsprob.models.heads import GPO, bound_logvar

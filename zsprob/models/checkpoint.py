@@ -1,4 +1,8 @@
-"""Checkpoints: a directory with ``model.safetensors`` + ``zsprob.json``; loading never unpickles.
+"""The checkpoint file format: a directory with ``model.safetensors`` + ``zsprob.json``; never pickled.
+
+This module owns the format only (write, read tensors, read metadata, recognise a checkpoint) and
+imports nothing from :mod:`zsprob.models`; rebuilding a model from a checkpoint is the builder's
+job (:mod:`zsprob.models.builder`, like timm's ``_builder`` beside ``_factory``).
 
 What libraries do: safetensors writes and reads the tensors (a plain header + raw bytes,
 no pickle); :mod:`zsprob.utils.io` makes every file write atomic (temp file + fsync + rename).
@@ -7,7 +11,7 @@ What zsprob does: ``zsprob.json`` holds everything that rebuilds the model (``mo
 name, full open_clip config, embedding size, sigma-head depth and init, pooling,
 deterministic flag, variance bounds, preprocessing), the method and step, the zsprob version,
 the caller's ``extra`` dict and the SHA-256 and size of the weights file. The weights are
-written first and the JSON last, and :func:`load` checks the hash, so a crash between the two
+written first and the JSON last, and :func:`read_tensors` checks the size and hash, so a crash between the two
 writes, a truncated or corrupted file or a missing file is reported as a
 :class:`zsprob.UserError` instead of a half-loaded model.
 """
@@ -26,10 +30,11 @@ WEIGHTS_NAME = "model.safetensors"
 META_NAME = "zsprob.json"
 FORMAT = "zsprob-checkpoint"
 FORMAT_VERSION = 1
-_EXTRA_PREFIX = "extra_tensors."
+EXTRA_PREFIX = "extra_tensors."
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 4 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -37,7 +42,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _ckpt_dir(path: str | os.PathLike) -> Path:
+def checkpoint_dir(path: str | os.PathLike) -> Path:
+    """The checkpoint directory of ``path`` (the directory itself, or a file inside it)."""
     p = Path(path)
     if p.is_file() and p.name in (WEIGHTS_NAME, META_NAME):
         return p.parent
@@ -64,7 +70,7 @@ def save(model, path: str | os.PathLike, extra: dict | None = None, *,
     model = getattr(model, "module", model)  # DDP / accelerate wrappers
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     for k, v in (extra_tensors or {}).items():
-        tensors[_EXTRA_PREFIX + k] = torch.as_tensor(v).detach().to("cpu").contiguous()
+        tensors[EXTRA_PREFIX + k] = torch.as_tensor(v).detach().to("cpu").contiguous()
     # break shared storage (safetensors refuses aliasing tensors)
     seen: set[int] = set()
     for k, v in tensors.items():
@@ -92,7 +98,7 @@ def save(model, path: str | os.PathLike, extra: dict | None = None, *,
         "step": extra.get("step"),
         "config": cfg,
         "extra": extra,
-        "weights": {"file": WEIGHTS_NAME, "bytes": wpath.stat().st_size, "sha256": _sha256(wpath),
+        "weights": {"file": WEIGHTS_NAME, "bytes": wpath.stat().st_size, "sha256": sha256_file(wpath),
                     "num_tensors": len(tensors)},
     }
     atomic_write_json(d / META_NAME, meta)
@@ -103,7 +109,7 @@ def load_meta(path: str | os.PathLike) -> dict:
     """The parsed ``zsprob.json`` of a checkpoint directory (UserError if missing / malformed)."""
     from zsprob.utils.io import read_json
 
-    d = _ckpt_dir(path)
+    d = checkpoint_dir(path)
     if not d.exists():
         raise UserError(f"checkpoint not found: {d}")
     if not d.is_dir():
@@ -118,7 +124,9 @@ def load_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
-def _read_tensors(d: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
+def read_tensors(d: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint directory ``d`` (model weights and ``EXTRA_PREFIX`` tensors) on
+    the CPU, after checking the file's size and, with ``verify``, its SHA-256 against ``meta``."""
     from safetensors.torch import load_file
 
     w = d / meta.get("weights", {}).get("file", WEIGHTS_NAME)
@@ -128,7 +136,7 @@ def _read_tensors(d: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
     if "bytes" in info and w.stat().st_size != int(info["bytes"]):
         raise UserError(f"checkpoint weights {w} are truncated or were overwritten: {w.stat().st_size} bytes, "
                         f"{info['bytes']} expected")
-    if verify and info.get("sha256") and _sha256(w) != info["sha256"]:
+    if verify and info.get("sha256") and sha256_file(w) != info["sha256"]:
         raise UserError(f"checkpoint weights {w} are corrupted (SHA-256 mismatch with {META_NAME})")
     try:
         return load_file(str(w), device="cpu")
@@ -136,74 +144,19 @@ def _read_tensors(d: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
         raise UserError(f"cannot read checkpoint weights {w}: {type(e).__name__}: {e}") from None
 
 
-def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", *, verify: bool = True):
-    """Rebuild the ProbCLIP saved at ``path`` (directory, or a file inside it). No pickle involved.
-
-    ``verify`` checks the weights' SHA-256 against zsprob.json (reads the file once more).
-    """
-    from zsprob.models.factory import model_from_config
-
-    d = _ckpt_dir(path)
-    meta = load_meta(d)
-    tensors = _read_tensors(d, meta, verify)
-    model = model_from_config(meta["config"])
-    state = {k: v for k, v in tensors.items() if not k.startswith(_EXTRA_PREFIX)}
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise UserError(f"checkpoint {d} does not match its config: missing {missing[:5]}, "
-                        f"unexpected {unexpected[:5]}")
-    bad = [k for k in own if tuple(own[k].shape) != tuple(state[k].shape)]
-    if bad:
-        raise UserError(f"checkpoint {d} has tensors of the wrong shape: {bad[:5]}")
-    model.load_state_dict(state, strict=True)
-    model.checkpoint_meta = meta
-    return model.to(map_location)
-
-
 def load_extra_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The ``extra_tensors`` saved with :func:`save`."""
-    d = _ckpt_dir(path)
+    d = checkpoint_dir(path)
     meta = load_meta(d)
-    tensors = _read_tensors(d, meta, verify=False)
-    return {k[len(_EXTRA_PREFIX):]: v for k, v in tensors.items() if k.startswith(_EXTRA_PREFIX)}
+    tensors = read_tensors(d, meta, verify=False)
+    return {k[len(EXTRA_PREFIX):]: v for k, v in tensors.items() if k.startswith(EXTRA_PREFIX)}
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:
-    d = _ckpt_dir(path)
+    """Whether ``path`` is (or lies in) a zsprob checkpoint directory."""
+    d = checkpoint_dir(path)
     return d.is_dir() and (d / META_NAME).is_file()
 
 
-def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str | None = None,
-                       pretrained: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
-                       **create_kwargs):
-    """A model in eval mode for the CLI: a zsprob checkpoint, or a plain open_clip model.
-
-    ``checkpoint``: a zsprob checkpoint directory. Otherwise ``model`` (an open_clip name or zsprob
-    config) with optional ``pretrained`` (tag in the local cache or checkpoint file) is wrapped
-    with native pooling and no sigma heads, so its mean equals open_clip's normalised features
-    and logvar is None (pass ``create_kwargs`` to change that).
-    """
-    from zsprob.models.factory import create_model
-
-    if checkpoint is not None and model is not None:
-        raise UserError("give either a zsprob checkpoint or an open_clip model name, not both")
-    if checkpoint is not None:
-        if pretrained is not None:
-            raise UserError("--pretrained applies to --model, not to a zsprob checkpoint")
-        m = load(checkpoint)
-    elif model is not None:
-        kw = dict(pooling="native", deterministic=True)
-        kw.update(create_kwargs)
-        m = create_model(model, pretrained=pretrained, **kw)
-    else:
-        raise UserError("no model given: pass a zsprob checkpoint directory or an open_clip model name "
-                        "(e.g. --model ViT-B-32 --pretrained openai)")
-    if device is not None:
-        m = m.to(device)
-    return m.eval()
-
-
-__all__ = ["save", "load", "load_meta", "load_extra_tensors", "load_for_inference", "is_checkpoint",
-           "WEIGHTS_NAME", "META_NAME"]
+__all__ = ["save", "load_meta", "read_tensors", "load_extra_tensors", "is_checkpoint", "checkpoint_dir", "sha256_file",
+           "WEIGHTS_NAME", "META_NAME", "EXTRA_PREFIX", "FORMAT", "FORMAT_VERSION"]

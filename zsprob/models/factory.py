@@ -27,6 +27,7 @@ import torch
 
 from zsprob.errors import UserError
 from zsprob.models.sigma_heads import DEFAULT_BIAS_INIT
+from zsprob.models.checkpoint import EXTRA_PREFIX, checkpoint_dir, is_checkpoint, load_meta, read_tensors
 
 log = logging.getLogger(__name__)
 
@@ -377,12 +378,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         config (e.g. ``{"vision_cfg": {"layers": 2}}``).
     """
     register_model_configs()
-    from zsprob.models.checkpoint import is_checkpoint
-
     zs_ckpt = pretrained is not None and str(pretrained) != "" and is_checkpoint(pretrained)
     if zs_ckpt:  # a zsprob checkpoint: its open_clip config is the base
-        from zsprob.models.checkpoint import load_meta
-
         zs_meta = load_meta(pretrained)
         ocfg = copy.deepcopy(zs_meta["config"]["open_clip_cfg"])
     else:
@@ -423,12 +420,10 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     if ckpt is not None:
         reinit = load_open_clip_weights(clip_model, ckpt)
     elif zs_ckpt:
-        from zsprob.models.checkpoint import _EXTRA_PREFIX, _ckpt_dir, _read_tensors
-
-        tensors = _read_tensors(_ckpt_dir(pretrained), zs_meta, verify=True)
+        tensors = read_tensors(checkpoint_dir(pretrained), zs_meta, verify=True)
         clip_sd = {k[len("clip."):]: v for k, v in tensors.items() if k.startswith("clip.")}
         reinit = _load_state_into(clip_model, clip_sd, str(pretrained))
-        zs_rest = {k: v for k, v in tensors.items() if not k.startswith(("clip.", _EXTRA_PREFIX))}
+        zs_rest = {k: v for k, v in tensors.items() if not k.startswith(("clip.", EXTRA_PREFIX))}
 
     config = {
         "name": name,

@@ -1,5 +1,8 @@
 """zsprob.prob: tensor math on diagonal Gaussian embeddings (no I/O, no models).
 
+Owns the tensor math on Gaussians: distances, losses, MSDA, jWAE terms. May import ``zsprob.errors``
+and ``zsprob.methods`` only: no models, data or I/O.
+
 - :mod:`zsprob.prob.distances`: pairwise distances [N, M] (CSD, 2-Wasserstein, KL, min-KL, JS,
   ELK, Bhattacharyya, mean-only, cosine, Monte Carlo match probability / average L2),
   ProLIP's inclusion test, uncertainty scalars, and :func:`score` (similarities, higher = better) by name;

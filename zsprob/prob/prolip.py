@@ -80,6 +80,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
+from zsprob.prob.pairs import PairBatch, stat
 __all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "check_occlusion_options", "VIB_GUARD",
            "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
 
@@ -242,7 +243,6 @@ def occlusion_terms(items, inclusion, dtype) -> tuple[torch.Tensor | float, dict
     masked pair holding the copies of the first n rows; ``inclusion(mu_in, lv_in, mu_out, lv_out)``
     is the loss of one modality. Returns (sum, stats with ``img_inclusion`` / ``txt_inclusion``).
     """
-    from zsprob.prob.losses import _stat
     total, stats = 0.0, {}
     for name, (pair, mu, lv) in zip(("img", "txt"), items):
         pair = _as_pair(f"masked_{name}", pair)
@@ -260,7 +260,7 @@ def occlusion_terms(items, inclusion, dtype) -> tuple[torch.Tensor | float, dict
         occ = inclusion(mu[:n_masked], lv[:n_masked], m_mu.to(dtype), m_lv.to(dtype))
         occ = _guarded(occ, INCLUSION_GUARD, f"{name} occlusion inclusion")
         total = total + occ
-        stats[f"{name}_inclusion"] = _stat(occ)
+        stats[f"{name}_inclusion"] = stat(occ)
         stats["n_masked"] = torch.tensor(n_masked)
     return total, stats
 
@@ -361,18 +361,17 @@ class ProLIPLoss(nn.Module):
 
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0, masked_img=None, masked_txt=None):
-        from zsprob.prob.losses import _Batch, _stat
         if img_logvar is None or txt_logvar is None or (all_img is not None and all_img[1] is None) \
                 or (all_txt is not None and all_txt[1] is None):
             raise UserError("--method prolip needs sigma (log sigma^2 heads), but the model is deterministic; "
                             "use a probabilistic model or a method without sigma (infonce, triplet, mu-only)")
-        batch = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=True)
+        batch = PairBatch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=True)
         dtype = batch.dtype
         n_rows = batch.img_mu.shape[0]
         logits = self.logits(batch.img_mu, batch.img_lv, batch.all_txt_mu, batch.all_txt_lv)
         ppcl = _PairwiseBCESum.apply(logits, batch.t_i2t) / n_rows
         loss = self.ppcl_weight * ppcl
-        stats = {"ppcl": _stat(ppcl)}
+        stats = {"ppcl": stat(ppcl)}
 
         if self.inclusion_alpha > 0:
             if batch.txt_mu.shape[0] != n_rows:
@@ -381,7 +380,7 @@ class ProLIPLoss(nn.Module):
             incl = _guarded(self.inclusion(batch.img_mu, batch.img_lv, batch.txt_mu, batch.txt_lv),
                             INCLUSION_GUARD, "inclusion")
             loss = loss + self.inclusion_alpha * incl
-            stats["inclusion"] = _stat(incl)
+            stats["inclusion"] = stat(incl)
         if self.inclusion_alpha_occ > 0:
             occ, occ_stats = occlusion_terms(((masked_img, batch.img_mu, batch.img_lv),
                                               (masked_txt, batch.txt_mu, batch.txt_lv)), self.inclusion, dtype)
@@ -392,8 +391,8 @@ class ProLIPLoss(nn.Module):
         vib_txt = _guarded(prolip_vib(batch.txt_mu, batch.txt_lv), VIB_GUARD, "text VIB")
         if self.vib_beta > 0:
             loss = loss + self.vib_beta * (vib_img + vib_txt)
-        stats.update(vib_img=_stat(vib_img), vib_txt=_stat(vib_txt),
-                     img_sigma2=_stat(batch.img_lv.detach().exp().mean()),
-                     txt_sigma2=_stat(batch.txt_lv.detach().exp().mean()),
-                     loss=_stat(loss), scale=_stat(self.scale()), bias=_stat(self.logit_bias))
+        stats.update(vib_img=stat(vib_img), vib_txt=stat(vib_txt),
+                     img_sigma2=stat(batch.img_lv.detach().exp().mean()),
+                     txt_sigma2=stat(batch.txt_lv.detach().exp().mean()),
+                     loss=stat(loss), scale=stat(self.scale()), bias=stat(self.logit_bias))
         return loss, stats

@@ -101,7 +101,8 @@ def _retrieval(out: Path, method: str) -> dict | None:
            "n_captions": m.get("setup", {}).get("n_captions"),
            "i2t": cap.get("i2t"), "t2i": cap.get("t2i"), "rsum": cap.get("rsum"),
            "pm_i2t": pl.get("i2t"), "pm_t2i": pl.get("t2i"), "summary": d.get("summary"),
-           "files": d.get("files", {}), "uncertainty_validity": d.get("uncertainty_validity")}
+           "files": d.get("files", {}), "uncertainty_validity": d.get("uncertainty_validity"),
+           "validity_table": d.get("validity_table")}
     if res["n_images"] and res["n_captions"]:
         # chance R@1: i2t has 5 positives among all captions, t2i one among all images
         res["chance_r1_i2t"] = 100.0 * 5 / res["n_captions"]
@@ -309,16 +310,14 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
         if page:
             L.append(f"The most and least uncertain queries with what they retrieved: [{page}]({page}).\n")
 
-    validity = {name: rr["uncertainty_validity"] for name, rr in r["retrieval"].items()
-                if rr and rr.get("uncertainty_validity")}
-    if validity:
-        from zsprob.retrieval.validity import validity_table
-
+    tables = {name: rr["validity_table"] for name, rr in r["retrieval"].items() if rr and rr.get("validity_table")}
+    if tables:  # rendered by `zsprob eval synthetic` (zsprob.retrieval.validity) into its metrics.json
         L.append("## Uncertainty validity (SynthWorld exact ground truth)\n")
         L.append("Spearman with bootstrap 95% intervals, accuracies with binomial standard errors "
                  "(`zsprob.retrieval.validity`).\n")
-        for name, v in validity.items():
-            L.append(validity_table(v, name))
+        for name, table in tables.items():
+            L.append(f"**{name}**\n")
+            L.append(table)
     L.append("## Checks\n")
     for k, v in r["checks"].items():
         L.append(f"- {k}: {'yes' if v else 'NO'}")

@@ -1,13 +1,22 @@
 """zsprob.retrieval: retrieval evaluation, uncertainty analyses and exact CSD search.
 
+Owns retrieval evaluation (benchmark sets, metrics, the screen kernel, scoring), search indexes and
+the uncertainty analyses. May import data, models, prob, report (plots), ``zsprob.errors`` and
+``zsprob.utils``; never train, zeroshot or cli.
+
 - :mod:`~zsprob.retrieval.metrics`: R@K, R-Precision, mAP@R, COCO 1K folds, PMRP as tensor
   operations over rankings (definitions identical to eccv_caption's);
 - :mod:`~zsprob.retrieval.scoring`: chunked scoring with ``zsprob.prob.score`` (:class:`PairScores`,
   :func:`chunked_topk`);
-- :mod:`~zsprob.retrieval.evaluate`: benchmark sets, :func:`evaluate_embeddings`, :func:`evaluate_rankings`
-  (metrics of rankings made elsewhere), the Table-1 style table;
-- :mod:`~zsprob.retrieval.screen`: the same metrics for CSD / mean / cosine without a score matrix
-  (clipped ranks of the positives from a certified bfloat16 screen, float64 keys);
+- :mod:`~zsprob.retrieval.benchmarks`: the benchmark-set types (:class:`RetrievalTask`,
+  :class:`BenchmarkSet`, :class:`EvalResult`) and the helpers both evaluation routes share;
+- :mod:`~zsprob.retrieval.evaluate`: the score-matrix route, the route choice in
+  :func:`evaluate_embeddings`, :func:`evaluate_rankings` (metrics of rankings made elsewhere), the
+  Table-1 style table;
+- :mod:`~zsprob.retrieval.screen`: the kernel: clipped ranks and top lists of linear keys from a
+  certified bfloat16 screen with float64 rescoring (imports nothing from this package);
+- :mod:`~zsprob.retrieval.screened`: every benchmark of a task for CSD / mean / cosine through
+  the kernel, without a score matrix;
 - :mod:`~zsprob.retrieval.coco`: COCO 5K / 1K, CxC, ECCV Caption (ground truth from eccv_caption), PMRP,
   :func:`evaluate_coco`;
 - :mod:`~zsprob.retrieval.synthetic`: SynthWorld, :func:`evaluate_synthetic`;

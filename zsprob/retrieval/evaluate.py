@@ -1,21 +1,20 @@
-"""Evaluate a test set's image x caption scores on several benchmarks at once.
+"""Evaluate a test set's image x caption scores on several benchmarks at once, and choose the route.
 
-A :class:`RetrievalTask` holds the ground truth of one test set as sparse positive matrices
-(one :class:`BenchmarkSet` per benchmark: COCO 5K, CxC, ECCV Caption, PMRP per zeta,
-SynthWorld's caption and plausible-match sets) and optionally the COCO 1K folds.
-:func:`evaluate_scores` ranks each direction once (top-L with L = the largest list any
-metric needs, via :mod:`zsprob.retrieval.metrics`) and reads every benchmark's metrics off
-the same ranked lists; benchmarks with very long positive lists (PMRP) are ranked in
-query chunks. :func:`evaluate_embeddings` uses :mod:`zsprob.retrieval.screen` instead for the
-linear scores (CSD, mean-only, cosine): the same metrics, ranked by float64 keys, without a
-score matrix. :func:`evaluate_rankings` reads the same metrics off ranked lists made
-elsewhere (eccv_caption's ``compute_all_metrics`` interface, with index arrays). Results are
-percentages (as in the papers' tables), plus per-query arrays for the uncertainty analyses.
-Everything here is zsprob's own code on torch / scipy.
+The ground truth is a :class:`~zsprob.retrieval.benchmarks.RetrievalTask` (one
+:class:`~zsprob.retrieval.benchmarks.BenchmarkSet` per benchmark; defined in
+:mod:`zsprob.retrieval.benchmarks`, re-exported here). :func:`evaluate_scores` ranks each
+direction of a score matrix once (top-L with L = the largest list any metric needs, via
+:mod:`zsprob.retrieval.metrics`) and reads every benchmark's metrics off the same ranked lists;
+benchmarks with very long positive lists (PMRP) are ranked in query chunks.
+:func:`evaluate_embeddings` chooses the route: :mod:`zsprob.retrieval.screened` for the linear
+scores (CSD, mean-only, cosine; the same metrics, ranked by float64 keys, without a score
+matrix), the score matrix otherwise. :func:`evaluate_rankings` reads the same metrics off ranked
+lists made elsewhere (eccv_caption's ``compute_all_metrics`` interface, with index arrays).
+Results are percentages (as in the papers' tables), plus per-query arrays for the uncertainty
+analyses. Everything here is zsprob's own code on torch / scipy.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -23,78 +22,14 @@ import scipy.sparse as sp
 import torch
 
 from zsprob.retrieval import metrics as M
+from zsprob.retrieval.benchmarks import (SHARED_L_LIMIT, BenchmarkSet, EvalResult, RetrievalTask, direction_result,
+                                         fold_summary, merge_pmrp, needed_length, set_queries, with_rsum)
 from zsprob.retrieval.scoring import PairScores
+from zsprob.retrieval.screen import LINEAR_SCORES, ScreenBoundError, amx_available
+from zsprob.retrieval.screened import evaluate_screened
 
-#: above this many positives per query a benchmark is ranked in chunks instead of sharing the top-L lists
-SHARED_L_LIMIT = 256
-
-
-@dataclass
-class BenchmarkSet:
-    """One benchmark's positives. ``kind``: "recall" (R@K for ``ks``) or "precision"
-    (mAP@R, R-Precision and R@1) or "rprecision" (R-Precision only, e.g. PMRP)."""
-
-    name: str
-    i2t: sp.csr_matrix  # [n_img, n_cap]
-    t2i: sp.csr_matrix  # [n_cap, n_img]
-    kind: str = "recall"
-    i2t_queries: np.ndarray | None = None  # default: rows with a positive
-    t2i_queries: np.ndarray | None = None
-    i2t_n_pos: np.ndarray | None = None  # R per query if it counts positives outside the gallery
-    t2i_n_pos: np.ndarray | None = None
-
-
-@dataclass
-class RetrievalTask:
-    name: str
-    image_ids: np.ndarray
-    caption_ids: np.ndarray
-    caption_image: np.ndarray
-    sets: list[BenchmarkSet] = field(default_factory=list)
-    folds: list[tuple[np.ndarray, np.ndarray]] | None = None  # COCO 1K
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def n_images(self) -> int:
-        return len(self.image_ids)
-
-    @property
-    def n_captions(self) -> int:
-        return len(self.caption_ids)
-
-    def caption_positives(self) -> sp.csr_matrix:
-        return M.positives_from_assignment(self.caption_image, self.n_images)
-
-
-@dataclass
-class EvalResult:
-    metrics: dict  # nested, percentages
-    per_query: dict  # {"i2t": {"r@1": array over images}, "t2i": {...}} from the first recall set
-    top: dict  # {"i2t": [n_img, T] caption indices, "t2i": [n_cap, T] image indices}
-
-
-def _pct(d: dict) -> dict:
-    return {k: 100.0 * v for k, v in d.items()}
-
-
-def _needed_len(bs: BenchmarkSet, direction: str, ks: Sequence[int]) -> int:
-    pos = bs.i2t if direction == "i2t" else bs.t2i
-    if bs.kind == "recall":
-        return max(ks)
-    counts = np.diff(pos.indptr)
-    n_pos = bs.i2t_n_pos if direction == "i2t" else bs.t2i_n_pos
-    if n_pos is not None:  # R counts positives outside the gallery too: the list must reach position R
-        counts = np.maximum(counts, np.asarray(n_pos))
-    q = _queries(bs, direction)
-    return max(1, int(counts[q].max()) if len(q) else 1)
-
-
-def _queries(bs: BenchmarkSet, direction: str) -> np.ndarray:
-    pos = bs.i2t if direction == "i2t" else bs.t2i
-    q = bs.i2t_queries if direction == "i2t" else bs.t2i_queries
-    if q is None:
-        q = np.flatnonzero(np.diff(pos.indptr) > 0)
-    return np.asarray(q, dtype=np.int64)
+__all__ = ["BenchmarkSet", "RetrievalTask", "EvalResult", "SHARED_L_LIMIT", "METHODS", "evaluate_scores",
+           "evaluate_rankings", "evaluate_embeddings", "fold_metrics", "resolve_method", "summary_row", "format_table"]
 
 
 def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS,
@@ -105,11 +40,11 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
     top: dict = {}
     mats = {"i2t": scores.i2t, "t2i": scores.t2i}
     n_q = {"i2t": task.n_images, "t2i": task.n_captions}
-    shared = [bs for bs in task.sets if _needed_len(bs, "i2t", ks) <= SHARED_L_LIMIT
-              and _needed_len(bs, "t2i", ks) <= SHARED_L_LIMIT]
+    shared = [bs for bs in task.sets if needed_length(bs, "i2t", ks) <= SHARED_L_LIMIT
+              and needed_length(bs, "t2i", ks) <= SHARED_L_LIMIT]
     ranked = {}
     for d in ("i2t", "t2i"):
-        L = max([max(ks), keep_top] + [_needed_len(bs, d, ks) for bs in shared])
+        L = max([max(ks), keep_top] + [needed_length(bs, d, ks) for bs in shared])
         L = min(L, mats[d].shape[1])
         ranked[d] = M.rank_lists(mats[d], np.arange(n_q[d]), L, chunk_size=chunk_size)
         if keep_top:
@@ -118,7 +53,7 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
         out = {}
         for d in ("i2t", "t2i"):
             pos = bs.i2t if d == "i2t" else bs.t2i
-            q = _queries(bs, d)
+            q = set_queries(bs, d)
             r_metrics = bs.kind != "recall"
             k_use = tuple(ks) if bs.kind == "recall" else (1,)
             if bs in shared:
@@ -126,42 +61,14 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
                                             n_pos=bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos)
             else:
                 qm = M.rank_metrics(mats[d], pos, queries=q, ks=k_use, r_metrics=r_metrics, chunk_size=chunk_size)
-            out[d] = _direction_result(bs, qm.mean(), len(q))
+            out[d] = direction_result(bs, qm.mean(), len(q))
             if bs.kind == "recall" and d not in per_query:
                 per_query[d] = {"queries": qm.queries, **qm.values, "set": bs.name}
-        metrics[bs.name] = _with_rsum(bs, out, ks)
-    _merge_pmrp(metrics)
+        metrics[bs.name] = with_rsum(bs, out, ks)
+    merge_pmrp(metrics)
     if task.folds:
         metrics["coco_1k"] = fold_metrics(scores, task, ks=ks)
     return EvalResult(metrics=metrics, per_query=per_query, top=top)
-
-
-def _direction_result(bs: BenchmarkSet, vals: dict, n_queries: int) -> dict:
-    """One benchmark's mean metrics for one direction, in percent (PMRP keeps R-Precision only)."""
-    if bs.kind == "rprecision":
-        vals = {"rprecision": vals["rprecision"]}
-    out = _pct(vals)
-    out["n_queries"] = int(n_queries)
-    return out
-
-
-def _with_rsum(bs: BenchmarkSet, out: dict, ks: Sequence[int]) -> dict:
-    if bs.kind == "recall":
-        out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
-    return out
-
-
-def _merge_pmrp(metrics: dict) -> None:
-    """Gather the per-zeta PMRP sets into metrics["pmrp"] with their mean."""
-    pm = sorted(k for k in metrics if k.startswith("pmrp_zeta"))
-    if pm:
-        agg = {}
-        for d in ("i2t", "t2i"):
-            agg[d] = {k.replace("pmrp_", ""): metrics[k][d]["rprecision"] for k in pm}
-            agg[d]["mean"] = float(np.mean(list(agg[d].values())))
-        for k in pm:
-            del metrics[k]
-        metrics["pmrp"] = agg
 
 
 def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS) -> dict:
@@ -188,18 +95,18 @@ def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequen
     for bs in task.sets:
         out = {}
         for d in ("i2t", "t2i"):
-            need = _needed_len(bs, d, ks)
+            need = needed_length(bs, d, ks)
             L = ranked[d].shape[1]
             if L < min(need, n_g[d]):
                 raise ValueError(f"{bs.name} {d} needs ranked lists of at least {need} items, got {L}")
             pos = bs.i2t if d == "i2t" else bs.t2i
-            q = _queries(bs, d)
+            q = set_queries(bs, d)
             k_use = tuple(ks) if bs.kind == "recall" else (1,)
             qm = M.metrics_from_ranking(ranked[d][:, :need], pos, queries=q, ks=k_use, r_metrics=bs.kind != "recall",
                                         n_pos=bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos)
-            out[d] = _direction_result(bs, qm.mean(), len(q))
-        metrics[bs.name] = _with_rsum(bs, out, ks)
-    _merge_pmrp(metrics)
+            out[d] = direction_result(bs, qm.mean(), len(q))
+        metrics[bs.name] = with_rsum(bs, out, ks)
+    merge_pmrp(metrics)
     if task.folds:
         metrics["coco_1k"] = _fold_metrics_from_rankings(ranked, task, ks)
     return metrics
@@ -248,17 +155,7 @@ def _fold_metrics_from_rankings(ranked: dict, task: RetrievalTask, ks: Sequence[
             m = M.metrics_from_ranking(sub[torch.from_numpy(qs)], pos[d], ranked_queries=qs, queries=qs, ks=ks,
                                        r_metrics=False)
             per[d].append(m.mean())
-    return _fold_summary(per, task, ks)
-
-
-def _fold_summary(per: dict, task: RetrievalTask, ks: Sequence[int]) -> dict:
-    """COCO 1K result: per direction the mean of the fold means, query counts, RSUM."""
-    out = {d: _pct({k: float(np.mean([m[k] for m in per[d]])) for k in per[d][0]}) for d in per}
-    for d in out:
-        out[d]["n_queries"] = int(sum(len(f[0] if d == "i2t" else f[1]) for f in task.folds))
-    out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
-    out["n_folds"] = len(task.folds)
-    return out
+    return fold_summary(per, task, ks)
 
 
 def _as_slice(idx: np.ndarray):
@@ -287,7 +184,7 @@ def fold_metrics(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] =
             q = np.flatnonzero(np.diff(p.indptr) > 0)
             ranked = M.rank_lists(sub, q, max(ks))
             per[d].append(M.metrics_from_ranking(ranked, p, ranked_queries=q, queries=q, ks=ks, r_metrics=False).mean())
-    return _fold_summary(per, task, ks)
+    return fold_summary(per, task, ks)
 
 
 # ----------------------------------------------------------------------------- tables
@@ -348,11 +245,9 @@ METHODS = ("auto", "screen", "matrix")
 
 
 def resolve_method(method: str, score: str, **score_kw) -> str:
-    """"screen" (:mod:`zsprob.retrieval.screen`: exact metrics from a certified bfloat16 screen, no
+    """"screen" (:mod:`zsprob.retrieval.screened`: exact metrics from a certified bfloat16 screen, no
     score matrix) for the linear scores (csd, mean, cosine) without score options; "matrix" (the
     float32 score matrix, any score) otherwise. Raises ValueError for a screen it cannot run."""
-    from zsprob.retrieval.screen import LINEAR_SCORES
-
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     linear = score in LINEAR_SCORES and not score_kw
@@ -372,8 +267,8 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
     the method and the sizes.
 
     ``method``: "screen" ranks by the float64 keys without a score matrix
-    (:func:`zsprob.retrieval.screen.evaluate_screened`, CSD / mean / cosine; about 3x faster than
-    the matrix on COCO 5K, see scripts/bench_eval.py); "matrix" scores float32 blocks with
+    (:func:`zsprob.retrieval.screened.evaluate_screened`, CSD / mean / cosine; faster than the
+    matrix, see docs/benchmarks.md); "matrix" scores float32 blocks with
     ``zsprob.prob.score`` (every score); "auto" picks
     "screen" where it applies. The two agree up to float32 near-ties (see the tests). Should a
     screened key ever break its certified error bound, the matrix is used instead, with a warning.
@@ -382,7 +277,6 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
 
     from zsprob.errors import UserError
     from zsprob.retrieval.scoring import check_score
-    from zsprob.retrieval.screen import ScreenBoundError, amx_available, evaluate_screened
 
     check_score(score, emb.has_sigma)
     try:

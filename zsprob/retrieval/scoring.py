@@ -10,7 +10,7 @@ each block through matrix products (closed forms) or bounded sample blocks (MC),
   the very same numbers. A transposed copy is also cheaper than scoring the caption blocks
   again. CSD, mean-only and cosine scores are one inner product of augmented vectors
   (:func:`linear_form`), so their blocks are single GEMMs written into the output, with no
-  [N, M] temporaries: 0.55 s vs 1.3 s for the 5K x 25K CSD matrix at D = 256 (2 threads).
+  [N, M] temporaries (timings: docs/benchmarks.md).
   ``direct_t2i=True`` still scores the t2i direction separately, for symmetric scores.
 * :func:`chunked_topk`: the best ``k`` gallery items for every query, merging per-block top-k,
   so a query set can be ranked against a gallery of any size with bounded memory.
@@ -150,8 +150,7 @@ def linear_form(name: str, mu_a, logvar_a, mu_b, logvar_b) -> tuple[torch.Tensor
 
 def transposed(x: torch.Tensor, rows: int = 64) -> torch.Tensor:
     """A contiguous transposed copy, written in bands of ``rows`` source rows (the band's columns
-    stay in cache: 0.16 s vs 0.47 s for ``x.t().contiguous()`` on a warm 5K x 25K float32 matrix,
-    2 threads)."""
+    stay in cache; faster than ``x.t().contiguous()`` on large float32 matrices)."""
     if x.ndim != 2:
         return x.t().contiguous()
     out = torch.empty(x.shape[1], x.shape[0], dtype=x.dtype, device=x.device)

@@ -21,7 +21,7 @@ index, i.e. the position in the stable descending order of the float64 keys
 (:func:`zsprob.retrieval.metrics.topk_ranking`'s rule).
 
 :class:`Screen` computes every key approximately with one bfloat16 GEMM per block of queries
-(AMX tiles on recent Xeons: ~5x the float32 GEMM here), each query offset by ``o_i`` so that its
+(AMX tiles on recent Xeons; see docs/benchmarks.md), each query offset by ``o_i`` so that its
 thresholds lie just above zero (positive bfloat16 numbers order like their int16 bit patterns),
 and reduces the block to int16 group maxima of 64 items. A rigorous rounding bound
 (:meth:`Screen.error`: input rounding by Cauchy-Schwarz on the actual residual norms, float32
@@ -37,10 +37,8 @@ Without AMX (``torch.cpu._is_amx_tile_supported()`` false) the same screen runs 
 (:func:`parallel`). torch (oneDNN's AMX GEMM, reductions) and numpy (float64 exp) do the
 arithmetic; the screen, the bound and the certification are zsprob's own.
 
-:func:`evaluate_screened` runs every benchmark of a :class:`~zsprob.retrieval.evaluate.RetrievalTask`
-this way and returns the :class:`~zsprob.retrieval.evaluate.EvalResult` of
-:func:`~zsprob.retrieval.evaluate.evaluate_scores`. Benchmarks with very long positive lists
-(PMRP, R > ``SHARED_L_LIMIT``) are ranked on float32 score blocks as before.
+This module is the kernel: it imports nothing from :mod:`zsprob.retrieval`.
+:mod:`zsprob.retrieval.screened` runs every benchmark of a retrieval task through it.
 """
 from __future__ import annotations
 
@@ -48,7 +46,6 @@ import math
 from typing import Sequence
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 
 LINEAR_SCORES = ("csd", "mean", "cosine")
@@ -58,7 +55,7 @@ GROUP = 64
 SUB = 8
 #: rows per chunk of the float64 work (fits in L2 cache)
 CHUNK = 2048
-#: target size of one block of approximate keys (rows x padded gallery; measured best on 2 cores)
+#: target size of one block of approximate keys (rows x padded gallery; tuned with scripts/bench_eval.py)
 BLOCK_ELEMS = 6_500_000
 
 
@@ -388,133 +385,142 @@ def screen_ranks(keys: LinearKeys, rows, cols, caps, *, theta: torch.Tensor | No
     range, which must hold ``cols[p]``). ``theta``: the float64 keys of the pairs if already known
     (``keys.exact_pairs(rows, cols)``). Returns int64 [P].
     """
-    scr = screen or Screen(keys, dtype=dtype, group=group)
-    st = stats if stats is not None else {}
-    for k in ("requests", "rescored", "fallback_rows", "rows"):
-        st.setdefault(k, 0)
-    m = keys.m
+    screener = screen or Screen(keys, dtype=dtype, group=group)
+    stats = stats if stats is not None else {}
+    for counter in ("requests", "rescored", "fallback_rows", "rows"):
+        stats.setdefault(counter, 0)
+    n_items = keys.m
     rows = torch.as_tensor(np.asarray(rows, dtype=np.int64))
     cols = torch.as_tensor(np.asarray(cols, dtype=np.int64))
     caps = torch.as_tensor(np.asarray(caps, dtype=np.int64))
-    P = rows.numel()
-    c_lo = torch.zeros(P, dtype=torch.int64) if col_lo is None else torch.as_tensor(np.asarray(col_lo, dtype=np.int64))
-    c_hi = torch.full((P,), m, dtype=torch.int64) if col_hi is None else torch.as_tensor(np.asarray(col_hi, dtype=np.int64))
-    st["requests"] += P
-    if P == 0:
+    n_requests = rows.numel()
+    range_lo = (torch.zeros(n_requests, dtype=torch.int64) if col_lo is None
+                else torch.as_tensor(np.asarray(col_lo, dtype=np.int64)))
+    range_hi = (torch.full((n_requests,), n_items, dtype=torch.int64) if col_hi is None
+                else torch.as_tensor(np.asarray(col_hi, dtype=np.int64)))
+    stats["requests"] += n_requests
+    if n_requests == 0:
         return np.zeros(0, dtype=np.int64)
-    if bool(((cols < c_lo) | (cols >= c_hi) | (c_lo < 0) | (c_hi > m) | (rows < 0) | (rows >= keys.n)).any()):
+    outside = (cols < range_lo) | (cols >= range_hi) | (range_lo < 0) | (range_hi > n_items)
+    if bool((outside | (rows < 0) | (rows >= keys.n)).any()):
         raise ValueError("each request needs 0 <= row < n and 0 <= col_lo <= col < col_hi <= m")
     theta = keys.exact_pairs(rows, cols) if theta is None else torch.as_tensor(theta, dtype=torch.float64)
     order = torch.argsort(rows, stable=True)
-    rows, cols, caps, theta, c_lo, c_hi = (x[order] for x in (rows, cols, caps, theta, c_lo, c_hi))
-    rank = torch.zeros(P, dtype=torch.int64)
-    urows, first, counts = torch.unique_consecutive(rows, return_inverse=True, return_counts=True)
+    rows, cols, caps, theta, range_lo, range_hi = (x[order] for x in (rows, cols, caps, theta, range_lo, range_hi))
+    rank = torch.zeros(n_requests, dtype=torch.int64)
+    query_rows, query_of, query_counts = torch.unique_consecutive(rows, return_inverse=True, return_counts=True)
     # offsets: each query's lowest threshold sits 4 E above zero, so every threshold is positive
-    tmin = torch.full((urows.numel(),), math.inf, dtype=torch.float64).scatter_reduce(
-        0, first, theta, reduce="amin", include_self=True)
-    e0 = scr.error(urows, tmin)
-    o = tmin - 4 * e0 - 1e-9 * tmin.abs()
-    o_parts, o_fold = scr.fold(o)
-    err = scr.error(urows, o_fold)
-    rel = scr.rel
-    th = theta - o_fold[first]
-    e = err[first]
-    hi = (th + e) / (1 - rel)  # out > hi  =>  key > theta
-    lo = (th - e) / (1 + rel)  # out < lo  =>  key < theta
+    lowest_theta = torch.full((query_rows.numel(),), math.inf, dtype=torch.float64).scatter_reduce(
+        0, query_of, theta, reduce="amin", include_self=True)
+    lowest_error = screener.error(query_rows, lowest_theta)
+    o = lowest_theta - 4 * lowest_error - 1e-9 * lowest_theta.abs()
+    offset_parts, offset = screener.fold(o)
+    offset_error = screener.error(query_rows, offset)
+    rel_error = screener.rel
+    shifted_theta = theta - offset[query_of]
+    e = offset_error[query_of]
+    hi = (shifted_theta + e) / (1 - rel_error)  # out > hi  =>  key > theta
+    lo = (shifted_theta - e) / (1 + rel_error)  # out < lo  =>  key < theta
     valid = lo > 0
-    hb = torch.zeros(P, dtype=scr.int_dtype)
-    lb = torch.zeros(P, dtype=scr.int_dtype)
+    high_bits = torch.zeros(n_requests, dtype=screener.int_dtype)
+    low_bits = torch.zeros(n_requests, dtype=screener.int_dtype)
     if bool(valid.any()):
-        hb[valid] = _bits(hi[valid], scr.dtype, up=True)
-        lb[valid] = _bits(lo[valid], scr.dtype, up=False)
-    g, ng = scr.group, scr.ng
-    if g % SUB:
-        raise ValueError(f"group size {g} must be a multiple of {SUB}")
-    ranged = (c_lo > 0) | (c_hi < m)
-    gfull0, gfull1 = -(-c_lo // g), c_hi // g  # groups wholly inside [c_lo, c_hi)
-    gpart0, gpart1 = c_lo // g, -(-c_hi // g)  # groups touching it
-    garange = torch.arange(ng)
-    br = scr.block_rows()
-    ends = torch.cumsum(counts, 0)
-    starts = ends - counts
-    need = torch.zeros(P, dtype=torch.bool)
+        high_bits[valid] = _bits(hi[valid], screener.dtype, up=True)
+        low_bits[valid] = _bits(lo[valid], screener.dtype, up=False)
+    group_size, n_groups = screener.group, screener.ng
+    if group_size % SUB:
+        raise ValueError(f"group size {group_size} must be a multiple of {SUB}")
+    ranged = (range_lo > 0) | (range_hi < n_items)
+    inner_first, inner_end = -(-range_lo // group_size), range_hi // group_size  # groups wholly inside [range_lo, range_hi)
+    touch_first, touch_end = range_lo // group_size, -(-range_hi // group_size)  # groups touching it
+    group_index = torch.arange(n_groups)
+    block_rows = screener.block_rows()
+    ends = torch.cumsum(query_counts, 0)
+    starts = ends - query_counts
+    unsettled = torch.zeros(n_requests, dtype=torch.bool)
     cand_req, cand_group, cand_vals = [], [], []
     # per block: the GEMM, group maxima, the requests they settle, and the candidate groups' values
-    for s in range(0, urows.numel(), br):
-        ub = slice(s, min(s + br, urows.numel()))
-        out = scr.gemm(urows[ub], o_parts[ub])
-        r = out.shape[0]
-        st["rows"] += r
-        iv = out.view(scr.int_dtype).view(r, ng, g)
-        gmax = iv.amax(-1)
-        p0, p1 = int(starts[ub][0]), int(ends[ub][-1])
-        pr = slice(p0, p1)
-        lr = first[pr] - s  # local row of each request
-        gm = gmax[lr]
-        above = gm > hb[pr][:, None]
-        rg = torch.nonzero(ranged[pr]).flatten()
-        if rg.numel():
-            above[rg] &= (garange >= gfull0[pr][rg, None]) & (garange < gfull1[pr][rg, None])
-        nb = valid[pr] & (_count(above) < caps[pr])
-        need[pr] = nb
-        ni = torch.nonzero(nb).flatten()
-        if not ni.numel():
+    for block_start in range(0, query_rows.numel(), block_rows):
+        block = slice(block_start, min(block_start + block_rows, query_rows.numel()))
+        out = screener.gemm(query_rows[block], offset_parts[block])
+        n_rows = out.shape[0]
+        stats["rows"] += n_rows
+        out_bits = out.view(screener.int_dtype).view(n_rows, n_groups, group_size)
+        group_max = out_bits.amax(-1)
+        req_start, req_end = int(starts[block][0]), int(ends[block][-1])
+        block_reqs = slice(req_start, req_end)
+        local_row = query_of[block_reqs] - block_start  # local row of each request
+        req_group_max = group_max[local_row]
+        above = req_group_max > high_bits[block_reqs][:, None]
+        ranged_reqs = torch.nonzero(ranged[block_reqs]).flatten()
+        if ranged_reqs.numel():
+            above[ranged_reqs] &= ((group_index >= inner_first[block_reqs][ranged_reqs, None])
+                                   & (group_index < inner_end[block_reqs][ranged_reqs, None]))
+        open_reqs = valid[block_reqs] & (_count(above) < caps[block_reqs])
+        unsettled[block_reqs] = open_reqs
+        open_idx = torch.nonzero(open_reqs).flatten()
+        if not open_idx.numel():
             continue
-        sel = gm[ni] >= lb[pr][ni][:, None]
-        rgn = torch.nonzero(ranged[pr][ni]).flatten()
-        if rgn.numel():
-            k = ni[rgn] + p0
-            sel[rgn] &= (garange >= gpart0[k, None]) & (garange < gpart1[k, None])
-        qi, gg = sel.nonzero(as_tuple=True)
-        pi = ni[qi]
+        candidate = req_group_max[open_idx] >= low_bits[block_reqs][open_idx][:, None]
+        ranged_open = torch.nonzero(ranged[block_reqs][open_idx]).flatten()
+        if ranged_open.numel():
+            ranged_req = open_idx[ranged_open] + req_start
+            candidate[ranged_open] &= (group_index >= touch_first[ranged_req, None]) & (group_index < touch_end[ranged_req, None])
+        cand_row, cand_group_idx = candidate.nonzero(as_tuple=True)
+        cand_req_idx = open_idx[cand_row]
         # within the candidate groups, sub-groups of SUB items: only those reaching lo are kept
-        sub = iv.view(r, ng, g // SUB, SUB)[lr[pi], gg].amax(-1)  # [G, g / SUB]
-        gi, sj = (sub >= lb[pr][pi][:, None]).nonzero(as_tuple=True)
-        pk = pi[gi]
-        sid = gg[gi] * (g // SUB) + sj
-        cand_req.append(pk + p0)
-        cand_group.append(sid)
-        cand_vals.append(iv.view(r, ng * (g // SUB), SUB)[lr[pk], sid])  # [S, SUB]
-    settled = valid & ~need
+        sub_groups = out_bits.view(n_rows, n_groups, group_size // SUB, SUB)
+        sub_max = sub_groups[local_row[cand_req_idx], cand_group_idx].amax(-1)  # [G, group_size / SUB]
+        sub_row, sub_col = (sub_max >= low_bits[block_reqs][cand_req_idx][:, None]).nonzero(as_tuple=True)
+        sub_req = cand_req_idx[sub_row]
+        sub_id = cand_group_idx[sub_row] * (group_size // SUB) + sub_col
+        cand_req.append(sub_req + req_start)
+        cand_group.append(sub_id)
+        cand_vals.append(out_bits.view(n_rows, n_groups * (group_size // SUB), SUB)[local_row[sub_req], sub_id])  # [S, SUB]
+    settled = valid & ~unsettled
     rank[settled] = caps[settled]  # at least cap groups hold an item certainly ranked before
     if cand_req:
         # all blocks at once: certain items, items to rescore, counts
-        pi, sid, vals = torch.cat(cand_req), torch.cat(cand_group), torch.cat(cand_vals)
-        cert = vals > hb[pi][:, None]
-        maybe = vals >= lb[pi][:, None]
-        item = sid[:, None] * SUB + torch.arange(SUB)[None, :]
-        rgi = torch.nonzero(ranged[pi]).flatten()
-        if rgi.numel():  # items outside a request's column range do not count
-            inside = (item[rgi] >= c_lo[pi[rgi], None]) & (item[rgi] < c_hi[pi[rgi], None])
-            cert[rgi] &= inside
-            maybe[rgi] &= inside
-        maybe &= ~cert
-        count = torch.zeros(P, dtype=torch.int64).index_add_(0, pi, _count(cert).to(torch.int64))
-        mi, mk = maybe.nonzero(as_tuple=True)
-        mp = pi[mi]
-        mc = item[mi, mk]
-        own = mc == cols[mp]
+        cand_req_idx, sub_id, values = torch.cat(cand_req), torch.cat(cand_group), torch.cat(cand_vals)
+        certain = values > high_bits[cand_req_idx][:, None]
+        maybe = values >= low_bits[cand_req_idx][:, None]
+        item = sub_id[:, None] * SUB + torch.arange(SUB)[None, :]
+        ranged_cand = torch.nonzero(ranged[cand_req_idx]).flatten()
+        if ranged_cand.numel():  # items outside a request's column range do not count
+            ranged_req = cand_req_idx[ranged_cand]
+            inside = (item[ranged_cand] >= range_lo[ranged_req, None]) & (item[ranged_cand] < range_hi[ranged_req, None])
+            certain[ranged_cand] &= inside
+            maybe[ranged_cand] &= inside
+        maybe &= ~certain
+        count = torch.zeros(n_requests, dtype=torch.int64).index_add_(0, cand_req_idx, _count(certain).to(torch.int64))
+        maybe_row, maybe_lane = maybe.nonzero(as_tuple=True)
+        maybe_req = cand_req_idx[maybe_row]
+        maybe_item = item[maybe_row, maybe_lane]
+        own = maybe_item == cols[maybe_req]
         # free certification: each request's own item (key theta, known) must lie within the band
-        seen = torch.zeros(P, dtype=torch.int64).index_add_(0, mp[own], torch.ones_like(mp[own]))
-        if bool((seen[need] != 1).any()):
+        seen = torch.zeros(n_requests, dtype=torch.int64).index_add_(0, maybe_req[own], torch.ones_like(maybe_req[own]))
+        if bool((seen[unsettled] != 1).any()):
             raise ScreenBoundError("a query's own item fell outside its certified band; this GEMM does not "
                                    "round as the screen assumes")
-        _certify(vals[mi[own], mk[own]].view(scr.dtype).double(), theta[mp[own]] - o_fold[first[mp[own]]],
-                 e[mp[own]], rel)
+        own_req = maybe_req[own]
+        _certify(values[maybe_row[own], maybe_lane[own]].view(screener.dtype).double(),
+                 theta[own_req] - offset[query_of[own_req]], e[own_req], rel_error)
         keep = ~own  # the item itself is never ranked before itself
-        mi, mk, mp, mc = mi[keep], mk[keep], mp[keep], mc[keep]
-        if mp.numel():
-            exact = keys.exact_pairs(rows[mp], mc)
-            st["rescored"] += int(mp.numel())
-            _certify(vals[mi, mk].view(scr.dtype).double(), exact - o_fold[first[mp]], e[mp], rel)
-            t = theta[mp]
-            before = (exact > t) | ((exact == t) & (mc < cols[mp]))
-            count.index_add_(0, mp, before.to(torch.int64))
-        rank[need] = torch.minimum(count[need], caps[need])
-    fb = torch.nonzero(~valid).flatten()
-    if fb.numel():  # thresholds too close to zero for the integer comparison: whole rows in float64
-        st["fallback_rows"] += torch.unique(rows[fb]).numel()
-        rank[fb] = exact_ranks(keys, rows[fb], cols[fb], caps[fb], theta[fb], c_lo[fb], c_hi[fb])
+        maybe_row, maybe_lane, maybe_req, maybe_item = maybe_row[keep], maybe_lane[keep], maybe_req[keep], maybe_item[keep]
+        if maybe_req.numel():
+            exact = keys.exact_pairs(rows[maybe_req], maybe_item)
+            stats["rescored"] += int(maybe_req.numel())
+            _certify(values[maybe_row, maybe_lane].view(screener.dtype).double(), exact - offset[query_of[maybe_req]],
+                     e[maybe_req], rel_error)
+            req_theta = theta[maybe_req]
+            before = (exact > req_theta) | ((exact == req_theta) & (maybe_item < cols[maybe_req]))
+            count.index_add_(0, maybe_req, before.to(torch.int64))
+        rank[unsettled] = torch.minimum(count[unsettled], caps[unsettled])
+    fallback = torch.nonzero(~valid).flatten()
+    if fallback.numel():  # thresholds too close to zero for the integer comparison: whole rows in float64
+        stats["fallback_rows"] += torch.unique(rows[fallback]).numel()
+        rank[fallback] = exact_ranks(keys, rows[fallback], cols[fallback], caps[fallback], theta[fallback],
+                                     range_lo[fallback], range_hi[fallback])
     out = torch.empty_like(rank)
     out[order] = rank
     return out.numpy()
@@ -598,49 +604,6 @@ def screen_topk(keys: LinearKeys, k: int, rows: np.ndarray | None = None, *, scr
     return tops
 
 
-# ----------------------------------------------------------------------------- benchmarks
-class _PairDots:
-    """float64 <mu_image, mu_caption> of a set of (image, caption) pairs, computed once and read by
-    both directions (their keys differ only in the bias term)."""
-
-    def __init__(self, img_side: Side, cap_side: Side, img: np.ndarray, cap: np.ndarray, threads: int | None = None):
-        self.n_cap = len(cap_side)
-        code = np.asarray(img, dtype=np.int64) * self.n_cap + np.asarray(cap, dtype=np.int64)
-        self.code = np.unique(code, return_inverse=True)[0]  # (the inverse path sorts; plain unique hashes, 7x slower)
-        r, c = torch.from_numpy(self.code // self.n_cap), torch.from_numpy(self.code % self.n_cap)
-        h = len(self.code) // 2
-        parts = parallel([lambda: pair_dots(img_side.mu, cap_side.mu, r[:h], c[:h]),
-                          lambda: pair_dots(img_side.mu, cap_side.mu, r[h:], c[h:])], threads)
-        self.dot = torch.cat(parts)
-
-    def get(self, img: np.ndarray, cap: np.ndarray) -> torch.Tensor:
-        code = np.asarray(img, dtype=np.int64) * self.n_cap + np.asarray(cap, dtype=np.int64)
-        return self.dot[torch.from_numpy(np.searchsorted(self.code, code))]
-
-
-def _positive_pairs(pos: sp.csr_matrix, queries: np.ndarray):
-    sub = pos[queries]
-    q = np.repeat(np.asarray(queries, dtype=np.int64), np.diff(sub.indptr))
-    return q, sub.indices.astype(np.int64)
-
-
-def _keys_of(dots: _PairDots, keys: LinearKeys, d: str, q: np.ndarray, g: np.ndarray) -> torch.Tensor:
-    """float64 keys of (query, gallery item) pairs of direction ``d`` from the shared dot products."""
-    img, cap = (q, g) if d == "i2t" else (g, q)
-    return keys.w * dots.get(img, cap) - keys.c[torch.from_numpy(g)]
-
-
-def _best(q: np.ndarray, g: np.ndarray, k: torch.Tensor, queries: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
-    """Each query's best positive (lowest index among equal keys) and its key."""
-    local = torch.from_numpy(np.searchsorted(queries, q))
-    best = torch.full((len(queries),), -math.inf, dtype=torch.float64).scatter_reduce(
-        0, local, k, reduce="amax", include_self=True)
-    tie = k == best[local]
-    idx = torch.full((len(queries),), np.iinfo(np.int64).max, dtype=torch.int64).scatter_reduce(
-        0, local[tie], torch.from_numpy(g)[tie], reduce="amin", include_self=True)
-    return idx.numpy(), best
-
-
 def parallel(fns: Sequence, threads: int | None = None) -> list:
     """Run the callables concurrently in Python threads, torch ops single-threaded in each (the
     screen's many small ops then overlap instead of waiting on one another); in order, without
@@ -661,197 +624,3 @@ def parallel(fns: Sequence, threads: int | None = None) -> list:
         torch.set_num_threads(before)
 
 
-def evaluate_screened(score: str, img_mu, img_logvar, cap_mu, cap_logvar, task, *, ks: Sequence[int] = (1, 5, 10),
-                      keep_top: int = 0, dtype: torch.dtype | None = None, group: int = GROUP,
-                      stats: dict | None = None, threads: int | None = None):
-    """Every benchmark of ``task`` (a :class:`~zsprob.retrieval.evaluate.RetrievalTask`) for the
-    linear ``score`` ("csd", "mean", "cosine") of the given embeddings, screened.
-
-    Each metric is a function of where the positives rank: R@K of the best positive's rank
-    (clipped at K), R-Precision and mAP@R of the ranks of all positives (clipped at R), COCO 1K of
-    the best positive's rank within its fold's column range, so each direction is one
-    :func:`screen_ranks` call over (query, positive) pairs. The two directions run concurrently
-    (:func:`parallel`; ``threads=1`` runs them in turn). Returns the
-    :class:`~zsprob.retrieval.evaluate.EvalResult` :func:`~zsprob.retrieval.evaluate.evaluate_scores`
-    gives on the float64 score matrix. ``stats`` receives what the screen did, per direction.
-    """
-    from zsprob.retrieval import evaluate as E
-
-    ks = tuple(ks)
-    dt = dtype or (torch.bfloat16 if amx_available() else torch.float32)
-    si, ci, sc, cc, w = prepare(score, img_mu, img_logvar, cap_mu, cap_logvar, dt, threads)
-    keys = {"i2t": LinearKeys(si, sc, cc, w), "t2i": LinearKeys(sc, si, ci, w)}
-    stats = stats if stats is not None else {}
-    # per direction and benchmark: (set, queries, positive pairs); "long" sets keep the queries only
-    plan = {d: {"recall": [], "list": [], "long": []} for d in ("i2t", "t2i")}
-    img_all, cap_all = [], []
-    for d in ("i2t", "t2i"):
-        for bs in task.sets:
-            q = E._queries(bs, d)
-            if bs.kind != "recall" and E._needed_len(bs, d, ks) > E.SHARED_L_LIMIT:
-                plan[d]["long"].append((bs, q))
-                continue
-            pq, pg = _positive_pairs(bs.i2t if d == "i2t" else bs.t2i, q)
-            plan[d]["recall" if bs.kind == "recall" else "list"].append((bs, q, pq, pg))
-            img_all.append(pq if d == "i2t" else pg)
-            cap_all.append(pg if d == "i2t" else pq)
-    cap_pos = task.caption_positives() if task.folds else None
-    if task.folds:
-        cp = cap_pos.tocoo()
-        img_all.append(cp.row.astype(np.int64))
-        cap_all.append(cp.col.astype(np.int64))
-    cat = lambda x: np.concatenate(x) if x else np.zeros(0, dtype=np.int64)  # noqa: E731
-    dots = _PairDots(si, sc, cat(img_all), cat(cap_all), threads)
-    emb = {"i2t": (img_mu, img_logvar, cap_mu, cap_logvar), "t2i": (cap_mu, cap_logvar, img_mu, img_logvar)}
-    for d in ("i2t", "t2i"):
-        stats.setdefault(d, {})
-    res = parallel([lambda d=d: _direction(d, keys[d], dots, task, cap_pos, plan[d], ks, keep_top, score, emb[d],
-                                           stats[d], dtype=dt, group=group) for d in ("i2t", "t2i")], threads)
-    out = dict(zip(("i2t", "t2i"), res))
-    metrics: dict = {}
-    for bs in task.sets:
-        per_dir = {d: E._direction_result(bs, *out[d]["means"][bs.name]) for d in ("i2t", "t2i")}
-        metrics[bs.name] = E._with_rsum(bs, per_dir, ks)
-    E._merge_pmrp(metrics)
-    if task.folds:
-        per = {d: out[d]["folds"] for d in ("i2t", "t2i")}
-        if not all(per.values()):  # folds that are not contiguous ranges: each fold on its own
-            per = _fold_separately(keys, dots, task, cap_pos, ks, stats.setdefault("folds", {}), dtype=dt,
-                                   group=group)
-        metrics["coco_1k"] = E._fold_summary(per, task, ks)
-    per_query = {d: out[d]["per_query"] for d in ("i2t", "t2i") if out[d]["per_query"] is not None}
-    top = {d: out[d]["top"] for d in ("i2t", "t2i") if out[d]["top"] is not None}
-    return E.EvalResult(metrics=metrics, per_query=per_query, top=top)
-
-
-def _direction(d: str, kd: LinearKeys, dots: "_PairDots", task, cap_pos, plan: dict, ks: tuple, keep_top: int,
-               score: str, emb: tuple, st: dict, **kw) -> dict:
-    """One direction of :func:`evaluate_screened`: its requests, one screened pass, its metrics."""
-    from zsprob.retrieval import metrics as M
-    from zsprob.retrieval.scoring import score_block
-
-    kmax = max(ks)
-    scr = Screen(kd, **kw)
-    req_rows, req_cols, req_caps, req_lo, req_hi, jobs = [], [], [], [], [], []
-
-    def add(kind, bs, arg, rows, cols, caps, lo=None, hi=None):
-        jobs.append((bs, kind, arg, len(req_rows)))
-        req_rows.append(rows)
-        req_cols.append(cols)
-        req_caps.append(caps)
-        req_lo.append(np.zeros(len(rows), dtype=np.int64) if lo is None else lo)
-        req_hi.append(np.full(len(rows), kd.m, dtype=np.int64) if hi is None else hi)
-
-    for bs, q, pq, pg in plan["recall"]:
-        best, _ = _best(pq, pg, _keys_of(dots, kd, d, pq, pg), q)
-        add("recall", bs, q, q, best, np.full(len(q), kmax, dtype=np.int64))
-    for bs, q, pq, pg in plan["list"]:
-        npos = bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos
-        R = np.diff((bs.i2t if d == "i2t" else bs.t2i).indptr) if npos is None else np.asarray(npos, dtype=np.int64)
-        add("list", bs, (q, pq, pg, R), pq, pg, np.maximum(R[pq], 1))
-    fold = _fold_requests(kd, dots, task, cap_pos, d) if task.folds else None
-    if fold is not None:
-        fq, fcol, flo, fhi, fjob = fold
-        add("folds", None, fjob, fq, fcol, np.full(len(fq), kmax, dtype=np.int64), flo, fhi)
-    ranks = []
-    if req_rows:
-        rr, rc, rcap = np.concatenate(req_rows), np.concatenate(req_cols), np.concatenate(req_caps)
-        rlo, rhi = np.concatenate(req_lo), np.concatenate(req_hi)
-        # one request per (query, item, column range), with the largest cap any benchmark asks of it
-        ranges, rid = np.unique(rlo * (kd.m + 1) + rhi, return_inverse=True)
-        nr = len(ranges)
-        code, inv = np.unique((rr * kd.m + rc) * nr + rid.reshape(-1), return_inverse=True)
-        inv = inv.reshape(-1)
-        ucap = np.zeros(len(code), dtype=np.int64)
-        np.maximum.at(ucap, inv, rcap)
-        urow, ucol, urange = (code // nr) // kd.m, (code // nr) % kd.m, ranges[code % nr]
-        urank = screen_ranks(kd, urow, ucol, ucap, theta=_keys_of(dots, kd, d, urow, ucol),
-                             col_lo=urange // (kd.m + 1), col_hi=urange % (kd.m + 1), screen=scr, stats=st)
-        off = np.cumsum([0] + [len(x) for x in req_rows])
-        ranks = [urank[inv[off[i]:off[i + 1]]] for i in range(len(req_rows))]
-    out = {"means": {}, "per_query": None, "top": None, "folds": []}
-    for bs, kind, arg, i in jobs:
-        rk = ranks[i]
-        if kind == "folds":
-            out["folds"] = [{f"r@{k}": float((rk[a:b] < k).mean()) for k in ks} for a, b, _ in arg]
-        elif kind == "recall":
-            q = arg
-            vals = {f"r@{k}": (rk < k).astype(np.float64) for k in ks}
-            out["means"][bs.name] = ({k: float(v.mean()) if len(v) else float("nan") for k, v in vals.items()}, len(q))
-            if out["per_query"] is None:
-                out["per_query"] = {"queries": q, **vals, "set": bs.name}
-        else:
-            # positives ranked r < R are hits at position r: R-Precision, mAP@R and R@1 from the hits
-            q, pq, pg, R = arg
-            Rq = np.maximum(R[q], 1)
-            hits = torch.zeros(len(q), int(Rq.max(initial=1)), dtype=torch.bool)
-            local = np.searchsorted(q, pq)
-            inside = rk < Rq[local]
-            hits[torch.from_numpy(local[inside]), torch.from_numpy(rk[inside])] = True
-            vals = M.metrics_from_hits(hits, torch.from_numpy(R[q]), (1,), r_metrics=True)
-            out["means"][bs.name] = ({k: float(v.mean()) if v.numel() else float("nan") for k, v in vals.items()},
-                                     len(q))
-    for bs, q in plan["long"]:  # very long positive lists (PMRP): ranked on float32 score blocks
-        mq, lq, mg, lg = emb
-
-        def rows_fn(rows, mq=mq, lq=lq, mg=mg, lg=lg):
-            return score_block(score, mq[rows], None if lq is None else lq[rows], mg, lg)
-
-        qm = M.rank_metrics(rows_fn, bs.i2t if d == "i2t" else bs.t2i, queries=q, ks=(1,), r_metrics=True)
-        out["means"][bs.name] = (qm.mean(), len(q))
-    if keep_top:
-        out["top"] = screen_topk(kd, keep_top, screen=scr, stats=st)
-    return out
-
-
-def _contiguous(idx: np.ndarray) -> bool:
-    return len(idx) > 0 and int(idx[-1]) - int(idx[0]) == len(idx) - 1 and bool((np.diff(idx) == 1).all())
-
-
-def _fold_problem(dots: _PairDots, keys: LinearKeys, d: str, rows: np.ndarray, cols: np.ndarray, p: sp.csr_matrix):
-    """A fold's queries (local), their best in-fold positive (local) and its key."""
-    q = np.flatnonzero(np.diff(p.indptr) > 0)
-    pq, pg = _positive_pairs(p, q)
-    k = _keys_of(dots, keys, d, rows[pq], cols[pg])
-    best, theta = _best(pq, pg, k, q)
-    return q, best, theta
-
-
-def _fold_requests(keys: LinearKeys, dots: _PairDots, task, pos: sp.csr_matrix, d: str):
-    """COCO 1K as requests of the full pass: each query's best in-fold positive (``pos``: the
-    task's caption positives), ranked among the fold's items only (a column range). None unless
-    every fold's gallery is a contiguous range."""
-    fq, fcol, flo, fhi, jobs = [], [], [], [], []
-    n = 0
-    for imgs, caps in task.folds:
-        rows, cols = (imgs, caps) if d == "i2t" else (caps, imgs)
-        rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
-        if not _contiguous(cols):
-            return None
-        p = pos[imgs][:, caps]
-        if d == "t2i":
-            p = sp.csr_matrix(p.T)
-        q, best, _ = _fold_problem(dots, keys, d, rows, cols, p)
-        fq.append(rows[q])
-        fcol.append(cols[best])
-        flo.append(np.full(len(q), cols[0]))
-        fhi.append(np.full(len(q), cols[-1] + 1))
-        jobs.append((n, n + len(q), q))
-        n += len(q)
-    cat = lambda x: np.concatenate(x) if x else np.zeros(0, dtype=np.int64)  # noqa: E731
-    return cat(fq), cat(fcol), cat(flo), cat(fhi), jobs
-
-
-def _fold_separately(keys: dict, dots: _PairDots, task, pos: sp.csr_matrix, ks: Sequence[int], stats: dict,
-                     **kw) -> dict:
-    """COCO 1K for folds of any shape: each fold's images x captions screened on their own."""
-    per: dict = {"i2t": [], "t2i": []}
-    for imgs, caps in task.folds:
-        p_i = pos[imgs][:, caps]
-        for d, rows, cols, p in (("i2t", imgs, caps, p_i), ("t2i", caps, imgs, sp.csr_matrix(p_i.T))):
-            rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
-            q, best, theta = _fold_problem(dots, keys[d], d, rows, cols, p)
-            rk = screen_ranks(keys[d].subset(rows, cols), q, best, np.full(len(q), max(ks)), theta=theta,
-                              stats=stats, **kw)
-            per[d].append({f"r@{k}": float((rk < k).mean()) for k in ks})
-    return per

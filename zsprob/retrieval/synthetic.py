@@ -182,5 +182,6 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
         atomic_write_json(out_dir / metrics_file, {"metrics": out["metrics"], "summary": out["summary"],
                                                    "uncertainty": out["uncertainty"],
                                                    "uncertainty_validity": out.get("uncertainty_validity"),
+                                                   "validity_table": out.get("validity_table"),
                                                    "files": out["files"]})
     return out

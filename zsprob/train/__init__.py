@@ -1,5 +1,9 @@
 """zsprob.train: one training loop for pretraining and fine-tuning (accelerate).
 
+Owns the training loop, its data sources, optimisers, schedules, resumable state and defaults. May
+import config, data, models, prob, ``zsprob.methods``, ``zsprob.errors`` and ``zsprob.utils``; never
+zeroshot, retrieval, report or cli.
+
     from zsprob.config import load_config
     from zsprob.train import train, DEFAULTS
     cfg = load_config("configs/synthetic_tiny.yaml", ["data.shards=sw/pretrain", "schedule.steps=300"],

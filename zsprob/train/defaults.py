@@ -7,7 +7,7 @@ length is known (map-style COCO, ``data.samples_per_epoch``, or a SynthWorld man
 """
 from __future__ import annotations
 
-METHODS = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "prolip")
+from zsprob.methods import METHODS  # noqa: F401  (re-exported: zsprob.train.METHODS)
 
 DEFAULTS: dict = {
     "seed": 0,

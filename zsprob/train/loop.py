@@ -17,6 +17,19 @@ One step::
     backward; frozen backbone grads dropped; clip; skip the update if the loss is non-finite
     optimizer step; lr schedule step; SWA average; log / checkpoint / evaluate at intervals
 
+The run, one named function per line (:func:`train`)::
+
+    cfg <- resolve_config(cfg); accelerator <- make_accelerator(cfg, out)
+    model, loss, source <- build_model, build_loss, build_source
+    plan <- resolve_schedule(cfg, source.steps_per_epoch)        (steps, warm-up, milestones, freezing)
+    optimizer, schedule <- build_optimisation; swa <- build_swa
+    restore_state(run, step directory)                           (when resuming)
+    for step in start..plan.total_steps:
+        one_step(run, step)                                      (next_batch, forward, backward, update)
+        schedule.step(); SWA update
+        log_record / save_checkpoint / run_hooks                 (at their intervals)
+    finish(run)                                                  (checkpoint, final model(s), hooks, summary)
+
 Outputs under ``out``: ``config.yaml``, ``metrics.jsonl``, ``tensorboard/``,
 ``checkpoints/step-*/`` (+ ``latest.json``) for ``resume``, and at the end ``model/`` (the
 final weights, a ``zsprob.models.save`` directory) and ``model-swa/`` when SWA ran;
@@ -24,11 +37,10 @@ final weights, a ``zsprob.models.save`` directory) and ``model-swa/`` when SWA r
 """
 from __future__ import annotations
 
-import math
 import os
-import random
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -39,8 +51,8 @@ from torch import nn
 from zsprob.config import Config, deep_merge, dump_yaml, to_config
 from zsprob.errors import UserError
 from zsprob.train import distributed as D
-from zsprob.train import optim as O
-from zsprob.train import state as S
+from zsprob.train import optim
+from zsprob.train import state
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, add_caption_noise, count_samples_synthetic,
                                mixed_seed, resolve_shards, steps_from)
 from zsprob.train.defaults import DEFAULTS, METHODS
@@ -249,6 +261,396 @@ def _loss_scalars(loss: nn.Module) -> dict[str, float]:
     return out
 
 
+# ----------------------------------------------------------------------------- the run's parts
+
+@dataclass
+class SchedulePlan:
+    """The run's durations in optimiser steps (epochs converted with the source's epoch length)."""
+
+    total_steps: int
+    warmup: int
+    milestones: list
+    freeze: dict  # tower -> freeze_fn
+    steps_per_epoch: int | None
+
+    def steps_of(self, steps: Any, epochs: Any, what: str) -> int:
+        return steps_from(epochs, self.steps_per_epoch, what) if epochs is not None else int(steps or 0)
+
+
+def resolve_schedule(cfg: Config, steps_per_epoch: int | None) -> SchedulePlan:
+    """Total, warm-up, milestone and backbone-freeze steps from ``cfg.schedule`` / ``cfg.freeze``."""
+    sch = cfg.schedule
+    total_steps = sch.get("steps")
+    if sch.get("epochs") is not None:
+        total_steps = steps_from(sch.epochs, steps_per_epoch, "schedule.epochs")
+    if not total_steps:
+        raise UserError("set the run length: --steps N (schedule.steps) or schedule.epochs")
+    plan = SchedulePlan(int(total_steps), 0, [], {}, steps_per_epoch)
+    plan.warmup = plan.steps_of(sch.get("warmup_steps"), sch.get("warmup_epochs"), "schedule.warmup_epochs")
+    plan.milestones = list(sch.get("milestones_steps") or [])
+    if sch.get("milestones_epochs"):
+        plan.milestones += [steps_from(e, steps_per_epoch, "schedule.milestones_epochs") for e in sch.milestones_epochs]
+    fz = cfg.freeze
+    freeze_warmup = plan.steps_of(fz.get("warmup_steps"), fz.get("warmup_epochs"), "freeze.warmup_epochs")
+    for tower in ("image", "text"):
+        n = plan.steps_of(fz.get(f"{tower}_steps"), fz.get(f"{tower}_epochs"), f"freeze.{tower}_epochs")
+        if n > 0:
+            plan.freeze[tower] = optim.freeze_fn(n, freeze_warmup)
+    return plan
+
+
+def make_accelerator(cfg: Config, out: Path):
+    """The accelerate ``Accelerator`` of ``cfg.train`` (device, precision, DDP, TensorBoard) and its tracker name."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    tc = cfg.train
+    if tc.get("threads"):
+        torch.set_num_threads(int(tc.threads))
+    cpu = (not torch.cuda.is_available()) if tc.get("cpu") is None else bool(tc.cpu)
+    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[tc.precision]
+    if mixed == "fp16" and cpu:
+        raise UserError("fp16 needs a GPU; use --set train.precision=bf16 or fp32 on the CPU")
+    log_with = None
+    if tc.tensorboard:
+        try:
+            import tensorboard  # noqa: F401
+            log_with = "tensorboard"
+        except ImportError:
+            warnings.warn("tensorboard is not installed; metrics go to metrics.jsonl only")
+    acc = Accelerator(cpu=cpu, mixed_precision=mixed, log_with=log_with, project_dir=str(out),
+                      kwargs_handlers=[DistributedDataParallelKwargs(
+                          find_unused_parameters=bool(tc.find_unused_parameters))])
+    return acc, log_with
+
+
+def find_resume_dir(resume: bool | str | os.PathLike, out: Path) -> Path | None:
+    """The step directory ``resume`` names (True: the latest under ``out``); None without resume."""
+    if not resume:
+        return None
+    ckpt_dir = Path(resume) if isinstance(resume, (str, os.PathLike)) else state.latest_checkpoint(out)
+    if ckpt_dir is None:
+        raise UserError(f"--resume: no checkpoint in {out / 'checkpoints'} (nothing to resume)")
+    if not (Path(ckpt_dir) / "state.json").is_file():
+        raise UserError(f"--resume: {ckpt_dir} is not a checkpoint directory (no state.json)")
+    return ckpt_dir
+
+
+def build_optimisation(cfg: Config, model, step_module: nn.Module, plan: SchedulePlan):
+    """Parameter groups, the optimiser and the per-group lr schedule (with backbone freezing)."""
+    oc = cfg.optim
+    sch = cfg.schedule
+    info = model.param_info() if hasattr(model, "param_info") else {}
+    groups = optim.param_groups(step_module, lr=float(oc.lr), weight_decay=float(oc.weight_decay), param_info=info,
+                            prefix="model.",
+                            layer_decay=float(oc.layer_decay) if oc.get("layer_decay") is not None else None,
+                            image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
+                            grouping=str(oc.get("grouping") or "zsprob"))
+    optimizer = optim.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
+                                   betas=oc.betas, eps=float(oc.eps))
+    schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(sch.name, total_steps=plan.total_steps,
+                                                        warmup_steps=plan.warmup,
+                                                        min_lr_ratio=float(sch.min_lr_ratio),
+                                                        milestones=plan.milestones, gamma=float(sch.gamma)),
+                               freeze=plan.freeze)
+    return optimizer, schedule
+
+
+def batch_augmentations(cfg: Config, model) -> tuple[Any, float]:
+    """Text SizeAugment (``data.text_size_augment*``) and the label smoothing of steps without MSDA
+    (``msda.label_smoothing``), after checking the MSDA options; both off unless a recipe asks."""
+    from zsprob.data.text_augment import TextSizeAugment
+    from zsprob.prob.msda import check_config
+
+    msda = cfg.msda
+    label_smoothing = float(msda.get("label_smoothing") or 0.0)
+    check_config(enabled=bool(msda.enabled), mode=str(msda.mode), ratio=float(msda.ratio), alpha=float(msda.alpha),
+                 switch_prob=float(msda.get("switch_prob", 0.5)), smoothing=float(msda.get("smoothing", 1e-4)),
+                 label_smoothing=label_smoothing)
+    text_aug = TextSizeAugment(float(cfg.data.get("text_size_augment") or 0.0),
+                               float(cfg.data.get("text_size_augment_masking", 0.5)),
+                               float(cfg.data.get("text_size_augment_erasing", 0.1)), model.tokenizer)
+    return text_aug, label_smoothing
+
+
+def build_swa(cfg: Config, model: nn.Module, plan: SchedulePlan) -> optim.SWA | None:
+    if not cfg.swa.enabled:
+        return None
+    last = plan.steps_of(cfg.swa.get("last_steps"), cfg.swa.get("last_epochs"), "swa.last_epochs")
+    every = cfg.swa.get("every_steps") or plan.steps_per_epoch or max(1, last // 10)
+    return optim.SWA(model, start=max(0, plan.total_steps - last), every=int(every))
+
+
+@dataclass
+class Run:
+    """Everything one training run holds between steps: the parts, the data position, the counters."""
+
+    cfg: Config
+    out: Path
+    acc: Any
+    log_with: str | None
+    step_module: nn.Module
+    raw: ContrastiveStep  # the unwrapped step module: raw.model, raw.loss
+    optimizer: Any
+    schedule: optim.GroupSchedule
+    swa: optim.SWA | None
+    source: BatchSource
+    total_steps: int
+    hooks: list
+    params: list = field(default_factory=list)  # the trainable parameters, for gradient clipping
+    cursor: DataCursor | None = None
+    nonfinite_total: int = 0
+    consecutive_bad: int = 0
+    # the current logging interval
+    loss_sum: torch.Tensor | None = None
+    n_in_interval: int = 0
+    data_time: float = 0.0
+    t_interval: float = 0.0
+    noisy_rows: int = 0
+    last_loss: float = float("nan")
+    last_stats: dict = field(default_factory=dict)
+    # batch augmentations of the official PCME++ recipe (zsprob.data.text_augment, zsprob.prob.msda)
+    text_aug: Any = None
+    label_smoothing: float = 0.0
+
+    @property
+    def rank(self) -> int:
+        return self.acc.process_index
+
+    @property
+    def world(self) -> int:
+        return self.acc.num_processes
+
+    @property
+    def main(self) -> bool:
+        return self.acc.is_main_process
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.source.local_batch_size * self.world
+
+    @property
+    def noise(self) -> float:
+        return float(self.cfg.data.get("noise_ratio") or 0.0) if self.cfg.data.kind != "coco" else 0.0
+
+
+def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
+    """Load model, loss, optimiser, schedule, scaler and SWA state from ``ckpt_dir``; returns
+    (step, epoch, batch in epoch, this rank's random state or None when the world size changed)."""
+    from zsprob.models import load as load_model
+
+    saved = state.load_state(ckpt_dir)
+    loaded = load_model(Path(ckpt_dir) / "model", map_location="cpu")
+    run.raw.model.load_state_dict(loaded.state_dict())
+    run.raw.loss.load_state_dict(saved["loss"])
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.schedule.load_state_dict(saved["schedule"])
+    if saved.get("scaler") is not None and run.acc.scaler is not None:
+        run.acc.scaler.load_state_dict(saved["scaler"])
+    if run.swa is not None and saved.get("swa") is not None:
+        run.swa.load_state_tensors(saved["swa"])
+    run.nonfinite_total = int(saved.get("nonfinite_total", 0))
+    rng_state = None
+    if int(saved.get("world", 1)) == run.world:
+        rank_file = Path(ckpt_dir) / f"rng-rank{run.rank}"
+        rng_state = state.load_state(rank_file)["rng"] if rank_file.is_dir() else saved["rng"]
+    else:
+        warnings.warn(f"resuming with {run.world} processes from a {saved.get('world')}-process run: "
+                      "random streams restart from the seed (the run is not bit-identical)")
+    if run.main:
+        _truncate_metrics(run.out / "metrics.jsonl", int(saved["step"]))
+    return int(saved["step"]), int(saved["epoch"]), int(saved["batch_in_epoch"]), rng_state
+
+
+def next_batch(run: Run, step: int):
+    """The next local batch on the device, with noisy captions and MSDA mixing where configured
+    (one generator seeded by (seed, step, rank)); returns (images, tokens, matched or None)."""
+    started = time.perf_counter()
+    images, tokens = run.cursor.next()
+    run.data_time += time.perf_counter() - started
+    msda = run.cfg.msda
+    generator = None
+    matched = None
+    text_aug = run.text_aug if run.text_aug is not None and run.text_aug.share > 0 else None
+    if run.noise > 0 or msda.enabled or text_aug is not None:
+        generator = torch.Generator().manual_seed(mixed_seed(int(run.cfg.seed), step, run.rank))
+    if run.noise > 0:
+        tokens, replaced = add_caption_noise(tokens, run.noise, generator)
+        run.noisy_rows += replaced
+    if text_aug is not None:
+        tokens = text_aug(tokens, generator)
+    if msda.enabled and msda.mode == "official":
+        from zsprob.prob.msda import mix_batch_official
+
+        images, matched = mix_batch_official(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
+                                             switch_prob=float(msda.get("switch_prob", 0.5)),
+                                             smoothing=float(msda.get("smoothing", 1e-4)), generator=generator)
+    elif msda.enabled:
+        from zsprob.prob.msda import mix_batch
+
+        images, matched = mix_batch(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
+                                    mode=msda.mode, generator=generator)
+    elif run.label_smoothing > 0:
+        from zsprob.prob.msda import smooth_targets
+
+        matched = smooth_targets(torch.eye(images.shape[0]), run.label_smoothing)
+    if matched is not None:
+        matched = matched.to(run.acc.device, non_blocking=True)
+    return images.to(run.acc.device, non_blocking=True), tokens.to(run.acc.device, non_blocking=True), matched
+
+
+def one_step(run: Run, step: int) -> dict:
+    """Forward, backward, clip; the update unless the loss or the gradient is non-finite; returns the loss's stats."""
+    images, tokens, matched = next_batch(run, step)
+    frozen = run.schedule.frozen_groups()
+    loss, stats = run.step_module(images, tokens, matched, step=step)
+    run.acc.backward(loss)
+    if frozen:
+        optim.zero_frozen_grads(frozen)
+    check = loss.detach().float()
+    grad_clip = run.cfg.optim.get("grad_clip")
+    if grad_clip:
+        gnorm = run.acc.clip_grad_norm_(run.params, float(grad_clip))
+        if gnorm is not None and run.cfg.train.precision != "fp16":
+            check = check + 0.0 * gnorm.detach().float()  # NaN / inf norms poison the check
+    if run.world > 1:
+        check = D.mean_across(check)
+    if bool(torch.isfinite(check).item()):
+        run.optimizer.step()
+        run.consecutive_bad = 0
+        run.loss_sum += loss.detach().float()
+        run.n_in_interval += 1
+    else:
+        run.nonfinite_total += 1
+        run.consecutive_bad += 1
+        warnings.warn(f"step {step + 1}: non-finite loss or gradient, update skipped "
+                      f"({run.consecutive_bad} in a row, {run.nonfinite_total} in total)")
+        if run.consecutive_bad >= int(run.cfg.train.max_nonfinite):
+            raise UserError(f"training stopped: the loss was non-finite in {run.consecutive_bad} consecutive steps "
+                            f"(step {step + 1}); lower optim.lr, keep optim.grad_clip on, use fp32 or bf16, "
+                            "or check the data")
+    run.optimizer.zero_grad(set_to_none=True)
+    return stats
+
+
+def current_lrs(optimizer) -> dict[str, float]:
+    """The learning rate of each parameter group, by group name."""
+    return {g.get("group_name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+
+
+def log_record(run: Run, step_done: int, stats: dict, lr_groups: dict, log_every: int) -> dict:
+    """The metrics.jsonl record of the interval ending at ``step_done``; resets the interval."""
+    now = time.perf_counter()
+    mean_loss = (run.loss_sum / max(1, run.n_in_interval))
+    if run.world > 1:
+        mean_loss = D.mean_across(mean_loss)
+    # None when every step of the interval was skipped (non-finite)
+    interval_loss = float(mean_loss.item()) if run.n_in_interval else None
+    if interval_loss is not None:
+        run.last_loss = interval_loss
+    steps_in = step_done - (step_done - 1) // log_every * log_every if step_done == run.total_steps else log_every
+    rec: dict[str, Any] = {"step": step_done, "epoch": run.cursor.epoch, "loss": interval_loss}
+    for k, v in stats.items():  # the last step's terms on this process (rank 0)
+        s = _scalar(v)
+        if s is not None and k not in rec:
+            rec[k] = s
+    for k, v in _loss_scalars(run.raw.loss).items():
+        rec.setdefault(k, v)
+    rec["lr"] = max(lr_groups.values()) if lr_groups else 0.0
+    rec["lr_groups"] = lr_groups
+    elapsed = now - run.t_interval
+    rec["samples_per_s"] = run.global_batch_size * steps_in / max(elapsed, 1e-9)
+    rec["data_time_frac"] = run.data_time / max(elapsed, 1e-9)
+    rec["nonfinite_total"] = run.nonfinite_total
+    if run.noise > 0:
+        rec["noisy_pairs"] = run.noisy_rows
+    data_stats = run.source.stats()
+    if data_stats:
+        rec["data"] = data_stats
+    if run.swa is not None:
+        rec["swa_n"] = run.swa.n_averaged
+    run.last_stats = rec
+    if run.main:
+        append_jsonl(run.out / "metrics.jsonl", rec)
+        if run.log_with:
+            run.acc.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=step_done)
+    run.loss_sum.zero_()
+    run.n_in_interval = 0
+    run.data_time = 0.0
+    run.t_interval = time.perf_counter()
+    return rec
+
+
+def save_checkpoint(run: Run, step_done: int) -> None:
+    """A resumable step directory: every rank's random state, then (main) models, optimiser and schedule state."""
+    acc, out = run.acc, run.out
+    tmp = state.checkpoint_root(out) / f".tmp-step-{step_done:07d}"
+    if run.main:
+        if tmp.exists():
+            import shutil
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    acc.wait_for_everyone()
+    state.save_state(tmp / f"rng-rank{run.rank}", {"rng": state.rng_state()})
+    acc.wait_for_everyone()
+    if run.main:
+        _save_model(run.raw, tmp / "model", run.cfg, step_done)
+        if run.swa is not None and run.swa.n_averaged > 0:
+            _save_model(run.raw, tmp / "model-swa", run.cfg, step_done, swa=run.swa)
+        state.save_state(tmp, {
+            "step": step_done, "epoch": run.cursor.epoch, "batch_in_epoch": run.cursor.pos, "world": run.world,
+            "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
+            "scaler": acc.scaler.state_dict() if acc.scaler is not None else None,
+            "loss": run.raw.loss.state_dict(), "swa": run.swa.state_tensors() if run.swa is not None else None,
+            "rng": state.rng_state(), "nonfinite_total": run.nonfinite_total,
+        })
+        state.commit_checkpoint(out, tmp, step_done, keep=int(run.cfg.train.keep_checkpoints))
+    acc.wait_for_everyone()
+
+
+def run_hooks(run: Run, step_done: int) -> None:
+    """The evaluation hooks on the main process (model in eval mode, no grad); results to metrics.jsonl."""
+    if not run.hooks or not run.main:
+        return
+    results = {}
+    model = run.raw.model
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for hook in run.hooks:
+            results.update(hook(model, step_done) or {})
+    model.train(was_training)
+    append_jsonl(run.out / "metrics.jsonl", {"step": step_done, "eval": results})
+    if run.log_with:
+        run.acc.log({f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=step_done)
+
+
+def finish(run: Run, start_step: int, wall: float) -> dict:
+    """The end: a resumable checkpoint, the final model(s), the hooks, summary.json."""
+    out, total_steps = run.out, run.total_steps
+    save_checkpoint(run, total_steps)
+    summary: dict[str, Any] = {"steps": total_steps, "start_step": start_step, "method": run.cfg.method,
+                               "global_batch_size": run.global_batch_size, "world_size": run.world,
+                               "final_loss": run.last_loss, "nonfinite_total": run.nonfinite_total,
+                               "wall_s": wall,
+                               "samples_per_s": run.global_batch_size * (total_steps - start_step) / max(wall, 1e-9),
+                               "model": str(out / "model")}
+    if run.main:
+        _save_model(run.raw, out / "model", run.cfg, total_steps)
+        if run.swa is not None and run.swa.n_averaged > 0:
+            _save_model(run.raw, out / "model-swa", run.cfg, total_steps, swa=run.swa)
+            summary["model_swa"] = str(out / "model-swa")
+            summary["swa_n"] = run.swa.n_averaged
+    run_hooks(run, total_steps)
+    if run.main:
+        summary["last_log"] = run.last_stats
+        atomic_write_json(out / "summary.json", summary)
+    run.acc.wait_for_everyone()
+    if run.log_with:
+        run.acc.end_training()
+    return summary
+
+
 # ----------------------------------------------------------------------------- the loop
 
 def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, source: BatchSource | None = None,
@@ -260,351 +662,73 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     ``eval_hooks``: callables ``hook(model, step) -> dict`` run on the main process every
     ``train.eval_every`` steps and at the end; their dicts go to metrics.jsonl under "eval".
     """
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
-
     cfg = resolve_config(cfg)
     out = Path(out)
-    tc = cfg.train
-    if tc.get("threads"):
-        torch.set_num_threads(int(tc.threads))
-    cpu = (not torch.cuda.is_available()) if tc.get("cpu") is None else bool(tc.cpu)
-    mp = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[tc.precision]
-    if mp == "fp16" and cpu:
-        raise UserError("fp16 needs a GPU; use --set train.precision=bf16 or fp32 on the CPU")
-    log_with = None
-    if tc.tensorboard:
-        try:
-            import tensorboard  # noqa: F401
-            log_with = "tensorboard"
-        except ImportError:
-            warnings.warn("tensorboard is not installed; metrics go to metrics.jsonl only")
-    acc = Accelerator(cpu=cpu, mixed_precision=mp, log_with=log_with, project_dir=str(out),
-                      kwargs_handlers=[DistributedDataParallelKwargs(
-                          find_unused_parameters=bool(tc.find_unused_parameters))])
-    rank, world = acc.process_index, acc.num_processes
-    main = acc.is_main_process
-    device = acc.device
-    seed = int(cfg.seed)
-    S.seed_everything(seed + rank)
+    acc, log_with = make_accelerator(cfg, out)
+    state.seed_everything(int(cfg.seed) + acc.process_index)
+    ckpt_dir = find_resume_dir(resume, out)
 
-    # ---- resume: the saved config is the base unless the caller passed a different one
-    ckpt_dir: Path | None = None
-    if resume:
-        ckpt_dir = Path(resume) if isinstance(resume, (str, os.PathLike)) else S.latest_checkpoint(out)
-        if ckpt_dir is None:
-            raise UserError(f"--resume: no checkpoint in {out / 'checkpoints'} (nothing to resume)")
-        if not (Path(ckpt_dir) / "state.json").is_file():
-            raise UserError(f"--resume: {ckpt_dir} is not a checkpoint directory (no state.json)")
-
-    # ---- model, loss, data
     model = build_model(cfg)
     loss_fn = build_loss(cfg)
     if source is None:
-        source = build_source(cfg, model, rank, world)
-    global_bs = source.local_batch_size * world
-    spe = source.steps_per_epoch
-    sch = cfg.schedule
-    total_steps = sch.get("steps")
-    if sch.get("epochs") is not None:
-        total_steps = steps_from(sch.epochs, spe, "schedule.epochs")
-    if not total_steps:
-        raise UserError("set the run length: --steps N (schedule.steps) or schedule.epochs")
-    total_steps = int(total_steps)
-
-    def steps_of(steps_key_val, epochs_val, what):
-        return steps_from(epochs_val, spe, what) if epochs_val is not None else int(steps_key_val or 0)
-
-    warmup = steps_of(sch.get("warmup_steps"), sch.get("warmup_epochs"), "schedule.warmup_epochs")
-    milestones = list(sch.get("milestones_steps") or [])
-    if sch.get("milestones_epochs"):
-        milestones += [steps_from(e, spe, "schedule.milestones_epochs") for e in sch.milestones_epochs]
-    fz = cfg.freeze
-    freeze = {}
-    f_warm = steps_of(fz.get("warmup_steps"), fz.get("warmup_epochs"), "freeze.warmup_epochs")
-    for tower in ("image", "text"):
-        n = steps_of(fz.get(f"{tower}_steps"), fz.get(f"{tower}_epochs"), f"freeze.{tower}_epochs")
-        if n > 0:
-            freeze[tower] = O.freeze_fn(n, f_warm)
-
-    # ---- optimisation
-    step_module = ContrastiveStep(model, loss_fn, seed=seed)
-    oc = cfg.optim
-    info = model.param_info() if hasattr(model, "param_info") else {}
-    groups = O.param_groups(step_module, lr=float(oc.lr), weight_decay=float(oc.weight_decay), param_info=info,
-                            prefix="model.",
-                            layer_decay=float(oc.layer_decay) if oc.get("layer_decay") is not None else None,
-                            image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
-                            grouping=str(oc.get("grouping") or "zsprob"))
-    optimizer = O.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
-                                   betas=oc.betas, eps=float(oc.eps))
-    schedule = O.GroupSchedule(optimizer, O.schedule_fn(sch.name, total_steps=total_steps, warmup_steps=warmup,
-                                                        min_lr_ratio=float(sch.min_lr_ratio),
-                                                        milestones=milestones, gamma=float(sch.gamma)),
-                               freeze=freeze)
+        source = build_source(cfg, model, acc.process_index, acc.num_processes)
+    plan = resolve_schedule(cfg, source.steps_per_epoch)
+    step_module = ContrastiveStep(model, loss_fn, seed=int(cfg.seed))
+    optimizer, schedule = build_optimisation(cfg, model, step_module, plan)
     step_module, optimizer = acc.prepare(step_module, optimizer)
     raw = acc.unwrap_model(step_module)
-    params = [p for p in raw.parameters() if p.requires_grad]
+    text_aug, label_smoothing = batch_augmentations(cfg, model)
+    run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan),
+              source, plan.total_steps, list(eval_hooks), [p for p in raw.parameters() if p.requires_grad])
+    run.text_aug, run.label_smoothing = text_aug, label_smoothing
 
-    swa = None
-    if cfg.swa.enabled:
-        last = steps_of(cfg.swa.get("last_steps"), cfg.swa.get("last_epochs"), "swa.last_epochs")
-        every = cfg.swa.get("every_steps") or spe or max(1, last // 10)
-        swa = O.SWA(raw.model, start=max(0, total_steps - last), every=int(every))
-
-    # ---- state
-    start_step = 0
-    epoch, pos = 0, 0
-    nonfinite_total = 0
-    rng_to_restore = None
-    if ckpt_dir is not None:
-        from zsprob.models import load as load_model
-        st = S.load_state(ckpt_dir)
-        loaded = load_model(Path(ckpt_dir) / "model", map_location="cpu")
-        raw.model.load_state_dict(loaded.state_dict())
-        raw.loss.load_state_dict(st["loss"])
-        optimizer.load_state_dict(st["optimizer"])
-        schedule.load_state_dict(st["schedule"])
-        if st.get("scaler") is not None and acc.scaler is not None:
-            acc.scaler.load_state_dict(st["scaler"])
-        if swa is not None and st.get("swa") is not None:
-            swa.load_state_tensors(st["swa"])
-        start_step, epoch, pos = int(st["step"]), int(st["epoch"]), int(st["batch_in_epoch"])
-        nonfinite_total = int(st.get("nonfinite_total", 0))
-        if int(st.get("world", 1)) == world:
-            rank_file = Path(ckpt_dir) / f"rng-rank{rank}"
-            rng_to_restore = S.load_state(rank_file)["rng"] if rank_file.is_dir() else st["rng"]
-        else:
-            warnings.warn(f"resuming with {world} processes from a {st.get('world')}-process run: "
-                          "random streams restart from the seed (the run is not bit-identical)")
-        if main:
-            _truncate_metrics(out / "metrics.jsonl", start_step)
-    cursor = DataCursor(source, device, epoch, pos)
-    if rng_to_restore is not None:
+    start_step, epoch, pos, rng_state = restore_state(run, ckpt_dir) if ckpt_dir is not None else (0, 0, 0, None)
+    run.cursor = DataCursor(source, acc.device, epoch, pos)
+    if rng_state is not None:
         # Sources skip already-consumed batches under isolated_rng(), so the restored
         # generators see exactly what they saw in the uninterrupted run.
-        S.set_rng_state(rng_to_restore)
-
-    if main:
+        state.set_rng_state(rng_state)
+    if run.main:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "config.yaml", dump_yaml(cfg))
     if log_with:
         acc.init_trackers("tensorboard")
 
-    hooks = list(eval_hooks)
-    noise = float(cfg.data.get("noise_ratio") or 0.0) if cfg.data.kind != "coco" else 0.0
-    msda = cfg.msda
-    if msda.enabled:
-        from zsprob.prob.msda import mix_batch, mix_batch_official
-    from zsprob.prob.msda import check_config, smooth_targets
-    check_config(enabled=bool(msda.enabled), mode=str(msda.mode), ratio=float(msda.ratio), alpha=float(msda.alpha),
-                 switch_prob=float(msda.get("switch_prob", 0.5)), smoothing=float(msda.get("smoothing", 1e-4)),
-                 label_smoothing=float(msda.get("label_smoothing") or 0.0))
-    from zsprob.data.text_augment import TextSizeAugment
-    label_smoothing = float(msda.get("label_smoothing") or 0.0)  # targets of the steps without MSDA
-    text_aug = TextSizeAugment(float(cfg.data.get("text_size_augment") or 0.0),
-                               float(cfg.data.get("text_size_augment_masking", 0.5)),
-                               float(cfg.data.get("text_size_augment_erasing", 0.1)), model.tokenizer)
-    precision_fp16 = mp == "fp16"
-    max_nonfinite = int(tc.max_nonfinite)
+    tc = cfg.train
     log_every = max(1, int(tc.log_every))
     ckpt_every = int(tc.checkpoint_every or 0)
     eval_every = int(tc.eval_every or 0)
-
-    def save_checkpoint(step_done: int) -> None:
-        tmp = S.checkpoint_root(out) / f".tmp-step-{step_done:07d}"
-        if main:
-            if tmp.exists():
-                import shutil
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()
-        S.save_state(tmp / f"rng-rank{rank}", {"rng": S.rng_state()})
-        acc.wait_for_everyone()
-        if main:
-            _save_model(raw, tmp / "model", cfg, step_done)
-            if swa is not None and swa.n_averaged > 0:
-                _save_model(raw, tmp / "model-swa", cfg, step_done, swa=swa)
-            S.save_state(tmp, {
-                "step": step_done, "epoch": cursor.epoch, "batch_in_epoch": cursor.pos, "world": world,
-                "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(),
-                "scaler": acc.scaler.state_dict() if acc.scaler is not None else None,
-                "loss": raw.loss.state_dict(), "swa": swa.state_tensors() if swa is not None else None,
-                "rng": S.rng_state(), "nonfinite_total": nonfinite_total,
-            })
-            S.commit_checkpoint(out, tmp, step_done, keep=int(tc.keep_checkpoints))
-        acc.wait_for_everyone()
-
-    def run_hooks(step_done: int) -> None:
-        if not hooks or not main:
-            return
-        results = {}
-        was_training = raw.model.training
-        raw.model.eval()
-        with torch.no_grad():
-            for h in hooks:
-                r = h(raw.model, step_done) or {}
-                results.update(r)
-        raw.model.train(was_training)
-        append_jsonl(out / "metrics.jsonl", {"step": step_done, "eval": results})
-        if log_with:
-            acc.log({f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=step_done)
-
-    # ---- loop
     from tqdm.auto import tqdm
-    bar = tqdm(total=total_steps, initial=start_step, disable=not (progress and main), dynamic_ncols=True,
+    bar = tqdm(total=run.total_steps, initial=start_step, disable=not (progress and run.main), dynamic_ncols=True,
                desc=f"{cfg.method}")
     step_module.train()
-    loss_sum = torch.zeros((), device=device)
-    n_in_interval = 0
-    consecutive_bad = 0
-    t_interval = time.perf_counter()
-    t_start = time.perf_counter()
-    data_time = 0.0
-    last_stats: dict = {}
-    noisy_rows = 0
-    last_loss = float("nan")
-    for step in range(start_step, total_steps):
-        t_d = time.perf_counter()
-        images, tokens = cursor.next()
-        data_time += time.perf_counter() - t_d
-        gen = None
-        matched = None
-        if noise > 0 or msda.enabled or text_aug.share > 0:
-            gen = torch.Generator().manual_seed(mixed_seed(seed, step, rank))
-        if noise > 0:
-            tokens, k = add_caption_noise(tokens, noise, gen)
-            noisy_rows += k
-        if text_aug.share > 0:
-            tokens = text_aug(tokens, gen)
-        if msda.enabled and msda.mode == "official":
-            images, matched = mix_batch_official(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
-                                                 switch_prob=float(msda.get("switch_prob", 0.5)),
-                                                 smoothing=float(msda.get("smoothing", 1e-4)), generator=gen)
-        elif msda.enabled:
-            images, matched = mix_batch(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
-                                        mode=msda.mode, generator=gen)
-        elif label_smoothing > 0:
-            matched = smooth_targets(torch.eye(images.shape[0]), label_smoothing)
-        if matched is not None:
-            matched = matched.to(device, non_blocking=True)
-        images = images.to(device, non_blocking=True)
-        tokens = tokens.to(device, non_blocking=True)
-
-        frozen = schedule.frozen_groups()
-        loss, stats = step_module(images, tokens, matched, step=step)
-        acc.backward(loss)
-        if frozen:
-            O.zero_frozen_grads(frozen)
-        check = loss.detach().float()
-        if oc.get("grad_clip"):
-            gnorm = acc.clip_grad_norm_(params, float(oc.grad_clip))
-            if gnorm is not None and not precision_fp16:
-                check = check + 0.0 * gnorm.detach().float()  # NaN / inf norms poison the check
-        if world > 1:
-            check = D.mean_across(check)
-        finite = bool(torch.isfinite(check).item())
-        if finite:
-            optimizer.step()
-            consecutive_bad = 0
-            loss_sum += loss.detach().float()
-            n_in_interval += 1
-        else:
-            nonfinite_total += 1
-            consecutive_bad += 1
-            warnings.warn(f"step {step + 1}: non-finite loss or gradient, update skipped "
-                          f"({consecutive_bad} in a row, {nonfinite_total} in total)")
-            if consecutive_bad >= max_nonfinite:
-                raise UserError(f"training stopped: the loss was non-finite in {consecutive_bad} consecutive steps "
-                                f"(step {step + 1}); lower optim.lr, keep optim.grad_clip on, use fp32 or bf16, "
-                                "or check the data")
-        optimizer.zero_grad(set_to_none=True)
+    run.loss_sum = torch.zeros((), device=acc.device)
+    run.t_interval = t_start = time.perf_counter()
+    for step in range(start_step, run.total_steps):
+        stats = one_step(run, step)
         step_done = step + 1
-        log_now = step_done % log_every == 0 or step_done == total_steps
-        if log_now:  # the learning rates this step used
-            lr_groups = {g.get("group_name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+        log_now = step_done % log_every == 0 or step_done == run.total_steps
+        lr_groups = current_lrs(optimizer) if log_now else {}  # the learning rates this step used
         schedule.step()
         bar.update(1)
-
-        if swa is not None and swa.should_update(step_done):
-            swa.update(raw.model)
-
+        if run.swa is not None and run.swa.should_update(step_done):
+            run.swa.update(raw.model)
         if log_now:
-            now = time.perf_counter()
-            mean_loss = (loss_sum / max(1, n_in_interval))
-            if world > 1:
-                mean_loss = D.mean_across(mean_loss)
-            # None when every step of the interval was skipped (non-finite)
-            interval_loss = float(mean_loss.item()) if n_in_interval else None
-            if interval_loss is not None:
-                last_loss = interval_loss
-            steps_in = step_done - (step_done - 1) // log_every * log_every if step_done == total_steps \
-                else log_every
-            rec: dict[str, Any] = {"step": step_done, "epoch": cursor.epoch, "loss": interval_loss}
-            for k, v in stats.items():  # the last step's terms on this process (rank 0)
-                s = _scalar(v)
-                if s is not None and k not in rec:
-                    rec[k] = s
-            for k, v in _loss_scalars(raw.loss).items():
-                rec.setdefault(k, v)
-            rec["lr"] = max(lr_groups.values()) if lr_groups else 0.0
-            rec["lr_groups"] = lr_groups
-            elapsed = now - t_interval
-            rec["samples_per_s"] = global_bs * steps_in / max(elapsed, 1e-9)
-            rec["data_time_frac"] = data_time / max(elapsed, 1e-9)
-            rec["nonfinite_total"] = nonfinite_total
-            if noise > 0:
-                rec["noisy_pairs"] = noisy_rows
-            dstats = source.stats()
-            if dstats:
-                rec["data"] = dstats
-            if swa is not None:
-                rec["swa_n"] = swa.n_averaged
-            last_stats = rec
-            if main:
-                append_jsonl(out / "metrics.jsonl", rec)
-                if log_with:
-                    acc.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=step_done)
-                bar.set_postfix(loss=f"{last_loss:.4f}", sps=f"{rec['samples_per_s']:.0f}", refresh=False)
-            loss_sum.zero_()
-            n_in_interval = 0
-            data_time = 0.0
-            t_interval = time.perf_counter()
-
-        if ckpt_every and step_done % ckpt_every == 0 and step_done != total_steps:
-            save_checkpoint(step_done)
-            t_interval = time.perf_counter()
-        if eval_every and step_done % eval_every == 0 and step_done != total_steps:
-            run_hooks(step_done)
+            rec = log_record(run, step_done, stats, lr_groups, log_every)
+            if run.main:
+                bar.set_postfix(loss=f"{run.last_loss:.4f}", sps=f"{rec['samples_per_s']:.0f}", refresh=False)
+        if ckpt_every and step_done % ckpt_every == 0 and step_done != run.total_steps:
+            save_checkpoint(run, step_done)
+            run.t_interval = time.perf_counter()
+        if eval_every and step_done % eval_every == 0 and step_done != run.total_steps:
+            run_hooks(run, step_done)
             acc.wait_for_everyone()
-            t_interval = time.perf_counter()
+            run.t_interval = time.perf_counter()
     bar.close()
-
-    # ---- the end: a resumable checkpoint, the final model(s), the summary
-    wall = time.perf_counter() - t_start
-    save_checkpoint(total_steps)
-    summary: dict[str, Any] = {"steps": total_steps, "start_step": start_step, "method": cfg.method,
-                               "global_batch_size": global_bs, "world_size": world,
-                               "final_loss": last_loss, "nonfinite_total": nonfinite_total,
-                               "wall_s": wall, "samples_per_s": global_bs * (total_steps - start_step) / max(wall, 1e-9),
-                               "model": str(out / "model")}
-    if main:
-        _save_model(raw, out / "model", cfg, total_steps)
-        if swa is not None and swa.n_averaged > 0:
-            _save_model(raw, out / "model-swa", cfg, total_steps, swa=swa)
-            summary["model_swa"] = str(out / "model-swa")
-            summary["swa_n"] = swa.n_averaged
-    run_hooks(total_steps)
-    if main:
-        summary["last_log"] = last_stats
-        atomic_write_json(out / "summary.json", summary)
-    acc.wait_for_everyone()
-    if log_with:
-        acc.end_training()
-    return summary
+    return finish(run, start_step, time.perf_counter() - t_start)
 
 
-def _save_model(raw: ContrastiveStep, path: Path, cfg: Config, step: int, swa: O.SWA | None = None) -> None:
+def _save_model(raw: ContrastiveStep, path: Path, cfg: Config, step: int, swa: optim.SWA | None = None) -> None:
     from zsprob.models import save
     model = swa.averaged.module if swa is not None else raw.model
     extra = {"method": cfg.method, "step": step, "loss_params": _loss_scalars(raw.loss),

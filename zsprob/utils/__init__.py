@@ -1,1 +1,4 @@
-"""Small shared helpers: atomic file writes, JSON, resource paths."""
+"""Small shared helpers: atomic file writes, JSON, resource paths.
+
+Owns small shared helpers (atomic writes, JSON, resource paths). May import ``zsprob.errors`` only.
+"""

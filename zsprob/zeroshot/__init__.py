@@ -1,12 +1,17 @@
 """zsprob.zeroshot: prompt banks, uncertainty-based prompt selection, zero-shot classification.
 
+Owns prompt banks, prompt-selection strategies and zero-shot classification. May import data,
+models, prob, report (plots), ``zsprob.methods``, ``zsprob.errors``, ``zsprob.utils`` and the root
+package; never train, retrieval or cli.
+
     from zsprob.zeroshot import compare_strategies
     res = compare_strategies(model, "synth_out", dataset="synthetic", out_dir="zs")   # every strategy
     print(res["table"])
 
 Modules: ``prompts`` (template / class files, the cached prompt bank), ``selection`` (the
-strategies, pure tensor math), ``classify`` (scores, metrics, image-embedding cache,
-``compare_strategies``, the functions behind ``zsprob select-prompts`` / ``zsprob zeroshot``).
+strategies, pure tensor math), ``features`` (image embeddings of a split and their cache),
+``metrics`` (scores, accuracy, label-free diagnostics), ``classify`` (``compare_strategies``,
+tables and plots, the functions behind ``zsprob select-prompts`` / ``zsprob zeroshot``).
 Imports are lazy so ``import zsprob.zeroshot`` does not import torch.
 """
 from __future__ import annotations
@@ -19,8 +24,8 @@ _EXPORTS = {
     "select_fusion": "selection", "select_poe": "selection", "select_bprw": "selection",
     "select_zpe": "selection", "select_oracle": "selection", "NeedsSigma": "selection",
     "compare_strategies": "classify", "compare_on_features": "classify", "run_selection": "classify",
-    "zeroshot_eval": "classify", "class_scores": "classify", "evaluate_scores": "classify",
-    "load_selection": "classify", "save_selection": "classify", "ImageFeatures": "classify",
+    "zeroshot_eval": "classify", "class_scores": "metrics", "evaluate_scores": "metrics",
+    "load_selection": "classify", "save_selection": "classify", "ImageFeatures": "features",
 }
 
 __all__ = list(_EXPORTS)

@@ -65,14 +65,13 @@ import torch
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
+from zsprob.methods import STRATEGIES
 
 SINGLE_TEMPLATE = "a photo of a {}."
 TAU_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
 BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 SIGMA_STRATEGIES = ("topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe", "bprw",
                     "oracle", "oracle-global")
-STRATEGIES = ("all", "single", "topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe",
-              "bprw", "zpe", "oracle", "oracle-global")
 
 
 class NeedsSigma(UserError):

@@ -1,4 +1,4 @@
-"""Shared pieces of ``zsprob pretrain`` and ``zsprob finetune`` (no torch import at module level).
+"""The click options and glue shared by ``zsprob pretrain`` and ``zsprob finetune`` (no torch import at module level).
 
 First-class flags map onto config keys (a flag wins over the YAML recipe; ``--set`` wins over
 both, applied last in command-line order)::
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from zsprob.train.defaults import METHODS as METHOD_CHOICES
+from zsprob.methods import METHODS
 
 
 def common_options(f):
@@ -28,7 +28,7 @@ def common_options(f):
                      help="YAML recipe (a path, or a name in configs/)."),
         click.option("--out", required=True, type=click.Path(file_okay=False),
                      help="Run directory: metrics.jsonl, checkpoints/, model/ (the trained checkpoint)."),
-        click.option("--method", type=click.Choice(METHOD_CHOICES), default=None,
+        click.option("--method", type=click.Choice(METHODS), default=None,
                      help="Training objective (default: the recipe's, else pcmepp)."),
         click.option("--distance", type=click.Choice(["csd", "wd"]), default=None,
                      help="PCME++ distance: csd (paper) or wd (2-Wasserstein ablation)."),

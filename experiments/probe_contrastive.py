@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Diagnostic: does *contrastive* image-text training learn SynthWorld's shapes, and if not, where does it stall?
 
+Backs: the bag-of-words text tower of ``zsprob-tiny-bow`` (docs/findings.md, "Text tower").
+
 Companion of ``probe_synthworld.py`` (supervised). Trains a small image tower and a text tower
 with CLIP's InfoNCE on SynthWorld pretraining scenes (one of their five captions per sample,
 as ``zsprob pretrain`` draws them), in memory, and prints every ``steps / 6`` steps:
@@ -15,16 +17,16 @@ and at the end a linear probe of the image tower's features for shape (80% / 20%
 shape information even when the text side does not?
 
 The towers are real components: the text tower (and ``--image-tower model``) come from
-``zsprob.models.create_model`` (open_clip towers); ``--image-tower plain-cnn`` is a 5-layer
-conv-BN-ReLU net with max-pool downsampling (the architecture that escapes the *supervised*
-plateau fastest in our measurements); ``--text bow`` is a bag-of-words baseline
+``zsprob.models.create_model`` (open_clip towers); ``--image-tower plain-cnn`` is
+``zsprob.models.plain_cnn.zsprob_plaincnn`` (conv-BN-ReLU stages with max-pool downsampling, the
+architecture that escapes the *supervised* plateau fastest in our measurements); ``--text bow`` is a bag-of-words baseline
 (``torch.nn.EmbeddingBag`` over the same tokens). The loss is ``zsprob.prob.InfoNCELoss``.
 
-    python scripts/probe_contrastive.py --steps 300                    # plain CNN + zsprob-tiny text tower
-    python scripts/probe_contrastive.py --steps 900 --text bow        # learns shape: 41% zero-shot at 115k samples
-    python scripts/probe_contrastive.py --steps 300 --captions shape   # no colour shortcut: still stalls
-    python scripts/probe_contrastive.py --steps 300 --text-lr-mult 0   # frozen random text tower
-    python scripts/probe_contrastive.py --image-tower model --model zsprob-tiny-cnn
+    python experiments/probe_contrastive.py --steps 300                    # plain CNN + zsprob-tiny text tower
+    python experiments/probe_contrastive.py --steps 900 --text bow        # learns shape: 41% zero-shot at 115k samples
+    python experiments/probe_contrastive.py --steps 300 --captions shape   # no colour shortcut: still stalls
+    python experiments/probe_contrastive.py --steps 300 --text-lr-mult 0   # frozen random text tower
+    python experiments/probe_contrastive.py --image-tower model --model zsprob-tiny-cnn
 """
 from __future__ import annotations
 
@@ -68,16 +70,6 @@ def render(split: str, n: int, seed: int, captions: str = "world"):
                     [f"a {o['shape']}" for o in s.meta["objects"]])
         ys.append(SHAPES.index(s.meta["objects"][0]["shape"]))
     return torch.from_numpy(np.stack(xs)).permute(0, 3, 1, 2).contiguous(), caps, torch.tensor(ys)
-
-
-def plain_cnn(embed_dim: int) -> nn.Sequential:
-    def block(i, o):
-        return [nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU()]
-
-    return nn.Sequential(nn.Conv2d(3, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-                         *block(32, 64), nn.MaxPool2d(2), *block(64, 128), nn.MaxPool2d(2),
-                         *block(128, 256), nn.MaxPool2d(2), *block(256, 256),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, embed_dim))
 
 
 def linear_probe(feats: torch.Tensor, labels: torch.Tensor) -> float:
@@ -163,14 +155,16 @@ def main(argv=None):
     # image embedding = image_head(image_features(u)); the shape probe reads the plain CNN's
     # features before its projection, and the model tower's embeddings
     if a.image_tower == "plain-cnn":
-        cnn = plain_cnn(D)
+        from zsprob.models.plain_cnn import zsprob_plaincnn
+
+        cnn = zsprob_plaincnn(num_classes=D)
         image_modules = [cnn]
 
         def image_features(u):
-            return cnn[:-1](u)
+            return cnn.forward_head(cnn.forward_features(u), pre_logits=True)
 
         def image_head(f):
-            return out(cnn[-1](f), "image")
+            return out(cnn.fc(f), "image")
     else:
         image_modules = [model.clip.visual]
 

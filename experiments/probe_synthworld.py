@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Diagnostic: how fast can an image tower learn SynthWorld's attributes, with labels?
 
+Backs: the plain CNN image tower (``zsprob_plaincnn``) of the demo models (docs/findings.md, "Image tower").
+
 Contrastive pretraining can only teach what the image tower can learn at all in the budget. This
 script trains the image tower of a zsprob model (or any timm model) *supervised* on one
 attribute of single-object SynthWorld pretraining images (the object named by a "full" caption),
@@ -13,10 +15,10 @@ Libraries: webdataset reads the shards (plain ``webdataset.WebDataset``, as a us
 zsprob.models builds the tower, timm builds the optional CNN; the training loop is a few lines.
 
     zsprob data synthetic --out sw
-    python scripts/probe_synthworld.py --data sw --attribute shape --steps 400
-    python scripts/probe_synthworld.py --data sw --attribute color --steps 200
-    python scripts/probe_synthworld.py --data sw --attribute shape --timm regnetx_002 --lr 2e-3
-    python scripts/probe_synthworld.py --render 22000 --attribute shape --model zsprob-tiny-cnn --steps 1000 --batch-size 64 --lr 2e-3
+    python experiments/probe_synthworld.py --data sw --attribute shape --steps 400
+    python experiments/probe_synthworld.py --data sw --attribute color --steps 200
+    python experiments/probe_synthworld.py --data sw --attribute shape --timm regnetx_002 --lr 2e-3
+    python experiments/probe_synthworld.py --render 22000 --attribute shape --model zsprob-tiny-cnn --steps 1000 --batch-size 64 --lr 2e-3
 """
 from __future__ import annotations
 

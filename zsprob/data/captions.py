@@ -1,0 +1,81 @@
+"""Caption cleaning for image-text shards: the generic rules and RedCaps' (Reddit post titles).
+
+:func:`clean_caption` normalises Unicode (NFC), turns control and zero-width characters into
+spaces and collapses whitespace; :func:`clean_redcaps_caption` adds RedCaps' rules (tags,
+cross-post phrases, user and subreddit mentions, resolutions, "itap of", "OC", emoji). Both are
+idempotent. Python's ``re`` and ``unicodedata`` do the work; the rules are zsprob's. Read by
+:mod:`zsprob.data.webdataset` at load time; imports nothing from zsprob.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+
+__all__ = ["clean_caption", "clean_redcaps_caption"]
+
+_WS = re.compile(r"\s+")
+# bracketed tags: [OC], [oc], [1920x1080], [x-post r/pics], [itap], (OC), (x-post ...), (1920 x 1080)
+_BRACKET_TAG = re.compile(r"\[[^\[\]]{0,60}\]|\{[^{}]{0,60}\}")
+_PAREN_TAG = re.compile(
+    r"\(\s*(?:oc|o\.c\.|x-?post[^()]*|xpost[^()]*|crosspost[^()]*|\d{3,5}\s*[x×]\s*\d{3,5}|"
+    r"more in comments?|album in comments?|via [^()]*|source[^()]*|self)\s*\)", re.IGNORECASE)
+_RESOLUTION = re.compile(r"\b\d{3,5}\s*[x×]\s*\d{3,5}\b")
+_ITAP = re.compile(r"^\s*(?:i\s+took\s+a\s+(?:picture|photo|pic)\s+of|itapo?\s+of|itap:?|itapot)\b[\s:,\-]*",
+                   re.IGNORECASE)
+_XPOST = re.compile(r"\b(?:x-?post(?:ed)?|crosspost(?:ed)?)\s+(?:from\s+)?(?:/?r/\w+)?", re.IGNORECASE)
+_USER_SUB = re.compile(r"(?<!\w)/?[ur]/[A-Za-z0-9_\-]+")
+_OC_EDGE = re.compile(r"^\s*oc\b[\s:\-]*|[\s\-]*\boc\s*$", re.IGNORECASE)
+_EDGE_PUNCT = re.compile(r"^[\s\-:;,|/]+|[\s\-:;,|/]+$")
+
+
+def _is_emoji(ch: str) -> bool:
+    cp = ord(ch)
+    if 0x1F000 <= cp <= 0x1FAFF or 0x2600 <= cp <= 0x27BF or 0x1F900 <= cp <= 0x1F9FF:
+        return True
+    if cp in (0x200D, 0x20E3) or 0xFE00 <= cp <= 0xFE0F or 0xE0020 <= cp <= 0xE007F:
+        return True  # ZWJ, keycap, variation selectors, tag characters
+    cat = unicodedata.category(ch)
+    return cat in ("So", "Cs", "Co")
+
+
+# control and format characters (C0/C1 controls, zero-width spaces, bidi marks, BOM), not ZWJ
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u00ad\u200b\u200c\u200e\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
+
+
+def clean_caption(text: str) -> str:
+    """Generic cleaning: Unicode NFC, control / zero-width characters -> space, collapse whitespace, strip."""
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text)
+    return _WS.sub(" ", _CONTROL.sub(" ", text)).strip()
+
+
+def clean_redcaps_caption(text: str, *, keep_emoji: bool = False) -> str:
+    """Clean a RedCaps caption (a Reddit post title), idempotently.
+
+    Rules, in order: :func:`clean_caption`; drop bracketed tags (``[OC]``, ``[1920x1080]``,
+    ``[x-post r/pics]``, any ``[...]`` / ``{...}`` up to 60 characters) and common
+    parenthesised ones (``(OC)``, ``(x-post ...)``, ``(more in comments)``, resolutions);
+    drop "x-post from r/sub" phrases, ``u/user`` and ``r/sub`` mentions and bare resolutions;
+    drop a leading "itap of" / "I took a picture of" (r/itookapicture's convention) and a
+    leading or trailing "OC"; **emoji policy**: emoji and other pictographic symbols (Unicode
+    category So, the emoji blocks, variation selectors, zero-width joiners) are removed,
+    because RedCaps' published ``caption`` field is emoji-free and the CLIP BPE would turn
+    them into rare byte tokens; pass ``keep_emoji=True`` to keep them. Finally collapse
+    whitespace and strip separator punctuation from both ends. Case is kept (the CLIP
+    tokenizer lowercases). May return "" (the sample is then skipped as an empty caption).
+    """
+    t = clean_caption(text)
+    if not keep_emoji:
+        t = "".join(" " if _is_emoji(c) else c for c in t)
+    t = _BRACKET_TAG.sub(" ", t)
+    t = _PAREN_TAG.sub(" ", t)
+    t = _XPOST.sub(" ", t)
+    t = _USER_SUB.sub(" ", t)
+    t = _RESOLUTION.sub(" ", t)
+    t = _WS.sub(" ", t).strip()
+    for _ in range(2):
+        t = _ITAP.sub("", t)
+        t = _OC_EDGE.sub("", t)
+        t = _EDGE_PUNCT.sub("", t)
+    t = re.sub(r"\(\s*\)", " ", t)
+    return _WS.sub(" ", t).strip()
