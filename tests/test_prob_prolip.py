@@ -529,3 +529,17 @@ def test_pcmepp_occlusion_term_is_the_prolip_inclusion_loss():
         PCMEPPLoss(distance="mu", inclusion_alpha_occ=0.1)
     with pytest.raises(UserError, match="text_mask_mode"):
         PCMEPPLoss(text_mask_mode="swap")
+
+
+def test_pcmepp_occlusion_term_can_use_the_cover_form():
+    from zsprob.prob import PCMEPPLoss
+    img_mu, img_lv, txt_mu, txt_lv = gaussians(6)
+    masked_txt = (txt_mu[:3] - 0.1, txt_lv[:3] + 0.3)
+    plain = PCMEPPLoss(pp_alpha=0.0)
+    cover = PCMEPPLoss(pp_alpha=0.0, inclusion_alpha_occ=0.5, inclusion_form="cover", cover_scale=3.0, cover_lambda=4.0)
+    base, _ = plain(img_mu, img_lv, txt_mu, txt_lv)
+    total, _ = cover(img_mu, img_lv, txt_mu, txt_lv, masked_txt=masked_txt)
+    want = 0.5 * cover_loss(txt_mu[:3], txt_lv[:3], *masked_txt, 3.0, 4.0)
+    assert (total - base).item() == pytest.approx(want.item(), rel=1e-6)
+    with pytest.raises(UserError, match="inclusion_form"):
+        PCMEPPLoss(inclusion_form="kl")

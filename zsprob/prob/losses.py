@@ -129,7 +129,8 @@ class PCMEPPLoss(nn.Module):
                  vib_beta: float = 1e-4, distance: str = "csd", inclusion_alpha_occ: float = 0.0,
                  drop_ratio: float = 0.5, drop_prob: float = 0.5, image_drop_prob: float = 0.25,
                  mask_patch_size: int = 16, text_mask_mode: str = "delete", inclusion_scale: float = 1000.0,
-                 inclusion_eps: float = -20.0):
+                 inclusion_eps: float = -20.0, inclusion_form: str = "prolip", cover_scale: float = 5.0,
+                 cover_lambda: float = 1.0):
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
@@ -147,6 +148,10 @@ class PCMEPPLoss(nn.Module):
                                        inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps)
         for key, value in opts.items():
             setattr(self, key, value)
+        from zsprob.prob.prolip import INCLUSION_FORMS
+        if inclusion_form not in INCLUSION_FORMS:
+            raise UserError(f"inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
+        self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)
         if self.inclusion_alpha_occ > 0 and distance == "mu":
             raise UserError("the occlusion inclusion term needs sigma; it cannot be used with distance='mu'")
 
@@ -212,9 +217,11 @@ class PCMEPPLoss(nn.Module):
                          img_sigma2=_stat(B.img_lv.detach().exp().mean()),
                          txt_sigma2=_stat(B.txt_lv.detach().exp().mean()))
         if self.inclusion_alpha_occ > 0:
-            from zsprob.prob.prolip import prolip_inclusion, occlusion_terms
+            from zsprob.prob.prolip import cover_inclusion, occlusion_terms, prolip_inclusion
+            inclusion = (cover_inclusion(self.cover_scale, self.cover_lambda) if self.inclusion_form == "cover"
+                         else prolip_inclusion(self.inclusion_scale, self.inclusion_eps))
             occ, occ_stats = occlusion_terms(((masked_img, B.img_mu, B.img_lv), (masked_txt, B.txt_mu, B.txt_lv)),
-                                             prolip_inclusion(self.inclusion_scale, self.inclusion_eps), B.dtype)
+                                             inclusion, B.dtype)
             loss = loss + self.inclusion_alpha_occ * occ
             stats.update(occ_stats)
         stats.update(loss=_stat(loss), scale=_stat(self.scale), shift=_stat(self.shift),

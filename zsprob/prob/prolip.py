@@ -81,7 +81,7 @@ import torch.nn.functional as F
 
 from zsprob.errors import UserError
 from zsprob.prob.pairs import PairBatch, stat
-__all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "check_occlusion_options", "VIB_GUARD",
+__all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "cover_inclusion", "check_occlusion_options", "VIB_GUARD",
            "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
 
 #: the inclusion tests ProLIPLoss can train with (module docstring)
@@ -268,6 +268,11 @@ def occlusion_terms(items, inclusion, dtype) -> tuple[torch.Tensor | float, dict
 def prolip_inclusion(scale: float, eps: float):
     """ProLIP's inclusion loss as a function of (mu_in, lv_in, mu_out, lv_out), for :func:`occlusion_terms`."""
     return lambda mu_in, lv_in, mu_out, lv_out: inclusion_loss(mu_in, lv_in, mu_out, lv_out, scale, eps)
+
+
+def cover_inclusion(scale: float, spread: float):
+    """:func:`cover_loss` as a function of (mu_in, lv_in, mu_out, lv_out), for :func:`occlusion_terms`."""
+    return lambda mu_in, lv_in, mu_out, lv_out: cover_loss(mu_in, lv_in, mu_out, lv_out, scale, spread)
 
 
 def _as_pair(name: str, pair):
