@@ -8,7 +8,9 @@ and ``zsprob.methods`` only: no models, data or I/O.
   ProLIP's inclusion test, uncertainty scalars, and :func:`score` (similarities, higher = better) by name;
 - :mod:`zsprob.prob.losses`: PCMEPPLoss, PCMELoss, InfoNCELoss, TripletLoss, ProbTripletLoss,
   MuOnlyLoss, ProLIPLoss, :func:`create_loss`, :func:`needs_sigma`;
-- :mod:`zsprob.prob.prolip`: ProLIP's objective (PPCL, inclusion, its VIB);
+- :mod:`zsprob.prob.prolip`: ProLIP's objective (PPCL, inclusion, its VIB) and the occlusion
+  inclusion term PCMEPPLoss can add;
+- :mod:`zsprob.prob.pairs`: the local-rows / gathered-columns bookkeeping both loss modules use;
 - :mod:`zsprob.prob.jwae`: jWAE reconstruction / adversarial prior / alignment terms;
 - :mod:`zsprob.prob.msda`: Mixup / CutMix of images with soft match targets (:func:`mix_batch`);
 - :mod:`zsprob.prob.reference`: broadcast reference of the PCME++ pseudo-code (tests, benchmarks).
