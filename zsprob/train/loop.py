@@ -463,8 +463,9 @@ def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
 
 
 def next_batch(run: Run, step: int):
-    """The next local batch on the device, with noisy captions and MSDA mixing where configured
-    (one generator seeded by (seed, step, rank)); returns (images, tokens, matched or None)."""
+    """The next local batch on the device, with noisy captions, text SizeAugment, MSDA mixing
+    (paper-text or official) and label smoothing where configured (one generator seeded by
+    (seed, step, rank)); returns (images, tokens, matched or None)."""
     started = time.perf_counter()
     images, tokens = run.cursor.next()
     run.data_time += time.perf_counter() - started
