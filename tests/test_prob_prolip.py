@@ -543,3 +543,40 @@ def test_pcmepp_occlusion_term_can_use_the_cover_form():
     assert (total - base).item() == pytest.approx(want.item(), rel=1e-6)
     with pytest.raises(UserError, match="inclusion_form"):
         PCMEPPLoss(inclusion_form="kl")
+
+
+@pytest.mark.parametrize("cls", ["pcmepp", "prolip"])
+def test_occlusion_weight_ramps_in_after_the_start_step(cls):
+    from zsprob.models import create_model
+    from zsprob.prob import PCMEPPLoss
+    from zsprob.prob.prolip import occlusion_ramp
+    from zsprob.train.loop import ContrastiveStep
+    assert [occlusion_ramp(s, 10, 4) for s in (0, 9, 10, 11, 13, 14, 500)] == [0, 0, 0.25, 0.5, 1, 1, 1]
+    assert occlusion_ramp(None, 10, 4) == 1.0 and occlusion_ramp(3, 3, 0) == 1.0 and occlusion_ramp(2, 3, 0) == 0.0
+    make = PCMEPPLoss if cls == "pcmepp" else ProLIPLoss
+    kw = {"pp_alpha": 0.0} if cls == "pcmepp" else {}
+    crit = make(inclusion_alpha_occ=0.5, inclusion_start_step=10, inclusion_warmup_steps=4, **kw)
+    off = make(inclusion_alpha_occ=0.0, **kw)
+    img_mu, img_lv, txt_mu, txt_lv = gaussians(6)
+    masked = {"masked_img": (img_mu[:3] + 0.1, img_lv[:3] + 0.5), "masked_txt": (txt_mu[:3] - 0.1, txt_lv[:3] + 0.3)}
+    base, _ = off(img_mu, img_lv, txt_mu, txt_lv)
+    full, _ = crit(img_mu, img_lv, txt_mu, txt_lv, **masked)           # no step: the full weight
+    early, stats = crit(img_mu, img_lv, txt_mu, txt_lv, step=9, **masked)
+    mid, stats_mid = crit(img_mu, img_lv, txt_mu, txt_lv, step=11, **masked)
+    assert early.item() == pytest.approx(base.item(), rel=1e-7) and "txt_inclusion" not in stats
+    assert (mid - base).item() == pytest.approx(0.5 * (full - base).item(), rel=1e-6)
+    assert float(stats_mid["occ_weight"]) == pytest.approx(0.25)
+    assert crit.n_masked(8, step=9) == 0 and crit.n_masked(8, step=10) == crit.n_masked(8) > 0
+    # the trainer encodes no masked copies before the start, and passes the step to the loss
+    model = create_model("zsprob-tiny", embed_dim=16, seed=0, **TINY)
+    module = ContrastiveStep(model, crit, seed=1)
+    images = torch.randn(8, 3, 32, 32)
+    tokens = model.tokenizer(["a red star", "a blue circle", "a shape", "two squares"] * 2)
+    assert module.masked_features(images, tokens, step=9) == {}
+    assert module.masked_features(images, tokens, step=12)["masked_txt"][0].shape[0] == crit.n_masked(8)
+    _, late_stats = module(images, tokens, step=12)
+    assert float(late_stats["occ_weight"]) == pytest.approx(0.5 * 0.75) and "txt_inclusion" in late_stats
+    with pytest.raises(UserError, match="inclusion_warmup_steps"):
+        make(inclusion_warmup_steps=-1, **kw)
+    with pytest.raises(UserError, match="inclusion_start_step"):
+        make(inclusion_start_step=2.5, **kw)

@@ -66,6 +66,8 @@ from zsprob.errors import UserError
 from zsprob.methods import METHODS
 from zsprob.prob import distances as D
 from zsprob.prob.pairs import PairBatch, as_dtype, stat
+from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, check_occlusion_options,
+                                cover_inclusion, occlusion_terms, prolip_inclusion)
 
 __all__ = [
     "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
@@ -116,7 +118,7 @@ def _bce(logits, targets):
 
 # ----------------------------------------------------------------------------- PCME++
 
-class PCMEPPLoss(nn.Module):
+class PCMEPPLoss(OcclusionSchedule, nn.Module):
     """PCME++ objective: L_match (i2t + t2i) + pp_alpha L_pseudo-match (i2t + t2i) + vib_beta L_VIB.
 
     ``a`` (``self.scale``) and ``b`` (``self.shift``) are learnable, logits = -a * distance + b.
@@ -130,7 +132,7 @@ class PCMEPPLoss(nn.Module):
                  drop_ratio: float = 0.5, drop_prob: float = 0.5, image_drop_prob: float = 0.25,
                  mask_patch_size: int = 16, text_mask_mode: str = "delete", inclusion_scale: float = 1000.0,
                  inclusion_eps: float = -20.0, inclusion_form: str = "prolip", cover_scale: float = 5.0,
-                 cover_lambda: float = 1.0):
+                 cover_lambda: float = 1.0, inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0):
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
@@ -141,14 +143,14 @@ class PCMEPPLoss(nn.Module):
         self.distance = distance
         # zsprob's extension (off by default): ProLIP's occlusion inclusion term, "a caption with words
         # deleted / an image with cells blanked includes the whole" (zsprob.prob.prolip documents it)
-        from zsprob.prob.prolip import check_occlusion_options
         opts = check_occlusion_options(inclusion_alpha_occ=inclusion_alpha_occ, drop_ratio=drop_ratio,
                                        drop_prob=drop_prob, image_drop_prob=image_drop_prob,
                                        mask_patch_size=mask_patch_size, text_mask_mode=text_mask_mode,
-                                       inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps)
+                                       inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps,
+                                       inclusion_start_step=inclusion_start_step,
+                                       inclusion_warmup_steps=inclusion_warmup_steps)
         for key, value in opts.items():
             setattr(self, key, value)
-        from zsprob.prob.prolip import INCLUSION_FORMS
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
         self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)
@@ -158,14 +160,6 @@ class PCMEPPLoss(nn.Module):
     def extra_repr(self) -> str:
         return (f"distance={self.distance!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
                 f"inclusion_alpha_occ={self.inclusion_alpha_occ}")
-
-    @property
-    def wants_masked(self) -> bool:
-        """Whether the trainer must encode masked copies (the occlusion inclusion term is on)."""
-        return self.inclusion_alpha_occ > 0 and self.drop_ratio > 0
-
-    def n_masked(self, n_rows: int) -> int:
-        return int(n_rows * self.drop_ratio) if self.wants_masked else 0
 
     def pairwise_distance(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
         if self.distance == "csd":
@@ -180,7 +174,8 @@ class PCMEPPLoss(nn.Module):
         return -self.scale.to(d.dtype) * d + self.shift.to(d.dtype)
 
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
-                all_img=None, all_txt=None, offset: int = 0, masked_img=None, masked_txt=None):
+                all_img=None, all_txt=None, offset: int = 0, masked_img=None, masked_txt=None,
+                step: int | None = None):
         uses_sigma = self.distance != "mu"
         B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
                    need_sigma=uses_sigma)
@@ -216,14 +211,14 @@ class PCMEPPLoss(nn.Module):
             stats.update(vib_img=_stat(v_img), vib_txt=_stat(v_txt),
                          img_sigma2=_stat(B.img_lv.detach().exp().mean()),
                          txt_sigma2=_stat(B.txt_lv.detach().exp().mean()))
-        if self.inclusion_alpha_occ > 0:
-            from zsprob.prob.prolip import cover_inclusion, occlusion_terms, prolip_inclusion
+        occ_weight = self.occlusion_weight(step)
+        if occ_weight > 0:
             inclusion = (cover_inclusion(self.cover_scale, self.cover_lambda) if self.inclusion_form == "cover"
                          else prolip_inclusion(self.inclusion_scale, self.inclusion_eps))
             occ, occ_stats = occlusion_terms(((masked_img, B.img_mu, B.img_lv), (masked_txt, B.txt_mu, B.txt_lv)),
                                              inclusion, B.dtype)
-            loss = loss + self.inclusion_alpha_occ * occ
-            stats.update(occ_stats)
+            loss = loss + occ_weight * occ
+            stats.update(occ_stats, occ_weight=torch.tensor(occ_weight))
         stats.update(loss=_stat(loss), scale=_stat(self.scale), shift=_stat(self.shift),
                      n_pseudo_positives=pp_count.detach())
         return loss, stats
@@ -515,8 +510,6 @@ class ProbTripletLoss(nn.Module):
 
 
 # ----------------------------------------------------------------------------- factory
-
-from zsprob.prob.prolip import ProLIPLoss  # noqa: E402  (its own module; it reads _Batch at call time)
 
 _LOSSES = {
     "pcmepp": PCMEPPLoss,

@@ -54,6 +54,9 @@ zsprob's options (off by default; SynthWorld's recipe turns them on, docs/findin
   word ("photo") and dropping an attribute ("red") ask for the same growth of sigma; under
   "cover" the growth must match how far the mean moved, so informative words carry more of the
   certainty.
+- ``inclusion_start_step`` / ``inclusion_warmup_steps``: the occlusion term's weight is 0 before
+  the start step and rises linearly to ``inclusion_alpha_occ`` over the warm-up
+  (:class:`OcclusionSchedule`), so a model trained from scratch learns its means first.
 - ``text_mask_mode="delete"``: the masked caption copies DELETE the chosen tokens
   (:func:`zsprob.data.masking.delete_tokens`) instead of replacing them with a mask token, so the
   copy is a more general caption of the same grammar, not a caption with an unknown word.
@@ -219,8 +222,28 @@ def _check_range(name: str, value, low: float, high: float = math.inf, low_open:
     return number
 
 
+def _check_count(name: str, value) -> int:
+    number = _check_range(name, value, 0.0)
+    if number != int(number):
+        raise UserError(f"{name} must be a whole number of steps, got {value!r}")
+    return int(number)
+
+
+def occlusion_ramp(step: int | None, start: int, warmup: int) -> float:
+    """Share of ``inclusion_alpha_occ`` applied at 0-based ``step``: 0 before ``start``, then a
+    linear rise to 1 over ``warmup`` steps (1 at once when ``warmup`` is 0); 1 when step is None."""
+    if step is None:
+        return 1.0
+    if step < start:
+        return 0.0
+    if warmup <= 0:
+        return 1.0
+    return min(1.0, (step - start + 1) / warmup)
+
+
 def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image_drop_prob, mask_patch_size,
-                            text_mask_mode, inclusion_scale, inclusion_eps) -> dict:
+                            text_mask_mode, inclusion_scale, inclusion_eps, inclusion_start_step=0,
+                            inclusion_warmup_steps=0) -> dict:
     """Validated options of the occlusion inclusion term (shared by ProLIPLoss and PCMEPPLoss)."""
     if text_mask_mode not in TEXT_MASK_MODES:
         raise UserError(f"text_mask_mode must be one of {', '.join(TEXT_MASK_MODES)}, got {text_mask_mode!r}")
@@ -233,7 +256,41 @@ def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image
             "image_drop_prob": _check_range("image_drop_prob", image_drop_prob, 0.0, 1.0),
             "mask_patch_size": int(patch), "text_mask_mode": text_mask_mode,
             "inclusion_scale": _check_range("inclusion_scale", inclusion_scale, 0.0, low_open=True),
-            "inclusion_eps": _check_range("inclusion_eps", inclusion_eps, -math.inf)}
+            "inclusion_eps": _check_range("inclusion_eps", inclusion_eps, -math.inf),
+            "inclusion_start_step": _check_count("inclusion_start_step", inclusion_start_step),
+            "inclusion_warmup_steps": _check_count("inclusion_warmup_steps", inclusion_warmup_steps)}
+
+
+class OcclusionSchedule:
+    """Mixin of the losses with the occlusion inclusion term: its weight at a training step.
+
+    ``inclusion_start_step`` / ``inclusion_warmup_steps`` (0 / 0: the full weight from the first
+    step, as ProLIP) delay the term and ramp it in linearly; before the start the trainer does not
+    even encode the masked copies. The trainer passes the 0-based step to ``forward``; a call
+    without a step (evaluation, direct use) weighs the term fully.
+    """
+
+    inclusion_alpha_occ: float
+    drop_ratio: float
+    inclusion_start_step: int = 0
+    inclusion_warmup_steps: int = 0
+
+    def occlusion_weight(self, step: int | None = None) -> float:
+        """``inclusion_alpha_occ`` times the ramp at ``step`` (:func:`occlusion_ramp`)."""
+        return self.inclusion_alpha_occ * occlusion_ramp(step, self.inclusion_start_step,
+                                                         self.inclusion_warmup_steps)
+
+    @property
+    def wants_masked(self) -> bool:
+        """Whether the trainer must encode masked copies at all (the occlusion term is on)."""
+        return self.inclusion_alpha_occ > 0 and self.drop_ratio > 0
+
+    def n_masked(self, n_rows: int, step: int | None = None) -> int:
+        """Masked copies per process for ``n_rows`` local rows at ``step``: int(n_rows * drop_ratio),
+        as ProLIP, and 0 while the term's weight is 0."""
+        if not self.wants_masked or self.occlusion_weight(step) == 0:
+            return 0
+        return int(n_rows * self.drop_ratio)
 
 
 def occlusion_terms(items, inclusion, dtype) -> tuple[torch.Tensor | float, dict]:
@@ -283,7 +340,7 @@ def _as_pair(name: str, pair):
     return pair
 
 
-class ProLIPLoss(nn.Module):
+class ProLIPLoss(OcclusionSchedule, nn.Module):
     """ppcl_weight * PPCL + inclusion_alpha * L_incl(image in caption)
     + inclusion_alpha_occ * (L_incl(image in masked image) + L_incl(text in masked text))
     + vib_beta * (VIB_image + VIB_text); see the module docstring for every term."""
@@ -293,7 +350,8 @@ class ProLIPLoss(nn.Module):
                  init_logit_scale: float = math.log(1 / 0.07), init_logit_bias: float = -10.0,
                  max_logit_scale: float = 100.0, drop_ratio: float = 0.125, drop_prob: float = 0.75,
                  image_drop_prob: float = 0.25, mask_patch_size: int = 16, inclusion_form: str = "prolip",
-                 cover_scale: float = 5.0, cover_lambda: float = 1.0, text_mask_mode: str = "replace"):
+                 cover_scale: float = 5.0, cover_lambda: float = 1.0, text_mask_mode: str = "replace",
+                 inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0):
         super().__init__()
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"ProLIP inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
@@ -319,6 +377,8 @@ class ProLIPLoss(nn.Module):
         if patch != int(patch):
             raise UserError(f"ProLIP mask_patch_size must be a whole number of pixels, got {mask_patch_size!r}")
         self.mask_patch_size = int(patch)
+        self.inclusion_start_step = _check_count("inclusion_start_step", inclusion_start_step)
+        self.inclusion_warmup_steps = _check_count("inclusion_warmup_steps", inclusion_warmup_steps)
         self.logit_scale = nn.Parameter(torch.tensor(init_scale))
         self.logit_bias = nn.Parameter(torch.tensor(init_bias))
 
@@ -333,15 +393,6 @@ class ProLIPLoss(nn.Module):
         if self.inclusion_form == "cover":
             return cover_loss(mu_in, logvar_in, mu_out, logvar_out, self.cover_scale, self.cover_lambda)
         return inclusion_loss(mu_in, logvar_in, mu_out, logvar_out, self.inclusion_scale, self.inclusion_eps)
-
-    @property
-    def wants_masked(self) -> bool:
-        """Whether the occlusion inclusion term is on (the trainer then encodes masked copies)."""
-        return self.inclusion_alpha_occ > 0 and self.drop_ratio > 0
-
-    def n_masked(self, n_rows: int) -> int:
-        """Masked copies per process for ``n_rows`` local rows: int(n_rows * drop_ratio), as ProLIP."""
-        return int(n_rows * self.drop_ratio) if self.wants_masked else 0
 
     def scale(self, dtype=None) -> torch.Tensor:
         """exp(logit_scale) with the log clamped to [0, log max_logit_scale]."""
@@ -365,7 +416,8 @@ class ProLIPLoss(nn.Module):
         return rows @ cols.t()
 
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
-                all_img=None, all_txt=None, offset: int = 0, masked_img=None, masked_txt=None):
+                all_img=None, all_txt=None, offset: int = 0, masked_img=None, masked_txt=None,
+                step: int | None = None):
         if img_logvar is None or txt_logvar is None or (all_img is not None and all_img[1] is None) \
                 or (all_txt is not None and all_txt[1] is None):
             raise UserError("--method prolip needs sigma (log sigma^2 heads), but the model is deterministic; "
@@ -386,11 +438,12 @@ class ProLIPLoss(nn.Module):
                             INCLUSION_GUARD, "inclusion")
             loss = loss + self.inclusion_alpha * incl
             stats["inclusion"] = stat(incl)
-        if self.inclusion_alpha_occ > 0:
+        occ_weight = self.occlusion_weight(step)
+        if occ_weight > 0:
             occ, occ_stats = occlusion_terms(((masked_img, batch.img_mu, batch.img_lv),
                                               (masked_txt, batch.txt_mu, batch.txt_lv)), self.inclusion, dtype)
-            loss = loss + self.inclusion_alpha_occ * occ
-            stats.update(occ_stats)
+            loss = loss + occ_weight * occ
+            stats.update(occ_stats, occ_weight=torch.tensor(occ_weight))
 
         vib_img = _guarded(prolip_vib(batch.img_mu, batch.img_lv), VIB_GUARD, "image VIB")
         vib_txt = _guarded(prolip_vib(batch.txt_mu, batch.txt_lv), VIB_GUARD, "text VIB")

@@ -66,10 +66,11 @@ EvalHook = Callable[[nn.Module, int], dict]
 class ContrastiveStep(nn.Module):
     """Model + loss in one module, so DDP sees every trainable parameter (incl. the loss's a, b).
 
-    A loss with ``wants_masked`` (ProLIP with ``inclusion_alpha_occ`` > 0) also gets masked copies
-    of this process's first ``loss.n_masked(n)`` images and captions (``zsprob.data.masking``),
-    encoded by the same model; the masks come from a generator seeded by (seed, step, rank), so a
-    run and its resumption draw the same masks.
+    A loss with ``wants_masked`` (the occlusion inclusion term is on) also gets masked copies of
+    this process's first ``loss.n_masked(n, step)`` images and captions (``zsprob.data.masking``;
+    none while the term's scheduled weight is 0), encoded by the same model, and the 0-based
+    step; the masks come from a generator seeded by (seed, step, rank), so a run and its
+    resumption draw the same masks.
     """
 
     MASK_SALT = 0x3A5C  # keeps the mask stream apart from the noise / MSDA stream of the same step
@@ -89,7 +90,7 @@ class ContrastiveStep(nn.Module):
         """``masked_img`` / ``masked_txt`` keyword arguments for the loss ({} when it wants none)."""
         if not getattr(self.loss, "wants_masked", False):
             return {}
-        n_masked = self.loss.n_masked(images.shape[0])
+        n_masked = self.loss.n_masked(images.shape[0], step)
         if n_masked == 0:
             return {}
         from zsprob.data.masking import TEXT_MASK_MODES, mask_image_cells, text_mask_spec
@@ -122,8 +123,9 @@ class ContrastiveStep(nn.Module):
             else:
                 all_img = all_txt = None
                 offset = 0
-            loss, stats = self.loss(img_mu, img_lv, txt_mu, txt_lv, matched,
-                                    all_img=all_img, all_txt=all_txt, offset=offset, **masked)
+            scheduled = {"step": int(step)} if hasattr(self.loss, "occlusion_weight") else {}
+            loss, stats = self.loss(img_mu, img_lv, txt_mu, txt_lv, matched, all_img=all_img, all_txt=all_txt,
+                                    offset=offset, **masked, **scheduled)
         stats = dict(stats or {})
         with torch.no_grad():
             if img_lv is not None:
