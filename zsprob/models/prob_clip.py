@@ -62,8 +62,8 @@ from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError
 from zsprob.models.heads import GPO, bound_logvar
-from zsprob.models.sigma_heads import (SIGMA_HEADS, SIGMA_LAYOUTS, UNC_EMBEDDING_NAMES, SigmaHead,
-                                       UncPooledHead, UncTokenHead, make_sigma_ln, reinit_block_legacy_,
+from zsprob.models.sigma_heads import (SIGMA_HEADS, SIGMA_LAYOUTS, SIGMA_PARAMS, SIGMA_SHAPES,
+                                       UNC_EMBEDDING_NAMES, SigmaHead, spherical_readout, UncPooledHead, UncTokenHead, make_sigma_ln, reinit_block_legacy_,
                                        reinit_block_official_, reinit_cnn_head_, reinit_projection_legacy_,
                                        reinit_projection_official_)
 
@@ -579,7 +579,7 @@ class ProbCLIP(nn.Module):
                  gpo_dim: int = 32, sigma_bias_init: float = 0.0, truncate_text: bool = True,
                  size_augment: float = 0.0, sigma_head: str = "block", sigma_layout: str = "official",
                  sigma_ln_init: float | None = None, sigma_ln_init_bias: float = 0.0,
-                 tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
+                 sigma_param: str = "logvar", sigma_shape: str = "diagonal", tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
                  reinit_params: tuple[str, ...] = ()):
         super().__init__()
         if pooling not in ("gpo", "native"):
@@ -602,6 +602,11 @@ class ProbCLIP(nn.Module):
         self.sigma_layout = sigma_layout
         self.sigma_ln_init = None if sigma_ln_init is None else float(sigma_ln_init)
         self.sigma_ln_init_bias = float(sigma_ln_init_bias)
+        if sigma_param not in SIGMA_PARAMS:
+            raise UserError(f"sigma_param must be one of {', '.join(SIGMA_PARAMS)}, got {sigma_param!r}")
+        if sigma_shape not in SIGMA_SHAPES:
+            raise UserError(f"sigma_shape must be one of {', '.join(SIGMA_SHAPES)}, got {sigma_shape!r}")
+        self.sigma_param, self.sigma_shape = sigma_param, sigma_shape
         self.pooling = pooling
         self.deterministic = bool(deterministic)
         self.var_bounds = var_bounds
@@ -640,6 +645,9 @@ class ProbCLIP(nn.Module):
         else:
             self.image_sigma = self._make_sigma(self._vision, self.image_gpo, gpo, float(sigma_bias_init))
             self.text_sigma = self._make_sigma(self._text, self.text_gpo, gpo, float(sigma_bias_init))
+        self.sigma_readout = (nn.ModuleDict({"image": spherical_readout(self.embed_dim),
+                                             "text": spherical_readout(self.embed_dim)})
+                              if sigma_shape == "spherical_one" and not self.deterministic else None)
 
     def _head_depth(self, tower) -> int:
         """Blocks in each head of ``tower``: ``sigma_depth``, or 0 (a tower without blocks, or [UNC] heads)."""
@@ -727,7 +735,18 @@ class ProbCLIP(nn.Module):
         else:
             hs = self._run(tower, sigma.blocks, h, mask)
             raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
-        return mu, bound_logvar(raw.float(), self.var_bounds)
+        side = "image" if tower is self._vision else "text"
+        return mu, bound_logvar(self._shape_sigma(raw.float(), side), self.var_bounds)
+
+    def _shape_sigma(self, raw: torch.Tensor, side: str) -> torch.Tensor:
+        """The head's D outputs -> log sigma^2 [B, D]: ``sigma_shape`` (Pishdad et al.'s spherical
+        variants: one value per embedding, the mean of the D outputs or a learned readout of them),
+        then ``sigma_param`` ("logsigma": the head predicts log sigma, as PCME's code; x 2)."""
+        if self.sigma_shape == "spherical_mean":
+            raw = raw.mean(dim=-1, keepdim=True).expand_as(raw)
+        elif self.sigma_shape == "spherical_one":
+            raw = self.sigma_readout[side](raw).expand_as(raw)
+        return 2.0 * raw if self.sigma_param == "logsigma" else raw
 
     def encode_image(self, images: torch.Tensor, *, with_sigma: bool = True):
         """images [B, 3, H, W] -> (mu [B, D], logvar [B, D] or None), float32."""
@@ -778,6 +797,9 @@ class ProbCLIP(nn.Module):
             elif parts[0] in ("text_sigma", "text_gpo"):
                 tower, num_layers, backbone = "text", nt + 1, False
                 depth = _sigma_depth_of(parts, split_t, nt + 1)
+            elif parts[0] == "sigma_readout":  # the spherical readout sits on top of the head
+                tower, backbone = parts[1], False
+                num_layers = depth = (nv if tower == "image" else nt) + 1
             if name in self._reinit_params:
                 backbone = False
             info[name] = {"tower": tower, "depth": depth, "num_layers": num_layers, "backbone": backbone}

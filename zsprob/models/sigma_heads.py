@@ -99,6 +99,11 @@ from torch import nn
 
 SIGMA_HEADS = ("block", "unc")
 SIGMA_LAYOUTS = ("official", "legacy")
+# what the head's output is: log sigma^2, or log sigma as PCME's official code (logvar = 2 x output)
+SIGMA_PARAMS = ("logvar", "logsigma")
+# Pishdad et al.'s covariance shapes: diagonal, or one sigma per embedding (mean of the D outputs,
+# or a learned linear readout of them = one predicted value)
+SIGMA_SHAPES = ("diagonal", "spherical_mean", "spherical_one")
 # default sigma_bias_init per head kind: PCME++'s bias_init 0, ProLIP's init_unc_bias -10
 DEFAULT_BIAS_INIT = {"block": 0.0, "unc": -10.0}
 # names of the [UNC] embeddings (param_info: depth 0, like the tower's own embeddings)
@@ -113,6 +118,15 @@ def make_sigma_ln(embed_dim: int, weight_init: float | None, bias_init: float) -
     nn.init.constant_(ln.weight, float(weight_init))
     nn.init.constant_(ln.bias, float(bias_init))
     return ln
+
+
+def spherical_readout(embed_dim: int) -> nn.Linear:
+    """``Linear(D, 1)`` giving one log-variance per embedding; weight 1/D and bias 0, so it starts
+    as the mean of the head's D outputs (``sigma_shape="spherical_mean"``)."""
+    fc = nn.Linear(embed_dim, 1)
+    nn.init.constant_(fc.weight, 1.0 / embed_dim)
+    nn.init.zeros_(fc.bias)
+    return fc
 
 
 class SigmaHead(nn.Module):

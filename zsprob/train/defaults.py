@@ -20,11 +20,15 @@ DEFAULTS: dict = {
         "sigma_init": "random",
         "pooling": "gpo",
         "var_bounds": None,
+        "sigma_head": None,        # null: block | unc | pcme (zsprob.models.sigma_heads)
+        "sigma_param": None,       # null: logvar, or logsigma for --method pcme with loss.pcme.form official
+        "sigma_shape": None,       # null: diagonal | spherical_mean | spherical_one (Pishdad et al.)
         "overrides": {},           # passed to create_model as **overrides
     },
     "loss": {                      # keyword arguments of each method's loss (zsprob.prob.create_loss)
         "pcmepp": {"init_scale": 5.0, "init_shift": 5.0, "pp_alpha": 0.1, "vib_beta": 1e-4, "distance": "csd"},
-        "pcme": {"n_samples": 7, "init_scale": 5.0, "init_shift": 5.0},
+        # PCME's official code (naver-ai/pcme configs/coco): a = b = 15 (form defaults), J = 7, beta 1e-5
+        "pcme": {"n_samples": 7, "form": "official", "vib_beta": 1e-5, "uniform_weight": 0.0},
         "infonce": {"init_temperature": 0.07},
         "triplet": {"margin": 0.2},
         "prob-triplet": {"similarity": "kl", "margin": 0.2},

@@ -147,14 +147,24 @@ def resolve_config(cfg: Any) -> Config:
     return cfg
 
 
+def _is_zsprob_checkpoint(path) -> bool:
+    from zsprob.models import is_checkpoint
+    return bool(path) and is_checkpoint(path)
+
+
 def build_model(cfg: Config):
     from zsprob.models import create_model
     from zsprob.prob import needs_sigma
     m = cfg.model
     kw: dict[str, Any] = {}
-    for key in ("embed_dim", "sigma_depth", "sigma_init", "pooling", "var_bounds"):
+    for key in ("embed_dim", "sigma_depth", "sigma_init", "pooling", "var_bounds", "sigma_head", "sigma_param",
+                "sigma_shape"):
         if m.get(key) is not None:
             kw[key] = m[key]
+    if cfg.method == "pcme" and kw.get("sigma_param") is None and not _is_zsprob_checkpoint(m.get("pretrained")):
+        # PCME's official head predicts log sigma (the official loss form reads it so)
+        form = ((cfg.loss or {}).get("pcme") or {}).get("form", "official")
+        kw["sigma_param"] = "logsigma" if form == "official" else "logvar"
     if kw.get("var_bounds") is not None:
         kw["var_bounds"] = tuple(kw["var_bounds"])
     kw.update(dict(m.get("overrides") or {}))
