@@ -140,3 +140,30 @@ def test_sigma_shape_round_trips_through_a_checkpoint(tmp_path):
     assert (back.sigma_shape, back.sigma_param) == ("spherical_one", "logsigma")
     torch.testing.assert_close(back.sigma_readout["image"].bias, torch.tensor([0.25]))
     assert math.isfinite(float(back.sigma_readout["image"].weight.detach().sum()))
+
+
+def test_mc_evaluation_uses_the_learned_a_b_j_and_form(tmp_path):
+    """A --method pcme checkpoint carries a, b, J and the loss form to the "mc" score."""
+    from zsprob.models import load
+    from zsprob.prob.distances import mc_match_prob
+    from zsprob.retrieval.scoring import mc_score_options
+    from zsprob.train.loop import ContrastiveStep, _save_model, build_loss, build_model, resolve_config
+    cfg = resolve_config({"method": "pcme", "model": {"name": "zsprob-tiny", "embed_dim": 16},
+                          "loss": {"pcme": {"n_samples": 4}}})
+    step = ContrastiveStep(build_model(cfg), build_loss(cfg))
+    with torch.no_grad():
+        step.loss.scale.fill_(12.5)
+        step.loss.shift.fill_(3.0)
+    _save_model(step, tmp_path / "m", cfg, 1)
+    opts = mc_score_options(load(tmp_path / "m"))
+    assert opts == {"a": 12.5, "b": 3.0, "n_samples": 4, "slope": 2.0}
+    assert mc_score_options(step.model) == {}  # not a checkpoint: the fixed defaults
+    x = _batch(3, 4, seed=5)
+    got = mc_match_prob(*[t.detach() for t in x], generator=torch.Generator().manual_seed(1), **opts)
+    g = torch.Generator().manual_seed(1)
+    za = x[0].detach()[:, None] + (0.5 * x[1].detach()).exp()[:, None] * torch.randn(3, 4, 4, generator=g, dtype=torch.float64)
+    zb = x[2].detach()[:, None] + (0.5 * x[3].detach()).exp()[:, None] * torch.randn(3, 4, 4, generator=g, dtype=torch.float64)
+    d = ((za[:, :, None, None] - zb[None, None]) ** 2).sum(-1).add(1e-12).sqrt()
+    logit = -12.5 * d + 3.0
+    ref = (logit.exp() / (logit.exp() + (-logit).exp())).mean(dim=(1, 3))
+    torch.testing.assert_close(got, ref)

@@ -21,6 +21,7 @@ from zsprob.errors import UserError
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.embeddings import Embeddings
 from zsprob.retrieval.evaluate import BenchmarkSet, RetrievalTask
+from zsprob.retrieval.scoring import mc_score_options
 
 PMRP_ZETAS = (0, 1, 2)
 
@@ -239,7 +240,9 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
             emb.save(save_embeddings)
     sub = official_subset(emb.image_ids, emb.caption_ids)
     emb, task = task_for_embeddings(emb, instance_labels)
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, method=method)
+    mc = mc_score_options(model) if score == "mc" else {}
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, method=method,
+                              **mc)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "table": format_table(res.metrics, label=label),
            "uncertainty": None, "files": {}}
     if analyses and emb.has_sigma:

@@ -244,6 +244,11 @@ def format_table(metrics: dict, label: str = "model") -> str:
 METHODS = ("auto", "screen", "matrix")
 
 
+def _jsonable(score_kw: dict) -> dict:
+    """The score options worth recording (e.g. MC's a, b, J), as plain numbers."""
+    return {f"score_{k}": float(v) for k, v in score_kw.items() if isinstance(v, (int, float))}
+
+
 def resolve_method(method: str, score: str, **score_kw) -> str:
     """"screen" (:mod:`zsprob.retrieval.screened`: exact metrics from a certified bfloat16 screen, no
     score matrix) for the linear scores (csd, mean, cosine) without score options; "matrix" (the
@@ -296,7 +301,7 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
         ps = PairScores(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar,
                         chunk_size=chunk_size, progress=progress, seed=seed, **score_kw)
         res = evaluate_scores(ps, task, ks=ks, keep_top=keep_top)
-    res.metrics = {"setup": {"score": score, "method": how, "n_images": task.n_images,
+    res.metrics = {"setup": {"score": score, "method": how, "n_images": task.n_images, **_jsonable(score_kw),
                              "n_captions": task.n_captions, "unit": "percent", "notes": list(task.notes)},
                    **res.metrics}
     return res
