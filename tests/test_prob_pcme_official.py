@@ -116,8 +116,10 @@ def test_spherical_shapes_give_one_sigma_per_embedding(shape):
     raw = torch.randn(3, 16, dtype=torch.float32)
     out = model._shape_sigma(raw, "text")
     assert torch.allclose(out, out[:, :1].expand_as(out))
-    # the readout starts as the mean of the head's outputs
-    torch.testing.assert_close(out[:, 0], raw.mean(dim=-1), rtol=1e-6, atol=1e-6)
+    if shape == "spherical_mean":  # the paper's spherical-avgpool: the average of the D variances
+        torch.testing.assert_close(out[:, 0].double().exp(), raw.double().exp().mean(dim=-1), rtol=1e-6, atol=1e-7)
+    else:  # the one-value readout starts as the mean of the D log-variances
+        torch.testing.assert_close(out[:, 0], raw.mean(dim=-1), rtol=1e-6, atol=1e-6)
     tokens = model.tokenizer(["a red star", "two blue circles"])
     mu, lv = model.encode_text(tokens)
     assert lv.shape == mu.shape and torch.allclose(lv, lv[:, :1].expand_as(lv))

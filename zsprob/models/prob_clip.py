@@ -739,14 +739,18 @@ class ProbCLIP(nn.Module):
         return mu, bound_logvar(self._shape_sigma(raw.float(), side), self.var_bounds)
 
     def _shape_sigma(self, raw: torch.Tensor, side: str) -> torch.Tensor:
-        """The head's D outputs -> log sigma^2 [B, D]: ``sigma_shape`` (Pishdad et al.'s spherical
-        variants: one value per embedding, the mean of the D outputs or a learned readout of them),
-        then ``sigma_param`` ("logsigma": the head predicts log sigma, as PCME's code; x 2)."""
+        """The head's D outputs -> log sigma^2 [B, D]: ``sigma_param`` ("logsigma": the head predicts
+        log sigma, as PCME's code, so log sigma^2 = 2 x output), then ``sigma_shape`` (Pishdad et
+        al.'s spherical variants, one variance per embedding: "spherical_mean" the average of the
+        D variances, log mean exp(log sigma^2); "spherical_one" one predicted value, a learned
+        linear readout of the D log-variances)."""
+        logvar = 2.0 * raw if self.sigma_param == "logsigma" else raw
         if self.sigma_shape == "spherical_mean":
-            raw = raw.mean(dim=-1, keepdim=True).expand_as(raw)
-        elif self.sigma_shape == "spherical_one":
-            raw = self.sigma_readout[side](raw).expand_as(raw)
-        return 2.0 * raw if self.sigma_param == "logsigma" else raw
+            one = torch.logsumexp(logvar, dim=-1, keepdim=True) - math.log(logvar.shape[-1])
+            return one.expand_as(logvar)
+        if self.sigma_shape == "spherical_one":
+            return self.sigma_readout[side](logvar).expand_as(logvar)
+        return logvar
 
     def encode_image(self, images: torch.Tensor, *, with_sigma: bool = True):
         """images [B, 3, H, W] -> (mu [B, D], logvar [B, D] or None), float32."""

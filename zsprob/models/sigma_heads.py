@@ -101,8 +101,8 @@ SIGMA_HEADS = ("block", "unc")
 SIGMA_LAYOUTS = ("official", "legacy")
 # what the head's output is: log sigma^2, or log sigma as PCME's official code (logvar = 2 x output)
 SIGMA_PARAMS = ("logvar", "logsigma")
-# Pishdad et al.'s covariance shapes: diagonal, or one sigma per embedding (mean of the D outputs,
-# or a learned linear readout of them = one predicted value)
+# Pishdad et al.'s covariance shapes: diagonal, or one sigma per embedding (the average of the D
+# variances, "spherical-avgpool", or one predicted value: a learned linear readout of them)
 SIGMA_SHAPES = ("diagonal", "spherical_mean", "spherical_one")
 # default sigma_bias_init per head kind: PCME++'s bias_init 0, ProLIP's init_unc_bias -10
 DEFAULT_BIAS_INIT = {"block": 0.0, "unc": -10.0}
@@ -121,8 +121,8 @@ def make_sigma_ln(embed_dim: int, weight_init: float | None, bias_init: float) -
 
 
 def spherical_readout(embed_dim: int) -> nn.Linear:
-    """``Linear(D, 1)`` giving one log-variance per embedding; weight 1/D and bias 0, so it starts
-    as the mean of the head's D outputs (``sigma_shape="spherical_mean"``)."""
+    """``Linear(D, 1)`` giving one log-variance per embedding from the head's D log-variances;
+    weight 1/D and bias 0, so it starts as their mean (the geometric mean of the variances)."""
     fc = nn.Linear(embed_dim, 1)
     nn.init.constant_(fc.weight, 1.0 / embed_dim)
     nn.init.zeros_(fc.bias)
