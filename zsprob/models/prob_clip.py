@@ -579,7 +579,8 @@ class ProbCLIP(nn.Module):
                  gpo_dim: int = 32, sigma_bias_init: float = 0.0, truncate_text: bool = True,
                  size_augment: float = 0.0, sigma_head: str = "block", sigma_layout: str = "official",
                  sigma_ln_init: float | None = None, sigma_ln_init_bias: float = 0.0,
-                 sigma_param: str = "logvar", sigma_shape: str = "diagonal", tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
+                 sigma_param: str = "logvar", sigma_shape: str = "diagonal", tokenizer=None,
+                 preprocess_train=None, preprocess_val=None, image_size: int | None = None,
                  reinit_params: tuple[str, ...] = ()):
         super().__init__()
         if pooling not in ("gpo", "native"):
