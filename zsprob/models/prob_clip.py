@@ -63,7 +63,7 @@ from torch.utils.checkpoint import checkpoint
 from zsprob.errors import UserError
 from zsprob.models.heads import GPO, bound_logvar
 from zsprob.models.sigma_heads import (SIGMA_HEADS, SIGMA_LAYOUTS, SIGMA_PARAMS, SIGMA_SHAPES,
-                                       UNC_EMBEDDING_NAMES, SigmaHead, spherical_readout, UncPooledHead, UncTokenHead, make_sigma_ln, reinit_block_legacy_,
+                                       UNC_EMBEDDING_NAMES, PCMEUncertaintyHead, SigmaHead, spherical_readout, UncPooledHead, UncTokenHead, make_sigma_ln, reinit_block_legacy_,
                                        reinit_block_official_, reinit_cnn_head_, reinit_projection_legacy_,
                                        reinit_projection_official_)
 
@@ -497,12 +497,12 @@ def _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, si
         raise UserError(f"sigma_head must be one of {', '.join(SIGMA_HEADS)}, got {sigma_head!r}")
     if sigma_layout not in SIGMA_LAYOUTS:
         raise UserError(f"sigma_layout must be one of {', '.join(SIGMA_LAYOUTS)}, got {sigma_layout!r}")
-    if sigma_head == "unc" and deterministic:
-        raise UserError("sigma_head 'unc' needs a probabilistic model; a deterministic model (InfoNCE / triplet "
-                        "methods) has no log-variance head")
-    if sigma_head == "unc" and sigma_init == "copy":
-        raise UserError("sigma_init 'copy' has nothing to copy with sigma_head 'unc' (no duplicated blocks); "
-                        "use sigma_init 'random'")
+    if sigma_head in ("unc", "pcme") and deterministic:
+        raise UserError(f"sigma_head {sigma_head!r} needs a probabilistic model; a deterministic model (InfoNCE / "
+                        "triplet methods) has no log-variance head")
+    if sigma_head in ("unc", "pcme") and sigma_init == "copy":
+        raise UserError(f"sigma_init 'copy' has nothing to copy with sigma_head {sigma_head!r} (no duplicated "
+                        "blocks); use sigma_init 'random'")
     for key, value in (("sigma_ln_init", sigma_ln_init), ("sigma_ln_init_bias", sigma_ln_init_bias),
                        ("sigma_bias_init", sigma_bias_init)):
         if value is None and key == "sigma_ln_init":
@@ -625,7 +625,7 @@ class ProbCLIP(nn.Module):
         self._vision = _vision_tower(clip_model)
         self._text = _text_tower(clip_model, truncate_text)
         for tower, what in ((self._vision, "image"), (self._text, "text")):
-            if tower.num_blocks == 0 or sigma_head == "unc":  # no duplicated blocks to cut
+            if tower.num_blocks == 0 or sigma_head in ("unc", "pcme"):  # no duplicated blocks to cut
                 continue
             if not 1 <= self.sigma_depth <= tower.num_blocks:
                 raise UserError(f"sigma_depth={self.sigma_depth} but the {what} tower has "
@@ -659,6 +659,11 @@ class ProbCLIP(nn.Module):
         sigma_ln = make_sigma_ln(self.embed_dim, self.sigma_ln_init, self.sigma_ln_init_bias)
         if self.sigma_head == "unc":
             return _make_unc_head(tower, side, self.embed_dim, bias_init, sigma_ln)
+        if self.sigma_head == "pcme":
+            if tower.kind not in ("vit", "text"):
+                raise UserError(f"sigma_head 'pcme' attends over local features (ViT patch tokens, text word "
+                                f"tokens); the {side} tower ({tower.kind}) has none: use sigma_head block or unc")
+            return PCMEUncertaintyHead(side, tower.width, self.embed_dim, bias_init)
         n = self._head_depth(tower)
         # "copy": the whole mean head, GPO included; "random": a fresh GPO and re-initialised blocks
         gpo = copy.deepcopy(gpo_mu) if (self.sigma_init == "copy" and gpo_mu is not None) else new_gpo()
@@ -730,6 +735,8 @@ class ProbCLIP(nn.Module):
             return mu, None
         if token_head:  # ProLIP: the tower's own final LayerNorm, then the [UNC] projection
             raw = sigma(tower.ln(unc_out))
+        elif isinstance(sigma, PCMEUncertaintyHead):
+            raw = self._pcme_sigma(tower, sigma, hm, ctx, lengths)
         elif isinstance(sigma, UncPooledHead):
             pooled = sigma.pool_words(hm, lengths) if sigma.unc_emb is not None else tower.ln.pooled(hm)
             raw = sigma(pooled)
@@ -738,6 +745,14 @@ class ProbCLIP(nn.Module):
             raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
         side = "image" if tower is self._vision else "text"
         return mu, bound_logvar(self._shape_sigma(raw.float(), side), self.var_bounds)
+
+    def _pcme_sigma(self, tower, sigma: PCMEUncertaintyHead, hm: torch.Tensor, ctx, lengths) -> torch.Tensor:
+        """PCME's module on the tower's final tokens (after its final LayerNorm): image - patch tokens
+        and the natively pooled feature (before projection); text - the caption's tokens."""
+        normed = tower.ln(hm)
+        if tower is self._vision:
+            return sigma(normed[:, 1:], pooled=tower.native_pool(hm, tower.ln, ctx))
+        return sigma(normed, lengths=lengths)
 
     def _shape_sigma(self, raw: torch.Tensor, side: str) -> torch.Tensor:
         """The head's D outputs -> log sigma^2 [B, D]: ``sigma_param`` ("logsigma": the head predicts
