@@ -239,7 +239,9 @@ def block_soft(N):
     ("triplet-sum", lambda: TripletLoss(hardest=False), False, None),
     ("prob-triplet-kl-semihard", lambda: ProbTripletLoss("kl", negatives="semihard"), True, None),
     ("prob-triplet-w2var", lambda: ProbTripletLoss("w2var"), True, None),
-    ("pcme", lambda: PCMELoss(n_samples=3).double(), True,
+    ("pcme", lambda: PCMELoss(form="zsprob", n_samples=3).double(), True,
+     lambda: {"generator": torch.Generator().manual_seed(11)}),
+    ("pcme-official", lambda: PCMELoss(n_samples=3, init_scale=1.0, init_shift=0.5, vib_beta=1e-2).double(), True,
      lambda: {"generator": torch.Generator().manual_seed(11)}),
 ])
 @pytest.mark.parametrize("soft", [False, True])
@@ -267,7 +269,7 @@ def test_pcme_matches_direct_monte_carlo_formula():
     m = torch.eye(5, dtype=torch.float64)
     m[0, 0], m[0, 1] = 0.6, 0.4
     J = 4
-    crit = PCMELoss(n_samples=J, init_scale=1.5, init_shift=0.5, vib_beta=1e-3).double()
+    crit = PCMELoss(form="zsprob", n_samples=J, init_scale=1.5, init_shift=0.5, vib_beta=1e-3).double()
     loss, stats = crit(*x, m, generator=torch.Generator().manual_seed(2))
     g = torch.Generator().manual_seed(2)
     eps_i = torch.randn(5, J, 4, generator=g, dtype=torch.float64)
@@ -280,7 +282,7 @@ def test_pcme_matches_direct_monte_carlo_formula():
     vib = sum(-0.5 * (1 + lv - mu ** 2 - lv.exp()).mean() for mu, lv in ((x[0], x[1]), (x[2], x[3])))
     torch.testing.assert_close(loss, 2 * nll + 1e-3 * vib)
     # blocks with checkpointing give the same value and gradients
-    small = PCMELoss(n_samples=J, init_scale=1.5, init_shift=0.5, vib_beta=1e-3, chunk_elements=20).double()
+    small = PCMELoss(form="zsprob", n_samples=J, init_scale=1.5, init_shift=0.5, vib_beta=1e-3, chunk_elements=20).double()
     l2, _ = small(*x, m, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(l2, loss)
     ga = torch.autograd.grad(loss, x + [crit.scale])
@@ -291,7 +293,7 @@ def test_pcme_matches_direct_monte_carlo_formula():
 
 def test_pcme_uniformity_regulariser():
     x = batch(3, 2)
-    crit = PCMELoss(n_samples=2, vib_beta=0.0, uniform_weight=1.0).double()
+    crit = PCMELoss(form="zsprob", n_samples=2, vib_beta=0.0, uniform_weight=1.0).double()
     _, stats = crit(*x, generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(0)
     eps_i = torch.randn(3, 2, 2, generator=g, dtype=torch.float64)

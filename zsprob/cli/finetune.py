@@ -16,18 +16,24 @@ def finetune():
 @click.option("--root", required=True, type=click.Path(),
               help="COCO directory (images and the Karpathy split JSON, see README).")
 @click.option("--karpathy-json", type=click.Path(), default=None, help="dataset_coco.json if not under ROOT.")
+@click.option("--val", "val", is_flag=True,
+              help="model selection: RSUM on the Karpathy val split after every epoch, best model to OUT/model-best.")
 @common_options
-def coco(root, karpathy_json, **kw):
+def coco(root, karpathy_json, val, **kw):
     """Fine-tune on COCO Karpathy train (+restval) captions.
 
     \b
     zsprob finetune coco --config configs/finetune_coco_vitb32.yaml --root COCO --out runs/coco_b32
     """
-    extra = ["data.kind=coco", f"data.root={root}"]
+    extra = ["data.kind=coco", f"data.root={root}"] + (["train.eval_every_epochs=1"] if val else [])
     if karpathy_json:
         extra.append(f"data.karpathy_json={karpathy_json}")
     cfg = resolve_run_config(kw, extra, default_config="finetune_coco_vitb32.yaml")
-    summary = run(cfg, kw)
+    hooks = ()
+    if val:
+        from zsprob.retrieval.coco import CocoValSelection
+        hooks = (CocoValSelection(root, kw["out"], karpathy_json=karpathy_json, method=cfg.method),)
+    summary = run(cfg, kw, hooks)
     from zsprob.cli.train_options import is_main_process
     if is_main_process():
         print_summary(summary)

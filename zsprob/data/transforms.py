@@ -50,7 +50,53 @@ __all__ = [
     "build_train_transform",
     "build_val_transform",
     "with_size_augment",
+    "OfficialCocoTrainTransform",
+    "official_coco_preprocess_cfg",
+    "apply_official_coco_preprocess",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
 ]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class OfficialCocoTrainTransform:
+    """naver-ai/pcmepp's COCO training transform (``pcmepp/datasets.py``), on torchvision's functional
+    ops: crop a random window of r x (height, width) with r ~ U(0.6, 1.0) (one ratio for both sides,
+    so the aspect ratio is kept and the area share is r^2), resize it to ``size`` x ``size``
+    (bilinear, not aspect-preserving, as the official ``cv2.resize``), flip horizontally with
+    probability 0.5, ImageNet normalisation. Randomness: Python's ``random`` (seeded per worker)."""
+
+    def __init__(self, size: int, min_ratio: float = 0.6, max_ratio: float = 1.0):
+        self.size, self.min_ratio, self.max_ratio = int(size), float(min_ratio), float(max_ratio)
+
+    def __call__(self, img):
+        import random
+
+        import torchvision.transforms.functional as TF
+
+        img = img.convert("RGB")
+        w, h = img.size
+        r = random.uniform(self.min_ratio, self.max_ratio)
+        ch, cw = max(1, int(h * r)), max(1, int(w * r))
+        top, left = random.randint(0, h - ch), random.randint(0, w - cw)
+        img = TF.resized_crop(img, top, left, ch, cw, [self.size, self.size],
+                              interpolation=TF.InterpolationMode.BILINEAR, antialias=True)
+        if random.random() < 0.5:
+            img = TF.hflip(img)
+        return TF.normalize(TF.to_tensor(img), IMAGENET_MEAN, IMAGENET_STD)
+
+    def __repr__(self) -> str:
+        return f"OfficialCocoTrainTransform(size={self.size}, ratio=({self.min_ratio}, {self.max_ratio}), hflip=0.5)"
+
+
+def official_coco_preprocess_cfg(preprocess_cfg: dict) -> dict:
+    """A model's ``preprocess_cfg`` changed to the official evaluation transform: the whole image
+    resized to size x size (open_clip's ``resize_mode="squash"``, bilinear), ImageNet normalisation."""
+    out = dict(preprocess_cfg)
+    out.update(mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD), resize_mode="squash", interpolation="bilinear")
+    return out
 
 
 class SizeAugment:
@@ -173,3 +219,17 @@ def build_val_transform(image_size: int, *, mean: Optional[Sequence[float]] = No
     from open_clip.transform import image_transform
 
     return image_transform(image_size, is_train=False, mean=mean, std=std, resize_mode=resize_mode)
+
+
+def apply_official_coco_preprocess(model) -> None:
+    """Give ``model`` (a ProbCLIP) the official COCO transforms: :class:`OfficialCocoTrainTransform`
+    for training and the squash-resize ImageNet transform for evaluation; the latter is written to
+    ``model.config["preprocess_cfg"]``, so a saved model evaluates with it."""
+    from open_clip.transform import image_transform
+
+    cfg = official_coco_preprocess_cfg(model.config["preprocess_cfg"])
+    model.config["preprocess_cfg"] = cfg
+    size = int(model.image_size)
+    model.preprocess_train = OfficialCocoTrainTransform(size)
+    model.preprocess_val = image_transform(size, is_train=False, mean=tuple(cfg["mean"]), std=tuple(cfg["std"]),
+                                           resize_mode="squash", interpolation="bilinear")

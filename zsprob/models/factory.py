@@ -36,7 +36,8 @@ _registered = False
 
 # Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
 _ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment", "sigma_head",
-                   "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias", "tokenizer_dir")
+                   "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias", "tokenizer_dir", "sigma_param",
+                   "sigma_shape")
 
 
 def _open_clip():
@@ -335,6 +336,7 @@ def _wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = No
         # log-variance heads (issue 17): a config saved before these keys existed is the legacy block head
         sigma_head=config.get("sigma_head", "block"), sigma_layout=config.get("sigma_layout", "legacy"),
         sigma_ln_init=config.get("sigma_ln_init"), sigma_ln_init_bias=config.get("sigma_ln_init_bias", 0.0),
+        sigma_param=config.get("sigma_param", "logvar"), sigma_shape=config.get("sigma_shape", "diagonal"),
         tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
         image_size=int(size if isinstance(size, int) else size[0]),
         reinit_params=tuple(config.get("reinit_params", ())))
@@ -369,7 +371,9 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     seed: seeds torch's RNG before building, so random inits are reproducible.
     overrides: zsprob options ``sigma_head`` ("block" | "unc"), ``sigma_layout`` ("official" |
         "legacy"), ``sigma_ln_init`` (None), ``sigma_ln_init_bias`` (0.0) (see
-        :mod:`zsprob.models.sigma_heads`), ``normalize_mu`` (True), ``gpo_dim`` (32),
+        :mod:`zsprob.models.sigma_heads`), ``sigma_param`` ("logvar" | "logsigma": the head predicts
+        log sigma, as PCME's code), ``sigma_shape`` ("diagonal" | "spherical_mean" | "spherical_one",
+        Pishdad et al.), ``normalize_mu`` (True), ``gpo_dim`` (32),
         ``sigma_bias_init`` (0.0; -10 with ``sigma_head="unc"``, ProLIP's init_unc_bias),
         ``truncate_text`` (True), ``size_augment`` (0.0; VSE infinity / PCME++ use 0.2 for fine-tuning),
         ``tokenizer_dir`` (a local Hugging Face tokenizer directory, e.g. ProLIP's SigLIP tokenizer);
@@ -387,7 +391,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     zopts = {k: overrides.pop(k) for k in list(overrides) if k in _ZSPROB_OPTIONS}
     if zs_ckpt:  # fine-tuning a zsprob checkpoint keeps its log-variance head kind unless told otherwise
         for key, missing in (("sigma_head", "block"), ("sigma_layout", "legacy"), ("sigma_ln_init", None),
-                             ("sigma_ln_init_bias", 0.0)):
+                             ("sigma_ln_init_bias", 0.0), ("sigma_param", "logvar"), ("sigma_shape", "diagonal")):
             zopts.setdefault(key, zs_meta["config"].get(key, missing))
     if "open_clip_cfg" in overrides:
         _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
@@ -440,6 +444,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         "sigma_layout": zopts.get("sigma_layout", "official"),  # new models: PCME++'s official layout
         "sigma_ln_init": zopts.get("sigma_ln_init"),
         "sigma_ln_init_bias": zopts.get("sigma_ln_init_bias", 0.0),
+        "sigma_param": zopts.get("sigma_param", "logvar"),
+        "sigma_shape": zopts.get("sigma_shape", "diagonal"),
         "sigma_bias_init": zopts.get("sigma_bias_init", DEFAULT_BIAS_INIT.get(zopts.get("sigma_head", "block"), 0.0)),
         "truncate_text": bool(zopts.get("truncate_text", True)),
         "size_augment": float(zopts.get("size_augment", 0.0)),
@@ -456,7 +462,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         # the checkpoint's heads (GPO, log-variance heads) are reused, group by group, where they fit
         own = model.state_dict()
         loaded, skipped = [], []
-        for group in ("image_gpo", "text_gpo", "image_sigma", "text_sigma"):
+        for group in ("image_gpo", "text_gpo", "image_sigma", "text_sigma", "sigma_readout"):
             mine = {k: v for k, v in own.items() if k.split(".")[0] == group}
             theirs = {k: v for k, v in zs_rest.items() if k.split(".")[0] == group}
             if not mine:

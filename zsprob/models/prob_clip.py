@@ -62,8 +62,8 @@ from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError
 from zsprob.models.heads import GPO, bound_logvar
-from zsprob.models.sigma_heads import (SIGMA_HEADS, SIGMA_LAYOUTS, UNC_EMBEDDING_NAMES, SigmaHead,
-                                       UncPooledHead, UncTokenHead, make_sigma_ln, reinit_block_legacy_,
+from zsprob.models.sigma_heads import (SIGMA_HEADS, SIGMA_LAYOUTS, SIGMA_PARAMS, SIGMA_SHAPES,
+                                       UNC_EMBEDDING_NAMES, PCMEUncertaintyHead, SigmaHead, spherical_readout, UncPooledHead, UncTokenHead, make_sigma_ln, reinit_block_legacy_,
                                        reinit_block_official_, reinit_cnn_head_, reinit_projection_legacy_,
                                        reinit_projection_official_)
 
@@ -497,12 +497,12 @@ def _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, si
         raise UserError(f"sigma_head must be one of {', '.join(SIGMA_HEADS)}, got {sigma_head!r}")
     if sigma_layout not in SIGMA_LAYOUTS:
         raise UserError(f"sigma_layout must be one of {', '.join(SIGMA_LAYOUTS)}, got {sigma_layout!r}")
-    if sigma_head == "unc" and deterministic:
-        raise UserError("sigma_head 'unc' needs a probabilistic model; a deterministic model (InfoNCE / triplet "
-                        "methods) has no log-variance head")
-    if sigma_head == "unc" and sigma_init == "copy":
-        raise UserError("sigma_init 'copy' has nothing to copy with sigma_head 'unc' (no duplicated blocks); "
-                        "use sigma_init 'random'")
+    if sigma_head in ("unc", "pcme") and deterministic:
+        raise UserError(f"sigma_head {sigma_head!r} needs a probabilistic model; a deterministic model (InfoNCE / "
+                        "triplet methods) has no log-variance head")
+    if sigma_head in ("unc", "pcme") and sigma_init == "copy":
+        raise UserError(f"sigma_init 'copy' has nothing to copy with sigma_head {sigma_head!r} (no duplicated "
+                        "blocks); use sigma_init 'random'")
     for key, value in (("sigma_ln_init", sigma_ln_init), ("sigma_ln_init_bias", sigma_ln_init_bias),
                        ("sigma_bias_init", sigma_bias_init)):
         if value is None and key == "sigma_ln_init":
@@ -579,7 +579,8 @@ class ProbCLIP(nn.Module):
                  gpo_dim: int = 32, sigma_bias_init: float = 0.0, truncate_text: bool = True,
                  size_augment: float = 0.0, sigma_head: str = "block", sigma_layout: str = "official",
                  sigma_ln_init: float | None = None, sigma_ln_init_bias: float = 0.0,
-                 tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
+                 sigma_param: str = "logvar", sigma_shape: str = "diagonal", tokenizer=None,
+                 preprocess_train=None, preprocess_val=None, image_size: int | None = None,
                  reinit_params: tuple[str, ...] = ()):
         super().__init__()
         if pooling not in ("gpo", "native"):
@@ -602,6 +603,11 @@ class ProbCLIP(nn.Module):
         self.sigma_layout = sigma_layout
         self.sigma_ln_init = None if sigma_ln_init is None else float(sigma_ln_init)
         self.sigma_ln_init_bias = float(sigma_ln_init_bias)
+        if sigma_param not in SIGMA_PARAMS:
+            raise UserError(f"sigma_param must be one of {', '.join(SIGMA_PARAMS)}, got {sigma_param!r}")
+        if sigma_shape not in SIGMA_SHAPES:
+            raise UserError(f"sigma_shape must be one of {', '.join(SIGMA_SHAPES)}, got {sigma_shape!r}")
+        self.sigma_param, self.sigma_shape = sigma_param, sigma_shape
         self.pooling = pooling
         self.deterministic = bool(deterministic)
         self.var_bounds = var_bounds
@@ -619,7 +625,7 @@ class ProbCLIP(nn.Module):
         self._vision = _vision_tower(clip_model)
         self._text = _text_tower(clip_model, truncate_text)
         for tower, what in ((self._vision, "image"), (self._text, "text")):
-            if tower.num_blocks == 0 or sigma_head == "unc":  # no duplicated blocks to cut
+            if tower.num_blocks == 0 or sigma_head in ("unc", "pcme"):  # no duplicated blocks to cut
                 continue
             if not 1 <= self.sigma_depth <= tower.num_blocks:
                 raise UserError(f"sigma_depth={self.sigma_depth} but the {what} tower has "
@@ -640,6 +646,9 @@ class ProbCLIP(nn.Module):
         else:
             self.image_sigma = self._make_sigma(self._vision, self.image_gpo, gpo, float(sigma_bias_init))
             self.text_sigma = self._make_sigma(self._text, self.text_gpo, gpo, float(sigma_bias_init))
+        self.sigma_readout = (nn.ModuleDict({"image": spherical_readout(self.embed_dim),
+                                             "text": spherical_readout(self.embed_dim)})
+                              if sigma_shape == "spherical_one" and not self.deterministic else None)
 
     def _head_depth(self, tower) -> int:
         """Blocks in each head of ``tower``: ``sigma_depth``, or 0 (a tower without blocks, or [UNC] heads)."""
@@ -650,6 +659,11 @@ class ProbCLIP(nn.Module):
         sigma_ln = make_sigma_ln(self.embed_dim, self.sigma_ln_init, self.sigma_ln_init_bias)
         if self.sigma_head == "unc":
             return _make_unc_head(tower, side, self.embed_dim, bias_init, sigma_ln)
+        if self.sigma_head == "pcme":
+            if tower.kind not in ("vit", "text"):
+                raise UserError(f"sigma_head 'pcme' attends over local features (ViT patch tokens, text word "
+                                f"tokens); the {side} tower ({tower.kind}) has none: use sigma_head block or unc")
+            return PCMEUncertaintyHead(side, tower.width, self.embed_dim, bias_init)
         n = self._head_depth(tower)
         # "copy": the whole mean head, GPO included; "random": a fresh GPO and re-initialised blocks
         gpo = copy.deepcopy(gpo_mu) if (self.sigma_init == "copy" and gpo_mu is not None) else new_gpo()
@@ -721,13 +735,38 @@ class ProbCLIP(nn.Module):
             return mu, None
         if token_head:  # ProLIP: the tower's own final LayerNorm, then the [UNC] projection
             raw = sigma(tower.ln(unc_out))
+        elif isinstance(sigma, PCMEUncertaintyHead):
+            raw = self._pcme_sigma(tower, sigma, hm, ctx, lengths)
         elif isinstance(sigma, UncPooledHead):
             pooled = sigma.pool_words(hm, lengths) if sigma.unc_emb is not None else tower.ln.pooled(hm)
             raw = sigma(pooled)
         else:
             hs = self._run(tower, sigma.blocks, h, mask)
             raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
-        return mu, bound_logvar(raw.float(), self.var_bounds)
+        side = "image" if tower is self._vision else "text"
+        return mu, bound_logvar(self._shape_sigma(raw.float(), side), self.var_bounds)
+
+    def _pcme_sigma(self, tower, sigma: PCMEUncertaintyHead, hm: torch.Tensor, ctx, lengths) -> torch.Tensor:
+        """PCME's module on the tower's final tokens (after its final LayerNorm): image - patch tokens
+        and the natively pooled feature (before projection); text - the caption's tokens."""
+        normed = tower.ln(hm)
+        if tower is self._vision:
+            return sigma(normed[:, 1:], pooled=tower.native_pool(hm, tower.ln, ctx))
+        return sigma(normed, lengths=lengths)
+
+    def _shape_sigma(self, raw: torch.Tensor, side: str) -> torch.Tensor:
+        """The head's D outputs -> log sigma^2 [B, D]: ``sigma_param`` ("logsigma": the head predicts
+        log sigma, as PCME's code, so log sigma^2 = 2 x output), then ``sigma_shape`` (Pishdad et
+        al.'s spherical variants, one variance per embedding: "spherical_mean" the average of the
+        D variances, log mean exp(log sigma^2); "spherical_one" one predicted value, a learned
+        linear readout of the D log-variances)."""
+        logvar = 2.0 * raw if self.sigma_param == "logsigma" else raw
+        if self.sigma_shape == "spherical_mean":
+            one = torch.logsumexp(logvar, dim=-1, keepdim=True) - math.log(logvar.shape[-1])
+            return one.expand_as(logvar)
+        if self.sigma_shape == "spherical_one":
+            return self.sigma_readout[side](logvar).expand_as(logvar)
+        return logvar
 
     def encode_image(self, images: torch.Tensor, *, with_sigma: bool = True):
         """images [B, 3, H, W] -> (mu [B, D], logvar [B, D] or None), float32."""
@@ -778,6 +817,9 @@ class ProbCLIP(nn.Module):
             elif parts[0] in ("text_sigma", "text_gpo"):
                 tower, num_layers, backbone = "text", nt + 1, False
                 depth = _sigma_depth_of(parts, split_t, nt + 1)
+            elif parts[0] == "sigma_readout":  # the spherical readout sits on top of the head
+                tower, backbone = parts[1], False
+                num_layers = depth = (nv if tower == "image" else nt) + 1
             if name in self._reinit_params:
                 backbone = False
             info[name] = {"tower": tower, "depth": depth, "num_layers": num_layers, "backbone": backbone}

@@ -97,10 +97,17 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-SIGMA_HEADS = ("block", "unc")
+from zsprob.errors import UserError
+
+SIGMA_HEADS = ("block", "unc", "pcme")
 SIGMA_LAYOUTS = ("official", "legacy")
+# what the head's output is: log sigma^2, or log sigma as PCME's official code (logvar = 2 x output)
+SIGMA_PARAMS = ("logvar", "logsigma")
+# Pishdad et al.'s covariance shapes: diagonal, or one sigma per embedding (the average of the D
+# variances, "spherical-avgpool", or one predicted value: a learned linear readout of them)
+SIGMA_SHAPES = ("diagonal", "spherical_mean", "spherical_one")
 # default sigma_bias_init per head kind: PCME++'s bias_init 0, ProLIP's init_unc_bias -10
-DEFAULT_BIAS_INIT = {"block": 0.0, "unc": -10.0}
+DEFAULT_BIAS_INIT = {"block": 0.0, "unc": -10.0, "pcme": 0.0}
 # names of the [UNC] embeddings (param_info: depth 0, like the tower's own embeddings)
 UNC_EMBEDDING_NAMES = ("unc_embedding", "unc_emb", "unc_pos_embedding")
 
@@ -113,6 +120,67 @@ def make_sigma_ln(embed_dim: int, weight_init: float | None, bias_init: float) -
     nn.init.constant_(ln.weight, float(weight_init))
     nn.init.constant_(ln.bias, float(bias_init))
     return ln
+
+
+def spherical_readout(embed_dim: int) -> nn.Linear:
+    """``Linear(D, 1)`` giving one log-variance per embedding from the head's D log-variances;
+    weight 1/D and bias 0, so it starts as their mean (the geometric mean of the variances)."""
+    fc = nn.Linear(embed_dim, 1)
+    nn.init.constant_(fc.weight, 1.0 / embed_dim)
+    nn.init.zeros_(fc.bias)
+    return fc
+
+
+class PCMEUncertaintyHead(nn.Module):
+    """PCME's local-attention uncertainty module (PCME Sec. 3; naver-ai/pcme
+    ``models/uncertainty_module.py``), for open_clip transformer towers.
+
+    Attention pooling over the tower's local features x [B, T, w] (Lin et al.'s self-attention with
+    one head: ``softmax_T(w2 tanh(w1 x))``, hidden w / 2, padding masked), then ``fc`` (Xavier-uniform,
+    bias ``bias_init``), plus a residual branch: image - ``fc2`` of the tower's pooled feature (the
+    official residual fc of the globally pooled CNN feature); text - a bidirectional GRU (D / 2 per
+    direction) over the tokens, its output at the last valid position (as the official code gathers
+    it). The output (D values) is log sigma or log sigma^2 as ``sigma_param`` says.
+    """
+
+    def __init__(self, side: str, width: int, embed_dim: int, bias_init: float = 0.0):
+        super().__init__()
+        if side == "text" and embed_dim % 2:
+            raise UserError(f"sigma_head 'pcme' needs an even embedding size for its text GRU, got {embed_dim}")
+        self.side = side
+        self.w1 = nn.Linear(width, max(1, width // 2), bias=False)
+        self.w2 = nn.Linear(max(1, width // 2), 1, bias=False)
+        self.fc = nn.Linear(width, embed_dim)
+        for lin in (self.w1, self.w2, self.fc):
+            nn.init.xavier_uniform_(lin.weight)
+        nn.init.constant_(self.fc.bias, float(bias_init))
+        if side == "image":
+            self.fc2 = nn.Linear(width, embed_dim)
+        else:
+            self.rnn = nn.GRU(width, embed_dim // 2, bidirectional=True, batch_first=True)
+
+    def attend(self, x: torch.Tensor, pad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention-pooled local features [B, w] and the weights [B, T]."""
+        logits = self.w2(torch.tanh(self.w1(x))).squeeze(-1)
+        if pad is not None:
+            logits = logits.masked_fill(pad, float("-inf"))
+        attn = torch.softmax(logits.float(), dim=-1).to(x.dtype)
+        return torch.einsum("bt,btw->bw", attn, x), attn
+
+    def forward(self, local: torch.Tensor, pooled: torch.Tensor | None = None,
+                lengths: torch.Tensor | None = None) -> torch.Tensor:
+        pad = None
+        if lengths is not None:
+            lengths = lengths.clamp(1, local.shape[1])
+            pad = torch.arange(local.shape[1], device=local.device)[None, :] >= lengths[:, None]
+        att, _ = self.attend(local, pad)
+        if self.side == "image":
+            return self.fc(att) + self.fc2(pooled)
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+        packed = pack_padded_sequence(local, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = pad_packed_sequence(self.rnn(packed)[0], batch_first=True)
+        last = out.gather(1, (lengths - 1).view(-1, 1, 1).expand(-1, 1, out.shape[-1]).to(out.device)).squeeze(1)
+        return self.fc(att) + last
 
 
 class SigmaHead(nn.Module):

@@ -264,14 +264,15 @@ def _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator):
 
 def mc_match_prob(mu_a, logvar_a, mu_b, logvar_b, a=5.0, b=5.0, n_samples: int = 7,
                   generator: torch.Generator | None = None,
-                  chunk_size: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
+                  chunk_size: int = DEFAULT_CHUNK_ELEMENTS, slope: float = 1.0) -> torch.Tensor:
     """PCME's Monte Carlo match probability (Eq. 2-3), [N, M].
 
-    mean over the J x J sample pairs of sigmoid(-a ||z_a - z_b||_2 + b). ``chunk_size`` bounds
-    the number of sample-pair distances held at once. ``a``, ``b`` may be tensors (learnable).
+    mean over the J x J sample pairs of sigmoid(slope * (-a ||z_a - z_b||_2 + b)); ``slope`` = 2 is
+    the official PCME code's e^l / (e^l + e^-l). ``chunk_size`` bounds the number of sample-pair
+    distances held at once. ``a``, ``b`` may be tensors (learnable).
     """
     z_a, z_b = _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator)
-    return _sample_dist_blocks(z_a, z_b, lambda d: torch.sigmoid(-a * d + b).mean(dim=(1, 3)), chunk_size)
+    return _sample_dist_blocks(z_a, z_b, lambda d: torch.sigmoid(slope * (-a * d + b)).mean(dim=(1, 3)), chunk_size)
 
 
 def mc_avg_l2(mu_a, logvar_a, mu_b, logvar_b, n_samples: int = 7,

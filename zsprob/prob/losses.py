@@ -35,7 +35,9 @@ Objectives (paper, section):
   Eq. 2 / the pseudo-code, not those expressions.
 - :class:`PCMELoss` (PCME Eq. 1-3): soft contrastive NLL of the Monte Carlo match probability
   with J samples per input, KL (VIB) and uniformity (log mean exp(-2 ||z - z'||^2), Wang & Isola,
-  as in the official PCME code) regularisers. Sample distances are computed in blocks, each
+  as in the official PCME code) regularisers; ``form="official"`` (default) is naver-ai/pcme's
+  ``MCSoftContrastiveLoss`` (sigmoid(2 l), summed terms, a = b = 15), ``form="zsprob"`` the
+  averaged sigmoid(l) form. Sample distances are computed in blocks, each
   block under activation checkpointing when gradients are needed, so memory stays bounded.
 - :class:`InfoNCELoss` (CLIP): symmetric cross-entropy on cosine similarities of the means with a
   learnable logit scale initialised to 1/0.07 and clamped at 100.
@@ -71,7 +73,7 @@ from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, 
 
 __all__ = [
     "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
-    "ProLIPLoss", "vib_kl", "pseudo_positive_targets", "create_loss", "needs_sigma", "LOSS_NAMES",
+    "ProLIPLoss", "PCME_FORMS", "vib_kl", "pseudo_positive_targets", "create_loss", "needs_sigma", "LOSS_NAMES",
 ]
 
 VIB_GUARD = 1e4
@@ -235,12 +237,13 @@ class MuOnlyLoss(PCMEPPLoss):
 # ----------------------------------------------------------------------------- PCME
 
 def _mc_log_probs_block(fa: torch.Tensor, fb: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                        ja: int, jb: int):
-    """log p and log(1 - p) of the MC match probability for flattened sample blocks."""
+                        ja: int, jb: int, slope: float = 1.0, eps: float = 1e-12):
+    """log p and log(1 - p) of the MC match probability for flattened sample blocks, with
+    p = mean_jj' sigmoid(slope * (-a * sqrt(d^2 + eps) + b))."""
     d2 = torch.addmm((fb * fb).sum(-1).unsqueeze(0), fa, fb.t(), alpha=-2.0) + (fa * fa).sum(-1, keepdim=True)
-    dist = (d2.clamp(min=0.0) + 1e-12).sqrt()
+    dist = (d2.clamp(min=0.0) + eps).sqrt()
     logit = (-a * dist + b).view(fa.shape[0] // ja, ja, fb.shape[0] // jb, jb).permute(0, 2, 1, 3)
-    logit = logit.reshape(logit.shape[0], logit.shape[1], ja * jb)
+    logit = slope * logit.reshape(logit.shape[0], logit.shape[1], ja * jb)
     log_j2 = math.log(ja * jb)
     logp = torch.logsumexp(F.logsigmoid(logit), dim=-1) - log_j2
     log1mp = torch.logsumexp(F.logsigmoid(-logit), dim=-1) - log_j2
@@ -248,10 +251,12 @@ def _mc_log_probs_block(fa: torch.Tensor, fb: torch.Tensor, a: torch.Tensor, b: 
 
 
 def mc_log_match_probs(z_a: torch.Tensor, z_b: torch.Tensor, a, b,
-                       chunk_elements: int = D.DEFAULT_CHUNK_ELEMENTS, use_checkpoint: bool | None = None):
+                       chunk_elements: int = D.DEFAULT_CHUNK_ELEMENTS, use_checkpoint: bool | None = None,
+                       slope: float = 1.0, eps: float = 1e-12):
     """[n, m, 2] = (log p, log(1 - p)) of the MC match probability between sample sets
     z_a [n, J, D] and z_b [m, J, D], computed in blocks of at most ``chunk_elements`` sample
-    pairs (each block recomputed in the backward pass, so memory stays bounded)."""
+    pairs (each block recomputed in the backward pass, so memory stays bounded). ``slope`` = 2 and
+    ``eps`` = 1e-6 give the official PCME code's p = e^l / (e^l + e^-l) with sqrt(d^2 + 1e-6)."""
     n, ja, d = z_a.shape
     m, jb, _ = z_b.shape
     a = torch.as_tensor(a, dtype=z_a.dtype, device=z_a.device)
@@ -270,9 +275,9 @@ def mc_log_match_probs(z_a: torch.Tensor, z_b: torch.Tensor, a, b,
             re = min(n, rs + row_step)
             fa = z_a[rs:re].reshape(-1, d)
             if use_checkpoint:
-                rows.append(checkpoint(_mc_log_probs_block, fa, fb, a, b, ja, jb, use_reentrant=False))
+                rows.append(checkpoint(_mc_log_probs_block, fa, fb, a, b, ja, jb, slope, eps, use_reentrant=False))
             else:
-                rows.append(_mc_log_probs_block(fa, fb, a, b, ja, jb))
+                rows.append(_mc_log_probs_block(fa, fb, a, b, ja, jb, slope, eps))
         cols.append(torch.cat(rows, dim=0))
     return torch.cat(cols, dim=1)
 
@@ -291,36 +296,86 @@ def _uniformity(z: torch.Tensor, t: float = 2.0) -> torch.Tensor:
     return torch.logsumexp((-t * d2)[off], dim=0) - math.log(k * (k - 1))
 
 
+PCME_FORMS = ("official", "zsprob")
+
+
+def _samples(mu, lv, eps):
+    return mu.unsqueeze(1) + (0.5 * lv).exp().unsqueeze(1) * eps
+
+
 class PCMELoss(nn.Module):
     """PCME soft contrastive loss with the Monte Carlo match probability (J samples per input).
 
-    NLL_vt = -[m log p_vt + (1 - m) log(1 - p_vt)], p_vt = mean_jj' sigmoid(-a ||z_v^j - z_t^j'||_2 + b),
-    averaged over all pairs and counted in both directions, plus ``vib_beta`` * KL(. || N(0, I))
-    and ``uniform_weight`` * uniformity of all samples of the local batch (at most
-    ``uniform_max_samples`` of them). Pass ``generator=`` to forward for reproducible samples;
-    noise is drawn for the whole global batch so that every process uses the same samples.
+    NLL_vt = -[m log p_vt + (1 - m) log(1 - p_vt)], p_vt = mean_jj' s(-a ||z_v^j - z_t^j'||_2 + b),
+    counted in both directions, plus ``vib_beta`` * KL(. || N(0, I)) and ``uniform_weight`` *
+    uniformity of the local batch's samples. ``form`` (:data:`PCME_FORMS`):
+
+    * ``"official"`` (default): as naver-ai/pcme's ``MCSoftContrastiveLoss`` computes it.
+      s(l) = e^l / (e^l + e^-l) = sigmoid(2 l), distances sqrt(d^2 + 1e-6), a = b = 15 at init; the
+      NLL is SUMMED over all pairs of the (global) batch in each direction; the KL is the official
+      ``-0.5 sum(1 + h - mean_j(z)^2 - e^h)`` with h = log sigma (= logvar / 2; the official head
+      predicts log sigma, see ``model.sigma_param``), summed over rows and dimensions; the
+      uniformity is taken over at most ``uniform_max_samples`` = 128 samples drawn WITH
+      replacement (the official ``np.random.choice(len(x), sqrt(16384))``). So ``vib_beta`` and
+      ``uniform_weight`` are the official config's ``vib_beta`` / ``uniform_lambda`` as they are.
+    * ``"zsprob"``: s = sigmoid, sqrt(d^2 + 1e-12), a = b = 5 at init, the NLL averaged over pairs,
+      the KL averaged over elements with logvar = log sigma^2, the uniformity over at most 1024
+      samples drawn without replacement. An official ``vib_beta`` is ``vib_beta * D / M`` here
+      (M = batch size) and an official ``uniform_lambda`` is ``uniform_lambda / (N M)``.
+
+    The summed form of a multi-process batch is each process's mean times the global pair / row
+    count, so the average over processes still equals the single-process loss. Pass
+    ``generator=`` to forward for reproducible samples; noise is drawn for the whole global batch
+    so that every process uses the same samples.
     """
 
-    def __init__(self, n_samples: int = 7, init_scale: float = 5.0, init_shift: float = 5.0,
-                 vib_beta: float = 1e-5, uniform_weight: float = 0.0, uniform_max_samples: int = 1024,
-                 chunk_elements: int = D.DEFAULT_CHUNK_ELEMENTS):
+    def __init__(self, n_samples: int = 7, init_scale: float | None = None, init_shift: float | None = None,
+                 vib_beta: float = 1e-5, uniform_weight: float = 0.0, uniform_max_samples: int | None = None,
+                 chunk_elements: int = D.DEFAULT_CHUNK_ELEMENTS, form: str = "official"):
         super().__init__()
         if n_samples < 1:
             raise UserError("PCMELoss needs n_samples >= 1")
+        if form not in PCME_FORMS:
+            raise UserError(f"loss.pcme.form must be one of {', '.join(PCME_FORMS)}, got {form!r}")
+        official = form == "official"
+        self.form = form
         self.n_samples = int(n_samples)
-        self.scale = nn.Parameter(torch.tensor(float(init_scale)))
-        self.shift = nn.Parameter(torch.tensor(float(init_shift)))
+        init = 15.0 if official else 5.0
+        self.scale = nn.Parameter(torch.tensor(float(init if init_scale is None else init_scale)))
+        self.shift = nn.Parameter(torch.tensor(float(init if init_shift is None else init_shift)))
         self.vib_beta = float(vib_beta)
         self.uniform_weight = float(uniform_weight)
-        self.uniform_max_samples = int(uniform_max_samples)
+        self.uniform_max_samples = int(uniform_max_samples or (128 if official else 1024))
         self.chunk_elements = int(chunk_elements)
+        self.slope, self.dist_eps = (2.0, 1e-6) if official else (1.0, 1e-12)
 
     def extra_repr(self) -> str:
-        return f"n_samples={self.n_samples}, vib_beta={self.vib_beta}, uniform_weight={self.uniform_weight}"
+        return (f"form={self.form!r}, n_samples={self.n_samples}, vib_beta={self.vib_beta}, "
+                f"uniform_weight={self.uniform_weight}")
 
     def _noise(self, n: int, d: int, like: torch.Tensor, generator):
         dev = generator.device if generator is not None else like.device
         return torch.randn((n, self.n_samples, d), generator=generator, device=dev, dtype=like.dtype).to(like.device)
+
+    def _vib(self, B, z_img, z_txt) -> torch.Tensor:
+        if self.form == "zsprob":
+            return _guarded_vib(B.img_mu, B.img_lv, "image") + _guarded_vib(B.txt_mu, B.txt_lv, "text")
+        # official: h = log sigma in the log-variance slot, mu = the mean of the samples, summed
+        dim = B.img_mu.shape[1]
+        return (vib_kl(z_img.mean(dim=1), 0.5 * B.img_lv) * (B.all_img_mu.shape[0] * dim)
+                + vib_kl(z_txt.mean(dim=1), 0.5 * B.txt_lv) * (B.all_txt_mu.shape[0] * dim))
+
+    def _uniform(self, z_img, z_txt, generator) -> torch.Tensor:
+        dim = z_img.shape[-1]
+        z = torch.cat([z_img.reshape(-1, dim), z_txt.reshape(-1, dim)], dim=0)
+        k = self.uniform_max_samples
+        dev = generator.device if generator is not None else z.device
+        if self.form == "official" and z.shape[0] ** 2 > k * k:  # with replacement, as np.random.choice
+            idx = torch.randint(z.shape[0], (k,), generator=generator, device=dev)
+            z = z[idx.to(z.device)]
+        elif self.form == "zsprob" and z.shape[0] > k:
+            z = z[torch.randperm(z.shape[0], generator=generator, device=dev)[:k].to(z.device)]
+        return _uniformity(z)
 
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0, generator: torch.Generator | None = None):
@@ -329,38 +384,33 @@ class PCMELoss(nn.Module):
         dim = B.img_mu.shape[1]
         eps_img = self._noise(B.all_img_mu.shape[0], dim, B.img_mu, generator)
         eps_txt = self._noise(B.all_txt_mu.shape[0], dim, B.img_mu, generator)
-
-        def samples(mu, lv, eps):
-            return mu.unsqueeze(1) + (0.5 * lv).exp().unsqueeze(1) * eps
-
         o = B.offset
-        z_img = samples(B.img_mu, B.img_lv, eps_img[o:o + B.img_mu.shape[0]])
-        z_txt = samples(B.txt_mu, B.txt_lv, eps_txt[o:o + B.txt_mu.shape[0]])
+        z_img = _samples(B.img_mu, B.img_lv, eps_img[o:o + B.img_mu.shape[0]])
+        z_txt = _samples(B.txt_mu, B.txt_lv, eps_txt[o:o + B.txt_mu.shape[0]])
         if B.single:
             z_all_img, z_all_txt = z_img, z_txt
         else:
-            z_all_img = samples(B.all_img_mu, B.all_img_lv, eps_img)
-            z_all_txt = samples(B.all_txt_mu, B.all_txt_lv, eps_txt)
+            z_all_img = _samples(B.all_img_mu, B.all_img_lv, eps_img)
+            z_all_txt = _samples(B.all_txt_mu, B.all_txt_lv, eps_txt)
 
-        lp_i2t = mc_log_match_probs(z_img, z_all_txt, a, b, self.chunk_elements)
+        mc = dict(slope=self.slope, eps=self.dist_eps)
+        lp_i2t = mc_log_match_probs(z_img, z_all_txt, a, b, self.chunk_elements, **mc)
         nll_i2t = _soft_nll(lp_i2t, B.t_i2t)
         if B.transpose_ok:
             nll_t2i = _soft_nll(lp_i2t.transpose(0, 1), B.t_t2i)
         else:
-            nll_t2i = _soft_nll(mc_log_match_probs(z_txt, z_all_img, a, b, self.chunk_elements), B.t_t2i)
+            nll_t2i = _soft_nll(mc_log_match_probs(z_txt, z_all_img, a, b, self.chunk_elements, **mc), B.t_t2i)
+        if self.form == "official":  # summed over every pair of the global batch
+            pairs = B.all_img_mu.shape[0] * B.all_txt_mu.shape[0]
+            nll_i2t, nll_t2i = nll_i2t * pairs, nll_t2i * pairs
         loss = nll_i2t + nll_t2i
         stats = {"match_i2t": _stat(nll_i2t), "match_t2i": _stat(nll_t2i)}
         if self.vib_beta != 0:
-            v = _guarded_vib(B.img_mu, B.img_lv, "image") + _guarded_vib(B.txt_mu, B.txt_lv, "text")
+            v = self._vib(B, z_img, z_txt)
             loss = loss + self.vib_beta * v
             stats["vib"] = _stat(v)
         if self.uniform_weight != 0:
-            z = torch.cat([z_img.reshape(-1, dim), z_txt.reshape(-1, dim)], dim=0)
-            if z.shape[0] > self.uniform_max_samples:
-                dev = generator.device if generator is not None else z.device
-                idx = torch.randperm(z.shape[0], generator=generator, device=dev)[:self.uniform_max_samples]
-                z = z[idx.to(z.device)]
-            u = _uniformity(z)
+            u = self._uniform(z_img, z_txt, generator)
             loss = loss + self.uniform_weight * u
             stats["uniformity"] = _stat(u)
         stats.update(loss=_stat(loss), scale=_stat(self.scale), shift=_stat(self.shift),

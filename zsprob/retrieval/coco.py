@@ -21,6 +21,7 @@ from zsprob.errors import UserError
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.embeddings import Embeddings
 from zsprob.retrieval.evaluate import BenchmarkSet, RetrievalTask
+from zsprob.retrieval.scoring import mc_score_options
 
 PMRP_ZETAS = (0, 1, 2)
 
@@ -171,15 +172,16 @@ def task_for_embeddings(emb: Embeddings, instance_labels: np.ndarray | None = No
 
 
 def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, device=None, num_workers: int = 0,
-                progress: bool = True, karpathy_json=None):
-    """Embed a COCO split with a zsprob / open_clip model.
+                progress: bool = True, karpathy_json=None, dataset=None):
+    """Embed a COCO split with a zsprob / open_clip model (``dataset``: an already parsed
+    :class:`~zsprob.data.coco.CocoCaptions` of that split).
 
     Returns ``(embeddings, instance_labels or None, dataset)`` (the dataset gives image paths and
     captions for the uncertainty pages)."""
     from zsprob.data.coco import CocoCaptions
     from zsprob.models.encode import encode_images, encode_texts
 
-    ds = CocoCaptions(root, split=split, karpathy_json=karpathy_json)
+    ds = dataset if dataset is not None else CocoCaptions(root, split=split, karpathy_json=karpathy_json)
     images = ds.image_dataset(model.preprocess_val)
     img_mu, img_lv = encode_images(model, images, batch_size=batch_size, device=device, num_workers=num_workers,
                                    progress=progress)
@@ -190,6 +192,46 @@ def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, devi
                      caption_image=np.asarray(ds.caption_image, dtype=np.int64))
     labels = getattr(ds, "instance_labels", None)
     return emb, (None if labels is None else np.asarray(labels)), ds
+
+
+class CocoValSelection:
+    """Model selection by validation RSUM, as PCME++'s engine keeps its best epoch: an evaluation hook
+    ``hook(model, step) -> {"val_rsum", "val_best_rsum"}`` (``zsprob.train.train(eval_hooks=...)``)
+    that embeds the Karpathy ``split`` ("val"), computes RSUM (R@1, 5, 10, both directions; on the 1K
+    folds when the split has 5,000 images) and, when it beats the best so far, writes the model to
+    ``out_dir/model-best`` and ``out_dir/best.json``. The loss's a, b are not part of that save."""
+
+    def __init__(self, root, out_dir, *, split: str = "val", karpathy_json=None, batch_size: int = 128,
+                 score: str = "csd", method: str | None = None):
+        self.root, self.out_dir, self.split = root, Path(out_dir), split
+        self.karpathy_json, self.batch_size, self.score, self.method = karpathy_json, batch_size, score, method
+        self.best = float("-inf")
+        self._ds = None
+
+    def dataset(self):
+        if self._ds is None:
+            from zsprob.data.coco import CocoCaptions
+            kw = {"karpathy_json": self.karpathy_json} if self.karpathy_json else {}
+            self._ds = CocoCaptions(self.root, split=self.split, official_ids=False, instances=False, **kw)
+        return self._ds
+
+    def __call__(self, model, step: int) -> dict:
+        from zsprob.models import save
+        from zsprob.retrieval.evaluate import evaluate_embeddings, summary_row
+        from zsprob.utils.io import atomic_write_json
+
+        device = next(model.parameters()).device
+        emb, _, _ = encode_coco(model, self.root, self.split, batch_size=self.batch_size, device=device,
+                                progress=False, dataset=self.dataset())
+        emb, task = task_for_embeddings(emb)
+        score = self.score if emb.has_sigma else "cosine"
+        row = summary_row(evaluate_embeddings(emb, task, score=score).metrics)
+        rsum = float(row.get("RSUM", row.get("RSUM (5K)", float("nan"))))
+        if rsum > self.best:
+            self.best = rsum
+            save(model, self.out_dir / "model-best", extra={"method": self.method, "step": int(step), "val_rsum": rsum})
+            atomic_write_json(self.out_dir / "best.json", {"step": int(step), "val_rsum": rsum, "split": self.split})
+        return {"val_rsum": rsum, "val_best_rsum": self.best}
 
 
 class ImageList:
@@ -239,7 +281,9 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
             emb.save(save_embeddings)
     sub = official_subset(emb.image_ids, emb.caption_ids)
     emb, task = task_for_embeddings(emb, instance_labels)
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, method=method)
+    mc = mc_score_options(model) if score == "mc" else {}
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, method=method,
+                              **mc)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "table": format_table(res.metrics, label=label),
            "uncertainty": None, "files": {}}
     if analyses and emb.has_sigma:

@@ -29,7 +29,8 @@ from zsprob.retrieval.screen import LINEAR_SCORES, ScreenBoundError, amx_availab
 from zsprob.retrieval.screened import evaluate_screened
 
 __all__ = ["BenchmarkSet", "RetrievalTask", "EvalResult", "SHARED_L_LIMIT", "METHODS", "evaluate_scores",
-           "evaluate_rankings", "evaluate_embeddings", "fold_metrics", "resolve_method", "summary_row", "format_table"]
+           "evaluate_rankings", "evaluate_embeddings", "fold_metrics", "pmrp_fold_metrics", "resolve_method",
+           "summary_row", "format_table"]
 
 
 def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS,
@@ -187,6 +188,35 @@ def fold_metrics(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] =
     return fold_summary(per, task, ks)
 
 
+def _rows(x, idx):
+    return None if x is None else x[torch.from_numpy(np.asarray(idx, dtype=np.int64))]
+
+
+def pmrp_fold_metrics(emb, task: RetrievalTask, score: str, *, seed: int = 0, chunk_size: int = 1024,
+                      **score_kw) -> dict | None:
+    """PMRP on the COCO 1K folds (PCME's headline table): each fold's images x captions scored and
+    ranked on their own, plausible positives restricted to the fold, R-Precision per query; per
+    direction and zeta the mean of the fold means, and their mean over zeta. None without folds
+    or PMRP sets."""
+    pm_sets = [bs for bs in task.sets if bs.name.startswith("pmrp_zeta")]
+    if not task.folds or not pm_sets:
+        return None
+    per: dict = {d: {bs.name.replace("pmrp_", ""): [] for bs in pm_sets} for d in ("i2t", "t2i")}
+    for imgs, caps in task.folds:
+        ps = PairScores(score, _rows(emb.image_mu, imgs), _rows(emb.image_logvar, imgs), _rows(emb.caption_mu, caps),
+                        _rows(emb.caption_logvar, caps), chunk_size=chunk_size, seed=seed, **score_kw)
+        for bs in pm_sets:
+            for d, mat, pos in (("i2t", ps.i2t, bs.i2t[imgs][:, caps]), ("t2i", ps.t2i, bs.t2i[caps][:, imgs])):
+                qm = M.rank_metrics(mat, sp.csr_matrix(pos), ks=(1,), r_metrics=True)
+                per[d][bs.name.replace("pmrp_", "")].append(float(qm.mean()["rprecision"]))
+    out = {}
+    for d, by_zeta in per.items():
+        out[d] = {z: 100.0 * float(np.mean(v)) for z, v in by_zeta.items()}
+        out[d]["mean"] = float(np.mean(list(out[d].values())))
+    out["n_folds"] = len(task.folds)
+    return out
+
+
 # ----------------------------------------------------------------------------- tables
 def _avg(m: dict, key: str) -> float | None:
     if "i2t" not in m or key not in m["i2t"]:
@@ -213,6 +243,8 @@ def summary_row(metrics: dict) -> dict[str, float]:
         row["RSUM (5K)"] = metrics["coco_5k"]["rsum"]
     if "pmrp" in metrics:
         row["PMRP"] = _avg(metrics["pmrp"], "mean")
+    if "pmrp_1k" in metrics:
+        row["PMRP 1K"] = _avg(metrics["pmrp_1k"], "mean")
     if "caption" in metrics:
         row["R@1"] = _avg(metrics["caption"], "r@1")
         row["RSUM"] = metrics["caption"]["rsum"]
@@ -242,6 +274,11 @@ def format_table(metrics: dict, label: str = "model") -> str:
 
 
 METHODS = ("auto", "screen", "matrix")
+
+
+def _jsonable(score_kw: dict) -> dict:
+    """The score options worth recording (e.g. MC's a, b, J), as plain numbers."""
+    return {f"score_{k}": float(v) for k, v in score_kw.items() if isinstance(v, (int, float))}
 
 
 def resolve_method(method: str, score: str, **score_kw) -> str:
@@ -296,7 +333,10 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
         ps = PairScores(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar,
                         chunk_size=chunk_size, progress=progress, seed=seed, **score_kw)
         res = evaluate_scores(ps, task, ks=ks, keep_top=keep_top)
-    res.metrics = {"setup": {"score": score, "method": how, "n_images": task.n_images,
+    pm_1k = pmrp_fold_metrics(emb, task, score, seed=seed, chunk_size=chunk_size, **score_kw)
+    if pm_1k is not None:
+        res.metrics["pmrp_1k"] = pm_1k
+    res.metrics = {"setup": {"score": score, "method": how, "n_images": task.n_images, **_jsonable(score_kw),
                              "n_captions": task.n_captions, "unit": "percent", "notes": list(task.notes)},
                    **res.metrics}
     return res

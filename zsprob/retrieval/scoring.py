@@ -53,6 +53,23 @@ def check_score(name: str, has_sigma: bool) -> None:
         raise UserError(f"score {name!r} needs sigma (logvar), but the embeddings have none; use 'mean' or 'cosine'")
 
 
+def mc_score_options(model) -> dict:
+    """Options of the "mc" score for a model trained by ``--method pcme``: its learned a (scale) and
+    b (shift), J (``loss.pcme.n_samples``) and the match probability of its loss form (slope 2 =
+    sigmoid(2 l) for the official form). Read from the checkpoint's metadata (``loss_params``,
+    ``train_config``); {} (a = b = 5, J = 7, sigmoid(l)) for any other model."""
+    meta = getattr(model, "checkpoint_meta", None) or {}
+    extra = meta.get("extra") or {}
+    if extra.get("method") != "pcme":
+        return {}
+    params = extra.get("loss_params") or {}
+    pcme = ((extra.get("train_config") or {}).get("loss") or {}).get("pcme") or {}
+    opts = {"n_samples": int(pcme.get("n_samples", 7)), "slope": 2.0 if pcme.get("form", "official") == "official" else 1.0}
+    if "scale" in params and "shift" in params:
+        opts.update(a=float(params["scale"]), b=float(params["shift"]))
+    return opts
+
+
 def score_block(name: str, mu_a, logvar_a, mu_b, logvar_b, **kw) -> torch.Tensor:
     """``zsprob.prob.score`` on one block, as float32 CPU."""
     return _prob_score()(name, mu_a, logvar_a, mu_b, logvar_b, **kw).float()

@@ -23,6 +23,7 @@ import scipy.sparse as sp
 from zsprob.retrieval import analysis as A
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.embeddings import Embeddings
+from zsprob.retrieval.scoring import mc_score_options
 from zsprob.retrieval.evaluate import BenchmarkSet, RetrievalTask, evaluate_embeddings, format_table
 
 
@@ -147,7 +148,8 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
     rs = load_retrieval_split(root, split)
     emb = encode_split(model, rs, batch_size=batch_size, device=device, progress=progress)
     task = synthetic_task(rs)
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, method=method)
+    mc = mc_score_options(model) if score == "mc" else {}
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, method=method, **mc)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics),
            "table": format_table(res.metrics, label=getattr(model, "name", "model")), "files": {}}
     if emb.has_sigma:

@@ -177,11 +177,20 @@ class _CocoTrain(torch.utils.data.Dataset):
             ok = True
         except (OSError, ValueError):
             image, ok = None, False
-        return image, self.coco.captions[int(self.caption_order[i])], ok
+        return image, self.coco.captions[int(self.caption_order[i])], ok, img_idx
+
+
+def same_image_targets(image_index: torch.Tensor) -> torch.Tensor:
+    """[B, B] hard targets: 1 where row and column show the same image (its captions are positives
+    of each other's image, as naver-ai/pcmepp's engine marks them), else 0."""
+    return (image_index[:, None] == image_index[None, :]).float()
 
 
 class CocoSource(BatchSource):
-    """COCO Karpathy train captions (one sample per caption, PCME++ style), map-style and seekable."""
+    """COCO Karpathy train captions (one sample per caption, PCME++ style), map-style and seekable.
+
+    Batches are (images, tokens, image_index): the third entry lets the trainer mark captions of
+    the same image in one batch as positives (:func:`same_image_targets`)."""
 
     def __init__(self, root, *, preprocess, tokenizer, global_batch_size: int, rank: int, world: int,
                  seed: int, num_workers: int, noise_ratio: float = 0.0, split: str = "train",
@@ -211,7 +220,8 @@ class CocoSource(BatchSource):
     def _collate(self, items):
         images = [x[0] for x in items if x[2]]
         texts = [x[1] for x in items if x[2]]
-        return images, texts, sum(1 for x in items if not x[2])
+        ids = [x[3] for x in items if x[2]]
+        return images, texts, ids, sum(1 for x in items if not x[2])
 
     def epoch_batches(self, epoch, skip=0):
         n = len(self.dataset)
@@ -225,14 +235,15 @@ class CocoSource(BatchSource):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(mixed_seed(self.seed, epoch, skip, self.rank))
             it = iter(loader)
-        for images, texts, bad in it:
+        for images, texts, ids, bad in it:
             self.bad += bad
             if not images:
                 continue
             while len(images) < b:  # replace unreadable images by repeating good ones (counted)
                 images.append(images[len(images) % max(1, len(images))])
                 texts.append(texts[len(texts) % max(1, len(texts))])
-            yield torch.stack(images), self.tokenizer(texts)
+                ids.append(ids[len(ids) % max(1, len(ids))])
+            yield torch.stack(images), self.tokenizer(texts), torch.tensor(ids, dtype=torch.long)
 
     def stats(self):
         return {"bad_images": self.bad}

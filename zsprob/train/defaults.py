@@ -20,11 +20,15 @@ DEFAULTS: dict = {
         "sigma_init": "random",
         "pooling": "gpo",
         "var_bounds": None,
+        "sigma_head": None,        # null: block | unc | pcme (zsprob.models.sigma_heads)
+        "sigma_param": None,       # null: logvar, or logsigma for --method pcme with loss.pcme.form official
+        "sigma_shape": None,       # null: diagonal | spherical_mean | spherical_one (Pishdad et al.)
         "overrides": {},           # passed to create_model as **overrides
     },
     "loss": {                      # keyword arguments of each method's loss (zsprob.prob.create_loss)
         "pcmepp": {"init_scale": 5.0, "init_shift": 5.0, "pp_alpha": 0.1, "vib_beta": 1e-4, "distance": "csd"},
-        "pcme": {"n_samples": 7, "init_scale": 5.0, "init_shift": 5.0},
+        # PCME's official code (naver-ai/pcme configs/coco): a = b = 15 (form defaults), J = 7, beta 1e-5
+        "pcme": {"n_samples": 7, "form": "official", "vib_beta": 1e-5, "uniform_weight": 0.0},
         "infonce": {"init_temperature": 0.07},
         "triplet": {"margin": 0.2},
         "prob-triplet": {"similarity": "kl", "margin": 0.2},
@@ -48,6 +52,8 @@ DEFAULTS: dict = {
         "text_size_augment": 0.0,  # text SizeAugment: share of caption tokens selected (official COCO 0.2) ...
         "text_size_augment_masking": 0.5,  # ... of which masked ...
         "text_size_augment_erasing": 0.1,  # ... or randomised; the rest deleted (zsprob.data.text_augment)
+        "same_image_positives": True,  # COCO: captions of the same image in a batch are positives (no MSDA)
+        "preprocess": "clip",      # clip: the model's open_clip transforms | official: PCME++'s COCO ones
         "augment": True,           # open_clip's training transform (RandomResizedCrop); False: the eval transform
         "pipeline": {},            # extra keyword arguments for build_wds_pipeline
     },
@@ -83,8 +89,10 @@ DEFAULTS: dict = {
         "image_steps": 0, "image_epochs": None,
         "text_steps": 0, "text_epochs": None,
         "warmup_steps": 0, "warmup_epochs": None,
+        "warmup_mode": "lr",       # lr: the backbone lr ramps up | loss: the loss ramps 0 -> 1 (PCME++ official)
     },
-    "swa": {"enabled": False, "last_epochs": None, "last_steps": None, "every_steps": None},
+    "swa": {"enabled": False, "last_epochs": None, "last_steps": None, "every_steps": None,
+            "average_loss": True},     # the loss's a, b averaged with the weights (official swa_criterion)
     "train": {
         "precision": "fp32",       # fp32 | bf16 | fp16
         "cpu": None,               # null: CPU when no GPU
@@ -94,6 +102,7 @@ DEFAULTS: dict = {
         "max_nonfinite": 10,       # consecutive non-finite losses before the run stops
         "tensorboard": True,
         "eval_every": None,        # steps between evaluation hooks
+        "eval_every_epochs": None, # ... or epochs (wins when the epoch length is known)
         "threads": None,           # torch.set_num_threads on the CPU
         "find_unused_parameters": False,
     },

@@ -149,14 +149,24 @@ def resolve_config(cfg: Any) -> Config:
     return cfg
 
 
+def _is_zsprob_checkpoint(path) -> bool:
+    from zsprob.models import is_checkpoint
+    return bool(path) and is_checkpoint(path)
+
+
 def build_model(cfg: Config):
     from zsprob.models import create_model
     from zsprob.prob import needs_sigma
     m = cfg.model
     kw: dict[str, Any] = {}
-    for key in ("embed_dim", "sigma_depth", "sigma_init", "pooling", "var_bounds"):
+    for key in ("embed_dim", "sigma_depth", "sigma_init", "pooling", "var_bounds", "sigma_head", "sigma_param",
+                "sigma_shape"):
         if m.get(key) is not None:
             kw[key] = m[key]
+    if cfg.method == "pcme" and kw.get("sigma_param") is None and not _is_zsprob_checkpoint(m.get("pretrained")):
+        # PCME's official head predicts log sigma (the official loss form reads it so)
+        form = ((cfg.loss or {}).get("pcme") or {}).get("form", "official")
+        kw["sigma_param"] = "logsigma" if form == "official" else "logvar"
     if kw.get("var_bounds") is not None:
         kw["var_bounds"] = tuple(kw["var_bounds"])
     kw.update(dict(m.get("overrides") or {}))
@@ -164,8 +174,14 @@ def build_model(cfg: Config):
     if deterministic and needs_sigma(cfg.method):
         raise UserError(f"--method {cfg.method} needs sigma, but the model is deterministic "
                         "(model.overrides.deterministic); drop that override or pick a method without sigma")
-    return create_model(m.name, pretrained=m.get("pretrained"), deterministic=deterministic,
-                        seed=int(cfg.seed), **kw)
+    model = create_model(m.name, pretrained=m.get("pretrained"), deterministic=deterministic, seed=int(cfg.seed), **kw)
+    preprocess = cfg.data.get("preprocess") or "clip"
+    if preprocess not in ("clip", "official"):
+        raise UserError(f"data.preprocess must be clip or official, got {preprocess!r}")
+    if preprocess == "official":  # PCME++'s COCO transforms (ImageNet normalisation, crop 0.6-1.0, flip)
+        from zsprob.data.transforms import apply_official_coco_preprocess
+        apply_official_coco_preprocess(model)
+    return model
 
 
 def build_loss(cfg: Config) -> nn.Module:
@@ -274,6 +290,7 @@ class SchedulePlan:
     milestones: list
     freeze: dict  # tower -> freeze_fn
     steps_per_epoch: int | None
+    loss_scale: Callable[[int], float] | None = None  # freeze.warmup_mode loss: the embedding warm-up
 
     def steps_of(self, steps: Any, epochs: Any, what: str) -> int:
         return steps_from(epochs, self.steps_per_epoch, what) if epochs is not None else int(steps or 0)
@@ -294,10 +311,15 @@ def resolve_schedule(cfg: Config, steps_per_epoch: int | None) -> SchedulePlan:
         plan.milestones += [steps_from(e, steps_per_epoch, "schedule.milestones_epochs") for e in sch.milestones_epochs]
     fz = cfg.freeze
     freeze_warmup = plan.steps_of(fz.get("warmup_steps"), fz.get("warmup_epochs"), "freeze.warmup_epochs")
-    for tower in ("image", "text"):
-        n = plan.steps_of(fz.get(f"{tower}_steps"), fz.get(f"{tower}_epochs"), f"freeze.{tower}_epochs")
+    mode = fz.get("warmup_mode") or "lr"
+    if mode not in ("lr", "loss"):
+        raise UserError(f"freeze.warmup_mode must be lr or loss, got {mode!r}")
+    frozen = {t: plan.steps_of(fz.get(f"{t}_steps"), fz.get(f"{t}_epochs"), f"freeze.{t}_epochs") for t in ("image", "text")}
+    for tower, n in frozen.items():
         if n > 0:
-            plan.freeze[tower] = optim.freeze_fn(n, freeze_warmup)
+            plan.freeze[tower] = optim.freeze_fn(n, freeze_warmup if mode == "lr" else 0)
+    if mode == "loss" and freeze_warmup > 0:  # PCME++'s embedding warm-up: the whole loss x (k + 1) / R
+        plan.loss_scale = optim.loss_warmup_fn(max(frozen.values()), freeze_warmup)
     return plan
 
 
@@ -375,12 +397,14 @@ def batch_augmentations(cfg: Config, model) -> tuple[Any, float]:
     return text_aug, label_smoothing
 
 
-def build_swa(cfg: Config, model: nn.Module, plan: SchedulePlan) -> optim.SWA | None:
+def build_swa(cfg: Config, model: nn.Module, plan: SchedulePlan, loss: nn.Module | None = None) -> optim.SWA | None:
+    """SWA of the model (and of the loss's a, b: ``swa.average_loss``, the official swa_criterion)."""
     if not cfg.swa.enabled:
         return None
     last = plan.steps_of(cfg.swa.get("last_steps"), cfg.swa.get("last_epochs"), "swa.last_epochs")
     every = cfg.swa.get("every_steps") or plan.steps_per_epoch or max(1, last // 10)
-    return optim.SWA(model, start=max(0, plan.total_steps - last), every=int(every))
+    loss = loss if cfg.swa.get("average_loss", True) else None
+    return optim.SWA(model, start=max(0, plan.total_steps - last), every=int(every), loss=loss)
 
 
 @dataclass
@@ -414,6 +438,7 @@ class Run:
     # batch augmentations of the official PCME++ recipe (zsprob.data.text_augment, zsprob.prob.msda)
     text_aug: Any = None
     label_smoothing: float = 0.0
+    loss_scale: Callable[[int], float] | None = None  # the embedding warm-up (freeze.warmup_mode loss)
 
     @property
     def rank(self) -> int:
@@ -467,9 +492,13 @@ def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
 def next_batch(run: Run, step: int):
     """The next local batch on the device, with noisy captions, text SizeAugment, MSDA mixing
     (paper-text or official) and label smoothing where configured (one generator seeded by
-    (seed, step, rank)); returns (images, tokens, matched or None)."""
+    (seed, step, rank)); without MSDA, captions of the same image (sources that yield image
+    indices: COCO) are positives, as the official engine marks them (its Mixup path does not);
+    returns (images, tokens, matched or None)."""
     started = time.perf_counter()
-    images, tokens = run.cursor.next()
+    batch = run.cursor.next()
+    images, tokens = batch[0], batch[1]
+    groups = batch[2] if len(batch) > 2 and run.cfg.data.get("same_image_positives", True) else None
     run.data_time += time.perf_counter() - started
     msda = run.cfg.msda
     generator = None
@@ -493,10 +522,12 @@ def next_batch(run: Run, step: int):
 
         images, matched = mix_batch(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
                                     mode=msda.mode, generator=generator)
-    elif run.label_smoothing > 0:
+    elif run.label_smoothing > 0 or groups is not None:  # captions of one image: positives (official engine)
         from zsprob.prob.msda import smooth_targets
+        from zsprob.train.data import same_image_targets
 
-        matched = smooth_targets(torch.eye(images.shape[0]), run.label_smoothing)
+        matched = torch.eye(images.shape[0]) if groups is None else same_image_targets(groups)
+        matched = smooth_targets(matched, run.label_smoothing) if run.label_smoothing > 0 else matched
     if matched is not None:
         matched = matched.to(run.acc.device, non_blocking=True)
     return images.to(run.acc.device, non_blocking=True), tokens.to(run.acc.device, non_blocking=True), matched
@@ -507,6 +538,9 @@ def one_step(run: Run, step: int) -> dict:
     images, tokens, matched = next_batch(run, step)
     frozen = run.schedule.frozen_groups()
     loss, stats = run.step_module(images, tokens, matched, step=step)
+    if run.loss_scale is not None and run.loss_scale(step) != 1.0:
+        loss = loss * run.loss_scale(step)
+        stats["loss_warmup"] = torch.tensor(run.loss_scale(step))
     run.acc.backward(loss)
     if frozen:
         optim.zero_frozen_grads(frozen)
@@ -681,9 +715,9 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     step_module, optimizer = acc.prepare(step_module, optimizer)
     raw = acc.unwrap_model(step_module)
     text_aug, label_smoothing = batch_augmentations(cfg, model)
-    run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan),
+    run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan, raw.loss),
               source, plan.total_steps, list(eval_hooks), [p for p in raw.parameters() if p.requires_grad])
-    run.text_aug, run.label_smoothing = text_aug, label_smoothing
+    run.text_aug, run.label_smoothing, run.loss_scale = text_aug, label_smoothing, plan.loss_scale
 
     start_step, epoch, pos, rng_state = restore_state(run, ckpt_dir) if ckpt_dir is not None else (0, 0, 0, None)
     run.cursor = DataCursor(source, acc.device, epoch, pos)
@@ -701,6 +735,8 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     log_every = max(1, int(tc.log_every))
     ckpt_every = int(tc.checkpoint_every or 0)
     eval_every = int(tc.eval_every or 0)
+    if tc.get("eval_every_epochs") and source.steps_per_epoch:  # e.g. model selection once per epoch
+        eval_every = max(1, int(round(float(tc.eval_every_epochs) * source.steps_per_epoch)))
     from tqdm.auto import tqdm
     bar = tqdm(total=run.total_steps, initial=start_step, disable=not (progress and run.main), dynamic_ncols=True,
                desc=f"{cfg.method}")
@@ -715,7 +751,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
         schedule.step()
         bar.update(1)
         if run.swa is not None and run.swa.should_update(step_done):
-            run.swa.update(raw.model)
+            run.swa.update(raw.model, raw.loss)
         if log_now:
             rec = log_record(run, step_done, stats, lr_groups, log_every)
             if run.main:
@@ -738,7 +774,9 @@ def _save_model(raw: ContrastiveStep, path: Path, cfg: Config, step: int, swa: o
              "train_config": cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)}
     if swa is not None:
         extra["swa_n"] = swa.n_averaged
-    loss_tensors = {f"loss.{k}": v for k, v in raw.loss.state_dict().items()}
+    loss = swa.averaged_loss.module if swa is not None and swa.averaged_loss is not None else raw.loss
+    loss_tensors = {f"loss.{k}": v for k, v in loss.state_dict().items()}
+    extra["loss_params"] = _loss_scalars(loss)
     save(model, path, extra=extra, extra_tensors=loss_tensors)
 
 

@@ -224,6 +224,16 @@ def freeze_fn(freeze_steps: int, unfreeze_warmup_steps: int) -> Callable[[int], 
     return f
 
 
+def loss_warmup_fn(start: int, length: int) -> Callable[[int], float]:
+    """PCME++'s embedding warm-up (``embedding_warmup_after_freeze``): the loss of step ``start + k``
+    is multiplied by (k + 1) / ``length`` for k < ``length``, by 1 elsewhere (the lr is untouched)."""
+    start, length = int(start), max(1, int(length))
+
+    def f(s: int) -> float:
+        return (s - start + 1) / length if start <= s < start + length else 1.0
+    return f
+
+
 class GroupSchedule:
     """Per-group lr = initial_lr * schedule(s) * freeze_g(s); a picklable-free LambdaLR replacement.
 
@@ -285,16 +295,23 @@ class SWA:
 
     ``maybe_update(step)`` averages the live weights every ``every`` steps once
     ``step >= start``, counting from the end of a step (so with ``every = steps_per_epoch`` it
-    averages the end-of-epoch weights of the last epochs, as PCME++ does).
+    averages the end-of-epoch weights of the last epochs, as PCME++ does). ``loss``: a loss module
+    with learnable parameters (PCME's / PCME++'s a and b) averaged with the weights, as the
+    official ``swa_criterion``; its average is ``averaged_loss``.
     """
 
-    def __init__(self, model: nn.Module, *, start: int, every: int, device=None):
+    def __init__(self, model: nn.Module, *, start: int, every: int, device=None, loss: nn.Module | None = None):
         from torch.optim.swa_utils import AveragedModel
         self.start = int(start)
         self.every = max(1, int(every))
         self.averaged = AveragedModel(model, device=device, use_buffers=True)
+        has_params = loss is not None and any(True for _ in loss.parameters())
+        self.averaged_loss = AveragedModel(loss, device=device, use_buffers=True) if has_params else None
         for p in self.averaged.parameters():
             p.requires_grad_(False)
+        if self.averaged_loss is not None:
+            for p in self.averaged_loss.parameters():
+                p.requires_grad_(False)
 
     @property
     def n_averaged(self) -> int:
@@ -305,11 +322,20 @@ class SWA:
         return step_done > self.start and (step_done - self.start) % self.every == 0
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self, model: nn.Module, loss: nn.Module | None = None) -> None:
         self.averaged.update_parameters(model)
+        if self.averaged_loss is not None and loss is not None:
+            self.averaged_loss.update_parameters(loss)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu() for k, v in self.averaged.state_dict().items()}
+        out = {k: v.detach().cpu() for k, v in self.averaged.state_dict().items()}
+        if self.averaged_loss is not None:
+            out.update({"loss_avg." + k: v.detach().cpu() for k, v in self.averaged_loss.state_dict().items()})
+        return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.averaged.load_state_dict(tensors)
+        own = {k: v for k, v in tensors.items() if not k.startswith("loss_avg.")}
+        self.averaged.load_state_dict(own)
+        rest = {k[len("loss_avg."):]: v for k, v in tensors.items() if k.startswith("loss_avg.")}
+        if self.averaged_loss is not None and rest:
+            self.averaged_loss.load_state_dict(rest)
