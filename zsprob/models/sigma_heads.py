@@ -99,6 +99,8 @@ from torch import nn
 
 SIGMA_HEADS = ("block", "unc")
 SIGMA_LAYOUTS = ("official", "legacy")
+# "unc" heads: zsprob's reading of the paper, or what ProLIP's released code computes (its published weights)
+UNC_LAYOUTS = ("zsprob", "prolip")
 # default sigma_bias_init per head kind: PCME++'s bias_init 0, ProLIP's init_unc_bias -10
 DEFAULT_BIAS_INIT = {"block": 0.0, "unc": -10.0}
 # names of the [UNC] embeddings (param_info: depth 0, like the tower's own embeddings)
@@ -324,7 +326,7 @@ def reinit_cnn_head_(head: SigmaHead) -> None:
             mod.reset_parameters()
 
 
-__all__ = ["SIGMA_HEADS", "SIGMA_LAYOUTS", "DEFAULT_BIAS_INIT", "UNC_EMBEDDING_NAMES", "SigmaHead",
+__all__ = ["SIGMA_HEADS", "SIGMA_LAYOUTS", "UNC_LAYOUTS", "DEFAULT_BIAS_INIT", "UNC_EMBEDDING_NAMES", "SigmaHead",
            "UncTokenHead", "UncPooledHead", "make_sigma_ln", "reinit_block_legacy_", "reinit_block_official_",
            "reset_block_defaults_", "reinit_projection_official_", "reinit_projection_legacy_",
            "reinit_cnn_head_"]
