@@ -12,7 +12,7 @@ import os
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.checkpoint import EXTRA_PREFIX, checkpoint_dir, load_meta, read_tensors
+from zsprob.models.checkpoint import EXTRA_PREFIX, checkpoint_dir, is_checkpoint, load_meta, read_tensors
 from zsprob.models.factory import create_from_official, create_model, model_from_config, sniff_official
 
 
@@ -58,6 +58,10 @@ def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str |
         if pretrained is not None:
             raise UserError("--pretrained applies to --model, not to a zsprob checkpoint")
         m = load(checkpoint)
+    elif model is not None and pretrained and is_checkpoint(pretrained):  # a zsprob checkpoint (e.g. converted)
+        m = load(pretrained)
+        if m.name != model:
+            raise UserError(f"--pretrained {pretrained} is a zsprob checkpoint of {m.name}, not of {model}")
     elif model is not None:
         official = sniff_official(pretrained) if pretrained else None
         if official is not None:  # a published ProLIP / PCME++ checkpoint: mean and log sigma^2 as trained
