@@ -361,7 +361,8 @@ def sniff_official(pretrained) -> tuple[dict, str] | None:
 def create_from_official(name: str, source, state: dict, kind: str, **options: Any):
     """A ProbCLIP built as ``name`` with the options that reproduce the official forward, then filled strictly.
 
-    ProLIP needs its Hugging Face tokenizer: ``tokenizer_dir``, or a tokenizer directory beside the weights.
+    A model whose config names a Hugging Face tokenizer (ProLIP's SigLIP one) needs it locally:
+    ``tokenizer_dir``, or a tokenizer directory beside the weights.
     The loss's official tensors (PCME++'s shift / negative_scale) are kept as ``model.official_loss``.
     """
     from zsprob.models.convert.load import load_official, official_options
@@ -372,7 +373,8 @@ def create_from_official(name: str, source, state: dict, kind: str, **options: A
         raise UserError(f"{source} is an official {kind} checkpoint: {', '.join(clash)} must be as it was trained "
                         f"({', '.join(f'{k}={fixed[k]!r}' for k in clash)})")
     options.update(fixed)
-    if kind == "prolip" or options.get("tokenizer_dir"):
+    hf_tokenizer = get_open_clip_config(name).get("text_cfg", {}).get("hf_tokenizer_name")
+    if hf_tokenizer or options.get("tokenizer_dir"):
         from zsprob.models.hf_tokenizer import find_tokenizer_dir
 
         options["tokenizer_dir"] = str(find_tokenizer_dir(source, options.get("tokenizer_dir")))

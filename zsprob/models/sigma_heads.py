@@ -78,12 +78,15 @@ text_sigma.unc_emb (bag of words)           [w]          (no ProLIP counterpart)
 ==========================================  ===========  ==========================================
 
 The rest of ProLIP's image positional table (rows 0 and 2..) is open_clip's
-``clip.visual.positional_embedding`` (CLS, patches). Differences a converter must know: ProLIP's
-image tower applies ``ln_post`` twice to the class token (zsprob: once, as open_clip); ProLIP's
-text tower pools an appended [CLS] token (zsprob's towers pool the end-of-text token) and, in
-the released code, feeds ``text_uncertainty_projection`` with the *projected [CLS] output*
-rather than the [UNC] output (it overwrites ``std_pooled``; it only runs because width = D
-there); zsprob reads the [UNC] output as the paper describes.
+``clip.visual.positional_embedding`` (CLS, patches); of its text table (``[tokens, UNC, CLS]``)
+every row but the [UNC] one is ``clip.text.positional_embedding`` (``zsprob.models.convert.prolip``
+splits them). Two details of ProLIP's released code differ from the paper's description:
+its image tower applies ``ln_post`` twice to the class token, and its text tower feeds
+``text_uncertainty_projection`` with the *projected [CLS] output* rather than the [UNC] output
+(it overwrites ``std_pooled``; it only runs because width = D there). ``unc_layout``
+(:data:`UNC_LAYOUTS`) chooses: ``"zsprob"`` (default) reads the [UNC] output as the paper
+describes; ``"prolip"`` computes what the released code computes (the published weights load
+with it).
 
 ``sigma_ln_init`` (both head kinds; off by default as in the official ``configs/pcmepp.yaml``):
 a LayerNorm(D) on log sigma^2, weight ``sigma_ln_init`` (the official class default is 0.01),
