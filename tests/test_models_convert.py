@@ -230,3 +230,21 @@ def test_local_tokenizer_dir_goes_into_the_model_and_its_checkpoint(tmp_path):
     again = load(save(model, tmp_path / "ckpt"))
     assert torch.equal(again.tokenizer(["A RED car!"]), tokens)
     assert again.config["tokenizer_dir"] == str(directory.resolve())
+
+
+def test_pcmepp_hf_b16_fills_pcmepp_vit_b16_exactly():
+    """The official HF ViT-B/16 layout fills create_model('pcmepp-ViT-B-16') with the loader's options, key for
+    key (zsprob's sigma biases, absent officially, are the only constant fills)."""
+    from zsprob.models import create_model
+    from zsprob.models.convert.load import ZERO_FILLS, official_options
+
+    state = official_state("pcmepp-ViT-B-16")
+    options = official_options("pcmepp-hf", state)
+    assert options["sigma_depth"] == 2
+    with torch.device("meta"):
+        model = create_model("pcmepp-ViT-B-16", **options)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-hf").items()
+                 if not k.startswith("loss.")}
+    assert set(expected) - set(converted) == set(ZERO_FILLS["pcmepp-hf"])
+    assert all(converted[k] == expected[k] for k in converted)
