@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.convert import (LAYOUTS, branch_of, check_strict, detect_layout, read_state_dict, to_official,
-                                   to_zsprob)
+from zsprob.models.convert import prolip
+from zsprob.models.convert import (LAYOUTS, branch_of, check_strict, detect_layout, official_to_zsprob,
+                                   read_state_dict, to_zsprob, zsprob_to_official)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "official_layouts"
 LAYOUT_FILES = sorted(FIXTURES.glob("*.json"))
@@ -53,14 +54,16 @@ def test_round_trip_official_zsprob_official_is_the_identity(path):
     state = official_state(path.stem)
     kind = detect_layout(state)
     rules = LAYOUTS[kind].rules
-    converted = to_zsprob(state, rules)
-    assert len(converted) == len(state)
-    back = to_official(converted, rules)
-    assert list(back) == list(state) and all(back[k] is state[k] for k in state)
+    split = LAYOUTS[kind].split(state)
+    converted = official_to_zsprob(state, kind)
+    assert len(converted) == len(split)
+    back = zsprob_to_official(converted, kind)
+    assert list(back) == list(state) and all(back[k] is state[k] for k in state if k not in prolip.TABLES)
+    assert all(back[k].shape == state[k].shape for k in state)  # the ProLIP tables: values in the test below
     branches = {branch_of(k, rules) for k in converted}
     assert branches <= {"mean", "sigma", "loss"} and "sigma" in branches
     # every uncertainty parameter of the official model lands in a sigma head, nothing else does
-    for official, zs in zip(state, converted):
+    for official, zs in zip(split, converted):
         is_unc = any(w in official for w in ("unc", "uncertainty", "prob_resblocks", "std_"))
         assert (branch_of(zs, rules) == "sigma") == is_unc, (official, zs)
 
@@ -185,22 +188,32 @@ def test_reads_safetensors_torch_hf_dir_and_the_coco_trainer_dict(tmp_path):
 
 @pytest.mark.parametrize("name", ["prolip-ViT-B-16", "prolip-ViT-B-16-long", "prolip-ViT-L-16", "prolip-ViT-H-14",
                                   "prolip-ViT-SO400M-14"])
-def test_prolip_model_json_builds_the_official_mean_branch(name):
-    """configs/models/<name>.json gives open_clip towers whose names and shapes are ProLIP's mean branch;
-    only the positional embeddings differ, by the one row of the [UNC] token (model.sigma_head 'unc')."""
-    from zsprob.models.factory import build_open_clip, get_open_clip_config
+def test_prolip_model_json_builds_the_official_state_dict(name, tmp_path):
+    """configs/models/<name>.json + sigma_head 'unc' give exactly ProLIP's state dict, names and shapes
+    (the [UNC] rows of the positional tables split off into the [UNC] heads)."""
+    from test_models_hf_tokenizer import make_tokenizer_dir
+    from zsprob.models import create_model
 
+    tokenizer = make_tokenizer_dir(tmp_path / "tokenizer")
     with torch.device("meta"):
-        towers = build_open_clip(get_open_clip_config(name))
-    expected = {"clip." + k: tuple(v.shape) for k, v in towers.state_dict().items()}
-    rules = LAYOUTS["prolip"].rules
-    converted = to_zsprob(official_state(name), rules)
-    mean = {k: tuple(v.shape) for k, v in converted.items() if branch_of(k, rules) == "mean"}
-    assert set(mean) == set(expected)
-    differ = {k: (mean[k], expected[k]) for k in mean if mean[k] != expected[k]}
-    assert set(differ) == {"clip.visual.positional_embedding", "clip.text.positional_embedding"}, differ
-    for official, ours in differ.values():
-        assert official[0] == ours[0] + 1 and official[1:] == ours[1:]
+        model = create_model(name, sigma_head="unc", unc_layout="prolip", pooling="native", tokenizer_dir=tokenizer)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    converted = official_to_zsprob(official_state(name), "prolip")
+    assert {k: tuple(v.shape) for k, v in converted.items()} == expected
+
+
+def test_prolip_unc_rows_split_off_and_back():
+    """The [UNC] rows: image row 1 (after CLS), text the row before the last ([tokens, UNC, CLS])."""
+    image, text = torch.randn(6, 4), torch.randn(5, 4)
+    state = {"visual.positional_embedding": image, "visual.unc_embedding": torch.randn(4),
+             "text.positional_embedding": text}
+    zs = official_to_zsprob(state, "prolip")
+    assert torch.equal(zs["image_sigma.unc_pos_embedding"], image[1])
+    assert torch.equal(zs["clip.visual.positional_embedding"], torch.cat([image[:1], image[2:]]))
+    assert torch.equal(zs["text_sigma.unc_pos_embedding"], text[3])
+    assert torch.equal(zs["clip.text.positional_embedding"], torch.cat([text[:3], text[4:]]))
+    back = zsprob_to_official(zs, "prolip")
+    assert list(back) == list(state) and all(torch.equal(back[k], state[k]) for k in state)
 
 
 def test_local_tokenizer_dir_goes_into_the_model_and_its_checkpoint(tmp_path):
@@ -217,3 +230,21 @@ def test_local_tokenizer_dir_goes_into_the_model_and_its_checkpoint(tmp_path):
     again = load(save(model, tmp_path / "ckpt"))
     assert torch.equal(again.tokenizer(["A RED car!"]), tokens)
     assert again.config["tokenizer_dir"] == str(directory.resolve())
+
+
+def test_pcmepp_hf_b16_fills_pcmepp_vit_b16_exactly():
+    """The official HF ViT-B/16 layout fills create_model('pcmepp-ViT-B-16') with the loader's options, key for
+    key (zsprob's sigma biases, absent officially, are the only constant fills)."""
+    from zsprob.models import create_model
+    from zsprob.models.convert.load import ZERO_FILLS, official_options
+
+    state = official_state("pcmepp-ViT-B-16")
+    options = official_options("pcmepp-hf", state)
+    assert options["sigma_depth"] == 2
+    with torch.device("meta"):
+        model = create_model("pcmepp-ViT-B-16", **options)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-hf").items()
+                 if not k.startswith("loss.")}
+    assert set(expected) - set(converted) == set(ZERO_FILLS["pcmepp-hf"])
+    assert all(converted[k] == expected[k] for k in converted)

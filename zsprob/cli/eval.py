@@ -8,13 +8,17 @@ from pathlib import Path
 
 import click
 
+from zsprob.cli.select_prompts import tokenizer_kwargs, tokenizer_option
+
 SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
 
 
 def _model_options(f):
     f = click.option("--checkpoint", type=click.Path(), default=None, help="zsprob checkpoint directory.")(f)
     f = click.option("--model", "model_name", default=None, help="open_clip model name (instead of --checkpoint).")(f)
-    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file (with --model).")(f)
+    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
+                     "ProLIP / PCME++ checkpoint or a zsprob checkpoint (with --model).")(f)
+    f = tokenizer_option(f)
     f = click.option("--device", default=None, help="torch device (default: cpu).")(f)
     f = click.option("--batch-size", type=int, default=128, show_default=True)(f)
     return f
@@ -38,7 +42,8 @@ def _load_model(checkpoint, model_name, pretrained, device):
 
     if checkpoint is None and model_name is None:
         raise UserError("give --checkpoint CKPT or --model NAME (or --embeddings E.npz)")
-    return load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device)
+    return load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device,
+                              **tokenizer_kwargs())
 
 
 def _finish(res: dict, out: str) -> None:

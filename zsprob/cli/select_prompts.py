@@ -10,8 +10,32 @@ import click
 from zsprob.methods import STRATEGIES
 
 
+TOKENIZER_KEY = "zsprob.tokenizer"  # where --tokenizer is kept (click context meta) for load_model
+
+
+def _keep_tokenizer(ctx, _param, value):
+    if value is not None:
+        ctx.meta[TOKENIZER_KEY] = value
+    return value
+
+
+def tokenizer_option(f):
+    """``--tokenizer DIR`` (a local Hugging Face tokenizer, e.g. ProLIP's), read by the model loaders."""
+    return click.option("--tokenizer", type=click.Path(), default=None, expose_value=False, callback=_keep_tokenizer,
+                        help="Local Hugging Face tokenizer directory (ProLIP; default: tokenizer/ next to "
+                             "--pretrained).")(f)
+
+
+def tokenizer_kwargs() -> dict:
+    ctx = click.get_current_context(silent=True)
+    value = ctx.meta.get(TOKENIZER_KEY) if ctx is not None else None
+    return {"tokenizer_dir": value} if value else {}
+
+
 def model_options(f):
-    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file (with --model).")(f)
+    f = tokenizer_option(f)
+    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
+                     "ProLIP / PCME++ checkpoint (file or directory) or a zsprob checkpoint (with --model).")(f)
     f = click.option("--model", "model_name", default=None,
                      help="A plain open_clip model name (e.g. ViT-B-32) instead of a checkpoint.")(f)
     f = click.option("--checkpoint", type=click.Path(), default=None, help="zsprob checkpoint directory.")(f)
@@ -35,7 +59,8 @@ def common_options(f):
 def load_model(checkpoint, model_name, pretrained, device):
     from zsprob.models import load_for_inference
 
-    m = load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device)
+    m = load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device,
+                           **tokenizer_kwargs())
     meta = {"checkpoint": None if checkpoint is None else str(checkpoint), "name": getattr(m, "name", model_name),
             "pretrained": pretrained, "deterministic": bool(m.deterministic), "embed_dim": m.embed_dim}
     return m, meta

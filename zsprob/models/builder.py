@@ -12,8 +12,8 @@ import os
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.checkpoint import EXTRA_PREFIX, checkpoint_dir, load_meta, read_tensors
-from zsprob.models.factory import create_model, model_from_config
+from zsprob.models.checkpoint import EXTRA_PREFIX, checkpoint_dir, is_checkpoint, load_meta, read_tensors
+from zsprob.models.factory import create_from_official, create_model, model_from_config, sniff_official
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", *, verify: bool = True):
@@ -48,7 +48,9 @@ def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str |
     ``checkpoint``: a zsprob checkpoint directory. Otherwise ``model`` (an open_clip name or zsprob
     config) with optional ``pretrained`` (tag in the local cache or checkpoint file) is wrapped
     with native pooling and no sigma heads, so its mean equals open_clip's normalised features
-    and logvar is None (pass ``create_kwargs`` to change that).
+    and logvar is None (pass ``create_kwargs`` to change that). A published ProLIP / PCME++
+    checkpoint as ``pretrained`` keeps its log-variance heads (``create_kwargs`` may carry
+    ``tokenizer_dir``).
     """
     if checkpoint is not None and model is not None:
         raise UserError("give either a zsprob checkpoint or an open_clip model name, not both")
@@ -56,10 +58,18 @@ def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str |
         if pretrained is not None:
             raise UserError("--pretrained applies to --model, not to a zsprob checkpoint")
         m = load(checkpoint)
+    elif model is not None and pretrained and is_checkpoint(pretrained):  # a zsprob checkpoint (e.g. converted)
+        m = load(pretrained)
+        if m.name != model:
+            raise UserError(f"--pretrained {pretrained} is a zsprob checkpoint of {m.name}, not of {model}")
     elif model is not None:
-        kw = dict(pooling="native", deterministic=True)
-        kw.update(create_kwargs)
-        m = create_model(model, pretrained=pretrained, **kw)
+        official = sniff_official(pretrained) if pretrained else None
+        if official is not None:  # a published ProLIP / PCME++ checkpoint: mean and log sigma^2 as trained
+            m = create_from_official(model, pretrained, *official, **create_kwargs)
+        else:
+            kw = dict(pooling="native", deterministic=True)
+            kw.update(create_kwargs)
+            m = create_model(model, pretrained=pretrained, **kw)
     else:
         raise UserError("no model given: pass a zsprob checkpoint directory or an open_clip model name "
                         "(e.g. --model ViT-B-32 --pretrained openai)")

@@ -31,13 +31,13 @@ from zsprob.models.checkpoint import EXTRA_PREFIX, checkpoint_dir, is_checkpoint
 
 log = logging.getLogger(__name__)
 
-ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "zsprob-tiny-bow", "ViT-S-16-d128")
+ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "zsprob-tiny-bow", "ViT-S-16-d128", "prolip-tiny", "pcmepp-tiny")
 _registered = False
 
 # Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
 _ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment", "sigma_head",
                    "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias", "tokenizer_dir", "sigma_param",
-                   "sigma_shape")
+                   "sigma_shape", "unc_layout")
 
 
 def _open_clip():
@@ -337,7 +337,7 @@ def _wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = No
         sigma_head=config.get("sigma_head", "block"), sigma_layout=config.get("sigma_layout", "legacy"),
         sigma_ln_init=config.get("sigma_ln_init"), sigma_ln_init_bias=config.get("sigma_ln_init_bias", 0.0),
         sigma_param=config.get("sigma_param", "logvar"), sigma_shape=config.get("sigma_shape", "diagonal"),
-        tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
+        unc_layout=config.get("unc_layout", "zsprob"), tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
         image_size=int(size if isinstance(size, int) else size[0]),
         reinit_params=tuple(config.get("reinit_params", ())))
 
@@ -353,6 +353,39 @@ def model_from_config(config: dict, *, sigma_init: str | None = None):
     return _wrap(clip_model, copy.deepcopy(config), sigma_init=sigma_init)
 
 
+def sniff_official(pretrained) -> tuple[dict, str] | None:
+    """(state dict, layout) when ``pretrained`` is a published ProLIP / PCME++ checkpoint, else None."""
+    from zsprob.models.convert.load import sniff
+
+    return sniff(pretrained)
+
+
+def create_from_official(name: str, source, state: dict, kind: str, **options: Any):
+    """A ProbCLIP built as ``name`` with the options that reproduce the official forward, then filled strictly.
+
+    A model whose config names a Hugging Face tokenizer (ProLIP's SigLIP one) needs it locally:
+    ``tokenizer_dir``, or a tokenizer directory beside the weights.
+    The loss's official tensors (PCME++'s shift / negative_scale) are kept as ``model.official_loss``.
+    """
+    from zsprob.models.convert.load import load_official, official_options
+
+    fixed = official_options(kind, state)
+    clash = sorted(k for k in fixed if k in options and options[k] != fixed[k])
+    if clash:
+        raise UserError(f"{source} is an official {kind} checkpoint: {', '.join(clash)} must be as it was trained "
+                        f"({', '.join(f'{k}={fixed[k]!r}' for k in clash)})")
+    options.update(fixed)
+    hf_tokenizer = get_open_clip_config(name).get("text_cfg", {}).get("hf_tokenizer_name")
+    if hf_tokenizer or options.get("tokenizer_dir"):
+        from zsprob.models.hf_tokenizer import find_tokenizer_dir
+
+        options["tokenizer_dir"] = str(find_tokenizer_dir(source, options.get("tokenizer_dir")))
+    model = create_model(name, None, **options)
+    model.official_loss = load_official(model, state, kind, source)
+    model.config.update(pretrained=str(source), official_layout=kind)
+    return model
+
+
 def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embed_dim: int | None = None,
                  sigma_depth: int = 1, sigma_init: str = "random", pooling: str = "gpo",
                  deterministic: bool = False, var_bounds=None, cache_dir: str | None = None,
@@ -364,7 +397,10 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     pretrained: None (random init), an open_clip pretrained tag whose weights are in the local
         cache (``openai``, ``laion2b_s34b_b88k``, ...), or a path to an open_clip checkpoint
         (state dict in .pt/.pth/.bin/.safetensors, or a directory holding one). The weights go into
-        the mean branch; the log-variance branch follows ``sigma_init``.
+        the mean branch; the log-variance branch follows ``sigma_init``. A published ProLIP or
+        PCME++ checkpoint (file or Hugging Face directory, :mod:`zsprob.models.convert`) is
+        recognised by its key names and loaded whole and strictly; the head options then come
+        from its layout.
     embed_dim: embedding size D (default: the config's). A pretrained projection of another size
         is re-initialised (and marked ``backbone=False`` in :meth:`param_info`).
     sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`.
@@ -376,13 +412,20 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         Pishdad et al.), ``normalize_mu`` (True), ``gpo_dim`` (32),
         ``sigma_bias_init`` (0.0; -10 with ``sigma_head="unc"``, ProLIP's init_unc_bias),
         ``truncate_text`` (True), ``size_augment`` (0.0; VSE infinity / PCME++ use 0.2 for fine-tuning),
-        ``tokenizer_dir`` (a local Hugging Face tokenizer directory, e.g. ProLIP's SigLIP tokenizer);
+        ``tokenizer_dir`` (a local Hugging Face tokenizer directory, e.g. ProLIP's SigLIP tokenizer),
+        ``unc_layout`` ("zsprob" | "prolip");
         open_clip options ``image_size``, ``context_length``,
         ``quick_gelu``, ``patch_dropout``; or ``open_clip_cfg={...}`` merged into the open_clip
         config (e.g. ``{"vision_cfg": {"layers": 2}}``).
     """
     register_model_configs()
     zs_ckpt = pretrained is not None and str(pretrained) != "" and is_checkpoint(pretrained)
+    official = None if zs_ckpt or pretrained is None or str(pretrained) == "" else sniff_official(pretrained)
+    if official is not None:  # a published ProLIP / PCME++ file: converted in memory, strictly
+        if deterministic or embed_dim is not None:
+            raise UserError(f"{pretrained} is an official {official[1]} checkpoint: its architecture is fixed "
+                            "(no deterministic / embed_dim options)")
+        return create_from_official(name, pretrained, *official, var_bounds=var_bounds, seed=seed, **overrides)
     if zs_ckpt:  # a zsprob checkpoint: its open_clip config is the base
         zs_meta = load_meta(pretrained)
         ocfg = copy.deepcopy(zs_meta["config"]["open_clip_cfg"])
@@ -391,7 +434,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     zopts = {k: overrides.pop(k) for k in list(overrides) if k in _ZSPROB_OPTIONS}
     if zs_ckpt:  # fine-tuning a zsprob checkpoint keeps its log-variance head kind unless told otherwise
         for key, missing in (("sigma_head", "block"), ("sigma_layout", "legacy"), ("sigma_ln_init", None),
-                             ("sigma_ln_init_bias", 0.0), ("sigma_param", "logvar"), ("sigma_shape", "diagonal")):
+                             ("sigma_ln_init_bias", 0.0), ("sigma_param", "logvar"), ("sigma_shape", "diagonal"),
+                             ("unc_layout", "zsprob")):
             zopts.setdefault(key, zs_meta["config"].get(key, missing))
     if "open_clip_cfg" in overrides:
         _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
@@ -446,6 +490,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         "sigma_ln_init_bias": zopts.get("sigma_ln_init_bias", 0.0),
         "sigma_param": zopts.get("sigma_param", "logvar"),
         "sigma_shape": zopts.get("sigma_shape", "diagonal"),
+        "unc_layout": zopts.get("unc_layout", "zsprob"),
         "sigma_bias_init": zopts.get("sigma_bias_init", DEFAULT_BIAS_INIT.get(zopts.get("sigma_head", "block"), 0.0)),
         "truncate_text": bool(zopts.get("truncate_text", True)),
         "size_augment": float(zopts.get("size_augment", 0.0)),
@@ -479,6 +524,6 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     return model
 
 
-__all__ = ["create_model", "list_models", "register_model_configs", "resolve_pretrained",
+__all__ = ["create_model", "create_from_official", "sniff_official", "list_models", "register_model_configs", "resolve_pretrained",
            "load_open_clip_weights", "model_from_config", "build_open_clip", "get_open_clip_config",
            "ZSPROB_CONFIGS"]

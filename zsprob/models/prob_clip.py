@@ -63,7 +63,9 @@ from torch.utils.checkpoint import checkpoint
 from zsprob.errors import UserError
 from zsprob.models.heads import GPO, bound_logvar
 from zsprob.models.sigma_heads import (SIGMA_HEADS, SIGMA_LAYOUTS, SIGMA_PARAMS, SIGMA_SHAPES,
-                                       UNC_EMBEDDING_NAMES, PCMEUncertaintyHead, SigmaHead, spherical_readout, UncPooledHead, UncTokenHead, make_sigma_ln, reinit_block_legacy_,
+                                       UNC_EMBEDDING_NAMES, UNC_LAYOUTS, PCMEUncertaintyHead, SigmaHead,
+                                       spherical_readout, UncPooledHead, UncTokenHead, make_sigma_ln,
+                                       reinit_block_legacy_,
                                        reinit_block_official_, reinit_cnn_head_, reinit_projection_legacy_,
                                        reinit_projection_official_)
 
@@ -356,8 +358,11 @@ class _TextTower(_TextHeads):
             self.pad_id = text.pad_id
             self.causal = text.attn_mask is not None and not text.use_pad_mask
             self.cls = text.cls_emb is not None
+            if self.cls and (text.attn_mask is not None or text.use_pad_mask):
+                raise UserError("open_clip text towers with an appended CLS token are supported as ProLIP builds "
+                                "them: bidirectional, without padding mask (no_causal_mask true, use_pad_mask false)")
             if self.cls:
-                raise UserError("open_clip text towers with an appended CLS token (CoCa) are not supported")
+                self.pool_type = "last"  # the appended [CLS] token pools the caption, whatever pool_type says
         if self.pool_type not in ("argmax", "eos", "first", "last"):
             raise UserError(f"unsupported text pool_type {self.pool_type!r}")
         if not self.src.transformer.batch_first:
@@ -393,6 +398,12 @@ class _TextTower(_TextHeads):
             else:
                 x = x + m.positional_embedding[:seq].to(cast)
                 mask = m.attn_mask[:seq, :seq] if m.attn_mask is not None else None
+        elif self.cls:  # ProLIP: [tokens, CLS] with positions 0 .. seq, no attention mask at all
+            t = self.src
+            x = t.token_embedding(text).to(t.transformer.get_cast_dtype())
+            cls = t.cls_emb.to(x.dtype).view(1, 1, -1).expand(x.shape[0], 1, -1)
+            x = torch.cat([x, cls], dim=1) + t.positional_embedding[:text.shape[1] + 1].to(x.dtype)
+            mask = None
         else:
             x, mask = self.src._embeds(text)
             seq = text.shape[1]
@@ -406,13 +417,16 @@ class _TextTower(_TextHeads):
         caption's tokens and itself, and caption tokens read [UNC] only in a non-causal tower."""
         b = x.shape[0]
         unc = token.to(x.dtype).view(1, 1, -1).expand(b, 1, -1)
+        if self.cls:  # ProLIP's order: [tokens, UNC, CLS]
+            return torch.cat([x[:, :-1], unc, x[:, -1:]], dim=1), mask
         x = torch.cat([x, unc], dim=1)
         if mask is None:
             return x, None
         return x, _unc_text_mask(mask, lengths, self.blocks[0].attn.num_heads, self.causal, x.dtype)
 
-    @staticmethod
-    def split_unc(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def split_unc(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cls:
+            return torch.cat([x[:, :-2], x[:, -1:]], dim=1), x[:, -2]
         return x[:, :-1], x[:, -1]
 
     def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
@@ -571,6 +585,9 @@ class ProbCLIP(nn.Module):
         bias, the MLP's output bias).
     sigma_ln_init, sigma_ln_init_bias: None (default) or the weight init of a LayerNorm on
         log sigma^2 (PCME++'s ``sigma_ln_init``, e.g. 0.01) and its bias init.
+    unc_layout: "zsprob" (default; log sigma^2 from the [UNC] output, as the ProLIP paper describes)
+        or "prolip" (what ProLIP's released code computes, for its published weights: ``ln_post``
+        twice on the image class token, text log sigma^2 from the projected [CLS] output).
     """
 
     def __init__(self, clip_model: nn.Module, *, name: str, config: dict, embed_dim: int,
@@ -579,8 +596,8 @@ class ProbCLIP(nn.Module):
                  gpo_dim: int = 32, sigma_bias_init: float = 0.0, truncate_text: bool = True,
                  size_augment: float = 0.0, sigma_head: str = "block", sigma_layout: str = "official",
                  sigma_ln_init: float | None = None, sigma_ln_init_bias: float = 0.0,
-                 sigma_param: str = "logvar", sigma_shape: str = "diagonal", tokenizer=None,
-                 preprocess_train=None, preprocess_val=None, image_size: int | None = None,
+                 sigma_param: str = "logvar", sigma_shape: str = "diagonal", unc_layout: str = "zsprob",
+                 tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
                  reinit_params: tuple[str, ...] = ()):
         super().__init__()
         if pooling not in ("gpo", "native"):
@@ -601,6 +618,9 @@ class ProbCLIP(nn.Module):
         self.sigma_init = sigma_init
         self.sigma_head = sigma_head
         self.sigma_layout = sigma_layout
+        if unc_layout not in UNC_LAYOUTS:
+            raise UserError(f"unc_layout must be one of {', '.join(UNC_LAYOUTS)}, got {unc_layout!r}")
+        self.unc_layout = unc_layout
         self.sigma_ln_init = None if sigma_ln_init is None else float(sigma_ln_init)
         self.sigma_ln_init_bias = float(sigma_ln_init_bias)
         if sigma_param not in SIGMA_PARAMS:
@@ -640,6 +660,10 @@ class ProbCLIP(nn.Module):
         gpo = (lambda: GPO(gpo_dim, gpo_dim)) if pooling == "gpo" else (lambda: None)
         self.image_gpo = gpo()
         self.text_gpo = gpo()
+        if unc_layout == "prolip" and sigma_head == "unc" and self._text.kind == "text" \
+                and self._text.width != self.embed_dim:
+            raise UserError(f"unc_layout 'prolip' reads log sigma^2 from the projected text output, so it needs "
+                            f"text width = embed_dim (got {self._text.width} and {self.embed_dim})")
         if self.deterministic:
             self.image_sigma = None
             self.text_sigma = None
@@ -728,12 +752,15 @@ class ProbCLIP(nn.Module):
         if token_head:
             hm, unc_out = tower.split_unc(hm)
         keep = self._size_augment(hm.shape[0], tower.num_tokens(hm), hm.device) if tower is self._vision else None
-        mu = self._head_out(tower, hm, tower.ln, tower.proj, gpo_mu, ctx, lengths, keep).float()
-        if self.normalize_mu:
-            mu = F.normalize(mu, dim=-1)
+        released = token_head and self.unc_layout == "prolip"
+        ln = _twice(tower.ln) if released and tower is self._vision else tower.ln
+        projected = self._head_out(tower, hm, ln, tower.proj, gpo_mu, ctx, lengths, keep)
+        mu = F.normalize(projected.float(), dim=-1) if self.normalize_mu else projected.float()
         if sigma is None or not with_sigma:
             return mu, None
-        if token_head:  # ProLIP: the tower's own final LayerNorm, then the [UNC] projection
+        if released and tower is self._text:  # ProLIP's released text code: the projected [CLS] output
+            raw = sigma(projected)
+        elif token_head:  # ProLIP: the tower's own final LayerNorm, then the [UNC] projection
             raw = sigma(tower.ln(unc_out))
         elif isinstance(sigma, PCMEUncertaintyHead):
             raw = self._pcme_sigma(tower, sigma, hm, ctx, lengths)
@@ -827,9 +854,14 @@ class ProbCLIP(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"name={self.name!r}, embed_dim={self.embed_dim}, sigma_head={self.sigma_head!r}, "
-                f"sigma_layout={self.sigma_layout!r}, sigma_depth={self.sigma_depth}, "
+                f"sigma_layout={self.sigma_layout!r}, unc_layout={self.unc_layout!r}, sigma_depth={self.sigma_depth}, "
                 f"sigma_init={self.sigma_init!r}, pooling={self.pooling!r}, deterministic={self.deterministic}, "
                 f"var_bounds={self.var_bounds}")
+
+
+def _twice(ln: nn.Module):
+    """``ln(ln(x))``: ProLIP's released image tower applies ``ln_post`` to the class token twice."""
+    return lambda x: ln(ln(x))
 
 
 def _sigma_depth_of(parts: list[str], split: int, num_layers: int) -> int:

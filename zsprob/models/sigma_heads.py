@@ -78,12 +78,15 @@ text_sigma.unc_emb (bag of words)           [w]          (no ProLIP counterpart)
 ==========================================  ===========  ==========================================
 
 The rest of ProLIP's image positional table (rows 0 and 2..) is open_clip's
-``clip.visual.positional_embedding`` (CLS, patches). Differences a converter must know: ProLIP's
-image tower applies ``ln_post`` twice to the class token (zsprob: once, as open_clip); ProLIP's
-text tower pools an appended [CLS] token (zsprob's towers pool the end-of-text token) and, in
-the released code, feeds ``text_uncertainty_projection`` with the *projected [CLS] output*
-rather than the [UNC] output (it overwrites ``std_pooled``; it only runs because width = D
-there); zsprob reads the [UNC] output as the paper describes.
+``clip.visual.positional_embedding`` (CLS, patches); of its text table (``[tokens, UNC, CLS]``)
+every row but the [UNC] one is ``clip.text.positional_embedding`` (``zsprob.models.convert.prolip``
+splits them). Two details of ProLIP's released code differ from the paper's description:
+its image tower applies ``ln_post`` twice to the class token, and its text tower feeds
+``text_uncertainty_projection`` with the *projected [CLS] output* rather than the [UNC] output
+(it overwrites ``std_pooled``; it only runs because width = D there). ``unc_layout``
+(:data:`UNC_LAYOUTS`) chooses: ``"zsprob"`` (default) reads the [UNC] output as the paper
+describes; ``"prolip"`` computes what the released code computes (the published weights load
+with it).
 
 ``sigma_ln_init`` (both head kinds; off by default as in the official ``configs/pcmepp.yaml``):
 a LayerNorm(D) on log sigma^2, weight ``sigma_ln_init`` (the official class default is 0.01),
@@ -106,6 +109,8 @@ SIGMA_PARAMS = ("logvar", "logsigma")
 # Pishdad et al.'s covariance shapes: diagonal, or one sigma per embedding (the average of the D
 # variances, "spherical-avgpool", or one predicted value: a learned linear readout of them)
 SIGMA_SHAPES = ("diagonal", "spherical_mean", "spherical_one")
+# "unc" heads: zsprob's reading of the paper, or what ProLIP's released code computes (its published weights)
+UNC_LAYOUTS = ("zsprob", "prolip")
 # default sigma_bias_init per head kind: PCME++'s bias_init 0, ProLIP's init_unc_bias -10
 DEFAULT_BIAS_INIT = {"block": 0.0, "unc": -10.0, "pcme": 0.0}
 # names of the [UNC] embeddings (param_info: depth 0, like the tower's own embeddings)
@@ -392,7 +397,7 @@ def reinit_cnn_head_(head: SigmaHead) -> None:
             mod.reset_parameters()
 
 
-__all__ = ["SIGMA_HEADS", "SIGMA_LAYOUTS", "DEFAULT_BIAS_INIT", "UNC_EMBEDDING_NAMES", "SigmaHead",
+__all__ = ["SIGMA_HEADS", "SIGMA_LAYOUTS", "UNC_LAYOUTS", "DEFAULT_BIAS_INIT", "UNC_EMBEDDING_NAMES", "SigmaHead",
            "UncTokenHead", "UncPooledHead", "make_sigma_ln", "reinit_block_legacy_", "reinit_block_official_",
            "reset_block_defaults_", "reinit_projection_official_", "reinit_projection_legacy_",
            "reinit_cnn_head_"]

@@ -7,12 +7,16 @@ PyTorch files, Hugging Face directories, the official COCO trainer's checkpoint 
 ``LAYOUTS`` is the one list of official layouts: name -> (family, rules).
 
     state = read_state_dict("PCMEPP-ViT-B-16/")                 # official names
-    zs = to_zsprob(state, LAYOUTS["pcmepp-hf"].rules)            # zsprob names; unknown key -> UserError
+    zs = official_to_zsprob(state, "pcmepp-hf")                  # zsprob names; unknown key -> UserError
     check_strict(zs, expected_shapes, LAYOUTS["pcmepp-hf"].rules, "PCMEPP-ViT-B-16/")
+
+:mod:`.load` fills a built model with them (``create_model(name, pretrained=OFFICIAL)`` calls it);
+:mod:`.convert` writes a zsprob checkpoint (``zsprob convert``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from zsprob.errors import UserError
 from zsprob.models.convert import pcmepp, prolip
@@ -20,18 +24,39 @@ from zsprob.models.convert.io import read_hf_config, read_state_dict, weights_fi
 from zsprob.models.convert.mapping import Rule, branch_of, check_strict, to_official, to_zsprob
 
 
+def _same(state: dict) -> dict:
+    return dict(state)
+
+
 @dataclass(frozen=True)
 class Layout:
+    """``split`` / ``join``: official state <-> one key per zsprob key (ProLIP's positional rows)."""
+
     family: str
     rules: list
     description: str
+    split: Callable[[dict], dict] = _same
+    join: Callable[[dict], dict] = _same
 
 
 LAYOUTS = {
-    "prolip": Layout("prolip", prolip.RULES, "ProLIP (naver-ai/prolip) open_clip-style towers with [UNC] tokens"),
+    "prolip": Layout("prolip", prolip.RULES, "ProLIP (naver-ai/prolip) open_clip-style towers with [UNC] tokens",
+                     prolip.split, prolip.join),
     "pcmepp-hf": Layout("pcmepp", pcmepp.HF_RULES, "PCME++ hf_models.HfPCMEPPModel (Hugging Face hub ViT-B/16)"),
     "pcmepp-coco": Layout("pcmepp", pcmepp.COCO_RULES, "checkpoint of the official PCME++ COCO trainer (train.py)"),
 }
+
+
+def official_to_zsprob(state: dict, kind: str) -> dict:
+    """Official names -> zsprob names (the layout's split, then its rules; an unknown key is a UserError)."""
+    lay = layout(kind)
+    return to_zsprob(lay.split(state), lay.rules)
+
+
+def zsprob_to_official(state: dict, kind: str) -> dict:
+    """The inverse of :func:`official_to_zsprob`."""
+    lay = layout(kind)
+    return lay.join(to_official(state, lay.rules))
 
 
 def detect_layout(state: dict) -> str:
@@ -52,5 +77,5 @@ def layout(name: str) -> Layout:
     return LAYOUTS[name]
 
 
-__all__ = ["LAYOUTS", "Layout", "Rule", "layout", "detect_layout", "read_state_dict", "read_hf_config",
+__all__ = ["LAYOUTS", "Layout", "Rule", "layout", "detect_layout", "official_to_zsprob", "zsprob_to_official", "read_state_dict", "read_hf_config",
            "weights_file", "to_zsprob", "to_official", "check_strict", "branch_of"]
