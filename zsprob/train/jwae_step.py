@@ -157,6 +157,8 @@ def build(cfg, acc, source, resolve_schedule):
 
     if acc.num_processes > 1:
         raise UserError("--method jwae runs in a single process (its two-phase step does not go through DDP)")
+    if source is None:
+        _check_data(cfg)  # bad data options fail before the tower is built
     model = build_model(cfg)
     kwargs = dict((cfg.loss or {}).get("jwae") or {})
     loss_fn = create_loss("jwae", latent_dim=model.embed_dim, **kwargs)
