@@ -3,9 +3,11 @@
 # each with and without the unpaired image-only and caption-only streams (at 1.0 there is no unpaired
 # data, so one run). All runs share one cache of the frozen tower's features.
 #   SW=/work/sw OUT=runs/jwae STEPS=1500 bash experiments/jwae_paired_fraction.sh
+# EXTRA: more pretrain options (default: lr 1e-3, discriminator 5e-4: the paper's 1e-4 / 5e-5 learn too
+# slowly for 1,500 steps); FRACTIONS="0.5 0.1" runs a subset (two shells can share the work).
 set -euo pipefail
 SW=${SW:-sw}; OUT=${OUT:-runs/jwae}; STEPS=${STEPS:-1500}; SEED=${SEED:-0}
-PY=${PY:-python}; FRACTIONS=${FRACTIONS:-"1.0 0.5 0.1"}
+PY=${PY:-python}; FRACTIONS=${FRACTIONS:-"1.0 0.5 0.1"}; EXTRA=${EXTRA:-"--lr 1e-3 --set optim.disc_lr=5e-4"}
 for f in $FRACTIONS; do
   for u in true false; do
     if [ "$f" = "1.0" ] && [ "$u" = "false" ]; then continue; fi
@@ -13,7 +15,7 @@ for f in $FRACTIONS; do
     if [ ! -f "$run/eval/metrics.json" ]; then
       $PY -m zsprob pretrain --config jwae_synthetic.yaml --data synthetic --shards "$SW/pretrain" --out "$run" \
         --steps "$STEPS" --seed "$SEED" --threads 1 --no-progress --log-every 100 \
-        --set data.paired_fraction="$f" --set data.unpaired="$u" --set data.feature_cache="$OUT/features-s$SEED.safetensors"
+        --set data.paired_fraction="$f" --set data.unpaired="$u" --set data.feature_cache="$OUT/features-s$SEED.safetensors" $EXTRA
       $PY -m zsprob eval synthetic --checkpoint "$run/model" --root "$SW" --score cosine --no-analysis \
         --out "$run/eval/metrics.json" > "$run/eval.log"
     fi

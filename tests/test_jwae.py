@@ -196,3 +196,16 @@ def test_cli_bad_jwae_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_resumed_run_equals_the_uninterrupted_one(tmp_path):
+    from safetensors.torch import load_file
+
+    from zsprob.train.loop import train
+    cfg = jwae_cfg("schedule.steps=12", "train.checkpoint_every=5", "train.keep_checkpoints=5")
+    train(cfg, tmp_path / "full", source=source(0.5), progress=False)
+    train(cfg, tmp_path / "part", resume=str(tmp_path / "full" / "checkpoints" / "step-0000005"),
+          source=source(0.5), progress=False)
+    a = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "part" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # autoencoders and discriminator
