@@ -20,6 +20,7 @@ Single process only (the two-phase step does not go through DDP).
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -195,9 +196,9 @@ def _update(run, loss: torch.Tensor, params: list, drop: list) -> bool:
 
 def one_step(run, step: int) -> dict:
     """Discriminator update, then autoencoder update, on one semi-supervised batch; returns the stats."""
-    started = __import__("time").perf_counter()
+    started = time.perf_counter()
     batch = _to(run.cursor.next(), run.acc.device)
-    run.data_time += __import__("time").perf_counter() - started
+    run.data_time += time.perf_counter() - started
     raw: JWAEStep = run.raw
     ae_params = raw.model.trainable_parameters()
     disc_params = list(raw.loss.parameters())
