@@ -8,7 +8,7 @@ One list per concept, read by the CLI (click choices), the training defaults
 from __future__ import annotations
 
 #: training objectives (``--method``): one loss each in zsprob.prob.losses
-METHODS = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "prolip")
+METHODS = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "prolip", "jwae")
 
 #: prompt-selection strategies (``--strategy``): one ``select_*`` each in zsprob.zeroshot.selection
 STRATEGIES = ("all", "single", "topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe",

@@ -7,6 +7,7 @@ Public API::
     caption_matches(caption_meta, scene_meta) -> bool
     generate(out, image_size=64, num_pretrain=20000, ...) -> manifest dict
     load_retrieval_split(root, split="test") -> RetrievalSplit
+    read_pretrain_items(out / "pretrain"); paired_split(n, paired_fraction)   # jWAE's unpaired streams
     make_scene([{"shape": "star"}, {"shape": "circle"}]) -> scene; world.render(scene)
     SHAPES                                           # the 20 class names
 
@@ -47,7 +48,8 @@ from zsprob.errors import UserError
 from zsprob.utils.io import atomic_write_bytes
 
 __all__ = ["SynthWorld", "SynthSample", "RetrievalSplit", "caption_matches", "generate",
-           "load_retrieval_split", "write_preview", "make_scene", "SHAPES", "CONDITIONS", "PRESETS", "DEFAULTS"]
+           "load_retrieval_split", "write_preview", "make_scene", "SHAPES", "CONDITIONS", "PRESETS", "DEFAULTS",
+           "read_pretrain_items", "paired_split", "PretrainItems"]
 
 FORMAT_VERSION = 1
 MIN_SIZE, MAX_SIZE = 32, 224
@@ -641,6 +643,62 @@ def load_retrieval_split(root: str | os.PathLike, split: str = "test") -> Retrie
                           caption_ambiguity=np.asarray(meta["caption_ambiguity"], dtype=np.float64),
                           image_meta=meta["image_meta"], caption_meta=meta["caption_meta"], split=split,
                           root=root)
+
+
+# --------------------------------------------------------------------------- semi-supervised streams
+
+@dataclass
+class PretrainItems:
+    """Every sample of SynthWorld pretraining shards: JPEG bytes and the five captions, in key order."""
+    keys: list[str]
+    jpegs: list[bytes]
+    captions: list[list[str]]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def read_pretrain_items(shards: str | os.PathLike) -> PretrainItems:
+    """Read a directory of SynthWorld pretraining shards (``OUT/pretrain``) into memory."""
+    d = Path(shards)
+    tars = sorted(d.glob("*.tar")) if d.is_dir() else []
+    if not tars:
+        raise UserError(f"no SynthWorld pretraining shards (*.tar) in {d} (make them with `zsprob data synthetic "
+                        "--out DIR`, then pass --shards DIR/pretrain)")
+    found: dict[str, dict] = {}
+    for t in tars:
+        try:
+            with tarfile.open(t) as tf:
+                for m in tf.getmembers():
+                    key, _, ext = m.name.rpartition(".")
+                    if ext in ("jpg", "json") and m.isfile():
+                        found.setdefault(key, {})[ext] = tf.extractfile(m).read()
+        except (tarfile.TarError, OSError) as e:
+            raise UserError(f"cannot read SynthWorld shard {t}: {e}") from None
+    keys = sorted(k for k, v in found.items() if "jpg" in v and "json" in v)
+    if not keys:
+        raise UserError(f"the shards in {d} hold no SynthWorld samples (.jpg + .json)")
+    caps = []
+    for k in keys:
+        rec = json.loads(found[k]["json"])
+        caps.append([c["text"] if isinstance(c, dict) else str(c) for c in rec.get("captions") or [rec["caption"]]])
+    return PretrainItems(keys=keys, jpegs=[found[k]["jpg"] for k in keys], captions=caps)
+
+
+def paired_split(n: int, paired_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The semi-supervised split of ``n`` pretraining samples: (paired indices, unpaired indices).
+
+    ``round(paired_fraction * n)`` samples (at least one), drawn by a permutation seeded by
+    ``seed``, keep their image-caption pairing; the rest give unpaired images and unpaired
+    captions (jWAE's limited-supervision setting: the remaining pairs are used without labels).
+    Sorted index arrays; the paired set of a smaller fraction is a subset of a larger one's.
+    """
+    f = float(paired_fraction)
+    if not 0.0 < f <= 1.0:
+        raise UserError(f"data.paired_fraction must be in (0, 1], got {paired_fraction!r}")
+    order = np.random.default_rng([int(seed), 0x9A1D]).permutation(n)
+    k = max(1, int(round(f * n)))
+    return np.sort(order[:k]), np.sort(order[k:])
 
 
 # --------------------------------------------------------------------------- preview

@@ -17,14 +17,19 @@ from zsprob.models.factory import create_from_official, create_model, model_from
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", *, verify: bool = True):
-    """Rebuild the ProbCLIP saved at ``path`` (directory, or a file inside it). No pickle involved.
+    """Rebuild the ProbCLIP (or the jWAE model, :mod:`zsprob.models.jwae`) saved at ``path`` (directory,
+    or a file inside it). No pickle involved.
 
     ``verify`` checks the weights' SHA-256 against zsprob.json (reads the file once more).
     """
     d = checkpoint_dir(path)
     meta = load_meta(d)
     tensors = read_tensors(d, meta, verify)
-    model = model_from_config(meta["config"])
+    if meta["config"].get("kind") == "jwae":  # jWAE autoencoders over a frozen tower
+        from zsprob.models.jwae import jwae_from_config
+        model = jwae_from_config(meta["config"])
+    else:
+        model = model_from_config(meta["config"])
     state = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
     own = model.state_dict()
     missing = sorted(set(own) - set(state))

@@ -15,7 +15,7 @@ trains the autoencoders with Adam lr 1e-4 and the discriminator with lr 5e-5 (it
 What is here: :func:`reconstruction_loss` (l1 / l2 / mse), :class:`PriorDiscriminator` (one
 shared discriminator, 3 FC layers 256-256-2 with leaky ReLU, class 1 = "prior sample"),
 :func:`sample_prior`, :func:`discriminator_loss` and :func:`generator_loss` (non-saturating),
-:func:`mse_alignment`, :func:`max_margin_alignment` (hinge from :mod:`zsprob.prob.losses`) and
+:func:`mse_alignment`, :func:`max_margin_alignment` (hinge from :mod:`zsprob.prob.pairs`) and
 :class:`JWAEObjective`, which combines them with a preset. Unpaired images / texts enter only the
 reconstruction and prior terms (the semi-supervised setting). Plain torch; nothing reused from
 another library beyond torch.nn.
@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
-from zsprob.prob.losses import hinge_rows
+from zsprob.prob.pairs import hinge_rows
 
 __all__ = [
     "JWAE_PRESETS", "reconstruction_loss", "PriorDiscriminator", "sample_prior", "discriminator_loss",
@@ -115,6 +115,9 @@ class JWAEObjective(nn.Module):
 
     ``encoder_loss(...)`` is minimised by the autoencoders, ``discriminator_loss(...)`` by the
     discriminator (its own optimiser, e.g. Adam lr 5e-5). Both return ``(loss, stats)``.
+    The semi-supervised form (:meth:`generator_terms`, :meth:`discriminator_terms`) takes the
+    paired rows and optional image-only / caption-only rows: reconstruction and prior terms see
+    every row of their modality, the alignment only the paired rows.
     """
 
     def __init__(self, latent_dim: int, preset: str = "jwae-mh", rec_kind_img: str = "l2",
@@ -157,3 +160,42 @@ class JWAEObjective(nn.Module):
         d_t = discriminator_loss(self.discriminator, z_txt, generator=generator)
         loss = d_v + d_t
         return loss, {"disc_img": d_v.detach(), "disc_txt": d_t.detach(), "loss": loss.detach()}
+
+    def generator_terms(self, img, txt, u_img=None, u_txt=None):
+        """Semi-supervised encoder objective. ``img`` / ``txt``: ``(x, x_rec, z)`` of the paired
+        rows (row i of both is a pair); ``u_img``: ``(x, x_rec, z)`` of unpaired images (None: none),
+        ``u_txt`` of unpaired captions. Reconstruction and adversarial terms run over paired +
+        unpaired rows of their own modality; the alignment over the paired rows only."""
+        c = self.cfg
+        x_v, r_v, z_v = _rows(img, u_img)
+        x_t, r_t, z_t = _rows(txt, u_txt)
+        rec_v = reconstruction_loss(x_v, r_v, self.rec_kind_img)
+        rec_t = reconstruction_loss(x_t, r_t, self.rec_kind_txt)
+        adv_v = generator_loss(self.discriminator, z_v)
+        adv_t = generator_loss(self.discriminator, z_t)
+        align = self.alignment(img[2], txt[2])
+        loss = c["lambda1"] * rec_v + c["lambda2"] * rec_t + c["lambda3"] * adv_v + c["lambda4"] * adv_t + align
+        stats = {"rec_img": rec_v.detach(), "rec_txt": rec_t.detach(), "adv_img": adv_v.detach(),
+                 "adv_txt": adv_t.detach(), "align": align.detach(), "gen_loss": loss.detach(),
+                 "n_img": z_v.shape[0], "n_txt": z_t.shape[0]}
+        return loss, stats
+
+    def alignment(self, z_img: torch.Tensor, z_txt: torch.Tensor) -> torch.Tensor:
+        """The preset's alignment of paired codes: MSE (Eq. 7) or the max-margin hinge (Eq. 1)."""
+        if self.cfg["align"] == "mse":
+            return mse_alignment(z_img, z_txt)
+        return max_margin_alignment(z_img, z_txt, self.margin, self.negatives)
+
+    def discriminator_terms(self, z_img, z_txt, generator: torch.Generator | None = None):
+        """Discriminator objective over every code of each modality (paired and unpaired rows
+        together; the codes are detached inside)."""
+        loss, stats = self.discriminator_loss(z_img, z_txt, generator=generator)
+        stats["disc_loss"] = stats.pop("loss")
+        return loss, stats
+
+
+def _rows(paired, unpaired):
+    """(x, x_rec, z) of paired rows followed by the unpaired ones (None: paired only)."""
+    if unpaired is None:
+        return paired
+    return tuple(torch.cat([a, b], dim=0) for a, b in zip(paired, unpaired))

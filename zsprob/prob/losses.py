@@ -50,6 +50,10 @@ Objectives (paper, section):
 - :class:`ProLIPLoss` (ProLIP, Chun et al. ICLR 2025): its own module, :mod:`zsprob.prob.prolip`,
   registered here as "prolip".
 
+- :class:`~zsprob.prob.jwae.JWAEObjective` (jWAE): registered here as "jwae"; not a pairwise
+  loss with the signature above (the jWAE step, :mod:`zsprob.train.jwae_step`, calls its
+  generator and discriminator terms).
+
 jWAE pieces are in :mod:`zsprob.prob.jwae`. Written here on plain torch (matmul,
 ``binary_cross_entropy_with_logits``, ``torch.utils.checkpoint``); the pairwise math comes from
 :mod:`zsprob.prob.distances`.
@@ -67,7 +71,8 @@ from torch.utils.checkpoint import checkpoint
 from zsprob.errors import UserError
 from zsprob.methods import METHODS
 from zsprob.prob import distances as D
-from zsprob.prob.pairs import PairBatch, as_dtype, stat
+from zsprob.prob.jwae import JWAEObjective
+from zsprob.prob.pairs import PairBatch, as_dtype, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
 from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, check_occlusion_options,
                                 cover_inclusion, occlusion_terms, prolip_inclusion)
 
@@ -455,32 +460,6 @@ class InfoNCELoss(nn.Module):
 
 # ----------------------------------------------------------------------------- triplets
 
-def hinge_rows(sim: torch.Tensor, targets: torch.Tensor, margin: float, negatives: str = "hardest") -> torch.Tensor:
-    """Row-wise triplet hinge [n]: positive = the column with the largest target, negatives =
-    columns with target 0. ``negatives``: "hardest" (max violation, VSE++), "all" (sum over
-    negatives), "semihard" (the most similar negative that is still less similar than the
-    positive; rows without one use their least similar negative, as in FaceNet-style mining)."""
-    pos_idx = targets.argmax(dim=1, keepdim=True)
-    s_pos = sim.gather(1, pos_idx)
-    neg = targets <= 0
-    cost = (margin + sim - s_pos).clamp(min=0.0)
-    if negatives == "all":
-        return cost.masked_fill(~neg, 0.0).sum(dim=1)
-    if negatives == "hardest":
-        return cost.masked_fill(~neg, 0.0).max(dim=1).values
-    if negatives == "semihard":
-        with torch.no_grad():
-            semi = neg & (sim < s_pos)
-            s_semi = sim.masked_fill(~semi, float("-inf"))
-            has = semi.any(dim=1)
-            easiest = sim.masked_fill(~neg, float("inf")).argmin(dim=1)
-            choice = torch.where(has, s_semi.argmax(dim=1), easiest)
-            any_neg = neg.any(dim=1)
-        c = cost.gather(1, choice.unsqueeze(1)).squeeze(1)
-        return torch.where(any_neg, c, torch.zeros_like(c))
-    raise UserError(f"unknown negatives {negatives!r} (choose from hardest, semihard, all)")
-
-
 class TripletLoss(nn.Module):
     """VSE++ hinge triplet on cosine similarity of the means, both directions, margin 0.2;
     ``hardest=True``: hardest negative in the batch (VSE++), else the sum over negatives.
@@ -569,6 +548,7 @@ _LOSSES = {
     "prob-triplet": ProbTripletLoss,
     "mu-only": MuOnlyLoss,
     "prolip": ProLIPLoss,
+    "jwae": JWAEObjective,
 }
 _ALIASES = {"pcme++": "pcmepp", "clip": "infonce", "vse": "triplet", "vsepp": "triplet",
             "probtriplet": "prob-triplet", "pishdad": "prob-triplet", "mu": "mu-only", "muonly": "mu-only"}
@@ -576,7 +556,7 @@ LOSS_NAMES = tuple(_LOSSES)
 if LOSS_NAMES != METHODS:  # one list of methods: zsprob.methods
     raise ImportError(f"zsprob.prob.losses registers {LOSS_NAMES}, zsprob.methods lists {METHODS}")
 _NEEDS_SIGMA = {"pcmepp": True, "pcme": True, "prob-triplet": True, "prolip": True,
-                "infonce": False, "triplet": False, "mu-only": False}
+                "infonce": False, "triplet": False, "mu-only": False, "jwae": False}
 
 
 def _canonical(method: str) -> str:
@@ -588,7 +568,8 @@ def _canonical(method: str) -> str:
 
 
 def create_loss(method: str, **kwargs) -> nn.Module:
-    """Build a loss by name: "pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "prolip".
+    """Build a loss by name: "pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "prolip",
+    "jwae" (needs ``latent_dim``; its terms are called by the jWAE step, not through ``forward``).
 
     ``kwargs`` go to the class (e.g. ``create_loss("pcmepp", pp_alpha=0, distance="wd")``);
     an unknown name or option raises :class:`zsprob.UserError`.

@@ -3,15 +3,18 @@
 :class:`PairBatch` holds this process's rows, the globally gathered columns and the target rows of
 both directions in the compute dtype (the conventions are in :mod:`zsprob.prob.losses`'s
 docstring); :func:`stat` turns a value into a detached tensor for a loss's ``stats``. Plain torch;
-imports nothing from the package but :mod:`zsprob.prob.distances`.
+imports nothing from the package but :mod:`zsprob.prob.distances` (and
+:class:`zsprob.errors.UserError`). :func:`hinge_rows` is the row-wise triplet hinge of TripletLoss,
+ProbTripletLoss and jWAE's max-margin alignment.
 """
 from __future__ import annotations
 
 import torch
 
+from zsprob.errors import UserError
 from zsprob.prob import distances as D
 
-__all__ = ["PairBatch", "as_dtype", "stat"]
+__all__ = ["PairBatch", "as_dtype", "hinge_rows", "stat"]
 
 
 def as_dtype(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -69,3 +72,29 @@ class PairBatch:
 
 def stat(x) -> torch.Tensor:
     return x.detach() if torch.is_tensor(x) else torch.tensor(float(x))
+
+
+def hinge_rows(sim: torch.Tensor, targets: torch.Tensor, margin: float, negatives: str = "hardest") -> torch.Tensor:
+    """Row-wise triplet hinge [n]: positive = the column with the largest target, negatives =
+    columns with target 0. ``negatives``: "hardest" (max violation, VSE++), "all" (sum over
+    negatives), "semihard" (the most similar negative that is still less similar than the
+    positive; rows without one use their least similar negative, as in FaceNet-style mining)."""
+    pos_idx = targets.argmax(dim=1, keepdim=True)
+    s_pos = sim.gather(1, pos_idx)
+    neg = targets <= 0
+    cost = (margin + sim - s_pos).clamp(min=0.0)
+    if negatives == "all":
+        return cost.masked_fill(~neg, 0.0).sum(dim=1)
+    if negatives == "hardest":
+        return cost.masked_fill(~neg, 0.0).max(dim=1).values
+    if negatives == "semihard":
+        with torch.no_grad():
+            semi = neg & (sim < s_pos)
+            s_semi = sim.masked_fill(~semi, float("-inf"))
+            has = semi.any(dim=1)
+            easiest = sim.masked_fill(~neg, float("inf")).argmin(dim=1)
+            choice = torch.where(has, s_semi.argmax(dim=1), easiest)
+            any_neg = neg.any(dim=1)
+        c = cost.gather(1, choice.unsqueeze(1)).squeeze(1)
+        return torch.where(any_neg, c, torch.zeros_like(c))
+    raise UserError(f"unknown negatives {negatives!r} (choose from hardest, semihard, all)")

@@ -24,6 +24,7 @@ DEFAULTS: dict = {
         "sigma_param": None,       # null: logvar, or logsigma for --method pcme with loss.pcme.form official
         "sigma_shape": None,       # null: diagonal | spherical_mean | spherical_one (Pishdad et al.)
         "overrides": {},           # passed to create_model as **overrides
+        "jwae": None,              # --method jwae: {latent_dim, image_hidden, text_hidden, decoder: {...}}
     },
     "loss": {                      # keyword arguments of each method's loss (zsprob.prob.create_loss)
         "pcmepp": {"init_scale": 5.0, "init_shift": 5.0, "pp_alpha": 0.1, "vib_beta": 1e-4, "distance": "csd"},
@@ -37,6 +38,8 @@ DEFAULTS: dict = {
         "prolip": {"ppcl_weight": 1.0, "inclusion_alpha": 1e-7, "inclusion_alpha_occ": 1e-3, "vib_beta": 1e-4,
                    "inclusion_scale": 1000.0, "inclusion_eps": -20.0, "init_logit_bias": -10.0,
                    "drop_ratio": 0.125, "drop_prob": 0.75, "image_drop_prob": 0.25, "mask_patch_size": 16},
+        # jWAE (zsprob.prob.jwae): preset jwae-mse | jwae-mh sets lambda1..4 and the alignment
+        "jwae": {"preset": "jwae-mh", "rec_kind_img": "l2", "rec_kind_txt": "mse", "margin": 0.2, "negatives": "all"},
     },
     "data": {
         "kind": "synthetic",       # synthetic | webdataset | redcaps | coco
@@ -56,6 +59,13 @@ DEFAULTS: dict = {
         "preprocess": "clip",      # clip: the model's open_clip transforms | official: PCME++'s COCO ones
         "augment": True,           # open_clip's training transform (RandomResizedCrop); False: the eval transform
         "pipeline": {},            # extra keyword arguments for build_wds_pipeline
+        # --method jwae (SynthWorld): share of pretraining pairs kept paired, in (0, 1]; the rest feeds
+        # unpaired image-only and caption-only streams (data.unpaired: false drops them)
+        "paired_fraction": 1.0,
+        "unpaired": True,
+        "unpaired_batch_size": None,   # None: data.batch_size
+        "cache_features": True,        # jwae: the frozen tower's features computed once ...
+        "feature_cache": None,         # ... and kept in this file between runs (same tower, same shards)
     },
     # mode: official (naver-ai/pcmepp: per image, partner B-1-i, smoothed targets) | random | mixup | cutmix
     "msda": {"enabled": False, "ratio": 0.25, "alpha": 2.0, "mode": "random",
@@ -73,6 +83,7 @@ DEFAULTS: dict = {
         "image_lr_mult": 1.0,      # lr multiplier of the image backbone (PCME++ COCO: 0.01)
         "text_lr_mult": 1.0,       # lr multiplier of the text backbone (PCME++ COCO: 0.1)
         "grad_clip": 2.0,          # max global grad norm; null disables
+        "disc_lr": None,           # --method jwae: the discriminator's lr (None: optim.lr / 2; paper 5e-5 vs 1e-4)
     },
     "schedule": {
         "name": "cosine",          # cosine | step | constant

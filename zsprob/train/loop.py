@@ -30,6 +30,9 @@ The run, one named function per line (:func:`train`)::
         log_record / save_checkpoint / run_hooks                 (at their intervals)
     finish(run)                                                  (checkpoint, final model(s), hooks, summary)
 
+``--method jwae`` swaps in its own parts and step (:mod:`zsprob.train.jwae_step`: autoencoders over
+a frozen tower, the prior discriminator, paired + unpaired batches); the rest of the run is the same.
+
 Outputs under ``out``: ``config.yaml``, ``metrics.jsonl``, ``tensorboard/``,
 ``checkpoints/step-*/`` (+ ``latest.json``) for ``resume``, and at the end ``model/`` (the
 final weights, a ``zsprob.models.save`` directory) and ``model-swa/`` when SWA ran;
@@ -225,6 +228,18 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
                           num_workers=int(d.num_workers), noise_ratio=float(d.noise_ratio or 0.0),
                           karpathy_json=d.get("karpathy_json"))
     raise UserError(f"unknown data kind {kind!r} (synthetic, webdataset, redcaps, coco)")
+
+
+def build_parts(cfg: Config, acc, source: BatchSource | None, resolve_schedule_fn):
+    """(model, loss, source, plan, step module, optimiser, schedule) of a contrastive run."""
+    model = build_model(cfg)
+    loss_fn = build_loss(cfg)
+    if source is None:
+        source = build_source(cfg, model, acc.process_index, acc.num_processes)
+    plan = resolve_schedule_fn(cfg, source.steps_per_epoch)
+    step_module = ContrastiveStep(model, loss_fn, seed=int(cfg.seed))
+    optimizer, schedule = build_optimisation(cfg, model, step_module, plan)
+    return model, loss_fn, source, plan, step_module, optimizer, schedule
 
 
 class DataCursor:
@@ -705,13 +720,11 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     state.seed_everything(int(cfg.seed) + acc.process_index)
     ckpt_dir = find_resume_dir(resume, out)
 
-    model = build_model(cfg)
-    loss_fn = build_loss(cfg)
-    if source is None:
-        source = build_source(cfg, model, acc.process_index, acc.num_processes)
-    plan = resolve_schedule(cfg, source.steps_per_epoch)
-    step_module = ContrastiveStep(model, loss_fn, seed=int(cfg.seed))
-    optimizer, schedule = build_optimisation(cfg, model, step_module, plan)
+    builder, step_fn = build_parts, one_step
+    if cfg.method == "jwae":  # autoencoders + prior discriminator: its own parts and step (zsprob.train.jwae_step)
+        from zsprob.train import jwae_step
+        builder, step_fn = jwae_step.build, jwae_step.one_step
+    model, loss_fn, source, plan, step_module, optimizer, schedule = builder(cfg, acc, source, resolve_schedule)
     step_module, optimizer = acc.prepare(step_module, optimizer)
     raw = acc.unwrap_model(step_module)
     text_aug, label_smoothing = batch_augmentations(cfg, model)
@@ -744,7 +757,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     run.loss_sum = torch.zeros((), device=acc.device)
     run.t_interval = t_start = time.perf_counter()
     for step in range(start_step, run.total_steps):
-        stats = one_step(run, step)
+        stats = step_fn(run, step)
         step_done = step + 1
         log_now = step_done % log_every == 0 or step_done == run.total_steps
         lr_groups = current_lrs(optimizer) if log_now else {}  # the learning rates this step used

@@ -1,0 +1,222 @@
+"""The jWAE training step (``--method jwae``): autoencoders and the prior discriminator in alternation.
+
+One step (the adversarial game of WAE-GAN, as jWAE trains it)::
+
+    batch          <- paired rows + unpaired image-only / caption-only rows (zsprob.train.jwae_data)
+    codes          <- per-modality encoders / decoders over the frozen tower's features
+    discriminator  <- minimise D's cross-entropy: N(0, I) samples -> 1, (detached) codes -> 0
+                      (prior samples from a generator seeded by (seed, step, rank))
+    autoencoders   <- minimise lambda1 rec_v + lambda2 rec_t + lambda3 adv_v + lambda4 adv_t + alignment
+                      (the discriminator's gradients of this step are dropped before the update)
+
+One torch optimiser with two parameter groups (``autoencoders`` at ``optim.lr``, the paper's
+1e-4; ``discriminator`` at ``optim.disc_lr``, the paper's 5e-5): each update has gradients on one
+group only, and torch's Adam skips parameters without a gradient, so the two steps never touch
+each other's parameters (tests check it). The loop's schedule, checkpoints, resume and hooks
+apply unchanged: the discriminator is the step module's ``loss`` (saved with the optimiser and
+the schedule), the model (frozen tower + autoencoders) its ``model``. The objective's terms are
+:class:`zsprob.prob.jwae.JWAEObjective`'s; the model is :class:`zsprob.models.jwae.JWAEModel`.
+Single process only (the two-phase step does not go through DDP).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+from torch import nn
+
+from zsprob.errors import UserError
+from zsprob.train import optim
+from zsprob.train.data import mixed_seed
+
+__all__ = ["JWAEStep", "build", "one_step", "build_model", "build_source"]
+
+PRIOR_SALT = 0x9A1E
+
+
+class JWAEStep(nn.Module):
+    """JWAEModel + JWAEObjective: codes of a batch, and the two halves of the game."""
+
+    def __init__(self, model: nn.Module, loss: nn.Module, seed: int = 0):
+        super().__init__()
+        self.model, self.loss, self.seed = model, loss, int(seed)
+
+    def codes(self, batch: dict) -> tuple:
+        """``(x, x_rec, z)`` of paired images, paired captions, unpaired images, unpaired captions (or None)."""
+        m = self.model
+        feats = batch["features"]
+
+        def side(x, featurise, autoencode):
+            if x is None:
+                return None
+            return autoencode(x.float() if feats else featurise(x))
+        return (side(batch["img"], m.image_features, m.autoencode_image),
+                side(batch["txt"], m.text_features, m.autoencode_text),
+                side(batch.get("u_img"), m.image_features, m.autoencode_image),
+                side(batch.get("u_txt"), m.text_features, m.autoencode_text))
+
+    def discriminator_loss(self, codes: tuple, step: int):
+        img, txt, u_img, u_txt = codes
+        z_v = torch.cat([img[2]] + ([u_img[2]] if u_img is not None else []))
+        z_t = torch.cat([txt[2]] + ([u_txt[2]] if u_txt is not None else []))
+        gen = torch.Generator(device=z_v.device).manual_seed(mixed_seed(self.seed, int(step), PRIOR_SALT))
+        return self.loss.discriminator_terms(z_v, z_t, generator=gen)
+
+    def generator_loss(self, codes: tuple):
+        return self.loss.generator_terms(*codes)
+
+
+# ----------------------------------------------------------------------------- building
+
+def build_model(cfg):
+    """The frozen tower of ``model.name`` / ``model.pretrained`` (deterministic) inside a JWAEModel."""
+    from zsprob.models import create_model
+    from zsprob.models.jwae import JWAEModel, resolve_jwae_config
+
+    m = cfg.model
+    jc = m.get("jwae")
+    if not isinstance(jc, dict) or not jc.get("decoder"):
+        raise UserError(f"--method jwae needs a model with a decoder config, and model {m.name} has none: set "
+                        "model.jwae (latent_dim, image_hidden, text_hidden, decoder), e.g. --config jwae_synthetic.yaml")
+    jc = resolve_jwae_config(dict(jc))
+    kw = {k: m[k] for k in ("embed_dim", "pooling") if m.get(k) is not None}
+    kw.update(dict(m.get("overrides") or {}))
+    kw["deterministic"] = True
+    tower = create_model(m.name, pretrained=m.get("pretrained"), seed=int(cfg.seed), **kw)
+    torch.manual_seed(int(cfg.seed) + 1)
+    return JWAEModel(tower, jc)
+
+
+def _check_data(cfg) -> None:
+    d = cfg.data
+    if d.kind != "synthetic":
+        raise UserError(f"--method jwae trains on SynthWorld shards (--data synthetic), not {d.kind!r}")
+    if float(d.get("noise_ratio") or 0) > 0 or cfg.msda.enabled or float(d.get("text_size_augment") or 0) > 0:
+        raise UserError("--method jwae has no caption noise, MSDA or text SizeAugment: turn them off")
+    if not d.shards:
+        raise UserError("--data synthetic needs --shards (the SynthWorld pretrain folder)")
+    f = d.get("paired_fraction", 1.0)
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < float(f) <= 1.0:
+        raise UserError(f"data.paired_fraction must be in (0, 1], got {f!r}")
+
+
+def build_source(cfg, model):
+    """The semi-supervised source over SynthWorld's pretraining split (features cached unless told not to)."""
+    from zsprob.data.synthetic import paired_split, read_pretrain_items
+    from zsprob.train.jwae_data import FeatureStore, RawStore, SemiSupervisedSource
+
+    _check_data(cfg)
+    d = cfg.data
+    items = read_pretrain_items(d.shards)
+    paired, unpaired = paired_split(len(items), float(d.get("paired_fraction", 1.0)), int(cfg.seed))
+    # the frozen-feature setting: the evaluation transform, as the features are fixed
+    store = RawStore(items, model.preprocess_val, model.tokenizer)
+    if d.get("cache_features", True) and d.get("feature_cache"):
+        store = FeatureStore.cached(d.feature_cache, _fingerprint(cfg, model, items), model, store)
+    elif d.get("cache_features", True):
+        store = FeatureStore.build(model, store)
+    B = int(d.batch_size)
+    return SemiSupervisedSource(store, paired, unpaired, batch_size=B,
+                                unpaired_batch_size=int(d.get("unpaired_batch_size") or B),
+                                use_unpaired=bool(d.get("unpaired", True)), seed=int(cfg.seed))
+
+
+def _fingerprint(cfg, model, items) -> dict:
+    """What the cached features depend on: the tower (config and weights) and the samples."""
+    import hashlib
+    h = hashlib.sha256()
+    for k, v in sorted(model.tower.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    d = hashlib.sha256()
+    for key, jpeg, caps in zip(items.keys, items.jpegs, items.captions):
+        d.update(key.encode() + jpeg + "\n".join(caps).encode())
+    return {"tower_config": model.config["tower"], "tower_weights": h.hexdigest(), "n": len(items),
+            "samples": d.hexdigest()}
+
+
+def build_optimisation(cfg, step_module: JWAEStep, plan):
+    """One optimiser, two groups (autoencoders, discriminator) and the loop's lr schedule over both."""
+    oc = cfg.optim
+    lr = float(oc.lr)
+    disc_lr = float(oc.get("disc_lr") or lr / 2)
+    groups = [{"params": step_module.model.trainable_parameters(), "lr": lr, "group_name": "autoencoders"},
+              {"params": list(step_module.loss.parameters()), "lr": disc_lr, "group_name": "discriminator"}]
+    optimizer = optim.create_optimizer(groups, name=oc.name, lr=lr, weight_decay=float(oc.weight_decay),
+                                       betas=oc.betas, eps=float(oc.eps))
+    sch = cfg.schedule
+    schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(
+        sch.name, total_steps=plan.total_steps, warmup_steps=plan.warmup, min_lr_ratio=float(sch.min_lr_ratio),
+        milestones=plan.milestones, gamma=float(sch.gamma)))
+    return optimizer, schedule
+
+
+def build(cfg, acc, source, resolve_schedule):
+    """(model, loss, source, plan, step module, optimiser, schedule) of a jWAE run."""
+    from zsprob.prob import create_loss
+
+    if acc.num_processes > 1:
+        raise UserError("--method jwae runs in a single process (its two-phase step does not go through DDP)")
+    if source is None:
+        _check_data(cfg)  # bad data options fail before the tower is built
+    model = build_model(cfg)
+    kwargs = dict((cfg.loss or {}).get("jwae") or {})
+    loss_fn = create_loss("jwae", latent_dim=model.embed_dim, **kwargs)
+    model, loss_fn = model.to(acc.device), loss_fn.to(acc.device)
+    if source is None:
+        source = build_source(cfg, model)
+    plan = resolve_schedule(cfg, source.steps_per_epoch)
+    step_module = JWAEStep(model, loss_fn, seed=int(cfg.seed))
+    optimizer, schedule = build_optimisation(cfg, step_module, plan)
+    return model, loss_fn, source, plan, step_module, optimizer, schedule
+
+
+# ----------------------------------------------------------------------------- one step
+
+def _to(batch: dict, device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def _update(run, loss: torch.Tensor, params: list, drop: list) -> bool:
+    """Backward ``loss``, drop the gradients of ``drop``, clip ``params``, step unless non-finite."""
+    run.acc.backward(loss)
+    for p in drop:
+        p.grad = None
+    check = loss.detach().float()
+    grad_clip = run.cfg.optim.get("grad_clip")
+    if grad_clip:
+        check = check + 0.0 * run.acc.clip_grad_norm_(params, float(grad_clip)).detach().float()
+    ok = bool(torch.isfinite(check).item())
+    if ok:
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return ok
+
+
+def one_step(run, step: int) -> dict:
+    """Discriminator update, then autoencoder update, on one semi-supervised batch; returns the stats."""
+    started = time.perf_counter()
+    batch = _to(run.cursor.next(), run.acc.device)
+    run.data_time += time.perf_counter() - started
+    raw: JWAEStep = run.raw
+    ae_params = raw.model.trainable_parameters()
+    disc_params = list(raw.loss.parameters())
+    codes = raw.codes(batch)
+    d_loss, d_stats = raw.discriminator_loss(codes, step)
+    d_ok = _update(run, d_loss, disc_params, ae_params)
+    g_loss, g_stats = raw.generator_loss(codes)
+    g_ok = _update(run, g_loss, ae_params, disc_params)
+    if d_ok and g_ok:
+        run.consecutive_bad = 0
+        run.loss_sum += g_loss.detach().float()
+        run.n_in_interval += 1
+    else:
+        run.nonfinite_total += 1
+        run.consecutive_bad += 1
+        warnings.warn(f"step {step + 1}: non-finite jWAE loss, an update was skipped ({run.consecutive_bad} in a row)")
+        if run.consecutive_bad >= int(run.cfg.train.max_nonfinite):
+            raise UserError(f"training stopped: the jWAE losses were non-finite in {run.consecutive_bad} consecutive "
+                            "steps; lower optim.lr or check the data")
+    return {**g_stats, **d_stats, "n_unpaired_img": 0 if codes[2] is None else codes[2][2].shape[0],
+            "n_unpaired_txt": 0 if codes[3] is None else codes[3][2].shape[0]}
