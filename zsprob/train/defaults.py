@@ -1,12 +1,16 @@
 """Default training configuration: every key a recipe in configs/*.yaml may set.
 
 A recipe (YAML) is merged over these defaults and then patched with ``--set a.b=v``
-overrides (``zsprob.config.load_config``). Durations are in optimiser steps unless the key
+overrides (:func:`load_train_config`). :func:`with_defaults` is the one place the defaults are
+merged; its result is a :class:`TrainConfig`, which later steps (``train()``) take as it is. Durations are in optimiser steps unless the key
 says epochs; ``*_epochs`` keys win over ``*_steps`` keys when both are set and the epoch
 length is known (map-style COCO, ``data.samples_per_epoch``, or a SynthWorld manifest).
 """
 from __future__ import annotations
 
+from typing import Any, Iterable
+
+from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
 from zsprob.methods import METHODS  # noqa: F401  (re-exported: zsprob.train.METHODS)
 
 DEFAULTS: dict = {
@@ -49,7 +53,7 @@ DEFAULTS: dict = {
         "text_size_augment_masking": 0.5,  # ... of which masked ...
         "text_size_augment_erasing": 0.1,  # ... or randomised; the rest deleted (zsprob.data.text_augment)
         "augment": True,           # open_clip's training transform (RandomResizedCrop); False: the eval transform
-        "pipeline": {},            # extra keyword arguments for build_wds_pipeline
+        "pipeline": {},            # any other ShardPipelineOptions field by name (zsprob.data.webdataset)
     },
     # mode: official (naver-ai/pcmepp: per image, partner B-1-i, smoothed targets) | random | mixup | cutmix
     "msda": {"enabled": False, "ratio": 0.25, "alpha": 2.0, "mode": "random",
@@ -96,5 +100,25 @@ DEFAULTS: dict = {
         "eval_every": None,        # steps between evaluation hooks
         "threads": None,           # torch.set_num_threads on the CPU
         "find_unused_parameters": False,
+        "remote_sync": None,       # fsspec URL mirroring OUT after each checkpoint (zsprob.train.remote_sync)
     },
 }
+
+
+class TrainConfig(Config):
+    """A training config with :data:`DEFAULTS` already merged in (made only by :func:`with_defaults`)."""
+
+
+def with_defaults(cfg: Any = None) -> TrainConfig:
+    """:data:`DEFAULTS` <- ``cfg`` (a mapping); a :class:`TrainConfig` is returned as it is."""
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    return TrainConfig(to_config(deep_merge(DEFAULTS, dict(cfg or {}))))
+
+
+def load_train_config(path=None, overrides: Iterable[str] = ()) -> TrainConfig:
+    """A recipe (YAML, with its ``base:`` chain) over :data:`DEFAULTS`, patched with ``a.b=v`` overrides."""
+    cfg = with_defaults(read_yaml(path) if path is not None else {})
+    for item in overrides:
+        apply_override(cfg, item)
+    return cfg
