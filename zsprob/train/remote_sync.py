@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -137,19 +138,22 @@ class RemoteSync:
         if local.is_file() and int(json.loads(local.read_text()).get("step", -1)) >= int(info["step"]):
             return None
         step_dir = self.out / "checkpoints" / info["dir"]
-        tmp = self.out / "checkpoints" / f".pull-{info['dir']}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"  # nodes sharing OUT may pull at the same time
+        tmp = self.out / "checkpoints" / f".pull-{info['dir']}-{tag}"
         base = self._remote(f"checkpoints/{info['dir']}")
         for src in self.fs.find(base):
             dst = tmp / src[len(base):].lstrip("/")
             dst.parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(src, str(dst))
-        shutil.rmtree(step_dir, ignore_errors=True)
-        os.replace(tmp, step_dir)
+        if (step_dir / "state.json").is_file():  # step directories appear complete (renamed into place)
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            shutil.rmtree(step_dir, ignore_errors=True)
+            os.replace(tmp, step_dir)
         for rel in ("metrics.jsonl", "config.yaml"):
             if self.fs.exists(self._remote(rel)):
-                self.fs.get_file(self._remote(rel), str(self.out / f".{rel}.pull"))
-                os.replace(self.out / f".{rel}.pull", self.out / rel)
+                self.fs.get_file(self._remote(rel), str(self.out / f".{rel}.{tag}"))
+                os.replace(self.out / f".{rel}.{tag}", self.out / rel)
         atomic_write_json(local, {"step": int(info["step"]), "dir": info["dir"]})
         return int(info["step"])
 
