@@ -26,3 +26,22 @@ def test_bad_override_and_missing_file(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(UserError, match="mapping"):
         load_config(tmp_path / "list.yaml")
+
+
+def test_training_defaults_are_merged_once_from_one_place():
+    """load_train_config merges DEFAULTS (zsprob.train.defaults.with_defaults); train()'s resolve_config
+    takes that config as it is, and merges the same DEFAULTS into a partial dict from Python."""
+    from zsprob.config import deep_merge, read_yaml
+    from zsprob.train.defaults import DEFAULTS, TrainConfig, load_train_config, with_defaults
+    from zsprob.train.loop import resolve_config
+    cfg = load_train_config("synthetic_tiny.yaml", ["optim.lr=0.01", "data.pipeline.caption_key=txt"])
+    assert isinstance(cfg, TrainConfig) and resolve_config(cfg) is cfg
+    expected = deep_merge(deep_merge(DEFAULTS, read_yaml("synthetic_tiny.yaml")),
+                          {"optim": {"lr": 0.01}, "data": {"pipeline": {"caption_key": "txt"}}})
+    assert cfg.to_dict() == expected
+    partial = resolve_config({"method": "infonce", "data": {"batch_size": 8}})
+    assert isinstance(partial, TrainConfig) and partial.data.batch_size == 8
+    assert partial.optim.to_dict() == DEFAULTS["optim"] and partial.train.remote_sync is None
+    assert with_defaults(partial) is partial
+    with pytest.raises(UserError, match="is a value"):
+        load_train_config("synthetic_tiny.yaml", ["model.name.x=1"])

@@ -327,3 +327,27 @@ def test_preprocess_with_inconsistent_output_shape_is_skipped_and_counted(tmp_pa
     assert sorted(keys) == sorted(k for k in good if not k.endswith("_001"))
     assert all(b[0].shape[1:] == (3, 24, 24) and b[0].shape[0] == len(b[2]) for b in batches)
     assert loader.stats()["transform_error"] == 2
+
+
+def test_one_options_object_equals_the_keyword_form_and_rejects_unknown_names(shards):
+    from zsprob.config import to_config
+    from zsprob.data.webdataset import ShardPipelineOptions
+    from zsprob.train.data import shard_options
+    pattern, _ = shards
+    opts = ShardPipelineOptions(batch_size=3, seed=5, num_workers=2, shuffle_buffer=8, with_keys=True)
+    by_keywords = _keys(build_wds_pipeline(pattern, preprocess=None, tokenizer=None, batch_size=3, seed=5,
+                                           num_workers=2, shuffle_buffer=8, with_keys=True))
+    assert _keys(build_wds_pipeline(pattern, opts, preprocess=None, tokenizer=None)) == by_keywords
+    # keyword changes replace fields of the object (and leave it alone: it is frozen)
+    other = _keys(build_wds_pipeline(pattern, opts, preprocess=None, tokenizer=None, seed=6))
+    assert sorted(other) == sorted(by_keywords) and other != by_keywords and opts.seed == 5
+    with pytest.raises(UserError, match="unknown shard pipeline option.*shufle_buffer"):
+        build_wds_pipeline(pattern, opts, preprocess=None, tokenizer=None, shufle_buffer=4)
+    # training builds it once from the config: data.* first, then data.pipeline.* by field name
+    data = to_config({"kind": "redcaps", "num_workers": 2, "resampled": True, "shuffle_buffer": 64,
+                      "pipeline": {"prepend_subreddit": True, "shuffle_buffer": 16}})
+    built = shard_options(data, local_batch_size=4, seed=3, samples_per_epoch=40)
+    assert (built.batch_size, built.seed, built.num_workers, built.dataset_type, built.resampled) == (4, 3, 2, "redcaps", True)
+    assert (built.shuffle_buffer, built.prepend_subreddit, built.num_samples, built.drop_last) == (16, True, 40, True)
+    with pytest.raises(UserError, match="unknown shard pipeline option"):
+        shard_options(to_config({"kind": "webdataset", "pipeline": {"num_worker": 2}}), 4, 0, None)

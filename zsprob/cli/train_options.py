@@ -11,7 +11,7 @@ both, applied last in command-line order)::
     --precision P       train.precision         --workers N      data.num_workers
     --seed S            seed                    --threads N      train.threads
     --log-every N       train.log_every         --checkpoint-every N  train.checkpoint_every
-    --eval-every N      train.eval_every
+    --eval-every N      train.eval_every        --remote-sync URL train.remote_sync
 """
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ def common_options(f):
         click.option("--log-every", type=int, default=None, help="Steps between metrics.jsonl records."),
         click.option("--checkpoint-every", type=int, default=None, help="Steps between resumable checkpoints."),
         click.option("--eval-every", type=int, default=None, help="Steps between evaluation hooks."),
+        click.option("--remote-sync", type=str, default=None, metavar="URL",
+                     help="Mirror OUT to an fsspec URL (s3://, gs://, file://) after each checkpoint; "
+                          "--resume pulls a newer checkpoint from it."),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                      help="Override any config value, e.g. --set optim.layer_decay=0.7 (repeatable)."),
         click.option("--resume", is_flag=True, help="Continue from OUT/checkpoints/latest.json exactly."),
@@ -89,6 +92,7 @@ def flag_overrides(kw: dict) -> list[str]:
     put("train.log_every", kw.get("log_every"))
     put("train.checkpoint_every", kw.get("checkpoint_every"))
     put("train.eval_every", kw.get("eval_every"))
+    put("train.remote_sync", kw.get("remote_sync"))
     return out
 
 

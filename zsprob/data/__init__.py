@@ -7,7 +7,8 @@ prob, train, zeroshot or retrieval.
 Sub-modules (imported on first attribute access, so ``import zsprob.data`` stays cheap):
 
 - :mod:`zsprob.data.webdataset`: image-text tar shards (RedCaps, img2dataset output, SynthWorld
-  pretraining shards): :func:`build_wds_pipeline` -> :class:`WdsLoader`.
+  pretraining shards; local, ``pipe:`` or fsspec URLs): :func:`build_wds_pipeline` with one
+  :class:`ShardPipelineOptions` -> :class:`WdsLoader`.
 - :mod:`zsprob.data.coco`: COCO Captions with the Karpathy splits and official ids: :class:`CocoCaptions`.
 - :mod:`zsprob.data.classification`: ImageNet, folder-per-class datasets, SynthWorld classify splits:
   :func:`build_classification_dataset`.
@@ -21,6 +22,7 @@ import importlib
 _LAZY = {
     "build_wds_pipeline": "zsprob.data.webdataset",
     "WdsLoader": "zsprob.data.webdataset",
+    "ShardPipelineOptions": "zsprob.data.webdataset",
     "CocoCaptions": "zsprob.data.coco",
     "CocoImages": "zsprob.data.coco",
     "CocoPairs": "zsprob.data.coco",

@@ -6,11 +6,14 @@ writes it, RedCaps' subreddit lives there, SynthWorld writes all captions and gr
 
 What the ``webdataset`` library (1.0.x) does here: shard-pattern expansion (brace patterns,
 ``::`` separated sources, ``WDS_`` environment variables: :func:`webdataset.shardlists.expand_urls`),
-opening local paths / URLs / ``pipe:`` commands (:func:`webdataset.gopen.gopen`), streaming
+opening ``pipe:`` commands, and URLs whose fsspec backend is not installed but that webdataset
+reads with a command-line tool (``https://`` with curl, ``gs://`` with gsutil: :func:`webdataset.gopen.gopen`), streaming
 tar members (:func:`webdataset.tariterators.tar_file_iterator`), key/extension splitting
 (:func:`webdataset.tariterators.base_plus_ext`), the sample shuffle buffer
 (:func:`webdataset.filters.shuffle`), pipeline composition (:class:`webdataset.DataPipeline`) and
-the worker loader (:class:`webdataset.WebLoader`, a ``torch.utils.data.DataLoader``).
+the worker loader (:class:`webdataset.WebLoader`, a ``torch.utils.data.DataLoader``). fsspec opens,
+lists and probes every other URL (``s3://``, ``gs://``, ``https://``, ``hf://``, ``memory://``,
+``file://``; :mod:`zsprob.utils.remote`).
 
 What zsprob writes itself (this file): the epoch-aware, seeded shard schedule (split
 by node and worker, or resampled with per-source weights), grouping members into samples per
@@ -24,8 +27,14 @@ Semantics in one place
 ----------------------
 * ``shards``: a pattern string (``"/data/redcaps/{00000..00999}.tar"``), several sources
   joined by ``::`` or given as a list, or a local directory (all ``*.tar`` in it, sorted; a
-  SynthWorld output directory means its ``pretrain/`` folder). URLs and ``pipe:`` commands
-  are passed to webdataset's ``gopen``.
+  SynthWorld output directory means its ``pretrain/`` folder). Each source may be a local path, a
+  ``file://`` URL, a ``pipe:COMMAND`` (its stdout is the shard; braces expand inside the command) or
+  an fsspec URL (``s3://bucket/{000..099}.tar``); a directory URL without braces is listed
+  (``*.tar`` in it) through fsspec. An unknown scheme, or one whose fsspec backend (s3fs, gcsfs)
+  is not installed and that webdataset cannot read either, is a UserError when the pipeline is
+  built. The check that the shards exist covers local paths (all) and fsspec URLs (a few, spread
+  over the list); ``pipe:`` commands fail at read time and are counted as ``missing_shard``.
+  All options but the shards, callables and position live in one :class:`ShardPipelineOptions`.
 * ``resampled=False`` (default): each epoch every shard is read exactly once. The shard list
   is permuted with ``(seed, epoch)`` (identical on every rank), split ``shards[rank::world]``
   and then ``[worker::num_workers]``. Rank / world size come from the arguments, else
@@ -85,8 +94,8 @@ import logging
 import math
 import os
 import random
-import re
 from collections import Counter
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
@@ -95,15 +104,17 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import webdataset as wds
-from webdataset.gopen import gopen
+from webdataset.gopen import gopen, gopen_schemes
 from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
 from zsprob.data.captions import clean_caption, clean_redcaps_caption
 from zsprob.errors import UserError
+from zsprob.utils import remote
 
 __all__ = [
     "build_wds_pipeline",
+    "ShardPipelineOptions",
     "WdsLoader",
     "expand_shards",
     "clean_caption",
@@ -154,32 +165,84 @@ def _split_sources(shards: Union[str, os.PathLike, Sequence]) -> list[str]:
     return out
 
 
-def _expand_one(source: str) -> list[str]:
-    p = Path(os.path.expanduser(source))
-    if "://" not in source and not source.startswith("pipe:") and p.is_dir():
+#: schemes webdataset's gopen opens itself (curl, gsutil, ...) when fsspec's backend is not installed
+GOPEN_SCHEMES = tuple(k for k in gopen_schemes if not k.startswith("_"))
+
+
+def _expand_dir(source: str) -> Optional[list[str]]:
+    """The shards of a directory (local or fsspec URL; a SynthWorld output means its ``pretrain/``),
+    or None when ``source`` is not a directory."""
+    if remote.is_local(source):
+        p = Path(remote.local_path(source))
+        if not p.is_dir():
+            return None
         if (p / "pretrain").is_dir() and not list(p.glob("*.tar")):
             p = p / "pretrain"  # a SynthWorld output directory
         tars = sorted(str(x) for x in p.glob("*.tar"))
         if not tars:
             raise UserError(f"no *.tar shards in directory {p}")
         return tars
-    return list(expand_urls(source))
+    if any(c in source for c in "{}") or source.endswith(".tar") or remote.fsspec_problem(remote.scheme_of(source)):
+        return None  # a pattern, one shard, or a URL only webdataset's gopen reads: nothing to list
+    fs, path = remote.url_fs(source)
+    try:
+        is_dir = fs.isdir(path)
+    except Exception as e:  # network, credentials: say so in one line
+        raise UserError(f"cannot list shards at {source}: {type(e).__name__}: {e}") from None
+    if not is_dir:
+        return None
+    tars = remote.list_tars(source) or remote.list_tars(remote.join(source, "pretrain"))
+    if not tars:
+        raise UserError(f"no *.tar shards in {source}")
+    return tars
+
+
+def _expand_one(source: str) -> list[str]:
+    remote.check_url(source, "shards", fallback=GOPEN_SCHEMES)
+    if remote.scheme_of(source) == "pipe":
+        return list(expand_urls(source))
+    return _expand_dir(source) or list(expand_urls(source))
 
 
 def expand_shards(shards) -> list[list[str]]:
-    """Expand a shard spec into one list of URLs per source (brace patterns, ``::``, directories)."""
+    """Expand a shard spec into one list of URLs per source (brace patterns, ``::``, directories,
+    local or fsspec URLs); an unknown URL scheme is a UserError."""
     sources = _split_sources(shards)
     if not sources:
         raise UserError("no shards given (expected a pattern like 'dir/{000000..000099}.tar')")
     return [_expand_one(s) for s in sources]
 
 
-def _is_local(url: str) -> bool:
-    return not (url.startswith("pipe:") or "://" in url) or url.startswith("file:")
+def open_shard(url: str):
+    """A binary stream of one shard: local files and fsspec URLs through open / fsspec, ``pipe:``
+    commands and the schemes only webdataset handles here through webdataset's ``gopen``."""
+    if remote.is_local(url):
+        return open(remote.local_path(url), "rb")
+    scheme = remote.scheme_of(url)
+    if scheme != "pipe" and remote.fsspec_problem(scheme) is None:
+        return remote.open_url(url, "rb")
+    return gopen(url, "rb")
 
 
-def _local_path(url: str) -> str:
-    return re.sub(r"^file://?", "/", url) if url.startswith("file:") else url
+def _check_some_exist(urls: list[str]) -> None:
+    """UserError when none of the shards exists (local: all checked; fsspec URLs: up to 8 spread over
+    the list, when the file system answers; ``pipe:`` commands cannot be checked)."""
+    local = [u for u in urls if remote.is_local(u)]
+    if local and len(local) == len(urls):
+        if not any(os.path.isfile(remote.local_path(u)) for u in local):
+            raise UserError(f"none of the {len(urls)} shards exists (first: {urls[0]}); check the --shards pattern")
+        return
+    far = [u for u in urls if remote.scheme_of(u) not in ("", "file", "pipe")
+           and remote.fsspec_problem(remote.scheme_of(u)) is None]
+    if not far or len(far) != len(urls):
+        return
+    probe = far[:: max(1, len(far) // 8)][:8]
+    try:
+        found = any(fs.exists(path) for fs, path in (remote.url_fs(u) for u in probe))
+    except Exception:  # no answer (credentials, network): the readers count missing shards instead
+        return
+    if not found:
+        raise UserError(f"none of {len(probe)} shards probed exists (first: {urls[0]}); check the --shards pattern")
 
 
 def _parse_weights(weights, n_sources: int) -> Optional[list[float]]:
@@ -220,6 +283,79 @@ def _dist_info(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int
 def _seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1, np.uint64)[0]
                & 0x7FFFFFFFFFFFFFFF)
+
+
+# --------------------------------------------------------------------------- options
+
+@dataclass(frozen=True)
+class ShardPipelineOptions:
+    """Every option of the shard pipeline except the shards, the two callables and the position in the
+    stream: built once (from a training config by :func:`zsprob.train.data.shard_options`, or by hand)
+    and handed down unchanged to the stream of each epoch. The module docstring gives the semantics.
+
+    ``clean`` overrides the caption cleaning of ``dataset_type``; ``rank`` / ``world_size`` default to
+    ``torch.distributed``, else the ``RANK`` / ``WORLD_SIZE`` environment.
+    """
+
+    batch_size: int
+    seed: int = 0
+    resampled: bool = False
+    weights: Any = None
+    shuffle: bool = True
+    shuffle_buffer: int = 2000
+    shuffle_initial: int = 500
+    num_workers: int = 0
+    caption_key: str = "txt"
+    image_keys: Sequence[str] = IMAGE_KEYS
+    dataset_type: str = "webdataset"
+    prepend_subreddit: bool = False
+    keep_emoji: bool = False
+    clean: Optional[Callable[[str], str]] = None
+    num_samples: Optional[int] = None
+    drop_last: bool = False
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    with_keys: bool = False
+    pin_memory: bool = False
+    prefetch_factor: Optional[int] = None
+    timeout: float = 0
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def build(cls, base: Optional["ShardPipelineOptions"] = None, **changes) -> "ShardPipelineOptions":
+        """``base`` (or the defaults) with ``changes``; an unknown option is a UserError."""
+        unknown = sorted(set(changes) - set(cls.names()))
+        if unknown:
+            raise UserError(f"unknown shard pipeline option(s) {', '.join(unknown)} "
+                            f"(data.pipeline); known: {', '.join(cls.names())}")
+        if base is None:
+            if "batch_size" not in changes:
+                raise UserError("the shard pipeline needs a batch_size")
+            return cls(**changes).checked()
+        return replace(base, **changes).checked()
+
+    def checked(self) -> "ShardPipelineOptions":
+        if self.dataset_type not in DATASET_TYPES:
+            raise UserError(f"unknown dataset type {self.dataset_type!r}; choose one of {', '.join(DATASET_TYPES)}")
+        if self.batch_size < 1:
+            raise UserError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.num_workers < 0:
+            raise UserError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.num_samples is not None and self.num_samples < 1:
+            raise UserError(f"num_samples must be >= 1, got {self.num_samples}")
+        return self
+
+    def caption_cleaner(self) -> Callable[[str], str]:
+        if self.clean is not None:
+            return self.clean
+        if self.dataset_type == "redcaps":
+            def clean(t, _k=self.keep_emoji):
+                return clean_redcaps_caption(t, keep_emoji=_k)
+            return clean
+        return clean_caption
 
 
 # --------------------------------------------------------------------------- worker side
@@ -311,30 +447,29 @@ class _BatchBuffer:
 class _ShardStream(IterableDataset):
     """The iterable each DataLoader worker runs: shards -> samples -> shuffled -> batches."""
 
-    def __init__(self, sources: list[list[str]], *, weights, preprocess, tokenizer, batch_size, seed,
-                 resampled, shuffle, shuffle_buffer, shuffle_initial, caption_key, image_keys,
-                 clean_fn, prepend_subreddit, num_samples, drop_last, rank, world_size, with_keys):
+    def __init__(self, sources: list[list[str]], opts: ShardPipelineOptions, *, weights, preprocess, tokenizer,
+                 rank: int, world_size: int):
         super().__init__()
         self.sources = sources
         self.urls = [u for s in sources for u in s]
         self.weights = weights
         self.preprocess = preprocess
         self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.seed = seed
-        self.resampled = resampled
-        self.shuffle = shuffle
-        self.shuffle_buffer = shuffle_buffer
-        self.shuffle_initial = shuffle_initial
-        self.caption_key = caption_key
-        self.image_keys = tuple(image_keys)
-        self.clean_fn = clean_fn
-        self.prepend_subreddit = prepend_subreddit
-        self.num_samples = num_samples
-        self.drop_last = drop_last
+        self.batch_size = int(opts.batch_size)
+        self.seed = int(opts.seed)
+        self.resampled = bool(opts.resampled)
+        self.shuffle = bool(opts.shuffle)
+        self.shuffle_buffer = int(opts.shuffle_buffer)
+        self.shuffle_initial = int(opts.shuffle_initial)
+        self.caption_key = opts.caption_key
+        self.image_keys = tuple(opts.image_keys)
+        self.clean_fn = opts.caption_cleaner()
+        self.prepend_subreddit = bool(opts.prepend_subreddit)
+        self.num_samples = opts.num_samples
+        self.drop_last = bool(opts.drop_last)
         self.rank = rank
         self.world_size = world_size
-        self.with_keys = with_keys
+        self.with_keys = bool(opts.with_keys)
         # set by WdsLoader before each iteration (workers get a copy at iter() time)
         self.epoch = 0
         self.skip_batches = 0
@@ -382,11 +517,11 @@ class _ShardStream(IterableDataset):
 
     # ---- reading
     def _read_shard(self, url: str, counts: _Counts) -> Iterator[dict]:
-        if _is_local(url) and not os.path.isfile(_local_path(url)):
+        if remote.is_local(url) and not os.path.isfile(remote.local_path(url)):
             counts.bad("missing_shard", f"{url} does not exist")
             return
         try:
-            stream = gopen(url, "rb")
+            stream = open_shard(url)
         except Exception as e:
             counts.bad("missing_shard", f"{url}: {e!r}")
             return
@@ -708,81 +843,37 @@ class WdsLoader:
         self._batch_in_epoch = 0
 
 
-def build_wds_pipeline(
-    shards,
-    *,
-    preprocess: Optional[Callable],
-    tokenizer: Optional[Callable],
-    batch_size: int,
-    seed: int = 0,
-    epoch: int = 0,
-    resampled: bool = False,
-    weights=None,
-    shuffle: bool = True,
-    shuffle_buffer: int = 2000,
-    shuffle_initial: int = 500,
-    num_workers: int = 0,
-    caption_key: str = "txt",
-    image_keys: Sequence[str] = IMAGE_KEYS,
-    dataset_type: str = "webdataset",
-    prepend_subreddit: bool = False,
-    keep_emoji: bool = False,
-    clean: Optional[Callable[[str], str]] = None,
-    num_samples: Optional[int] = None,
-    drop_last: bool = False,
-    rank: Optional[int] = None,
-    world_size: Optional[int] = None,
-    skip_batches: int = 0,
-    with_keys: bool = False,
-    pin_memory: bool = False,
-    prefetch_factor: Optional[int] = None,
-    timeout: float = 0,
-) -> WdsLoader:
+def build_wds_pipeline(shards, options: Optional[ShardPipelineOptions] = None, *,
+                       preprocess: Optional[Callable], tokenizer: Optional[Callable], epoch: int = 0,
+                       skip_batches: int = 0, **changes) -> WdsLoader:
     """Build the shard loader; see the module docstring for the exact semantics.
 
+    ``options``: a :class:`ShardPipelineOptions`; keyword ``changes`` name its fields (``batch_size=4,
+    num_workers=2``) and replace them (without ``options`` they start from the defaults).
     ``preprocess``: PIL image -> tensor (the model's open_clip transform, optionally with
     :class:`zsprob.data.transforms.SizeAugment`); ``tokenizer``: list[str] -> LongTensor [B, L]
     (called once per batch, in the worker). ``tokenizer=None`` yields caption strings,
     ``preprocess=None`` PIL images. ``with_keys=True`` yields ``(images, tokens, keys)``.
-    ``clean`` overrides the caption cleaning of ``dataset_type``.
+    ``epoch`` / ``skip_batches``: where the first iteration starts.
     """
-    if dataset_type not in DATASET_TYPES:
-        raise UserError(f"unknown dataset type {dataset_type!r}; choose one of {', '.join(DATASET_TYPES)}")
-    if batch_size < 1:
-        raise UserError(f"batch_size must be >= 1, got {batch_size}")
-    if num_workers < 0:
-        raise UserError(f"num_workers must be >= 0, got {num_workers}")
-    if num_samples is not None and num_samples < 1:
-        raise UserError(f"num_samples must be >= 1, got {num_samples}")
+    opts = ShardPipelineOptions.build(options, **changes)
     sources = expand_shards(shards)
-    w = _parse_weights(weights, len(sources))
-    if w is not None and not resampled and len(set(w)) > 1:
+    w = _parse_weights(opts.weights, len(sources))
+    if w is not None and not opts.resampled and len(set(w)) > 1:
         raise UserError("source sampling weights need resampled=True (sampling shards with "
                         "replacement); a plain epoch reads every shard exactly once")
-    r, ws = _dist_info(rank, world_size)
+    r, ws = _dist_info(opts.rank, opts.world_size)
     if not 0 <= r < ws:
         raise UserError(f"rank {r} outside world size {ws}")
     urls = [u for s in sources for u in s]
-    local = [u for u in urls if _is_local(u)]
-    if local and len(local) == len(urls) and not any(os.path.isfile(_local_path(u)) for u in local):
-        raise UserError(f"none of the {len(urls)} shards exists (first: {urls[0]}); check the --shards pattern")
-    if not resampled and num_samples is not None and len(urls) < ws * max(1, num_workers):
-        raise UserError(f"{len(urls)} shards cannot feed {ws} ranks x {max(1, num_workers)} workers "
+    _check_some_exist(urls)
+    if not opts.resampled and opts.num_samples is not None and len(urls) < ws * max(1, opts.num_workers):
+        raise UserError(f"{len(urls)} shards cannot feed {ws} ranks x {max(1, opts.num_workers)} workers "
                         f"with a fixed epoch length; use fewer workers or resampled=True")
-    if clean is None:
-        if dataset_type == "redcaps":
-            def clean(t, _k=keep_emoji):
-                return clean_redcaps_caption(t, keep_emoji=_k)
-        else:
-            clean = clean_caption
-    stream = _ShardStream(
-        sources, weights=w, preprocess=preprocess, tokenizer=tokenizer, batch_size=int(batch_size),
-        seed=int(seed), resampled=bool(resampled), shuffle=bool(shuffle), shuffle_buffer=int(shuffle_buffer),
-        shuffle_initial=int(shuffle_initial), caption_key=caption_key, image_keys=image_keys,
-        clean_fn=clean, prepend_subreddit=bool(prepend_subreddit), num_samples=num_samples,
-        drop_last=bool(drop_last), rank=r, world_size=ws, with_keys=bool(with_keys))
-    loader = WdsLoader(stream, epoch=epoch, num_workers=num_workers, pin_memory=pin_memory,
-                       prefetch_factor=prefetch_factor, timeout=timeout)
+    stream = _ShardStream(sources, opts, weights=w, preprocess=preprocess, tokenizer=tokenizer, rank=r,
+                          world_size=ws)
+    loader = WdsLoader(stream, epoch=epoch, num_workers=opts.num_workers, pin_memory=opts.pin_memory,
+                       prefetch_factor=opts.prefetch_factor, timeout=opts.timeout)
     if skip_batches:
         loader.set_epoch(epoch, skip_batches)
     return loader

@@ -1,15 +1,12 @@
 """A bag-of-words text tower, and the CLIP container that pairs it with an open_clip image tower.
 
-Why it exists: on SynthWorld, trained from scratch on a CPU, every open_clip text transformer
-we tried maps all captions onto one direction within ~50 steps (the 20 class prompts reach
-pairwise cosine 1.00 while the image tower has not yet learnt shape), and zero-shot stays at
-chance whatever the learning rate, depth, pooling or initialisation
-(``scripts/probe_contrastive.py``; README "What to expect"). A bag of words - a learnt
-embedding per token, averaged over the caption - cannot collapse that way: captions that
-differ in one word stay apart from the first step, and the same image tower then learns shape
-(41% zero-shot on SynthWorld after 115k samples, measured). Word-embedding text encoders have
-precedent in the papers zsprob implements: PCME and VSE infinity encode captions with word
-embeddings (GloVe) and a bi-GRU pooled by GPO.
+Why it exists: on SynthWorld, trained from scratch on a CPU, the open_clip text transformer maps
+every caption onto one direction and zero-shot stays at chance; a bag of words - a learnt
+embedding per token, averaged over the caption - cannot collapse that way: captions that differ
+in one word stay apart from the first step, and the same image tower then learns shape. The
+measurements and the probe that made them: ``docs/findings.md`` ("How the demo recipe was
+found"). Word-embedding text encoders have precedent in the papers zsprob implements: PCME and
+VSE infinity encode captions with word embeddings (GloVe) and a bi-GRU pooled by GPO.
 
 ``BagOfWordsText``: ``token_embedding`` (vocab x width, N(0, 1) init as ``nn.Embedding``) ->
 per-token linear ``text_projection`` (width -> embed_dim) -> pooled over the caption's tokens

@@ -1,18 +1,15 @@
 """``zsprob_plaincnn`` / ``zsprob_plaincnn_small``: small VGG-style conv nets registered with timm, for SynthWorld.
 
 Why they exist: on SynthWorld (64 px scenes, 20 shapes) the small image towers that ship with
-timm and open_clip learn *shape* far too slowly for a CPU-minutes budget. Measured with
-``scripts/probe_synthworld.py`` (supervised, fresh single-object images, 38,400 samples):
-timm ``test_resnet`` 5.6%, ``resnet10t`` 10.3%, ``regnetx_002`` 6.1%, the zsprob-tiny ViT
-8.6% at 51,200 - while this plain net (stride-2 3x3 stem, one 3x3 conv-BN-ReLU per stage,
-max-pool between stages) reaches 75.8%. ResNet-style stems (7x7 stride 2 + max-pool) leave
-16 x 16 positions before the first stage at 64 px; here the first stage runs at 32 x 32.
+timm and open_clip learn *shape* far too slowly for a CPU-minutes budget, and this plain design
+(stride-2 3x3 stem, one 3x3 conv-BN-ReLU per stage, max-pool between stages) learns it quickly.
+ResNet-style stems (7x7 stride 2 + max-pool) leave 16 x 16 positions before the first stage at
+64 px; here the first stage runs at 32 x 32. The comparison: ``docs/findings.md`` ("How the demo
+recipe was found"); sizes and costs: ``docs/models.md``.
 
-* ``zsprob_plaincnn``: stem 32, stages 64-128-256-256 (1.0M parameters, ~76M MACs at 64 px);
-* ``zsprob_plaincnn_small``: stem 32, stages 32-64-128-256 (0.4M parameters, ~2.5x the
-  training throughput). The SynthWorld config ``zsprob-tiny-bow`` uses it: with InfoNCE on the
-  demo world (900 x 128 samples) it reached 20.6% zero-shot against 25.8% for the wider net, in
-  less than half the time.
+* ``zsprob_plaincnn``: stem 32, stages 64-128-256-256;
+* ``zsprob_plaincnn_small``: stem 32, stages 32-64-128-256 (the SynthWorld config ``zsprob-tiny-bow``
+  uses it).
 
 They are regular timm models: built through ``timm.create_model(name)`` (so open_clip's
 ``TimmModel`` wraps them like any timm trunk: ``"timm_model_name": "zsprob_plaincnn_small"`` in a

@@ -4,10 +4,8 @@ Owns the training loop, its data sources, optimisers, schedules, resumable state
 import config, data, models, prob, ``zsprob.methods``, ``zsprob.errors`` and ``zsprob.utils``; never
 zeroshot, retrieval, report or cli.
 
-    from zsprob.config import load_config
-    from zsprob.train import train, DEFAULTS
-    cfg = load_config("configs/synthetic_tiny.yaml", ["data.shards=sw/pretrain", "schedule.steps=300"],
-                      defaults=DEFAULTS)
+    from zsprob.train import train, load_train_config
+    cfg = load_train_config("configs/synthetic_tiny.yaml", ["data.shards=sw/pretrain", "schedule.steps=300"])
     summary = train(cfg, "runs/tiny")          # runs/tiny/model is the trained checkpoint
 
 Modules: :mod:`~zsprob.train.loop` (the loop, :func:`train`), :mod:`~zsprob.train.optim`
@@ -15,12 +13,14 @@ Modules: :mod:`~zsprob.train.loop` (the loop, :func:`train`), :mod:`~zsprob.trai
 backbone freezing, SWA), :mod:`~zsprob.train.state` (checkpoint + exact-resume state,
 safetensors + JSON), :mod:`~zsprob.train.distributed` (all-gather with gradients),
 :mod:`~zsprob.train.data` (batch sources with resumable positions, noisy correspondence),
-:mod:`~zsprob.train.hooks` (evaluation hooks), :mod:`~zsprob.train.defaults` (every config key).
+:mod:`~zsprob.train.hooks` (evaluation hooks), :mod:`~zsprob.train.defaults` (every config key,
+merged into a config in one place), :mod:`~zsprob.train.remote_sync` (the run directory mirrored to
+an fsspec URL, pulled back on resume).
 Imports are lazy so ``import zsprob.train`` does not import torch.
 """
 from __future__ import annotations
 
-__all__ = ["train", "DEFAULTS", "METHODS", "load_train_config"]
+__all__ = ["train", "DEFAULTS", "METHODS", "load_train_config", "with_defaults", "TrainConfig"]
 
 
 def __getattr__(name):
@@ -30,13 +30,7 @@ def __getattr__(name):
     if name in ("DEFAULTS", "METHODS"):
         from zsprob.train import defaults
         return getattr(defaults, name)
-    if name == "load_train_config":
-        return load_train_config
+    if name in ("load_train_config", "with_defaults", "TrainConfig"):
+        from zsprob.train import defaults
+        return getattr(defaults, name)
     raise AttributeError(name)
-
-
-def load_train_config(path=None, overrides=()):
-    """A recipe (YAML) over :data:`DEFAULTS`, patched with ``a.b=v`` overrides."""
-    from zsprob.config import load_config
-    from zsprob.train.defaults import DEFAULTS
-    return load_config(path, list(overrides), defaults=DEFAULTS)

@@ -99,37 +99,21 @@ class WdsSource(BatchSource):
     workers skip the consumed batches before preprocessing (exact, see zsprob.data.webdataset).
     """
 
-    def __init__(self, shards, *, kind: str, preprocess, tokenizer, local_batch_size: int,
-                 seed: int, num_workers: int, shuffle_buffer: int | None, resampled: bool,
-                 samples_per_epoch: int | None, world: int, extra: dict | None = None):
+    def __init__(self, shards, options, *, preprocess, tokenizer):
         from zsprob.data.webdataset import build_wds_pipeline
         self._build = build_wds_pipeline
         self.shards = shards
-        self.kind = kind
+        self.options = options  # a ShardPipelineOptions (shard_options builds it from the config)
         self.preprocess, self.tokenizer = preprocess, tokenizer
-        self.local_batch_size = local_batch_size
-        self.seed = seed
-        self.num_workers = num_workers
-        self.shuffle_buffer = shuffle_buffer
-        self.resampled = resampled
-        self.samples_per_epoch = int(samples_per_epoch) if samples_per_epoch else None
-        self.extra = dict(extra or {})
-        self.world = world
+        self.local_batch_size = options.batch_size
         self._loader = None
         self._stats_total: dict[str, int] = {}
         probe = self._make(0, 0)
         self.steps_per_epoch = probe.num_batches  # None for a plain one-pass epoch
 
     def _make(self, epoch: int, skip: int):
-        kw: dict[str, Any] = dict(preprocess=self.preprocess, tokenizer=self.tokenizer,
-                                  batch_size=self.local_batch_size, seed=self.seed, epoch=epoch,
-                                  resampled=self.resampled, num_workers=self.num_workers,
-                                  dataset_type=self.kind, drop_last=True, skip_batches=skip,
-                                  num_samples=self.samples_per_epoch)
-        if self.shuffle_buffer is not None:
-            kw["shuffle_buffer"] = int(self.shuffle_buffer)
-        kw.update(self.extra)
-        return self._build(self.shards, **kw)
+        return self._build(self.shards, self.options, preprocess=self.preprocess, tokenizer=self.tokenizer,
+                           epoch=epoch, skip_batches=skip)
 
     def epoch_batches(self, epoch, skip=0):
         self._fold_stats()
@@ -261,31 +245,71 @@ def add_caption_noise(tokens: torch.Tensor, ratio: float, generator: torch.Gener
     return out, k
 
 
+def shard_options(data: Any, local_batch_size: int, seed: int, samples_per_epoch: int | None):
+    """The :class:`~zsprob.data.webdataset.ShardPipelineOptions` of a config's ``data`` section, built
+    once: the flavour, workers, shuffle buffer, resampling and epoch length, then ``data.pipeline``
+    (any other option by name; an unknown one is a UserError). Full batches only (``drop_last``)."""
+    from zsprob.data.webdataset import ShardPipelineOptions
+    base = dict(batch_size=int(local_batch_size), seed=int(seed), resampled=bool(data.get("resampled")),
+                num_workers=int(data.get("num_workers") or 0), dataset_type=str(data.kind), drop_last=True,
+                num_samples=int(samples_per_epoch) if samples_per_epoch else None)
+    if data.get("shuffle_buffer") is not None:
+        base["shuffle_buffer"] = int(data.shuffle_buffer)
+    return ShardPipelineOptions.build(**{**base, **dict(data.get("pipeline") or {})})
+
+
+def _manifest_candidates(shards: str) -> list[str]:
+    """``manifest.json`` in the shards' directory and the two above it (paths or URLs)."""
+    from zsprob.utils import remote
+    s = str(shards).split("::")[0].rstrip("/")
+    if remote.scheme_of(s) == "pipe":
+        return []
+    if remote.is_local(s):
+        p = Path(remote.local_path(s))
+        return [str(c / "manifest.json") for c in (p, p.parent, p.parent.parent)]
+    head, _, path = s.partition("://")
+    parts = path.split("/")
+    return [f"{head}://{'/'.join(parts[:len(parts) - k])}/manifest.json" for k in range(3) if len(parts) - k > 0]
+
+
+def _read_manifest(where: str) -> dict | None:
+    import json
+
+    from zsprob.utils import remote
+    try:
+        with remote.open_url(where, "rb") as f:
+            m = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, ImportError):  # missing, unreadable, not JSON, no backend
+        return None
+    return m if isinstance(m, dict) else None
+
+
 def count_samples_synthetic(shards: str | Path) -> int | None:
-    """Number of pretraining samples from a SynthWorld manifest next to the shards, if any."""
-    p = Path(str(shards))
-    for cand in (p / "manifest.json", p.parent / "manifest.json", p.parent.parent / "manifest.json"):
-        if cand.is_file():
-            import json
-            try:
-                m = json.loads(cand.read_text())
-            except json.JSONDecodeError:
-                return None
-            for key in ("num_pretrain", "pretrain"):
-                v = m.get(key)
-                if isinstance(v, int):
-                    return v
-                if isinstance(v, dict) and isinstance(v.get("num"), int):
-                    return v["num"]
-            counts = m.get("counts")
-            if isinstance(counts, dict) and isinstance(counts.get("pretrain"), int):
-                return counts["pretrain"]
+    """Number of pretraining samples from a SynthWorld manifest next to the shards (a path or an
+    fsspec URL), if any."""
+    for cand in _manifest_candidates(str(shards)):
+        m = _read_manifest(cand)
+        if m is None:
+            continue
+        for key in ("num_pretrain", "pretrain"):
+            v = m.get(key)
+            if isinstance(v, int):
+                return v
+            if isinstance(v, dict) and isinstance(v.get("num"), int):
+                return v["num"]
+        counts = m.get("counts")
+        if isinstance(counts, dict) and isinstance(counts.get("pretrain"), int):
+            return counts["pretrain"]
     return None
 
 
 def resolve_shards(shards: str | Path) -> str | list[str]:
-    """A directory means every ``*.tar`` in it (sorted); patterns / URLs pass through."""
-    p = Path(str(shards))
+    """A local directory means every ``*.tar`` in it (sorted); patterns, ``pipe:`` and URLs pass
+    through (the pipeline lists URL directories itself)."""
+    from zsprob.utils import remote
+    if not remote.is_local(str(shards)):
+        return str(shards)
+    p = Path(remote.local_path(str(shards)))
     if p.is_dir():
         tars = sorted(str(x) for x in p.glob("*.tar"))
         if not tars:

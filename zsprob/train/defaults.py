@@ -1,12 +1,16 @@
 """Default training configuration: every key a recipe in configs/*.yaml may set.
 
 A recipe (YAML) is merged over these defaults and then patched with ``--set a.b=v``
-overrides (``zsprob.config.load_config``). Durations are in optimiser steps unless the key
+overrides (:func:`load_train_config`). :func:`with_defaults` is the one place the defaults are
+merged; its result is a :class:`TrainConfig`, which later steps (``train()``) take as it is. Durations are in optimiser steps unless the key
 says epochs; ``*_epochs`` keys win over ``*_steps`` keys when both are set and the epoch
 length is known (map-style COCO, ``data.samples_per_epoch``, or a SynthWorld manifest).
 """
 from __future__ import annotations
 
+from typing import Any, Iterable
+
+from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
 from zsprob.methods import METHODS  # noqa: F401  (re-exported: zsprob.train.METHODS)
 
 DEFAULTS: dict = {
@@ -58,7 +62,7 @@ DEFAULTS: dict = {
         "same_image_positives": True,  # COCO: captions of the same image in a batch are positives (no MSDA)
         "preprocess": "clip",      # clip: the model's open_clip transforms | official: PCME++'s COCO ones
         "augment": True,           # open_clip's training transform (RandomResizedCrop); False: the eval transform
-        "pipeline": {},            # extra keyword arguments for build_wds_pipeline
+        "pipeline": {},            # any other ShardPipelineOptions field by name (zsprob.data.webdataset)
         # --method jwae (SynthWorld): share of pretraining pairs kept paired, in (0, 1]; the rest feeds
         # unpaired image-only and caption-only streams (data.unpaired: false drops them)
         "paired_fraction": 1.0,
@@ -116,5 +120,25 @@ DEFAULTS: dict = {
         "eval_every_epochs": None, # ... or epochs (wins when the epoch length is known)
         "threads": None,           # torch.set_num_threads on the CPU
         "find_unused_parameters": False,
+        "remote_sync": None,       # fsspec URL mirroring OUT after each checkpoint (zsprob.train.remote_sync)
     },
 }
+
+
+class TrainConfig(Config):
+    """A training config with :data:`DEFAULTS` already merged in (made only by :func:`with_defaults`)."""
+
+
+def with_defaults(cfg: Any = None) -> TrainConfig:
+    """:data:`DEFAULTS` <- ``cfg`` (a mapping); a :class:`TrainConfig` is returned as it is."""
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    return TrainConfig(to_config(deep_merge(DEFAULTS, dict(cfg or {}))))
+
+
+def load_train_config(path=None, overrides: Iterable[str] = ()) -> TrainConfig:
+    """A recipe (YAML, with its ``base:`` chain) over :data:`DEFAULTS`, patched with ``a.b=v`` overrides."""
+    cfg = with_defaults(read_yaml(path) if path is not None else {})
+    for item in overrides:
+        apply_override(cfg, item)
+    return cfg

@@ -36,7 +36,9 @@ a frozen tower, the prior discriminator, paired + unpaired batches); the rest of
 Outputs under ``out``: ``config.yaml``, ``metrics.jsonl``, ``tensorboard/``,
 ``checkpoints/step-*/`` (+ ``latest.json``) for ``resume``, and at the end ``model/`` (the
 final weights, a ``zsprob.models.save`` directory) and ``model-swa/`` when SWA ran;
-``summary.json`` holds the run's totals.
+``summary.json`` holds the run's totals. With ``train.remote_sync`` (an fsspec URL) ``out`` is
+mirrored there after each checkpoint and at the end, and resuming pulls a newer remote checkpoint
+first (:mod:`zsprob.train.remote_sync`).
 """
 from __future__ import annotations
 
@@ -51,14 +53,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from zsprob.config import Config, deep_merge, dump_yaml, to_config
+from zsprob.config import Config, dump_yaml
 from zsprob.errors import UserError
 from zsprob.train import distributed as D
 from zsprob.train import optim
+from zsprob.train import remote_sync
 from zsprob.train import state
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, add_caption_noise, count_samples_synthetic,
-                               mixed_seed, resolve_shards, steps_from)
-from zsprob.train.defaults import DEFAULTS, METHODS
+                               mixed_seed, resolve_shards, shard_options, steps_from)
+from zsprob.train.defaults import METHODS, with_defaults
 from zsprob.utils.io import append_jsonl, atomic_write_json, atomic_write_text
 
 EvalHook = Callable[[nn.Module, int], dict]
@@ -141,8 +144,9 @@ class ContrastiveStep(nn.Module):
 # ----------------------------------------------------------------------------- helpers
 
 def resolve_config(cfg: Any) -> Config:
-    """Defaults <- ``cfg``; validates the method."""
-    cfg = to_config(deep_merge(DEFAULTS, dict(cfg or {})))
+    """Defaults <- ``cfg`` (unless ``cfg`` already has them: :func:`zsprob.train.defaults.with_defaults`);
+    validates the method."""
+    cfg = with_defaults(cfg)
     if cfg.method not in METHODS:
         raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
     if not isinstance(cfg.data.get("augment", True), bool):
@@ -215,11 +219,8 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
         samples = d.get("samples_per_epoch")
         if samples is None and kind == "synthetic":
             samples = count_samples_synthetic(d.shards)
-        return WdsSource(resolve_shards(d.shards), kind=kind, preprocess=preprocess,
-                         tokenizer=model.tokenizer, local_batch_size=B // world, seed=int(cfg.seed),
-                         num_workers=int(d.num_workers), shuffle_buffer=d.get("shuffle_buffer"),
-                         resampled=bool(d.resampled), samples_per_epoch=samples, world=world,
-                         extra=dict(d.get("pipeline") or {}))
+        options = shard_options(d, B // world, int(cfg.seed), samples)
+        return WdsSource(resolve_shards(d.shards), options, preprocess=preprocess, tokenizer=model.tokenizer)
     if kind == "coco":
         if not d.root:
             raise UserError("--data coco needs --root (the COCO directory)")
@@ -454,6 +455,7 @@ class Run:
     text_aug: Any = None
     label_smoothing: float = 0.0
     loss_scale: Callable[[int], float] | None = None  # the embedding warm-up (freeze.warmup_mode loss)
+    sync: Any = None  # zsprob.train.remote_sync.RemoteSync on the main process with train.remote_sync
 
     @property
     def rank(self) -> int:
@@ -657,6 +659,8 @@ def save_checkpoint(run: Run, step_done: int) -> None:
             "rng": state.rng_state(), "nonfinite_total": run.nonfinite_total,
         })
         state.commit_checkpoint(out, tmp, step_done, keep=int(run.cfg.train.keep_checkpoints))
+        if run.sync is not None:
+            run.sync.try_push()
     acc.wait_for_everyone()
 
 
@@ -697,6 +701,8 @@ def finish(run: Run, start_step: int, wall: float) -> dict:
     if run.main:
         summary["last_log"] = run.last_stats
         atomic_write_json(out / "summary.json", summary)
+        if run.sync is not None:
+            run.sync.try_push()
     run.acc.wait_for_everyone()
     if run.log_with:
         run.acc.end_training()
@@ -718,6 +724,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     out = Path(out)
     acc, log_with = make_accelerator(cfg, out)
     state.seed_everything(int(cfg.seed) + acc.process_index)
+    sync = remote_sync.for_run(cfg, out, acc, resume)  # may pull the remote's latest checkpoint first
     ckpt_dir = find_resume_dir(resume, out)
 
     builder, step_fn = build_parts, one_step
@@ -731,6 +738,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan, raw.loss),
               source, plan.total_steps, list(eval_hooks), [p for p in raw.parameters() if p.requires_grad])
     run.text_aug, run.label_smoothing, run.loss_scale = text_aug, label_smoothing, plan.loss_scale
+    run.sync = sync
 
     start_step, epoch, pos, rng_state = restore_state(run, ckpt_dir) if ckpt_dir is not None else (0, 0, 0, None)
     run.cursor = DataCursor(source, acc.device, epoch, pos)
