@@ -21,6 +21,7 @@ DEFAULTS: dict = {
         "pooling": "gpo",
         "var_bounds": None,
         "overrides": {},           # passed to create_model as **overrides
+        "grad_checkpointing": False,  # recompute tower blocks in backward (zsprob.train.accumulate)
     },
     "loss": {                      # keyword arguments of each method's loss (zsprob.prob.create_loss)
         "pcmepp": {"init_scale": 5.0, "init_shift": 5.0, "pp_alpha": 0.1, "vib_beta": 1e-4, "distance": "csd"},
@@ -96,5 +97,6 @@ DEFAULTS: dict = {
         "eval_every": None,        # steps between evaluation hooks
         "threads": None,           # torch.set_num_threads on the CPU
         "find_unused_parameters": False,
+        "accum_steps": 1,          # micro-batches per step, same loss as one batch (zsprob.train.accumulate)
     },
 }

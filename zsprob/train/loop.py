@@ -50,6 +50,7 @@ from torch import nn
 
 from zsprob.config import Config, deep_merge, dump_yaml, to_config
 from zsprob.errors import UserError
+from zsprob.train import accumulate
 from zsprob.train import distributed as D
 from zsprob.train import optim
 from zsprob.train import state
@@ -85,13 +86,13 @@ class ContrastiveStep(nn.Module):
         mu, logvar = out[f"{side}_mu"].float(), out[f"{side}_logvar"]
         return mu, (logvar.float() if logvar is not None else None)
 
-    def masked_features(self, images: torch.Tensor, tokens: torch.Tensor, step: int) -> dict:
-        """``masked_img`` / ``masked_txt`` keyword arguments for the loss ({} when it wants none)."""
+    def masked_inputs(self, images: torch.Tensor, tokens: torch.Tensor, step: int):
+        """Masked copies (images, tokens) of the first ``loss.n_masked(n)`` rows, or None when the loss wants none."""
         if not getattr(self.loss, "wants_masked", False):
-            return {}
+            return None
         n_masked = self.loss.n_masked(images.shape[0])
         if n_masked == 0:
-            return {}
+            return None
         from zsprob.data.masking import TEXT_MASK_MODES, mask_image_cells, text_mask_spec
         if self._text_mask_spec is None:
             self._text_mask_spec = text_mask_spec(self.model.tokenizer)
@@ -101,14 +102,27 @@ class ContrastiveStep(nn.Module):
         masked_tokens = mask_text(tokens[:n_masked].cpu(), self.loss.drop_prob, self._text_mask_spec, generator)
         masked_images = mask_image_cells(images[:n_masked].cpu(), self.loss.image_drop_prob,
                                          self.loss.mask_patch_size, generator)
-        out = self.model(masked_images.to(images.device), masked_tokens.to(tokens.device))
+        return masked_images.to(images.device), masked_tokens.to(tokens.device)
+
+    def masked_features(self, images: torch.Tensor, tokens: torch.Tensor, step: int) -> dict:
+        """``masked_img`` / ``masked_txt`` keyword arguments for the loss ({} when it wants none)."""
+        masked = self.masked_inputs(images, tokens, step)
+        if masked is None:
+            return {}
+        out = self.model(*masked)
         return {"masked_img": self._mu_logvar(out, "img"), "masked_txt": self._mu_logvar(out, "txt")}
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor, matched: torch.Tensor | None = None,
-                step: int = 0):
+                step: int = 0, surrogate=None):
+        if surrogate is not None:  # a re-encoding pass of gradient accumulation (zsprob.train.accumulate)
+            return surrogate(self.model, images, tokens), {}
         out = self.model(images, tokens)
-        img_mu, img_lv, txt_mu, txt_lv = (out["img_mu"], out["img_logvar"], out["txt_mu"], out["txt_logvar"])
         masked = self.masked_features(images, tokens, step)
+        return self.pairwise_loss(out["img_mu"], out["img_logvar"], out["txt_mu"], out["txt_logvar"], matched,
+                                  step, masked)
+
+    def pairwise_loss(self, img_mu, img_lv, txt_mu, txt_lv, matched, step: int, masked: dict):
+        """The loss (float32, autocast off) of this process's rows against the gathered columns, and its stats."""
         device_type = img_mu.device.type
         with torch.autocast(device_type=device_type, enabled=False):
             img_mu, txt_mu = img_mu.float(), txt_mu.float()
@@ -412,6 +426,7 @@ class Run:
     # batch augmentations of the official PCME++ recipe (zsprob.data.text_augment, zsprob.prob.msda)
     text_aug: Any = None
     label_smoothing: float = 0.0
+    accum_steps: int = 1  # micro-batches per step (zsprob.train.accumulate)
 
     @property
     def rank(self) -> int:
@@ -504,8 +519,12 @@ def one_step(run: Run, step: int) -> dict:
     """Forward, backward, clip; the update unless the loss or the gradient is non-finite; returns the loss's stats."""
     images, tokens, matched = next_batch(run, step)
     frozen = run.schedule.frozen_groups()
-    loss, stats = run.step_module(images, tokens, matched, step=step)
-    run.acc.backward(loss)
+    if run.accum_steps > 1:  # exact: the loss of the whole batch, backpropagated micro-batch by micro-batch
+        loss, stats = accumulate.accumulated_step(run.step_module, run.raw, images, tokens, matched, step,
+                                                  run.accum_steps, run.acc)
+    else:
+        loss, stats = run.step_module(images, tokens, matched, step=step)
+        run.acc.backward(loss)
     if frozen:
         optim.zero_frozen_grads(frozen)
     check = loss.detach().float()
@@ -670,9 +689,12 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     ckpt_dir = find_resume_dir(resume, out)
 
     model = build_model(cfg)
+    if cfg.model.get("grad_checkpointing"):
+        accumulate.enable_grad_checkpointing(model)
     loss_fn = build_loss(cfg)
     if source is None:
         source = build_source(cfg, model, acc.process_index, acc.num_processes)
+    accum_steps = accumulate.check_accum_steps(cfg.train.get("accum_steps", 1), source.local_batch_size)
     plan = resolve_schedule(cfg, source.steps_per_epoch)
     step_module = ContrastiveStep(model, loss_fn, seed=int(cfg.seed))
     optimizer, schedule = build_optimisation(cfg, model, step_module, plan)
@@ -681,7 +703,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     text_aug, label_smoothing = batch_augmentations(cfg, model)
     run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan),
               source, plan.total_steps, list(eval_hooks), [p for p in raw.parameters() if p.requires_grad])
-    run.text_aug, run.label_smoothing = text_aug, label_smoothing
+    run.text_aug, run.label_smoothing, run.accum_steps = text_aug, label_smoothing, accum_steps
 
     start_step, epoch, pos, rng_state = restore_state(run, ckpt_dir) if ckpt_dir is not None else (0, 0, 0, None)
     run.cursor = DataCursor(source, acc.device, epoch, pos)
