@@ -29,6 +29,7 @@ DEFAULTS: dict = {
         "sigma_shape": None,       # null: diagonal | spherical_mean | spherical_one (Pishdad et al.)
         "overrides": {},           # passed to create_model as **overrides
         "jwae": None,              # --method jwae: {latent_dim, image_hidden, text_hidden, decoder: {...}}
+        "grad_checkpointing": False,  # recompute tower blocks in backward (zsprob.train.accumulate)
     },
     "loss": {                      # keyword arguments of each method's loss (zsprob.prob.create_loss)
         "pcmepp": {"init_scale": 5.0, "init_shift": 5.0, "pp_alpha": 0.1, "vib_beta": 1e-4, "distance": "csd"},
@@ -121,6 +122,7 @@ DEFAULTS: dict = {
         "threads": None,           # torch.set_num_threads on the CPU
         "find_unused_parameters": False,
         "remote_sync": None,       # fsspec URL mirroring OUT after each checkpoint (zsprob.train.remote_sync)
+        "accum_steps": 1,          # micro-batches per step, same loss as one batch (zsprob.train.accumulate)
     },
 }
 

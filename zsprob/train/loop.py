@@ -55,6 +55,7 @@ from torch import nn
 
 from zsprob.config import Config, dump_yaml
 from zsprob.errors import UserError
+from zsprob.train import accumulate
 from zsprob.train import distributed as D
 from zsprob.train import optim
 from zsprob.train import remote_sync
@@ -92,13 +93,13 @@ class ContrastiveStep(nn.Module):
         mu, logvar = out[f"{side}_mu"].float(), out[f"{side}_logvar"]
         return mu, (logvar.float() if logvar is not None else None)
 
-    def masked_features(self, images: torch.Tensor, tokens: torch.Tensor, step: int) -> dict:
-        """``masked_img`` / ``masked_txt`` keyword arguments for the loss ({} when it wants none)."""
+    def masked_inputs(self, images: torch.Tensor, tokens: torch.Tensor, step: int):
+        """Masked copies (images, tokens) of the first ``loss.n_masked(n)`` rows, or None when the loss wants none."""
         if not getattr(self.loss, "wants_masked", False):
-            return {}
+            return None
         n_masked = self.loss.n_masked(images.shape[0], step)
         if n_masked == 0:
-            return {}
+            return None
         from zsprob.data.masking import TEXT_MASK_MODES, mask_image_cells, text_mask_spec
         if self._text_mask_spec is None:
             self._text_mask_spec = text_mask_spec(self.model.tokenizer)
@@ -108,14 +109,27 @@ class ContrastiveStep(nn.Module):
         masked_tokens = mask_text(tokens[:n_masked].cpu(), self.loss.drop_prob, self._text_mask_spec, generator)
         masked_images = mask_image_cells(images[:n_masked].cpu(), self.loss.image_drop_prob,
                                          self.loss.mask_patch_size, generator)
-        out = self.model(masked_images.to(images.device), masked_tokens.to(tokens.device))
+        return masked_images.to(images.device), masked_tokens.to(tokens.device)
+
+    def masked_features(self, images: torch.Tensor, tokens: torch.Tensor, step: int) -> dict:
+        """``masked_img`` / ``masked_txt`` keyword arguments for the loss ({} when it wants none)."""
+        masked = self.masked_inputs(images, tokens, step)
+        if masked is None:
+            return {}
+        out = self.model(*masked)
         return {"masked_img": self._mu_logvar(out, "img"), "masked_txt": self._mu_logvar(out, "txt")}
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor, matched: torch.Tensor | None = None,
-                step: int = 0):
+                step: int = 0, surrogate=None):
+        if surrogate is not None:  # a re-encoding pass of gradient accumulation (zsprob.train.accumulate)
+            return surrogate(self.model, images, tokens), {}
         out = self.model(images, tokens)
-        img_mu, img_lv, txt_mu, txt_lv = (out["img_mu"], out["img_logvar"], out["txt_mu"], out["txt_logvar"])
         masked = self.masked_features(images, tokens, step)
+        return self.pairwise_loss(out["img_mu"], out["img_logvar"], out["txt_mu"], out["txt_logvar"], matched,
+                                  step, masked)
+
+    def pairwise_loss(self, img_mu, img_lv, txt_mu, txt_lv, matched, step: int, masked: dict):
+        """The loss (float32, autocast off) of this process's rows against the gathered columns, and its stats."""
         device_type = img_mu.device.type
         with torch.autocast(device_type=device_type, enabled=False):
             img_mu, txt_mu = img_mu.float(), txt_mu.float()
@@ -234,6 +248,8 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
 def build_parts(cfg: Config, acc, source: BatchSource | None, resolve_schedule_fn):
     """(model, loss, source, plan, step module, optimiser, schedule) of a contrastive run."""
     model = build_model(cfg)
+    if cfg.model.get("grad_checkpointing"):
+        accumulate.enable_grad_checkpointing(model)
     loss_fn = build_loss(cfg)
     if source is None:
         source = build_source(cfg, model, acc.process_index, acc.num_processes)
@@ -456,6 +472,7 @@ class Run:
     label_smoothing: float = 0.0
     loss_scale: Callable[[int], float] | None = None  # the embedding warm-up (freeze.warmup_mode loss)
     sync: Any = None  # zsprob.train.remote_sync.RemoteSync on the main process with train.remote_sync
+    accum_steps: int = 1  # micro-batches per step (zsprob.train.accumulate)
 
     @property
     def rank(self) -> int:
@@ -554,11 +571,22 @@ def one_step(run: Run, step: int) -> dict:
     """Forward, backward, clip; the update unless the loss or the gradient is non-finite; returns the loss's stats."""
     images, tokens, matched = next_batch(run, step)
     frozen = run.schedule.frozen_groups()
-    loss, stats = run.step_module(images, tokens, matched, step=step)
-    if run.loss_scale is not None and run.loss_scale(step) != 1.0:
-        loss = loss * run.loss_scale(step)
-        stats["loss_warmup"] = torch.tensor(run.loss_scale(step))
-    run.acc.backward(loss)
+    scale = run.loss_scale(step) if run.loss_scale is not None else 1.0
+    if run.accum_steps > 1:  # exact: the loss of the whole batch, backpropagated micro-batch by micro-batch
+        loss, stats = accumulate.accumulated_step(run.step_module, run.raw, images, tokens, matched, step,
+                                                  run.accum_steps, run.acc)
+        if scale != 1.0:  # gradients are linear in the loss: scale them after the micro-batches
+            for p in run.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+            loss = loss * scale
+    else:
+        loss, stats = run.step_module(images, tokens, matched, step=step)
+        if scale != 1.0:
+            loss = loss * scale
+        run.acc.backward(loss)
+    if scale != 1.0:
+        stats["loss_warmup"] = torch.tensor(scale)
     if frozen:
         optim.zero_frozen_grads(frozen)
     check = loss.detach().float()
@@ -732,13 +760,14 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
         from zsprob.train import jwae_step
         builder, step_fn = jwae_step.build, jwae_step.one_step
     model, loss_fn, source, plan, step_module, optimizer, schedule = builder(cfg, acc, source, resolve_schedule)
+    accum_steps = accumulate.check_accum_steps(cfg.train.get("accum_steps", 1), source.local_batch_size)
     step_module, optimizer = acc.prepare(step_module, optimizer)
     raw = acc.unwrap_model(step_module)
     text_aug, label_smoothing = batch_augmentations(cfg, model)
     run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan, raw.loss),
               source, plan.total_steps, list(eval_hooks), [p for p in raw.parameters() if p.requires_grad])
     run.text_aug, run.label_smoothing, run.loss_scale = text_aug, label_smoothing, plan.loss_scale
-    run.sync = sync
+    run.sync, run.accum_steps = sync, accum_steps
 
     start_step, epoch, pos, rng_state = restore_state(run, ckpt_dir) if ckpt_dir is not None else (0, 0, 0, None)
     run.cursor = DataCursor(source, acc.device, epoch, pos)

@@ -1,0 +1,219 @@
+"""Large batches on few processes: exact gradient accumulation for pairwise losses, and
+activation checkpointing of the towers.
+
+Accumulation (``train.accum_steps K``) follows open_clip's ``--accum-freq`` scheme: embed the
+micro-batches without gradients, compute the pairwise loss on all of them at once, then encode
+each micro-batch again with gradients and backpropagate. open_clip re-evaluates the whole loss
+once per micro-batch with that micro-batch's fresh embeddings substituted into the cached set;
+the gradient reaching the parameters through micro-batch j is the same as
+``(d emb_j / d theta)^T g_j`` with ``g_j = dL / d emb_j`` taken at the cached embeddings, so
+zsprob computes the loss and every ``g_j`` once (cached embeddings as autograd leaves) and
+backpropagates the scalar ``sum(emb_j * g_j)`` through each re-encoded micro-batch (the
+"gradient cache" form of the same scheme). The loss's own parameters (PCME++ a, b; the logit
+scale / bias) get their gradient once, from the single loss evaluation, as in the big batch.
+
+One step of a process holding ``n`` rows::
+
+    chunks  <- K micro-batches of n / K rows; masked copies (ProLIP occlusion) in further chunks
+    no grad:  emb_c <- model(chunk c)              torch RNG state saved before each chunk
+    leaves:   L, stats <- ContrastiveStep.pairwise_loss(cat(emb), matched)   (gathered columns)
+              g_c, g_loss <- autograd.grad(L, emb + loss parameters)
+    grad:     for each chunk c: restore its RNG state; s = <model(chunk c), g_c> (+ <p, g_loss> last)
+              backward(s)   under DDP no_sync except for the last chunk
+
+Everything that draws random numbers before the towers (caption noise, text SizeAugment, MSDA,
+the occlusion masks) runs once on the whole per-process batch, as without accumulation, so the
+step sees the same inputs and targets; random draws inside the towers (dropout, patch dropout,
+image SizeAugment) are replayed by restoring the torch generator state of each chunk, so the
+re-encoded embeddings equal the cached ones. BatchNorm layers (CNN image towers) normalise each
+micro-batch with its own statistics, as per-GPU BatchNorm does under DDP, so only towers without
+BatchNorm are exact; their running statistics are updated by the re-encoding pass only.
+
+Checkpointing (``model.grad_checkpointing: true``) calls the model's ``set_grad_checkpointing``,
+open_clip's method name: a :class:`zsprob.models.prob_clip.ProbCLIP` runs its towers' blocks
+itself (to cut the log-variance heads), so it recomputes them with ``torch.utils.checkpoint``
+(ViT and text transformer blocks, timm CNN stages); a bag-of-words text tower has no blocks.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from zsprob.errors import UserError
+
+SIDES = ("img_mu", "img_logvar", "txt_mu", "txt_logvar")
+
+
+def check_accum_steps(value, local_batch_size: int) -> int:
+    """``train.accum_steps`` as an int >= 1 that divides the per-process batch, else a UserError."""
+    if isinstance(value, bool) or value is None:
+        raise UserError(f"train.accum_steps must be a whole number >= 1, got {value!r}")
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"train.accum_steps must be a whole number >= 1, got {value!r}") from None
+    if k != value and str(k) != str(value).strip():
+        raise UserError(f"train.accum_steps must be a whole number >= 1, got {value!r}")
+    if k < 1:
+        raise UserError(f"train.accum_steps must be >= 1, got {k}")
+    if local_batch_size % k:
+        raise UserError(f"train.accum_steps {k} does not divide the per-process batch {local_batch_size} "
+                        "(data.batch_size / processes); pick a divisor")
+    return k
+
+
+def enable_grad_checkpointing(model: nn.Module) -> list[str]:
+    """Turn on activation checkpointing; returns the towers it covers (UserError when none can)."""
+    name = getattr(model, "name", type(model).__name__)
+    if not callable(getattr(model, "set_grad_checkpointing", None)):
+        raise UserError(f"model.grad_checkpointing: model {name} has no set_grad_checkpointing; set it to false")
+    towers = [(what, getattr(model, attr, None)) for what, attr in (("image", "_vision"), ("text", "_text"))]
+    covered = [what for what, tower in towers if int(getattr(tower, "num_blocks", 0) or 0) > 0]
+    if not covered:
+        raise UserError(f"model.grad_checkpointing: model {name} has no transformer blocks or CNN stages to "
+                        "recompute (bag-of-words towers); set it to false")
+    for what, _ in towers:
+        if what not in covered:
+            warnings.warn(f"model.grad_checkpointing: the {what} tower of {name} has no blocks; only the "
+                          f"{', '.join(covered)} tower is checkpointed")
+    model.set_grad_checkpointing(True)
+    return covered
+
+
+# ----------------------------------------------------------------------------- accumulation
+
+def _rng_state(device: torch.device):
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state, device: torch.device) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
+
+
+def chunk_inputs(images: torch.Tensor, tokens: torch.Tensor, k: int, masked) -> tuple[list, int]:
+    """[(images, tokens)] of the K micro-batches, then of the masked copies in pieces of at most
+    n / K rows; and the number of data chunks (K)."""
+    micro = images.shape[0] // k
+    chunks = list(zip(images.split(micro), tokens.split(micro)))
+    if masked is not None:
+        chunks += list(zip(masked[0].split(micro), masked[1].split(micro)))
+    return chunks, k
+
+
+def _leaves(outs: list[dict], side: str) -> torch.Tensor | None:
+    if outs[0][side] is None:
+        return None
+    return torch.cat([o[side] for o in outs]).float().requires_grad_(True)
+
+
+@dataclass
+class Surrogate:
+    """The scalar a re-encoding pass backpropagates: sum of <embedding, its cached gradient>
+    (+ <loss parameter, its gradient> on the chunk that carries them)."""
+
+    grads: dict  # side -> gradient of the loss w.r.t. this chunk's embeddings (or None)
+    loss_params: tuple = ()  # ((parameter, gradient), ...)
+
+    def __call__(self, model: nn.Module, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        out = model(images, tokens)
+        with torch.autocast(device_type=images.device.type, enabled=False):
+            total = torch.zeros((), device=images.device)
+            for side in SIDES:
+                if out[side] is not None and self.grads[side] is not None:
+                    total = total + (out[side].float() * self.grads[side]).sum()
+            for p, g in self.loss_params:
+                total = total + (p * g.to(p.dtype)).sum()
+        return total
+
+
+@contextlib.contextmanager
+def _frozen_norm_statistics(model: nn.Module):
+    """Restore the running statistics of BatchNorm layers on exit (the re-encoding pass updates them)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    saved = [{k: v.clone() for k, v in m.named_buffers(recurse=False) if v is not None} for m in norms]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, buffers in zip(norms, saved):
+                for k, v in buffers.items():
+                    getattr(m, k).copy_(v)
+
+
+def _encode_chunks(raw, chunks: list, autocast) -> tuple[list[dict], list]:
+    """The no-gradient pass: every chunk's embeddings and the torch RNG state before it."""
+    outs, states = [], []
+    device = chunks[0][0].device
+    with torch.no_grad(), _frozen_norm_statistics(raw.model):
+        for images, tokens in chunks:
+            states.append(_rng_state(device))
+            with autocast():
+                out = raw.model(images, tokens)
+            outs.append({s: (out[s].detach().float() if out[s] is not None else None) for s in SIDES})
+    return outs, states
+
+
+def _cached_loss(raw, outs: list[dict], n_data: int, matched, step: int):
+    """Loss and stats on the cached embeddings; gradients w.r.t. every chunk's embeddings and the loss's parameters."""
+    data = {s: _leaves(outs[:n_data], s) for s in SIDES}
+    masked = {}
+    if len(outs) > n_data:
+        m = {s: _leaves(outs[n_data:], s) for s in SIDES}
+        masked = {"masked_img": (m["img_mu"], m["img_logvar"]), "masked_txt": (m["txt_mu"], m["txt_logvar"])}
+    loss, stats = raw.pairwise_loss(data["img_mu"], data["img_logvar"], data["txt_mu"], data["txt_logvar"],
+                                    matched, step, masked)
+    params = [p for p in raw.loss.parameters() if p.requires_grad]
+    groups = [data] + ([m] if masked else [])
+    leaves = [g[s] for g in groups for s in SIDES if g[s] is not None]
+    grads = torch.autograd.grad(loss, leaves + params, allow_unused=True)
+    it = iter(grads[:len(leaves)])
+    per_side = [{s: (next(it) if g[s] is not None else None) for s in SIDES} for g in groups]
+    param_grads = tuple((p, g if g is not None else torch.zeros_like(p)) for p, g in zip(params, grads[len(leaves):]))
+    return loss.detach(), stats, per_side, param_grads
+
+
+def _chunk_grads(per_side: list[dict], outs: list[dict], n_data: int) -> list[dict]:
+    """Split the gradients of the concatenated data / masked embeddings back into chunks."""
+    result = []
+    for group, chunk_outs in ((per_side[0], outs[:n_data]), (per_side[1] if len(per_side) > 1 else None,
+                                                              outs[n_data:])):
+        if group is None:
+            continue
+        sizes = [o["img_mu"].shape[0] for o in chunk_outs]
+        parts = {s: (group[s].split(sizes) if group[s] is not None else [None] * len(sizes)) for s in SIDES}
+        result += [{s: parts[s][i] for s in SIDES} for i in range(len(sizes))]
+    return result
+
+
+def accumulated_step(step_module: nn.Module, raw, images: torch.Tensor, tokens: torch.Tensor, matched,
+                     step: int, k: int, acc=None):
+    """Forward and backward of one optimiser step in ``k`` micro-batches; gradients land in ``.grad``
+    as ``backward()`` of the whole-batch loss would put them. Returns (loss, stats).
+
+    ``step_module``: the (possibly DDP-wrapped) :class:`zsprob.train.loop.ContrastiveStep`; ``raw``:
+    the unwrapped one; ``acc``: the accelerate ``Accelerator`` (autocast, backward, no_sync) or None.
+    """
+    autocast = acc.autocast if acc is not None else contextlib.nullcontext
+    chunks, n_data = chunk_inputs(images, tokens, k, raw.masked_inputs(images, tokens, step))
+    outs, states = _encode_chunks(raw, chunks, autocast)
+    loss, stats, per_side, param_grads = _cached_loss(raw, outs, n_data, matched, step)
+    grads = _chunk_grads(per_side, outs, n_data)
+    device = images.device
+    for i, ((c_images, c_tokens), state, g) in enumerate(zip(chunks, states, grads)):
+        last = i == len(chunks) - 1
+        _set_rng_state(state, device)
+        surrogate = Surrogate(g, param_grads if last else ())
+        sync = contextlib.nullcontext() if last or acc is None else acc.no_sync(step_module)
+        with sync:
+            with autocast():
+                s, _ = step_module(c_images, c_tokens, surrogate=surrogate)
+            acc.backward(s) if acc is not None else s.backward()
+    return loss, stats
