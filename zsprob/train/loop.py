@@ -760,8 +760,10 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
         from zsprob.train import jwae_step
         builder, step_fn = jwae_step.build, jwae_step.one_step
     model, loss_fn, source, plan, step_module, optimizer, schedule = builder(cfg, acc, source, resolve_schedule)
-    accum_steps = accumulate.check_accum_steps(cfg.train.get("accum_steps", 1), source.local_batch_size)
-    if accum_steps > 1 and step_fn is not one_step:
+    accum_steps = 1
+    if step_fn is one_step:
+        accum_steps = accumulate.check_accum_steps(cfg.train.get("accum_steps", 1), source.local_batch_size)
+    elif cfg.train.get("accum_steps", 1) != 1:
         raise UserError(f"train.accum_steps applies to the pairwise losses, not to --method {cfg.method}")
     step_module, optimizer = acc.prepare(step_module, optimizer)
     raw = acc.unwrap_model(step_module)
