@@ -505,6 +505,13 @@ def _text_tower(clip_model: nn.Module, truncate: bool):
 # --------------------------------------------------------------------------------------
 # Building the log-variance heads (the modules themselves live in zsprob.models.sigma_heads).
 # --------------------------------------------------------------------------------------
+def _check_choices(**options) -> None:
+    """Each keyword is (value, allowed values): a UserError naming the first option out of its set."""
+    for name, (value, allowed) in options.items():
+        if value not in allowed:
+            raise UserError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
 def _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, sigma_ln_init, sigma_ln_init_bias,
                          sigma_bias_init) -> None:
     if sigma_head not in SIGMA_HEADS:
@@ -618,15 +625,11 @@ class ProbCLIP(nn.Module):
         self.sigma_init = sigma_init
         self.sigma_head = sigma_head
         self.sigma_layout = sigma_layout
-        if unc_layout not in UNC_LAYOUTS:
-            raise UserError(f"unc_layout must be one of {', '.join(UNC_LAYOUTS)}, got {unc_layout!r}")
+        _check_choices(unc_layout=(unc_layout, UNC_LAYOUTS), sigma_param=(sigma_param, SIGMA_PARAMS),
+                       sigma_shape=(sigma_shape, SIGMA_SHAPES))
         self.unc_layout = unc_layout
         self.sigma_ln_init = None if sigma_ln_init is None else float(sigma_ln_init)
         self.sigma_ln_init_bias = float(sigma_ln_init_bias)
-        if sigma_param not in SIGMA_PARAMS:
-            raise UserError(f"sigma_param must be one of {', '.join(SIGMA_PARAMS)}, got {sigma_param!r}")
-        if sigma_shape not in SIGMA_SHAPES:
-            raise UserError(f"sigma_shape must be one of {', '.join(SIGMA_SHAPES)}, got {sigma_shape!r}")
         self.sigma_param, self.sigma_shape = sigma_param, sigma_shape
         self.pooling = pooling
         self.deterministic = bool(deterministic)
