@@ -237,7 +237,7 @@ def test_cli_accumulation_and_checkpointing_end_to_end(tmp_path):
     generate(tmp_path / "sw", image_size=32, num_pretrain=32, num_classify_select=0, num_classify_eval=0,
              num_retrieval=4, num_retrieval_val=0, shard_size=32, progress=False)
     common = ["pretrain", "--data", "synthetic", "--shards", str(tmp_path / "sw" / "pretrain"), "--batch-size", "8",
-              "--steps", "2", "--set", "model.overrides.open_clip_cfg.vision_cfg.layers=2",
+              "--steps", "2", "--model", "zsprob-tiny", "--set", "model.overrides.open_clip_cfg.vision_cfg.layers=2",
               "--set", "model.overrides.open_clip_cfg.text_cfg.layers=2", "--set", "data.num_workers=0"]
     r = run_cli(*common, "--set", "train.accum_steps=3", "--out", str(tmp_path / "bad"))
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "accum_steps 3" in r.stderr, r.stderr
