@@ -63,7 +63,8 @@ from torch.utils.checkpoint import checkpoint
 from zsprob.errors import UserError
 from zsprob.models.heads import GPO, bound_logvar
 from zsprob.models.sigma_heads import (SIGMA_HEADS, SIGMA_LAYOUTS, SIGMA_PARAMS, SIGMA_SHAPES,
-                                       UNC_EMBEDDING_NAMES, PCMEUncertaintyHead, SigmaHead, spherical_readout, UncPooledHead, UncTokenHead, make_sigma_ln, reinit_block_legacy_,
+                                       UNC_EMBEDDING_NAMES, PCMEUncertaintyHead, SigmaHead, UncPooledHead,
+                                       UncTokenHead, make_sigma_ln, reinit_block_legacy_, spherical_readout,
                                        reinit_block_official_, reinit_cnn_head_, reinit_projection_legacy_,
                                        reinit_projection_official_)
 
