@@ -583,8 +583,11 @@ class ProbCLIP(nn.Module):
     pooling: "gpo" or "native" (CLS / EOT token as open_clip).
     deterministic: no log-variance heads (logvar is None), for InfoNCE / triplet baselines.
     var_bounds: None or (lo, hi) variance bounds, e.g. (0.1, 10).
-    sigma_head: "block" (PCME++: duplicated last blocks) or "unc" (ProLIP's [UNC] token; a
-        pooled MLP on bag-of-words and CNN towers); see :mod:`zsprob.models.sigma_heads`.
+    sigma_head: "block" (PCME++: duplicated last blocks), "unc" (ProLIP's [UNC] token; a
+        pooled MLP on bag-of-words and CNN towers) or "pcme" (PCME's local-attention modules,
+        transformer towers only); see :mod:`zsprob.models.sigma_heads`.
+    sigma_param: "logvar" or "logsigma" (the head's output is log sigma; logvar = 2 x output).
+    sigma_shape: "diagonal", "spherical_mean" or "spherical_one" (Pishdad et al.).
     sigma_layout: "official" (PCME++'s code: no LayerNorm before the sigma projection, the
         official init laws) or "legacy" (zsprob before issue 17) for ``sigma_head="block"``.
         :func:`create_model` builds "official"; a saved config without the key means "legacy".

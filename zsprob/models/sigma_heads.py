@@ -60,6 +60,15 @@ bases; the layouts and init laws below were read from them (naver-ai/pcmepp, nav
       mean more uncertainty, and each word can push log sigma^2 up or down. CNN: the trunk's
       globally pooled last-stage features (timm's own pooling, shared with the mean branch).
 
+``"pcme"`` - :class:`PCMEUncertaintyHead`: PCME's local-attention uncertainty modules
+    (naver-ai/pcme ``models/uncertainty_module.py``, PCME Sec. 3) on an open_clip ViT / text
+    transformer: torch's Linear, GRU and packed sequences; attention over the final tokens plus a
+    residual fc (image) or bidirectional GRU (text). Towers without tokens are refused.
+
+``sigma_param`` / ``sigma_shape`` (:data:`SIGMA_PARAMS`, :data:`SIGMA_SHAPES`) post-process any
+head's D outputs: log sigma instead of log sigma^2 (PCME's code), and Pishdad et al.'s spherical
+covariances (:func:`spherical_readout`).
+
 Parameter names of the ``"unc"`` heads (one to one with ProLIP's state dict; D = embed dim,
 w = tower width; prefix ``image_sigma.`` <-> ProLIP ``visual.``, ``text_sigma.`` <-> ``text.``):
 
