@@ -15,7 +15,9 @@ Modules: :mod:`~zsprob.train.loop` (the loop, :func:`train`), :mod:`~zsprob.trai
 backbone freezing, SWA), :mod:`~zsprob.train.state` (checkpoint + exact-resume state,
 safetensors + JSON), :mod:`~zsprob.train.distributed` (all-gather with gradients),
 :mod:`~zsprob.train.data` (batch sources with resumable positions, noisy correspondence),
-:mod:`~zsprob.train.hooks` (evaluation hooks), :mod:`~zsprob.train.defaults` (every config key).
+:mod:`~zsprob.train.hooks` (evaluation hooks), :mod:`~zsprob.train.defaults` (every config key),
+:mod:`~zsprob.train.jwae_step` / :mod:`~zsprob.train.jwae_data` (``--method jwae``: the
+discriminator / autoencoder alternation and the paired + unpaired SynthWorld batches).
 Imports are lazy so ``import zsprob.train`` does not import torch.
 """
 from __future__ import annotations
