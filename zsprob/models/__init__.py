@@ -6,7 +6,8 @@ Owns the probabilistic towers, their factory (``factory``), the checkpoint file 
 
 open_clip provides the towers, configs, checkpoint conversion, tokenizers and transforms;
 zsprob splits every tower into a shared trunk, a mean head and a log-variance head (PCME++
-Sec. 2.5), adds GPO pooling, and saves / loads checkpoints as safetensors + JSON.
+Sec. 2.5), adds GPO pooling, and saves / loads checkpoints as safetensors + JSON. ``jwae`` holds
+jWAE's model (MLP autoencoders over a frozen tower's features); ``load`` rebuilds it too.
 
     model = create_model("zsprob-tiny")                 # or "ViT-B-16", pretrained="openai" (cached)
     mu, logvar = model.encode_image(images)             # [B, D] each, float32

@@ -15,7 +15,9 @@ safetensors + JSON), :mod:`~zsprob.train.distributed` (all-gather with gradients
 :mod:`~zsprob.train.data` (batch sources with resumable positions, noisy correspondence),
 :mod:`~zsprob.train.hooks` (evaluation hooks), :mod:`~zsprob.train.defaults` (every config key,
 merged into a config in one place), :mod:`~zsprob.train.remote_sync` (the run directory mirrored to
-an fsspec URL, pulled back on resume).
+an fsspec URL, pulled back on resume),
+:mod:`~zsprob.train.jwae_step` / :mod:`~zsprob.train.jwae_data` (``--method jwae``: the
+discriminator / autoencoder alternation and the paired + unpaired SynthWorld batches).
 Imports are lazy so ``import zsprob.train`` does not import torch.
 """
 from __future__ import annotations
