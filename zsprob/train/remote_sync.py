@@ -86,7 +86,7 @@ class RemoteSync:
         if rel.startswith("checkpoints/step-"):
             self.fs.put_file(str(path), target)  # nothing names this directory yet
         else:
-            remote.write_bytes_atomic(self.fs, target, path.read_bytes())
+            remote.put_file_atomic(self.fs, path, target)
         self._sent[rel] = (st.st_size, st.st_mtime_ns)
 
     def push(self) -> int:

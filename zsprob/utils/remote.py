@@ -112,6 +112,13 @@ def list_tars(url: str) -> list[str]:
     return found if is_local(url) else [fs.unstrip_protocol(f) for f in found]
 
 
+def put_file_atomic(fs, local: str | os.PathLike, path: str) -> None:
+    """Copy a local file to ``path`` on ``fs`` under a temporary name, then move it into place."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    fs.put_file(str(local), tmp)
+    fs.mv(tmp, path)
+
+
 def write_bytes_atomic(fs, path: str, data: bytes) -> None:
     """``data`` to ``path`` on ``fs`` under a temporary name, then moved into place."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
@@ -121,4 +128,4 @@ def write_bytes_atomic(fs, path: str, data: bytes) -> None:
 
 
 __all__ = ["scheme_of", "is_local", "local_path", "fsspec_problem", "check_url", "url_fs", "open_url",
-           "join", "list_tars", "write_bytes_atomic", "KNOWN_HINT"]
+           "join", "list_tars", "put_file_atomic", "write_bytes_atomic", "KNOWN_HINT"]
