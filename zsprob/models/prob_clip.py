@@ -714,7 +714,8 @@ class ProbCLIP(nn.Module):
         if token_head:
             hm, unc_out = tower.split_unc(hm)
         keep = self._size_augment(hm.shape[0], tower.num_tokens(hm), hm.device) if tower is self._vision else None
-        mu = self._head_out(tower, hm, tower.ln, tower.proj, gpo_mu, ctx, lengths, keep).float()
+        mu = self._head_out(tower, hm, tower.ln, tower.proj, gpo_mu, ctx, lengths, keep)
+        mu = mu.to(torch.promote_types(mu.dtype, torch.float32))  # float32, or float64 for a float64 model
         if self.normalize_mu:
             mu = F.normalize(mu, dim=-1)
         if sigma is None or not with_sigma:
@@ -727,7 +728,7 @@ class ProbCLIP(nn.Module):
         else:
             hs = self._run(tower, sigma.blocks, h, mask)
             raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
-        return mu, bound_logvar(raw.float(), self.var_bounds)
+        return mu, bound_logvar(raw.to(torch.promote_types(raw.dtype, torch.float32)), self.var_bounds)
 
     def encode_image(self, images: torch.Tensor, *, with_sigma: bool = True):
         """images [B, 3, H, W] -> (mu [B, D], logvar [B, D] or None), float32."""
