@@ -70,7 +70,7 @@ class GPO(nn.Module):
             h = 0.5 * (out[..., : self.d_hidden] + out[..., self.d_hidden:])
             s = self.score(h).squeeze(-1) / self.temperature  # [U, T]
             s = s.masked_fill(~mask_u, float("-inf"))
-            w = torch.softmax(s.float(), dim=1)
+            w = torch.softmax(s.to(torch.promote_types(s.dtype, torch.float32)), dim=1)
         return w[inverse], mask_u[inverse]
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:

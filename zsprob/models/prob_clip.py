@@ -761,7 +761,9 @@ class ProbCLIP(nn.Module):
         released = token_head and self.unc_layout == "prolip"
         ln = _twice(tower.ln) if released and tower is self._vision else tower.ln
         projected = self._head_out(tower, hm, ln, tower.proj, gpo_mu, ctx, lengths, keep)
-        mu = F.normalize(projected.float(), dim=-1) if self.normalize_mu else projected.float()
+        mu = projected.to(torch.promote_types(projected.dtype, torch.float32))  # float32, or float64 for a float64 model
+        if self.normalize_mu:
+            mu = F.normalize(mu, dim=-1)
         if sigma is None or not with_sigma:
             return mu, None
         if released and tower is self._text:  # ProLIP's released text code: the projected [CLS] output
@@ -777,7 +779,7 @@ class ProbCLIP(nn.Module):
             hs = self._run(tower, sigma.blocks, h, mask)
             raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
         side = "image" if tower is self._vision else "text"
-        return mu, bound_logvar(self._shape_sigma(raw.float(), side), self.var_bounds)
+        return mu, bound_logvar(self._shape_sigma(raw.to(torch.promote_types(raw.dtype, torch.float32)), side), self.var_bounds)
 
     def _pcme_sigma(self, tower, sigma: PCMEUncertaintyHead, hm: torch.Tensor, ctx, lengths) -> torch.Tensor:
         """PCME's module on the tower's final tokens (after its final LayerNorm): image - patch tokens

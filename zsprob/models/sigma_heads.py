@@ -217,7 +217,8 @@ class SigmaHead(nn.Module):
 
     def finish(self, raw: torch.Tensor) -> torch.Tensor:
         """Pooled, projected output -> log sigma^2 (+ bias, + the optional LayerNorm)."""
-        raw = raw.float() + self.bias.float()
+        dtype = torch.promote_types(raw.dtype, torch.float32)  # float32, or float64 for a float64 model
+        raw = raw.to(dtype) + self.bias.to(dtype)
         return self.sigma_ln(raw) if self.sigma_ln is not None else raw
 
 

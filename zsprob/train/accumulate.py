@@ -20,6 +20,7 @@ One step of a process holding ``n`` rows::
               g_c, g_loss <- autograd.grad(L, emb + loss parameters)
     grad:     for each chunk c: restore its RNG state; s = <model(chunk c), g_c> (+ <p, g_loss> last)
               backward(s)   under DDP no_sync except for the last chunk
+    RNG state <- where the no-gradient pass and the loss left it
 
 Everything that draws random numbers before the towers (caption noise, text SizeAugment, MSDA,
 the occlusion masks) runs once on the whole per-process batch, as without accumulation, so the
@@ -46,6 +47,11 @@ from torch import nn
 from zsprob.errors import UserError
 
 SIDES = ("img_mu", "img_logvar", "txt_mu", "txt_logvar")
+
+
+def at_least_fp32(t: torch.Tensor | None) -> torch.Tensor | None:
+    """float32 for half / bfloat16 / float32 tensors, float64 stays (the dtype losses are computed in)."""
+    return None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def check_accum_steps(value, local_batch_size: int) -> int:
@@ -111,7 +117,7 @@ def chunk_inputs(images: torch.Tensor, tokens: torch.Tensor, k: int, masked) -> 
 def _leaves(outs: list[dict], side: str) -> torch.Tensor | None:
     if outs[0][side] is None:
         return None
-    return torch.cat([o[side] for o in outs]).float().requires_grad_(True)
+    return torch.cat([o[side] for o in outs]).requires_grad_(True)
 
 
 @dataclass
@@ -128,7 +134,7 @@ class Surrogate:
             total = torch.zeros((), device=images.device)
             for side in SIDES:
                 if out[side] is not None and self.grads[side] is not None:
-                    total = total + (out[side].float() * self.grads[side]).sum()
+                    total = total + (at_least_fp32(out[side]) * self.grads[side]).sum()
             for p, g in self.loss_params:
                 total = total + (p * g.to(p.dtype)).sum()
         return total
@@ -157,7 +163,7 @@ def _encode_chunks(raw, chunks: list, autocast) -> tuple[list[dict], list]:
             states.append(_rng_state(device))
             with autocast():
                 out = raw.model(images, tokens)
-            outs.append({s: (out[s].detach().float() if out[s] is not None else None) for s in SIDES})
+            outs.append({s: at_least_fp32(out[s].detach()) if out[s] is not None else None for s in SIDES})
     return outs, states
 
 
@@ -207,6 +213,7 @@ def accumulated_step(step_module: nn.Module, raw, images: torch.Tensor, tokens: 
     loss, stats, per_side, param_grads = _cached_loss(raw, outs, n_data, matched, step)
     grads = _chunk_grads(per_side, outs, n_data)
     device = images.device
+    after = _rng_state(device)  # past every draw of the step (the loss may draw too: PCME's samples)
     for i, ((c_images, c_tokens), state, g) in enumerate(zip(chunks, states, grads)):
         last = i == len(chunks) - 1
         _set_rng_state(state, device)
@@ -216,4 +223,5 @@ def accumulated_step(step_module: nn.Module, raw, images: torch.Tensor, tokens: 
             with autocast():
                 s, _ = step_module(c_images, c_tokens, surrogate=surrogate)
             acc.backward(s) if acc is not None else s.backward()
+    _set_rng_state(after, device)
     return loss, stats

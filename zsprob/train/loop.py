@@ -56,6 +56,7 @@ from torch import nn
 from zsprob.config import Config, dump_yaml
 from zsprob.errors import UserError
 from zsprob.train import accumulate
+from zsprob.train.accumulate import at_least_fp32
 from zsprob.train import distributed as D
 from zsprob.train import optim
 from zsprob.train import remote_sync
@@ -90,8 +91,7 @@ class ContrastiveStep(nn.Module):
         self._text_mask_spec = None
 
     def _mu_logvar(self, out: dict, side: str):
-        mu, logvar = out[f"{side}_mu"].float(), out[f"{side}_logvar"]
-        return mu, (logvar.float() if logvar is not None else None)
+        return at_least_fp32(out[f"{side}_mu"]), at_least_fp32(out[f"{side}_logvar"])
 
     def masked_inputs(self, images: torch.Tensor, tokens: torch.Tensor, step: int):
         """Masked copies (images, tokens) of the first ``loss.n_masked(n)`` rows, or None when the loss wants none."""
@@ -129,12 +129,11 @@ class ContrastiveStep(nn.Module):
                                   step, masked)
 
     def pairwise_loss(self, img_mu, img_lv, txt_mu, txt_lv, matched, step: int, masked: dict):
-        """The loss (float32, autocast off) of this process's rows against the gathered columns, and its stats."""
+        """The loss of this process's rows against the gathered columns, and its stats; in float32
+        (float64 for a float64 model) with autocast off."""
         device_type = img_mu.device.type
         with torch.autocast(device_type=device_type, enabled=False):
-            img_mu, txt_mu = img_mu.float(), txt_mu.float()
-            img_lv = img_lv.float() if img_lv is not None else None
-            txt_lv = txt_lv.float() if txt_lv is not None else None
+            img_mu, txt_mu, img_lv, txt_lv = (at_least_fp32(t) for t in (img_mu, txt_mu, img_lv, txt_lv))
             if D.is_distributed():
                 all_img, offset = D.gather_gaussians(img_mu, img_lv)
                 all_txt, _ = D.gather_gaussians(txt_mu, txt_lv)
