@@ -92,6 +92,7 @@ DEFAULTS: dict = {
         "checkpoint_every": 1000,
         "keep_checkpoints": 2,
         "max_nonfinite": 10,       # consecutive non-finite losses before the run stops
+        "requeue_exit_code": 143,  # exit code after SIGTERM / SIGUSR1: checkpoint written, relaunch to resume
         "tensorboard": True,
         "eval_every": None,        # steps between evaluation hooks
         "threads": None,           # torch.set_num_threads on the CPU
