@@ -22,6 +22,8 @@ from pathlib import Path
 
 import click
 
+from zsprob.cli.types import OUT_DIR
+
 from zsprob.methods import METHODS
 
 
@@ -29,7 +31,7 @@ def common_options(f):
     opts = [
         click.option("--config", "config_path", type=str, default=None,
                      help="YAML recipe (a path, or a name in configs/)."),
-        click.option("--out", required=True, type=click.Path(file_okay=False),
+        click.option("--out", required=True, type=OUT_DIR,
                      help="Run directory: metrics.jsonl, checkpoints/, model/ (the trained checkpoint)."),
         click.option("--method", type=click.Choice(METHODS), default=None,
                      help="Training objective (default: the recipe's, else pcmepp)."),

@@ -38,5 +38,8 @@ def __getattr__(name):
 def load_train_config(path=None, overrides=()):
     """A recipe (YAML) over :data:`DEFAULTS`, patched with ``a.b=v`` overrides."""
     from zsprob.config import load_config
-    from zsprob.train.defaults import DEFAULTS
-    return load_config(path, list(overrides), defaults=DEFAULTS)
+    from zsprob.train.defaults import COUNT_KEYS, DEFAULTS
+    from zsprob.utils.checks import check_counts
+    cfg = load_config(path, list(overrides), defaults=DEFAULTS)
+    check_counts(cfg, COUNT_KEYS)
+    return cfg

@@ -99,3 +99,33 @@ DEFAULTS: dict = {
         "find_unused_parameters": False,
     },
 }
+
+
+#: every count of a training config: (dotted key, its command-line flag, rule, integer), checked by
+#: ``zsprob.utils.checks.check_counts`` when a config is loaded and again when a run starts
+COUNT_KEYS: tuple = (
+    ("schedule.steps", "--steps", ">=1", True),
+    ("schedule.epochs", "--epochs", ">0", False),
+    ("schedule.warmup_steps", None, ">=0", True),
+    ("schedule.warmup_epochs", None, ">=0", False),
+    ("data.batch_size", "--batch-size", ">=1", True),
+    ("data.num_workers", "--workers", ">=0", True),
+    ("data.shuffle_buffer", None, ">=0", True),
+    ("data.samples_per_epoch", None, ">=1", True),
+    ("train.log_every", "--log-every", ">=1", True),
+    ("train.checkpoint_every", "--checkpoint-every", ">=0", True),
+    ("train.eval_every", "--eval-every", ">=0", True),
+    ("train.keep_checkpoints", None, ">=0", True),
+    ("train.max_nonfinite", None, ">=1", True),
+    ("train.threads", "--threads", ">=1", True),
+    ("train.requeue_exit_code", "--requeue-exit-code", ">=0", True),
+    ("freeze.image_steps", None, ">=0", True),
+    ("freeze.image_epochs", None, ">=0", False),
+    ("freeze.text_steps", None, ">=0", True),
+    ("freeze.text_epochs", None, ">=0", False),
+    ("freeze.warmup_steps", None, ">=0", True),
+    ("freeze.warmup_epochs", None, ">=0", False),
+    ("swa.last_steps", None, ">=0", True),
+    ("swa.last_epochs", None, ">=0", False),
+    ("swa.every_steps", None, ">=1", True),
+)

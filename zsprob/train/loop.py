@@ -57,7 +57,8 @@ from zsprob.train import resilience
 from zsprob.train import state
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, add_caption_noise, count_samples_synthetic,
                                mixed_seed, resolve_shards, steps_from)
-from zsprob.train.defaults import DEFAULTS, METHODS
+from zsprob.train.defaults import COUNT_KEYS, DEFAULTS, METHODS
+from zsprob.utils.checks import check_counts
 from zsprob.utils.io import append_jsonl, atomic_write_json, atomic_write_text
 
 EvalHook = Callable[[nn.Module, int], dict]
@@ -138,8 +139,9 @@ class ContrastiveStep(nn.Module):
 # ----------------------------------------------------------------------------- helpers
 
 def resolve_config(cfg: Any) -> Config:
-    """Defaults <- ``cfg``; validates the method."""
+    """Defaults <- ``cfg``; validates the method, the precision and every count (``COUNT_KEYS``)."""
     cfg = to_config(deep_merge(DEFAULTS, dict(cfg or {})))
+    check_counts(cfg, COUNT_KEYS)
     if cfg.method not in METHODS:
         raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
     if not isinstance(cfg.data.get("augment", True), bool):
