@@ -25,7 +25,6 @@ import threading
 from pathlib import Path
 
 from zsprob.errors import UserError
-from zsprob.train import state
 
 #: environment variables torchrun's elastic agent sets in every worker
 ELASTIC_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
@@ -59,7 +58,7 @@ def latest_valid_checkpoint(out: str | os.PathLike) -> Path | None:
     """The step directory ``latest.json`` names when it is complete; else the newest complete
     ``step-*`` directory (a crash between committing a directory and updating ``latest.json``, or a
     damaged pointer); None when there is none. Half-written ``.tmp-*`` directories never count."""
-    root = state.checkpoint_root(out)
+    root = Path(out) / "checkpoints"  # zsprob.train.state.checkpoint_root, without importing torch
     pointer = root / "latest.json"
     try:
         named = root / json.loads(pointer.read_text())["dir"]
@@ -92,6 +91,7 @@ def find_resume_dir(resume, out: Path) -> Path | None:
         return None
     if mode == "auto":
         return latest_valid_checkpoint(out)
+    from zsprob.train import state
     ckpt_dir = state.latest_checkpoint(out) if mode == "latest" else mode
     if ckpt_dir is None:
         raise UserError(f"--resume: no checkpoint in {out / 'checkpoints'} (nothing to resume; "
