@@ -39,3 +39,16 @@ def require_dir(path, what: str, hint: str = "") -> "object":
             msg += f" ({hint})"
         raise UserError(msg)
     return p
+
+
+class Preempted(Exception):
+    """A training run stopped early on a pre-emption signal after writing a resumable checkpoint.
+
+    ``exit_code`` is what the command line exits with (``--requeue-exit-code``), ``step`` the step
+    of the checkpoint written.
+    """
+
+    def __init__(self, message: str, exit_code: int, step: int):
+        super().__init__(message)
+        self.exit_code = int(exit_code)
+        self.step = int(step)

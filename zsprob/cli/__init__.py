@@ -10,7 +10,9 @@ used, so ``zsprob --help`` does not pay for importing torch.
 
 Error policy: a :class:`zsprob.UserError` or a click usage error prints one line on stderr
 (``zsprob: error: ...``) and exits with status 2. ``zsprob --debug CMD`` (or ``ZSPROB_DEBUG=1``)
-re-raises with the full traceback instead.
+re-raises with the full traceback instead. A training run stopped by SIGTERM / SIGUSR1
+(:class:`zsprob.errors.Preempted`, its checkpoint written) prints one line and exits with the
+requeue code (``--requeue-exit-code``, 143 by default).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import sys
 import click
 
 from zsprob import __version__
-from zsprob.errors import UserError
+from zsprob.errors import Preempted, UserError
 
 # command name -> (module, attribute, one-line help shown by `zsprob --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -112,6 +114,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("zsprob: interrupted", err=True)
         sys.exit(130)
+    except Preempted as e:
+        if os.environ.get("RANK", "0") == "0":
+            click.echo(f"zsprob: pre-empted: {_one_line(e)}", err=True)
+        sys.exit(e.exit_code)
     if isinstance(rv, int) and rv not in (0, None):
         sys.exit(rv)
     sys.exit(0)

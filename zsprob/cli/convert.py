@@ -4,10 +4,12 @@ Calls :func:`zsprob.models.convert.convert.convert_to_checkpoint`; errors are on
 """
 import click
 
+from zsprob.cli.types import OUT_DIR
+
 
 @click.command("convert")
 @click.argument("source", type=click.Path())
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="zsprob checkpoint directory to write.")
+@click.option("--out", required=True, type=OUT_DIR, help="zsprob checkpoint directory to write.")
 @click.option("--model", "model_name", default=None,
               help="zsprob model name (default: from the layout, e.g. prolip-ViT-B-16, pcmepp-ViT-B-16).")
 @click.option("--layout", "layout_name", type=click.Choice(["prolip", "pcmepp-hf", "pcmepp-coco"]), default=None,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import click
 
+from zsprob.cli.types import COUNT, COUNT0, OUT_DIR
+
 from zsprob.errors import UserError
 
 _PRESETS_HELP = ("default: 20000 pretraining images (20 shards), 10 + 50 images per class for "
@@ -19,21 +21,21 @@ def data() -> None:
 
 
 @data.command("synthetic")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--out", required=True, type=OUT_DIR, help="Output folder.")
 @click.option("--preset", type=click.Choice(["default", "quick"]), default="default", show_default=True,
               help=f"Size preset; explicit --num-* options override it. {_PRESETS_HELP}.")
 @click.option("--image-size", type=int, default=None, help="Canvas size in pixels, 32..224 [default: 64].")
-@click.option("--num-pretrain", type=int, default=None, help="Pretraining images (WebDataset shards).")
-@click.option("--num-classify-select", type=int, default=None,
+@click.option("--num-pretrain", type=COUNT0, default=None, help="Pretraining images (WebDataset shards).")
+@click.option("--num-classify-select", type=COUNT0, default=None,
               help="Labelled images per class for prompt selection (classify/select).")
-@click.option("--num-classify-eval", type=int, default=None, help="Images per class for zero-shot evaluation.")
-@click.option("--num-retrieval", type=int, default=None, help="Retrieval test images (5 captions each).")
-@click.option("--num-retrieval-val", type=int, default=None, help="Retrieval val images (5 captions each).")
+@click.option("--num-classify-eval", type=COUNT0, default=None, help="Images per class for zero-shot evaluation.")
+@click.option("--num-retrieval", type=COUNT0, default=None, help="Retrieval test images (5 captions each).")
+@click.option("--num-retrieval-val", type=COUNT0, default=None, help="Retrieval val images (5 captions each).")
 @click.option("--noise", type=float, default=None,
               help="Noisy-correspondence rate of the pretraining captions, 0..1 [default: 0].")
 @click.option("--seed", type=int, default=None, help="World seed [default: 0].")
-@click.option("--shard-size", type=int, default=None, help="Samples per pretraining shard [default: 1000].")
-@click.option("--workers", type=int, default=1, show_default=True,
+@click.option("--shard-size", type=COUNT, default=None, help="Samples per pretraining shard [default: 1000].")
+@click.option("--workers", type=COUNT, default=1, show_default=True,
               help="Processes; output bytes do not depend on it.")
 @click.option("--preview", is_flag=True, help="Also write OUT/preview.png (one row per condition, with captions).")
 @click.option("--preview-only", is_flag=True, help="Only write OUT/preview.png (no dataset).")

@@ -4,16 +4,18 @@ The work is done by :func:`zsprob.report.demo.run_demo`, which chains the real c
 """
 import click
 
+from zsprob.cli.types import COUNT, COUNT0, OUT_DIR
+
 
 @click.command("demo")
-@click.option("--out", type=click.Path(file_okay=False), default="demo_out", show_default=True,
+@click.option("--out", type=OUT_DIR, default="demo_out", show_default=True,
               help="Output folder; an existing one is resumed (finished steps are skipped).")
 @click.option("--quick", is_flag=True, help="Small world and short training (about 5 minutes on 2 cores).")
-@click.option("--steps", type=int, default=None, help="Pretraining steps per model [default: 900, quick: 300].")
-@click.option("--batch-size", type=int, default=None, help="Pretraining batch size [default: 128, quick: 128].")
+@click.option("--steps", type=COUNT, default=None, help="Pretraining steps per model [default: 900, quick: 300].")
+@click.option("--batch-size", type=COUNT, default=None, help="Pretraining batch size [default: 128, quick: 128].")
 @click.option("--seed", type=int, default=None, help="World and training seed [default: 0].")
-@click.option("--workers", type=int, default=None, help="Data loader workers during pretraining [default: 1].")
-@click.option("--threads", type=int, default=None, help="torch CPU threads [default: torch's].")
+@click.option("--workers", type=COUNT0, default=None, help="Data loader workers during pretraining [default: 1].")
+@click.option("--threads", type=COUNT, default=None, help="torch CPU threads [default: torch's].")
 def demo(out, quick, steps, batch_size, seed, workers, threads):
     """Run the whole mission on SynthWorld and write OUT/report.md.
 
@@ -22,12 +24,7 @@ def demo(out, quick, steps, batch_size, seed, workers, threads):
     uncertainty without evaluation labels, classifies zero-shot with every prompt strategy,
     evaluates retrieval, and writes OUT/report.md + OUT/report.json with plots.
     """
-    from zsprob.errors import UserError
     from zsprob.report.demo import run_demo
 
-    for name, v in (("--steps", steps), ("--batch-size", batch_size), ("--workers", workers),
-                    ("--threads", threads)):
-        if v is not None and v < (0 if name == "--workers" else 1):
-            raise UserError(f"{name} must be positive, got {v}")
     run_demo(out, quick=quick, echo=click.echo, steps=steps, batch_size=batch_size, seed=seed,
              workers=workers, threads=threads)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from zsprob.cli.select_prompts import tokenizer_kwargs, tokenizer_option
+from zsprob.cli.types import COUNT, OUT_FILE
 
 SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
 
@@ -20,14 +21,14 @@ def _model_options(f):
                      "ProLIP / PCME++ checkpoint or a zsprob checkpoint (with --model).")(f)
     f = tokenizer_option(f)
     f = click.option("--device", default=None, help="torch device (default: cpu).")(f)
-    f = click.option("--batch-size", type=int, default=128, show_default=True)(f)
+    f = click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
     return f
 
 
 def _common(f):
     f = click.option("--score", type=click.Choice(SCORES), default="csd", show_default=True,
                      help="similarity used for ranking (zsprob.prob.score).")(f)
-    f = click.option("--out", type=click.Path(dir_okay=False), default="metrics.json", show_default=True,
+    f = click.option("--out", type=OUT_FILE, default="metrics.json", show_default=True,
                      help="metrics JSON; table.md, PNGs and pages go to the same folder.")(f)
     f = click.option("--no-analysis", is_flag=True, help="skip the uncertainty analyses.")(f)
     f = click.option("--method", type=click.Choice(["auto", "screen", "matrix"]), default="auto", show_default=True,
@@ -70,7 +71,7 @@ def eval_() -> None:
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
 @click.option("--embeddings", type=click.Path(), default=None,
               help="precomputed E.npz (image_ids, caption_ids, image_mu, caption_mu[, *_logvar, caption_image]).")
-@click.option("--save-embeddings", type=click.Path(dir_okay=False), default=None, help="also save the embeddings (.npz).")
+@click.option("--save-embeddings", type=OUT_FILE, default=None, help="also save the embeddings (.npz).")
 @_common
 def coco(checkpoint, model_name, pretrained, device, batch_size, root, split, embeddings, save_embeddings, score, out,
          no_analysis, method):
@@ -128,7 +129,7 @@ def _read_rankings(path: str, direction: str) -> dict:
               help="image->caption rankings: `zsprob index search --out` JSON or {image id: [caption ids]}.")
 @click.option("--t2i", "t2i_path", type=click.Path(), required=True,
               help="caption->image rankings, same formats ({caption id: [image ids]}).")
-@click.option("--out", type=click.Path(dir_okay=False), default="metrics.json", show_default=True)
+@click.option("--out", type=OUT_FILE, default="metrics.json", show_default=True)
 def rankings_cmd(i2t_path, t2i_path, out):
     """Metrics of ranked id lists on the official COCO 5K test ids (COCO 1K/5K, CxC, ECCV Caption),
     e.g. from `zsprob index search` or from eccv_caption-style dicts."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import click
 
+from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, OUT_FILE
+
 
 def _load_side(path, side: str):
     """(ids, mu, logvar) of the ``side`` ("image" or "caption") of an E.npz."""
@@ -29,12 +31,12 @@ def index() -> None:
 @click.option("--kind", type=click.Choice(["flat", "hnsw", "ivf", "torch"]), default="flat", show_default=True)
 @click.option("--metric", type=click.Choice(["ip", "l2"]), default=None,
               help="augmentation (default: ip for flat/torch, l2 for hnsw/ivf).")
-@click.option("--hnsw-m", type=int, default=32, show_default=True)
-@click.option("--ef-construction", type=int, default=80, show_default=True)
-@click.option("--ef-search", type=int, default=64, show_default=True)
-@click.option("--nlist", type=int, default=None, help="IVF lists (default ~4 sqrt(N)).")
-@click.option("--nprobe", type=int, default=16, show_default=True)
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="index directory to write.")
+@click.option("--hnsw-m", type=COUNT, default=32, show_default=True)
+@click.option("--ef-construction", type=COUNT, default=80, show_default=True)
+@click.option("--ef-search", type=COUNT, default=64, show_default=True)
+@click.option("--nlist", type=COUNT, default=None, help="IVF lists (default ~4 sqrt(N)).")
+@click.option("--nprobe", type=COUNT, default=16, show_default=True)
+@click.option("--out", type=OUT_DIR, required=True, help="index directory to write.")
 def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search, nlist, nprobe, out):
     """Index one side of an embeddings file."""
     from zsprob.retrieval.search import build_index
@@ -51,11 +53,11 @@ def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search,
 @click.option("--index", "index_dir", type=click.Path(), required=True, help="index directory from `zsprob index build`.")
 @click.option("--queries", type=click.Path(), required=True, help="E.npz holding the queries.")
 @click.option("--query-side", type=click.Choice(["image", "caption"]), default="image", show_default=True)
-@click.option("-k", "--k", "k", type=int, default=10, show_default=True)
-@click.option("--ef-search", type=int, default=None, help="override HNSW efSearch.")
-@click.option("--nprobe", type=int, default=None, help="override IVF nprobe.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="write results JSON here.")
-@click.option("--show", type=int, default=3, show_default=True, help="print the results of this many queries.")
+@click.option("-k", "--k", "k", type=COUNT, default=10, show_default=True)
+@click.option("--ef-search", type=COUNT, default=None, help="override HNSW efSearch.")
+@click.option("--nprobe", type=COUNT, default=None, help="override IVF nprobe.")
+@click.option("--out", type=OUT_FILE, default=None, help="write results JSON here.")
+@click.option("--show", type=COUNT0, default=3, show_default=True, help="print the results of this many queries.")
 def search(index_dir, queries, query_side, k, ef_search, nprobe, out, show):
     """Top-k gallery items by CSD for every query."""
     import time

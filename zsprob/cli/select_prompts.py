@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import click
 
+from zsprob.cli.types import COUNT, OUT_FILE
+
 from zsprob.methods import STRATEGIES
 
 
@@ -45,7 +47,7 @@ def model_options(f):
 def common_options(f):
     f = click.option("--k-grid", default=None, help="K values searched by auto/global/oracle, e.g. '1-80' "
                      "or '1,2,4,8,16,32,80' (default: every K).")(f)
-    f = click.option("--batch-size", type=int, default=256, show_default=True)(f)
+    f = click.option("--batch-size", type=COUNT, default=256, show_default=True)(f)
     f = click.option("--device", default=None, help="torch device (default: the model's).")(f)
     f = click.option("--cache-dir", type=click.Path(), default=None,
                      help="Prompt-bank and image-embedding cache (default: cache/ next to --out).")(f)
@@ -82,7 +84,7 @@ def load_model(checkpoint, model_name, pretrained, device):
               help="Label-free auto: keep u <= mean + c*std per class.")
 @click.option("--beta", type=float, default=1.0, show_default=True, help="fusion: weights u^-beta.")
 @common_options
-@click.option("--out", type=click.Path(), required=True, help="selection.json to write.")
+@click.option("--out", type=OUT_FILE, required=True, help="selection.json to write.")
 def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, strategy, select_root, no_select,
                    threshold_c, beta, k_grid, batch_size, device, cache_dir, templates, classes, out):
     """Rank prompt templates by text uncertainty and select them per class."""

@@ -12,12 +12,18 @@ both, applied last in command-line order)::
     --seed S            seed                    --threads N      train.threads
     --log-every N       train.log_every         --checkpoint-every N  train.checkpoint_every
     --eval-every N      train.eval_every        --remote-sync URL train.remote_sync
+    --requeue-exit-code N train.requeue_exit_code
+
+``--resume [auto|latest|DIR]`` and ``--resume-from DIR`` choose the checkpoint
+(:mod:`zsprob.train.resilience`); without them a run under torchrun resumes "auto".
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
+
+from zsprob.cli.types import OUT_DIR
 
 from zsprob.methods import METHODS
 
@@ -26,7 +32,7 @@ def common_options(f):
     opts = [
         click.option("--config", "config_path", type=str, default=None,
                      help="YAML recipe (a path, or a name in configs/)."),
-        click.option("--out", required=True, type=click.Path(file_okay=False),
+        click.option("--out", required=True, type=OUT_DIR,
                      help="Run directory: metrics.jsonl, checkpoints/, model/ (the trained checkpoint)."),
         click.option("--method", type=click.Choice(METHODS), default=None,
                      help="Training objective (default: the recipe's, else pcmepp)."),
@@ -53,8 +59,13 @@ def common_options(f):
                           "--resume pulls a newer checkpoint from it."),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                      help="Override any config value, e.g. --set optim.layer_decay=0.7 (repeatable)."),
-        click.option("--resume", is_flag=True, help="Continue from OUT/checkpoints/latest.json exactly."),
+        click.option("--resume", is_flag=False, flag_value="latest", default=None, metavar="[auto|latest|DIR]",
+                     help="Continue exactly: latest (the default value) from OUT/checkpoints/latest.json; auto from "
+                          "the latest valid checkpoint if any, else start afresh (the default under torchrun); "
+                          "or a step directory."),
         click.option("--resume-from", type=click.Path(), default=None, help="Continue from a step directory."),
+        click.option("--requeue-exit-code", type=click.IntRange(0, 255), default=None,
+                     help="Exit code after SIGTERM / SIGUSR1 (checkpoint written first) [default: 143]."),
         click.option("--no-progress", is_flag=True, help="No progress bar."),
     ]
     for o in reversed(opts):
@@ -93,6 +104,7 @@ def flag_overrides(kw: dict) -> list[str]:
     put("train.checkpoint_every", kw.get("checkpoint_every"))
     put("train.eval_every", kw.get("eval_every"))
     put("train.remote_sync", kw.get("remote_sync"))
+    put("train.requeue_exit_code", kw.get("requeue_exit_code"))
     return out
 
 
@@ -101,16 +113,25 @@ def resolve_run_config(kw: dict, extra: list[str], default_config: str | None):
     from zsprob.train import load_train_config
     path = kw.get("config_path")
     out = Path(kw["out"])
-    if path is None and (kw.get("resume") or kw.get("resume_from")) and (out / "config.yaml").is_file():
+    if path is None and resuming(kw) and (out / "config.yaml").is_file():
         path = str(out / "config.yaml")
     if path is None:
         path = default_config
     return load_train_config(path, extra + flag_overrides(kw) + list(kw.get("overrides") or ()))
 
 
+def resuming(kw: dict) -> bool:
+    """Whether this launch continues a run (then OUT/config.yaml is the recipe unless --config is given)."""
+    from zsprob.train.resilience import latest_valid_checkpoint, resume_mode
+    mode = resume_mode(kw.get("resume_from") or kw.get("resume"))
+    if mode == "auto":
+        return latest_valid_checkpoint(kw["out"]) is not None
+    return mode is not None
+
+
 def run(cfg, kw: dict, hooks=()) -> dict:
     from zsprob.train.loop import train
-    resume = kw.get("resume_from") or bool(kw.get("resume"))
+    resume = kw.get("resume_from") or kw.get("resume")
     try:
         summary = train(cfg, kw["out"], resume=resume, eval_hooks=hooks, progress=not kw.get("no_progress"))
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.select_prompts import common_options, load_model, model_options
+from zsprob.cli.types import OUT_FILE
 from zsprob.methods import STRATEGIES
 
 
@@ -25,7 +26,7 @@ from zsprob.methods import STRATEGIES
 @click.option("--unc-weight", type=float, default=0.5, show_default=True, help="--score unc: cos - w * ||sigma^2||_1.")
 @click.option("--compare", is_flag=True, help="Evaluate every strategy in one run; print one table and write PNGs.")
 @common_options
-@click.option("--out", type=click.Path(), required=True, help="results.json to write.")
+@click.option("--out", type=OUT_FILE, required=True, help="results.json to write.")
 def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, strategy, select_root, score,
              unc_weight, compare, k_grid, batch_size, device, cache_dir, templates, classes, out):
     """Zero-shot classification with selected prompts."""

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 
 from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
 from zsprob.methods import METHODS  # noqa: F401  (re-exported: zsprob.train.METHODS)
+from zsprob.utils.checks import check_counts
 
 DEFAULTS: dict = {
     "seed": 0,
@@ -116,6 +117,7 @@ DEFAULTS: dict = {
         "checkpoint_every": 1000,
         "keep_checkpoints": 2,
         "max_nonfinite": 10,       # consecutive non-finite losses before the run stops
+        "requeue_exit_code": 143,  # exit code after SIGTERM / SIGUSR1: checkpoint written, relaunch to resume
         "tensorboard": True,
         "eval_every": None,        # steps between evaluation hooks
         "eval_every_epochs": None, # ... or epochs (wins when the epoch length is known)
@@ -125,6 +127,37 @@ DEFAULTS: dict = {
         "accum_steps": 1,          # micro-batches per step, same loss as one batch (zsprob.train.accumulate)
     },
 }
+
+
+#: every count of a training config: (dotted key, its command-line flag, rule, integer), checked by
+#: ``zsprob.utils.checks.check_counts`` when a config is loaded and again when a run starts
+COUNT_KEYS: tuple = (
+    ("schedule.steps", "--steps", ">=1", True),
+    ("schedule.epochs", "--epochs", ">0", False),
+    ("schedule.warmup_steps", None, ">=0", True),
+    ("schedule.warmup_epochs", None, ">=0", False),
+    ("data.batch_size", "--batch-size", ">=1", True),
+    ("data.num_workers", "--workers", ">=0", True),
+    ("data.shuffle_buffer", None, ">=0", True),
+    ("data.samples_per_epoch", None, ">=1", True),
+    ("train.log_every", "--log-every", ">=1", True),
+    ("train.checkpoint_every", "--checkpoint-every", ">=0", True),
+    ("train.eval_every", "--eval-every", ">=0", True),
+    ("train.keep_checkpoints", None, ">=0", True),
+    ("train.max_nonfinite", None, ">=1", True),
+    ("train.threads", "--threads", ">=1", True),
+    ("train.accum_steps", None, ">=1", True),
+    ("train.requeue_exit_code", "--requeue-exit-code", ">=0", True),
+    ("freeze.image_steps", None, ">=0", True),
+    ("freeze.image_epochs", None, ">=0", False),
+    ("freeze.text_steps", None, ">=0", True),
+    ("freeze.text_epochs", None, ">=0", False),
+    ("freeze.warmup_steps", None, ">=0", True),
+    ("freeze.warmup_epochs", None, ">=0", False),
+    ("swa.last_steps", None, ">=0", True),
+    ("swa.last_epochs", None, ">=0", False),
+    ("swa.every_steps", None, ">=1", True),
+)
 
 
 class TrainConfig(Config):
@@ -143,4 +176,5 @@ def load_train_config(path=None, overrides: Iterable[str] = ()) -> TrainConfig:
     cfg = with_defaults(read_yaml(path) if path is not None else {})
     for item in overrides:
         apply_override(cfg, item)
+    check_counts(cfg, COUNT_KEYS)
     return cfg

@@ -23,11 +23,12 @@ The run, one named function per line (:func:`train`)::
     model, loss, source <- build_model, build_loss, build_source
     plan <- resolve_schedule(cfg, source.steps_per_epoch)        (steps, warm-up, milestones, freezing)
     optimizer, schedule <- build_optimisation; swa <- build_swa
-    restore_state(run, step directory)                           (when resuming)
-    for step in start..plan.total_steps:
+    restore_state(run, find_resume_dir(...))                     (when resuming: zsprob.train.resilience)
+    run_steps: for step in start..plan.total_steps:              (SIGTERM / SIGUSR1 caught: StopSignals)
         one_step(run, step)                                      (next_batch, forward, backward, update)
-        schedule.step(); SWA update
-        log_record / save_checkpoint / run_hooks                 (at their intervals)
+        after_step: schedule.step(); SWA update;
+                    log_record / save_checkpoint / run_hooks     (at their intervals)
+        stop_if_signalled                                        (pre-empted: checkpoint, raise Preempted)
     finish(run)                                                  (checkpoint, final model(s), hooks, summary)
 
 ``--method jwae`` swaps in its own parts and step (:mod:`zsprob.train.jwae_step`: autoencoders over
@@ -54,16 +55,18 @@ import torch
 from torch import nn
 
 from zsprob.config import Config, dump_yaml
-from zsprob.errors import UserError
+from zsprob.errors import Preempted, UserError
 from zsprob.train import accumulate
 from zsprob.train.accumulate import at_least_fp32
 from zsprob.train import distributed as D
 from zsprob.train import optim
 from zsprob.train import remote_sync
+from zsprob.train import resilience
 from zsprob.train import state
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, add_caption_noise, count_samples_synthetic,
                                mixed_seed, resolve_shards, shard_options, steps_from)
-from zsprob.train.defaults import METHODS, with_defaults
+from zsprob.train.defaults import COUNT_KEYS, METHODS, with_defaults
+from zsprob.utils.checks import check_counts
 from zsprob.utils.io import append_jsonl, atomic_write_json, atomic_write_text
 
 EvalHook = Callable[[nn.Module, int], dict]
@@ -158,8 +161,9 @@ class ContrastiveStep(nn.Module):
 
 def resolve_config(cfg: Any) -> Config:
     """Defaults <- ``cfg`` (unless ``cfg`` already has them: :func:`zsprob.train.defaults.with_defaults`);
-    validates the method."""
+    validates the method, the precision and every count (``COUNT_KEYS``)."""
     cfg = with_defaults(cfg)
+    check_counts(cfg, COUNT_KEYS)
     if cfg.method not in METHODS:
         raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
     if not isinstance(cfg.data.get("augment", True), bool):
@@ -379,16 +383,10 @@ def make_accelerator(cfg: Config, out: Path):
     return acc, log_with
 
 
-def find_resume_dir(resume: bool | str | os.PathLike, out: Path) -> Path | None:
-    """The step directory ``resume`` names (True: the latest under ``out``); None without resume."""
-    if not resume:
-        return None
-    ckpt_dir = Path(resume) if isinstance(resume, (str, os.PathLike)) else state.latest_checkpoint(out)
-    if ckpt_dir is None:
-        raise UserError(f"--resume: no checkpoint in {out / 'checkpoints'} (nothing to resume)")
-    if not (Path(ckpt_dir) / "state.json").is_file():
-        raise UserError(f"--resume: {ckpt_dir} is not a checkpoint directory (no state.json)")
-    return ckpt_dir
+def find_resume_dir(resume: bool | str | os.PathLike | None, out: Path) -> Path | None:
+    """The step directory ``resume`` names (see :func:`zsprob.train.resilience.find_resume_dir`:
+    "auto", "latest" / True, a path; None under an elastic agent means "auto"); None for a fresh start."""
+    return resilience.find_resume_dir(resume, out)
 
 
 def build_optimisation(cfg: Config, model, step_module: nn.Module, plan: SchedulePlan):
@@ -471,6 +469,7 @@ class Run:
     label_smoothing: float = 0.0
     loss_scale: Callable[[int], float] | None = None  # the embedding warm-up (freeze.warmup_mode loss)
     sync: Any = None  # zsprob.train.remote_sync.RemoteSync on the main process with train.remote_sync
+    step_fn: Callable[["Run", int], dict] | None = None  # one_step, or jWAE's own step
     accum_steps: int = 1  # micro-batches per step (zsprob.train.accumulate)
 
     @property
@@ -663,32 +662,47 @@ def log_record(run: Run, step_done: int, stats: dict, lr_groups: dict, log_every
 
 
 def save_checkpoint(run: Run, step_done: int) -> None:
-    """A resumable step directory: every rank's random state, then (main) models, optimiser and schedule state."""
+    """A resumable step directory: every rank's random state, then (main) models, optimiser and schedule
+    state, written under a temporary name and committed by a rename (a write that fails or dies half-way
+    leaves the previous checkpoint the one ``--resume`` picks)."""
     acc, out = run.acc, run.out
     tmp = state.checkpoint_root(out) / f".tmp-step-{step_done:07d}"
-    if run.main:
-        if tmp.exists():
-            import shutil
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+    try:
+        if run.main:
+            if tmp.exists():
+                import shutil
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        acc.wait_for_everyone()
+        state.save_state(tmp / f"rng-rank{run.rank}", {"rng": state.rng_state()})
+        acc.wait_for_everyone()
+        if run.main:
+            _write_main_state(run, tmp, step_done)
+            state.commit_checkpoint(out, tmp, step_done, keep=int(run.cfg.train.keep_checkpoints))
+            if run.sync is not None:
+                run.sync.try_push()
+    except OSError as e:
+        previous = resilience.latest_valid_checkpoint(out)
+        raise UserError(f"writing the checkpoint of step {step_done} failed ({e}); "
+                        f"{'the last complete one is ' + str(previous) if previous else 'no complete checkpoint'}"
+                        " is what --resume takes") from None
     acc.wait_for_everyone()
-    state.save_state(tmp / f"rng-rank{run.rank}", {"rng": state.rng_state()})
-    acc.wait_for_everyone()
-    if run.main:
-        _save_model(run.raw, tmp / "model", run.cfg, step_done)
-        if run.swa is not None and run.swa.n_averaged > 0:
-            _save_model(run.raw, tmp / "model-swa", run.cfg, step_done, swa=run.swa)
-        state.save_state(tmp, {
-            "step": step_done, "epoch": run.cursor.epoch, "batch_in_epoch": run.cursor.pos, "world": run.world,
-            "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
-            "scaler": acc.scaler.state_dict() if acc.scaler is not None else None,
-            "loss": run.raw.loss.state_dict(), "swa": run.swa.state_tensors() if run.swa is not None else None,
-            "rng": state.rng_state(), "nonfinite_total": run.nonfinite_total,
-        })
-        state.commit_checkpoint(out, tmp, step_done, keep=int(run.cfg.train.keep_checkpoints))
-        if run.sync is not None:
-            run.sync.try_push()
-    acc.wait_for_everyone()
+    resilience.fault_point("checkpoint-done", step_done, run.rank)
+
+
+def _write_main_state(run: Run, tmp: Path, step_done: int) -> None:
+    """The main process's part of a checkpoint: model(s), then optimiser / schedule / data / RNG state."""
+    _save_model(run.raw, tmp / "model", run.cfg, step_done)
+    if run.swa is not None and run.swa.n_averaged > 0:
+        _save_model(run.raw, tmp / "model-swa", run.cfg, step_done, swa=run.swa)
+    resilience.fault_point("checkpoint-mid", step_done, run.rank)
+    state.save_state(tmp, {
+        "step": step_done, "epoch": run.cursor.epoch, "batch_in_epoch": run.cursor.pos, "world": run.world,
+        "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
+        "scaler": run.acc.scaler.state_dict() if run.acc.scaler is not None else None,
+        "loss": run.raw.loss.state_dict(), "swa": run.swa.state_tensors() if run.swa is not None else None,
+        "rng": state.rng_state(), "nonfinite_total": run.nonfinite_total,
+    })
 
 
 def run_hooks(run: Run, step_done: int) -> None:
@@ -738,14 +752,19 @@ def finish(run: Run, start_step: int, wall: float) -> dict:
 
 # ----------------------------------------------------------------------------- the loop
 
-def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, source: BatchSource | None = None,
-          eval_hooks: Iterable[EvalHook] = (), progress: bool = True) -> dict:
+def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
+          source: BatchSource | None = None, eval_hooks: Iterable[EvalHook] = (), progress: bool = True) -> dict:
     """Train as ``cfg`` says; write everything under ``out``; return the summary dict.
 
-    ``resume``: True continues from ``out/checkpoints/latest.json``; a path names a step directory.
+    ``resume``: "auto" continues from the latest valid checkpoint if there is one, else starts afresh;
+    "latest" (or True) continues from ``out/checkpoints/latest.json`` and fails without one; a path
+    names a step directory; False never resumes; None (the default) is "auto" under a torchrun elastic
+    agent and False elsewhere.
     ``source``: a custom :class:`zsprob.train.data.BatchSource` instead of ``cfg.data``.
     ``eval_hooks``: callables ``hook(model, step) -> dict`` run on the main process every
     ``train.eval_every`` steps and at the end; their dicts go to metrics.jsonl under "eval".
+    SIGTERM / SIGUSR1 during the steps: the current step finishes, a checkpoint is written and
+    :class:`zsprob.errors.Preempted` is raised (``train.requeue_exit_code`` is its exit code).
     """
     cfg = resolve_config(cfg)
     out = Path(out)
@@ -770,7 +789,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
     run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan, raw.loss),
               source, plan.total_steps, list(eval_hooks), [p for p in raw.parameters() if p.requires_grad])
     run.text_aug, run.label_smoothing, run.loss_scale = text_aug, label_smoothing, plan.loss_scale
-    run.sync, run.accum_steps = sync, accum_steps
+    run.sync, run.accum_steps, run.step_fn = sync, accum_steps, step_fn
 
     start_step, epoch, pos, rng_state = restore_state(run, ckpt_dir) if ckpt_dir is not None else (0, 0, 0, None)
     run.cursor = DataCursor(source, acc.device, epoch, pos)
@@ -783,41 +802,76 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str = False, sourc
         atomic_write_text(out / "config.yaml", dump_yaml(cfg))
     if log_with:
         acc.init_trackers("tensorboard")
+    return run_steps(run, start_step, progress)
 
-    tc = cfg.train
+
+def run_steps(run: Run, start_step: int, progress: bool) -> dict:
+    """The steps from ``start_step`` to the end, then :func:`finish`; pre-emption signals are caught
+    for the whole of it (a signal during the final writes lets them complete)."""
+    from tqdm.auto import tqdm
+    bar = tqdm(total=run.total_steps, initial=start_step, disable=not (progress and run.main), dynamic_ncols=True,
+               desc=f"{run.cfg.method}")
+    run.step_module.train()
+    run.loss_sum = torch.zeros((), device=run.acc.device)
+    run.t_interval = t_start = time.perf_counter()
+    with resilience.StopSignals() as stop:
+        try:
+            for step in range(start_step, run.total_steps):
+                stats = run.step_fn(run, step)
+                saved = after_step(run, step + 1, stats, bar)
+                stop_if_signalled(run, stop, step + 1, saved)
+        finally:
+            bar.close()
+        return finish(run, start_step, time.perf_counter() - t_start)
+
+
+def after_step(run: Run, step_done: int, stats: dict, bar) -> bool:
+    """The schedule, SWA, logging, checkpoint and hooks due after ``step_done``; True if it checkpointed."""
+    tc = run.cfg.train
     log_every = max(1, int(tc.log_every))
     ckpt_every = int(tc.checkpoint_every or 0)
     eval_every = int(tc.eval_every or 0)
-    if tc.get("eval_every_epochs") and source.steps_per_epoch:  # e.g. model selection once per epoch
-        eval_every = max(1, int(round(float(tc.eval_every_epochs) * source.steps_per_epoch)))
-    from tqdm.auto import tqdm
-    bar = tqdm(total=run.total_steps, initial=start_step, disable=not (progress and run.main), dynamic_ncols=True,
-               desc=f"{cfg.method}")
-    step_module.train()
-    run.loss_sum = torch.zeros((), device=acc.device)
-    run.t_interval = t_start = time.perf_counter()
-    for step in range(start_step, run.total_steps):
-        stats = step_fn(run, step)
-        step_done = step + 1
-        log_now = step_done % log_every == 0 or step_done == run.total_steps
-        lr_groups = current_lrs(optimizer) if log_now else {}  # the learning rates this step used
-        schedule.step()
-        bar.update(1)
-        if run.swa is not None and run.swa.should_update(step_done):
-            run.swa.update(raw.model, raw.loss)
-        if log_now:
-            rec = log_record(run, step_done, stats, lr_groups, log_every)
-            if run.main:
-                bar.set_postfix(loss=f"{run.last_loss:.4f}", sps=f"{rec['samples_per_s']:.0f}", refresh=False)
-        if ckpt_every and step_done % ckpt_every == 0 and step_done != run.total_steps:
-            save_checkpoint(run, step_done)
-            run.t_interval = time.perf_counter()
-        if eval_every and step_done % eval_every == 0 and step_done != run.total_steps:
-            run_hooks(run, step_done)
-            acc.wait_for_everyone()
-            run.t_interval = time.perf_counter()
-    bar.close()
-    return finish(run, start_step, time.perf_counter() - t_start)
+    if tc.get("eval_every_epochs") and run.source.steps_per_epoch:  # e.g. model selection once per epoch
+        eval_every = max(1, int(round(float(tc.eval_every_epochs) * run.source.steps_per_epoch)))
+    log_now = step_done % log_every == 0 or step_done == run.total_steps
+    lr_groups = current_lrs(run.optimizer) if log_now else {}  # the learning rates this step used
+    run.schedule.step()
+    bar.update(1)
+    if run.swa is not None and run.swa.should_update(step_done):
+        run.swa.update(run.raw.model, run.raw.loss)
+    if log_now:
+        rec = log_record(run, step_done, stats, lr_groups, log_every)
+        if run.main:
+            bar.set_postfix(loss=f"{run.last_loss:.4f}", sps=f"{rec['samples_per_s']:.0f}", refresh=False)
+    saved = False
+    if ckpt_every and step_done % ckpt_every == 0 and step_done != run.total_steps:
+        save_checkpoint(run, step_done)
+        run.t_interval = time.perf_counter()
+        saved = True
+    if eval_every and step_done % eval_every == 0 and step_done != run.total_steps:
+        run_hooks(run, step_done)
+        run.acc.wait_for_everyone()
+        run.t_interval = time.perf_counter()
+    return saved
+
+
+def stop_if_signalled(run: Run, stop: resilience.StopSignals, step_done: int, saved: bool) -> None:
+    """After a pre-emption signal (on any process): checkpoint ``step_done`` unless just done, then raise
+    :class:`Preempted`. The last step finishes the run normally instead."""
+    received = stop.received is not None
+    if run.world > 1:
+        received = D.all_reduce_any(received, run.acc.device)
+    if not received or step_done == run.total_steps:
+        return
+    if not saved:
+        save_checkpoint(run, step_done)
+    if run.log_with:
+        run.acc.end_training()
+    code = int(run.cfg.train.get("requeue_exit_code", resilience.DEFAULT_REQUEUE_EXIT_CODE))
+    raise Preempted(f"stopped by {stop.received or 'a signal to another process'} after step {step_done} of "
+                    f"{run.total_steps}; checkpoint {state.checkpoint_root(run.out) / f'step-{step_done:07d}'} "
+                    f"written; run the same command with --resume auto to continue (exit code {code})",
+                    exit_code=code, step=step_done)
 
 
 def _save_model(raw: ContrastiveStep, path: Path, cfg: Config, step: int, swa: optim.SWA | None = None) -> None:

@@ -1,0 +1,118 @@
+"""Bad counts and unwritable output locations are one line and exit 2 in EVERY command: the commands are
+enumerated from the click group, so a new command is covered (and must use zsprob.cli.types) by itself."""
+from __future__ import annotations
+
+import click
+import pytest
+
+from conftest import run_cli
+from zsprob.cli import cli, main
+from zsprob.cli.types import Count, OutPath
+
+#: integer options that are not counts (any value is meaningful, or checked elsewhere with its own range)
+NOT_COUNTS = {"seed", "image_size"}
+#: training flags checked through the config (zsprob.train.defaults.COUNT_KEYS), with the --set route
+TRAIN_COUNT_FLAGS = ["--steps", "--epochs", "--batch-size", "--workers", "--threads", "--log-every",
+                     "--checkpoint-every", "--eval-every"]
+
+
+def all_commands() -> list[tuple[list[str], click.Command]]:
+    """(command path, command) for every leaf command, sub-commands of groups included."""
+    ctx = click.Context(cli)
+    found = []
+
+    def walk(group, path):
+        for name in group.list_commands(ctx):
+            cmd = group.get_command(ctx, name)
+            if isinstance(cmd, click.Group):
+                walk(cmd, path + [name])
+            else:
+                found.append((path + [name], cmd))
+    walk(cli, [])
+    return found
+
+
+def run_main(args, capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in args])
+    return e.value.code, capsys.readouterr().err
+
+
+def test_the_walk_finds_every_command():
+    paths = {" ".join(p) for p, _ in all_commands()}
+    assert {"pretrain", "finetune coco", "demo", "data synthetic", "eval coco", "index build", "index search",
+            "select-prompts", "zeroshot", "convert"} <= paths
+
+
+@pytest.mark.parametrize("bad", ["/proc/forbidden/x", "FILE/sub"])
+def test_every_out_that_cannot_be_written_is_one_line_exit_2(bad, tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    bad = bad.replace("FILE", str(a_file))
+    with_out = [(p, c) for p, c in all_commands() if any(x.name == "out" for x in c.params)]
+    assert len(with_out) >= 10
+    for path, cmd in with_out:
+        param = next(x for x in cmd.params if x.name == "out")
+        assert isinstance(param.type, OutPath), f"{' '.join(path)} --out must use zsprob.cli.types.OUT_DIR / OUT_FILE"
+        # --out first: click converts options in command-line order, so it is checked before anything else
+        code, err = run_main([*path, "--out", bad], capsys)
+        assert code == 2 and err.count("\n") == 1 and "'--out'" in err, (path, code, err)
+        assert "Traceback" not in err and ("cannot" in err or "not a directory" in err), (path, err)
+    assert not (tmp_path / "a_file").is_dir()
+
+
+def test_every_count_option_refuses_values_below_its_minimum(tmp_path, capsys):
+    checked = 0
+    for path, cmd in all_commands():
+        for p in cmd.params:
+            if not isinstance(p, click.Option) or p.name in NOT_COUNTS:
+                continue
+            if isinstance(p.type, Count):
+                bad = "0" if p.type.rule == ">=1" else "-1"
+                code, err = run_main([*path, p.opts[-1], bad], capsys)
+                assert code == 2 and err.count("\n") == 1 and p.opts[-1] in err and "must be" in err, (path, p.opts, err)
+                checked += 1
+            elif isinstance(p.type, click.types.IntParamType) and not isinstance(p.type, click.IntRange):
+                # plain integers: only the training flags, which the config check covers (next test)
+                assert path[-1] in ("pretrain", "coco") and p.opts[-1] in TRAIN_COUNT_FLAGS, (path, p.opts)
+    assert checked >= 15
+
+
+@pytest.mark.parametrize("command", [["pretrain"], ["finetune", "coco", "--root", "/nonexistent"]])
+def test_training_counts_are_checked_in_one_place(command, tmp_path, capsys):
+    out = tmp_path / "run"
+    for flag in TRAIN_COUNT_FLAGS:
+        bad = "-1" if flag in ("--workers", "--checkpoint-every", "--eval-every") else "0"
+        code, err = run_main([*command, "--out", out, flag, bad], capsys)
+        assert code == 2 and err.count("\n") == 1 and f"{flag} (" in err and "must be" in err, (flag, err)
+    code, err = run_main([*command, "--out", out, "--set", "train.keep_checkpoints=-2"], capsys)
+    assert code == 2 and "train.keep_checkpoints must be 0 or more" in err
+    code, err = run_main([*command, "--out", out, "--set", "schedule.steps=2.5"], capsys)
+    assert code == 2 and "must be an integer" in err
+    assert not out.exists()  # nothing was written
+
+
+def test_the_library_checks_the_same_counts(tmp_path):
+    from zsprob.errors import UserError
+    from zsprob.train import train
+    with pytest.raises(UserError, match=r"--batch-size \(data.batch_size\) must be at least 1, got -4"):
+        train({"data": {"batch_size": -4}, "schedule": {"steps": 3}}, tmp_path / "run", progress=False)
+
+
+def test_the_output_probe_leaves_nothing_behind(tmp_path):
+    from zsprob.utils.checks import check_output
+    target = tmp_path / "a" / "b" / "c"
+    assert check_output(target) == target and not (tmp_path / "a").exists()
+    assert check_output(tmp_path / "x" / "m.json", kind="file") and not (tmp_path / "x").exists()
+    assert list(tmp_path.iterdir()) == []
+    assert check_output("s3://bucket/run") == "s3://bucket/run"  # URLs are their writers' business
+
+
+def test_subprocess_one_line_exit_2(tmp_path):
+    """What a user types, end to end: the two examples of issue 21."""
+    r = run_cli("demo", "--out", "/proc/forbidden")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "/proc/forbidden" in r.stderr, r.stderr
+    r = run_cli("pretrain", "--data", "synthetic", "--shards", str(tmp_path), "--out", str(tmp_path / "o"),
+                "--steps", "-3")
+    assert r.returncode == 2 and r.stderr.strip() == "zsprob: error: --steps (schedule.steps) must be at least 1, got -3"
+    assert not (tmp_path / "o").exists()

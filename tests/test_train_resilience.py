@@ -1,0 +1,185 @@
+"""Training that survives a cluster, end to end through `zsprob pretrain` subprocesses: pre-emption
+signals, interrupted checkpoint writes, `--resume auto`, and a torchrun group restarted after one
+worker is SIGKILLed. Every resumed run must reproduce the per-step losses of an uninterrupted one."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+TINY = ("{open_clip_cfg: {vision_cfg: {layers: 2, width: 32, head_width: 16, patch_size: 8, image_size: 32}, "
+        "text_cfg: {layers: 2, width: 32, heads: 2, context_length: 16}}}")
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    from zsprob.data.synthetic import generate
+    out = tmp_path_factory.mktemp("sw")
+    generate(out, image_size=32, num_pretrain=64, num_classify_select=0, num_classify_eval=0,
+             num_retrieval=4, num_retrieval_val=0, shard_size=32, progress=False)
+    return out
+
+
+def pretrain_args(world: Path, out: Path, *extra: str, steps: int = STEPS) -> list[str]:
+    """`zsprob pretrain` on the tiny towers: 64 samples, batch 16 (4 steps per epoch), noisy captions and
+    MSDA on (both draw random numbers every step), a loss record every step."""
+    return ["pretrain", "--data", "synthetic", "--shards", str(world / "pretrain"), "--out", str(out),
+            "--model", "zsprob-tiny", "--set", "model.pretrained=null", "--set", "model.embed_dim=16",
+            "--set", f"model.overrides={TINY}", "--batch-size", "16", "--workers", "0", "--threads", "1",
+            "--steps", str(steps), "--log-every", "1", "--checkpoint-every", "3", "--no-progress",
+            "--set", "train.tensorboard=false", "--set", "train.keep_checkpoints=3",
+            "--set", "data.shuffle_buffer=32", "--set", "schedule.name=cosine", "--set", "optim.name=adamw",
+            "--set", "optim.lr=2e-3", "--precision", "fp32", "--msda", "--noise-ratio", "0.25", *extra]
+
+
+def env(**extra: str) -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "ZSPROB_TEST_"))}
+    e.update(PYTHONPATH=str(ROOT) + os.pathsep + e.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    e.update(extra)
+    return e
+
+
+def zsprob(*args: str, timeout: float = 600, **extra_env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zsprob", *args], env=env(**extra_env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def zsprob_ok(*args: str) -> None:
+    """A run that must succeed (each in its own interpreter: a signal to one never reaches pytest)."""
+    r = zsprob(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def losses(run: Path) -> dict[int, float]:
+    out = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("loss") is not None:
+            out[r["step"]] = r["loss"]
+    return out
+
+
+def latest_step(run: Path) -> int:
+    return json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
+
+
+def assert_same_losses(ref: dict, got: dict, steps: int = STEPS, rel: float = 1e-6) -> None:
+    assert sorted(got) == sorted(ref) == list(range(1, steps + 1))
+    for s in ref:
+        assert got[s] == pytest.approx(ref[s], rel=rel, abs=1e-7), (s, ref[s], got[s])
+
+
+@pytest.fixture(scope="module")
+def reference(world, tmp_path_factory) -> dict[int, float]:
+    """The losses of an uninterrupted single-process run."""
+    out = tmp_path_factory.mktemp("ref") / "run"
+    zsprob_ok(*pretrain_args(world, out))
+    return losses(out)
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_checkpoints_exits_143_and_resumes_exactly(world, reference, tmp_path):
+    out = tmp_path / "run"
+    # no periodic checkpoint: the one after the signal is the only one
+    args = pretrain_args(world, out, "--checkpoint-every", "0", steps=STEPS)
+    proc = subprocess.Popen([sys.executable, "-m", "zsprob", *args], env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, (proc.returncode, stderr[-3000:])
+    assert stderr.strip().count("\n") == 0 and "pre-empted" in stderr and "--resume auto" in stderr
+    stopped = latest_step(out)
+    assert 2 <= stopped < STEPS and max(losses(out)) == stopped  # the step in progress was finished
+    assert not (out / "model").exists()  # no final model: the run is not over
+    zsprob_ok(*args, "--resume", "auto")
+    assert_same_losses(reference, losses(out))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_write_that_fails_half_way_is_never_resumed(world, reference, tmp_path):
+    out = tmp_path / "run"
+    # the write of step 6 fails after the model, before the optimiser state: one line, exit 2
+    r = zsprob(*pretrain_args(world, out), ZSPROB_TEST_FAULT="checkpoint-mid:6:raise")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-3000:]
+    assert "checkpoint of step 6 failed" in r.stderr and "step-0000003" in r.stderr
+    assert latest_step(out) == 3 and not (out / "checkpoints" / "step-0000006").exists()
+    # the same, killed outright (SIGKILL) half-way through the write of step 9 of a new run
+    out2 = tmp_path / "run2"
+    r = zsprob(*pretrain_args(world, out2), ZSPROB_TEST_FAULT="checkpoint-mid:9:kill")
+    assert r.returncode == -signal.SIGKILL
+    assert latest_step(out2) == 6 and list((out2 / "checkpoints").glob(".tmp-*"))  # a torn directory is left
+    # even with latest.json gone, auto picks the newest complete step directory, never the torn one
+    (out2 / "checkpoints" / "latest.json").unlink()
+    for run in (out, out2):
+        zsprob_ok(*pretrain_args(world, run), "--resume", "auto")
+        assert_same_losses(reference, losses(run))
+    assert not list((out2 / "checkpoints").glob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_a_signal_during_a_checkpoint_write_loses_nothing(world, reference, tmp_path):
+    out = tmp_path / "run"
+    # SIGUSR1 arrives half-way through writing step 6: the write completes, then the run stops
+    r = zsprob(*pretrain_args(world, out, "--requeue-exit-code", "99"), ZSPROB_TEST_FAULT="checkpoint-mid:6:SIGUSR1")
+    assert r.returncode == 99, r.stderr[-3000:]
+    assert "SIGUSR1" in r.stderr and "after step 6" in r.stderr
+    assert latest_step(out) == 6 and max(losses(out)) == 6
+    from zsprob.train.resilience import is_complete
+    assert is_complete(out / "checkpoints" / "step-0000006")
+    zsprob_ok(*pretrain_args(world, out), "--resume")  # --resume alone: latest
+    assert_same_losses(reference, losses(out))
+
+
+def test_resume_modes(tmp_path, monkeypatch):
+    from zsprob.errors import UserError
+    from zsprob.train.resilience import find_resume_dir, resume_mode
+    for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"):
+        monkeypatch.delenv(var, raising=False)
+    assert resume_mode(None) is None and resume_mode(False) is None and resume_mode(True) == "latest"
+    assert find_resume_dir("auto", tmp_path) is None  # nothing yet: a fresh start
+    with pytest.raises(UserError, match="nothing to resume"):
+        find_resume_dir("latest", tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert resume_mode(None) == "auto" and resume_mode(False) is None
+
+
+def _torchrun(world: Path, out: Path, **extra_env: str) -> tuple[int, str]:
+    """(exit code, the launcher's and the workers' output) of a 2-process torchrun with up to 2 restarts."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--max-restarts", "2", "-m", "zsprob", *pretrain_args(world, out)]
+    log = out.parent / f"{out.name}.log"
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, env=env(**extra_env), stdout=f, stderr=subprocess.STDOUT, timeout=400).returncode
+    return rc, log.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_torchrun_restarts_a_group_after_sigkill_and_matches_the_uninterrupted_run(world, tmp_path):
+    """torchrun --max-restarts 2: rank 1 is SIGKILLed right after the first checkpoint (step 3); the
+    agent restarts both workers, which resume "auto" (the default under torchrun) and finish."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    rc, log = _torchrun(world, full)
+    assert rc == 0, log[-4000:]
+    rc, log = _torchrun(world, cut, ZSPROB_TEST_FAULT="checkpoint-done:3:kill:1")
+    assert rc == 0, log[-4000:]
+    assert "exitcode: -9" in log, log[-4000:]  # the agent saw rank 1 die of SIGKILL
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["start_step"] == 3 and summary["world_size"] == 2
+    # the same tolerance as the two-process equality test of tests/test_train_distributed.py
+    assert_same_losses(losses(full), losses(cut), rel=1e-4)

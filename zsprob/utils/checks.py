@@ -1,0 +1,105 @@
+"""Checks of user-given counts and output locations, shared by every command and the training config.
+
+One rule per kind of input, so every command words the same mistake the same way:
+
+- :func:`check_count`: steps, epochs, batch sizes, intervals, workers, threads ... must be numbers at
+  least a minimum (``>= 1``, ``>= 0``) or above it (``> 0``); integers unless said otherwise.
+  :func:`check_counts` applies a table of dotted config keys (``zsprob.train.defaults.COUNT_KEYS``).
+- :func:`check_output`: an ``--out`` directory (or the folder of an ``--out`` file) that cannot be
+  created or written is refused before any work starts. The check creates what is missing, writes a
+  probe file, and removes both again (no side effect); URLs (``scheme://...``) are left to their
+  writers.
+
+The command line wraps both into click parameter types (``zsprob.cli.types``).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from zsprob.errors import UserError
+
+
+def _rule_text(rule: str) -> str:
+    return {">=1": "at least 1", ">=0": "0 or more", ">0": "above 0"}[rule]
+
+
+def check_count(value: Any, what: str | None, rule: str = ">=1", integer: bool = True):
+    """``value`` if it is a number obeying ``rule`` (">=1", ">=0" or ">0"); None passes (unset).
+    ``what`` names it in the message (None: the caller adds the name, as click does)."""
+    if value is None:
+        return None
+    prefix = f"{what} " if what else ""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or (integer and float(value) != int(value)):
+        raise UserError(f"{prefix}must be {'an integer' if integer else 'a number'} {_rule_text(rule)}, got {value!r}")
+    bound = 1 if rule == ">=1" else 0
+    if value < bound or (rule == ">0" and value <= 0):
+        raise UserError(f"{prefix}must be {_rule_text(rule)}, got {value!r}")
+    return int(value) if integer else value
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def check_counts(cfg: Any, table: Iterable[tuple[str, str | None, str, bool]]) -> None:
+    """Check every ``(key, flag, rule, integer)`` of ``table`` in the nested config ``cfg``."""
+    for key, flag, rule, integer in table:
+        check_count(_get(cfg, key), f"{flag} ({key})" if flag else key, rule, integer)
+
+
+def _is_url(path: str) -> bool:
+    head = path.split("://", 1)[0]
+    return "://" in path and head.isidentifier()
+
+
+def _probe_dir(d: Path, what: str) -> None:  # what: "--out: " or ""
+    """Create ``d`` if missing, write and delete a probe file, then remove what was created."""
+    created = []
+    p = d
+    while not p.exists() and p != p.parent:
+        created.append(p)
+        p = p.parent
+    if not p.is_dir():
+        raise UserError(f"{what}cannot create {d}: {p} is not a directory")
+    try:
+        for q in reversed(created):
+            q.mkdir()
+        fd, probe = tempfile.mkstemp(prefix=".zsprob-write-probe-", dir=d)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"{what}cannot create or write {d} ({e.strerror or e})") from None
+    finally:
+        for q in created:
+            try:
+                q.rmdir()
+            except OSError:
+                pass
+
+
+def check_output(path: str | os.PathLike, what: str | None = "--out", kind: str = "dir") -> str | os.PathLike:
+    """``path`` if it can be written as a directory (``kind="dir"``) or a file (``kind="file"``);
+    ``what`` names it in the message (None: the caller adds the name)."""
+    what = f"{what}: " if what else ""
+    text = os.fspath(path)
+    if _is_url(text):
+        return path
+    p = Path(text)
+    if kind == "dir":
+        if p.exists() and not p.is_dir():
+            raise UserError(f"{what}{p} is a file, not a directory")
+        _probe_dir(p, what)
+    else:
+        if p.is_dir():
+            raise UserError(f"{what}{p} is a directory, not a file")
+        _probe_dir(p.parent if str(p.parent) else Path("."), what)
+    return path
