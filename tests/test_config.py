@@ -45,3 +45,18 @@ def test_training_defaults_are_merged_once_from_one_place():
     assert with_defaults(partial) is partial
     with pytest.raises(UserError, match="is a value"):
         load_train_config("synthetic_tiny.yaml", ["model.name.x=1"])
+
+
+def test_the_sigma_recipe_builds_its_loss_with_the_scheduled_occlusion_term():
+    """configs/synthetic_tiny_sigma.yaml: the demo recipe + the uncertainty changes, all reaching the loss."""
+    from zsprob.prob import PCMEPPLoss
+    from zsprob.train import load_train_config
+    from zsprob.train.loop import build_loss, resolve_config
+    base = load_train_config("synthetic_tiny.yaml")
+    cfg = resolve_config(load_train_config("synthetic_tiny_sigma.yaml"))
+    assert cfg.model.name == base.model.name and cfg.schedule.steps == base.schedule.steps
+    assert cfg.model.overrides.sigma_head == "unc" and cfg.model.overrides.normalize_mu is False
+    loss = build_loss(cfg)
+    assert isinstance(loss, PCMEPPLoss) and loss.text_mask_mode == "delete" and loss.inclusion_scale == 10.0
+    assert loss.n_masked(128, step=299) == 0 and loss.n_masked(128, step=300) == 64
+    assert loss.occlusion_weight(449) == pytest.approx(0.05) and loss.occlusion_weight(900) == pytest.approx(0.1)
