@@ -70,7 +70,7 @@ from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError
 from zsprob.methods import METHODS
-from zsprob.prob import distances as D
+from zsprob.prob import distances
 from zsprob.prob.jwae import JWAEObjective
 from zsprob.prob.pairs import PairBatch, as_dtype, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
 from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, check_occlusion_options,
@@ -170,10 +170,10 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
 
     def pairwise_distance(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
         if self.distance == "csd":
-            return D.csd(mu_a, logvar_a, mu_b, logvar_b)
+            return distances.csd(mu_a, logvar_a, mu_b, logvar_b)
         if self.distance == "wd":
-            return D.wasserstein2(mu_a, logvar_a, mu_b, logvar_b, form="std", squared=True)
-        return D.sq_euclidean(mu_a, mu_b)
+            return distances.wasserstein2(mu_a, logvar_a, mu_b, logvar_b, form="std", squared=True)
+        return distances.sq_euclidean(mu_a, mu_b)
 
     def logits(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
         """-a * d + b, [N, M] (for evaluation or plotting)."""
@@ -256,7 +256,7 @@ def _mc_log_probs_block(fa: torch.Tensor, fb: torch.Tensor, a: torch.Tensor, b: 
 
 
 def mc_log_match_probs(z_a: torch.Tensor, z_b: torch.Tensor, a, b,
-                       chunk_elements: int = D.DEFAULT_CHUNK_ELEMENTS, use_checkpoint: bool | None = None,
+                       chunk_elements: int = distances.DEFAULT_CHUNK_ELEMENTS, use_checkpoint: bool | None = None,
                        slope: float = 1.0, eps: float = 1e-12):
     """[n, m, 2] = (log p, log(1 - p)) of the MC match probability between sample sets
     z_a [n, J, D] and z_b [m, J, D], computed in blocks of at most ``chunk_elements`` sample
@@ -296,7 +296,7 @@ def _uniformity(z: torch.Tensor, t: float = 2.0) -> torch.Tensor:
     k = z.shape[0]
     if k < 2:
         return z.new_zeros(())
-    d2 = D._sq_dist(z, z)
+    d2 = distances._sq_dist(z, z)
     off = ~torch.eye(k, dtype=torch.bool, device=z.device)
     return torch.logsumexp((-t * d2)[off], dim=0) - math.log(k * (k - 1))
 
@@ -336,7 +336,7 @@ class PCMELoss(nn.Module):
 
     def __init__(self, n_samples: int = 7, init_scale: float | None = None, init_shift: float | None = None,
                  vib_beta: float = 1e-5, uniform_weight: float = 0.0, uniform_max_samples: int | None = None,
-                 chunk_elements: int = D.DEFAULT_CHUNK_ELEMENTS, form: str = "official"):
+                 chunk_elements: int = distances.DEFAULT_CHUNK_ELEMENTS, form: str = "official"):
         super().__init__()
         if n_samples < 1:
             raise UserError("PCMELoss needs n_samples >= 1")
@@ -516,11 +516,11 @@ class ProbTripletLoss(nn.Module):
         """sim(image i, text c) [N_img, N_txt]."""
         img_logvar, txt_logvar = self._bound(img_logvar), self._bound(txt_logvar)
         if self.similarity == "kl":
-            return -D.kl(img_mu, img_logvar, txt_mu, txt_logvar)
+            return -distances.kl(img_mu, img_logvar, txt_mu, txt_logvar)
         if self.similarity == "minkl":
-            return -D.min_kl(img_mu, img_logvar, txt_mu, txt_logvar)
+            return -distances.min_kl(img_mu, img_logvar, txt_mu, txt_logvar)
         form = "std" if self.similarity == "w2" else "var"
-        return -D.wasserstein2(img_mu, img_logvar, txt_mu, txt_logvar, form=form, squared=False)
+        return -distances.wasserstein2(img_mu, img_logvar, txt_mu, txt_logvar, form=form, squared=False)
 
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0):

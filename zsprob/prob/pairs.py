@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from zsprob.errors import UserError
-from zsprob.prob import distances as D
+from zsprob.prob import distances
 
 __all__ = ["PairBatch", "as_dtype", "hinge_rows", "stat"]
 
@@ -28,7 +28,7 @@ class PairBatch:
                  need_sigma: bool):
         if need_sigma and (img_logvar is None or txt_logvar is None):
             raise ValueError("this loss needs sigma (img_logvar / txt_logvar), got None")
-        dt = D.compute_dtype(img_mu, txt_mu)
+        dt = distances.compute_dtype(img_mu, txt_mu)
         self.dtype = dt
         self.img_mu, self.img_lv = as_dtype(img_mu, dt), as_dtype(img_logvar, dt)
         self.txt_mu, self.txt_lv = as_dtype(txt_mu, dt), as_dtype(txt_logvar, dt)

@@ -34,7 +34,7 @@ import math
 import numpy as np
 import torch
 
-from zsprob.prob import distances as D
+from zsprob.prob import distances
 
 MIN_BIN = 100  # a word-count bin with at least this many captions counts for the acceptance
 N_BOOTSTRAP = 300
@@ -112,8 +112,8 @@ def inclusion_accuracy(general_mu, general_logvar, specific_mu, specific_logvar,
     ``sigma``: correct when ||sigma^2||_1(general) > ||sigma^2||_1(specific). Each with ``se`` and
     ``n``; with ``same_word_count`` (bool per pair) also ``by_word_count`` {"same", "different"}.
     """
-    logit = D.inclusion_logit(specific_mu, specific_logvar, general_mu, general_logvar, eps=eps).numpy()
-    plain = (D.uncertainty(general_logvar) > D.uncertainty(specific_logvar)).numpy()
+    logit = distances.inclusion_logit(specific_mu, specific_logvar, general_mu, general_logvar, eps=eps).numpy()
+    plain = (distances.uncertainty(general_logvar) > distances.uncertainty(specific_logvar)).numpy()
     results = {"inclusion": np.asarray(logit > 0), "sigma": np.asarray(plain)}
     out = {name: _binomial(correct) for name, correct in results.items()}
     if same_word_count is not None:
@@ -149,7 +149,7 @@ def condition_uncertainty(image_uncertainty, conditions, *, reference: str = "no
 def _pair_similarity(name: str, image_mu, image_logvar, caption_mu, caption_logvar) -> torch.Tensor:
     """Similarity of row i of the images with row i of the captions: the diagonal of ``score``,
     computed in blocks of ``PAIR_BLOCK`` rows so memory stays bounded."""
-    parts = [D.score(name, image_mu[s:s + PAIR_BLOCK], image_logvar[s:s + PAIR_BLOCK],
+    parts = [distances.score(name, image_mu[s:s + PAIR_BLOCK], image_logvar[s:s + PAIR_BLOCK],
                      caption_mu[s:s + PAIR_BLOCK], caption_logvar[s:s + PAIR_BLOCK]).diagonal()
              for s in range(0, len(image_mu), PAIR_BLOCK)]
     return torch.cat(parts) if parts else torch.zeros(0)
@@ -163,7 +163,7 @@ def crop_test(image_a, image_ab, caption_a, caption_ab) -> dict:
     "selection": {similarity: {"caption_a", "caption_ab", "image_a", "image_ab"} (accuracy, se, n)}}``.
     """
     gaussians = {"image_a": image_a, "image_ab": image_ab, "caption_a": caption_a, "caption_ab": caption_ab}
-    unc = {name: D.uncertainty(lv).double().numpy() for name, (mu, lv) in gaussians.items()}
+    unc = {name: distances.uncertainty(lv).double().numpy() for name, (mu, lv) in gaussians.items()}
     n = len(unc["image_a"])
     out = {"uncertainty": {name: {"mean": float(v.mean()), "se": float(v.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
                                   "n": int(n)} for name, v in unc.items()},
@@ -238,8 +238,8 @@ def uncertainty_validity(model, split, embeddings, deciles: dict, *, seed: int =
     from zsprob.data.synthetic import SynthWorld
     from zsprob.models.encode import encode_images
 
-    text_u = D.uncertainty(embeddings.caption_logvar).double().numpy()
-    image_u = D.uncertainty(embeddings.image_logvar).double().numpy()
+    text_u = distances.uncertainty(embeddings.caption_logvar).double().numpy()
+    image_u = distances.uncertainty(embeddings.image_logvar).double().numpy()
     conditions = [m.get("condition", "unknown") for m in split.image_meta]
 
     pairs = inclusion_pairs(n_pairs, seed)

@@ -58,7 +58,7 @@ from zsprob.config import Config, dump_yaml
 from zsprob.errors import Preempted, UserError
 from zsprob.train import accumulate
 from zsprob.train.accumulate import at_least_fp32
-from zsprob.train import distributed as D
+from zsprob.train import distributed as dist
 from zsprob.train import optim
 from zsprob.train import remote_sync
 from zsprob.train import resilience
@@ -106,7 +106,7 @@ class ContrastiveStep(nn.Module):
         from zsprob.data.masking import TEXT_MASK_MODES, mask_image_cells, text_mask_spec
         if self._text_mask_spec is None:
             self._text_mask_spec = text_mask_spec(self.model.tokenizer)
-        rank = D.world_info()[0]
+        rank = dist.world_info()[0]
         generator = torch.Generator().manual_seed(mixed_seed(self.seed, int(step), rank, self.MASK_SALT))
         mask_text = TEXT_MASK_MODES[getattr(self.loss, "text_mask_mode", "replace")]
         masked_tokens = mask_text(tokens[:n_masked].cpu(), self.loss.drop_prob, self._text_mask_spec, generator)
@@ -137,11 +137,11 @@ class ContrastiveStep(nn.Module):
         device_type = img_mu.device.type
         with torch.autocast(device_type=device_type, enabled=False):
             img_mu, txt_mu, img_lv, txt_lv = (at_least_fp32(t) for t in (img_mu, txt_mu, img_lv, txt_lv))
-            if D.is_distributed():
-                all_img, offset = D.gather_gaussians(img_mu, img_lv)
-                all_txt, _ = D.gather_gaussians(txt_mu, txt_lv)
+            if dist.is_distributed():
+                all_img, offset = dist.gather_gaussians(img_mu, img_lv)
+                all_txt, _ = dist.gather_gaussians(txt_mu, txt_lv)
                 if matched is not None:
-                    matched = D.block_diag_targets(matched)
+                    matched = dist.block_diag_targets(matched)
             else:
                 all_img = all_txt = None
                 offset = 0
@@ -280,7 +280,7 @@ class DataCursor:
                     self._it = iter(self.source.epoch_batches(self.epoch, skip=self.pos))
                     self._fresh = True
                 batch = next(self._it, None)
-            exhausted = D.all_reduce_any(batch is None, self.device)
+            exhausted = dist.all_reduce_any(batch is None, self.device)
             if not exhausted:
                 self.pos += 1
                 self._fresh = False
@@ -594,7 +594,7 @@ def one_step(run: Run, step: int) -> dict:
         if gnorm is not None and run.cfg.train.precision != "fp16":
             check = check + 0.0 * gnorm.detach().float()  # NaN / inf norms poison the check
     if run.world > 1:
-        check = D.mean_across(check)
+        check = dist.mean_across(check)
     if bool(torch.isfinite(check).item()):
         run.optimizer.step()
         run.consecutive_bad = 0
@@ -623,7 +623,7 @@ def log_record(run: Run, step_done: int, stats: dict, lr_groups: dict, log_every
     now = time.perf_counter()
     mean_loss = (run.loss_sum / max(1, run.n_in_interval))
     if run.world > 1:
-        mean_loss = D.mean_across(mean_loss)
+        mean_loss = dist.mean_across(mean_loss)
     # None when every step of the interval was skipped (non-finite)
     interval_loss = float(mean_loss.item()) if run.n_in_interval else None
     if interval_loss is not None:
@@ -860,7 +860,7 @@ def stop_if_signalled(run: Run, stop: resilience.StopSignals, step_done: int, sa
     :class:`Preempted`. The last step finishes the run normally instead."""
     received = stop.received is not None
     if run.world > 1:
-        received = D.all_reduce_any(received, run.acc.device)
+        received = dist.all_reduce_any(received, run.acc.device)
     if not received or step_done == run.total_steps:
         return
     if not saved:
