@@ -108,5 +108,6 @@ def test_convert_then_every_command_sees_one_format(data, tmp_path):
     assert "missing key for 'clip.text.ln_final.weight'" in err
     err = error("eval", "coco", "--model", "prolip-tiny", "--pretrained", tmp_path / "bad", "--root", data["coco"])
     assert "no Hugging Face tokenizer next to" in err
-    err = error("convert", data["base"] / "pcmepp", "--model", "prolip-tiny", "--out", tmp_path / "o")
+    err = error("convert", data["base"] / "pcmepp", "--model", "prolip-tiny", "--tokenizer",
+                data["base"] / "prolip" / "tokenizer", "--out", tmp_path / "o")
     assert "missing key for" in err and not (tmp_path / "o").exists()

@@ -220,7 +220,7 @@ def test_recipes_carry_the_paper_settings():
     assert (c.schedule.epochs, c.schedule.milestones_epochs, c.data.batch_size) == (25, [15], 128)
     assert (c.freeze.image_epochs, c.freeze.warmup_epochs) == (2, 1)
     assert c.msda.enabled and c.msda.ratio == 0.25 and c.msda.alpha == 2.0
-    assert c.swa.enabled and c.swa.last_epochs == 10
+    assert c.swa.enabled and c.swa.last_epochs == 9  # official swa_start_epoch 16 of epochs 0-24: 9 snapshots
     assert c.loss.pcmepp.pp_alpha == 0.1 and c.loss.pcmepp.vib_beta == 1e-4
     b16 = resolve_config(load_train_config("finetune_coco_vitb16.yaml"))
     l14 = resolve_config(load_train_config("finetune_coco_vitl14.yaml", ["optim.lr=1.0e-4"]))
