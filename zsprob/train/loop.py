@@ -377,6 +377,7 @@ def make_accelerator(cfg: Config, out: Path):
             log_with = "tensorboard"
         except ImportError:
             warnings.warn("tensorboard is not installed; metrics go to metrics.jsonl only")
+    resilience.init_restart_safe_process_group(cpu)  # before accelerate opens one: see its docstring
     acc = Accelerator(cpu=cpu, mixed_precision=mixed, log_with=log_with, project_dir=str(out),
                       kwargs_handlers=[DistributedDataParallelKwargs(
                           find_unused_parameters=bool(tc.find_unused_parameters))])

@@ -48,6 +48,40 @@ def restart_count() -> int:
         return 0
 
 
+def init_restart_safe_process_group(cpu: bool) -> bool:
+    """Open the default process group in a key space of its own for each torchrun restart.
+
+    Since torch 2.5 torchrun's c10d rendezvous shares one TCPStore (hosted by the agent, which
+    outlives its workers) with every generation of workers, and ``init_process_group("env://")``
+    writes the same keys into it each time (pytorch/pytorch#135712). After ``--max-restarts``
+    relaunches a group, a worker can read the previous generation's gloo addresses before its
+    peer overwrites them: "Gloo connectFullMesh failed ... Connection refused", or a hang. Under
+    that shared store (``TORCHELASTIC_USE_AGENT_STORE=True``) this opens the group itself on the
+    agent's store behind the prefix ``zsprob/restart-<TORCHELASTIC_RESTART_COUNT>``; accelerate then
+    finds it initialised and uses it. Returns whether it did so (False: not under a shared store, or
+    a group exists already; accelerate opens its own as usual).
+
+    The restart count is the same on every worker of one node; across nodes it can differ when an
+    agent restarts for a membership change, so multi-node elastic jobs should set
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` on torchrun (a fresh store per round; see docs/).
+    """
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not dist.is_available() or dist.is_initialized():
+        return False
+    timeout = timedelta(seconds=float(os.environ.get("ZSPROB_DIST_TIMEOUT_S", 1800)))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    backend = "gloo" if cpu or not torch.cuda.is_available() else "nccl"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"zsprob/restart-{restart_count()}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+    return True
+
+
 def is_complete(step_dir: Path) -> bool:
     """A committed step directory holds its state (json + tensors) and the model."""
     return ((step_dir / "state.json").is_file() and (step_dir / "state.safetensors").is_file()

@@ -62,24 +62,39 @@ def _is_url(path: str) -> bool:
 
 
 def _probe_dir(d: Path, what: str) -> None:  # what: "--out: " or ""
-    """Create ``d`` if missing, write and delete a probe file, then remove what was created."""
-    created = []
+    """Create ``d`` if missing, write and delete a probe file, then remove what this call created.
+
+    Safe when several processes (the ranks of one torchrun job) probe the same new directory at
+    once: a directory another process made counts as present, and one it removed under us is made
+    again (a few tries), so no rank sees a spurious error.
+    """
+    created: list[Path] = []
     p = d
     while not p.exists() and p != p.parent:
-        created.append(p)
         p = p.parent
     if not p.is_dir():
         raise UserError(f"{what}cannot create {d}: {p} is not a directory")
     try:
-        for q in reversed(created):
-            q.mkdir()
-        fd, probe = tempfile.mkstemp(prefix=".zsprob-write-probe-", dir=d)
-        os.close(fd)
-        os.unlink(probe)
+        for attempt in range(5):
+            try:
+                for q in reversed([d, *d.parents]):
+                    if not q.exists():
+                        try:
+                            q.mkdir()
+                            created.append(q)
+                        except FileExistsError:
+                            pass
+                fd, probe = tempfile.mkstemp(prefix=".zsprob-write-probe-", dir=d)
+                os.close(fd)
+                os.unlink(probe)
+                break
+            except FileNotFoundError:  # another process removed a directory it had made
+                if attempt == 4:
+                    raise
     except OSError as e:
         raise UserError(f"{what}cannot create or write {d} ({e.strerror or e})") from None
     finally:
-        for q in created:
+        for q in sorted(set(created), key=lambda x: len(x.parts), reverse=True):
             try:
                 q.rmdir()
             except OSError:
