@@ -7,20 +7,15 @@ import pytest
 import torch
 
 from tests.conftest import run_cli
+from conftest import TINY_TOWERS
 from zsprob import UserError
 from zsprob.models import create_model
 from zsprob.models.sigma_heads import PCMEUncertaintyHead
 
-TINY = {"open_clip_cfg": {"vision_cfg": {"layers": 2, "width": 32, "head_width": 16, "patch_size": 8, "image_size": 32},
-                          "text_cfg": {"layers": 2, "width": 32, "heads": 2, "context_length": 16}}}
+TINY = TINY_TOWERS
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the fixture is in conftest.py
 
 
 def _model(**kw):

@@ -254,6 +254,35 @@ def test_block_heads_are_sigma_only_for_mu():
     assert all(g is None or not g.any() for g in grads)
 
 
+@pytest.mark.parametrize("tower,head", [("vit", {}), ("bow", {"sigma_head": "unc"}), ("cnn", {})])
+def test_sigma_detach_keeps_sigma_gradients_out_of_the_trunk(tower, head):
+    """sigma_detach: log sigma^2 trains its own head only; the outputs are those of the same weights
+    without the option, and the means' gradients are untouched."""
+    plain, cut = build(tower, seed=3, **head).train(), build(tower, seed=3, sigma_detach=True, **head).train()
+    assert cut.config["sigma_detach"] is True and plain.config["sigma_detach"] is False
+    images, tok = images_for(tower), plain.tokenizer(CAPTIONS)
+    torch.manual_seed(0)
+    a = plain(images, tok)
+    torch.manual_seed(0)
+    b = cut(images, tok)
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-6), key
+    names = [n for n, p in cut.named_parameters() if p.requires_grad]
+
+    def grads(model, out):
+        params = dict(model.named_parameters())
+        return dict(zip(names, torch.autograd.grad(out["img_logvar"].sum() + out["txt_logvar"].sum(),
+                                                   [params[n] for n in names], allow_unused=True)))
+    g_cut, g_plain = grads(cut, b), grads(plain, a)
+    head_only = set(sigma_only(cut))
+    for name in names:
+        reached = g_cut[name] is not None and bool(g_cut[name].any())
+        assert reached == (name in head_only and g_plain[name] is not None and bool(g_plain[name].any())), name
+    assert any(g is not None and g.any() for n, g in g_plain.items() if n not in head_only)  # plain: the trunk too
+    with pytest.raises(UserError, match="sigma_detach needs"):
+        build("vit", sigma_head="unc", sigma_detach=True)
+
+
 def test_bag_of_words_unc_word_and_cnn_pooled_mlp():
     m = build("bow", sigma_head="unc", seed=5).eval()
     assert isinstance(m.text_sigma, UncPooledHead) and isinstance(m.image_sigma, UncPooledHead)

@@ -11,13 +11,7 @@ from zsprob import UserError
 from zsprob.prob import distances as D
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops run faster on one thread when the cores are shared; restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the fixture is in conftest.py
 
 
 def gaussians(n, m, d, seed=0, dtype=torch.float64, spread=0.7):

@@ -4,7 +4,6 @@ against direct formulas."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -20,13 +19,7 @@ from zsprob.prob.losses import hinge_rows
 from zsprob.prob.reference import pcmepp_pseudocode_loss
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops run faster on one thread when the cores are shared; restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the fixture is in conftest.py
 
 
 def batch(n=6, d=5, seed=0, dtype=torch.float64, grad=True, m=None):

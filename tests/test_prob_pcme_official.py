@@ -12,12 +12,7 @@ from zsprob import UserError
 from zsprob.prob import PCMELoss, create_loss
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the fixture is in conftest.py
 
 
 def _batch(n, d, seed=0):

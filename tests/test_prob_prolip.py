@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_cli
+from conftest import TINY_TOWERS, run_cli
 from zsprob import UserError
 from zsprob.data.masking import (TextMaskSpec, cells_to_mask, delete_tokens, mask_image_cells, mask_tokens,
                                  text_mask_spec)
@@ -21,12 +19,7 @@ from zsprob.prob.distances import inclusion_logit
 from zsprob.prob.prolip import cover_loss, inclusion_logit_per_dim, prolip_vib
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the fixture is in conftest.py
 
 
 def gaussians(n, d=4, seed=0, grad=True):
@@ -390,18 +383,7 @@ def test_masking_bad_arguments():
 
 # ----------------------------------------------------------------------------- training wiring
 
-TINY = {"open_clip_cfg": {"vision_cfg": {"layers": 2, "width": 32, "head_width": 16, "patch_size": 8,
-                                          "image_size": 32},
-                          "text_cfg": {"layers": 2, "width": 32, "heads": 2, "context_length": 16}}}
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
-    from zsprob.data.synthetic import generate
-    out = tmp_path_factory.mktemp("sw")
-    generate(out, image_size=32, num_pretrain=64, num_classify_select=0, num_classify_eval=0,
-             num_retrieval=4, num_retrieval_val=0, shard_size=32, progress=False)
-    return out
+TINY = TINY_TOWERS
 
 
 def test_step_module_masks_the_first_rows_reproducibly():
@@ -423,14 +405,14 @@ def test_step_module_masks_the_first_rows_reproducibly():
     assert torch.isfinite(loss) and "img_inclusion" in stats and "txt_inclusion" in stats
 
 
-def test_prolip_trains_and_loss_decreases(world, tmp_path):
+def test_prolip_trains_and_loss_decreases(tiny_world, tmp_path):
     from zsprob.config import deep_merge
     from zsprob.train import train
     cfg = {
         "seed": 0, "method": "prolip",
         "model": {"name": "zsprob-tiny", "embed_dim": 16, "overrides": dict(TINY, sigma_bias_init=-6.0)},
         "loss": {"prolip": {"init_logit_bias": -2.0, "drop_ratio": 0.25, "mask_patch_size": 8}},
-        "data": {"kind": "synthetic", "shards": str(world / "pretrain"), "batch_size": 16, "num_workers": 0,
+        "data": {"kind": "synthetic", "shards": str(tiny_world / "pretrain"), "batch_size": 16, "num_workers": 0,
                  "shuffle_buffer": 32, "pipeline": {"caption_key": "json:captions"}},
         "optim": {"name": "adamw", "lr": 2e-3, "weight_decay": 0.01},
         "schedule": {"name": "constant", "steps": 12, "warmup_steps": 0},
@@ -448,8 +430,8 @@ def test_prolip_trains_and_loss_decreases(world, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_bad_input_one_line(world, tmp_path):
-    base = ["pretrain", "--data", "synthetic", "--shards", str(world / "pretrain"), "--out", str(tmp_path / "o"),
+def test_cli_bad_input_one_line(tiny_world, tmp_path):
+    base = ["pretrain", "--data", "synthetic", "--shards", str(tiny_world / "pretrain"), "--out", str(tmp_path / "o"),
             "--steps", "1", "--batch-size", "8", "--no-progress", "--set", "train.tensorboard=false"]
     cases = [(["--method", "arcface"], "arcface"),
              (["--method", "prolip", "--set", "loss.prolip.inclusion_scale=0"], "inclusion_scale must be > 0"),
@@ -543,6 +525,33 @@ def test_pcmepp_occlusion_term_can_use_the_cover_form():
     assert (total - base).item() == pytest.approx(want.item(), rel=1e-6)
     with pytest.raises(UserError, match="inclusion_form"):
         PCMEPPLoss(inclusion_form="kl")
+
+
+@pytest.mark.parametrize("cls", ["pcmepp", "prolip"])
+def test_occlusion_grad_sigma_leaves_the_means_to_the_other_terms(cls):
+    """occlusion_grad="sigma": the same loss value, the same gradient on every mean as without the
+    occlusion term, and the full gradient on the log-variances."""
+    from zsprob.prob import PCMEPPLoss
+    make = PCMEPPLoss if cls == "pcmepp" else ProLIPLoss
+    kw = {"pp_alpha": 0.0} if cls == "pcmepp" else {}
+
+    def grads(**opts):
+        x = gaussians(6)
+        c = [t.detach() for t in x]  # the masked copies as separate inputs (as the encoder's outputs are)
+        masked = {"masked_img": (c[0][:3] + 0.1, c[1][:3] + 0.5), "masked_txt": (c[2][:3] - 0.1, c[3][:3] + 0.3)}
+        loss, _ = make(inclusion_scale=2.0, inclusion_eps=0.0, **kw, **opts)(*x, **masked)  # a term far from 0
+        return loss.item(), torch.autograd.grad(loss, x)
+
+    off_val, off = grads(inclusion_alpha_occ=0.0)
+    all_val, full = grads(inclusion_alpha_occ=0.5)
+    sig_val, sig = grads(inclusion_alpha_occ=0.5, occlusion_grad="sigma")
+    assert sig_val == pytest.approx(all_val, rel=1e-12) and sig_val != pytest.approx(off_val)
+    for k in (0, 2):  # means: only the match / VIB terms reach them
+        assert torch.allclose(sig[k], off[k], rtol=1e-10, atol=1e-12) and not torch.allclose(full[k], off[k])
+    for k in (1, 3):  # log-variances: the occlusion term's gradient is kept whole
+        assert torch.allclose(sig[k], full[k], rtol=1e-10, atol=1e-12) and not torch.allclose(sig[k], off[k])
+    with pytest.raises(UserError, match="occlusion_grad must be one of all, sigma"):
+        make(occlusion_grad="mu", **kw)
 
 
 @pytest.mark.parametrize("cls", ["pcmepp", "prolip"])

@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import TINY_TOWERS, run_cli
 from zsprob.errors import UserError
 
-TINY = {"open_clip_cfg": {"vision_cfg": {"layers": 2, "width": 32, "head_width": 16, "patch_size": 8,
-                                          "image_size": 32},
-                          "text_cfg": {"layers": 2, "width": 32, "heads": 2, "context_length": 16}}}
+TINY = TINY_TOWERS
 B = 16
 # each loss with a term that reaches every part of the scheme: PCME++ pseudo-positives and VIB,
 # ProLIP's inclusion and occlusion terms on masked copies (a quarter of the rows), InfoNCE's scale

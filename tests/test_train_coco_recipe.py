@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import TINY_TOWERS
 from zsprob.train.data import same_image_targets
 
-TINY = {"open_clip_cfg": {"vision_cfg": {"layers": 2, "width": 32, "head_width": 16, "patch_size": 8, "image_size": 32},
-                          "text_cfg": {"layers": 2, "width": 32, "heads": 2, "context_length": 16}}}
+TINY = TINY_TOWERS
 
 
 def _tiny_coco(root: Path, n_train: int = 8, n_val: int = 4) -> None:

@@ -9,21 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import TINY_TOWERS, read_losses, run_cli, tiny_model_args
 from zsprob.errors import UserError
 
-TINY = {"open_clip_cfg": {"vision_cfg": {"layers": 2, "width": 32, "head_width": 16, "patch_size": 8,
-                                          "image_size": 32},
-                          "text_cfg": {"layers": 2, "width": 32, "heads": 2, "context_length": 16}}}
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
-    from zsprob.data.synthetic import generate
-    out = tmp_path_factory.mktemp("sw")
-    generate(out, image_size=32, num_pretrain=64, num_classify_select=0, num_classify_eval=0,
-             num_retrieval=4, num_retrieval_val=0, shard_size=32, progress=False)
-    return out
+TINY = TINY_TOWERS
 
 
 def tiny_cfg(shards, **over):
@@ -41,15 +30,6 @@ def tiny_cfg(shards, **over):
     return deep_merge(cfg, over)
 
 
-def losses(run: Path) -> dict[int, float]:
-    out = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r.get("loss") is not None:
-            out[r["step"]] = r["loss"]
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("method,extra", [
     ("pcmepp", {"msda": {"enabled": True}}),
@@ -60,12 +40,12 @@ def losses(run: Path) -> dict[int, float]:
     ("prob-triplet", {}),
     ("mu-only", {}),
 ])
-def test_every_method_trains_and_loss_decreases(world, tmp_path, method, extra):
+def test_every_method_trains_and_loss_decreases(tiny_world, tmp_path, method, extra):
     from zsprob.models import load, load_meta
     from zsprob.train import train
-    cfg = tiny_cfg(world / "pretrain", method=method, **extra)
+    cfg = tiny_cfg(tiny_world / "pretrain", method=method, **extra)
     summary = train(cfg, tmp_path / "run", progress=False)
-    ls = losses(tmp_path / "run")
+    ls = read_losses(tmp_path / "run")
     assert sorted(ls) == list(range(1, 17))
     first, last = sum(ls[s] for s in (1, 2, 3, 4)) / 4, sum(ls[s] for s in (13, 14, 15, 16)) / 4
     assert last < 0.9 * first, (method, first, last)
@@ -79,7 +59,7 @@ def test_every_method_trains_and_loss_decreases(world, tmp_path, method, extra):
 
 
 @pytest.mark.slow
-def test_resume_continues_exactly(world, tmp_path):
+def test_resume_continues_exactly(tiny_world, tmp_path):
     """Kill after a mid-epoch checkpoint, resume: the losses and the SWA model match an uninterrupted run."""
     from safetensors.torch import load_file
 
@@ -88,7 +68,7 @@ def test_resume_continues_exactly(world, tmp_path):
                 loss={"pcmepp": {"pp_alpha": 0.1}}, schedule={"name": "cosine", "steps": 10, "warmup_steps": 2},
                 swa={"enabled": True, "last_steps": 6, "every_steps": 2},
                 train={"checkpoint_every": 3})
-    cfg = tiny_cfg(world / "pretrain", **over)  # 64 samples / batch 16: 4 steps per epoch
+    cfg = tiny_cfg(tiny_world / "pretrain", **over)  # 64 samples / batch 16: 4 steps per epoch
     train(cfg, tmp_path / "full", progress=False)
 
     class Kill(Exception):
@@ -97,15 +77,15 @@ def test_resume_continues_exactly(world, tmp_path):
     def kill_at_5(model, step):
         if step == 5:
             raise Kill()
-    cut = tiny_cfg(world / "pretrain", **over)
+    cut = tiny_cfg(tiny_world / "pretrain", **over)
     cut["train"]["eval_every"] = 5
     with pytest.raises(Kill):
         train(cut, tmp_path / "cut", progress=False, eval_hooks=[kill_at_5])
     assert json.loads((tmp_path / "cut" / "checkpoints" / "latest.json").read_text())["step"] == 3
-    assert max(losses(tmp_path / "cut")) == 5  # logged past the checkpoint before dying
+    assert max(read_losses(tmp_path / "cut")) == 5  # logged past the checkpoint before dying
     train(cut, tmp_path / "cut", resume=True, progress=False)
 
-    a, b = losses(tmp_path / "full"), losses(tmp_path / "cut")
+    a, b = read_losses(tmp_path / "full"), read_losses(tmp_path / "cut")
     assert sorted(a) == sorted(b) == list(range(1, 11))
     for s in range(1, 11):
         assert b[s] == pytest.approx(a[s], rel=1e-6, abs=1e-7), (s, a[s], b[s])
@@ -135,7 +115,7 @@ def test_nonfinite_losses_skip_then_stop(tmp_path):
             train(cfg, tmp_path / "run", source=TensorSource(good + bad), progress=False)
     msgs = [str(w.message) for w in caught if "non-finite" in str(w.message)]
     assert len(msgs) == 3 and "update skipped" in msgs[0]
-    assert len(losses(tmp_path / "run")) == 2  # only the good steps logged a loss
+    assert len(read_losses(tmp_path / "run")) == 2  # only the good steps logged a loss
     # skipped updates left the weights finite
     assert create_model is not None
 
@@ -181,10 +161,8 @@ def test_finetune_coco_recipe_freezes_then_trains_the_visual_backbone(tmp_path):
 
     from zsprob.models import create_model
     _tiny_coco(tmp_path / "coco")
-    over = json.dumps(TINY).replace('"', "")
     r = run_cli("finetune", "coco", "--config", "finetune_coco_vitb32.yaml", "--root", str(tmp_path / "coco"),
-                "--out", str(tmp_path / "run"), "--model", "zsprob-tiny", "--set", "model.pretrained=null",
-                "--set", "model.embed_dim=16", "--set", f"model.overrides={over}", "--batch-size", "16",
+                "--out", str(tmp_path / "run"), *tiny_model_args(), "--batch-size", "16",
                 "--epochs", "3", "--precision", "fp32", "--workers", "0", "--log-every", "1",
                 "--checkpoint-every", "10", "--set", "train.keep_checkpoints=3", "--no-progress",
                 "--set", "train.tensorboard=false", timeout=900)
@@ -210,7 +188,7 @@ def test_finetune_coco_recipe_freezes_then_trains_the_visual_backbone(tmp_path):
     assert meta["extra"]["swa_n"] == 3                                 # end of each epoch (SWA over the last 10)
 
 
-def test_cnn_image_tower_trains_and_reloads(world, tmp_path):
+def test_cnn_image_tower_trains_and_reloads(tiny_world, tmp_path):
     """The timm (BatchNorm) image tower goes through the same loop: loss decreases, SWA averages the
     BN statistics with the weights, and the saved model rebuilds with identical outputs."""
     from zsprob.models import load
@@ -218,9 +196,9 @@ def test_cnn_image_tower_trains_and_reloads(world, tmp_path):
     over = {"model": {"name": "zsprob-tiny-cnn", "overrides": {"open_clip_cfg": {
         "vision_cfg": {"image_size": 32}, "text_cfg": {"layers": 2, "width": 32, "heads": 2, "context_length": 16}}}},
         "swa": {"enabled": True, "last_steps": 4, "every_steps": 2}}
-    cfg = tiny_cfg(world / "pretrain", **over)
+    cfg = tiny_cfg(tiny_world / "pretrain", **over)
     train(cfg, tmp_path / "run", progress=False)
-    ls = losses(tmp_path / "run")
+    ls = read_losses(tmp_path / "run")
     assert sum(ls[s] for s in (13, 14, 15, 16)) < 0.9 * sum(ls[s] for s in (1, 2, 3, 4))
     m = load(tmp_path / "run" / "model").eval()
     assert m._vision.kind == "timm" and m.config["name"] == "zsprob-tiny-cnn"
@@ -234,14 +212,14 @@ def test_cnn_image_tower_trains_and_reloads(world, tmp_path):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_augment_false_trains_on_the_eval_transform(world):
+def test_augment_false_trains_on_the_eval_transform(tiny_world):
     """data.augment=False: the training batches go through model.preprocess_val (no random crop)."""
     from zsprob.train.loop import build_model, build_source, resolve_config
     for augment in (True, False):
-        cfg = resolve_config(tiny_cfg(world / "pretrain", data={"augment": augment}))
+        cfg = resolve_config(tiny_cfg(tiny_world / "pretrain", data={"augment": augment}))
         model = build_model(cfg)
         src = build_source(cfg, model, rank=0, world=1)
         assert src.preprocess is (model.preprocess_train if augment else model.preprocess_val)
-    assert resolve_config(tiny_cfg(world / "pretrain")).data.augment is True  # open_clip's default
+    assert resolve_config(tiny_cfg(tiny_world / "pretrain")).data.augment is True  # open_clip's default
     with pytest.raises(UserError, match="data.augment must be true or false"):
-        resolve_config(tiny_cfg(world / "pretrain", data={"augment": "maybe"}))
+        resolve_config(tiny_cfg(tiny_world / "pretrain", data={"augment": "maybe"}))

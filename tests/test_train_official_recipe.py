@@ -7,15 +7,13 @@ import json
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_cli, tiny_model_args
 from test_train_loop import TINY, _tiny_coco
 
 
 def _finetune(tmp_path, *extra: str, epochs: int = 2):
-    over = json.dumps(TINY).replace('"', "")
     return run_cli("finetune", "coco", "--config", "finetune_coco_vitb32.yaml", "--root", str(tmp_path / "coco"),
-                   "--out", str(tmp_path / "run"), "--model", "zsprob-tiny", "--set", "model.pretrained=null",
-                   "--set", "model.embed_dim=16", "--set", f"model.overrides={over}", "--batch-size", "16",
+                   "--out", str(tmp_path / "run"), *tiny_model_args(), "--batch-size", "16",
                    "--epochs", str(epochs), "--precision", "fp32", "--workers", "0", "--log-every", "1",
                    "--checkpoint-every", "0", "--no-progress", "--set", "train.tensorboard=false",
                    "--set", "swa.enabled=false", *extra, timeout=900)

@@ -300,7 +300,6 @@ def canonical_key(key: tuple) -> tuple:
 def caption_probability(key: tuple) -> float:
     """P(caption with ``caption_key`` ``key`` is true of a scene ~ world prior)."""
     phrases_t, cond, bg, count = key
-    phrases = [dict(p) for p in phrases_t]
     total = 0.0
     for ci, c in enumerate(CONDITIONS):
         if cond is not None and c != cond:

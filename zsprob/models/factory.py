@@ -37,7 +37,7 @@ _registered = False
 # Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
 _ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment", "sigma_head",
                    "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias", "tokenizer_dir", "sigma_param",
-                   "sigma_shape", "unc_layout")
+                   "sigma_shape", "unc_layout", "sigma_detach")
 
 
 def _open_clip():
@@ -337,7 +337,8 @@ def _wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = No
         sigma_head=config.get("sigma_head", "block"), sigma_layout=config.get("sigma_layout", "legacy"),
         sigma_ln_init=config.get("sigma_ln_init"), sigma_ln_init_bias=config.get("sigma_ln_init_bias", 0.0),
         sigma_param=config.get("sigma_param", "logvar"), sigma_shape=config.get("sigma_shape", "diagonal"),
-        unc_layout=config.get("unc_layout", "zsprob"), tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
+        unc_layout=config.get("unc_layout", "zsprob"), sigma_detach=config.get("sigma_detach", False),
+        tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
         image_size=int(size if isinstance(size, int) else size[0]),
         reinit_params=tuple(config.get("reinit_params", ())))
 
@@ -435,7 +436,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     if zs_ckpt:  # fine-tuning a zsprob checkpoint keeps its log-variance head kind unless told otherwise
         for key, missing in (("sigma_head", "block"), ("sigma_layout", "legacy"), ("sigma_ln_init", None),
                              ("sigma_ln_init_bias", 0.0), ("sigma_param", "logvar"), ("sigma_shape", "diagonal"),
-                             ("unc_layout", "zsprob")):
+                             ("unc_layout", "zsprob"), ("sigma_detach", False)):
             zopts.setdefault(key, zs_meta["config"].get(key, missing))
     if "open_clip_cfg" in overrides:
         _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
@@ -491,6 +492,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         "sigma_param": zopts.get("sigma_param", "logvar"),
         "sigma_shape": zopts.get("sigma_shape", "diagonal"),
         "unc_layout": zopts.get("unc_layout", "zsprob"),
+        "sigma_detach": bool(zopts.get("sigma_detach", False)),
         "sigma_bias_init": zopts.get("sigma_bias_init", DEFAULT_BIAS_INIT.get(zopts.get("sigma_head", "block"), 0.0)),
         "truncate_text": bool(zopts.get("truncate_text", True)),
         "size_augment": float(zopts.get("size_augment", 0.0)),

@@ -598,6 +598,9 @@ class ProbCLIP(nn.Module):
     unc_layout: "zsprob" (default; log sigma^2 from the [UNC] output, as the ProLIP paper describes)
         or "prolip" (what ProLIP's released code computes, for its published weights: ``ln_post``
         twice on the image class token, text log sigma^2 from the projected [CLS] output).
+    sigma_detach: False (default) or True: the log sigma^2 heads read the trunk's features
+        detached, so no loss term reaches the trunk (or the means) through sigma; the trunk is
+        shaped by the means alone. Not for [UNC] tokens, which run inside the tower.
     """
 
     def __init__(self, clip_model: nn.Module, *, name: str, config: dict, embed_dim: int,
@@ -607,7 +610,7 @@ class ProbCLIP(nn.Module):
                  size_augment: float = 0.0, sigma_head: str = "block", sigma_layout: str = "official",
                  sigma_ln_init: float | None = None, sigma_ln_init_bias: float = 0.0,
                  sigma_param: str = "logvar", sigma_shape: str = "diagonal", unc_layout: str = "zsprob",
-                 tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
+                 sigma_detach: bool = False, tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
                  reinit_params: tuple[str, ...] = ()):
         super().__init__()
         if pooling not in ("gpo", "native"):
@@ -631,6 +634,7 @@ class ProbCLIP(nn.Module):
         _check_choices(unc_layout=(unc_layout, UNC_LAYOUTS), sigma_param=(sigma_param, SIGMA_PARAMS),
                        sigma_shape=(sigma_shape, SIGMA_SHAPES))
         self.unc_layout = unc_layout
+        self.sigma_detach = bool(sigma_detach)
         self.sigma_ln_init = None if sigma_ln_init is None else float(sigma_ln_init)
         self.sigma_ln_init_bias = float(sigma_ln_init_bias)
         self.sigma_param, self.sigma_shape = sigma_param, sigma_shape
@@ -676,6 +680,9 @@ class ProbCLIP(nn.Module):
         else:
             self.image_sigma = self._make_sigma(self._vision, self.image_gpo, gpo, float(sigma_bias_init))
             self.text_sigma = self._make_sigma(self._text, self.text_gpo, gpo, float(sigma_bias_init))
+        if self.sigma_detach and any(isinstance(h, UncTokenHead) for h in (self.image_sigma, self.text_sigma)):
+            raise UserError("sigma_detach needs log sigma^2 heads beside the tower (block, pcme, or unc on a bag of "
+                            "words / CNN); an [UNC] token runs inside the tower and cannot be cut off from it")
         self.sigma_readout = (nn.ModuleDict({"image": spherical_readout(self.embed_dim),
                                              "text": spherical_readout(self.embed_dim)})
                               if sigma_shape == "spherical_one" and not self.deterministic else None)
@@ -766,17 +773,19 @@ class ProbCLIP(nn.Module):
             mu = F.normalize(mu, dim=-1)
         if sigma is None or not with_sigma:
             return mu, None
+        # sigma_detach: the head reads the trunk's features without sending gradients back into them
+        cut = (lambda t: t.detach()) if self.sigma_detach else (lambda t: t)
         if released and tower is self._text:  # ProLIP's released text code: the projected [CLS] output
             raw = sigma(projected)
         elif token_head:  # ProLIP: the tower's own final LayerNorm, then the [UNC] projection
             raw = sigma(tower.ln(unc_out))
         elif isinstance(sigma, PCMEUncertaintyHead):
-            raw = self._pcme_sigma(tower, sigma, hm, ctx, lengths)
+            raw = self._pcme_sigma(tower, sigma, cut(hm), ctx, lengths)
         elif isinstance(sigma, UncPooledHead):
-            pooled = sigma.pool_words(hm, lengths) if sigma.unc_emb is not None else tower.ln.pooled(hm)
+            pooled = sigma.pool_words(cut(hm), lengths) if sigma.unc_emb is not None else tower.ln.pooled(cut(hm))
             raw = sigma(pooled)
         else:
-            hs = self._run(tower, sigma.blocks, h, mask)
+            hs = self._run(tower, sigma.blocks, cut(h), mask)
             raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
         side = "image" if tower is self._vision else "text"
         return mu, bound_logvar(self._shape_sigma(raw.to(torch.promote_types(raw.dtype, torch.float32)), side), self.var_bounds)

@@ -73,8 +73,7 @@ from zsprob.methods import METHODS
 from zsprob.prob import distances
 from zsprob.prob.jwae import JWAEObjective
 from zsprob.prob.pairs import PairBatch, as_dtype, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
-from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, check_occlusion_options,
-                                cover_inclusion, occlusion_terms, prolip_inclusion)
+from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, cover_inclusion, occlusion_terms, prolip_inclusion)
 
 __all__ = [
     "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
@@ -139,7 +138,8 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                  drop_ratio: float = 0.5, drop_prob: float = 0.5, image_drop_prob: float = 0.25,
                  mask_patch_size: int = 16, text_mask_mode: str = "delete", inclusion_scale: float = 1000.0,
                  inclusion_eps: float = -20.0, inclusion_form: str = "prolip", cover_scale: float = 5.0,
-                 cover_lambda: float = 1.0, inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0):
+                 cover_lambda: float = 1.0, inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0,
+                 occlusion_grad: str = "all"):
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
@@ -150,14 +150,13 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         self.distance = distance
         # zsprob's extension (off by default): ProLIP's occlusion inclusion term, "a caption with words
         # deleted / an image with cells blanked includes the whole" (zsprob.prob.prolip documents it)
-        opts = check_occlusion_options(inclusion_alpha_occ=inclusion_alpha_occ, drop_ratio=drop_ratio,
-                                       drop_prob=drop_prob, image_drop_prob=image_drop_prob,
-                                       mask_patch_size=mask_patch_size, text_mask_mode=text_mask_mode,
-                                       inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps,
-                                       inclusion_start_step=inclusion_start_step,
-                                       inclusion_warmup_steps=inclusion_warmup_steps)
-        for key, value in opts.items():
-            setattr(self, key, value)
+        self.set_occlusion_options(inclusion_alpha_occ=inclusion_alpha_occ, drop_ratio=drop_ratio,
+                                   drop_prob=drop_prob, image_drop_prob=image_drop_prob,
+                                   mask_patch_size=mask_patch_size, text_mask_mode=text_mask_mode,
+                                   inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps,
+                                   inclusion_start_step=inclusion_start_step,
+                                   inclusion_warmup_steps=inclusion_warmup_steps,
+                                   occlusion_grad=occlusion_grad)
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
         self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)
@@ -223,7 +222,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
             inclusion = (cover_inclusion(self.cover_scale, self.cover_lambda) if self.inclusion_form == "cover"
                          else prolip_inclusion(self.inclusion_scale, self.inclusion_eps))
             occ, occ_stats = occlusion_terms(((masked_img, B.img_mu, B.img_lv), (masked_txt, B.txt_mu, B.txt_lv)),
-                                             inclusion, B.dtype)
+                                             inclusion, B.dtype, detach_mu=self.occlusion_grad == "sigma")
             loss = loss + occ_weight * occ
             stats.update(occ_stats, occ_weight=torch.tensor(occ_weight))
         stats.update(loss=_stat(loss), scale=_stat(self.scale), shift=_stat(self.shift),

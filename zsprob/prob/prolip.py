@@ -91,6 +91,9 @@ __all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_los
 INCLUSION_FORMS = ("prolip", "cover")
 #: how the masked caption copies are made (zsprob.data.masking)
 TEXT_MASK_MODES = ("replace", "delete")
+#: what the occlusion term's gradient reaches: "all" (means and log-variances, as ProLIP) or
+#: "sigma" (the means are detached inside the term: it can shape sigma^2 but never move a mean)
+OCCLUSION_GRADS = ("all", "sigma")
 
 #: a VIB term above this is skipped for the step (ProLIP's ``kl_divergence``)
 VIB_GUARD = 1e4
@@ -243,10 +246,12 @@ def occlusion_ramp(step: int | None, start: int, warmup: int) -> float:
 
 def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image_drop_prob, mask_patch_size,
                             text_mask_mode, inclusion_scale, inclusion_eps, inclusion_start_step=0,
-                            inclusion_warmup_steps=0) -> dict:
+                            inclusion_warmup_steps=0, occlusion_grad="all") -> dict:
     """Validated options of the occlusion inclusion term (shared by ProLIPLoss and PCMEPPLoss)."""
     if text_mask_mode not in TEXT_MASK_MODES:
         raise UserError(f"text_mask_mode must be one of {', '.join(TEXT_MASK_MODES)}, got {text_mask_mode!r}")
+    if occlusion_grad not in OCCLUSION_GRADS:
+        raise UserError(f"occlusion_grad must be one of {', '.join(OCCLUSION_GRADS)}, got {occlusion_grad!r}")
     patch = _check_range("mask_patch_size", mask_patch_size, 1.0)
     if patch != int(patch):
         raise UserError(f"mask_patch_size must be a whole number of pixels, got {mask_patch_size!r}")
@@ -258,7 +263,8 @@ def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image
             "inclusion_scale": _check_range("inclusion_scale", inclusion_scale, 0.0, low_open=True),
             "inclusion_eps": _check_range("inclusion_eps", inclusion_eps, -math.inf),
             "inclusion_start_step": _check_count("inclusion_start_step", inclusion_start_step),
-            "inclusion_warmup_steps": _check_count("inclusion_warmup_steps", inclusion_warmup_steps)}
+            "inclusion_warmup_steps": _check_count("inclusion_warmup_steps", inclusion_warmup_steps),
+            "occlusion_grad": occlusion_grad}
 
 
 class OcclusionSchedule:
@@ -274,6 +280,11 @@ class OcclusionSchedule:
     drop_ratio: float
     inclusion_start_step: int = 0
     inclusion_warmup_steps: int = 0
+
+    def set_occlusion_options(self, **options) -> None:
+        """Validate the occlusion term's options (:func:`check_occlusion_options`) and keep them."""
+        for key, value in check_occlusion_options(**options).items():
+            setattr(self, key, value)
 
     def occlusion_weight(self, step: int | None = None) -> float:
         """``inclusion_alpha_occ`` times the ramp at ``step`` (:func:`occlusion_ramp`)."""
@@ -293,12 +304,13 @@ class OcclusionSchedule:
         return int(n_rows * self.drop_ratio)
 
 
-def occlusion_terms(items, inclusion, dtype) -> tuple[torch.Tensor | float, dict]:
+def occlusion_terms(items, inclusion, dtype, detach_mu: bool = False) -> tuple[torch.Tensor | float, dict]:
     """Sum over the modalities of the inclusion loss "original row in its masked copy".
 
     ``items``: ``(masked_pair or None, mu, logvar)`` per modality (image first, then text), the
     masked pair holding the copies of the first n rows; ``inclusion(mu_in, lv_in, mu_out, lv_out)``
-    is the loss of one modality. Returns (sum, stats with ``img_inclusion`` / ``txt_inclusion``).
+    is the loss of one modality; ``detach_mu``: the means enter as constants (``occlusion_grad``
+    "sigma"). Returns (sum, stats with ``img_inclusion`` / ``txt_inclusion``).
     """
     total, stats = 0.0, {}
     for name, (pair, mu, lv) in zip(("img", "txt"), items):
@@ -314,7 +326,10 @@ def occlusion_terms(items, inclusion, dtype) -> tuple[torch.Tensor | float, dict
             continue
         if n_masked > mu.shape[0]:
             raise ValueError(f"masked_{name} has {n_masked} rows, more than the {mu.shape[0]} local rows")
-        occ = inclusion(mu[:n_masked], lv[:n_masked], m_mu.to(dtype), m_lv.to(dtype))
+        mu_in, mu_out = mu[:n_masked], m_mu.to(dtype)
+        if detach_mu:
+            mu_in, mu_out = mu_in.detach(), mu_out.detach()
+        occ = inclusion(mu_in, lv[:n_masked], mu_out, m_lv.to(dtype))
         occ = _guarded(occ, INCLUSION_GUARD, f"{name} occlusion inclusion")
         total = total + occ
         stats[f"{name}_inclusion"] = stat(occ)
@@ -351,34 +366,26 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
                  max_logit_scale: float = 100.0, drop_ratio: float = 0.125, drop_prob: float = 0.75,
                  image_drop_prob: float = 0.25, mask_patch_size: int = 16, inclusion_form: str = "prolip",
                  cover_scale: float = 5.0, cover_lambda: float = 1.0, text_mask_mode: str = "replace",
-                 inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0):
+                 inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0, occlusion_grad: str = "all"):
         super().__init__()
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"ProLIP inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
-        if text_mask_mode not in TEXT_MASK_MODES:
-            raise UserError(f"ProLIP text_mask_mode must be one of {', '.join(TEXT_MASK_MODES)}, got {text_mask_mode!r}")
         self.inclusion_form = inclusion_form
-        self.text_mask_mode = text_mask_mode
         self.cover_scale = _check_range("cover_scale", cover_scale, 0.0, low_open=True)
         self.cover_lambda = _check_range("cover_lambda", cover_lambda, 0.0)
         self.ppcl_weight = _check_range("ppcl_weight", ppcl_weight, 0.0)
         self.inclusion_alpha = _check_range("inclusion_alpha", inclusion_alpha, 0.0)
-        self.inclusion_alpha_occ = _check_range("inclusion_alpha_occ", inclusion_alpha_occ, 0.0)
         self.vib_beta = _check_range("vib_beta", vib_beta, 0.0)
-        self.inclusion_scale = _check_range("inclusion_scale", inclusion_scale, 0.0, low_open=True)
-        self.inclusion_eps = _check_range("inclusion_eps", inclusion_eps, -math.inf)
         self.max_logit_scale = _check_range("max_logit_scale", max_logit_scale, 1.0)
         init_scale = _check_range("init_logit_scale", init_logit_scale, 0.0, math.log(self.max_logit_scale))
         init_bias = _check_range("init_logit_bias", init_logit_bias, -math.inf)
-        self.drop_ratio = _check_range("drop_ratio", drop_ratio, 0.0, 1.0)
-        self.drop_prob = _check_range("drop_prob", drop_prob, 0.0, 1.0)
-        self.image_drop_prob = _check_range("image_drop_prob", image_drop_prob, 0.0, 1.0)
-        patch = _check_range("mask_patch_size", mask_patch_size, 1.0)
-        if patch != int(patch):
-            raise UserError(f"ProLIP mask_patch_size must be a whole number of pixels, got {mask_patch_size!r}")
-        self.mask_patch_size = int(patch)
-        self.inclusion_start_step = _check_count("inclusion_start_step", inclusion_start_step)
-        self.inclusion_warmup_steps = _check_count("inclusion_warmup_steps", inclusion_warmup_steps)
+        self.set_occlusion_options(inclusion_alpha_occ=inclusion_alpha_occ, drop_ratio=drop_ratio,
+                                   drop_prob=drop_prob, image_drop_prob=image_drop_prob,
+                                   mask_patch_size=mask_patch_size, text_mask_mode=text_mask_mode,
+                                   inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps,
+                                   inclusion_start_step=inclusion_start_step,
+                                   inclusion_warmup_steps=inclusion_warmup_steps,
+                                   occlusion_grad=occlusion_grad)
         self.logit_scale = nn.Parameter(torch.tensor(init_scale))
         self.logit_bias = nn.Parameter(torch.tensor(init_bias))
 
@@ -441,7 +448,8 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
         occ_weight = self.occlusion_weight(step)
         if occ_weight > 0:
             occ, occ_stats = occlusion_terms(((masked_img, batch.img_mu, batch.img_lv),
-                                              (masked_txt, batch.txt_mu, batch.txt_lv)), self.inclusion, dtype)
+                                              (masked_txt, batch.txt_mu, batch.txt_lv)), self.inclusion, dtype,
+                                             detach_mu=self.occlusion_grad == "sigma")
             loss = loss + occ_weight * occ
             stats.update(occ_stats, occ_weight=torch.tensor(occ_weight))
 

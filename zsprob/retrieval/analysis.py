@@ -119,7 +119,6 @@ def uncertain_queries_page(out_dir, *, image_uncertainty, caption_uncertainty, i
     marks items that are annotated positives (``i2t_positives`` CSR [n_img, n_cap])."""
     out_dir = Path(out_dir)
     thumbs = out_dir / "thumbs"
-    n_img, n_cap = len(image_uncertainty), len(caption_uncertainty)
     pos = None if i2t_positives is None else i2t_positives.tocsr()
 
     def is_pos(i, c):

@@ -13,7 +13,6 @@ receive the evaluation images without labels (both papers are transductive that 
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Sequence
@@ -141,7 +140,7 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
                                k_values=k_values, threshold_c=threshold_c, select_data=sel_data,
                                pool_data=pool_data)
             secs = time.perf_counter() - t0
-        except NeedsSigma as e:
+        except NeedsSigma:
             rows.append({"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)"})
             continue
         selections[name] = sel
@@ -321,7 +320,6 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
                           device=device, progress=progress)
         select = (sf.feats, sf.labels)
         data["selection_split"] = {"source": sf.source, "n_images": len(sf), "labels_used": True}
-        names_from = sf.classnames
     if needs_pool or needs_eval:
         ev_feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size,
                                 device=device, progress=progress)
