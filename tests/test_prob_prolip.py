@@ -589,3 +589,23 @@ def test_occlusion_weight_ramps_in_after_the_start_step(cls):
         make(inclusion_warmup_steps=-1, **kw)
     with pytest.raises(UserError, match="inclusion_start_step"):
         make(inclusion_start_step=2.5, **kw)
+
+
+def test_masked_copies_do_not_move_batchnorm_statistics():
+    """The occlusion term's masked images go through the CNN tower's BatchNorm layers without
+    changing their running statistics: after a step they are those of the real batch alone."""
+    from zsprob.models import create_model
+    from zsprob.prob import PCMEPPLoss
+    from zsprob.train.loop import ContrastiveStep
+    cnn = {"vision_cfg": {"image_size": 64}, "text_cfg": {"layers": 1, "width": 32, "heads": 2, "context_length": 16}}
+    images = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    stats = []
+    for occ in (0.0, 0.5):
+        model = create_model("zsprob-tiny-cnn", embed_dim=16, seed=0, open_clip_cfg=cnn).train()
+        tokens = model.tokenizer(["a red star", "a blue circle", "a shape", "two squares"] * 2)
+        module = ContrastiveStep(model, PCMEPPLoss(pp_alpha=0.0, inclusion_alpha_occ=occ, image_drop_prob=0.5), seed=1)
+        assert bool(module.masked_features(images, tokens, step=0)) == (occ > 0)
+        model.train()
+        module(images, tokens, step=0)
+        stats.append({n: b.clone() for n, b in model.named_buffers() if "running" in n or "num_batches" in n})
+    assert stats[0] and all(torch.equal(stats[0][n], stats[1][n]) for n in stats[0])

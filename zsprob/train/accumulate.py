@@ -28,7 +28,8 @@ step sees the same inputs and targets; random draws inside the towers (dropout, 
 image SizeAugment) are replayed by restoring the torch generator state of each chunk, so the
 re-encoded embeddings equal the cached ones. BatchNorm layers (CNN image towers) normalise each
 micro-batch with its own statistics, as per-GPU BatchNorm does under DDP, so only towers without
-BatchNorm are exact; their running statistics are updated by the re-encoding pass only.
+BatchNorm are exact; their running statistics are updated by the re-encoding pass of the data
+chunks only (not by masked copies).
 
 Checkpointing (``model.grad_checkpointing: true``) calls the model's ``set_grad_checkpointing``,
 open_clip's method name: a :class:`zsprob.models.prob_clip.ProbCLIP` runs its towers' blocks
@@ -141,8 +142,10 @@ class Surrogate:
 
 
 @contextlib.contextmanager
-def _frozen_norm_statistics(model: nn.Module):
-    """Restore the running statistics of BatchNorm layers on exit (the re-encoding pass updates them)."""
+def frozen_norm_statistics(model: nn.Module):
+    """Restore the running statistics of BatchNorm layers in training mode on exit: the passes that
+    must not count (the no-gradient encoding pass here; the masked copies of the occlusion term,
+    images with blanked cells, which would pull the statistics evaluation uses towards theirs)."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
     saved = [{k: v.clone() for k, v in m.named_buffers(recurse=False) if v is not None} for m in norms]
     try:
@@ -158,7 +161,7 @@ def _encode_chunks(raw, chunks: list, autocast) -> tuple[list[dict], list]:
     """The no-gradient pass: every chunk's embeddings and the torch RNG state before it."""
     outs, states = [], []
     device = chunks[0][0].device
-    with torch.no_grad(), _frozen_norm_statistics(raw.model):
+    with torch.no_grad(), frozen_norm_statistics(raw.model):
         for images, tokens in chunks:
             states.append(_rng_state(device))
             with autocast():
@@ -219,7 +222,8 @@ def accumulated_step(step_module: nn.Module, raw, images: torch.Tensor, tokens: 
         _set_rng_state(state, device)
         surrogate = Surrogate(g, param_grads if last else ())
         sync = contextlib.nullcontext() if last or acc is None else acc.no_sync(step_module)
-        with sync:
+        frozen = frozen_norm_statistics(raw.model) if i >= n_data else contextlib.nullcontext()  # masked copies
+        with sync, frozen:
             with autocast():
                 s, _ = step_module(c_images, c_tokens, surrogate=surrogate)
             acc.backward(s) if acc is not None else s.backward()

@@ -119,7 +119,8 @@ class ContrastiveStep(nn.Module):
         masked = self.masked_inputs(images, tokens, step)
         if masked is None:
             return {}
-        out = self.model(*masked)
+        with accumulate.frozen_norm_statistics(self.model):  # masked images must not move BatchNorm's statistics
+            out = self.model(*masked)
         return {"masked_img": self._mu_logvar(out, "img"), "masked_txt": self._mu_logvar(out, "txt")}
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor, matched: torch.Tensor | None = None,
