@@ -143,18 +143,28 @@ class Surrogate:
 
 @contextlib.contextmanager
 def frozen_norm_statistics(model: nn.Module):
-    """Restore the running statistics of BatchNorm layers in training mode on exit: the passes that
-    must not count (the no-gradient encoding pass here; the masked copies of the occlusion term,
-    images with blanked cells, which would pull the statistics evaluation uses towards theirs)."""
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
-    saved = [{k: v.clone() for k, v in m.named_buffers(recurse=False) if v is not None} for m in norms]
+    """Inside, BatchNorm layers in training mode still normalise with the batch's statistics but
+    leave their running statistics (and batch counter) as they were: for the passes that must not
+    count (the no-gradient encoding pass here; the masked copies of the occlusion term, images with
+    blanked cells, which would pull the statistics evaluation uses towards theirs).
+
+    Done with momentum 0 (running = 1 x running + 0 x batch) rather than by copying the buffers back
+    afterwards: a training-mode BatchNorm keeps its running buffers for backward, and an in-place
+    restore would invalidate the graph of a pass that is differentiated.
+    """
+    norms = [m for m in model.modules()
+             if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats]
+    saved = [(m.momentum, None if m.num_batches_tracked is None else m.num_batches_tracked.clone()) for m in norms]
+    for m in norms:
+        m.momentum = 0.0
     try:
         yield
     finally:
         with torch.no_grad():
-            for m, buffers in zip(norms, saved):
-                for k, v in buffers.items():
-                    getattr(m, k).copy_(v)
+            for m, (momentum, count) in zip(norms, saved):
+                m.momentum = momentum
+                if count is not None:
+                    m.num_batches_tracked.copy_(count)
 
 
 def _encode_chunks(raw, chunks: list, autocast) -> tuple[list[dict], list]:
