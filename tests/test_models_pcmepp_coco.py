@@ -294,6 +294,8 @@ def test_mean_head_fc_builds_trains_and_round_trips(tmp_path):
         create_model("pcmepp-coco-tiny", mean_head="linear")
     with pytest.raises(UserError, match="goes with sigma_head 'block'"):
         create_model("pcmepp-coco-tiny", mean_head="fc", sigma_head="unc")
+    with pytest.raises(UserError, match="needs an open_clip CLIP with a ViT image tower"):
+        create_model("zsprob-tiny-cnn", mean_head="fc")
     # the default mean head is unchanged: open_clip's ln_post and projections
     plain = create_model("pcmepp-coco-tiny")
     assert plain.mean_head == "proj" and "clip.visual.proj" in plain.state_dict() and plain.image_head is None

@@ -534,11 +534,10 @@ def strip_mean_projection_(clip_model: nn.Module) -> nn.Module:
     """
     from open_clip.transformer import VisionTransformer
 
-    visual = getattr(clip_model, "visual", None)
-    if not isinstance(visual, VisionTransformer) or not isinstance(getattr(clip_model, "text_projection", None),
-                                                                    (nn.Parameter, type(None))):
+    if not isinstance(clip_model, _open_clip().CLIP) or not isinstance(clip_model.visual, VisionTransformer):
         raise UserError("mean_head 'fc' (PCME++'s COCO layout) needs an open_clip CLIP with a ViT image tower and "
                         "the built-in text transformer")
+    visual = clip_model.visual
     visual.ln_post = nn.Identity()
     visual.proj = None
     clip_model.text_projection = None
