@@ -171,6 +171,34 @@ def _assert_matches(model, reference, images, tokens, atol=1e-5):
 
 
 # ------------------------------------------------------------------ tests
+def test_convert_picks_the_coco_backbone_from_the_patch_size():
+    from zsprob.models.convert.convert import default_model
+
+    state = official_state("pcmepp-coco-ViT-B-32-unc1-lnnone")
+    assert default_model("pcmepp-coco", state) == "pcmepp-coco-ViT-B-32"
+    for patch, name in ((16, "pcmepp-coco-ViT-B-16"), (14, "pcmepp-coco-ViT-L-14")):
+        conv = torch.empty(768, 3, patch, patch, device="meta")
+        assert default_model("pcmepp-coco", dict(state, **{"img_enc.backbone.conv1.weight": conv})) == name
+    assert default_model("pcmepp-hf", official_state("pcmepp-ViT-B-16")) == "pcmepp-ViT-B-16"
+
+
+@pytest.mark.parametrize("model", ["pcmepp-coco-ViT-B-16", "pcmepp-coco-ViT-L-14"])
+def test_b16_and_l14_coco_models_have_the_official_shapes(model):
+    """The other backbones' JSONs: the B/32 layout with OpenAI CLIP's B/16 and L/14 towers (img_dim 1024 and
+    text width 768 for L/14, as the official README's command line and txt_encoder.py say)."""
+    state = official_state("pcmepp-coco-ViT-B-32-unc2-ln0.01")
+    with torch.device("meta"):
+        built = create_model(model, **official_options("pcmepp-coco", state)).state_dict()
+    big = model.endswith("L-14")
+    width, text = (1024, 768) if big else (768, 512)
+    assert tuple(built["clip.visual.conv1.weight"].shape) == (width, 3, 14 if big else 16, 14 if big else 16)
+    assert tuple(built["clip.visual.positional_embedding"].shape) == ((257 if big else 197), width)
+    assert tuple(built["image_head.fc.weight"].shape) == (1024, width)
+    assert tuple(built["text_head.fc.weight"].shape) == (1024, text)
+    assert tuple(built["text_sigma.proj.weight"].shape) == (1024, text)
+    assert sum(k.endswith("attn.in_proj_weight") and k.startswith("clip.visual.") for k in built) == (24 if big else 12)
+
+
 @pytest.mark.parametrize("fixture", COCO_FIXTURES)
 def test_every_b32_layout_fills_pcmepp_coco_vit_b32_exactly(fixture):
     """The loader's options build a model whose keys are the official ones, shape for shape (the zero sigma
