@@ -329,6 +329,27 @@ def test_mean_head_fc_builds_trains_and_round_trips(tmp_path):
     assert plain.mean_head == "proj" and "clip.visual.proj" in plain.state_dict() and plain.image_head is None
 
 
+def test_mean_head_fc_starts_from_open_clip_weights(tmp_path):
+    """The official training start: open_clip (OpenAI CLIP) weights fill both trunks, ln_post and the
+    projections are dropped (another embed_dim is no error: they are not used)."""
+    import open_clip
+
+    from zsprob.models.factory import get_open_clip_config
+
+    cfg = get_open_clip_config("pcmepp-coco-tiny")
+    cfg.pop("preprocess_cfg")
+    cfg["embed_dim"] = 16
+    reference = open_clip.CLIP(**cfg)
+    torch.save(reference.state_dict(), tmp_path / "clip.pt")
+    model = create_model("pcmepp-coco-tiny", pretrained=tmp_path / "clip.pt", mean_head="fc")
+    own = model.state_dict()
+    for key, value in reference.state_dict().items():
+        if key.startswith(("visual.ln_post", "visual.proj", "text_projection")):
+            assert "clip." + key not in own
+            continue
+        assert torch.equal(own["clip." + key], value), key
+
+
 # ------------------------------------------------------------------ command line, end to end
 @pytest.mark.slow
 def test_convert_eval_and_finetune_from_an_official_coco_file(tmp_path):
