@@ -31,13 +31,14 @@ from zsprob.models.checkpoint import EXTRA_PREFIX, checkpoint_dir, is_checkpoint
 
 log = logging.getLogger(__name__)
 
-ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "zsprob-tiny-bow", "ViT-S-16-d128", "prolip-tiny", "pcmepp-tiny")
+ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "zsprob-tiny-bow", "ViT-S-16-d128", "prolip-tiny", "pcmepp-tiny",
+                  "pcmepp-coco-tiny")
 _registered = False
 
 # Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
 _ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment", "sigma_head",
                    "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias", "tokenizer_dir", "sigma_param",
-                   "sigma_shape", "unc_layout", "sigma_detach")
+                   "sigma_shape", "unc_layout", "sigma_detach", "mean_head")
 
 
 def _open_clip():
@@ -95,6 +96,7 @@ def build_open_clip(cfg: dict) -> torch.nn.Module:
     """Instantiate an open_clip CLIP / CustomTextCLIP from a full model config (random init)."""
     oc = _open_clip()
     cfg = copy.deepcopy(cfg)
+    cfg.pop("preprocess_cfg", None)  # transforms, not a constructor argument (read by _preprocess_cfg)
     custom_text = cfg.pop("custom_text", False) or "hf_model_name" in cfg.get("text_cfg", {})
     if "multimodal_cfg" in cfg:
         raise UserError("CoCa models (multimodal_cfg) are not supported by zsprob")
@@ -338,6 +340,7 @@ def _wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = No
         sigma_ln_init=config.get("sigma_ln_init"), sigma_ln_init_bias=config.get("sigma_ln_init_bias", 0.0),
         sigma_param=config.get("sigma_param", "logvar"), sigma_shape=config.get("sigma_shape", "diagonal"),
         unc_layout=config.get("unc_layout", "zsprob"), sigma_detach=config.get("sigma_detach", False),
+        mean_head=config.get("mean_head", "proj"),
         tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
         image_size=int(size if isinstance(size, int) else size[0]),
         reinit_params=tuple(config.get("reinit_params", ())))
@@ -414,7 +417,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         ``sigma_bias_init`` (0.0; -10 with ``sigma_head="unc"``, ProLIP's init_unc_bias),
         ``truncate_text`` (True), ``size_augment`` (0.0; VSE infinity / PCME++ use 0.2 for fine-tuning),
         ``tokenizer_dir`` (a local Hugging Face tokenizer directory, e.g. ProLIP's SigLIP tokenizer),
-        ``unc_layout`` ("zsprob" | "prolip");
+        ``unc_layout`` ("zsprob" | "prolip"), ``mean_head`` ("proj" | "fc": PCME++'s COCO trainer layout);
         open_clip options ``image_size``, ``context_length``,
         ``quick_gelu``, ``patch_dropout``; or ``open_clip_cfg={...}`` merged into the open_clip
         config (e.g. ``{"vision_cfg": {"layers": 2}}``).
@@ -423,6 +426,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     zs_ckpt = pretrained is not None and str(pretrained) != "" and is_checkpoint(pretrained)
     official = None if zs_ckpt or pretrained is None or str(pretrained) == "" else sniff_official(pretrained)
     if official is not None:  # a published ProLIP / PCME++ file: converted in memory, strictly
+        if embed_dim is not None and int(embed_dim) == int(get_open_clip_config(name).get("embed_dim", -1)):
+            embed_dim = None  # the model's own size (e.g. a recipe's D = 1024) is no change
         if deterministic or embed_dim is not None:
             raise UserError(f"{pretrained} is an official {official[1]} checkpoint: its architecture is fixed "
                             "(no deterministic / embed_dim options)")
@@ -436,7 +441,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     if zs_ckpt:  # fine-tuning a zsprob checkpoint keeps its log-variance head kind unless told otherwise
         for key, missing in (("sigma_head", "block"), ("sigma_layout", "legacy"), ("sigma_ln_init", None),
                              ("sigma_ln_init_bias", 0.0), ("sigma_param", "logvar"), ("sigma_shape", "diagonal"),
-                             ("unc_layout", "zsprob"), ("sigma_detach", False)):
+                             ("unc_layout", "zsprob"), ("sigma_detach", False), ("mean_head", "proj")):
             zopts.setdefault(key, zs_meta["config"].get(key, missing))
     if "open_clip_cfg" in overrides:
         _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
@@ -471,6 +476,10 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     elif zs_ckpt:
         tensors = read_tensors(checkpoint_dir(pretrained), zs_meta, verify=True)
         clip_sd = {k[len("clip."):]: v for k, v in tensors.items() if k.startswith("clip.")}
+        if zs_meta["config"].get("mean_head", "proj") == "fc":  # the saved tower has no ln_post / projections
+            from zsprob.models.prob_clip import strip_mean_projection_
+
+            strip_mean_projection_(clip_model)
         reinit = _load_state_into(clip_model, clip_sd, str(pretrained))
         zs_rest = {k: v for k, v in tensors.items() if not k.startswith(("clip.", EXTRA_PREFIX))}
 
@@ -493,6 +502,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         "sigma_shape": zopts.get("sigma_shape", "diagonal"),
         "unc_layout": zopts.get("unc_layout", "zsprob"),
         "sigma_detach": bool(zopts.get("sigma_detach", False)),
+        "mean_head": zopts.get("mean_head", "proj"),
         "sigma_bias_init": zopts.get("sigma_bias_init", DEFAULT_BIAS_INIT.get(zopts.get("sigma_head", "block"), 0.0)),
         "truncate_text": bool(zopts.get("truncate_text", True)),
         "size_augment": float(zopts.get("size_augment", 0.0)),
@@ -509,7 +519,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         # the checkpoint's heads (GPO, log-variance heads) are reused, group by group, where they fit
         own = model.state_dict()
         loaded, skipped = [], []
-        for group in ("image_gpo", "text_gpo", "image_sigma", "text_sigma", "sigma_readout"):
+        for group in ("image_head", "text_head", "image_gpo", "text_gpo", "image_sigma", "text_sigma", "sigma_readout"):
             mine = {k: v for k, v in own.items() if k.split(".")[0] == group}
             theirs = {k: v for k, v in zs_rest.items() if k.split(".")[0] == group}
             if not mine:

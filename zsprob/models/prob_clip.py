@@ -39,6 +39,17 @@ Bag-of-words text towers (:mod:`zsprob.models.bow_text`, the SynthWorld model): 
 mean head is the word-embedding projection, the log-variance head a second projection of the
 same embeddings, each pooled over the caption's tokens (masked mean natively, or GPO).
 
+Mean head ``"fc"`` (``mean_head``; default ``"proj"`` is open_clip's own head): the layout of
+PCME++'s official COCO trainer (``pcmepp/models/img_encoder.py``, ``txt_encoder.py``,
+``pcmepp/modules/clip/model.py``). The CLIP image tower loses ``ln_post`` and ``proj``, the text
+tower ``text_projection`` (set to Identity / None on the wrapped open_clip model, so its state
+dict has no such keys); a biased ``nn.Linear(width, D)`` (``image_head.fc`` / ``text_head.fc``)
+is applied to every token instead - image: the raw outputs of the last block (class token and
+patches, no LayerNorm), text: ``ln_final`` of every token - and GPO pools the result
+(``pooling="gpo"``; the official code's ``no_gpo`` option is native pooling here). The block
+log-variance head takes the same form: its duplicated blocks, no LayerNorm (official layout),
+its own biased ``Linear(width, D)`` and GPO. Only the block head goes with it.
+
 SizeAugment (VSE infinity, used by PCME++ fine-tuning; ``size_augment=p``, off by default):
 in training with GPO, image tokens are randomly dropped before pooling (both heads drop the
 same tokens).
@@ -512,6 +523,37 @@ def _check_choices(**options) -> None:
             raise UserError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
 
 
+MEAN_HEADS = ("proj", "fc")
+
+
+def strip_mean_projection_(clip_model: nn.Module) -> nn.Module:
+    """``mean_head="fc"``: drop open_clip's ``visual.ln_post``, ``visual.proj`` and ``text_projection``.
+
+    ``ln_post`` becomes ``nn.Identity`` and the projections ``None`` (open_clip's own towers skip a
+    ``None`` projection), so the wrapped model's state dict holds no such keys. Idempotent.
+    """
+    from open_clip.transformer import VisionTransformer
+
+    if not isinstance(clip_model, _open_clip().CLIP) or not isinstance(clip_model.visual, VisionTransformer):
+        raise UserError("mean_head 'fc' (PCME++'s COCO layout) needs an open_clip CLIP with a ViT image tower and "
+                        "the built-in text transformer")
+    visual = clip_model.visual
+    visual.ln_post = nn.Identity()
+    visual.proj = None
+    clip_model.text_projection = None
+    return clip_model
+
+
+def _fc_head(width: int, embed_dim: int, side: str) -> nn.ModuleDict:
+    """The official COCO mean head ``fc``: image Xavier-uniform weight and zero bias (``EncoderImageAggr``),
+    text ``nn.Linear``'s defaults (``ProbEncoderTextClip.linear``)."""
+    fc = nn.Linear(width, embed_dim)
+    if side == "image":
+        nn.init.xavier_uniform_(fc.weight)
+        nn.init.zeros_(fc.bias)
+    return nn.ModuleDict({"fc": fc})
+
+
 def _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, sigma_ln_init, sigma_ln_init_bias,
                          sigma_bias_init) -> None:
     if sigma_head not in SIGMA_HEADS:
@@ -601,6 +643,9 @@ class ProbCLIP(nn.Module):
     sigma_detach: False (default) or True: the log sigma^2 heads read the trunk's features
         detached, so no loss term reaches the trunk (or the means) through sigma; the trunk is
         shaped by the means alone. Not for [UNC] tokens, which run inside the tower.
+    mean_head: "proj" (default: the tower's final LayerNorm and projection, as open_clip) or "fc"
+        (PCME++'s COCO trainer: no ``ln_post`` / projections, a biased Linear on every token before
+        pooling; ViT + CLIP text towers and ``sigma_head="block"`` only; module docstring).
     """
 
     def __init__(self, clip_model: nn.Module, *, name: str, config: dict, embed_dim: int,
@@ -610,7 +655,7 @@ class ProbCLIP(nn.Module):
                  size_augment: float = 0.0, sigma_head: str = "block", sigma_layout: str = "official",
                  sigma_ln_init: float | None = None, sigma_ln_init_bias: float = 0.0,
                  sigma_param: str = "logvar", sigma_shape: str = "diagonal", unc_layout: str = "zsprob",
-                 sigma_detach: bool = False, tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
+                 sigma_detach: bool = False, mean_head: str = "proj", tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
                  reinit_params: tuple[str, ...] = ()):
         super().__init__()
         if pooling not in ("gpo", "native"):
@@ -634,6 +679,10 @@ class ProbCLIP(nn.Module):
         _check_choices(unc_layout=(unc_layout, UNC_LAYOUTS), sigma_param=(sigma_param, SIGMA_PARAMS),
                        sigma_shape=(sigma_shape, SIGMA_SHAPES))
         self.unc_layout = unc_layout
+        _check_choices(mean_head=(mean_head, MEAN_HEADS))
+        if mean_head == "fc" and sigma_head != "block":
+            raise UserError(f"mean_head 'fc' (PCME++'s COCO layout) goes with sigma_head 'block', got {sigma_head!r}")
+        self.mean_head = mean_head
         self.sigma_detach = bool(sigma_detach)
         self.sigma_ln_init = None if sigma_ln_init is None else float(sigma_ln_init)
         self.sigma_ln_init_bias = float(sigma_ln_init_bias)
@@ -652,8 +701,15 @@ class ProbCLIP(nn.Module):
             raise UserError(f"size_augment must be in [0, 1), got {size_augment}")
         self._reinit_params = set(reinit_params)
 
+        if mean_head == "fc":
+            strip_mean_projection_(clip_model)
         self._vision = _vision_tower(clip_model)
         self._text = _text_tower(clip_model, truncate_text)
+        if mean_head == "fc":
+            self.image_head = _fc_head(self._vision.width, self.embed_dim, "image")
+            self.text_head = _fc_head(self._text.width, self.embed_dim, "text")
+        else:
+            self.image_head = self.text_head = None
         for tower, what in ((self._vision, "image"), (self._text, "text")):
             if tower.num_blocks == 0 or sigma_head in ("unc", "pcme"):  # no duplicated blocks to cut
                 continue
@@ -706,11 +762,17 @@ class ProbCLIP(nn.Module):
         gpo = copy.deepcopy(gpo_mu) if (self.sigma_init == "copy" and gpo_mu is not None) else new_gpo()
         official = self.sigma_layout == "official" and tower.kind in ("vit", "text")
         ln = nn.Identity() if official and self.sigma_init == "random" else tower.ln
-        head = SigmaHead(list(tower.blocks[tower.num_blocks - n:]), ln, tower.proj, self.embed_dim, gpo,
-                         bias_init, sigma_ln)
+        head = SigmaHead(list(tower.blocks[tower.num_blocks - n:]), ln, self._mean_proj(tower), self.embed_dim,
+                         gpo, bias_init, sigma_ln)
         if self.sigma_init == "random":
             _reinit_block_head_(head, tower, side, official, bias_init, sigma_ln is not None)
         return head
+
+    def _mean_proj(self, tower):
+        """What projects the mean head's tokens: the tower's projection, or the ``fc`` of ``mean_head="fc"``."""
+        if self.mean_head == "fc":
+            return (self.image_head if tower is self._vision else self.text_head)["fc"]
+        return tower.proj
 
     # ----------------------------------------------------------------------------------
     @torch.jit.ignore
@@ -767,7 +829,7 @@ class ProbCLIP(nn.Module):
         keep = self._size_augment(hm.shape[0], tower.num_tokens(hm), hm.device) if tower is self._vision else None
         released = token_head and self.unc_layout == "prolip"
         ln = _twice(tower.ln) if released and tower is self._vision else tower.ln
-        projected = self._head_out(tower, hm, ln, tower.proj, gpo_mu, ctx, lengths, keep)
+        projected = self._head_out(tower, hm, ln, self._mean_proj(tower), gpo_mu, ctx, lengths, keep)
         mu = projected.to(torch.promote_types(projected.dtype, torch.float32))  # float32, or float64 for a float64 model
         if self.normalize_mu:
             mu = F.normalize(mu, dim=-1)
@@ -855,10 +917,10 @@ class ProbCLIP(nn.Module):
                     and (name.startswith(text_prefix)):
                 tower, num_layers = "text", nt + 1
                 depth = self._text.depth_of(name[len(text_prefix):])
-            elif parts[0] in ("image_sigma", "image_gpo"):
+            elif parts[0] in ("image_sigma", "image_gpo", "image_head"):
                 tower, num_layers, backbone = "image", nv + 1, False
                 depth = _sigma_depth_of(parts, split_v, nv + 1)
-            elif parts[0] in ("text_sigma", "text_gpo"):
+            elif parts[0] in ("text_sigma", "text_gpo", "text_head"):
                 tower, num_layers, backbone = "text", nt + 1, False
                 depth = _sigma_depth_of(parts, split_t, nt + 1)
             elif parts[0] == "sigma_readout":  # the spherical readout sits on top of the head
@@ -873,7 +935,7 @@ class ProbCLIP(nn.Module):
         return (f"name={self.name!r}, embed_dim={self.embed_dim}, sigma_head={self.sigma_head!r}, "
                 f"sigma_layout={self.sigma_layout!r}, unc_layout={self.unc_layout!r}, sigma_depth={self.sigma_depth}, "
                 f"sigma_init={self.sigma_init!r}, pooling={self.pooling!r}, deterministic={self.deterministic}, "
-                f"var_bounds={self.var_bounds}")
+                f"var_bounds={self.var_bounds}" + (f", mean_head={self.mean_head!r}" if self.mean_head != "proj" else ""))
 
 
 def _twice(ln: nn.Module):
@@ -894,5 +956,5 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-__all__ = ["ProbCLIP", "SigmaHead", "count_parameters"]
+__all__ = ["ProbCLIP", "SigmaHead", "MEAN_HEADS", "strip_mean_projection_", "count_parameters"]
 

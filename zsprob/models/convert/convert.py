@@ -22,6 +22,18 @@ from zsprob.models.convert.io import read_hf_config
 DEFAULT_MODELS = {"prolip": "prolip-ViT-B-16", "pcmepp-hf": "pcmepp-ViT-B-16", "pcmepp-coco": "pcmepp-coco-ViT-B-32"}
 
 
+# the COCO trainer's backbone, from the patch size of img_enc.backbone.conv1 (OpenAI CLIP ViT-B/32, B/16, L/14)
+COCO_MODELS_BY_PATCH = {32: "pcmepp-coco-ViT-B-32", 16: "pcmepp-coco-ViT-B-16", 14: "pcmepp-coco-ViT-L-14"}
+
+
+def default_model(kind: str, state: dict) -> str:
+    """The zsprob model a file of layout ``kind`` belongs to when --model is not given."""
+    conv = state.get("img_enc.backbone.conv1.weight") if kind == "pcmepp-coco" else None
+    if conv is not None and conv.ndim == 4 and int(conv.shape[-1]) in COCO_MODELS_BY_PATCH:
+        return COCO_MODELS_BY_PATCH[int(conv.shape[-1])]
+    return DEFAULT_MODELS[kind]
+
+
 def convert_checkpoint(source: str | os.PathLike, *, model_name: str | None = None, layout_name: str | None = None,
                        tokenizer: str | os.PathLike | None = None):
     """(ProbCLIP with the official weights, loss tensors, info dict); raises UserError on any mismatch."""
@@ -31,7 +43,7 @@ def convert_checkpoint(source: str | os.PathLike, *, model_name: str | None = No
     kind = layout_name or detect_layout(state)
     if kind not in LAYOUTS:
         raise UserError(f"unknown official layout {kind!r}; choose from {', '.join(LAYOUTS)}")
-    name = model_name or DEFAULT_MODELS[kind]
+    name = model_name or default_model(kind, state)
     options = {"tokenizer_dir": str(tokenizer)} if tokenizer is not None else {}
     model = create_from_official(name, source, state, kind, **options)
     info = {"source": str(source), "layout": kind, "family": LAYOUTS[kind].family, "model": name,
@@ -48,4 +60,4 @@ def convert_to_checkpoint(source, out, **kw) -> Path:
     return save(model, out, extra={"converted_from": info}, extra_tensors={f"loss.{k}": v for k, v in loss.items()})
 
 
-__all__ = ["DEFAULT_MODELS", "convert_checkpoint", "convert_to_checkpoint"]
+__all__ = ["DEFAULT_MODELS", "COCO_MODELS_BY_PATCH", "default_model", "convert_checkpoint", "convert_to_checkpoint"]

@@ -7,9 +7,11 @@ the factory can import it. torch's ``load_state_dict(strict=True)`` does the loa
 before it (every official key consumed, every zsprob key filled, shapes equal, one line naming
 the key) are :func:`zsprob.models.convert.mapping.check_strict`.
 
-Constant fills: PCME++'s official sigma projection has no bias, zsprob's block head always has
-one (``image_sigma.bias`` / ``text_sigma.bias``); it is set to 0, which computes the same
-function.
+Constant fills: PCME++'s official sigma projection has no bias (HF layout) or its own (the COCO
+trainer's biased ``fc``), zsprob's block head always has one more (``image_sigma.bias`` /
+``text_sigma.bias``); it is set to 0, which computes the same function. The COCO trainer's files
+have no ``logit_scale``; the wrapped open_clip model keeps its own (frozen, unused by zsprob's
+losses: ``KEEP_OWN``).
 """
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ from zsprob.models.convert import LAYOUTS, check_strict, detect_layout, official
 from zsprob.models.convert.io import TORCH_SUFFIXES, read_state_dict, weights_file
 
 LOSS_PREFIX = "loss."
-ZERO_FILLS = {"pcmepp-hf": ("image_sigma.bias", "text_sigma.bias")}
+ZERO_FILLS = {"pcmepp-hf": ("image_sigma.bias", "text_sigma.bias"),
+              "pcmepp-coco": ("image_sigma.bias", "text_sigma.bias")}
+KEEP_OWN = {"pcmepp-coco": ("clip.logit_scale",)}
 
 
 def _sigma_depth(kind: str, state: dict) -> int:
@@ -41,8 +45,14 @@ def official_options(kind: str, state: dict) -> dict:
     if kind == "pcmepp-hf":
         return dict(sigma_head="block", sigma_layout="official", pooling="native",
                     sigma_depth=_sigma_depth(kind, state), sigma_ln_init=None)
-    raise UserError("checkpoints of the official PCME++ COCO trainer (img_enc.* / txt_enc.*) are recognised but "
-                    "cannot be loaded yet: zsprob has no module for their fc + GPO heads on the CLIP tokens")
+    if kind == "pcmepp-coco":
+        # pcmepp/models/{img,txt}_encoder.py: fc + GPO on every token of the CLIP trunks (no ln_post, no
+        # projections), the std branch the same on the uncertainty blocks, a LayerNorm with sigma_ln_init
+        with_ln = any(k.startswith(("img_enc.image_std_ln.", "txt_enc.text_std_ln.")) for k in state)
+        return dict(sigma_head="block", sigma_layout="official", sigma_init="random", mean_head="fc",
+                    pooling="gpo", gpo_dim=32, normalize_mu=True, sigma_depth=_sigma_depth(kind, state),
+                    sigma_ln_init=0.01 if with_ln else None)
+    raise UserError(f"unknown official layout {kind!r}")
 
 
 def sniff(path: str | os.PathLike) -> tuple[dict, str] | None:
@@ -82,6 +92,9 @@ def load_official(model, state: dict, kind: str, source: str | os.PathLike) -> d
     for key in ZERO_FILLS.get(kind, ()):
         if key in own and key not in converted:
             converted[key] = torch.zeros_like(own[key])
+    for key in KEEP_OWN.get(kind, ()):
+        if key in own and key not in converted:
+            converted[key] = own[key].clone()
     expected = {k: v.shape for k, v in own.items()}
     loss = {k: v for k, v in converted.items() if k.startswith(LOSS_PREFIX)}
     expected.update({k: v.shape for k, v in loss.items()})
@@ -90,4 +103,4 @@ def load_official(model, state: dict, kind: str, source: str | os.PathLike) -> d
     return {k[len(LOSS_PREFIX):]: v.detach().to(torch.float32) for k, v in loss.items()}
 
 
-__all__ = ["LOSS_PREFIX", "ZERO_FILLS", "official_options", "sniff", "load_official"]
+__all__ = ["LOSS_PREFIX", "ZERO_FILLS", "KEEP_OWN", "official_options", "sniff", "load_official"]

@@ -14,14 +14,16 @@ checkpoint's ``state_dict``): ``img_enc.backbone`` (OpenAI CLIP visual trunk wit
 uncertainty), ``txt_enc.linear`` / ``std_linear``, ``gpool`` / ``std_gpool``, ``text_std_ln``, and
 ``criterion.shift`` / ``criterion.negative_scale``.
 
-The mean-branch rules of the HF layout name today's ``ProbCLIP`` parameters; the sigma rules and
-the COCO trainer's head rules name the official-layout heads of ``zsprob.models.prob_clip``
-(``sigma_head``; biased ``fc`` before GPO, optional LayerNorm on log sigma^2).
+The mean-branch rules of the HF layout name today's ``ProbCLIP`` parameters; the sigma rules name
+the official-layout block heads of ``zsprob.models.prob_clip`` (``SigmaHead``: ``blocks``, ``proj``,
+``gpo``, ``sigma_ln``). The COCO trainer's rules name a ``ProbCLIP`` built with ``mean_head="fc"``
+(``image_head.fc`` / ``text_head.fc``: the biased Linear before GPO; the sigma head's ``proj`` is a
+biased Linear there too, its ``sigma_ln`` the official ``image_std_ln`` / ``text_std_ln``).
 """
 from zsprob.models.convert.mapping import Rule
 
 FAMILY = "pcmepp"
-MODELS = ("pcmepp-ViT-B-16",)
+MODELS = ("pcmepp-ViT-B-16", "pcmepp-coco-ViT-B-32", "pcmepp-coco-ViT-B-16", "pcmepp-coco-ViT-L-14")
 
 HF_RULES = [
     Rule("visual.uncertainty_transformer.resblocks.{i}.{rest}", "image_sigma.blocks.{i}.{rest}", "sigma"),
@@ -46,10 +48,10 @@ COCO_RULES = [
     Rule("img_enc.image_encoder.fc.{rest}", "image_head.fc.{rest}"),
     Rule("img_enc.image_encoder.gpool.gru.{rest}", "image_gpo.gru.{rest}"),
     Rule("img_enc.image_encoder.gpool.linear.weight", "image_gpo.score.weight"),
-    Rule("img_enc.image_std_encoder.fc.{rest}", "image_sigma.fc.{rest}", "sigma"),
+    Rule("img_enc.image_std_encoder.fc.{rest}", "image_sigma.proj.{rest}", "sigma"),
     Rule("img_enc.image_std_encoder.gpool.gru.{rest}", "image_sigma.gpo.gru.{rest}", "sigma"),
     Rule("img_enc.image_std_encoder.gpool.linear.weight", "image_sigma.gpo.score.weight", "sigma"),
-    Rule("img_enc.image_std_ln.{rest}", "image_sigma.out_ln.{rest}", "sigma"),
+    Rule("img_enc.image_std_ln.{rest}", "image_sigma.sigma_ln.{rest}", "sigma"),
     # text tower
     Rule("txt_enc.backbone.transformer.prob_resblocks.{i}.{rest}", "text_sigma.blocks.{i}.{rest}", "sigma"),
     Rule("txt_enc.backbone.transformer.resblocks.{i}.{rest}", "clip.transformer.resblocks.{i}.{rest}"),
@@ -59,10 +61,10 @@ COCO_RULES = [
     Rule("txt_enc.linear.{rest}", "text_head.fc.{rest}"),
     Rule("txt_enc.gpool.gru.{rest}", "text_gpo.gru.{rest}"),
     Rule("txt_enc.gpool.linear.weight", "text_gpo.score.weight"),
-    Rule("txt_enc.std_linear.{rest}", "text_sigma.fc.{rest}", "sigma"),
+    Rule("txt_enc.std_linear.{rest}", "text_sigma.proj.{rest}", "sigma"),
     Rule("txt_enc.std_gpool.gru.{rest}", "text_sigma.gpo.gru.{rest}", "sigma"),
     Rule("txt_enc.std_gpool.linear.weight", "text_sigma.gpo.score.weight", "sigma"),
-    Rule("txt_enc.text_std_ln.{rest}", "text_sigma.out_ln.{rest}", "sigma"),
+    Rule("txt_enc.text_std_ln.{rest}", "text_sigma.sigma_ln.{rest}", "sigma"),
     # loss
     Rule("criterion.shift", "loss.shift", "loss"),
     Rule("criterion.negative_scale", "loss.negative_scale", "loss"),

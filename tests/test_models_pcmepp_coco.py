@@ -1,0 +1,404 @@
+"""Checkpoints of PCME++'s official COCO trainer (naver-ai/pcmepp ``train.py``; layout ``pcmepp-coco``)
+through ``create_model(name, pretrained=FILE)``, ``zsprob convert``, ``eval coco`` and ``finetune coco``.
+
+The files are written here with random weights in the exact official layout: the ViT-B/32 key lists
+are fixtures (tests/fixtures/official_layouts/pcmepp-coco-ViT-B-32-*.json, from the official model
+classes); the CPU-sized ``pcmepp-coco-tiny`` files are a zsprob ``mean_head="fc"`` model renamed to
+the official keys. The reference below is an independent float64 re-implementation of the official
+forward (``pcmepp/modules/clip/model.py`` ProbVisionTransformer / ProbTransformer with QuickGELU,
+``pcmepp/models/img_encoder.py`` / ``txt_encoder.py``, VSE infinity's GPO: sinusoidal position
+encodings -> bidirectional GRU -> linear scores -> softmax(score / 0.1) over the per-dimension
+descending-sorted features), written with plain torch ops on the *official* key names: no open_clip,
+no zsprob module, no key map.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from test_models_convert import official_layout, official_state
+from zsprob.errors import UserError
+from zsprob.models import create_model, load, save
+from zsprob.models.convert import official_to_zsprob, zsprob_to_official
+from zsprob.models.convert.load import KEEP_OWN, ZERO_FILLS, official_options
+
+COCO_FIXTURES = [f"pcmepp-coco-ViT-B-32-unc{u}-ln{ln}" for u in (1, 2) for ln in ("none", "0.01")]
+
+
+# ------------------------------------------------------------------ float64 reference (official names)
+def _ln(x, sd, prefix, eps=1e-5):
+    return F.layer_norm(x, x.shape[-1:], sd[prefix + ".weight"], sd[prefix + ".bias"], eps)
+
+
+def _block(x, sd, p, heads, mask=None):
+    """OpenAI CLIP's ResidualAttentionBlock (ln_1, attention, ln_2, c_fc, QuickGELU, c_proj), batch first."""
+    b, n, w = x.shape
+    h = _ln(x, sd, p + ".ln_1")
+    q, k, v = F.linear(h, sd[p + ".attn.in_proj_weight"], sd[p + ".attn.in_proj_bias"]).chunk(3, dim=-1)
+    q, k, v = (t.reshape(b, n, heads, w // heads).transpose(1, 2) for t in (q, k, v))
+    att = (q @ k.transpose(-1, -2)) / math.sqrt(w // heads)
+    if mask is not None:
+        att = att + mask
+    out = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, n, w)
+    x = x + F.linear(out, sd[p + ".attn.out_proj.weight"], sd[p + ".attn.out_proj.bias"])
+    h = F.linear(_ln(x, sd, p + ".ln_2"), sd[p + ".mlp.c_fc.weight"], sd[p + ".mlp.c_fc.bias"])
+    h = h * torch.sigmoid(1.702 * h)  # QuickGELU
+    return x + F.linear(h, sd[p + ".mlp.c_proj.weight"], sd[p + ".mlp.c_proj.bias"])
+
+
+def _gru_direction(x, sd, p, suffix):
+    """One direction of a 1-layer GRU (PyTorch's gate order r, z, n) over x [n, d_in] -> [n, d_hidden]."""
+    w_ih, w_hh = sd[f"{p}.weight_ih_l0{suffix}"], sd[f"{p}.weight_hh_l0{suffix}"]
+    b_ih, b_hh = sd[f"{p}.bias_ih_l0{suffix}"], sd[f"{p}.bias_hh_l0{suffix}"]
+    h = torch.zeros(w_hh.shape[1], dtype=x.dtype)
+    out = []
+    for t in range(x.shape[0]):
+        gi, gh = w_ih @ x[t] + b_ih, w_hh @ h + b_hh
+        ir, iz, i_n = gi.chunk(3)
+        hr, hz, hn = gh.chunk(3)
+        r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+        n = torch.tanh(i_n + r * hn)
+        h = (1 - z) * n + z * h
+        out.append(h)
+    return torch.stack(out)
+
+
+def _gpo(features, lengths, sd, p, d_pe=32):
+    """VSE infinity's GPO, one sample at a time: features [B, T, D], lengths [B] -> [B, D]."""
+    pooled = []
+    for feats, n in zip(features, lengths.tolist()):
+        pos = torch.arange(n, dtype=torch.float64)[:, None]
+        div = torch.exp(torch.arange(0, d_pe, 2, dtype=torch.float64) * -(math.log(10000.0) / d_pe))
+        pe = torch.zeros(n, d_pe, dtype=torch.float64)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+        fwd = _gru_direction(pe, sd, p + ".gru", "")
+        bwd = _gru_direction(pe.flip(0), sd, p + ".gru", "_reverse").flip(0)
+        scores = ((fwd + bwd) / 2) @ sd[p + ".linear.weight"][0]
+        weights = torch.softmax(scores / 0.1, dim=0)
+        ranked = feats[:n].sort(dim=0, descending=True).values
+        pooled.append((ranked * weights[:, None]).sum(0))
+    return torch.stack(pooled)
+
+
+def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, patch):
+    """(image mu, image logvar, text mu, text logvar) of the official COCO model in eval mode, float64."""
+    sd = {k: v.double() for k, v in sd.items()}
+    v = "img_enc.backbone."
+    x = F.conv2d(images.double(), sd[v + "conv1.weight"], stride=patch).flatten(2).transpose(1, 2)
+    b, w = x.shape[0], x.shape[2]
+    x = torch.cat([sd[v + "class_embedding"].expand(b, 1, w), x], 1) + sd[v + "positional_embedding"]
+    x = _ln(x, sd, v + "ln_pre")
+    for i in range(layers - unc):
+        x = _block(x, sd, f"{v}transformer.resblocks.{i}", image_heads)
+    s = x
+    for i in range(layers - unc, layers):
+        x = _block(x, sd, f"{v}transformer.resblocks.{i}", image_heads)
+    for i in range(unc):
+        s = _block(s, sd, f"{v}uncertainty_transformer.resblocks.{i}", image_heads)
+    all_tokens = torch.full((b,), x.shape[1], dtype=torch.long)  # every token, class token included
+    enc = "img_enc.image_encoder."
+    img_mu = _gpo(F.linear(x, sd[enc + "fc.weight"], sd[enc + "fc.bias"]), all_tokens, sd, enc + "gpool")
+    std = "img_enc.image_std_encoder."
+    img_std = _gpo(F.linear(s, sd[std + "fc.weight"], sd[std + "fc.bias"]), all_tokens, sd, std + "gpool")
+    if "img_enc.image_std_ln.weight" in sd:
+        img_std = _ln(img_std, sd, "img_enc.image_std_ln")
+
+    t = "txt_enc.backbone."
+    n = text.shape[1]
+    y = sd[t + "token_embedding.weight"][text] + sd[t + "positional_embedding"][:n]
+    causal = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)
+    for i in range(layers - unc):
+        y = _block(y, sd, f"{t}transformer.resblocks.{i}", text_heads, causal)
+    ys = y
+    for i in range(layers - unc, layers):
+        y = _block(y, sd, f"{t}transformer.resblocks.{i}", text_heads, causal)
+    for i in range(unc):
+        ys = _block(ys, sd, f"{t}transformer.prob_resblocks.{i}", text_heads, causal)
+    lengths = text.argmax(dim=-1) + 1  # <start> .. <end> (the end token has the highest id)
+    y = _ln(y, sd, t + "ln_final")  # the mean branch only
+    txt_mu = _gpo(F.linear(y, sd["txt_enc.linear.weight"], sd["txt_enc.linear.bias"]), lengths, sd, "txt_enc.gpool")
+    txt_std = _gpo(F.linear(ys, sd["txt_enc.std_linear.weight"], sd["txt_enc.std_linear.bias"]), lengths, sd,
+                   "txt_enc.std_gpool")
+    if "txt_enc.text_std_ln.weight" in sd:
+        txt_std = _ln(txt_std, sd, "txt_enc.text_std_ln")
+    return F.normalize(img_mu, dim=-1), img_std, F.normalize(txt_mu, dim=-1), txt_std
+
+
+TINY = dict(layers=3, image_heads=2, text_heads=2, patch=8)
+B32 = dict(layers=12, image_heads=12, text_heads=8, patch=32)
+
+
+# ------------------------------------------------------------------ official files with random weights
+def _randomise(state: dict, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {k: (torch.randn(v.shape, generator=g) * 0.2 + (1.0 if k.endswith(("ln_1.weight", "ln_2.weight"))
+                                                          else 0.0)).to(v.dtype)
+            for k, v in state.items()}
+
+
+def tiny_coco_state(unc: int = 2, ln: bool = True, seed: int = 0) -> dict:
+    """Official COCO-trainer names, pcmepp-coco-tiny shapes, random weights."""
+    model = create_model("pcmepp-coco-tiny", mean_head="fc", sigma_depth=unc, sigma_ln_init=0.01 if ln else None)
+    skip = set(ZERO_FILLS["pcmepp-coco"]) | set(KEEP_OWN["pcmepp-coco"])
+    zs = {k: v for k, v in model.state_dict().items() if k not in skip}
+    zs.update({"loss.shift": torch.ones(1), "loss.negative_scale": torch.ones(1)})
+    return _randomise(zsprob_to_official(zs, "pcmepp-coco"), seed)
+
+
+def write_trainer_ckpt(path, state: dict):
+    """The dict a Lightning ModelCheckpoint writes (weights under ``state_dict``)."""
+    torch.save({"epoch": 24, "global_step": 1000, "state_dict": state}, path)
+    return path
+
+
+def _inputs(model, seed=1, n_images=3):
+    size = model.image_size
+    images = torch.randn(n_images, 3, size, size, generator=torch.Generator().manual_seed(seed))
+    return images, model.tokenizer(["a red car on the road", "an oak tree", "a photo of a dog and a cat"])
+
+
+def _assert_matches(model, reference, images, tokens, atol=1e-5):
+    model.eval()
+    with torch.no_grad():
+        got = (*model.encode_image(images), *model.encode_text(tokens))
+    for name, g, want in zip(("image mu", "image logvar", "text mu", "text logvar"), got, reference):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g.double(), want, atol=atol, rtol=1e-4, msg=name)
+
+
+# ------------------------------------------------------------------ tests
+def test_convert_picks_the_coco_backbone_from_the_patch_size():
+    from zsprob.models.convert.convert import default_model
+
+    state = official_state("pcmepp-coco-ViT-B-32-unc1-lnnone")
+    assert default_model("pcmepp-coco", state) == "pcmepp-coco-ViT-B-32"
+    for patch, name in ((16, "pcmepp-coco-ViT-B-16"), (14, "pcmepp-coco-ViT-L-14")):
+        conv = torch.empty(768, 3, patch, patch, device="meta")
+        assert default_model("pcmepp-coco", dict(state, **{"img_enc.backbone.conv1.weight": conv})) == name
+    assert default_model("pcmepp-hf", official_state("pcmepp-ViT-B-16")) == "pcmepp-ViT-B-16"
+
+
+@pytest.mark.parametrize("model", ["pcmepp-coco-ViT-B-16", "pcmepp-coco-ViT-L-14"])
+def test_b16_and_l14_coco_models_have_the_official_shapes(model):
+    """The other backbones' JSONs: the B/32 layout with OpenAI CLIP's B/16 and L/14 towers (img_dim 1024 and
+    text width 768 for L/14, as the official README's command line and txt_encoder.py say)."""
+    state = official_state("pcmepp-coco-ViT-B-32-unc2-ln0.01")
+    with torch.device("meta"):
+        built = create_model(model, **official_options("pcmepp-coco", state)).state_dict()
+    big = model.endswith("L-14")
+    width, text = (1024, 768) if big else (768, 512)
+    assert tuple(built["clip.visual.conv1.weight"].shape) == (width, 3, 14 if big else 16, 14 if big else 16)
+    assert tuple(built["clip.visual.positional_embedding"].shape) == ((257 if big else 197), width)
+    assert tuple(built["image_head.fc.weight"].shape) == (1024, width)
+    assert tuple(built["text_head.fc.weight"].shape) == (1024, text)
+    assert tuple(built["text_sigma.proj.weight"].shape) == (1024, text)
+    assert sum(k.endswith("attn.in_proj_weight") and k.startswith("clip.visual.") for k in built) == (24 if big else 12)
+
+
+@pytest.mark.parametrize("fixture", COCO_FIXTURES)
+def test_every_b32_layout_fills_pcmepp_coco_vit_b32_exactly(fixture):
+    """The loader's options build a model whose keys are the official ones, shape for shape (the zero sigma
+    biases and open_clip's unused logit_scale are the only fills)."""
+    state = official_state(fixture)
+    cfg = official_layout(fixture)["config"]["model"]
+    options = official_options("pcmepp-coco", state)
+    assert options["mean_head"] == "fc" and options["pooling"] == "gpo"
+    assert options["sigma_depth"] == cfg["n_unc_layers"]
+    assert (options["sigma_ln_init"] is None) == (cfg["sigma_ln_init"] is None)
+    with torch.device("meta"):
+        model = create_model("pcmepp-coco-ViT-B-32", **options)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-coco").items()
+                 if not k.startswith("loss.")}
+    assert set(expected) - set(converted) == set(ZERO_FILLS["pcmepp-coco"]) | set(KEEP_OWN["pcmepp-coco"])
+    assert set(converted) <= set(expected) and all(converted[k] == expected[k] for k in converted)
+
+
+@pytest.mark.parametrize("unc,ln", [(1, False), (2, True)])
+def test_tiny_official_file_computes_the_official_mu_and_logvar(tmp_path, unc, ln):
+    from safetensors.torch import save_file
+
+    state = tiny_coco_state(unc, ln)
+    write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    model = create_model("pcmepp-coco-tiny", pretrained=tmp_path / "last.ckpt")
+    assert model.config["official_layout"] == "pcmepp-coco" and model.mean_head == "fc"
+    assert model.sigma_depth == unc and (model.image_sigma.sigma_ln is not None) == ln
+    assert torch.equal(model.official_loss["shift"], state["criterion.shift"])
+    images, tokens = _inputs(model)
+    reference = coco_reference(state, images, tokens, unc=unc, **TINY)
+    _assert_matches(model, reference, images, tokens)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    _assert_matches(create_model("pcmepp-coco-tiny", pretrained=tmp_path / "w.safetensors"), reference, images,
+                    tokens)
+    # the zsprob checkpoint rebuilds the same model (mean_head kept in its config)
+    again = load(save(model, tmp_path / "ckpt"))
+    assert again.mean_head == "fc"
+    _assert_matches(again, reference, images, tokens)
+
+
+@pytest.mark.slow
+def test_b32_official_files_compute_the_official_mu_and_logvar(tmp_path):
+    """The real ViT-B/32 architecture: a trainer .ckpt and a safetensors file, random weights, to 1e-5."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    name = "pcmepp-coco-ViT-B-32-unc2-ln0.01"
+    state = official_state(name, device="cpu", generator=torch.Generator().manual_seed(0))
+    write_trainer_ckpt(tmp_path / "model_best.pth", state)
+    model = create_model("pcmepp-coco-ViT-B-32", pretrained=tmp_path / "model_best.pth")
+    assert model.sigma_depth == 2 and model.embed_dim == 1024
+    images, tokens = _inputs(model, n_images=2)
+    tokens = tokens[:2]
+    with torch.no_grad():
+        reference = coco_reference(state, images, tokens, unc=2, **B32)
+    _assert_matches(model, reference, images, tokens)
+    del model
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    _assert_matches(create_model("pcmepp-coco-ViT-B-32", pretrained=tmp_path / "w.safetensors"), reference,
+                    images, tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", [f for f in COCO_FIXTURES if f != "pcmepp-coco-ViT-B-32-unc2-ln0.01"])
+def test_other_b32_layouts_load_from_trainer_checkpoints(tmp_path, fixture):
+    state = official_state(fixture, device="cpu", generator=torch.Generator().manual_seed(1))
+    write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    model = create_model("pcmepp-coco-ViT-B-32", pretrained=tmp_path / "last.ckpt")
+    got = model.state_dict()
+    converted = official_to_zsprob(state, "pcmepp-coco")
+    assert all(torch.equal(got[k], v) for k, v in converted.items() if not k.startswith("loss."))
+
+
+def test_renamed_or_misshaped_keys_fail_in_one_line_naming_the_key(tmp_path):
+    state = tiny_coco_state()
+    bad = dict(state)
+    bad["txt_enc.linear.weights"] = bad.pop("txt_enc.linear.weight")
+    write_trainer_ckpt(tmp_path / "renamed.ckpt", bad)
+    with pytest.raises(UserError, match=r"missing key for 'text_head.fc.weight' \(official 'txt_enc.linear.weight'\)"):
+        create_model("pcmepp-coco-tiny", pretrained=tmp_path / "renamed.ckpt")
+    bad = dict(state)
+    bad["img_enc.image_std_encoder.fc.weight"] = torch.zeros(16, 64)
+    write_trainer_ckpt(tmp_path / "shape.ckpt", bad)
+    with pytest.raises(UserError, match=r"key 'img_enc.image_std_encoder.fc.weight' has shape \(16, 64\)") as e:
+        create_model("pcmepp-coco-tiny", pretrained=tmp_path / "shape.ckpt")
+    assert "\n" not in str(e.value)
+    bad = dict(state)
+    bad["img_enc.backbone.proj"] = torch.zeros(64, 32)  # open_clip's projection: not in the COCO layout
+    write_trainer_ckpt(tmp_path / "extra.ckpt", bad)
+    with pytest.raises(UserError, match=r"key 'img_enc.backbone.proj'"):
+        create_model("pcmepp-coco-tiny", pretrained=tmp_path / "extra.ckpt")
+    write_trainer_ckpt(tmp_path / "ok.ckpt", state)
+    with pytest.raises(UserError, match="mean_head must be as it was trained"):
+        create_model("pcmepp-coco-tiny", pretrained=tmp_path / "ok.ckpt", mean_head="proj")
+
+
+def test_mean_head_fc_builds_trains_and_round_trips(tmp_path):
+    """mean_head 'fc' on a fresh model: no ln_post / projections in the wrapped open_clip model, the fc heads
+    are heads (not backbone) for the optimiser, gradients reach them, and save / load / fine-tune keep them."""
+    model = create_model("pcmepp-coco-tiny", mean_head="fc", sigma_depth=2)
+    keys = set(model.state_dict())
+    assert not any(k.startswith(("clip.visual.ln_post", "clip.visual.proj", "clip.text_projection")) for k in keys)
+    assert {"image_head.fc.weight", "image_head.fc.bias", "text_head.fc.weight", "image_sigma.proj.bias"} <= keys
+    info = model.param_info()
+    assert info["image_head.fc.weight"]["tower"] == "image" and not info["image_head.fc.weight"]["backbone"]
+    assert info["text_head.fc.bias"]["tower"] == "text"
+    images, tokens = _inputs(model)
+    out = model(images, tokens)
+    (out["img_mu"].sum() + out["txt_mu"].sum() + out["img_logvar"].sum() + out["txt_logvar"].sum()).backward()
+    assert model.image_head["fc"].weight.grad.abs().sum() > 0 and model.text_head["fc"].weight.grad.abs().sum() > 0
+    saved = save(model, tmp_path / "ckpt")
+    again = load(saved)
+    assert again.config["mean_head"] == "fc"
+    tuned = create_model("pcmepp-coco-tiny", pretrained=saved, sigma_depth=2)  # fine-tuning start: heads reused
+    assert tuned.mean_head == "fc" and {"image_head", "text_head"} <= set(tuned.config["heads_from_checkpoint"])
+    for m in (again, tuned):
+        for k, v in model.state_dict().items():
+            assert torch.equal(m.state_dict()[k], v), k
+    with pytest.raises(UserError, match="mean_head must be one of proj, fc"):
+        create_model("pcmepp-coco-tiny", mean_head="linear")
+    with pytest.raises(UserError, match="goes with sigma_head 'block'"):
+        create_model("pcmepp-coco-tiny", mean_head="fc", sigma_head="unc")
+    with pytest.raises(UserError, match="needs an open_clip CLIP with a ViT image tower"):
+        create_model("zsprob-tiny-cnn", mean_head="fc")
+    # the default mean head is unchanged: open_clip's ln_post and projections
+    plain = create_model("pcmepp-coco-tiny")
+    assert plain.mean_head == "proj" and "clip.visual.proj" in plain.state_dict() and plain.image_head is None
+
+
+def test_mean_head_fc_starts_from_open_clip_weights(tmp_path):
+    """The official training start: open_clip (OpenAI CLIP) weights fill both trunks, ln_post and the
+    projections are dropped (another embed_dim is no error: they are not used)."""
+    import open_clip
+
+    from zsprob.models.factory import get_open_clip_config
+
+    cfg = get_open_clip_config("pcmepp-coco-tiny")
+    cfg.pop("preprocess_cfg")
+    cfg["embed_dim"] = 16
+    reference = open_clip.CLIP(**cfg)
+    torch.save(reference.state_dict(), tmp_path / "clip.pt")
+    model = create_model("pcmepp-coco-tiny", pretrained=tmp_path / "clip.pt", mean_head="fc")
+    own = model.state_dict()
+    for key, value in reference.state_dict().items():
+        if key.startswith(("visual.ln_post", "visual.proj", "text_projection")):
+            assert "clip." + key not in own
+            continue
+        assert torch.equal(own["clip." + key], value), key
+
+
+# ------------------------------------------------------------------ command line, end to end
+@pytest.mark.slow
+def test_convert_eval_and_finetune_from_an_official_coco_file(tmp_path):
+    from conftest import run_cli
+    from test_data_coco import make_coco
+    from test_train_loop import _tiny_coco
+
+    state = tiny_coco_state(2, True)
+    ckpt = write_trainer_ckpt(tmp_path / "last.ckpt", state)
+
+    def ok(*args, **kw):
+        r = run_cli(*args, **kw)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r
+
+    out = tmp_path / "converted"
+    ok("convert", ckpt, "--model", "pcmepp-coco-tiny", "--out", out)
+    model = load(out)
+    assert model.config["official_layout"] == "pcmepp-coco" and model.mean_head == "fc"
+    images, tokens = _inputs(model)
+    _assert_matches(model, coco_reference(state, images, tokens, unc=2, **TINY), images, tokens)
+
+    make_coco(tmp_path / "coco")
+    metrics = tmp_path / "metrics.json"
+    ok("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", ckpt, "--root", tmp_path / "coco",
+       "--no-analysis", "--out", metrics)
+    assert 0 <= json.loads(metrics.read_text())["metrics"]["coco"]["i2t"]["r@1"] <= 100
+
+    _tiny_coco(tmp_path / "train_coco")
+    ok("finetune", "coco", "--config", "finetune_coco_vitb32.yaml", "--root", tmp_path / "train_coco",
+       "--out", tmp_path / "run", "--model", "pcmepp-coco-tiny", "--pretrained", ckpt,
+       "--set", "model.embed_dim=32", "--batch-size", "16", "--epochs", "3", "--precision", "fp32",
+       "--workers", "0", "--no-progress", "--set", "train.tensorboard=false", "--checkpoint-every", "10",
+       timeout=900)
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps and all(math.isfinite(s["loss"]) for s in steps if s.get("loss") is not None)
+    from safetensors.torch import load_file
+
+    # it started from the official weights: the visual backbone, frozen for the recipe's first 2 epochs
+    # (10 steps), still holds them at step 10; the trained model keeps the COCO layout
+    at10 = load_file(str(tmp_path / "run" / "checkpoints" / "step-0000010" / "model" / "model.safetensors"))
+    key = "img_enc.backbone.transformer.resblocks.0.attn.in_proj_weight"
+    assert torch.equal(at10["clip.visual.transformer.resblocks.0.attn.in_proj_weight"], state[key])
+    tuned = load(tmp_path / "run" / "model")
+    assert tuned.mean_head == "fc" and tuned.config["official_layout"] == "pcmepp-coco"
+
+    bad = dict(state)
+    bad["txt_enc.gpool.linear.weights"] = bad.pop("txt_enc.gpool.linear.weight")
+    write_trainer_ckpt(tmp_path / "renamed.ckpt", bad)
+    r = run_cli("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", tmp_path / "renamed.ckpt",
+                "--root", tmp_path / "coco")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "txt_enc.gpool.linear.weights" in r.stderr, r.stderr
