@@ -47,16 +47,19 @@ def test_training_defaults_are_merged_once_from_one_place():
         load_train_config("synthetic_tiny.yaml", ["model.name.x=1"])
 
 
-def test_the_sigma_recipe_builds_its_loss_with_the_scheduled_occlusion_term():
-    """configs/synthetic_tiny_sigma.yaml: the demo recipe + the uncertainty changes, all reaching the loss."""
+def test_the_sigma_recipe_builds_detached_heads_and_a_sigma_only_occlusion_term():
+    """configs/synthetic_tiny_sigma.yaml: the demo recipe + the uncertainty changes, all reaching the
+    model and the loss."""
     from zsprob.prob import PCMEPPLoss
     from zsprob.train import load_train_config
-    from zsprob.train.loop import build_loss, resolve_config
+    from zsprob.train.loop import build_loss, build_model, resolve_config
     base = load_train_config("synthetic_tiny.yaml")
     cfg = resolve_config(load_train_config("synthetic_tiny_sigma.yaml"))
     assert cfg.model.name == base.model.name and cfg.schedule.steps == base.schedule.steps
-    assert cfg.model.overrides.sigma_head == "unc" and cfg.model.overrides.normalize_mu is False
+    assert cfg.model.overrides.sigma_head == "unc" and cfg.model.overrides.sigma_detach is True
     loss = build_loss(cfg)
-    assert isinstance(loss, PCMEPPLoss) and loss.text_mask_mode == "delete" and loss.inclusion_scale == 10.0
-    assert loss.n_masked(128, step=299) == 0 and loss.n_masked(128, step=300) == 64
-    assert loss.occlusion_weight(449) == pytest.approx(0.05) and loss.occlusion_weight(900) == pytest.approx(0.1)
+    assert isinstance(loss, PCMEPPLoss) and loss.text_mask_mode == "delete" and loss.inclusion_scale == 1000.0
+    assert loss.occlusion_grad == "sigma" and loss.n_masked(128, step=0) == 64
+    assert loss.occlusion_weight(0) == pytest.approx(0.1)
+    model = build_model(cfg)
+    assert model.sigma_detach and model.sigma_head == "unc" and model.normalize_mu
