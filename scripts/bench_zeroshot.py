@@ -23,11 +23,12 @@ Batch sizes are each library's default: zsprob ``batch_size=512`` prompts, open_
 untimed on the first class (warm-up), then ``--repeats`` timed runs, alternating. Prints every
 run, min and median seconds and prompts/s per side, the throughput ratio (zsprob / open_clip),
 and the tokenisation share (tokeniser alone, also interleaved); the ratio is per prompt at the
-number of classes given.
+number of classes given. ``--profile`` then times zsprob's stages on its own model (tokeniser;
+open_clip's ``encode_text`` of the same tower, means only; zsprob's ``encode_texts``, mu + sigma^2).
 
     python scripts/bench_zeroshot.py                       # zsprob-tiny, 100 ImageNet classes x 80
     python scripts/bench_zeroshot.py --model ViT-B-32 --classes 20 --threads 2
-    python scripts/bench_zeroshot.py --model prolip-ViT-B-16 --classes 10 --threads 2
+    python scripts/bench_zeroshot.py --model prolip-ViT-B-16 --classes 10 --threads 2   # docs/benchmarks.md
 """
 from __future__ import annotations
 
@@ -109,6 +110,9 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-size", type=int, default=512, help="zsprob encode_texts batch size")
     ap.add_argument("--classes-per-batch", type=int, default=10, help="open_clip num_classes_per_batch")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--profile", action="store_true",
+                    help="then time zsprob's stages on its own model: tokeniser, open_clip's text forward of the "
+                         "same tower (means only), zsprob's encode_texts (mu + sigma^2), interleaved")
     args = ap.parse_args(argv)
     if args.baseline is None and args.model == "prolip-ViT-B-16":
         args.baseline = "ViT-B-16"
@@ -202,7 +206,37 @@ def main(argv=None) -> None:
             t_cache = time.perf_counter() - t0
             assert cached.from_cache
         print(f"zsprob cached bank load: {t_cache:7.3f} s  {n / t_cache:9.1f} prompts/s")
+    if args.profile:
+        profile_stages(model, texts, args, n)
     tmp.cleanup()
+
+
+def profile_stages(model, texts, args, n: int) -> None:
+    """zsprob's time per stage against open_clip's own forward of the same text tower, same batches."""
+    import torch
+
+    from zsprob.models.encode import encode_texts
+
+    tokens = model.tokenizer(texts)
+    bs = args.batch_size
+
+    @torch.no_grad()
+    def open_clip_forward():  # the wrapped open_clip model's encode_text: means only, no [UNC] token
+        return [model.clip.encode_text(tokens[i:i + bs].to(args.device), normalize=True)
+                for i in range(0, len(tokens), bs)]
+
+    stages = interleaved({
+        "tokeniser": lambda: model.tokenizer(texts),
+        "open_clip forward (mu)": open_clip_forward,
+        "zsprob encode_texts (mu + sigma^2)": lambda: encode_texts(model, tokens, batch_size=bs, device=args.device,
+                                                                   progress=False),
+    }, args.repeats)
+    print(f"stages of zsprob {args.model} on its own weights, {n} prompts, batches of {bs}, "
+          f"{args.repeats} interleaved runs:")
+    for k, v in stages.items():
+        print(_line(k + ":", v, n))
+    print(f"ratio zsprob encode_texts / open_clip forward of the same tower, prompts/s: "
+          f"{_ratios(stages['zsprob encode_texts (mu + sigma^2)'], stages['open_clip forward (mu)'])}")
 
 
 if __name__ == "__main__":
