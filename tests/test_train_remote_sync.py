@@ -10,8 +10,8 @@ import uuid
 import fsspec
 import pytest
 
-from conftest import run_cli
-from test_train_loop import losses, tiny_cfg, world  # noqa: F401  (world is a fixture)
+from conftest import read_losses, run_cli
+from test_train_loop import tiny_cfg
 from zsprob.errors import UserError
 from zsprob.train.remote_sync import RemoteSync
 
@@ -84,10 +84,10 @@ def test_bad_remote_urls_are_one_line_errors(tmp_path, url, message):
     assert "\n" not in str(e.value)
 
 
-def test_a_lost_run_directory_resumes_from_the_remote_exactly(world, tmp_path):  # noqa: F811
+def test_a_lost_run_directory_resumes_from_the_remote_exactly(tiny_world, tmp_path):
     from zsprob.train import train
     over = dict(schedule={"name": "cosine", "steps": 8, "warmup_steps": 2}, train={"checkpoint_every": 3})
-    train(tiny_cfg(world / "pretrain", **over), tmp_path / "full", progress=False)
+    train(tiny_cfg(tiny_world / "pretrain", **over), tmp_path / "full", progress=False)
 
     class Kill(Exception):
         pass
@@ -96,13 +96,13 @@ def test_a_lost_run_directory_resumes_from_the_remote_exactly(world, tmp_path): 
         if step == 5:
             raise Kill()
     url = _memory_url()
-    cut = tiny_cfg(world / "pretrain", **over)
+    cut = tiny_cfg(tiny_world / "pretrain", **over)
     cut["train"].update(eval_every=5, remote_sync=url)
     with pytest.raises(Kill):
         train(cut, tmp_path / "cut", progress=False, eval_hooks=[kill_at_5])
     shutil.rmtree(tmp_path / "cut")                                     # the node and its disk are gone
     train(cut, tmp_path / "cut", resume=True, progress=False)
-    a, b = losses(tmp_path / "full"), losses(tmp_path / "cut")
+    a, b = read_losses(tmp_path / "full"), read_losses(tmp_path / "cut")
     assert sorted(a) == sorted(b) == list(range(1, 9))
     for s in range(1, 9):
         assert b[s] == pytest.approx(a[s], rel=1e-6, abs=1e-7), (s, a[s], b[s])
@@ -113,14 +113,14 @@ def test_a_lost_run_directory_resumes_from_the_remote_exactly(world, tmp_path): 
     assert fs.cat(f"{root}/metrics.jsonl") == (tmp_path / "cut" / "metrics.jsonl").read_bytes()
 
 
-def test_cli_remote_sync_to_a_file_url_and_a_bad_scheme(world, tmp_path):  # noqa: F811
-    r = run_cli("pretrain", "--data", "synthetic", "--shards", str(world / "pretrain"), "--steps", "1",
+def test_cli_remote_sync_to_a_file_url_and_a_bad_scheme(tiny_world, tmp_path):
+    r = run_cli("pretrain", "--data", "synthetic", "--shards", str(tiny_world / "pretrain"), "--steps", "1",
                 "--remote-sync", "foo://bucket/run", "--out", str(tmp_path / "bad"), "--no-progress")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "unknown URL scheme 'foo'" in r.stderr
     mirror = tmp_path / "mirror"
     r = run_cli("pretrain", "--config", "synthetic_tiny.yaml", "--data", "synthetic", "--shards",
-                str(world / "pretrain"), "--steps", "2", "--batch-size", "8", "--workers", "0",
+                str(tiny_world / "pretrain"), "--steps", "2", "--batch-size", "8", "--workers", "0",
                 "--set", "model.embed_dim=16", "--set", "train.tensorboard=false",
                 "--remote-sync", f"file://{mirror}", "--out", str(tmp_path / "run"), "--no-progress")
     assert r.returncode == 0, r.stderr[-2000:]
