@@ -507,8 +507,13 @@ def test_pcmepp_occlusion_term_is_the_prolip_inclusion_loss():
                   + inclusion_loss(txt_mu[:3], txt_lv[:3], *masked_txt, 1000.0, -20.0))
     assert (total - base).item() == pytest.approx(want.item(), rel=1e-6)
     assert "txt_inclusion" in stats and "img_inclusion" in stats
-    with pytest.raises(UserError, match="needs sigma"):
-        PCMEPPLoss(distance="mu", inclusion_alpha_occ=0.1)
+    # distance "mu": the match loss on the means only, sigma from the occlusion term and VIB
+    mu_only, _ = PCMEPPLoss(pp_alpha=0.0, distance="mu", vib_beta=0.0)(img_mu, img_lv, txt_mu, txt_lv)
+    mu_occ, mu_stats = PCMEPPLoss(pp_alpha=0.0, distance="mu", vib_beta=0.0, inclusion_alpha_occ=0.5)(
+        img_mu, img_lv, txt_mu, txt_lv, masked_img=masked_img, masked_txt=masked_txt)
+    assert (mu_occ - mu_only).item() == pytest.approx(want.item(), rel=1e-6) and "txt_inclusion" in mu_stats
+    with pytest.raises(ValueError, match="needs sigma"):
+        PCMEPPLoss(distance="mu", inclusion_alpha_occ=0.1)(img_mu, None, txt_mu, None, masked_txt=masked_txt)
     with pytest.raises(UserError, match="text_mask_mode"):
         PCMEPPLoss(text_mask_mode="swap")
 

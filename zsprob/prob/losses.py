@@ -128,7 +128,9 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
     """PCME++ objective: L_match (i2t + t2i) + pp_alpha L_pseudo-match (i2t + t2i) + vib_beta L_VIB.
 
     ``a`` (``self.scale``) and ``b`` (``self.shift``) are learnable, logits = -a * distance + b.
-    ``distance``: "csd" (PCME++), "wd" (2-Wasserstein ablation), "mu" (mean-only).
+    ``distance``: "csd" (PCME++), "wd" (2-Wasserstein ablation), "mu" (mean-only). With "mu" and the
+    occlusion term on, the match loss trains the means alone and sigma^2 learns only from the
+    occlusion term (and VIB): the two are fully decoupled.
     """
 
     DISTANCES = ("csd", "wd", "mu")
@@ -160,8 +162,6 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
         self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)
-        if self.inclusion_alpha_occ > 0 and distance == "mu":
-            raise UserError("the occlusion inclusion term needs sigma; it cannot be used with distance='mu'")
 
     def extra_repr(self) -> str:
         return (f"distance={self.distance!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
@@ -182,7 +182,9 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0, masked_img=None, masked_txt=None,
                 step: int | None = None):
-        uses_sigma = self.distance != "mu"
+        # distance "mu" with the occlusion term: the match loss sees the means only, sigma^2 is
+        # trained by the occlusion term and VIB alone
+        uses_sigma = self.distance != "mu" or self.inclusion_alpha_occ > 0
         B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
                    need_sigma=uses_sigma)
         a, b = self.scale.to(B.dtype), self.shift.to(B.dtype)
