@@ -579,6 +579,30 @@ def _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, si
                             f"got {value!r}")
 
 
+def _check_model_options(*, pooling, sigma_init, sigma_head, sigma_layout, deterministic, sigma_ln_init,
+                         sigma_ln_init_bias, sigma_bias_init, var_bounds, unc_layout, sigma_param, sigma_shape,
+                         mean_head, size_augment):
+    """Every ProbCLIP option that can be checked before anything is built; returns var_bounds as floats."""
+    if pooling not in ("gpo", "native"):
+        raise UserError(f"pooling must be 'gpo' or 'native', got {pooling!r}")
+    if sigma_init not in ("random", "copy"):
+        raise UserError(f"sigma_init must be 'random' or 'copy', got {sigma_init!r}")
+    _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, sigma_ln_init,
+                         sigma_ln_init_bias, sigma_bias_init)
+    _check_choices(unc_layout=(unc_layout, UNC_LAYOUTS), sigma_param=(sigma_param, SIGMA_PARAMS),
+                   sigma_shape=(sigma_shape, SIGMA_SHAPES), mean_head=(mean_head, MEAN_HEADS))
+    if mean_head == "fc" and sigma_head != "block":
+        raise UserError(f"mean_head 'fc' (PCME++'s COCO layout) goes with sigma_head 'block', got {sigma_head!r}")
+    if not 0.0 <= float(size_augment) < 1.0:
+        raise UserError(f"size_augment must be in [0, 1), got {size_augment}")
+    if var_bounds is None:
+        return None
+    bounds = (float(var_bounds[0]), float(var_bounds[1]))
+    if not (0 < bounds[0] < bounds[1]):
+        raise UserError(f"var_bounds must satisfy 0 < lo < hi, got {bounds}")
+    return bounds
+
+
 def _make_unc_head(tower, side: str, embed_dim: int, bias_init: float, sigma_ln) -> nn.Module:
     """[UNC] token head for open_clip transformer towers, pooled-MLP head for bag-of-words / CNN towers."""
     if tower.kind in ("vit", "text"):
@@ -655,19 +679,14 @@ class ProbCLIP(nn.Module):
                  size_augment: float = 0.0, sigma_head: str = "block", sigma_layout: str = "official",
                  sigma_ln_init: float | None = None, sigma_ln_init_bias: float = 0.0,
                  sigma_param: str = "logvar", sigma_shape: str = "diagonal", unc_layout: str = "zsprob",
-                 sigma_detach: bool = False, mean_head: str = "proj", tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
-                 reinit_params: tuple[str, ...] = ()):
+                 sigma_detach: bool = False, mean_head: str = "proj", tokenizer=None, preprocess_train=None,
+                 preprocess_val=None, image_size: int | None = None, reinit_params: tuple[str, ...] = ()):
         super().__init__()
-        if pooling not in ("gpo", "native"):
-            raise UserError(f"pooling must be 'gpo' or 'native', got {pooling!r}")
-        if sigma_init not in ("random", "copy"):
-            raise UserError(f"sigma_init must be 'random' or 'copy', got {sigma_init!r}")
-        _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, sigma_ln_init,
-                             sigma_ln_init_bias, sigma_bias_init)
-        if var_bounds is not None:
-            var_bounds = (float(var_bounds[0]), float(var_bounds[1]))
-            if not (0 < var_bounds[0] < var_bounds[1]):
-                raise UserError(f"var_bounds must satisfy 0 < lo < hi, got {var_bounds}")
+        var_bounds = _check_model_options(
+            pooling=pooling, sigma_init=sigma_init, sigma_head=sigma_head, sigma_layout=sigma_layout,
+            deterministic=deterministic, sigma_ln_init=sigma_ln_init, sigma_ln_init_bias=sigma_ln_init_bias,
+            sigma_bias_init=sigma_bias_init, var_bounds=var_bounds, unc_layout=unc_layout, sigma_param=sigma_param,
+            sigma_shape=sigma_shape, mean_head=mean_head, size_augment=size_augment)
         self.clip = clip_model
         self.name = name
         self.config = config
@@ -676,12 +695,7 @@ class ProbCLIP(nn.Module):
         self.sigma_init = sigma_init
         self.sigma_head = sigma_head
         self.sigma_layout = sigma_layout
-        _check_choices(unc_layout=(unc_layout, UNC_LAYOUTS), sigma_param=(sigma_param, SIGMA_PARAMS),
-                       sigma_shape=(sigma_shape, SIGMA_SHAPES))
         self.unc_layout = unc_layout
-        _check_choices(mean_head=(mean_head, MEAN_HEADS))
-        if mean_head == "fc" and sigma_head != "block":
-            raise UserError(f"mean_head 'fc' (PCME++'s COCO layout) goes with sigma_head 'block', got {sigma_head!r}")
         self.mean_head = mean_head
         self.sigma_detach = bool(sigma_detach)
         self.sigma_ln_init = None if sigma_ln_init is None else float(sigma_ln_init)
@@ -697,8 +711,6 @@ class ProbCLIP(nn.Module):
         self.image_size = image_size
         self.grad_checkpointing = False
         self.size_augment = float(size_augment)
-        if not 0.0 <= self.size_augment < 1.0:
-            raise UserError(f"size_augment must be in [0, 1), got {size_augment}")
         self._reinit_params = set(reinit_params)
 
         if mean_head == "fc":
@@ -710,12 +722,7 @@ class ProbCLIP(nn.Module):
             self.text_head = _fc_head(self._text.width, self.embed_dim, "text")
         else:
             self.image_head = self.text_head = None
-        for tower, what in ((self._vision, "image"), (self._text, "text")):
-            if tower.num_blocks == 0 or sigma_head in ("unc", "pcme"):  # no duplicated blocks to cut
-                continue
-            if not 1 <= self.sigma_depth <= tower.num_blocks:
-                raise UserError(f"sigma_depth={self.sigma_depth} but the {what} tower has "
-                                f"{tower.num_blocks} blocks (need 1 <= sigma_depth <= blocks)")
+        self._check_sigma_depth()
         # logit_scale / logit_bias of open_clip are not used by zsprob's losses: keep them (so
         # open_clip state dicts load strictly) but frozen, so DDP sees no unused trainable params.
         for pname in ("logit_scale", "logit_bias"):
@@ -742,6 +749,14 @@ class ProbCLIP(nn.Module):
         self.sigma_readout = (nn.ModuleDict({"image": spherical_readout(self.embed_dim),
                                              "text": spherical_readout(self.embed_dim)})
                               if sigma_shape == "spherical_one" and not self.deterministic else None)
+
+    def _check_sigma_depth(self) -> None:
+        for tower, what in ((self._vision, "image"), (self._text, "text")):
+            if tower.num_blocks == 0 or self.sigma_head in ("unc", "pcme"):  # no duplicated blocks to cut
+                continue
+            if not 1 <= self.sigma_depth <= tower.num_blocks:
+                raise UserError(f"sigma_depth={self.sigma_depth} but the {what} tower has "
+                                f"{tower.num_blocks} blocks (need 1 <= sigma_depth <= blocks)")
 
     def _head_depth(self, tower) -> int:
         """Blocks in each head of ``tower``: ``sigma_depth``, or 0 (a tower without blocks, or [UNC] heads)."""
