@@ -59,7 +59,7 @@ def test_the_sigma_recipe_builds_detached_heads_and_a_sigma_only_occlusion_term(
     assert cfg.model.overrides.sigma_head == "unc" and cfg.model.overrides.sigma_detach is True
     loss = build_loss(cfg)
     assert isinstance(loss, PCMEPPLoss) and loss.text_mask_mode == "delete" and loss.inclusion_scale == 1000.0
-    assert loss.occlusion_grad == "sigma" and loss.n_masked(128, step=0) == 64
+    assert loss.occlusion_grad == "sigma" and loss.n_masked(128, step=0) == 64 and loss.distance == "mu"
     assert loss.occlusion_weight(0) == pytest.approx(0.1)
     model = build_model(cfg)
     assert model.sigma_detach and model.sigma_head == "unc" and model.normalize_mu
