@@ -73,7 +73,8 @@ from zsprob.methods import METHODS
 from zsprob.prob import distances
 from zsprob.prob.jwae import JWAEObjective
 from zsprob.prob.pairs import PairBatch, as_dtype, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
-from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, cover_inclusion, occlusion_terms, prolip_inclusion)
+from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, cover_inclusion, occlusion_terms,
+                                prolip_inclusion)
 
 __all__ = [
     "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
