@@ -25,12 +25,13 @@ from zsprob.models.convert import zsprob_to_official
 
 
 # ------------------------------------------------------------------ float64 reference (official names)
-def _ln(x, sd, prefix, eps):
+def _ln(x, sd, prefix, eps=1e-5):
     return F.layer_norm(x, x.shape[-1:], sd[prefix + ".weight"], sd[prefix + ".bias"], eps)
 
 
-def _block(x, sd, p, heads, mask=None, eps=1e-5):
-    """A pre-norm residual attention block (ln_1, attn, ln_2, mlp c_fc / GELU / c_proj), batch first."""
+def _block(x, sd, p, heads, mask=None, eps=1e-5, act=F.gelu):
+    """A pre-norm residual attention block (ln_1, attn, ln_2, mlp c_fc / ``act`` / c_proj), batch first;
+    ``act``: GELU (open_clip's default), QuickGELU for OpenAI CLIP trunks (tests/test_models_pcmepp_coco.py)."""
     b, n, w = x.shape
     h = _ln(x, sd, p + ".ln_1", eps)
     q, k, v = F.linear(h, sd[p + ".attn.in_proj_weight"], sd[p + ".attn.in_proj_bias"]).chunk(3, dim=-1)
@@ -41,7 +42,7 @@ def _block(x, sd, p, heads, mask=None, eps=1e-5):
     out = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, n, w)
     x = x + F.linear(out, sd[p + ".attn.out_proj.weight"], sd[p + ".attn.out_proj.bias"])
     h = _ln(x, sd, p + ".ln_2", eps)
-    h = F.linear(F.gelu(F.linear(h, sd[p + ".mlp.c_fc.weight"], sd[p + ".mlp.c_fc.bias"])),
+    h = F.linear(act(F.linear(h, sd[p + ".mlp.c_fc.weight"], sd[p + ".mlp.c_fc.bias"])),
                  sd[p + ".mlp.c_proj.weight"], sd[p + ".mlp.c_proj.bias"])
     return x + h
 
@@ -144,18 +145,19 @@ def write_pcmepp_hf(directory, seed=0):
     return state
 
 
-def _inputs(model, seed=1):
-    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+def _inputs(model, seed=1, n_images=3):
+    size = model.image_size
+    images = torch.randn(n_images, 3, size, size, generator=torch.Generator().manual_seed(seed))
     return images, model.tokenizer(["a red car on the road", "an oak tree", "a photo of a dog and a cat"])
 
 
-def _assert_matches(model, reference, images, tokens):
+def _assert_matches(model, reference, images, tokens, atol=2e-5):
     model.eval()
     with torch.no_grad():
         got = (*model.encode_image(images), *model.encode_text(tokens))
     for name, g, want in zip(("image mu", "image logvar", "text mu", "text logvar"), got, reference):
         assert g.dtype == torch.float32
-        torch.testing.assert_close(g.double(), want, atol=2e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(g.double(), want, atol=atol, rtol=1e-4, msg=name)
 
 
 # ------------------------------------------------------------------ tests
