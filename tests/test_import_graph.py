@@ -126,7 +126,7 @@ ALLOWED = {
     "prob": {"errors", "methods"},
     "utils": {"errors"},
     "config": {"errors", "utils"},
-    "data": {"errors", "utils", "zsprob"},
+    "data": {"errors", "utils", "methods", "zsprob"},
     "models": {"errors", "utils", "zsprob"},
     "report": {"errors", "utils", "zsprob"},
     "retrieval": {"data", "models", "prob", "report", "errors", "utils"},

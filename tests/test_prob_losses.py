@@ -178,6 +178,27 @@ def test_wd_ablation_and_mu_only_distances():
         PCMEPPLoss(distance="kl")
 
 
+def test_match_sigma_detach_keeps_the_match_loss_off_sigma():
+    """match_sigma "detach": the same value and mean gradients as PCME++, and the log-variances get
+    only the VIB term's gradient (float64 pseudo-code reference)."""
+    x = batch()
+    plain, _ = PCMEPPLoss(pp_alpha=0.1, vib_beta=1e-2)(*x)
+    detached_loss = PCMEPPLoss(pp_alpha=0.1, vib_beta=1e-2, match_sigma="detach")
+    value, _ = detached_loss(*x)
+    torch.testing.assert_close(value, plain)
+    torch.testing.assert_close(value, pcmepp_pseudocode_loss(*x, alpha=0.1, beta=1e-2))
+    g_plain = torch.autograd.grad(plain, x)
+    g_det = torch.autograd.grad(value, x)
+    for k in (0, 2):                                                 # means: unchanged
+        torch.testing.assert_close(g_det[k], g_plain[k])
+    from zsprob.prob.losses import vib_kl
+    for k, (mu, lv) in ((1, (x[0], x[1])), (3, (x[2], x[3]))):       # log-variances: VIB's gradient alone
+        torch.testing.assert_close(g_det[k], torch.autograd.grad(1e-2 * vib_kl(mu, lv), lv)[0])
+        assert not torch.allclose(g_det[k], g_plain[k])
+    with pytest.raises(UserError):
+        PCMEPPLoss(match_sigma="frozen")
+
+
 def test_low_precision_inputs():
     x = [t.detach().to(torch.bfloat16).requires_grad_(True) for t in batch(dtype=torch.float32)]
     loss, _ = PCMEPPLoss()(*x)

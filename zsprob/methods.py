@@ -3,7 +3,9 @@
 One list per concept, read by the CLI (click choices), the training defaults
 (:mod:`zsprob.train.defaults`), the loss registry (:mod:`zsprob.prob.losses`, whose
 ``LOSS_NAMES`` must equal :data:`METHODS`) and the strategy dispatcher
-(:mod:`zsprob.zeroshot.selection`). Imports nothing.
+(:mod:`zsprob.zeroshot.selection`); the occlusion term's image views, read by the losses'
+option checks (:mod:`zsprob.prob.prolip`) and the views themselves (:mod:`zsprob.data.degrade`).
+Imports nothing.
 """
 from __future__ import annotations
 
@@ -14,4 +16,10 @@ METHODS = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "p
 STRATEGIES = ("all", "single", "topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe",
               "bprw", "zpe", "oracle", "oracle-global")
 
-__all__ = ["METHODS", "STRATEGIES"]
+#: how the occlusion term's image copies are made: ``cells`` blanked (ProLIP's patch dropping on the
+#: input) or ``degrade`` (one lossy operation of :data:`DEGRADE_OPS` per image; zsprob.data.degrade)
+IMAGE_MASK_MODES = ("cells", "degrade")
+DEGRADE_OPS = ("cells", "blur", "downsample", "dim", "jpeg", "grayscale", "crop")
+DEFAULT_DEGRADE_OPS = DEGRADE_OPS[:-1]  # all but crop (zsprob.data.degrade says why)
+
+__all__ = ["METHODS", "STRATEGIES", "IMAGE_MASK_MODES", "DEGRADE_OPS", "DEFAULT_DEGRADE_OPS"]

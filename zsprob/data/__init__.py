@@ -1,8 +1,8 @@
 """zsprob.data: everything zsprob reads, real and embedded.
 
 Owns every reader of data (shards, caption cleaning, COCO, classification sets, transforms) and
-SynthWorld. May import ``zsprob.errors``, ``zsprob.utils`` and the root package only: never models,
-prob, train, zeroshot or retrieval.
+SynthWorld. May import ``zsprob.errors``, ``zsprob.utils``, ``zsprob.methods`` and the root package
+only: never models, prob, train, zeroshot or retrieval.
 
 Sub-modules (imported on first attribute access, so ``import zsprob.data`` stays cheap):
 
@@ -13,6 +13,8 @@ Sub-modules (imported on first attribute access, so ``import zsprob.data`` stays
 - :mod:`zsprob.data.classification`: ImageNet, folder-per-class datasets, SynthWorld classify splits:
   :func:`build_classification_dataset`.
 - :mod:`zsprob.data.transforms`: open_clip train / val transforms and SizeAugment.
+- :mod:`zsprob.data.masking` / :mod:`zsprob.data.degrade`: masked captions and images, and lossy
+  image views, for the occlusion inclusion term.
 - :mod:`zsprob.data.synthetic`: SynthWorld, the embedded offline dataset.
 """
 from __future__ import annotations

@@ -69,7 +69,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError
-from zsprob.methods import METHODS
+from zsprob.methods import DEFAULT_DEGRADE_OPS, METHODS
 from zsprob.prob import distances
 from zsprob.prob.jwae import JWAEObjective
 from zsprob.prob.pairs import PairBatch, as_dtype, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
@@ -119,6 +119,10 @@ def pseudo_positive_targets(logits: torch.Tensor, targets: torch.Tensor):
     return new, sel.sum() - sel.shape[0]
 
 
+def _detached(logvar):
+    return None if logvar is None else logvar.detach()
+
+
 def _bce(logits, targets):
     return F.binary_cross_entropy_with_logits(logits, targets)
 
@@ -131,21 +135,28 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
     ``a`` (``self.scale``) and ``b`` (``self.shift``) are learnable, logits = -a * distance + b.
     ``distance``: "csd" (PCME++), "wd" (2-Wasserstein ablation), "mu" (mean-only). With "mu" and the
     occlusion term on, the match loss trains the means alone and sigma^2 learns only from the
-    occlusion term (and VIB): the two are fully decoupled.
+    occlusion term (and VIB): the two are fully decoupled. ``match_sigma``: "train" (PCME++) or
+    "detach": the match loss reads sigma^2 as a constant, so its distances (and the per-row offsets
+    ||sigma^2||_1 adds to them) shape the means' gradients, but only the other terms train sigma^2.
     """
 
     DISTANCES = ("csd", "wd", "mu")
+    MATCH_SIGMA = ("train", "detach")
 
     def __init__(self, init_scale: float = 5.0, init_shift: float = 5.0, pp_alpha: float = 0.1,
-                 vib_beta: float = 1e-4, distance: str = "csd", inclusion_alpha_occ: float = 0.0,
+                 vib_beta: float = 1e-4, distance: str = "csd", match_sigma: str = "train", inclusion_alpha_occ: float = 0.0,
                  drop_ratio: float = 0.5, drop_prob: float = 0.5, image_drop_prob: float = 0.25,
                  mask_patch_size: int = 16, text_mask_mode: str = "delete", inclusion_scale: float = 1000.0,
                  inclusion_eps: float = -20.0, inclusion_form: str = "prolip", cover_scale: float = 5.0,
                  cover_lambda: float = 1.0, inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0,
-                 occlusion_grad: str = "all"):
+                 occlusion_grad: str = "all",
+                 image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS):
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
+        if match_sigma not in self.MATCH_SIGMA:
+            raise UserError(f"match_sigma must be one of {', '.join(self.MATCH_SIGMA)}, got {match_sigma!r}")
+        self.match_sigma = match_sigma
         self.scale = nn.Parameter(torch.tensor(float(init_scale)))
         self.shift = nn.Parameter(torch.tensor(float(init_shift)))
         self.pp_alpha = float(pp_alpha)
@@ -159,13 +170,14 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                                    inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps,
                                    inclusion_start_step=inclusion_start_step,
                                    inclusion_warmup_steps=inclusion_warmup_steps,
-                                   occlusion_grad=occlusion_grad)
+                                   occlusion_grad=occlusion_grad, image_mask_mode=image_mask_mode,
+                                   image_degrade_ops=image_degrade_ops)
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
         self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)
 
     def extra_repr(self) -> str:
-        return (f"distance={self.distance!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
+        return (f"distance={self.distance!r}, match_sigma={self.match_sigma!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
                 f"inclusion_alpha_occ={self.inclusion_alpha_occ}")
 
     def pairwise_distance(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
@@ -189,11 +201,12 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
                    need_sigma=uses_sigma)
         a, b = self.scale.to(B.dtype), self.shift.to(B.dtype)
-        l_i2t = -a * self.pairwise_distance(B.img_mu, B.img_lv, B.all_txt_mu, B.all_txt_lv) + b
+        lv = _detached if self.match_sigma == "detach" else (lambda t: t)
+        l_i2t = -a * self.pairwise_distance(B.img_mu, lv(B.img_lv), B.all_txt_mu, lv(B.all_txt_lv)) + b
         if B.transpose_ok:
             l_t2i = l_i2t.t()
         else:
-            l_t2i = -a * self.pairwise_distance(B.txt_mu, B.txt_lv, B.all_img_mu, B.all_img_lv) + b
+            l_t2i = -a * self.pairwise_distance(B.txt_mu, lv(B.txt_lv), B.all_img_mu, lv(B.all_img_lv)) + b
 
         match_i2t = _bce(l_i2t, B.t_i2t)
         match_t2i = match_i2t if B.transpose_ok else _bce(l_t2i, B.t_t2i)  # same pairs when transposed

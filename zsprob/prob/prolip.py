@@ -83,6 +83,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
+from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS, IMAGE_MASK_MODES
 from zsprob.prob.pairs import PairBatch, stat
 __all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "cover_inclusion", "check_occlusion_options", "VIB_GUARD",
            "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
@@ -244,12 +245,26 @@ def occlusion_ramp(step: int | None, start: int, warmup: int) -> float:
     return min(1.0, (step - start + 1) / warmup)
 
 
+def _check_degrade_ops(ops) -> tuple[str, ...]:
+    if isinstance(ops, str):
+        ops = [part.strip() for part in ops.split(",") if part.strip()]
+    ops = tuple(str(op) for op in (ops or ()))
+    unknown = [op for op in ops if op not in DEGRADE_OPS]
+    if not ops or unknown:
+        raise UserError(f"image_degrade_ops must be a non-empty list of {', '.join(DEGRADE_OPS)}, got "
+                        f"{', '.join(map(repr, unknown)) if unknown else 'none'}")
+    return ops
+
+
 def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image_drop_prob, mask_patch_size,
                             text_mask_mode, inclusion_scale, inclusion_eps, inclusion_start_step=0,
-                            inclusion_warmup_steps=0, occlusion_grad="all") -> dict:
+                            inclusion_warmup_steps=0, occlusion_grad="all", image_mask_mode="cells",
+                            image_degrade_ops=DEFAULT_DEGRADE_OPS) -> dict:
     """Validated options of the occlusion inclusion term (shared by ProLIPLoss and PCMEPPLoss)."""
     if text_mask_mode not in TEXT_MASK_MODES:
         raise UserError(f"text_mask_mode must be one of {', '.join(TEXT_MASK_MODES)}, got {text_mask_mode!r}")
+    if image_mask_mode not in IMAGE_MASK_MODES:
+        raise UserError(f"image_mask_mode must be one of {', '.join(IMAGE_MASK_MODES)}, got {image_mask_mode!r}")
     if occlusion_grad not in OCCLUSION_GRADS:
         raise UserError(f"occlusion_grad must be one of {', '.join(OCCLUSION_GRADS)}, got {occlusion_grad!r}")
     patch = _check_range("mask_patch_size", mask_patch_size, 1.0)
@@ -264,7 +279,8 @@ def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image
             "inclusion_eps": _check_range("inclusion_eps", inclusion_eps, -math.inf),
             "inclusion_start_step": _check_count("inclusion_start_step", inclusion_start_step),
             "inclusion_warmup_steps": _check_count("inclusion_warmup_steps", inclusion_warmup_steps),
-            "occlusion_grad": occlusion_grad}
+            "occlusion_grad": occlusion_grad, "image_mask_mode": image_mask_mode,
+            "image_degrade_ops": _check_degrade_ops(image_degrade_ops)}
 
 
 class OcclusionSchedule:
@@ -366,7 +382,8 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
                  max_logit_scale: float = 100.0, drop_ratio: float = 0.125, drop_prob: float = 0.75,
                  image_drop_prob: float = 0.25, mask_patch_size: int = 16, inclusion_form: str = "prolip",
                  cover_scale: float = 5.0, cover_lambda: float = 1.0, text_mask_mode: str = "replace",
-                 inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0, occlusion_grad: str = "all"):
+                 inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0, occlusion_grad: str = "all",
+                 image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS):
         super().__init__()
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"ProLIP inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
@@ -385,7 +402,8 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
                                    inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps,
                                    inclusion_start_step=inclusion_start_step,
                                    inclusion_warmup_steps=inclusion_warmup_steps,
-                                   occlusion_grad=occlusion_grad)
+                                   occlusion_grad=occlusion_grad, image_mask_mode=image_mask_mode,
+                                   image_degrade_ops=image_degrade_ops)
         self.logit_scale = nn.Parameter(torch.tensor(init_scale))
         self.logit_bias = nn.Parameter(torch.tensor(init_bias))
 

@@ -103,16 +103,27 @@ class ContrastiveStep(nn.Module):
         n_masked = self.loss.n_masked(images.shape[0], step)
         if n_masked == 0:
             return None
-        from zsprob.data.masking import TEXT_MASK_MODES, mask_image_cells, text_mask_spec
+        from zsprob.data.masking import TEXT_MASK_MODES, text_mask_spec
         if self._text_mask_spec is None:
             self._text_mask_spec = text_mask_spec(self.model.tokenizer)
         rank = dist.world_info()[0]
         generator = torch.Generator().manual_seed(mixed_seed(self.seed, int(step), rank, self.MASK_SALT))
         mask_text = TEXT_MASK_MODES[getattr(self.loss, "text_mask_mode", "replace")]
         masked_tokens = mask_text(tokens[:n_masked].cpu(), self.loss.drop_prob, self._text_mask_spec, generator)
-        masked_images = mask_image_cells(images[:n_masked].cpu(), self.loss.image_drop_prob,
-                                         self.loss.mask_patch_size, generator)
+        masked_images = self.masked_images(images[:n_masked].cpu(), generator)
         return masked_images.to(images.device), masked_tokens.to(tokens.device)
+
+    def masked_images(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The occlusion term's image copies: cells blanked, or one lossy operation per image
+        (``image_mask_mode: degrade``, with the model's normalisation)."""
+        loss = self.loss
+        if getattr(loss, "image_mask_mode", "cells") == "degrade":
+            from zsprob.data.degrade import degrade_images
+            pre = self.model.config["preprocess_cfg"]
+            return degrade_images(images, generator, mean=pre["mean"], std=pre["std"], ops=loss.image_degrade_ops,
+                                  drop_prob=loss.image_drop_prob, cell=loss.mask_patch_size)[0]
+        from zsprob.data.masking import mask_image_cells
+        return mask_image_cells(images, loss.image_drop_prob, loss.mask_patch_size, generator)
 
     def masked_features(self, images: torch.Tensor, tokens: torch.Tensor, step: int) -> dict:
         """``masked_img`` / ``masked_txt`` keyword arguments for the loss ({} when it wants none)."""

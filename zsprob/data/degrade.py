@@ -1,0 +1,182 @@
+"""Lossy views of images for the occlusion inclusion term: "an image is included in a degraded copy of itself".
+
+ProLIP's occlusion term teaches sigma^2 that a partial input is the wider Gaussian, using one kind
+of partial image: patches dropped (:func:`zsprob.data.masking.mask_image_cells` is zsprob's
+input-level form). A model trained that way learns "blanked cells are uncertain" and nothing about
+the other ways an image can carry less information. :func:`degrade_images` draws, per image, one
+operation from a family of information-removing image corruptions of the kind ImageNet-C and
+SimCLR's augmentations use, with a random strength:
+
+=============  ========================================================================  ==============
+operation      what it does (strength drawn uniformly per image)                         strength
+=============  ========================================================================  ==============
+``cells``      :func:`~zsprob.data.masking.mask_image_cells` (the loss's ``image_drop_prob``)  fixed
+``blur``       Gaussian blur, sigma = s x the image side, kernel 2 ceil(3 sigma) + 1      s in [0.02, 0.07]
+``downsample`` area-average down to side / f, back up bilinear or nearest (a coin)        f in [3, 8]
+``dim``        brightness times f (in pixels, before normalisation)                      f in [0.15, 0.5]
+``jpeg``       JPEG re-encoding at quality q                                             q in {5, ..., 20}
+``grayscale``  luminance (ITU-R 601 weights) in every channel                            -
+``crop``       a random square window of side r x the image, resized back (bilinear)     r in [0.5, 0.8]
+=============  ========================================================================  ==============
+
+The default list (:data:`zsprob.methods.DEFAULT_DEGRADE_OPS`) leaves ``crop`` out: a zoomed window
+is a partial view, but it also enlarges what it keeps, so it is not only a loss of information.
+Which operations a run uses is the loss option ``image_degrade_ops``, checked with the loss's other
+options (:func:`zsprob.prob.prolip.check_occlusion_options`).
+
+The images are the model's *normalised* tensors [B, C, H, W] (``(pixel - mean) / std``); the
+linear operations whose weights sum to one (blur, resampling) commute with that normalisation and
+run on the tensors as they are, ``dim``, ``jpeg`` and ``grayscale`` go through pixel values with
+the model's ``mean`` / ``std``. All randomness comes from one ``torch.Generator``: the same
+generator state gives the same views.
+
+torchvision does the blur (``gaussian_blur``), the JPEG codec (``torchvision.io.encode_jpeg`` /
+``decode_jpeg``) and the resampling goes through ``torch.nn.functional.interpolate``; zsprob
+writes the choice of operations, their strengths and the normalisation bookkeeping.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from zsprob.data.masking import mask_image_cells
+from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS
+
+__all__ = ["degrade_images", "blur", "downsample", "dim", "jpeg", "grayscale", "crop"]
+
+BLUR_RANGE = (0.02, 0.07)        # Gaussian sigma as a share of the image side
+DOWNSAMPLE_RANGE = (3.0, 8.0)    # the side is divided by this factor
+DIM_RANGE = (0.15, 0.5)          # pixel values are multiplied by this factor
+JPEG_QUALITY = (5, 20)           # inclusive
+CROP_RANGE = (0.5, 0.8)          # side of the kept window as a share of the image side
+LUMA = (0.299, 0.587, 0.114)
+
+
+def _uniform(generator, n: int, low: float, high: float) -> list[float]:
+    return (low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)).tolist()
+
+
+def _stats(mean, std, images: torch.Tensor):
+    shape = (1, images.shape[1], 1, 1)
+    return (torch.as_tensor(mean, dtype=images.dtype).reshape(shape),
+            torch.as_tensor(std, dtype=images.dtype).reshape(shape))
+
+
+def _to_pixels(images, mean, std):
+    mean, std = _stats(mean, std, images)
+    return (images * std + mean).clamp(0.0, 1.0), mean, std
+
+
+def blur(images: torch.Tensor, sigmas: Sequence[float]) -> torch.Tensor:
+    """Gaussian blur of each image with its sigma in pixels (kernel 2 ceil(3 sigma) + 1, at most the
+    largest odd size inside the image; reflected borders: torchvision's ``gaussian_blur``)."""
+    from torchvision.transforms.functional import gaussian_blur
+
+    side = min(images.shape[-2:])
+    out = []
+    for image, sigma in zip(images, sigmas):
+        size = min(2 * math.ceil(3 * sigma) + 1, 2 * ((side - 1) // 2) + 1)
+        out.append(gaussian_blur(image, [size, size], [float(sigma), float(sigma)]))
+    return torch.stack(out)
+
+
+def downsample(images: torch.Tensor, factors: Sequence[float], nearest: Sequence[bool]) -> torch.Tensor:
+    """Each image area-averaged down to round(side / factor) (at least 2) and resized back, by
+    nearest neighbours (hard blocks, "pixelated") or bilinearly ("low resolution")."""
+    height, width = images.shape[-2:]
+    out = []
+    for image, factor, hard in zip(images, factors, nearest):
+        small = F.interpolate(image[None], size=(max(2, round(height / factor)), max(2, round(width / factor))),
+                              mode="area")
+        up = (F.interpolate(small, size=(height, width), mode="nearest") if hard else
+              F.interpolate(small, size=(height, width), mode="bilinear", align_corners=False))
+        out.append(up[0])
+    return torch.stack(out)
+
+
+def dim(images: torch.Tensor, factors: Sequence[float], mean, std) -> torch.Tensor:
+    """Pixel values times each image's factor, on normalised tensors: ((x std + m) f - m) / std."""
+    factor = torch.as_tensor(factors, dtype=images.dtype).reshape(-1, 1, 1, 1)
+    mean, std = _stats(mean, std, images)
+    return images * factor + (mean / std) * (factor - 1.0)
+
+
+def jpeg(images: torch.Tensor, qualities: Sequence[int], mean, std) -> torch.Tensor:
+    """Each image JPEG-encoded at its quality and decoded (pixels clamped to [0, 1], 8 bits)."""
+    from torchvision.io import decode_jpeg, encode_jpeg
+
+    pixels, mean, std = _to_pixels(images, mean, std)
+    as_bytes = (pixels * 255.0).round().to(torch.uint8)
+    decoded = [decode_jpeg(encode_jpeg(image, quality=int(q))) for image, q in zip(as_bytes, qualities)]
+    return (torch.stack(decoded).to(images.dtype) / 255.0 - mean) / std
+
+
+def grayscale(images: torch.Tensor, mean, std) -> torch.Tensor:
+    """Luminance (ITU-R 601 weights, on pixels clamped to [0, 1]) in every channel; images that are
+    not RGB come back unchanged."""
+    if images.shape[1] != 3:
+        return images.clone()
+    pixels, mean, std = _to_pixels(images, mean, std)
+    luma = (pixels * torch.tensor(LUMA, dtype=images.dtype).reshape(1, 3, 1, 1)).sum(1, keepdim=True)
+    return (luma.expand_as(pixels) - mean) / std
+
+
+def crop(images: torch.Tensor, ratios: Sequence[float], offsets: Sequence[tuple[float, float]]) -> torch.Tensor:
+    """A square-proportioned window of ratio x (height, width) of each image, its corner at offset
+    (dy, dx) in [0, 1] of the free room, resized back bilinearly."""
+    height, width = images.shape[-2:]
+    out = []
+    for image, ratio, (dy, dx) in zip(images, ratios, offsets):
+        ch, cw = max(1, round(height * ratio)), max(1, round(width * ratio))
+        top, left = int(dy * (height - ch)), int(dx * (width - cw))
+        window = image[None, :, top:top + ch, left:left + cw]
+        out.append(F.interpolate(window, size=(height, width), mode="bilinear", align_corners=False)[0])
+    return torch.stack(out)
+
+
+def _apply(name: str, images, generator, mean, std, drop_prob, cell):
+    """One operation on ``images`` with strengths drawn from ``generator`` (module docstring)."""
+    n, side = images.shape[0], min(images.shape[-2:])
+    if name == "cells":
+        return mask_image_cells(images, drop_prob, cell, generator)
+    if name == "blur":
+        return blur(images, [s * side for s in _uniform(generator, n, *BLUR_RANGE)])
+    if name == "downsample":
+        factors = _uniform(generator, n, *DOWNSAMPLE_RANGE)
+        return downsample(images, factors, (torch.rand(n, generator=generator) < 0.5).tolist())
+    if name == "dim":
+        return dim(images, _uniform(generator, n, *DIM_RANGE), mean, std)
+    if name == "jpeg":
+        return jpeg(images, torch.randint(JPEG_QUALITY[0], JPEG_QUALITY[1] + 1, (n,), generator=generator).tolist(),
+                    mean, std)
+    if name == "grayscale":
+        return grayscale(images, mean, std)
+    ratios = _uniform(generator, n, *CROP_RANGE)
+    offsets = torch.rand(n, 2, generator=generator, dtype=torch.float64).tolist()
+    return crop(images, ratios, offsets)
+
+
+def degrade_images(images: torch.Tensor, generator: torch.Generator, *, mean: Sequence[float], std: Sequence[float],
+                   ops: Sequence[str] = DEFAULT_DEGRADE_OPS, drop_prob: float = 0.25,
+                   cell: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image of ``images`` [B, C, H, W] (normalised with ``mean`` / ``std``) through one
+    operation of ``ops`` drawn uniformly per image, at a random strength (module docstring).
+
+    ``drop_prob`` / ``cell``: the ``cells`` operation's share and cell size. Returns the degraded
+    copy and, per image, the index into ``ops`` of its operation.
+    """
+    ops = tuple(ops)
+    if not ops or set(ops) - set(DEGRADE_OPS):
+        raise ValueError(f"degrade ops must be a non-empty subset of {DEGRADE_OPS}, got {ops}")
+    if images.dim() != 4:
+        raise ValueError(f"images must be [B, C, H, W], got {tuple(images.shape)}")
+    choice = torch.randint(len(ops), (images.shape[0],), generator=generator)
+    out = images.clone()
+    for index, name in enumerate(ops):
+        rows = (choice == index).nonzero().flatten()
+        if len(rows):
+            out[rows] = _apply(name, images[rows], generator, mean, std, drop_prob, cell)
+    return out, choice
