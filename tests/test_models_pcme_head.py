@@ -119,6 +119,28 @@ def test_cnn_module_equals_a_float64_direct_computation():
             torch.testing.assert_close(logvar[row], 2 * direct, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("timm_name", ["zsprob_plaincnn_small", "test_resnet", "test_efficientnet", "test_convnext",
+                                       "regnetx_002"])
+def test_cnn_local_features_are_the_last_stage_cells_and_timms_pooled_feature(timm_name):
+    """Every timm family zsprob cuts: the image module reads the H x W cells of the final map (as many as
+    timm's forward_features has, with its channels) and timm's own pooled feature (forward_head's pre-logits)."""
+    over = {"open_clip_cfg": {"vision_cfg": {"timm_model_name": timm_name, "image_size": 64},
+                              "text_cfg": CNN_SMALL["open_clip_cfg"]["text_cfg"]}}
+    model = create_model("zsprob-tiny-cnn", embed_dim=16, sigma_head="pcme", seed=0, **over).eval()
+    tower, trunk = model._vision, model.clip.visual.trunk
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        x = tower.embed(images)[0]
+        for block in tower.blocks:
+            x = block(x)
+        cells, pooled = tower.local_features(x, None)
+        fmap = trunk.forward_features(images)
+        assert cells.shape == (2, fmap.shape[2] * fmap.shape[3], trunk.num_features)
+        torch.testing.assert_close(pooled, trunk.forward_head(fmap, pre_logits=True))
+        assert model.image_sigma.w1.in_features == trunk.num_features
+        assert torch.isfinite(model.encode_image(images)[1]).all()
+
+
 def test_padding_does_not_change_the_bag_of_words_sigma():
     """A caption batched with a longer one (so padded) gets the log sigma^2 it gets alone; the padding
     token has a word vector of its own, so without the mask (attention and GRU over every position) it
