@@ -19,6 +19,10 @@ token sequence (the tower adapters below know where: after the class token of a 
 last position of a text transformer, with the extra attention-mask row / column) and its output
 gives log sigma^2; bag-of-words and CNN towers read log sigma^2 from a small MLP on a pooled
 vector instead.
+With ``sigma_head="pcme"`` (PCME) the whole tower is shared too: each adapter's ``local_features``
+gives what PCME's attention module reads (a ViT's patch tokens, a CNN's last-stage cells, a text
+transformer's tokens, a bag of words' word vectors) and, for images, the pooled feature its
+residual fc reads.
 
 Pooling ``"gpo"``: the final LayerNorm and the projection are applied to *every* token and
 GPO pools the projected tokens (as PCME++ does: GPO over embedding-space token features).
@@ -92,7 +96,8 @@ def _open_clip():
 # Each gives: ``blocks`` (the residual blocks / stages the trunk and heads are cut from),
 # ``embed`` (input -> tokens before the first block), ``run_block``, ``ln`` (what follows the
 # last block in the mean head: open_clip's final LayerNorm, or the tail + pooling of a timm
-# trunk), ``proj``, ``native_pool``, ``num_tokens`` and ``depth_of`` (for layer-wise lr decay).
+# trunk), ``proj``, ``native_pool``, ``num_tokens``, ``depth_of`` (for layer-wise lr decay) and
+# ``local_features`` (what PCME's attention module reads: ``sigma_head="pcme"``).
 # --------------------------------------------------------------------------------------
 def _block_depth(rest: str, embed_names: tuple[str, ...], num_blocks: int) -> int:
     """Depth of an open_clip transformer tower's parameter ``rest`` (relative to the tower)."""
@@ -146,6 +151,11 @@ class _VisionTower:
         x = ln(x)
         pooled, _ = v._global_pool(x)
         return pooled
+
+    def local_features(self, x: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """PCME's image module inputs: the patch tokens after ``ln_post`` [B, T, w] and the natively
+        pooled feature before the projection [B, w]."""
+        return self.ln(x)[:, 1:], self.native_pool(x, self.ln, ctx)
 
     def insert_unc(self, x: torch.Tensor, mask, lengths, token: torch.Tensor):
         """[CLS, patches] -> [CLS, UNC, patches] (ProLIP's order); ``ln_pre`` is per token, so the
@@ -268,6 +278,7 @@ class _TimmVisionTower:
         self.stem = [trunk.get_submodule(n) for n in lay["stem"]]
         self.blocks = [trunk.get_submodule(n) for n in lay["stages"]]
         self.num_blocks = len(self.blocks)
+        self.width = int(trunk.num_features)  # channels of the final feature map (and of the pooled feature)
         self._post = _TimmPost(
             [trunk.get_submodule(n) for n in lay["tail"]],
             trunk.get_submodule(lay["head"]) if lay["head"] else None,
@@ -299,6 +310,11 @@ class _TimmVisionTower:
 
     def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
         return ln.pooled(x)
+
+    def local_features(self, x: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """PCME's image module inputs, as it reads a ResNet: the last stage's H x W cells [B, H*W, C]
+        (after the tail and ConvNeXt's per-position head norm) and timm's pooled feature [B, C]."""
+        return self._post(x), self._post.pooled(x)
 
     def depth_of(self, rest: str) -> int:
         if rest.startswith("trunk."):
@@ -339,6 +355,11 @@ class _TextHeads:
     @property
     def proj(self):
         return self.src.text_projection
+
+    def local_features(self, x: torch.Tensor, ctx) -> tuple[torch.Tensor, None]:
+        """PCME's text module input: every position after the final LayerNorm [B, L, w] (a bag of words:
+        the word embeddings themselves, its ``ln_final`` is Identity); the module masks padding by length."""
+        return self.ln(x), None
 
 
 class _TextTower(_TextHeads):
@@ -611,7 +632,7 @@ def _make_unc_head(tower, side: str, embed_dim: int, bias_init: float, sigma_ln)
         return UncPooledHead(tower.width, embed_dim, bias_init, word_init_std=tower.src.embed_init_std,
                              sigma_ln=sigma_ln)
     if tower.kind == "timm":
-        return UncPooledHead(int(tower.trunk.num_features), embed_dim, bias_init, sigma_ln=sigma_ln)
+        return UncPooledHead(tower.width, embed_dim, bias_init, sigma_ln=sigma_ln)
     raise UserError(f"sigma_head 'unc' cannot serve a {tower.kind} tower")
 
 
@@ -650,8 +671,8 @@ class ProbCLIP(nn.Module):
     deterministic: no log-variance heads (logvar is None), for InfoNCE / triplet baselines.
     var_bounds: None or (lo, hi) variance bounds, e.g. (0.1, 10).
     sigma_head: "block" (PCME++: duplicated last blocks), "unc" (ProLIP's [UNC] token; a
-        pooled MLP on bag-of-words and CNN towers) or "pcme" (PCME's local-attention modules,
-        transformer towers only); see :mod:`zsprob.models.sigma_heads`.
+        pooled MLP on bag-of-words and CNN towers) or "pcme" (PCME's local-attention modules over
+        patch tokens, CNN cells or word vectors); see :mod:`zsprob.models.sigma_heads`.
     sigma_param: "logvar" or "logsigma" (the head's output is log sigma; logvar = 2 x output).
     sigma_shape: "diagonal", "spherical_mean" or "spherical_one" (Pishdad et al.).
     sigma_layout: "official" (PCME++'s code: no LayerNorm before the sigma projection, the
@@ -768,9 +789,9 @@ class ProbCLIP(nn.Module):
         if self.sigma_head == "unc":
             return _make_unc_head(tower, side, self.embed_dim, bias_init, sigma_ln)
         if self.sigma_head == "pcme":
-            if tower.kind not in ("vit", "text"):
-                raise UserError(f"sigma_head 'pcme' attends over local features (ViT patch tokens, text word "
-                                f"tokens); the {side} tower ({tower.kind}) has none: use sigma_head block or unc")
+            if getattr(tower, "local_features", None) is None:
+                raise UserError(f"sigma_head 'pcme' attends over local features (patch tokens, CNN cells, word "
+                                f"vectors); the {side} tower ({tower.kind}) has none: use sigma_head block or unc")
             return PCMEUncertaintyHead(side, tower.width, self.embed_dim, bias_init)
         n = self._head_depth(tower)
         # "copy": the whole mean head, GPO included; "random": a fresh GPO and re-initialised blocks
@@ -857,7 +878,7 @@ class ProbCLIP(nn.Module):
         elif token_head:  # ProLIP: the tower's own final LayerNorm, then the [UNC] projection
             raw = sigma(tower.ln(unc_out))
         elif isinstance(sigma, PCMEUncertaintyHead):
-            raw = self._pcme_sigma(tower, sigma, cut(hm), ctx, lengths)
+            raw = sigma(*tower.local_features(cut(hm), ctx), lengths=lengths)
         elif isinstance(sigma, UncPooledHead):
             pooled = sigma.pool_words(cut(hm), lengths) if sigma.unc_emb is not None else tower.ln.pooled(cut(hm))
             raw = sigma(pooled)
@@ -866,14 +887,6 @@ class ProbCLIP(nn.Module):
             raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
         side = "image" if tower is self._vision else "text"
         return mu, bound_logvar(self._shape_sigma(raw.to(torch.promote_types(raw.dtype, torch.float32)), side), self.var_bounds)
-
-    def _pcme_sigma(self, tower, sigma: PCMEUncertaintyHead, hm: torch.Tensor, ctx, lengths) -> torch.Tensor:
-        """PCME's module on the tower's final tokens (after its final LayerNorm): image - patch tokens
-        and the natively pooled feature (before projection); text - the caption's tokens."""
-        normed = tower.ln(hm)
-        if tower is self._vision:
-            return sigma(normed[:, 1:], pooled=tower.native_pool(hm, tower.ln, ctx))
-        return sigma(normed, lengths=lengths)
 
     def _shape_sigma(self, raw: torch.Tensor, side: str) -> torch.Tensor:
         """The head's D outputs -> log sigma^2 [B, D]: ``sigma_param`` ("logsigma": the head predicts

@@ -61,9 +61,13 @@ bases; the layouts and init laws below were read from them (naver-ai/pcmepp, nav
       globally pooled last-stage features (timm's own pooling, shared with the mean branch).
 
 ``"pcme"`` - :class:`PCMEUncertaintyHead`: PCME's local-attention uncertainty modules
-    (naver-ai/pcme ``models/uncertainty_module.py``, PCME Sec. 3) on an open_clip ViT / text
-    transformer: torch's Linear, GRU and packed sequences; attention over the final tokens plus a
-    residual fc (image) or bidirectional GRU (text). Towers without tokens are refused.
+    (naver-ai/pcme ``models/uncertainty_module.py``, PCME Sec. 3): torch's Linear, GRU and packed
+    sequences; attention over a tower's local features plus a residual fc of the pooled feature
+    (image) or a bidirectional GRU over the local features (text). Local features: a ViT's patch
+    tokens and a text transformer's tokens (after the final LayerNorm), a timm CNN's last-stage
+    H x W cells (the official module reads a ResNet's 7 x 7 map), a bag of words' word vectors (the
+    official module reads the GloVe word vectors). The tower adapters of
+    :mod:`zsprob.models.prob_clip` say which (``local_features``); a tower without them is refused.
 
 ``sigma_param`` / ``sigma_shape`` (:data:`SIGMA_PARAMS`, :data:`SIGMA_SHAPES`) post-process any
 head's D outputs: log sigma instead of log sigma^2 (PCME's code), and Pishdad et al.'s spherical
@@ -147,14 +151,29 @@ def spherical_readout(embed_dim: int) -> nn.Linear:
 
 class PCMEUncertaintyHead(nn.Module):
     """PCME's local-attention uncertainty module (PCME Sec. 3; naver-ai/pcme
-    ``models/uncertainty_module.py``), for open_clip transformer towers.
+    ``models/uncertainty_module.py``), for any tower with local features x [B, T, w].
 
-    Attention pooling over the tower's local features x [B, T, w] (Lin et al.'s self-attention with
-    one head: ``softmax_T(w2 tanh(w1 x))``, hidden w / 2, padding masked), then ``fc`` (Xavier-uniform,
-    bias ``bias_init``), plus a residual branch: image - ``fc2`` of the tower's pooled feature (the
+    Attention pooling over x (Lin et al.'s self-attention with one head: ``softmax_T(w2 tanh(w1 x))``,
+    hidden w / 2, padding masked), then ``fc`` (Xavier-uniform, bias ``bias_init``), plus a residual
+    branch: image - ``fc2`` (nn.Linear's default init) of the tower's pooled feature [B, w] (the
     official residual fc of the globally pooled CNN feature); text - a bidirectional GRU (D / 2 per
-    direction) over the tokens, its output at the last valid position (as the official code gathers
-    it). The output (D values) is log sigma or log sigma^2 as ``sigma_param`` says.
+    direction, torch's default init) over the same local features, its output at the last valid
+    position (as the official code gathers it). The output (D values) is log sigma or log sigma^2 as
+    ``sigma_param`` says. Init and layout as the official modules: attention weights Xavier-uniform
+    without biases, ``fc`` Xavier-uniform.
+
+    Image inputs: ViT patch tokens (no class token), or a CNN's last-stage cells flattened to
+    [B, H*W, C] with timm's global pool as the pooled feature (the official image module on a
+    ResNet's 7 x 7 map and its average-pooled feature).
+
+    Text inputs: a text transformer's output tokens, or a bag of words' word vectors (start-of-text
+    to end-of-text, as the official captions run ``<start>`` .. ``<end>``). The bag of words keeps the
+    GRU: the official text module runs its *own* bi-GRU over the word vectors (GloVe), separate from
+    the caption encoder, so a bag of words' word embeddings are exactly its official input, and the
+    module is the official one unchanged. That the GRU reads word order while the bag's mean does not
+    is no contradiction: the order can only change how uncertain a caption is, never where its mean
+    lies. (The mean word vector through ``fc`` would duplicate the attention branch, which already is
+    a weighted mean of the same vectors.)
     """
 
     def __init__(self, side: str, width: int, embed_dim: int, bias_init: float = 0.0):
@@ -178,7 +197,7 @@ class PCMEUncertaintyHead(nn.Module):
         logits = self.w2(torch.tanh(self.w1(x))).squeeze(-1)
         if pad is not None:
             logits = logits.masked_fill(pad, float("-inf"))
-        attn = torch.softmax(logits.float(), dim=-1).to(x.dtype)
+        attn = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).to(x.dtype)
         return torch.einsum("bt,btw->bw", attn, x), attn
 
     def forward(self, local: torch.Tensor, pooled: torch.Tensor | None = None,
