@@ -1,9 +1,10 @@
 """Checkpoints of PCME++'s official COCO trainer (naver-ai/pcmepp ``train.py``; layout ``pcmepp-coco``)
 through ``create_model(name, pretrained=FILE)``, ``zsprob convert``, ``eval coco`` and ``finetune coco``.
 
-The files are written here with random weights in the exact official layout: the ViT-B/32 key lists
-are fixtures (tests/fixtures/official_layouts/pcmepp-coco-ViT-B-32-*.json, from the official model
-classes); the CPU-sized ``pcmepp-coco-tiny`` files are a zsprob ``mean_head="fc"`` model renamed to
+The files are written here with random weights in the exact official layout: the key lists are
+fixtures (tests/fixtures/official_layouts/pcmepp-coco-*.json, from the official model classes on the
+meta device: ViT-B/32 with 1 or 2 uncertainty blocks, with and without the sigma LayerNorm; ViT-B/16 and
+ViT-L/14 as the official README's commands build them); the CPU-sized ``pcmepp-coco-tiny`` files are a zsprob ``mean_head="fc"`` model renamed to
 the official keys. The reference below is an independent float64 re-implementation of the official
 forward (``pcmepp/modules/clip/model.py`` ProbVisionTransformer / ProbTransformer with QuickGELU,
 ``pcmepp/models/img_encoder.py`` / ``txt_encoder.py``, VSE infinity's GPO: sinusoidal position
@@ -25,9 +26,15 @@ from test_models_published import _assert_matches, _block, _inputs, _ln
 from zsprob.errors import UserError
 from zsprob.models import create_model, load, save
 from zsprob.models.convert import official_to_zsprob, zsprob_to_official
-from zsprob.models.convert.load import KEEP_OWN, ZERO_FILLS, official_options
+from zsprob.models.convert.load import KEEP_OWN, ZERO_FILLS, load_official, official_options
 
-COCO_FIXTURES = [f"pcmepp-coco-ViT-B-32-unc{u}-ln{ln}" for u in (1, 2) for ln in ("none", "0.01")]
+B32_FIXTURES = [f"pcmepp-coco-ViT-B-32-unc{u}-ln{ln}" for u in (1, 2) for ln in ("none", "0.01")]
+COCO_FIXTURES = B32_FIXTURES + ["pcmepp-coco-ViT-B-16-unc1-lnnone", "pcmepp-coco-ViT-L-14-unc1-lnnone"]
+
+
+def model_of(fixture: str) -> str:
+    """The zsprob model of a COCO layout fixture: pcmepp-coco-ViT-L-14-unc1-lnnone -> pcmepp-coco-ViT-L-14."""
+    return fixture.split("-unc")[0]
 
 
 # ------------------------------------------------------------------ float64 reference (official names)
@@ -69,9 +76,11 @@ def _gpo(features, lengths, sd, p, d_pe=32):
     return torch.stack(pooled)
 
 
-def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, patch):
-    """(image mu, image logvar, text mu, text logvar) of the official COCO model in eval mode, float64."""
+def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, patch, text_layers=None):
+    """(image mu, image logvar, text mu, text logvar) of the official COCO model in eval mode, float64
+    (``layers`` blocks in the image tower, ``text_layers`` - default ``layers`` - in the text tower)."""
     sd = {k: v.double() for k, v in sd.items()}
+    text_layers = layers if text_layers is None else text_layers
     v = "img_enc.backbone."
     x = F.conv2d(images.double(), sd[v + "conv1.weight"], stride=patch).flatten(2).transpose(1, 2)
     b, w = x.shape[0], x.shape[2]
@@ -96,10 +105,10 @@ def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, pa
     n = text.shape[1]
     y = sd[t + "token_embedding.weight"][text] + sd[t + "positional_embedding"][:n]
     causal = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)
-    for i in range(layers - unc):
+    for i in range(text_layers - unc):
         y = _block(y, sd, f"{t}transformer.resblocks.{i}", text_heads, causal, act=_quick_gelu)
     ys = y
-    for i in range(layers - unc, layers):
+    for i in range(text_layers - unc, text_layers):
         y = _block(y, sd, f"{t}transformer.resblocks.{i}", text_heads, causal, act=_quick_gelu)
     for i in range(unc):
         ys = _block(ys, sd, f"{t}transformer.prob_resblocks.{i}", text_heads, causal, act=_quick_gelu)
@@ -115,6 +124,8 @@ def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, pa
 
 TINY = dict(layers=3, image_heads=2, text_heads=2, patch=8)
 B32 = dict(layers=12, image_heads=12, text_heads=8, patch=32)
+B16 = dict(layers=12, image_heads=12, text_heads=8, patch=16)
+L14 = dict(layers=24, text_layers=12, image_heads=16, text_heads=12, patch=14)  # OpenAI CLIP ViT-L/14: heads = width / 64
 
 
 # ------------------------------------------------------------------ official files with random weights
@@ -144,35 +155,16 @@ def write_trainer_ckpt(path, state: dict):
 def test_convert_picks_the_coco_backbone_from_the_patch_size():
     from zsprob.models.convert.convert import default_model
 
-    state = official_state("pcmepp-coco-ViT-B-32-unc1-lnnone")
-    assert default_model("pcmepp-coco", state) == "pcmepp-coco-ViT-B-32"
-    for patch, name in ((16, "pcmepp-coco-ViT-B-16"), (14, "pcmepp-coco-ViT-L-14")):
-        conv = torch.empty(768, 3, patch, patch, device="meta")
-        assert default_model("pcmepp-coco", dict(state, **{"img_enc.backbone.conv1.weight": conv})) == name
+    for fixture in COCO_FIXTURES:
+        assert default_model("pcmepp-coco", official_state(fixture)) == model_of(fixture)
     assert default_model("pcmepp-hf", official_state("pcmepp-ViT-B-16")) == "pcmepp-ViT-B-16"
 
 
-@pytest.mark.parametrize("model", ["pcmepp-coco-ViT-B-16", "pcmepp-coco-ViT-L-14"])
-def test_b16_and_l14_coco_models_have_the_official_shapes(model):
-    """The other backbones' JSONs: the B/32 layout with OpenAI CLIP's B/16 and L/14 towers (img_dim 1024 and
-    text width 768 for L/14, as the official README's command line and txt_encoder.py say)."""
-    state = official_state("pcmepp-coco-ViT-B-32-unc2-ln0.01")
-    with torch.device("meta"):
-        built = create_model(model, **official_options("pcmepp-coco", state)).state_dict()
-    big = model.endswith("L-14")
-    width, text = (1024, 768) if big else (768, 512)
-    assert tuple(built["clip.visual.conv1.weight"].shape) == (width, 3, 14 if big else 16, 14 if big else 16)
-    assert tuple(built["clip.visual.positional_embedding"].shape) == ((257 if big else 197), width)
-    assert tuple(built["image_head.fc.weight"].shape) == (1024, width)
-    assert tuple(built["text_head.fc.weight"].shape) == (1024, text)
-    assert tuple(built["text_sigma.proj.weight"].shape) == (1024, text)
-    assert sum(k.endswith("attn.in_proj_weight") and k.startswith("clip.visual.") for k in built) == (24 if big else 12)
-
-
 @pytest.mark.parametrize("fixture", COCO_FIXTURES)
-def test_every_b32_layout_fills_pcmepp_coco_vit_b32_exactly(fixture):
+def test_every_coco_layout_fills_its_model_exactly(fixture):
     """The loader's options build a model whose keys are the official ones, shape for shape (the zero sigma
-    biases and open_clip's unused logit_scale are the only fills)."""
+    biases and open_clip's unused logit_scale are the only fills), and the strict loader takes the file
+    (every official key consumed, every parameter filled), on the meta device."""
     state = official_state(fixture)
     cfg = official_layout(fixture)["config"]["model"]
     options = official_options("pcmepp-coco", state)
@@ -180,12 +172,13 @@ def test_every_b32_layout_fills_pcmepp_coco_vit_b32_exactly(fixture):
     assert options["sigma_depth"] == cfg["n_unc_layers"]
     assert (options["sigma_ln_init"] is None) == (cfg["sigma_ln_init"] is None)
     with torch.device("meta"):
-        model = create_model("pcmepp-coco-ViT-B-32", **options)
+        model = create_model(model_of(fixture), **options)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-coco").items()
                  if not k.startswith("loss.")}
     assert set(expected) - set(converted) == set(ZERO_FILLS["pcmepp-coco"]) | set(KEEP_OWN["pcmepp-coco"])
     assert set(converted) <= set(expected) and all(converted[k] == expected[k] for k in converted)
+    assert set(load_official(model, state, "pcmepp-coco", fixture)) == {"shift", "negative_scale"}
 
 
 @pytest.mark.parametrize("unc,ln", [(1, False), (2, True)])
@@ -211,29 +204,63 @@ def test_tiny_official_file_computes_the_official_mu_and_logvar(tmp_path, unc, l
 
 
 @pytest.mark.slow
-def test_b32_official_files_compute_the_official_mu_and_logvar(tmp_path):
-    """The real ViT-B/32 architecture: a trainer .ckpt and a safetensors file, random weights, to 1e-5."""
+@pytest.mark.parametrize("fixture,dims", [("pcmepp-coco-ViT-B-32-unc2-ln0.01", B32),
+                                          ("pcmepp-coco-ViT-B-16-unc1-lnnone", B16)])
+def test_full_size_official_files_compute_the_official_mu_and_logvar(tmp_path, fixture, dims):
+    """The real ViT-B/32 and ViT-B/16 architectures: a trainer .ckpt and a safetensors file, random weights,
+    to 1e-5."""
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
-    name = "pcmepp-coco-ViT-B-32-unc2-ln0.01"
-    state = official_state(name, device="cpu", generator=torch.Generator().manual_seed(0))
+    unc = official_layout(fixture)["config"]["model"]["n_unc_layers"]
+    state = official_state(fixture, device="cpu", generator=torch.Generator().manual_seed(0))
     write_trainer_ckpt(tmp_path / "model_best.pth", state)
-    model = create_model("pcmepp-coco-ViT-B-32", pretrained=tmp_path / "model_best.pth")
-    assert model.sigma_depth == 2 and model.embed_dim == 1024
+    model = create_model(model_of(fixture), pretrained=tmp_path / "model_best.pth")
+    assert model.sigma_depth == unc and model.embed_dim == 1024
     images, tokens = _inputs(model, n_images=2)
     tokens = tokens[:2]
     with torch.no_grad():
-        reference = coco_reference(state, images, tokens, unc=2, **B32)
+        reference = coco_reference(state, images, tokens, unc=unc, **dims)
     _assert_matches(model, reference, images, tokens, atol=1e-5)
     del model
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
-    _assert_matches(create_model("pcmepp-coco-ViT-B-32", pretrained=tmp_path / "w.safetensors"), reference,
+    _assert_matches(create_model(model_of(fixture), pretrained=tmp_path / "w.safetensors"), reference,
                     images, tokens, atol=1e-5)
 
 
+def _first_blocks(state: dict, n: int) -> dict:
+    """The official state of the same model with ``n`` trunk blocks per tower (the uncertainty blocks kept)."""
+    trunks = ("img_enc.backbone.transformer.resblocks.", "txt_enc.backbone.transformer.resblocks.")
+    return {k: v for k, v in state.items()
+            if not k.startswith(trunks) or int(k.split("resblocks.", 1)[1].split(".", 1)[0]) < n}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture", [f for f in COCO_FIXTURES if f != "pcmepp-coco-ViT-B-32-unc2-ln0.01"])
+def test_l14_official_file_computes_the_official_mu_and_logvar_on_two_blocks(tmp_path):
+    """ViT-L/14 at its real widths, heads, patch and D (1024 / 768 wide, 16 / 12 heads, 257 image tokens),
+    cut to 2 blocks per tower: the official build_model counts the blocks from the file and every block has
+    the same keys and shapes, so this is the same code path; the full 24 + 12 blocks are checked on the meta
+    device above (strict fill) and here by a round trip of the real-size file."""
+    state = official_state("pcmepp-coco-ViT-L-14-unc1-lnnone", device="cpu", generator=torch.Generator().manual_seed(2))
+    write_trainer_ckpt(tmp_path / "full.ckpt", state)
+    model = create_model("pcmepp-coco-ViT-L-14", pretrained=tmp_path / "full.ckpt")
+    own = model.state_dict()
+    back = zsprob_to_official({k: v for k, v in own.items() if k not in ZERO_FILLS["pcmepp-coco"] + KEEP_OWN["pcmepp-coco"]}
+                              | {f"loss.{k}": v for k, v in model.official_loss.items()}, "pcmepp-coco")
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
+    del model, own, back
+    small = _first_blocks(state, 2)
+    write_trainer_ckpt(tmp_path / "two.ckpt", small)
+    model = create_model("pcmepp-coco-ViT-L-14", pretrained=tmp_path / "two.ckpt",
+                         open_clip_cfg={"vision_cfg": {"layers": 2}, "text_cfg": {"layers": 2}})
+    images, tokens = _inputs(model, n_images=2)
+    with torch.no_grad():
+        reference = coco_reference(small, images, tokens[:2], unc=1, **dict(L14, layers=2, text_layers=2))
+    _assert_matches(model, reference, images, tokens[:2], atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", [f for f in B32_FIXTURES if f != "pcmepp-coco-ViT-B-32-unc2-ln0.01"])
 def test_other_b32_layouts_load_from_trainer_checkpoints(tmp_path, fixture):
     state = official_state(fixture, device="cpu", generator=torch.Generator().manual_seed(1))
     write_trainer_ckpt(tmp_path / "last.ckpt", state)
