@@ -10,12 +10,16 @@ forward (``pcmepp/modules/clip/model.py`` ProbVisionTransformer / ProbTransforme
 ``pcmepp/models/img_encoder.py`` / ``txt_encoder.py``, VSE infinity's GPO: sinusoidal position
 encodings -> bidirectional GRU -> linear scores -> softmax(score / 0.1) over the per-dimension
 descending-sorted features), written with plain torch ops on the *official* key names: no open_clip,
-no zsprob module, no key map.
+no zsprob module, no key map. The mu-only baselines (``is_probabilistic_model: false``, layout
+``pcmepp-coco-mu``: ``configs/others/info_nce.yaml``, ``vse_infty.yaml``, ``pcmepp_mu_only.yaml``)
+run the same reference without the std branches; their fixture is pcmepp-coco-ViT-B-32-mu.json (one
+encoder layout, each config's criterion keys beside it).
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -25,11 +29,15 @@ from test_models_convert import official_layout, official_state
 from test_models_published import _assert_matches, _block, _inputs, _ln
 from zsprob.errors import UserError
 from zsprob.models import create_model, load, save
-from zsprob.models.convert import official_to_zsprob, zsprob_to_official
+from zsprob.models.convert import detect_layout, official_to_zsprob, zsprob_to_official
 from zsprob.models.convert.load import KEEP_OWN, ZERO_FILLS, load_official, official_options
 
 B32_FIXTURES = [f"pcmepp-coco-ViT-B-32-unc{u}-ln{ln}" for u in (1, 2) for ln in ("none", "0.01")]
 COCO_FIXTURES = B32_FIXTURES + ["pcmepp-coco-ViT-B-16-unc1-lnnone", "pcmepp-coco-ViT-L-14-unc1-lnnone"]
+
+
+MU_FIXTURE = "pcmepp-coco-ViT-B-32-mu"  # the encoders of configs/others/*.yaml, each config's criterion keys beside
+MU_CONFIGS = sorted(official_layout(MU_FIXTURE)["criterion_keys"])
 
 
 def model_of(fixture: str) -> str:
@@ -76,9 +84,19 @@ def _gpo(features, lengths, sd, p, d_pe=32):
     return torch.stack(pooled)
 
 
+def _std_head(tokens, lengths, sd, fc, gpool, ln):
+    """The official std branch (biased fc, GPO, the sigma LayerNorm if any); None in a mu-only file."""
+    if fc + ".weight" not in sd:
+        return None
+    out = _gpo(F.linear(tokens, sd[fc + ".weight"], sd[fc + ".bias"]), lengths, sd, gpool)
+    return _ln(out, sd, ln) if ln + ".weight" in sd else out
+
+
 def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, patch, text_layers=None):
     """(image mu, image logvar, text mu, text logvar) of the official COCO model in eval mode, float64
-    (``layers`` blocks in the image tower, ``text_layers`` - default ``layers`` - in the text tower)."""
+    (``layers`` blocks in the image tower, ``text_layers`` - default ``layers`` - in the text tower).
+    A mu-only file (``unc=0``, no std keys: the official CLIP / VisionTransformer / EncoderTextClip, the
+    same trunk without uncertainty blocks) gives None for both logvars."""
     sd = {k: v.double() for k, v in sd.items()}
     text_layers = layers if text_layers is None else text_layers
     v = "img_enc.backbone."
@@ -97,9 +115,7 @@ def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, pa
     enc = "img_enc.image_encoder."
     img_mu = _gpo(F.linear(x, sd[enc + "fc.weight"], sd[enc + "fc.bias"]), all_tokens, sd, enc + "gpool")
     std = "img_enc.image_std_encoder."
-    img_std = _gpo(F.linear(s, sd[std + "fc.weight"], sd[std + "fc.bias"]), all_tokens, sd, std + "gpool")
-    if "img_enc.image_std_ln.weight" in sd:
-        img_std = _ln(img_std, sd, "img_enc.image_std_ln")
+    img_std = _std_head(s, all_tokens, sd, std + "fc", std + "gpool", "img_enc.image_std_ln")
 
     t = "txt_enc.backbone."
     n = text.shape[1]
@@ -115,10 +131,7 @@ def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, pa
     lengths = text.argmax(dim=-1) + 1  # <start> .. <end> (the end token has the highest id)
     y = _ln(y, sd, t + "ln_final")  # the mean branch only
     txt_mu = _gpo(F.linear(y, sd["txt_enc.linear.weight"], sd["txt_enc.linear.bias"]), lengths, sd, "txt_enc.gpool")
-    txt_std = _gpo(F.linear(ys, sd["txt_enc.std_linear.weight"], sd["txt_enc.std_linear.bias"]), lengths, sd,
-                   "txt_enc.std_gpool")
-    if "txt_enc.text_std_ln.weight" in sd:
-        txt_std = _ln(txt_std, sd, "txt_enc.text_std_ln")
+    txt_std = _std_head(ys, lengths, sd, "txt_enc.std_linear", "txt_enc.std_gpool", "txt_enc.text_std_ln")
     return F.normalize(img_mu, dim=-1), img_std, F.normalize(txt_mu, dim=-1), txt_std
 
 
@@ -143,6 +156,27 @@ def tiny_coco_state(unc: int = 2, ln: bool = True, seed: int = 0) -> dict:
     zs = {k: v for k, v in model.state_dict().items() if k not in skip}
     zs.update({"loss.shift": torch.ones(1), "loss.negative_scale": torch.ones(1)})
     return _randomise(zsprob_to_official(zs, "pcmepp-coco"), seed)
+
+
+def mu_only_state(config: str, device="meta", generator=None) -> dict:
+    """The exact official ViT-B/32 mu-only layout of ``config`` (encoders + that criterion's keys)."""
+    state = {k: v for k, v in official_state(MU_FIXTURE, device, generator).items() if not k.startswith("criterion.")}
+    for key, spec in official_layout(MU_FIXTURE)["criterion_keys"][config].items():
+        state[key] = torch.empty(spec["shape"], device="meta") if device == "meta" else torch.full(spec["shape"], 5.0)
+    return state
+
+
+def tiny_mu_state(config: str = "configs/others/info_nce.yaml", seed: int = 0) -> dict:
+    """Official mu-only COCO-trainer names (``config``'s criterion), pcmepp-coco-tiny shapes, random weights."""
+    model = create_model("pcmepp-coco-tiny", mean_head="fc", deterministic=True)
+    zs = {k: v for k, v in model.state_dict().items() if k not in KEEP_OWN["pcmepp-coco-mu"]}
+    state = zsprob_to_official(zs, "pcmepp-coco-mu")
+    state.update({k: torch.ones(spec["shape"]) for k, spec in official_layout(MU_FIXTURE)["criterion_keys"][config].items()})
+    return _randomise(state, seed)
+
+
+def _key_patterns(keys) -> set[str]:
+    return {re.sub(r"\.\d+\.", ".N.", k) for k in keys}
 
 
 def write_trainer_ckpt(path, state: dict):
@@ -347,7 +381,102 @@ def test_mean_head_fc_starts_from_open_clip_weights(tmp_path):
         assert torch.equal(own["clip." + key], value), key
 
 
+# ------------------------------------------------------------------ mu-only baselines (pcmepp-coco-mu)
+@pytest.mark.parametrize("config", MU_CONFIGS)
+def test_mu_only_layout_fills_a_deterministic_model_exactly(config):
+    """configs/others/*.yaml (is_probabilistic_model: false) on ViT-B/32: detected as pcmepp-coco-mu and
+    loaded strictly, on the meta device, into a model without log sigma^2 heads; every official key
+    consumed (the criterion's tau / shift / negative_scale, or none for the triplet loss, as loss tensors)."""
+    from zsprob.models.convert.convert import default_model
+
+    state = mu_only_state(config)
+    assert detect_layout(state) == "pcmepp-coco-mu" and default_model("pcmepp-coco-mu", state) == "pcmepp-coco-ViT-B-32"
+    options = official_options("pcmepp-coco-mu", state)
+    assert options["deterministic"] is True and options["mean_head"] == "fc" and options["pooling"] == "gpo"
+    with torch.device("meta"):
+        model = create_model("pcmepp-coco-ViT-B-32", **options)
+    assert model.image_sigma is None and model.text_sigma is None
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-coco-mu").items()
+                 if not k.startswith("loss.")}
+    assert set(expected) - set(converted) == set(KEEP_OWN["pcmepp-coco-mu"])
+    assert set(converted) <= set(expected) and all(converted[k] == expected[k] for k in converted)
+    loss = load_official(model, state, "pcmepp-coco-mu", MU_FIXTURE)
+    assert sorted(loss) == sorted(k[len("criterion."):] for k in state if k.startswith("criterion."))
+
+
+def test_tiny_mu_only_file_computes_the_official_mu(tmp_path):
+    from safetensors.torch import save_file
+
+    state = tiny_mu_state()
+    assert _key_patterns(state) == _key_patterns(mu_only_state("configs/others/info_nce.yaml"))  # the official names
+    ckpt = write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    model = create_model("pcmepp-coco-tiny", pretrained=ckpt)
+    assert model.config["official_layout"] == "pcmepp-coco-mu" and model.deterministic and model.mean_head == "fc"
+    assert torch.equal(model.official_loss["tau"], state["criterion.tau"])
+    images, tokens = _inputs(model)
+    reference = coco_reference(state, images, tokens, unc=0, **TINY)
+    assert reference[1] is None and reference[3] is None
+    _assert_matches(model, reference, images, tokens, atol=1e-5)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    _assert_matches(create_model("pcmepp-coco-tiny", pretrained=tmp_path / "w.safetensors"), reference, images,
+                    tokens, atol=1e-5)
+    again = load(save(model, tmp_path / "ckpt"))
+    assert again.deterministic and again.mean_head == "fc"
+    _assert_matches(again, reference, images, tokens, atol=1e-5)
+    # deterministic=True is the file's own; False contradicts it (and True a probabilistic file)
+    assert create_model("pcmepp-coco-tiny", pretrained=ckpt, deterministic=True).deterministic
+    with pytest.raises(UserError, match=r"deterministic must be as it was trained \(deterministic=True\)"):
+        create_model("pcmepp-coco-tiny", pretrained=ckpt, deterministic=False)
+    prob = write_trainer_ckpt(tmp_path / "prob.ckpt", tiny_coco_state(1, False))
+    with pytest.raises(UserError, match=r"deterministic must be as it was trained \(deterministic=False\)"):
+        create_model("pcmepp-coco-tiny", pretrained=prob, deterministic=True)
+
+
+def test_mu_only_misshaped_or_half_probabilistic_files_fail_in_one_line(tmp_path):
+    state = tiny_mu_state("configs/others/vse_infty.yaml")
+    prob = tiny_coco_state(1, False)
+    cases = [
+        (dict(state, **{"txt_enc.linear.weight": torch.zeros(16, 64)}),
+         r"key 'txt_enc.linear.weight' has shape \(16, 64\), the model expects"),
+        ({k: v for k, v in state.items() if k != "txt_enc.gpool.linear.weight"},
+         r"missing key for 'text_gpo.score.weight' \(official 'txt_enc.gpool.linear.weight'\)"),
+        (dict(state, **{k: v for k, v in prob.items() if k.startswith("img_enc.image_std_encoder.")}),
+         r"neither PCME\+\+ COCO layout: it has image std encoder but no image uncertainty blocks, text uncertainty "
+         r"blocks, text std head"),
+        # what the official mu-only encoders hold if n_unc_layers is set too: uncertainty blocks, no std heads
+        (dict(state, **{k: v for k, v in prob.items() if "uncertainty_transformer" in k or "prob_resblocks" in k}),
+         r"neither PCME\+\+ COCO layout: it has image uncertainty blocks, text uncertainty blocks but no image std"),
+    ]
+    for i, (bad, message) in enumerate(cases):
+        write_trainer_ckpt(tmp_path / f"bad{i}.ckpt", bad)
+        with pytest.raises(UserError, match=message) as e:
+            create_model("pcmepp-coco-tiny", pretrained=tmp_path / f"bad{i}.ckpt")
+        assert "\n" not in str(e.value) and f"bad{i}.ckpt" in str(e.value)
+
+
+@pytest.mark.slow
+def test_b32_mu_only_file_computes_the_official_mu(tmp_path):
+    """The real ViT-B/32 mu-only layout (configs/others/vse_infty.yaml: no criterion keys), random weights."""
+    state = mu_only_state("configs/others/vse_infty.yaml", device="cpu", generator=torch.Generator().manual_seed(4))
+    write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    model = create_model("pcmepp-coco-ViT-B-32", pretrained=tmp_path / "last.ckpt")
+    assert model.deterministic and model.official_loss == {}
+    images, tokens = _inputs(model, n_images=2)
+    with torch.no_grad():
+        reference = coco_reference(state, images, tokens[:2], unc=0, **B32)
+    _assert_matches(model, reference, images, tokens[:2], atol=1e-5)
+
+
 # ------------------------------------------------------------------ command line, end to end
+def _ok(*args, **kw):
+    from conftest import run_cli
+
+    r = run_cli(*args, **kw)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
 @pytest.mark.slow
 def test_convert_eval_and_finetune_from_an_official_coco_file(tmp_path):
     from conftest import run_cli
@@ -356,12 +485,7 @@ def test_convert_eval_and_finetune_from_an_official_coco_file(tmp_path):
 
     state = tiny_coco_state(2, True)
     ckpt = write_trainer_ckpt(tmp_path / "last.ckpt", state)
-
-    def ok(*args, **kw):
-        r = run_cli(*args, **kw)
-        assert r.returncode == 0, r.stderr[-3000:]
-        return r
-
+    ok = _ok
     out = tmp_path / "converted"
     ok("convert", ckpt, "--model", "pcmepp-coco-tiny", "--out", out)
     model = load(out)
@@ -399,3 +523,37 @@ def test_convert_eval_and_finetune_from_an_official_coco_file(tmp_path):
     r = run_cli("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", tmp_path / "renamed.ckpt",
                 "--root", tmp_path / "coco")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "txt_enc.gpool.linear.weights" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_convert_and_eval_coco_from_an_official_mu_only_file(tmp_path):
+    from conftest import run_cli
+    from test_data_coco import make_coco
+
+    from zsprob.models import load_extra_tensors
+
+    state = tiny_mu_state()
+    ckpt = write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    out = tmp_path / "converted"
+    _ok("convert", ckpt, "--model", "pcmepp-coco-tiny", "--out", out)
+    model = load(out)
+    assert model.config["official_layout"] == "pcmepp-coco-mu" and model.deterministic
+    assert torch.equal(load_extra_tensors(out)["loss.tau"], state["criterion.tau"])
+    images, tokens = _inputs(model)
+    _assert_matches(model, coco_reference(state, images, tokens, unc=0, **TINY), images, tokens, atol=1e-5)
+
+    make_coco(tmp_path / "coco")
+    for args in (("--model", "pcmepp-coco-tiny", "--pretrained", ckpt), ("--checkpoint", out)):
+        metrics = tmp_path / "metrics.json"  # no sigma: ranked by cosine, as the official code ranks mu-only models
+        _ok("eval", "coco", *args, "--root", tmp_path / "coco", "--score", "cosine", "--no-analysis", "--out", metrics)
+        assert 0 <= json.loads(metrics.read_text())["metrics"]["coco"]["i2t"]["r@1"] <= 100
+    r = run_cli("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", ckpt, "--root", tmp_path / "coco")
+    assert r.returncode == 2 and "score 'csd' needs sigma" in r.stderr.splitlines()[-1], r.stderr
+
+    bad = dict(state, **{"img_enc.image_encoder.fc.bias": torch.zeros(7)})
+    write_trainer_ckpt(tmp_path / "shape.ckpt", bad)
+    for command in (("convert", tmp_path / "shape.ckpt", "--model", "pcmepp-coco-tiny", "--out", tmp_path / "x"),
+                    ("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", tmp_path / "shape.ckpt",
+                     "--root", tmp_path / "coco")):
+        r = run_cli(*command)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "img_enc.image_encoder.fc.bias" in r.stderr, r.stderr
