@@ -373,6 +373,8 @@ def create_from_official(name: str, source, state: dict, kind: str, **options: A
     """
     from zsprob.models.convert.load import load_official, official_options
 
+    if options.get("deterministic", False) is None:  # None: the file's own
+        options.pop("deterministic")
     fixed = official_options(kind, state, source)
     clash = sorted(k for k in fixed if k in options and options[k] != fixed[k])
     if clash:
@@ -407,9 +409,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         from its layout.
     embed_dim: embedding size D (default: the config's). A pretrained projection of another size
         is re-initialised (and marked ``backbone=False`` in :meth:`param_info`).
-    sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`; ``deterministic``
-        None is False, or for a published file what it was trained as (a PCME++ COCO mu-only file: True;
-        a value that contradicts the file is an error).
+    sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`; deterministic=None
+        is False, or a published file's own (a PCME++ COCO mu-only file: True; a contradicting value: error).
     seed: seeds torch's RNG before building, so random inits are reproducible.
     overrides: zsprob options ``sigma_head`` ("block" | "unc"), ``sigma_layout`` ("official" |
         "legacy"), ``sigma_ln_init`` (None), ``sigma_ln_init_bias`` (0.0) (see
@@ -433,9 +434,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         if embed_dim is not None:
             raise UserError(f"{pretrained} is an official {official[1]} checkpoint: its architecture is fixed "
                             "(no embed_dim option)")
-        if deterministic is not None:  # checked against the file's own (official_options)
-            overrides["deterministic"] = bool(deterministic)
-        return create_from_official(name, pretrained, *official, var_bounds=var_bounds, seed=seed, **overrides)
+        return create_from_official(name, pretrained, *official, var_bounds=var_bounds, seed=seed,
+                                    deterministic=deterministic, **overrides)
     if zs_ckpt:  # a zsprob checkpoint: its open_clip config is the base
         zs_meta = load_meta(pretrained)
         ocfg = copy.deepcopy(zs_meta["config"]["open_clip_cfg"])
