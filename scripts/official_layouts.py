@@ -7,12 +7,16 @@ Needs the official source trees, which the tests do not: export them first, e.g.
     python scripts/official_layouts.py --prolip /tmp/x/prolip --pcmepp /tmp/x/pcmepp \
         --out tests/fixtures/official_layouts
 
-The official model classes are instantiated on the ``meta`` device (no weights, nothing is
-downloaded) and their ``state_dict()`` names, shapes and dtypes are dumped to JSON, one file per
-layout, together with the architecture facts of each official config. The official files are
-not modified: PCME++'s ``clip.load`` (which would download OpenAI weights) is replaced by a
-function that builds the official ``ProbCLIP`` with OpenAI CLIP ViT-B/32's dimensions, and the
-missing ``pkg_resources`` / ``lightning`` imports get tiny stand-ins.
+(either family alone is fine). The official model classes are instantiated on the ``meta``
+device (no weights, nothing is downloaded) and their ``state_dict()`` names, shapes and dtypes are
+dumped to JSON, one file per layout, together with the architecture facts of each official config.
+The official files are not modified. The PCME++ COCO trainer's modules are built as
+``pcmepp.engine.PCMEPPModel`` builds them, from the official YAML configs with the README's
+command-line overrides; its ``clip.load`` (which would download the OpenAI weights) is replaced by a
+function that hands the official ``build_model`` a stand-in OpenAI state dict (open_clip's CLIP of
+the same architecture on ``meta``: OpenAI's key names and shapes), so the official code derives the
+tower sizes and chooses ``CLIP`` or ``ProbCLIP`` itself. The missing ``pkg_resources`` import
+gets a tiny stand-in.
 """
 from __future__ import annotations
 
@@ -24,10 +28,23 @@ from pathlib import Path
 
 import torch
 
-# OpenAI CLIP ViT-B/32 (the official PCME++ COCO trainer's default backbone, clip_ViT-B/32)
-CLIP_VIT_B32 = dict(embed_dim=512, image_resolution=224, vision_layers=12, vision_width=768, vision_patch_size=32,
-                    context_length=77, vocab_size=49408, transformer_width=512, transformer_heads=8,
-                    transformer_layers=12)
+# OpenAI CLIP backbones of the COCO trainer (``backbone_source: clip_<name>``) -> open_clip's config of that
+# architecture, whose state dict has OpenAI's key names and shapes (what the official build_model reads)
+OPENAI_CLIP = {"ViT-B/32": "ViT-B-32", "ViT-B/16": "ViT-B-16", "ViT-L/14": "ViT-L-14"}
+
+# COCO trainer layouts: (fixture name, official config, README command-line overrides ``--group__option``)
+COCO_RUNS = [(f"pcmepp-coco-ViT-B-32-unc{u}-ln{'none' if ln is None else ln}", "configs/pcmepp.yaml",
+              {"model__n_unc_layers": u, "model__sigma_ln_init": ln}) for u in (1, 2) for ln in (None, 0.01)] + [
+    ("pcmepp-coco-ViT-B-16-unc1-lnnone", "configs/pcmepp.yaml", {"model__backbone_source": "clip_ViT-B/16"}),
+    ("pcmepp-coco-ViT-L-14-unc1-lnnone", "configs/pcmepp.yaml",
+     {"model__backbone_source": "clip_ViT-L/14", "model__img_dim": 1024}),
+]
+# the non-probabilistic baselines (is_probabilistic_model: false); one fixture, the criteria's keys beside it.
+# pcmepp_mu_only.yaml as shipped stops in MCSoftContrastiveLoss.__init__ (its prob_distance
+# energy_distance_closed_form is not one of non_squared_l2 / squared_l2): built with a valid one
+MU_ONLY_CONFIGS = {"configs/others/info_nce.yaml": {},
+                   "configs/others/pcmepp_mu_only.yaml": {"criterion__prob_distance": "squared_l2"},
+                   "configs/others/vse_infty.yaml": {}}
 
 # PCME++ HF ViT-B/16 (hf_models.HfPCMEPPModel): open_clip ViT-B-16 towers, 2 uncertainty layers per tower
 # (the dataclass defaults in hf_models/hf_clip.py; the hub config.json passes the same fields)
@@ -80,47 +97,90 @@ def pcmepp_layouts(root: Path, out: Path) -> None:
     _write(out, "pcmepp-ViT-B-16", "naver-ai/pcmepp hf_models/hf_clip.py HfPCMEPPModel (hub config.json fields)",
            PCMEPP_HF_B16, _layout(hf))
 
+    for name, config, overrides in COCO_RUNS:
+        opt = _official_opt(root, config, overrides)
+        note = ("lightning checkpoint dict: epoch, global_step, state_dict, hyper_parameters (opt), optimizer_states, "
+                "lr_schedulers, callbacks; SWA runs add swa_img_enc.module.* / swa_txt_enc.module.* copies")
+        extra = {"checkpoint": {"state_dict_key": "state_dict", "note": note}}
+        if not name.startswith("pcmepp-coco-ViT-B-32-unc"):
+            extra["readme_overrides"] = overrides
+        _write(out, name, f"naver-ai/pcmepp train.py (lightning ModelCheckpoint of pcmepp.engine.PCMEPPModel), {config}",
+               {"model": opt["model"]}, _layout(_coco_trainer(opt)), extra)
+    _mu_only_layout(root, out)
+
+
+def _official_opt(root: Path, config: str, overrides: dict) -> dict:
+    """An official YAML config with train.py's ``--group__option value`` overrides applied."""
+    import yaml
+
+    opt = yaml.safe_load((root / config).read_text())
+    for key, value in overrides.items():
+        group, option = key.split("__")
+        opt[group][option] = value
+    return opt
+
+
+def _coco_trainer(opt: dict) -> torch.nn.Module:
+    """The modules of pcmepp.engine.PCMEPPModel (a LightningModule) under its attribute names, on ``meta``."""
     from pcmepp.criterions import get_criterion
     from pcmepp.models import img_encoder, txt_encoder
     from pcmepp.models.encoders import get_image_encoder, get_text_encoder
     from pcmepp.modules.clip import model as clip_model
 
-    def load_random(name, device="cpu", jit=False, download_root=None, n_unc_layers=2, rand_init=False):
-        assert name == "ViT-B/32", name
-        return clip_model.ProbCLIP(*CLIP_VIT_B32.values(), n_unc_layers), None
+    def load_stand_in(name, device="cpu", jit=False, download_root=None, n_unc_layers=2, rand_init=False):
+        openai = clip_model_state(name)  # OpenAI's names and shapes; build_model derives every size from them
+        return clip_model.build_model(openai, name, n_unc_layers, rand_init=True), None  # rand_init: nothing to load
 
-    img_encoder.clip.load = load_random
-    txt_encoder.clip.load = load_random
-    for n_unc in (1, 2):
-        for sigma_ln in (None, 0.01):
-            opt_model = dict(is_probabilistic_model=True, n_unc_layers=n_unc, backbone_source="clip_ViT-B/32",
-                             precomp_enc_type="backbone", embed_size=1024, img_dim=768, no_imgnorm=False,
-                             no_txtnorm=False, sigma_ln_init=sigma_ln)
-            trainer = torch.nn.Module()  # attributes named as PCMEPPModel (a LightningModule) names them
-            with torch.device("meta"):
-                trainer.img_enc = get_image_encoder(size_augment=0.2, **opt_model)
-                trainer.txt_enc = get_text_encoder(**opt_model)
-                trainer.criterion = get_criterion(name="pcmepp", init_negative_scale=5, init_shift=5,
-                                                  vib_beta=0.0001, prob_distance="csd", smoothness_alpha=0.1)
-            tag = f"unc{n_unc}-ln{'none' if sigma_ln is None else sigma_ln}"
-            _write(out, f"pcmepp-coco-ViT-B-32-{tag}",
-                   "naver-ai/pcmepp train.py (lightning ModelCheckpoint of pcmepp.engine.PCMEPPModel), configs/pcmepp.yaml",
-                   {"model": opt_model}, _layout(trainer),
-                   {"checkpoint": {"state_dict_key": "state_dict",
-                                   "note": "lightning checkpoint dict: epoch, global_step, state_dict, "
-                                           "hyper_parameters (opt), optimizer_states, lr_schedulers, callbacks; "
-                                           "SWA runs add swa_img_enc.module.* / swa_txt_enc.module.* copies"}})
+    img_encoder.clip.load = load_stand_in
+    txt_encoder.clip.load = load_stand_in
+    trainer = torch.nn.Module()
+    with torch.device("meta"):
+        trainer.img_enc = get_image_encoder(size_augment=opt["augment"]["img_size_augment"], **opt["model"])
+        trainer.txt_enc = get_text_encoder(**opt["model"])
+        trainer.criterion = get_criterion(**opt["criterion"])
+    return trainer
+
+
+def clip_model_state(name: str) -> dict:
+    import open_clip
+
+    with torch.device("meta"):
+        return dict(open_clip.CLIP(**open_clip.get_model_config(OPENAI_CLIP[name])).state_dict())
+
+
+def _mu_only_layout(root: Path, out: Path) -> None:
+    """configs/others/*: the same encoders without uncertainty modules; only the criterion's keys differ."""
+    layouts, criteria, models = {}, {}, {}
+    for config, overrides in MU_ONLY_CONFIGS.items():
+        opt = _official_opt(root, config, overrides)
+        assert opt["model"]["is_probabilistic_model"] is False, config
+        layouts[config] = _layout(_coco_trainer(opt))
+        criteria[config] = {k: v for k, v in layouts[config].items() if k.startswith("criterion.")}
+        models[config] = {k: v for k, v in layouts[config].items() if not k.startswith("criterion.")}
+    first = next(iter(MU_ONLY_CONFIGS))
+    assert all(m == models[first] for m in models.values()), "the mu-only encoders differ between configs"
+    note = ("keys: those of the listed config; the other configs/others/*.yaml with is_probabilistic_model false "
+            "hold the same encoder keys and criterion_keys[config] (no swa_start_epoch in them: no SWA copies)")
+    _write(out, "pcmepp-coco-ViT-B-32-mu",
+           f"naver-ai/pcmepp train.py (lightning ModelCheckpoint of pcmepp.engine.PCMEPPModel), {first}",
+           {"model": _official_opt(root, first, {})["model"]}, layouts[first],
+           {"criterion_keys": criteria, "criterion_overrides": {c: o for c, o in MU_ONLY_CONFIGS.items() if o},
+            "checkpoint": {"state_dict_key": "state_dict", "note": note}})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prolip", type=Path, required=True, help="exported naver-ai/prolip tree")
-    ap.add_argument("--pcmepp", type=Path, required=True, help="exported naver-ai/pcmepp tree")
+    ap.add_argument("--prolip", type=Path, help="exported naver-ai/prolip tree")
+    ap.add_argument("--pcmepp", type=Path, help="exported naver-ai/pcmepp tree")
     ap.add_argument("--out", type=Path, default=Path("tests/fixtures/official_layouts"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    prolip_layouts(args.prolip, args.out)
-    pcmepp_layouts(args.pcmepp, args.out)
+    if args.prolip is None and args.pcmepp is None:
+        ap.error("give --prolip and / or --pcmepp")
+    if args.prolip is not None:
+        prolip_layouts(args.prolip, args.out)
+    if args.pcmepp is not None:
+        pcmepp_layouts(args.pcmepp, args.out)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ def test_every_listed_model_has_a_layout_fixture():
     for unc in (1, 2):
         for ln in ("none", "0.01"):
             assert f"pcmepp-coco-ViT-B-32-unc{unc}-ln{ln}" in names
+    assert {"pcmepp-coco-ViT-B-16-unc1-lnnone", "pcmepp-coco-ViT-L-14-unc1-lnnone", "pcmepp-coco-ViT-B-32-mu"} <= names
     b16 = official_layout("prolip-ViT-B-16")
     assert b16["config"]["text_cfg"]["context_length"] == 64 and b16["config"]["text_cfg"]["pool_type"] == "last"
     assert b16["keys"]["text.positional_embedding"]["shape"] == [66, 768]  # 64 tokens + [CLS] + [UNC]
@@ -61,7 +62,7 @@ def test_round_trip_official_zsprob_official_is_the_identity(path):
     assert list(back) == list(state) and all(back[k] is state[k] for k in state if k not in prolip.TABLES)
     assert all(back[k].shape == state[k].shape for k in state)  # the ProLIP tables: values in the test below
     branches = {branch_of(k, rules) for k in converted}
-    assert branches <= {"mean", "sigma", "loss"} and "sigma" in branches
+    assert branches <= {"mean", "sigma", "loss"} and ("sigma" in branches) == (kind != "pcmepp-coco-mu")
     # every uncertainty parameter of the official model lands in a sigma head, nothing else does
     for official, zs in zip(split, converted):
         is_unc = any(w in official for w in ("unc", "uncertainty", "prob_resblocks", "std_"))

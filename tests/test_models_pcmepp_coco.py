@@ -1,20 +1,25 @@
 """Checkpoints of PCME++'s official COCO trainer (naver-ai/pcmepp ``train.py``; layout ``pcmepp-coco``)
 through ``create_model(name, pretrained=FILE)``, ``zsprob convert``, ``eval coco`` and ``finetune coco``.
 
-The files are written here with random weights in the exact official layout: the ViT-B/32 key lists
-are fixtures (tests/fixtures/official_layouts/pcmepp-coco-ViT-B-32-*.json, from the official model
-classes); the CPU-sized ``pcmepp-coco-tiny`` files are a zsprob ``mean_head="fc"`` model renamed to
+The files are written here with random weights in the exact official layout: the key lists are
+fixtures (tests/fixtures/official_layouts/pcmepp-coco-*.json, from the official model classes on the
+meta device: ViT-B/32 with 1 or 2 uncertainty blocks, with and without the sigma LayerNorm; ViT-B/16 and
+ViT-L/14 as the official README's commands build them); the CPU-sized ``pcmepp-coco-tiny`` files are a zsprob ``mean_head="fc"`` model renamed to
 the official keys. The reference below is an independent float64 re-implementation of the official
 forward (``pcmepp/modules/clip/model.py`` ProbVisionTransformer / ProbTransformer with QuickGELU,
 ``pcmepp/models/img_encoder.py`` / ``txt_encoder.py``, VSE infinity's GPO: sinusoidal position
 encodings -> bidirectional GRU -> linear scores -> softmax(score / 0.1) over the per-dimension
 descending-sorted features), written with plain torch ops on the *official* key names: no open_clip,
-no zsprob module, no key map.
+no zsprob module, no key map. The mu-only baselines (``is_probabilistic_model: false``, layout
+``pcmepp-coco-mu``: ``configs/others/info_nce.yaml``, ``vse_infty.yaml``, ``pcmepp_mu_only.yaml``)
+run the same reference without the std branches; their fixture is pcmepp-coco-ViT-B-32-mu.json (one
+encoder layout, each config's criterion keys beside it).
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -24,10 +29,20 @@ from test_models_convert import official_layout, official_state
 from test_models_published import _assert_matches, _block, _inputs, _ln
 from zsprob.errors import UserError
 from zsprob.models import create_model, load, save
-from zsprob.models.convert import official_to_zsprob, zsprob_to_official
-from zsprob.models.convert.load import KEEP_OWN, ZERO_FILLS, official_options
+from zsprob.models.convert import detect_layout, official_to_zsprob, zsprob_to_official
+from zsprob.models.convert.load import KEEP_OWN, ZERO_FILLS, load_official, official_options
 
-COCO_FIXTURES = [f"pcmepp-coco-ViT-B-32-unc{u}-ln{ln}" for u in (1, 2) for ln in ("none", "0.01")]
+B32_FIXTURES = [f"pcmepp-coco-ViT-B-32-unc{u}-ln{ln}" for u in (1, 2) for ln in ("none", "0.01")]
+COCO_FIXTURES = B32_FIXTURES + ["pcmepp-coco-ViT-B-16-unc1-lnnone", "pcmepp-coco-ViT-L-14-unc1-lnnone"]
+
+
+MU_FIXTURE = "pcmepp-coco-ViT-B-32-mu"  # the encoders of configs/others/*.yaml, each config's criterion keys beside
+MU_CONFIGS = sorted(official_layout(MU_FIXTURE)["criterion_keys"])
+
+
+def model_of(fixture: str) -> str:
+    """The zsprob model of a COCO layout fixture: pcmepp-coco-ViT-L-14-unc1-lnnone -> pcmepp-coco-ViT-L-14."""
+    return fixture.split("-unc")[0]
 
 
 # ------------------------------------------------------------------ float64 reference (official names)
@@ -69,9 +84,21 @@ def _gpo(features, lengths, sd, p, d_pe=32):
     return torch.stack(pooled)
 
 
-def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, patch):
-    """(image mu, image logvar, text mu, text logvar) of the official COCO model in eval mode, float64."""
+def _std_head(tokens, lengths, sd, fc, gpool, ln):
+    """The official std branch (biased fc, GPO, the sigma LayerNorm if any); None in a mu-only file."""
+    if fc + ".weight" not in sd:
+        return None
+    out = _gpo(F.linear(tokens, sd[fc + ".weight"], sd[fc + ".bias"]), lengths, sd, gpool)
+    return _ln(out, sd, ln) if ln + ".weight" in sd else out
+
+
+def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, patch, text_layers=None):
+    """(image mu, image logvar, text mu, text logvar) of the official COCO model in eval mode, float64
+    (``layers`` blocks in the image tower, ``text_layers`` - default ``layers`` - in the text tower).
+    A mu-only file (``unc=0``, no std keys: the official CLIP / VisionTransformer / EncoderTextClip, the
+    same trunk without uncertainty blocks) gives None for both logvars."""
     sd = {k: v.double() for k, v in sd.items()}
+    text_layers = layers if text_layers is None else text_layers
     v = "img_enc.backbone."
     x = F.conv2d(images.double(), sd[v + "conv1.weight"], stride=patch).flatten(2).transpose(1, 2)
     b, w = x.shape[0], x.shape[2]
@@ -88,33 +115,30 @@ def coco_reference(sd, images, text, *, layers, unc, image_heads, text_heads, pa
     enc = "img_enc.image_encoder."
     img_mu = _gpo(F.linear(x, sd[enc + "fc.weight"], sd[enc + "fc.bias"]), all_tokens, sd, enc + "gpool")
     std = "img_enc.image_std_encoder."
-    img_std = _gpo(F.linear(s, sd[std + "fc.weight"], sd[std + "fc.bias"]), all_tokens, sd, std + "gpool")
-    if "img_enc.image_std_ln.weight" in sd:
-        img_std = _ln(img_std, sd, "img_enc.image_std_ln")
+    img_std = _std_head(s, all_tokens, sd, std + "fc", std + "gpool", "img_enc.image_std_ln")
 
     t = "txt_enc.backbone."
     n = text.shape[1]
     y = sd[t + "token_embedding.weight"][text] + sd[t + "positional_embedding"][:n]
     causal = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)
-    for i in range(layers - unc):
+    for i in range(text_layers - unc):
         y = _block(y, sd, f"{t}transformer.resblocks.{i}", text_heads, causal, act=_quick_gelu)
     ys = y
-    for i in range(layers - unc, layers):
+    for i in range(text_layers - unc, text_layers):
         y = _block(y, sd, f"{t}transformer.resblocks.{i}", text_heads, causal, act=_quick_gelu)
     for i in range(unc):
         ys = _block(ys, sd, f"{t}transformer.prob_resblocks.{i}", text_heads, causal, act=_quick_gelu)
     lengths = text.argmax(dim=-1) + 1  # <start> .. <end> (the end token has the highest id)
     y = _ln(y, sd, t + "ln_final")  # the mean branch only
     txt_mu = _gpo(F.linear(y, sd["txt_enc.linear.weight"], sd["txt_enc.linear.bias"]), lengths, sd, "txt_enc.gpool")
-    txt_std = _gpo(F.linear(ys, sd["txt_enc.std_linear.weight"], sd["txt_enc.std_linear.bias"]), lengths, sd,
-                   "txt_enc.std_gpool")
-    if "txt_enc.text_std_ln.weight" in sd:
-        txt_std = _ln(txt_std, sd, "txt_enc.text_std_ln")
+    txt_std = _std_head(ys, lengths, sd, "txt_enc.std_linear", "txt_enc.std_gpool", "txt_enc.text_std_ln")
     return F.normalize(img_mu, dim=-1), img_std, F.normalize(txt_mu, dim=-1), txt_std
 
 
 TINY = dict(layers=3, image_heads=2, text_heads=2, patch=8)
 B32 = dict(layers=12, image_heads=12, text_heads=8, patch=32)
+B16 = dict(layers=12, image_heads=12, text_heads=8, patch=16)
+L14 = dict(layers=24, text_layers=12, image_heads=16, text_heads=12, patch=14)  # OpenAI CLIP ViT-L/14: heads = width / 64
 
 
 # ------------------------------------------------------------------ official files with random weights
@@ -134,6 +158,27 @@ def tiny_coco_state(unc: int = 2, ln: bool = True, seed: int = 0) -> dict:
     return _randomise(zsprob_to_official(zs, "pcmepp-coco"), seed)
 
 
+def mu_only_state(config: str, device="meta", generator=None) -> dict:
+    """The exact official ViT-B/32 mu-only layout of ``config`` (encoders + that criterion's keys)."""
+    state = {k: v for k, v in official_state(MU_FIXTURE, device, generator).items() if not k.startswith("criterion.")}
+    for key, spec in official_layout(MU_FIXTURE)["criterion_keys"][config].items():
+        state[key] = torch.empty(spec["shape"], device="meta") if device == "meta" else torch.full(spec["shape"], 5.0)
+    return state
+
+
+def tiny_mu_state(config: str = "configs/others/info_nce.yaml", seed: int = 0) -> dict:
+    """Official mu-only COCO-trainer names (``config``'s criterion), pcmepp-coco-tiny shapes, random weights."""
+    model = create_model("pcmepp-coco-tiny", mean_head="fc", deterministic=True)
+    zs = {k: v for k, v in model.state_dict().items() if k not in KEEP_OWN["pcmepp-coco-mu"]}
+    state = zsprob_to_official(zs, "pcmepp-coco-mu")
+    state.update({k: torch.ones(spec["shape"]) for k, spec in official_layout(MU_FIXTURE)["criterion_keys"][config].items()})
+    return _randomise(state, seed)
+
+
+def _key_patterns(keys) -> set[str]:
+    return {re.sub(r"\.\d+\.", ".N.", k) for k in keys}
+
+
 def write_trainer_ckpt(path, state: dict):
     """The dict a Lightning ModelCheckpoint writes (weights under ``state_dict``)."""
     torch.save({"epoch": 24, "global_step": 1000, "state_dict": state}, path)
@@ -144,35 +189,16 @@ def write_trainer_ckpt(path, state: dict):
 def test_convert_picks_the_coco_backbone_from_the_patch_size():
     from zsprob.models.convert.convert import default_model
 
-    state = official_state("pcmepp-coco-ViT-B-32-unc1-lnnone")
-    assert default_model("pcmepp-coco", state) == "pcmepp-coco-ViT-B-32"
-    for patch, name in ((16, "pcmepp-coco-ViT-B-16"), (14, "pcmepp-coco-ViT-L-14")):
-        conv = torch.empty(768, 3, patch, patch, device="meta")
-        assert default_model("pcmepp-coco", dict(state, **{"img_enc.backbone.conv1.weight": conv})) == name
+    for fixture in COCO_FIXTURES:
+        assert default_model("pcmepp-coco", official_state(fixture)) == model_of(fixture)
     assert default_model("pcmepp-hf", official_state("pcmepp-ViT-B-16")) == "pcmepp-ViT-B-16"
 
 
-@pytest.mark.parametrize("model", ["pcmepp-coco-ViT-B-16", "pcmepp-coco-ViT-L-14"])
-def test_b16_and_l14_coco_models_have_the_official_shapes(model):
-    """The other backbones' JSONs: the B/32 layout with OpenAI CLIP's B/16 and L/14 towers (img_dim 1024 and
-    text width 768 for L/14, as the official README's command line and txt_encoder.py say)."""
-    state = official_state("pcmepp-coco-ViT-B-32-unc2-ln0.01")
-    with torch.device("meta"):
-        built = create_model(model, **official_options("pcmepp-coco", state)).state_dict()
-    big = model.endswith("L-14")
-    width, text = (1024, 768) if big else (768, 512)
-    assert tuple(built["clip.visual.conv1.weight"].shape) == (width, 3, 14 if big else 16, 14 if big else 16)
-    assert tuple(built["clip.visual.positional_embedding"].shape) == ((257 if big else 197), width)
-    assert tuple(built["image_head.fc.weight"].shape) == (1024, width)
-    assert tuple(built["text_head.fc.weight"].shape) == (1024, text)
-    assert tuple(built["text_sigma.proj.weight"].shape) == (1024, text)
-    assert sum(k.endswith("attn.in_proj_weight") and k.startswith("clip.visual.") for k in built) == (24 if big else 12)
-
-
 @pytest.mark.parametrize("fixture", COCO_FIXTURES)
-def test_every_b32_layout_fills_pcmepp_coco_vit_b32_exactly(fixture):
+def test_every_coco_layout_fills_its_model_exactly(fixture):
     """The loader's options build a model whose keys are the official ones, shape for shape (the zero sigma
-    biases and open_clip's unused logit_scale are the only fills)."""
+    biases and open_clip's unused logit_scale are the only fills), and the strict loader takes the file
+    (every official key consumed, every parameter filled), on the meta device."""
     state = official_state(fixture)
     cfg = official_layout(fixture)["config"]["model"]
     options = official_options("pcmepp-coco", state)
@@ -180,12 +206,13 @@ def test_every_b32_layout_fills_pcmepp_coco_vit_b32_exactly(fixture):
     assert options["sigma_depth"] == cfg["n_unc_layers"]
     assert (options["sigma_ln_init"] is None) == (cfg["sigma_ln_init"] is None)
     with torch.device("meta"):
-        model = create_model("pcmepp-coco-ViT-B-32", **options)
+        model = create_model(model_of(fixture), **options)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-coco").items()
                  if not k.startswith("loss.")}
     assert set(expected) - set(converted) == set(ZERO_FILLS["pcmepp-coco"]) | set(KEEP_OWN["pcmepp-coco"])
     assert set(converted) <= set(expected) and all(converted[k] == expected[k] for k in converted)
+    assert set(load_official(model, state, "pcmepp-coco", fixture)) == {"shift", "negative_scale"}
 
 
 @pytest.mark.parametrize("unc,ln", [(1, False), (2, True)])
@@ -211,29 +238,63 @@ def test_tiny_official_file_computes_the_official_mu_and_logvar(tmp_path, unc, l
 
 
 @pytest.mark.slow
-def test_b32_official_files_compute_the_official_mu_and_logvar(tmp_path):
-    """The real ViT-B/32 architecture: a trainer .ckpt and a safetensors file, random weights, to 1e-5."""
+@pytest.mark.parametrize("fixture,dims", [("pcmepp-coco-ViT-B-32-unc2-ln0.01", B32),
+                                          ("pcmepp-coco-ViT-B-16-unc1-lnnone", B16)])
+def test_full_size_official_files_compute_the_official_mu_and_logvar(tmp_path, fixture, dims):
+    """The real ViT-B/32 and ViT-B/16 architectures: a trainer .ckpt and a safetensors file, random weights,
+    to 1e-5."""
     from safetensors.torch import save_file
 
     torch.manual_seed(0)
-    name = "pcmepp-coco-ViT-B-32-unc2-ln0.01"
-    state = official_state(name, device="cpu", generator=torch.Generator().manual_seed(0))
+    unc = official_layout(fixture)["config"]["model"]["n_unc_layers"]
+    state = official_state(fixture, device="cpu", generator=torch.Generator().manual_seed(0))
     write_trainer_ckpt(tmp_path / "model_best.pth", state)
-    model = create_model("pcmepp-coco-ViT-B-32", pretrained=tmp_path / "model_best.pth")
-    assert model.sigma_depth == 2 and model.embed_dim == 1024
+    model = create_model(model_of(fixture), pretrained=tmp_path / "model_best.pth")
+    assert model.sigma_depth == unc and model.embed_dim == 1024
     images, tokens = _inputs(model, n_images=2)
     tokens = tokens[:2]
     with torch.no_grad():
-        reference = coco_reference(state, images, tokens, unc=2, **B32)
+        reference = coco_reference(state, images, tokens, unc=unc, **dims)
     _assert_matches(model, reference, images, tokens, atol=1e-5)
     del model
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
-    _assert_matches(create_model("pcmepp-coco-ViT-B-32", pretrained=tmp_path / "w.safetensors"), reference,
+    _assert_matches(create_model(model_of(fixture), pretrained=tmp_path / "w.safetensors"), reference,
                     images, tokens, atol=1e-5)
 
 
+def _first_blocks(state: dict, n: int) -> dict:
+    """The official state of the same model with ``n`` trunk blocks per tower (the uncertainty blocks kept)."""
+    trunks = ("img_enc.backbone.transformer.resblocks.", "txt_enc.backbone.transformer.resblocks.")
+    return {k: v for k, v in state.items()
+            if not k.startswith(trunks) or int(k.split("resblocks.", 1)[1].split(".", 1)[0]) < n}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture", [f for f in COCO_FIXTURES if f != "pcmepp-coco-ViT-B-32-unc2-ln0.01"])
+def test_l14_official_file_computes_the_official_mu_and_logvar_on_two_blocks(tmp_path):
+    """ViT-L/14 at its real widths, heads, patch and D (1024 / 768 wide, 16 / 12 heads, 257 image tokens),
+    cut to 2 blocks per tower: the official build_model counts the blocks from the file and every block has
+    the same keys and shapes, so this is the same code path; the full 24 + 12 blocks are checked on the meta
+    device above (strict fill) and here by a round trip of the real-size file."""
+    state = official_state("pcmepp-coco-ViT-L-14-unc1-lnnone", device="cpu", generator=torch.Generator().manual_seed(2))
+    write_trainer_ckpt(tmp_path / "full.ckpt", state)
+    model = create_model("pcmepp-coco-ViT-L-14", pretrained=tmp_path / "full.ckpt")
+    own = model.state_dict()
+    back = zsprob_to_official({k: v for k, v in own.items() if k not in ZERO_FILLS["pcmepp-coco"] + KEEP_OWN["pcmepp-coco"]}
+                              | {f"loss.{k}": v for k, v in model.official_loss.items()}, "pcmepp-coco")
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
+    del model, own, back
+    small = _first_blocks(state, 2)
+    write_trainer_ckpt(tmp_path / "two.ckpt", small)
+    model = create_model("pcmepp-coco-ViT-L-14", pretrained=tmp_path / "two.ckpt",
+                         open_clip_cfg={"vision_cfg": {"layers": 2}, "text_cfg": {"layers": 2}})
+    images, tokens = _inputs(model, n_images=2)
+    with torch.no_grad():
+        reference = coco_reference(small, images, tokens[:2], unc=1, **dict(L14, layers=2, text_layers=2))
+    _assert_matches(model, reference, images, tokens[:2], atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", [f for f in B32_FIXTURES if f != "pcmepp-coco-ViT-B-32-unc2-ln0.01"])
 def test_other_b32_layouts_load_from_trainer_checkpoints(tmp_path, fixture):
     state = official_state(fixture, device="cpu", generator=torch.Generator().manual_seed(1))
     write_trainer_ckpt(tmp_path / "last.ckpt", state)
@@ -320,7 +381,102 @@ def test_mean_head_fc_starts_from_open_clip_weights(tmp_path):
         assert torch.equal(own["clip." + key], value), key
 
 
+# ------------------------------------------------------------------ mu-only baselines (pcmepp-coco-mu)
+@pytest.mark.parametrize("config", MU_CONFIGS)
+def test_mu_only_layout_fills_a_deterministic_model_exactly(config):
+    """configs/others/*.yaml (is_probabilistic_model: false) on ViT-B/32: detected as pcmepp-coco-mu and
+    loaded strictly, on the meta device, into a model without log sigma^2 heads; every official key
+    consumed (the criterion's tau / shift / negative_scale, or none for the triplet loss, as loss tensors)."""
+    from zsprob.models.convert.convert import default_model
+
+    state = mu_only_state(config)
+    assert detect_layout(state) == "pcmepp-coco-mu" and default_model("pcmepp-coco-mu", state) == "pcmepp-coco-ViT-B-32"
+    options = official_options("pcmepp-coco-mu", state)
+    assert options["deterministic"] is True and options["mean_head"] == "fc" and options["pooling"] == "gpo"
+    with torch.device("meta"):
+        model = create_model("pcmepp-coco-ViT-B-32", **options)
+    assert model.image_sigma is None and model.text_sigma is None
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-coco-mu").items()
+                 if not k.startswith("loss.")}
+    assert set(expected) - set(converted) == set(KEEP_OWN["pcmepp-coco-mu"])
+    assert set(converted) <= set(expected) and all(converted[k] == expected[k] for k in converted)
+    loss = load_official(model, state, "pcmepp-coco-mu", MU_FIXTURE)
+    assert sorted(loss) == sorted(k[len("criterion."):] for k in state if k.startswith("criterion."))
+
+
+def test_tiny_mu_only_file_computes_the_official_mu(tmp_path):
+    from safetensors.torch import save_file
+
+    state = tiny_mu_state()
+    assert _key_patterns(state) == _key_patterns(mu_only_state("configs/others/info_nce.yaml"))  # the official names
+    ckpt = write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    model = create_model("pcmepp-coco-tiny", pretrained=ckpt)
+    assert model.config["official_layout"] == "pcmepp-coco-mu" and model.deterministic and model.mean_head == "fc"
+    assert torch.equal(model.official_loss["tau"], state["criterion.tau"])
+    images, tokens = _inputs(model)
+    reference = coco_reference(state, images, tokens, unc=0, **TINY)
+    assert reference[1] is None and reference[3] is None
+    _assert_matches(model, reference, images, tokens, atol=1e-5)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "w.safetensors"))
+    _assert_matches(create_model("pcmepp-coco-tiny", pretrained=tmp_path / "w.safetensors"), reference, images,
+                    tokens, atol=1e-5)
+    again = load(save(model, tmp_path / "ckpt"))
+    assert again.deterministic and again.mean_head == "fc"
+    _assert_matches(again, reference, images, tokens, atol=1e-5)
+    # deterministic=True is the file's own; False contradicts it (and True a probabilistic file)
+    assert create_model("pcmepp-coco-tiny", pretrained=ckpt, deterministic=True).deterministic
+    with pytest.raises(UserError, match=r"deterministic must be as it was trained \(deterministic=True\)"):
+        create_model("pcmepp-coco-tiny", pretrained=ckpt, deterministic=False)
+    prob = write_trainer_ckpt(tmp_path / "prob.ckpt", tiny_coco_state(1, False))
+    with pytest.raises(UserError, match=r"deterministic must be as it was trained \(deterministic=False\)"):
+        create_model("pcmepp-coco-tiny", pretrained=prob, deterministic=True)
+
+
+def test_mu_only_misshaped_or_half_probabilistic_files_fail_in_one_line(tmp_path):
+    state = tiny_mu_state("configs/others/vse_infty.yaml")
+    prob = tiny_coco_state(1, False)
+    cases = [
+        (dict(state, **{"txt_enc.linear.weight": torch.zeros(16, 64)}),
+         r"key 'txt_enc.linear.weight' has shape \(16, 64\), the model expects"),
+        ({k: v for k, v in state.items() if k != "txt_enc.gpool.linear.weight"},
+         r"missing key for 'text_gpo.score.weight' \(official 'txt_enc.gpool.linear.weight'\)"),
+        (dict(state, **{k: v for k, v in prob.items() if k.startswith("img_enc.image_std_encoder.")}),
+         r"neither PCME\+\+ COCO layout: it has image std encoder but no image uncertainty blocks, text uncertainty "
+         r"blocks, text std head"),
+        # what the official mu-only encoders hold if n_unc_layers is set too: uncertainty blocks, no std heads
+        (dict(state, **{k: v for k, v in prob.items() if "uncertainty_transformer" in k or "prob_resblocks" in k}),
+         r"neither PCME\+\+ COCO layout: it has image uncertainty blocks, text uncertainty blocks but no image std"),
+    ]
+    for i, (bad, message) in enumerate(cases):
+        write_trainer_ckpt(tmp_path / f"bad{i}.ckpt", bad)
+        with pytest.raises(UserError, match=message) as e:
+            create_model("pcmepp-coco-tiny", pretrained=tmp_path / f"bad{i}.ckpt")
+        assert "\n" not in str(e.value) and f"bad{i}.ckpt" in str(e.value)
+
+
+@pytest.mark.slow
+def test_b32_mu_only_file_computes_the_official_mu(tmp_path):
+    """The real ViT-B/32 mu-only layout (configs/others/vse_infty.yaml: no criterion keys), random weights."""
+    state = mu_only_state("configs/others/vse_infty.yaml", device="cpu", generator=torch.Generator().manual_seed(4))
+    write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    model = create_model("pcmepp-coco-ViT-B-32", pretrained=tmp_path / "last.ckpt")
+    assert model.deterministic and model.official_loss == {}
+    images, tokens = _inputs(model, n_images=2)
+    with torch.no_grad():
+        reference = coco_reference(state, images, tokens[:2], unc=0, **B32)
+    _assert_matches(model, reference, images, tokens[:2], atol=1e-5)
+
+
 # ------------------------------------------------------------------ command line, end to end
+def _ok(*args, **kw):
+    from conftest import run_cli
+
+    r = run_cli(*args, **kw)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
 @pytest.mark.slow
 def test_convert_eval_and_finetune_from_an_official_coco_file(tmp_path):
     from conftest import run_cli
@@ -329,12 +485,7 @@ def test_convert_eval_and_finetune_from_an_official_coco_file(tmp_path):
 
     state = tiny_coco_state(2, True)
     ckpt = write_trainer_ckpt(tmp_path / "last.ckpt", state)
-
-    def ok(*args, **kw):
-        r = run_cli(*args, **kw)
-        assert r.returncode == 0, r.stderr[-3000:]
-        return r
-
+    ok = _ok
     out = tmp_path / "converted"
     ok("convert", ckpt, "--model", "pcmepp-coco-tiny", "--out", out)
     model = load(out)
@@ -372,3 +523,37 @@ def test_convert_eval_and_finetune_from_an_official_coco_file(tmp_path):
     r = run_cli("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", tmp_path / "renamed.ckpt",
                 "--root", tmp_path / "coco")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "txt_enc.gpool.linear.weights" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_convert_and_eval_coco_from_an_official_mu_only_file(tmp_path):
+    from conftest import run_cli
+    from test_data_coco import make_coco
+
+    from zsprob.models import load_extra_tensors
+
+    state = tiny_mu_state()
+    ckpt = write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    out = tmp_path / "converted"
+    _ok("convert", ckpt, "--model", "pcmepp-coco-tiny", "--out", out)
+    model = load(out)
+    assert model.config["official_layout"] == "pcmepp-coco-mu" and model.deterministic
+    assert torch.equal(load_extra_tensors(out)["loss.tau"], state["criterion.tau"])
+    images, tokens = _inputs(model)
+    _assert_matches(model, coco_reference(state, images, tokens, unc=0, **TINY), images, tokens, atol=1e-5)
+
+    make_coco(tmp_path / "coco")
+    for args in (("--model", "pcmepp-coco-tiny", "--pretrained", ckpt), ("--checkpoint", out)):
+        metrics = tmp_path / "metrics.json"  # no sigma: ranked by cosine, as the official code ranks mu-only models
+        _ok("eval", "coco", *args, "--root", tmp_path / "coco", "--score", "cosine", "--no-analysis", "--out", metrics)
+        assert 0 <= json.loads(metrics.read_text())["metrics"]["coco"]["i2t"]["r@1"] <= 100
+    r = run_cli("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", ckpt, "--root", tmp_path / "coco")
+    assert r.returncode == 2 and "score 'csd' needs sigma" in r.stderr.splitlines()[-1], r.stderr
+
+    bad = dict(state, **{"img_enc.image_encoder.fc.bias": torch.zeros(7)})
+    write_trainer_ckpt(tmp_path / "shape.ckpt", bad)
+    for command in (("convert", tmp_path / "shape.ckpt", "--model", "pcmepp-coco-tiny", "--out", tmp_path / "x"),
+                    ("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", tmp_path / "shape.ckpt",
+                     "--root", tmp_path / "coco")):
+        r = run_cli(*command)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "img_enc.image_encoder.fc.bias" in r.stderr, r.stderr

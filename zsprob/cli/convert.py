@@ -12,8 +12,9 @@ from zsprob.cli.types import OUT_DIR
 @click.option("--out", required=True, type=OUT_DIR, help="zsprob checkpoint directory to write.")
 @click.option("--model", "model_name", default=None,
               help="zsprob model name (default: from the layout: prolip-ViT-B-16, pcmepp-ViT-B-16, or for a COCO "
-                   "trainer file pcmepp-coco-ViT-B-32 / -ViT-B-16 / -ViT-L-14 by its patch size).")
-@click.option("--layout", "layout_name", type=click.Choice(["prolip", "pcmepp-hf", "pcmepp-coco"]), default=None,
+                   "trainer file, probabilistic or mu-only, pcmepp-coco-ViT-B-32 / -ViT-B-16 / -ViT-L-14 by its "
+                   "patch size).")
+@click.option("--layout", "layout_name", type=click.Choice(["prolip", "pcmepp-hf", "pcmepp-coco", "pcmepp-coco-mu"]), default=None,
               help="Official layout (default: detected from the key names).")
 @click.option("--tokenizer", type=click.Path(), default=None,
               help="Local Hugging Face tokenizer directory (default: tokenizer/ next to SOURCE).")

@@ -373,7 +373,9 @@ def create_from_official(name: str, source, state: dict, kind: str, **options: A
     """
     from zsprob.models.convert.load import load_official, official_options
 
-    fixed = official_options(kind, state)
+    if options.get("deterministic", False) is None:  # None: the file's own
+        options.pop("deterministic")
+    fixed = official_options(kind, state, source)
     clash = sorted(k for k in fixed if k in options and options[k] != fixed[k])
     if clash:
         raise UserError(f"{source} is an official {kind} checkpoint: {', '.join(clash)} must be as it was trained "
@@ -392,7 +394,7 @@ def create_from_official(name: str, source, state: dict, kind: str, **options: A
 
 def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embed_dim: int | None = None,
                  sigma_depth: int = 1, sigma_init: str = "random", pooling: str = "gpo",
-                 deterministic: bool = False, var_bounds=None, cache_dir: str | None = None,
+                 deterministic: bool | None = None, var_bounds=None, cache_dir: str | None = None,
                  seed: int | None = None, **overrides: Any):
     """Build a :class:`~zsprob.models.prob_clip.ProbCLIP`.
 
@@ -407,7 +409,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         from its layout.
     embed_dim: embedding size D (default: the config's). A pretrained projection of another size
         is re-initialised (and marked ``backbone=False`` in :meth:`param_info`).
-    sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`.
+    sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`; deterministic=None
+        is False, or a published file's own (a PCME++ COCO mu-only file: True; a contradicting value: error).
     seed: seeds torch's RNG before building, so random inits are reproducible.
     overrides: zsprob options ``sigma_head`` ("block" | "unc"), ``sigma_layout`` ("official" |
         "legacy"), ``sigma_ln_init`` (None), ``sigma_ln_init_bias`` (0.0) (see
@@ -428,10 +431,11 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     if official is not None:  # a published ProLIP / PCME++ file: converted in memory, strictly
         if embed_dim is not None and int(embed_dim) == int(get_open_clip_config(name).get("embed_dim", -1)):
             embed_dim = None  # the model's own size (e.g. a recipe's D = 1024) is no change
-        if deterministic or embed_dim is not None:
+        if embed_dim is not None:
             raise UserError(f"{pretrained} is an official {official[1]} checkpoint: its architecture is fixed "
-                            "(no deterministic / embed_dim options)")
-        return create_from_official(name, pretrained, *official, var_bounds=var_bounds, seed=seed, **overrides)
+                            "(no embed_dim option)")
+        return create_from_official(name, pretrained, *official, var_bounds=var_bounds, seed=seed,
+                                    deterministic=deterministic, **overrides)
     if zs_ckpt:  # a zsprob checkpoint: its open_clip config is the base
         zs_meta = load_meta(pretrained)
         ocfg = copy.deepcopy(zs_meta["config"]["open_clip_cfg"])

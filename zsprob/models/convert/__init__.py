@@ -44,6 +44,8 @@ LAYOUTS = {
                      prolip.split, prolip.join),
     "pcmepp-hf": Layout("pcmepp", pcmepp.HF_RULES, "PCME++ hf_models.HfPCMEPPModel (Hugging Face hub ViT-B/16)"),
     "pcmepp-coco": Layout("pcmepp", pcmepp.COCO_RULES, "checkpoint of the official PCME++ COCO trainer (train.py)"),
+    "pcmepp-coco-mu": Layout("pcmepp", pcmepp.COCO_MU_RULES, "mu-only checkpoint of the official PCME++ COCO trainer "
+                             "(is_probabilistic_model: false; InfoNCE / VSE infinity / PCME++ mu-only baselines)"),
 }
 
 
@@ -62,7 +64,7 @@ def zsprob_to_official(state: dict, kind: str) -> dict:
 def detect_layout(state: dict) -> str:
     """The official layout a state dict is in, from its key names."""
     if any(k.startswith(("img_enc.", "txt_enc.")) for k in state):
-        return "pcmepp-coco"
+        return pcmepp.coco_layout(state)
     if "visual.unc_embedding" in state or "text.unc_emb" in state:
         return "prolip"
     if "uncertainty_text_projection" in state or "visual.uncertainty_proj" in state:

@@ -19,7 +19,8 @@ from zsprob.models.convert import LAYOUTS, detect_layout, read_state_dict
 from zsprob.models.convert.io import read_hf_config
 
 # the zsprob model each official layout builds when --model is not given
-DEFAULT_MODELS = {"prolip": "prolip-ViT-B-16", "pcmepp-hf": "pcmepp-ViT-B-16", "pcmepp-coco": "pcmepp-coco-ViT-B-32"}
+DEFAULT_MODELS = {"prolip": "prolip-ViT-B-16", "pcmepp-hf": "pcmepp-ViT-B-16", "pcmepp-coco": "pcmepp-coco-ViT-B-32",
+                  "pcmepp-coco-mu": "pcmepp-coco-ViT-B-32"}
 
 
 # the COCO trainer's backbone, from the patch size of img_enc.backbone.conv1 (OpenAI CLIP ViT-B/32, B/16, L/14)
@@ -28,7 +29,7 @@ COCO_MODELS_BY_PATCH = {32: "pcmepp-coco-ViT-B-32", 16: "pcmepp-coco-ViT-B-16", 
 
 def default_model(kind: str, state: dict) -> str:
     """The zsprob model a file of layout ``kind`` belongs to when --model is not given."""
-    conv = state.get("img_enc.backbone.conv1.weight") if kind == "pcmepp-coco" else None
+    conv = state.get("img_enc.backbone.conv1.weight") if kind in ("pcmepp-coco", "pcmepp-coco-mu") else None
     if conv is not None and conv.ndim == 4 and int(conv.shape[-1]) in COCO_MODELS_BY_PATCH:
         return COCO_MODELS_BY_PATCH[int(conv.shape[-1])]
     return DEFAULT_MODELS[kind]

@@ -12,6 +12,10 @@ trainer's biased ``fc``), zsprob's block head always has one more (``image_sigma
 ``text_sigma.bias``); it is set to 0, which computes the same function. The COCO trainer's files
 have no ``logit_scale``; the wrapped open_clip model keeps its own (frozen, unused by zsprob's
 losses: ``KEEP_OWN``).
+
+The COCO trainer's mu-only files (layout ``pcmepp-coco-mu``, ``is_probabilistic_model: false``) build a
+deterministic model (``deterministic=True``: no log sigma^2 heads, ``logvar`` is None); a COCO file with
+some uncertainty modules but not all is neither layout (one line naming what it has and lacks).
 """
 from __future__ import annotations
 
@@ -21,13 +25,13 @@ from pathlib import Path
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.convert import LAYOUTS, check_strict, detect_layout, official_to_zsprob
+from zsprob.models.convert import LAYOUTS, check_strict, detect_layout, official_to_zsprob, pcmepp
 from zsprob.models.convert.io import TORCH_SUFFIXES, read_state_dict, weights_file
 
 LOSS_PREFIX = "loss."
 ZERO_FILLS = {"pcmepp-hf": ("image_sigma.bias", "text_sigma.bias"),
               "pcmepp-coco": ("image_sigma.bias", "text_sigma.bias")}
-KEEP_OWN = {"pcmepp-coco": ("clip.logit_scale",)}
+KEEP_OWN = {"pcmepp-coco": ("clip.logit_scale",), "pcmepp-coco-mu": ("clip.logit_scale",)}
 
 
 def _sigma_depth(kind: str, state: dict) -> int:
@@ -38,20 +42,26 @@ def _sigma_depth(kind: str, state: dict) -> int:
     return max(1, len(blocks))
 
 
-def official_options(kind: str, state: dict) -> dict:
+def official_options(kind: str, state: dict, source: str | os.PathLike = "checkpoint") -> dict:
     """create_model options under which a zsprob model computes what the official code computes."""
     if kind == "prolip":
-        return dict(sigma_head="unc", unc_layout="prolip", pooling="native", sigma_depth=1)
+        return dict(sigma_head="unc", unc_layout="prolip", pooling="native", sigma_depth=1, deterministic=False)
     if kind == "pcmepp-hf":
         return dict(sigma_head="block", sigma_layout="official", pooling="native",
-                    sigma_depth=_sigma_depth(kind, state), sigma_ln_init=None)
+                    sigma_depth=_sigma_depth(kind, state), sigma_ln_init=None, deterministic=False)
+    # pcmepp/models/{img,txt}_encoder.py: fc + GPO on every token of the CLIP trunks (no ln_post, no projections)
+    coco = dict(mean_head="fc", pooling="gpo", gpo_dim=32, normalize_mu=True)
+    if kind == "pcmepp-coco-mu":  # EncoderClipImageFull / EncoderTextClip: no uncertainty modules
+        return dict(coco, deterministic=True)
     if kind == "pcmepp-coco":
-        # pcmepp/models/{img,txt}_encoder.py: fc + GPO on every token of the CLIP trunks (no ln_post, no
-        # projections), the std branch the same on the uncertainty blocks, a LayerNorm with sigma_ln_init
+        present, absent = pcmepp.coco_sigma_parts(state)
+        if absent:
+            raise UserError(f"{source}: neither PCME++ COCO layout: it has {', '.join(present)} but no "
+                            f"{', '.join(absent)} (a probabilistic trainer file has all four, a mu-only one none)")
+        # the std branch: fc + GPO on the uncertainty blocks, a LayerNorm with sigma_ln_init
         with_ln = any(k.startswith(("img_enc.image_std_ln.", "txt_enc.text_std_ln.")) for k in state)
-        return dict(sigma_head="block", sigma_layout="official", sigma_init="random", mean_head="fc",
-                    pooling="gpo", gpo_dim=32, normalize_mu=True, sigma_depth=_sigma_depth(kind, state),
-                    sigma_ln_init=0.01 if with_ln else None)
+        return dict(coco, sigma_head="block", sigma_layout="official", sigma_init="random", deterministic=False,
+                    sigma_depth=_sigma_depth(kind, state), sigma_ln_init=0.01 if with_ln else None)
     raise UserError(f"unknown official layout {kind!r}")
 
 

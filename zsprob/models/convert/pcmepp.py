@@ -12,7 +12,11 @@ checkpoint's ``state_dict``): ``img_enc.backbone`` (OpenAI CLIP visual trunk wit
 (a biased ``fc`` to the embedding size, then GPO ``gpool``), ``img_enc.image_std_ln`` (with
 ``sigma_ln_init``), ``txt_enc.backbone`` (the CLIP text trunk, ``transformer.prob_resblocks`` for
 uncertainty), ``txt_enc.linear`` / ``std_linear``, ``gpool`` / ``std_gpool``, ``text_std_ln``, and
-``criterion.shift`` / ``criterion.negative_scale``.
+``criterion.shift`` / ``criterion.negative_scale``. Its non-probabilistic baselines
+(``is_probabilistic_model: false``: ``configs/others/info_nce.yaml``, ``vse_infty.yaml``,
+``pcmepp_mu_only.yaml``; ``EncoderClipImageFull`` / ``EncoderTextClip`` on OpenAI's plain ``CLIP``) hold
+the same mean keys and no uncertainty module: layout ``pcmepp-coco-mu`` (:data:`COCO_MU_RULES`), with
+the criterion's ``tau`` (InfoNCE), ``shift`` / ``negative_scale`` (PCME) or nothing (triplet).
 
 The mean-branch rules of the HF layout name today's ``ProbCLIP`` parameters; the sigma rules name
 the official-layout block heads of ``zsprob.models.prob_clip`` (``SigmaHead``: ``blocks``, ``proj``,
@@ -65,7 +69,29 @@ COCO_RULES = [
     Rule("txt_enc.std_gpool.gru.{rest}", "text_sigma.gpo.gru.{rest}", "sigma"),
     Rule("txt_enc.std_gpool.linear.weight", "text_sigma.gpo.score.weight", "sigma"),
     Rule("txt_enc.text_std_ln.{rest}", "text_sigma.sigma_ln.{rest}", "sigma"),
-    # loss
+    # loss (pcmepp / pcme criteria; InfoNCE's temperature)
     Rule("criterion.shift", "loss.shift", "loss"),
     Rule("criterion.negative_scale", "loss.negative_scale", "loss"),
+    Rule("criterion.tau", "loss.tau", "loss"),
 ]
+
+# the mu-only COCO trainer (is_probabilistic_model: false): the same rules without the uncertainty modules
+COCO_MU_RULES = [rule for rule in COCO_RULES if rule.branch != "sigma"]
+
+# the uncertainty modules of a probabilistic COCO trainer file, each in every such file (key prefixes)
+COCO_SIGMA_PARTS = {"image uncertainty blocks": "img_enc.backbone.uncertainty_transformer.",
+                    "image std encoder": "img_enc.image_std_encoder.",
+                    "text uncertainty blocks": "txt_enc.backbone.transformer.prob_resblocks.",
+                    "text std head": "txt_enc.std_linear."}
+
+
+def coco_layout(state) -> str:
+    """``pcmepp-coco`` when a COCO trainer file holds any uncertainty module, else ``pcmepp-coco-mu``."""
+    has = any(k.startswith(tuple(COCO_SIGMA_PARTS.values())) for k in state)
+    return "pcmepp-coco" if has else "pcmepp-coco-mu"
+
+
+def coco_sigma_parts(state) -> tuple[list[str], list[str]]:
+    """(uncertainty modules present, absent) in a COCO trainer state dict."""
+    present = [part for part, prefix in COCO_SIGMA_PARTS.items() if any(k.startswith(prefix) for k in state)]
+    return present, [part for part in COCO_SIGMA_PARTS if part not in present]
