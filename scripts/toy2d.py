@@ -4,18 +4,28 @@
 Setup (PCME++ App. A.2): three classes, a centroid drawn at random for each (here N(0, I) in 2-D);
 500 points per class, mu = centroid + 0.1 N(0, I); 150 of each class's points are "confusing":
 they belong to a random one of two classes (class k or k + 1 mod 3) -- the label is redrawn every
-time the point is seen, which is what makes them uncertain; initial log sigma ~ U(-1.5, 1.5).
-Every point's (mu, log sigma^2) is a free parameter optimised directly with the PCME++ objective
-(Eq. 2, ``zsprob.prob.PCMEPPLoss`` with its default pseudo-positive and VIB weights and learnable
-a, b) by Adam (lr 0.02, 500 epochs, batch 128). A mini-batch is matched against itself: points i and
-j are a positive pair when their current labels agree. ``distance="csd"`` is PCME++; ``"wd"`` the
-2-Wasserstein ablation. The paper reports mean sigma^2 uncertain / certain = 1.82 (CSD) and 1.04 (WD).
+time the point is seen ("observed as either red or green randomly" during training, as the
+project page puts it), which is what makes them uncertain; log sigma ~ U(-1.5, 1.5).
+Every point's (mu, log sigma) is a free parameter optimised directly with the PCME++ objective
+(Eq. 2 with learnable a, b, plus ``zsprob.prob.PCMEPPLoss``'s default pseudo-positive and VIB
+weights) by Adam (lr 0.02, 500 epochs, batch 128). The free parameter is log sigma, as App. A.2
+writes it (Adam is not invariant to the 2x of log sigma^2 = 2 log sigma); ``--sigma-param logvar``
+optimises log sigma^2 instead (this script's earlier behaviour). A mini-batch is matched against
+itself, every pair including a point with itself (the official loss called with the same batch
+on both sides); points i and j are a positive pair when their current labels agree.
+``distance="csd"`` is PCME++; ``"wd"`` the 2-Wasserstein ablation. The paper reports mean sigma^2
+uncertain / certain = 1.82 (CSD) and 1.04 (WD).
+
+Options that vary what the paper leaves open (defaults as above): ``--diagonal exclude`` (no
+self-pairs), ``--labels once`` (a confusing point's label drawn once, not per visit),
+``--pp-alpha 0 --vib-beta 0`` (Eq. 2 alone), ``--fixed-ab`` (a = b = 5 not learned).
 
     python scripts/toy2d.py --out toy2d.png
     python scripts/toy2d.py --epochs 100 --per-class 200   # a quick run
 
 Prints, per distance, the mean sigma^2 (per dimension) of certain and uncertain points and their
-ratio; writes one PNG (two panels: points coloured by class, a circle of radius sigma around each).
+ratio (and the ratio of geometric means, for reference); writes one PNG (two panels: points
+coloured by class, a circle of radius sigma around each) and a JSON of the figures beside it.
 torch does the optimisation, zsprob.prob the loss, matplotlib the figure.
 """
 from __future__ import annotations
@@ -48,31 +58,67 @@ def make_toy(per_class: int = 500, confusing: int = 150, seed: int = 0) -> dict:
             "centroids": centroids}
 
 
+def _offdiagonal_loss(criterion, mu: torch.Tensor, logvar: torch.Tensor, matched: torch.Tensor) -> torch.Tensor:
+    """PCMEPPLoss's objective on a batch matched against itself, without the pairs (i, i)."""
+    from zsprob.prob.losses import pseudo_positive_targets, vib_kl
+
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    n = len(mu)
+    logits = -criterion.scale * criterion.pairwise_distance(mu, logvar, mu, logvar) + criterion.shift
+    off = ~torch.eye(n, dtype=torch.bool)
+    rows = [(logits[off].view(n, n - 1), matched[off].view(n, n - 1)),              # i2t
+            (logits.t()[off].view(n, n - 1), matched.t()[off].view(n, n - 1))]      # t2i
+    loss = sum(bce(lg, tg) for lg, tg in rows)
+    if criterion.pp_alpha:
+        loss = loss + criterion.pp_alpha * sum(bce(lg, pseudo_positive_targets(lg, tg)[0]) for lg, tg in rows)
+    if criterion.vib_beta:  # image and text side are the same points
+        loss = loss + criterion.vib_beta * 2 * vib_kl(mu, logvar)
+    return loss
+
+
 def train(toy: dict, distance: str, *, epochs: int = 500, batch_size: int = 128, lr: float = 0.02,
-          seed: int = 0) -> dict:
-    """Optimise every point's (mu, logvar) with the PCME++ loss under ``distance``; returns the result."""
+          seed: int = 0, sigma_param: str = "logsigma", pp_alpha: float = 0.1, vib_beta: float = 1e-4,
+          diagonal: bool = True, labels: str = "per-visit", learn_ab: bool = True) -> dict:
+    """Optimise every point's (mu, log sigma) with the PCME++ loss under ``distance``; returns the result."""
     from zsprob.prob import PCMEPPLoss
 
     gen = torch.Generator().manual_seed(seed + 1)
     mu = torch.nn.Parameter(toy["mu"].clone())
-    logvar = torch.nn.Parameter(toy["logvar"].clone())
-    criterion = PCMEPPLoss(distance=distance)
-    optimizer = torch.optim.Adam([mu, logvar, *criterion.parameters()], lr=lr)
+    # the free parameter: log sigma (App. A.2) or log sigma^2; the loss always sees log sigma^2
+    factor = {"logsigma": 2.0, "logvar": 1.0}[sigma_param]
+    free = torch.nn.Parameter(toy["logvar"].clone() / factor)
+    criterion = PCMEPPLoss(distance=distance, pp_alpha=pp_alpha, vib_beta=vib_beta)
+    criterion.requires_grad_(learn_ab)
+    optimizer = torch.optim.Adam([mu, free, *(criterion.parameters() if learn_ab else [])], lr=lr)
     n_points = len(mu)
+    if labels == "once":
+        coin = torch.rand(n_points, generator=gen) < 0.5
+        drawn = torch.where(coin, toy["label"], toy["other"])
     for _ in range(epochs):
         for batch in torch.randperm(n_points, generator=gen).split(batch_size):
-            coin = torch.rand(len(batch), generator=gen) < 0.5
-            labels = torch.where(coin, toy["label"][batch], toy["other"][batch])
-            matched = (labels[:, None] == labels[None, :]).float()
-            loss, _ = criterion(mu[batch], logvar[batch], mu[batch], logvar[batch], matched)
+            if labels == "once":
+                current = drawn[batch]
+            else:
+                coin = torch.rand(len(batch), generator=gen) < 0.5
+                current = torch.where(coin, toy["label"][batch], toy["other"][batch])
+            matched = (current[:, None] == current[None, :]).float()
+            logvar = factor * free[batch] if factor != 1.0 else free[batch]
+            if diagonal:
+                loss, _ = criterion(mu[batch], logvar, mu[batch], logvar, matched)
+            else:
+                loss = _offdiagonal_loss(criterion, mu[batch], logvar, matched)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    sigma2 = logvar.detach().exp().mean(1)
+    logvar = (factor * free).detach()
+    sigma2 = logvar.exp().mean(1)
     certain = float(sigma2[~toy["uncertain"]].mean())
     uncertain = float(sigma2[toy["uncertain"]].mean())
+    log_sigma2 = sigma2.log()
+    geo = float((log_sigma2[toy["uncertain"]].mean() - log_sigma2[~toy["uncertain"]].mean()).exp())
     return {"distance": distance, "mean_sigma2_certain": certain, "mean_sigma2_uncertain": uncertain,
-            "ratio": uncertain / certain, "mu": mu.detach(), "logvar": logvar.detach()}
+            "ratio": uncertain / certain, "ratio_geometric": geo, "a": float(criterion.scale.detach()),
+            "b": float(criterion.shift.detach()), "mu": mu.detach(), "logvar": logvar}
 
 
 def plot(toy: dict, results: list[dict], path) -> Path:
@@ -104,23 +150,38 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sigma-param", choices=("logsigma", "logvar"), default="logsigma",
+                        help="free parameter: log sigma (App. A.2) or log sigma^2 (the earlier default)")
+    parser.add_argument("--pp-alpha", type=float, default=0.1, help="pseudo-positive weight (0: off)")
+    parser.add_argument("--vib-beta", type=float, default=1e-4, help="VIB weight (0: off)")
+    parser.add_argument("--diagonal", choices=("include", "exclude"), default="include",
+                        help="whether a point is paired with itself in the batch")
+    parser.add_argument("--labels", choices=("per-visit", "once"), default="per-visit",
+                        help="a confusing point's label: redrawn every time it is seen, or drawn once")
+    parser.add_argument("--fixed-ab", action="store_true", help="keep a = b = 5 fixed instead of learning them")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", default="toy2d.png", help="PNG path; a JSON of the figures goes beside it")
     args = parser.parse_args(argv)
     if not 0 < args.confusing < args.per_class or args.epochs < 1 or args.batch_size < 2:
         print("toy2d: need 0 < --confusing < --per-class, --epochs >= 1, --batch-size >= 2", file=sys.stderr)
         return 2
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     toy = make_toy(args.per_class, args.confusing, args.seed)
-    results = [train(toy, name, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    results = [train(toy, name, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                     sigma_param=args.sigma_param, pp_alpha=args.pp_alpha, vib_beta=args.vib_beta,
+                     diagonal=args.diagonal == "include", labels=args.labels, learn_ab=not args.fixed_ab)
                for name in DISTANCES]
-    print("| distance | mean sigma^2 certain | mean sigma^2 uncertain | uncertain / certain |")
-    print("|---|---|---|---|")
+    print("| distance | mean sigma^2 certain | mean sigma^2 uncertain | uncertain / certain | "
+          "geometric-mean ratio |")
+    print("|---|---|---|---|---|")
     for res in results:
         print(f"| {res['distance']} | {res['mean_sigma2_certain']:.4g} | {res['mean_sigma2_uncertain']:.4g} | "
-              f"{res['ratio']:.3f}x |")
+              f"{res['ratio']:.3f}x | {res['ratio_geometric']:.3f}x |")
     png = plot(toy, results, args.out)
-    summary = {res["distance"]: {k: res[k] for k in ("mean_sigma2_certain", "mean_sigma2_uncertain", "ratio")}
-               for res in results}
+    keys = ("mean_sigma2_certain", "mean_sigma2_uncertain", "ratio", "ratio_geometric", "a", "b")
+    summary = {res["distance"]: {k: res[k] for k in keys} for res in results}
     summary["setup"] = vars(args)
     Path(png).with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {png} and {Path(png).with_suffix('.json')}")
