@@ -13,7 +13,9 @@ descending-sorted features), written with plain torch ops on the *official* key 
 no zsprob module, no key map. The mu-only baselines (``is_probabilistic_model: false``, layout
 ``pcmepp-coco-mu``: ``configs/others/info_nce.yaml``, ``vse_infty.yaml``, ``pcmepp_mu_only.yaml``)
 run the same reference without the std branches; their fixture is pcmepp-coco-ViT-B-32-mu.json (one
-encoder layout, each config's criterion keys beside it).
+encoder layout, each config's criterion keys beside it). Files of an SWA run (``swa_start_epoch``) add
+AveragedModel copies (fixture pcmepp-coco-ViT-B-32-unc1-lnnone-swa.json); the files written here hold raw
+and SWA copies with different values, and the reference runs on the copy ``weights`` chooses.
 """
 from __future__ import annotations
 
