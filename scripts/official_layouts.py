@@ -16,7 +16,10 @@ command-line overrides; its ``clip.load`` (which would download the OpenAI weigh
 function that hands the official ``build_model`` a stand-in OpenAI state dict (open_clip's CLIP of
 the same architecture on ``meta``: OpenAI's key names and shapes), so the official code derives the
 tower sizes and chooses ``CLIP`` or ``ProbCLIP`` itself. The missing ``pkg_resources`` import
-gets a tiny stand-in.
+gets a tiny stand-in. An SWA run (``configs/pcmepp.yaml`` as shipped: ``swa_start_epoch: 16``) also
+gets the engine's ``torch.optim.swa_utils.AveragedModel`` wrappers (``swa_img_enc``, ``swa_txt_enc``,
+``swa_criterion``); its fixture lists only the keys they add, one per line (the raw keys are those of
+the run's plain fixture, checked here key for key).
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ COCO_RUNS = [(f"pcmepp-coco-ViT-B-32-unc{u}-ln{'none' if ln is None else ln}", "
     ("pcmepp-coco-ViT-L-14-unc1-lnnone", "configs/pcmepp.yaml",
      {"model__backbone_source": "clip_ViT-L/14", "model__img_dim": 1024}),
 ]
+# the SWA run: (fixture name, official config as shipped, the plain fixture holding the same raw keys)
+SWA_RUN = ("pcmepp-coco-ViT-B-32-unc1-lnnone-swa", "configs/pcmepp.yaml", "pcmepp-coco-ViT-B-32-unc1-lnnone")
 # the non-probabilistic baselines (is_probabilistic_model: false); one fixture, the criteria's keys beside it.
 # pcmepp_mu_only.yaml as shipped stops in MCSoftContrastiveLoss.__init__ (its prob_distance
 # energy_distance_closed_form is not one of non_squared_l2 / squared_l2): built with a valid one
@@ -106,6 +111,7 @@ def pcmepp_layouts(root: Path, out: Path) -> None:
             extra["readme_overrides"] = overrides
         _write(out, name, f"naver-ai/pcmepp train.py (lightning ModelCheckpoint of pcmepp.engine.PCMEPPModel), {config}",
                {"model": opt["model"]}, _layout(_coco_trainer(opt)), extra)
+    _swa_layout(root, out)
     _mu_only_layout(root, out)
 
 
@@ -139,6 +145,39 @@ def _coco_trainer(opt: dict) -> torch.nn.Module:
         trainer.txt_enc = get_text_encoder(**opt["model"])
         trainer.criterion = get_criterion(**opt["criterion"])
     return trainer
+
+
+def _with_swa(trainer: torch.nn.Module, opt: dict) -> torch.nn.Module:
+    """pcmepp/engine.py PCMEPPModel.__init__ with train.swa_start_epoch: AveragedModel copies of the encoders and,
+    for a probabilistic model (is_swa_criterion), of the criterion (device='cuda' there; meta here)."""
+    from torch.optim.swa_utils import AveragedModel
+
+    assert opt["train"].get("swa_start_epoch"), "not an SWA run"
+    with torch.device("meta"):
+        trainer.swa_img_enc = AveragedModel(trainer.img_enc)
+        trainer.swa_txt_enc = AveragedModel(trainer.txt_enc)
+        if opt["model"].get("is_probabilistic_model"):
+            trainer.swa_criterion = AveragedModel(trainer.criterion)
+    return trainer
+
+
+def _swa_layout(root: Path, out: Path) -> None:
+    """The keys the SWA wrappers add (``swa_*``), one per line; the raw keys must equal the plain fixture's."""
+    name, config, plain = SWA_RUN
+    opt = _official_opt(root, config, {})
+    keys = _layout(_with_swa(_coco_trainer(opt), opt))
+    raw = {k: v for k, v in keys.items() if not k.startswith("swa_")}
+    assert raw == json.loads((out / f"{plain}.json").read_text())["keys"], f"raw keys differ from {plain}"
+    added = {k: v for k, v in keys.items() if k.startswith("swa_")}
+    head = {"name": name, "source": f"naver-ai/pcmepp train.py (lightning ModelCheckpoint of "
+            f"pcmepp.engine.PCMEPPModel with swa_start_epoch), {config}", "config": {"model": opt["model"],
+            "train": {k: v for k, v in opt["train"].items() if k.startswith("swa_")}},
+            "raw_keys": plain, "note": "keys: only those the AveragedModel wrappers add; the file holds the raw "
+            "keys of raw_keys beside them", "num_keys": len(added)}
+    lines = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in added.items()]
+    text = json.dumps(head, indent=1)[:-2] + ',\n "keys": {\n' + ",\n".join(lines) + "\n }\n}\n"
+    (out / f"{name}.json").write_text(text)
+    print(f"{name}: {len(added)} keys added to {plain}'s {len(raw)}")
 
 
 def clip_model_state(name: str) -> dict:

@@ -13,7 +13,9 @@ descending-sorted features), written with plain torch ops on the *official* key 
 no zsprob module, no key map. The mu-only baselines (``is_probabilistic_model: false``, layout
 ``pcmepp-coco-mu``: ``configs/others/info_nce.yaml``, ``vse_infty.yaml``, ``pcmepp_mu_only.yaml``)
 run the same reference without the std branches; their fixture is pcmepp-coco-ViT-B-32-mu.json (one
-encoder layout, each config's criterion keys beside it).
+encoder layout, each config's criterion keys beside it). Files of an SWA run (``swa_start_epoch``) add
+AveragedModel copies (fixture pcmepp-coco-ViT-B-32-unc1-lnnone-swa.json); the files written here hold raw
+and SWA copies with different values, and the reference runs on the copy ``weights`` chooses.
 """
 from __future__ import annotations
 
@@ -468,6 +470,169 @@ def test_b32_mu_only_file_computes_the_official_mu(tmp_path):
     _assert_matches(model, reference, images, tokens[:2], atol=1e-5)
 
 
+# ------------------------------------------------------------------ SWA copies (train.swa_start_epoch)
+SWA_FIXTURE = "pcmepp-coco-ViT-B-32-unc1-lnnone-swa"  # configs/pcmepp.yaml as shipped: raw keys + AveragedModel copies
+
+
+def with_swa(state: dict, kind: str = "pcmepp-coco", n_averaged: int = 3, seed: int = 7) -> dict:
+    """``state`` (official raw names) with the engine's SWA copies of its modules: other random values, the count."""
+    from zsprob.models.convert.pcmepp import SWA_COPIES
+
+    out = dict(state)
+    for module, copy in SWA_COPIES[kind].items():
+        own = {k[len(module) + 1:]: v for k, v in state.items() if k.startswith(module + ".")}
+        out.update({f"{copy}.module.{rest}": v for rest, v in _randomise(own, seed).items()})
+        out[f"{copy}.n_averaged"] = torch.tensor(n_averaged)
+        seed += 1
+    return out
+
+
+def chosen_copy(state: dict, modules) -> dict:
+    """The plain official state whose ``modules`` are taken from their SWA copies (what the reference runs on)."""
+    out = {k: v for k, v in state.items() if not k.startswith("swa_")}
+    for module in modules:
+        prefix = f"swa_{module}.module."
+        out.update({module + "." + k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    return out
+
+
+def test_swa_fixture_is_the_official_modules_wrapped_and_loads_strictly_either_way():
+    """The exact SWA layout of configs/pcmepp.yaml (ViT-B/32, from the official classes wrapped in AveragedModel as
+    pcmepp/engine.py wraps them): every copy mirrors its raw module key for key, and both choices fill the model
+    strictly, on the meta device."""
+    from zsprob.models.convert.pcmepp import SWA_COPIES
+    from zsprob.models.convert.swa import WEIGHTS, select_weights
+
+    layout = official_layout(SWA_FIXTURE)
+    raw = official_layout(layout["raw_keys"])["keys"]
+    added = layout["keys"]
+    assert layout["config"]["train"]["swa_start_epoch"] == 16
+    for module, copy in SWA_COPIES["pcmepp-coco"].items():
+        assert added[f"{copy}.n_averaged"] == {"shape": [], "dtype": "int64"}
+        mirrored = {k[len(copy) + len(".module."):]: v for k, v in added.items() if k.startswith(copy + ".module.")}
+        assert mirrored == {k[len(module) + 1:]: v for k, v in raw.items() if k.startswith(module + ".")}, module
+    assert {k.split(".")[0] for k in added} == set(SWA_COPIES["pcmepp-coco"].values())
+    state = official_state(SWA_FIXTURE)
+    assert detect_layout(state) == "pcmepp-coco" and len(state) == len(raw) + len(added)
+    state.update({k: torch.tensor(9) for k in added if k.endswith(".n_averaged")})
+    options = official_options("pcmepp-coco", state)
+    for weights in WEIGHTS:
+        chosen, name = select_weights(state, "pcmepp-coco", weights, SWA_FIXTURE)
+        assert name == weights and set(chosen) == set(raw)
+        with torch.device("meta"):
+            model = create_model("pcmepp-coco-ViT-B-32", **options)
+        assert set(load_official(model, chosen, "pcmepp-coco", SWA_FIXTURE)) == {"shift", "negative_scale"}
+    assert select_weights(state, "pcmepp-coco", None, SWA_FIXTURE)[1] == "swa-text"  # the official final evaluation
+
+
+@pytest.mark.parametrize("weights,modules", [(None, ("txt_enc",)), ("swa-text", ("txt_enc",)),
+                                             ("swa", ("img_enc", "txt_enc", "criterion")), ("raw", ())])
+def test_swa_file_loads_the_chosen_copy(tmp_path, weights, modules):
+    """A file whose raw and SWA copies differ: the loaded model computes the official mu / log sigma^2 of the
+    chosen copy (the float64 reference on that copy), with that copy's shift / negative_scale."""
+    state = with_swa(tiny_coco_state(1, False))
+    assert _key_patterns(state) == _key_patterns(official_state(SWA_FIXTURE))  # the official names
+    ckpt = write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    model = create_model("pcmepp-coco-tiny", pretrained=ckpt, **({} if weights is None else {"weights": weights}))
+    assert model.config["official_weights"] == (weights or "swa-text")
+    chosen = chosen_copy(state, modules)
+    assert torch.equal(model.official_loss["shift"], chosen["criterion.shift"])
+    images, tokens = _inputs(model)
+    reference = coco_reference(chosen, images, tokens, unc=1, **TINY)
+    _assert_matches(model, reference, images, tokens, atol=1e-5)
+    other = coco_reference(chosen_copy(state, {"img_enc", "txt_enc"} - set(modules)), images, tokens, unc=1, **TINY)
+    assert not torch.allclose(reference[0], other[0]) and not torch.allclose(reference[2], other[2])
+
+
+def test_swa_mu_only_file_has_no_criterion_copy(tmp_path):
+    """is_swa_criterion is is_probabilistic_model: a mu-only SWA file averages the encoders only."""
+    state = with_swa(tiny_mu_state(), "pcmepp-coco-mu")
+    assert not any(k.startswith("swa_criterion.") for k in state)
+    model = create_model("pcmepp-coco-tiny", pretrained=write_trainer_ckpt(tmp_path / "mu.ckpt", state), weights="swa")
+    assert model.deterministic and torch.equal(model.official_loss["tau"], state["criterion.tau"])
+    images, tokens = _inputs(model)
+    chosen = chosen_copy(state, ("img_enc", "txt_enc"))
+    _assert_matches(model, coco_reference(chosen, images, tokens, unc=0, **TINY), images, tokens, atol=1e-5)
+    bad = dict(state, **{"swa_criterion.n_averaged": torch.tensor(3), "swa_criterion.module.tau": torch.ones(1)})
+    with pytest.raises(UserError, match=r"unexpected key 'swa_criterion\.(n_averaged|module\.tau)'"):
+        create_model("pcmepp-coco-tiny", pretrained=write_trainer_ckpt(tmp_path / "bad.ckpt", bad))
+
+
+def _swa_cases(state: dict) -> list:
+    """(file, weights, message) of SWA files that fail; each message names the key."""
+    def without(*prefixes):
+        return {k: v for k, v in state.items() if not k.startswith(prefixes)}
+    never = dict(state, **{k: torch.tensor(0) for k in state if k.endswith(".n_averaged")})
+    return [
+        (without("swa_criterion."), None, r"SWA copies for only some modules: it has swa_img_enc, swa_txt_enc but no "
+         r"swa_criterion\.\*"),
+        (without("swa_txt_enc.", "swa_criterion."), "raw", r"but no swa_txt_enc\.\*, swa_criterion\.\*"),
+        (never, "swa", r"weights='swa', but 'swa_txt_enc.n_averaged' is 0"),
+        (never, "swa-text", r"weights='swa-text', but 'swa_txt_enc.n_averaged' is 0"),
+        (without("swa_"), "swa", r"weights='swa', but the file holds no SWA copies"),
+        (without("txt_enc.linear.weight"), "swa", r"missing key 'txt_enc.linear.weight' \(the SWA copy has "
+         r"'swa_txt_enc.module.linear.weight'"),
+        (without("swa_img_enc.module.image_encoder.fc.bias"), "raw",
+         r"missing key 'swa_img_enc.module.image_encoder.fc.bias' \(the raw copy has 'img_enc.image_encoder.fc.bias'"),
+        (dict(state, **{"swa_img_enc.module.image_encoder.fc.weight": torch.zeros(16, 64)}), "raw",
+         r"key 'swa_img_enc.module.image_encoder.fc.weight' has shape \(16, 64\)"),
+        (without("swa_img_enc.n_averaged"), None, r"missing key 'swa_img_enc.n_averaged'"),
+        (dict(state, **{"swa_img_enc.n_averaged": torch.tensor(2)}), None, r"swa_img_enc.n_averaged=2"),
+        (dict(state, **{"swa_img_enc.backbone.proj": torch.zeros(2)}), None,
+         r"unexpected key 'swa_img_enc.backbone.proj'"),
+        (dict(state, **{"swa_logit_scale.n_averaged": torch.tensor(3)}), None,
+         r"unexpected key 'swa_logit_scale.n_averaged'"),
+        (dict(state, **{"swa_txt_enc.n_averaged": torch.tensor(0.5)}), None, r"key 'swa_txt_enc.n_averaged' is not an "
+         r"integer count"),
+    ]
+
+
+def test_swa_files_fail_in_one_line_naming_the_key(tmp_path):
+    state = with_swa(tiny_coco_state(1, False))
+    for i, (bad, weights, message) in enumerate(_swa_cases(state)):
+        ckpt = write_trainer_ckpt(tmp_path / f"bad{i}.ckpt", bad)
+        with pytest.raises(UserError, match=message) as e:
+            create_model("pcmepp-coco-tiny", pretrained=ckpt, **({} if weights is None else {"weights": weights}))
+        assert "\n" not in str(e.value) and f"bad{i}.ckpt" in str(e.value), (i, str(e.value))
+    # copies never averaged (a checkpoint from before swa_start_epoch): the raw weights, unless SWA is asked for
+    never = write_trainer_ckpt(tmp_path / "never.ckpt", with_swa(tiny_coco_state(1, False), n_averaged=0))
+    assert create_model("pcmepp-coco-tiny", pretrained=never).config["official_weights"] == "raw"
+    plain = write_trainer_ckpt(tmp_path / "plain.ckpt", tiny_coco_state(1, False))
+    assert create_model("pcmepp-coco-tiny", pretrained=plain, weights="raw").config["official_weights"] == "raw"
+    with pytest.raises(UserError, match="weights='raw' chooses the SWA or raw copy of a PCME\\+\\+ COCO trainer "
+                                        "checkpoint given as pretrained; no pretrained file is given"):
+        create_model("pcmepp-coco-tiny", weights="raw")
+    with pytest.raises(UserError, match="weights must be one of swa-text, swa, raw, got 'best'"):
+        create_model("pcmepp-coco-tiny", pretrained=plain, weights="best")
+
+
+def test_weights_applies_to_coco_trainer_files_only(tmp_path):
+    from test_models_published import write_pcmepp_hf
+
+    from zsprob.cli.select_prompts import OFFICIAL_WEIGHTS
+    from zsprob.models import load_for_inference
+    from zsprob.models.convert.swa import WEIGHTS
+
+    assert OFFICIAL_WEIGHTS == WEIGHTS  # the CLI's choices (no torch import there) are the loader's
+    write_pcmepp_hf(tmp_path / "hf")
+    with pytest.raises(UserError, match=r"is an official pcmepp-hf checkpoint: weights='raw' chooses between"):
+        create_model("pcmepp-tiny", pretrained=tmp_path / "hf", weights="raw")
+    converted = save(create_model("pcmepp-coco-tiny", pretrained=write_trainer_ckpt(
+        tmp_path / "last.ckpt", with_swa(tiny_coco_state(1, False)))), tmp_path / "ckpt")
+    assert load(converted).config["official_weights"] == "swa-text"
+    for kw in (dict(checkpoint=converted), dict(model="pcmepp-coco-tiny", pretrained=converted)):
+        with pytest.raises(UserError, match="is a zsprob checkpoint, whose copy was chosen when it was converted"):
+            load_for_inference(**kw, weights="swa")
+    from zsprob.cli.train_options import flag_overrides
+    from zsprob.train.defaults import load_train_config
+    from zsprob.train.loop import build_model
+
+    assert flag_overrides({"weights": "swa"}) == ["model.weights=swa"]
+    cfg = load_train_config(None, ["model.name=pcmepp-coco-tiny", f"model.pretrained={tmp_path / 'last.ckpt'}",
+                                   "model.weights=swa", "model.sigma_depth=1"])
+    assert build_model(cfg).config["official_weights"] == "swa"
+
+
 # ------------------------------------------------------------------ command line, end to end
 def _ok(*args, **kw):
     from conftest import run_cli
@@ -557,3 +722,43 @@ def test_convert_and_eval_coco_from_an_official_mu_only_file(tmp_path):
                      "--root", tmp_path / "coco")):
         r = run_cli(*command)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "img_enc.image_encoder.fc.bias" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_convert_and_eval_coco_from_an_official_swa_file(tmp_path):
+    """``zsprob convert`` / ``eval coco`` on a trainer file with SWA copies: the default and --weights choices,
+    and the one-line errors (exit 2) naming the key."""
+    from conftest import run_cli
+    from test_data_coco import make_coco
+
+    state = with_swa(tiny_coco_state(2, True))
+    ckpt = write_trainer_ckpt(tmp_path / "last.ckpt", state)
+    for weights, modules in ((None, ("txt_enc",)), ("swa", ("img_enc", "txt_enc", "criterion")), ("raw", ())):
+        out = tmp_path / f"converted-{weights}"
+        r = _ok("convert", ckpt, "--model", "pcmepp-coco-tiny", "--out", out, *(() if weights is None else
+                                                                                  ("--weights", weights)))
+        assert f"weights: {weights or 'swa-text'}" in r.stdout, r.stdout
+        model = load(out)
+        assert model.config["official_weights"] == (weights or "swa-text")
+        assert model.checkpoint_meta["extra"]["converted_from"]["weights"] == (weights or "swa-text")
+        images, tokens = _inputs(model)
+        reference = coco_reference(chosen_copy(state, modules), images, tokens, unc=2, **TINY)
+        _assert_matches(model, reference, images, tokens, atol=1e-5)
+
+    make_coco(tmp_path / "coco")
+    metrics = tmp_path / "metrics.json"
+    _ok("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", ckpt, "--weights", "swa", "--root",
+        tmp_path / "coco", "--no-analysis", "--out", metrics)
+    assert 0 <= json.loads(metrics.read_text())["metrics"]["coco"]["i2t"]["r@1"] <= 100
+
+    never = write_trainer_ckpt(tmp_path / "never.ckpt", with_swa(tiny_coco_state(2, True), n_averaged=0))
+    half = write_trainer_ckpt(tmp_path / "half.ckpt",
+                              {k: v for k, v in state.items() if not k.startswith("swa_criterion.")})
+    for command, key in ((("eval", "coco", "--model", "pcmepp-coco-tiny", "--pretrained", never, "--weights", "swa",
+                           "--root", tmp_path / "coco"), "swa_txt_enc.n_averaged"),
+                         (("convert", half, "--model", "pcmepp-coco-tiny", "--out", tmp_path / "x"), "swa_criterion"),
+                         (("eval", "coco", "--checkpoint", tmp_path / "converted-raw", "--weights", "raw", "--root",
+                           tmp_path / "coco"), "converted-raw")):
+        r = run_cli(*command)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and key in r.stderr, r.stderr
+    assert not (tmp_path / "x").exists()

@@ -4,6 +4,7 @@ Calls :func:`zsprob.models.convert.convert.convert_to_checkpoint`; errors are on
 """
 import click
 
+from zsprob.cli.select_prompts import OFFICIAL_WEIGHTS, WEIGHTS_HELP
 from zsprob.cli.types import OUT_DIR
 
 
@@ -18,7 +19,8 @@ from zsprob.cli.types import OUT_DIR
               help="Official layout (default: detected from the key names).")
 @click.option("--tokenizer", type=click.Path(), default=None,
               help="Local Hugging Face tokenizer directory (default: tokenizer/ next to SOURCE).")
-def convert(source, out, model_name, layout_name, tokenizer):
+@click.option("--weights", type=click.Choice(OFFICIAL_WEIGHTS), default=None, help=WEIGHTS_HELP)
+def convert(source, out, model_name, layout_name, tokenizer, weights):
     """Convert an official checkpoint (file, Hugging Face directory or COCO trainer .ckpt), strictly.
 
     \b
@@ -27,5 +29,11 @@ def convert(source, out, model_name, layout_name, tokenizer):
     """
     from zsprob.models.convert.convert import convert_to_checkpoint
 
-    path = convert_to_checkpoint(source, out, model_name=model_name, layout_name=layout_name, tokenizer=tokenizer)
+    path = convert_to_checkpoint(source, out, model_name=model_name, layout_name=layout_name, tokenizer=tokenizer,
+                                 weights=weights)
     click.echo(f"checkpoint: {path}")
+    from zsprob.models import load_meta
+
+    chosen = load_meta(path)["config"].get("official_weights")
+    if chosen is not None:  # a COCO trainer file: which copy was loaded (--weights)
+        click.echo(f"weights: {chosen}")

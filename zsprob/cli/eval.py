@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from zsprob.cli.select_prompts import tokenizer_kwargs, tokenizer_option
+from zsprob.cli.select_prompts import official_file_kwargs, official_file_options
 from zsprob.cli.types import COUNT, OUT_FILE
 
 SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
@@ -19,7 +19,7 @@ def _model_options(f):
     f = click.option("--model", "model_name", default=None, help="open_clip model name (instead of --checkpoint).")(f)
     f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
                      "ProLIP / PCME++ checkpoint or a zsprob checkpoint (with --model).")(f)
-    f = tokenizer_option(f)
+    f = official_file_options(f)
     f = click.option("--device", default=None, help="torch device (default: cpu).")(f)
     f = click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
     return f
@@ -44,7 +44,7 @@ def _load_model(checkpoint, model_name, pretrained, device):
     if checkpoint is None and model_name is None:
         raise UserError("give --checkpoint CKPT or --model NAME (or --embeddings E.npz)")
     return load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device,
-                              **tokenizer_kwargs())
+                              **official_file_kwargs())
 
 
 def _finish(res: dict, out: str) -> None:

@@ -12,30 +12,43 @@ from zsprob.cli.types import COUNT, OUT_FILE
 from zsprob.methods import STRATEGIES
 
 
-TOKENIZER_KEY = "zsprob.tokenizer"  # where --tokenizer is kept (click context meta) for load_model
+# where --tokenizer / --weights are kept (click context meta) for the model loaders, as create_model's keywords
+OFFICIAL_FILE_KEYS = {"zsprob.tokenizer": "tokenizer_dir", "zsprob.weights": "weights"}
+# the copies of a PCME++ COCO trainer file with SWA copies (zsprob.models.convert.swa.WEIGHTS; no torch here)
+OFFICIAL_WEIGHTS = ("swa-text", "swa", "raw")
+WEIGHTS_HELP = ("A PCME++ COCO trainer file's SWA copies: swa-text (the official final evaluation: SWA text "
+                "encoder, raw image encoder and criterion), swa (every averaged copy) or raw (the trained weights). "
+                "Default: swa-text when the file holds averaged copies, else raw.")
 
 
-def _keep_tokenizer(ctx, _param, value):
-    if value is not None:
-        ctx.meta[TOKENIZER_KEY] = value
-    return value
+def _keep(key: str):
+    def keep(ctx, _param, value):
+        if value is not None:
+            ctx.meta[key] = value
+        return value
+    return keep
 
 
-def tokenizer_option(f):
-    """``--tokenizer DIR`` (a local Hugging Face tokenizer, e.g. ProLIP's), read by the model loaders."""
-    return click.option("--tokenizer", type=click.Path(), default=None, expose_value=False, callback=_keep_tokenizer,
+def official_file_options(f):
+    """``--tokenizer DIR`` (a local Hugging Face tokenizer, e.g. ProLIP's) and ``--weights`` (a COCO trainer
+    file's SWA or raw copy), options of a published file given as --pretrained, read by the model loaders."""
+    f = click.option("--weights", type=click.Choice(OFFICIAL_WEIGHTS), default=None, expose_value=False,
+                     callback=_keep("zsprob.weights"), help=WEIGHTS_HELP)(f)
+    return click.option("--tokenizer", type=click.Path(), default=None, expose_value=False,
+                        callback=_keep("zsprob.tokenizer"),
                         help="Local Hugging Face tokenizer directory (ProLIP; default: tokenizer/ next to "
                              "--pretrained).")(f)
 
 
-def tokenizer_kwargs() -> dict:
+def official_file_kwargs() -> dict:
+    """The create_model keywords of :func:`official_file_options` that were given."""
     ctx = click.get_current_context(silent=True)
-    value = ctx.meta.get(TOKENIZER_KEY) if ctx is not None else None
-    return {"tokenizer_dir": value} if value else {}
+    meta = ctx.meta if ctx is not None else {}
+    return {kw: meta[key] for key, kw in OFFICIAL_FILE_KEYS.items() if meta.get(key)}
 
 
 def model_options(f):
-    f = tokenizer_option(f)
+    f = official_file_options(f)
     f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
                      "ProLIP / PCME++ checkpoint (file or directory) or a zsprob checkpoint (with --model).")(f)
     f = click.option("--model", "model_name", default=None,
@@ -62,7 +75,7 @@ def load_model(checkpoint, model_name, pretrained, device):
     from zsprob.models import load_for_inference
 
     m = load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device,
-                           **tokenizer_kwargs())
+                           **official_file_kwargs())
     meta = {"checkpoint": None if checkpoint is None else str(checkpoint), "name": getattr(m, "name", model_name),
             "pretrained": pretrained, "deterministic": bool(m.deterministic), "embed_dim": m.embed_dim}
     return m, meta

@@ -7,6 +7,7 @@ both, applied last in command-line order)::
     --distance D        loss.pcmepp.distance    --epochs E       schedule.epochs
     --batch-size B      data.batch_size         --lr LR          optim.lr
     --model NAME        model.name              --pretrained P   model.pretrained
+    --weights W         model.weights (a PCME++ COCO trainer file's SWA or raw copy)
     --noise-ratio R     data.noise_ratio        --msda/--no-msda msda.enabled
     --precision P       train.precision         --workers N      data.num_workers
     --seed S            seed                    --threads N      train.threads
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import click
 
+from zsprob.cli.select_prompts import OFFICIAL_WEIGHTS, WEIGHTS_HELP
 from zsprob.cli.types import OUT_DIR
 
 from zsprob.methods import METHODS
@@ -44,6 +46,7 @@ def common_options(f):
         click.option("--lr", type=float, default=None, help="Base learning rate."),
         click.option("--model", "model_name", type=str, default=None, help="Model name (open_clip or configs/models)."),
         click.option("--pretrained", type=str, default=None, help="open_clip pretrained tag or checkpoint file."),
+        click.option("--weights", type=click.Choice(OFFICIAL_WEIGHTS), default=None, help=WEIGHTS_HELP),
         click.option("--noise-ratio", type=float, default=None,
                      help="Share of training captions replaced by wrong ones (PCME++ Table 2)."),
         click.option("--msda/--no-msda", default=None, help="Mixup / CutMix with soft targets (PCME++ Sec. 2.4)."),
@@ -93,6 +96,7 @@ def flag_overrides(kw: dict) -> list[str]:
     put("optim.lr", kw.get("lr"))
     put("model.name", kw.get("model_name"))
     put("model.pretrained", kw.get("pretrained"))
+    put("model.weights", kw.get("weights"))
     put("data.noise_ratio", kw.get("noise_ratio"))
     if kw.get("msda") is not None:
         out.append(f"msda.enabled={'true' if kw['msda'] else 'false'}")

@@ -55,10 +55,14 @@ def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str |
     with native pooling and no sigma heads, so its mean equals open_clip's normalised features
     and logvar is None (pass ``create_kwargs`` to change that). A published ProLIP / PCME++
     checkpoint as ``pretrained`` keeps its log-variance heads (``create_kwargs`` may carry
-    ``tokenizer_dir``).
+    ``tokenizer_dir``, and ``weights`` for a COCO trainer file's SWA or raw copy).
     """
     if checkpoint is not None and model is not None:
         raise UserError("give either a zsprob checkpoint or an open_clip model name, not both")
+    zs_file = checkpoint if checkpoint is not None else pretrained if pretrained and is_checkpoint(pretrained) else None
+    if create_kwargs.get("weights") is not None and zs_file is not None:
+        raise UserError(f"--weights chooses the copy of a PCME++ COCO trainer file given as --pretrained; {zs_file} "
+                        "is a zsprob checkpoint, whose copy was chosen when it was converted")
     if checkpoint is not None:
         if pretrained is not None:
             raise UserError("--pretrained applies to --model, not to a zsprob checkpoint")

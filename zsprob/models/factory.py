@@ -364,17 +364,30 @@ def sniff_official(pretrained) -> tuple[dict, str] | None:
     return sniff(pretrained)
 
 
+def _unknown_options(overrides: dict, pretrained) -> str:
+    """The error for create_model options that nothing took (``weights`` applies to an official file only)."""
+    if "weights" in overrides:
+        given = f"{pretrained} is not one" if pretrained not in (None, "") else "no pretrained file is given"
+        return (f"weights={overrides['weights']!r} chooses the SWA or raw copy of a PCME++ COCO trainer checkpoint "
+                f"given as pretrained; {given}")
+    return f"unknown create_model options: {sorted(overrides)}"
+
+
 def create_from_official(name: str, source, state: dict, kind: str, **options: Any):
     """A ProbCLIP built as ``name`` with the options that reproduce the official forward, then filled strictly.
 
     A model whose config names a Hugging Face tokenizer (ProLIP's SigLIP one) needs it locally:
     ``tokenizer_dir``, or a tokenizer directory beside the weights.
     The loss's official tensors (PCME++'s shift / negative_scale) are kept as ``model.official_loss``.
+    ``weights`` ("swa-text" | "swa" | "raw"; None: the official final evaluation's) picks the copy of a COCO
+    trainer file with SWA copies (:mod:`zsprob.models.convert.swa`); the choice is ``config["official_weights"]``.
     """
     from zsprob.models.convert.load import load_official, official_options
+    from zsprob.models.convert.swa import select_weights
 
     if options.get("deterministic", False) is None:  # None: the file's own
         options.pop("deterministic")
+    state, chosen = select_weights(state, kind, options.pop("weights", None), source)
     fixed = official_options(kind, state, source)
     clash = sorted(k for k in fixed if k in options and options[k] != fixed[k])
     if clash:
@@ -389,6 +402,8 @@ def create_from_official(name: str, source, state: dict, kind: str, **options: A
     model = create_model(name, None, **options)
     model.official_loss = load_official(model, state, kind, source)
     model.config.update(pretrained=str(source), official_layout=kind)
+    if chosen is not None:
+        model.config["official_weights"] = chosen
     return model
 
 
@@ -405,8 +420,8 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         (state dict in .pt/.pth/.bin/.safetensors, or a directory holding one). The weights go into
         the mean branch; the log-variance branch follows ``sigma_init``. A published ProLIP or
         PCME++ checkpoint (file or Hugging Face directory, :mod:`zsprob.models.convert`) is
-        recognised by its key names and loaded whole and strictly; the head options then come
-        from its layout.
+        recognised by its key names and loaded whole and strictly, the head options from its layout
+        (a COCO trainer file's SWA or raw copy: option ``weights``, :func:`create_from_official`).
     embed_dim: embedding size D (default: the config's). A pretrained projection of another size
         is re-initialised (and marked ``backbone=False`` in :meth:`param_info`).
     sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`; deterministic=None
@@ -458,7 +473,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     if "quick_gelu" in overrides:
         ocfg["quick_gelu"] = bool(overrides.pop("quick_gelu"))
     if overrides:
-        raise UserError(f"unknown create_model options: {sorted(overrides)}")
+        raise UserError(_unknown_options(overrides, pretrained))
     if embed_dim is not None:
         ocfg["embed_dim"] = int(embed_dim)
 

@@ -20,6 +20,7 @@ DEFAULTS: dict = {
     "model": {
         "name": "zsprob-tiny",
         "pretrained": None,
+        "weights": None,           # a PCME++ COCO trainer file as pretrained: swa-text | swa | raw (null: by the file)
         "embed_dim": None,
         "sigma_depth": 1,
         "sigma_init": "random",

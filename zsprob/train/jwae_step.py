@@ -80,7 +80,7 @@ def build_model(cfg):
         raise UserError(f"--method jwae needs a model with a decoder config, and model {m.name} has none: set "
                         "model.jwae (latent_dim, image_hidden, text_hidden, decoder), e.g. --config jwae_synthetic.yaml")
     jc = resolve_jwae_config(dict(jc))
-    kw = {k: m[k] for k in ("embed_dim", "pooling") if m.get(k) is not None}
+    kw = {k: m[k] for k in ("embed_dim", "pooling", "weights") if m.get(k) is not None}
     kw.update(dict(m.get("overrides") or {}))
     kw["deterministic"] = True
     tower = create_model(m.name, pretrained=m.get("pretrained"), seed=int(cfg.seed), **kw)

@@ -196,7 +196,7 @@ def build_model(cfg: Config):
     m = cfg.model
     kw: dict[str, Any] = {}
     for key in ("embed_dim", "sigma_depth", "sigma_init", "pooling", "var_bounds", "sigma_head", "sigma_param",
-                "sigma_shape"):
+                "sigma_shape", "weights"):
         if m.get(key) is not None:
             kw[key] = m[key]
     if cfg.method == "pcme" and kw.get("sigma_param") is None and not _is_zsprob_checkpoint(m.get("pretrained")):

@@ -10,8 +10,9 @@ PyTorch files, Hugging Face directories, the official COCO trainer's checkpoint 
     zs = official_to_zsprob(state, "pcmepp-hf")                  # zsprob names; unknown key -> UserError
     check_strict(zs, expected_shapes, LAYOUTS["pcmepp-hf"].rules, "PCMEPP-ViT-B-16/")
 
-:mod:`.load` fills a built model with them (``create_model(name, pretrained=OFFICIAL)`` calls it);
-:mod:`.convert` writes a zsprob checkpoint (``zsprob convert``).
+:mod:`.swa` picks the SWA or raw copy of a COCO trainer file; :mod:`.load` fills a built model with
+them (``create_model(name, pretrained=OFFICIAL)`` calls it); :mod:`.convert` writes a zsprob
+checkpoint (``zsprob convert``).
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def zsprob_to_official(state: dict, kind: str) -> dict:
 
 def detect_layout(state: dict) -> str:
     """The official layout a state dict is in, from its key names."""
-    if any(k.startswith(("img_enc.", "txt_enc.")) for k in state):
+    if any(k.startswith(("img_enc.", "txt_enc.", "swa_img_enc.", "swa_txt_enc.")) for k in state):
         return pcmepp.coco_layout(state)
     if "visual.unc_embedding" in state or "text.unc_emb" in state:
         return "prolip"

@@ -1,9 +1,10 @@
 """Official checkpoint in, zsprob model / checkpoint out (``zsprob convert``), strictly.
 
 Steps: read the official file (:mod:`.io`), detect its layout, then
-``zsprob.models.create_from_official``: build the zsprob model the weights belong to with the
-head options of that layout (:func:`.load.official_options`), rename every key with the family's
-rules (an unknown key is an error) and load them strictly (:func:`.load.load_official`). The
+``zsprob.models.create_from_official``: pick a COCO trainer file's SWA or raw copy (:mod:`.swa`),
+build the zsprob model the weights belong to with the head options of that layout
+(:func:`.load.official_options`), rename every key with the family's rules (an unknown key is an
+error) and load them strictly (:func:`.load.load_official`). The
 result is saved with ``zsprob.models.save`` (safetensors + JSON, atomic), the loss's official
 tensors (PCME++'s shift / negative_scale) as extra tensors. ProLIP's SigLIP tokenizer directory
 is resolved and loaded with :mod:`zsprob.models.hf_tokenizer`, so a missing or broken tokenizer
@@ -36,8 +37,11 @@ def default_model(kind: str, state: dict) -> str:
 
 
 def convert_checkpoint(source: str | os.PathLike, *, model_name: str | None = None, layout_name: str | None = None,
-                       tokenizer: str | os.PathLike | None = None):
-    """(ProbCLIP with the official weights, loss tensors, info dict); raises UserError on any mismatch."""
+                       tokenizer: str | os.PathLike | None = None, weights: str | None = None):
+    """(ProbCLIP with the official weights, loss tensors, info dict); raises UserError on any mismatch.
+
+    ``weights``: the copy of a COCO trainer file with SWA copies (:mod:`zsprob.models.convert.swa`).
+    """
     from zsprob.models.factory import create_from_official
 
     state = read_state_dict(source)
@@ -46,10 +50,12 @@ def convert_checkpoint(source: str | os.PathLike, *, model_name: str | None = No
         raise UserError(f"unknown official layout {kind!r}; choose from {', '.join(LAYOUTS)}")
     name = model_name or default_model(kind, state)
     options = {"tokenizer_dir": str(tokenizer)} if tokenizer is not None else {}
+    if weights is not None:
+        options["weights"] = weights
     model = create_from_official(name, source, state, kind, **options)
     info = {"source": str(source), "layout": kind, "family": LAYOUTS[kind].family, "model": name,
             "official_keys": len(state), "hf_config": read_hf_config(source),
-            "tokenizer": model.config.get("tokenizer_dir")}
+            "tokenizer": model.config.get("tokenizer_dir"), "weights": model.config.get("official_weights")}
     return model, model.official_loss, info
 
 

@@ -16,7 +16,9 @@ uncertainty), ``txt_enc.linear`` / ``std_linear``, ``gpool`` / ``std_gpool``, ``
 (``is_probabilistic_model: false``: ``configs/others/info_nce.yaml``, ``vse_infty.yaml``,
 ``pcmepp_mu_only.yaml``; ``EncoderClipImageFull`` / ``EncoderTextClip`` on OpenAI's plain ``CLIP``) hold
 the same mean keys and no uncertainty module: layout ``pcmepp-coco-mu`` (:data:`COCO_MU_RULES`), with
-the criterion's ``tau`` (InfoNCE), ``shift`` / ``negative_scale`` (PCME) or nothing (triplet).
+the criterion's ``tau`` (InfoNCE), ``shift`` / ``negative_scale`` (PCME) or nothing (triplet). A file
+of an SWA run also holds ``swa_*`` copies (:data:`SWA_COPIES`); :mod:`zsprob.models.convert.swa` picks one
+copy and hands on the plain layout, which these rules rename.
 
 The mean-branch rules of the HF layout name today's ``ProbCLIP`` parameters; the sigma rules name
 the official-layout block heads of ``zsprob.models.prob_clip`` (``SigmaHead``: ``blocks``, ``proj``,
@@ -78,6 +80,22 @@ COCO_RULES = [
 # the mu-only COCO trainer (is_probabilistic_model: false): the same rules without the uncertainty modules
 COCO_MU_RULES = [rule for rule in COCO_RULES if rule.branch != "sigma"]
 
+# the COCO trainer's SWA copies (train.swa_start_epoch set, as configs/pcmepp.yaml does): pcmepp/engine.py wraps
+# img_enc, txt_enc and, for a probabilistic model only, criterion in torch.optim.swa_utils.AveragedModel, whose
+# state is the update count n_averaged and the averaged module under ``module.`` (zsprob.models.convert.swa)
+SWA_COPIES = {"pcmepp-coco": {"img_enc": "swa_img_enc", "txt_enc": "swa_txt_enc", "criterion": "swa_criterion"},
+              "pcmepp-coco-mu": {"img_enc": "swa_img_enc", "txt_enc": "swa_txt_enc"}}
+SWA_MODULE, SWA_COUNT = "module.", "n_averaged"
+
+
+def raw_name(key: str) -> str:
+    """The raw module's key of an SWA copy's key (``swa_img_enc.module.fc.weight`` -> ``img_enc.fc.weight``)."""
+    copy, _, rest = key.partition(".")
+    if copy.startswith("swa_") and rest.startswith(SWA_MODULE):
+        return f"{copy[len('swa_'):]}.{rest[len(SWA_MODULE):]}"
+    return key
+
+
 # the uncertainty modules of a probabilistic COCO trainer file, each in every such file (key prefixes)
 COCO_SIGMA_PARTS = {"image uncertainty blocks": "img_enc.backbone.uncertainty_transformer.",
                     "image std encoder": "img_enc.image_std_encoder.",
@@ -86,8 +104,9 @@ COCO_SIGMA_PARTS = {"image uncertainty blocks": "img_enc.backbone.uncertainty_tr
 
 
 def coco_layout(state) -> str:
-    """``pcmepp-coco`` when a COCO trainer file holds any uncertainty module, else ``pcmepp-coco-mu``."""
-    has = any(k.startswith(tuple(COCO_SIGMA_PARTS.values())) for k in state)
+    """``pcmepp-coco`` when a COCO trainer file holds any uncertainty module (raw or SWA copy), else
+    ``pcmepp-coco-mu``."""
+    has = any(raw_name(k).startswith(tuple(COCO_SIGMA_PARTS.values())) for k in state)
     return "pcmepp-coco" if has else "pcmepp-coco-mu"
 
 
