@@ -223,3 +223,46 @@ def test_augment_false_trains_on_the_eval_transform(tiny_world):
     assert resolve_config(tiny_cfg(tiny_world / "pretrain")).data.augment is True  # open_clip's default
     with pytest.raises(UserError, match="data.augment must be true or false"):
         resolve_config(tiny_cfg(tiny_world / "pretrain", data={"augment": "maybe"}))
+
+
+def test_gradient_clip_sets_split_the_log_variance_heads():
+    """optim.grad_clip_split: the heads' parameters form their own set; together the sets are every
+    trainable parameter, once; a model without heads refuses the option."""
+    from zsprob.models import create_model
+    from zsprob.prob import PCMEPPLoss, InfoNCELoss
+    from zsprob.train.loop import ContrastiveStep, gradient_clip_sets
+    model = create_model("zsprob-tiny", embed_dim=16, seed=0, **TINY)
+    raw = ContrastiveStep(model, PCMEPPLoss())
+    every = [p for p in raw.parameters() if p.requires_grad]
+    (one,) = gradient_clip_sets(raw, split=False)
+    assert len(one) == len(every)
+    rest, heads = gradient_clip_sets(raw, split=True)
+    assert {id(p) for p in rest} | {id(p) for p in heads} == {id(p) for p in every}
+    assert not {id(p) for p in rest} & {id(p) for p in heads}
+    expected = {id(p) for name, p in model.named_parameters() if name.startswith(("image_sigma.", "text_sigma."))}
+    assert {id(p) for p in heads} == expected and expected
+    deterministic = ContrastiveStep(create_model("zsprob-tiny", embed_dim=16, seed=0, deterministic=True, **TINY),
+                                    InfoNCELoss())
+    with pytest.raises(UserError, match="grad_clip_split"):
+        gradient_clip_sets(deterministic, split=True)
+
+
+def test_split_clipping_leaves_the_means_gradient_alone():
+    """A set under the bound keeps its gradient however large the other set's is (split); one global
+    bound scales both (what coupled the means to the occlusion term's gradients)."""
+    from accelerate import Accelerator
+    from zsprob.train.loop import clip_gradient_sets
+    acc = Accelerator(cpu=True)
+    means, heads = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))
+    def grads():
+        means.grad = torch.tensor([0.3, 0.4, 0.0, 0.0])          # norm 0.5
+        heads.grad = torch.tensor([6.0, 8.0, 0.0])               # norm 10
+    grads()
+    norms = clip_gradient_sets(acc, [[means], [heads]], 2.0)
+    assert [float(n) for n in norms] == pytest.approx([0.5, 10.0])
+    assert torch.equal(means.grad, torch.tensor([0.3, 0.4, 0.0, 0.0]))
+    assert float(heads.grad.norm()) == pytest.approx(2.0, rel=1e-5)
+    grads()
+    (total,) = clip_gradient_sets(acc, [[means, heads]], 2.0)
+    assert float(total) == pytest.approx((0.25 + 100) ** 0.5)
+    assert float(means.grad.norm()) == pytest.approx(0.5 * 2.0 / float(total), rel=1e-5)

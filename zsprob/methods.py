@@ -20,6 +20,6 @@ STRATEGIES = ("all", "single", "topk", "global", "auto", "threshold", "fusion", 
 #: input) or ``degrade`` (one lossy operation of :data:`DEGRADE_OPS` per image; zsprob.data.degrade)
 IMAGE_MASK_MODES = ("cells", "degrade")
 DEGRADE_OPS = ("cells", "blur", "downsample", "dim", "jpeg", "grayscale", "crop")
-DEFAULT_DEGRADE_OPS = DEGRADE_OPS[:-1]  # all but crop (zsprob.data.degrade says why)
+DEFAULT_DEGRADE_OPS = DEGRADE_OPS
 
 __all__ = ["METHODS", "STRATEGIES", "IMAGE_MASK_MODES", "DEGRADE_OPS", "DEFAULT_DEGRADE_OPS"]

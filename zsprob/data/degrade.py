@@ -19,10 +19,11 @@ operation      what it does (strength drawn uniformly per image)                
 ``crop``       a random square window of side r x the image, resized back (bilinear)     r in [0.5, 0.8]
 =============  ========================================================================  ==============
 
-The default list (:data:`zsprob.methods.DEFAULT_DEGRADE_OPS`) leaves ``crop`` out: a zoomed window
-is a partial view, but it also enlarges what it keeps, so it is not only a loss of information.
-Which operations a run uses is the loss option ``image_degrade_ops``, checked with the loss's other
-options (:func:`zsprob.prob.prolip.check_occlusion_options`).
+All seven are partial views in ProLIP's sense (the original is included in them): a crop keeps
+part of the scene as dropped patches do, the others keep all of it at less detail. Which operations
+a run uses is the loss option ``image_degrade_ops`` (default: all,
+:data:`zsprob.methods.DEFAULT_DEGRADE_OPS`), checked with the loss's other options
+(:func:`zsprob.prob.prolip.check_occlusion_options`).
 
 The images are the model's *normalised* tensors [B, C, H, W] (``(pixel - mean) / std``); the
 linear operations whose weights sum to one (blur, resampling) commute with that normalisation and

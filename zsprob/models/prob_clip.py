@@ -693,6 +693,9 @@ class ProbCLIP(nn.Module):
         pooling; ViT + CLIP text towers and ``sigma_head="block"`` only; module docstring).
     """
 
+    #: the log-variance heads' modules (the trainer can clip their gradients apart: optim.grad_clip_split)
+    SIGMA_MODULES = ("image_sigma", "text_sigma", "sigma_readout")
+
     def __init__(self, clip_model: nn.Module, *, name: str, config: dict, embed_dim: int,
                  sigma_depth: int = 1, sigma_init: str = "random", pooling: str = "gpo",
                  deterministic: bool = False, var_bounds=None, normalize_mu: bool = True,

@@ -4,7 +4,7 @@ The demo is nothing but the real commands a user would type, chained and made re
 :mod:`zsprob.report.pipeline`:
 
 1. ``zsprob data synthetic``                    generate SynthWorld (shards, classify, retrieval)
-2. ``zsprob pretrain --method pcmepp``          the probabilistic model
+2. ``zsprob pretrain --method pcmepp``          the probabilistic model (configs/synthetic_tiny_sigma.yaml)
 3. ``zsprob pretrain --method infonce``         the deterministic CLIP-style baseline
 4. ``zsprob select-prompts --topk auto``        prompts chosen on classify/select, never on eval labels
 5. ``zsprob zeroshot synthetic --prompts``      zero-shot with that selection
@@ -48,6 +48,9 @@ class DemoSettings:
 
 
 METHODS = ("pcmepp", "infonce")
+#: each model's recipe: PCME++ with the decoupled uncertainty changes (sigma^2 that tracks ambiguity,
+#: docs/findings.md), InfoNCE on the same model, data, budget and seed
+RECIPES = {"pcmepp": "synthetic_tiny_sigma.yaml", "infonce": "synthetic_tiny.yaml"}
 
 
 def plan(out: Path, s: DemoSettings) -> list[Step]:
@@ -60,7 +63,7 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
                   outputs=[data / "manifest.json", data / "preview.png"])]
     for m in METHODS:
         run_dir = out / "runs" / m
-        args = ["pretrain", "--config", str(configs_dir() / "synthetic_tiny.yaml"), "--data", "synthetic",
+        args = ["pretrain", "--config", str(configs_dir() / RECIPES[m]), "--data", "synthetic",
                 "--shards", str(data / "pretrain"), "--method", m, "--out", str(run_dir),
                 "--steps", str(s.steps), "--batch-size", str(s.batch_size), "--seed", str(s.seed),
                 "--workers", str(s.workers)]

@@ -396,6 +396,27 @@ def make_accelerator(cfg: Config, out: Path):
     return acc, log_with
 
 
+def gradient_clip_sets(raw: nn.Module, split: bool) -> list[list]:
+    """The parameter sets whose gradient norms are clipped apart: all trainable parameters in one set,
+    or (``optim.grad_clip_split``) everything but the log-variance heads, then the heads
+    (``ProbCLIP.SIGMA_MODULES``), so large sigma-only gradients (the occlusion term's) never scale
+    down the means' update."""
+    named = [(name, p) for name, p in raw.named_parameters() if p.requires_grad]
+    if not split:
+        return [[p for _, p in named]]
+    heads = tuple(f"model.{m}." for m in getattr(raw.model, "SIGMA_MODULES", ()))
+    sigma = [p for name, p in named if name.startswith(heads)]
+    if not sigma:
+        raise UserError("optim.grad_clip_split needs a model with log-variance heads (this one has none)")
+    return [[p for name, p in named if not name.startswith(heads)], sigma]
+
+
+def clip_gradient_sets(acc, sets: list[list], max_norm: float) -> list:
+    """Clip each parameter set's gradient to ``max_norm`` on its own (accelerate's clip_grad_norm_,
+    which unscales fp16 gradients first); the norms before clipping, one per set."""
+    return [acc.clip_grad_norm_(params, max_norm) for params in sets]
+
+
 def find_resume_dir(resume: bool | str | os.PathLike | None, out: Path) -> Path | None:
     """The step directory ``resume`` names (see :func:`zsprob.train.resilience.find_resume_dir`:
     "auto", "latest" / True, a path; None under an elastic agent means "auto"); None for a fresh start."""
@@ -466,6 +487,7 @@ class Run:
     total_steps: int
     hooks: list
     params: list = field(default_factory=list)  # the trainable parameters, for gradient clipping
+    clip_sets: list = field(default_factory=list)  # parameter sets clipped apart (gradient_clip_sets)
     cursor: DataCursor | None = None
     nonfinite_total: int = 0
     consecutive_bad: int = 0
@@ -603,9 +625,12 @@ def one_step(run: Run, step: int) -> dict:
     check = loss.detach().float()
     grad_clip = run.cfg.optim.get("grad_clip")
     if grad_clip:
-        gnorm = run.acc.clip_grad_norm_(run.params, float(grad_clip))
-        if gnorm is not None and run.cfg.train.precision != "fp16":
-            check = check + 0.0 * gnorm.detach().float()  # NaN / inf norms poison the check
+        norms = clip_gradient_sets(run.acc, run.clip_sets or [run.params], float(grad_clip))
+        for key, gnorm in zip(("grad_norm", "grad_norm_sigma"), norms):
+            if gnorm is not None:
+                stats[key] = gnorm.detach().float()  # before clipping (metrics.jsonl)
+            if gnorm is not None and run.cfg.train.precision != "fp16":
+                check = check + 0.0 * gnorm.detach().float()  # NaN / inf norms poison the check
     if run.world > 1:
         check = dist.mean_across(check)
     if bool(torch.isfinite(check).item()):
@@ -801,6 +826,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
     text_aug, label_smoothing = batch_augmentations(cfg, model)
     run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan, raw.loss),
               source, plan.total_steps, list(eval_hooks), [p for p in raw.parameters() if p.requires_grad])
+    run.clip_sets = gradient_clip_sets(raw, bool(cfg.optim.get("grad_clip_split", False)))
     run.text_aug, run.label_smoothing, run.loss_scale = text_aug, label_smoothing, plan.loss_scale
     run.sync, run.accum_steps, run.step_fn = sync, accum_steps, step_fn
 
