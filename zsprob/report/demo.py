@@ -111,7 +111,7 @@ def run_demo(out: str | Path = "demo_out", quick: bool = False, echo: Callable[[
          f"{s.steps} pretraining steps x {s.batch_size} per model)")
     timings = run_steps(out, plan(out, s), echo=echo)
     echo("Writing the report")
-    report = build_report(out, settings=asdict(s) | {"quick": quick}, timings=timings,
+    report = build_report(out, settings=asdict(s) | {"quick": quick, "recipes": dict(RECIPES)}, timings=timings,
                           wall_seconds=time.time() - t0)
     echo(f"report: {out / 'report.md'}  (figures: {out / 'report.json'})")
     return report
