@@ -55,9 +55,11 @@ def test_demo_quick_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads((out / "report.json").read_text())
     # Both pretrainings ran, their losses went down, PCME++ left its base-rate loss, and the models
-    # are far above chance on retrieval. Measured on this budget (300 x 128 per model, seed 0):
-    # i2t R@1 19.5% / 19.0% (PCME++ / InfoNCE; chance 0.5%); best zero-shot top-1 11.0% / 10.0% on
-    # 200 images (chance 5%), so zero-shot is asserted with a margin below that.
+    # are far above chance on retrieval. Measured on this budget (300 x 128 per model, seed 0, the
+    # sigma recipe configs/synthetic_tiny_sigma.yaml for PCME++): i2t R@1 12.0% / 17.5% (PCME++ /
+    # InfoNCE; chance 0.5%); best zero-shot top-1 11.5% / 9.5% on 200 images (chance 5%), so
+    # zero-shot is asserted with a margin below that; Spearman(caption sigma^2, ambiguity) +0.67
+    # [+0.63, +0.70] (the official-form recipe gives about -0.8), asserted with a margin.
     c = rep["checks"]
     assert c["training_pcmepp_loss_decreased"] and c["training_infonce_loss_decreased"]
     assert c["training_pcmepp_beats_base_rate"]
@@ -73,7 +75,8 @@ def test_demo_quick_end_to_end(tmp_path):
     sep = zs["class_separation"]
     assert rep["checks"]["zeroshot_pcmepp_class_names_separated"] == (not sep["collapsed"])
     unc = rep["retrieval"]["pcmepp"]["uncertainty"]
-    assert -1.0 <= unc["spearman_text_uncertainty_vs_ambiguity"] <= 1.0
+    assert 0.3 < unc["spearman_text_uncertainty_vs_ambiguity"] <= 1.0, unc
+    assert rep["settings"]["recipes"]["pcmepp"] == "synthetic_tiny_sigma.yaml"
     md = (out / "report.md").read_text()
     assert ("the class prompts embed almost identically" in md) == any(
         (z or {}).get("class_separation", {}).get("collapsed") for z in rep["zeroshot"].values())

@@ -184,6 +184,16 @@ def test_eval_synthetic_writes_the_validity_section(tmp_path):
     assert all(len(trend["r1"]) == 10 and "falling" in trend for trend in validity["deciles"].values())
     assert sum(c["n"] for c in validity["image_conditions"]["by_condition"].values()) + \
         validity["image_conditions"]["reference"]["n"] == 40
+    # --seed draws other inclusion pairs and crop scenes (pairs a recipe was not chosen on); retrieval is unchanged
+    out3 = tmp_path / "eval3" / "metrics.json"
+    r = run_cli("eval", "synthetic", "--checkpoint", checkpoint, "--root", root, "--no-corruption", "--out", out3,
+                "--batch-size", "32", "--seed", "3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res3 = json.loads(out3.read_text())
+    assert res3["uncertainty_validity"]["setup"]["seed"] == 3 and validity["setup"]["seed"] == 0
+    assert res3["uncertainty_validity"]["inclusion"]["examples"] != validity["inclusion"]["examples"]
+    assert res3["uncertainty_validity"]["crop_test"]["examples"] != validity["crop_test"]["examples"]
+    assert res3["metrics"]["caption"] == json.loads(out.read_text())["metrics"]["caption"]
 
 
 def test_validity_table_shows_every_analysis_and_the_demo_report_prints_it(tmp_path):

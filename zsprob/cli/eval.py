@@ -149,8 +149,11 @@ def rankings_cmd(i2t_path, t2i_path, out):
 @click.option("--root", type=click.Path(), required=True, help="SynthWorld folder (from `zsprob data synthetic`).")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
 @click.option("--no-corruption", is_flag=True, help="skip the corruption sweep.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="seed of the uncertainty probes: the inclusion pairs, the crop-test scenes, the bootstrap "
+                   "and the corruption sweep (another seed gives pairs a recipe was not chosen on).")
 @_common
-def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, split, no_corruption, score, out,
+def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, split, no_corruption, seed, score, out,
               no_analysis, method):
     """Evaluate on SynthWorld's retrieval split (five-caption R@K and exact plausible-match mAP@R / R-P)."""
     from zsprob.errors import require_dir
@@ -161,5 +164,5 @@ def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, spli
     outp = Path(out)
     res = evaluate_synthetic(model, root, split, score, outp.parent, batch_size=batch_size, device=device,
                              corruption=not (no_corruption or no_analysis), progress=True, metrics_file=outp.name,
-                             method=method, validity=not no_analysis)
+                             method=method, validity=not no_analysis, seed=seed)
     _finish(res, out)
