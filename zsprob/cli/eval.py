@@ -150,8 +150,8 @@ def rankings_cmd(i2t_path, t2i_path, out):
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
 @click.option("--no-corruption", is_flag=True, help="skip the corruption sweep.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
-              help="seed of the uncertainty probes: the inclusion pairs, the crop-test scenes, the bootstrap "
-                   "and the corruption sweep (another seed gives pairs a recipe was not chosen on).")
+              help="seed of the uncertainty probes (inclusion pairs, crop-test scenes, bootstrap, corruption "
+                   "sweep) and of --score mc's samples; another seed gives pairs a recipe was not chosen on.")
 @_common
 def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, split, no_corruption, seed, score, out,
               no_analysis, method):
