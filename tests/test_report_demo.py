@@ -93,3 +93,97 @@ def test_demo_quick_end_to_end(tmp_path):
     assert rep2["steps_seconds_total"] == pytest.approx(rep["steps_seconds_total"], abs=1.0)
     assert rep2["steps_seconds_total"] > 10 and len(rep2["resumed_steps"]) >= 8
     assert "finished by an earlier invocation" in (out / "report.md").read_text()
+
+
+def test_all_methods_only_adds_steps_after_the_main_ones(tmp_path):
+    from zsprob.report.demo import OTHER_METHODS, DemoSettings, plan
+    from zsprob.utils.paths import configs_dir
+
+    base = plan(tmp_path, DemoSettings.make(False))
+    full = plan(tmp_path, DemoSettings.make(False, all_methods=True))
+    # same names and arguments for the main steps: --all-methods on an existing OUT re-runs none of them
+    assert [(st.name, st.args) for st in full[:len(base)]] == [(st.name, st.args) for st in base]
+    extra = full[len(base):]
+    assert [st.name for st in extra] == [f"{kind}-{name}" for name in OTHER_METHODS
+                                         for kind in ("pretrain", "eval", "zeroshot-compare")]
+    args = {st.name: st.args for st in full}
+
+    def value(name, flag):
+        return args[name][args[name].index(flag) + 1]
+
+    assert Path(value("pretrain-pcmepp", "--config")).name == "synthetic_tiny_sigma.yaml"
+    for name, (recipe, method, _) in OTHER_METHODS.items():
+        assert value(f"pretrain-{name}", "--config") == str(configs_dir() / recipe) and Path(configs_dir() / recipe).is_file()
+        assert value(f"pretrain-{name}", "--method") == method
+        for flag in ("--steps", "--batch-size", "--seed", "--shards"):  # the main models' budget and data
+            assert value(f"pretrain-{name}", flag) == value("pretrain-infonce", flag)
+        model = str(tmp_path / "methods" / name / "run" / "model")
+        assert value(f"eval-{name}", "--checkpoint") == model == value(f"zeroshot-compare-{name}", "--checkpoint")
+        assert value(f"eval-{name}", "--score") == "csd" and "--no-corruption" in args[f"eval-{name}"]
+    assert [value("pretrain-pcmepp-official", "--method"), value("pretrain-prolip", "--method")] == ["pcmepp", "prolip"]
+    assert "model.overrides.sigma_head=unc" in args["pretrain-prolip"]
+
+
+def test_the_method_table_reads_every_objectives_eval_and_compare_files(tmp_path):
+    import numpy as np
+    import torch
+
+    from zsprob.report.demo_report import build_report
+    from zsprob.retrieval import validity as V
+
+    rng = np.random.default_rng(0)
+    n = 300
+    captions = [" ".join(["w"] * int(k)) for k in rng.integers(2, 4, size=n)]
+    ambiguity = rng.random(n)
+    gauss = [(torch.randn(n, 4), torch.randn(n, 4) * 0.1) for _ in range(2)]
+    deciles = {"caption queries": {"bins": [{"r1": float(20 - 2 * b)} for b in range(10)],
+                                   "spearman_bins": {"rho": -1.0}, "spearman_queries": {"rho": -0.3}}}
+
+    def write(folder: Path, compare: Path, i2t: float, sigma_follows: bool | None, all80: float, single: float):
+        caption = {"i2t": {"r@1": i2t, "r@5": 2 * i2t, "r@10": 3 * i2t},
+                   "t2i": {"r@1": i2t / 3, "r@5": i2t, "r@10": 1.5 * i2t}, "rsum": 8 * i2t}
+        metrics = {"metrics": {"setup": {"score": "csd" if sigma_follows is not None else "cosine"},
+                               "caption": caption}}
+        if sigma_follows is not None:
+            u = ambiguity + (0.0 if sigma_follows else -2 * ambiguity)
+            metrics["uncertainty_validity"] = {
+                "text_ambiguity": V.ambiguity_spearman(u, ambiguity, captions),
+                "inclusion": V.inclusion_accuracy(*gauss[0], *gauss[1], rng.random(n) < 0.5),
+                "image_conditions": V.condition_uncertainty(rng.random(n), np.where(np.arange(n) < 150, "normal", "dark")),
+                "deciles": V.decile_trend(deciles)}
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps(metrics))
+        compare.parent.mkdir(parents=True, exist_ok=True)
+        compare.write_text(json.dumps({"rows": [
+            {"name": "all", "metrics": {"top1": all80}, "uses_eval_labels": False},
+            {"name": "single", "metrics": {"top1": single}, "uses_eval_labels": False},
+            {"name": "auto", "uses_eval_labels": False},  # skipped (no metrics): a deterministic model
+            {"name": "oracle", "metrics": {"top1": 99.0}, "uses_eval_labels": True}]}))
+
+    write(tmp_path / "retrieval" / "infonce", tmp_path / "zeroshot" / "infonce" / "compare.json", 26.0, None, 25.0, 25.5)
+    write(tmp_path / "retrieval" / "pcmepp", tmp_path / "zeroshot" / "pcmepp" / "compare.json", 24.0, True, 28.0, 27.0)
+    write(tmp_path / "methods" / "prolip" / "retrieval", tmp_path / "methods" / "prolip" / "compare.json", 17.0, False,
+          20.0, 20.3)
+    for m in ("pcmepp", "infonce"):
+        (tmp_path / "runs" / m).mkdir(parents=True)
+    report = build_report(tmp_path)
+    rows = report["methods"]
+    assert list(rows) == ["infonce", "pcmepp", "prolip"]
+    assert rows["pcmepp"]["spearman"] == pytest.approx(1.0) and rows["prolip"]["spearman"] == pytest.approx(-1.0)
+    assert (rows["pcmepp"]["bins_positive"], rows["prolip"]["bins_positive"], rows["pcmepp"]["bins_counted"]) == (2, 0, 2)
+    assert rows["pcmepp"]["caption_decile_r1"] == [20.0, 2.0] and "spearman" not in rows["infonce"]
+    # the best strategy that reads no evaluation labels, against all 80 (the oracle's 99% is not it)
+    assert rows["pcmepp"]["best_label_free"] == {"name": "single", "gain": -1.0}
+    assert rows["prolip"]["best_label_free"] == {"name": "single", "gain": 0.3}
+    md = (tmp_path / "report.md").read_text()
+    assert "## 5. Every objective on the same budget" in md
+    section = md.split("## 5. Every objective on the same budget")[1].split("\n## ")[0].splitlines()
+    line = next(x for x in section if x.startswith("| ProLIP |"))
+    assert "--method prolip --set model.overrides.sigma_head=unc" in line and "-1.00 [" in line and "| 0/2 |" in line
+    assert "| 17.0 / 5.67 | 20.0 | +0.3 (single) |" in line
+    assert next(x for x in section if x.startswith("| InfoNCE |")).count("(no sigma)") == 1
+    # without OUT/methods the section is left out
+    import shutil
+
+    shutil.rmtree(tmp_path / "methods")
+    assert "methods" not in build_report(tmp_path)

@@ -16,7 +16,11 @@ from zsprob.cli.types import COUNT, COUNT0, OUT_DIR
 @click.option("--seed", type=int, default=None, help="World and training seed [default: 0].")
 @click.option("--workers", type=COUNT0, default=None, help="Data loader workers during pretraining [default: 1].")
 @click.option("--threads", type=COUNT, default=None, help="torch CPU threads [default: torch's].")
-def demo(out, quick, steps, batch_size, seed, workers, threads):
+@click.option("--all-methods", is_flag=True,
+              help="Also train PCME++ with its official objective, ProLIP, PCME and prob-triplet on the same "
+                   "budget and add a table of every objective's uncertainty validity, retrieval and zero-shot "
+                   "(four more trainings).")
+def demo(out, quick, steps, batch_size, seed, workers, threads, all_methods):
     """Run the whole mission on SynthWorld and write OUT/report.md.
 
     \b
@@ -27,4 +31,4 @@ def demo(out, quick, steps, batch_size, seed, workers, threads):
     from zsprob.report.demo import run_demo
 
     run_demo(out, quick=quick, echo=click.echo, steps=steps, batch_size=batch_size, seed=seed,
-             workers=workers, threads=threads)
+             workers=workers, threads=threads, all_methods=all_methods or None)

@@ -10,6 +10,9 @@ The demo is nothing but the real commands a user would type, chained and made re
 5. ``zsprob zeroshot synthetic --prompts``      zero-shot with that selection
 6. ``zsprob zeroshot synthetic --compare``      every prompt strategy, both models
 7. ``zsprob eval synthetic``                    retrieval + uncertainty analyses, both models
+8. with ``--all-methods``: ``zsprob pretrain``, ``zsprob eval synthetic`` and ``zsprob zeroshot
+   synthetic --compare`` for the other objectives (PCME++ as officially trained, ProLIP, PCME,
+   prob-triplet) on the same model, data, budget and seed, for the report's method table
 
 then :func:`zsprob.report.demo_report.build_report` reads the JSON each command wrote and writes
 ``OUT/report.md`` (plots embedded) and ``OUT/report.json`` (the same figures).
@@ -35,6 +38,7 @@ class DemoSettings:
     seed: int = 0
     workers: int = 1  # data loader workers during pretraining
     threads: int | None = None  # torch CPU threads (None: torch's default)
+    all_methods: bool = False  # also train and evaluate OTHER_METHODS for the method table
 
     @classmethod
     def make(cls, quick: bool, **overrides) -> "DemoSettings":
@@ -51,6 +55,29 @@ METHODS = ("pcmepp", "infonce")
 #: each model's recipe: PCME++ with the decoupled uncertainty changes (sigma^2 that tracks ambiguity,
 #: docs/findings.md), InfoNCE on the same model, data, budget and seed
 RECIPES = {"pcmepp": "synthetic_tiny_sigma.yaml", "infonce": "synthetic_tiny.yaml"}
+#: ``--all-methods``: name -> (recipe, --method, extra arguments); each writes OUT/methods/NAME/
+#: {run, retrieval/metrics.json, compare.json}. The objectives as their official code sets them, on the
+#: demo's model: PCME++ without the sigma recipe, ProLIP with pooled-feature [UNC] heads (the bag of
+#: words has no token to append), PCME in its official form, Pishdad et al.'s probabilistic triplet.
+OTHER_METHODS = {
+    "pcmepp-official": ("synthetic_tiny.yaml", "pcmepp", []),
+    "prolip": ("synthetic_tiny.yaml", "prolip", ["--set", "model.overrides.sigma_head=unc"]),
+    "pcme": ("synthetic_tiny.yaml", "pcme", []),
+    "prob-triplet": ("synthetic_tiny.yaml", "prob-triplet", []),
+}
+
+
+def _pretrain_step(name: str, recipe: str, method: str, extra: list[str], data: Path, run_dir: Path,
+                   s: DemoSettings) -> Step:
+    args = ["pretrain", "--config", str(configs_dir() / recipe), "--data", "synthetic",
+            "--shards", str(data / "pretrain"), "--method", method, "--out", str(run_dir),
+            "--steps", str(s.steps), "--batch-size", str(s.batch_size), "--seed", str(s.seed),
+            "--workers", str(s.workers)] + list(extra)
+    if s.threads:
+        args += ["--threads", str(s.threads)]
+    return Step(f"pretrain-{name}", f"Pretrain {name} ({s.steps} steps x {s.batch_size})", args,
+                outputs=[run_dir / "model" / "zsprob.json", run_dir / "metrics.jsonl"],
+                resume_args=["--resume"], started_marker=run_dir / "checkpoints" / "latest.json")
 
 
 def plan(out: Path, s: DemoSettings) -> list[Step]:
@@ -62,16 +89,7 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
                    "--workers", "2", "--preview"],
                   outputs=[data / "manifest.json", data / "preview.png"])]
     for m in METHODS:
-        run_dir = out / "runs" / m
-        args = ["pretrain", "--config", str(configs_dir() / RECIPES[m]), "--data", "synthetic",
-                "--shards", str(data / "pretrain"), "--method", m, "--out", str(run_dir),
-                "--steps", str(s.steps), "--batch-size", str(s.batch_size), "--seed", str(s.seed),
-                "--workers", str(s.workers)]
-        if s.threads:
-            args += ["--threads", str(s.threads)]
-        steps.append(Step(f"pretrain-{m}", f"Pretrain {m} ({s.steps} steps x {s.batch_size})", args,
-                          outputs=[run_dir / "model" / "zsprob.json", run_dir / "metrics.jsonl"],
-                          resume_args=["--resume"], started_marker=run_dir / "checkpoints" / "latest.json"))
+        steps.append(_pretrain_step(m, RECIPES[m], m, [], data, out / "runs" / m, s))
     pcme = out / "runs" / "pcmepp" / "model"
     zs = out / "zeroshot"
     steps.append(Step("select-prompts", "Select prompts by text uncertainty (--topk auto, selection split only)",
@@ -95,6 +113,18 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
                           ["eval", "synthetic", "--checkpoint", str(ck), "--root", str(data),
                            "--score", "csd" if m == "pcmepp" else "cosine", "--out", str(rd / "metrics.json")],
                           outputs=[rd / "metrics.json"]))
+    if s.all_methods:  # after the main steps: turning it on for an existing OUT only adds steps
+        for name, (recipe, method, extra) in OTHER_METHODS.items():
+            md = out / "methods" / name
+            steps.append(_pretrain_step(name, recipe, method, extra, data, md / "run", s))
+            steps.append(Step(f"eval-{name}", f"Retrieval and uncertainty validity ({name})",
+                              ["eval", "synthetic", "--checkpoint", str(md / "run" / "model"), "--root", str(data),
+                               "--score", "csd", "--no-corruption", "--out", str(md / "retrieval" / "metrics.json")],
+                              outputs=[md / "retrieval" / "metrics.json"]))
+            steps.append(Step(f"zeroshot-compare-{name}", f"Zero-shot: every prompt strategy ({name})",
+                              ["zeroshot", "synthetic", "--checkpoint", str(md / "run" / "model"), "--root", str(data),
+                               "--select-root", str(data), "--compare", "--out", str(md / "compare.json")],
+                              outputs=[md / "compare.json"]))
     return steps
 
 

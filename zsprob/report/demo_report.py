@@ -18,6 +18,9 @@ from zsprob.report.plots import read_jsonl, training_curves
 from zsprob.utils.io import atomic_write_json, atomic_write_text
 
 METHOD_LABEL = {"pcmepp": "PCME++", "infonce": "InfoNCE"}
+#: row names of the method table (``--all-methods``)
+TABLE_LABEL = {"infonce": "InfoNCE", "pcmepp": "PCME++, the demo's recipe", "pcmepp-official": "PCME++, official objective",
+               "prolip": "ProLIP", "pcme": "PCME", "prob-triplet": "prob-triplet (Pishdad et al.)"}
 
 
 def _load(path: Path) -> Any:
@@ -130,6 +133,95 @@ def _retrieval(out: Path, method: str) -> dict | None:
     return res
 
 
+def _method_row(metrics_path: Path, compare_path: Path) -> dict | None:
+    """One row of the method table from an `eval synthetic` metrics.json and a `zeroshot --compare` JSON."""
+    d = _load(metrics_path)
+    if not d:
+        return None
+    m = d.get("metrics", {})
+    cap = m.get("caption", {})
+    row: dict[str, Any] = {"score": m.get("setup", {}).get("score"), "i2t_r1": (cap.get("i2t") or {}).get("r@1"),
+                           "t2i_r1": (cap.get("t2i") or {}).get("r@1")}
+    uv = d.get("uncertainty_validity")
+    if uv:
+        ta = uv.get("text_ambiguity") or {}
+        overall = ta.get("overall") or {}
+        counted = [b for b in (ta.get("by_word_count") or {}).values() if b.get("counts")]
+        inc = uv.get("inclusion") or {}
+        cond = uv.get("image_conditions") or {}
+        cq = (uv.get("deciles") or {}).get("caption queries") or {}
+        r1 = cq.get("r1") or []
+        row.update({"spearman": overall.get("rho"), "spearman_ci": [overall.get("lo"), overall.get("hi")],
+                    "bins_positive": sum(1 for b in counted if b["rho"] > 0), "bins_counted": len(counted),
+                    "inclusion": (inc.get("inclusion") or {}).get("accuracy"),
+                    "inclusion_sigma": (inc.get("sigma") or {}).get("accuracy"),
+                    "conditions_more_uncertain": cond.get("more_uncertain"), "conditions": cond.get("of"),
+                    "caption_decile_r1": [r1[0], r1[-1]] if r1 else None,
+                    "caption_decile_spearman": (cq.get("spearman_bins") or {}).get("rho")})
+    z = _load(compare_path)
+    if z:
+        top1 = {r.get("name"): (r.get("metrics") or {}).get("top1") for r in z.get("rows", [])
+                if not r.get("uses_eval_labels")}
+        row["zeroshot_all"] = top1.get("all")
+        others = [(v, k) for k, v in top1.items() if k != "all" and v is not None]
+        if others and row["zeroshot_all"] is not None:
+            v, k = max(others)
+            row["best_label_free"] = {"name": k, "gain": round(v - row["zeroshot_all"], 2)}
+    return row
+
+
+def _methods(out: Path) -> dict:
+    """The method table: InfoNCE, the demo's PCME++ and every OUT/methods/NAME run of ``--all-methods``."""
+    from zsprob.report.demo import OTHER_METHODS
+
+    rows = {}
+    for m in ("infonce", "pcmepp"):
+        rows[m] = _method_row(out / "retrieval" / m / "metrics.json", out / "zeroshot" / m / "compare.json")
+    root = out / "methods"
+    found = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    for name in [n for n in OTHER_METHODS if n in found] + [n for n in found if n not in OTHER_METHODS]:
+        rows[name] = _method_row(root / name / "retrieval" / "metrics.json", root / name / "compare.json")
+    return {k: v for k, v in rows.items() if v}
+
+
+def _methods_markdown(r: dict) -> list[str]:
+    from zsprob.report.demo import OTHER_METHODS, RECIPES
+
+    other = {name: " ".join([f"--config configs/{recipe}", "--method", method] + extra)
+             for name, (recipe, method, extra) in OTHER_METHODS.items()}
+    recipes = (r["settings"] or {}).get("recipes") or RECIPES
+    L = ["## 5. Every objective on the same budget\n",
+         "Same model, data, steps, batch and seed; test split; retrieval ranked by CSD (InfoNCE: cosine). "
+         "Bins: caption word-count bins with >= 100 captions; inclusion: exact inclusion pairs, the method's "
+         "inclusion test / the plain sigma comparison; conditions: degraded-image conditions whose mean "
+         "uncertainty exceeds normal images'. Strategies: `zsprob zeroshot synthetic --compare`, without "
+         "evaluation labels.\n",
+         "| method | recipe | Spearman(text u, ambiguity) [95% CI] | bins > 0 | inclusion % (test / sigma) | "
+         "conditions > normal | t2i R@1, most -> least certain decile (Spearman) | i2t / t2i R@1 | "
+         "zero-shot all-80 | best label-free strategy - all-80 |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in r["methods"].items():
+        label = TABLE_LABEL.get(name, name)
+        recipe = f"`configs/{recipes[name]}`" if name in recipes else (f"`{other[name]}`" if name in other else "")
+        if row.get("spearman") is not None:
+            lo, hi = row["spearman_ci"]
+            sp = f"{row['spearman']:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+            bins = f"{row['bins_positive']}/{row['bins_counted']}"
+            inc = f"{_f(100 * row['inclusion'])} / {_f(100 * row['inclusion_sigma'])}"
+            cond = f"{row['conditions_more_uncertain']}/{row['conditions']}"
+            d = row.get("caption_decile_r1")
+            dec = (f"{_f(d[0])} -> {_f(d[1])} ({_f(row['caption_decile_spearman'], 2)})" if d else "-")
+        else:
+            sp, bins, inc, cond, dec = "(no sigma)", "", "", "", ""
+        best = row.get("best_label_free")
+        best_s = f"{best['gain']:+.1f} ({best['name']})" if best else "-"
+        L.append(f"| {label} | {recipe} | {sp} | {bins} | {inc} | {cond} | {dec} | {_f(row['i2t_r1'])} / "
+                 f"{_f(row['t2i_r1'], 2)} | {_f(row.get('zeroshot_all'))} | {best_s} |")
+    L.append("\nOne seed per row; SE of i2t R@1 and zero-shot about 1.4 points at n = 1,000. Several seeds: "
+             "docs/findings.md.\n")
+    return L
+
+
 def build_report(out: str | Path, settings: dict | None = None, timings: dict | None = None,
                  wall_seconds: float | None = None) -> dict:
     """Assemble OUT/report.md and OUT/report.json from the outputs of the demo's commands."""
@@ -154,6 +246,8 @@ def build_report(out: str | Path, settings: dict | None = None, timings: dict | 
         "zeroshot": {m: _zeroshot(out, m) for m in methods},
         "retrieval": {m: _retrieval(out, m) for m in methods},
     }
+    if (out / "methods").is_dir():
+        report["methods"] = _methods(out)
     if selected:
         report["zeroshot_selected"] = {"top1": selected.get("metrics", {}).get("top1"),
                                        "top5": selected.get("metrics", {}).get("top5"),
@@ -317,6 +411,9 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
         page = _rel(out, files.get("uncertain_queries"))
         if page:
             L.append(f"The most and least uncertain queries with what they retrieved: [{page}]({page}).\n")
+
+    if r.get("methods"):
+        L.extend(_methods_markdown(r))
 
     tables = {name: rr["validity_table"] for name, rr in r["retrieval"].items() if rr and rr.get("validity_table")}
     if tables:  # rendered by `zsprob eval synthetic` (zsprob.retrieval.validity) into its metrics.json
