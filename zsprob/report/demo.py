@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from zsprob.report.demo_methods import METHODS, OTHER_METHODS, RECIPES
 from zsprob.report.pipeline import Step, run_steps
 from zsprob.utils.paths import configs_dir
 
@@ -49,22 +50,6 @@ class DemoSettings:
             if v is not None:
                 setattr(base, k, v)
         return base
-
-
-METHODS = ("pcmepp", "infonce")
-#: each model's recipe: PCME++ with the decoupled uncertainty changes (sigma^2 that tracks ambiguity,
-#: docs/findings.md), InfoNCE on the same model, data, budget and seed
-RECIPES = {"pcmepp": "synthetic_tiny_sigma.yaml", "infonce": "synthetic_tiny.yaml"}
-#: ``--all-methods``: name -> (recipe, --method, extra arguments); each writes OUT/methods/NAME/
-#: {run, retrieval/metrics.json, compare.json}. The objectives as their official code sets them, on the
-#: demo's model: PCME++ without the sigma recipe, ProLIP with pooled-feature [UNC] heads (the bag of
-#: words has no token to append), PCME in its official form, Pishdad et al.'s probabilistic triplet.
-OTHER_METHODS = {
-    "pcmepp-official": ("synthetic_tiny.yaml", "pcmepp", []),
-    "prolip": ("synthetic_tiny.yaml", "prolip", ["--set", "model.overrides.sigma_head=unc"]),
-    "pcme": ("synthetic_tiny.yaml", "pcme", []),
-    "prob-triplet": ("synthetic_tiny.yaml", "prob-triplet", []),
-}
 
 
 def _pretrain_step(name: str, recipe: str, method: str, extra: list[str], data: Path, run_dir: Path,

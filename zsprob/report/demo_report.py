@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zsprob import __version__
+from zsprob.report.demo_methods import OTHER_METHODS, RECIPES
 from zsprob.report.plots import read_jsonl, training_curves
 from zsprob.utils.io import atomic_write_json, atomic_write_text
 
@@ -172,8 +173,6 @@ def _method_row(metrics_path: Path, compare_path: Path) -> dict | None:
 
 def _methods(out: Path) -> dict:
     """The method table: InfoNCE, the demo's PCME++ and every OUT/methods/NAME run of ``--all-methods``."""
-    from zsprob.report.demo import OTHER_METHODS
-
     rows = {}
     for m in ("infonce", "pcmepp"):
         rows[m] = _method_row(out / "retrieval" / m / "metrics.json", out / "zeroshot" / m / "compare.json")
@@ -185,8 +184,6 @@ def _methods(out: Path) -> dict:
 
 
 def _methods_markdown(r: dict) -> list[str]:
-    from zsprob.report.demo import OTHER_METHODS, RECIPES
-
     other = {name: " ".join([f"--config configs/{recipe}", "--method", method] + extra)
              for name, (recipe, method, extra) in OTHER_METHODS.items()}
     recipes = (r["settings"] or {}).get("recipes") or RECIPES
