@@ -207,7 +207,8 @@ def _methods_markdown(r: dict) -> list[str]:
             inc = f"{_f(100 * row['inclusion'])} / {_f(100 * row['inclusion_sigma'])}"
             cond = f"{row['conditions_more_uncertain']}/{row['conditions']}"
             d = row.get("caption_decile_r1")
-            dec = (f"{_f(d[0])} -> {_f(d[1])} ({_f(row['caption_decile_spearman'], 2)})" if d else "-")
+            rho = row.get("caption_decile_spearman")
+            dec = (f"{_f(d[0])} -> {_f(d[1])} ({'-' if rho is None else f'{rho:+.2f}'})" if d else "-")
         else:
             sp, bins, inc, cond, dec = "(no sigma)", "", "", "", ""
         best = row.get("best_label_free")
