@@ -73,8 +73,9 @@ def _training(out: Path, method: str) -> dict:
     return rec
 
 
-def _zeroshot(out: Path, method: str) -> dict | None:
-    d = _load(out / "zeroshot" / method / "compare.json")
+def _zeroshot(path: Path) -> dict | None:
+    """The figures of one `zeroshot synthetic --compare` JSON (None when it is missing)."""
+    d = _load(path)
     if not d:
         return None
     rows = []
@@ -98,8 +99,9 @@ def _zeroshot(out: Path, method: str) -> dict | None:
     return res
 
 
-def _retrieval(out: Path, method: str) -> dict | None:
-    d = _load(out / "retrieval" / method / "metrics.json")
+def _retrieval(path: Path) -> dict | None:
+    """The figures of one `eval synthetic` metrics.json (None when it is missing)."""
+    d = _load(path)
     if not d:
         return None
     m = d.get("metrics", {})
@@ -134,16 +136,13 @@ def _retrieval(out: Path, method: str) -> dict | None:
     return res
 
 
-def _method_row(metrics_path: Path, compare_path: Path) -> dict | None:
-    """One row of the method table from an `eval synthetic` metrics.json and a `zeroshot --compare` JSON."""
-    d = _load(metrics_path)
-    if not d:
+def _method_row(rt: dict | None, zs: dict | None) -> dict | None:
+    """One row of the method table from the :func:`_retrieval` and :func:`_zeroshot` figures of a run."""
+    if not rt:
         return None
-    m = d.get("metrics", {})
-    cap = m.get("caption", {})
-    row: dict[str, Any] = {"score": m.get("setup", {}).get("score"), "i2t_r1": (cap.get("i2t") or {}).get("r@1"),
-                           "t2i_r1": (cap.get("t2i") or {}).get("r@1")}
-    uv = d.get("uncertainty_validity")
+    row: dict[str, Any] = {"score": rt["score"], "i2t_r1": (rt["i2t"] or {}).get("r@1"),
+                           "t2i_r1": (rt["t2i"] or {}).get("r@1")}
+    uv = rt.get("uncertainty_validity")
     if uv:
         ta = uv.get("text_ambiguity") or {}
         overall = ta.get("overall") or {}
@@ -159,10 +158,8 @@ def _method_row(metrics_path: Path, compare_path: Path) -> dict | None:
                     "conditions_more_uncertain": cond.get("more_uncertain"), "conditions": cond.get("of"),
                     "caption_decile_r1": [r1[0], r1[-1]] if r1 else None,
                     "caption_decile_spearman": (cq.get("spearman_bins") or {}).get("rho")})
-    z = _load(compare_path)
-    if z:
-        top1 = {r.get("name"): (r.get("metrics") or {}).get("top1") for r in z.get("rows", [])
-                if not r.get("uses_eval_labels")}
+    if zs:
+        top1 = {r["name"]: r["top1"] for r in zs["rows"] if not r["uses_eval_labels"]}
         row["zeroshot_all"] = top1.get("all")
         others = [(v, k) for k, v in top1.items() if k != "all" and v is not None]
         if others and row["zeroshot_all"] is not None:
@@ -171,15 +168,15 @@ def _method_row(metrics_path: Path, compare_path: Path) -> dict | None:
     return row
 
 
-def _methods(out: Path) -> dict:
-    """The method table: InfoNCE, the demo's PCME++ and every OUT/methods/NAME run of ``--all-methods``."""
-    rows = {}
-    for m in ("infonce", "pcmepp"):
-        rows[m] = _method_row(out / "retrieval" / m / "metrics.json", out / "zeroshot" / m / "compare.json")
+def _methods(out: Path, report: dict) -> dict:
+    """The method table: InfoNCE and the demo's PCME++ (from ``report``), then every OUT/methods/NAME run
+    of ``--all-methods``."""
+    rows = {m: _method_row(report["retrieval"].get(m), report["zeroshot"].get(m)) for m in ("infonce", "pcmepp")}
     root = out / "methods"
     found = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     for name in [n for n in OTHER_METHODS if n in found] + [n for n in found if n not in OTHER_METHODS]:
-        rows[name] = _method_row(root / name / "retrieval" / "metrics.json", root / name / "compare.json")
+        rows[name] = _method_row(_retrieval(root / name / "retrieval" / "metrics.json"),
+                                 _zeroshot(root / name / "compare.json"))
     return {k: v for k, v in rows.items() if v}
 
 
@@ -241,11 +238,11 @@ def build_report(out: str | Path, settings: dict | None = None, timings: dict | 
         "resumed_steps": sorted(k for k, v in (timings or {}).items() if v.get("skipped")),
         "world": {k: manifest.get(k) for k in ("seed", "image_size", "counts", "classes") if k in manifest},
         "training": {m: _training(out, m) for m in methods},
-        "zeroshot": {m: _zeroshot(out, m) for m in methods},
-        "retrieval": {m: _retrieval(out, m) for m in methods},
+        "zeroshot": {m: _zeroshot(out / "zeroshot" / m / "compare.json") for m in methods},
+        "retrieval": {m: _retrieval(out / "retrieval" / m / "metrics.json") for m in methods},
     }
     if (out / "methods").is_dir():
-        report["methods"] = _methods(out)
+        report["methods"] = _methods(out, report)
     if selected:
         report["zeroshot_selected"] = {"top1": selected.get("metrics", {}).get("top1"),
                                        "top5": selected.get("metrics", {}).get("top5"),
