@@ -498,13 +498,7 @@ def _single_phrase_prob(ph: dict, regime: str, n: int) -> float:
     one object (P = n / |shapes| that it is present, then on one object with the cell, if
     named, drawn independently); likewise a named cell is occupied by at most one object.
     """
-    q = 1.0
-    if "color" in ph:
-        q *= 0.0 if regime in COLORLESS else 1.0 / len(COLOR_NAMES)
-    if "size" in ph:
-        q *= 1.0 / len(SIZES)
-    if "fill" in ph:
-        q *= (1.0 if ph["fill"] == "outline" else 0.0) if regime == "drawing" else 1.0 / len(FILLS)
+    q = _iid_match_prob(ph, regime)
     if "position" in ph:
         npos = len(POSITIONS)
         if regime == "cropped":  # object 0 avoids the centre, the others draw from what is left
