@@ -43,6 +43,7 @@ first (:mod:`zsprob.train.remote_sync`).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import warnings
@@ -434,7 +435,7 @@ def build_optimisation(cfg: Config, model, step_module: nn.Module, plan: Schedul
                             image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
                             grouping=str(oc.get("grouping") or "zsprob"))
     optimizer = optim.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
-                                   betas=oc.betas, eps=float(oc.eps))
+                                   betas=oc.betas, eps=float(oc.eps), fused=bool(oc.get("fused", False)))
     schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(sch.name, total_steps=plan.total_steps,
                                                         warmup_steps=plan.warmup,
                                                         min_lr_ratio=float(sch.min_lr_ratio),
@@ -486,8 +487,7 @@ class Run:
     source: BatchSource
     total_steps: int
     hooks: list
-    params: list = field(default_factory=list)  # the trainable parameters, for gradient clipping
-    clip_sets: list = field(default_factory=list)  # parameter sets clipped apart (gradient_clip_sets)
+    clip_sets: list = field(default_factory=list)  # the trainable parameters, in the sets clipped apart (gradient_clip_sets)
     cursor: DataCursor | None = None
     nonfinite_total: int = 0
     consecutive_bad: int = 0
@@ -609,7 +609,7 @@ def one_step(run: Run, step: int) -> dict:
         loss, stats = accumulate.accumulated_step(run.step_module, run.raw, images, tokens, matched, step,
                                                   run.accum_steps, run.acc)
         if scale != 1.0:  # gradients are linear in the loss: scale them after the micro-batches
-            for p in run.params:
+            for p in itertools.chain.from_iterable(run.clip_sets):
                 if p.grad is not None:
                     p.grad.mul_(scale)
             loss = loss * scale
@@ -625,7 +625,7 @@ def one_step(run: Run, step: int) -> dict:
     check = loss.detach().float()
     grad_clip = run.cfg.optim.get("grad_clip")
     if grad_clip:
-        norms = clip_gradient_sets(run.acc, run.clip_sets or [run.params], float(grad_clip))
+        norms = clip_gradient_sets(run.acc, run.clip_sets, float(grad_clip))
         for key, gnorm in zip(("grad_norm", "grad_norm_sigma"), norms):
             if gnorm is not None:
                 stats[key] = gnorm.detach().float()  # before clipping (metrics.jsonl)
@@ -825,8 +825,8 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
     raw = acc.unwrap_model(step_module)
     text_aug, label_smoothing = batch_augmentations(cfg, model)
     run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan, raw.loss),
-              source, plan.total_steps, list(eval_hooks), [p for p in raw.parameters() if p.requires_grad])
-    run.clip_sets = gradient_clip_sets(raw, bool(cfg.optim.get("grad_clip_split", False)))
+              source, plan.total_steps, list(eval_hooks),
+              gradient_clip_sets(raw, bool(cfg.optim.get("grad_clip_split", False))))
     run.text_aug, run.label_smoothing, run.loss_scale = text_aug, label_smoothing, plan.loss_scale
     run.sync, run.accum_steps, run.step_fn = sync, accum_steps, step_fn
 
