@@ -124,6 +124,36 @@ def test_adamp_and_adamw_created():
         O.create_optimizer(groups, name="lion")
 
 
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
+def test_torch_optimisers_run_multi_tensor_and_fused_on_request(name):
+    """The default (foreach) gives the per-tensor loop's updates bit for bit; optim.fused the same to
+    float rounding; both on two weight-decay groups over several steps."""
+    def run(**kwargs):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(6, 5), nn.LayerNorm(5), nn.Linear(5, 3))
+        if kwargs.pop("loop", False):
+            opt = O.create_optimizer(O.param_groups(m, lr=0.05, weight_decay=0.1), name=name, lr=0.05,
+                                     foreach=False)
+        else:
+            opt = O.create_optimizer(O.param_groups(m, lr=0.05, weight_decay=0.1), name=name, lr=0.05, **kwargs)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            for p in m.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        return opt, [p.detach().clone() for p in m.parameters()]
+
+    _, loop = run(loop=True)
+    opt, multi = run()
+    assert all(group["foreach"] for group in opt.param_groups)
+    assert all(torch.equal(a, b) for a, b in zip(loop, multi))
+    opt, fused = run(fused=True)
+    assert all(group["fused"] for group in opt.param_groups)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(loop, fused))
+    with pytest.raises(UserError, match="optim.fused"):
+        O.create_optimizer(O.param_groups(nn.Linear(2, 2), lr=0.1, weight_decay=0.1), name="adamp", fused=True)
+
+
 def test_swa_averages_end_of_interval_weights():
     m = nn.Linear(3, 2)
     swa = O.SWA(m, start=4, every=2)

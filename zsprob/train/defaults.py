@@ -91,6 +91,7 @@ DEFAULTS: dict = {
         "text_lr_mult": 1.0,       # lr multiplier of the text backbone (PCME++ COCO: 0.1)
         "grad_clip": 2.0,          # max global grad norm; null disables
         "grad_clip_split": False,  # clip the log-variance heads' gradients apart from the rest (decoupled sigma)
+        "fused": False,            # torch's fused optimiser kernels (adamw / adam / sgd); default: foreach
         "disc_lr": None,           # --method jwae: the discriminator's lr (None: optim.lr / 2; paper 5e-5 vs 1e-4)
     },
     "schedule": {
