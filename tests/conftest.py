@@ -20,15 +20,94 @@ def project_root() -> Path:
     return ROOT
 
 
+class _ForkServer:
+    """Client of tests/cli_forkserver.py: one interpreter with the heavy imports done, which forks a
+    child process per CLI call (see that module). Started on first use, restarted if it dies."""
+
+    def __init__(self):
+        import threading
+        self.proc = None
+        self.tmp = None
+        self.lock = threading.Lock()  # one request at a time on the pipe
+
+    def start(self) -> None:
+        import tempfile
+        self.tmp = tempfile.mkdtemp(prefix="zsprob-cli-")
+        code = f"import sys; sys.path.insert(1, {str(ROOT / 'tests')!r}); import cli_forkserver; cli_forkserver.serve()"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        ready = self.proc.stdout.readline()
+        if not ready.startswith('{"ready"'):
+            raise RuntimeError(f"the CLI fork server did not start: {ready!r}")
+
+    def run(self, args: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        with self.lock:
+            return self._run(args, cwd, env, timeout)
+
+    def _run(self, args: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        import select
+        import signal
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        n = len(os.listdir(self.tmp))
+        out, err = Path(self.tmp) / f"{n}.out", Path(self.tmp) / f"{n}.err"
+        req = {"args": args, "cwd": str(cwd or os.getcwd()), "env": env, "stdout": str(out), "stderr": str(err)}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        pid = json.loads(self.proc.stdout.readline())["pid"]
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        timed_out = not ready
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
+        status = json.loads(self.proc.stdout.readline())["status"]
+        stdout = out.read_text(errors="replace")
+        stderr = err.read_text(errors="replace")
+        out.unlink()
+        err.unlink()
+        cmd = [sys.executable, "-m", "zsprob", *args]
+        if timed_out:
+            raise subprocess.TimeoutExpired(cmd, timeout, output=stdout, stderr=stderr)
+        return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status), stdout, stderr)
+
+
+    def close(self) -> None:
+        import shutil
+        if self.proc is not None:
+            self.proc.stdin.close()  # the server's loop ends with its input
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc.stdout.close()
+            self.proc = None
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
+_FORK_SERVER = _ForkServer()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _FORK_SERVER.close()
+
+
 def run_cli(*args: str, cwd: str | os.PathLike | None = None, env: dict | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python -m zsprob ARGS`` in a real subprocess and capture its output."""
+            timeout: float = 600, cold: bool = False) -> subprocess.CompletedProcess:
+    """Run ``python -m zsprob ARGS`` in a child process and capture its output.
+
+    The child is forked from tests/cli_forkserver.py's interpreter, which has done the heavy imports
+    once (5-7 s per call otherwise); ``cold=True``, extra ``env`` (it could change how a module
+    imports) or ``ZSPROB_TEST_FORKSERVER=0`` start a fresh interpreter instead."""
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    if env:
-        full_env.update(env)
-    return subprocess.run([sys.executable, "-m", "zsprob", *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    args = [str(a) for a in args]
+    if env or cold or os.environ.get("ZSPROB_TEST_FORKSERVER", "1") == "0" or not hasattr(os, "fork"):
+        full_env.update(env or {})
+        return subprocess.run([sys.executable, "-m", "zsprob", *args], cwd=cwd, env=full_env,
+                              capture_output=True, text=True, timeout=timeout)
+    return _FORK_SERVER.run(args, cwd, full_env, timeout)
 
 
 @pytest.fixture

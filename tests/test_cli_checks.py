@@ -116,3 +116,33 @@ def test_subprocess_one_line_exit_2(tmp_path):
                 "--steps", "-3")
     assert r.returncode == 2 and r.stderr.strip() == "zsprob: error: --steps (schedule.steps) must be at least 1, got -3"
     assert not (tmp_path / "o").exists()
+
+
+def _from_cli(stderr: str) -> str:
+    """A traceback from zsprob.cli.main's frame on (the frames above it are the launcher's)."""
+    if not stderr.startswith("Traceback"):
+        return stderr
+    lines = stderr.splitlines()
+    first = next(i for i, line in enumerate(lines) if "zsprob/cli/__init__.py" in line)
+    return "\n".join(lines[:1] + lines[first:])
+
+
+def test_forked_cli_calls_behave_as_fresh_interpreters(tmp_path):
+    """run_cli forks from tests/cli_forkserver.py's pre-imported interpreter: the same exit status, stdout
+    and stderr as a fresh ``python -m zsprob`` for a success, a one-line error, a --debug traceback
+    (uncaught exception, exit 1), click's usage error and a file the command wrote in its cwd."""
+    cases = [("--version",), ("eval", "coco", "--root", str(tmp_path / "none"), "--model", "zsprob-tiny-bow"),
+             ("--debug", "eval", "coco", "--root", str(tmp_path / "none"), "--model", "zsprob-tiny-bow"),
+             ("pretrain", "--no-such-option"),
+             ("data", "synthetic", "--out", "world", "--preset", "quick", "--preview-only")]
+    fork_dir, cold_dir = tmp_path / "a", tmp_path / "b"
+    fork_dir.mkdir()
+    cold_dir.mkdir()
+    for args in cases:
+        forked = run_cli(*args, cwd=fork_dir)
+        cold = run_cli(*args, cwd=cold_dir, cold=True)
+        assert forked.returncode == cold.returncode, (args, forked.stderr, cold.stderr)
+        assert forked.stdout.replace(str(fork_dir), str(cold_dir)) == cold.stdout, args
+        assert _from_cli(forked.stderr.replace(str(fork_dir), str(cold_dir))) == _from_cli(cold.stderr), args
+    assert sorted(p.name for p in (fork_dir / "world").iterdir()) == \
+        sorted(p.name for p in (cold_dir / "world").iterdir()) != []
