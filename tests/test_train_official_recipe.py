@@ -47,7 +47,9 @@ def test_official_recipe_freezes_the_image_sigma_block_with_its_backbone(tmp_pat
 @pytest.mark.parametrize("setting, message", [("optim.grouping=paper", "optim.grouping"),
                                               ("msda.mode=mosaic", "msda.mode"),
                                               ("msda.switch_prob=1.5", "msda.switch_prob"),
-                                              ("data.text_size_augment=1.5", "data.text_size_augment")])
+                                              ("data.text_size_augment=1.5", "data.text_size_augment"),
+                                              ("optim.fused=maybe", "optim.fused must be true or false"),
+                                              ("optim.grad_clip_split=2", "optim.grad_clip_split must be")])
 def test_bad_official_settings_are_one_line_errors(tmp_path, setting, message):
     _tiny_coco(tmp_path / "coco", n_images=4)
     r = _finetune(tmp_path, "--set", setting, epochs=1)

@@ -144,7 +144,7 @@ def build_optimisation(cfg, step_module: JWAEStep, plan):
     groups = [{"params": step_module.model.trainable_parameters(), "lr": lr, "group_name": "autoencoders"},
               {"params": list(step_module.loss.parameters()), "lr": disc_lr, "group_name": "discriminator"}]
     optimizer = optim.create_optimizer(groups, name=oc.name, lr=lr, weight_decay=float(oc.weight_decay),
-                                       betas=oc.betas, eps=float(oc.eps), fused=bool(oc.get("fused", False)))
+                                       betas=oc.betas, eps=float(oc.eps), fused=oc.get("fused", False))
     sch = cfg.schedule
     schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(
         sch.name, total_steps=plan.total_steps, warmup_steps=plan.warmup, min_lr_ratio=float(sch.min_lr_ratio),

@@ -402,6 +402,8 @@ def gradient_clip_sets(raw: nn.Module, split: bool) -> list[list]:
     or (``optim.grad_clip_split``) everything but the log-variance heads, then the heads
     (``ProbCLIP.SIGMA_MODULES``), so large sigma-only gradients (the occlusion term's) never scale
     down the means' update."""
+    if not isinstance(split, bool):
+        raise UserError(f"optim.grad_clip_split must be true or false, got {split!r}")
     named = [(name, p) for name, p in raw.named_parameters() if p.requires_grad]
     if not split:
         return [[p for _, p in named]]
@@ -435,7 +437,7 @@ def build_optimisation(cfg: Config, model, step_module: nn.Module, plan: Schedul
                             image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
                             grouping=str(oc.get("grouping") or "zsprob"))
     optimizer = optim.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
-                                   betas=oc.betas, eps=float(oc.eps), fused=bool(oc.get("fused", False)))
+                                   betas=oc.betas, eps=float(oc.eps), fused=oc.get("fused", False))
     schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(sch.name, total_steps=plan.total_steps,
                                                         warmup_steps=plan.warmup,
                                                         min_lr_ratio=float(sch.min_lr_ratio),
@@ -826,7 +828,7 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
     text_aug, label_smoothing = batch_augmentations(cfg, model)
     run = Run(cfg, out, acc, log_with, step_module, raw, optimizer, schedule, build_swa(cfg, raw.model, plan, raw.loss),
               source, plan.total_steps, list(eval_hooks),
-              gradient_clip_sets(raw, bool(cfg.optim.get("grad_clip_split", False))))
+              gradient_clip_sets(raw, cfg.optim.get("grad_clip_split", False)))
     run.text_aug, run.label_smoothing, run.loss_scale = text_aug, label_smoothing, plan.loss_scale
     run.sync, run.accum_steps, run.step_fn = sync, accum_steps, step_fn
 
