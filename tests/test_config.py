@@ -67,3 +67,20 @@ def test_the_sigma_recipe_builds_detached_heads_and_a_sigma_only_occlusion_term(
     assert cfg.optim.grad_clip_split is True and base.optim.grad_clip_split is False
     model = build_model(cfg)
     assert model.sigma_detach and model.sigma_head == "unc" and model.normalize_mu
+
+
+def test_every_true_false_key_refuses_other_values():
+    """Keys whose default is true / false take YAML booleans only; bool('maybe') would be true."""
+    from zsprob.errors import UserError
+    from zsprob.train.defaults import load_train_config
+    from zsprob.train.loop import resolve_config
+    from zsprob.utils.checks import check_flags
+
+    for setting, key in [("msda.enabled=2", "msda.enabled"), ("optim.fused=1", "optim.fused"),
+                         ("train.tensorboard=off-ish", "train.tensorboard"), ("data.augment=maybe", "data.augment")]:
+        with pytest.raises(UserError, match=f"^{key} must be true or false, got "):
+            resolve_config(load_train_config(None, [setting]))
+    resolve_config(load_train_config(None, ["msda.enabled=true", "optim.fused=false"]))
+    with pytest.raises(UserError, match=r"^a\.b must be true or false, got None$"):
+        check_flags({"a": {"b": None}}, {"a": {"b": False}})
+    check_flags({"a": {"b": True}, "c": "text"}, {"a": {"b": False}, "c": "default", "d": True})

@@ -66,8 +66,8 @@ from zsprob.train import resilience
 from zsprob.train import state
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, add_caption_noise, count_samples_synthetic,
                                mixed_seed, resolve_shards, shard_options, steps_from)
-from zsprob.train.defaults import COUNT_KEYS, METHODS, with_defaults
-from zsprob.utils.checks import check_counts
+from zsprob.train.defaults import COUNT_KEYS, DEFAULTS, METHODS, with_defaults
+from zsprob.utils.checks import check_counts, check_flags
 from zsprob.utils.io import append_jsonl, atomic_write_json, atomic_write_text
 
 EvalHook = Callable[[nn.Module, int], dict]
@@ -174,13 +174,12 @@ class ContrastiveStep(nn.Module):
 
 def resolve_config(cfg: Any) -> Config:
     """Defaults <- ``cfg`` (unless ``cfg`` already has them: :func:`zsprob.train.defaults.with_defaults`);
-    validates the method, the precision and every count (``COUNT_KEYS``)."""
+    validates the method, the precision, every count (``COUNT_KEYS``) and every true / false key."""
     cfg = with_defaults(cfg)
     check_counts(cfg, COUNT_KEYS)
     if cfg.method not in METHODS:
         raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
-    if not isinstance(cfg.data.get("augment", True), bool):
-        raise UserError(f"data.augment must be true or false, got {cfg.data.augment!r}")
+    check_flags(cfg, DEFAULTS)  # every true / false key (data.augment, optim.fused, msda.enabled, ...)
     if cfg.train.precision not in ("fp32", "bf16", "fp16"):
         raise UserError(f"train.precision must be fp32, bf16 or fp16, got {cfg.train.precision!r}")
     return cfg

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -54,6 +55,19 @@ def check_counts(cfg: Any, table: Iterable[tuple[str, str | None, str, bool]]) -
     """Check every ``(key, flag, rule, integer)`` of ``table`` in the nested config ``cfg``."""
     for key, flag, rule, integer in table:
         check_count(_get(cfg, key), f"{flag} ({key})" if flag else key, rule, integer)
+
+
+def check_flags(cfg: Any, defaults: Any, prefix: str = "") -> None:
+    """Every key of ``cfg`` whose default in ``defaults`` is true / false must be true / false (YAML's
+    booleans): "maybe", 1 or "no" in a recipe or a ``--set`` is one line, not a silent ``bool()``."""
+    for key, default in defaults.items():
+        if key not in cfg:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(default, bool) and not isinstance(cfg[key], bool):
+            raise UserError(f"{name} must be true or false, got {cfg[key]!r}")
+        if isinstance(default, Mapping) and isinstance(cfg[key], Mapping):
+            check_flags(cfg[key], default, f"{name}.")
 
 
 def _is_url(path: str) -> bool:
