@@ -69,7 +69,6 @@ class _ForkServer:
             raise subprocess.TimeoutExpired(cmd, timeout, output=stdout, stderr=stderr)
         return subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status), stdout, stderr)
 
-
     def close(self) -> None:
         import shutil
         if self.proc is not None:
