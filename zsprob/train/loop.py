@@ -401,8 +401,6 @@ def gradient_clip_sets(raw: nn.Module, split: bool) -> list[list]:
     or (``optim.grad_clip_split``) everything but the log-variance heads, then the heads
     (``ProbCLIP.SIGMA_MODULES``), so large sigma-only gradients (the occlusion term's) never scale
     down the means' update."""
-    if not isinstance(split, bool):
-        raise UserError(f"optim.grad_clip_split must be true or false, got {split!r}")
     named = [(name, p) for name, p in raw.named_parameters() if p.requires_grad]
     if not split:
         return [[p for _, p in named]]

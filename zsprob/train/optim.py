@@ -170,8 +170,6 @@ def create_optimizer(groups: list[dict], *, name: str = "adamp", lr: float = 5e-
     ``fused=True`` (``optim.fused``): torch's fused kernels (CPU and CUDA), faster again, equal to
     the loop to float rounding only. AdamP has neither.
     """
-    if not isinstance(fused, bool):
-        raise UserError(f"optim.fused must be true or false, got {fused!r}")
     betas = tuple(float(b) for b in betas)
     name = name.lower()
     if name == "adamp":
