@@ -32,7 +32,8 @@ class _ForkServer:
 
     def start(self) -> None:
         import tempfile
-        self.tmp = tempfile.mkdtemp(prefix="zsprob-cli-")
+        if self.tmp is None:
+            self.tmp = tempfile.mkdtemp(prefix="zsprob-cli-")
         code = f"import sys; sys.path.insert(1, {str(ROOT / 'tests')!r}); import cli_forkserver; cli_forkserver.serve()"
         self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -49,8 +50,7 @@ class _ForkServer:
         import signal
         if self.proc is None or self.proc.poll() is not None:
             self.start()
-        n = len(os.listdir(self.tmp))
-        out, err = Path(self.tmp) / f"{n}.out", Path(self.tmp) / f"{n}.err"
+        out, err = Path(self.tmp) / "call.out", Path(self.tmp) / "call.err"  # one call at a time (the lock)
         req = {"args": args, "cwd": str(cwd or os.getcwd()), "env": env, "stdout": str(out), "stderr": str(err)}
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()

@@ -131,11 +131,7 @@ def test_torch_optimisers_run_multi_tensor_and_fused_on_request(name):
     def run(**kwargs):
         torch.manual_seed(0)
         m = nn.Sequential(nn.Linear(6, 5), nn.LayerNorm(5), nn.Linear(5, 3))
-        if kwargs.pop("loop", False):
-            opt = O.create_optimizer(O.param_groups(m, lr=0.05, weight_decay=0.1), name=name, lr=0.05,
-                                     foreach=False)
-        else:
-            opt = O.create_optimizer(O.param_groups(m, lr=0.05, weight_decay=0.1), name=name, lr=0.05, **kwargs)
+        opt = O.create_optimizer(O.param_groups(m, lr=0.05, weight_decay=0.1), name=name, lr=0.05, **kwargs)
         g = torch.Generator().manual_seed(1)
         for _ in range(5):
             for p in m.parameters():
@@ -143,7 +139,7 @@ def test_torch_optimisers_run_multi_tensor_and_fused_on_request(name):
             opt.step()
         return opt, [p.detach().clone() for p in m.parameters()]
 
-    _, loop = run(loop=True)
+    _, loop = run(foreach=False)  # torch's per-tensor loop
     opt, multi = run()
     assert all(group["foreach"] for group in opt.param_groups)
     assert all(torch.equal(a, b) for a, b in zip(loop, multi))
