@@ -7,8 +7,11 @@ import pytest
 
 from conftest import run_cli
 from zsprob.cli import cli, main
-from zsprob.cli.types import Count, OutPath
+from zsprob.cli.types import Count, InPath, OutPath
 
+#: options that name an existing input (not: --classes / --templates, which also take a name inside prompts/;
+#: --pretrained, which also takes an open_clip tag; --shards, a brace pattern or URL; --config, a name in configs/)
+INPUTS = {"root", "select_root", "checkpoint", "prompts", "karpathy_json"}
 #: integer options that are not counts (any value is meaningful, or checked elsewhere with its own range)
 NOT_COUNTS = {"seed", "image_size"}
 #: training flags checked through the config (zsprob.train.defaults.COUNT_KEYS), with the --set route
@@ -78,8 +81,9 @@ def test_every_count_option_refuses_values_below_its_minimum(tmp_path, capsys):
     assert checked >= 15
 
 
-@pytest.mark.parametrize("command", [["pretrain"], ["finetune", "coco", "--root", "/nonexistent"]])
+@pytest.mark.parametrize("command", [["pretrain"], ["finetune", "coco", "--root", "TMP"]])
 def test_training_counts_are_checked_in_one_place(command, tmp_path, capsys):
+    command = [str(tmp_path) if a == "TMP" else a for a in command]
     out = tmp_path / "run"
     for flag in TRAIN_COUNT_FLAGS:
         bad = "-1" if flag in ("--workers", "--checkpoint-every", "--eval-every") else "0"
@@ -90,6 +94,39 @@ def test_training_counts_are_checked_in_one_place(command, tmp_path, capsys):
     code, err = run_main([*command, "--out", out, "--set", "schedule.steps=2.5"], capsys)
     assert code == 2 and "must be an integer" in err
     assert not out.exists()  # nothing was written
+
+
+def test_every_missing_input_is_one_line_exit_2_before_torch(tmp_path, capsys):
+    """A mistyped --root / --checkpoint / ... fails at parse time: one line naming the option, exit 2,
+    before torch is imported (5-15 s on a small CPU) or any other option is acted on."""
+    missing, a_file = tmp_path / "missing", tmp_path / "a_file"
+    a_file.write_text("x")
+    checked = set()
+    for path, cmd in all_commands():
+        for p in cmd.params:
+            if not isinstance(p, click.Option) or p.name not in INPUTS:
+                continue
+            assert isinstance(p.type, InPath), f"{' '.join(path)} {p.opts[-1]} must use zsprob.cli.types.InPath"
+            code, err = run_main([*path, p.opts[-1], missing], capsys)
+            assert code == 2 and err.count("\n") == 1 and f"'{p.opts[-1]}'" in err and f"not found: {missing}" in err, \
+                (path, p.opts, err)
+            if p.type.kind == "dir":
+                code, err = run_main([*path, p.opts[-1], a_file], capsys)
+                assert code == 2 and "is a file, not a directory" in err, (path, p.opts, err)
+            checked.add(" ".join(path) + " " + p.opts[-1])
+    assert {"eval coco --root", "eval synthetic --checkpoint", "finetune coco --root", "zeroshot --select-root",
+            "select-prompts --checkpoint", "zeroshot --prompts"} <= checked, checked
+    # in a fresh interpreter, the way a user meets it: torch is never imported
+    code = ("import sys\nfrom zsprob.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    assert e.code == 2, e.code\nassert 'torch' not in sys.modules\nprint('no torch')")
+    import subprocess
+    import sys
+    for args in (["eval", "coco", "--checkpoint", str(tmp_path), "--root", str(missing)],
+                 ["finetune", "coco", "--root", str(missing), "--out", str(tmp_path / "run")]):
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "no torch", (args, r.stdout, r.stderr)
+        assert r.stderr.strip() == f"zsprob: error: Invalid value for '--root': COCO root directory not found: {missing}"
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_library_checks_the_same_counts(tmp_path):

@@ -123,7 +123,7 @@ def test_eval_error_paths(tmp_path, cli):
     one_line_error(cli("eval", "embeddings", tmp_path / "junk.npz"), "cannot read embeddings")
     make_npz(tmp_path / "noimg.npz", caption_image=None)
     one_line_error(cli("eval", "embeddings", tmp_path / "noimg.npz"), "caption_image")
-    one_line_error(cli("eval", "coco", "--checkpoint", tmp_path / "x"), "--root")
+    one_line_error(cli("eval", "coco", "--checkpoint", tmp_path), "--root COCO_DIR is required")
     one_line_error(cli("eval", "synthetic", "--root", tmp_path / "nowhere", "--model", "x"), "SynthWorld folder not found")
     one_line_error(cli("eval", "embeddings", tmp_path / "bad.npz", "--score", "nope"), "Invalid value")
 

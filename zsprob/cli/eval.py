@@ -9,13 +9,13 @@ from pathlib import Path
 import click
 
 from zsprob.cli.select_prompts import official_file_kwargs, official_file_options
-from zsprob.cli.types import COUNT, OUT_FILE
+from zsprob.cli.types import CHECKPOINT, COUNT, OUT_FILE, InPath
 
 SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
 
 
 def _model_options(f):
-    f = click.option("--checkpoint", type=click.Path(), default=None, help="zsprob checkpoint directory.")(f)
+    f = click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
     f = click.option("--model", "model_name", default=None, help="open_clip model name (instead of --checkpoint).")(f)
     f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
                      "ProLIP / PCME++ checkpoint or a zsprob checkpoint (with --model).")(f)
@@ -67,7 +67,7 @@ def eval_() -> None:
 
 @eval_.command("coco")
 @_model_options
-@click.option("--root", type=click.Path(), default=None, help="COCO folder (Karpathy JSON, images, annotations).")
+@click.option("--root", type=InPath("COCO root directory"), default=None, help="COCO folder (Karpathy JSON, images, annotations).")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
 @click.option("--embeddings", type=click.Path(), default=None,
               help="precomputed E.npz (image_ids, caption_ids, image_mu, caption_mu[, *_logvar, caption_image]).")
@@ -146,7 +146,8 @@ def rankings_cmd(i2t_path, t2i_path, out):
 
 @eval_.command("synthetic")
 @_model_options
-@click.option("--root", type=click.Path(), required=True, help="SynthWorld folder (from `zsprob data synthetic`).")
+@click.option("--root", type=InPath("SynthWorld folder", hint="generate it with `zsprob data synthetic --out DIR`"),
+              required=True, help="SynthWorld folder (from `zsprob data synthetic`).")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
 @click.option("--no-corruption", is_flag=True, help="skip the corruption sweep.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,

@@ -5,6 +5,7 @@ No torch import at module level; the work is :func:`zsprob.train.loop.train`.
 import click
 
 from zsprob.cli.train_options import common_options, print_summary, resolve_run_config, run
+from zsprob.cli.types import InPath
 
 
 @click.group("finetune")
@@ -13,9 +14,9 @@ def finetune():
 
 
 @finetune.command("coco")
-@click.option("--root", required=True, type=click.Path(),
+@click.option("--root", required=True, type=InPath("COCO root directory"),
               help="COCO directory (images and the Karpathy split JSON, see README).")
-@click.option("--karpathy-json", type=click.Path(), default=None, help="dataset_coco.json if not under ROOT.")
+@click.option("--karpathy-json", type=InPath("COCO Karpathy split JSON", "file"), default=None, help="dataset_coco.json if not under ROOT.")
 @click.option("--val", "val", is_flag=True,
               help="model selection: RSUM on the Karpathy val split after every epoch, best model to OUT/model-best.")
 @common_options

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.types import COUNT, OUT_FILE
+from zsprob.cli.types import CHECKPOINT, COUNT, OUT_FILE, InPath
 
 from zsprob.methods import STRATEGIES
 
@@ -53,7 +53,7 @@ def model_options(f):
                      "ProLIP / PCME++ checkpoint (file or directory) or a zsprob checkpoint (with --model).")(f)
     f = click.option("--model", "model_name", default=None,
                      help="A plain open_clip model name (e.g. ViT-B-32) instead of a checkpoint.")(f)
-    f = click.option("--checkpoint", type=click.Path(), default=None, help="zsprob checkpoint directory.")(f)
+    f = click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
     return f
 
 
@@ -84,13 +84,13 @@ def load_model(checkpoint, model_name, pretrained, device):
 @click.command("select-prompts")
 @model_options
 @click.option("--dataset", type=click.Choice(["imagenet", "synthetic", "folder"]), required=True)
-@click.option("--root", type=click.Path(), default=None,
+@click.option("--root", type=InPath("data root"), default=None,
               help="Dataset root (class names; evaluation images for zpe/bprw/oracle). SynthWorld: the "
                    "`zsprob data synthetic` output, whose classify/select split is the default selection split.")
 @click.option("--topk", default="auto", show_default=True, help="auto | N | all | oracle")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
               help="Overrides --topk: any strategy (see README).")
-@click.option("--select-root", type=click.Path(), default=None,
+@click.option("--select-root", type=InPath("selection split"), default=None,
               help="Labelled selection split (folder per class; ImageNet: train images), disjoint from evaluation.")
 @click.option("--no-select", is_flag=True, help="auto: ignore the selection split (label-free variant).")
 @click.option("--threshold-c", type=float, default=1.0, show_default=True,

@@ -8,19 +8,20 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.select_prompts import common_options, load_model, model_options
-from zsprob.cli.types import OUT_FILE
+from zsprob.cli.types import OUT_FILE, InPath
 from zsprob.methods import STRATEGIES
 
 
 @click.command("zeroshot")
 @click.argument("dataset", type=click.Choice(["imagenet", "synthetic", "folder"]))
 @model_options
-@click.option("--root", type=click.Path(), required=True,
+@click.option("--root", type=InPath("data root"), required=True,
               help="Evaluation data (ImageNet root with val/, a folder per class, or a SynthWorld output).")
-@click.option("--prompts", type=click.Path(), default=None, help="selection.json from zsprob select-prompts.")
+@click.option("--prompts", type=InPath("selection file", "file"), default=None,
+              help="selection.json from zsprob select-prompts.")
 @click.option("--topk", default="auto", show_default=True, help="auto | N | all | oracle (without --prompts)")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default=None, help="Overrides --topk.")
-@click.option("--select-root", type=click.Path(), default=None, help="Labelled selection split for auto.")
+@click.option("--select-root", type=InPath("selection split"), default=None, help="Labelled selection split for auto.")
 @click.option("--score", type=click.Choice(["cosine", "csd", "unc"]), default="cosine", show_default=True,
               help="cosine of means; CSD between image and class Gaussians; uncertainty-adjusted cosine.")
 @click.option("--unc-weight", type=float, default=0.5, show_default=True, help="--score unc: cos - w * ||sigma^2||_1.")

@@ -115,6 +115,19 @@ def _probe_dir(d: Path, what: str) -> None:  # what: "--out: " or ""
                 pass
 
 
+def check_input(path: str | os.PathLike, what: str, kind: str = "dir", hint: str = "") -> str | os.PathLike:
+    """``path`` if it exists as a directory (``kind="dir"``), a file (``"file"``) or either
+    (``"any"``); ``what`` names it in the message, ``hint`` says where it comes from."""
+    p = Path(os.fspath(path))
+    if not p.exists():
+        raise UserError(f"{what} not found: {p}" + (f" ({hint})" if hint else ""))
+    if kind == "dir" and not p.is_dir():
+        raise UserError(f"{what} {p} is a file, not a directory")
+    if kind == "file" and p.is_dir():
+        raise UserError(f"{what} {p} is a directory, not a file")
+    return path
+
+
 def check_output(path: str | os.PathLike, what: str | None = "--out", kind: str = "dir") -> str | os.PathLike:
     """``path`` if it can be written as a directory (``kind="dir"``) or a file (``kind="file"``);
     ``what`` names it in the message (None: the caller adds the name)."""
