@@ -81,7 +81,7 @@ def mention_coefficients(y: np.ndarray, features: np.ndarray, words: np.ndarray)
     return coef[:features.shape[1]]
 
 
-def within_bins(u: np.ndarray, amb: np.ndarray, words: np.ndarray, min_count: int = 100) -> dict[int, float]:
+def within_bins(u: np.ndarray, amb: np.ndarray, words: np.ndarray, min_count: int) -> dict[int, float]:
     from scipy.stats import spearmanr
 
     out = {}
@@ -106,6 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--kappa", type=float, default=1.0, help="--form tight: log-growth per unit squared shift")
     p.add_argument("--reinit", action="store_true", help="start the head from its initialisation")
     p.add_argument("--held-shards", type=int, default=4)
+    p.add_argument("--min-count", type=int, default=100, help="smallest word-count bin reported")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
@@ -188,10 +189,10 @@ def main(argv=None) -> int:
             u = np.concatenate([model.encode_text(model.tokenizer(texts[i:i + 1024]))[1].exp().sum(-1).double().numpy()
                                 for i in range(0, len(texts), 1024)])
         words = np.array([len(t.split()) for t in texts])
-        bins = within_bins(u, amb, words)
-        print(f"{name:4s} Spearman {spearmanr(u, amb)[0]:+.3f}  mean ||sigma^2||_1 {u.mean():.3f}  "
-              f"bins > 0: {sum(v > 0 for v in bins.values())}/{len(bins)}  min {min(bins.values()):+.2f}  "
-              f"mean {np.mean(list(bins.values())):+.3f}")
+        bins = within_bins(u, amb, words, a.min_count)
+        summary = (f"bins > 0: {sum(v > 0 for v in bins.values())}/{len(bins)}  min {min(bins.values()):+.2f}  "
+                   f"mean {np.mean(list(bins.values())):+.3f}") if bins else f"no bin of {a.min_count}+ captions"
+        print(f"{name:4s} Spearman {spearmanr(u, amb)[0]:+.3f}  mean ||sigma^2||_1 {u.mean():.3f}  {summary}")
         print("     " + " ".join(f"{w}:{v:+.2f}" for w, v in bins.items()))
         if name == "held":
             features = np.array([m for _, _, m in pairs])

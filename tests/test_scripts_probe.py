@@ -34,3 +34,47 @@ def test_probe_contrastive_bad_options():
     assert r.returncode == 2 and r.stderr.startswith("probe_contrastive: error:") and r.stderr.count("\n") == 1
     r = _run("--text-lr-mult", -1)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+TEXT_HEAD = SCRIPT.parent / "probe_text_sigma_head.py"
+
+
+def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
+    """experiments/probe_text_sigma_head.py on a generated world and a demo-recipe model (bag of words,
+    [UNC] pooled head): with --steps 0 its val Spearman is the model's own, computed here from
+    encode_texts; a short --reinit run trains; a model without that head is one line and exit 2."""
+    import json
+
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    from zsprob.data.synthetic import generate
+    from zsprob.models import create_model
+    from zsprob.models.checkpoint import save
+
+    world = tmp_path / "sw"
+    generate(world, image_size=32, num_pretrain=96, num_classify_select=0, num_classify_eval=0,
+             num_retrieval=4, num_retrieval_val=30, shard_size=16, progress=False)
+    model = create_model("zsprob-tiny-bow", sigma_head="unc", sigma_detach=True, sigma_bias_init=-6.0,
+                         pooling="native", seed=0)
+    save(model, tmp_path / "model")
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(TEXT_HEAD), *map(str, args)], capture_output=True, text=True,
+                              timeout=300)
+
+    r = run(tmp_path / "model", "--root", world, "--steps", 0, "--held-shards", 2, "--min-count", 5)
+    assert r.returncode == 0, r.stderr[-2000:]
+    val = next(line for line in r.stdout.splitlines() if line.startswith("val "))
+    meta = json.loads((world / "retrieval" / "val_meta.json").read_text())
+    texts = [c["text"] for c in meta["caption_meta"]]
+    _, logvar = model.eval().encode_text(model.tokenizer(texts))
+    rho = spearmanr(logvar.exp().sum(-1).detach().numpy(), np.array(meta["caption_ambiguity"]))[0]
+    assert f"Spearman {rho:+.3f}" in val, (val, rho)
+    assert "log sigma^2 on mentions: shape" in r.stdout and "ambiguity   on mentions: shape" in r.stdout
+    r = run(tmp_path / "model", "--root", world, "--steps", 3, "--reinit", "--drop-prob", "0.1,0.9",
+            "--held-shards", 2, "--min-count", 5, "--form", "tight")
+    assert r.returncode == 0 and "steps 3, form tight" in r.stdout, r.stderr[-2000:]
+    save(create_model("zsprob-tiny-bow", pooling="native", seed=0), tmp_path / "block")
+    r = run(tmp_path / "block", "--root", world, "--steps", 0, "--held-shards", 2)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "sigma_head: unc" in r.stderr, r.stderr
