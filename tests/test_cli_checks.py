@@ -9,9 +9,10 @@ from conftest import run_cli
 from zsprob.cli import cli, main
 from zsprob.cli.types import Count, InPath, OutPath
 
-#: options that name an existing input (not: --classes / --templates, which also take a name inside prompts/;
+#: parameters that name an existing input (not: --classes / --templates, which also take a name inside prompts/;
 #: --pretrained, which also takes an open_clip tag; --shards, a brace pattern or URL; --config, a name in configs/)
-INPUTS = {"root", "select_root", "checkpoint", "prompts", "karpathy_json"}
+INPUTS = {"root", "select_root", "checkpoint", "prompts", "karpathy_json", "embeddings", "index_dir", "queries",
+          "i2t_path", "t2i_path", "source", "tokenizer"}
 #: integer options that are not counts (any value is meaningful, or checked elsewhere with its own range)
 NOT_COUNTS = {"seed", "image_size"}
 #: training flags checked through the config (zsprob.train.defaults.COUNT_KEYS), with the --set route
@@ -104,18 +105,22 @@ def test_every_missing_input_is_one_line_exit_2_before_torch(tmp_path, capsys):
     checked = set()
     for path, cmd in all_commands():
         for p in cmd.params:
-            if not isinstance(p, click.Option) or p.name not in INPUTS:
+            if p.name not in INPUTS:
                 continue
             assert isinstance(p.type, InPath), f"{' '.join(path)} {p.opts[-1]} must use zsprob.cli.types.InPath"
-            code, err = run_main([*path, p.opts[-1], missing], capsys)
-            assert code == 2 and err.count("\n") == 1 and f"'{p.opts[-1]}'" in err and f"not found: {missing}" in err, \
+            flag = [p.opts[-1]] if isinstance(p, click.Option) else []  # an argument: the path alone
+            name = p.opts[-1] if flag else p.name.upper()
+            code, err = run_main([*path, *flag, missing], capsys)
+            assert code == 2 and err.count("\n") == 1 and f"'{name}'" in err and f"not found: {missing}" in err, \
                 (path, p.opts, err)
             if p.type.kind == "dir":
-                code, err = run_main([*path, p.opts[-1], a_file], capsys)
+                code, err = run_main([*path, *flag, a_file], capsys)
                 assert code == 2 and "is a file, not a directory" in err, (path, p.opts, err)
-            checked.add(" ".join(path) + " " + p.opts[-1])
+            checked.add(" ".join(path) + " " + name)
     assert {"eval coco --root", "eval synthetic --checkpoint", "finetune coco --root", "zeroshot --select-root",
-            "select-prompts --checkpoint", "zeroshot --prompts"} <= checked, checked
+            "select-prompts --checkpoint", "zeroshot --prompts", "eval embeddings EMBEDDINGS", "convert SOURCE",
+            "index search --index", "index build --embeddings", "zeroshot --tokenizer", "eval rankings --t2i"} <= checked, \
+        checked
     # in a fresh interpreter, the way a user meets it: torch is never imported
     code = ("import sys\nfrom zsprob.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    assert e.code == 2, e.code\nassert 'torch' not in sys.modules\nprint('no torch')")

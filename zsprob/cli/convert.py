@@ -5,11 +5,11 @@ Calls :func:`zsprob.models.convert.convert.convert_to_checkpoint`; errors are on
 import click
 
 from zsprob.cli.select_prompts import OFFICIAL_WEIGHTS, WEIGHTS_HELP
-from zsprob.cli.types import OUT_DIR
+from zsprob.cli.types import OUT_DIR, TOKENIZER, InPath
 
 
 @click.command("convert")
-@click.argument("source", type=click.Path())
+@click.argument("source", type=InPath("official checkpoint", "any"))
 @click.option("--out", required=True, type=OUT_DIR, help="zsprob checkpoint directory to write.")
 @click.option("--model", "model_name", default=None,
               help="zsprob model name (default: from the layout: prolip-ViT-B-16, pcmepp-ViT-B-16, or for a COCO "
@@ -17,7 +17,7 @@ from zsprob.cli.types import OUT_DIR
                    "patch size).")
 @click.option("--layout", "layout_name", type=click.Choice(["prolip", "pcmepp-hf", "pcmepp-coco", "pcmepp-coco-mu"]), default=None,
               help="Official layout (default: detected from the key names).")
-@click.option("--tokenizer", type=click.Path(), default=None,
+@click.option("--tokenizer", type=TOKENIZER, default=None,
               help="Local Hugging Face tokenizer directory (default: tokenizer/ next to SOURCE).")
 @click.option("--weights", type=click.Choice(OFFICIAL_WEIGHTS), default=None, help=WEIGHTS_HELP)
 def convert(source, out, model_name, layout_name, tokenizer, weights):

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from zsprob.cli.select_prompts import official_file_kwargs, official_file_options
-from zsprob.cli.types import CHECKPOINT, COUNT, OUT_FILE, InPath
+from zsprob.cli.types import CHECKPOINT, COUNT, EMBEDDINGS, OUT_FILE, InPath
 
 SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
 
@@ -69,7 +69,7 @@ def eval_() -> None:
 @_model_options
 @click.option("--root", type=InPath("COCO root directory"), default=None, help="COCO folder (Karpathy JSON, images, annotations).")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
-@click.option("--embeddings", type=click.Path(), default=None,
+@click.option("--embeddings", type=EMBEDDINGS, default=None,
               help="precomputed E.npz (image_ids, caption_ids, image_mu, caption_mu[, *_logvar, caption_image]).")
 @click.option("--save-embeddings", type=OUT_FILE, default=None, help="also save the embeddings (.npz).")
 @_common
@@ -95,7 +95,7 @@ def coco(checkpoint, model_name, pretrained, device, batch_size, root, split, em
 
 
 @eval_.command("embeddings")
-@click.argument("embeddings", type=click.Path())
+@click.argument("embeddings", type=EMBEDDINGS)
 @_common
 def embeddings_cmd(embeddings, score, out, no_analysis, method):
     """Evaluate precomputed embeddings E.npz (official COCO 5K ids, or any set with caption_image)."""
@@ -125,9 +125,9 @@ def _read_rankings(path: str, direction: str) -> dict:
 
 
 @eval_.command("rankings")
-@click.option("--i2t", "i2t_path", type=click.Path(), required=True,
+@click.option("--i2t", "i2t_path", type=InPath("i2t rankings", "file"), required=True,
               help="image->caption rankings: `zsprob index search --out` JSON or {image id: [caption ids]}.")
-@click.option("--t2i", "t2i_path", type=click.Path(), required=True,
+@click.option("--t2i", "t2i_path", type=InPath("t2i rankings", "file"), required=True,
               help="caption->image rankings, same formats ({caption id: [image ids]}).")
 @click.option("--out", type=OUT_FILE, default="metrics.json", show_default=True)
 def rankings_cmd(i2t_path, t2i_path, out):

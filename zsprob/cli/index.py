@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, OUT_FILE
+from zsprob.cli.types import COUNT, COUNT0, EMBEDDINGS, OUT_DIR, OUT_FILE, InPath
 
 
 def _load_side(path, side: str):
@@ -25,7 +25,7 @@ def index() -> None:
 
 
 @index.command("build")
-@click.option("--embeddings", type=click.Path(), required=True, help="E.npz (see `zsprob eval coco --help`).")
+@click.option("--embeddings", type=EMBEDDINGS, required=True, help="E.npz (see `zsprob eval coco --help`).")
 @click.option("--gallery", type=click.Choice(["caption", "image"]), default="caption", show_default=True,
               help="which side of the npz to index.")
 @click.option("--kind", type=click.Choice(["flat", "hnsw", "ivf", "torch"]), default="flat", show_default=True)
@@ -50,8 +50,9 @@ def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search,
 
 
 @index.command("search")
-@click.option("--index", "index_dir", type=click.Path(), required=True, help="index directory from `zsprob index build`.")
-@click.option("--queries", type=click.Path(), required=True, help="E.npz holding the queries.")
+@click.option("--index", "index_dir", type=InPath("index directory", hint="build one with `zsprob index build`"),
+              required=True, help="index directory from `zsprob index build`.")
+@click.option("--queries", type=EMBEDDINGS, required=True, help="E.npz holding the queries.")
 @click.option("--query-side", type=click.Choice(["image", "caption"]), default="image", show_default=True)
 @click.option("-k", "--k", "k", type=COUNT, default=10, show_default=True)
 @click.option("--ef-search", type=COUNT, default=None, help="override HNSW efSearch.")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.types import CHECKPOINT, COUNT, OUT_FILE, InPath
+from zsprob.cli.types import CHECKPOINT, COUNT, OUT_FILE, TOKENIZER, InPath
 
 from zsprob.methods import STRATEGIES
 
@@ -34,7 +34,7 @@ def official_file_options(f):
     file's SWA or raw copy), options of a published file given as --pretrained, read by the model loaders."""
     f = click.option("--weights", type=click.Choice(OFFICIAL_WEIGHTS), default=None, expose_value=False,
                      callback=_keep("zsprob.weights"), help=WEIGHTS_HELP)(f)
-    return click.option("--tokenizer", type=click.Path(), default=None, expose_value=False,
+    return click.option("--tokenizer", type=TOKENIZER, default=None, expose_value=False,
                         callback=_keep("zsprob.tokenizer"),
                         help="Local Hugging Face tokenizer directory (ProLIP; default: tokenizer/ next to "
                              "--pretrained).")(f)

@@ -118,7 +118,7 @@ def _probe_dir(d: Path, what: str) -> None:  # what: "--out: " or ""
 def check_input(path: str | os.PathLike, what: str, kind: str = "dir", hint: str = "") -> str | os.PathLike:
     """``path`` if it exists as a directory (``kind="dir"``), a file (``"file"``) or either
     (``"any"``); ``what`` names it in the message, ``hint`` says where it comes from."""
-    p = Path(os.fspath(path))
+    p = Path(os.fspath(path)).expanduser()
     if not p.exists():
         raise UserError(f"{what} not found: {p}" + (f" ({hint})" if hint else ""))
     if kind == "dir" and not p.is_dir():
