@@ -126,11 +126,16 @@ def test_every_missing_input_is_one_line_exit_2_before_torch(tmp_path, capsys):
             "    assert e.code == 2, e.code\nassert 'torch' not in sys.modules\nprint('no torch')")
     import subprocess
     import sys
-    for args in (["eval", "coco", "--checkpoint", str(tmp_path), "--root", str(missing)],
-                 ["finetune", "coco", "--root", str(missing), "--out", str(tmp_path / "run")]):
-        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    coco = f"zsprob: error: Invalid value for '--root': COCO root directory not found: {missing}"
+    for args, message in (
+            (["eval", "coco", "--checkpoint", tmp_path, "--root", missing], coco),
+            (["finetune", "coco", "--root", missing, "--out", tmp_path / "run"], coco),
+            (["pretrain", "--data", "synthetic", "--shards", missing, "--out", tmp_path / "run"],
+             f"zsprob: error: SynthWorld shards not found: {missing} (make them with `zsprob data synthetic --out DIR`, "
+             "then pass --shards DIR/pretrain)")):
+        r = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and r.stdout.strip() == "no torch", (args, r.stdout, r.stderr)
-        assert r.stderr.strip() == f"zsprob: error: Invalid value for '--root': COCO root directory not found: {missing}"
+        assert r.stderr.strip() == message
     assert not (tmp_path / "run").exists()
 
 

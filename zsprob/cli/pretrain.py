@@ -24,13 +24,16 @@ def pretrain(data_kind, shards, **kw):
     """
     extra = []
     if data_kind:
-        from zsprob.data.webdataset import FLAVOUR_CAPTION_KEYS
+        from zsprob.data.captions import FLAVOUR_CAPTION_KEYS
 
         # the flavour's own caption key replaces the recipe's; a --set data.pipeline.caption_key=... comes later and wins
         extra += [f"data.kind={data_kind}", f"data.pipeline.caption_key={FLAVOUR_CAPTION_KEYS[data_kind]}"]
     if shards:
         extra.append(f"data.shards={shards}")
     cfg = resolve_run_config(kw, extra, default_config="synthetic_tiny.yaml")
+    if cfg.data.kind in ("synthetic", "webdataset", "redcaps"):
+        from zsprob.utils.checks import check_shards
+        check_shards(cfg.data.kind, cfg.data.shards)  # before torch is imported
     from zsprob.train.hooks import default_hooks
     summary = run(cfg, kw, hooks=default_hooks(cfg))
     from zsprob.cli.train_options import is_main_process

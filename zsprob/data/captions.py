@@ -11,7 +11,11 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["clean_caption", "clean_redcaps_caption"]
+__all__ = ["clean_caption", "clean_redcaps_caption", "FLAVOUR_CAPTION_KEYS"]
+
+# the caption member each shard flavour (`zsprob pretrain --data`) reads unless a recipe / --set names another;
+# here, not in zsprob.data.webdataset, so the command line can read it without importing torch
+FLAVOUR_CAPTION_KEYS = {"webdataset": "txt", "redcaps": "txt", "synthetic": "json:captions"}
 
 _WS = re.compile(r"\s+")
 # bracketed tags: [OC], [oc], [1920x1080], [x-post r/pics], [itap], (OC), (x-post ...), (1920 x 1080)

@@ -108,7 +108,7 @@ from webdataset.gopen import gopen, gopen_schemes
 from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
-from zsprob.data.captions import clean_caption, clean_redcaps_caption
+from zsprob.data.captions import FLAVOUR_CAPTION_KEYS, clean_caption, clean_redcaps_caption  # noqa: F401 (re-exported)
 from zsprob.errors import UserError
 from zsprob.utils import remote
 
@@ -126,8 +126,6 @@ __all__ = [
 log = logging.getLogger("zsprob.data")
 
 DATASET_TYPES = ("webdataset", "redcaps", "synthetic")
-# the caption member each shard flavour reads unless a recipe / --set names another
-FLAVOUR_CAPTION_KEYS = {"webdataset": "txt", "redcaps": "txt", "synthetic": "json:captions"}
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 
 # every counter the loader reports (all start at 0)

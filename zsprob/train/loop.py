@@ -67,7 +67,7 @@ from zsprob.train import state
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, add_caption_noise, count_samples_synthetic,
                                mixed_seed, resolve_shards, shard_options, steps_from)
 from zsprob.train.defaults import COUNT_KEYS, DEFAULTS, METHODS, with_defaults
-from zsprob.utils.checks import check_counts, check_flags
+from zsprob.utils.checks import check_counts, check_flags, check_shards
 from zsprob.utils.io import append_jsonl, atomic_write_json, atomic_write_text
 
 EvalHook = Callable[[nn.Module, int], dict]
@@ -240,11 +240,7 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
         raise UserError(f"data.batch_size {B} (the global batch) is not divisible by {world} processes")
     kind = d.kind
     if kind in ("synthetic", "webdataset", "redcaps"):
-        if not d.shards:
-            raise UserError(f"--data {kind} needs --shards (a directory of .tar files or a brace pattern)")
-        if kind == "synthetic" and not any(c in str(d.shards) for c in "{}:") and not Path(str(d.shards)).exists():
-            raise UserError(f"SynthWorld shards not found: {d.shards} (make them with `zsprob data synthetic --out DIR`,"
-                            " then pass --shards DIR/pretrain)")
+        check_shards(kind, d.shards)
         samples = d.get("samples_per_epoch")
         if samples is None and kind == "synthetic":
             samples = count_samples_synthetic(d.shards)

@@ -128,6 +128,16 @@ def check_input(path: str | os.PathLike, what: str, kind: str = "dir", hint: str
     return path
 
 
+def check_shards(kind: str, shards) -> None:
+    """The shard source of ``--data KIND``: given, and for SynthWorld a local path that exists (a brace
+    pattern, a URL or a '::'-joined list is the loader's business)."""
+    if not shards:
+        raise UserError(f"--data {kind} needs --shards (a directory of .tar files or a brace pattern)")
+    if kind == "synthetic" and not any(c in str(shards) for c in "{}:") and not Path(str(shards)).exists():
+        raise UserError(f"SynthWorld shards not found: {shards} (make them with `zsprob data synthetic --out DIR`,"
+                        " then pass --shards DIR/pretrain)")
+
+
 def check_output(path: str | os.PathLike, what: str | None = "--out", kind: str = "dir") -> str | os.PathLike:
     """``path`` if it can be written as a directory (``kind="dir"``) or a file (``kind="file"``);
     ``what`` names it in the message (None: the caller adds the name)."""
