@@ -22,6 +22,12 @@ condition, background, object count) plus one indicator per word count: a head t
 word's information has coefficients of the ambiguity's signs and proportions, one that learned word
 count alone has coefficients near 0.
 
+``--word-deletions N`` (with ``--steps 0``: the head as trained) deletes, one at a time, every
+colour, size, fill, shape and filler word of the first N held captions (SynthWorld's own
+vocabularies, ``zsprob.data.synth_scene``) and prints per kind the mean squared shift of the mean
+and the mean log-growth of ||sigma^2||_1: does the mean's shift, the only thing the covering term
+can read, show how much a word narrows a caption?
+
 The term, the optimiser and the schedule are the recipe's (AdamW lr 2e-3, weight decay 0.1 on
 matrices, betas 0.9 / 0.98, warm-up 50 + cosine, batch 128, half the batch given a copy, the
 head's gradient clipped at 2, occlusion weight 0.1); ``--drop-prob`` is the share of words deleted
@@ -74,6 +80,43 @@ def read_shard_captions(paths) -> list[list[tuple[str, float, list[float]]]]:
     return scenes
 
 
+FILLER = ("a", "an", "the", "of", "photo", "image", "picture", "there", "is")
+
+
+def word_kind(word: str) -> str | None:
+    """colour / size / fill / shape / filler for one caption word, None for anything else."""
+    from zsprob.data.synth_captions import FILL_WORD
+    from zsprob.data.synth_scene import COLOR_NAMES, PLURALS, SHAPES, SIZES
+
+    if word in COLOR_NAMES:
+        return "colour"
+    if word in SIZES:
+        return "size"
+    if word in FILL_WORD.values():
+        return "fill"
+    if word in SHAPES or word in PLURALS.values():
+        return "shape"
+    return "filler" if word in FILLER else None
+
+
+@torch.no_grad()
+def word_deletions(model, texts: list[str]) -> dict[str, tuple[int, float, float]]:
+    """kind -> (count, mean ||mu_copy - mu||^2, mean log S_copy / S) over single-word deletions."""
+    found: dict[str, list[tuple[float, float]]] = {}
+    for text in texts:
+        words = text.split()
+        copies = [(word_kind(w), " ".join(words[:i] + words[i + 1:])) for i, w in enumerate(words)]
+        copies = [(k, c) for k, c in copies if k is not None and len(words) > 1]
+        if not copies:
+            continue
+        mu, lv = model.encode_text(model.tokenizer([text] + [c for _, c in copies]))
+        shift = (mu[1:] - mu[0]).square().sum(-1)
+        growth = torch.log(lv[1:].exp().sum(-1) / lv[0].exp().sum())
+        for (kind, _), d, g in zip(copies, shift.tolist(), growth.tolist()):
+            found.setdefault(kind, []).append((d, g))
+    return {k: (len(v), float(np.mean([d for d, _ in v])), float(np.mean([g for _, g in v]))) for k, v in found.items()}
+
+
 def mention_coefficients(y: np.ndarray, features: np.ndarray, words: np.ndarray) -> np.ndarray:
     """Least-squares coefficients of standardised y on the mention counts, with one intercept per word count."""
     design = np.column_stack([features] + [(words == w).astype(float) for w in np.unique(words)])
@@ -107,6 +150,8 @@ def main(argv=None) -> int:
     p.add_argument("--reinit", action="store_true", help="start the head from its initialisation")
     p.add_argument("--held-shards", type=int, default=4)
     p.add_argument("--min-count", type=int, default=100, help="smallest word-count bin reported")
+    p.add_argument("--word-deletions", type=int, default=0, metavar="N",
+                   help="also delete single words of the first N held captions (see above)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
@@ -199,6 +244,10 @@ def main(argv=None) -> int:
             for label, y in (("log sigma^2", np.log(u)), ("ambiguity", amb)):
                 coef = mention_coefficients(y, features, words)
                 print(f"     {label:11s} on mentions: " + " ".join(f"{k} {c:+.2f}" for k, c in zip(MENTIONS, coef)))
+    if a.word_deletions:
+        print(f"single-word deletions in the first {a.word_deletions} held captions:")
+        for kind, (n, shift, growth) in sorted(word_deletions(model, [t for t, _, _ in held[:a.word_deletions]]).items()):
+            print(f"     {kind:7s} n {n:5d}  ||Delta mu||^2 {shift:.3f}  log S_copy / S {growth:+.4f}")
     return 0
 
 

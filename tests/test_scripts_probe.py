@@ -63,7 +63,8 @@ def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
         return subprocess.run([sys.executable, str(TEXT_HEAD), *map(str, args)], capture_output=True, text=True,
                               timeout=300)
 
-    r = run(tmp_path / "model", "--root", world, "--steps", 0, "--held-shards", 2, "--min-count", 5)
+    r = run(tmp_path / "model", "--root", world, "--steps", 0, "--held-shards", 2, "--min-count", 5,
+            "--word-deletions", 20)
     assert r.returncode == 0, r.stderr[-2000:]
     val = next(line for line in r.stdout.splitlines() if line.startswith("val "))
     meta = json.loads((world / "retrieval" / "val_meta.json").read_text())
@@ -72,6 +73,8 @@ def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
     rho = spearmanr(logvar.exp().sum(-1).detach().numpy(), np.array(meta["caption_ambiguity"]))[0]
     assert f"Spearman {rho:+.3f}" in val, (val, rho)
     assert "log sigma^2 on mentions: shape" in r.stdout and "ambiguity   on mentions: shape" in r.stdout
+    deletions = r.stdout.split("single-word deletions in the first 20 held captions:")[1].split()
+    assert "shape" in deletions and "filler" in deletions, r.stdout
     r = run(tmp_path / "model", "--root", world, "--steps", 3, "--reinit", "--drop-prob", "0.1,0.9",
             "--held-shards", 2, "--min-count", 5, "--form", "tight")
     assert r.returncode == 0 and "steps 3, form tight" in r.stdout, r.stderr[-2000:]
