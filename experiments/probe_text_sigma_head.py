@@ -136,7 +136,8 @@ def within_bins(u: np.ndarray, amb: np.ndarray, words: np.ndarray, min_count: in
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a zsprob checkpoint of the demo's PCME++ recipe (RUN/model)")
     p.add_argument("--root", required=True, help="the SynthWorld folder (pretrain/ and retrieval/)")
     p.add_argument("--steps", type=int, default=900)
@@ -246,7 +247,8 @@ def main(argv=None) -> int:
                 print(f"     {label:11s} on mentions: " + " ".join(f"{k} {c:+.2f}" for k, c in zip(MENTIONS, coef)))
     if a.word_deletions:
         print(f"single-word deletions in the first {a.word_deletions} held captions:")
-        for kind, (n, shift, growth) in sorted(word_deletions(model, [t for t, _, _ in held[:a.word_deletions]]).items()):
+        found = word_deletions(model, [t for t, _, _ in held[:a.word_deletions]])
+        for kind, (n, shift, growth) in sorted(found.items()):
             print(f"     {kind:7s} n {n:5d}  ||Delta mu||^2 {shift:.3f}  log S_copy / S {growth:+.4f}")
     return 0
 

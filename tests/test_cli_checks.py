@@ -119,8 +119,8 @@ def test_every_missing_input_is_one_line_exit_2_before_torch(tmp_path, capsys):
             checked.add(" ".join(path) + " " + name)
     assert {"eval coco --root", "eval synthetic --checkpoint", "finetune coco --root", "zeroshot --select-root",
             "select-prompts --checkpoint", "zeroshot --prompts", "eval embeddings EMBEDDINGS", "convert SOURCE",
-            "index search --index", "index build --embeddings", "zeroshot --tokenizer", "eval rankings --t2i"} <= checked, \
-        checked
+            "index search --index", "index build --embeddings", "zeroshot --tokenizer",
+            "eval rankings --t2i"} <= checked, checked
     # in a fresh interpreter, the way a user meets it: torch is never imported
     code = ("import sys\nfrom zsprob.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
             "    assert e.code == 2, e.code\nassert 'torch' not in sys.modules\nprint('no torch')")

@@ -67,7 +67,8 @@ def eval_() -> None:
 
 @eval_.command("coco")
 @_model_options
-@click.option("--root", type=InPath("COCO root directory"), default=None, help="COCO folder (Karpathy JSON, images, annotations).")
+@click.option("--root", type=InPath("COCO root directory"), default=None,
+              help="COCO folder (Karpathy JSON, images, annotations).")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
 @click.option("--embeddings", type=EMBEDDINGS, default=None,
               help="precomputed E.npz (image_ids, caption_ids, image_mu, caption_mu[, *_logvar, caption_image]).")

@@ -16,7 +16,8 @@ def finetune():
 @finetune.command("coco")
 @click.option("--root", required=True, type=InPath("COCO root directory"),
               help="COCO directory (images and the Karpathy split JSON, see README).")
-@click.option("--karpathy-json", type=InPath("COCO Karpathy split JSON", "file"), default=None, help="dataset_coco.json if not under ROOT.")
+@click.option("--karpathy-json", type=InPath("COCO Karpathy split JSON", "file"), default=None,
+              help="dataset_coco.json if not under ROOT.")
 @click.option("--val", "val", is_flag=True,
               help="model selection: RSUM on the Karpathy val split after every epoch, best model to OUT/model-best.")
 @common_options
