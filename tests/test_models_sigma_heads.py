@@ -389,7 +389,7 @@ def test_cli_rejects_unc_head_on_a_deterministic_method(tmp_path):
     """Through a recipe's model section: one line on stderr, exit 2, no traceback."""
     from conftest import run_cli
 
-    r = run_cli("pretrain", "--config", "synthetic_tiny.yaml", "--data", "synthetic", "--shards", tmp_path / "none",
+    r = run_cli("pretrain", "--config", "synthetic_tiny.yaml", "--data", "synthetic", "--shards", tmp_path,
                 "--method", "infonce", "--out", tmp_path / "run", "--steps", 2,
                 "--set", "model.overrides.sigma_head=unc", timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
