@@ -139,6 +139,21 @@ def test_every_missing_input_is_one_line_exit_2_before_torch(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_input_check_kinds_and_home(tmp_path, monkeypatch):
+    from zsprob.errors import UserError
+    from zsprob.utils.checks import check_input
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f.npz").write_bytes(b"x")
+    assert check_input(tmp_path / "d", "x") == tmp_path / "d" and check_input(tmp_path / "f.npz", "x", "file")
+    assert check_input(tmp_path / "f.npz", "x", "any") and check_input(tmp_path / "d", "x", "any")
+    with pytest.raises(UserError, match="is a directory, not a file"):
+        check_input(tmp_path / "d", "embeddings file", "file")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert check_input("~/d", "x") == str(tmp_path / "d")  # a quoted ~ reaches the command expanded
+    with pytest.raises(UserError, match=f"data root not found: {tmp_path / 'nope'} \\(a hint\\)"):
+        check_input("~/nope", "data root", hint="a hint")
+
+
 def test_the_library_checks_the_same_counts(tmp_path):
     from zsprob.errors import UserError
     from zsprob.train import train

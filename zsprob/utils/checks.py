@@ -125,7 +125,7 @@ def check_input(path: str | os.PathLike, what: str, kind: str = "dir", hint: str
         raise UserError(f"{what} {p} is a file, not a directory")
     if kind == "file" and p.is_dir():
         raise UserError(f"{what} {p} is a directory, not a file")
-    return path
+    return str(p) if os.fspath(path).startswith("~") else path  # a quoted ~ reaches the code expanded
 
 
 def check_shards(kind: str, shards) -> None:
