@@ -38,7 +38,7 @@ the squared shift of the mean, so the growth must *equal* what the deleted words
 split is never read.
 
     python experiments/probe_text_sigma_head.py RUN/model --root sw --steps 0              # the head as trained
-    python experiments/probe_text_sigma_head.py RUN/model --root sw --reinit               # drop 0.5 (the old recipe)
+    python experiments/probe_text_sigma_head.py RUN/model --root sw --reinit               # the recipe's own term
     python experiments/probe_text_sigma_head.py RUN/model --root sw --reinit --drop-prob 0.2
 
 Components: ``zsprob.models.load_for_inference``, ``zsprob.data.masking.delete_tokens`` (the
@@ -167,11 +167,22 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     random.seed(a.seed)
     torch.manual_seed(a.seed)
+    def refuse(message: str) -> int:
+        print(f"probe_text_sigma_head: error: {message}", file=sys.stderr)
+        return 2
+
     root = Path(a.root)
     shards = sorted((root / "pretrain").glob("*.tar"))
     if len(shards) <= a.held_shards:
-        print(f"need more than {a.held_shards} shards under {root / 'pretrain'}", file=sys.stderr)
-        return 2
+        return refuse(f"need more than {a.held_shards} shards under {root / 'pretrain'}")
+    if not (root / "retrieval" / "val_meta.json").is_file():
+        return refuse(f"no retrieval val split under {root} (zsprob data synthetic writes one)")
+    try:
+        drops = [float(x) for x in a.drop_prob.split(",")]
+    except ValueError:
+        drops = []
+    if a.steps < 0 or len(drops) not in (1, 2) or not all(0.0 <= x <= 1.0 for x in drops):
+        return refuse("--steps must be >= 0 and --drop-prob one or two values in [0, 1]")
     train = read_shard_captions(shards[:-a.held_shards])
     held = [c for scene in read_shard_captions(shards[-a.held_shards:]) for c in scene]
     val_meta = json.loads((root / "retrieval" / "val_meta.json").read_text())
@@ -180,8 +191,7 @@ def main(argv=None) -> int:
     model = load_for_inference(checkpoint=a.checkpoint)
     head = model.text_sigma
     if not isinstance(head, UncPooledHead) or head.unc_emb is None:
-        print("the checkpoint's text head is not the bag-of-words [UNC] head (model.sigma_head: unc)", file=sys.stderr)
-        return 2
+        return refuse("the checkpoint's text head is not the bag-of-words [UNC] head (model.sigma_head: unc)")
     for q in model.parameters():
         q.requires_grad_(False)
     if a.reinit:  # as UncPooledHead builds it: [UNC] word N(0, 1) like the tower's words, default Linear, bias -6
@@ -206,7 +216,7 @@ def main(argv=None) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     spec = text_mask_spec(model.tokenizer)
     gen = torch.Generator().manual_seed(a.seed)
-    lo_hi = [float(x) for x in a.drop_prob.split(",")]
+    lo_hi = drops
     n_copy = int(round(a.drop_ratio * 128))
     for _ in range(a.steps):
         tokens = model.tokenizer([random.choice(random.choice(train))[0] for _ in range(128)])

@@ -81,3 +81,7 @@ def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
     save(create_model("zsprob-tiny-bow", pooling="native", seed=0), tmp_path / "block")
     r = run(tmp_path / "block", "--root", world, "--steps", 0, "--held-shards", 2)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "sigma_head: unc" in r.stderr, r.stderr
+    r = run(tmp_path / "model", "--root", world, "--drop-prob", "1.5")
+    assert r.returncode == 2 and r.stderr.startswith("probe_text_sigma_head: error: --steps"), r.stderr
+    r = run(tmp_path / "model", "--root", tmp_path / "nowhere")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
