@@ -11,6 +11,11 @@ class UserError(Exception):
     """An error caused by the user's input or environment, reported without a traceback."""
 
 
+def not_found(what: str, path, hint: str = "") -> UserError:
+    """The error for a missing input: "WHAT not found: PATH (HINT)"."""
+    return UserError(f"{what} not found: {path}" + (f" ({hint})" if hint else ""))
+
+
 def require_file(path, what: str, hint: str = "") -> "object":
     """Return ``Path(path)`` if it is an existing file, else raise :class:`UserError`.
 
@@ -21,10 +26,7 @@ def require_file(path, what: str, hint: str = "") -> "object":
 
     p = Path(path)
     if not p.is_file():
-        msg = f"{what} not found: {p}"
-        if hint:
-            msg += f" ({hint})"
-        raise UserError(msg)
+        raise not_found(what, p, hint)
     return p
 
 
@@ -34,10 +36,7 @@ def require_dir(path, what: str, hint: str = "") -> "object":
 
     p = Path(path)
     if not p.is_dir():
-        msg = f"{what} not found: {p}"
-        if hint:
-            msg += f" ({hint})"
-        raise UserError(msg)
+        raise not_found(what, p, hint)
     return p
 
 

@@ -158,10 +158,8 @@ def rankings_cmd(i2t_path, t2i_path, out):
 def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, split, no_corruption, seed, score, out,
               no_analysis, method):
     """Evaluate on SynthWorld's retrieval split (five-caption R@K and exact plausible-match mAP@R / R-P)."""
-    from zsprob.errors import require_dir
     from zsprob.retrieval.synthetic import evaluate_synthetic
 
-    require_dir(root, "SynthWorld folder", "generate it with `zsprob data synthetic --out DIR`")
     model = _load_model(checkpoint, model_name, pretrained, device)
     outp = Path(out)
     res = evaluate_synthetic(model, root, split, score, outp.parent, batch_size=batch_size, device=device,

@@ -107,10 +107,6 @@ def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, stra
 
     name, k = strategy_from_topk(topk, strategy)
     parse_k_grid(k_grid)                      # fail fast on a malformed grid, before loading torch
-    if root is not None:
-        from zsprob.errors import require_dir
-
-        require_dir(root, f"{dataset} data root")
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import run_selection
 

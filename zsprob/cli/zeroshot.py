@@ -17,8 +17,8 @@ from zsprob.methods import STRATEGIES
 @model_options
 @click.option("--root", type=InPath("data root"), required=True,
               help="Evaluation data (ImageNet root with val/, a folder per class, or a SynthWorld output).")
-@click.option("--prompts", type=InPath("selection file", "file"), default=None,
-              help="selection.json from zsprob select-prompts.")
+@click.option("--prompts", type=InPath("selection file", "file", "make one with zsprob select-prompts"),
+              default=None, help="selection.json from zsprob select-prompts.")
 @click.option("--topk", default="auto", show_default=True, help="auto | N | all | oracle (without --prompts)")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default=None, help="Overrides --topk.")
 @click.option("--select-root", type=InPath("selection split"), default=None, help="Labelled selection split for auto.")
@@ -33,15 +33,12 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     """Zero-shot classification with selected prompts."""
     from pathlib import Path
 
-    from zsprob.errors import UserError, require_dir, require_file
+    from zsprob.errors import UserError
     from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk
 
-    require_dir(root, f"{dataset} data root")
     if prompts is not None and compare:
         raise UserError("--compare evaluates every strategy; it does not take --prompts")
-    if prompts is not None:
-        require_file(prompts, "selection file", "make one with zsprob select-prompts")
-    else:
+    if prompts is None:
         strategy_from_topk(topk, strategy)
     parse_k_grid(k_grid)
     from zsprob.utils.io import atomic_write_json

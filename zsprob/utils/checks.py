@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Iterable
 
-from zsprob.errors import UserError
+from zsprob.errors import UserError, not_found
 
 
 def _rule_text(rule: str) -> str:
@@ -120,7 +120,7 @@ def check_input(path: str | os.PathLike, what: str, kind: str = "dir", hint: str
     (``"any"``); ``what`` names it in the message, ``hint`` says where it comes from."""
     p = Path(os.fspath(path)).expanduser()
     if not p.exists():
-        raise UserError(f"{what} not found: {p}" + (f" ({hint})" if hint else ""))
+        raise not_found(what, p, hint)
     if kind == "dir" and not p.is_dir():
         raise UserError(f"{what} {p} is a file, not a directory")
     if kind == "file" and p.is_dir():
