@@ -100,8 +100,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="zsprob-tiny", help="open_clip name or zsprob config (random init)")
     ap.add_argument("--baseline", default=None,
-                    help="open_clip model name to compare against (random init, its own tokenizer); "
-                         "default: none (same weights) or, for prolip-ViT-B-16, ViT-B-16")
+                    help="comma-separated baselines for open_clip's build_zero_shot_classifier: 'same' (the open_clip "
+                         "model inside zsprob's, same weights, means only) and/or open_clip model names (random "
+                         "init, their own tokenizer); default: 'same', for prolip-ViT-B-16 'same,ViT-B-16'")
     ap.add_argument("--tokenizer", default=None,
                     help="local Hugging Face tokenizer directory for ProLIP models (default: a throwaway one)")
     ap.add_argument("--classes", type=int, default=100, help="first N ImageNet class names")
@@ -114,8 +115,9 @@ def main(argv=None) -> None:
                     help="then time zsprob's stages on its own model: tokeniser, open_clip's text forward of the "
                          "same tower (means only), zsprob's encode_texts (mu + sigma^2), interleaved")
     args = ap.parse_args(argv)
-    if args.baseline is None and args.model == "prolip-ViT-B-16":
-        args.baseline = "ViT-B-16"
+    if args.baseline is None:
+        args.baseline = "same,ViT-B-16" if args.model == "prolip-ViT-B-16" else "same"
+    baselines = [b.strip() for b in args.baseline.split(",") if b.strip()]
 
     import torch
     from open_clip.zero_shot_classifier import build_zero_shot_classifier
@@ -132,34 +134,37 @@ def main(argv=None) -> None:
     n = len(classes) * len(templates)
     tmp = tempfile.TemporaryDirectory()
 
-    if args.baseline is None:
-        model = create_model(args.model, pooling="native").to(args.device).eval()
-        oc_model, oc_tok = model.clip, model.tokenizer
-        oc_name = f"{args.model} (the same open_clip model, means only)"
-    else:
-        import open_clip
+    import open_clip
 
-        from zsprob.models.factory import get_open_clip_config
+    from zsprob.models.factory import get_open_clip_config
 
-        text_cfg = get_open_clip_config(args.model).get("text_cfg", {})
-        tok_dir = args.tokenizer
-        if tok_dir is None and text_cfg.get("hf_tokenizer_name"):
-            all_names = load_classnames("imagenet_classnames.txt")
-            from open_clip.tokenizer import canonicalize_text
+    text_cfg = get_open_clip_config(args.model).get("text_cfg", {})
+    tok_dir = args.tokenizer
+    if tok_dir is None and text_cfg.get("hf_tokenizer_name"):
+        all_names = load_classnames("imagenet_classnames.txt")
+        from open_clip.tokenizer import canonicalize_text
 
-            words = {w for t in prompt_texts(all_names, templates) for w in canonicalize_text(t).split()}
-            tok_dir = make_unigram_tokenizer(Path(tmp.name) / "tokenizer", int(text_cfg["vocab_size"]), words)
-        options = dict(pooling="native")
-        if args.model.startswith("prolip-"):  # the released ProLIP forward (zsprob.models.convert.load)
-            options.update(sigma_head="unc", unc_layout="prolip", sigma_depth=1)
-        if tok_dir is not None:
-            options["tokenizer_dir"] = str(tok_dir)
-        model = create_model(args.model, **options).to(args.device).eval()
-        oc_model = open_clip.create_model(args.baseline, pretrained=None).to(args.device).eval()
-        oc_tok = open_clip.get_tokenizer(args.baseline)
-        oc_name = f"open_clip {args.baseline} (random init, pretrained=None)"
+        words = {w for t in prompt_texts(all_names, templates) for w in canonicalize_text(t).split()}
+        tok_dir = make_unigram_tokenizer(Path(tmp.name) / "tokenizer", int(text_cfg["vocab_size"]), words)
+    options = dict(pooling="native")
+    if args.model.startswith("prolip-"):  # the released ProLIP forward (zsprob.models.convert.load)
+        options.update(sigma_head="unc", unc_layout="prolip", sigma_depth=1)
+    if tok_dir is not None:
+        options["tokenizer_dir"] = str(tok_dir)
+    model = create_model(args.model, **options).to(args.device).eval()
+    token_head = model.sigma_head == "unc"
+    sides = {}  # label -> (open_clip model, tokenizer, description)
+    for b in baselines:
+        if b == "same":
+            what = ("with the [UNC] token removed from the sequence" if token_head else "the same open_clip model")
+            sides[f"open_clip same tower"] = (model.clip, model.tokenizer,
+                                              f"{args.model}'s own open_clip model ({what}, means only)")
+        else:
+            sides[f"open_clip {b}"] = (open_clip.create_model(b, pretrained=None).to(args.device).eval(),
+                                       open_clip.get_tokenizer(b), f"open_clip {b} (random init, pretrained=None)")
 
-    def run_open_clip(names=classes):
+    def run_open_clip(side, names=classes):
+        oc_model, oc_tok, _ = sides[side]
         return build_zero_shot_classifier(oc_model, oc_tok, names, templates,
                                           num_classes_per_batch=args.classes_per_batch, device=args.device)
 
@@ -169,36 +174,44 @@ def main(argv=None) -> None:
 
     texts = prompt_texts(classes, templates)
     ctx_zs = getattr(model.tokenizer, "context_length", None)
-    ctx_oc = getattr(oc_tok, "context_length", None)
     print(f"zsprob {args.model} (text context {ctx_zs}, tokenizer {type(model.tokenizer).__name__}"
-          f"{' from ' + str(getattr(model.tokenizer, 'directory', '')) if getattr(model.tokenizer, 'directory', None) else ''}) "
-          f"vs {oc_name} (text context {ctx_oc}, tokenizer {type(oc_tok).__name__})", flush=True)
+          f"{' from ' + str(getattr(model.tokenizer, 'directory', '')) if getattr(model.tokenizer, 'directory', None) else ''})",
+          flush=True)
+    for side, (_, oc_tok, what) in sides.items():
+        print(f"  vs {side}: {what} (text context {getattr(oc_tok, 'context_length', None)}, "
+              f"tokenizer {type(oc_tok).__name__})", flush=True)
     print(f"{len(classes)} classes x {len(templates)} templates = {n} prompts, device {args.device}, float32, "
           f"torch threads {torch.get_num_threads()}; batches: zsprob {args.batch_size} prompts, open_clip "
           f"{args.classes_per_batch} classes ({args.classes_per_batch * len(templates)} prompts)", flush=True)
 
-    run_open_clip(classes[:1]), run_zsprob(classes[:1])  # warm-up
-    toks = interleaved({"zsprob": lambda: model.tokenizer(texts), "open_clip": lambda: oc_tok(texts)},
-                       max(args.repeats, 3))
-    runs = interleaved({"zsprob": run_zsprob, "open_clip": run_open_clip}, args.repeats)
-    bank, ref = runs["zsprob"]["last"], runs["open_clip"]["last"]
+    for side in sides:  # warm-up
+        run_open_clip(side, classes[:1])
+    run_zsprob(classes[:1])
+    toks = interleaved({"zsprob": lambda: model.tokenizer(texts),
+                        **{side: (lambda t=t: t(texts)) for side, (_, t, _) in sides.items()}}, max(args.repeats, 3))
+    runs = interleaved({"zsprob": run_zsprob, **{side: (lambda s=side: run_open_clip(s)) for side in sides}},
+                       args.repeats)
+    bank = runs["zsprob"]["last"]
 
-    print(f"timed: {args.repeats} runs per side, interleaved (zsprob, open_clip, zsprob, ...); "
+    print(f"timed: {args.repeats} runs per side, interleaved (zsprob, {', '.join(sides)}, zsprob, ...); "
           f"wall on a shared machine includes the other jobs, CPU time (process_time, all threads) too")
-    print(_line("open_clip build_zero_shot_classifier (mu):", runs["open_clip"], n))
     print(_line("zsprob build_prompt_bank (mu + sigma^2):", runs["zsprob"], n))
-    print(f"ratio zsprob / open_clip prompts/s, per prompt at {len(classes)} classes: {_ratios(runs['zsprob'], runs['open_clip'])}")
-    print(f"tokenisation alone ({n} prompts, min of {len(toks['zsprob']['wall'])}): zsprob {min(toks['zsprob']['wall']):.3f} s "
-          f"({100 * min(toks['zsprob']['wall']) / min(runs['zsprob']['wall']):.1f}% of its min run), "
-          f"open_clip {min(toks['open_clip']['wall']):.3f} s "
-          f"({100 * min(toks['open_clip']['wall']) / min(runs['open_clip']['wall']):.1f}% of its min run)")
+    for side in sides:
+        print(_line(f"{side} build_zero_shot_classifier (mu):", runs[side], n))
+    for side in sides:
+        print(f"ratio zsprob / {side}, prompts/s per prompt at {len(classes)} classes: "
+              f"{_ratios(runs['zsprob'], runs[side])}")
+    print(f"tokenisation alone ({n} prompts, min of {len(toks['zsprob']['wall'])}): "
+          + ", ".join(f"{k} {min(v['wall']):.3f} s ({100 * min(v['wall']) / min(runs[k]['wall']):.1f}% of its min run)"
+                      for k, v in toks.items()))
     if bank.logvar is None or not bool(torch.isfinite(bank.var).all()):
         raise SystemExit("zsprob bank has no finite sigma^2")
-    print(f"zsprob sigma^2 per prompt: shape {tuple(bank.var.shape)} [C, T, D] "
-          f"finite; open_clip classifier {tuple(ref.shape)} [D, C], means only")
-    if args.baseline is None:
-        diff = (select_all(bank).class_mu - ref.T).abs().max().item()
-        print(f"max |all - open_clip classifier| = {diff:.2e} (same weights)")
+    print(f"zsprob sigma^2 per prompt: shape {tuple(bank.var.shape)} [C, T, D], finite; "
+          f"open_clip classifiers [D, C], means only")
+    if "open_clip same tower" in sides:
+        diff = (select_all(bank).class_mu - runs["open_clip same tower"]["last"].T).abs().max().item()
+        print(f"max |all - open_clip same-tower classifier| = {diff:.2e}"
+              + (" (differs by design: zsprob's means attend to [UNC])" if token_head else " (same weights)"))
         with tempfile.TemporaryDirectory() as d:
             build_prompt_bank(model, classes, templates, model_id="bench", cache_dir=d, progress=False)
             t0 = time.perf_counter()

@@ -68,7 +68,9 @@ def test_shipped_tiny_model_attributes():
 
 @pytest.mark.parametrize("name", ["zsprob-test-tiny", "zsprob-test-tiny-custom"])
 def test_native_mu_equals_open_clip(registered, images, name):
-    """With native pooling the mean branch *is* open_clip: same weights, bit-identical outputs."""
+    """With native pooling the mean branch is open_clip's computation: same weights, same outputs (the
+    image tower's last block runs at the class token only, equal up to float rounding; the text tower
+    pools at the end-of-text token, which moves with the caption, so it runs whole and bit-identical)."""
     torch.manual_seed(0)
     oc = open_clip.create_model(name).eval()
     sd = {k: v.clone() for k, v in oc.state_dict().items()}
@@ -81,7 +83,7 @@ def test_native_mu_equals_open_clip(registered, images, name):
         ref_t = oc.encode_text(tok, normalize=True)
         mu_i, lv_i = m.encode_image(images)
         mu_t, lv_t = m.encode_text(tok)
-    assert torch.equal(mu_i, ref_i)
+    torch.testing.assert_close(mu_i, ref_i, atol=1e-6, rtol=0)
     assert torch.equal(mu_t, ref_t)
     assert lv_i.shape == mu_i.shape and lv_t.shape == mu_t.shape
     # default: sequences cut after the longest EOT (exact up to float rounding for causal towers)

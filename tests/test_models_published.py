@@ -266,3 +266,47 @@ def test_prolip_matches_the_official_model_class(tmp_path):
     ref = tuple(t.double() for t in (img["mean"], img["std"], txt["mean"], txt["std"]))
     _assert_matches(model, ref, images, tokens)
     _assert_matches(model, prolip_reference(state, images, tokens), images, tokens)
+
+
+@pytest.mark.parametrize("name, options, cut", [
+    ("prolip-tiny", dict(sigma_head="unc", unc_layout="prolip"), [[0, 1], [16, 17]]),  # released layout
+    ("prolip-tiny", dict(sigma_head="unc"), [[0, 1], [16, 17]]),  # zsprob's: text sigma from [UNC]
+    # block head; the ViT pools its class token, the causal text tower its end-of-text token (runs whole)
+    ("pcmepp-tiny", dict(sigma_depth=2), [[0]]),
+])
+def test_last_block_at_the_pooled_positions_equals_the_whole_block(tmp_path, monkeypatch, name, options, cut):
+    """The last block runs only where native pooling reads (class token, [CLS], [UNC]): mu, log sigma^2 and
+    every gradient equal the whole-block forward in float64; GPO and PCME's attention head run it whole."""
+    import zsprob.models.prob_clip as pc
+
+    tok_dir = make_tokenizer_dir(tmp_path / "tok") if name.startswith("prolip") else None
+    extra = dict(tokenizer_dir=tok_dir) if tok_dir else {}
+    model = create_model(name, pooling="native", seed=3, **options, **extra).double().train()
+    images, tokens = _inputs(model)
+    images = images.double()
+    calls = []
+    real = pc._run_block_rows
+    monkeypatch.setattr(pc, "_run_block_rows", lambda *a: calls.append(a[2]) or real(*a))
+
+    def run():
+        model.zero_grad()
+        out = model(images, tokens)
+        sum(v.pow(2).sum() * (i + 1) for i, v in enumerate(out.values())).backward()
+        return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    out, grads = run()
+    assert calls == cut  # image [CLS, UNC]; text [UNC, CLS] after 16 tokens
+    monkeypatch.setattr(pc.ProbCLIP, "_pooled_rows", lambda *a: None)
+    ref, ref_grads = run()
+    assert calls == cut
+    for key in ref:
+        torch.testing.assert_close(out[key], ref[key], atol=1e-12, rtol=1e-10, msg=key)
+    assert grads.keys() == ref_grads.keys()
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-12, rtol=1e-10, msg=n)
+    monkeypatch.undo()
+    monkeypatch.setattr(pc, "_run_block_rows", lambda *a: calls.append(a[2]) or real(*a))
+    gpo = create_model(name, pooling="gpo", seed=3, **options, **extra).eval()
+    with torch.no_grad():
+        gpo(images.float(), tokens)
+    assert calls == cut  # GPO reads every token: no cut

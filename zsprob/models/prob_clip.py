@@ -4,7 +4,10 @@ What open_clip does: the towers themselves (patch / token embeddings, residual a
 blocks, final LayerNorms, projections, the causal text mask, pooling by CLS / end-of-text
 token), the tokenizers and the image transforms. The wrapped model is kept whole as
 ``self.clip``, so an open_clip state dict loads into it unchanged and, with native pooling,
-the mean branch runs exactly open_clip's operations.
+the mean branch runs open_clip's operations. One shortcut: when native pooling reads fixed
+positions (a ViT's class token, ProLIP's appended text [CLS], the [UNC] tokens) and no head reads
+the other tokens, the last block runs its queries, attention output and MLP at those positions
+only (every token stays a key and a value), which equals the whole block up to float rounding.
 
 What zsprob adds here: the log-variance heads (``sigma_head``; the modules, layouts and init
 laws are in :mod:`zsprob.models.sigma_heads`) and the code that runs them beside the mean branch.
@@ -142,6 +145,13 @@ class _VisionTower:
     @staticmethod
     def num_tokens(x: torch.Tensor) -> int:
         return x.shape[1]
+
+    def pooled_rows(self, seq: int, unc: bool) -> list[int] | None:
+        """The positions native pooling reads (class token, then [UNC] when present), or None when
+        it reads every token (average pooling)."""
+        if self.visual.pool_type != "tok":
+            return None
+        return [0, 1] if unc else [0]
 
     def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
         v = self.visual
@@ -460,6 +470,14 @@ class _TextTower(_TextHeads):
         if self.cls:
             return torch.cat([x[:, :-2], x[:, -1:]], dim=1), x[:, -2]
         return x[:, :-1], x[:, -1]
+
+    def pooled_rows(self, seq: int, unc: bool) -> list[int] | None:
+        """The positions native pooling reads when they are the same for every caption: ProLIP's
+        appended [CLS] (last), after [UNC] when present; None otherwise (end-of-text pooling reads a
+        position that depends on the caption)."""
+        if not self.cls:
+            return None
+        return [seq - 2, seq - 1] if unc else [seq - 1]
 
     def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
         from open_clip.transformer import text_global_pool
@@ -860,8 +878,15 @@ class ProbCLIP(nn.Module):
         if token_head:  # [UNC] joins the sequence whether or not sigma is asked for: mu may attend to it
             x, mask = tower.insert_unc(x, mask, lengths, sigma.token())
         split = tower.num_blocks - self._head_depth(tower)
-        h = self._run(tower, tower.blocks[:split], x, mask)
-        hm = self._run(tower, tower.blocks[split:], h, mask)
+        rows = self._pooled_rows(tower, x.shape[1], token_head, gpo_mu, sigma, with_sigma)
+        last = tower.num_blocks - 1 if rows is not None else tower.num_blocks
+        if split <= last:
+            h = self._run(tower, tower.blocks[:split], x, mask)
+            hm = self._run(tower, tower.blocks[split:last], h, mask)
+        else:  # a whole shared tower ([UNC] head): no block head reads the trunk's output
+            h = hm = self._run(tower, tower.blocks[:last], x, mask)
+        if rows is not None:
+            hm = _run_block_rows(tower.blocks[last], hm, rows, mask)
         unc_out = None
         if token_head:
             hm, unc_out = tower.split_unc(hm)
@@ -890,6 +915,23 @@ class ProbCLIP(nn.Module):
             raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
         side = "image" if tower is self._vision else "text"
         return mu, bound_logvar(self._shape_sigma(raw.to(torch.promote_types(raw.dtype, torch.float32)), side), self.var_bounds)
+
+    def _pooled_rows(self, tower, seq: int, token_head: bool, gpo_mu, sigma, with_sigma: bool) -> list[int] | None:
+        """The token positions whose last-block outputs are all that the forward reads, or None.
+
+        With native pooling at fixed positions (a ViT's class token, ProLIP's appended text [CLS],
+        plus [UNC]) and no head that reads every token (GPO, PCME's attention, a pooled [UNC] MLP),
+        the other positions of the last block feed nothing: their keys and values are still needed,
+        their queries, attention outputs and MLPs are not (64 of ProLIP's 66 text positions).
+        """
+        pooled_rows = getattr(tower, "pooled_rows", None)
+        if pooled_rows is None or gpo_mu is not None or self.mean_head != "proj" or not tower.num_blocks:
+            return None
+        if sigma is not None and with_sigma and not isinstance(sigma, (SigmaHead, UncTokenHead)):
+            return None
+        if not all(_plain_block(b) for b in tower.blocks):
+            return None
+        return pooled_rows(seq, token_head)
 
     def _shape_sigma(self, raw: torch.Tensor, side: str) -> torch.Tensor:
         """The head's D outputs -> log sigma^2 [B, D]: ``sigma_param`` ("logsigma": the head predicts
@@ -967,6 +1009,28 @@ class ProbCLIP(nn.Module):
                 f"sigma_layout={self.sigma_layout!r}, unc_layout={self.unc_layout!r}, sigma_depth={self.sigma_depth}, "
                 f"sigma_init={self.sigma_init!r}, pooling={self.pooling!r}, deterministic={self.deterministic}, "
                 f"var_bounds={self.var_bounds}" + (f", mean_head={self.mean_head!r}" if self.mean_head != "proj" else ""))
+
+
+def _plain_block(block: nn.Module) -> bool:
+    """An open_clip ``ResidualAttentionBlock`` doing self-attention (no cross-attention LayerNorm)."""
+    from open_clip.transformer import ResidualAttentionBlock
+
+    return type(block) is ResidualAttentionBlock and not hasattr(block, "ln_1_kv")
+
+
+def _run_block_rows(block: nn.Module, x: torch.Tensor, rows: list[int], mask) -> torch.Tensor:
+    """Outputs of an open_clip ``ResidualAttentionBlock`` at positions ``rows`` only: [B, T, w] -> [B, len(rows), w].
+
+    Every position is still a key and a value; only the queries, the attention output and the MLP
+    are restricted to ``rows``. Equal to ``block(x, attn_mask=mask)[:, rows]`` (tested), the
+    operations are open_clip's own modules (``ln_1``, ``attention``, ``ls_1``, ``ln_2``, ``mlp``, ``ls_2``).
+    """
+    kv = block.ln_1(x)
+    index = torch.tensor(rows, device=x.device)
+    q = x.index_select(1, index)
+    m = mask.index_select(-2, index) if mask is not None else None
+    y = q + block.ls_1(block.attention(q_x=kv.index_select(1, index), k_x=kv, v_x=kv, attn_mask=m))
+    return y + block.ls_2(block.mlp(block.ln_2(y)))
 
 
 def _twice(ln: nn.Module):
