@@ -6,10 +6,11 @@ Parses options, builds the config (recipe + flags + --set) and calls
 import click
 
 from zsprob.cli.train_options import common_options, print_summary, resolve_run_config, run
+from zsprob.data.captions import FLAVOUR_CAPTION_KEYS, SHARD_KINDS
 
 
 @click.command("pretrain")
-@click.option("--data", "data_kind", type=click.Choice(["synthetic", "webdataset", "redcaps"]), default=None,
+@click.option("--data", "data_kind", type=click.Choice(sorted(SHARD_KINDS)), default=None,
               help="Shard flavour: SynthWorld, any img2dataset shards, or RedCaps (caption cleaning).")
 @click.option("--shards", type=str, default=None,
               help="A directory of .tar shards, or a pattern like 'redcaps/{00000..00999}.tar' ('::' joins sources).")
@@ -24,14 +25,12 @@ def pretrain(data_kind, shards, **kw):
     """
     extra = []
     if data_kind:
-        from zsprob.data.captions import FLAVOUR_CAPTION_KEYS
-
         # the flavour's own caption key replaces the recipe's; a --set data.pipeline.caption_key=... comes later and wins
         extra += [f"data.kind={data_kind}", f"data.pipeline.caption_key={FLAVOUR_CAPTION_KEYS[data_kind]}"]
     if shards:
         extra.append(f"data.shards={shards}")
     cfg = resolve_run_config(kw, extra, default_config="synthetic_tiny.yaml")
-    if cfg.data.kind in ("synthetic", "webdataset", "redcaps"):
+    if cfg.data.kind in SHARD_KINDS:
         from zsprob.utils.checks import check_shards
         check_shards(cfg.data.kind, cfg.data.shards)  # before torch is imported
     from zsprob.train.hooks import default_hooks

@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["clean_caption", "clean_redcaps_caption", "FLAVOUR_CAPTION_KEYS"]
+__all__ = ["clean_caption", "clean_redcaps_caption", "FLAVOUR_CAPTION_KEYS", "SHARD_KINDS"]
 
 # the caption member each shard flavour (`zsprob pretrain --data`) reads unless a recipe / --set names another;
 # here, not in zsprob.data.webdataset, so the command line can read it without importing torch
 FLAVOUR_CAPTION_KEYS = {"webdataset": "txt", "redcaps": "txt", "synthetic": "json:captions"}
+# the data.kind values read from WebDataset shards (the rest, coco, from a dataset folder)
+SHARD_KINDS = tuple(FLAVOUR_CAPTION_KEYS)
 
 _WS = re.compile(r"\s+")
 # bracketed tags: [OC], [oc], [1920x1080], [x-post r/pics], [itap], (OC), (x-post ...), (1920 x 1080)

@@ -108,7 +108,8 @@ from webdataset.gopen import gopen, gopen_schemes
 from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
-from zsprob.data.captions import FLAVOUR_CAPTION_KEYS, clean_caption, clean_redcaps_caption  # noqa: F401 (re-exported)
+from zsprob.data.captions import (FLAVOUR_CAPTION_KEYS, SHARD_KINDS, clean_caption,  # noqa: F401 (re-exported)
+                                  clean_redcaps_caption)
 from zsprob.errors import UserError
 from zsprob.utils import remote
 
@@ -125,7 +126,7 @@ __all__ = [
 
 log = logging.getLogger("zsprob.data")
 
-DATASET_TYPES = ("webdataset", "redcaps", "synthetic")
+DATASET_TYPES = SHARD_KINDS
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 
 # every counter the loader reports (all start at 0)

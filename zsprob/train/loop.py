@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 from zsprob.config import Config, dump_yaml
+from zsprob.data.captions import SHARD_KINDS
 from zsprob.errors import Preempted, UserError
 from zsprob.train import accumulate
 from zsprob.train.accumulate import at_least_fp32
@@ -239,7 +240,7 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
     if B % world:
         raise UserError(f"data.batch_size {B} (the global batch) is not divisible by {world} processes")
     kind = d.kind
-    if kind in ("synthetic", "webdataset", "redcaps"):
+    if kind in SHARD_KINDS:
         check_shards(kind, d.shards)
         samples = d.get("samples_per_epoch")
         if samples is None and kind == "synthetic":
