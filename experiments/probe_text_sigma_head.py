@@ -35,14 +35,19 @@ head's gradient clipped at 2, occlusion weight 0.1); ``--drop-prob`` is the shar
 initialisation instead of the trained head. ``--form tight`` replaces the one-sided covering term by a
 two-sided one (not a trainer option): smooth-L1 between log S_copy - log S_caption and ``--kappa`` x
 the squared shift of the mean, so the growth must *equal* what the deleted words moved. The test
-split is never read.
+split is never read. ``--form nll`` trains the head on the caption likelihood term instead
+(``zsprob.prob.losses.caption_nll``: the paired image's mean under the caption's Gaussian, the
+image means from the frozen image tower over the training shards' scenes), ``--form cover+nll``
+on both (weight ``--nll-weight``), as ``loss.pcmepp.caption_nll_alpha`` does in the trainer.
 
     python experiments/probe_text_sigma_head.py RUN/model --root sw --steps 0              # the head as trained
     python experiments/probe_text_sigma_head.py RUN/model --root sw --reinit               # the recipe's own term
     python experiments/probe_text_sigma_head.py RUN/model --root sw --reinit --drop-prob 0.2
+    python experiments/probe_text_sigma_head.py RUN/model --root sw --reinit --form cover+nll
 
 Components: ``zsprob.models.load_for_inference``, ``zsprob.data.masking.delete_tokens`` (the
-trainer's word deletion), ``zsprob.prob.prolip.cover_loss`` (the trainer's term).
+trainer's word deletion), ``zsprob.prob.prolip.cover_loss`` and ``zsprob.prob.losses.caption_nll``
+(the trainer's terms).
 """
 from __future__ import annotations
 
@@ -78,6 +83,30 @@ def read_shard_captions(paths) -> list[list[tuple[str, float, list[float]]]]:
                     meta = json.load(tar.extractfile(member))
                     scenes.append([(c["text"], float(c["ambiguity"]), mentions(c)) for c in meta["captions"]])
     return scenes
+
+
+@torch.no_grad()
+def shard_image_means(model, paths, batch: int = 512) -> torch.Tensor:
+    """The image tower's means of every scene in the shards, in ``read_shard_captions``' order [N, D]."""
+    import io
+
+    from PIL import Image
+
+    out, pending = [], []
+    for path in paths:
+        with tarfile.open(path) as tar:
+            members = {m.name: m for m in tar.getmembers()}
+            for name in members:
+                if name.endswith(".json"):
+                    stem = name[:-5]
+                    image = next(members[stem + ext] for ext in (".jpg", ".png", ".jpeg") if stem + ext in members)
+                    pending.append(model.preprocess_val(Image.open(io.BytesIO(tar.extractfile(image).read())).convert("RGB")))
+                    if len(pending) == batch:
+                        out.append(model.encode_image(torch.stack(pending), with_sigma=False)[0])
+                        pending = []
+    if pending:
+        out.append(model.encode_image(torch.stack(pending), with_sigma=False)[0])
+    return torch.cat(out)
 
 
 FILLER = ("a", "an", "the", "of", "photo", "image", "picture", "there", "is")
@@ -146,7 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--cover-lambda", type=float, default=0.002)
     p.add_argument("--cover-scale", type=float, default=1000.0)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--form", choices=["cover", "tight"], default="cover")
+    p.add_argument("--form", choices=["cover", "tight", "nll", "cover+nll"], default="cover")
+    p.add_argument("--nll-weight", type=float, default=1.0, help="--form cover+nll: weight of the NLL term")
     p.add_argument("--kappa", type=float, default=1.0, help="--form tight: log-growth per unit squared shift")
     p.add_argument("--reinit", action="store_true", help="start the head from its initialisation")
     p.add_argument("--held-shards", type=int, default=4)
@@ -162,6 +192,7 @@ def main(argv=None) -> int:
     from zsprob.data.masking import delete_tokens, text_mask_spec
     from zsprob.models import load_for_inference
     from zsprob.models.sigma_heads import UncPooledHead
+    from zsprob.prob.losses import caption_nll
     from zsprob.prob.prolip import cover_loss
 
     torch.set_num_threads(a.threads)
@@ -189,6 +220,7 @@ def main(argv=None) -> int:
     val = [(c["text"], float(x), mentions(c)) for c, x in zip(val_meta["caption_meta"], val_meta["caption_ambiguity"])]
 
     model = load_for_inference(checkpoint=a.checkpoint)
+    image_mu = shard_image_means(model, shards[:-a.held_shards]) if "nll" in a.form else None
     head = model.text_sigma
     if not isinstance(head, UncPooledHead) or head.unc_emb is None:
         return refuse("the checkpoint's text head is not the bag-of-words [UNC] head (model.sigma_head: unc)")
@@ -219,14 +251,22 @@ def main(argv=None) -> int:
     lo_hi = drops
     n_copy = int(round(a.drop_ratio * 128))
     for _ in range(a.steps):
-        tokens = model.tokenizer([random.choice(random.choice(train))[0] for _ in range(128)])
+        picks, texts = [], []
+        for _ in range(128):  # a scene, then one of its captions (the same draws as random.choice twice)
+            picks.append(random.randrange(len(train)))
+            texts.append(random.choice(train[picks[-1]])[0])
+        tokens = model.tokenizer(texts)
         drop = lo_hi[0] if len(lo_hi) == 1 else float(torch.empty(()).uniform_(lo_hi[0], lo_hi[1], generator=gen))
         copies = delete_tokens(tokens[:n_copy], drop, spec, gen)
         mu, lv = model.encode_text(tokens[:n_copy])
         c_mu, c_lv = model.encode_text(copies)
-        if a.form == "cover":
+        if a.form in ("cover", "cover+nll"):
             term = cover_loss(mu.detach(), lv, c_mu.detach(), c_lv, a.cover_scale, a.cover_lambda)
-        else:
+        if "nll" in a.form:  # the paired image's mean under the caption's Gaussian (all 128 captions)
+            all_mu, all_lv = model.encode_text(tokens)
+            nll = caption_nll(torch.eye(len(picks)), image_mu[picks], all_mu.detach(), all_lv)
+            term = nll if a.form == "nll" else term + a.nll_weight * nll
+        elif a.form == "tight":
             growth = torch.log(c_lv.exp().sum(-1)) - torch.log(lv.exp().sum(-1))
             term = torch.nn.functional.smooth_l1_loss(growth, a.kappa * (mu - c_mu).detach().square().sum(-1),
                                                       beta=0.01)

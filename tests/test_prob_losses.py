@@ -199,6 +199,45 @@ def test_match_sigma_detach_keeps_the_match_loss_off_sigma():
         PCMEPPLoss(match_sigma="frozen")
 
 
+def test_caption_nll_is_the_gaussian_likelihood_of_the_matched_images():
+    """The caption term against torch.distributions.Normal in float64 (soft targets, a row without a
+    match), its minimiser (the mean squared residual), and its gradient: caption log-variances only."""
+    from zsprob.prob.losses import caption_nll
+
+    g = torch.Generator().manual_seed(5)
+    img, txt = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randn(5, 4, generator=g, dtype=torch.float64)
+    lv = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    targets = torch.zeros(5, 6, dtype=torch.float64)
+    targets[0, 0] = targets[1, 1] = targets[3, 3] = targets[4, 5] = 1.0
+    targets[1, 2], targets[3, 3] = 0.5, 0.3  # caption 1: two images 2:1; caption 2: none
+    normal = torch.distributions.Normal(txt, (0.5 * lv).exp())
+    per_row = []
+    for t in (0, 1, 3, 4):
+        w = targets[t] / targets[t].sum()
+        per_row.append(sum(-w[j] * normal.log_prob(img[j])[t].sum() for j in range(6) if w[j] > 0))
+    want = torch.stack(per_row).mean() - 0.5 * 4 * math.log(2 * math.pi)
+    torch.testing.assert_close(caption_nll(targets, img, txt, lv), want, rtol=1e-12, atol=1e-12)
+    # one image per caption: the minimiser over log sigma^2 is log of the squared residual
+    best = (img[:5] - txt).square().log().requires_grad_(True)
+    grad, = torch.autograd.grad(caption_nll(torch.eye(5, 6, dtype=torch.float64), img, txt, best), best)
+    assert grad.abs().max() < 1e-12
+    # in the loss: means enter as constants, only the caption log-variances move; 0 switches it off
+    x = batch()
+    base, _ = PCMEPPLoss(distance="mu", vib_beta=0.0)(*x)
+    value, stats = PCMEPPLoss(distance="mu", vib_beta=0.0, caption_nll_alpha=0.5)(*x)
+    torch.testing.assert_close(value, base + 0.5 * caption_nll(torch.eye(len(x[0]), dtype=torch.float64),
+                                                               x[0], x[2], x[3]))
+    assert "caption_nll" in stats
+    g_base, g_nll = (torch.autograd.grad(v, x, allow_unused=True) for v in (base, value))
+    for k in (0, 2):
+        torch.testing.assert_close(g_nll[k], g_base[k])
+    assert g_nll[1] is None or not g_nll[1].any()
+    assert g_nll[3] is not None and g_nll[3].abs().sum() > 0
+    for bad in (-1, float("nan"), "x"):
+        with pytest.raises(UserError, match="caption_nll_alpha"):
+            PCMEPPLoss(caption_nll_alpha=bad)
+
+
 def test_low_precision_inputs():
     x = [t.detach().to(torch.bfloat16).requires_grad_(True) for t in batch(dtype=torch.float32)]
     loss, _ = PCMEPPLoss()(*x)
@@ -247,6 +286,7 @@ def block_soft(N):
 @pytest.mark.parametrize("name,make,sigma,kw", [
     ("pcmepp", lambda: PCMEPPLoss(init_scale=0.8, init_shift=2.0).double(), True, None),
     ("pcmepp-wd", lambda: PCMEPPLoss(distance="wd").double(), True, None),
+    ("pcmepp-caption-nll", lambda: PCMEPPLoss(distance="mu", caption_nll_alpha=0.3).double(), True, None),
     ("mu-only", lambda: MuOnlyLoss(init_scale=0.8, init_shift=2.0).double(), False, None),
     ("infonce", lambda: InfoNCELoss().double(), False, None),
     ("triplet", lambda: TripletLoss(), False, None),

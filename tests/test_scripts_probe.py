@@ -78,6 +78,9 @@ def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
     r = run(tmp_path / "model", "--root", world, "--steps", 3, "--reinit", "--drop-prob", "0.1,0.9",
             "--held-shards", 2, "--min-count", 5, "--form", "tight")
     assert r.returncode == 0 and "steps 3, form tight" in r.stdout, r.stderr[-2000:]
+    r = run(tmp_path / "model", "--root", world, "--steps", 3, "--reinit", "--held-shards", 2, "--min-count", 5,
+            "--form", "cover+nll")  # reads the training shards' images too
+    assert r.returncode == 0 and "steps 3, form cover+nll" in r.stdout, r.stderr[-2000:]
     save(create_model("zsprob-tiny-bow", pooling="native", seed=0), tmp_path / "block")
     r = run(tmp_path / "block", "--root", world, "--steps", 0, "--held-shards", 2)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "sigma_head: unc" in r.stderr, r.stderr

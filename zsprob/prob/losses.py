@@ -78,7 +78,7 @@ from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, 
 
 __all__ = [
     "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
-    "ProLIPLoss", "PCME_FORMS", "vib_kl", "pseudo_positive_targets", "create_loss", "needs_sigma", "LOSS_NAMES",
+    "ProLIPLoss", "PCME_FORMS", "vib_kl", "caption_nll", "pseudo_positive_targets", "create_loss", "needs_sigma", "LOSS_NAMES",
 ]
 
 VIB_GUARD = 1e4
@@ -94,6 +94,28 @@ def vib_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     return -0.5 * (1.0 + logvar - mu.pow(2) - logvar.exp()).mean()
 
 
+def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tensor,
+                txt_logvar: torch.Tensor) -> torch.Tensor:
+    """Mean over caption rows of -log N(mu_v; mu_t, diag sigma_t^2) + const, over the caption's matched images.
+
+    ``targets`` [n, M]: each caption row's match weights over the image columns ``img_mu`` [M, D]
+    (a row's weights are normalised; rows without a match are left out); ``txt_mu`` / ``txt_logvar``
+    [n, D]. Per pair: 0.5 * sum_d ((mu_v - mu_t)^2 / sigma_t^2 + log sigma_t^2). Its minimum over
+    sigma_t^2 is the mean squared residual of the caption's images around its mean, per dimension:
+    a caption that fits many different images gets a wide Gaussian. Computed in matmul form,
+    sum_j w_j (mu_j - mu_t)^2 = W mu^2 - 2 mu_t W mu + mu_t^2 sum_j w_j, without the [n, M, D] tensor.
+    """
+    weight = targets.clamp(min=0)
+    total = weight.sum(dim=1)
+    keep = total > 0
+    if not bool(keep.any()):
+        return txt_logvar.sum() * 0.0
+    w = weight[keep] / total[keep, None]
+    mu_t, lv = txt_mu[keep], txt_logvar[keep]
+    sq = w @ img_mu.square() - 2.0 * mu_t * (w @ img_mu) + mu_t.square()
+    return 0.5 * (sq.clamp(min=0) * torch.exp(-lv) + lv).sum(-1).mean()
+
+
 def _guarded_vib(mu, logvar, name: str) -> torch.Tensor:
     v = vib_kl(mu, logvar)
     value = v.detach().item()
@@ -102,6 +124,16 @@ def _guarded_vib(mu, logvar, name: str) -> torch.Tensor:
                       "skipping it for this step", RuntimeWarning, stacklevel=3)
         return v * 0.0
     return v
+
+
+def _check_weight(name: str, value) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"PCME++ {name} must be a number >= 0, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise UserError(f"PCME++ {name} must be a number >= 0, got {value!r}")
+    return number
 
 
 def pseudo_positive_targets(logits: torch.Tensor, targets: torch.Tensor):
@@ -150,7 +182,8 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                  inclusion_eps: float = -20.0, inclusion_form: str = "prolip", cover_scale: float = 5.0,
                  cover_lambda: float = 1.0, inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0,
                  occlusion_grad: str = "all",
-                 image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS):
+                 image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS,
+                 caption_nll_alpha: float = 0.0):
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
@@ -175,10 +208,12 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
         self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)
+        # zsprob's extension (off by default): the caption likelihood term, see caption_nll
+        self.caption_nll_alpha = _check_weight("caption_nll_alpha", caption_nll_alpha)
 
     def extra_repr(self) -> str:
         return (f"distance={self.distance!r}, match_sigma={self.match_sigma!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
-                f"inclusion_alpha_occ={self.inclusion_alpha_occ}")
+                f"inclusion_alpha_occ={self.inclusion_alpha_occ}, caption_nll_alpha={self.caption_nll_alpha}")
 
     def pairwise_distance(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
         if self.distance == "csd":
@@ -197,7 +232,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                 step: int | None = None):
         # distance "mu" with the occlusion term: the match loss sees the means only, sigma^2 is
         # trained by the occlusion term and VIB alone
-        uses_sigma = self.distance != "mu" or self.inclusion_alpha_occ > 0
+        uses_sigma = self.distance != "mu" or self.inclusion_alpha_occ > 0 or self.caption_nll_alpha > 0
         B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
                    need_sigma=uses_sigma)
         a, b = self.scale.to(B.dtype), self.shift.to(B.dtype)
@@ -233,6 +268,10 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
             stats.update(vib_img=_stat(v_img), vib_txt=_stat(v_txt),
                          img_sigma2=_stat(B.img_lv.detach().exp().mean()),
                          txt_sigma2=_stat(B.txt_lv.detach().exp().mean()))
+        if self.caption_nll_alpha > 0:  # trains the caption log-variances only: both means are constants
+            nll = caption_nll(B.t_t2i, B.all_img_mu.detach(), B.txt_mu.detach(), B.txt_lv)
+            loss = loss + self.caption_nll_alpha * nll
+            stats.update(caption_nll=_stat(nll))
         occ_weight = self.occlusion_weight(step)
         if occ_weight > 0:
             inclusion = (cover_inclusion(self.cover_scale, self.cover_lambda) if self.inclusion_form == "cover"
