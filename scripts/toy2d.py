@@ -21,6 +21,7 @@ self-pairs), ``--labels once`` (a confusing point's label drawn once, not per vi
 ``--pp-alpha 0 --vib-beta 0`` (Eq. 2 alone), ``--fixed-ab`` (a = b = 5 not learned).
 
     python scripts/toy2d.py --out toy2d.png
+    python scripts/toy2d.py --epochs 100 --out toy2d_e100.png   # nearest the paper's figures (docs/findings.md)
     python scripts/toy2d.py --epochs 100 --per-class 200   # a quick run
 
 Prints, per distance, the mean sigma^2 (per dimension) of certain and uncertain points and their
