@@ -221,6 +221,14 @@ def test_caption_nll_is_the_gaussian_likelihood_of_the_matched_images():
     best = (img[:5] - txt).square().log().requires_grad_(True)
     grad, = torch.autograd.grad(caption_nll(torch.eye(5, 6, dtype=torch.float64), img, txt, best), best)
     assert grad.abs().max() < 1e-12
+    # scale k: the Gaussian N(mu_t, k sigma_t^2), so the minimiser is the squared residual / k
+    wide = torch.distributions.Normal(txt, (0.5 * lv).exp() * math.sqrt(4.0))
+    want4 = torch.stack([-wide.log_prob(img[t]).sum(-1)[t] for t in range(5)]).mean() - 0.5 * 4 * math.log(2 * math.pi)
+    torch.testing.assert_close(caption_nll(torch.eye(5, 6, dtype=torch.float64), img, txt, lv, 4.0),
+                               want4 - 0.5 * 4 * math.log(4.0), rtol=1e-12, atol=1e-12)
+    shrunk = (best.detach() - math.log(4.0)).requires_grad_(True)
+    grad, = torch.autograd.grad(caption_nll(torch.eye(5, 6, dtype=torch.float64), img, txt, shrunk, 4.0), shrunk)
+    assert grad.abs().max() < 1e-12
     # in the loss: means enter as constants, only the caption log-variances move; 0 switches it off
     x = batch()
     base, _ = PCMEPPLoss(distance="mu", vib_beta=0.0)(*x)
@@ -236,6 +244,12 @@ def test_caption_nll_is_the_gaussian_likelihood_of_the_matched_images():
     for bad in (-1, float("nan"), "x"):
         with pytest.raises(UserError, match="caption_nll_alpha"):
             PCMEPPLoss(caption_nll_alpha=bad)
+    for bad in (0, -2, float("inf"), "x"):
+        with pytest.raises(UserError, match="caption_nll_scale"):
+            PCMEPPLoss(caption_nll_scale=bad)
+    scaled, _ = PCMEPPLoss(distance="mu", vib_beta=0.0, caption_nll_alpha=0.5, caption_nll_scale=4.0)(*x)
+    torch.testing.assert_close(scaled, base + 0.5 * caption_nll(torch.eye(len(x[0]), dtype=torch.float64),
+                                                                x[0], x[2], x[3], 4.0))
 
 
 def test_low_precision_inputs():

@@ -95,14 +95,16 @@ def vib_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
 
 
 def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tensor,
-                txt_logvar: torch.Tensor) -> torch.Tensor:
-    """Mean over caption rows of -log N(mu_v; mu_t, diag sigma_t^2) + const, over the caption's matched images.
+                txt_logvar: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Mean over caption rows of -log N(mu_v; mu_t, diag scale * sigma_t^2) + const, over the caption's matched images.
 
     ``targets`` [n, M]: each caption row's match weights over the image columns ``img_mu`` [M, D]
     (a row's weights are normalised; rows without a match are left out); ``txt_mu`` / ``txt_logvar``
     [n, D]. Per pair: 0.5 * sum_d ((mu_v - mu_t)^2 / sigma_t^2 + log sigma_t^2). Its minimum over
-    sigma_t^2 is the mean squared residual of the caption's images around its mean, per dimension:
-    a caption that fits many different images gets a wide Gaussian. Computed in matmul form,
+    sigma_t^2 is the mean squared residual of the caption's images around its mean, per dimension,
+    divided by ``scale``: a caption that fits many different images gets a wide Gaussian, and
+    ``scale`` > 1 shrinks every variance by the same factor without changing their order (so that
+    the summed variances stay small next to the squared distances CSD adds them to). Computed in matmul form,
     sum_j w_j (mu_j - mu_t)^2 = W mu^2 - 2 mu_t W mu + mu_t^2 sum_j w_j, without the [n, M, D] tensor.
     """
     weight = targets.clamp(min=0)
@@ -113,7 +115,7 @@ def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tenso
     w = weight[keep] / total[keep, None]
     mu_t, lv = txt_mu[keep], txt_logvar[keep]
     sq = w @ img_mu.square() - 2.0 * mu_t * (w @ img_mu) + mu_t.square()
-    return 0.5 * (sq.clamp(min=0) * torch.exp(-lv) + lv).sum(-1).mean()
+    return 0.5 * (sq.clamp(min=0) * torch.exp(-lv) / scale + lv).sum(-1).mean()
 
 
 def _guarded_vib(mu, logvar, name: str) -> torch.Tensor:
@@ -183,7 +185,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                  cover_lambda: float = 1.0, inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0,
                  occlusion_grad: str = "all",
                  image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS,
-                 caption_nll_alpha: float = 0.0):
+                 caption_nll_alpha: float = 0.0, caption_nll_scale: float = 1.0):
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
@@ -210,6 +212,9 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)
         # zsprob's extension (off by default): the caption likelihood term, see caption_nll
         self.caption_nll_alpha = _check_weight("caption_nll_alpha", caption_nll_alpha)
+        self.caption_nll_scale = _check_weight("caption_nll_scale", caption_nll_scale)
+        if self.caption_nll_scale == 0:
+            raise UserError(f"PCME++ caption_nll_scale must be a number > 0, got {caption_nll_scale!r}")
 
     def extra_repr(self) -> str:
         return (f"distance={self.distance!r}, match_sigma={self.match_sigma!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
@@ -269,7 +274,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                          img_sigma2=_stat(B.img_lv.detach().exp().mean()),
                          txt_sigma2=_stat(B.txt_lv.detach().exp().mean()))
         if self.caption_nll_alpha > 0:  # trains the caption log-variances only: both means are constants
-            nll = caption_nll(B.t_t2i, B.all_img_mu.detach(), B.txt_mu.detach(), B.txt_lv)
+            nll = caption_nll(B.t_t2i, B.all_img_mu.detach(), B.txt_mu.detach(), B.txt_lv, self.caption_nll_scale)
             loss = loss + self.caption_nll_alpha * nll
             stats.update(caption_nll=_stat(nll))
         occ_weight = self.occlusion_weight(step)
