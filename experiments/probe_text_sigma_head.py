@@ -38,7 +38,8 @@ the squared shift of the mean, so the growth must *equal* what the deleted words
 split is never read. ``--form nll`` trains the head on the caption likelihood term instead
 (``zsprob.prob.losses.caption_nll``: the paired image's mean under the caption's Gaussian, the
 image means from the frozen image tower over the training shards' scenes), ``--form cover+nll``
-on both (weight ``--nll-weight``), as ``loss.pcmepp.caption_nll_alpha`` does in the trainer.
+on both (weight ``--nll-weight``, scale ``--nll-scale``), as ``loss.pcmepp.caption_nll_alpha`` and
+``caption_nll_scale`` do in the trainer.
 
     python experiments/probe_text_sigma_head.py RUN/model --root sw --steps 0              # the head as trained
     python experiments/probe_text_sigma_head.py RUN/model --root sw --reinit               # the recipe's own term
@@ -177,6 +178,8 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--form", choices=["cover", "tight", "nll", "cover+nll"], default="cover")
     p.add_argument("--nll-weight", type=float, default=1.0, help="--form cover+nll: weight of the NLL term")
+    p.add_argument("--nll-scale", type=float, default=3.0,
+                   help="--form nll / cover+nll: sigma^2 fitted to the residual / this (loss.pcmepp.caption_nll_scale)")
     p.add_argument("--kappa", type=float, default=1.0, help="--form tight: log-growth per unit squared shift")
     p.add_argument("--reinit", action="store_true", help="start the head from its initialisation")
     p.add_argument("--held-shards", type=int, default=4)
@@ -214,6 +217,8 @@ def main(argv=None) -> int:
         drops = []
     if a.steps < 0 or len(drops) not in (1, 2) or not all(0.0 <= x <= 1.0 for x in drops):
         return refuse("--steps must be >= 0 and --drop-prob one or two values in [0, 1]")
+    if not (math.isfinite(a.nll_scale) and a.nll_scale > 0):
+        return refuse(f"--nll-scale must be a number > 0, got {a.nll_scale}")
     train = read_shard_captions(shards[:-a.held_shards])
     held = [c for scene in read_shard_captions(shards[-a.held_shards:]) for c in scene]
     val_meta = json.loads((root / "retrieval" / "val_meta.json").read_text())
@@ -264,7 +269,7 @@ def main(argv=None) -> int:
             term = cover_loss(mu.detach(), lv, c_mu.detach(), c_lv, a.cover_scale, a.cover_lambda)
         if "nll" in a.form:  # the paired image's mean under the caption's Gaussian (all 128 captions)
             all_mu, all_lv = model.encode_text(tokens)
-            nll = caption_nll(torch.eye(len(picks)), image_mu[picks], all_mu.detach(), all_lv)
+            nll = caption_nll(torch.eye(len(picks)), image_mu[picks], all_mu.detach(), all_lv, a.nll_scale)
             term = nll if a.form == "nll" else term + a.nll_weight * nll
         elif a.form == "tight":
             growth = torch.log(c_lv.exp().sum(-1)) - torch.log(lv.exp().sum(-1))

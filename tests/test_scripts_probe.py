@@ -86,5 +86,7 @@ def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "sigma_head: unc" in r.stderr, r.stderr
     r = run(tmp_path / "model", "--root", world, "--drop-prob", "1.5")
     assert r.returncode == 2 and r.stderr.startswith("probe_text_sigma_head: error: --steps"), r.stderr
+    r = run(tmp_path / "model", "--root", world, "--form", "nll", "--nll-scale", "0")
+    assert r.returncode == 2 and r.stderr.startswith("probe_text_sigma_head: error: --nll-scale"), r.stderr
     r = run(tmp_path / "model", "--root", tmp_path / "nowhere")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
