@@ -245,7 +245,7 @@ def test_caption_nll_is_the_gaussian_likelihood_of_the_matched_images():
         with pytest.raises(UserError, match="caption_nll_alpha"):
             PCMEPPLoss(caption_nll_alpha=bad)
     for bad in (0, -2, float("inf"), "x"):
-        with pytest.raises(UserError, match="caption_nll_scale"):
+        with pytest.raises(UserError, match="caption_nll_scale must be a number > 0"):
             PCMEPPLoss(caption_nll_scale=bad)
     scaled, _ = PCMEPPLoss(distance="mu", vib_beta=0.0, caption_nll_alpha=0.5, caption_nll_scale=4.0)(*x)
     torch.testing.assert_close(scaled, base + 0.5 * caption_nll(torch.eye(len(x[0]), dtype=torch.float64),

@@ -100,7 +100,7 @@ def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tenso
 
     ``targets`` [n, M]: each caption row's match weights over the image columns ``img_mu`` [M, D]
     (a row's weights are normalised; rows without a match are left out); ``txt_mu`` / ``txt_logvar``
-    [n, D]. Per pair: 0.5 * sum_d ((mu_v - mu_t)^2 / sigma_t^2 + log sigma_t^2). Its minimum over
+    [n, D]. Per pair: 0.5 * sum_d ((mu_v - mu_t)^2 / (scale sigma_t^2) + log sigma_t^2). Its minimum over
     sigma_t^2 is the mean squared residual of the caption's images around its mean, per dimension,
     divided by ``scale``: a caption that fits many different images gets a wide Gaussian, and
     ``scale`` > 1 shrinks every variance by the same factor without changing their order (so that
@@ -128,13 +128,14 @@ def _guarded_vib(mu, logvar, name: str) -> torch.Tensor:
     return v
 
 
-def _check_weight(name: str, value) -> float:
+def _check_weight(name: str, value, positive: bool = False) -> float:
+    bound = "> 0" if positive else ">= 0"
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise UserError(f"PCME++ {name} must be a number >= 0, got {value!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise UserError(f"PCME++ {name} must be a number >= 0, got {value!r}")
+        raise UserError(f"PCME++ {name} must be a number {bound}, got {value!r}") from None
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise UserError(f"PCME++ {name} must be a number {bound}, got {value!r}")
     return number
 
 
@@ -212,13 +213,12 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)
         # zsprob's extension (off by default): the caption likelihood term, see caption_nll
         self.caption_nll_alpha = _check_weight("caption_nll_alpha", caption_nll_alpha)
-        self.caption_nll_scale = _check_weight("caption_nll_scale", caption_nll_scale)
-        if self.caption_nll_scale == 0:
-            raise UserError(f"PCME++ caption_nll_scale must be a number > 0, got {caption_nll_scale!r}")
+        self.caption_nll_scale = _check_weight("caption_nll_scale", caption_nll_scale, positive=True)
 
     def extra_repr(self) -> str:
         return (f"distance={self.distance!r}, match_sigma={self.match_sigma!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
-                f"inclusion_alpha_occ={self.inclusion_alpha_occ}, caption_nll_alpha={self.caption_nll_alpha}")
+                f"inclusion_alpha_occ={self.inclusion_alpha_occ}, caption_nll_alpha={self.caption_nll_alpha}, "
+                f"caption_nll_scale={self.caption_nll_scale}")
 
     def pairwise_distance(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
         if self.distance == "csd":
