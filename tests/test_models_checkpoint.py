@@ -57,8 +57,8 @@ def test_pretrained_file_loads_into_mu_branch(oc_model, images, tmp_path, fmt):
                      seed=99).eval()
     tok = m.tokenizer(CAPTIONS)
     ref_i, ref_t = _ref(oc_model, images, tok)
-    with torch.no_grad():
-        assert torch.equal(m.encode_image(images)[0], ref_i)
+    with torch.no_grad():  # the image tower's last block runs at the class token only: equal up to float rounding
+        torch.testing.assert_close(m.encode_image(images)[0], ref_i, atol=1e-6, rtol=0)
         assert torch.equal(m.encode_text(tok)[0], ref_t)
     # random sigma head: differs from the loaded last block
     assert not torch.equal(m.image_sigma.blocks[0].mlp.c_fc.weight,
