@@ -64,7 +64,8 @@ def test_the_sigma_recipe_builds_detached_heads_and_a_sigma_only_occlusion_term(
     assert loss.image_mask_mode == "degrade" and loss.inclusion_form == "cover"
     assert (loss.cover_lambda, loss.cover_scale) == (0.002, 1000.0)
     assert (loss.caption_nll_alpha, loss.caption_nll_scale) == (0.1, 3.0)
-    assert build_loss(base).caption_nll_alpha == 0.0
+    assert (loss.image_nll_alpha, loss.image_nll_scale) == (0.1, 3.0)
+    assert build_loss(base).caption_nll_alpha == 0.0 and build_loss(base).image_nll_alpha == 0.0
     assert loss.image_degrade_ops == ("cells", "blur", "downsample", "dim", "jpeg", "grayscale", "crop")
     assert cfg.optim.grad_clip_split is True and base.optim.grad_clip_split is False
     model = build_model(cfg)

@@ -252,6 +252,39 @@ def test_caption_nll_is_the_gaussian_likelihood_of_the_matched_images():
                                                                 x[0], x[2], x[3], 4.0))
 
 
+def test_image_nll_is_the_caption_term_with_the_roles_swapped():
+    """The image likelihood term: the image's Gaussian explains its captions' means; image
+    log-variances only move, soft targets follow the i2t rows, and bad weights are one line."""
+    from zsprob.prob.losses import caption_nll
+
+    x, m = batch(n=8), block_soft(8)
+    base, _ = PCMEPPLoss(distance="mu", vib_beta=0.0)(*x, m)
+    value, stats = PCMEPPLoss(distance="mu", vib_beta=0.0, image_nll_alpha=0.5, image_nll_scale=2.0)(*x, m)
+    # image row i against caption columns: the i2t targets are the rows of the match matrix
+    mu_i, lv_i, mu_t = x[0], x[1], x[2]
+    per_row = []
+    for i in range(len(mu_i)):
+        w = m[i] / m[i].sum()
+        normal = torch.distributions.Normal(mu_i[i], (0.5 * lv_i[i]).exp() * math.sqrt(2.0))
+        per_row.append(sum(-w[j] * normal.log_prob(mu_t[j]).sum() for j in range(len(mu_t)) if w[j] > 0))
+    d = mu_i.shape[1]
+    want = torch.stack(per_row).mean() - 0.5 * d * math.log(2 * math.pi) - 0.5 * d * math.log(2.0)
+    torch.testing.assert_close(value, base + 0.5 * want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(caption_nll(m, mu_t, mu_i, lv_i, 2.0), want, rtol=1e-10, atol=1e-10)
+    assert "image_nll" in stats and "caption_nll" not in stats
+    g_base, g_nll = (torch.autograd.grad(v, x, allow_unused=True) for v in (base, value))
+    for k in (0, 2):  # the means: unchanged
+        torch.testing.assert_close(g_nll[k], g_base[k])
+    assert g_nll[3] is None or not g_nll[3].any()  # the caption log-variances: untouched
+    assert g_nll[1] is not None and g_nll[1].abs().sum() > 0
+    for bad in (-1, float("nan"), "x"):
+        with pytest.raises(UserError, match="image_nll_alpha"):
+            PCMEPPLoss(image_nll_alpha=bad)
+    for bad in (0, -2, float("inf")):
+        with pytest.raises(UserError, match="image_nll_scale must be a number > 0"):
+            PCMEPPLoss(image_nll_scale=bad)
+    assert "image_nll_alpha=0.5" in repr(PCMEPPLoss(image_nll_alpha=0.5))
+
 def test_low_precision_inputs():
     x = [t.detach().to(torch.bfloat16).requires_grad_(True) for t in batch(dtype=torch.float32)]
     loss, _ = PCMEPPLoss()(*x)
@@ -301,6 +334,8 @@ def block_soft(N):
     ("pcmepp", lambda: PCMEPPLoss(init_scale=0.8, init_shift=2.0).double(), True, None),
     ("pcmepp-wd", lambda: PCMEPPLoss(distance="wd").double(), True, None),
     ("pcmepp-caption-nll", lambda: PCMEPPLoss(distance="mu", caption_nll_alpha=0.3).double(), True, None),
+    ("pcmepp-image-nll", lambda: PCMEPPLoss(distance="mu", image_nll_alpha=0.3, image_nll_scale=3.0).double(),
+     True, None),
     ("mu-only", lambda: MuOnlyLoss(init_scale=0.8, init_shift=2.0).double(), False, None),
     ("infonce", lambda: InfoNCELoss().double(), False, None),
     ("triplet", lambda: TripletLoss(), False, None),

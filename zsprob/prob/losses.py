@@ -106,6 +106,8 @@ def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tenso
     ``scale`` > 1 shrinks every variance by the same factor without changing their order (so that
     the summed variances stay small next to the squared distances CSD adds them to). Computed in matmul form,
     sum_j w_j (mu_j - mu_t)^2 = W mu^2 - 2 mu_t W mu + mu_t^2 sum_j w_j, without the [n, M, D] tensor.
+    Nothing in it is caption-specific: with the roles swapped (image rows, caption columns) it is
+    the image likelihood term, ``PCMEPPLoss(image_nll_alpha=...)``.
     """
     weight = targets.clamp(min=0)
     total = weight.sum(dim=1)
@@ -186,7 +188,8 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                  cover_lambda: float = 1.0, inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0,
                  occlusion_grad: str = "all",
                  image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS,
-                 caption_nll_alpha: float = 0.0, caption_nll_scale: float = 1.0):
+                 caption_nll_alpha: float = 0.0, caption_nll_scale: float = 1.0,
+                 image_nll_alpha: float = 0.0, image_nll_scale: float = 1.0):
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
@@ -214,11 +217,15 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         # zsprob's extension (off by default): the caption likelihood term, see caption_nll
         self.caption_nll_alpha = _check_weight("caption_nll_alpha", caption_nll_alpha)
         self.caption_nll_scale = _check_weight("caption_nll_scale", caption_nll_scale, positive=True)
+        # ... and its image counterpart: an image's Gaussian explains its captions' means
+        self.image_nll_alpha = _check_weight("image_nll_alpha", image_nll_alpha)
+        self.image_nll_scale = _check_weight("image_nll_scale", image_nll_scale, positive=True)
 
     def extra_repr(self) -> str:
         return (f"distance={self.distance!r}, match_sigma={self.match_sigma!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
                 f"inclusion_alpha_occ={self.inclusion_alpha_occ}, caption_nll_alpha={self.caption_nll_alpha}, "
-                f"caption_nll_scale={self.caption_nll_scale}")
+                f"caption_nll_scale={self.caption_nll_scale}, image_nll_alpha={self.image_nll_alpha}, "
+                f"image_nll_scale={self.image_nll_scale}")
 
     def pairwise_distance(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
         if self.distance == "csd":
@@ -237,7 +244,8 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                 step: int | None = None):
         # distance "mu" with the occlusion term: the match loss sees the means only, sigma^2 is
         # trained by the occlusion term and VIB alone
-        uses_sigma = self.distance != "mu" or self.inclusion_alpha_occ > 0 or self.caption_nll_alpha > 0
+        uses_sigma = (self.distance != "mu" or self.inclusion_alpha_occ > 0 or self.caption_nll_alpha > 0
+                      or self.image_nll_alpha > 0)
         B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
                    need_sigma=uses_sigma)
         a, b = self.scale.to(B.dtype), self.shift.to(B.dtype)
@@ -277,6 +285,10 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
             nll = caption_nll(B.t_t2i, B.all_img_mu.detach(), B.txt_mu.detach(), B.txt_lv, self.caption_nll_scale)
             loss = loss + self.caption_nll_alpha * nll
             stats.update(caption_nll=_stat(nll))
+        if self.image_nll_alpha > 0:  # the same with the roles swapped: the image log-variances only
+            nll = caption_nll(B.t_i2t, B.all_txt_mu.detach(), B.img_mu.detach(), B.img_lv, self.image_nll_scale)
+            loss = loss + self.image_nll_alpha * nll
+            stats.update(image_nll=_stat(nll))
         occ_weight = self.occlusion_weight(step)
         if occ_weight > 0:
             inclusion = (cover_inclusion(self.cover_scale, self.cover_lambda) if self.inclusion_form == "cover"
