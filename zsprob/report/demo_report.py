@@ -302,8 +302,8 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
     if recipes:
         L.append("Recipes: " + "; ".join(f"{METHOD_LABEL.get(m, m)} `configs/{c}`" for m, c in recipes.items())
                  + " (same model, data, budget and seed; the PCME++ recipe trains the means with the match loss "
-                 "and sigma^2 apart, with the occlusion inclusion term and, for captions, the likelihood of their "
-                 "images: docs/findings.md).\n")
+                 "and sigma^2 apart, with the occlusion inclusion term and the likelihood terms, a caption's "
+                 "Gaussian explaining its images' means and an image's its captions': docs/findings.md).\n")
     L.append("| model | steps x batch | loss (first -> last logs) | samples/s | final mean sigma^2 (image / text) |")
     L.append("|---|---|---|---|---|")
     for m, t in r["training"].items():
