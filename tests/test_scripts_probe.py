@@ -90,3 +90,51 @@ def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("probe_text_sigma_head: error: --nll-scale"), r.stderr
     r = run(tmp_path / "model", "--root", tmp_path / "nowhere")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+
+
+IMAGE_RESIDUAL = SCRIPT.parent / "probe_image_residual.py"
+
+
+def test_probe_image_residual_reports_the_residual_and_the_head(tmp_path):
+    """experiments/probe_image_residual.py on a generated world: the head's Spearman with the
+    per-image residual equals one computed here from encode_split; a deterministic model, equal
+    splits and bad penalties are one line and exit 2."""
+    import numpy as np
+    import torch
+    from scipy.stats import spearmanr
+
+    from zsprob.data.synthetic import generate, load_retrieval_split
+    from zsprob.models import create_model
+    from zsprob.models.checkpoint import save
+    from zsprob.retrieval.synthetic import encode_split
+
+    world = tmp_path / "sw"
+    generate(world, image_size=32, num_pretrain=16, num_classify_select=0, num_classify_eval=0,
+             num_retrieval=40, num_retrieval_val=30, shard_size=16, progress=False)
+    model = create_model("zsprob-tiny-bow", sigma_head="unc", sigma_detach=True, sigma_bias_init=-6.0,
+                         pooling="native", seed=0)
+    save(model, tmp_path / "model")
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(IMAGE_RESIDUAL), *map(str, args)], capture_output=True,
+                              text=True, timeout=300)
+
+    r = run(tmp_path / "model", "--root", world, "--penalties", "1,10")
+    assert r.returncode == 0, r.stderr[-2000:]
+    with torch.no_grad():
+        emb = encode_split(model.eval(), load_retrieval_split(world, "val"))
+    owner = torch.as_tensor(emb.caption_image)
+    sq = (emb.image_mu.double()[owner] - emb.caption_mu.double()).square().sum(1)
+    residual = torch.zeros(len(emb.image_mu), dtype=torch.float64).index_add_(0, owner, sq).numpy()
+    residual /= np.bincount(owner.numpy(), minlength=len(residual))
+    rho = spearmanr(emb.image_logvar.double().exp().sum(1).numpy(), residual)[0]
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("val: 30 images") and f"Spearman(head, residual) {rho:+.3f}" in first, (first, rho)
+    assert "penalty 1: R^2" in r.stdout and "penalty 10: R^2" in r.stdout
+    assert "| condition | n | residual - normal (SE)" in r.stdout
+    save(create_model("zsprob-tiny-bow", pooling="native", deterministic=True, seed=0), tmp_path / "det")
+    for args, where in (((tmp_path / "det", "--root", world), "no image log-variance head"),
+                        ((tmp_path / "model", "--root", world, "--fit-split", "val"), "must differ"),
+                        ((tmp_path / "model", "--root", world, "--penalties", "a"), "--penalties")):
+        r = run(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and where in r.stderr, r.stderr

@@ -1,0 +1,135 @@
+#!/usr/bin/env python
+"""Diagnostic: how far an image's captions sit from its mean, and whether the image features predict it.
+
+Backs: docs/findings.md, "The image likelihood term" (why that term can make image sigma^2 vary
+only a little on the demo's model).
+
+The image likelihood term (``loss.pcmepp.image_nll_alpha``) fits an image's sigma^2 to the squared
+residual of its captions around its mean. For a trained model and a SynthWorld retrieval split this
+script computes, per image, that residual (the mean over its five captions of
+||mu_v - mu_t||^2) and reports:
+
+* the residual per rendering condition against "normal" (difference and Welch SE), beside the
+  model's own image ||sigma^2||_1 difference: which conditions the term can teach at all;
+* how much of the residual the features the image log-variance head reads can predict: ridge
+  regressions (several penalties) from those features, fitted on ``--fit-split`` and scored on
+  ``--split`` (held-out R^2 and Spearman), next to the head's own Spearman with the residual.
+
+The features are the input of ``model.image_sigma`` (a forward hook), so the script needs a model
+with an image log-variance head beside the tower (``sigma_head: unc`` on a bag-of-words model, as
+the demo's recipe; ``block`` heads work too). numpy does the regression, scipy the Spearman.
+
+    python experiments/probe_image_residual.py RUN/model --root sw --split val --fit-split test
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def residuals(model, root, split: str):
+    """(features [N, F], per-image residual [N], image ||sigma^2||_1 [N], conditions) for a split."""
+    import torch
+
+    from zsprob.data.synthetic import load_retrieval_split
+    from zsprob.retrieval.synthetic import encode_split
+
+    feats = []
+    hook = model.image_sigma.register_forward_hook(lambda m, i, o: feats.append(i[0].detach().double()))
+    data = load_retrieval_split(root, split)
+    try:
+        with torch.no_grad():
+            emb = encode_split(model, data)
+    finally:
+        hook.remove()
+    image_mu, caption_mu = emb.image_mu.double(), emb.caption_mu.double()
+    owner = torch.as_tensor(emb.caption_image)
+    n = len(image_mu)
+    per_caption = (image_mu[owner] - caption_mu).square().sum(1)
+    residual = torch.zeros(n, dtype=torch.float64).index_add_(0, owner, per_caption)
+    residual /= torch.bincount(owner, minlength=n).double()
+    features = torch.cat(feats)[:n].numpy()
+    conditions = np.array([m.get("condition", "unknown") for m in data.image_meta])
+    return features, residual.numpy(), emb.image_logvar.double().exp().sum(1).numpy(), conditions
+
+
+def by_condition(residual, uncertainty, conditions) -> list[str]:
+    ref = conditions == "normal"
+    lines = [f"normal: residual {residual[ref].mean():.4f}, image ||sigma^2||_1 {uncertainty[ref].mean():.4f} "
+             f"(n = {int(ref.sum())})", "| condition | n | residual - normal (SE) | ||sigma^2||_1 - normal (SE) |",
+             "|---|---|---|---|"]
+    for name in sorted(set(conditions.tolist()) - {"normal"}):
+        rows = conditions == name
+        cells = []
+        for x in (residual, uncertainty):
+            diff = x[rows].mean() - x[ref].mean()
+            se = np.sqrt(x[rows].var(ddof=1) / rows.sum() + x[ref].var(ddof=1) / ref.sum())
+            cells.append(f"{diff:+.4f} ({diff / se:+.1f} SE)")
+        lines.append(f"| {name} | {int(rows.sum())} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
+def ridge_scores(fit_x, fit_y, x, y, penalties) -> list[tuple[float, float, float]]:
+    """(penalty, held-out R^2, held-out Spearman) of ridge regressions with an unpenalised intercept."""
+    from scipy.stats import spearmanr
+
+    mean_x, mean_y = fit_x.mean(0), fit_y.mean()
+    a, b = fit_x - mean_x, fit_y - mean_y
+    out = []
+    for lam in penalties:
+        w = np.linalg.solve(a.T @ a + lam * np.eye(a.shape[1]), a.T @ b)
+        pred = (x - mean_x) @ w + mean_y
+        r2 = 1.0 - ((pred - y) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+        out.append((lam, float(r2), float(spearmanr(pred, y)[0])))
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoint", help="a zsprob model directory (RUN/model)")
+    parser.add_argument("--root", required=True, help="the SynthWorld root (zsprob data synthetic --out)")
+    parser.add_argument("--split", default="val", help="split to report on (default val)")
+    parser.add_argument("--fit-split", default="test", help="split the ridge regressions are fitted on (default test)")
+    parser.add_argument("--penalties", default="1,10,100", help="ridge penalties, comma-separated")
+    parser.add_argument("--threads", type=int, default=1)
+    a = parser.parse_args(argv)
+    try:
+        penalties = [float(p) for p in a.penalties.split(",")]
+    except ValueError:
+        print(f"probe_image_residual: --penalties must be numbers, got {a.penalties!r}", file=sys.stderr)
+        return 2
+    if a.split == a.fit_split:
+        print("probe_image_residual: --split and --fit-split must differ (the regression is scored held out)",
+              file=sys.stderr)
+        return 2
+    import torch
+
+    from zsprob.errors import UserError
+    from zsprob.models import load
+
+    torch.set_num_threads(max(1, a.threads))
+    try:
+        model = load(a.checkpoint).eval()
+        if getattr(model, "image_sigma", None) is None:
+            raise UserError(f"{a.checkpoint}: the model has no image log-variance head beside the tower")
+        x, y, u, cond = residuals(model, a.root, a.split)
+        fx, fy, _, _ = residuals(model, a.root, a.fit_split)
+    except (UserError, FileNotFoundError) as err:
+        print(f"probe_image_residual: {err}", file=sys.stderr)
+        return 2
+    from scipy.stats import spearmanr
+
+    print(f"{a.split}: {len(y)} images; residual mean {y.mean():.3f} std {y.std():.3f}; "
+          f"image ||sigma^2||_1 mean {u.mean():.3f} std {u.std():.4f}; "
+          f"Spearman(head, residual) {spearmanr(u, y)[0]:+.3f}")
+    print("\n".join(by_condition(y, u, cond)))
+    print(f"ridge from the head's input features, fitted on {a.fit_split} ({len(fy)} images), scored on {a.split}:")
+    for lam, r2, rho in ridge_scores(fx, fy, x, y, penalties):
+        print(f"  penalty {lam:g}: R^2 {r2:+.3f}, Spearman {rho:+.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
