@@ -39,6 +39,29 @@ def test_probe_contrastive_bad_options():
 TEXT_HEAD = SCRIPT.parent / "probe_text_sigma_head.py"
 
 
+def _world_and_demo_model(tmp_path, *, num_pretrain: int, num_retrieval: int):
+    """A small generated SynthWorld (30 val images) and a random demo-recipe model (bag of words,
+    [UNC] pooled heads reading the towers detached) saved at tmp_path / "model"."""
+    from zsprob.data.synthetic import generate
+    from zsprob.models import create_model
+    from zsprob.models.checkpoint import save
+
+    world = tmp_path / "sw"
+    generate(world, image_size=32, num_pretrain=num_pretrain, num_classify_select=0, num_classify_eval=0,
+             num_retrieval=num_retrieval, num_retrieval_val=30, shard_size=16, progress=False)
+    model = create_model("zsprob-tiny-bow", sigma_head="unc", sigma_detach=True, sigma_bias_init=-6.0,
+                         pooling="native", seed=0)
+    save(model, tmp_path / "model")
+    return world, model
+
+
+def _script_runner(script: Path):
+    def run(*args):
+        return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                              timeout=300)
+    return run
+
+
 def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
     """experiments/probe_text_sigma_head.py on a generated world and a demo-recipe model (bag of words,
     [UNC] pooled head): with --steps 0 its val Spearman is the model's own, computed here from
@@ -48,20 +71,11 @@ def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
     import numpy as np
     from scipy.stats import spearmanr
 
-    from zsprob.data.synthetic import generate
     from zsprob.models import create_model
     from zsprob.models.checkpoint import save
 
-    world = tmp_path / "sw"
-    generate(world, image_size=32, num_pretrain=96, num_classify_select=0, num_classify_eval=0,
-             num_retrieval=4, num_retrieval_val=30, shard_size=16, progress=False)
-    model = create_model("zsprob-tiny-bow", sigma_head="unc", sigma_detach=True, sigma_bias_init=-6.0,
-                         pooling="native", seed=0)
-    save(model, tmp_path / "model")
-
-    def run(*args):
-        return subprocess.run([sys.executable, str(TEXT_HEAD), *map(str, args)], capture_output=True, text=True,
-                              timeout=300)
+    world, model = _world_and_demo_model(tmp_path, num_pretrain=96, num_retrieval=4)
+    run = _script_runner(TEXT_HEAD)
 
     r = run(tmp_path / "model", "--root", world, "--steps", 0, "--held-shards", 2, "--min-count", 5,
             "--word-deletions", 20)
@@ -103,21 +117,13 @@ def test_probe_image_residual_reports_the_residual_and_the_head(tmp_path):
     import torch
     from scipy.stats import spearmanr
 
-    from zsprob.data.synthetic import generate, load_retrieval_split
+    from zsprob.data.synthetic import load_retrieval_split
     from zsprob.models import create_model
     from zsprob.models.checkpoint import save
     from zsprob.retrieval.synthetic import encode_split
 
-    world = tmp_path / "sw"
-    generate(world, image_size=32, num_pretrain=16, num_classify_select=0, num_classify_eval=0,
-             num_retrieval=40, num_retrieval_val=30, shard_size=16, progress=False)
-    model = create_model("zsprob-tiny-bow", sigma_head="unc", sigma_detach=True, sigma_bias_init=-6.0,
-                         pooling="native", seed=0)
-    save(model, tmp_path / "model")
-
-    def run(*args):
-        return subprocess.run([sys.executable, str(IMAGE_RESIDUAL), *map(str, args)], capture_output=True,
-                              text=True, timeout=300)
+    world, model = _world_and_demo_model(tmp_path, num_pretrain=16, num_retrieval=40)
+    run = _script_runner(IMAGE_RESIDUAL)
 
     r = run(tmp_path / "model", "--root", world, "--penalties", "1,10")
     assert r.returncode == 0, r.stderr[-2000:]
