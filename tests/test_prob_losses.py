@@ -285,6 +285,7 @@ def test_image_nll_is_the_caption_term_with_the_roles_swapped():
             PCMEPPLoss(image_nll_scale=bad)
     assert "image_nll_alpha=0.5" in repr(PCMEPPLoss(image_nll_alpha=0.5))
 
+
 def test_low_precision_inputs():
     x = [t.detach().to(torch.bfloat16).requires_grad_(True) for t in batch(dtype=torch.float32)]
     loss, _ = PCMEPPLoss()(*x)

@@ -242,8 +242,8 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0, masked_img=None, masked_txt=None,
                 step: int | None = None):
-        # distance "mu" with the occlusion term: the match loss sees the means only, sigma^2 is
-        # trained by the occlusion term and VIB alone
+        # distance "mu" with the occlusion or likelihood terms: the match loss sees the means only,
+        # sigma^2 is trained by those terms and VIB alone
         uses_sigma = (self.distance != "mu" or self.inclusion_alpha_occ > 0 or self.caption_nll_alpha > 0
                       or self.image_nll_alpha > 0)
         B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
