@@ -9,7 +9,8 @@ residual of its captions around its mean. For a trained model and a SynthWorld r
 script computes, per image, that residual (the mean over its five captions of
 ||mu_v - mu_t||^2) and reports:
 
-* the residual per rendering condition against "normal" (difference and Welch SE), beside the
+* the residual per rendering condition against "normal" (difference and Welch SE, as the
+  evaluation's :func:`zsprob.retrieval.validity.condition_uncertainty` computes them), beside the
   model's own image ||sigma^2||_1 difference: which conditions the term can teach at all;
 * how much of the residual the features the image log-variance head reads can predict: ridge
   regressions (several penalties) from those features, fitted on ``--fit-split`` and scored on
@@ -56,18 +57,17 @@ def residuals(model, root, split: str):
 
 
 def by_condition(residual, uncertainty, conditions) -> list[str]:
-    ref = conditions == "normal"
-    lines = [f"normal: residual {residual[ref].mean():.4f}, image ||sigma^2||_1 {uncertainty[ref].mean():.4f} "
-             f"(n = {int(ref.sum())})", "| condition | n | residual - normal (SE) | ||sigma^2||_1 - normal (SE) |",
+    """Markdown rows: per condition, residual and ||sigma^2||_1 minus normal's with Welch SEs
+    (:func:`zsprob.retrieval.validity.condition_uncertainty` on each)."""
+    from zsprob.retrieval.validity import condition_uncertainty
+
+    res, unc = condition_uncertainty(residual, conditions), condition_uncertainty(uncertainty, conditions)
+    lines = [f"normal: residual {res['reference']['mean']:.4f}, image ||sigma^2||_1 {unc['reference']['mean']:.4f} "
+             f"(n = {res['reference']['n']})", "| condition | n | residual - normal (SE) | ||sigma^2||_1 - normal (SE) |",
              "|---|---|---|---|"]
-    for name in sorted(set(conditions.tolist()) - {"normal"}):
-        rows = conditions == name
-        cells = []
-        for x in (residual, uncertainty):
-            diff = x[rows].mean() - x[ref].mean()
-            se = np.sqrt(x[rows].var(ddof=1) / rows.sum() + x[ref].var(ddof=1) / ref.sum())
-            cells.append(f"{diff:+.4f} ({diff / se:+.1f} SE)")
-        lines.append(f"| {name} | {int(rows.sum())} | {cells[0]} | {cells[1]} |")
+    for name, r in res["by_condition"].items():
+        cells = [f"{g['diff']:+.4f} ({g['diff'] / g['se']:+.1f} SE)" for g in (r, unc["by_condition"][name])]
+        lines.append(f"| {name} | {r['n']} | {cells[0]} | {cells[1]} |")
     return lines
 
 
