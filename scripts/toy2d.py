@@ -5,7 +5,9 @@ Setup (PCME++ App. A.2): three classes, a centroid drawn at random for each (her
 500 points per class, mu = centroid + 0.1 N(0, I); 150 of each class's points are "confusing":
 they belong to a random one of two classes (class k or k + 1 mod 3) -- the label is redrawn every
 time the point is seen ("observed as either red or green randomly" during training, as the
-project page puts it), which is what makes them uncertain; log sigma ~ U(-1.5, 1.5).
+project page puts it), which is what makes them uncertain; log sigma ~ U(-1.5, 1.5), one value
+per point shared by both dimensions ("log sigma of each sample", and Fig. 2 draws one size per
+point); ``--sigma-shape diagonal`` gives each dimension its own sigma (the earlier default).
 Every point's (mu, log sigma) is a free parameter optimised directly with the PCME++ objective
 (Eq. 2 with learnable a, b, plus ``zsprob.prob.PCMEPPLoss``'s default pseudo-positive and VIB
 weights) by Adam (lr 0.02, 500 epochs, batch 128). The free parameter is log sigma, as App. A.2
@@ -18,7 +20,8 @@ uncertain / certain = 1.82 (CSD) and 1.04 (WD).
 
 Options that vary what the paper leaves open (defaults as above): ``--diagonal exclude`` (no
 self-pairs), ``--labels once`` (a confusing point's label drawn once, not per visit),
-``--pp-alpha 0 --vib-beta 0`` (Eq. 2 alone), ``--fixed-ab`` (a = b = 5 not learned).
+``--pp-alpha 0 --vib-beta 0`` (Eq. 2 alone), ``--fixed-ab`` (a = b = 5 not learned),
+``--sigma-shape diagonal`` (a log sigma per dimension).
 
     python scripts/toy2d.py --out toy2d.png
     python scripts/toy2d.py --epochs 100 --out toy2d_e100.png   # nearest the paper's figures (docs/findings.md)
@@ -79,7 +82,8 @@ def _offdiagonal_loss(criterion, mu: torch.Tensor, logvar: torch.Tensor, matched
 
 def train(toy: dict, distance: str, *, epochs: int = 500, batch_size: int = 128, lr: float = 0.02,
           seed: int = 0, sigma_param: str = "logsigma", pp_alpha: float = 0.1, vib_beta: float = 1e-4,
-          diagonal: bool = True, labels: str = "per-visit", learn_ab: bool = True) -> dict:
+          diagonal: bool = True, labels: str = "per-visit", learn_ab: bool = True,
+          sigma_shape: str = "isotropic") -> dict:
     """Optimise every point's (mu, log sigma) with the PCME++ loss under ``distance``; returns the result."""
     from zsprob.prob import PCMEPPLoss
 
@@ -87,7 +91,9 @@ def train(toy: dict, distance: str, *, epochs: int = 500, batch_size: int = 128,
     mu = torch.nn.Parameter(toy["mu"].clone())
     # the free parameter: log sigma (App. A.2) or log sigma^2; the loss always sees log sigma^2
     factor = {"logsigma": 2.0, "logvar": 1.0}[sigma_param]
-    free = torch.nn.Parameter(toy["logvar"].clone() / factor)
+    # isotropic: one log sigma per point (the first of make_toy's two draws), used for both dimensions
+    init = toy["logvar"] if sigma_shape == "diagonal" else toy["logvar"][:, :1]
+    free = torch.nn.Parameter(init.clone() / factor)
     criterion = PCMEPPLoss(distance=distance, pp_alpha=pp_alpha, vib_beta=vib_beta)
     criterion.requires_grad_(learn_ab)
     optimizer = torch.optim.Adam([mu, free, *(criterion.parameters() if learn_ab else [])], lr=lr)
@@ -103,7 +109,7 @@ def train(toy: dict, distance: str, *, epochs: int = 500, batch_size: int = 128,
                 coin = torch.rand(len(batch), generator=gen) < 0.5
                 current = torch.where(coin, toy["label"][batch], toy["other"][batch])
             matched = (current[:, None] == current[None, :]).float()
-            logvar = factor * free[batch] if factor != 1.0 else free[batch]
+            logvar = (factor * free[batch]).expand(-1, 2)
             if diagonal:
                 loss, _ = criterion(mu[batch], logvar, mu[batch], logvar, matched)
             else:
@@ -111,7 +117,7 @@ def train(toy: dict, distance: str, *, epochs: int = 500, batch_size: int = 128,
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-    logvar = (factor * free).detach()
+    logvar = (factor * free).detach().expand(-1, 2)
     sigma2 = logvar.exp().mean(1)
     certain = float(sigma2[~toy["uncertain"]].mean())
     uncertain = float(sigma2[toy["uncertain"]].mean())
@@ -160,6 +166,9 @@ def main(argv=None) -> int:
     parser.add_argument("--labels", choices=("per-visit", "once"), default="per-visit",
                         help="a confusing point's label: redrawn every time it is seen, or drawn once")
     parser.add_argument("--fixed-ab", action="store_true", help="keep a = b = 5 fixed instead of learning them")
+    parser.add_argument("--sigma-shape", choices=("isotropic", "diagonal"), default="isotropic",
+                        help="one log sigma per point shared by both dimensions (App. A.2), or one per "
+                             "dimension (the earlier default)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", default="toy2d.png", help="PNG path; a JSON of the figures goes beside it")
     args = parser.parse_args(argv)
@@ -172,7 +181,8 @@ def main(argv=None) -> int:
     toy = make_toy(args.per_class, args.confusing, args.seed)
     results = [train(toy, name, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                      sigma_param=args.sigma_param, pp_alpha=args.pp_alpha, vib_beta=args.vib_beta,
-                     diagonal=args.diagonal == "include", labels=args.labels, learn_ab=not args.fixed_ab)
+                     diagonal=args.diagonal == "include", labels=args.labels, learn_ab=not args.fixed_ab,
+                     sigma_shape=args.sigma_shape)
                for name in DISTANCES]
     print("| distance | mean sigma^2 certain | mean sigma^2 uncertain | uncertain / certain | "
           "geometric-mean ratio |")

@@ -34,7 +34,8 @@ def test_toy2d_reduced_run_csd_separates_uncertain_points_more_than_wd(tmp_path)
     assert out.is_file() and out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
     figures = json.loads(out.with_suffix(".json").read_text())
     assert figures["setup"]["sigma_param"] == "logsigma" and figures["setup"]["labels"] == "per-visit"
-    # seed 0 gave 1.80x (CSD) vs 0.98x (WD); seeds 1, 2: 1.94x vs 1.08x, 1.94x vs 1.11x
+    assert figures["setup"]["sigma_shape"] == "isotropic"
+    # seed 0 gave 2.41x (CSD) vs 1.08x (WD); seeds 1, 2: 2.37x vs 1.05x, 2.64x vs 1.12x
     assert figures["csd"]["ratio"] > 1.4
     assert figures["csd"]["ratio"] > figures["wd"]["ratio"] + 0.3
     assert all(math.isfinite(figures[d]["ratio_geometric"]) for d in ("csd", "wd"))
@@ -43,7 +44,7 @@ def test_toy2d_reduced_run_csd_separates_uncertain_points_more_than_wd(tmp_path)
 
 def test_toy2d_labels_drawn_once_leave_nothing_uncertain():
     """The uncertainty comes from the per-visit redraw: with each label drawn once, a confusing point
-    is an ordinary point of a random class and CSD's ratio falls to about 1 (1.00x seen vs 1.80x)."""
+    is an ordinary point of a random class and CSD's ratio falls to about 1 (1.04x seen vs 2.41x)."""
     toy2d = _load_script()
     torch.set_num_threads(1)
     toy = toy2d.make_toy(SMALL["per_class"], SMALL["confusing"], seed=0)
@@ -56,9 +57,12 @@ def test_toy2d_options_for_the_open_choices_run():
     toy2d = _load_script()
     toy = toy2d.make_toy(20, 6, seed=0)
     for kwargs in ({"diagonal": False}, {"sigma_param": "logvar"}, {"learn_ab": False},
-                   {"pp_alpha": 0.0, "vib_beta": 0.0, "diagonal": False}):
+                   {"pp_alpha": 0.0, "vib_beta": 0.0, "diagonal": False}, {"sigma_shape": "diagonal"}):
         res = toy2d.train(toy, "wd", epochs=3, **kwargs)
         assert math.isfinite(res["ratio"]), kwargs
+        # isotropic (the default): one sigma per point, the same in both dimensions
+        same = bool((res["logvar"][:, 0] == res["logvar"][:, 1]).all())
+        assert same == (kwargs.get("sigma_shape", "isotropic") == "isotropic"), kwargs
         if not kwargs.get("learn_ab", True):
             assert res["a"] == 5.0 and res["b"] == 5.0
 
