@@ -24,12 +24,14 @@ self-pairs), ``--labels once`` (a confusing point's label drawn once, not per vi
 ``--sigma-shape diagonal`` (a log sigma per dimension).
 
     python scripts/toy2d.py --out toy2d.png
+    python scripts/toy2d.py --seeds 10 --out toy2d.png   # seeds 0-9, mean +- SE (docs/findings.md)
     python scripts/toy2d.py --epochs 100 --out toy2d_e100.png   # nearest the paper's figures (docs/findings.md)
     python scripts/toy2d.py --epochs 100 --per-class 200   # a quick run
 
-Prints, per distance, the mean sigma^2 (per dimension) of certain and uncertain points and their
-ratio (and the ratio of geometric means, for reference); writes one PNG (two panels: points
-coloured by class, a circle of radius sigma around each) and a JSON of the figures beside it.
+Prints, per seed and distance, the mean sigma^2 (per dimension) of certain and uncertain points and
+their ratio (and the ratio of geometric means, for reference), and with ``--seeds N`` the ratios'
+mean +- SE over the seeds; writes one PNG (the first seed; two panels: points coloured by class, a
+circle of radius sigma around each) and a JSON of the figures beside it.
 torch does the optimisation, zsprob.prob the loss, matplotlib the figure.
 """
 from __future__ import annotations
@@ -157,6 +159,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="run seeds --seed ... --seed + N - 1 and print the ratios' mean +- SE over them")
     parser.add_argument("--sigma-param", choices=("logsigma", "logvar"), default="logsigma",
                         help="free parameter: log sigma (App. A.2) or log sigma^2 (the earlier default)")
     parser.add_argument("--pp-alpha", type=float, default=0.1, help="pseudo-positive weight (0: off)")
@@ -172,31 +176,46 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", default="toy2d.png", help="PNG path; a JSON of the figures goes beside it")
     args = parser.parse_args(argv)
-    if not 0 < args.confusing < args.per_class or args.epochs < 1 or args.batch_size < 2:
-        print("toy2d: need 0 < --confusing < --per-class, --epochs >= 1, --batch-size >= 2", file=sys.stderr)
+    if not 0 < args.confusing < args.per_class or args.epochs < 1 or args.batch_size < 2 or args.seeds < 1:
+        print("toy2d: need 0 < --confusing < --per-class, --epochs >= 1, --batch-size >= 2, --seeds >= 1",
+              file=sys.stderr)
         return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    toy = make_toy(args.per_class, args.confusing, args.seed)
-    results = [train(toy, name, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                     sigma_param=args.sigma_param, pp_alpha=args.pp_alpha, vib_beta=args.vib_beta,
-                     diagonal=args.diagonal == "include", labels=args.labels, learn_ab=not args.fixed_ab,
-                     sigma_shape=args.sigma_shape)
-               for name in DISTANCES]
-    print("| distance | mean sigma^2 certain | mean sigma^2 uncertain | uncertain / certain | "
-          "geometric-mean ratio |")
-    print("|---|---|---|---|---|")
-    for res in results:
-        print(f"| {res['distance']} | {res['mean_sigma2_certain']:.4g} | {res['mean_sigma2_uncertain']:.4g} | "
-              f"{res['ratio']:.3f}x | {res['ratio_geometric']:.3f}x |")
-    png = plot(toy, results, args.out)
     keys = ("mean_sigma2_certain", "mean_sigma2_uncertain", "ratio", "ratio_geometric", "a", "b")
-    summary = {res["distance"]: {k: res[k] for k in keys} for res in results}
+    print("| seed | distance | mean sigma^2 certain | mean sigma^2 uncertain | uncertain / certain | "
+          "geometric-mean ratio |")
+    print("|---|---|---|---|---|---|")
+    runs = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        torch.manual_seed(seed)
+        toy = make_toy(args.per_class, args.confusing, seed)
+        results = [train(toy, name, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
+                         sigma_param=args.sigma_param, pp_alpha=args.pp_alpha, vib_beta=args.vib_beta,
+                         diagonal=args.diagonal == "include", labels=args.labels, learn_ab=not args.fixed_ab,
+                         sigma_shape=args.sigma_shape)
+                   for name in DISTANCES]
+        for res in results:
+            print(f"| {seed} | {res['distance']} | {res['mean_sigma2_certain']:.4g} | "
+                  f"{res['mean_sigma2_uncertain']:.4g} | {res['ratio']:.3f}x | {res['ratio_geometric']:.3f}x |",
+                  flush=True)
+        if not runs:
+            png = plot(toy, results, args.out)  # the figure shows the first seed
+        runs.append({"seed": seed, **{res["distance"]: {k: res[k] for k in keys} for res in results}})
+    summary = dict(runs[0])
+    summary.pop("seed")
+    if len(runs) > 1:
+        summary["seeds"] = runs
+        summary["over_seeds"] = {}
+        for name in DISTANCES:
+            ratios = np.array([run[name]["ratio"] for run in runs])
+            se = float(ratios.std(ddof=1) / math.sqrt(len(ratios)))
+            summary["over_seeds"][name] = {"mean_ratio": float(ratios.mean()), "se": se, "n": len(ratios)}
+            print(f"{name}: uncertain / certain {ratios.mean():.3f}x +- {se:.3f} (mean +- SE over {len(ratios)} seeds)")
     summary["setup"] = vars(args)
     Path(png).with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {png} and {Path(png).with_suffix('.json')}")
-    return 0 if all(math.isfinite(res["ratio"]) for res in results) else 1
+    return 0 if all(math.isfinite(run[name]["ratio"]) for run in runs for name in DISTANCES) else 1
 
 
 if __name__ == "__main__":

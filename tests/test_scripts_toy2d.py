@@ -27,7 +27,7 @@ def _load_script():
 def test_toy2d_reduced_run_csd_separates_uncertain_points_more_than_wd(tmp_path):
     out = tmp_path / "toy.png"
     r = subprocess.run([sys.executable, str(SCRIPT), "--per-class", str(SMALL["per_class"]), "--confusing",
-                        str(SMALL["confusing"]), "--epochs", str(SMALL["epochs"]), "--out", str(out)],
+                        str(SMALL["confusing"]), "--epochs", str(SMALL["epochs"]), "--seeds", "2", "--out", str(out)],
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
     assert r.returncode == 0, r.stderr[-2000:]
@@ -39,7 +39,16 @@ def test_toy2d_reduced_run_csd_separates_uncertain_points_more_than_wd(tmp_path)
     assert figures["csd"]["ratio"] > 1.4
     assert figures["csd"]["ratio"] > figures["wd"]["ratio"] + 0.3
     assert all(math.isfinite(figures[d]["ratio_geometric"]) for d in ("csd", "wd"))
-    assert "| csd |" in r.stdout and "| wd |" in r.stdout
+    assert "| 0 | csd |" in r.stdout and "| 1 | wd |" in r.stdout
+    # --seeds 2: the top level is the first seed, then every seed and the mean +- SE over them
+    assert [run["seed"] for run in figures["seeds"]] == [0, 1]
+    assert figures["seeds"][0]["csd"] == figures["csd"]
+    for d in ("csd", "wd"):
+        ratios = [run[d]["ratio"] for run in figures["seeds"]]
+        summary = figures["over_seeds"][d]
+        assert summary["n"] == 2 and math.isclose(summary["mean_ratio"], sum(ratios) / 2)
+        assert math.isclose(summary["se"], abs(ratios[0] - ratios[1]) / 2)   # sd / sqrt(2) for two values
+        assert f"{d}: uncertain / certain {summary['mean_ratio']:.3f}x" in r.stdout
 
 
 def test_toy2d_labels_drawn_once_leave_nothing_uncertain():
@@ -68,7 +77,8 @@ def test_toy2d_options_for_the_open_choices_run():
 
 
 def test_toy2d_rejects_bad_sizes(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), "--confusing", "600", "--out", str(tmp_path / "t.png")],
-                       capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
-    assert r.returncode == 2 and "toy2d:" in r.stderr and not (tmp_path / "t.png").exists()
+    for bad in (["--confusing", "600"], ["--seeds", "0"]):
+        r = subprocess.run([sys.executable, str(SCRIPT), *bad, "--out", str(tmp_path / "t.png")],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
+        assert r.returncode == 2 and "toy2d:" in r.stderr and not (tmp_path / "t.png").exists(), bad
