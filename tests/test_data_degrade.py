@@ -120,6 +120,33 @@ def test_crop_keeps_a_window_and_resizes_it():
     torch.testing.assert_close(out, ref)
 
 
+def test_shift_moves_the_content_at_the_same_scale_wrapping_around():
+    images = _scenes(2, 32)
+    out = degrade.shift(images, [(0.25, 0.0), (-0.125, 0.5)])
+    torch.testing.assert_close(out[0, :, 8:], images[0, :, :24])      # down by 8 rows ...
+    torch.testing.assert_close(out[0, :, :8], images[0, :, 24:])      # ... the bottom rows wrap to the top
+    torch.testing.assert_close(out[1, :, :28, 16:], images[1, :, 4:, :16])
+    # a permutation of the pixels: nothing is blurred or rescaled
+    torch.testing.assert_close(out.flatten(2).sort(-1).values, images.flatten(2).sort(-1).values)
+
+
+def test_sketch_is_dark_outlines_on_white_from_a_float64_sobel_reference():
+    pixels = torch.full((1, 3, 16, 16), 0.8, dtype=torch.float64)
+    pixels[:, :, 4:12, 4:12] = torch.tensor([0.1, 0.5, 0.2], dtype=torch.float64).view(3, 1, 1)   # a square
+    images = _normalised(pixels.float())
+    out = _pixels(degrade.sketch(images, [0.25], MEAN, STD))
+    luma = (pixels.clamp(0, 1) * torch.tensor(degrade.LUMA, dtype=torch.float64).view(1, 3, 1, 1)).sum(1)[0]
+    padded = np.pad(luma.numpy(), 1, mode="edge")
+    taps = ((-1, 1), (0, 2), (1, 1))
+    gx = sum(w * (padded[1 + dy:17 + dy, 2:18] - padded[1 + dy:17 + dy, 0:16]) for dy, w in taps) / 8
+    gy = sum(w * (padded[2:18, 1 + dx:17 + dx] - padded[0:16, 1 + dx:17 + dx]) for dx, w in taps) / 8
+    ref = 1.0 - np.minimum(1.0, np.hypot(gx, gy) / 0.25)
+    for c in range(3):
+        np.testing.assert_allclose(out[0, c].double().numpy(), ref, atol=1e-5)
+    assert out[0, 0, 0, 0] > 0.999 and out[0, 0, 8, 8] > 0.999          # flat regions (fill too) are white
+    assert out[0, 0, 8, 4] < 0.2                                         # the square's outline is dark
+
+
 def test_degrade_images_draws_one_op_per_image_reproducibly():
     images = _scenes(64, 32, seed=1)
     out, choice = degrade.degrade_images(images, torch.Generator().manual_seed(7), mean=MEAN, std=STD,
@@ -130,7 +157,7 @@ def test_degrade_images_draws_one_op_per_image_reproducibly():
     other, _ = degrade.degrade_images(images, torch.Generator().manual_seed(8), mean=MEAN, std=STD,
                                       ops=DEGRADE_OPS, drop_prob=0.25, cell=8)
     assert not torch.equal(out, other)
-    assert set(choice.tolist()) == set(range(len(DEGRADE_OPS)))      # 64 draws over 7 ops
+    assert set(choice.tolist()) == set(range(len(DEGRADE_OPS)))      # 64 draws over 9 ops
     changed = (out - images).abs().flatten(1).amax(1) > 1e-4
     assert changed.all()                                            # every copy is degraded
     # grayscale rows are grey, dim rows are darker, and nothing else moved the input
@@ -147,7 +174,7 @@ def test_degrade_images_refuses_unknown_ops():
         degrade.degrade_images(_scenes(1), torch.Generator(), mean=MEAN, std=STD, ops=("blur", "fog"))
     with pytest.raises(ValueError):
         degrade.degrade_images(_scenes(1), torch.Generator(), mean=MEAN, std=STD, ops=())
-    assert DEFAULT_DEGRADE_OPS == DEGRADE_OPS
+    assert DEFAULT_DEGRADE_OPS == DEGRADE_OPS[:7] and "shift" not in DEFAULT_DEGRADE_OPS  # opt-in
 
 
 @pytest.mark.parametrize("options", [{"image_mask_mode": "fog"}, {"image_mask_mode": "degrade",

@@ -17,19 +17,23 @@ operation      what it does (strength drawn uniformly per image)                
 ``jpeg``       JPEG re-encoding at quality q                                             q in {5, ..., 20}
 ``grayscale``  luminance (ITU-R 601 weights) in every channel                            -
 ``crop``       a random square window of side r x the image, resized back (bilinear)     r in [0.5, 0.8]
+``shift``      the content moved by s x the side along a random direction, at the same  s in [0.25, 0.45]
+               scale, wrapping around: objects that cross the frame are cut in two
+``sketch``     dark outlines on white: 1 - clamp(g / t) of the luminance's Sobel gradient  t in [0.15, 0.35]
+               magnitude g, in every channel (colour, fill and texture are lost)
 =============  ========================================================================  ==============
 
-All seven are partial views in ProLIP's sense (the original is included in them): a crop keeps
-part of the scene as dropped patches do, the others keep all of it at less detail. Which operations
-a run uses is the loss option ``image_degrade_ops`` (default: all,
+All nine are partial views in ProLIP's sense (the original is included in them): a crop or a shift
+keeps part of the scene as dropped patches do, the others keep all of it at less detail. Which
+operations a run uses is the loss option ``image_degrade_ops`` (default: the first seven,
 :data:`zsprob.methods.DEFAULT_DEGRADE_OPS`), checked with the loss's other options
 (:func:`zsprob.prob.prolip.check_occlusion_options`).
 
 The images are the model's *normalised* tensors [B, C, H, W] (``(pixel - mean) / std``); the
 linear operations whose weights sum to one (blur, resampling) commute with that normalisation and
-run on the tensors as they are, ``dim``, ``jpeg`` and ``grayscale`` go through pixel values with
-the model's ``mean`` / ``std``. All randomness comes from one ``torch.Generator``: the same
-generator state gives the same views.
+run on the tensors as they are (``shift`` too: it only moves them), ``dim``, ``jpeg``, ``grayscale``
+and ``sketch`` go through pixel values with the model's ``mean`` / ``std``. All randomness comes
+from one ``torch.Generator``: the same generator state gives the same views.
 
 torchvision does the blur (``gaussian_blur``), the JPEG codec (``torchvision.io.encode_jpeg`` /
 ``decode_jpeg``) and the resampling goes through ``torch.nn.functional.interpolate``; zsprob
@@ -46,13 +50,15 @@ import torch.nn.functional as F
 from zsprob.data.masking import mask_image_cells
 from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS
 
-__all__ = ["degrade_images", "blur", "downsample", "dim", "jpeg", "grayscale", "crop"]
+__all__ = ["degrade_images", "blur", "downsample", "dim", "jpeg", "grayscale", "crop", "shift", "sketch"]
 
 BLUR_RANGE = (0.02, 0.07)        # Gaussian sigma as a share of the image side
 DOWNSAMPLE_RANGE = (3.0, 8.0)    # the side is divided by this factor
 DIM_RANGE = (0.15, 0.5)          # pixel values are multiplied by this factor
 JPEG_QUALITY = (5, 20)           # inclusive
 CROP_RANGE = (0.5, 0.8)          # side of the kept window as a share of the image side
+SHIFT_RANGE = (0.25, 0.45)       # length of the move as a share of the image side
+SKETCH_RANGE = (0.15, 0.35)      # gradient magnitude (pixel units) drawn fully black
 LUMA = (0.299, 0.587, 0.114)
 
 
@@ -138,6 +144,32 @@ def crop(images: torch.Tensor, ratios: Sequence[float], offsets: Sequence[tuple[
     return torch.stack(out)
 
 
+def shift(images: torch.Tensor, moves: Sequence[tuple[float, float]]) -> torch.Tensor:
+    """Each image's content moved by (dy, dx) (shares of the height / width, signed) at the same
+    scale, wrapping around (``torch.roll``): an object that crosses the frame is cut in two at
+    opposite edges, and the background needs no fill (a fill - repeated edge pixels, a constant -
+    would draw streaks or bands no rendered image has)."""
+    height, width = images.shape[-2:]
+    return torch.stack([image.roll((round(dy * height), round(dx * width)), dims=(-2, -1))
+                        for image, (dy, dx) in zip(images, moves)])
+
+
+def sketch(images: torch.Tensor, thresholds: Sequence[float], mean, std) -> torch.Tensor:
+    """Dark outlines on white: per pixel 1 - min(1, g / t), g the Sobel gradient magnitude of the
+    luminance (pixels clamped to [0, 1], replicated borders), t the image's threshold; the same value
+    in every channel."""
+    pixels, mean, std = _to_pixels(images, mean, std)
+    luma = ((pixels * torch.tensor(LUMA, dtype=images.dtype).reshape(1, 3, 1, 1)).sum(1, keepdim=True)
+            if images.shape[1] == 3 else pixels.mean(1, keepdim=True))
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=images.dtype) / 8.0
+    kernels = torch.stack([kx, kx.t()])[:, None]                       # [2, 1, 3, 3]: d/dx, d/dy
+    grad = F.conv2d(F.pad(luma, (1, 1, 1, 1), mode="replicate"), kernels)
+    magnitude = grad.square().sum(1, keepdim=True).sqrt()
+    t = torch.as_tensor(thresholds, dtype=images.dtype).reshape(-1, 1, 1, 1)
+    drawn = 1.0 - (magnitude / t).clamp(max=1.0)
+    return (drawn.expand_as(pixels) - mean) / std
+
+
 def _apply(name: str, images, generator, mean, std, drop_prob, cell):
     """One operation on ``images`` with strengths drawn from ``generator`` (module docstring)."""
     n, side = images.shape[0], min(images.shape[-2:])
@@ -155,6 +187,12 @@ def _apply(name: str, images, generator, mean, std, drop_prob, cell):
                     mean, std)
     if name == "grayscale":
         return grayscale(images, mean, std)
+    if name == "shift":
+        lengths = _uniform(generator, n, *SHIFT_RANGE)
+        angles = _uniform(generator, n, 0.0, 2.0 * math.pi)
+        return shift(images, [(r * math.sin(a), r * math.cos(a)) for r, a in zip(lengths, angles)])
+    if name == "sketch":
+        return sketch(images, _uniform(generator, n, *SKETCH_RANGE), mean, std)
     ratios = _uniform(generator, n, *CROP_RANGE)
     offsets = torch.rand(n, 2, generator=generator, dtype=torch.float64).tolist()
     return crop(images, ratios, offsets)
