@@ -208,3 +208,22 @@ def test_forked_cli_calls_behave_as_fresh_interpreters(tmp_path):
         assert _from_cli(forked.stderr.replace(str(fork_dir), str(cold_dir))) == _from_cli(cold.stderr), args
     assert sorted(p.name for p in (fork_dir / "world").iterdir()) == \
         sorted(p.name for p in (cold_dir / "world").iterdir()) != []
+
+
+@pytest.mark.parametrize("value, low, high, low_open", [("x", 0.0, 1.0, False), (-1, 0.0, 1.0, False),
+                                                        (float("nan"), 0.0, 1.0, False), (2, 0.0, 1.0, False),
+                                                        (0, 0.0, float("inf"), True), (None, 0.0, 1.0, False)])
+def test_check_range_refuses_with_one_line_naming_the_interval(value, low, high, low_open):
+    from zsprob.errors import UserError
+    from zsprob.utils.checks import check_range
+    with pytest.raises(UserError) as err:
+        check_range(value, "PCME++ w", low, high, low_open)
+    bound = "> 0" if low_open else ">= 0 and <= 1"
+    assert str(err.value) == f"PCME++ w must be a number {bound}, got {value!r}"
+
+
+def test_check_range_returns_floats_at_the_bounds():
+    from zsprob.utils.checks import check_range
+    assert check_range("0.5", "w", 0.0, 1.0) == 0.5
+    assert check_range(0, "w", 0.0) == 0.0 and check_range(1, "w", 0.0, 1.0) == 1.0
+    assert check_range(-20, "eps", float("-inf")) == -20.0

@@ -195,20 +195,20 @@ def test_defaults_are_the_recipe_and_scale_is_clamped():
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"vib_beta": -1e-4}, "vib_beta must be >= 0"),
+    ({"vib_beta": -1e-4}, "vib_beta must be a number >= 0"),
     ({"inclusion_alpha": -1}, "inclusion_alpha must be"),
     ({"inclusion_alpha_occ": float("nan")}, "inclusion_alpha_occ must be"),
     ({"ppcl_weight": -0.5}, "ppcl_weight"),
-    ({"inclusion_scale": 0}, "inclusion_scale must be > 0"),
-    ({"drop_ratio": 1.5}, "drop_ratio must be >= 0 and <= 1"),
+    ({"inclusion_scale": 0}, "inclusion_scale must be a number > 0"),
+    ({"drop_ratio": 1.5}, "drop_ratio must be a number >= 0 and <= 1"),
     ({"drop_prob": -0.1}, "drop_prob"),
     ({"init_logit_scale": 10.0}, "init_logit_scale"),
     ({"mask_patch_size": 0}, "mask_patch_size"),
     ({"inclusion_eps": "x"}, "must be a number"),
     ({"inclusion_form": "kl"}, "inclusion_form must be one of prolip, cover"),
     ({"text_mask_mode": "drop"}, "text_mask_mode must be one of replace, delete"),
-    ({"cover_scale": 0}, "cover_scale must be > 0"),
-    ({"cover_lambda": -1}, "cover_lambda must be >= 0"),
+    ({"cover_scale": 0}, "cover_scale must be a number > 0"),
+    ({"cover_lambda": -1}, "cover_lambda must be a number >= 0"),
 ])
 def test_out_of_range_hyper_parameters(kw, match):
     with pytest.raises(UserError, match=match):
@@ -434,7 +434,7 @@ def test_cli_bad_input_one_line(tiny_world, tmp_path):
     base = ["pretrain", "--data", "synthetic", "--shards", str(tiny_world / "pretrain"), "--out", str(tmp_path / "o"),
             "--steps", "1", "--batch-size", "8", "--no-progress", "--set", "train.tensorboard=false"]
     cases = [(["--method", "arcface"], "arcface"),
-             (["--method", "prolip", "--set", "loss.prolip.inclusion_scale=0"], "inclusion_scale must be > 0"),
+             (["--method", "prolip", "--set", "loss.prolip.inclusion_scale=0"], "inclusion_scale must be a number > 0"),
              (["--method", "prolip", "--set", "loss.prolip.inclusion_alpha_occ=-1"], "inclusion_alpha_occ"),
              (["--method", "prolip", "--set", "model.overrides.deterministic=true"], "deterministic")]
     for extra, text in cases:

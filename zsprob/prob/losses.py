@@ -75,6 +75,7 @@ from zsprob.prob.jwae import JWAEObjective
 from zsprob.prob.pairs import PairBatch, as_dtype, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
 from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, cover_inclusion, occlusion_terms,
                                 prolip_inclusion)
+from zsprob.utils.checks import check_range
 
 __all__ = [
     "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
@@ -131,14 +132,7 @@ def _guarded_vib(mu, logvar, name: str) -> torch.Tensor:
 
 
 def _check_weight(name: str, value, positive: bool = False) -> float:
-    bound = "> 0" if positive else ">= 0"
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"PCME++ {name} must be a number {bound}, got {value!r}") from None
-    if not math.isfinite(number) or number < 0 or (positive and number == 0):
-        raise UserError(f"PCME++ {name} must be a number {bound}, got {value!r}")
-    return number
+    return check_range(value, f"PCME++ {name}", 0.0, low_open=positive)
 
 
 def pseudo_positive_targets(logits: torch.Tensor, targets: torch.Tensor):

@@ -85,6 +85,7 @@ import torch.nn.functional as F
 from zsprob.errors import UserError
 from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS, IMAGE_MASK_MODES
 from zsprob.prob.pairs import PairBatch, stat
+from zsprob.utils.checks import check_range
 __all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "cover_inclusion", "check_occlusion_options", "VIB_GUARD",
            "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
 
@@ -215,15 +216,7 @@ def _guarded(value: torch.Tensor, limit: float, name: str) -> torch.Tensor:
 
 
 def _check_range(name: str, value, low: float, high: float = math.inf, low_open: bool = False) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"ProLIP {name} must be a number, got {value!r}") from None
-    too_low = number <= low if low_open else number < low
-    if not math.isfinite(number) or too_low or number > high:
-        bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
-        raise UserError(f"ProLIP {name} must be {bound}, got {value!r}")
-    return number
+    return check_range(value, f"ProLIP {name}", low, high, low_open)
 
 
 def _check_count(name: str, value) -> int:
