@@ -14,11 +14,15 @@ script computes, per image, that residual (the mean over its five captions of
   model's own image ||sigma^2||_1 difference: which conditions the term can teach at all;
 * how much of the residual the features the image log-variance head reads can predict: ridge
   regressions (several penalties) from those features, fitted on ``--fit-split`` and scored on
-  ``--split`` (held-out R^2 and Spearman), next to the head's own Spearman with the residual.
+  ``--split`` (held-out R^2 and Spearman), next to the head's own Spearman with the residual;
+* whether those features tell each condition from "normal" at all: a linear probe's held-out ROC
+  AUC per condition, next to the AUC of the head's own ||sigma^2||_1 (a condition the features
+  show but the head's sigma^2 does not follow lacks a training signal, not features).
 
 The features are the input of ``model.image_sigma`` (a forward hook), so the script needs a model
 with an image log-variance head beside the tower (``sigma_head: unc`` on a bag-of-words model, as
-the demo's recipe; ``block`` heads work too). numpy does the regression, scipy the Spearman.
+the demo's recipe; ``block`` heads work too). numpy does the regression, scipy the Spearman,
+scikit-learn the linear probe and the AUCs.
 
     python experiments/probe_image_residual.py RUN/model --root sw --split val --fit-split test
 """
@@ -86,6 +90,30 @@ def ridge_scores(fit_x, fit_y, x, y, penalties) -> list[tuple[float, float, floa
     return out
 
 
+def separability(fit_x, fit_cond, x, cond, uncertainty, min_count: int = 5) -> list[str]:
+    """Markdown rows: per condition (at least ``min_count`` images in both splits), the held-out ROC AUC
+    of a linear probe telling it from "normal" (scikit-learn's logistic regression on standardised
+    features, C = 0.1, balanced classes, fitted on the fit split) beside the AUC of the head's own
+    ||sigma^2||_1: whether the features the head reads show the condition at all, and whether the
+    head's output uses it."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    lines = ["| condition | n (fit / scored) | linear probe AUC | head ||sigma^2||_1 AUC |", "|---|---|---|---|"]
+    for name in sorted(set(cond) - {"normal"}):
+        fit_rows, rows = np.isin(fit_cond, ["normal", name]), np.isin(cond, ["normal", name])
+        n_fit, n = int((fit_cond == name).sum()), int((cond == name).sum())
+        if min(n_fit, n, (fit_cond == "normal").sum(), (cond == "normal").sum()) < min_count:
+            continue
+        mean, std = fit_x[fit_rows].mean(0), fit_x[fit_rows].std(0) + 1e-8
+        probe = LogisticRegression(C=0.1, max_iter=2000, class_weight="balanced")
+        probe.fit((fit_x[fit_rows] - mean) / std, fit_cond[fit_rows] == name)
+        probe_auc = roc_auc_score(cond[rows] == name, probe.decision_function((x[rows] - mean) / std))
+        head_auc = roc_auc_score(cond[rows] == name, uncertainty[rows])
+        lines.append(f"| {name} | {n_fit} / {n} | {probe_auc:.3f} | {head_auc:.3f} |")
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint", help="a zsprob model directory (RUN/model)")
@@ -115,7 +143,7 @@ def main(argv=None) -> int:
         if getattr(model, "image_sigma", None) is None:
             raise UserError(f"{a.checkpoint}: the model has no image log-variance head beside the tower")
         x, y, u, cond = residuals(model, a.root, a.split)
-        fx, fy, _, _ = residuals(model, a.root, a.fit_split)
+        fx, fy, _, fit_cond = residuals(model, a.root, a.fit_split)
     except (UserError, FileNotFoundError) as err:
         print(f"probe_image_residual: {err}", file=sys.stderr)
         return 2
@@ -128,6 +156,9 @@ def main(argv=None) -> int:
     print(f"ridge from the head's input features, fitted on {a.fit_split} ({len(fy)} images), scored on {a.split}:")
     for lam, r2, rho in ridge_scores(fx, fy, x, y, penalties):
         print(f"  penalty {lam:g}: R^2 {r2:+.3f}, Spearman {rho:+.3f}")
+    print(f"each condition against normal, from the same features (probe fitted on {a.fit_split}, "
+          f"scored on {a.split}):")
+    print("\n".join(separability(fx, fit_cond, x, cond, u)))
     return 0
 
 

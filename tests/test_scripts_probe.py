@@ -138,9 +138,40 @@ def test_probe_image_residual_reports_the_residual_and_the_head(tmp_path):
     assert first.startswith("val: 30 images") and f"Spearman(head, residual) {rho:+.3f}" in first, (first, rho)
     assert "penalty 1: R^2" in r.stdout and "penalty 10: R^2" in r.stdout
     assert "| condition | n | residual - normal (SE)" in r.stdout
+    assert "| condition | n (fit / scored) | linear probe AUC | head ||sigma^2||_1 AUC |" in r.stdout
     save(create_model("zsprob-tiny-bow", pooling="native", deterministic=True, seed=0), tmp_path / "det")
     for args, where in (((tmp_path / "det", "--root", world), "no image log-variance head"),
                         ((tmp_path / "model", "--root", world, "--fit-split", "val"), "must differ"),
                         ((tmp_path / "model", "--root", world, "--penalties", "a"), "--penalties")):
         r = run(*args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and where in r.stderr, r.stderr
+
+
+def test_probe_image_residual_separability_against_sklearn_by_hand():
+    """The per-condition table: a condition the features show perfectly gets probe AUC 1, the head's
+    AUC is roc_auc_score of its ||sigma^2||_1, and conditions with too few images are left out."""
+    import importlib.util
+
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    spec = importlib.util.spec_from_file_location("probe_image_residual", IMAGE_RESIDUAL)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    rng = np.random.default_rng(0)
+
+    def split(n_normal, n_blurry, n_rare):
+        cond = np.array(["normal"] * n_normal + ["blurry"] * n_blurry + ["rare"] * n_rare)
+        x = rng.normal(size=(len(cond), 6))
+        x[cond == "blurry", 2] += 8.0            # feature 2 shows blurry plainly
+        return x, cond
+
+    fx, fcond = split(40, 20, 3)
+    x, cond = split(30, 15, 2)
+    u = rng.normal(size=len(cond)) + 0.5 * (cond == "blurry")
+    rows = probe.separability(fx, fcond, x, cond, u)
+    assert rows[0].startswith("| condition |") and len(rows) == 3          # "rare" (< 5 images) left out
+    name, counts, probe_auc, head_auc = [c.strip() for c in rows[2].strip("|").split("|")]
+    keep = np.isin(cond, ["normal", "blurry"])
+    assert name == "blurry" and counts == "20 / 15" and probe_auc == "1.000"
+    assert head_auc == f"{roc_auc_score(cond[keep] == 'blurry', u[keep]):.3f}"
