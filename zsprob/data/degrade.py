@@ -23,8 +23,9 @@ operation      what it does (strength drawn uniformly per image)                
                magnitude g, in every channel (colour, fill and texture are lost)
 =============  ========================================================================  ==============
 
-All nine are partial views in ProLIP's sense (the original is included in them): a crop or a shift
-keeps part of the scene as dropped patches do, the others keep all of it at less detail. Which
+All nine are partial views in ProLIP's sense (the original is included in them): a crop keeps part
+of the scene as dropped patches do, a shift cuts the objects that cross the frame, the others keep
+all of it at less detail. Which
 operations a run uses is the loss option ``image_degrade_ops`` (default: the first seven,
 :data:`zsprob.methods.DEFAULT_DEGRADE_OPS`), checked with the loss's other options
 (:func:`zsprob.prob.prolip.check_occlusion_options`).
