@@ -214,8 +214,7 @@ def test_forked_cli_calls_behave_as_fresh_interpreters(tmp_path):
                                                         (float("nan"), 0.0, 1.0, False), (2, 0.0, 1.0, False),
                                                         (0, 0.0, float("inf"), True), (None, 0.0, 1.0, False)])
 def test_check_range_refuses_with_one_line_naming_the_interval(value, low, high, low_open):
-    from zsprob.errors import UserError
-    from zsprob.utils.checks import check_range
+    from zsprob.errors import UserError, check_range
     with pytest.raises(UserError) as err:
         check_range(value, "PCME++ w", low, high, low_open)
     bound = "> 0" if low_open else ">= 0 and <= 1"
@@ -223,7 +222,7 @@ def test_check_range_refuses_with_one_line_naming_the_interval(value, low, high,
 
 
 def test_check_range_returns_floats_at_the_bounds():
-    from zsprob.utils.checks import check_range
+    from zsprob.errors import check_range
     assert check_range("0.5", "w", 0.0, 1.0) == 0.5
     assert check_range(0, "w", 0.0) == 0.0 and check_range(1, "w", 0.0, 1.0) == 1.0
     assert check_range(-20, "eps", float("-inf")) == -20.0

@@ -4,7 +4,11 @@ Missing paths, corrupted checkpoints, unknown model names, malformed configs, cl
 mismatches: raise :class:`UserError` with a message that says what is wrong and what to do.
 The command line prints it as a single line on stderr and exits with status 2 (a traceback
 only with ``zsprob --debug``). Library users catch it like any exception.
+:func:`check_range` words an out-of-range real-valued option (a loss weight, a scale, a
+probability) the same way wherever it is checked (here, so that :mod:`zsprob.prob` may use it).
 """
+import math
+from typing import Any
 
 
 class UserError(Exception):
@@ -38,6 +42,20 @@ def require_dir(path, what: str, hint: str = "") -> "object":
     if not p.is_dir():
         raise not_found(what, p, hint)
     return p
+
+
+def check_range(value: Any, what: str, low: float, high: float = math.inf, low_open: bool = False) -> float:
+    """``float(value)`` if it is a finite number >= ``low`` (> ``low`` with ``low_open``) and <= ``high``;
+    otherwise one :class:`UserError` line "WHAT must be a number >= LOW [and <= HIGH], got VALUE"."""
+    bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{what} must be a number {bound}, got {value!r}") from None
+    too_low = number <= low if low_open else number < low
+    if not math.isfinite(number) or too_low or number > high:
+        raise UserError(f"{what} must be a number {bound}, got {value!r}")
+    return number
 
 
 class Preempted(Exception):

@@ -68,14 +68,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from zsprob.errors import UserError
+from zsprob.errors import UserError, check_range
 from zsprob.methods import DEFAULT_DEGRADE_OPS, METHODS
 from zsprob.prob import distances
 from zsprob.prob.jwae import JWAEObjective
 from zsprob.prob.pairs import PairBatch, as_dtype, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
 from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, cover_inclusion, occlusion_terms,
                                 prolip_inclusion)
-from zsprob.utils.checks import check_range
 
 __all__ = [
     "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",

@@ -82,10 +82,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from zsprob.errors import UserError
+from zsprob.errors import UserError, check_range
 from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS, IMAGE_MASK_MODES
 from zsprob.prob.pairs import PairBatch, stat
-from zsprob.utils.checks import check_range
 __all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "cover_inclusion", "check_occlusion_options", "VIB_GUARD",
            "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
 

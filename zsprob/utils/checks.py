@@ -5,8 +5,6 @@ One rule per kind of input, so every command words the same mistake the same way
 - :func:`check_count`: steps, epochs, batch sizes, intervals, workers, threads ... must be numbers at
   least a minimum (``>= 1``, ``>= 0``) or above it (``> 0``); integers unless said otherwise.
   :func:`check_counts` applies a table of dotted config keys (``zsprob.train.defaults.COUNT_KEYS``).
-- :func:`check_range`: a real-valued hyper-parameter (a loss weight, a scale, a probability) inside
-  an interval; the losses of :mod:`zsprob.prob` word their option errors with it.
 - :func:`check_output`: an ``--out`` directory (or the folder of an ``--out`` file) that cannot be
   created or written is refused before any work starts. The check creates what is missing, writes a
   probe file, and removes both again (no side effect); URLs (``scheme://...``) are left to their
@@ -16,7 +14,6 @@ The command line wraps both into click parameter types (``zsprob.cli.types``).
 """
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -43,20 +40,6 @@ def check_count(value: Any, what: str | None, rule: str = ">=1", integer: bool =
     if value < bound or (rule == ">0" and value <= 0):
         raise UserError(f"{prefix}must be {_rule_text(rule)}, got {value!r}")
     return int(value) if integer else value
-
-
-def check_range(value: Any, what: str, low: float, high: float = math.inf, low_open: bool = False) -> float:
-    """``float(value)`` if it is a finite number >= ``low`` (> ``low`` with ``low_open``) and <= ``high``;
-    otherwise one :class:`UserError` line "WHAT must be a number >= LOW [and <= HIGH], got VALUE"."""
-    bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{what} must be a number {bound}, got {value!r}") from None
-    too_low = number <= low if low_open else number < low
-    if not math.isfinite(number) or too_low or number > high:
-        raise UserError(f"{what} must be a number {bound}, got {value!r}")
-    return number
 
 
 def _get(cfg: Any, dotted: str) -> Any:
