@@ -130,7 +130,7 @@ def train(toy: dict, distance: str, *, epochs: int = 500, batch_size: int = 128,
             "b": float(criterion.shift.detach()), "mu": mu.detach(), "logvar": logvar}
 
 
-def plot(toy: dict, results: list[dict], path) -> Path:
+def plot(toy: dict, results: list[dict], path, seed: int = 0) -> Path:
     from matplotlib.patches import Circle
 
     from zsprob.report.plots import pyplot, save_figure
@@ -147,7 +147,8 @@ def plot(toy: dict, results: list[dict], path) -> Path:
                                                for u, k in zip(toy["uncertain"], toy["label"])])
         ax.set_aspect("equal")
         ax.autoscale_view()
-        ax.set_title(f"{res['distance'].upper()}: mean sigma^2 uncertain / certain = {res['ratio']:.2f}x", fontsize=9)
+        ax.set_title(f"{res['distance'].upper()}, seed {seed}: mean sigma^2 uncertain / certain = {res['ratio']:.2f}x",
+                     fontsize=9)
     return save_figure(fig, path)
 
 
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
                   f"{res['mean_sigma2_uncertain']:.4g} | {res['ratio']:.3f}x | {res['ratio_geometric']:.3f}x |",
                   flush=True)
         if not runs:
-            png = plot(toy, results, args.out)  # the figure shows the first seed
+            png = plot(toy, results, args.out, seed)  # the figure shows the first seed
         runs.append({"seed": seed, **{res["distance"]: {k: res[k] for k in keys} for res in results}})
     summary = dict(runs[0])
     summary.pop("seed")
