@@ -213,6 +213,8 @@ def main(argv=None) -> int:
             se = float(ratios.std(ddof=1) / math.sqrt(len(ratios)))
             summary["over_seeds"][name] = {"mean_ratio": float(ratios.mean()), "se": se, "n": len(ratios)}
             print(f"{name}: uncertain / certain {ratios.mean():.3f}x +- {se:.3f} (mean +- SE over {len(ratios)} seeds)")
+    else:
+        print("one seed: the ratios vary from seed to seed; --seeds N prints their mean +- SE over N seeds")
     summary["setup"] = vars(args)
     Path(png).with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {png} and {Path(png).with_suffix('.json')}")

@@ -49,6 +49,7 @@ def test_toy2d_reduced_run_csd_separates_uncertain_points_more_than_wd(tmp_path)
         assert summary["n"] == 2 and math.isclose(summary["mean_ratio"], sum(ratios) / 2)
         assert math.isclose(summary["se"], abs(ratios[0] - ratios[1]) / 2)   # sd / sqrt(2) for two values
         assert f"{d}: uncertain / certain {summary['mean_ratio']:.3f}x" in r.stdout
+    assert "one seed:" not in r.stdout
 
 
 def test_toy2d_labels_drawn_once_leave_nothing_uncertain():
@@ -82,3 +83,14 @@ def test_toy2d_rejects_bad_sizes(tmp_path):
                            capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
         assert r.returncode == 2 and "toy2d:" in r.stderr and not (tmp_path / "t.png").exists(), bad
+
+
+def test_toy2d_one_seed_says_how_to_get_the_spread(tmp_path):
+    out = tmp_path / "one.png"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--per-class", "20", "--confusing", "6", "--epochs", "2",
+                        "--out", str(out)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "one seed:" in r.stdout and "--seeds N" in r.stdout
+    figures = json.loads(out.with_suffix(".json").read_text())
+    assert "seeds" not in figures and "over_seeds" not in figures and figures["setup"]["seeds"] == 1
