@@ -122,14 +122,18 @@ def jpeg(images: torch.Tensor, qualities: Sequence[int], mean, std) -> torch.Ten
     return (torch.stack(decoded).to(images.dtype) / 255.0 - mean) / std
 
 
+def _luma(pixels: torch.Tensor) -> torch.Tensor:
+    """ITU-R 601 luminance of RGB pixels [B, 3, H, W] -> [B, 1, H, W]."""
+    return (pixels * torch.tensor(LUMA, dtype=pixels.dtype).reshape(1, 3, 1, 1)).sum(1, keepdim=True)
+
+
 def grayscale(images: torch.Tensor, mean, std) -> torch.Tensor:
     """Luminance (ITU-R 601 weights, on pixels clamped to [0, 1]) in every channel; images that are
     not RGB come back unchanged."""
     if images.shape[1] != 3:
         return images.clone()
     pixels, mean, std = _to_pixels(images, mean, std)
-    luma = (pixels * torch.tensor(LUMA, dtype=images.dtype).reshape(1, 3, 1, 1)).sum(1, keepdim=True)
-    return (luma.expand_as(pixels) - mean) / std
+    return (_luma(pixels).expand_as(pixels) - mean) / std
 
 
 def crop(images: torch.Tensor, ratios: Sequence[float], offsets: Sequence[tuple[float, float]]) -> torch.Tensor:
@@ -160,8 +164,7 @@ def sketch(images: torch.Tensor, thresholds: Sequence[float], mean, std) -> torc
     luminance (pixels clamped to [0, 1], replicated borders), t the image's threshold; the same value
     in every channel."""
     pixels, mean, std = _to_pixels(images, mean, std)
-    luma = ((pixels * torch.tensor(LUMA, dtype=images.dtype).reshape(1, 3, 1, 1)).sum(1, keepdim=True)
-            if images.shape[1] == 3 else pixels.mean(1, keepdim=True))
+    luma = _luma(pixels) if images.shape[1] == 3 else pixels.mean(1, keepdim=True)
     kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=images.dtype) / 8.0
     kernels = torch.stack([kx, kx.t()])[:, None]                       # [2, 1, 3, 3]: d/dx, d/dy
     grad = F.conv2d(F.pad(luma, (1, 1, 1, 1), mode="replicate"), kernels)
