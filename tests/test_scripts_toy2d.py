@@ -17,6 +17,12 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "toy2d.py"
 SMALL = {"per_class": 40, "confusing": 12, "epochs": 400}
 
 
+def _run(*args, timeout=120):
+    """The script in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
+
+
 def _load_script():
     spec = importlib.util.spec_from_file_location("toy2d_script", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -26,10 +32,8 @@ def _load_script():
 
 def test_toy2d_reduced_run_csd_separates_uncertain_points_more_than_wd(tmp_path):
     out = tmp_path / "toy.png"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--per-class", str(SMALL["per_class"]), "--confusing",
-                        str(SMALL["confusing"]), "--epochs", str(SMALL["epochs"]), "--seeds", "2", "--out", str(out)],
-                       capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
+    r = _run("--per-class", SMALL["per_class"], "--confusing", SMALL["confusing"], "--epochs", SMALL["epochs"],
+             "--seeds", 2, "--out", out, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert out.is_file() and out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
     figures = json.loads(out.with_suffix(".json").read_text())
@@ -79,17 +83,13 @@ def test_toy2d_options_for_the_open_choices_run():
 
 def test_toy2d_rejects_bad_sizes(tmp_path):
     for bad in (["--confusing", "600"], ["--seeds", "0"]):
-        r = subprocess.run([sys.executable, str(SCRIPT), *bad, "--out", str(tmp_path / "t.png")],
-                           capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
+        r = _run(*bad, "--out", tmp_path / "t.png")
         assert r.returncode == 2 and "toy2d:" in r.stderr and not (tmp_path / "t.png").exists(), bad
 
 
 def test_toy2d_one_seed_says_how_to_get_the_spread(tmp_path):
     out = tmp_path / "one.png"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--per-class", "20", "--confusing", "6", "--epochs", "2",
-                        "--out", str(out)], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])})
+    r = _run("--per-class", 20, "--confusing", 6, "--epochs", 2, "--out", out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "one seed:" in r.stdout and "--seeds N" in r.stdout
     figures = json.loads(out.with_suffix(".json").read_text())
