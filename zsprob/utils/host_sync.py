@@ -1,0 +1,99 @@
+"""Counting the tensor calls that make the host wait for the device, on any device (the CPU included).
+
+On a GPU every ``.item()``, ``bool(tensor)``, ``.cpu()``, ``unique`` or ``nonzero`` stalls the
+launch queue until the device catches up. ``torch.cuda.set_sync_debug_mode`` reports them on CUDA
+only; :class:`HostSyncCounter` counts the same calls on the CPU through torch's
+``TorchFunctionMode`` (torch.overrides), so a test can pin "at most one host sync per steady
+training step" on a machine without a GPU.
+
+Counted: the call names in :data:`SYNC_CALLS`. Calls whose Python caller lives in ``torch/optim``
+are skipped: torch's own optimisers keep their step counters on the host on purpose. torch
+provides the mode; the counting is zsprob's.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+SYNC_CALLS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy",
+                        "unique", "unique_consecutive", "nonzero", "masked_select", "equal", "allclose"})
+
+
+def _call_name(func) -> str:
+    name = getattr(func, "__name__", None) or str(func)
+    return name.rsplit(".", 1)[-1]
+
+
+def _caller_is_torch_optim() -> bool:
+    """True when the first frames above the call, up to the first one outside torch, include torch.optim."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/optim/" in filename:
+            return True
+        if "/torch/" not in filename and not filename.endswith("host_sync.py"):
+            return False
+        frame = frame.f_back
+    return False
+
+
+class HostSyncCounter(TorchFunctionMode):
+    """``with HostSyncCounter() as c: ...`` counts host-synchronising tensor calls in the block.
+
+    ``c.total`` is the count, ``c.by_name`` a Counter by call name and ``c.where`` a Counter of
+    "file:line name" of the first frame outside torch, so a failing test says where each one is.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.by_name: collections.Counter = collections.Counter()
+        self.where: collections.Counter = collections.Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_name.values())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = _call_name(func)
+        if name in SYNC_CALLS and not _caller_is_torch_optim():
+            self.by_name[name] += 1
+            self.where[f"{_first_outside_torch()} {name}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _first_outside_torch() -> str:
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/" not in filename and not filename.endswith("host_sync.py"):
+            return f"{filename.rsplit('/zsprob/', 1)[-1]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def count_host_syncs(fn, *args, **kwargs) -> tuple[object, HostSyncCounter]:
+    """``fn(*args, **kwargs)`` under a :class:`HostSyncCounter`; returns (its result, the counter)."""
+    with HostSyncCounter() as counter:
+        result = fn(*args, **kwargs)
+    return result, counter
+
+
+def cuda_sync_debug(mode: str = "warn"):
+    """``torch.cuda.set_sync_debug_mode(mode)`` as a context manager (a no-op without CUDA)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def _ctx():
+        if not torch.cuda.is_available():
+            yield
+            return
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(mode)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return _ctx()
