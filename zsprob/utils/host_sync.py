@@ -18,6 +18,7 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
+_THIS_FILE = __file__.replace("\\", "/")
 SYNC_CALLS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy",
                         "unique", "unique_consecutive", "nonzero", "masked_select", "equal", "allclose"})
 
@@ -34,7 +35,7 @@ def _caller_is_torch_optim() -> bool:
         filename = frame.f_code.co_filename.replace("\\", "/")
         if "/torch/optim/" in filename:
             return True
-        if "/torch/" not in filename and not filename.endswith("host_sync.py"):
+        if "/torch/" not in filename and filename != _THIS_FILE:
             return False
         frame = frame.f_back
     return False
@@ -68,7 +69,7 @@ def _first_outside_torch() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/" not in filename and not filename.endswith("host_sync.py"):
+        if "/torch/" not in filename and filename != _THIS_FILE:
             return f"{filename.rsplit('/zsprob/', 1)[-1]}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
