@@ -157,10 +157,22 @@ def test_vib_guard_skips_exploding_term():
     x = batch(dtype=torch.float32)
     big_lv = torch.full_like(x[1], 12.0)  # exp(12) ~ 1.6e5: VIB ~ 8e4 > 1e4
     crit = PCMEPPLoss()
-    with pytest.warns(RuntimeWarning, match="VIB"):
-        loss, stats = crit(x[0], big_lv, x[2], x[3])
+    loss, stats = crit(x[0], big_lv, x[2], x[3])
     ref = pcmepp_pseudocode_loss(x[0], big_lv, x[2], x[3], beta=0.0) + 1e-4 * (0 + stats["vib_txt"])
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    assert stats["vib_img"].item() == 0.0 and stats["vib_guard_trips"].item() == 1.0  # the image term tripped
+    big_lv.requires_grad_(True)
+    crit(x[0], big_lv, x[2], x[3])[0].backward()
+    assert torch.isfinite(big_lv.grad).all()
+
+
+def test_vib_guard_decides_on_the_device():
+    from zsprob.utils.host_sync import HostSyncCounter
+
+    x = batch(dtype=torch.float32)
+    with HostSyncCounter() as counter:
+        PCMEPPLoss()(x[0], torch.full_like(x[1], 12.0), x[2], x[3])
+    assert counter.total == 0, counter.where
 
 
 def test_wd_ablation_and_mu_only_distances():

@@ -61,7 +61,6 @@ jWAE pieces are in :mod:`zsprob.prob.jwae`. Written here on plain torch (matmul,
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn as nn
@@ -72,7 +71,7 @@ from zsprob.errors import UserError, check_range
 from zsprob.methods import DEFAULT_DEGRADE_OPS, METHODS
 from zsprob.prob import distances
 from zsprob.prob.jwae import JWAEObjective
-from zsprob.prob.pairs import PairBatch, as_dtype, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
+from zsprob.prob.pairs import PairBatch, as_dtype, guard_term, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
 from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, cover_inclusion, occlusion_terms,
                                 prolip_inclusion)
 
@@ -111,23 +110,15 @@ def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tenso
     """
     weight = targets.clamp(min=0)
     total = weight.sum(dim=1)
-    keep = total > 0
-    if not bool(keep.any()):
-        return txt_logvar.sum() * 0.0
-    w = weight[keep] / total[keep, None]
-    mu_t, lv = txt_mu[keep], txt_logvar[keep]
-    sq = w @ img_mu.square() - 2.0 * mu_t * (w @ img_mu) + mu_t.square()
-    return 0.5 * (sq.clamp(min=0) * torch.exp(-lv) / scale + lv).sum(-1).mean()
+    keep = total > 0  # rows without a positive column add nothing (chosen on the device: no host sync)
+    w = weight / torch.where(keep, total, torch.ones_like(total))[:, None]
+    sq = w @ img_mu.square() - 2.0 * txt_mu * (w @ img_mu) + txt_mu.square()
+    per_row = 0.5 * (sq.clamp(min=0) * torch.exp(-txt_logvar) / scale + txt_logvar).sum(-1)
+    return torch.where(keep, per_row, per_row * 0.0).sum() / keep.sum().clamp(min=1)
 
 
-def _guarded_vib(mu, logvar, name: str) -> torch.Tensor:
-    v = vib_kl(mu, logvar)
-    value = v.detach().item()
-    if value > VIB_GUARD:  # the official code's guard against loss explosions
-        warnings.warn(f"VIB loss of the {name} embeddings exploded ({value:.3g} > {VIB_GUARD:g}); "
-                      "skipping it for this step", RuntimeWarning, stacklevel=3)
-        return v * 0.0
-    return v
+def _guarded_vib(mu, logvar) -> tuple[torch.Tensor, torch.Tensor]:
+    return guard_term(vib_kl(mu, logvar), VIB_GUARD)
 
 
 def _check_weight(name: str, value, positive: bool = False) -> float:
@@ -265,9 +256,9 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
 
         if uses_sigma:
             if self.vib_beta != 0:
-                v_img = _guarded_vib(B.img_mu, B.img_lv, "image")
-                v_txt = _guarded_vib(B.txt_mu, B.txt_lv, "text")
+                (v_img, trip_img), (v_txt, trip_txt) = _guarded_vib(B.img_mu, B.img_lv), _guarded_vib(B.txt_mu, B.txt_lv)
                 loss = loss + self.vib_beta * (v_img + v_txt)
+                stats.update(vib_guard_trips=trip_img + trip_txt)
             else:
                 with torch.no_grad():
                     v_img, v_txt = vib_kl(B.img_mu, B.img_lv), vib_kl(B.txt_mu, B.txt_lv)
@@ -428,7 +419,7 @@ class PCMELoss(nn.Module):
 
     def _vib(self, B, z_img, z_txt) -> torch.Tensor:
         if self.form == "zsprob":
-            return _guarded_vib(B.img_mu, B.img_lv, "image") + _guarded_vib(B.txt_mu, B.txt_lv, "text")
+            return _guarded_vib(B.img_mu, B.img_lv)[0] + _guarded_vib(B.txt_mu, B.txt_lv)[0]
         # official: h = log sigma in the log-variance slot, mu = the mean of the samples, summed
         dim = B.img_mu.shape[1]
         return (vib_kl(z_img.mean(dim=1), 0.5 * B.img_lv) * (B.all_img_mu.shape[0] * dim)

@@ -76,7 +76,6 @@ row / column bookkeeping comes from :mod:`zsprob.prob.losses`.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn as nn
@@ -84,7 +83,7 @@ import torch.nn.functional as F
 
 from zsprob.errors import UserError, check_range
 from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS, IMAGE_MASK_MODES
-from zsprob.prob.pairs import PairBatch, stat
+from zsprob.prob.pairs import PairBatch, guard_term, stat
 __all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "cover_inclusion", "check_occlusion_options", "VIB_GUARD",
            "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
 
@@ -205,13 +204,6 @@ def cover_loss(mu_in, logvar_in, mu_out, logvar_out, scale: float, spread: float
     return -F.logsigmoid(scale * logit).mean()
 
 
-def _guarded(value: torch.Tensor, limit: float, name: str) -> torch.Tensor:
-    magnitude = value.detach().abs().item()
-    if magnitude > limit:
-        warnings.warn(f"ProLIP {name} loss exploded ({magnitude:.3g} > {limit:g}); skipping it for this step",
-                      RuntimeWarning, stacklevel=3)
-        return value * 0.0
-    return value
 
 
 def _check_range(name: str, value, low: float, high: float = math.inf, low_open: bool = False) -> float:
@@ -338,7 +330,8 @@ def occlusion_terms(items, inclusion, dtype, detach_mu: bool = False) -> tuple[t
         if detach_mu:
             mu_in, mu_out = mu_in.detach(), mu_out.detach()
         occ = inclusion(mu_in, lv[:n_masked], mu_out, m_lv.to(dtype))
-        occ = _guarded(occ, INCLUSION_GUARD, f"{name} occlusion inclusion")
+        occ, tripped = guard_term(occ, INCLUSION_GUARD)
+        stats[f"{name}_inclusion_guard_trips"] = tripped
         total = total + occ
         stats[f"{name}_inclusion"] = stat(occ)
         stats["n_masked"] = torch.tensor(n_masked)
@@ -451,8 +444,8 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
             if batch.txt_mu.shape[0] != n_rows:
                 raise ValueError("the image-in-caption inclusion term pairs row i of the images with row i "
                                  "of the texts: give as many local texts as images")
-            incl = _guarded(self.inclusion(batch.img_mu, batch.img_lv, batch.txt_mu, batch.txt_lv),
-                            INCLUSION_GUARD, "inclusion")
+            incl, stats["inclusion_guard_trips"] = guard_term(
+                self.inclusion(batch.img_mu, batch.img_lv, batch.txt_mu, batch.txt_lv), INCLUSION_GUARD)
             loss = loss + self.inclusion_alpha * incl
             stats["inclusion"] = stat(incl)
         occ_weight = self.occlusion_weight(step)
@@ -463,8 +456,9 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
             loss = loss + occ_weight * occ
             stats.update(occ_stats, occ_weight=torch.tensor(occ_weight))
 
-        vib_img = _guarded(prolip_vib(batch.img_mu, batch.img_lv), VIB_GUARD, "image VIB")
-        vib_txt = _guarded(prolip_vib(batch.txt_mu, batch.txt_lv), VIB_GUARD, "text VIB")
+        vib_img, trip_img = guard_term(prolip_vib(batch.img_mu, batch.img_lv), VIB_GUARD)
+        vib_txt, trip_txt = guard_term(prolip_vib(batch.txt_mu, batch.txt_lv), VIB_GUARD)
+        stats["vib_guard_trips"] = trip_img + trip_txt
         if self.vib_beta > 0:
             loss = loss + self.vib_beta * (vib_img + vib_txt)
         stats.update(vib_img=stat(vib_img), vib_txt=stat(vib_txt),
