@@ -38,7 +38,7 @@ def worker(cfg: dict) -> dict:
     from zsprob.models import create_model
     from zsprob.prob import create_loss
     from zsprob.train.accumulate import accumulated_step, enable_grad_checkpointing
-    from zsprob.train.loop import ContrastiveStep
+    from zsprob.train.step import ContrastiveStep
 
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(0)

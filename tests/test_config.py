@@ -33,7 +33,7 @@ def test_training_defaults_are_merged_once_from_one_place():
     takes that config as it is, and merges the same DEFAULTS into a partial dict from Python."""
     from zsprob.config import deep_merge, read_yaml
     from zsprob.train.defaults import DEFAULTS, TrainConfig, load_train_config, with_defaults
-    from zsprob.train.loop import resolve_config
+    from zsprob.train.build import resolve_config
     cfg = load_train_config("synthetic_tiny.yaml", ["optim.lr=0.01", "data.pipeline.caption_key=txt"])
     assert isinstance(cfg, TrainConfig) and resolve_config(cfg) is cfg
     expected = deep_merge(deep_merge(DEFAULTS, read_yaml("synthetic_tiny.yaml")),
@@ -52,7 +52,7 @@ def test_the_sigma_recipe_builds_detached_heads_and_a_sigma_only_occlusion_term(
     model and the loss."""
     from zsprob.prob import PCMEPPLoss
     from zsprob.train import load_train_config
-    from zsprob.train.loop import build_loss, build_model, resolve_config
+    from zsprob.train.build import build_loss, build_model, resolve_config
     base = load_train_config("synthetic_tiny.yaml")
     cfg = resolve_config(load_train_config("synthetic_tiny_sigma.yaml"))
     assert cfg.model.name == base.model.name and cfg.schedule.steps == base.schedule.steps
@@ -76,7 +76,7 @@ def test_every_true_false_key_refuses_other_values():
     """Keys whose default is true / false take YAML booleans only; bool('maybe') would be true."""
     from zsprob.errors import UserError
     from zsprob.train.defaults import load_train_config
-    from zsprob.train.loop import resolve_config
+    from zsprob.train.build import resolve_config
     from zsprob.utils.checks import check_flags
 
     for setting, key in [("msda.enabled=2", "msda.enabled"), ("optim.fused=1", "optim.fused"),

@@ -191,7 +191,7 @@ def test_loss_options_are_checked(options):
 def test_trainer_makes_degraded_copies_with_the_models_normalisation():
     from zsprob.models import create_model
     from zsprob.prob import PCMEPPLoss
-    from zsprob.train.loop import ContrastiveStep
+    from zsprob.train.step import ContrastiveStep
     model = create_model("zsprob-tiny-bow", seed=0)
     pre = model.config["preprocess_cfg"]
     loss = PCMEPPLoss(inclusion_alpha_occ=0.1, drop_ratio=0.5, image_mask_mode="degrade",

@@ -118,12 +118,12 @@ def test_discriminator_and_autoencoder_updates_touch_only_their_own_parameters()
     from accelerate import Accelerator
 
     from zsprob.train import jwae_step
-    from zsprob.train.loop import resolve_config, resolve_schedule
+    from zsprob.train.build import resolve_config
     cfg = resolve_config(jwae_cfg("optim.grad_clip=2.0", "schedule.steps=5"))
     src = source(0.5)
     acc = Accelerator(cpu=True)
-    model, loss, src, plan, step_module, optimizer, _ = jwae_step.build(cfg, acc, src, resolve_schedule)
-    run = types.SimpleNamespace(acc=acc, cfg=cfg, optimizer=optimizer)
+    model, loss, src, plan, step_module, optimizer, _ = jwae_step.build(cfg, acc, src)
+    run = types.SimpleNamespace(acc=acc, cfg=cfg, optimizer=optimizer, world=1)
     batch = next(iter(src.epoch_batches(0)))
     codes = step_module.codes(batch)
     before = _snapshot(step_module)

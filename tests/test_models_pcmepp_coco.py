@@ -625,7 +625,7 @@ def test_weights_applies_to_coco_trainer_files_only(tmp_path):
             load_for_inference(**kw, weights="swa")
     from zsprob.cli.train_options import flag_overrides
     from zsprob.train.defaults import load_train_config
-    from zsprob.train.loop import build_model
+    from zsprob.train.build import build_model
 
     assert flag_overrides({"weights": "swa"}) == ["model.weights=swa"]
     cfg = load_train_config(None, ["model.name=pcmepp-coco-tiny", f"model.pretrained={tmp_path / 'last.ckpt'}",

@@ -93,7 +93,7 @@ def test_official_uniformity_draws_with_replacement():
 
 def test_pcme_method_builds_a_log_sigma_model_and_trains():
     """--method pcme: the head predicts log sigma (logvar = 2 x head output); a few steps lower the loss."""
-    from zsprob.train.loop import build_loss, build_model, resolve_config
+    from zsprob.train.build import build_loss, build_model, resolve_config
     cfg = resolve_config({"method": "pcme", "model": {"name": "zsprob-tiny", "embed_dim": 16}})
     model = build_model(cfg)
     assert model.sigma_param == "logsigma" and model.config["sigma_param"] == "logsigma"
@@ -144,14 +144,16 @@ def test_mc_evaluation_uses_the_learned_a_b_j_and_form(tmp_path):
     from zsprob.models import load
     from zsprob.prob.distances import mc_match_prob
     from zsprob.retrieval.scoring import mc_score_options
-    from zsprob.train.loop import ContrastiveStep, _save_model, build_loss, build_model, resolve_config
+    from zsprob.train.build import build_loss, build_model, resolve_config
+    from zsprob.train.checkpoints import save_model
+    from zsprob.train.step import ContrastiveStep
     cfg = resolve_config({"method": "pcme", "model": {"name": "zsprob-tiny", "embed_dim": 16},
                           "loss": {"pcme": {"n_samples": 4}}})
     step = ContrastiveStep(build_model(cfg), build_loss(cfg))
     with torch.no_grad():
         step.loss.scale.fill_(12.5)
         step.loss.shift.fill_(3.0)
-    _save_model(step, tmp_path / "m", cfg, 1)
+    save_model(step, tmp_path / "m", cfg, 1)
     opts = mc_score_options(load(tmp_path / "m"))
     assert opts == {"a": 12.5, "b": 3.0, "n_samples": 4, "slope": 2.0}
     assert mc_score_options(step.model) == {}  # not a checkpoint: the fixed defaults

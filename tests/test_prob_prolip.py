@@ -388,7 +388,7 @@ TINY = TINY_TOWERS
 
 def test_step_module_masks_the_first_rows_reproducibly():
     from zsprob.models import create_model
-    from zsprob.train.loop import ContrastiveStep
+    from zsprob.train.step import ContrastiveStep
     model = create_model("zsprob-tiny", embed_dim=16, seed=0, **TINY)
     crit = ProLIPLoss(drop_ratio=0.25, mask_patch_size=8)
     step = ContrastiveStep(model, crit, seed=5)
@@ -564,7 +564,7 @@ def test_occlusion_weight_ramps_in_after_the_start_step(cls):
     from zsprob.models import create_model
     from zsprob.prob import PCMEPPLoss
     from zsprob.prob.prolip import occlusion_ramp
-    from zsprob.train.loop import ContrastiveStep
+    from zsprob.train.step import ContrastiveStep
     assert [occlusion_ramp(s, 10, 4) for s in (0, 9, 10, 11, 13, 14, 500)] == [0, 0, 0.25, 0.5, 1, 1, 1]
     assert occlusion_ramp(None, 10, 4) == 1.0 and occlusion_ramp(3, 3, 0) == 1.0 and occlusion_ramp(2, 3, 0) == 0.0
     make = PCMEPPLoss if cls == "pcmepp" else ProLIPLoss
@@ -601,7 +601,7 @@ def test_masked_copies_do_not_move_batchnorm_statistics():
     changing their running statistics: after a step they are those of the real batch alone."""
     from zsprob.models import create_model
     from zsprob.prob import PCMEPPLoss
-    from zsprob.train.loop import ContrastiveStep
+    from zsprob.train.step import ContrastiveStep
     cnn = {"vision_cfg": {"image_size": 64}, "text_cfg": {"layers": 1, "width": 32, "heads": 2, "context_length": 16}}
     images = torch.randn(8, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     stats = []

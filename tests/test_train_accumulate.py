@@ -39,7 +39,7 @@ def step_module(method: str, seed: int = 0, dtype=torch.float64, **model_kw):
     """Model + loss; float64 by default, so the equalities below hold to rounding (1e-10 asserted)."""
     from zsprob.models import create_model
     from zsprob.prob import create_loss
-    from zsprob.train.loop import ContrastiveStep
+    from zsprob.train.step import ContrastiveStep
     model_over, loss_kw = METHODS[method]
     model = create_model("zsprob-tiny", embed_dim=16, seed=seed, **{**TINY, **model_over, **model_kw}).train()
     return ContrastiveStep(model.to(dtype), create_loss(method, **loss_kw).to(dtype), seed=3)

@@ -43,7 +43,8 @@ def _cfg(root, **over):
 
 
 def test_same_image_captions_are_positives_in_one_batch(tmp_path):
-    from zsprob.train.loop import build_model, build_source, next_batch, resolve_config
+    from zsprob.train.build import build_model, build_source, resolve_config
+    from zsprob.train.step import next_batch
     _tiny_coco(tmp_path / "coco", n_train=2, n_val=0)  # 10 captions of 2 images: every batch repeats images
     cfg = resolve_config(_cfg(tmp_path / "coco"))
     model = build_model(cfg)
@@ -73,7 +74,7 @@ def test_official_transforms_crop_flip_squash_and_imagenet_normalisation(tmp_pat
 
     from zsprob.data.transforms import IMAGENET_MEAN, IMAGENET_STD, OfficialCocoTrainTransform
     from zsprob.models import load, save
-    from zsprob.train.loop import build_model, resolve_config
+    from zsprob.train.build import build_model, resolve_config
     cfg = resolve_config(_cfg(tmp_path, data={"preprocess": "official"}))
     model = build_model(cfg)
     assert isinstance(model.preprocess_train, OfficialCocoTrainTransform)
@@ -101,7 +102,8 @@ def test_official_transforms_crop_flip_squash_and_imagenet_normalisation(tmp_pat
 
 
 def test_embedding_warmup_scales_the_loss_not_the_lr():
-    from zsprob.train.loop import resolve_config, resolve_schedule
+    from zsprob.train.build import resolve_config
+    from zsprob.train.schedule import resolve_schedule
     cfg = resolve_config({"schedule": {"steps": 50}, "freeze": {"image_steps": 20, "warmup_steps": 10,
                                                                 "warmup_mode": "loss"}})
     plan = resolve_schedule(cfg, 10)
@@ -118,7 +120,9 @@ def test_swa_averages_a_and_b_with_the_weights(tmp_path):
     from zsprob.models import load_extra_tensors, load_meta
     from zsprob.prob import PCMEPPLoss
     from zsprob.train import optim
-    from zsprob.train.loop import ContrastiveStep, _save_model, build_model, resolve_config
+    from zsprob.train.build import build_model, resolve_config
+    from zsprob.train.checkpoints import save_model
+    from zsprob.train.step import ContrastiveStep
     cfg = resolve_config({"model": {"name": "zsprob-tiny", "embed_dim": 16, "overrides": TINY}})
     step = ContrastiveStep(build_model(cfg), PCMEPPLoss())
     swa = optim.SWA(step.model, start=0, every=1, loss=step.loss)
@@ -128,7 +132,7 @@ def test_swa_averages_a_and_b_with_the_weights(tmp_path):
             step.loss.shift.fill_(a / 2)
         swa.update(step.model, step.loss)
     assert swa.averaged_loss.module.scale.item() == pytest.approx(7.0)
-    _save_model(step, tmp_path / "swa", cfg, 3, swa=swa)
+    save_model(step, tmp_path / "swa", cfg, 3, swa=swa)
     assert float(load_extra_tensors(tmp_path / "swa")["loss.scale"]) == pytest.approx(7.0)
     assert load_meta(tmp_path / "swa")["extra"]["loss_params"]["shift"] == pytest.approx(3.5)
     restored = optim.SWA(step.model, start=0, every=1, loss=step.loss)
@@ -138,7 +142,8 @@ def test_swa_averages_a_and_b_with_the_weights(tmp_path):
 
 def test_official_recipe_keeps_nine_swa_snapshots():
     from zsprob.train import load_train_config
-    from zsprob.train.loop import build_swa, resolve_schedule
+    from zsprob.train.build import build_swa
+    from zsprob.train.schedule import resolve_schedule
     cfg = load_train_config("finetune_coco_vitb32.yaml", [])
     plan = resolve_schedule(cfg, 100)  # 25 epochs of 100 steps
     swa = build_swa(cfg, torch.nn.Linear(2, 2), plan, torch.nn.Linear(1, 1))

@@ -19,7 +19,8 @@ WORKER = textwrap.dedent('''
     from safetensors.torch import save_file
     from zsprob.models import create_model
     from zsprob.prob import create_loss, needs_sigma
-    from zsprob.train.loop import ContrastiveStep, train
+    from zsprob.train.loop import train
+    from zsprob.train.step import ContrastiveStep
     from zsprob.train.data import TensorSource
     from zsprob.train import distributed as D
 

@@ -26,7 +26,7 @@ TINY = {"open_clip_cfg": {"vision_cfg": {"layers": 3, "width": 32, "head_width":
 def step_module():
     from zsprob.models import create_model
     from zsprob.prob import create_loss
-    from zsprob.train.loop import ContrastiveStep
+    from zsprob.train.step import ContrastiveStep
     model = create_model("zsprob-tiny", embed_dim=16, seed=0, **TINY)
     return ContrastiveStep(model, create_loss("pcmepp"))
 
@@ -238,7 +238,7 @@ def test_mixed_seed_is_deterministic_and_sensitive():
 
 def test_recipes_carry_the_paper_settings():
     from zsprob.train import load_train_config
-    from zsprob.train.loop import resolve_config
+    from zsprob.train.build import resolve_config
     c = resolve_config(load_train_config("finetune_coco_vitb32.yaml"))
     assert (c.model.name, c.model.pretrained, c.model.embed_dim) == ("ViT-B-32", "openai", 1024)
     assert (c.optim.name, c.optim.lr, c.optim.weight_decay, c.optim.layer_decay) == ("adamp", 5e-4, 1e-4, 0.7)
@@ -323,7 +323,7 @@ def b16_step():
     """A ViT-B/16 ProbCLIP (one sigma block per tower) on the meta device, with PCME++'s loss."""
     from zsprob.models import create_model
     from zsprob.prob import create_loss
-    from zsprob.train.loop import ContrastiveStep
+    from zsprob.train.step import ContrastiveStep
     with torch.device("meta"):
         model = create_model("ViT-B-16", None, sigma_depth=1, seed=0)
         return ContrastiveStep(model, create_loss("pcmepp"))

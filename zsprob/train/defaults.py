@@ -128,6 +128,9 @@ DEFAULTS: dict = {
         "find_unused_parameters": False,
         "remote_sync": None,       # fsspec URL mirroring OUT after each checkpoint (zsprob.train.remote_sync)
         "accum_steps": 1,          # micro-batches per step, same loss as one batch (zsprob.train.accumulate)
+        "tf32": True,              # CUDA: TF32 matmuls / convolutions in the towers (losses and CSD stay full fp32)
+        "compile": False,          # torch.compile the model (needs a C++ compiler on the CPU, triton on CUDA)
+        "dist_timeout_s": 1800,    # timeout of every process group (a long rank-0 evaluation must fit in it)
     },
 }
 
@@ -150,6 +153,7 @@ COUNT_KEYS: tuple = (
     ("train.max_nonfinite", None, ">=1", True),
     ("train.threads", "--threads", ">=1", True),
     ("train.accum_steps", None, ">=1", True),
+    ("train.dist_timeout_s", None, ">0", False),
     ("train.requeue_exit_code", "--requeue-exit-code", ">=0", True),
     ("freeze.image_steps", None, ">=0", True),
     ("freeze.image_epochs", None, ">=0", False),

@@ -21,7 +21,6 @@ Single process only (the two-phase step does not go through DDP).
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch
 from torch import nn
@@ -29,6 +28,8 @@ from torch import nn
 from zsprob.errors import UserError
 from zsprob.train import optim
 from zsprob.train.data import mixed_seed
+from zsprob.train.schedule import resolve_schedule
+from zsprob.train.step import apply_if_finite, clip_gradient_sets, count_outcome, unscale_once
 
 __all__ = ["JWAEStep", "build", "one_step", "build_model", "build_source"]
 
@@ -152,7 +153,7 @@ def build_optimisation(cfg, step_module: JWAEStep, plan):
     return optimizer, schedule
 
 
-def build(cfg, acc, source, resolve_schedule):
+def build(cfg, acc, source):
     """(model, loss, source, plan, step module, optimiser, schedule) of a jWAE run."""
     from zsprob.prob import create_loss
 
@@ -183,22 +184,19 @@ def _update(run, loss: torch.Tensor, params: list, drop: list) -> bool:
     run.acc.backward(loss)
     for p in drop:
         p.grad = None
+    unscale_once(run.acc)
     check = loss.detach().float()
     grad_clip = run.cfg.optim.get("grad_clip")
     if grad_clip:
-        check = check + 0.0 * run.acc.clip_grad_norm_(params, float(grad_clip)).detach().float()
-    ok = bool(torch.isfinite(check).item())
-    if ok:
-        run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    return ok
+        check = check + 0.0 * clip_gradient_sets([params], float(grad_clip))[0].detach().float()
+    return apply_if_finite(run, check)
 
 
 def one_step(run, step: int) -> dict:
     """Discriminator update, then autoencoder update, on one semi-supervised batch; returns the stats."""
     started = time.perf_counter()
     batch = _to(run.cursor.next(), run.acc.device)
-    run.data_time += time.perf_counter() - started
+    run.counters.data_time += time.perf_counter() - started
     raw: JWAEStep = run.raw
     ae_params = raw.model.trainable_parameters()
     disc_params = list(raw.loss.parameters())
@@ -207,16 +205,6 @@ def one_step(run, step: int) -> dict:
     d_ok = _update(run, d_loss, disc_params, ae_params)
     g_loss, g_stats = raw.generator_loss(codes)
     g_ok = _update(run, g_loss, ae_params, disc_params)
-    if d_ok and g_ok:
-        run.consecutive_bad = 0
-        run.loss_sum += g_loss.detach().float()
-        run.n_in_interval += 1
-    else:
-        run.nonfinite_total += 1
-        run.consecutive_bad += 1
-        warnings.warn(f"step {step + 1}: non-finite jWAE loss, an update was skipped ({run.consecutive_bad} in a row)")
-        if run.consecutive_bad >= int(run.cfg.train.max_nonfinite):
-            raise UserError(f"training stopped: the jWAE losses were non-finite in {run.consecutive_bad} consecutive "
-                            "steps; lower optim.lr or check the data")
+    count_outcome(run, d_ok and g_ok, g_loss, step, "jWAE loss")
     return {**g_stats, **d_stats, "n_unpaired_img": 0 if codes[2] is None else codes[2][2].shape[0],
             "n_unpaired_txt": 0 if codes[3] is None else codes[3][2].shape[0]}

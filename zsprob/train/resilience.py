@@ -48,7 +48,7 @@ def restart_count() -> int:
         return 0
 
 
-def init_restart_safe_process_group(cpu: bool) -> bool:
+def init_restart_safe_process_group(cpu: bool, timeout=None) -> bool:
     """Open the default process group in a key space of its own for each torchrun restart.
 
     Since torch 2.5 torchrun's c10d rendezvous shares one TCPStore (hosted by the agent, which
@@ -58,7 +58,8 @@ def init_restart_safe_process_group(cpu: bool) -> bool:
     peer overwrites them: "Gloo connectFullMesh failed ... Connection refused", or a hang. Under
     that shared store (``TORCHELASTIC_USE_AGENT_STORE=True``) this opens the group itself on the
     agent's store behind the prefix ``zsprob/restart-<TORCHELASTIC_RESTART_COUNT>``; accelerate then
-    finds it initialised and uses it. Returns whether it did so (False: not under a shared store, or
+    finds it initialised and uses it. ``timeout`` (a timedelta, ``train.dist_timeout_s``) bounds every
+    collective of the group. Returns whether it did so (False: not under a shared store, or
     a group exists already; accelerate opens its own as usual).
 
     The restart count is the same on every worker of one node; across nodes it can differ when an
@@ -71,7 +72,7 @@ def init_restart_safe_process_group(cpu: bool) -> bool:
 
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not dist.is_available() or dist.is_initialized():
         return False
-    timeout = timedelta(seconds=float(os.environ.get("ZSPROB_DIST_TIMEOUT_S", 1800)))
+    timeout = timeout if timeout is not None else timedelta(seconds=1800)  # train.dist_timeout_s's default
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
     backend = "gloo" if cpu or not torch.cuda.is_available() else "nccl"

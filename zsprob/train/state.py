@@ -85,23 +85,33 @@ def unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 # ----------------------------------------------------------------------------- RNG
 
 def rng_state() -> dict:
-    """Python, numpy and torch (CPU and every CUDA device) generator states."""
+    """Python, numpy, torch CPU and (with CUDA) the current CUDA device's generator states.
+
+    Only the current device: each process of a run owns one GPU, and a checkpoint must resume on
+    a machine that shows a different number of them.
+    """
     st = {"python": random.getstate(), "numpy": np.random.get_state(),
           "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        st["cuda"] = [s for s in torch.cuda.get_rng_state_all()]
+        st["cuda"] = torch.cuda.get_rng_state()
     return st
 
 
 def set_rng_state(st: dict) -> None:
+    """The inverse of :func:`rng_state`. A CUDA state saved as a list (one per visible device, by older
+    checkpoints) gives the current device its entry, or the first one when it has fewer."""
     py = st["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     np_st = st["numpy"]
     np.random.set_state((np_st[0], np.asarray(np_st[1], dtype=np.uint32), int(np_st[2]),
                          int(np_st[3]), float(np_st[4])))
     torch.set_rng_state(st["torch"].to(torch.uint8))
-    if "cuda" in st and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.to(torch.uint8) for s in st["cuda"]])
+    cuda = st.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, (list, tuple)):
+            index = torch.cuda.current_device()
+            cuda = cuda[index] if index < len(cuda) else cuda[0]
+        torch.cuda.set_rng_state(cuda.to(torch.uint8))
 
 
 def seed_everything(seed: int) -> None:

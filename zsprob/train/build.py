@@ -1,0 +1,264 @@
+"""Building a training run from its config: the model, the loss, the data source, the accelerator,
+the optimiser and schedule, SWA, and the :class:`~zsprob.train.run.Run` that holds them.
+
+Owns :func:`resolve_config` (defaults merged, every count / flag / precision checked),
+:func:`make_accelerator` (accelerate's ``Accelerator``: device, precision, DDP with the process
+group's timeout, TF32 on CUDA), the ``build_*`` functions and :func:`build_run`, which picks the step
+of the method (the pairwise step of :mod:`zsprob.train.step`, or jWAE's) and builds every part once.
+Libraries: accelerate (devices, DDP, mixed precision), torch (``torch.compile``), zsprob.models,
+zsprob.prob, zsprob.train.optim / data / schedule.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from zsprob.config import Config
+from zsprob.data.captions import SHARD_KINDS
+from zsprob.errors import UserError
+from zsprob.train import accumulate, optim, resilience
+from zsprob.train.data import (BatchSource, CocoSource, WdsSource, count_samples_synthetic, resolve_shards,
+                               shard_options)
+from zsprob.train.defaults import COUNT_KEYS, DEFAULTS, METHODS, with_defaults
+from zsprob.train.run import DataCursor, Run
+from zsprob.train.schedule import SchedulePlan, resolve_schedule
+from zsprob.train.step import ContrastiveStep, gradient_clip_sets, one_step
+from zsprob.utils.checks import check_counts, check_flags, check_shards
+
+
+def resolve_config(cfg: Any) -> Config:
+    """Defaults <- ``cfg`` (unless ``cfg`` already has them: :func:`zsprob.train.defaults.with_defaults`);
+    validates the method, the precision, every count (``COUNT_KEYS``) and every true / false key."""
+    cfg = with_defaults(cfg)
+    check_counts(cfg, COUNT_KEYS)
+    if cfg.method not in METHODS:
+        raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
+    check_flags(cfg, DEFAULTS)  # every true / false key (data.augment, optim.fused, msda.enabled, ...)
+    if cfg.train.precision not in ("fp32", "bf16", "fp16"):
+        raise UserError(f"train.precision must be fp32, bf16 or fp16, got {cfg.train.precision!r}")
+    return cfg
+
+
+def _is_zsprob_checkpoint(path) -> bool:
+    from zsprob.models import is_checkpoint
+    return bool(path) and is_checkpoint(path)
+
+
+def build_model(cfg: Config):
+    from zsprob.models import create_model
+    from zsprob.prob import needs_sigma
+    m = cfg.model
+    kw: dict[str, Any] = {}
+    for key in ("embed_dim", "sigma_depth", "sigma_init", "pooling", "var_bounds", "sigma_head", "sigma_param",
+                "sigma_shape", "weights"):
+        if m.get(key) is not None:
+            kw[key] = m[key]
+    if cfg.method == "pcme" and kw.get("sigma_param") is None and not _is_zsprob_checkpoint(m.get("pretrained")):
+        # PCME's official head predicts log sigma (the official loss form reads it so)
+        form = ((cfg.loss or {}).get("pcme") or {}).get("form", "official")
+        kw["sigma_param"] = "logsigma" if form == "official" else "logvar"
+    if kw.get("var_bounds") is not None:
+        kw["var_bounds"] = tuple(kw["var_bounds"])
+    kw.update(dict(m.get("overrides") or {}))
+    deterministic = bool(kw.pop("deterministic", not needs_sigma(cfg.method)))
+    if deterministic and needs_sigma(cfg.method):
+        raise UserError(f"--method {cfg.method} needs sigma, but the model is deterministic "
+                        "(model.overrides.deterministic); drop that override or pick a method without sigma")
+    model = create_model(m.name, pretrained=m.get("pretrained"), deterministic=deterministic, seed=int(cfg.seed), **kw)
+    preprocess = cfg.data.get("preprocess") or "clip"
+    if preprocess not in ("clip", "official"):
+        raise UserError(f"data.preprocess must be clip or official, got {preprocess!r}")
+    if preprocess == "official":  # PCME++'s COCO transforms (ImageNet normalisation, crop 0.6-1.0, flip)
+        from zsprob.data.transforms import apply_official_coco_preprocess
+        apply_official_coco_preprocess(model)
+    return model
+
+
+def build_loss(cfg: Config) -> nn.Module:
+    from zsprob.prob import create_loss
+    kwargs = dict((cfg.loss or {}).get(cfg.method) or {})
+    try:
+        return create_loss(cfg.method, **kwargs)
+    except TypeError as e:
+        raise UserError(f"bad loss options for --method {cfg.method}: {e} (config section loss.{cfg.method})") from None
+
+
+def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
+    d = cfg.data
+    B = int(d.batch_size)
+    # data.augment=False trains on the evaluation transform (resize + centre crop): open_clip's
+    # RandomResizedCrop also jitters the aspect ratio (3/4..4/3), which blurs classes that differ
+    # by aspect ratio only (SynthWorld's circle / ellipse, square / rectangle)
+    preprocess = model.preprocess_train if d.get("augment", True) else model.preprocess_val
+    if B % world:
+        raise UserError(f"data.batch_size {B} (the global batch) is not divisible by {world} processes")
+    kind = d.kind
+    if kind in SHARD_KINDS:
+        check_shards(kind, d.shards)
+        samples = d.get("samples_per_epoch")
+        if samples is None and kind == "synthetic":
+            samples = count_samples_synthetic(d.shards)
+        options = shard_options(d, B // world, int(cfg.seed), samples)
+        return WdsSource(resolve_shards(d.shards), options, preprocess=preprocess, tokenizer=model.tokenizer)
+    if kind == "coco":
+        if not d.root:
+            raise UserError("--data coco needs --root (the COCO directory)")
+        return CocoSource(d.root, preprocess=preprocess, tokenizer=model.tokenizer,
+                          global_batch_size=B, rank=rank, world=world, seed=int(cfg.seed),
+                          num_workers=int(d.num_workers), noise_ratio=float(d.noise_ratio or 0.0),
+                          karpathy_json=d.get("karpathy_json"))
+    raise UserError(f"unknown data kind {kind!r} (synthetic, webdataset, redcaps, coco)")
+
+
+def make_accelerator(cfg: Config, out: Path):
+    """The accelerate ``Accelerator`` of ``cfg.train`` (device, precision, DDP and its process group's
+    timeout, TensorBoard) and its tracker name; TF32 for the towers on CUDA (``train.tf32``)."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    tc = cfg.train
+    if tc.threads:
+        torch.set_num_threads(int(tc.threads))
+    cpu = training_on_cpu(tc)
+    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[tc.precision]
+    if mixed == "fp16" and cpu:
+        raise UserError("fp16 needs a GPU; use --set train.precision=bf16 or fp32 on the CPU")
+    log_with = None
+    if tc.tensorboard:
+        try:
+            import tensorboard  # noqa: F401
+            log_with = "tensorboard"
+        except ImportError:
+            warnings.warn("tensorboard is not installed; metrics go to metrics.jsonl only")
+    timeout = timedelta(seconds=float(tc.dist_timeout_s))
+    resilience.init_restart_safe_process_group(cpu, timeout)  # before accelerate opens one: see its docstring
+    acc = Accelerator(cpu=cpu, mixed_precision=mixed, log_with=log_with, project_dir=str(out),
+                      kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(tc.find_unused_parameters)),
+                                       InitProcessGroupKwargs(timeout=timeout)])
+    if acc.device.type == "cuda":
+        set_tf32(bool(tc.tf32))
+    return acc, log_with
+
+
+def training_on_cpu(tc) -> bool:
+    """``train.cpu``: null means the CPU when no GPU is visible; false without a GPU is one line."""
+    if tc.cpu is None:
+        return not torch.cuda.is_available()
+    if not tc.cpu and not torch.cuda.is_available():
+        raise UserError("train.cpu=false asks for a GPU, but torch sees none (torch.cuda.is_available() is False); "
+                        "drop the setting to train on the CPU")
+    return bool(tc.cpu)
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 for float32 matmuls and convolutions on CUDA (the towers); the losses and CSD opt out
+    (:func:`zsprob.train.step.full_precision_matmuls`)."""
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def build_optimisation(cfg: Config, model, step_module: nn.Module, plan: SchedulePlan):
+    """Parameter groups, the optimiser and the per-group lr schedule (with backbone freezing)."""
+    oc = cfg.optim
+    sch = cfg.schedule
+    info = model.param_info() if hasattr(model, "param_info") else {}
+    groups = optim.param_groups(step_module, lr=float(oc.lr), weight_decay=float(oc.weight_decay), param_info=info,
+                            prefix="model.",
+                            layer_decay=float(oc.layer_decay) if oc.get("layer_decay") is not None else None,
+                            image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
+                            grouping=str(oc.get("grouping") or "zsprob"))
+    optimizer = optim.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
+                                   betas=oc.betas, eps=float(oc.eps), fused=oc.get("fused", False))
+    schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(sch.name, total_steps=plan.total_steps,
+                                                        warmup_steps=plan.warmup,
+                                                        min_lr_ratio=float(sch.min_lr_ratio),
+                                                        milestones=plan.milestones, gamma=float(sch.gamma)),
+                               freeze=plan.freeze)
+    return optimizer, schedule
+
+
+def batch_augmentations(cfg: Config, model) -> tuple[Any, float]:
+    """Text SizeAugment (``data.text_size_augment*``) and the label smoothing of steps without MSDA
+    (``msda.label_smoothing``), after checking the MSDA options; both off unless a recipe asks."""
+    from zsprob.data.text_augment import TextSizeAugment
+    from zsprob.prob.msda import check_config
+
+    msda = cfg.msda
+    label_smoothing = float(msda.get("label_smoothing") or 0.0)
+    check_config(enabled=bool(msda.enabled), mode=str(msda.mode), ratio=float(msda.ratio), alpha=float(msda.alpha),
+                 switch_prob=float(msda.get("switch_prob", 0.5)), smoothing=float(msda.get("smoothing", 1e-4)),
+                 label_smoothing=label_smoothing)
+    text_aug = TextSizeAugment(float(cfg.data.get("text_size_augment") or 0.0),
+                               float(cfg.data.get("text_size_augment_masking", 0.5)),
+                               float(cfg.data.get("text_size_augment_erasing", 0.1)), model.tokenizer)
+    return text_aug, label_smoothing
+
+
+def build_swa(cfg: Config, model: nn.Module, plan: SchedulePlan, loss: nn.Module | None = None) -> optim.SWA | None:
+    """SWA of the model (and of the loss's a, b: ``swa.average_loss``, the official swa_criterion)."""
+    if not cfg.swa.enabled:
+        return None
+    last = plan.steps_of(cfg.swa.get("last_steps"), cfg.swa.get("last_epochs"), "swa.last_epochs")
+    every = cfg.swa.get("every_steps") or plan.steps_per_epoch or max(1, last // 10)
+    loss = loss if cfg.swa.get("average_loss", True) else None
+    return optim.SWA(model, start=max(0, plan.total_steps - last), every=int(every), loss=loss)
+
+
+def build_parts(cfg: Config, acc, source: BatchSource | None):
+    """(model, loss, source, plan, step module, optimiser, schedule) of a pairwise run."""
+    model = build_model(cfg)
+    if cfg.model.get("grad_checkpointing"):
+        accumulate.enable_grad_checkpointing(model)
+    loss_fn = build_loss(cfg)
+    if source is None:
+        source = build_source(cfg, model, acc.process_index, acc.num_processes)
+    plan = resolve_schedule(cfg, source.steps_per_epoch)
+    step_module = ContrastiveStep(model, loss_fn, seed=int(cfg.seed))
+    optimizer, schedule = build_optimisation(cfg, model, step_module, plan)
+    return model, loss_fn, source, plan, step_module, optimizer, schedule
+
+
+def compile_model(model: nn.Module, device: torch.device) -> None:
+    """``train.compile``: torch.compile the model in place (its state_dict keys unchanged), after
+    checking that a compiler is there (one line otherwise: a C++ compiler on the CPU, triton on CUDA)."""
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+        if not has_triton():
+            raise UserError("train.compile needs triton on CUDA (pip install triton), or set train.compile=false")
+    elif not any(shutil.which(c) for c in (os.environ.get("CXX") or "g++", "c++", "clang++")):
+        raise UserError("train.compile on the CPU needs a C++ compiler (g++ or clang++ on PATH, or $CXX); "
+                        "install one or set train.compile=false")
+    model.compile()
+
+
+def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: BatchSource | None = None,
+              hooks: Iterable = (), sync=None) -> Run:
+    """Every part of the run ``cfg`` describes, built once, with the step of its method."""
+    from zsprob.train import jwae_step
+
+    jwae = cfg.method == "jwae"  # autoencoders + prior discriminator: its own parts and step
+    builder, step_fn = (jwae_step.build, jwae_step.one_step) if jwae else (build_parts, one_step)
+    model, loss_fn, source, plan, step_module, optimizer, schedule = builder(cfg, acc, source)
+    accum_steps = 1
+    if not jwae:
+        accum_steps = accumulate.check_accum_steps(cfg.train.accum_steps, source.local_batch_size)
+    elif cfg.train.accum_steps != 1:
+        raise UserError(f"train.accum_steps applies to the pairwise losses, not to --method {cfg.method}")
+    if cfg.train.compile:
+        compile_model(model, acc.device)
+    step_module, optimizer = acc.prepare(step_module, optimizer)
+    raw = acc.unwrap_model(step_module)
+    text_aug, label_smoothing = batch_augmentations(cfg, model)
+    return Run(cfg=cfg, out=out, acc=acc, log_with=log_with, step_module=step_module, raw=raw, optimizer=optimizer,
+               schedule=schedule, swa=build_swa(cfg, raw.model, plan, raw.loss), source=source,
+               cursor=DataCursor(source, acc.device), total_steps=plan.total_steps, hooks=list(hooks),
+               step_fn=step_fn, clip_sets=gradient_clip_sets(raw, cfg.optim.grad_clip_split),
+               accum_steps=accum_steps, text_aug=text_aug, label_smoothing=label_smoothing,
+               loss_scale=plan.loss_scale, sync=sync)

@@ -1,0 +1,121 @@
+"""A run's checkpoints: writing a resumable step directory, restoring one, saving the final model(s).
+
+Owns :func:`save_checkpoint` (every rank's random state, then the main process's models, optimiser,
+schedule, scaler, loss and SWA state, committed by a rename), :func:`restore_state` (the inverse, for
+``--resume``) and :func:`save_model` (a ``zsprob.models.save`` directory with the loss's parameters
+and the training config). The file format (safetensors + JSON) is :mod:`zsprob.train.state`'s;
+finding the directory to resume from is :mod:`zsprob.train.resilience`'s.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from zsprob.config import Config
+from zsprob.errors import UserError
+from zsprob.train import optim, resilience, state
+from zsprob.train.logs import loss_scalars
+from zsprob.train.run import Run
+from zsprob.utils.io import atomic_write_text
+
+
+def save_checkpoint(run: Run, step_done: int) -> None:
+    """A resumable step directory: every rank's random state, then (main) models, optimiser and schedule
+    state, written under a temporary name and committed by a rename (a write that fails or dies half-way
+    leaves the previous checkpoint the one ``--resume`` picks)."""
+    acc, out = run.acc, run.out
+    tmp = state.checkpoint_root(out) / f".tmp-step-{step_done:07d}"
+    try:
+        if run.main:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        acc.wait_for_everyone()
+        state.save_state(tmp / f"rng-rank{run.rank}", {"rng": state.rng_state()})
+        acc.wait_for_everyone()
+        if run.main:
+            _write_main_state(run, tmp, step_done)
+            state.commit_checkpoint(out, tmp, step_done, keep=int(run.cfg.train.keep_checkpoints))
+            if run.sync is not None:
+                run.sync.try_push()
+    except OSError as e:
+        previous = resilience.latest_valid_checkpoint(out)
+        raise UserError(f"writing the checkpoint of step {step_done} failed ({e}); "
+                        f"{'the last complete one is ' + str(previous) if previous else 'no complete checkpoint'}"
+                        " is what --resume takes") from None
+    acc.wait_for_everyone()
+    resilience.fault_point("checkpoint-done", step_done, run.rank)
+
+
+def _write_main_state(run: Run, tmp: Path, step_done: int) -> None:
+    """The main process's part of a checkpoint: model(s), then optimiser / schedule / data / RNG state."""
+    save_model(run.raw, tmp / "model", run.cfg, step_done)
+    if run.swa is not None and run.swa.n_averaged > 0:
+        save_model(run.raw, tmp / "model-swa", run.cfg, step_done, swa=run.swa)
+    resilience.fault_point("checkpoint-mid", step_done, run.rank)
+    state.save_state(tmp, {
+        "step": step_done, "epoch": run.cursor.epoch, "batch_in_epoch": run.cursor.pos, "world": run.world,
+        "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
+        "scaler": run.acc.scaler.state_dict() if run.acc.scaler is not None else None,
+        "loss": run.raw.loss.state_dict(), "swa": run.swa.state_tensors() if run.swa is not None else None,
+        "rng": state.rng_state(), "nonfinite_total": run.counters.nonfinite_total,
+    })
+
+
+def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
+    """Load model, loss, optimiser, schedule, scaler and SWA state from ``ckpt_dir``; returns
+    (step, epoch, batch in epoch, this rank's random state or None when the world size changed)."""
+    from zsprob.models import load as load_model
+
+    saved = state.load_state(ckpt_dir)
+    loaded = load_model(Path(ckpt_dir) / "model", map_location="cpu")
+    run.raw.model.load_state_dict(loaded.state_dict())
+    run.raw.loss.load_state_dict(saved["loss"])
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.schedule.load_state_dict(saved["schedule"])
+    if saved.get("scaler") is not None and run.acc.scaler is not None:
+        run.acc.scaler.load_state_dict(saved["scaler"])
+    if run.swa is not None and saved.get("swa") is not None:
+        run.swa.load_state_tensors(saved["swa"])
+    run.counters.nonfinite_total = int(saved.get("nonfinite_total", 0))
+    rng_state = None
+    if int(saved.get("world", 1)) == run.world:
+        rank_file = Path(ckpt_dir) / f"rng-rank{run.rank}"
+        rng_state = state.load_state(rank_file)["rng"] if rank_file.is_dir() else saved["rng"]
+    else:
+        warnings.warn(f"resuming with {run.world} processes from a {saved.get('world')}-process run: "
+                      "random streams restart from the seed (the run is not bit-identical)")
+    if run.main:
+        _truncate_metrics(run.out / "metrics.jsonl", int(saved["step"]))
+    return int(saved["step"]), int(saved["epoch"]), int(saved["batch_in_epoch"]), rng_state
+
+
+def save_model(raw, path: Path, cfg: Config, step: int, swa: optim.SWA | None = None) -> None:
+    from zsprob.models import save
+    model = swa.averaged.module if swa is not None else raw.model
+    extra = {"method": cfg.method, "step": step, "loss_params": loss_scalars(raw.loss),
+             "train_config": cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)}
+    if swa is not None:
+        extra["swa_n"] = swa.n_averaged
+    loss = swa.averaged_loss.module if swa is not None and swa.averaged_loss is not None else raw.loss
+    loss_tensors = {f"loss.{k}": v for k, v in loss.state_dict().items()}
+    extra["loss_params"] = loss_scalars(loss)
+    save(model, path, extra=extra, extra_tensors=loss_tensors)
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop records logged after ``step`` (a killed run may have logged past its last checkpoint)."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if int(rec.get("step", 0)) <= step:
+            keep.append(line)
+    atomic_write_text(path, "".join(x + "\n" for x in keep))

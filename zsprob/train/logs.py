@@ -1,0 +1,104 @@
+"""What a run writes about itself while it runs: metrics.jsonl records, TensorBoard scalars, evaluation hooks.
+
+Owns :func:`log_record` (one record per logging interval: the interval's mean loss, the last step's
+loss terms, learning rates, throughput, data time, non-finite count, data-source statistics) and
+:func:`run_hooks` (the evaluation hooks on the main process). The one host read of the interval's
+summed loss happens here, at logging steps only. accelerate's tracker does the TensorBoard writing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from zsprob.train import distributed as dist
+from zsprob.train.run import Run
+from zsprob.utils.io import append_jsonl
+
+
+def _scalar(v) -> float | int | None:
+    """A one-element tensor or a number as a float; None for anything else."""
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1:
+            return None
+        return v.detach().float().item()
+    if isinstance(v, (int, float, np.floating, np.integer)):
+        return float(v)
+    return None
+
+
+def loss_scalars(loss: nn.Module) -> dict[str, float]:
+    """The loss's one-number parameters (PCME++'s a, b, ...) by name."""
+    out = {}
+    for name, p in loss.named_parameters():
+        if p.numel() == 1:
+            out[name] = float(p.detach().float().item())
+    return out
+
+
+def current_lrs(optimizer) -> dict[str, float]:
+    """The learning rate of each parameter group, by group name."""
+    return {g.get("group_name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+
+
+def log_record(run: Run, step_done: int, stats: dict, lr_groups: dict, log_every: int) -> dict:
+    """The metrics.jsonl record of the interval ending at ``step_done``; resets the interval."""
+    now = time.perf_counter()
+    mean_loss = (run.counters.loss_sum / max(1, run.counters.n_in_interval))
+    if run.world > 1:
+        mean_loss = dist.mean_across(mean_loss)
+    # None when every step of the interval was skipped (non-finite)
+    interval_loss = float(mean_loss.item()) if run.counters.n_in_interval else None
+    if interval_loss is not None:
+        run.counters.last_loss = interval_loss
+    steps_in = step_done - (step_done - 1) // log_every * log_every if step_done == run.total_steps else log_every
+    rec: dict[str, Any] = {"step": step_done, "epoch": run.cursor.epoch, "loss": interval_loss}
+    for k, v in stats.items():  # the last step's terms on this process (rank 0)
+        s = _scalar(v)
+        if s is not None and k not in rec:
+            rec[k] = s
+    for k, v in loss_scalars(run.raw.loss).items():
+        rec.setdefault(k, v)
+    rec["lr"] = max(lr_groups.values()) if lr_groups else 0.0
+    rec["lr_groups"] = lr_groups
+    elapsed = now - run.counters.t_interval
+    rec["samples_per_s"] = run.global_batch_size * steps_in / max(elapsed, 1e-9)
+    rec["data_time_frac"] = run.counters.data_time / max(elapsed, 1e-9)
+    rec["nonfinite_total"] = run.counters.nonfinite_total
+    if run.noise > 0:
+        rec["noisy_pairs"] = run.counters.noisy_rows
+    data_stats = run.source.stats()
+    if data_stats:
+        rec["data"] = data_stats
+    if run.swa is not None:
+        rec["swa_n"] = run.swa.n_averaged
+    run.counters.last_stats = rec
+    if run.main:
+        append_jsonl(run.out / "metrics.jsonl", rec)
+        if run.log_with:
+            run.acc.log({k: v for k, v in rec.items() if isinstance(v, (int, float))}, step=step_done)
+    run.counters.loss_sum.zero_()
+    run.counters.n_in_interval = 0
+    run.counters.data_time = 0.0
+    run.counters.t_interval = time.perf_counter()
+    return rec
+
+
+def run_hooks(run: Run, step_done: int) -> None:
+    """The evaluation hooks on the main process (model in eval mode, no grad); results to metrics.jsonl."""
+    if not run.hooks or not run.main:
+        return
+    results = {}
+    model = run.raw.model
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for hook in run.hooks:
+            results.update(hook(model, step_done) or {})
+    model.train(was_training)
+    append_jsonl(run.out / "metrics.jsonl", {"step": step_done, "eval": results})
+    if run.log_with:
+        run.acc.log({f"eval/{k}": v for k, v in results.items() if isinstance(v, (int, float))}, step=step_done)

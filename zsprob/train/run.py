@@ -1,0 +1,121 @@
+"""What one training run holds between steps: its parts (fixed once built), its counters and its data cursor.
+
+Owns :class:`Run` (the parts a run is built from, frozen: configuration, accelerator, step module,
+optimiser, schedule, SWA, source, hooks, clipping sets, batch augmentations), :class:`Counters` (the
+few numbers that change every step: non-finite tallies and the current logging interval) and
+:class:`DataCursor` (the resumable (epoch, batch) position in a source). Built by
+:func:`zsprob.train.build.build_run`; read by the step, the logs, the checkpoints and the loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from zsprob.config import Config
+from zsprob.errors import UserError
+from zsprob.train import distributed as dist
+from zsprob.train import optim
+from zsprob.train.data import BatchSource
+
+
+class DataCursor:
+    """Walks epochs of a source; (epoch, pos) is the resumable position, pos = batches consumed."""
+
+    def __init__(self, source: BatchSource, device: torch.device, epoch: int = 0, pos: int = 0):
+        self.source, self.device = source, device
+        self.epoch, self.pos = epoch, pos
+        self._it = None
+        self._empty_epochs = 0
+
+    def seek(self, epoch: int, pos: int) -> None:
+        """Continue from batch ``pos`` of ``epoch`` (a resumed run's position)."""
+        self.epoch, self.pos, self._it = int(epoch), int(pos), None
+
+    def next(self):
+        while True:
+            spe = self.source.steps_per_epoch
+            batch = None
+            if spe is None or self.pos < spe:
+                if self._it is None:
+                    self._it = iter(self.source.epoch_batches(self.epoch, skip=self.pos))
+                batch = next(self._it, None)
+            exhausted = dist.all_reduce_any(batch is None, self.device)
+            if not exhausted:
+                self.pos += 1
+                self._empty_epochs = 0
+                return batch
+            if self.pos == 0:
+                self._empty_epochs += 1
+                if self._empty_epochs >= 2:
+                    raise UserError("the training data yielded no full batch; check --shards and the batch size "
+                                    f"(local batch {self.source.local_batch_size})")
+            self.epoch += 1
+            self.pos = 0
+            self._it = None
+
+
+@dataclass
+class Counters:
+    """The numbers a run changes every step: non-finite tallies and the current logging interval."""
+
+    nonfinite_total: int = 0
+    consecutive_bad: int = 0
+    loss_sum: torch.Tensor | None = None  # on the device: summed without a host sync
+    n_in_interval: int = 0
+    data_time: float = 0.0
+    t_interval: float = 0.0
+    noisy_rows: int = 0
+    last_loss: float = float("nan")
+    last_stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run's parts, fixed once built, plus its :class:`Counters` and :class:`DataCursor`."""
+
+    cfg: Config
+    out: Path
+    acc: Any
+    log_with: str | None
+    step_module: nn.Module
+    raw: nn.Module  # the unwrapped step module: raw.model, raw.loss
+    optimizer: Any
+    schedule: optim.GroupSchedule
+    swa: optim.SWA | None
+    source: BatchSource
+    cursor: "DataCursor"
+    total_steps: int
+    hooks: list
+    step_fn: Callable[["Run", int], dict]  # zsprob.train.step.one_step, or jWAE's own step
+    clip_sets: list = field(default_factory=list)  # the trainable parameters, in the sets clipped apart
+    accum_steps: int = 1  # micro-batches per step (zsprob.train.accumulate)
+    # batch augmentations of the official PCME++ recipe (zsprob.data.text_augment, zsprob.prob.msda)
+    text_aug: Any = None
+    label_smoothing: float = 0.0
+    loss_scale: Callable[[int], float] | None = None  # the embedding warm-up (freeze.warmup_mode loss)
+    sync: Any = None  # zsprob.train.remote_sync.RemoteSync on the main process with train.remote_sync
+    counters: Counters = field(default_factory=Counters)
+
+    @property
+    def rank(self) -> int:
+        return self.acc.process_index
+
+    @property
+    def world(self) -> int:
+        return self.acc.num_processes
+
+    @property
+    def main(self) -> bool:
+        return self.acc.is_main_process
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.source.local_batch_size * self.world
+
+    @property
+    def noise(self) -> float:
+        return float(self.cfg.data.get("noise_ratio") or 0.0) if self.cfg.data.kind != "coco" else 0.0

@@ -1,0 +1,57 @@
+"""The run's durations: total, warm-up, milestone and backbone-freeze steps from ``cfg.schedule`` / ``cfg.freeze``.
+
+Owns :class:`SchedulePlan` and :func:`resolve_schedule` (epochs converted to optimiser steps with the
+source's epoch length). The per-group learning-rate functions themselves are :mod:`zsprob.train.optim`'s.
+Every training method (the pairwise step and jWAE's) reads its plan from here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from zsprob.config import Config
+from zsprob.errors import UserError
+from zsprob.train import optim
+from zsprob.train.data import steps_from
+
+
+@dataclass
+class SchedulePlan:
+    """The run's durations in optimiser steps (epochs converted with the source's epoch length)."""
+
+    total_steps: int
+    warmup: int
+    milestones: list
+    freeze: dict  # tower -> freeze_fn
+    steps_per_epoch: int | None
+    loss_scale: Callable[[int], float] | None = None  # freeze.warmup_mode loss: the embedding warm-up
+
+    def steps_of(self, steps: Any, epochs: Any, what: str) -> int:
+        return steps_from(epochs, self.steps_per_epoch, what) if epochs is not None else int(steps or 0)
+
+
+def resolve_schedule(cfg: Config, steps_per_epoch: int | None) -> SchedulePlan:
+    """Total, warm-up, milestone and backbone-freeze steps from ``cfg.schedule`` / ``cfg.freeze``."""
+    sch = cfg.schedule
+    total_steps = sch.get("steps")
+    if sch.get("epochs") is not None:
+        total_steps = steps_from(sch.epochs, steps_per_epoch, "schedule.epochs")
+    if not total_steps:
+        raise UserError("set the run length: --steps N (schedule.steps) or schedule.epochs")
+    plan = SchedulePlan(int(total_steps), 0, [], {}, steps_per_epoch)
+    plan.warmup = plan.steps_of(sch.get("warmup_steps"), sch.get("warmup_epochs"), "schedule.warmup_epochs")
+    plan.milestones = list(sch.get("milestones_steps") or [])
+    if sch.get("milestones_epochs"):
+        plan.milestones += [steps_from(e, steps_per_epoch, "schedule.milestones_epochs") for e in sch.milestones_epochs]
+    fz = cfg.freeze
+    freeze_warmup = plan.steps_of(fz.get("warmup_steps"), fz.get("warmup_epochs"), "freeze.warmup_epochs")
+    mode = fz.get("warmup_mode") or "lr"
+    if mode not in ("lr", "loss"):
+        raise UserError(f"freeze.warmup_mode must be lr or loss, got {mode!r}")
+    frozen = {t: plan.steps_of(fz.get(f"{t}_steps"), fz.get(f"{t}_epochs"), f"freeze.{t}_epochs") for t in ("image", "text")}
+    for tower, n in frozen.items():
+        if n > 0:
+            plan.freeze[tower] = optim.freeze_fn(n, freeze_warmup if mode == "lr" else 0)
+    if mode == "loss" and freeze_warmup > 0:  # PCME++'s embedding warm-up: the whole loss x (k + 1) / R
+        plan.loss_scale = optim.loss_warmup_fn(max(frozen.values()), freeze_warmup)
+    return plan

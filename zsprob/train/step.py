@@ -1,0 +1,287 @@
+"""One training step of the pairwise losses: the step module, the batch, forward / backward / clip / update.
+
+Owns :class:`ContrastiveStep` (model + loss in one module, so DDP sees the loss's a, b; masked
+copies for the occlusion terms; the loss of local rows against gathered columns), :func:`next_batch`
+(the batch on the device with its augmentations), :func:`one_step` and the pieces it shares with
+jWAE's step (:func:`clip_gradient_sets`, :func:`apply_if_finite`, :func:`count_outcome`).
+
+No host sync but one: the whole step is queued on the device, and the only value the host reads is
+the verdict "was this step finite" (loss and gradient norms together, on every process), which
+decides whether the optimiser steps; the loss terms' own guards decide on the device
+(:func:`zsprob.prob.pairs.guard_term`). Under fp16 the gradients are unscaled once, each clipping
+set is clipped apart, and the scaler is updated on skipped steps too. accelerate does the backward
+(scaled under fp16) and DDP; torch clips.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+import warnings
+
+import torch
+from torch import nn
+
+from zsprob.errors import UserError
+from zsprob.train import accumulate
+from zsprob.train import distributed as dist
+from zsprob.train import optim
+from zsprob.train.accumulate import at_least_fp32
+from zsprob.train.data import add_caption_noise, mixed_seed
+from zsprob.train.run import Run
+
+
+class ContrastiveStep(nn.Module):
+    """Model + loss in one module, so DDP sees every trainable parameter (incl. the loss's a, b).
+
+    A loss with ``wants_masked`` (the occlusion inclusion term is on) also gets masked copies of
+    this process's first ``loss.n_masked(n, step)`` images and captions (``zsprob.data.masking``;
+    none while the term's scheduled weight is 0), encoded by the same model, and the 0-based
+    step; the masks come from a generator seeded by (seed, step, rank), so a run and its
+    resumption draw the same masks.
+    """
+
+    MASK_SALT = 0x3A5C  # keeps the mask stream apart from the noise / MSDA stream of the same step
+
+    def __init__(self, model: nn.Module, loss: nn.Module, seed: int = 0):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+        self.seed = int(seed)
+        self._text_mask_spec = None
+
+    def _mu_logvar(self, out: dict, side: str):
+        return at_least_fp32(out[f"{side}_mu"]), at_least_fp32(out[f"{side}_logvar"])
+
+    def masked_inputs(self, images: torch.Tensor, tokens: torch.Tensor, step: int):
+        """Masked copies (images, tokens) of the first ``loss.n_masked(n)`` rows, or None when the loss wants none."""
+        if not getattr(self.loss, "wants_masked", False):
+            return None
+        n_masked = self.loss.n_masked(images.shape[0], step)
+        if n_masked == 0:
+            return None
+        from zsprob.data.masking import TEXT_MASK_MODES, text_mask_spec
+        if self._text_mask_spec is None:
+            self._text_mask_spec = text_mask_spec(self.model.tokenizer)
+        rank = dist.world_info()[0]
+        generator = torch.Generator().manual_seed(mixed_seed(self.seed, int(step), rank, self.MASK_SALT))
+        mask_text = TEXT_MASK_MODES[getattr(self.loss, "text_mask_mode", "replace")]
+        masked_tokens = mask_text(tokens[:n_masked], self.loss.drop_prob, self._text_mask_spec, generator)
+        return self.masked_images(images[:n_masked], generator), masked_tokens
+
+    def masked_images(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The occlusion term's image copies: cells blanked, or one lossy operation per image
+        (``image_mask_mode: degrade``, with the model's normalisation)."""
+        loss = self.loss
+        if getattr(loss, "image_mask_mode", "cells") == "degrade":
+            from zsprob.data.degrade import degrade_images
+            pre = self.model.config["preprocess_cfg"]
+            return degrade_images(images, generator, mean=pre["mean"], std=pre["std"], ops=loss.image_degrade_ops,
+                                  drop_prob=loss.image_drop_prob, cell=loss.mask_patch_size)[0]
+        from zsprob.data.masking import mask_image_cells
+        return mask_image_cells(images, loss.image_drop_prob, loss.mask_patch_size, generator)
+
+    def masked_features(self, images: torch.Tensor, tokens: torch.Tensor, step: int) -> dict:
+        """``masked_img`` / ``masked_txt`` keyword arguments for the loss ({} when it wants none)."""
+        masked = self.masked_inputs(images, tokens, step)
+        if masked is None:
+            return {}
+        with accumulate.frozen_norm_statistics(self.model):  # masked images must not move BatchNorm's statistics
+            out = self.model(*masked)
+        return {"masked_img": self._mu_logvar(out, "img"), "masked_txt": self._mu_logvar(out, "txt")}
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor, matched: torch.Tensor | None = None,
+                step: int = 0, surrogate=None):
+        if surrogate is not None:  # a re-encoding pass of gradient accumulation (zsprob.train.accumulate)
+            return surrogate(self.model, images, tokens), {}
+        out = self.model(images, tokens)
+        masked = self.masked_features(images, tokens, step)
+        return self.pairwise_loss(out["img_mu"], out["img_logvar"], out["txt_mu"], out["txt_logvar"], matched,
+                                  step, masked)
+
+    def pairwise_loss(self, img_mu, img_lv, txt_mu, txt_lv, matched, step: int, masked: dict):
+        """The loss of this process's rows against the gathered columns, and its stats; in float32
+        (float64 for a float64 model) with autocast off."""
+        device_type = img_mu.device.type
+        with torch.autocast(device_type=device_type, enabled=False), full_precision_matmuls():
+            img_mu, txt_mu, img_lv, txt_lv = (at_least_fp32(t) for t in (img_mu, txt_mu, img_lv, txt_lv))
+            if dist.is_distributed():
+                all_img, offset = dist.gather_gaussians(img_mu, img_lv)
+                all_txt, _ = dist.gather_gaussians(txt_mu, txt_lv)
+                if matched is not None:
+                    matched = dist.block_diag_targets(matched)
+            else:
+                all_img = all_txt = None
+                offset = 0
+            scheduled = {"step": int(step)} if hasattr(self.loss, "occlusion_weight") else {}
+            loss, stats = self.loss(img_mu, img_lv, txt_mu, txt_lv, matched, all_img=all_img, all_txt=all_txt,
+                                    offset=offset, **masked, **scheduled)
+        stats = dict(stats or {})
+        with torch.no_grad():
+            if img_lv is not None:
+                stats.setdefault("img_sigma2", img_lv.exp().mean())
+            if txt_lv is not None:
+                stats.setdefault("txt_sigma2", txt_lv.exp().mean())
+        return loss, stats
+
+
+@contextlib.contextmanager
+def full_precision_matmuls():
+    """float32 matmuls in full precision inside the block (TF32 off), whatever ``train.tf32`` set for the
+    towers: CSD's squared distances subtract large numbers, and TF32's 10-bit mantissa would blur them."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def gradient_clip_sets(raw: nn.Module, split: bool) -> list[list]:
+    """The parameter sets whose gradient norms are clipped apart: all trainable parameters in one set,
+    or (``optim.grad_clip_split``) everything but the log-variance heads, then the heads
+    (``ProbCLIP.SIGMA_MODULES``), so large sigma-only gradients (the occlusion term's) never scale
+    down the means' update."""
+    named = [(name, p) for name, p in raw.named_parameters() if p.requires_grad]
+    if not split:
+        return [[p for _, p in named]]
+    heads = tuple(f"model.{m}." for m in getattr(raw.model, "SIGMA_MODULES", ()))
+    sigma = [p for name, p in named if name.startswith(heads)]
+    if not sigma:
+        raise UserError("optim.grad_clip_split needs a model with log-variance heads (this one has none)")
+    return [[p for name, p in named if not name.startswith(heads)], sigma]
+
+
+def unscale_once(acc) -> None:
+    """Under fp16, divide the gradients by the loss scale once per step (before clipping and the
+    finiteness check); a no-op without a gradient scaler. The scaler records whether it found inf /
+    NaN, which its ``update()`` reads whether or not the step is applied."""
+    if acc.scaler is not None:
+        for opt in acc._optimizers:
+            acc.scaler.unscale_(getattr(opt, "optimizer", opt))
+
+
+def clip_gradient_sets(sets: list[list], max_norm: float) -> list[torch.Tensor]:
+    """Clip each parameter set's gradient to ``max_norm`` on its own (torch's clip_grad_norm_, on the
+    device: no host sync); the norms before clipping, one per set. Gradients must be unscaled already
+    (:func:`unscale_once`)."""
+    return [torch.nn.utils.clip_grad_norm_(params, max_norm) for params in sets]
+
+
+def next_batch(run: Run, step: int):
+    """The next local batch on the device, with noisy captions, text SizeAugment, MSDA mixing
+    (paper-text or official) and label smoothing where configured (one generator seeded by
+    (seed, step, rank)); without MSDA, captions of the same image (sources that yield image
+    indices: COCO) are positives, as the official engine marks them (its Mixup path does not);
+    returns (images, tokens, matched or None)."""
+    started = time.perf_counter()
+    batch = run.cursor.next()
+    images, tokens = batch[0], batch[1]
+    groups = batch[2] if len(batch) > 2 and run.cfg.data.get("same_image_positives", True) else None
+    run.counters.data_time += time.perf_counter() - started
+    msda = run.cfg.msda
+    generator = None
+    matched = None
+    text_aug = run.text_aug if run.text_aug is not None and run.text_aug.share > 0 else None
+    if run.noise > 0 or msda.enabled or text_aug is not None:
+        generator = torch.Generator().manual_seed(mixed_seed(int(run.cfg.seed), step, run.rank))
+    if run.noise > 0:
+        tokens, replaced = add_caption_noise(tokens, run.noise, generator)
+        run.counters.noisy_rows += replaced
+    if text_aug is not None:
+        tokens = text_aug(tokens, generator)
+    if msda.enabled and msda.mode == "official":
+        from zsprob.prob.msda import mix_batch_official
+
+        images, matched = mix_batch_official(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
+                                             switch_prob=float(msda.get("switch_prob", 0.5)),
+                                             smoothing=float(msda.get("smoothing", 1e-4)), generator=generator)
+    elif msda.enabled:
+        from zsprob.prob.msda import mix_batch
+
+        images, matched = mix_batch(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
+                                    mode=msda.mode, generator=generator)
+    elif run.label_smoothing > 0 or groups is not None:  # captions of one image: positives (official engine)
+        from zsprob.prob.msda import smooth_targets
+        from zsprob.train.data import same_image_targets
+
+        matched = torch.eye(images.shape[0]) if groups is None else same_image_targets(groups)
+        matched = smooth_targets(matched, run.label_smoothing) if run.label_smoothing > 0 else matched
+    if matched is not None:
+        matched = matched.to(run.acc.device, non_blocking=True)
+    return images.to(run.acc.device, non_blocking=True), tokens.to(run.acc.device, non_blocking=True), matched
+
+
+def one_step(run: Run, step: int) -> dict:
+    """Forward, backward, clip; the update unless the loss or a gradient is non-finite; returns the loss's stats."""
+    images, tokens, matched = next_batch(run, step)
+    loss, stats = forward_backward(run, images, tokens, matched, step)
+    frozen = run.schedule.frozen_groups()
+    if frozen:
+        optim.zero_frozen_grads(frozen)
+    unscale_once(run.acc)
+    check = loss.detach().float()
+    grad_clip = run.cfg.optim.get("grad_clip")
+    if grad_clip:
+        norms = clip_gradient_sets(run.clip_sets, float(grad_clip))
+        for key, gnorm in zip(("grad_norm", "grad_norm_sigma"), norms):
+            stats[key] = gnorm.detach().float()  # before clipping (metrics.jsonl)
+            if run.acc.scaler is None:  # under fp16 the scaler owns non-finite gradients (it skips and backs off)
+                check = check + 0.0 * gnorm.detach().float()  # NaN / inf norms poison the check
+    count_outcome(run, apply_if_finite(run, check), loss, step, "loss or gradient")
+    return stats
+
+
+def forward_backward(run: Run, images, tokens, matched, step: int) -> tuple[torch.Tensor, dict]:
+    """The loss of the batch (times the embedding warm-up's factor) and its gradients; (loss, stats)."""
+    scale = run.loss_scale(step) if run.loss_scale is not None else 1.0
+    if run.accum_steps > 1:  # exact: the loss of the whole batch, backpropagated micro-batch by micro-batch
+        loss, stats = accumulate.accumulated_step(run.step_module, run.raw, images, tokens, matched, step,
+                                                  run.accum_steps, run.acc)
+        if scale != 1.0:  # gradients are linear in the loss: scale them after the micro-batches
+            for p in itertools.chain.from_iterable(run.clip_sets):
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+            loss = loss * scale
+    else:
+        loss, stats = run.step_module(images, tokens, matched, step=step)
+        if scale != 1.0:
+            loss = loss * scale
+        run.acc.backward(loss)
+    if scale != 1.0:
+        stats["loss_warmup"] = torch.tensor(scale)
+    return loss, stats
+
+
+def apply_if_finite(run: Run, check: torch.Tensor) -> bool:
+    """Step the optimiser if ``check`` is finite on every process, else skip the update (an fp16 scaler
+    is updated all the same); clear the gradients; True if it stepped. Reading ``check`` is the step's
+    one host sync."""
+    if run.world > 1:
+        check = dist.mean_across(check)
+    finite = bool(torch.isfinite(check))
+    if finite:
+        run.optimizer.step()
+    elif run.acc.scaler is not None:
+        run.acc.scaler.update()  # a skipped step still ends the scaler's iteration (inf seen: the scale backs off)
+    run.optimizer.zero_grad(set_to_none=True)
+    return finite
+
+
+def count_outcome(run: Run, finite: bool, loss: torch.Tensor, step: int, what: str) -> None:
+    """Add a finished step to the interval's loss, or count it as skipped: ``train.max_nonfinite``
+    skipped steps in a row stop the run with one line."""
+    counters = run.counters
+    if finite:
+        counters.consecutive_bad = 0
+        counters.loss_sum += loss.detach().float()
+        counters.n_in_interval += 1
+        return
+    counters.nonfinite_total += 1
+    counters.consecutive_bad += 1
+    warnings.warn(f"step {step + 1}: non-finite {what}, update skipped "
+                  f"({counters.consecutive_bad} in a row, {counters.nonfinite_total} in total)")
+    if counters.consecutive_bad >= int(run.cfg.train.max_nonfinite):
+        raise UserError(f"training stopped: the {what} was non-finite in {counters.consecutive_bad} consecutive "
+                        f"steps (step {step + 1}); lower optim.lr, keep optim.grad_clip on, use fp32 or bf16, "
+                        "or check the data")
