@@ -76,6 +76,9 @@ def test_demo_quick_end_to_end(tmp_path):
     assert rep["checks"]["zeroshot_pcmepp_class_names_separated"] == (not sep["collapsed"])
     unc = rep["retrieval"]["pcmepp"]["uncertainty"]
     assert 0.3 < unc["spearman_text_uncertainty_vs_ambiguity"] <= 1.0, unc
+    # the report's claims are checked, each with its evidence (yes / no from the figures above)
+    assert c["uncertainty_pcmepp_tracks_ambiguity"], rep["check_evidence"]
+    assert set(CLAIMS + VERSUS) <= set(c) and set(rep["check_evidence"]) == set(c)
     assert rep["settings"]["recipes"]["pcmepp"] == "synthetic_tiny_sigma.yaml"
     md = (out / "report.md").read_text()
     assert ("the class prompts embed almost identically" in md) == any(
