@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Backs issue 20's "COCO metrics identical before and after the refactor": prints, as JSON, every metric
+"""Checks that COCO metrics stay identical across a refactor of zsprob.retrieval: prints, as JSON, every metric
 zsprob.retrieval.evaluate_embeddings gives fixed synthetic Gaussian embeddings on eccv_caption's official
 COCO test ids (5K, 1K folds, CxC, ECCV Caption). Run it with two checkouts on PYTHONPATH and compare:
     PYTHONPATH=OLD python experiments/coco5k_metrics.py > old.json

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Diagnostic: how far an image's captions sit from its mean, and whether the image features predict it.
 
-Backs: docs/findings.md, "The image likelihood term" (why that term can make image sigma^2 vary
-only a little on the demo's model).
+Backs: docs/findings.md, "The image side" (why the image likelihood term can make image
+sigma^2 vary only a little on the demo's model).
 
 The image likelihood term (``loss.pcmepp.image_nll_alpha``) fits an image's sigma^2 to the squared
 residual of its captions around its mean. For a trained model and a SynthWorld retrieval split this

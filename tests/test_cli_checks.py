@@ -171,7 +171,7 @@ def test_the_output_probe_leaves_nothing_behind(tmp_path):
 
 
 def test_subprocess_one_line_exit_2(tmp_path):
-    """What a user types, end to end: the two examples of issue 21."""
+    """What a user types, end to end: a write-protected --out and a negative --steps."""
     r = run_cli("demo", "--out", "/proc/forbidden")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "/proc/forbidden" in r.stderr, r.stderr
     r = run_cli("pretrain", "--data", "synthetic", "--shards", str(tmp_path), "--out", str(tmp_path / "o"),

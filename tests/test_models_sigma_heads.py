@@ -1,4 +1,4 @@
-"""The log-variance heads of issue 17: PCME++'s official block layout, the legacy layout, ProLIP's [UNC] token
+"""The log-variance heads: PCME++'s official block layout, the legacy layout, ProLIP's [UNC] token
 and its pooled-MLP analogue; checked against independent computations from the same weights."""
 from __future__ import annotations
 
@@ -350,7 +350,7 @@ def test_save_load_round_trip(tmp_path, options):
 
 
 def test_configs_without_the_new_keys_rebuild_the_legacy_layout(tmp_path):
-    """A checkpoint saved before issue 17 has no sigma_head / sigma_layout keys: it loads unchanged."""
+    """A checkpoint saved before the head options has no sigma_head / sigma_layout keys: it loads unchanged."""
     new = build("vit", seed=8)
     assert new.config["sigma_layout"] == "official" and new.sigma_layout == "official"
     m = build("vit", seed=8, sigma_layout="legacy").eval()

@@ -76,6 +76,9 @@ def test_demo_quick_end_to_end(tmp_path):
     assert rep["checks"]["zeroshot_pcmepp_class_names_separated"] == (not sep["collapsed"])
     unc = rep["retrieval"]["pcmepp"]["uncertainty"]
     assert 0.3 < unc["spearman_text_uncertainty_vs_ambiguity"] <= 1.0, unc
+    # the report's claims are checked, each with its evidence (yes / no from the figures above)
+    assert c["uncertainty_pcmepp_tracks_ambiguity"], rep["check_evidence"]
+    assert set(CLAIMS + VERSUS) <= set(c) and set(rep["check_evidence"]) == set(c)
     assert rep["settings"]["recipes"]["pcmepp"] == "synthetic_tiny_sigma.yaml"
     md = (out / "report.md").read_text()
     assert ("the class prompts embed almost identically" in md) == any(
@@ -187,3 +190,152 @@ def test_the_method_table_reads_every_objectives_eval_and_compare_files(tmp_path
 
     shutil.rmtree(tmp_path / "methods")
     assert "methods" not in build_report(tmp_path)
+
+
+# ----------------------------------------------------------------------------- the report's checks
+# The checks are computed from the figures `zsprob eval synthetic` writes. Here those figures come from
+# the real evaluation (zsprob.retrieval: CSD ranking, uncertainty deciles, zsprob.retrieval.validity) of
+# embeddings built on a real SynthWorld split so that the claims hold: a caption's sigma^2 grows with its
+# exact ambiguity, and vaguer captions sit further from their image. Shuffling the caption
+# log-variances (the same values, dealt to the wrong captions) must turn the uncertainty claims to "no".
+
+@pytest.fixture(scope="module")
+def retrieval_split(tmp_path_factory):
+    from zsprob.data.synthetic import generate, load_retrieval_split
+
+    root = tmp_path_factory.mktemp("sw_checks")
+    generate(root, image_size=32, num_pretrain=4, num_classify_select=1, num_classify_eval=1, num_retrieval=300,
+             num_retrieval_val=4, shard_size=4, progress=False, seed=2)
+    return load_retrieval_split(root, "test")
+
+
+def _sigma_of(ambiguity, dim: int):
+    """The constructed model's caption log sigma^2: monotone in the exact ambiguity (ln fraction true)."""
+    import numpy as np
+    import torch
+
+    return torch.tensor(-6.0 + 0.5 * np.asarray(ambiguity, dtype=np.float64), dtype=torch.float32)[:, None].repeat(1, dim)
+
+
+def _evaluation(split, *, shuffle_sigma: bool = False, deterministic: bool = False, noise: float = 1.0,
+                dim: int = 16) -> dict:
+    """metrics.json as `zsprob eval synthetic` lays it out, from the real evaluation of constructed embeddings."""
+    import numpy as np
+    import torch
+    from scipy.stats import rankdata
+
+    from zsprob.data.synth_probes import inclusion_pairs
+    from zsprob.retrieval import analysis as A
+    from zsprob.retrieval import validity as V
+    from zsprob.retrieval.embeddings import Embeddings
+    from zsprob.retrieval.evaluate import evaluate_embeddings, summary_row
+    from zsprob.retrieval.synthetic import ground_truth_uncertainty, synthetic_task
+
+    gen = torch.Generator().manual_seed(0)
+    n_img, cap_img = len(split.image_paths), np.asarray(split.caption_image)
+    vague = torch.tensor(rankdata(split.caption_ambiguity) / len(cap_img), dtype=torch.float32)[:, None]
+    image_mu = torch.nn.functional.normalize(torch.randn(n_img, dim, generator=gen), dim=1)
+    caption_mu = torch.nn.functional.normalize(
+        image_mu[torch.from_numpy(cap_img)] + noise * (0.2 + vague) * torch.randn(len(cap_img), dim, generator=gen), dim=1)
+    pairs = inclusion_pairs(300, seed=0)
+    probe_lv = _sigma_of([p[k]["ambiguity"] for k in ("general", "specific") for p in pairs], dim)
+    caption_lv = _sigma_of(split.caption_ambiguity, dim)
+    if shuffle_sigma:  # the same log-variances, dealt to the wrong captions
+        caption_lv = caption_lv[torch.randperm(len(caption_lv), generator=gen)]
+        probe_lv = probe_lv[torch.randperm(len(probe_lv), generator=gen)]
+    image_lv = torch.full((n_img, dim), -6.0) + 0.1 * torch.randn(n_img, dim, generator=gen)
+    emb = Embeddings(image_ids=np.asarray(split.image_ids), caption_ids=np.asarray(split.caption_ids),
+                     image_mu=image_mu, caption_mu=caption_mu, caption_image=cap_img,
+                     image_logvar=None if deterministic else image_lv, caption_logvar=None if deterministic else caption_lv)
+    task = synthetic_task(split)
+    res = evaluate_embeddings(emb, task, score="cosine" if deterministic else "csd", method="matrix")
+    out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "uncertainty": None,
+           "uncertainty_validity": None, "files": {}}
+    if deterministic:
+        return out
+    deciles = A.report_uncertainty(emb, res, task)["deciles"]
+    probe_mu = torch.zeros(len(probe_lv), dim)
+    half = len(pairs)
+    out["uncertainty"] = {"deciles": deciles, "ground_truth": ground_truth_uncertainty(emb, split)}
+    out["uncertainty_validity"] = {
+        "text_ambiguity": V.ambiguity_spearman(caption_lv.exp().sum(1).numpy(), split.caption_ambiguity,
+                                               split.captions),
+        "inclusion": V.inclusion_accuracy(probe_mu[:half], probe_lv[:half], probe_mu[half:], probe_lv[half:]),
+        "image_conditions": V.condition_uncertainty(image_lv.exp().sum(1).numpy(),
+                                                    [m.get("condition") for m in split.image_meta]),
+        "deciles": V.decile_trend(deciles)}
+    return out
+
+
+def _demo_out(tmp_path: Path, pcmepp: dict, infonce: dict, zeroshot_all: tuple[float, float] | None = None) -> Path:
+    """A demo OUT folder holding the two evaluations (and zero-shot all-80 top-1 of both, n = 1,000)."""
+    for name, metrics in (("pcmepp", pcmepp), ("infonce", infonce)):
+        (tmp_path / "runs" / name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "retrieval" / name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "retrieval" / name / "metrics.json").write_text(json.dumps(metrics))
+    for name, top1 in zip(("pcmepp", "infonce"), zeroshot_all or ()):
+        compare = tmp_path / "zeroshot" / name / "compare.json"
+        compare.parent.mkdir(parents=True, exist_ok=True)
+        compare.write_text(json.dumps({"n_eval": 1000, "classes": [f"c{i}" for i in range(20)], "rows": [
+            {"name": "all", "metrics": {"top1": top1}, "uses_eval_labels": False}]}))
+    return tmp_path
+
+
+CLAIMS = ("uncertainty_pcmepp_tracks_ambiguity", "uncertainty_pcmepp_inclusion_above_chance",
+          "uncertainty_pcmepp_r1_falls_with_caption_uncertainty")
+VERSUS = tuple(f"baseline_pcmepp_not_below_infonce_{x}" for x in ("i2t_r1", "t2i_r1", "zeroshot"))
+
+
+def test_claim_checks_say_yes_when_sigma_tracks_ambiguity_and_no_when_it_is_shuffled(retrieval_split, tmp_path):
+    from zsprob.report.demo_checks import binomial_se, decile_sizes
+    from zsprob.report.demo_report import build_report
+
+    real = _evaluation(retrieval_split)
+    baseline = _evaluation(retrieval_split, deterministic=True)
+    report = build_report(_demo_out(tmp_path / "real", real, baseline, (28.2, 24.2)))
+    checks, evidence = report["checks"], report["check_evidence"]
+    assert all(checks[k] for k in CLAIMS + VERSUS), {k: evidence[k] for k in CLAIMS + VERSUS}
+    # each decided on the report's own figures
+    overall = real["uncertainty_validity"]["text_ambiguity"]["overall"]
+    assert overall["rho"] > 0.3 and overall["lo"] > 0 and f"{overall['rho']:+.3f}" in evidence[CLAIMS[0]]
+    bins = real["uncertainty"]["deciles"]["caption queries"]["bins"]
+    n_queries = report["retrieval"]["pcmepp"]["t2i"]["n_queries"]
+    assert decile_sizes(n_queries, len(bins)) == [b["n"] for b in bins]  # the evaluation's own bins
+    first, last = bins[0], bins[-1]
+    se = (binomial_se(first["r1"], first["n"]) ** 2 + binomial_se(last["r1"], last["n"]) ** 2) ** 0.5
+    assert first["r1"] - last["r1"] > 2 * se and f"{first['r1'] - last['r1']:+.1f} +- {se:.1f}" in evidence[CLAIMS[2]]
+
+    shuffled = _evaluation(retrieval_split, shuffle_sigma=True)
+    report = build_report(_demo_out(tmp_path / "shuffled", shuffled, baseline, (28.2, 24.2)))
+    assert not any(report["checks"][k] for k in CLAIMS), {k: report["check_evidence"][k] for k in CLAIMS}
+    assert abs(shuffled["uncertainty_validity"]["text_ambiguity"]["overall"]["rho"]) < 0.1
+    md = (tmp_path / "shuffled" / "report.md").read_text().split("## Checks")[1]
+    assert "- uncertainty_pcmepp_tracks_ambiguity: NO (Spearman" in md
+    assert "- uncertainty_pcmepp_inclusion_above_chance: NO (general caption more uncertain in" in md
+
+
+def test_baseline_checks_say_no_when_the_sigma_model_is_more_than_two_se_below(retrieval_split, tmp_path):
+    from zsprob.report.demo_checks import binomial_se
+    from zsprob.report.demo_report import build_report
+
+    worse = _evaluation(retrieval_split, noise=3.0)  # the same sigma, means further from their images
+    better = _evaluation(retrieval_split, deterministic=True, noise=0.5)
+    report = build_report(_demo_out(tmp_path, worse, better, (20.0, 28.0)))
+    checks = report["checks"]
+    assert checks["uncertainty_pcmepp_tracks_ambiguity"] and not any(checks[k] for k in VERSUS), report["check_evidence"]
+    i2t = [report["retrieval"][m]["i2t"] for m in ("pcmepp", "infonce")]
+    se = (binomial_se(i2t[0]["r@1"], i2t[0]["n_queries"]) ** 2 + binomial_se(i2t[1]["r@1"], i2t[1]["n_queries"]) ** 2) ** 0.5
+    assert i2t[0]["r@1"] - i2t[1]["r@1"] < -2 * se
+    # zero-shot: 20.0 vs 28.0 on 1,000 images, SE of the difference sqrt((.2 .8 + .28 .72) / 1000) = 1.90 points
+    assert "-8.00 +- 1.90" in report["check_evidence"]["baseline_pcmepp_not_below_infonce_zeroshot"]
+
+
+def test_a_claim_the_report_cannot_compute_is_no(tmp_path):
+    from zsprob.report.demo_checks import claim_checks, r1_falls_with_uncertainty
+
+    assert not r1_falls_with_uncertainty([10.0] * 10, 1000)[0]  # flat: Spearman undefined, difference 0
+    report = {"retrieval": {"pcmepp": {"uncertainty": {"deciles": {}}, "i2t": {"r@1": 10.0}, "t2i": {"r@1": 4.0}},
+                            "infonce": {"i2t": {"r@1": 9.0}, "t2i": {"r@1": 4.0}}}, "zeroshot": {}}
+    checks = claim_checks(report)
+    assert set(checks) == set(CLAIMS) | set(VERSUS[:2])  # no zero-shot figures: that comparison is not made
+    assert all(not ok and why.startswith("not measured") for ok, why in checks.values())

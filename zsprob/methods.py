@@ -20,6 +20,6 @@ STRATEGIES = ("all", "single", "topk", "global", "auto", "threshold", "fusion", 
 #: input) or ``degrade`` (one lossy operation of :data:`DEGRADE_OPS` per image; zsprob.data.degrade)
 IMAGE_MASK_MODES = ("cells", "degrade")
 DEGRADE_OPS = ("cells", "blur", "downsample", "dim", "jpeg", "grayscale", "crop", "shift", "sketch")
-DEFAULT_DEGRADE_OPS = DEGRADE_OPS[:7]   # the seven of issue 17's first recipe; shift / sketch are opt-in
+DEFAULT_DEGRADE_OPS = DEGRADE_OPS[:7]   # the demo recipe's seven; shift / sketch are opt-in
 
 __all__ = ["METHODS", "STRATEGIES", "IMAGE_MASK_MODES", "DEGRADE_OPS", "DEFAULT_DEGRADE_OPS"]

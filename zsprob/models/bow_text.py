@@ -4,8 +4,8 @@ Why it exists: on SynthWorld, trained from scratch on a CPU, the open_clip text 
 every caption onto one direction and zero-shot stays at chance; a bag of words - a learnt
 embedding per token, averaged over the caption - cannot collapse that way: captions that differ
 in one word stay apart from the first step, and the same image tower then learns shape. The
-measurements and the probe that made them: ``docs/findings.md`` ("How the demo recipe was
-found"). Word-embedding text encoders have precedent in the papers zsprob implements: PCME and
+measurements and the probe that made them: ``docs/findings.md`` ("How the demo's towers
+were chosen"). Word-embedding text encoders have precedent in the papers zsprob implements: PCME and
 VSE infinity encode captions with word embeddings (GloVe) and a bi-GRU pooled by GPO.
 
 ``BagOfWordsText``: ``token_embedding`` (vocab x width, N(0, 1) init as ``nn.Embedding``) ->

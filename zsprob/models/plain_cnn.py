@@ -4,8 +4,8 @@ Why they exist: on SynthWorld (64 px scenes, 20 shapes) the small image towers t
 timm and open_clip learn *shape* far too slowly for a CPU-minutes budget, and this plain design
 (stride-2 3x3 stem, one 3x3 conv-BN-ReLU per stage, max-pool between stages) learns it quickly.
 ResNet-style stems (7x7 stride 2 + max-pool) leave 16 x 16 positions before the first stage at
-64 px; here the first stage runs at 32 x 32. The comparison: ``docs/findings.md`` ("How the demo
-recipe was found"); sizes and costs: ``docs/models.md``.
+64 px; here the first stage runs at 32 x 32. The comparison: ``docs/findings.md`` ("How the demo's
+towers were chosen"); sizes and costs: ``docs/models.md``.
 
 * ``zsprob_plaincnn``: stem 32, stages 64-128-256-256;
 * ``zsprob_plaincnn_small``: stem 32, stages 32-64-128-256 (the SynthWorld config ``zsprob-tiny-bow``

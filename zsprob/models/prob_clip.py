@@ -694,7 +694,7 @@ class ProbCLIP(nn.Module):
     sigma_param: "logvar" or "logsigma" (the head's output is log sigma; logvar = 2 x output).
     sigma_shape: "diagonal", "spherical_mean" or "spherical_one" (Pishdad et al.).
     sigma_layout: "official" (PCME++'s code: no LayerNorm before the sigma projection, the
-        official init laws) or "legacy" (zsprob before issue 17) for ``sigma_head="block"``.
+        official init laws) or "legacy" (zsprob's earlier layout) for ``sigma_head="block"``.
         :func:`create_model` builds "official"; a saved config without the key means "legacy".
     sigma_bias_init: initial bias of log sigma^2 (the block head's bias, the [UNC] projection's
         bias, the MLP's output bias).

@@ -24,7 +24,7 @@ bases; the layouts and init laws below were read from them (naver-ai/pcmepp, nav
       ``nn.Linear(width, D)``): image Xavier-uniform, text U(-w^-1/2, w^-1/2) (nn.Linear's
       default); its bias is ``sigma_bias_init`` (the official ``bias_init``) without
       ``sigma_ln_init``, and the official default with it (image 0, text U(-w^-1/2, w^-1/2)).
-    * ``"legacy"`` (zsprob before issue 17; what a saved config without ``sigma_layout``
+    * ``"legacy"`` (zsprob's own layout before the official one; what a config without ``sigma_layout``
       rebuilds): a copy of the final LayerNorm before the projection, CLIP's laws with zero
       biases on the blocks, projection N(0, w^-1/2), bias ``sigma_bias_init``.
 

@@ -40,8 +40,8 @@ Terms (official code: naver-ai/prolip ``src/prolip/loss.py``; recipe values from
   A term whose magnitude exceeds 1e5 is skipped for the step, as in the official code.
 - VIB, weight ``vib_beta`` (1e-4), per modality, exactly ProLIP's ``kl_divergence``: with
   h = logvar / 2 (log sigma), KL = -0.5 mean(1 + h - mu^2 - exp(h)). This is ProLIP's fix of
-  PCME++ issue 4 as it is written (the PCME++ expression with log sigma in place of log sigma^2);
-  it is not the textbook KL(N(mu, sigma^2) || N(0, I)) (that is :func:`zsprob.prob.vib_kl`). Its
+  naver-ai/pcmepp's GitHub issue #4 as it is written (the PCME++ expression with log sigma in place of
+  log sigma^2); it is not the textbook KL(N(mu, sigma^2) || N(0, I)) (that is :func:`zsprob.prob.vib_kl`). Its
   minimum over sigma is at sigma = 1 as well. A term above 1e4 is skipped, as in the official code.
 
 zsprob's options (off by default; SynthWorld's recipe turns them on, docs/findings.md says why):

@@ -8,4 +8,5 @@ commands), not as imports.
 - :mod:`zsprob.report.pipeline`: a resumable chain of zsprob commands run as subprocesses.
 - :mod:`zsprob.report.demo`: `zsprob demo`, the whole mission on SynthWorld.
 - :mod:`zsprob.report.demo_report`: OUT/report.md and OUT/report.json from the commands' outputs.
+- :mod:`zsprob.report.demo_checks`: the report's yes / no checks, each computed from its figures.
 """

@@ -1,4 +1,4 @@
-"""Uncertainty-validity evidence on SynthWorld: does sigma^2 mean ambiguity? (issue 17 section 3)
+"""Uncertainty-validity evidence on SynthWorld: does sigma^2 mean ambiguity?
 
 Every analysis compares a model's ||sigma^2||_1 (or ProLIP's inclusion test) with SynthWorld's
 exact ground truth, with an uncertainty interval and its count:
