@@ -35,6 +35,8 @@ import torch
 from zsprob.errors import UserError
 
 KINDS = ("flat", "hnsw", "ivf", "torch")
+#: the most neighbours a FAISS GPU index returns per query
+GPU_MAX_K = 2048
 METRICS = ("ip", "l2")
 FORMAT_VERSION = 1
 
@@ -163,6 +165,9 @@ class CSDIndex:
         if self.kind == "torch":
             return _torch_search(torch.from_numpy(q).to(self.backend.device), self.backend, k, self.metric,
                                  chunk=int(self.params.get("query_chunk", 1024)))
+        if self._gpu_resources is not None and k > GPU_MAX_K:
+            raise UserError(f"FAISS GPU indexes return at most {GPU_MAX_K} neighbours per query, asked for {k}; "
+                            "search on the CPU (--device cpu) for more")
         return self.backend.search(q, k)
 
     def search(self, q_mu, q_logvar=None, k: int = 10) -> SearchResult:
