@@ -251,3 +251,46 @@ def test_index_on_the_cpu_device_searches_as_before(kind):
     b = idx.to(torch.device("cpu")).search(q, None, 5)
     np.testing.assert_array_equal(a.index, b.index)
     np.testing.assert_array_equal(a.csd, b.csd)
+
+
+# ----------------------------------------------------------------------------- on a GPU (skipped on the CPU)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+def test_scores_and_torch_search_on_cuda_match_the_cpu():
+    from zsprob.retrieval.scoring import PairScores, chunked_topk
+    from zsprob.retrieval.search import build_index
+
+    g = torch.Generator().manual_seed(1)
+    mu_a, mu_b = torch.randn(300, 16, generator=g), torch.randn(700, 16, generator=g)
+    lv_a, lv_b = torch.rand(300, 16, generator=g) - 2, torch.rand(700, 16, generator=g) - 2
+    for name in ("csd", "cosine", "w2"):
+        cpu = PairScores(name, mu_a, lv_a, mu_b, lv_b, chunk_size=64)
+        gpu = PairScores(name, mu_a, lv_a, mu_b, lv_b, chunk_size=64, device="cuda")
+        assert gpu.i2t.device.type == "cpu" and gpu.i2t.dtype == torch.float32
+        torch.testing.assert_close(gpu.i2t, cpu.i2t, rtol=1e-4, atol=1e-4)
+    v0, i0 = chunked_topk("csd", mu_a, lv_a, mu_b, lv_b, 5, gallery_chunk=256)
+    v1, i1 = chunked_topk("csd", mu_a, lv_a, mu_b, lv_b, 5, gallery_chunk=256, device="cuda")
+    torch.testing.assert_close(v1, v0, rtol=1e-4, atol=1e-4)
+    assert (i1 == i0).float().mean() > 0.99
+    q = mu_a.numpy()
+    a = build_index(mu_b.numpy(), lv_b.numpy(), kind="torch").search(q, None, 5)
+    b = build_index(mu_b.numpy(), lv_b.numpy(), kind="torch", device="cuda").search(q, None, 5)
+    assert (a.index == b.index).mean() > 0.99 and np.allclose(a.csd, b.csd, rtol=1e-4, atol=1e-3)
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_eval_synthetic_on_cuda_matches_the_cpu(world, tmp_path):
+    base = ["eval", "synthetic", "--checkpoint", world["ckpt"], "--root", world["root"], "--no-analysis",
+            "--method", "matrix"]
+    got = {}
+    for device in ("cpu", "cuda"):
+        r = run_cli(*base, "--device", device, "--out", tmp_path / device / "metrics.json")
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[device] = _metrics(tmp_path / device / "metrics.json")
+    for bench in ("caption", "plausible"):
+        for d in ("i2t", "t2i"):
+            for k, v in got["cpu"][bench][d].items():
+                assert abs(got["cuda"][bench][d][k] - v) <= BF16_MAX_POINTS, (bench, d, k)
