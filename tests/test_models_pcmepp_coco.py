@@ -609,7 +609,7 @@ def test_swa_files_fail_in_one_line_naming_the_key(tmp_path):
 def test_weights_applies_to_coco_trainer_files_only(tmp_path):
     from test_models_published import write_pcmepp_hf
 
-    from zsprob.cli.select_prompts import OFFICIAL_WEIGHTS
+    from zsprob.cli.options import OFFICIAL_WEIGHTS
     from zsprob.models import load_for_inference
     from zsprob.models.convert.swa import WEIGHTS
 

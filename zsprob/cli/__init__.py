@@ -1,7 +1,8 @@
 """The ``zsprob`` command line.
 
 Owns the command line: one thin module per command, the shared click options of training
-(``train_options``) and the error policy. May import every zsprob package (it is the top layer);
+(``train_options``) and of evaluation (``options``: model, prompts, --device / --workers /
+--precision) and the error policy. May import every zsprob package (it is the top layer);
 nothing imports it except ``zsprob.__main__``.
 
 A click group whose sub-commands live one per module in this package (``zsprob/cli/<name>.py``,

@@ -4,7 +4,7 @@ Calls :func:`zsprob.models.convert.convert.convert_to_checkpoint`; errors are on
 """
 import click
 
-from zsprob.cli.select_prompts import OFFICIAL_WEIGHTS, WEIGHTS_HELP
+from zsprob.cli.options import OFFICIAL_WEIGHTS, WEIGHTS_HELP
 from zsprob.cli.types import OUT_DIR, TOKENIZER, InPath
 
 

@@ -8,21 +8,10 @@ from pathlib import Path
 
 import click
 
-from zsprob.cli.select_prompts import official_file_kwargs, official_file_options
-from zsprob.cli.types import CHECKPOINT, COUNT, EMBEDDINGS, OUT_FILE, InPath
+from zsprob.cli.options import eval_model_options, official_file_kwargs, resolve_device, scoring_device_option
+from zsprob.cli.types import EMBEDDINGS, OUT_FILE, InPath
 
 SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
-
-
-def _model_options(f):
-    f = click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
-    f = click.option("--model", "model_name", default=None, help="open_clip model name (instead of --checkpoint).")(f)
-    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
-                     "ProLIP / PCME++ checkpoint or a zsprob checkpoint (with --model).")(f)
-    f = official_file_options(f)
-    f = click.option("--device", default=None, help="torch device (default: cpu).")(f)
-    f = click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
-    return f
 
 
 def _common(f):
@@ -66,7 +55,7 @@ def eval_() -> None:
 
 
 @eval_.command("coco")
-@_model_options
+@eval_model_options
 @click.option("--root", type=InPath("COCO root directory"), default=None,
               help="COCO folder (Karpathy JSON, images, annotations).")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
@@ -74,12 +63,13 @@ def eval_() -> None:
               help="precomputed E.npz (image_ids, caption_ids, image_mu, caption_mu[, *_logvar, caption_image]).")
 @click.option("--save-embeddings", type=OUT_FILE, default=None, help="also save the embeddings (.npz).")
 @_common
-def coco(checkpoint, model_name, pretrained, device, batch_size, root, split, embeddings, save_embeddings, score, out,
-         no_analysis, method):
+def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_size, root, split, embeddings,
+         save_embeddings, score, out, no_analysis, method):
     """Evaluate on COCO (official ids: COCO 1K/5K, CxC and ECCV Caption via eccv_caption; PMRP with instance labels)."""
     from zsprob.errors import UserError
     from zsprob.retrieval.coco import evaluate_coco
 
+    device = resolve_device(device)
     model = None
     label = Path(embeddings).stem if embeddings else (checkpoint or model_name or "model")
     if embeddings is None:
@@ -90,7 +80,8 @@ def coco(checkpoint, model_name, pretrained, device, batch_size, root, split, em
         raise UserError("give either --embeddings or a model (--checkpoint / --model), not both")
     outp = Path(out)
     res = evaluate_coco(model, root, split, score, outp.parent, embeddings=embeddings, batch_size=batch_size,
-                        device=device, analyses=not no_analysis, save_embeddings=save_embeddings, label=str(label),
+                        device=device, num_workers=workers, precision=precision, analyses=not no_analysis,
+                        save_embeddings=save_embeddings, label=str(label),
                         metrics_file=outp.name, method=method)
     _finish(res, out)
 
@@ -98,13 +89,16 @@ def coco(checkpoint, model_name, pretrained, device, batch_size, root, split, em
 @eval_.command("embeddings")
 @click.argument("embeddings", type=EMBEDDINGS)
 @_common
-def embeddings_cmd(embeddings, score, out, no_analysis, method):
+@scoring_device_option
+def embeddings_cmd(embeddings, score, out, no_analysis, method, device):
     """Evaluate precomputed embeddings E.npz (official COCO 5K ids, or any set with caption_image)."""
     from zsprob.retrieval.coco import evaluate_coco
 
+    device = resolve_device(device)
     outp = Path(out)
     res = evaluate_coco(None, None, "test", score, outp.parent, embeddings=embeddings, analyses=not no_analysis,
-                        label=Path(embeddings).stem, metrics_file=outp.name, progress=False, method=method)
+                        label=Path(embeddings).stem, metrics_file=outp.name, progress=False, method=method,
+                        device=device)
     _finish(res, out)
 
 
@@ -146,7 +140,7 @@ def rankings_cmd(i2t_path, t2i_path, out):
 
 
 @eval_.command("synthetic")
-@_model_options
+@eval_model_options
 @click.option("--root", type=InPath("SynthWorld folder", hint="generate it with `zsprob data synthetic --out DIR`"),
               required=True, help="SynthWorld folder (from `zsprob data synthetic`).")
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
@@ -155,14 +149,16 @@ def rankings_cmd(i2t_path, t2i_path, out):
               help="seed of the uncertainty probes (inclusion pairs, crop-test scenes, bootstrap, corruption "
                    "sweep) and of --score mc's samples; another seed gives pairs a recipe was not chosen on.")
 @_common
-def synthetic(checkpoint, model_name, pretrained, device, batch_size, root, split, no_corruption, seed, score, out,
-              no_analysis, method):
+def synthetic(checkpoint, model_name, pretrained, device, workers, precision, batch_size, root, split, no_corruption,
+              seed, score, out, no_analysis, method):
     """Evaluate on SynthWorld's retrieval split (five-caption R@K and exact plausible-match mAP@R / R-P)."""
     from zsprob.retrieval.synthetic import evaluate_synthetic
 
+    device = resolve_device(device)
     model = _load_model(checkpoint, model_name, pretrained, device)
     outp = Path(out)
     res = evaluate_synthetic(model, root, split, score, outp.parent, batch_size=batch_size, device=device,
+                             num_workers=workers, precision=precision,
                              corruption=not (no_corruption or no_analysis), progress=True, metrics_file=outp.name,
                              method=method, validity=not no_analysis, seed=seed)
     _finish(res, out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import click
 
+from zsprob.cli.options import resolve_device, scoring_device_option
 from zsprob.cli.types import COUNT, COUNT0, EMBEDDINGS, OUT_DIR, OUT_FILE, InPath
 
 
@@ -37,13 +38,15 @@ def index() -> None:
 @click.option("--nlist", type=COUNT, default=None, help="IVF lists (default ~4 sqrt(N)).")
 @click.option("--nprobe", type=COUNT, default=16, show_default=True)
 @click.option("--out", type=OUT_DIR, required=True, help="index directory to write.")
-def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search, nlist, nprobe, out):
+@scoring_device_option
+def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search, nlist, nprobe, out, device):
     """Index one side of an embeddings file."""
     from zsprob.retrieval.search import build_index
 
+    device = resolve_device(device)
     ids, mu, logvar = _load_side(embeddings, gallery)
     idx = build_index(mu, logvar, kind=kind, metric=metric, ids=ids, hnsw_m=hnsw_m, ef_construction=ef_construction,
-                      ef_search=ef_search, nlist=nlist, nprobe=nprobe)
+                      ef_search=ef_search, nlist=nlist, nprobe=nprobe, device=device)
     path = idx.save(out)
     click.echo(f"indexed {len(idx)} {gallery}s (kind={idx.kind}, metric={idx.metric}, dim={idx.dim}"
                f"{', ' + ', '.join(f'{k}={v}' for k, v in idx.params.items()) if idx.params else ''}) -> {path}")
@@ -59,21 +62,24 @@ def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search,
 @click.option("--nprobe", type=COUNT, default=None, help="override IVF nprobe.")
 @click.option("--out", type=OUT_FILE, default=None, help="write results JSON here.")
 @click.option("--show", type=COUNT0, default=3, show_default=True, help="print the results of this many queries.")
-def search(index_dir, queries, query_side, k, ef_search, nprobe, out, show):
+@scoring_device_option
+def search(index_dir, queries, query_side, k, ef_search, nprobe, out, show, device):
     """Top-k gallery items by CSD for every query."""
     import time
 
     from zsprob.retrieval.search import load_index
     from zsprob.utils.io import atomic_write_json
 
+    device = resolve_device(device)
     idx = load_index(index_dir)
     qids, mu, logvar = _load_side(queries, query_side)
     idx.set_search_params(ef_search=ef_search, nprobe=nprobe)
+    idx = idx.to(device)
     t = time.perf_counter()
     res = idx.search(mu, logvar, k)
     dt = time.perf_counter() - t
     click.echo(f"searched {len(qids)} queries in {dt:.3f}s ({len(qids) / max(dt, 1e-9):.0f} queries/s), "
-               f"index {idx.kind}/{idx.metric} with {len(idx)} items")
+               f"index {idx.kind}/{idx.metric} with {len(idx)} items on {idx.device}")
     for i in range(min(show, len(qids))):
         items = ", ".join(f"{int(g)} ({c:.4g})" for g, c in zip(res.ids[i], res.csd[i]))
         click.echo(f"query {int(qids[i])}: {items}")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import click
 
-from zsprob.cli.select_prompts import OFFICIAL_WEIGHTS, WEIGHTS_HELP
+from zsprob.cli.options import OFFICIAL_WEIGHTS, WEIGHTS_HELP
 from zsprob.cli.types import OUT_DIR
 
 from zsprob.methods import METHODS

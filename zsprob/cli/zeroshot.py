@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.select_prompts import common_options, load_model, model_options
+from zsprob.cli.options import common_options, load_model, model_options, resolve_device
 from zsprob.cli.types import OUT_FILE, InPath
 from zsprob.methods import STRATEGIES
 
@@ -29,7 +29,7 @@ from zsprob.methods import STRATEGIES
 @common_options
 @click.option("--out", type=OUT_FILE, required=True, help="results.json to write.")
 def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, strategy, select_root, score,
-             unc_weight, compare, k_grid, batch_size, device, cache_dir, templates, classes, out):
+             unc_weight, compare, k_grid, batch_size, device, workers, precision, cache_dir, templates, classes, out):
     """Zero-shot classification with selected prompts."""
     from pathlib import Path
 
@@ -41,6 +41,8 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     if prompts is None:
         strategy_from_topk(topk, strategy)
     parse_k_grid(k_grid)
+    device = resolve_device(device)
+    encoding = {"device": device, "num_workers": workers, "precision": precision}
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import compare_strategies, zeroshot_eval
 
@@ -51,7 +53,7 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
         kv = parse_k_grid(k_grid) if k_grid else None
         res = compare_strategies(model, root, dataset, out_dir=out.resolve().parent, select_root=select_root,
                                  templates=templates, classnames=classes, cache_dir=cache, k_values=kv, score=score,
-                                 batch_size=batch_size, device=device, model_meta=meta)
+                                 batch_size=batch_size, model_meta=meta, **encoding)
         doc = {k: v for k, v in res.items() if k != "selections"}
         atomic_write_json(out, doc)
         click.echo(res["table"])
@@ -66,7 +68,7 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     name, k = (None, None) if prompts is not None else strategy_from_topk(topk, strategy)
     res = zeroshot_eval(model, dataset, root, prompts=prompts, strategy=name or "auto", k=k, select_root=select_root,
                         templates=templates, classnames=classes, cache_dir=cache, k_values=k_grid, score=score,
-                        unc_weight=unc_weight, batch_size=batch_size, device=device, model_meta=meta)
+                        unc_weight=unc_weight, batch_size=batch_size, model_meta=meta, **encoding)
     atomic_write_json(out, res)
     m = res["metrics"]
     flag = " [USES EVALUATION LABELS]" if res["selection"]["uses_eval_labels"] else ""

@@ -1,9 +1,12 @@
 """Batched embedding of image datasets and caption lists into (mu, logvar).
 
-torch's DataLoader batches datasets, tqdm shows progress and the model's open_clip tokenizer
-turns captions into tokens; zsprob only loops, moves batches to the device and concatenates.
-Both functions run under ``torch.no_grad()`` with the model in eval mode (its previous mode is
-restored) and return float32 CPU tensors; ``logvar`` is None for deterministic models.
+torch's DataLoader batches datasets (``num_workers`` decoding processes, pinned memory when the
+device is CUDA), tqdm shows progress, the model's open_clip tokenizer turns captions into tokens
+and ``torch.autocast`` runs the towers in bfloat16 for ``precision="bf16"``
+(:func:`zsprob.utils.devices.encode_autocast`); zsprob only loops, moves batches to the device and
+concatenates. Both functions run under ``torch.no_grad()`` with the model in eval mode (its
+previous mode is restored) and return float32 CPU tensors in input order, whatever the device,
+workers or precision; ``logvar`` is None for deterministic models.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Iterable, Sequence
 import torch
 
 from zsprob.errors import UserError
+from zsprob.utils.devices import encode_autocast
 
 
 def _device_of(model) -> torch.device:
@@ -38,11 +42,25 @@ def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
     return torch.cat(parts, 0) if parts else torch.zeros(0, dim)
 
 
+def image_loader(dataset, *, batch_size: int, device, num_workers: int = 0):
+    """The in-order DataLoader of an image dataset: ``num_workers`` decoding processes (kept alive
+    across passes when > 0) and pinned batches when ``device`` is CUDA."""
+    from torch.utils.data import DataLoader
+
+    workers = int(num_workers)
+    if workers < 0:
+        raise UserError(f"num_workers must be >= 0, got {workers}")
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
+                      pin_memory=torch.device(device).type == "cuda", persistent_workers=workers > 0)
+
+
 @torch.no_grad()
 def encode_images(model, dataset_or_loader, *, batch_size: int = 256, device=None, num_workers: int = 0,
-                  progress: bool = True, with_sigma: bool = True):
+                  progress: bool = True, with_sigma: bool = True, precision: str = "fp32"):
     """Embed every image of a dataset (items ``(image_tensor, ...)`` or tensors) or a DataLoader.
 
+    ``num_workers`` decode a dataset in worker processes (:func:`image_loader`; ignored for a
+    DataLoader); ``precision`` "bf16" runs the image tower under bfloat16 autocast.
     Returns ``(mu [N, D], logvar [N, D] or None)``, float32 on the CPU, in dataset order.
     """
     from torch.utils.data import DataLoader
@@ -52,7 +70,8 @@ def encode_images(model, dataset_or_loader, *, batch_size: int = 256, device=Non
     if isinstance(dataset_or_loader, DataLoader) or not hasattr(dataset_or_loader, "__getitem__"):
         loader: Iterable = dataset_or_loader
     else:
-        loader = DataLoader(dataset_or_loader, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+        loader = image_loader(dataset_or_loader, batch_size=batch_size, device=device, num_workers=num_workers)
+    autocast = encode_autocast(device, precision)
     want_sigma = with_sigma and not model.deterministic
     was_training = model.training
     model.eval()
@@ -60,7 +79,8 @@ def encode_images(model, dataset_or_loader, *, batch_size: int = 256, device=Non
     try:
         for batch in tqdm(loader, desc="encode images", disable=not progress, leave=False):
             imgs = _images_of(batch).to(device, non_blocking=True)
-            mu, lv = model.encode_image(imgs, with_sigma=want_sigma)
+            with autocast:
+                mu, lv = model.encode_image(imgs, with_sigma=want_sigma)
             mus.append(mu.float().cpu())
             if lv is not None:
                 lvs.append(lv.float().cpu())
@@ -71,8 +91,9 @@ def encode_images(model, dataset_or_loader, *, batch_size: int = 256, device=Non
 
 @torch.no_grad()
 def encode_texts(model, texts: Sequence[str] | torch.Tensor, *, batch_size: int = 512, device=None,
-                 progress: bool = True, with_sigma: bool = True):
-    """Embed captions (a list of strings, or a LongTensor of tokens) in batches.
+                 progress: bool = True, with_sigma: bool = True, precision: str = "fp32"):
+    """Embed captions (a list of strings, or a LongTensor of tokens) in batches; ``precision``
+    "bf16" runs the text tower under bfloat16 autocast.
 
     Returns ``(mu [N, D], logvar [N, D] or None)``, float32 on the CPU, in input order.
     """
@@ -81,6 +102,7 @@ def encode_texts(model, texts: Sequence[str] | torch.Tensor, *, batch_size: int 
     if isinstance(texts, str):
         raise UserError("encode_texts expects a list of captions, not a single string")
     device = torch.device(device) if device is not None else _device_of(model)
+    autocast = encode_autocast(device, precision)
     want_sigma = with_sigma and not model.deterministic
     n = len(texts)
     was_training = model.training
@@ -90,7 +112,8 @@ def encode_texts(model, texts: Sequence[str] | torch.Tensor, *, batch_size: int 
         for start in tqdm(range(0, n, batch_size), desc="encode texts", disable=not progress, leave=False):
             chunk = texts[start:start + batch_size]
             tokens = chunk if isinstance(chunk, torch.Tensor) else model.tokenizer(list(chunk))
-            mu, lv = model.encode_text(tokens.to(device), with_sigma=want_sigma)
+            with autocast:
+                mu, lv = model.encode_text(tokens.to(device), with_sigma=want_sigma)
             mus.append(mu.float().cpu())
             if lv is not None:
                 lvs.append(lv.float().cpu())
@@ -99,4 +122,4 @@ def encode_texts(model, texts: Sequence[str] | torch.Tensor, *, batch_size: int 
     return _cat(mus, model.embed_dim), (_cat(lvs, model.embed_dim) if want_sigma else None)
 
 
-__all__ = ["encode_images", "encode_texts"]
+__all__ = ["encode_images", "encode_texts", "image_loader"]

@@ -172,9 +172,9 @@ def task_for_embeddings(emb: Embeddings, instance_labels: np.ndarray | None = No
 
 
 def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, device=None, num_workers: int = 0,
-                progress: bool = True, karpathy_json=None, dataset=None):
+                progress: bool = True, karpathy_json=None, dataset=None, precision: str = "fp32"):
     """Embed a COCO split with a zsprob / open_clip model (``dataset``: an already parsed
-    :class:`~zsprob.data.coco.CocoCaptions` of that split).
+    :class:`~zsprob.data.coco.CocoCaptions` of that split; ``precision``: "fp32" or "bf16" autocast).
 
     Returns ``(embeddings, instance_labels or None, dataset)`` (the dataset gives image paths and
     captions for the uncertainty pages)."""
@@ -184,9 +184,9 @@ def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, devi
     ds = dataset if dataset is not None else CocoCaptions(root, split=split, karpathy_json=karpathy_json)
     images = ds.image_dataset(model.preprocess_val)
     img_mu, img_lv = encode_images(model, images, batch_size=batch_size, device=device, num_workers=num_workers,
-                                   progress=progress)
+                                   progress=progress, precision=precision)
     cap_mu, cap_lv = encode_texts(model, list(ds.captions), batch_size=max(batch_size, 256), device=device,
-                                  progress=progress)
+                                  progress=progress, precision=precision)
     emb = Embeddings(image_ids=np.asarray(ds.image_ids, dtype=np.int64), caption_ids=np.asarray(ds.caption_ids, dtype=np.int64),
                      image_mu=img_mu, caption_mu=cap_mu, image_logvar=img_lv, caption_logvar=cap_lv,
                      caption_image=np.asarray(ds.caption_image, dtype=np.int64))
@@ -254,9 +254,12 @@ class ImageList:
 def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd", out_dir=None, *,
                   embeddings=None, instance_labels=None, batch_size: int = 128, device=None, num_workers: int = 0,
                   analyses: bool = True, progress: bool = True, save_embeddings=None, karpathy_json=None,
-                  label: str = "model", metrics_file: str = "metrics.json", method: str = "auto") -> dict:
+                  label: str = "model", metrics_file: str = "metrics.json", method: str = "auto",
+                  precision: str = "fp32") -> dict:
     """COCO evaluation of a model (``model`` + ``root``) or of precomputed ``embeddings``
-    (an :class:`Embeddings` or an ``.npz`` path).
+    (an :class:`Embeddings` or an ``.npz`` path). ``device`` encodes and scores (default: the
+    model's device to encode, the embeddings' to score); ``num_workers`` and ``precision``
+    (:func:`encode_coco`) only encode.
 
     Returns ``{"metrics", "summary", "table", "uncertainty", "files"}``; with ``out_dir`` writes
     ``metrics.json``, ``table.md`` and (probabilistic models) the decile PNG / table and the
@@ -274,7 +277,8 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
         if model is None or root is None:
             raise UserError("COCO evaluation needs a model and --root, or --embeddings")
         emb, labels, ds = encode_coco(model, root, split, batch_size=batch_size, device=device,
-                                      num_workers=num_workers, progress=progress, karpathy_json=karpathy_json)
+                                      num_workers=num_workers, progress=progress, karpathy_json=karpathy_json,
+                                      precision=precision)
         if instance_labels is None:
             instance_labels = labels
         if save_embeddings:
@@ -283,7 +287,7 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     emb, task = task_for_embeddings(emb, instance_labels)
     mc = mc_score_options(model) if score == "mc" else {}
     res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, method=method,
-                              **mc)
+                              device=device, **mc)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "table": format_table(res.metrics, label=label),
            "uncertainty": None, "files": {}}
     if analyses and emb.has_sigma:

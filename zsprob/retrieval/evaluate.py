@@ -193,7 +193,7 @@ def _rows(x, idx):
 
 
 def pmrp_fold_metrics(emb, task: RetrievalTask, score: str, *, seed: int = 0, chunk_size: int = 1024,
-                      **score_kw) -> dict | None:
+                      device=None, **score_kw) -> dict | None:
     """PMRP on the COCO 1K folds (PCME's headline table): each fold's images x captions scored and
     ranked on their own, plausible positives restricted to the fold, R-Precision per query; per
     direction and zeta the mean of the fold means, and their mean over zeta. None without folds
@@ -204,7 +204,7 @@ def pmrp_fold_metrics(emb, task: RetrievalTask, score: str, *, seed: int = 0, ch
     per: dict = {d: {bs.name.replace("pmrp_", ""): [] for bs in pm_sets} for d in ("i2t", "t2i")}
     for imgs, caps in task.folds:
         ps = PairScores(score, _rows(emb.image_mu, imgs), _rows(emb.image_logvar, imgs), _rows(emb.caption_mu, caps),
-                        _rows(emb.caption_logvar, caps), chunk_size=chunk_size, seed=seed, **score_kw)
+                        _rows(emb.caption_logvar, caps), chunk_size=chunk_size, seed=seed, device=device, **score_kw)
         for bs in pm_sets:
             for d, mat, pos in (("i2t", ps.i2t, bs.i2t[imgs][:, caps]), ("t2i", ps.t2i, bs.t2i[caps][:, imgs])):
                 qm = M.rank_metrics(mat, sp.csr_matrix(pos), ks=(1,), r_metrics=True)
@@ -298,7 +298,7 @@ def resolve_method(method: str, score: str, **score_kw) -> str:
 
 def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Sequence[int] = M.DEFAULT_KS,
                         keep_top: int = 0, chunk_size: int = 1024, progress: bool = False, seed: int = 0,
-                        method: str = "auto", **score_kw) -> EvalResult:
+                        method: str = "auto", device=None, **score_kw) -> EvalResult:
     """Score ``emb`` (:class:`zsprob.retrieval.embeddings.Embeddings`) with ``score`` (any
     ``zsprob.prob.score`` name) and evaluate ``task``. ``metrics["setup"]`` records the score,
     the method and the sizes.
@@ -309,6 +309,8 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
     ``zsprob.prob.score`` (every score); "auto" picks
     "screen" where it applies. The two agree up to float32 near-ties (see the tests). Should a
     screened key ever break its certified error bound, the matrix is used instead, with a warning.
+    ``device``: where the score blocks are computed (default: where the embeddings live; the
+    screen itself is a CPU kernel); scores and metrics are float32 / float64 on every device.
     """
     import warnings
 
@@ -325,15 +327,15 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
     if method == "screen":
         try:
             res = evaluate_screened(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar, task,
-                                    ks=ks, keep_top=keep_top)
+                                    ks=ks, keep_top=keep_top, device=device)
             how = f"screen ({'bfloat16 AMX' if amx_available() else 'float32'} screen, float64 keys)"
         except ScreenBoundError as e:
             warnings.warn(f"screened evaluation abandoned ({e}); using the score matrix", RuntimeWarning)
     if res is None:
         ps = PairScores(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar,
-                        chunk_size=chunk_size, progress=progress, seed=seed, **score_kw)
+                        chunk_size=chunk_size, progress=progress, seed=seed, device=device, **score_kw)
         res = evaluate_scores(ps, task, ks=ks, keep_top=keep_top)
-    pm_1k = pmrp_fold_metrics(emb, task, score, seed=seed, chunk_size=chunk_size, **score_kw)
+    pm_1k = pmrp_fold_metrics(emb, task, score, seed=seed, chunk_size=chunk_size, device=device, **score_kw)
     if pm_1k is not None:
         res.metrics["pmrp_1k"] = pm_1k
     res.metrics = {"setup": {"score": score, "method": how, "n_images": task.n_images, **_jsonable(score_kw),

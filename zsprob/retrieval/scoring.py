@@ -14,6 +14,11 @@ each block through matrix products (closed forms) or bounded sample blocks (MC),
   ``direct_t2i=True`` still scores the t2i direction separately, for symmetric scores.
 * :func:`chunked_topk`: the best ``k`` gallery items for every query, merging per-block top-k,
   so a query set can be ranked against a gallery of any size with bounded memory.
+
+Both compute where the gallery tensors live, or on ``device=`` (the gallery is moved there once,
+query blocks as they are scored); results come back as float32 / int64 CPU tensors, so the
+metrics downstream are the same code on every device. CPU tensors without ``device`` take
+exactly the CPU path.
 """
 from __future__ import annotations
 
@@ -71,18 +76,40 @@ def mc_score_options(model) -> dict:
 
 
 def score_block(name: str, mu_a, logvar_a, mu_b, logvar_b, **kw) -> torch.Tensor:
-    """``zsprob.prob.score`` on one block, as float32 CPU."""
+    """``zsprob.prob.score`` on one block, as float32 on the inputs' device."""
     return _prob_score()(name, mu_a, logvar_a, mu_b, logvar_b, **kw).float()
+
+
+def compute_device(device, gallery) -> torch.device:
+    """Where scores are computed: ``device`` if given, else where the ``gallery`` tensor lives (CPU
+    for numpy arrays)."""
+    if device is not None:
+        return torch.device(device)
+    return gallery.device if isinstance(gallery, torch.Tensor) else torch.device("cpu")
+
+
+def on_device(x, device: torch.device):
+    """``x`` (a tensor, numpy array or None) on ``device``; the same object when it is already there."""
+    if x is None:
+        return None
+    x = as_tensor(x, x.dtype if isinstance(x, torch.Tensor) else torch.float32)
+    return x if x.device == device else x.to(device, non_blocking=True)
 
 
 def score_matrix(name: str, mu_a: torch.Tensor, logvar_a: torch.Tensor | None, mu_b: torch.Tensor,
                  logvar_b: torch.Tensor | None, *, chunk_size: int = 1024, progress: bool = False,
-                 seed: int = 0, **kw) -> torch.Tensor:
-    """Full similarity matrix [N, M] (float32), scored in blocks of ``chunk_size`` rows.
+                 seed: int = 0, device=None, **kw) -> torch.Tensor:
+    """Full similarity matrix [N, M] (float32, on the CPU), scored in blocks of ``chunk_size`` rows
+    on ``device`` (default: where ``mu_b``, the gallery, lives).
 
-    For "mc" a seeded generator is passed to every block (``seed``) so results are reproducible.
+    For "mc" a seeded generator (on the compute device) is passed to every block (``seed``) so
+    results are reproducible.
     """
     check_score(name, logvar_a is not None and logvar_b is not None)
+    dev = compute_device(device, mu_b)
+    if dev.type != "cpu":
+        return _score_matrix_on(dev, name, mu_a, logvar_a, mu_b, logvar_b, chunk_size=chunk_size,
+                                progress=progress, seed=seed, **kw)
     n, m = mu_a.shape[0], mu_b.shape[0]
     out = torch.empty(n, m, dtype=torch.float32)
     it = range(0, n, chunk_size)
@@ -103,6 +130,31 @@ def score_matrix(name: str, mu_a: torch.Tensor, logvar_a: torch.Tensor | None, m
     return out
 
 
+def _score_matrix_on(dev: torch.device, name: str, mu_a, logvar_a, mu_b, logvar_b, *, chunk_size: int,
+                     progress: bool, seed: int, **kw) -> torch.Tensor:
+    """:func:`score_matrix` computed on a device other than the CPU: the gallery moved there once,
+    each block of rows scored there and copied into the CPU result."""
+    mu_b, logvar_b = on_device(mu_b, dev), on_device(logvar_b, dev)
+    n, m = mu_a.shape[0], mu_b.shape[0]
+    out = torch.empty(n, m, dtype=torch.float32)
+    it = range(0, n, chunk_size)
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(it, desc=f"score {name} ({dev})", unit="block")
+    form = linear_form(name, on_device(mu_a, dev), on_device(logvar_a, dev), mu_b, logvar_b)
+    if name == "mc" and "generator" not in kw:
+        kw["generator"] = torch.Generator(device=dev).manual_seed(seed)
+    for a in it:
+        b = min(n, a + chunk_size)
+        if form is not None:
+            block = form[0][a:b] @ form[1].t()
+        else:
+            block = score_block(name, on_device(mu_a[a:b], dev),
+                                None if logvar_a is None else on_device(logvar_a[a:b], dev), mu_b, logvar_b, **kw)
+        out[a:b].copy_(block)
+    return out
+
+
 class PairScores:
     """Image x caption similarities of a test set, with fast row access in both directions.
 
@@ -112,15 +164,15 @@ class PairScores:
     """
 
     def __init__(self, name: str, img_mu, img_logvar, cap_mu, cap_logvar, *, chunk_size: int = 1024,
-                 direct_t2i: bool = False, progress: bool = False, seed: int = 0, **kw):
+                 direct_t2i: bool = False, progress: bool = False, seed: int = 0, device=None, **kw):
         self.name = name
         self.i2t = score_matrix(name, img_mu, img_logvar, cap_mu, cap_logvar, chunk_size=chunk_size,
-                                progress=progress, seed=seed, **kw)
+                                progress=progress, seed=seed, device=device, **kw)
         if direct_t2i and name not in SYMMETRIC_SCORES:
             raise UserError(f"direct_t2i needs a symmetric score ({', '.join(SYMMETRIC_SCORES)}), got {name!r}")
         if direct_t2i:
             self.t2i = score_matrix(name, cap_mu, cap_logvar, img_mu, img_logvar, chunk_size=chunk_size * 4,
-                                    progress=progress, seed=seed, **kw)
+                                    progress=progress, seed=seed, device=device, **kw)
         else:
             self.t2i = transposed(self.i2t)
 
@@ -147,7 +199,7 @@ def linear_form(name: str, mu_a, logvar_a, mu_b, logvar_b) -> tuple[torch.Tensor
             getattr(mu_a, "requires_grad", False) or getattr(mu_b, "requires_grad", False)):
         return None
     mu_a, mu_b = as_tensor(mu_a), as_tensor(mu_b)
-    if mu_a.device.type != "cpu" or mu_a.ndim != 2 or mu_b.ndim != 2 or mu_a.shape[1] != mu_b.shape[1]:
+    if mu_a.device != mu_b.device or mu_a.ndim != 2 or mu_b.ndim != 2 or mu_a.shape[1] != mu_b.shape[1]:
         return None  # let zsprob.prob.score raise its own error / run on the device
     if name == "cosine":
         return (torch.nn.functional.normalize(mu_a, dim=-1, eps=1e-8),
@@ -159,7 +211,7 @@ def linear_form(name: str, mu_a, logvar_a, mu_b, logvar_b) -> tuple[torch.Tensor
             t = t + as_tensor(logvar, torch.float64).exp().sum(-1)
         return t.float()
 
-    ones_a, ones_b = torch.ones(mu_a.shape[0], 1), torch.ones(mu_b.shape[0], 1)
+    ones_a, ones_b = torch.ones(mu_a.shape[0], 1, device=mu_a.device), torch.ones(mu_b.shape[0], 1, device=mu_b.device)
     a_aug = torch.cat([2.0 * mu_a, -row_term(mu_a, logvar_a)[:, None], ones_a], 1)
     b_aug = torch.cat([mu_b, ones_b, -row_term(mu_b, logvar_b)[:, None]], 1)
     return a_aug, b_aug
@@ -178,13 +230,17 @@ def transposed(x: torch.Tensor, rows: int = 64) -> torch.Tensor:
 
 def chunked_topk(name: str, q_mu: torch.Tensor, q_logvar: torch.Tensor | None, g_mu: torch.Tensor,
                  g_logvar: torch.Tensor | None, k: int, *, query_chunk: int = 1024, gallery_chunk: int = 65536,
-                 progress: bool = False, **kw) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``k`` similarities and gallery indices [Q, k] of every query, best first.
+                 progress: bool = False, device=None, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` similarities and gallery indices [Q, k] of every query, best first (CPU tensors).
 
     Memory is bounded by ``query_chunk x gallery_chunk`` scores at a time: per gallery block
-    the block's top-k are merged with the running top-k.
+    the block's top-k are merged with the running top-k. Computed on ``device`` (default: where
+    ``g_mu``, the gallery, lives).
     """
     check_score(name, q_logvar is not None and g_logvar is not None)
+    dev = compute_device(device, g_mu)
+    if dev.type != "cpu":
+        g_mu, g_logvar = on_device(g_mu, dev), on_device(g_logvar, dev)
     nq, ng = q_mu.shape[0], g_mu.shape[0]
     k = min(k, ng)
     vals_out = torch.empty(nq, k)
@@ -199,7 +255,8 @@ def chunked_topk(name: str, q_mu: torch.Tensor, q_logvar: torch.Tensor | None, g
         best_i = None
         for g0 in range(0, ng, gallery_chunk):
             g1 = min(ng, g0 + gallery_chunk)
-            s = score_block(name, q_mu[a:b], None if q_logvar is None else q_logvar[a:b], g_mu[g0:g1],
+            q_lv = None if q_logvar is None else on_device(q_logvar[a:b], dev)
+            s = score_block(name, on_device(q_mu[a:b], dev), q_lv, g_mu[g0:g1],
                             None if g_logvar is None else g_logvar[g0:g1], **kw)
             v, i = s.topk(min(k, g1 - g0), dim=1)
             i = i + g0
@@ -210,8 +267,8 @@ def chunked_topk(name: str, q_mu: torch.Tensor, q_logvar: torch.Tensor | None, g
                 ci = torch.cat([best_i, i], 1)
                 best_v, j = cv.topk(k, dim=1)
                 best_i = ci.gather(1, j)
-        vals_out[a:b] = best_v
-        idx_out[a:b] = best_i
+        vals_out[a:b] = best_v.cpu()
+        idx_out[a:b] = best_i.cpu()
     return vals_out, idx_out
 
 

@@ -9,7 +9,8 @@ the metrics off the ranks with the helpers of :mod:`zsprob.retrieval.benchmarks`
 :mod:`zsprob.retrieval.metrics`. The float64 image-caption dot products of every positive pair
 are computed once and shared by both directions. Benchmarks with very long positive lists
 (PMRP, R > ``SHARED_L_LIMIT``) are ranked on float32 score blocks
-(:func:`zsprob.retrieval.scoring.score_block`). torch and scipy do the arithmetic.
+(:func:`zsprob.retrieval.scoring.score_block`), computed on ``device`` when one is given (the
+screen itself is a CPU kernel). torch and scipy do the arithmetic.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.benchmarks import (SHARED_L_LIMIT, EvalResult, direction_result, fold_summary, merge_pmrp,
                                          needed_length, set_queries, with_rsum)
-from zsprob.retrieval.scoring import score_block
+from zsprob.retrieval.scoring import compute_device, on_device, score_block
 from zsprob.retrieval.screen import GROUP, LinearKeys, Screen, Side, amx_available, pair_dots, parallel, prepare, \
     screen_ranks, screen_topk
 
@@ -72,7 +73,7 @@ def _best(q: np.ndarray, g: np.ndarray, k: torch.Tensor, queries: np.ndarray) ->
 
 def evaluate_screened(score: str, img_mu, img_logvar, cap_mu, cap_logvar, task, *, ks: Sequence[int] = (1, 5, 10),
                       keep_top: int = 0, dtype: torch.dtype | None = None, group: int = GROUP,
-                      stats: dict | None = None, threads: int | None = None):
+                      stats: dict | None = None, threads: int | None = None, device=None):
     """Every benchmark of ``task`` (a :class:`~zsprob.retrieval.benchmarks.RetrievalTask`) for the
     linear ``score`` ("csd", "mean", "cosine") of the given embeddings, screened.
 
@@ -83,6 +84,8 @@ def evaluate_screened(score: str, img_mu, img_logvar, cap_mu, cap_logvar, task, 
     (:func:`parallel`; ``threads=1`` runs them in turn). Returns the
     :class:`~zsprob.retrieval.benchmarks.EvalResult` :func:`~zsprob.retrieval.evaluate.evaluate_scores`
     gives on the float64 score matrix. ``stats`` receives what the screen did, per direction.
+    ``device``: where the float32 score blocks of very long positive lists are computed (default:
+    where the embeddings live).
     """
     ks = tuple(ks)
     dt = dtype or (torch.bfloat16 if amx_available() else torch.float32)
@@ -113,7 +116,8 @@ def evaluate_screened(score: str, img_mu, img_logvar, cap_mu, cap_logvar, task, 
     for d in ("i2t", "t2i"):
         stats.setdefault(d, {})
     res = parallel([lambda d=d: _direction(d, keys[d], dots, task, cap_pos, plan[d], ks, keep_top, score, emb[d],
-                                           stats[d], dtype=dt, group=group) for d in ("i2t", "t2i")], threads)
+                                           stats[d], device=device, dtype=dt, group=group) for d in ("i2t", "t2i")],
+                   threads)
     out = dict(zip(("i2t", "t2i"), res))
     metrics: dict = {}
     for bs in task.sets:
@@ -132,7 +136,7 @@ def evaluate_screened(score: str, img_mu, img_logvar, cap_mu, cap_logvar, task, 
 
 
 def _direction(d: str, kd: LinearKeys, dots: "_PairDots", task, cap_pos, plan: dict, ks: tuple, keep_top: int,
-               score: str, emb: tuple, st: dict, **kw) -> dict:
+               score: str, emb: tuple, st: dict, device=None, **kw) -> dict:
     """One direction of :func:`evaluate_screened`: its requests, one screened pass, its metrics."""
     kmax = max(ks)
     scr = Screen(kd, **kw)
@@ -196,16 +200,24 @@ def _direction(d: str, kd: LinearKeys, dots: "_PairDots", task, cap_pos, plan: d
             out["means"][bs.name] = ({k: float(v.mean()) if v.numel() else float("nan") for k, v in vals.items()},
                                      len(q))
     for bs, q in plan["long"]:  # very long positive lists (PMRP): ranked on float32 score blocks
-        mq, lq, mg, lg = emb
-
-        def rows_fn(rows, mq=mq, lq=lq, mg=mg, lg=lg):
-            return score_block(score, mq[rows], None if lq is None else lq[rows], mg, lg)
-
-        qm = M.rank_metrics(rows_fn, bs.i2t if d == "i2t" else bs.t2i, queries=q, ks=(1,), r_metrics=True)
+        qm = M.rank_metrics(_score_rows(score, emb, device), bs.i2t if d == "i2t" else bs.t2i, queries=q, ks=(1,),
+                            r_metrics=True)
         out["means"][bs.name] = (qm.mean(), len(q))
     if keep_top:
         out["top"] = screen_topk(kd, keep_top, screen=scr, stats=st)
     return out
+
+
+def _score_rows(score: str, emb: tuple, device=None):
+    """``rows -> float32 CPU score rows`` of the queries ``emb[:2]`` against the gallery ``emb[2:]``,
+    scored on ``device`` (default: where the gallery lives; the gallery is moved there once)."""
+    mq, lq, mg, lg = emb
+    dev = compute_device(device, mg)
+    if dev.type == "cpu":
+        return lambda rows: score_block(score, mq[rows], None if lq is None else lq[rows], mg, lg)
+    mg, lg = on_device(mg, dev), on_device(lg, dev)
+    return lambda rows: score_block(score, on_device(mq[rows], dev), None if lq is None else on_device(lq[rows], dev),
+                                    mg, lg).cpu()
 
 
 def _contiguous(idx: np.ndarray) -> bool:

@@ -17,10 +17,12 @@ Any exact index on these vectors returns the exact CSD ranking; approximate inde
 
 What FAISS does (faiss-cpu, imported lazily; a clear :class:`UserError` if it is missing):
 ``IndexFlatIP`` / ``IndexFlatL2`` (exact), ``IndexHNSWFlat`` and ``IndexIVFFlat`` (approximate),
-their search and their (de)serialisation. What zsprob writes: the augmentation, the torch
-brute-force exact path (chunked matmul + top-k), the conversion of scores back to CSD, the
-re-rank baseline, and the on-disk layout (``index.faiss`` or ``gallery.npy``, ``ids.npy``,
-``index.json``), written atomically.
+their search and their (de)serialisation, and, where the installed faiss has GPUs
+(``faiss.get_num_gpus() > 0``) and the index is given a CUDA device, the GPU copies of flat and
+IVF indexes (``index_cpu_to_gpu``; HNSW has no GPU form and stays on the CPU). What zsprob
+writes: the augmentation, the torch brute-force exact path (chunked matmul + top-k, on the
+index's device), the conversion of scores back to CSD, the re-rank baseline, and the on-disk layout (``index.faiss`` or ``gallery.npy``, ``ids.npy``,
+``index.json``), written atomically (a GPU index is written from its CPU copy).
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ import torch
 from zsprob.errors import UserError
 
 KINDS = ("flat", "hnsw", "ivf", "torch")
+#: the most neighbours a FAISS GPU index returns per query
+GPU_MAX_K = 2048
 METRICS = ("ip", "l2")
 FORMAT_VERSION = 1
 
@@ -44,6 +48,12 @@ def _faiss():
         raise UserError("FAISS is not installed: pip install faiss-cpu (or zsprob[faiss]); "
                         "kind='torch' gives exact search without it") from None
     return faiss
+
+
+def _faiss_gpu(faiss, device) -> bool:
+    """Whether a faiss index goes to ``device``: a CUDA device and a faiss built with GPUs."""
+    return device is not None and torch.device(device).type == "cuda" and \
+        getattr(faiss, "get_num_gpus", lambda: 0)() > 0
 
 
 def _np32(x) -> np.ndarray:
@@ -109,6 +119,32 @@ class CSDIndex:
         self.ids = np.asarray(ids, dtype=np.int64)
         self.params = dict(params)
         self.backend = backend  # faiss index, or a float32 torch tensor [N, D+1] (kind "torch")
+        self.device = torch.device("cpu")  # where the backend searches
+        self._gpu_resources = None  # faiss.StandardGpuResources of a GPU backend (kept alive with it)
+
+    def to(self, device) -> "CSDIndex":
+        """Search on ``device`` from now on: kind "torch" moves its gallery tensor; flat and IVF
+        faiss indexes are copied to the GPU when faiss has GPUs (:func:`_faiss_gpu`), else they
+        stay on the CPU (as do HNSW indexes). Returns self."""
+        device = torch.device("cpu") if device is None else torch.device(device)
+        if self.kind == "torch":
+            self.backend = self.backend.to(device)
+            self.device = device
+            return self
+        faiss = _faiss()
+        on_gpu = self._gpu_resources is not None
+        if self.kind in ("flat", "ivf") and _faiss_gpu(faiss, device) and not on_gpu:
+            self._gpu_resources = faiss.StandardGpuResources()
+            self.backend = faiss.index_cpu_to_gpu(self._gpu_resources, device.index or 0, self.backend)
+            self.device = device
+        elif device.type == "cpu" and on_gpu:
+            self.backend, self._gpu_resources = self._cpu_backend(), None
+            self.device = device
+        return self
+
+    def _cpu_backend(self):
+        """The faiss index on the CPU (a copy of a GPU index), for writing."""
+        return _faiss().index_gpu_to_cpu(self.backend) if self._gpu_resources is not None else self.backend
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -118,14 +154,20 @@ class CSDIndex:
             self.backend.hnsw.efSearch = int(ef_search)
             self.params["ef_search"] = int(ef_search)
         if nprobe is not None and self.kind == "ivf":
-            self.backend.nprobe = int(nprobe)
+            if self._gpu_resources is not None:
+                _faiss().GpuParameterSpace().set_index_parameter(self.backend, "nprobe", int(nprobe))
+            else:
+                self.backend.nprobe = int(nprobe)
             self.params["nprobe"] = int(nprobe)
 
     def search_raw(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Search augmented queries; returns (raw scores, positions) as the backend orders them."""
         if self.kind == "torch":
-            return _torch_search(torch.from_numpy(q), self.backend, k, self.metric,
+            return _torch_search(torch.from_numpy(q).to(self.backend.device), self.backend, k, self.metric,
                                  chunk=int(self.params.get("query_chunk", 1024)))
+        if self._gpu_resources is not None and k > GPU_MAX_K:
+            raise UserError(f"FAISS GPU indexes return at most {GPU_MAX_K} neighbours per query, asked for {k}; "
+                            "search on the CPU (--device cpu) for more")
         return self.backend.search(q, k)
 
     def search(self, q_mu, q_logvar=None, k: int = 10) -> SearchResult:
@@ -154,10 +196,10 @@ class CSDIndex:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self.kind == "torch":
-            atomic_write(out / "gallery.npy", lambda tmp: np.save(open(tmp, "wb"), self.backend.numpy()))
+            atomic_write(out / "gallery.npy", lambda tmp: np.save(open(tmp, "wb"), self.backend.cpu().numpy()))
         else:
             faiss = _faiss()
-            atomic_write(out / "index.faiss", lambda tmp: faiss.write_index(self.backend, tmp))
+            atomic_write(out / "index.faiss", lambda tmp: faiss.write_index(self._cpu_backend(), tmp))
         atomic_write(out / "ids.npy", lambda tmp: np.save(open(tmp, "wb"), self.ids))
         atomic_write_json(out / "index.json", {"format": "zsprob-csd-index", "version": FORMAT_VERSION,
                                                "kind": self.kind, "metric": self.metric, "dim": self.dim,
@@ -165,8 +207,8 @@ class CSDIndex:
         return out
 
 
-def load_index(path) -> CSDIndex:
-    """Load an index written by :meth:`CSDIndex.save`."""
+def load_index(path, device=None) -> CSDIndex:
+    """Load an index written by :meth:`CSDIndex.save`; with ``device``, moved there (:meth:`CSDIndex.to`)."""
     from zsprob.errors import require_dir
     from zsprob.utils.io import read_json
 
@@ -193,19 +235,21 @@ def load_index(path) -> CSDIndex:
         raise UserError(f"index in {d} is inconsistent: {n} vectors, {len(ids)} ids, size {meta.get('size')}")
     idx = CSDIndex(meta["kind"], meta["metric"], int(meta["dim"]), ids, meta.get("params", {}), backend)
     idx.set_search_params(ef_search=meta.get("params", {}).get("ef_search"), nprobe=meta.get("params", {}).get("nprobe"))
-    return idx
+    return idx.to(device) if device is not None else idx
 
 
 def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = None, ids=None,
                 hnsw_m: int = 32, ef_construction: int = 80, ef_search: int = 64,
                 nlist: int | None = None, nprobe: int = 16, train_size: int = 100_000,
-                threads: int | None = None, seed: int = 0, var_sum: np.ndarray | None = None) -> CSDIndex:
+                threads: int | None = None, seed: int = 0, var_sum: np.ndarray | None = None,
+                device=None) -> CSDIndex:
     """Index a gallery for CSD search.
 
     ``kind``: "flat" (FAISS exact), "hnsw", "ivf" (FAISS approximate), "torch" (exact, no FAISS).
     ``metric``: augmentation, "ip" or "l2" (default "ip" for flat / torch, "l2" for hnsw / ivf).
     ``nlist`` defaults to about 4 sqrt(N); IVF trains its k-means on up to ``train_size`` vectors.
     ``var_sum`` [N] may replace ``logvar`` (only s = ||sigma^2||_1 enters CSD ranking).
+    ``device``: where the index is trained, filled and searched (:meth:`CSDIndex.to`; default the CPU).
     """
     if kind not in KINDS:
         raise UserError(f"unknown index kind {kind!r} (choose from {', '.join(KINDS)})")
@@ -225,7 +269,7 @@ def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = Non
     del mu_np
     params: dict = {}
     if kind == "torch":
-        return CSDIndex(kind, metric, d, ids, params, torch.from_numpy(x))
+        return CSDIndex(kind, metric, d, ids, params, torch.from_numpy(x)).to(device)
     faiss = _faiss()
     if threads:
         faiss.omp_set_num_threads(int(threads))
@@ -241,13 +285,14 @@ def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = Non
         nlist = int(nlist or max(1, min(n // 39, int(4 * np.sqrt(n)))))
         quantizer = faiss.IndexFlatIP(d + 1) if metric == "ip" else faiss.IndexFlatL2(d + 1)
         index = faiss.IndexIVFFlat(quantizer, d + 1, nlist, fm)
-        rng = np.random.default_rng(seed)
-        train = x if n <= train_size else x[np.sort(rng.choice(n, size=train_size, replace=False))]
-        index.train(train)
         index.nprobe = int(min(nprobe, nlist))
         params.update(nlist=nlist, nprobe=int(min(nprobe, nlist)))
-    index.add(x)
-    return CSDIndex(kind, metric, d, ids, params, index)
+    out = CSDIndex(kind, metric, d, ids, params, index).to(device)  # GPU copy (untrained / empty) where it applies
+    if kind == "ivf":
+        rng = np.random.default_rng(seed)
+        out.backend.train(x if n <= train_size else x[np.sort(rng.choice(n, size=train_size, replace=False))])
+    out.backend.add(x)
+    return out
 
 
 def _torch_search(q: torch.Tensor, gallery: torch.Tensor, k: int, metric: str, chunk: int = 1024):
@@ -260,8 +305,8 @@ def _torch_search(q: torch.Tensor, gallery: torch.Tensor, k: int, metric: str, c
         v, i = s.topk(k, dim=1)
         if metric == "l2":
             v = (q[a:a + chunk] ** 2).sum(1, keepdim=True) - v
-        vals.append(v)
-        pos.append(i)
+        vals.append(v.cpu())
+        pos.append(i.cpu())
     return torch.cat(vals).numpy(), torch.cat(pos).numpy()
 
 

@@ -42,14 +42,17 @@ def synthetic_task(split) -> RetrievalTask:
         notes=["caption: five-caption positives (R@K, RSUM); plausible: exact plausible-match positives (mAP@R, R-P)"])
 
 
-def encode_split(model, split, *, batch_size: int = 128, device=None, progress: bool = False) -> Embeddings:
+def encode_split(model, split, *, batch_size: int = 128, device=None, progress: bool = False, num_workers: int = 0,
+                 precision: str = "fp32") -> Embeddings:
+    """The split's images and captions embedded (``zsprob.models.encode``: ``num_workers`` decoding
+    processes, ``precision`` "fp32" or "bf16" autocast; float32 CPU embeddings either way)."""
     from zsprob.models.encode import encode_images, encode_texts
     from zsprob.retrieval.coco import ImageList
 
     img_mu, img_lv = encode_images(model, ImageList(split.image_paths, model.preprocess_val), batch_size=batch_size,
-                                   device=device, progress=progress)
+                                   device=device, progress=progress, num_workers=num_workers, precision=precision)
     cap_mu, cap_lv = encode_texts(model, list(split.captions), batch_size=max(256, batch_size), device=device,
-                                  progress=progress)
+                                  progress=progress, precision=precision)
     return Embeddings(image_ids=np.asarray(split.image_ids, dtype=np.int64),
                       caption_ids=np.asarray(split.caption_ids, dtype=np.int64), image_mu=img_mu, caption_mu=cap_mu,
                       image_logvar=img_lv, caption_logvar=cap_lv,
@@ -122,8 +125,13 @@ def _plot_ambiguity(emb: Embeddings, split, gt: dict, path) -> Path:
 def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out_dir=None, *,
                        batch_size: int = 128, device=None, corruption: bool = True, n_corruption: int = 64,
                        progress: bool = False, seed: int = 0, metrics_file: str = "metrics.json",
-                       method: str = "auto", validity: bool = True, n_pairs: int = 1000, n_crops: int = 300) -> dict:
+                       method: str = "auto", validity: bool = True, n_pairs: int = 1000, n_crops: int = 300,
+                       num_workers: int = 0, precision: str = "fp32") -> dict:
     """Evaluate ``model`` on SynthWorld's retrieval ``split`` (root = a SynthWorld OUT folder).
+
+    ``device`` encodes and scores (default: the model's device to encode, the CPU embeddings' to
+    score); ``num_workers`` and ``precision`` apply to the split's embeddings (:func:`encode_split`;
+    the validity probes and the corruption sweep encode in float32 without workers).
 
     Returns a JSON-able dict:
 
@@ -146,10 +154,11 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
     from zsprob.utils.io import atomic_write_json, atomic_write_text
 
     rs = load_retrieval_split(root, split)
-    emb = encode_split(model, rs, batch_size=batch_size, device=device, progress=progress)
+    emb = encode_split(model, rs, batch_size=batch_size, device=device, progress=progress, num_workers=num_workers,
+                       precision=precision)
     task = synthetic_task(rs)
     mc = mc_score_options(model) if score == "mc" else {}
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, method=method, **mc)
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, method=method, device=device, **mc)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics),
            "table": format_table(res.metrics, label=getattr(model, "name", "model")), "files": {}}
     if emb.has_sigma:

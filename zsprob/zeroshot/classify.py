@@ -207,7 +207,7 @@ def _resolve_splits(dataset: str, root, select_root=None):
 
 def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templates=None, classnames=None,
             cache_dir=None, model_id: str | None = None, batch_size: int = 256, device=None,
-            progress: bool = True, need_select: bool = True):
+            progress: bool = True, need_select: bool = True, num_workers: int = 0, precision: str = "fp32"):
     """Bank + evaluation features (+ selection features) for ``model`` on a dataset, all cached."""
     from zsprob.zeroshot.prompts import build_prompt_bank, load_classnames, load_templates, model_fingerprint
 
@@ -218,12 +218,13 @@ def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templa
         sel_dir = Path(root) / "classify" / "select"
         if not sel_dir.is_dir():
             se = None
+    enc = {"device": device, "num_workers": num_workers, "precision": precision}
     eval_feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size,
-                              device=device, progress=progress)
+                              progress=progress, **enc)
     select_feats = None
     if se is not None and need_select:
         select_feats = encode_split(model, *se, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size,
-                                    device=device, progress=progress)
+                                    progress=progress, **enc)
         if list(select_feats.classnames) != list(eval_feats.classnames):
             raise UserError("the selection split's classes differ from the evaluation split's classes")
     names = load_classnames(classnames) if classnames is not None else list(eval_feats.classnames)
@@ -234,7 +235,7 @@ def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templa
                         f"{len(eval_feats.classnames)} classes")
     tmpl = load_templates(templates)
     bank = build_prompt_bank(model, names, tmpl, cache_dir=cache_dir, model_id=model_id, device=device,
-                             progress=progress)
+                             progress=progress, precision=precision)
     # the bank's class names are the prompt words; features carry the same order
     eval_feats.classnames = list(bank.classnames)
     if select_feats is not None:
@@ -245,7 +246,7 @@ def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templa
 def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *, select_root=None,
                        templates=None, classnames=None, cache_dir=None, k_values=None, score: str = "cosine",
                        batch_size: int = 256, device=None, progress: bool = True, model_id: str | None = None,
-                       model_meta: dict | None = None) -> dict:
+                       model_meta: dict | None = None, num_workers: int = 0, precision: str = "fp32") -> dict:
     """Evaluate every prompt strategy on ``dataset`` at ``root`` in one run (the demo's entry point).
 
     ``model``: a ``ProbCLIP`` (zsprob checkpoint or plain open_clip through
@@ -261,7 +262,8 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
     cache_dir = Path(cache_dir) if cache_dir is not None else out_dir / "cache"
     bank, ev, se, model_id = prepare(model, root, dataset, select_root=select_root, templates=templates,
                                      classnames=classnames, cache_dir=cache_dir, model_id=model_id,
-                                     batch_size=batch_size, device=device, progress=progress)
+                                     batch_size=batch_size, device=device, progress=progress,
+                                     num_workers=num_workers, precision=precision)
     meta = dict(model_meta or {})
     meta.setdefault("id", model_id)
     title = f"{dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
@@ -291,7 +293,8 @@ def _align_to_folders(names: list[str], source, folder_classes) -> list[str]:
 def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: int | None = None,
                   select_root=None, use_select: bool = True, templates=None, classnames=None, cache_dir=None,
                   k_values=None, threshold_c: float = 1.0, beta: float = 1.0, batch_size: int = 256,
-                  device=None, progress: bool = True, model_meta: dict | None = None):
+                  device=None, progress: bool = True, model_meta: dict | None = None, num_workers: int = 0,
+                  precision: str = "fp32"):
     """Choose prompts with one strategy; returns ``(selection, selection_json_dict)``.
 
     Reads only what the strategy needs: the labelled selection split (auto / global /
@@ -313,16 +316,17 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
     if (needs_pool or needs_eval) and root is None:
         raise UserError(f"strategy '{strategy}' needs the evaluation images: pass --root")
     select = pool = eval_ = None
+    enc = {"device": device, "num_workers": num_workers, "precision": precision}
     data = {}
     ev_feats = None
     if needs_select and se is not None:
         sf = encode_split(model, *se, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size,
-                          device=device, progress=progress)
+                          progress=progress, **enc)
         select = (sf.feats, sf.labels)
         data["selection_split"] = {"source": sf.source, "n_images": len(sf), "labels_used": True}
     if needs_pool or needs_eval:
         ev_feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size,
-                                device=device, progress=progress)
+                                progress=progress, **enc)
         if needs_pool:
             pool = ev_feats.feats
             data["unlabelled_images"] = {"source": ev_feats.source, "n_images": len(ev_feats),
@@ -349,7 +353,7 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
     if strategy in ("global", "fusion-select") and select is None:
         raise UserError(f"strategy '{strategy}' needs a labelled selection split (--select-root)")
     bank = build_prompt_bank(model, names, load_templates(templates), cache_dir=cache_dir, model_id=model_id,
-                             device=device, progress=progress)
+                             device=device, progress=progress, precision=precision)
     k_values = parse_k_grid(k_values, bank.num_templates) if isinstance(k_values, str) else k_values
     sel = run_strategy(strategy, bank, k=k, select=select, pool=pool, eval_=eval_, k_values=k_values,
                        threshold_c=threshold_c, beta=beta,
@@ -366,7 +370,8 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
 def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "auto", k: int | None = None,
                   select_root=None, templates=None, classnames=None, cache_dir=None, k_values=None,
                   score: str = "cosine", unc_weight: float = 0.5, threshold_c: float = 1.0, beta: float = 1.0,
-                  batch_size: int = 256, device=None, progress: bool = True, model_meta: dict | None = None) -> dict:
+                  batch_size: int = 256, device=None, progress: bool = True, model_meta: dict | None = None,
+                  num_workers: int = 0, precision: str = "fp32") -> dict:
     """Zero-shot accuracy of one prompt set (a selection.json, or a strategy run now) on a dataset."""
     from zsprob.zeroshot.prompts import model_fingerprint
 
@@ -387,10 +392,11 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
         sel, _doc = run_selection(model, dataset, root, strategy=strategy, k=k, select_root=select_root,
                                   templates=templates, classnames=classnames, cache_dir=cache_dir,
                                   k_values=k_values, threshold_c=threshold_c, beta=beta, batch_size=batch_size,
-                                  device=device, progress=progress, model_meta=model_meta)
+                                  device=device, progress=progress, model_meta=model_meta,
+                                  num_workers=num_workers, precision=precision)
         sel_doc = {"file": None}
     feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size, device=device,
-                         progress=progress)
+                         progress=progress, num_workers=num_workers, precision=precision)
     if len(sel.classnames) != len(feats.classnames):
         raise UserError(f"the selection has {len(sel.classnames)} classes, the dataset {len(feats.classnames)}")
     feats.classnames = list(sel.classnames)

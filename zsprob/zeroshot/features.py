@@ -3,9 +3,11 @@
 :class:`ImageFeatures` holds one split's image Gaussians and labels; :func:`encode_split` reads
 the split through :mod:`zsprob.data.classification` (folders, ImageNet, SynthWorld) with the
 model's open_clip ``preprocess_val`` transform, embeds it with
-:func:`zsprob.models.encode.encode_images`, and caches the result (safetensors + a JSON of the
+:func:`zsprob.models.encode.encode_images` (on ``device``, with ``num_workers`` decoding
+processes and the encoding ``precision``), and caches the result (safetensors + a JSON of the
 key, written atomically by :mod:`zsprob.utils.io`) under a key made of the model fingerprint and
-the dataset's identity (paths, labels, transform).
+the dataset's identity (paths, labels, transform; the precision when it is not fp32, so fp32
+caches keep their keys).
 """
 from __future__ import annotations
 
@@ -71,15 +73,21 @@ def _dataset_identity(kind, root, split, ds) -> dict:
 
 
 def encode_split(model, kind: str, root, split: str | None, *, model_id: str, cache_dir=None,
-                 batch_size: int = 256, device=None, num_workers: int = 0, progress: bool = True) -> ImageFeatures:
+                 batch_size: int = 256, device=None, num_workers: int = 0, progress: bool = True,
+                 precision: str = "fp32") -> ImageFeatures:
     """Embed a classification split (cached on disk by model fingerprint + dataset identity)."""
+    from zsprob.utils.devices import check_precision
     from zsprob.utils.io import atomic_write, atomic_write_json
+
+    check_precision(precision)
 
     ds = load_split(kind, root, split, transform=getattr(model, "preprocess_val", None))
     if len(ds) == 0:
         raise UserError(f"{kind} split {split or ''} under {root} has no images")
     ident = _dataset_identity(kind, root, split, ds)
     ident["transform"] = repr(getattr(model, "preprocess_val", None))
+    if precision != "fp32":
+        ident["precision"] = precision
     key = hashlib.sha256(json.dumps({"model": model_id, **ident}, sort_keys=True).encode()).hexdigest()
     labels = torch.as_tensor(list(ds.targets), dtype=torch.long)
     source = f"{kind}:{root}" + (f":{split}" if split else "")
@@ -99,7 +107,7 @@ def encode_split(model, kind: str, root, split: str | None, *, model_id: str, ca
 
     t0 = time.perf_counter()
     mu, logvar = encode_images(model, ds, batch_size=batch_size, device=device, num_workers=num_workers,
-                               progress=progress)
+                               progress=progress, precision=precision)
     secs = time.perf_counter() - t0
     feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), source, seconds=secs)
     if stem is not None:

@@ -252,13 +252,14 @@ def bank_cache_stem(cache_dir, key: str) -> Path:
 def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str] | None = None, *,
                       cache_dir=None, model_id: str | None = None, batch_size: int = 512,
                       device=None, progress: bool = True,
-                      encode_fn: Callable | None = None) -> PromptBank:
+                      encode_fn: Callable | None = None, precision: str = "fp32") -> PromptBank:
     """Embed every class x template prompt once (batched), with a disk cache.
 
     ``encode_fn(model, texts, batch_size=..., device=..., progress=...) -> (mu, logvar)``
     defaults to :func:`zsprob.models.encode.encode_texts`. ``model_id`` identifies the
     weights in the cache key (defaults to :func:`model_fingerprint`). With ``cache_dir``,
     a bank for the same (model, templates, classes) is read back instead of re-encoded.
+    ``precision`` "bf16" encodes under bfloat16 autocast (and enters the cache key).
     """
     import time
 
@@ -266,7 +267,7 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
     templates = validate_templates(templates if templates is not None else load_templates())
     if model_id is None:
         model_id = model_fingerprint(model)
-    key = bank_key(model_id, templates, classnames)
+    key = bank_key(model_id if precision == "fp32" else f"{model_id}+{precision}", templates, classnames)
     stem = bank_cache_stem(cache_dir, key) if cache_dir is not None else None
     if stem is not None:
         cached = PromptBank.load(stem, expect_key=key)
@@ -283,14 +284,16 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
 
         tokens = model.tokenizer(texts)
         order = torch.argsort((tokens != 0).sum(1), descending=True, stable=True)
-        mu_s, lv_s = encode_texts(model, tokens[order], batch_size=batch_size, device=device, progress=progress)
+        mu_s, lv_s = encode_texts(model, tokens[order], batch_size=batch_size, device=device, progress=progress,
+                                  precision=precision)
         inv = torch.empty_like(order)
         inv[order] = torch.arange(len(order))
         mu, logvar = mu_s[inv], (None if lv_s is None else lv_s[inv])
     else:
         if encode_fn is None:
             from zsprob.models.encode import encode_texts as encode_fn
-        mu, logvar = encode_fn(model, texts, batch_size=batch_size, device=device, progress=progress)
+        kw = {} if precision == "fp32" else {"precision": precision}  # a caller's encode_fn may not take it
+        mu, logvar = encode_fn(model, texts, batch_size=batch_size, device=device, progress=progress, **kw)
     seconds = time.perf_counter() - t0
     bank = PromptBank.from_embeddings(mu, logvar, classnames, templates, model_id=model_id)
     bank.encode_seconds = seconds

@@ -1,0 +1,133 @@
+"""Click options shared by the evaluation commands, and the model loader they use.
+
+Owns the options more than one command reads: the model (``--checkpoint``, ``--model``,
+``--pretrained``, and ``--tokenizer`` / ``--weights`` of a published file), the prompt options of
+``select-prompts`` and ``zeroshot``, and where evaluation runs: ``--device`` (auto, cpu, cuda,
+cuda:N; resolved by :func:`zsprob.utils.devices.resolve_device`), ``--workers`` (image-decoding
+DataLoader workers) and ``--precision`` (fp32, or bf16 autocast for encoding only). Training's
+options live in :mod:`zsprob.cli.train_options` (accelerate places its models). No torch at import.
+"""
+from __future__ import annotations
+
+import click
+
+from zsprob.cli.types import CHECKPOINT, COUNT, COUNT0, TOKENIZER
+
+# where --tokenizer / --weights are kept (click context meta) for the model loaders, as create_model's keywords
+OFFICIAL_FILE_KEYS = {"zsprob.tokenizer": "tokenizer_dir", "zsprob.weights": "weights"}
+# the copies of a PCME++ COCO trainer file with SWA copies (zsprob.models.convert.swa.WEIGHTS; no torch here)
+OFFICIAL_WEIGHTS = ("swa-text", "swa", "raw")
+WEIGHTS_HELP = ("A PCME++ COCO trainer file's SWA copies: swa-text (the official final evaluation: SWA text "
+                "encoder, raw image encoder and criterion), swa (every averaged copy) or raw (the trained weights). "
+                "Default: swa-text when the file holds averaged copies, else raw.")
+DEVICE_HELP = ("Where encoding and scoring run: auto (CUDA when torch sees a GPU, else the CPU), cpu, cuda or "
+               "cuda:N.")
+WORKERS_HELP = "Image-decoding DataLoader workers (0: decode in the main process; results are the same)."
+PRECISION_HELP = ("Encoding precision: fp32, or bf16 (bfloat16 autocast for the towers only; embeddings, "
+                  "scores and metrics stay float32).")
+
+
+def _keep(key: str):
+    def keep(ctx, _param, value):
+        if value is not None:
+            ctx.meta[key] = value
+        return value
+    return keep
+
+
+def official_file_options(f):
+    """``--tokenizer DIR`` (a local Hugging Face tokenizer, e.g. ProLIP's) and ``--weights`` (a COCO trainer
+    file's SWA or raw copy), options of a published file given as --pretrained, read by the model loaders."""
+    f = click.option("--weights", type=click.Choice(OFFICIAL_WEIGHTS), default=None, expose_value=False,
+                     callback=_keep("zsprob.weights"), help=WEIGHTS_HELP)(f)
+    return click.option("--tokenizer", type=TOKENIZER, default=None, expose_value=False,
+                        callback=_keep("zsprob.tokenizer"),
+                        help="Local Hugging Face tokenizer directory (ProLIP; default: tokenizer/ next to "
+                             "--pretrained).")(f)
+
+
+def official_file_kwargs() -> dict:
+    """The create_model keywords of :func:`official_file_options` that were given."""
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    return {kw: meta[key] for key, kw in OFFICIAL_FILE_KEYS.items() if meta.get(key)}
+
+
+def _device_form(_ctx, _param, value):
+    """``--device`` checked for form at parse time (no torch); :func:`resolve_device` does the rest."""
+    from zsprob.utils.devices import parse_device
+
+    parse_device(value)
+    return value
+
+
+def device_options(f, *, encoding: bool = True):
+    """``--device``; with ``encoding`` also ``--workers`` and ``--precision`` (commands that encode images)."""
+    from zsprob.utils.devices import PRECISIONS, default_workers
+
+    if encoding:
+        f = click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
+                         help=PRECISION_HELP)(f)
+        f = click.option("--workers", type=COUNT0, default=default_workers(), show_default=True,
+                         help=WORKERS_HELP)(f)
+    return click.option("--device", default="auto", show_default=True, callback=_device_form, help=DEVICE_HELP)(f)
+
+
+def scoring_device_option(f):
+    """``--device`` alone, for commands that only score or search (no encoding)."""
+    return device_options(f, encoding=False)
+
+
+def model_options(f):
+    f = official_file_options(f)
+    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
+                     "ProLIP / PCME++ checkpoint (file or directory) or a zsprob checkpoint (with --model).")(f)
+    f = click.option("--model", "model_name", default=None,
+                     help="A plain open_clip model name (e.g. ViT-B-32) instead of a checkpoint.")(f)
+    f = click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
+    return f
+
+
+def eval_model_options(f):
+    """The model options of ``zsprob eval`` (its own order and help), with --device/--workers/--precision."""
+    f = click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
+    f = click.option("--model", "model_name", default=None, help="open_clip model name (instead of --checkpoint).")(f)
+    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
+                     "ProLIP / PCME++ checkpoint or a zsprob checkpoint (with --model).")(f)
+    f = official_file_options(f)
+    f = device_options(f)
+    f = click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
+    return f
+
+
+def common_options(f):
+    """The prompt and run options of ``select-prompts`` and ``zeroshot``."""
+    f = click.option("--k-grid", default=None, help="K values searched by auto/global/oracle, e.g. '1-80' "
+                     "or '1,2,4,8,16,32,80' (default: every K).")(f)
+    f = click.option("--batch-size", type=COUNT, default=256, show_default=True)(f)
+    f = device_options(f)
+    f = click.option("--cache-dir", type=click.Path(), default=None,
+                     help="Prompt-bank and image-embedding cache (default: cache/ next to --out).")(f)
+    f = click.option("--templates", default=None, help="Template file, one per line with {} "
+                     "(default: the 80 CLIP ImageNet templates).")(f)
+    f = click.option("--classes", type=click.Path(), default=None,
+                     help="Class-name file (default: the dataset's class names).")(f)
+    return f
+
+
+def resolve_device(spec):
+    """``--device`` as a ``torch.device`` (:func:`zsprob.utils.devices.resolve_device`; UserError if absent)."""
+    from zsprob.utils.devices import resolve_device as resolve
+
+    return resolve(spec)
+
+
+def load_model(checkpoint, model_name, pretrained, device):
+    """A model for select-prompts / zeroshot on ``device`` and its description for the result files."""
+    from zsprob.models import load_for_inference
+
+    m = load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device,
+                           **official_file_kwargs())
+    meta = {"checkpoint": None if checkpoint is None else str(checkpoint), "name": getattr(m, "name", model_name),
+            "pretrained": pretrained, "deterministic": bool(m.deterministic), "embed_dim": m.embed_dim}
+    return m, meta
