@@ -83,7 +83,7 @@ def test_two_processes_match_one_process(tmp_path):
     from safetensors.torch import load_file
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="")  # gloo, on a GPU host too
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()

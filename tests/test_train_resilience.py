@@ -31,7 +31,8 @@ def pretrain_args(tiny_world: Path, out: Path, *extra: str, steps: int = STEPS) 
 
 def env(**extra: str) -> dict:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "ZSPROB_TEST_"))}
-    e.update(PYTHONPATH=str(ROOT) + os.pathsep + e.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    e.update(PYTHONPATH=str(ROOT) + os.pathsep + e.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+             CUDA_VISIBLE_DEVICES="")  # CPU process groups (gloo) on a GPU host too
     e.update(extra)
     return e
 

@@ -13,6 +13,7 @@ provides the mode; the counting is zsprob's.
 from __future__ import annotations
 
 import collections
+import contextlib
 import sys
 
 import torch
@@ -52,6 +53,16 @@ class HostSyncCounter(TorchFunctionMode):
         super().__init__()
         self.by_name: collections.Counter = collections.Counter()
         self.where: collections.Counter = collections.Counter()
+        self._paused = 0
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Calls inside the block are not counted (e.g. host-side batch preparation)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     @property
     def total(self) -> int:
@@ -59,7 +70,7 @@ class HostSyncCounter(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = _call_name(func)
-        if name in SYNC_CALLS and not _caller_is_torch_optim():
+        if name in SYNC_CALLS and not self._paused and not _caller_is_torch_optim():
             self.by_name[name] += 1
             self.where[f"{_first_outside_torch()} {name}"] += 1
         return func(*args, **(kwargs or {}))
@@ -84,8 +95,6 @@ def count_host_syncs(fn, *args, **kwargs) -> tuple[object, HostSyncCounter]:
 
 def cuda_sync_debug(mode: str = "warn"):
     """``torch.cuda.set_sync_debug_mode(mode)`` as a context manager (a no-op without CUDA)."""
-    import contextlib
-
     @contextlib.contextmanager
     def _ctx():
         if not torch.cuda.is_available():
