@@ -166,7 +166,7 @@ class _CocoTrain(torch.utils.data.Dataset):
 
 def same_image_targets(image_index: torch.Tensor) -> torch.Tensor:
     """[B, B] hard targets: 1 where row and column show the same image (its captions are positives
-    of each other's image, as naver-ai/pcmepp's engine marks them), else 0."""
+    of each other's image, as naver-ai/pcmepp's engine marks them), else 0; on the indices' device."""
     return (image_index[:, None] == image_index[None, :]).float()
 
 
@@ -234,12 +234,16 @@ class CocoSource(BatchSource):
 
 
 def add_caption_noise(tokens: torch.Tensor, ratio: float, generator: torch.Generator) -> tuple[torch.Tensor, int]:
-    """Rotate the captions of ``round(ratio * n)`` random rows among themselves (each gets a wrong one)."""
+    """Rotate the captions of ``round(ratio * n)`` random rows among themselves (each gets a wrong one).
+
+    ``tokens`` may live on any device: the rows are drawn from ``generator`` on its own device (the
+    CPU in training) and copied over without waiting; the count returned comes from the shape."""
     n = tokens.shape[0]
     k = int(round(ratio * n))
     if ratio <= 0 or k < 2:
         return tokens, 0
-    rows = torch.randperm(n, generator=generator)[:k]
+    rows = torch.randperm(n, generator=generator, device=generator.device if generator is not None else "cpu")[:k]
+    rows = rows.to(tokens.device, non_blocking=True)
     out = tokens.clone()
     out[rows] = tokens[rows.roll(1)]
     return out, k
