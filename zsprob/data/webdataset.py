@@ -21,7 +21,11 @@ shard (so a truncated shard cannot leak a half sample into the next one; open_cl
 ``group_by_keys_nothrow`` breaks on webdataset 1.0's end-of-shard markers), error accounting
 (every skipped thing is counted by kind and the counts travel with the batches from the
 worker processes to :meth:`WdsLoader.stats`), caption cleaning (:mod:`zsprob.data.captions`), per-sample
-seeding of augmentations, batched tokenisation in the workers, and exact resumption.
+seeding of augmentations, batched tokenisation in the workers, exact resumption, and one DataLoader
+for every epoch of a :class:`WdsLoader`: its workers are persistent (torch's ``persistent_workers``),
+learn each epoch's position (epoch, batches to skip) from shared memory when the epoch starts (as
+open_clip's SharedEpoch passes the epoch), and re-seed their global generators as torch seeds the
+workers of a DataLoader made for that epoch, so the batches are those of a loader built per epoch.
 
 Semantics in one place
 ----------------------
@@ -84,7 +88,9 @@ runs out of data: always so with ``num_samples`` or ``resampled`` (all workers y
 many batches); in a plain one-pass epoch the last few batches after a worker ran dry may be
 ordered differently. A transform that raises on a decodable image counts as bad in a normal
 pass but not while skipping (it is not run); this is the one other way to lose exactness.
-Starting a new epoch at batch 0 is always exact.
+Starting a new epoch at batch 0 is always exact. ``set_epoch`` / ``load_state_dict`` on a loader that
+already ran reuse its workers: an epoch left midway is dropped (torch drains what its workers had
+prefetched) and the next one starts as in a fresh loader.
 """
 from __future__ import annotations
 
