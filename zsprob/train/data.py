@@ -143,9 +143,9 @@ class WdsSource(BatchSource):
 
 
 class _EpochIndices(list):
-    """One batch of dataset indices, tagged with its epoch: ``(generation, base seed)``, where the
-    generation counts the epochs a source started and the base seed is the one a DataLoader made for
-    that epoch would give its workers."""
+    """One batch of dataset indices, tagged with its epoch: ``(generation, seed)``, where the
+    generation counts the epochs a source started and the seed is the one a DataLoader made for that
+    epoch would draw its workers' base seed with."""
 
     epoch_seed: tuple[int, int] = (0, 0)
 
@@ -187,11 +187,11 @@ class _CocoTrain(torch.utils.data.Dataset):
         made per epoch)."""
         from torch.utils.data import get_worker_info
 
-        from zsprob.data.webdataset import seed_worker_as_fresh
+        from zsprob.data.webdataset import loader_base_seed, seed_worker_as_fresh
         tag = getattr(indices, "epoch_seed", None)
         info = get_worker_info()
         if info is not None and tag is not None and tag != self.seeded_for:
-            seed_worker_as_fresh(tag[1], info.id)
+            seed_worker_as_fresh(loader_base_seed(torch.Generator().manual_seed(tag[1])), info.id)
             self.seeded_for = tag
         return [self[i] for i in indices]
 
@@ -290,7 +290,6 @@ class CocoSource(BatchSource):
         return self._loader
 
     def epoch_batches(self, epoch, skip=0):
-        from zsprob.data.webdataset import loader_base_seed
         n = len(self.dataset)
         perm = np.random.default_rng(mixed_seed(self.seed, epoch, 0xC0C0)).permutation(n)
         B, b = self.global_batch_size, self.local_batch_size
@@ -298,7 +297,7 @@ class CocoSource(BatchSource):
                        for s in range(skip, self.steps_per_epoch)]
         worker_seed = mixed_seed(self.seed, epoch, skip, self.rank)
         self._generation += 1
-        self._sampler.set(idx_batches, (self._generation, loader_base_seed(torch.Generator().manual_seed(worker_seed))))
+        self._sampler.set(idx_batches, (self._generation, worker_seed))
         loader = self._dataloader()
         self._generator.manual_seed(worker_seed)
         for images, tokens, ids, unreadable in loader:
