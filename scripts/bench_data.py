@@ -19,6 +19,11 @@ medians are reported.
 
     python scripts/bench_data.py                       # 8 shards x 256 samples, workers 0, 1 and 2
     python scripts/bench_data.py --workers 1,2,4 --repeats 5 --image-size 224
+    python scripts/bench_data.py --epochs 4 --workers 2 # zsprob only: one loader vs a loader per epoch
+
+``--epochs N`` measures something else: zsprob's one loader kept across N epochs (persistent workers,
+``set_epoch``) against a loader built for every epoch (what the trainer did before), same batches,
+alternating runs in this process, medians of the wall time for all N epochs.
 """
 from __future__ import annotations
 
@@ -146,6 +151,39 @@ def child(args) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
+def epochs_comparison(a, workers: int) -> None:
+    """Wall time of ``a.epochs`` epochs: one loader (persistent workers) vs a loader per epoch."""
+    import open_clip
+
+    from zsprob.data.webdataset import build_wds_pipeline
+
+    kw = dict(preprocess=open_clip.image_transform(a.image_size, is_train=True),
+              tokenizer=open_clip.get_tokenizer(a.model), batch_size=a.batch_size, num_workers=workers, seed=0,
+              shuffle_buffer=5000, shuffle_initial=1000, drop_last=True, dataset_type="webdataset")
+
+    def per_epoch():
+        return sum(len(b[0]) for e in range(a.epochs) for b in build_wds_pipeline(a.pattern, epoch=e, **kw))
+
+    def one_loader():
+        loader = build_wds_pipeline(a.pattern, **kw)
+        n = 0
+        for e in range(a.epochs):
+            loader.set_epoch(e)
+            n += sum(len(b[0]) for b in loader)
+        return n
+
+    times: dict[str, list[float]] = {"per-epoch": [], "one loader": []}
+    for r in range(a.repeats):
+        for name, fn in (("per-epoch", per_epoch), ("one loader", one_loader)):
+            t0 = time.perf_counter()
+            n = fn()
+            times[name].append(time.perf_counter() - t0)
+            print(f"  workers={workers} run {r + 1} {name:10s}: {n} samples in {times[name][-1]:.2f}s", flush=True)
+    per, one = (statistics.median(times[k]) for k in ("per-epoch", "one loader"))
+    print(f"| workers {workers} | {a.epochs} epochs | per-epoch loaders {per:.2f}s | one loader {one:.2f}s "
+          f"| per-epoch / one = {per / one:.2f}x |")
+
+
 def run_child(kind: str, a, workers: int, legacy: str) -> dict:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
@@ -182,6 +220,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default="ViT-B-32", help="open_clip model whose tokenizer is used")
     ap.add_argument("--legacy-wds", default="/tmp/wds0286", help="dir with webdataset 0.2.86 for open_clip")
+    ap.add_argument("--epochs", type=int, default=0,
+                    help="N > 0: compare zsprob's one loader across N epochs with a loader per epoch instead")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--pattern", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--num-workers", type=int, default=1, help=argparse.SUPPRESS)
@@ -189,7 +229,8 @@ def main() -> None:
     if a.child:
         child(a)
         return
-    ensure_legacy_webdataset(a.legacy_wds)
+    if not a.epochs:
+        ensure_legacy_webdataset(a.legacy_wds)
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="zsprob-bench-data-"))
     t = time.perf_counter()
     a.pattern = make_shards(out, a.n_shards, a.per_shard, a.src_size)
@@ -199,6 +240,10 @@ def main() -> None:
     print(f"work per sample: decode JPEG, open_clip train transform {a.image_size}px, {a.model} tokenizer; "
           f"batch {a.batch_size}; shuffle buffer 5000 (initial 1000); {a.repeats} alternating repeats, medians")
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
+    if a.epochs:
+        for w in [int(x) for x in a.workers.split(",")]:
+            epochs_comparison(a, w)
+        return
     rows = []
     for w in [int(x) for x in a.workers.split(",")]:
         res = {"zsprob": [], "open_clip": []}

@@ -9,8 +9,10 @@ and deleted otherwise (the caption gets shorter: the following tokens move up). 
 the end token and the padding are never touched.
 
 zsprob owns the whole module (no library does this): a pure function on an open_clip token batch
-[B, L] padded with 0, with an explicit ``torch.Generator``. The start token is position 0, the end
-token is the last non-zero position of each row. One deviation: the official code draws random
+[B, L] padded with 0, with an explicit ``torch.Generator``. The tokens may live on any device: the
+random draws come from the generator on its own device (the CPU in training, so a run draws the same
+numbers wherever it trains) and are copied over without waiting; nothing is read back. The start
+token is position 0, the end token is the last non-zero position of each row. One deviation: the official code draws random
 tokens from the whole vocabulary; zsprob draws them from ``[1, vocab_size - 2)``, so that neither
 the padding id 0 nor CLIP's start / end ids (the two largest; the end token is found by argmax
 pooling) can appear inside a caption.
@@ -55,11 +57,13 @@ def size_augment_tokens(tokens: torch.Tensor, *, share: float = 0.2, masking: fl
         masking: share of the selected tokens replaced by ``mask_token``.
         erasing: share of the selected tokens replaced by a random token; the remaining
             ``1 - masking - erasing`` are deleted.
-        generator: torch generator on the tokens' device (None: torch's global RNG).
-        return_counts: also return ``dict(candidates, masked, random, deleted)`` (token counts).
+        generator: torch generator; its draws are made on its own device (the CPU in training) and
+            moved to the tokens' device (None: torch's global RNG on the tokens' device).
+        return_counts: also return ``dict(candidates, masked, random, deleted)`` (token counts; reading
+            them waits on the device, so the training loop does not ask).
 
     Returns:
-        [B, L] tokens of the same dtype, padded with 0.
+        [B, L] tokens of the same dtype on the tokens' device, padded with 0.
     """
     if tokens.dim() != 2:
         raise UserError(f"text SizeAugment expects tokens [B, L], got shape {tuple(tokens.shape)}")
@@ -71,12 +75,12 @@ def size_augment_tokens(tokens: torch.Tensor, *, share: float = 0.2, masking: fl
     if vocab_size < 4:
         raise UserError(f"text SizeAugment needs a vocabulary of at least 4 tokens, got {vocab_size}")
     bsz, length = tokens.shape
-    positions = torch.arange(length, device=tokens.device).expand(bsz, length)
+    device = tokens.device
+    positions = torch.arange(length, device=device).expand(bsz, length)
     nonzero = tokens != 0
     last = torch.where(nonzero, positions, torch.zeros_like(positions)).amax(dim=1, keepdim=True)
     candidates = (positions > 0) & (positions < last)
-    draw = torch.rand(bsz, length, generator=generator, device=tokens.device)
-    random_ids = torch.randint(1, vocab_size - 2, (bsz, length), generator=generator, device=tokens.device)
+    draw, random_ids = _draws(bsz, length, vocab_size, generator, device)
     selected = candidates & (draw < share)
     within = draw / share if share > 0 else draw
     masked = selected & (within < masking)
@@ -84,16 +88,33 @@ def size_augment_tokens(tokens: torch.Tensor, *, share: float = 0.2, masking: fl
     deleted = selected & ~masked & ~randomised
     out = torch.where(masked, torch.full_like(tokens, mask_token), tokens)
     out = torch.where(randomised, random_ids.to(tokens.dtype), out)
-    keep = ~deleted
-    target_pos = keep.long().cumsum(dim=1) - 1
-    rows = torch.arange(bsz, device=tokens.device).unsqueeze(1).expand(bsz, length)
-    shortened = torch.zeros_like(tokens)
-    shortened[rows[keep], target_pos[keep]] = out[keep]
+    shortened = _close_gaps(out, ~deleted)
     if not return_counts:
         return shortened
     counts = {"candidates": int(candidates.sum()), "masked": int(masked.sum()),
               "random": int(randomised.sum()), "deleted": int(deleted.sum())}
     return shortened, counts
+
+
+def _draws(bsz: int, length: int, vocab_size: int, generator: torch.Generator | None, device: torch.device):
+    """The selection draw U[0, 1) and the random token ids, both [B, L], drawn on the generator's
+    device (the tokens' device without a generator) and moved to ``device`` without waiting."""
+    where = generator.device if generator is not None else device
+    draw = torch.rand(bsz, length, generator=generator, device=where)
+    random_ids = torch.randint(1, vocab_size - 2, (bsz, length), generator=generator, device=where)
+    return draw.to(device, non_blocking=True), random_ids.to(device, non_blocking=True)
+
+
+def _close_gaps(tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Each row's kept tokens moved to the front in order, padded with 0 (the deletion), by a gather:
+    output position p takes the (p + 1)-th kept token, found by a sorted search in the running count
+    of kept tokens; no data-dependent shapes, so nothing waits on the device."""
+    bsz, length = tokens.shape
+    kept_so_far = keep.long().cumsum(dim=1)
+    wanted = torch.arange(1, length + 1, device=tokens.device).expand(bsz, length).contiguous()
+    source = torch.searchsorted(kept_so_far, wanted).clamp_(max=length - 1)
+    present = wanted <= kept_so_far[:, -1:]
+    return torch.where(present, tokens.gather(1, source), torch.zeros_like(tokens))
 
 
 class TextSizeAugment:

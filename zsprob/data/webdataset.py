@@ -21,7 +21,11 @@ shard (so a truncated shard cannot leak a half sample into the next one; open_cl
 ``group_by_keys_nothrow`` breaks on webdataset 1.0's end-of-shard markers), error accounting
 (every skipped thing is counted by kind and the counts travel with the batches from the
 worker processes to :meth:`WdsLoader.stats`), caption cleaning (:mod:`zsprob.data.captions`), per-sample
-seeding of augmentations, batched tokenisation in the workers, and exact resumption.
+seeding of augmentations, batched tokenisation in the workers, exact resumption, and one DataLoader
+for every epoch of a :class:`WdsLoader`: its workers are persistent (torch's ``persistent_workers``),
+learn each epoch's position (epoch, batches to skip) from shared memory when the epoch starts (as
+open_clip's SharedEpoch passes the epoch), and re-seed their global generators as torch seeds the
+workers of a DataLoader made for that epoch, so the batches are those of a loader built per epoch.
 
 Semantics in one place
 ----------------------
@@ -84,7 +88,9 @@ runs out of data: always so with ``num_samples`` or ``resampled`` (all workers y
 many batches); in a plain one-pass epoch the last few batches after a worker ran dry may be
 ordered differently. A transform that raises on a decodable image counts as bad in a normal
 pass but not while skipping (it is not run); this is the one other way to lose exactness.
-Starting a new epoch at batch 0 is always exact.
+Starting a new epoch at batch 0 is always exact. ``set_epoch`` / ``load_state_dict`` on a loader that
+already ran reuse its workers: an epoch left midway is dropped (torch drains what its workers had
+prefetched) and the next one starts as in a fresh loader.
 """
 from __future__ import annotations
 
@@ -92,6 +98,7 @@ import io
 import json
 import logging
 import math
+import multiprocessing
 import os
 import random
 from collections import Counter
@@ -443,6 +450,56 @@ class _BatchBuffer:
         return out
 
 
+class _SharedPosition:
+    """The epoch a stream reads and the batches it skips, in shared memory: persistent DataLoader
+    workers keep the copy of the stream they were started with, and read each new epoch's position
+    from here when the loader starts the epoch (open_clip's SharedEpoch does this for the epoch).
+    Pickled while a worker process starts, it stays shared; pickled otherwise (a deep copy), it
+    becomes a detached copy of the values."""
+
+    def __init__(self, epoch: int = 0, skip: int = 0):
+        self._values = multiprocessing.RawArray("q", [int(epoch), int(skip)])
+
+    def get(self) -> tuple[int, int]:
+        return int(self._values[0]), int(self._values[1])
+
+    def set(self, epoch: int, skip: int) -> None:
+        self._values[0], self._values[1] = int(epoch), int(skip)
+
+    def __getstate__(self):
+        from multiprocessing.context import get_spawning_popen
+        return {"values": self._values} if get_spawning_popen() is not None else {"copy": self.get()}
+
+    def __setstate__(self, state):
+        if "values" in state:
+            self._values = state["values"]
+        else:
+            self._values = multiprocessing.RawArray("q", list(state["copy"]))
+
+
+def _loader_generator(seed: int, epoch: int) -> torch.Generator:
+    """The generator a fresh DataLoader for ``epoch`` draws its worker base seed from (a private one:
+    creating the iterator must not consume the caller's global RNG)."""
+    return torch.Generator().manual_seed(_seed(seed, epoch))
+
+
+def loader_base_seed(generator: torch.Generator) -> int:
+    """The base seed a fresh DataLoader iterator draws from ``generator`` for its workers (torch's draw)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def seed_worker_as_fresh(base_seed: int, worker: int) -> None:
+    """Seed this worker's global generators (random, torch, numpy) exactly as torch seeds worker
+    ``worker`` of a fresh DataLoader iterator with ``base_seed``: a persistent worker that calls this
+    when a new epoch starts is in the state a newly started one would be in, so a transform or a
+    tokenizer drawing from those generators sees the same numbers as with a loader made per epoch."""
+    from torch.utils.data._utils.worker import _generate_state  # torch's numpy seeding of workers
+
+    random.seed(base_seed + worker)
+    torch.manual_seed(base_seed + worker)
+    np.random.seed(_generate_state(base_seed, worker))
+
+
 class _ShardStream(IterableDataset):
     """The iterable each DataLoader worker runs: shards -> samples -> shuffled -> batches."""
 
@@ -469,10 +526,17 @@ class _ShardStream(IterableDataset):
         self.rank = rank
         self.world_size = world_size
         self.with_keys = bool(opts.with_keys)
-        # set by WdsLoader before each iteration (workers get a copy at iter() time)
-        self.epoch = 0
-        self.skip_batches = 0
-        self.num_workers = 0
+        # set by WdsLoader before each iteration; persistent workers read them from shared memory
+        self.position = _SharedPosition()
+        self.num_workers = 0  # fixed while a DataLoader's workers live (WdsLoader remakes it on a change)
+
+    @property
+    def epoch(self) -> int:
+        return self.position.get()[0]
+
+    @property
+    def skip_batches(self) -> int:
+        return self.position.get()[1]
 
     # ---- schedule
     def batches_per_worker(self) -> Optional[int]:
@@ -649,9 +713,10 @@ class _ShardStream(IterableDataset):
         info = get_worker_info()
         worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         counts = _Counts(worker, self.rank)
-        epoch = self.epoch
+        epoch, k = self.position.get()
+        if info is not None:  # a persistent worker starts each epoch as a fresh one would
+            seed_worker_as_fresh(loader_base_seed(_loader_generator(self.seed, epoch)), worker)
         per_worker = self.batches_per_worker()
-        k = self.skip_batches
         my_skip = max(0, -(-(k - worker) // nw)) if k > 0 else 0
         shards = self._shard_iter(worker, nw, epoch, repeat=per_worker is not None)
         samples = self._samples(shards, counts)
@@ -746,6 +811,9 @@ class WdsLoader:
         self._skip = 0
         self._batch_in_epoch = 0
         self._stats: Counter = Counter({k: 0 for k in STAT_KEYS})
+        self._loader = None  # the DataLoader (webdataset's WebLoader), made at the first iteration
+        self._loader_config: tuple = ()
+        self.loaders_made = 0  # DataLoaders made so far (1 for any number of epochs, unless options changed)
         stream.num_workers = self.num_workers
         pw = stream.batches_per_worker()
         self.num_batches = pw * max(1, self.num_workers) if pw is not None else None
@@ -811,26 +879,33 @@ class WdsLoader:
 
     # -- iteration
     def _dataloader(self):
+        """The one DataLoader of this loader, made at the first iteration and kept across epochs: with
+        workers they are persistent (started once; each epoch's position reaches them through the
+        stream's shared memory). Remade only when ``num_workers`` or ``pin_memory`` changed."""
+        config = (self.num_workers, bool(self.pin_memory), self.prefetch_factor, self.timeout)
+        if self._loader is not None and self._loader_config == config:
+            return self._loader
+        self._stream.num_workers = self.num_workers
         kw: dict[str, Any] = dict(batch_size=None, shuffle=False, num_workers=self.num_workers,
-                                  collate_fn=_identity_collate, pin_memory=self.pin_memory,
-                                  # our own generator: creating the iterator draws a base seed,
-                                  # which must not consume the caller's global RNG
-                                  generator=torch.Generator().manual_seed(_seed(self._stream.seed, self.epoch)))
+                                  collate_fn=_identity_collate, pin_memory=bool(self.pin_memory),
+                                  generator=_loader_generator(self._stream.seed, self.epoch))
         if self.num_workers > 0:
             kw["timeout"] = self.timeout
+            kw["persistent_workers"] = True
             if self.prefetch_factor is not None:
                 kw["prefetch_factor"] = self.prefetch_factor
-        return wds.WebLoader(self._stream, **kw)
+        self._loader, self._loader_config = wds.WebLoader(self._stream, **kw), config
+        self.loaders_made += 1
+        return self._loader
 
     def __iter__(self):
         epoch, skip = self.epoch, self._skip
         self._skip = 0
-        self._stream.epoch = epoch
-        self._stream.skip_batches = skip
-        self._stream.num_workers = self.num_workers
+        loader = self._dataloader()
+        self._stream.position.set(epoch, skip)  # before iter(): the workers read it when the epoch starts
         self._batch_in_epoch = skip
         with_keys = self._stream.with_keys
-        for item in self._dataloader():
+        for item in loader:
             delta = item[-1]
             if delta:
                 self._stats.update(delta)

@@ -34,6 +34,12 @@ so zsprob seeds that RNG from ``generator`` for the call and restores its state 
 zsprob writes: choosing the images and partners, per-image lambdas from Beta(alpha, alpha) (numpy,
 seeded from the torch generator), and the soft target matrix.
 
+Devices: the batch may live on any device; every random number is drawn on the host (numpy,
+seeded by one draw of the torch generator), the plan (rows, partners, lambdas, boxes) is moved to
+the batch's device in small non-blocking copies, and the mixing and the targets are computed there
+in a few batched operations. Nothing is read back from the device. On the CPU the results are
+bit-identical to mixing row by row with Python-float lambdas.
+
 Distributed training: each process mixes its own batch; the global targets are the block
 diagonal of the per-process matrices (``zsprob.train.distributed.block_diag_targets``).
 """
@@ -86,22 +92,24 @@ def official_targets(lam: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
     return own * lam + partner * (1.0 - lam)
 
 
+
 def mix_batch_official(images: torch.Tensor, *, ratio: float = 0.25, alpha: float = 2.0,
                        switch_prob: float = 0.5, smoothing: float = 1e-4,
                        generator: torch.Generator | None = None, return_info: bool = False):
     """naver-ai/pcmepp's per-image MSDA (see the module docstring).
 
     Args:
-        images: [B, C, H, W] (not modified).
+        images: [B, C, H, W] on any device (not modified).
         ratio: probability that an image is mixed (mix_batch_ratio).
         alpha: lambda ~ Beta(alpha, alpha) (the official Mixup and CutMix alphas are both 2).
         switch_prob: probability of CutMix instead of Mixup, per image.
         smoothing: target smoothing s (mixup_smoothing).
-        generator: torch generator; every draw comes from a numpy generator seeded from it.
+        generator: torch generator (the CPU one in training); every draw comes from a numpy
+            generator seeded from it.
         return_info: also return ``dict(index, partner, lam, cutmix)`` of the mixed images.
 
     Returns:
-        ``(mixed_images, matched [B, B] float32)``, plus ``info`` if asked.
+        ``(mixed_images, matched [B, B] float32)`` on the images' device, plus ``info`` if asked.
     """
     if images.dim() != 4:
         raise UserError(f"mix_batch expects images [B, C, H, W], got shape {tuple(images.shape)}")
@@ -116,29 +124,98 @@ def mix_batch_official(images: torch.Tensor, *, ratio: float = 0.25, alpha: floa
     lam_draw = rng.beta(alpha, alpha, size=bsz)
     use_mix = rng.random(bsz) < ratio
     lams = np.where(use_mix, lam_draw, 1.0)
-    out = images.clone()
-    info = {"index": [], "partner": [], "lam": [], "cutmix": []}
+    plan = _MixPlan()
     for i in range(bsz):
         j = bsz - 1 - i
         if not use_mix[i] or i == j:
             lams[i] = 1.0
             continue
         if use_cutmix[i]:
-            yl, yh, xl, xh, lam = _timm_box(images.shape, float(lams[i]), int(rng.integers(0, 2 ** 31 - 1)))
-            out[i, :, yl:yh, xl:xh] = images[j, :, yl:yh, xl:xh]
-            lams[i] = lam
+            lams[i] = plan.cutmix(i, j, _timm_box(images.shape, float(lams[i]), int(rng.integers(0, 2 ** 31 - 1))))
         else:
-            lam = float(lams[i])
-            out[i] = lam * images[i] + (1.0 - lam) * images[j]
-        info["index"].append(i)
-        info["partner"].append(j)
-        info["lam"].append(float(lams[i]))
-        info["cutmix"].append(bool(use_cutmix[i]))
-    matched = official_targets(torch.as_tensor(lams, dtype=torch.float64), smoothing).to(images.device)
-    return (out, matched, info) if return_info else (out, matched)
+            plan.mixup(i, j, float(lams[i]))
+    out = plan.apply(images)
+    lam = torch.as_tensor(lams, dtype=torch.float64).to(images.device, non_blocking=True)
+    matched = official_targets(lam, smoothing)
+    return (out, matched, plan.info(cutmix=True)) if return_info else (out, matched)
+
+
+class _MixPlan:
+    """Which rows are mixed with which partner, how (Mixup lambda or CutMix box): collected on the
+    host from the numpy draws, then applied to the batch in a few device operations (index tensors
+    moved with one non-blocking copy each; nothing is read back from the device)."""
+
+    def __init__(self):
+        self.rows: list[int] = []
+        self.partners: list[int] = []
+        self.lams: list[float] = []
+        self.boxes: list[tuple[int, int, int, int] | None] = []  # None: Mixup
+
+    def mixup(self, row: int, partner: int, lam: float) -> None:
+        self._add(row, partner, lam, None)
+
+    def cutmix(self, row: int, partner: int, box_and_lam) -> float:
+        """Add a CutMix row with ``_timm_box``'s (yl, yh, xl, xh, kept lambda); returns that lambda."""
+        *box, lam = box_and_lam
+        self._add(row, partner, lam, tuple(box))
+        return lam
+
+    def _add(self, row, partner, lam, box) -> None:
+        self.rows.append(row)
+        self.partners.append(partner)
+        self.lams.append(float(lam))
+        self.boxes.append(box)
+
+    def info(self, cutmix: bool) -> dict:
+        out = {"index": list(self.rows), "partner": list(self.partners), "lam": list(self.lams)}
+        if cutmix:
+            out["cutmix"] = [b is not None for b in self.boxes]
+        return out
+
+    def apply(self, images: torch.Tensor) -> torch.Tensor:
+        out = images.clone()
+        mix = [n for n, b in enumerate(self.boxes) if b is None]
+        cut = [n for n, b in enumerate(self.boxes) if b is not None]
+        if mix:
+            rows, partners = self.index_tensors(mix, images.device)
+            lam = torch.tensor([self.lams[n] for n in mix], dtype=torch.float64).to(images.device, non_blocking=True)
+            out[rows] = _blend(images[rows], images[partners], lam)
+        if cut:
+            rows, partners = self.index_tensors(cut, images.device)
+            boxes = torch.tensor([self.boxes[n] for n in cut], dtype=torch.long).to(images.device, non_blocking=True)
+            inside = _box_mask(boxes, images.shape[-2], images.shape[-1]).unsqueeze(1)
+            out[rows] = torch.where(inside, images[partners], images[rows])
+        return out
+
+    def index_tensors(self, which, device) -> tuple[torch.Tensor, torch.Tensor]:
+        both = torch.tensor([[self.rows[n] for n in which], [self.partners[n] for n in which]], dtype=torch.long)
+        both = both.to(device, non_blocking=True)
+        return both[0], both[1]
+
+
+def _blend(first: torch.Tensor, second: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """``lam * first + (1 - lam) * second`` per row (``lam`` float64 [K]), rounded exactly as torch
+    rounds an image times a Python float: the factors in the image's compute precision (float64 for
+    float64 images, else float32), each product rounded to the image dtype, then the sum."""
+    compute = torch.float64 if first.dtype == torch.float64 else torch.float32
+    shape = (-1,) + (1,) * (first.dim() - 1)
+    keep = lam.to(compute).view(shape)
+    take = (1.0 - lam).to(compute).view(shape)
+    return (keep * first.to(compute)).to(first.dtype) + (take * second.to(compute)).to(first.dtype)
+
+
+def _box_mask(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """[K, H, W] bool: True inside box k = (yl, yh, xl, xh) (half-open, as the slice ``[yl:yh, xl:xh]``)."""
+    ys = torch.arange(height, device=boxes.device).view(1, height, 1)
+    xs = torch.arange(width, device=boxes.device).view(1, 1, width)
+    yl, yh, xl, xh = (boxes[:, c].view(-1, 1, 1) for c in range(4))
+    return (ys >= yl) & (ys < yh) & (xs >= xl) & (xs < xh)
 
 
 def _numpy_rng(generator: torch.Generator | None) -> np.random.Generator:
+    """A numpy generator seeded by one draw of ``generator``. The draw is made on the generator's own
+    device (the CPU for the training loop's generator) and read on the host: it is the one ``.item()``
+    of this module, and it never touches a batch tensor."""
     seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator,
                              device=generator.device if generator is not None else "cpu").item())
     return np.random.default_rng(seed)
@@ -162,11 +239,11 @@ def mix_batch(images: torch.Tensor, *, ratio: float = 0.25, alpha: float = 2.0, 
     """Mix ``round(ratio * B)`` images of the batch with a partner; return soft targets.
 
     Args:
-        images: [B, C, H, W] (not modified).
+        images: [B, C, H, W] on any device (not modified).
         ratio: fraction of the batch that is mixed (PCME++: 0.25).
         alpha: lambda ~ Beta(alpha, alpha), one lambda per mixed image (PCME++: 2).
         mode: "random" (Mixup or CutMix, chosen per call, i.e. per mini-batch), "mixup", "cutmix".
-        generator: torch generator for reproducibility (None: torch's global RNG).
+        generator: torch generator for reproducibility (None: torch's global RNG); the CPU one in training.
         return_info: also return a dict with ``mode``, ``index`` (mixed rows), ``partner``, ``lam``.
 
     Returns:
@@ -188,24 +265,28 @@ def mix_batch(images: torch.Tensor, *, ratio: float = 0.25, alpha: float = 2.0, 
     k = int(round(ratio * bsz)) if bsz >= 2 else 0
     rng = _numpy_rng(generator)
     use = mode if mode != "random" else ("cutmix" if rng.random() < 0.5 else "mixup")
-    info = {"mode": use, "index": [], "partner": [], "lam": []}
     if k == 0:
         out = images.clone()
-        return (out, matched, info) if return_info else (out, matched)
+        return (out, matched, {"mode": use, "index": [], "partner": [], "lam": []}) if return_info else (out, matched)
 
     idx = rng.permutation(bsz)[:k]
     partner = (idx + rng.integers(1, bsz, size=k)) % bsz  # any other image of the batch
     lams = rng.beta(alpha, alpha, size=k)
-    out = images.clone()
+    plan = _MixPlan()
     for i, j, lam in zip(idx.tolist(), partner.tolist(), lams.tolist()):
         if use == "mixup":
-            out[i] = lam * images[i] + (1.0 - lam) * images[j]
+            plan.mixup(i, j, lam)
         else:
-            yl, yh, xl, xh, lam = _timm_box(images.shape, lam, int(rng.integers(0, 2 ** 31 - 1)))
-            out[i, :, yl:yh, xl:xh] = images[j, :, yl:yh, xl:xh]
-        matched[i, i] = lam
-        matched[i, j] = 1.0 - lam
-        info["index"].append(i)
-        info["partner"].append(j)
-        info["lam"].append(float(lam))
+            plan.cutmix(i, j, _timm_box(images.shape, lam, int(rng.integers(0, 2 ** 31 - 1))))
+    out = plan.apply(images)
+    _soft_targets_(matched, plan)
+    info = {"mode": use, **plan.info(cutmix=False)}
     return (out, matched, info) if return_info else (out, matched)
+
+
+def _soft_targets_(matched: torch.Tensor, plan: _MixPlan) -> None:
+    """In place: ``matched[i, i] = lambda`` and ``matched[i, j] = 1 - lambda`` for every mixed row."""
+    rows, partners = plan.index_tensors(range(len(plan.rows)), matched.device)
+    lam = torch.tensor(plan.lams, dtype=torch.float64).to(matched.device, non_blocking=True)
+    matched[rows, rows] = lam.to(matched.dtype)
+    matched[rows, partners] = (1.0 - lam).to(matched.dtype)

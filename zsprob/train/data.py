@@ -5,15 +5,21 @@ shuffling, worker / node splitting, bad-sample skipping), torch DataLoader (COCO
 (tokenizer and transforms, carried by the model). zsprob writes here:
 
 - the epoch bookkeeping shared by every source (``epoch_batches(epoch, skip)``);
-- deterministic mid-epoch resume: the pipeline of an epoch is rebuilt from (seed, epoch) and the
-  first ``skip`` batches are read and dropped (for WebDataset shards, which cannot seek); COCO
-  skips in index space without decoding anything;
+- one loader per source for the whole run, handed to the device efficiently: persistent workers
+  that decode, augment, collate and tokenise (the main process only moves finished batches), told
+  each epoch's position when it starts, and page-locked batches when the training device is CUDA
+  (``configure(device=...)``);
+- deterministic mid-epoch resume: an epoch's order is a function of (seed, epoch) and the first
+  ``skip`` batches are read and dropped (for WebDataset shards, which cannot seek); COCO skips in
+  index space without decoding anything; a worker starts every epoch in the generator state of a
+  worker made for that epoch, so the batches equal those of a loader built per epoch;
 - per-process slicing of the GLOBAL batch (``batch_size`` in the config is the global batch;
   each of ``world`` processes receives ``batch_size / world`` rows);
 - noisy correspondence (``noise_ratio``, PCME++ Table 2): COCO permutes that share of the
   training captions once (fixed for the run, as the paper does); streaming shards, which have
   no global index, re-draw the corrupted rows in every batch from a generator seeded by
-  (seed, step, rank) by rotating their captions, so a share ``noise_ratio`` of pairs is wrong.
+  (seed, step, rank) by rotating their captions, so a share ``noise_ratio`` of pairs is wrong
+  (:func:`add_caption_noise`, on the batch's device after the copy, drawing on the CPU generator).
 """
 from __future__ import annotations
 
@@ -55,11 +61,21 @@ def isolated_rng():
         torch.set_rng_state(st[2])
 
 
+def pins_memory(device) -> bool:
+    """Whether batches bound for ``device`` should come in page-locked memory (CUDA: the copy to the
+    device then runs without blocking the host)."""
+    return device is not None and torch.device(device).type == "cuda"
+
+
 class BatchSource:
     """Base: ``epoch_batches(epoch, skip)`` yields local (images, tokens) batches of one epoch."""
 
     steps_per_epoch: int | None = None   # known for map-style data; None for streams
     local_batch_size: int
+
+    def configure(self, *, device=None) -> None:
+        """Tell the source where its batches go (the training device), before the first epoch: loaders
+        pin their batches for CUDA. The base source keeps its batches as they are."""
 
     def epoch_batches(self, epoch: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
@@ -95,50 +111,64 @@ class WdsSource(BatchSource):
 
     The pipeline owns the data order: shards permuted by (seed, epoch), split by rank and
     worker, per-sample augmentation seeds; with ``num_samples`` every rank yields the same
-    number of full batches per epoch (needed by DDP). Resuming passes ``skip_batches`` so the
-    workers skip the consumed batches before preprocessing (exact, see zsprob.data.webdataset).
+    number of full batches per epoch (needed by DDP). One loader serves every epoch: its workers
+    (decoding, augmentation, collation, tokenisation) start once and are told each epoch's position
+    (``set_epoch``); resuming passes the batches to skip, which the workers skip before
+    preprocessing (exact, see zsprob.data.webdataset).
     """
 
     def __init__(self, shards, options, *, preprocess, tokenizer):
         from zsprob.data.webdataset import build_wds_pipeline
-        self._build = build_wds_pipeline
         self.shards = shards
         self.options = options  # a ShardPipelineOptions (shard_options builds it from the config)
         self.preprocess, self.tokenizer = preprocess, tokenizer
         self.local_batch_size = options.batch_size
-        self._loader = None
-        self._stats_total: dict[str, int] = {}
-        probe = self._make(0, 0)
-        self.steps_per_epoch = probe.num_batches  # None for a plain one-pass epoch
+        self.loader = build_wds_pipeline(shards, options, preprocess=preprocess, tokenizer=tokenizer)
+        self.steps_per_epoch = self.loader.num_batches  # None for a plain one-pass epoch
 
-    def _make(self, epoch: int, skip: int):
-        return self._build(self.shards, self.options, preprocess=self.preprocess, tokenizer=self.tokenizer,
-                           epoch=epoch, skip_batches=skip)
+    def configure(self, *, device=None) -> None:
+        if device is not None:
+            self.loader.pin_memory = pins_memory(device)
 
     def epoch_batches(self, epoch, skip=0):
-        self._fold_stats()
-        loader = self._make(epoch, skip)
-        self._loader = loader
-        for batch in loader:
+        self.loader.set_epoch(epoch, skip)
+        for batch in self.loader:
             images, tokens = batch[0], batch[1]
             if images.shape[0] != self.local_batch_size:
                 continue  # all processes need the same local size
             yield images, tokens
 
-    def _fold_stats(self) -> None:
-        if self._loader is not None:
-            for k, v in (self._loader.stats() or {}).items():
-                if isinstance(v, (int, float)) and k != "epoch":
-                    self._stats_total[k] = self._stats_total.get(k, 0) + v
-            self._loader = None
-
     def stats(self) -> dict:
-        out = dict(self._stats_total)
-        if self._loader is not None:
-            for k, v in (self._loader.stats() or {}).items():
-                if isinstance(v, (int, float)) and k != "epoch":
-                    out[k] = out.get(k, 0) + v
-        return {k: v for k, v in out.items() if v}
+        return {k: v for k, v in self.loader.stats().items() if isinstance(v, (int, float)) and k != "epoch" and v}
+
+
+class _EpochIndices(list):
+    """One batch of dataset indices, tagged with its epoch: ``(generation, seed)``, where the
+    generation counts the epochs a source started and the seed is the one a DataLoader made for that
+    epoch would draw its workers' base seed with."""
+
+    epoch_seed: tuple[int, int] = (0, 0)
+
+
+class _EpochSampler:
+    """The batch sampler of the one COCO DataLoader: the index batches of the epoch set last, each
+    tagged (:class:`_EpochIndices`). Iterated in the main process at the start of every epoch."""
+
+    def __init__(self):
+        self.batches: list[list[int]] = []
+        self.epoch_seed = (0, 0)
+
+    def set(self, batches: list[list[int]], epoch_seed: tuple[int, int]) -> None:
+        self.batches, self.epoch_seed = batches, epoch_seed
+
+    def __iter__(self):
+        for batch in self.batches:
+            tagged = _EpochIndices(batch)
+            tagged.epoch_seed = self.epoch_seed
+            yield tagged
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 class _CocoTrain(torch.utils.data.Dataset):
@@ -146,10 +176,24 @@ class _CocoTrain(torch.utils.data.Dataset):
         self.coco = coco
         self.preprocess = preprocess
         self.caption_order = caption_order  # caption index used for sample i (noise permutes it)
-        self.bad = 0
+        self.seeded_for: tuple[int, int] | None = None  # the epoch this worker's generators were seeded for
 
     def __len__(self):
         return len(self.coco.captions)
+
+    def __getitems__(self, indices):
+        """One batch; a persistent worker's first batch of an epoch first re-seeds its generators as a
+        worker freshly started for that epoch would have them (augmentations identical to a loader
+        made per epoch)."""
+        from torch.utils.data import get_worker_info
+
+        from zsprob.data.webdataset import loader_base_seed, seed_worker_as_fresh
+        tag = getattr(indices, "epoch_seed", None)
+        info = get_worker_info()
+        if info is not None and tag is not None and tag != self.seeded_for:
+            seed_worker_as_fresh(loader_base_seed(torch.Generator().manual_seed(tag[1])), info.id)
+            self.seeded_for = tag
+        return [self[i] for i in indices]
 
     def __getitem__(self, i):
         from PIL import Image
@@ -164,9 +208,30 @@ class _CocoTrain(torch.utils.data.Dataset):
         return image, self.coco.captions[int(self.caption_order[i])], ok, img_idx
 
 
+class _CocoCollate:
+    """Collation inside the DataLoader workers: the readable samples' images stacked (into shared
+    memory, by torch's ``default_collate``), their captions tokenised, their image indices; a batch
+    with unreadable images is filled up to the local size with copies of its first readable sample.
+    Returns ``(images, tokens, image_index, unreadable)``, or ``(None, None, None, unreadable)`` when
+    no image of the batch could be read."""
+
+    def __init__(self, tokenizer, batch_size: int):
+        self.tokenizer, self.batch_size = tokenizer, batch_size
+
+    def __call__(self, items):
+        good = [x for x in items if x[2]]
+        unreadable = len(items) - len(good)
+        if not good:
+            return None, None, None, unreadable
+        good += [good[0]] * (self.batch_size - len(good))
+        images = torch.utils.data.default_collate([x[0] for x in good])
+        tokens = self.tokenizer([x[1] for x in good])
+        return images, tokens, torch.tensor([x[3] for x in good], dtype=torch.long), unreadable
+
+
 def same_image_targets(image_index: torch.Tensor) -> torch.Tensor:
     """[B, B] hard targets: 1 where row and column show the same image (its captions are positives
-    of each other's image, as naver-ai/pcmepp's engine marks them), else 0."""
+    of each other's image, as naver-ai/pcmepp's engine marks them), else 0; on the indices' device."""
     return (image_index[:, None] == image_index[None, :]).float()
 
 
@@ -174,7 +239,10 @@ class CocoSource(BatchSource):
     """COCO Karpathy train captions (one sample per caption, PCME++ style), map-style and seekable.
 
     Batches are (images, tokens, image_index): the third entry lets the trainer mark captions of
-    the same image in one batch as positives (:func:`same_image_targets`)."""
+    the same image in one batch as positives (:func:`same_image_targets`). One DataLoader serves
+    every epoch; its workers (persistent) decode, augment, collate and tokenise, and start each
+    epoch with the generator state a loader made for that epoch would give them (seeded by
+    (seed, epoch, skip, rank)), so the batches equal those of a loader built per epoch."""
 
     def __init__(self, root, *, preprocess, tokenizer, global_batch_size: int, rank: int, world: int,
                  seed: int, num_workers: int, noise_ratio: float = 0.0, split: str = "train",
@@ -200,12 +268,26 @@ class CocoSource(BatchSource):
         self.num_workers = num_workers
         self.steps_per_epoch = n // global_batch_size
         self.bad = 0
+        self.pin_memory = False
+        self._sampler = _EpochSampler()
+        self._generator = torch.Generator()
+        self._generation = 0
+        self._loader: torch.utils.data.DataLoader | None = None
 
-    def _collate(self, items):
-        images = [x[0] for x in items if x[2]]
-        texts = [x[1] for x in items if x[2]]
-        ids = [x[3] for x in items if x[2]]
-        return images, texts, ids, sum(1 for x in items if not x[2])
+    def configure(self, *, device=None) -> None:
+        if device is not None:
+            self.pin_memory = pins_memory(device)
+
+    def _dataloader(self) -> torch.utils.data.DataLoader:
+        """The one DataLoader of this source, kept across epochs (persistent workers when it has
+        workers); remade only when ``pin_memory`` changed."""
+        if self._loader is None or self._loader.pin_memory != self.pin_memory:
+            workers = self.num_workers
+            self._loader = torch.utils.data.DataLoader(
+                self.dataset, batch_sampler=self._sampler, num_workers=workers, pin_memory=self.pin_memory,
+                collate_fn=_CocoCollate(self.tokenizer, self.local_batch_size), persistent_workers=workers > 0,
+                generator=self._generator)  # a fresh iterator draws its workers' base seed from it
+        return self._loader
 
     def epoch_batches(self, epoch, skip=0):
         n = len(self.dataset)
@@ -213,46 +295,46 @@ class CocoSource(BatchSource):
         B, b = self.global_batch_size, self.local_batch_size
         idx_batches = [perm[s * B + self.rank * b: s * B + (self.rank + 1) * b].tolist()
                        for s in range(skip, self.steps_per_epoch)]
-        loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=idx_batches,
-                                             num_workers=self.num_workers, collate_fn=self._collate,
-                                             persistent_workers=False)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(mixed_seed(self.seed, epoch, skip, self.rank))
-            it = iter(loader)
-        for images, texts, ids, bad in it:
-            self.bad += bad
-            if not images:
-                continue
-            while len(images) < b:  # replace unreadable images by repeating good ones (counted)
-                images.append(images[len(images) % max(1, len(images))])
-                texts.append(texts[len(texts) % max(1, len(texts))])
-                ids.append(ids[len(ids) % max(1, len(ids))])
-            yield torch.stack(images), self.tokenizer(texts), torch.tensor(ids, dtype=torch.long)
+        worker_seed = mixed_seed(self.seed, epoch, skip, self.rank)
+        self._generation += 1
+        self._sampler.set(idx_batches, (self._generation, worker_seed))
+        loader = self._dataloader()
+        self._generator.manual_seed(worker_seed)
+        for images, tokens, ids, unreadable in loader:
+            self.bad += unreadable
+            if images is not None:
+                yield images, tokens, ids
 
     def stats(self):
         return {"bad_images": self.bad}
 
 
 def add_caption_noise(tokens: torch.Tensor, ratio: float, generator: torch.Generator) -> tuple[torch.Tensor, int]:
-    """Rotate the captions of ``round(ratio * n)`` random rows among themselves (each gets a wrong one)."""
+    """Rotate the captions of ``round(ratio * n)`` random rows among themselves (each gets a wrong one).
+
+    ``tokens`` may live on any device: the rows are drawn from ``generator`` on its own device (the
+    CPU in training) and copied over without waiting; the count returned comes from the shape."""
     n = tokens.shape[0]
     k = int(round(ratio * n))
     if ratio <= 0 or k < 2:
         return tokens, 0
-    rows = torch.randperm(n, generator=generator)[:k]
+    rows = torch.randperm(n, generator=generator, device=generator.device if generator is not None else "cpu")[:k]
+    rows = rows.to(tokens.device, non_blocking=True)
     out = tokens.clone()
     out[rows] = tokens[rows.roll(1)]
     return out, k
 
 
-def shard_options(data: Any, local_batch_size: int, seed: int, samples_per_epoch: int | None):
+def shard_options(data: Any, local_batch_size: int, seed: int, samples_per_epoch: int | None, *,
+                  pin_memory: bool = False):
     """The :class:`~zsprob.data.webdataset.ShardPipelineOptions` of a config's ``data`` section, built
-    once: the flavour, workers, shuffle buffer, resampling and epoch length, then ``data.pipeline``
-    (any other option by name; an unknown one is a UserError). Full batches only (``drop_last``)."""
+    once: the flavour, workers, shuffle buffer, resampling and epoch length, page-locked batches
+    (``pin_memory``: :func:`pins_memory` of the training device), then ``data.pipeline`` (any other
+    option by name; an unknown one is a UserError). Full batches only (``drop_last``)."""
     from zsprob.data.webdataset import ShardPipelineOptions
     base = dict(batch_size=int(local_batch_size), seed=int(seed), resampled=bool(data.get("resampled")),
                 num_workers=int(data.get("num_workers") or 0), dataset_type=str(data.kind), drop_last=True,
-                num_samples=int(samples_per_epoch) if samples_per_epoch else None)
+                num_samples=int(samples_per_epoch) if samples_per_epoch else None, pin_memory=bool(pin_memory))
     if data.get("shuffle_buffer") is not None:
         base["shuffle_buffer"] = int(data.shuffle_buffer)
     return ShardPipelineOptions.build(**{**base, **dict(data.get("pipeline") or {})})
