@@ -114,7 +114,10 @@ def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tenso
     w = weight / torch.where(keep, total, torch.ones_like(total))[:, None]
     sq = w @ img_mu.square() - 2.0 * txt_mu * (w @ img_mu) + txt_mu.square()
     per_row = 0.5 * (sq.clamp(min=0) * torch.exp(-txt_logvar) / scale + txt_logvar).sum(-1)
-    return torch.where(keep, per_row, per_row * 0.0).sum() / keep.sum().clamp(min=1)
+    # the mean over kept rows as the mean over all rows times n / kept: exactly the plain mean when every
+    # row is kept (a factor of exactly 1), without indexing by a data-dependent mask
+    scale_up = keep.shape[0] / keep.sum().clamp(min=1).to(per_row.dtype)
+    return torch.where(keep, per_row, per_row * 0.0).mean() * scale_up
 
 
 def _guarded_vib(mu, logvar) -> tuple[torch.Tensor, torch.Tensor]:

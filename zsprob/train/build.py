@@ -253,6 +253,7 @@ def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: Batc
         raise UserError(f"train.accum_steps applies to the pairwise losses, not to --method {cfg.method}")
     if cfg.train.compile:
         compile_model(model, acc.device)
+    source.configure(device=acc.device)  # loaders pin their batches for CUDA
     step_module, optimizer = acc.prepare(step_module, optimizer)
     raw = acc.unwrap_model(step_module)
     text_aug, label_smoothing = batch_augmentations(cfg, model)

@@ -169,19 +169,22 @@ def clip_gradient_sets(sets: list[list], max_norm: float) -> list[torch.Tensor]:
 
 
 def next_batch(run: Run, step: int):
-    """The next local batch on the device, with noisy captions, text SizeAugment, MSDA mixing
-    (paper-text or official) and label smoothing where configured (one generator seeded by
-    (seed, step, rank)); without MSDA, captions of the same image (sources that yield image
-    indices: COCO) are positives, as the official engine marks them (its Mixup path does not);
+    """The next local batch, copied to the device first (pinned on CUDA: the copy does not block), then
+    noisy captions, text SizeAugment, MSDA mixing (paper-text or official) and label smoothing where
+    configured, on the device, with every random number from one CPU generator seeded by
+    (seed, step, rank); without MSDA, captions of the same image (sources that yield image indices:
+    COCO) are positives, as the official engine marks them (its Mixup path does not);
     returns (images, tokens, matched or None)."""
     started = time.perf_counter()
     batch = run.cursor.next()
-    images, tokens = batch[0], batch[1]
-    groups = batch[2] if len(batch) > 2 and run.cfg.data.get("same_image_positives", True) else None
     run.counters.data_time += time.perf_counter() - started
+    device = run.acc.device
+    images, tokens = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+    groups = None
+    if len(batch) > 2 and run.cfg.data.same_image_positives:
+        groups = batch[2].to(device, non_blocking=True)
     msda = run.cfg.msda
     generator = None
-    matched = None
     text_aug = run.text_aug if run.text_aug is not None and run.text_aug.share > 0 else None
     if run.noise > 0 or msda.enabled or text_aug is not None:
         generator = torch.Generator().manual_seed(mixed_seed(int(run.cfg.seed), step, run.rank))
@@ -190,26 +193,30 @@ def next_batch(run: Run, step: int):
         run.counters.noisy_rows += replaced
     if text_aug is not None:
         tokens = text_aug(tokens, generator)
+    images, matched = batch_targets(run, images, groups, generator)
+    return images, tokens, matched
+
+
+def batch_targets(run: Run, images: torch.Tensor, groups, generator):
+    """(images, soft match targets or None): MSDA mixing, or same-image positives / label smoothing."""
+    msda = run.cfg.msda
     if msda.enabled and msda.mode == "official":
         from zsprob.prob.msda import mix_batch_official
-
-        images, matched = mix_batch_official(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
-                                             switch_prob=float(msda.get("switch_prob", 0.5)),
-                                             smoothing=float(msda.get("smoothing", 1e-4)), generator=generator)
-    elif msda.enabled:
+        return mix_batch_official(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
+                                  switch_prob=float(msda.switch_prob), smoothing=float(msda.smoothing),
+                                  generator=generator)
+    if msda.enabled:
         from zsprob.prob.msda import mix_batch
-
-        images, matched = mix_batch(images, ratio=float(msda.ratio), alpha=float(msda.alpha),
-                                    mode=msda.mode, generator=generator)
-    elif run.label_smoothing > 0 or groups is not None:  # captions of one image: positives (official engine)
+        return mix_batch(images, ratio=float(msda.ratio), alpha=float(msda.alpha), mode=msda.mode,
+                         generator=generator)
+    if run.label_smoothing > 0 or groups is not None:  # captions of one image: positives (official engine)
         from zsprob.prob.msda import smooth_targets
         from zsprob.train.data import same_image_targets
 
-        matched = torch.eye(images.shape[0]) if groups is None else same_image_targets(groups)
-        matched = smooth_targets(matched, run.label_smoothing) if run.label_smoothing > 0 else matched
-    if matched is not None:
-        matched = matched.to(run.acc.device, non_blocking=True)
-    return images.to(run.acc.device, non_blocking=True), tokens.to(run.acc.device, non_blocking=True), matched
+        matched = (torch.eye(images.shape[0], device=images.device) if groups is None
+                   else same_image_targets(groups))
+        return images, smooth_targets(matched, run.label_smoothing) if run.label_smoothing > 0 else matched
+    return images, None
 
 
 def one_step(run: Run, step: int) -> dict:
