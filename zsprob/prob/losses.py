@@ -54,6 +54,10 @@ Objectives (paper, section):
   loss with the signature above (the jWAE step, :mod:`zsprob.train.jwae_step`, calls its
   generator and discriminator terms).
 
+Each class is a training method's loss: it attaches itself (``@method_loss``) to the method's entry in
+:mod:`zsprob.prob.method_registry`, which holds the method's other facts (sigma, default options, step
+kind); :func:`create_loss` and :func:`needs_sigma` read the entries.
+
 jWAE pieces are in :mod:`zsprob.prob.jwae`. Written here on plain torch (matmul,
 ``binary_cross_entropy_with_logits``, ``torch.utils.checkpoint``); the pairwise math comes from
 :mod:`zsprob.prob.distances`.

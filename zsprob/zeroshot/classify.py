@@ -9,7 +9,9 @@ read and write selection.json. The image features and their cache live in
 :mod:`zsprob.zeroshot.metrics` (both re-exported here).
 
 Honesty: only ``oracle`` / ``oracle-global`` ever receive evaluation labels; ZPE and BPRW
-receive the evaluation images without labels (both papers are transductive that way).
+receive the evaluation images without labels (both papers are transductive that way). What each
+strategy reads, and so what is encoded for it, is its entry in
+:mod:`zsprob.zeroshot.strategy_registry`; ``run_strategy`` hands a strategy nothing else.
 """
 from __future__ import annotations
 
