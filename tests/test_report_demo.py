@@ -99,7 +99,7 @@ def test_demo_quick_end_to_end(tmp_path):
 
 
 def test_all_methods_only_adds_steps_after_the_main_ones(tmp_path):
-    from zsprob.report.demo import OTHER_METHODS, DemoSettings, plan
+    from zsprob.report.demo import DEMO_EXTRA_RUNS, DemoSettings, plan
     from zsprob.utils.paths import configs_dir
 
     base = plan(tmp_path, DemoSettings.make(False))
@@ -107,7 +107,7 @@ def test_all_methods_only_adds_steps_after_the_main_ones(tmp_path):
     # same names and arguments for the main steps: --all-methods on an existing OUT re-runs none of them
     assert [(st.name, st.args) for st in full[:len(base)]] == [(st.name, st.args) for st in base]
     extra = full[len(base):]
-    assert [st.name for st in extra] == [f"{kind}-{name}" for name in OTHER_METHODS
+    assert [st.name for st in extra] == [f"{kind}-{name}" for name in DEMO_EXTRA_RUNS
                                          for kind in ("pretrain", "eval", "zeroshot-compare")]
     args = {st.name: st.args for st in full}
 
@@ -115,7 +115,7 @@ def test_all_methods_only_adds_steps_after_the_main_ones(tmp_path):
         return args[name][args[name].index(flag) + 1]
 
     assert Path(value("pretrain-pcmepp", "--config")).name == "synthetic_tiny_sigma.yaml"
-    for name, (recipe, method, _) in OTHER_METHODS.items():
+    for name, (recipe, method, _) in DEMO_EXTRA_RUNS.items():
         assert value(f"pretrain-{name}", "--config") == str(configs_dir() / recipe) and Path(configs_dir() / recipe).is_file()
         assert value(f"pretrain-{name}", "--method") == method
         for flag in ("--steps", "--batch-size", "--seed", "--shards"):  # the main models' budget and data

@@ -14,7 +14,8 @@ data flow of DESIGN.md::
 
 Sub-packages are imported lazily so that ``import zsprob`` stays cheap. This module owns the
 version and :class:`UserError`, and imports ``zsprob.errors`` only. Beside the packages,
-``zsprob.methods`` holds the one list of training methods and of prompt strategies,
+``zsprob.methods`` reads the names of the training methods and prompt strategies from their
+registries (``zsprob.prob.method_registry``, ``zsprob.zeroshot.strategy_registry``),
 ``zsprob.config`` the YAML configs and ``zsprob.errors`` the user-error type.
 """
 from zsprob.errors import UserError

@@ -1,20 +1,14 @@
-"""The names every layer agrees on: training methods and prompt-selection strategies (no torch import).
+"""Names every layer agrees on: the views of the two registries and the occlusion term's image views.
 
-One list per concept, read by the CLI (click choices), the training defaults
-(:mod:`zsprob.train.defaults`), the loss registry (:mod:`zsprob.prob.losses`, whose
-``LOSS_NAMES`` must equal :data:`METHODS`) and the strategy dispatcher
-(:mod:`zsprob.zeroshot.selection`); the occlusion term's image views, read by the losses'
-option checks (:mod:`zsprob.prob.prolip`) and the views themselves (:mod:`zsprob.data.degrade`).
-Imports nothing.
+``METHODS`` (training objectives, ``--method``) and ``STRATEGIES`` (prompt-selection strategies,
+``--strategy``) are read live from their registries, where each name carries its facts:
+:mod:`zsprob.prob.method_registry` (loss, sigma, default loss options, step kind) and
+:mod:`zsprob.zeroshot.strategy_registry` (data read, sigma^2, K, ``--compare`` order); both are
+torch-free, so the command line's choices cost no torch import. The occlusion term's image views are
+read by the losses' option checks (:mod:`zsprob.prob.prolip`) and the views themselves
+(:mod:`zsprob.data.degrade`). Imports the two registries only when ``METHODS`` / ``STRATEGIES`` are read.
 """
 from __future__ import annotations
-
-#: training objectives (``--method``): one loss each in zsprob.prob.losses
-METHODS = ("pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "prolip", "jwae")
-
-#: prompt-selection strategies (``--strategy``): one ``select_*`` each in zsprob.zeroshot.selection
-STRATEGIES = ("all", "single", "topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe",
-              "bprw", "zpe", "oracle", "oracle-global")
 
 #: how the occlusion term's image copies are made: ``cells`` blanked (ProLIP's patch dropping on the
 #: input) or ``degrade`` (one lossy operation of :data:`DEGRADE_OPS` per image; zsprob.data.degrade)
@@ -23,3 +17,13 @@ DEGRADE_OPS = ("cells", "blur", "downsample", "dim", "jpeg", "grayscale", "crop"
 DEFAULT_DEGRADE_OPS = DEGRADE_OPS[:7]   # the demo recipe's seven; shift / sketch are opt-in
 
 __all__ = ["METHODS", "STRATEGIES", "IMAGE_MASK_MODES", "DEGRADE_OPS", "DEFAULT_DEGRADE_OPS"]
+
+
+def __getattr__(name):
+    if name == "METHODS":  # training objectives (--method): zsprob.prob.method_registry
+        from zsprob.prob.method_registry import method_names
+        return method_names()
+    if name == "STRATEGIES":  # prompt-selection strategies (--strategy): zsprob.zeroshot.strategy_registry
+        from zsprob.zeroshot.strategy_registry import strategy_names
+        return strategy_names()
+    raise AttributeError(f"module 'zsprob.methods' has no attribute {name!r}")

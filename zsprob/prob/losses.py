@@ -54,6 +54,10 @@ Objectives (paper, section):
   loss with the signature above (the jWAE step, :mod:`zsprob.train.jwae_step`, calls its
   generator and discriminator terms).
 
+Each class is a training method's loss: it attaches itself (``@method_loss``) to the method's entry in
+:mod:`zsprob.prob.method_registry`, which holds the method's other facts (sigma, default options, step
+kind); :func:`create_loss` and :func:`needs_sigma` read the entries.
+
 jWAE pieces are in :mod:`zsprob.prob.jwae`. Written here on plain torch (matmul,
 ``binary_cross_entropy_with_logits``, ``torch.utils.checkpoint``); the pairwise math comes from
 :mod:`zsprob.prob.distances`.
@@ -68,9 +72,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError, check_range
-from zsprob.methods import DEFAULT_DEGRADE_OPS, METHODS
+from zsprob.methods import DEFAULT_DEGRADE_OPS
 from zsprob.prob import distances
 from zsprob.prob.jwae import JWAEObjective
+from zsprob.prob.method_registry import get_method, method_loss, method_names, methods_without_loss
 from zsprob.prob.pairs import PairBatch, as_dtype, guard_term, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
 from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, cover_inclusion, occlusion_terms,
                                 prolip_inclusion)
@@ -153,6 +158,7 @@ def _bce(logits, targets):
 
 # ----------------------------------------------------------------------------- PCME++
 
+@method_loss("pcmepp")
 class PCMEPPLoss(OcclusionSchedule, nn.Module):
     """PCME++ objective: L_match (i2t + t2i) + pp_alpha L_pseudo-match (i2t + t2i) + vib_beta L_VIB.
 
@@ -289,6 +295,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         return loss, stats
 
 
+@method_loss("mu-only")
 class MuOnlyLoss(PCMEPPLoss):
     """PCME++'s BCE matching loss on the mean-only distance ||mu_v - mu_t||^2 (no sigma, no VIB)."""
 
@@ -366,6 +373,7 @@ def _samples(mu, lv, eps):
     return mu.unsqueeze(1) + (0.5 * lv).exp().unsqueeze(1) * eps
 
 
+@method_loss("pcme")
 class PCMELoss(nn.Module):
     """PCME soft contrastive loss with the Monte Carlo match probability (J samples per input).
 
@@ -489,6 +497,7 @@ def _soft_ce_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -(p * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
 
 
+@method_loss("infonce")
 class InfoNCELoss(nn.Module):
     """CLIP's symmetric InfoNCE on the (L2-normalised) means; logit scale exp(s) learnable,
     initialised to 1 / init_temperature and clamped at ``max_scale`` = 100 as in CLIP. Soft
@@ -518,6 +527,7 @@ class InfoNCELoss(nn.Module):
 
 # ----------------------------------------------------------------------------- triplets
 
+@method_loss("triplet")
 class TripletLoss(nn.Module):
     """VSE++ hinge triplet on cosine similarity of the means, both directions, margin 0.2;
     ``hardest=True``: hardest negative in the batch (VSE++), else the sum over negatives.
@@ -542,6 +552,7 @@ class TripletLoss(nn.Module):
         return loss, {"loss": _stat(loss), "i2t": _stat(i2t), "t2i": _stat(t2i)}
 
 
+@method_loss("prob-triplet")
 class ProbTripletLoss(nn.Module):
     """Pishdad et al.'s hinge triplet on a distribution similarity sim(i, c):
 
@@ -597,50 +608,37 @@ class ProbTripletLoss(nn.Module):
 
 
 # ----------------------------------------------------------------------------- factory
+# every method of zsprob.prob.method_registry has its loss (the classes above attach themselves)
 
-_LOSSES = {
-    "pcmepp": PCMEPPLoss,
-    "pcme": PCMELoss,
-    "infonce": InfoNCELoss,
-    "triplet": TripletLoss,
-    "prob-triplet": ProbTripletLoss,
-    "mu-only": MuOnlyLoss,
-    "prolip": ProLIPLoss,
-    "jwae": JWAEObjective,
-}
-_ALIASES = {"pcme++": "pcmepp", "clip": "infonce", "vse": "triplet", "vsepp": "triplet",
-            "probtriplet": "prob-triplet", "pishdad": "prob-triplet", "mu": "mu-only", "muonly": "mu-only"}
-LOSS_NAMES = tuple(_LOSSES)
-if LOSS_NAMES != METHODS:  # one list of methods: zsprob.methods
-    raise ImportError(f"zsprob.prob.losses registers {LOSS_NAMES}, zsprob.methods lists {METHODS}")
-_NEEDS_SIGMA = {"pcmepp": True, "pcme": True, "prob-triplet": True, "prolip": True,
-                "infonce": False, "triplet": False, "mu-only": False, "jwae": False}
+method_loss("prolip")(ProLIPLoss)
+method_loss("jwae")(JWAEObjective)
+if methods_without_loss():
+    raise ImportError(f"training methods without a loss: {methods_without_loss()}")
 
 
-def _canonical(method: str) -> str:
-    key = str(method).strip().lower().replace("_", "-")
-    key = _ALIASES.get(key, key)
-    if key not in _LOSSES:
-        raise UserError(f"unknown loss {method!r} (choose from {', '.join(LOSS_NAMES)})")
-    return key
+def __getattr__(name):  # LOSS_NAMES: the registry's method names, read live
+    if name == "LOSS_NAMES":
+        return method_names()
+    raise AttributeError(name)
 
 
 def create_loss(method: str, **kwargs) -> nn.Module:
-    """Build a loss by name: "pcmepp", "pcme", "infonce", "triplet", "prob-triplet", "mu-only", "prolip",
-    "jwae" (needs ``latent_dim``; its terms are called by the jWAE step, not through ``forward``).
+    """Build a method's loss by name (:func:`~zsprob.prob.method_registry.method_names`: "pcmepp", "pcme",
+    "infonce", "triplet", "prob-triplet", "mu-only", "prolip", "jwae"; "jwae" needs ``latent_dim`` and its
+    terms are called by the jWAE step, not through ``forward``).
 
     ``kwargs`` go to the class (e.g. ``create_loss("pcmepp", pp_alpha=0, distance="wd")``);
     an unknown name or option raises :class:`zsprob.UserError`.
     """
-    cls = _LOSSES[_canonical(method)]
+    loss = get_method(method, "loss").loss
     try:
-        return cls(**kwargs)
+        return loss(**kwargs)
     except TypeError as e:
         import inspect
-        opts = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        opts = [p for p in inspect.signature(loss).parameters if p != "self"]
         raise UserError(f"bad options for loss {method!r}: {e} (accepted: {', '.join(opts)})") from None
 
 
 def needs_sigma(method: str) -> bool:
-    """Whether the loss uses sigma (the model must be probabilistic)."""
-    return _NEEDS_SIGMA[_canonical(method)]
+    """Whether the method's loss uses sigma (the model must be probabilistic)."""
+    return get_method(method, "loss").needs_sigma

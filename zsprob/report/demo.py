@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from zsprob.report.demo_methods import METHODS, OTHER_METHODS, RECIPES
+from zsprob.report.demo_runs import DEMO_EXTRA_RUNS, DEMO_MODELS, RECIPES
 from zsprob.report.pipeline import Step, run_steps
 from zsprob.utils.paths import configs_dir
 
@@ -39,7 +39,7 @@ class DemoSettings:
     seed: int = 0
     workers: int = 1  # data loader workers during pretraining
     threads: int | None = None  # torch CPU threads (None: torch's default)
-    all_methods: bool = False  # also train and evaluate OTHER_METHODS for the method table
+    all_methods: bool = False  # also train and evaluate DEMO_EXTRA_RUNS for the method table
 
     @classmethod
     def make(cls, quick: bool, **overrides) -> "DemoSettings":
@@ -73,7 +73,7 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
                   ["data", "synthetic", "--out", str(data), "--preset", s.preset, "--seed", str(s.seed),
                    "--workers", "2", "--preview"],
                   outputs=[data / "manifest.json", data / "preview.png"])]
-    for m in METHODS:
+    for m in DEMO_MODELS:
         steps.append(_pretrain_step(m, RECIPES[m], m, [], data, out / "runs" / m, s))
     pcme = out / "runs" / "pcmepp" / "model"
     zs = out / "zeroshot"
@@ -85,13 +85,13 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
                       ["zeroshot", "synthetic", "--checkpoint", str(pcme), "--root", str(data),
                        "--prompts", str(zs / "selection.json"), "--out", str(zs / "selected.json")],
                       outputs=[zs / "selected.json"]))
-    for m in METHODS:
+    for m in DEMO_MODELS:
         ck = out / "runs" / m / "model"
         steps.append(Step(f"zeroshot-compare-{m}", f"Zero-shot: every prompt strategy ({m})",
                           ["zeroshot", "synthetic", "--checkpoint", str(ck), "--root", str(data),
                            "--select-root", str(data), "--compare", "--out", str(zs / m / "compare.json")],
                           outputs=[zs / m / "compare.json"]))
-    for m in METHODS:
+    for m in DEMO_MODELS:
         ck = out / "runs" / m / "model"
         rd = out / "retrieval" / m
         steps.append(Step(f"eval-{m}", f"Retrieval and uncertainty analyses ({m})",
@@ -99,7 +99,7 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
                            "--score", "csd" if m == "pcmepp" else "cosine", "--out", str(rd / "metrics.json")],
                           outputs=[rd / "metrics.json"]))
     if s.all_methods:  # after the main steps: turning it on for an existing OUT only adds steps
-        for name, (recipe, method, extra) in OTHER_METHODS.items():
+        for name, (recipe, method, extra) in DEMO_EXTRA_RUNS.items():
             md = out / "methods" / name
             steps.append(_pretrain_step(name, recipe, method, extra, data, md / "run", s))
             steps.append(Step(f"eval-{name}", f"Retrieval and uncertainty validity ({name})",

@@ -16,7 +16,7 @@ from typing import Any
 
 from zsprob import __version__
 from zsprob.report.demo_checks import run_checks
-from zsprob.report.demo_methods import OTHER_METHODS, RECIPES
+from zsprob.report.demo_runs import DEMO_EXTRA_RUNS, RECIPES
 from zsprob.report.plots import read_jsonl, training_curves
 from zsprob.utils.io import atomic_write_json, atomic_write_text
 
@@ -176,7 +176,7 @@ def _methods(out: Path, report: dict) -> dict:
     rows = {m: _method_row(report["retrieval"].get(m), report["zeroshot"].get(m)) for m in ("infonce", "pcmepp")}
     root = out / "methods"
     found = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    for name in [n for n in OTHER_METHODS if n in found] + [n for n in found if n not in OTHER_METHODS]:
+    for name in [n for n in DEMO_EXTRA_RUNS if n in found] + [n for n in found if n not in DEMO_EXTRA_RUNS]:
         rows[name] = _method_row(_retrieval(root / name / "retrieval" / "metrics.json"),
                                  _zeroshot(root / name / "compare.json"))
     return {k: v for k, v in rows.items() if v}
@@ -184,7 +184,7 @@ def _methods(out: Path, report: dict) -> dict:
 
 def _methods_markdown(r: dict) -> list[str]:
     other = {name: " ".join([f"--config configs/{recipe}", "--method", method] + extra)
-             for name, (recipe, method, extra) in OTHER_METHODS.items()}
+             for name, (recipe, method, extra) in DEMO_EXTRA_RUNS.items()}
     recipes = (r["settings"] or {}).get("recipes") or RECIPES
     L = ["## 5. Every objective on the same budget\n",
          "Same model, data, steps, batch and seed; test split; retrieval ranked by CSD (InfoNCE: cosine). "

@@ -28,7 +28,7 @@ from zsprob.retrieval.scoring import PairScores
 from zsprob.retrieval.screen import LINEAR_SCORES, ScreenBoundError, amx_available
 from zsprob.retrieval.screened import evaluate_screened
 
-__all__ = ["BenchmarkSet", "RetrievalTask", "EvalResult", "SHARED_L_LIMIT", "METHODS", "evaluate_scores",
+__all__ = ["BenchmarkSet", "RetrievalTask", "EvalResult", "SHARED_L_LIMIT", "ROUTES", "evaluate_scores",
            "evaluate_rankings", "evaluate_embeddings", "fold_metrics", "pmrp_fold_metrics", "resolve_method",
            "summary_row", "format_table"]
 
@@ -273,7 +273,9 @@ def format_table(metrics: dict, label: str = "model") -> str:
     return "\n".join(lines) + "\n"
 
 
-METHODS = ("auto", "screen", "matrix")
+#: the scoring routes of ``zsprob eval --method`` / ``evaluate_embeddings(method=...)`` (how the ranking is
+#: computed, same numbers either way); not the training methods of ``zsprob pretrain --method``
+ROUTES = ("auto", "screen", "matrix")
 
 
 def _jsonable(score_kw: dict) -> dict:
@@ -285,8 +287,8 @@ def resolve_method(method: str, score: str, **score_kw) -> str:
     """"screen" (:mod:`zsprob.retrieval.screened`: exact metrics from a certified bfloat16 screen, no
     score matrix) for the linear scores (csd, mean, cosine) without score options; "matrix" (the
     float32 score matrix, any score) otherwise. Raises ValueError for a screen it cannot run."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    if method not in ROUTES:
+        raise ValueError(f"unknown method {method!r} (choose from {', '.join(ROUTES)})")
     linear = score in LINEAR_SCORES and not score_kw
     if method == "screen" and not linear:
         raise ValueError(f"method 'screen' needs a linear score ({', '.join(LINEAR_SCORES)}) without score options; "

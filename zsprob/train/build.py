@@ -23,6 +23,7 @@ from torch import nn
 from zsprob.config import Config
 from zsprob.data.captions import SHARD_KINDS
 from zsprob.errors import UserError
+from zsprob.prob.method_registry import get_method
 from zsprob.train import accumulate, optim, resilience
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, count_samples_synthetic, resolve_shards,
                                shard_options)
@@ -53,22 +54,21 @@ def _is_zsprob_checkpoint(path) -> bool:
 
 def build_model(cfg: Config):
     from zsprob.models import create_model
-    from zsprob.prob import needs_sigma
     m = cfg.model
     kw: dict[str, Any] = {}
     for key in ("embed_dim", "sigma_depth", "sigma_init", "pooling", "var_bounds", "sigma_head", "sigma_param",
                 "sigma_shape", "weights"):
         if m.get(key) is not None:
             kw[key] = m[key]
-    if cfg.method == "pcme" and kw.get("sigma_param") is None and not _is_zsprob_checkpoint(m.get("pretrained")):
-        # PCME's official head predicts log sigma (the official loss form reads it so)
-        form = ((cfg.loss or {}).get("pcme") or {}).get("form", "official")
-        kw["sigma_param"] = "logsigma" if form == "official" else "logvar"
+    method = get_method(cfg.method)
+    unset = {k: v for k, v in method.model_defaults(cfg).items() if kw.get(k) is None}
+    if unset and not _is_zsprob_checkpoint(m.get("pretrained")):  # e.g. PCME's official head: log sigma
+        kw.update(unset)
     if kw.get("var_bounds") is not None:
         kw["var_bounds"] = tuple(kw["var_bounds"])
     kw.update(dict(m.get("overrides") or {}))
-    deterministic = bool(kw.pop("deterministic", not needs_sigma(cfg.method)))
-    if deterministic and needs_sigma(cfg.method):
+    deterministic = bool(kw.pop("deterministic", not method.needs_sigma))
+    if deterministic and method.needs_sigma:
         raise UserError(f"--method {cfg.method} needs sigma, but the model is deterministic "
                         "(model.overrides.deterministic); drop that override or pick a method without sigma")
     model = create_model(m.name, pretrained=m.get("pretrained"), deterministic=deterministic, seed=int(cfg.seed), **kw)
@@ -243,7 +243,7 @@ def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: Batc
     """Every part of the run ``cfg`` describes, built once, with the step of its method."""
     from zsprob.train import jwae_step
 
-    jwae = cfg.method == "jwae"  # autoencoders + prior discriminator: its own parts and step
+    jwae = get_method(cfg.method).step_kind == "jwae"  # autoencoders + prior discriminator: its own parts and step
     builder, step_fn = (jwae_step.build, jwae_step.one_step) if jwae else (build_parts, one_step)
     model, loss_fn, source, plan, step_module, optimizer, schedule = builder(cfg, acc, source)
     accum_steps = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
-from zsprob.methods import METHODS  # noqa: F401  (re-exported: zsprob.train.METHODS)
+from zsprob.prob.method_registry import default_loss_options, method_names
 from zsprob.utils.checks import check_counts
 
 DEFAULTS: dict = {
@@ -33,21 +33,9 @@ DEFAULTS: dict = {
         "jwae": None,              # --method jwae: {latent_dim, image_hidden, text_hidden, decoder: {...}}
         "grad_checkpointing": False,  # recompute tower blocks in backward (zsprob.train.accumulate)
     },
-    "loss": {                      # keyword arguments of each method's loss (zsprob.prob.create_loss)
-        "pcmepp": {"init_scale": 5.0, "init_shift": 5.0, "pp_alpha": 0.1, "vib_beta": 1e-4, "distance": "csd"},
-        # PCME's official code (naver-ai/pcme configs/coco): a = b = 15 (form defaults), J = 7, beta 1e-5
-        "pcme": {"n_samples": 7, "form": "official", "vib_beta": 1e-5, "uniform_weight": 0.0},
-        "infonce": {"init_temperature": 0.07},
-        "triplet": {"margin": 0.2},
-        "prob-triplet": {"similarity": "kl", "margin": 0.2},
-        "mu-only": {"init_scale": 5.0, "init_shift": 5.0},
-        # ProLIP's recipe (naver-ai/prolip scripts/prolip_datacomp_*.sh, params.py); zsprob.prob.prolip
-        "prolip": {"ppcl_weight": 1.0, "inclusion_alpha": 1e-7, "inclusion_alpha_occ": 1e-3, "vib_beta": 1e-4,
-                   "inclusion_scale": 1000.0, "inclusion_eps": -20.0, "init_logit_bias": -10.0,
-                   "drop_ratio": 0.125, "drop_prob": 0.75, "image_drop_prob": 0.25, "mask_patch_size": 16},
-        # jWAE (zsprob.prob.jwae): preset jwae-mse | jwae-mh sets lambda1..4 and the alignment
-        "jwae": {"preset": "jwae-mh", "rec_kind_img": "l2", "rec_kind_txt": "mse", "margin": 0.2, "negatives": "all"},
-    },
+    # keyword arguments of each method's loss (zsprob.prob.create_loss), from each method's registry entry
+    # (zsprob.prob.method_registry, where their sources are noted)
+    "loss": default_loss_options(),
     "data": {
         "kind": "synthetic",       # synthetic | webdataset | redcaps | coco
         "shards": None,
@@ -165,6 +153,12 @@ COUNT_KEYS: tuple = (
     ("swa.last_epochs", None, ">=0", False),
     ("swa.every_steps", None, ">=1", True),
 )
+
+
+def __getattr__(name):  # METHODS: the registry's method names (re-exported: zsprob.train.METHODS), read live
+    if name == "METHODS":
+        return method_names()
+    raise AttributeError(name)
 
 
 class TrainConfig(Config):

@@ -8,8 +8,9 @@ package; never train, retrieval or cli.
     res = compare_strategies(model, "synth_out", dataset="synthetic", out_dir="zs")   # every strategy
     print(res["table"])
 
-Modules: ``prompts`` (template / class files, the cached prompt bank), ``selection`` (the
-strategies, pure tensor math), ``features`` (image embeddings of a split and their cache),
+Modules: ``prompts`` (template / class files, the cached prompt bank), ``strategy_registry`` (every
+strategy's facts: data read, sigma^2, K, ``--compare`` order), ``selection`` (the strategies, pure
+tensor math), ``features`` (image embeddings of a split and their cache),
 ``metrics`` (scores, accuracy, label-free diagnostics), ``classify`` (``compare_strategies``,
 tables and plots, the functions behind ``zsprob select-prompts`` / ``zsprob zeroshot``).
 Imports are lazy so ``import zsprob.zeroshot`` does not import torch.
@@ -19,7 +20,8 @@ from __future__ import annotations
 _EXPORTS = {
     "PromptBank": "prompts", "build_prompt_bank": "prompts", "load_templates": "prompts",
     "load_classnames": "prompts", "model_fingerprint": "prompts",
-    "Selection": "selection", "run_strategy": "selection", "STRATEGIES": "selection",
+    "Selection": "selection", "run_strategy": "selection", "STRATEGIES": "strategy_registry",
+    "register_strategy": "strategy_registry", "get_strategy": "strategy_registry",
     "select_all": "selection", "select_topk": "selection", "select_auto": "selection",
     "select_fusion": "selection", "select_poe": "selection", "select_bprw": "selection",
     "select_zpe": "selection", "select_oracle": "selection", "NeedsSigma": "selection",

@@ -9,7 +9,9 @@ read and write selection.json. The image features and their cache live in
 :mod:`zsprob.zeroshot.metrics` (both re-exported here).
 
 Honesty: only ``oracle`` / ``oracle-global`` ever receive evaluation labels; ZPE and BPRW
-receive the evaluation images without labels (both papers are transductive that way).
+receive the evaluation images without labels (both papers are transductive that way). What each
+strategy reads, and so what is encoded for it, is its entry in
+:mod:`zsprob.zeroshot.strategy_registry`; ``run_strategy`` hands a strategy nothing else.
 """
 from __future__ import annotations
 
@@ -23,9 +25,8 @@ from zsprob.zeroshot.metrics import (COLLAPSE_COSINE, SCORES, class_scores, clas
                                      evaluate_scores, evaluate_selection, prompt_quality_diagnostic,
                                      separation_warning, topk_curve)
 from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk  # noqa: F401  (re-exported)
-
-COMPARE_ORDER = ("all", "single", "global", "auto", "threshold", "fusion", "fusion-select", "poe",
-                 "bprw", "zpe", "oracle-global", "oracle")
+from zsprob.zeroshot.strategy_registry import (EVAL_LABELS, SELECTION_LABELS, UNLABELLED_IMAGES, compare_order,
+                                               get_strategy)
 
 
 # ----------------------------------------------------------------------------- selection I/O
@@ -122,7 +123,7 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
     """
     from zsprob.zeroshot.selection import NeedsSigma, run_strategy, select_all
 
-    strategies = list(strategies or COMPARE_ORDER)
+    strategies = list(strategies or compare_order())
     pool = eval_feats.feats   # unlabelled evaluation images for ZPE / BPRW (labels never passed)
     select = None if select_feats is None else (select_feats.feats, select_feats.labels)
     sel_data = "selection split labels" if select_feats is None else \
@@ -130,13 +131,14 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
     pool_data = f"unlabelled evaluation images ({len(eval_feats)})"
     rows, selections = [], {}
     for name in strategies:
-        if name in ("global", "fusion-select") and select is None:
+        entry = get_strategy(name)
+        if SELECTION_LABELS in entry.needs and select is None:
             rows.append({"name": name, "label": name, "skipped": "no labelled selection split"})
             continue
         try:
             t0 = time.perf_counter()
             sel = run_strategy(name, bank, select=select, pool=pool,
-                               eval_=(eval_feats.feats, eval_feats.labels) if name.startswith("oracle") else None,
+                               eval_=(eval_feats.feats, eval_feats.labels) if entry.reads_eval_labels else None,
                                k_values=k_values, threshold_c=threshold_c, select_data=sel_data,
                                pool_data=pool_data)
             secs = time.perf_counter() - t0
@@ -301,18 +303,17 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
     fusion-select), the unlabelled evaluation images (zpe / bprw), the evaluation labels (oracle).
     """
     from zsprob.zeroshot.prompts import build_prompt_bank, load_classnames, load_templates, model_fingerprint
-    from zsprob.zeroshot.selection import STRATEGIES, run_strategy
+    from zsprob.zeroshot.selection import run_strategy
 
-    if strategy not in STRATEGIES:
-        raise UserError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    entry = get_strategy(strategy)
     model_id = model_fingerprint(model)
     ev, se = _resolve_splits(dataset, root if root is not None else ".", select_root)
     if dataset == "synthetic" and select_root is None and root is not None \
             and not (Path(root) / "classify" / "select").is_dir():
         se = None
-    needs_select = strategy in ("auto", "global", "fusion-select") and use_select
-    needs_pool = strategy in ("zpe", "bprw")
-    needs_eval = strategy in ("oracle", "oracle-global")
+    needs_select = SELECTION_LABELS in entry.reads and use_select
+    needs_pool = UNLABELLED_IMAGES in entry.reads
+    needs_eval = EVAL_LABELS in entry.reads
     if (needs_pool or needs_eval) and root is None:
         raise UserError(f"strategy '{strategy}' needs the evaluation images: pass --root")
     select = pool = eval_ = None
@@ -331,7 +332,7 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
             pool = ev_feats.feats
             data["unlabelled_images"] = {"source": ev_feats.source, "n_images": len(ev_feats),
                                          "labels_used": False}
-        else:
+        if needs_eval:
             eval_ = (ev_feats.feats, ev_feats.labels)
             data["evaluation_split"] = {"source": ev_feats.source, "n_images": len(ev_feats),
                                         "labels_used": True}
@@ -350,8 +351,7 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
     if select is not None and len(sf.classnames) != len(names):
         raise UserError(f"the selection split has {len(sf.classnames)} classes but there are {len(names)} "
                         "class names")
-    if strategy in ("global", "fusion-select") and select is None:
-        raise UserError(f"strategy '{strategy}' needs a labelled selection split (--select-root)")
+    entry.check_data(select=select, pool=pool, eval_=eval_)
     bank = build_prompt_bank(model, names, load_templates(templates), cache_dir=cache_dir, model_id=model_id,
                              device=device, progress=progress, precision=precision)
     k_values = parse_k_grid(k_values, bank.num_templates) if isinstance(k_values, str) else k_values

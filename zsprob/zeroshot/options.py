@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from zsprob.errors import UserError
+from zsprob.zeroshot.strategy_registry import get_strategy
 
 
 def parse_k_grid(text: str | None, T: int | None = None):
@@ -28,13 +29,16 @@ def parse_k_grid(text: str | None, T: int | None = None):
 
 
 def strategy_from_topk(topk: str | None, strategy: str | None):
-    """Map ``--topk auto|N|all|oracle`` and ``--strategy`` to (strategy name, K or None)."""
+    """Map ``--topk auto|N|all|oracle`` and ``--strategy`` to (strategy name, K or None).
+
+    ``--strategy`` is checked against the registry; a strategy that needs K takes ``--topk N``."""
     if strategy is not None:
-        if strategy == "topk":
-            if topk is None or not str(topk).isdigit():
-                raise UserError("--strategy topk needs --topk N (a number)")
-            return "topk", int(topk)
-        return strategy, None
+        entry = get_strategy(strategy)
+        if not entry.needs_k:
+            return strategy, None
+        k = int(topk) if topk is not None and str(topk).isdigit() else None
+        entry.check_k(k)
+        return strategy, k
     t = (topk or "auto").strip().lower()
     if t in ("auto", "all", "oracle"):
         return t, None

@@ -7,7 +7,9 @@ all of it itself; the reference for ``all`` is open_clip's ``build_zero_shot_cla
 (tested equal), for ``bprw`` ProLIP's ``analysis/unc_zeroshot_prompts.py`` and for ``zpe``
 the authors' notebook of Allingham et al. (2023); neither is copied.
 
-Which data each strategy reads (``Selection.uses_eval_labels`` records the last column):
+Which data each strategy reads (``Selection.uses_eval_labels`` records the last column; the
+registry, :mod:`zsprob.zeroshot.strategy_registry`, holds these facts and the ``--compare`` order,
+and :func:`run_strategy` dispatches through it to the ``_run_*`` functions at the end of this module):
 
 ==================  ===========================================================  ===========
 strategy            what it does                                                  eval labels
@@ -65,13 +67,11 @@ import torch
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
-from zsprob.methods import STRATEGIES
+from zsprob.zeroshot.strategy_registry import StrategyInputs, get_strategy, strategies_without_runner, strategy_runner
 
 SINGLE_TEMPLATE = "a photo of a {}."
 TAU_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
 BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-SIGMA_STRATEGIES = ("topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe", "bprw",
-                    "oracle", "oracle-global")
 
 
 class NeedsSigma(UserError):
@@ -645,44 +645,99 @@ def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, reference_feats=
                        "reference": "Allingham et al., ICML 2023, Algorithm 2 / authors' notebook"})
 
 
+# ----------------------------------------------------------------------------- the registry's functions
+# each built-in strategy of zsprob.zeroshot.strategy_registry: fn(bank, StrategyInputs) -> Selection
+
+@strategy_runner("all")
+def _run_all(bank, given: StrategyInputs) -> Selection:
+    return select_all(bank)
+
+
+@strategy_runner("single")
+def _run_single(bank, given: StrategyInputs) -> Selection:
+    return select_single(bank, given.template)
+
+
+@strategy_runner("topk")
+def _run_topk(bank, given: StrategyInputs) -> Selection:
+    return select_topk(bank, given.k)
+
+
+@strategy_runner("threshold")
+def _run_threshold(bank, given: StrategyInputs) -> Selection:
+    return select_threshold(bank, given.threshold_c)
+
+
+@strategy_runner("fusion")
+def _run_fusion(bank, given: StrategyInputs) -> Selection:
+    return select_fusion(bank, given.beta)
+
+
+@strategy_runner("poe")
+def _run_poe(bank, given: StrategyInputs) -> Selection:
+    return select_poe(bank)
+
+
+@strategy_runner("auto")
+def _run_auto(bank, given: StrategyInputs) -> Selection:
+    if given.select is None:  # the label-free rule
+        return select_auto(bank, threshold_c=given.threshold_c)
+    return select_auto(bank, given.select[0], given.select[1], given.k_values, threshold_c=given.threshold_c,
+                       data=given.select_data)
+
+
+@strategy_runner("global")
+def _run_global(bank, given: StrategyInputs) -> Selection:
+    return select_global(bank, given.select[0], given.select[1], given.k_values, data=given.select_data)
+
+
+@strategy_runner("fusion-select")
+def _run_fusion_select(bank, given: StrategyInputs) -> Selection:
+    return select_fusion_tuned(bank, given.select[0], given.select[1], data=given.select_data)
+
+
+@strategy_runner("bprw")
+def _run_bprw(bank, given: StrategyInputs) -> Selection:
+    return select_bprw(bank, given.pool, data=given.pool_data)
+
+
+@strategy_runner("zpe")
+def _run_zpe(bank, given: StrategyInputs) -> Selection:
+    return select_zpe(bank, given.pool, data=given.pool_data)
+
+
+@strategy_runner("oracle")
+def _run_oracle(bank, given: StrategyInputs) -> Selection:
+    return select_oracle(bank, given.eval_[0], given.eval_[1], given.k_values)
+
+
+@strategy_runner("oracle-global")
+def _run_oracle_global(bank, given: StrategyInputs) -> Selection:
+    return select_oracle_global(bank, given.eval_[0], given.eval_[1], given.k_values)
+
+
+if strategies_without_runner():  # every registered strategy runs (the registry declares, this module runs)
+    raise ImportError(f"strategies without a function: {strategies_without_runner()}")
+
+
 # ----------------------------------------------------------------------------- dispatcher
 
 def run_strategy(name: str, bank, *, k: int | None = None, select=None, pool=None, eval_=None,
                  k_values=None, threshold_c: float = 1.0, beta: float = 1.0, template: str | None = None,
                  select_data: str = "selection split", pool_data: str = "unlabelled images") -> Selection:
-    """One strategy by name. ``select``/``eval_`` are ``(feats, labels)``; ``pool`` unlabelled feats."""
-    if name == "all":
-        return select_all(bank)
-    if name == "single":
-        return select_single(bank, template)
-    if name == "topk":
-        if k is None:
-            raise UserError("strategy 'topk' needs K (--topk N)")
-        return select_topk(bank, k)
-    if name == "threshold":
-        return select_threshold(bank, threshold_c)
-    if name == "fusion":
-        return select_fusion(bank, beta)
-    if name == "poe":
-        return select_poe(bank)
-    if name == "auto":
-        if select is None:
-            return select_auto(bank, threshold_c=threshold_c)
-        return select_auto(bank, select[0], select[1], k_values, threshold_c=threshold_c, data=select_data)
-    if name in ("global", "fusion-select"):
-        if select is None:
-            raise UserError(f"strategy '{name}' needs a labelled selection split (--select-root)")
-        if name == "global":
-            return select_global(bank, select[0], select[1], k_values, data=select_data)
-        return select_fusion_tuned(bank, select[0], select[1], data=select_data)
-    if name in ("bprw", "zpe"):
-        if pool is None:
-            raise UserError(f"strategy '{name}' needs unlabelled images")
-        fn = select_bprw if name == "bprw" else select_zpe
-        return fn(bank, pool, data=pool_data)
-    if name in ("oracle", "oracle-global"):
-        if eval_ is None:
-            raise UserError(f"strategy '{name}' needs the evaluation split and its labels")
-        fn = select_oracle if name == "oracle" else select_oracle_global
-        return fn(bank, eval_[0], eval_[1], k_values)
-    raise UserError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    """One strategy by name, through its registry entry. ``select``/``eval_`` are ``(feats, labels)``;
+    ``pool`` unlabelled feats. The strategy receives only the data its entry declares.
+
+    Refused, in this order: an unknown name, a missing K, a missing needed input, a model without
+    sigma^2 for a strategy that reads it (:class:`NeedsSigma`).
+    """
+    entry = get_strategy(name)
+    if entry.run is None:
+        raise RuntimeError(f"strategy {name!r} is registered without a function (register_strategy(run=...))")
+    entry.check_k(k)
+    entry.check_data(select=select, pool=pool, eval_=eval_)
+    if entry.sigma:
+        _require_sigma(bank, name)
+    given = entry.inputs(k=k, select=select, pool=pool, eval_=eval_, k_values=k_values, threshold_c=threshold_c,
+                         beta=beta, template=template, select_data=select_data, pool_data=pool_data)
+    return entry.run(bank, given)

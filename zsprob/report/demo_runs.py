@@ -1,10 +1,13 @@
-"""What `zsprob demo` trains: the main two models' recipes and the objectives of ``--all-methods``.
+"""What `zsprob demo` trains: the main two models and their recipes, and the extra runs of ``--all-methods``.
+
+Named DEMO_* because these are demo runs, not the training methods (``zsprob.methods.METHODS``): each
+run names the ``--method`` it trains with.
 
 Shared by the step plan (:mod:`zsprob.report.demo`) and the report (:mod:`zsprob.report.demo_report`).
 """
 from __future__ import annotations
 
-METHODS = ("pcmepp", "infonce")
+DEMO_MODELS = ("pcmepp", "infonce")
 #: each model's recipe: PCME++ with the decoupled uncertainty changes (sigma^2 that tracks ambiguity,
 #: docs/findings.md), InfoNCE on the same model, data, budget and seed
 RECIPES = {"pcmepp": "synthetic_tiny_sigma.yaml", "infonce": "synthetic_tiny.yaml"}
@@ -12,7 +15,7 @@ RECIPES = {"pcmepp": "synthetic_tiny_sigma.yaml", "infonce": "synthetic_tiny.yam
 #: {run, retrieval/metrics.json, compare.json}. The objectives as their official code sets them, on the
 #: demo's model: PCME++ without the sigma recipe, ProLIP with pooled-feature [UNC] heads (the bag of
 #: words has no token to append), PCME in its official form, Pishdad et al.'s probabilistic triplet.
-OTHER_METHODS = {
+DEMO_EXTRA_RUNS = {
     "pcmepp-official": ("synthetic_tiny.yaml", "pcmepp", []),
     "prolip": ("synthetic_tiny.yaml", "prolip", ["--set", "model.overrides.sigma_head=unc"]),
     "pcme": ("synthetic_tiny.yaml", "pcme", []),
