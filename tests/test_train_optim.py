@@ -115,8 +115,11 @@ def test_freeze_then_warmup_per_group(step_module):
 def test_adamp_and_adamw_created():
     m = nn.Linear(4, 3)
     groups = O.param_groups(m, lr=0.1, weight_decay=0.1)
-    from timm.optim import AdamP
+    import timm.optim
+    from zsprob.train.adamp import AdamP
     assert isinstance(O.create_optimizer(groups, name="adamp", lr=0.1), AdamP)
+    assert isinstance(O.create_optimizer(O.param_groups(m, lr=0.1, weight_decay=0.1), name="adamp-timm", lr=0.1),
+                      timm.optim.AdamP)
     assert isinstance(O.create_optimizer(O.param_groups(m, lr=0.1, weight_decay=0.1), name="adamw"),
                       torch.optim.AdamW)
     from zsprob.errors import UserError

@@ -1,9 +1,9 @@
 """Optimisers, parameter groups, learning-rate schedules, backbone freezing and SWA.
 
-Libraries: timm (``timm.optim.AdamP``), torch (``AdamW``, ``LambdaLR``,
-``torch.optim.swa_utils.AveragedModel``). zsprob writes the parameter grouping (layer-wise lr
-decay from ``model.param_info()``, per-tower backbone multipliers, no weight decay on norms /
-biases / scalars), the schedule functions (warmup + cosine, step, constant) and the backbone
+Libraries: torch (``AdamW``, ``LambdaLR``, ``torch.optim.swa_utils.AveragedModel``), timm
+(``timm.optim.AdamP``, as ``adamp-timm``); the default AdamP is :mod:`zsprob.train.adamp`. zsprob
+writes the parameter grouping (layer-wise lr decay from ``model.param_info()``, per-tower backbone
+multipliers, no weight decay on norms / biases / scalars), the schedule functions (warmup + cosine, step, constant) and the backbone
 freeze-then-warm-up factor, all expressed in optimiser steps so that resuming is exact.
 
 Learning rate of parameter group g at step s::
@@ -160,22 +160,32 @@ def param_groups(module: nn.Module, *, lr: float, weight_decay: float,
     return list(buckets.values())
 
 
+OPTIMIZERS = ("adamp", "adamp-timm", "adamw", "adam", "sgd")
+
+
 def create_optimizer(groups: list[dict], *, name: str = "adamp", lr: float = 5e-4,
                      weight_decay: float = 1e-4, betas: Iterable[float] = (0.9, 0.999),
                      eps: float = 1e-8, fused: bool = False, **kwargs) -> torch.optim.Optimizer:
-    """AdamP (timm, PCME++'s optimiser), or torch's AdamW / Adam / SGD.
+    """AdamP (PCME++'s optimiser), or torch's AdamW / Adam / SGD.
 
+    ``adamp``: :class:`zsprob.train.adamp.AdamP`, timm's AdamP update with the per-parameter
+    projection decided on the device (no host sync per parameter) and multi-tensor kernels; its
+    state dict has timm's layout, so checkpoints of either load into the other. ``adamp-timm``:
+    ``timm.optim.AdamP`` itself (one host sync per weight matrix on a GPU).
     torch's optimisers run their multi-tensor (foreach) implementation on every device: on the CPU
     torch would pick the per-tensor loop, which gives bit-identical updates at half the speed.
     ``fused=True`` (``optim.fused``): torch's fused kernels (CPU and CUDA), faster again, equal to
-    the loop to float rounding only. AdamP has neither.
+    the loop to float rounding only. AdamP has no fused kernel.
     """
     betas = tuple(float(b) for b in betas)
     name = name.lower()
-    if name == "adamp":
+    if name in ("adamp", "adamp-timm"):
         if fused:
-            raise UserError("optim.fused applies to torch's adamw / adam / sgd, not to adamp (timm)")
-        from timm.optim import AdamP
+            raise UserError(f"optim.fused applies to torch's adamw / adam / sgd, not to {name}")
+        if name == "adamp-timm":
+            from timm.optim import AdamP
+        else:
+            from zsprob.train.adamp import AdamP
         return AdamP(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
     if fused:
         kwargs.setdefault("fused", True)
@@ -188,7 +198,7 @@ def create_optimizer(groups: list[dict], *, name: str = "adamp", lr: float = 5e-
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=kwargs.pop("momentum", 0.9),
                                weight_decay=weight_decay, **kwargs)
-    raise UserError(f"unknown optimizer {name!r} (choose adamp, adamw, adam or sgd)")
+    raise UserError(f"unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
 
 
 # ----------------------------------------------------------------------------- schedules
