@@ -148,15 +148,12 @@ def _update(bucket: _Bucket, step: int, group: dict) -> None:
     params = bucket.params
     directions = _adam_directions(bucket, step, group)
     matrices = [i for i, p in enumerate(params) if p.ndim > 1]
-    scales, projected = [], []
-    for i in matrices:
+    projected = []
+    for i in matrices:  # one tensor at a time: the scales broadcast per channel, so no multi-tensor kernel
         scale, was_projected = projection_scale(params[i], bucket.grads[i], directions[i], group["delta"],
                                                 group["eps"])
-        scales.append(scale)
+        directions[i].addcmul_(params[i], scale, value=-1)
         projected.append(was_projected)
-    if matrices:
-        torch._foreach_sub_([directions[i] for i in matrices],
-                            torch._foreach_mul([params[i] for i in matrices], scales))
     if group["weight_decay"] > 0:
         _decay(params, matrices, projected, group)
     torch._foreach_add_(params, directions, alpha=-group["lr"] / (1 - group["betas"][0] ** step))
