@@ -2,9 +2,10 @@
 """Benchmark: one AdamP step, zsprob's (projection decided on the device) vs timm's, side by side.
 
 The parameters are those of an open_clip tower built without weights (default: the image tower of
-ViT-B-16, 86M parameters), in zsprob's two weight-decay groups. Every step gets the same gradients:
-random, with every other weight matrix's gradient made orthogonal to its rows, so AdamP projects
-about half the matrices (as a network with normalisation layers does) and leaves the rest.
+ViT-B-16, 86M parameters), in zsprob's two weight-decay groups. Every step gets the same random
+gradients, except that every other weight matrix's gradient is made orthogonal to the rows of its
+current weight (untimed), so AdamP projects about half the matrices (as a network with
+normalisation layers does) and leaves the rest.
 Both optimisers start from the same weights; the script reports the median time of
 ``optimizer.step()`` over ``--steps`` steps after ``--warmup``, the ratio, the largest difference
 between the two optimisers' weights at the end, and the host syncs one step makes
@@ -34,19 +35,23 @@ def build_parameters(model_name: str, tower: str, device: str) -> torch.nn.Modul
     return module.to(device)
 
 
-def make_gradients(params: list[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
-    """Random gradients; every other weight matrix's made orthogonal to its rows (a scale-invariant weight)."""
+def random_gradients(params: list[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    grads, matrices = [], 0
-    for p in params:
-        g = torch.randn(p.shape, generator=gen).to(p.device, p.dtype)
+    return [torch.randn(p.shape, generator=gen).to(p.device, p.dtype) for p in params]
+
+
+@torch.no_grad()
+def set_gradients(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    """``grads`` as the gradients, every other weight matrix's made orthogonal to the rows of its weight
+    (what a scale-invariant weight gets)."""
+    matrices = 0
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
         if p.ndim > 1:
             matrices += 1
             if matrices % 2 == 0:
-                w, rows = p.detach().reshape(p.shape[0], -1), g.view(p.shape[0], -1)
+                w, rows = p.reshape(p.shape[0], -1), p.grad.view(p.shape[0], -1)
                 rows -= w * ((w * rows).sum(1, keepdim=True) / (w * w).sum(1, keepdim=True).clamp_min(1e-30))
-        grads.append(g)
-    return grads
 
 
 def run(impl: str, module: torch.nn.Module, start: list[torch.Tensor], grads: list[torch.Tensor],
@@ -59,13 +64,11 @@ def run(impl: str, module: torch.nn.Module, start: list[torch.Tensor], grads: li
             p.copy_(s)
     groups = optim.param_groups(module, lr=5e-4, weight_decay=0.2)
     opt = optim.create_optimizer(groups, name=impl, lr=5e-4, weight_decay=0.2, betas=(0.9, 0.98), eps=1e-6)
-    params = [p for group in opt.param_groups for p in group["params"]]
-    by_param = {id(p): g for p, g in zip(module.parameters(), grads)}
+    params = list(module.parameters())
     cuda = params[0].device.type == "cuda"
     host, device, cpu = [], [], []
     for i in range(warmup + steps):
-        for p in params:
-            p.grad = by_param[id(p)]
+        set_gradients(params, grads)
         if cuda:
             torch.cuda.synchronize()
         c0, t0 = time.process_time(), time.perf_counter()
@@ -78,7 +81,8 @@ def run(impl: str, module: torch.nn.Module, start: list[torch.Tensor], grads: li
             host.append(t1 - t0)
             device.append(t2 - t0)
             cpu.append(c2 - c0)
-    final = [p.detach().clone() for p in module.parameters()]
+    final = [p.detach().clone() for p in params]
+    set_gradients(params, grads)
     with HostSyncCounter() as counter:
         opt.step()
     return {"host": statistics.median(host), "device": statistics.median(device), "cpu": statistics.median(cpu),
@@ -103,7 +107,7 @@ def main() -> None:
     torch.manual_seed(0)
     module = build_parameters(args.model, args.tower, args.device)
     start = [p.detach().clone() for p in module.parameters()]
-    grads = make_gradients(list(module.parameters()))
+    grads = random_gradients(list(module.parameters()))
     results = {impl: run(impl, module, start, grads, args.steps, args.warmup) for impl in ("adamp-timm", "adamp")}
     n = sum(p.numel() for p in start)
     print(f"AdamP step on {args.model} ({args.tower}): {len(start)} tensors, {n / 1e6:.1f}M parameters, "
