@@ -224,3 +224,39 @@ def test_sparse_gradients_fail_as_in_timm_and_bad_arguments_are_user_errors():
     net(torch.randn(3, 2)).sum().backward()
     with pytest.raises(UserError, match="caution"):
         opt.step()
+
+
+@pytest.mark.slow
+def test_a_run_checkpointed_with_timms_adamp_resumes_with_zsprobs(tiny_world, tmp_path):
+    """The training loop end to end: a run saved with ``optim.name: adamp-timm`` (the optimiser of every
+    checkpoint before this one) resumes with ``adamp``, and its losses follow the uninterrupted timm run."""
+    from conftest import TINY_TOWERS, read_losses
+    from zsprob.config import deep_merge
+    from zsprob.train import train
+
+    def cfg(name: str) -> dict:
+        return deep_merge({
+            "seed": 0, "method": "pcmepp",
+            "model": {"name": "zsprob-tiny", "embed_dim": 16, "overrides": TINY_TOWERS},
+            "data": {"kind": "synthetic", "shards": str(tiny_world / "pretrain"), "batch_size": 16,
+                     "num_workers": 0, "shuffle_buffer": 32, "pipeline": {"caption_key": "json:captions"}},
+            "optim": {"name": name, "lr": 2e-3, "weight_decay": 0.1, "grouping": "official"},
+            "schedule": {"name": "cosine", "steps": 8, "warmup_steps": 2},
+            "train": {"log_every": 1, "checkpoint_every": 3, "eval_every": 5, "tensorboard": False, "threads": 1},
+        }, {})
+
+    class Kill(Exception):
+        pass
+
+    def kill_at_5(model, step):
+        if step == 5:
+            raise Kill()
+
+    train(cfg("adamp-timm"), tmp_path / "full", progress=False)
+    with pytest.raises(Kill):
+        train(cfg("adamp-timm"), tmp_path / "cut", progress=False, eval_hooks=[kill_at_5])
+    train(cfg("adamp"), tmp_path / "cut", resume=True, progress=False)
+    full, cut = read_losses(tmp_path / "full"), read_losses(tmp_path / "cut")
+    assert sorted(full) == sorted(cut) == list(range(1, 9))
+    for step in range(1, 9):
+        assert cut[step] == pytest.approx(full[step], rel=1e-5, abs=1e-6), (step, full[step], cut[step])
