@@ -260,3 +260,24 @@ def test_a_run_checkpointed_with_timms_adamp_resumes_with_zsprobs(tiny_world, tm
     assert sorted(full) == sorted(cut) == list(range(1, 9))
     for step in range(1, 9):
         assert cut[step] == pytest.approx(full[step], rel=1e-5, abs=1e-6), (step, full[step], cut[step])
+
+
+def test_parameters_without_gradient_are_skipped_and_keep_their_own_step_count():
+    """A weight with no gradient every other step (e.g. a frozen group) lags the others' step count: both
+    optimisers skip it and bias-correct it with its own count (zsprob's AdamP: a second bucket)."""
+    nets = [_net(), _net()]
+    opts = [cls(O.param_groups(net, lr=1e-2, weight_decay=0.1), lr=1e-2, weight_decay=0.1)
+            for cls, net in zip((timm.optim.AdamP, AdamP), nets)]
+    worst = 0.0
+    for step, (x, y) in enumerate(_batches(20, torch.float32)):
+        for net, opt in zip(nets, opts):
+            opt.zero_grad()
+            _loss(net, x, y).backward()
+            if step % 2:
+                net.conv.weight.grad = None
+                net.head.bias.grad = None
+            opt.step()
+        worst = max(worst, max((a - b).abs().max().item() for a, b in zip(nets[0].parameters(),
+                                                                           nets[1].parameters())))
+    assert worst <= 1e-6
+    assert opts[1].state[nets[1].conv.weight]["step"] == 10 and opts[1].state[nets[1].conv_bn.weight]["step"] == 20

@@ -171,7 +171,7 @@ def create_optimizer(groups: list[dict], *, name: str = "adamp", lr: float = 5e-
     ``adamp``: :class:`zsprob.train.adamp.AdamP`, timm's AdamP update with the per-parameter
     projection decided on the device (no host sync per parameter) and multi-tensor kernels; its
     state dict has timm's layout, so checkpoints of either load into the other. ``adamp-timm``:
-    ``timm.optim.AdamP`` itself (one host sync per weight matrix on a GPU).
+    ``timm.optim.AdamP`` itself (one or two host syncs per weight matrix and step on a GPU).
     torch's optimisers run their multi-tensor (foreach) implementation on every device: on the CPU
     torch would pick the per-tensor loop, which gives bit-identical updates at half the speed.
     ``fused=True`` (``optim.fused``): torch's fused kernels (CPU and CUDA), faster again, equal to
