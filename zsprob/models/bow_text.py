@@ -61,10 +61,9 @@ class BagOfWordsText(nn.Module):
         return (x * keep[..., None].to(x.dtype)).sum(1) / lengths[:, None].to(x.dtype)
 
     def embed(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Word embeddings [B, L', width] of the tokens cut after the longest caption, those tokens, lengths."""
-        lengths = self.lengths(text)
-        text = text[:, :int(lengths.max())]
-        return self.token_embedding(text), text, lengths
+        """Word embeddings [B, L, width] of the tokens, those tokens, lengths. The full context is kept:
+        cutting it after the longest caption would make the host read that length from the device."""
+        return self.token_embedding(text), text, self.lengths(text)
 
     def forward(self, text: torch.Tensor) -> torch.Tensor:
         x, _, lengths = self.embed(text)
