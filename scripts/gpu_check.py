@@ -38,7 +38,6 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -242,7 +241,7 @@ def loss_and_grads(fn, inputs, dtype, device):
 
 
 def loss_cases():
-    from zsprob.prob import InfoNCELoss, PCMEPPLoss, create_loss, csd
+    from zsprob.prob import InfoNCELoss, PCMEPPLoss, create_loss
     return [("PCMEPPLoss", lambda: PCMEPPLoss(), 1e-5, 1e-4),
             ("InfoNCELoss", lambda: InfoNCELoss(), 1e-5, 1e-4),
             ("ProLIPLoss", lambda: create_loss("prolip", inclusion_alpha_occ=0.0), 1e-4, 1e-3),
@@ -250,13 +249,14 @@ def loss_cases():
 
 
 def section_losses(c: Check) -> dict:
+    import torch
+
     from zsprob.prob import csd
     inputs = loss_inputs(c.sizes.loss_n, c.sizes.loss_d)
     figs = []
     for name, make, tol_v, tol_g in loss_cases():
         results = []
         for dtype, device in (("float64", "cpu"), ("float32", c.device)):
-            import torch
             if make is None:
                 fn = csd
             else:
@@ -360,7 +360,6 @@ def three_steps(c: Check, device: str, precision: str, tag: str) -> dict:
 
 def weight_diff(a: dict, b: dict) -> tuple[float, float]:
     """max |a - b| over every tensor, and ||a - b|| / ||b|| over all of them."""
-    import torch
     worst, num, den = 0.0, 0.0, 0.0
     for k, v in b.items():
         d = (a[k].double() - v.double())
@@ -738,7 +737,8 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="small sizes (on the CPU: tiny towers, well under a minute)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_check_out"))
     ap.add_argument("--budget-s", type=float, default=420.0, help="no section starts when it would overrun this")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: torch's, 1 with --device cpu --quick)")
     ap.add_argument("--wds0286", default="/tmp/wds0286", help="directory with webdataset 0.2.86 for open_clip_train")
     ap.add_argument("--only", default=None, help="comma-separated section names (default: all)")
     return ap.parse_args(argv)
@@ -750,7 +750,8 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check.py: error: --device cuda but torch sees no CUDA device (use --device cpu)", file=sys.stderr)
         return 2
-    args.threads = args.threads or torch.get_num_threads()
+    # the CPU quick run's tensors are tiny: one thread wastes nothing and does not spin on a shared machine
+    args.threads = args.threads or (1 if args.device == "cpu" and args.quick else torch.get_num_threads())
     torch.set_num_threads(args.threads)
     sizes = (CPU_QUICK if args.device == "cpu" else QUICK) if args.quick else FULL
     only = set(args.only.split(",")) if args.only else None

@@ -28,7 +28,7 @@ def _run(*args, timeout=900, extra_env=None):
 def test_cpu_quick_run_writes_every_section_ok_and_equal(tmp_path):
     out = tmp_path / "gc"
     # a large budget: on a loaded CI machine a section must not be skipped for time
-    r = _run("--device", "cpu", "--quick", "--out", out, "--budget-s", 3000, "--threads", 2)
+    r = _run("--device", "cpu", "--quick", "--out", out, "--budget-s", 3000)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "gpu_check.json").read_text())
     assert doc["device"] == "cpu" and doc["quick"] is True
