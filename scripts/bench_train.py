@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import re
@@ -87,8 +88,11 @@ def run_zsprob_inprocess(argv: list[str], opts: dict) -> dict:
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     if opts.get("no_tf32"):
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    if torch.cuda.is_available():
+    if torch.cuda.is_available():  # what earlier runs in this process left is not this run's
+        gc.collect()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        record["mem_before_bytes"] = torch.cuda.memory_allocated()
     try:
         main(["--debug", *argv])  # --debug: a failure raises with its message instead of exiting
     except SystemExit as e:
@@ -98,7 +102,9 @@ def run_zsprob_inprocess(argv: list[str], opts: dict) -> dict:
         restore()
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     if torch.cuda.is_available():
-        record["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
+        record["peak_mem_bytes"] = torch.cuda.max_memory_allocated() - record["mem_before_bytes"]
+        gc.collect()
+        torch.cuda.empty_cache()
     return record
 
 

@@ -77,6 +77,7 @@ class Sizes:
 
 FULL = Sizes("ViT-B-16", "ViT-B-16", 256, 512, 4, 8, 256, 15, 5, 224, 2048, 8, "bf16", 5000, 128)
 QUICK = Sizes("ViT-B-16", "ViT-B-16", 64, 512, 2, 4, 64, 8, 3, 224, 512, 8, "bf16", 1000, 32)
+assert FULL.eval_cpu_images <= 250 and QUICK.eval_cpu_images <= 250  # within the first image chunk
 CPU_QUICK = Sizes("zsprob-tiny", "zsprob-tiny", 32, 64, 2, 4, 8, 3, 1, 64, 16, 0, "fp32", 40, 8)
 
 #: rough seconds of each section (full, quick); a section does not start unless they fit the budget
@@ -419,9 +420,8 @@ def section_bf16(c: Check) -> dict:
 
 def throughput_args(c: Check) -> SimpleNamespace:
     s = c.sizes
-    threads = c.args.threads if c.device == "cpu" else min(8, os.cpu_count() or 1)
     return SimpleNamespace(device=c.device, model=s.train_model, precision=s.tp_precision, steps=s.tp_steps,
-                           skip=s.tp_skip, batch_size=s.tp_batch, threads=threads, workers=s.tp_workers, probe=True,
+                           skip=s.tp_skip, batch_size=s.tp_batch, threads=c.args.threads, workers=s.tp_workers, probe=True,
                            wds0286=c.args.wds0286, oc_min_one_worker=False, timeout=c.sub_timeout(),
                            inprocess=True)
 
@@ -578,7 +578,8 @@ def eval_cpu_subsample(c: Check, model, tokens, emb: list, figs: list) -> None:
     """The first images / captions encoded on the CPU too: time and agreement with the device."""
     m = c.sizes.eval_cpu_images
     model.cpu()
-    images = next(eval_images(m, model.image_size or 224, c.device, chunk=m)).cpu()
+    # the first chunk again, whole: a generator's first m draws need not be those of a longer draw
+    images = next(eval_images(c.sizes.eval_images, model.image_size or 224, c.device))[:m].cpu()
     t = time.perf_counter()
     with no_tf32():
         got = encode(model, images, tokens[:5 * m], "cpu")
