@@ -705,28 +705,34 @@ def fmt(v) -> str:
     return "-" if v is None else str(v)
 
 
+def cell(v) -> str:
+    """Text for one Markdown table cell: pipes escaped, one line."""
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
 def markdown(doc: dict) -> str:
     lines = [f"# zsprob GPU check: {doc['device_name']}", "",
              f"Device: `{doc['device']}` ({doc['device_name']}); quick: {doc['quick']}; "
              f"total {doc['total_s']} s wall ({doc['cpu_s']} CPU s) of a {doc['budget_s']} s budget.", ""]
     info = doc["sections"].get("versions", {}).get("info", {})
     if info:
-        lines += ["| version | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in info.items()] + [""]
+        lines += ["| version | value |", "| --- | --- |"] + [f"| {k} | {cell(v)} |" for k, v in info.items()] + [""]
     lines += ["Per section: wall seconds (s) and CPU seconds of this process and its children (cpu s).", "",
               "| section | status | s | cpu s | figure | value | unit | tolerance | pass |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, rec in doc["sections"].items():
         head = f"| {name} | {rec['status']} | {rec.get('seconds', 0)} | {rec.get('cpu_seconds', 0)} "
         if rec["status"] != "ok":
-            lines.append(head + f"| {rec.get('reason') or rec.get('error', '')} | | | | |".replace("\n", " "))
+            lines.append(head + f"| {cell(rec.get('reason') or rec.get('error', ''))} | | | | |")
+            head = "| | | | "
         for f in rec.get("figures", []):
             ok = "" if f["pass"] is None else ("yes" if f["pass"] else "**NO**")
             note = f" ({f['note']})" if f.get("note") else ""
-            lines.append(head + f"| {f['name']}{note} | {fmt(f['value'])} | {f['unit']} | {f['tolerance'] or ''} "
-                         f"| {ok} |".replace("\n", " "))
+            lines.append(head + f"| {cell(f['name'] + note)} | {cell(fmt(f['value']))} | {cell(f['unit'])} "
+                         f"| {cell(f['tolerance'] or '')} | {ok} |")
             head = "| | | | "
         for s in rec.get("skipped", []):
-            lines.append(head + f"| {s['what']}: skipped | | | {s['reason']} | |")
+            lines.append(head + f"| {cell(s['what'])}: skipped | | | {cell(s['reason'])} | |")
             head = "| | | | "
     return "\n".join(lines) + "\n"
 
