@@ -1,0 +1,780 @@
+#!/usr/bin/env python
+"""The one prepared GPU check of zsprob: versions, CPU-vs-device equality, training throughput
+against open_clip's own trainer, and a COCO-5K-sized evaluation, written to OUT/gpu_check.json and
+OUT/gpu_check.md.
+
+Device tool ``run`` (after ``bash scripts/gpu_wheels.sh`` here), with ``carry: [".whl", ".whl-oc"]``
+and ``timeout_s: 540``; the command, one line:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/wds0286 .whl-oc/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && set -o pipefail && python3 scripts/gpu_check.py --device cuda --out $OUT --wds0286 /tmp/wds0286 2>&1 | tee $OUT/gpu_check.log
+
+(prefix ``ZSPROB_GIT_HEAD=<git rev-parse HEAD> `` to record the commit: the copied tree has no .git).
+On the CPU, as CI runs it: ``python scripts/gpu_check.py --device cpu --quick --out DIR``.
+
+Sections (each timed; an exception is recorded in the JSON and the next section runs; no section
+starts when the budget would be overrun):
+
+1. ``versions``: torch, CUDA, cuDNN, the device, python, zsprob's git HEAD.
+2. ``losses``: PCMEPPLoss, InfoNCELoss, ProLIPLoss and CSD on the device in float32 against the CPU in
+   float64 (values and input gradients); ``forward``: a ProbCLIP forward on the CPU and on the
+   device (float32, TF32 off); ``train_steps``: three ``zsprob pretrain`` steps on the CPU and on the
+   device (same seed and data, float32, TF32 off): logged losses and final weights; ``bf16``: the
+   same three steps in bf16 against float32 on the device, and embedding cosines.
+3. ``throughput``: ``zsprob pretrain`` (InfoNCE, PCME++) against ``open_clip_train.main`` on the
+   device (scripts/bench_train.py): median samples/s, peak memory, optimizer-step ms, host syncs per
+   steady step, FLOPs per step and MFU.
+4. ``evaluation``: 5,000 images (224 px, random) and 25,000 captions through the ProbCLIP on the
+   device, CSD top-k ranking on the device and on the CPU from the same embeddings (float32 and
+   float64), and zsprob's screened evaluation on the CPU: identical rankings and metrics, and times.
+
+torch, zsprob (models, prob, retrieval, the ``pretrain`` CLI) and open_clip's trainer do the work;
+this script times, compares and writes the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: dense bf16 tensor peak in FLOP/s (first match in the device name wins)
+BF16_PEAK = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12))
+
+
+@dataclass
+class Sizes:
+    model: str              # ProbCLIP of the forward, bf16 and evaluation checks
+    train_model: str        # towers of the three training steps and of the throughput runs
+    loss_n: int
+    loss_d: int
+    fwd_batch: int
+    train_batch: int
+    tp_batch: int
+    tp_steps: int
+    tp_skip: int
+    tp_image_size: int
+    tp_num_pretrain: int
+    tp_workers: int
+    tp_precision: str
+    eval_images: int
+    eval_cpu_images: int
+    eval_k: int = 10
+
+
+FULL = Sizes("ViT-B-16", "ViT-B-16", 256, 512, 4, 8, 256, 15, 5, 224, 2048, 8, "bf16", 5000, 128)
+QUICK = Sizes("ViT-B-16", "ViT-B-16", 64, 512, 2, 4, 64, 8, 3, 224, 512, 8, "bf16", 1000, 32)
+assert FULL.eval_cpu_images <= 250 and QUICK.eval_cpu_images <= 250  # within the first image chunk
+CPU_QUICK = Sizes("zsprob-tiny", "zsprob-tiny", 32, 64, 2, 4, 8, 3, 1, 64, 16, 0, "fp32", 40, 8)
+
+#: rough seconds of each section (full, quick); a section does not start unless they fit the budget
+ESTIMATE = {"versions": (2, 1), "losses": (10, 3), "forward": (20, 3), "train_steps": (60, 10), "bf16": (30, 5),
+            "throughput": (150, 15), "evaluation": (60, 5)}
+
+
+# ----------------------------------------------------------------------------- records
+
+def figure(name: str, value, unit: str, tolerance: str | None = None, ok: bool | None = None, note: str = "") -> dict:
+    """One reported number with its unit; ``tolerance`` and ``ok`` for the compared ones."""
+    if isinstance(value, float) and not math.isfinite(value):
+        value = str(value)
+    return {"name": name, "value": value, "unit": unit, "tolerance": tolerance, "pass": ok, "note": note}
+
+
+class Check:
+    """Runs the sections under a time budget and keeps their records."""
+
+    def __init__(self, args, sizes: Sizes, device: str, tmp: Path):
+        self.args, self.sizes, self.device, self.tmp = args, sizes, device, tmp
+        self.t0 = time.perf_counter()
+        self.sections: dict[str, dict] = {}
+        self.shared: dict = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.args.budget_s - self.elapsed()
+
+    def run(self, name: str, fn) -> None:
+        need = ESTIMATE[name][1 if self.args.quick or self.device == "cpu" else 0]
+        if self.left() < need:
+            self.sections[name] = {"status": "skipped", "reason": f"time budget: {self.left():.0f} s left of "
+                                   f"{self.args.budget_s:.0f} s, the section needs about {need} s", "seconds": 0.0}
+            print(f"[{name}] skipped (budget)", flush=True)
+            return
+        print(f"[{name}] ...", flush=True)
+        t, cpu = time.perf_counter(), cpu_seconds()
+        try:
+            rec = {"status": "ok", **fn(self)}
+        except Exception as e:  # one failing section is recorded; the next one runs
+            rec = {"status": "error", "error": f"{type(e).__name__}: {e}"[-2000:],
+                   "traceback": traceback.format_exc()[-4000:]}
+        rec["seconds"] = round(time.perf_counter() - t, 2)
+        rec["cpu_seconds"] = round(cpu_seconds() - cpu, 2)
+        if "figures" in rec:
+            flags = [f["pass"] for f in rec["figures"] if f["pass"] is not None]
+            if flags:
+                rec["equal"] = all(flags)
+        self.sections[name] = rec
+        print(f"[{name}] {rec['status']} in {rec['seconds']:.1f} s"
+              + (f" equal={rec['equal']}" if "equal" in rec else "")
+              + (f": {rec['error']}" if rec["status"] == "error" else ""), flush=True)
+
+    def sub_timeout(self) -> float:
+        """A subprocess may run until the budget is spent, plus a margin for writing the report."""
+        return max(30.0, self.left() + 20.0)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children."""
+    import resource
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def sync(device: str) -> None:
+    import torch
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class no_tf32:
+    """float32 matmuls and convolutions in full float32 (TF32 off) inside the block."""
+
+    def __enter__(self):
+        import torch
+        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        import torch
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+
+
+def max_rel(a, ref) -> float:
+    """max |a - ref| / max |ref| (float64, on the CPU)."""
+    a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
+    return float((a - ref).abs().max() / ref.abs().max().clamp_min(1e-300))
+
+
+def git_head() -> str:
+    if os.environ.get("ZSPROB_GIT_HEAD"):
+        return os.environ["ZSPROB_GIT_HEAD"]
+    try:
+        r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if r.returncode == 0:
+            return r.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return "unknown (no git repository here; set ZSPROB_GIT_HEAD)"
+
+
+def device_name(device: str) -> str:
+    import torch
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} logical cores)"
+
+
+def bf16_peak(name: str) -> float | None:
+    return next((peak for key, peak in BF16_PEAK if key in name), None)
+
+
+# ----------------------------------------------------------------------------- 1. versions
+
+def section_versions(c: Check) -> dict:
+    import torch
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "device": device_name(c.device), "zsprob_git_head": git_head(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform()}
+    for mod in ("open_clip", "timm", "accelerate", "webdataset", "numpy"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception as e:  # a missing package is a finding, not a failure of the section
+            info[mod] = f"not importable ({type(e).__name__})"
+    figs = []
+    if c.device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info["capability"] = f"{props.major}.{props.minor}"
+        info["multiprocessors"] = props.multi_processor_count
+        figs.append(figure("GPU memory", round(props.total_memory / 2**30, 1), "GiB"))
+        peak = bf16_peak(props.name)
+        figs.append(figure("dense bf16 peak (datasheet)", None if peak is None else peak / 1e12, "TFLOP/s",
+                           note="" if peak else "unknown GPU: no MFU"))
+    return {"info": info, "figures": figs}
+
+
+# ----------------------------------------------------------------------------- 2. equality
+
+def loss_inputs(n: int, d: int, seed: int = 0):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    img_mu = torch.nn.functional.normalize(torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1)
+    txt_mu = torch.nn.functional.normalize(img_mu + 0.7 * torch.randn(n, d, generator=g, dtype=torch.float64), dim=-1)
+    img_lv = torch.randn(n, d, generator=g, dtype=torch.float64) * 0.5 - 4.0
+    txt_lv = torch.randn(n, d, generator=g, dtype=torch.float64) * 0.5 - 4.0
+    return img_mu, img_lv, txt_mu, txt_lv
+
+
+def loss_and_grads(fn, inputs, dtype, device):
+    xs = [x.detach().to(device=device, dtype=dtype).clone().requires_grad_(True) for x in inputs]
+    value = fn(*xs)
+    value.sum().backward()
+    return value.detach(), [x.grad for x in xs]
+
+
+def loss_cases():
+    from zsprob.prob import InfoNCELoss, PCMEPPLoss, create_loss
+    return [("PCMEPPLoss", lambda: PCMEPPLoss(), 1e-5, 1e-4),
+            ("InfoNCELoss", lambda: InfoNCELoss(), 1e-5, 1e-4),
+            ("ProLIPLoss", lambda: create_loss("prolip", inclusion_alpha_occ=0.0), 1e-4, 1e-3),
+            ("CSD", None, 1e-5, 1e-4)]
+
+
+def section_losses(c: Check) -> dict:
+    import torch
+
+    from zsprob.prob import csd
+    inputs = loss_inputs(c.sizes.loss_n, c.sizes.loss_d)
+    figs = []
+    for name, make, tol_v, tol_g in loss_cases():
+        results = []
+        for dtype, device in (("float64", "cpu"), ("float32", c.device)):
+            if make is None:
+                fn = csd
+            else:
+                module = make().to(device=device, dtype=getattr(torch, dtype))
+                fn = (lambda m: lambda a, b, x, y: m(a, b, x, y)[0])(module)
+            with no_tf32():
+                results.append(loss_and_grads(fn, inputs, getattr(torch, dtype), device))
+        (ref, ref_g), (got, got_g) = results
+        err_v = max_rel(got, ref)
+        if [g is None for g in got_g] != [r is None for r in ref_g]:
+            raise RuntimeError(f"{name}: the inputs with a gradient differ between the devices")
+        err_g = max(max_rel(g, r) for g, r in zip(got_g, ref_g) if r is not None)
+        what = "max relative error, [N, M] matrix" if make is None else "relative error"
+        figs.append(figure(f"{name} value, {c.device} float32 vs CPU float64", err_v, what, f"<= {tol_v:g}",
+                           err_v <= tol_v))
+        figs.append(figure(f"{name} input gradients", err_g, "max |diff| / max |ref|", f"<= {tol_g:g}", err_g <= tol_g))
+    return {"figures": figs, "inputs": f"N = {c.sizes.loss_n}, D = {c.sizes.loss_d}, seed 0"}
+
+
+def make_probclip(name: str, device: str = "cpu"):
+    from zsprob.models import create_model
+    model = create_model(name, seed=0).eval()
+    return model.to(device)
+
+
+def forward_inputs(model, n: int, seed: int = 0):
+    import torch
+    size = model.image_size or 224
+    size = size if isinstance(size, int) else size[0]
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(n, 3, size, size, generator=g)
+    tokens = model.tokenizer([caption(i) for i in range(n)])
+    return images, tokens
+
+
+def encode(model, images, tokens, device: str, bf16: bool = False):
+    import torch
+    with torch.no_grad(), torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+        img = model.encode_image(images.to(device))
+        txt = model.encode_text(tokens.to(device))
+    return [t.float().cpu() for t in (*img, *txt)]
+
+
+def section_forward(c: Check) -> dict:
+    model = make_probclip(c.sizes.model)
+    images, tokens = forward_inputs(model, c.sizes.fwd_batch)
+    with no_tf32():
+        ref = encode(model, images, tokens, "cpu")
+        model.to(c.device)
+        got = encode(model, images, tokens, c.device)
+    c.shared["forward_fp32"] = got
+    figs = []
+    for i, (part, tol) in enumerate((("image mu", 1e-4), ("image logvar", 1e-3), ("text mu", 1e-4),
+                                     ("text logvar", 1e-3))):
+        diff = float((got[i] - ref[i]).abs().max())
+        figs.append(figure(f"{c.sizes.model} {part}, {c.device} vs CPU (float32, TF32 off)", diff, "max |diff|",
+                           f"<= {tol:g}", diff <= tol))
+    return {"figures": figs, "inputs": f"{c.sizes.fwd_batch} random images + captions, create_model seed 0"}
+
+
+WORDS = (("red", "blue", "green", "yellow", "purple", "orange"), ("small", "large", "striped", "dotted"),
+         ("square", "circle", "triangle", "star", "ellipse", "rectangle"), ("left of", "above", "below", "next to"))
+
+
+def caption(i: int) -> str:
+    """A deterministic SynthWorld-like caption for index ``i``."""
+    c, s, shape, rel = (WORDS[k][(i // (1 + 7 * k)) % len(WORDS[k])] for k in range(4))
+    other = WORDS[2][(i * 5 + 3) % len(WORDS[2])]
+    return f"a {s} {c} {shape} {rel} a {other}"
+
+
+def world(c: Check, n: int, image_size: int) -> Path:
+    """A SynthWorld of ``n`` pretraining images (made once per size and reused)."""
+    from bench_train import ensure_world
+    key = f"sw_{n}_{image_size}"
+    if key not in c.shared:
+        c.shared[key] = ensure_world(c.tmp / key, n, image_size, shard_size=max(8, n // 8),
+                                     workers=max(1, min(8, (os.cpu_count() or 2) - 1)))
+    return c.shared[key]
+
+
+def three_steps(c: Check, device: str, precision: str, tag: str) -> dict:
+    """Three ``zsprob pretrain`` steps (PCME++, seed 0, TF32 off) in this process: logged losses, lrs
+    and the final weights."""
+    from safetensors.torch import load_file
+
+    from bench_train import run_zsprob_inprocess, zsprob_command
+    ns = SimpleNamespace(model=c.sizes.train_model, precision=precision, batch_size=c.sizes.train_batch, workers=0,
+                         threads=c.args.threads, device=device)
+    out = c.tmp / f"steps_{tag}"
+    argv = zsprob_command(world(c, c.sizes.train_batch * 4, 64), out, "pcmepp", ns, 3, ["--seed", "0"])
+    t = time.perf_counter()
+    run_zsprob_inprocess(argv, {"no_tf32": True})
+    wall = time.perf_counter() - t
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    weights = {}
+    for f in sorted((out / "model").glob("*.safetensors")):
+        weights.update({f"{f.name}:{k}": v for k, v in load_file(str(f)).items()})
+    return {"losses": [r["loss"] for r in recs], "lrs": [r["lr"] for r in recs], "weights": weights, "wall_s": wall}
+
+
+def weight_diff(a: dict, b: dict) -> tuple[float, float]:
+    """max |a - b| over every tensor, and ||a - b|| / ||b|| over all of them."""
+    worst, num, den = 0.0, 0.0, 0.0
+    for k, v in b.items():
+        d = (a[k].double() - v.double())
+        worst = max(worst, float(d.abs().max()) if d.numel() else 0.0)
+        num += float(d.square().sum())
+        den += float(v.double().square().sum())
+    return worst, math.sqrt(num) / max(math.sqrt(den), 1e-300)
+
+
+def section_train_steps(c: Check) -> dict:
+    cpu = three_steps(c, "cpu", "fp32", "cpu_fp32")
+    dev = cpu if c.device == "cpu" else three_steps(c, c.device, "fp32", f"{c.device}_fp32")
+    c.shared["steps_fp32"] = dev
+    figs = []
+    for i, (a, b) in enumerate(zip(dev["losses"], cpu["losses"])):
+        rel = abs(a - b) / abs(b)
+        figs.append(figure(f"step {i + 1} loss {a:.6f} ({c.device}) vs {b:.6f} (CPU)", rel, "relative difference",
+                           "<= 1e-3", rel <= 1e-3))
+    if len(dev["losses"]) != 3 or len(cpu["losses"]) != 3:
+        figs.append(figure("logged steps", len(dev["losses"]), "steps", "== 3", False))
+    worst, rel = weight_diff(dev["weights"], cpu["weights"])
+    bound = 3.0 * sum(cpu["lrs"])
+    figs.append(figure("final weights, max |diff|", worst, "absolute",
+                       f"<= 3 x sum of the 3 lrs = {bound:.2e} (an AdamW step moves a weight by about lr)",
+                       worst <= bound))
+    figs.append(figure("final weights, ||diff|| / ||w||", rel, "relative L2"))
+    figs.append(figure("CPU run wall (3 steps + model build + save)", round(cpu["wall_s"], 1), "s"))
+    note = "the device is the CPU: one run, compared with itself" if c.device == "cpu" else ""
+    return {"figures": figs, "model": c.sizes.train_model, "batch": c.sizes.train_batch, "note": note}
+
+
+def section_bf16(c: Check) -> dict:
+    import torch
+    fp32 = c.shared.get("steps_fp32") or three_steps(c, c.device, "fp32", f"{c.device}_fp32")
+    bf16 = three_steps(c, c.device, "bf16", f"{c.device}_bf16")
+    figs = []
+    for i, (a, b) in enumerate(zip(bf16["losses"], fp32["losses"])):
+        rel = abs(a - b) / abs(b)
+        figs.append(figure(f"step {i + 1} loss {a:.5f} (bf16) vs {b:.5f} (fp32)", rel, "relative difference",
+                           "<= 5e-2", rel <= 5e-2))
+    model = make_probclip(c.sizes.model, c.device)
+    images, tokens = forward_inputs(model, c.sizes.fwd_batch)
+    with no_tf32():
+        ref = c.shared.get("forward_fp32") or encode(model, images, tokens, c.device)
+    got = encode(model, images, tokens, c.device, bf16=True)
+    for i, part in ((0, "image mu"), (2, "text mu")):
+        cos = float(torch.nn.functional.cosine_similarity(got[i], ref[i], dim=-1).min())
+        figs.append(figure(f"{c.sizes.model} {part}, bf16 autocast vs fp32: min cosine", cos, "cosine",
+                           ">= 0.99", cos >= 0.99))
+    for i, part in ((1, "image logvar"), (3, "text logvar")):
+        diff = float((got[i] - ref[i]).abs().max())
+        figs.append(figure(f"{c.sizes.model} {part}, bf16 vs fp32", diff, "max |diff|", "<= 0.25", diff <= 0.25))
+    return {"figures": figs, "device": c.device}
+
+
+# ----------------------------------------------------------------------------- 3. throughput
+
+def throughput_args(c: Check) -> SimpleNamespace:
+    s = c.sizes
+    return SimpleNamespace(device=c.device, model=s.train_model, precision=s.tp_precision, steps=s.tp_steps,
+                           skip=s.tp_skip, batch_size=s.tp_batch, threads=c.args.threads, workers=s.tp_workers, probe=True,
+                           wds0286=c.args.wds0286, oc_min_one_worker=False, timeout=c.sub_timeout(),
+                           inprocess=True)
+
+
+def throughput_runs(c: Check, world: Path, ns) -> dict:
+    from bench_train import open_clip_ready, run_open_clip, run_zsprob
+    runs = {"zsprob infonce": lambda: run_zsprob(world, c.tmp / "tp_zi", "infonce", ns,
+                                                 ["--set", "model.pooling=native"]),
+            "zsprob pcmepp": lambda: run_zsprob(world, c.tmp / "tp_zp", "pcmepp", ns,
+                                                ["--set", "model.pooling=native"])}
+    results, skipped = {}, []
+    why = open_clip_ready(ns.wds0286)
+    if why is None:
+        runs["open_clip_train infonce"] = lambda: run_open_clip(world, c.tmp / "tp_oc", ns)
+    else:
+        skipped.append({"what": "open_clip_train", "reason": why})
+    for name, fn in runs.items():
+        ns.timeout = c.sub_timeout()
+        try:
+            results[name] = fn()
+        except Exception as e:  # one failing run is recorded; the others still run
+            results[name] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+    return {"runs": results, "skipped": skipped}
+
+
+def run_figures(name: str, res: dict, ns, peak: float | None) -> list[dict]:
+    if "error" in res:
+        return [figure(f"{name}: failed", None, "", note=res["error"][-300:])]
+    figs = [figure(f"{name}: median samples/s", round(res["median_sps"], 1), "samples/s",
+                   note=f"{res['steps_measured']} steps after {ns.skip} warm-up")]
+    if "peak_mem_bytes" in res:
+        figs.append(figure(f"{name}: peak memory", round(res["peak_mem_bytes"] / 2**20), "MiB (max_memory_allocated)"))
+    if "opt_step_ms" in res:
+        figs.append(figure(f"{name}: optimizer step", round(res["opt_step_ms"], 2), "ms"))
+    for suffix, what, unit in (("", "HostSyncCounter", "calls"), ("_data", "HostSyncCounter, in next_batch", "calls"),
+                               ("_debug", "sync debug mode", "warnings"),
+                               ("_debug_data", "sync debug mode, in next_batch", "warnings")):
+        if f"host_syncs{suffix}_per_step" in res:
+            figs.append(figure(f"{name}: host syncs per steady step ({what})", res[f"host_syncs{suffix}_per_step"],
+                               unit, note=f"where: {res.get(f'host_sync{suffix}_where', {})}"[:600]))
+    if "flops_per_step" in res:
+        figs.append(figure(f"{name}: model FLOPs per step", round(res["flops_per_step"] / 1e9, 1), "GFLOP",
+                           note="FlopCounterMode, forward + backward of one step"))
+    return figs
+
+
+def mfu_figures(runs: dict, peak: float | None, device: str, batch: int) -> tuple[list, list]:
+    if peak is None:
+        why = "needs CUDA and a known GPU" if device == "cpu" else "no dense bf16 peak known for this GPU"
+        return [], [{"what": "MFU", "reason": why}]
+    figs = []
+    flops = runs.get("zsprob infonce", {}).get("flops_per_step")
+    for name, res in runs.items():
+        f = res.get("flops_per_step") or flops  # open_clip: the same towers as zsprob infonce (native pooling)
+        if "median_sps" in res and f:
+            mfu = f * res["median_sps"] / batch / peak
+            figs.append(figure(f"{name}: MFU", round(100 * mfu, 2), "% of dense bf16 peak",
+                               note=f"peak {peak / 1e12:.0f} TFLOP/s"))
+    return figs, []
+
+
+def section_throughput(c: Check) -> dict:
+    s = c.sizes
+    ns = throughput_args(c)
+    got = throughput_runs(c, world(c, s.tp_num_pretrain, s.tp_image_size), ns)
+    runs, skipped = got["runs"], got["skipped"]
+    peak = bf16_peak(device_name(c.device)) if c.device == "cuda" else None
+    figs = [f for name, res in runs.items() for f in run_figures(name, res, ns, peak)]
+    oc = runs.get("open_clip_train infonce", {}).get("median_sps")
+    for name in ("zsprob infonce", "zsprob pcmepp"):
+        if oc and "median_sps" in runs[name]:
+            figs.append(figure(f"{name} / open_clip_train", round(runs[name]["median_sps"] / oc, 3), "x (samples/s)"))
+        if oc and runs[name].get("peak_mem_bytes") and runs["open_clip_train infonce"].get("peak_mem_bytes"):
+            ratio = runs[name]["peak_mem_bytes"] / runs["open_clip_train infonce"]["peak_mem_bytes"]
+            figs.append(figure(f"{name} / open_clip_train peak memory", round(ratio, 3), "x (bytes)"))
+    mfu, why = mfu_figures(runs, peak, c.device, s.tp_batch)
+    figs += mfu
+    skipped += why
+    if c.device == "cpu":
+        skipped.append({"what": "host syncs with torch.cuda.set_sync_debug_mode", "reason": "needs CUDA; counted "
+                        "with zsprob.utils.host_sync.HostSyncCounter instead"})
+    failed = [n for n, r in runs.items() if "error" in r]
+    out = {"figures": figs, "skipped": skipped, "setup": {k: v for k, v in vars(ns).items() if k != "timeout"},
+           "runs": runs}
+    if failed:
+        raise RuntimeError(f"runs failed: {', '.join(failed)}: " + "; ".join(runs[n]["error"][-400:] for n in failed))
+    return out
+
+
+# ----------------------------------------------------------------------------- 4. evaluation
+
+def eval_images(n: int, size: int, device: str, chunk: int = 250):
+    """Random images, generated chunk by chunk on ``device`` (seeded): the same on every call."""
+    import torch
+    for i, a in enumerate(range(0, n, chunk)):
+        g = torch.Generator(device=device).manual_seed(1000 + i)
+        yield torch.randn(min(chunk, n - a), 3, size, size, generator=g, device=device)
+
+
+def encode_all(model, n_images: int, tokens, device: str, bf16: bool, batch: int = 250):
+    """(img_mu, img_lv, cap_mu, cap_lv) on ``device`` and the seconds it took."""
+    import torch
+    sync(device)
+    t = time.perf_counter()
+    parts: list[list] = [[], [], [], []]
+    with torch.no_grad(), torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+        for images in eval_images(n_images, model.image_size or 224, device):
+            mu, lv = model.encode_image(images)
+            parts[0].append(mu.float())
+            parts[1].append(lv.float())
+        for a in range(0, len(tokens), batch * 4):
+            mu, lv = model.encode_text(tokens[a:a + batch * 4].to(device))
+            parts[2].append(mu.float())
+            parts[3].append(lv.float())
+    out = [torch.cat(p) for p in parts]
+    sync(device)
+    return out, time.perf_counter() - t
+
+
+def rank_both(emb: list, k: int, device: str, dtype):
+    """CSD top-k of both directions on ``device`` from ``emb`` (cast to ``dtype``): indices and seconds."""
+    from zsprob.retrieval.scoring import chunked_topk
+    img_mu, img_lv, cap_mu, cap_lv = (e.to(device=device, dtype=dtype) for e in emb)
+    sync(device)
+    t = time.perf_counter()
+    i2t = chunked_topk("csd", img_mu, img_lv, cap_mu, cap_lv, k)[1]
+    t2i = chunked_topk("csd", cap_mu, cap_lv, img_mu, img_lv, k)[1]
+    return (i2t, t2i), time.perf_counter() - t
+
+
+def recalls(ranked, positives, ks=(1, 5, 10)) -> dict:
+    from zsprob.retrieval.metrics import metrics_from_ranking
+    res = metrics_from_ranking(ranked, positives, ks=ks, r_metrics=False)
+    return {key: float(v.mean()) * 100 for key, v in res.values.items()}
+
+
+def eval_embed(c: Check, n_img: int, figs: list) -> tuple[list, list, object]:
+    import torch
+    model = make_probclip(c.sizes.model, c.device)
+    tokens = model.tokenizer([caption(i) for i in range(5 * n_img)])
+    with no_tf32():
+        emb, secs = encode_all(model, n_img, tokens, c.device, bf16=False)
+    figs.append(figure(f"encode {n_img} images + {5 * n_img} captions, {c.device} float32 (TF32 off)",
+                       round(secs, 2), "s"))
+    if c.device == "cuda":
+        emb_bf16, secs = encode_all(model, n_img, tokens, c.device, bf16=True)
+        cos = float(torch.nn.functional.cosine_similarity(emb_bf16[0], emb[0], dim=-1).min())
+        figs.append(figure(f"encode, {c.device} bf16 autocast", round(secs, 2), "s", note=f"min image-mu cosine vs "
+                           f"float32 {cos:.5f}"))
+    return emb, tokens, model
+
+
+def eval_cpu_subsample(c: Check, model, tokens, emb: list, figs: list) -> None:
+    """The first images / captions encoded on the CPU too: time and agreement with the device."""
+    m = c.sizes.eval_cpu_images
+    model.cpu()
+    # the first chunk again, whole: a generator's first m draws need not be those of a longer draw
+    images = next(eval_images(c.sizes.eval_images, model.image_size or 224, c.device))[:m].cpu()
+    t = time.perf_counter()
+    with no_tf32():
+        got = encode(model, images, tokens[:5 * m], "cpu")
+    secs = time.perf_counter() - t
+    figs.append(figure(f"encode {m} images + {5 * m} captions on the CPU (subsample)", round(secs, 2), "s",
+                       note=f"{(m * 6) / secs:.1f} items/s"))
+    ref = [emb[0][:m], emb[1][:m], emb[2][:5 * m], emb[3][:5 * m]]
+    diff = max(float((g - r.cpu()).abs().max()) for g, r in zip(got, ref))
+    figs.append(figure(f"CPU vs {c.device} embeddings of the subsample (mu, logvar)", diff, "max |diff|", "<= 1e-3",
+                       diff <= 1e-3))
+
+
+def eval_rank(c: Check, emb: list, n_img: int, figs: list) -> dict:
+    import numpy as np
+    import torch
+
+    from zsprob.retrieval.metrics import positives_from_assignment
+    cap_img = np.repeat(np.arange(n_img), 5)
+    i2t_pos = positives_from_assignment(cap_img, n_img)
+    t2i_pos = i2t_pos.T.tocsr()
+    emb_cpu = [e.cpu() for e in emb]
+    metrics = {}
+    for dtype in (torch.float32, torch.float64):
+        tag = str(dtype).split(".")[-1]
+        (d_i2t, d_t2i), d_s = rank_both(emb, c.sizes.eval_k, c.device, dtype)
+        (c_i2t, c_t2i), c_s = rank_both(emb_cpu, c.sizes.eval_k, "cpu", dtype)
+        figs.append(figure(f"CSD top-{c.sizes.eval_k} both directions, {tag}, {c.device}", round(d_s, 3), "s"))
+        figs.append(figure(f"CSD top-{c.sizes.eval_k} both directions, {tag}, CPU", round(c_s, 3), "s"))
+        same = float(torch.cat([(d_i2t == c_i2t).all(1), (d_t2i == c_t2i).all(1)]).float().mean())
+        tol = 0.999 if dtype == torch.float64 else 0.99
+        figs.append(figure(f"{tag} ranked lists identical, {c.device} vs CPU", same, "fraction of queries",
+                           f">= {tol}", same >= tol))
+        dev_m = {**{f"i2t {k}": v for k, v in recalls(d_i2t, i2t_pos).items()},
+                 **{f"t2i {k}": v for k, v in recalls(d_t2i, t2i_pos).items()}}
+        cpu_m = {**{f"i2t {k}": v for k, v in recalls(c_i2t, i2t_pos).items()},
+                 **{f"t2i {k}": v for k, v in recalls(c_t2i, t2i_pos).items()}}
+        diff = max(abs(dev_m[k] - cpu_m[k]) for k in dev_m)
+        mtol = 0.0 if dtype == torch.float64 else 0.1
+        figs.append(figure(f"{tag} R@1/5/10 both directions, {c.device} vs CPU", diff, "max |diff|, percentage points",
+                           f"<= {mtol:g}", diff <= mtol))
+        metrics[tag] = dev_m
+    return metrics
+
+
+def eval_screened(emb: list, n_img: int, ref: dict, figs: list) -> None:
+    import numpy as np
+
+    from zsprob.retrieval import Embeddings, evaluate_embeddings
+    from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
+    from zsprob.retrieval.metrics import positives_from_assignment
+    import scipy.sparse as sp
+    cap_img = np.repeat(np.arange(n_img), 5)
+    pos = positives_from_assignment(cap_img, n_img)
+    task = RetrievalTask("coco5k-sized", np.arange(n_img), np.arange(5 * n_img), cap_img,
+                         sets=[BenchmarkSet("caption", pos, sp.csr_matrix(pos.T))])
+    e = [t.cpu() for t in emb]
+    data = Embeddings(image_ids=task.image_ids, caption_ids=task.caption_ids, image_mu=e[0], caption_mu=e[2],
+                      image_logvar=e[1], caption_logvar=e[3], caption_image=cap_img)
+    t = time.perf_counter()
+    res = evaluate_embeddings(data, task, score="csd", method="screen")
+    figs.append(figure("zsprob screened evaluation (CSD, every metric), CPU", round(time.perf_counter() - t, 3), "s",
+                       note=res.metrics.get("setup", {}).get("method", "")))
+    got = flat_recalls(res.metrics)
+    common = [k for k in ref if k in got]
+    diffs = {k: round(got[k] - ref[k], 6) for k in common}
+    # one query moved across a cut-off by a float64 near-tie changes a recall by 100 / queries points
+    one = {k: 100.0 / (n_img if k.startswith("i2t") else 5 * n_img) for k in common}
+    ok = bool(common) and all(abs(diffs[k]) <= one[k] + 1e-9 for k in common)
+    figs.append(figure(f"screened R@K vs float64 top-k on the device ({len(common)} values)",
+                       max((abs(v) for v in diffs.values()), default=float("nan")), "max |diff|, percentage points",
+                       "<= one query per value (float64 near-ties)", ok, note=f"differences: {diffs}"))
+
+
+def flat_recalls(metrics: dict) -> dict:
+    """{"i2t r@1": value, ...} from an EvalResult's nested metrics (first recall set)."""
+    out = {}
+
+    def walk(d, path):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, path + [str(k)])
+            elif isinstance(v, (int, float)) and str(k).lower() in ("r@1", "r@5", "r@10"):
+                direction = next((p for p in path if p in ("i2t", "t2i")), None)
+                if direction and f"{direction} {k.lower()}" not in out:
+                    out[f"{direction} {k.lower()}"] = float(v)
+    walk(metrics, [])
+    return out
+
+
+def section_evaluation(c: Check) -> dict:
+    figs: list = []
+    n_img = c.sizes.eval_images
+    emb, tokens, model = eval_embed(c, n_img, figs)
+    metrics = eval_rank(c, emb, n_img, figs)
+    eval_screened(emb, n_img, {k.replace("R@", "r@"): v for k, v in metrics["float64"].items()}, figs)
+    eval_cpu_subsample(c, model, tokens, emb, figs)
+    return {"figures": figs, "metrics_float64_device": metrics["float64"],
+            "setup": f"{n_img} random {model.image_size} px images, {5 * n_img} captions, {c.sizes.model} "
+                     "random init (seed 0): chance-level metrics; what is compared is identity across devices"}
+
+
+SECTIONS = [("versions", section_versions), ("losses", section_losses), ("forward", section_forward),
+            ("train_steps", section_train_steps), ("bf16", section_bf16), ("throughput", section_throughput),
+            ("evaluation", section_evaluation)]
+
+
+# ----------------------------------------------------------------------------- report
+
+def write_report(c: Check, out: Path) -> None:
+    info = c.sections.get("versions", {}).get("info", {})
+    doc = {"device": c.device, "device_name": info.get("device") or device_name(c.device), "quick": c.args.quick,
+           "budget_s": c.args.budget_s, "total_s": round(c.elapsed(), 1), "cpu_s": round(cpu_seconds(), 1),
+           "sizes": asdict(c.sizes),
+           "sections": c.sections}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str))
+    (out / "gpu_check.md").write_text(markdown(doc))
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if (v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e5)) else f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def cell(v) -> str:
+    """Text for one Markdown table cell: pipes escaped, one line."""
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"# zsprob GPU check: {doc['device_name']}", "",
+             f"Device: `{doc['device']}` ({doc['device_name']}); quick: {doc['quick']}; "
+             f"total {doc['total_s']} s wall ({doc['cpu_s']} CPU s) of a {doc['budget_s']} s budget.", ""]
+    info = doc["sections"].get("versions", {}).get("info", {})
+    if info:
+        lines += ["| version | value |", "| --- | --- |"] + [f"| {k} | {cell(v)} |" for k, v in info.items()] + [""]
+    lines += ["Per section: wall seconds (s) and CPU seconds of this process and its children (cpu s).", "",
+              "| section | status | s | cpu s | figure | value | unit | tolerance | pass |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, rec in doc["sections"].items():
+        head = f"| {name} | {rec['status']} | {rec.get('seconds', 0)} | {rec.get('cpu_seconds', 0)} "
+        if rec["status"] != "ok":
+            lines.append(head + f"| {cell(rec.get('reason') or rec.get('error', ''))} | | | | |")
+            head = "| | | | "
+        for f in rec.get("figures", []):
+            ok = "" if f["pass"] is None else ("yes" if f["pass"] else "**NO**")
+            note = f" ({f['note']})" if f.get("note") else ""
+            lines.append(head + f"| {cell(f['name'] + note)} | {cell(fmt(f['value']))} | {cell(f['unit'])} "
+                         f"| {cell(f['tolerance'] or '')} | {ok} |")
+            head = "| | | | "
+        for s in rec.get("skipped", []):
+            lines.append(head + f"| {cell(s['what'])}: skipped | | | {cell(s['reason'])} | |")
+            head = "| | | | "
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--quick", action="store_true", help="small sizes (on the CPU: tiny towers, well under a minute)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_check_out"))
+    ap.add_argument("--budget-s", type=float, default=420.0, help="no section starts when it would overrun this")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: torch's, 1 with --device cpu --quick)")
+    ap.add_argument("--wds0286", default="/tmp/wds0286", help="directory with webdataset 0.2.86 for open_clip_train")
+    ap.add_argument("--only", default=None, help="comma-separated section names (default: all)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check.py: error: --device cuda but torch sees no CUDA device (use --device cpu)", file=sys.stderr)
+        return 2
+    # the CPU quick run's tensors are tiny: one thread wastes nothing and does not spin on a shared machine
+    args.threads = args.threads or (1 if args.device == "cpu" and args.quick else torch.get_num_threads())
+    torch.set_num_threads(args.threads)
+    sizes = (CPU_QUICK if args.device == "cpu" else QUICK) if args.quick else FULL
+    only = set(args.only.split(",")) if args.only else None
+    tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    check = Check(args, sizes, args.device, tmp)
+    try:
+        for name, fn in SECTIONS:
+            if only is None or name in only:
+                check.run(name, fn)
+                write_report(check, args.out)  # a report even if the machine is taken away later
+    finally:
+        write_report(check, args.out)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"wrote {args.out / 'gpu_check.json'} and {args.out / 'gpu_check.md'} in {check.elapsed():.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
