@@ -109,13 +109,13 @@ def run_zsprob_inprocess(argv: list[str], opts: dict) -> dict:
 
 
 def install_probe(record: dict, first: int):
-    """Wrap ``zsprob.train.loop.one_step`` (looked up by ``train`` at call time): steps ``first`` and
-    ``first + 1`` count host syncs, the next two time the optimizer step, the last counts FLOPs.
-    Returns the function that puts the original back."""
-    import zsprob.train.loop as loop
+    """Wrap ``zsprob.train.build.one_step`` (the pairwise step ``build_run`` gives a run when it is
+    built): steps ``first`` and ``first + 1`` count host syncs, the next two time the optimizer step,
+    the last counts FLOPs. Returns the function that puts the original back."""
+    import zsprob.train.build as loop
     inner = getattr(loop, "one_step", None)
     if inner is None:
-        record["error"] = "zsprob.train.loop.one_step not found: no probe"
+        record["error"] = "zsprob.train.build.one_step not found: no probe"
         return lambda: None
 
     def probed(run, step):
@@ -143,7 +143,7 @@ def count_syncs(inner, run, step: int, record: dict):
 
     import torch
 
-    import zsprob.train.loop as loop
+    import zsprob.train.step as loop  # one_step looks next_batch up here at call time
     from zsprob.utils.host_sync import HostSyncCounter
     cuda = run.acc.device.type == "cuda"
     spans: list = []  # (counter.where before, after, len(caught) before, after) of each next_batch call
