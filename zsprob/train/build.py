@@ -96,7 +96,7 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
     # data.augment=False trains on the evaluation transform (resize + centre crop): open_clip's
     # RandomResizedCrop also jitters the aspect ratio (3/4..4/3), which blurs classes that differ
     # by aspect ratio only (SynthWorld's circle / ellipse, square / rectangle)
-    preprocess = model.preprocess_train if d.get("augment", True) else model.preprocess_val
+    preprocess = model.preprocess_train if d.augment else model.preprocess_val
     if B % world:
         raise UserError(f"data.batch_size {B} (the global batch) is not divisible by {world} processes")
     kind = d.kind
@@ -139,12 +139,23 @@ def make_accelerator(cfg: Config, out: Path):
             warnings.warn("tensorboard is not installed; metrics go to metrics.jsonl only")
     timeout = timedelta(seconds=float(tc.dist_timeout_s))
     resilience.init_restart_safe_process_group(cpu, timeout)  # before accelerate opens one: see its docstring
+    _forget_other_precision(mixed, cpu)
     acc = Accelerator(cpu=cpu, mixed_precision=mixed, log_with=log_with, project_dir=str(out),
                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(tc.find_unused_parameters)),
                                        InitProcessGroupKwargs(timeout=timeout)])
     if acc.device.type == "cuda":
         set_tf32(bool(tc.tf32))
     return acc, log_with
+
+
+def _forget_other_precision(mixed: str, cpu: bool) -> None:
+    """accelerate keeps one precision and device per process and refuses another; a second run in the
+    same process (the Python API, the demo's several models) may ask for another. Its process-wide
+    settings are then dropped (the process group, if any, is kept)."""
+    from accelerate.state import AcceleratorState
+    shared = AcceleratorState._shared_state
+    if shared and (str(shared.get("_mixed_precision", mixed)) != mixed or bool(shared.get("_cpu", cpu)) != cpu):
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def training_on_cpu(tc) -> bool:
@@ -175,7 +186,7 @@ def build_optimisation(cfg: Config, model, step_module: nn.Module, plan: Schedul
                             image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
                             grouping=str(oc.get("grouping") or "zsprob"))
     optimizer = optim.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
-                                   betas=oc.betas, eps=float(oc.eps), fused=oc.get("fused", False))
+                                   betas=oc.betas, eps=float(oc.eps), fused=oc.fused)
     schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(sch.name, total_steps=plan.total_steps,
                                                         warmup_steps=plan.warmup,
                                                         min_lr_ratio=float(sch.min_lr_ratio),
@@ -193,11 +204,11 @@ def batch_augmentations(cfg: Config, model) -> tuple[Any, float]:
     msda = cfg.msda
     label_smoothing = float(msda.get("label_smoothing") or 0.0)
     check_config(enabled=bool(msda.enabled), mode=str(msda.mode), ratio=float(msda.ratio), alpha=float(msda.alpha),
-                 switch_prob=float(msda.get("switch_prob", 0.5)), smoothing=float(msda.get("smoothing", 1e-4)),
+                 switch_prob=float(msda.switch_prob), smoothing=float(msda.smoothing),
                  label_smoothing=label_smoothing)
     text_aug = TextSizeAugment(float(cfg.data.get("text_size_augment") or 0.0),
-                               float(cfg.data.get("text_size_augment_masking", 0.5)),
-                               float(cfg.data.get("text_size_augment_erasing", 0.1)), model.tokenizer)
+                               float(cfg.data.text_size_augment_masking),
+                               float(cfg.data.text_size_augment_erasing), model.tokenizer)
     return text_aug, label_smoothing
 
 
@@ -207,7 +218,7 @@ def build_swa(cfg: Config, model: nn.Module, plan: SchedulePlan, loss: nn.Module
         return None
     last = plan.steps_of(cfg.swa.get("last_steps"), cfg.swa.get("last_epochs"), "swa.last_epochs")
     every = cfg.swa.get("every_steps") or plan.steps_per_epoch or max(1, last // 10)
-    loss = loss if cfg.swa.get("average_loss", True) else None
+    loss = loss if cfg.swa.average_loss else None
     return optim.SWA(model, start=max(0, plan.total_steps - last), every=int(every), loss=loss)
 
 

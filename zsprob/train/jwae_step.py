@@ -97,7 +97,7 @@ def _check_data(cfg) -> None:
         raise UserError("--method jwae has no caption noise, MSDA or text SizeAugment: turn them off")
     if not d.shards:
         raise UserError("--data synthetic needs --shards (the SynthWorld pretrain folder)")
-    f = d.get("paired_fraction", 1.0)
+    f = d.paired_fraction
     if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < float(f) <= 1.0:
         raise UserError(f"data.paired_fraction must be in (0, 1], got {f!r}")
 
@@ -110,17 +110,17 @@ def build_source(cfg, model):
     _check_data(cfg)
     d = cfg.data
     items = read_pretrain_items(d.shards)
-    paired, unpaired = paired_split(len(items), float(d.get("paired_fraction", 1.0)), int(cfg.seed))
+    paired, unpaired = paired_split(len(items), float(d.paired_fraction), int(cfg.seed))
     # the frozen-feature setting: the evaluation transform, as the features are fixed
     store = RawStore(items, model.preprocess_val, model.tokenizer)
-    if d.get("cache_features", True) and d.get("feature_cache"):
+    if d.cache_features and d.get("feature_cache"):
         store = FeatureStore.cached(d.feature_cache, _fingerprint(cfg, model, items), model, store)
-    elif d.get("cache_features", True):
+    elif d.cache_features:
         store = FeatureStore.build(model, store)
     B = int(d.batch_size)
     return SemiSupervisedSource(store, paired, unpaired, batch_size=B,
                                 unpaired_batch_size=int(d.get("unpaired_batch_size") or B),
-                                use_unpaired=bool(d.get("unpaired", True)), seed=int(cfg.seed))
+                                use_unpaired=bool(d.unpaired), seed=int(cfg.seed))
 
 
 def _fingerprint(cfg, model, items) -> dict:
@@ -145,7 +145,7 @@ def build_optimisation(cfg, step_module: JWAEStep, plan):
     groups = [{"params": step_module.model.trainable_parameters(), "lr": lr, "group_name": "autoencoders"},
               {"params": list(step_module.loss.parameters()), "lr": disc_lr, "group_name": "discriminator"}]
     optimizer = optim.create_optimizer(groups, name=oc.name, lr=lr, weight_decay=float(oc.weight_decay),
-                                       betas=oc.betas, eps=float(oc.eps), fused=oc.get("fused", False))
+                                       betas=oc.betas, eps=float(oc.eps), fused=oc.fused)
     sch = cfg.schedule
     schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(
         sch.name, total_steps=plan.total_steps, warmup_steps=plan.warmup, min_lr_ratio=float(sch.min_lr_ratio),
