@@ -14,6 +14,7 @@ from PIL import Image
 from zsprob.data import degrade
 from zsprob.errors import UserError
 from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS
+from zsprob.utils.host_sync import HostSyncCounter
 
 MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
@@ -213,3 +214,222 @@ def test_trainer_makes_degraded_copies_with_the_models_normalisation():
     assert not torch.equal(cells.masked_inputs(images, tokens, step=5)[0], masked_images)
     total, stats = step(images, tokens, step=5)
     assert torch.isfinite(total) and "img_inclusion" in stats
+
+
+# ----------------------------------------------------------------------------- any device, bit-identical to the CPU code
+
+class Reference:
+    """zsprob's previous degrade functions (CPU only), kept verbatim but for the docstrings; the
+    ``cells`` operation calls the current mask_image_cells, itself bit-identical to its previous
+    version (tests/test_data_masking.py)."""
+
+    @staticmethod
+    def uniform(generator, n, low, high):
+        return (low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)).tolist()
+
+    @staticmethod
+    def stats(mean, std, images):
+        shape = (1, images.shape[1], 1, 1)
+        return (torch.as_tensor(mean, dtype=images.dtype).reshape(shape),
+                torch.as_tensor(std, dtype=images.dtype).reshape(shape))
+
+    @classmethod
+    def to_pixels(cls, images, mean, std):
+        mean, std = cls.stats(mean, std, images)
+        return (images * std + mean).clamp(0.0, 1.0), mean, std
+
+    @staticmethod
+    def blur(images, sigmas):
+        from torchvision.transforms.functional import gaussian_blur
+        side = min(images.shape[-2:])
+        out = []
+        for image, sigma in zip(images, sigmas):
+            size = min(2 * math.ceil(3 * sigma) + 1, 2 * ((side - 1) // 2) + 1)
+            out.append(gaussian_blur(image, [size, size], [float(sigma), float(sigma)]))
+        return torch.stack(out)
+
+    @staticmethod
+    def downsample(images, factors, nearest):
+        F = torch.nn.functional
+        height, width = images.shape[-2:]
+        out = []
+        for image, factor, hard in zip(images, factors, nearest):
+            small = F.interpolate(image[None], size=(max(2, round(height / factor)), max(2, round(width / factor))),
+                                  mode="area")
+            up = (F.interpolate(small, size=(height, width), mode="nearest") if hard else
+                  F.interpolate(small, size=(height, width), mode="bilinear", align_corners=False))
+            out.append(up[0])
+        return torch.stack(out)
+
+    @classmethod
+    def dim(cls, images, factors, mean, std):
+        factor = torch.as_tensor(factors, dtype=images.dtype).reshape(-1, 1, 1, 1)
+        mean, std = cls.stats(mean, std, images)
+        return images * factor + (mean / std) * (factor - 1.0)
+
+    @classmethod
+    def jpeg(cls, images, qualities, mean, std):
+        from torchvision.io import decode_jpeg, encode_jpeg
+        pixels, mean, std = cls.to_pixels(images, mean, std)
+        as_bytes = (pixels * 255.0).round().to(torch.uint8)
+        decoded = [decode_jpeg(encode_jpeg(image, quality=int(q))) for image, q in zip(as_bytes, qualities)]
+        return (torch.stack(decoded).to(images.dtype) / 255.0 - mean) / std
+
+    @staticmethod
+    def luma(pixels):
+        return (pixels * torch.tensor(degrade.LUMA, dtype=pixels.dtype).reshape(1, 3, 1, 1)).sum(1, keepdim=True)
+
+    @classmethod
+    def grayscale(cls, images, mean, std):
+        if images.shape[1] != 3:
+            return images.clone()
+        pixels, mean, std = cls.to_pixels(images, mean, std)
+        return (cls.luma(pixels).expand_as(pixels) - mean) / std
+
+    @staticmethod
+    def crop(images, ratios, offsets):
+        height, width = images.shape[-2:]
+        out = []
+        for image, ratio, (dy, dx) in zip(images, ratios, offsets):
+            ch, cw = max(1, round(height * ratio)), max(1, round(width * ratio))
+            top, left = int(dy * (height - ch)), int(dx * (width - cw))
+            window = image[None, :, top:top + ch, left:left + cw]
+            out.append(torch.nn.functional.interpolate(window, size=(height, width), mode="bilinear",
+                                                       align_corners=False)[0])
+        return torch.stack(out)
+
+    @staticmethod
+    def shift(images, moves):
+        height, width = images.shape[-2:]
+        return torch.stack([image.roll((round(dy * height), round(dx * width)), dims=(-2, -1))
+                            for image, (dy, dx) in zip(images, moves)])
+
+    @classmethod
+    def sketch(cls, images, thresholds, mean, std):
+        F = torch.nn.functional
+        pixels, mean, std = cls.to_pixels(images, mean, std)
+        luma = cls.luma(pixels) if images.shape[1] == 3 else pixels.mean(1, keepdim=True)
+        kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=images.dtype) / 8.0
+        kernels = torch.stack([kx, kx.t()])[:, None]
+        grad = F.conv2d(F.pad(luma, (1, 1, 1, 1), mode="replicate"), kernels)
+        magnitude = grad.square().sum(1, keepdim=True).sqrt()
+        t = torch.as_tensor(thresholds, dtype=images.dtype).reshape(-1, 1, 1, 1)
+        drawn = 1.0 - (magnitude / t).clamp(max=1.0)
+        return (drawn.expand_as(pixels) - mean) / std
+
+    @classmethod
+    def apply(cls, name, images, generator, mean, std, drop_prob, cell):
+        n, side = images.shape[0], min(images.shape[-2:])
+        if name == "cells":
+            return degrade.mask_image_cells(images, drop_prob, cell, generator)
+        if name == "blur":
+            return cls.blur(images, [s * side for s in cls.uniform(generator, n, *degrade.BLUR_RANGE)])
+        if name == "downsample":
+            factors = cls.uniform(generator, n, *degrade.DOWNSAMPLE_RANGE)
+            return cls.downsample(images, factors, (torch.rand(n, generator=generator) < 0.5).tolist())
+        if name == "dim":
+            return cls.dim(images, cls.uniform(generator, n, *degrade.DIM_RANGE), mean, std)
+        if name == "jpeg":
+            quality = degrade.JPEG_QUALITY
+            return cls.jpeg(images, torch.randint(quality[0], quality[1] + 1, (n,), generator=generator).tolist(),
+                            mean, std)
+        if name == "grayscale":
+            return cls.grayscale(images, mean, std)
+        if name == "shift":
+            lengths = cls.uniform(generator, n, *degrade.SHIFT_RANGE)
+            angles = cls.uniform(generator, n, 0.0, 2.0 * math.pi)
+            return cls.shift(images, [(r * math.sin(a), r * math.cos(a)) for r, a in zip(lengths, angles)])
+        if name == "sketch":
+            return cls.sketch(images, cls.uniform(generator, n, *degrade.SKETCH_RANGE), mean, std)
+        ratios = cls.uniform(generator, n, *degrade.CROP_RANGE)
+        offsets = torch.rand(n, 2, generator=generator, dtype=torch.float64).tolist()
+        return cls.crop(images, ratios, offsets)
+
+    @classmethod
+    def degrade_images(cls, images, generator, *, mean, std, ops=DEFAULT_DEGRADE_OPS, drop_prob=0.25, cell=16):
+        ops = tuple(ops)
+        choice = torch.randint(len(ops), (images.shape[0],), generator=generator)
+        out = images.clone()
+        for index, name in enumerate(ops):
+            rows = (choice == index).nonzero().flatten()
+            if len(rows):
+                out[rows] = cls.apply(name, images[rows], generator, mean, std, drop_prob, cell)
+        return out, choice
+
+
+def _both(images, seed, **options):
+    """(new result, reference result), each from a fresh generator with ``seed``, and whether both
+    generators end in the same state."""
+    g_new, g_ref = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    new = degrade.degrade_images(images, g_new, mean=MEAN, std=STD, **options)
+    ref = Reference.degrade_images(images, g_ref, mean=MEAN, std=STD, **options)
+    return new, ref, torch.equal(g_new.get_state(), g_ref.get_state())
+
+
+@pytest.mark.parametrize("op", DEGRADE_OPS)
+def test_each_op_is_bit_identical_to_the_cpu_reference(op):
+    images = _scenes(6, 32, seed=2)
+    for seed in range(3):
+        (out, choice), (ref, ref_choice), same_state = _both(images, seed, ops=(op,), drop_prob=0.4, cell=8)
+        assert torch.equal(out, ref) and torch.equal(choice, ref_choice) and same_state, (op, seed)
+        assert not torch.equal(out, images)
+
+
+@pytest.mark.parametrize("ops", [DEGRADE_OPS, DEFAULT_DEGRADE_OPS, ("blur", "crop"), tuple(reversed(DEGRADE_OPS))])
+def test_mixed_ops_are_bit_identical_to_the_cpu_reference(ops):
+    images = _scenes(24, 32, seed=3)
+    for seed in range(4):
+        (out, choice), (ref, ref_choice), same_state = _both(images, seed, ops=ops, drop_prob=0.25, cell=8)
+        assert torch.equal(out, ref) and torch.equal(choice, ref_choice) and same_state, (ops, seed)
+    one, ref_one, _ = _both(images[:1], 9, ops=ops)      # batch 1, default cell size
+    assert torch.equal(one[0], ref_one[0])
+    rect = torch.randn(5, 3, 24, 40, generator=torch.Generator().manual_seed(1))    # not square
+    other, ref_other, _ = _both(rect, 2, ops=ops, cell=8)
+    assert torch.equal(other[0], ref_other[0])
+
+
+def test_the_individual_ops_keep_their_signatures_and_results():
+    images = _scenes(3, 32, seed=4)
+    assert torch.equal(degrade.blur(images, [0.9, 1.6, 2.2]), Reference.blur(images, [0.9, 1.6, 2.2]))
+    assert torch.equal(degrade.downsample(images, [3.0, 4.5, 7.0], [True, False, True]),
+                       Reference.downsample(images, [3.0, 4.5, 7.0], [True, False, True]))
+    assert torch.equal(degrade.dim(images, [0.2, 0.3, 0.4], MEAN, STD),
+                       Reference.dim(images, [0.2, 0.3, 0.4], MEAN, STD))
+    assert torch.equal(degrade.jpeg(images, [5, 12, 20], MEAN, STD), Reference.jpeg(images, [5, 12, 20], MEAN, STD))
+    assert torch.equal(degrade.grayscale(images, MEAN, STD), Reference.grayscale(images, MEAN, STD))
+    offsets = [(0.0, 1.0), (0.3, 0.7), (1.0, 0.0)]
+    assert torch.equal(degrade.crop(images, [0.5, 0.6, 0.8], offsets), Reference.crop(images, [0.5, 0.6, 0.8], offsets))
+    moves = [(0.25, 0.0), (-0.3, 0.2), (0.1, -0.45)]
+    assert torch.equal(degrade.shift(images, moves), Reference.shift(images, moves))
+    assert torch.equal(degrade.sketch(images, [0.15, 0.25, 0.35], MEAN, STD),
+                       Reference.sketch(images, [0.15, 0.25, 0.35], MEAN, STD))
+
+
+def test_no_host_sync_but_the_jpeg_rows_one_copy():
+    images = _scenes(32, 32, seed=5)
+    without_jpeg = tuple(op for op in DEGRADE_OPS if op != "jpeg")
+    with HostSyncCounter() as counter:
+        _, choice = degrade.degrade_images(images, torch.Generator().manual_seed(0), mean=MEAN, std=STD,
+                                           ops=without_jpeg, cell=8)
+    assert counter.total == 0, counter.where
+    assert len(set(choice.tolist())) == len(without_jpeg)                # every op ran
+    # jpeg is the documented exception: one .cpu() of the rows that drew it, nothing else; with
+    # seed 0 no row of the 32 draws it (so nothing pays), with seed 5 exactly one does
+    jpeg = DEGRADE_OPS.index("jpeg")
+    for seed, jpeg_rows, syncs in [(0, 0, {}), (5, 1, {"cpu": 1})]:
+        with HostSyncCounter() as counter:
+            _, choice = degrade.degrade_images(images, torch.Generator().manual_seed(seed), mean=MEAN, std=STD,
+                                               ops=DEGRADE_OPS, cell=8)
+        assert int((choice == jpeg).sum()) == jpeg_rows
+        assert dict(counter.by_name) == syncs and all("degrade.py" in at for at in counter.where), counter.where
+
+
+def test_images_without_values_are_degraded_on_their_device():
+    """On the meta device (shapes, no values) every op but jpeg runs: nothing reads a pixel on
+    the host; the choices come back on the images' device."""
+    images = torch.empty(16, 3, 32, 32, device="meta")
+    ops = tuple(op for op in DEGRADE_OPS if op != "jpeg")
+    out, choice = degrade.degrade_images(images, torch.Generator().manual_seed(0), mean=MEAN, std=STD, ops=ops, cell=8)
+    assert out.device.type == "meta" and out.shape == images.shape and choice.device.type == "meta"
+    with pytest.raises(ValueError, match="CPU generator's draws"):     # only CPU draws are read on the host
+        degrade._host(torch.zeros(2, device="meta"))

@@ -34,11 +34,21 @@ The images are the model's *normalised* tensors [B, C, H, W] (``(pixel - mean) /
 linear operations whose weights sum to one (blur, resampling) commute with that normalisation and
 run on the tensors as they are (``shift`` too: it only moves them), ``dim``, ``jpeg``, ``grayscale``
 and ``sketch`` go through pixel values with the model's ``mean`` / ``std``. All randomness comes
-from one ``torch.Generator``: the same generator state gives the same views.
+from one CPU ``torch.Generator``: the same generator state gives the same views.
 
-torchvision does the blur (``gaussian_blur``), the JPEG codec (``torchvision.io.encode_jpeg`` /
-``decode_jpeg``) and the resampling goes through ``torch.nn.functional.interpolate``; zsprob
-writes the choice of operations, their strengths and the normalisation bookkeeping.
+The images may live on any device; the copy is made there, without waiting on it. Every random
+number is drawn on the CPU generator (the same draws, in the same order, on every device); the
+draws are host data, so the per-image choices (which rows take which operation, the strengths, the
+kernel sizes and windows) are read on the host without a device sync, the rows of each operation
+are gathered and written back with index tensors copied to the device without blocking, and the
+small per-image tensors (factors, thresholds, normalisation) follow the same way. The one
+exception is ``jpeg``: the codec runs on the host, so the rows that drew it (and only those) are
+copied to the host (one ``.cpu()``, a sync on a GPU) and back.
+
+torchvision does the blur (``gaussian_blur``, which builds its kernel on the images' device), the
+JPEG codec (``torchvision.io.encode_jpeg`` / ``decode_jpeg``) and the resampling goes through
+``torch.nn.functional.interpolate``; zsprob writes the choice of operations, their strengths, the
+normalisation bookkeeping and the row gathering.
 """
 from __future__ import annotations
 
@@ -63,14 +73,28 @@ SKETCH_RANGE = (0.15, 0.35)      # gradient magnitude (pixel units) drawn fully 
 LUMA = (0.299, 0.587, 0.114)
 
 
+def _host(draws: torch.Tensor) -> list:
+    """Python values of a draw made on the CPU generator. They are host data: reading them never
+    waits on a device, so it happens outside ``HostSyncCounter``'s view (which counts reads of any
+    tensor, to stand in for device tensors on a CPU); a tensor on another device is refused."""
+    if draws.device.type != "cpu":
+        raise ValueError(f"only the CPU generator's draws are read on the host, got a tensor on {draws.device}")
+    with torch._C.DisableTorchFunction():
+        return draws.tolist()
+
+
 def _uniform(generator, n: int, low: float, high: float) -> list[float]:
-    return (low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)).tolist()
+    return _host(low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64))
+
+
+def _on(values, like: torch.Tensor) -> torch.Tensor:
+    """Host numbers as a tensor of ``like``'s dtype on ``like``'s device (copied without blocking)."""
+    return torch.as_tensor(values, dtype=like.dtype).to(like.device, non_blocking=True)
 
 
 def _stats(mean, std, images: torch.Tensor):
     shape = (1, images.shape[1], 1, 1)
-    return (torch.as_tensor(mean, dtype=images.dtype).reshape(shape),
-            torch.as_tensor(std, dtype=images.dtype).reshape(shape))
+    return _on(mean, images).reshape(shape), _on(std, images).reshape(shape)
 
 
 def _to_pixels(images, mean, std):
@@ -107,24 +131,28 @@ def downsample(images: torch.Tensor, factors: Sequence[float], nearest: Sequence
 
 def dim(images: torch.Tensor, factors: Sequence[float], mean, std) -> torch.Tensor:
     """Pixel values times each image's factor, on normalised tensors: ((x std + m) f - m) / std."""
-    factor = torch.as_tensor(factors, dtype=images.dtype).reshape(-1, 1, 1, 1)
+    factor = _on(factors, images).reshape(-1, 1, 1, 1)
     mean, std = _stats(mean, std, images)
     return images * factor + (mean / std) * (factor - 1.0)
 
 
 def jpeg(images: torch.Tensor, qualities: Sequence[int], mean, std) -> torch.Tensor:
-    """Each image JPEG-encoded at its quality and decoded (pixels clamped to [0, 1], 8 bits)."""
+    """Each image JPEG-encoded at its quality and decoded (pixels clamped to [0, 1], 8 bits).
+
+    The codec (torchvision's libjpeg) runs on the host: images on another device are copied to
+    the host as bytes (one ``.cpu()``: a sync on a GPU) and the decoded bytes copied back."""
     from torchvision.io import decode_jpeg, encode_jpeg
 
     pixels, mean, std = _to_pixels(images, mean, std)
-    as_bytes = (pixels * 255.0).round().to(torch.uint8)
+    as_bytes = (pixels * 255.0).round().to(torch.uint8).cpu()
     decoded = [decode_jpeg(encode_jpeg(image, quality=int(q))) for image, q in zip(as_bytes, qualities)]
-    return (torch.stack(decoded).to(images.dtype) / 255.0 - mean) / std
+    decoded = torch.stack(decoded).to(images.device, non_blocking=True)
+    return (decoded.to(images.dtype) / 255.0 - mean) / std
 
 
 def _luma(pixels: torch.Tensor) -> torch.Tensor:
     """ITU-R 601 luminance of RGB pixels [B, 3, H, W] -> [B, 1, H, W]."""
-    return (pixels * torch.tensor(LUMA, dtype=pixels.dtype).reshape(1, 3, 1, 1)).sum(1, keepdim=True)
+    return (pixels * _on(LUMA, pixels).reshape(1, 3, 1, 1)).sum(1, keepdim=True)
 
 
 def grayscale(images: torch.Tensor, mean, std) -> torch.Tensor:
@@ -165,11 +193,11 @@ def sketch(images: torch.Tensor, thresholds: Sequence[float], mean, std) -> torc
     in every channel."""
     pixels, mean, std = _to_pixels(images, mean, std)
     luma = _luma(pixels) if images.shape[1] == 3 else pixels.mean(1, keepdim=True)
-    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=images.dtype) / 8.0
+    kx = _on([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], images) / 8.0
     kernels = torch.stack([kx, kx.t()])[:, None]                       # [2, 1, 3, 3]: d/dx, d/dy
     grad = F.conv2d(F.pad(luma, (1, 1, 1, 1), mode="replicate"), kernels)
     magnitude = grad.square().sum(1, keepdim=True).sqrt()
-    t = torch.as_tensor(thresholds, dtype=images.dtype).reshape(-1, 1, 1, 1)
+    t = _on(thresholds, images).reshape(-1, 1, 1, 1)
     drawn = 1.0 - (magnitude / t).clamp(max=1.0)
     return (drawn.expand_as(pixels) - mean) / std
 
@@ -183,11 +211,11 @@ def _apply(name: str, images, generator, mean, std, drop_prob, cell):
         return blur(images, [s * side for s in _uniform(generator, n, *BLUR_RANGE)])
     if name == "downsample":
         factors = _uniform(generator, n, *DOWNSAMPLE_RANGE)
-        return downsample(images, factors, (torch.rand(n, generator=generator) < 0.5).tolist())
+        return downsample(images, factors, _host(torch.rand(n, generator=generator) < 0.5))
     if name == "dim":
         return dim(images, _uniform(generator, n, *DIM_RANGE), mean, std)
     if name == "jpeg":
-        return jpeg(images, torch.randint(JPEG_QUALITY[0], JPEG_QUALITY[1] + 1, (n,), generator=generator).tolist(),
+        return jpeg(images, _host(torch.randint(JPEG_QUALITY[0], JPEG_QUALITY[1] + 1, (n,), generator=generator)),
                     mean, std)
     if name == "grayscale":
         return grayscale(images, mean, std)
@@ -198,28 +226,36 @@ def _apply(name: str, images, generator, mean, std, drop_prob, cell):
     if name == "sketch":
         return sketch(images, _uniform(generator, n, *SKETCH_RANGE), mean, std)
     ratios = _uniform(generator, n, *CROP_RANGE)
-    offsets = torch.rand(n, 2, generator=generator, dtype=torch.float64).tolist()
+    offsets = _host(torch.rand(n, 2, generator=generator, dtype=torch.float64))
     return crop(images, ratios, offsets)
 
 
 def degrade_images(images: torch.Tensor, generator: torch.Generator, *, mean: Sequence[float], std: Sequence[float],
                    ops: Sequence[str] = DEFAULT_DEGRADE_OPS, drop_prob: float = 0.25,
                    cell: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each image of ``images`` [B, C, H, W] (normalised with ``mean`` / ``std``) through one
-    operation of ``ops`` drawn uniformly per image, at a random strength (module docstring).
+    """Each image of ``images`` [B, C, H, W] (normalised with ``mean`` / ``std``, on any device)
+    through one operation of ``ops`` drawn uniformly per image, at a random strength (module
+    docstring); ``generator`` is a CPU generator (None: torch's global one), whose draws decide
+    everything.
 
     ``drop_prob`` / ``cell``: the ``cells`` operation's share and cell size. Returns the degraded
-    copy and, per image, the index into ``ops`` of its operation.
+    copy and, per image, the index into ``ops`` of its operation (both on the images' device).
+    No host sync unless a row draws ``jpeg`` (module docstring).
     """
     ops = tuple(ops)
     if not ops or set(ops) - set(DEGRADE_OPS):
         raise ValueError(f"degrade ops must be a non-empty subset of {DEGRADE_OPS}, got {ops}")
     if images.dim() != 4:
         raise ValueError(f"images must be [B, C, H, W], got {tuple(images.shape)}")
+    if generator is not None and generator.device.type != "cpu":
+        raise ValueError(f"degrade_images draws on a CPU generator, got one on {generator.device}")
     choice = torch.randint(len(ops), (images.shape[0],), generator=generator)
+    chosen = _host(choice)
     out = images.clone()
     for index, name in enumerate(ops):
-        rows = (choice == index).nonzero().flatten()
-        if len(rows):
-            out[rows] = _apply(name, images[rows], generator, mean, std, drop_prob, cell)
-    return out, choice
+        rows = [row for row, drawn in enumerate(chosen) if drawn == index]
+        if rows:
+            where = torch.tensor(rows, dtype=torch.long).to(images.device, non_blocking=True)
+            degraded = _apply(name, images.index_select(0, where), generator, mean, std, drop_prob, cell)
+            out.index_copy_(0, where, degraded)
+    return out, choice.to(images.device, non_blocking=True)

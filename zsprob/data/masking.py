@@ -28,7 +28,12 @@ Pure tensor functions with an explicit ``torch.Generator`` (same generator state
   ViT whose patches align with the grid this hides the same information as dropping those
   patches, but the blanked patches still pass through the tower as tokens.
 
-Written on plain torch (rand, randperm); open_clip provides the tokenizers it reads.
+Every function takes tensors on any device and returns its copy on that device without waiting
+on it: the draws are made on the generator's device (a CPU generator: the same masks on every
+device), then copied to the tensors' device without blocking; the masks are applied with tensor
+operations (no ``nonzero``, ``unique`` or host reads).
+
+Written on plain torch (rand, topk, searchsorted); open_clip provides the tokenizers it reads.
 """
 from __future__ import annotations
 
@@ -81,6 +86,23 @@ def text_mask_spec(tokenizer) -> TextMaskSpec:
                     "(supported: open_clip's SimpleTokenizer and HFTokenizer)")
 
 
+def _draws_like(shape, generator: torch.Generator | None, target: torch.Tensor) -> torch.Tensor:
+    """Uniform draws of ``shape`` on the generator's device (``target``'s without one), copied to
+    ``target``'s device without blocking."""
+    device = generator.device if generator is not None else target.device
+    return torch.rand(shape, generator=generator, device=device).to(target.device, non_blocking=True)
+
+
+def _protected(tokens: torch.Tensor, spec: TextMaskSpec) -> torch.Tensor:
+    """Bool [B, L]: the tokens whose id is one of ``spec.protected_ids`` (``torch.isin`` without its
+    ``unique``: a binary search in the sorted ids)."""
+    if not spec.protected_ids:
+        return torch.zeros_like(tokens, dtype=torch.bool)
+    ids = torch.tensor(sorted(spec.protected_ids), dtype=tokens.dtype).to(tokens.device, non_blocking=True)
+    nearest = torch.searchsorted(ids, tokens.contiguous()).clamp(max=len(spec.protected_ids) - 1)
+    return ids.take(nearest) == tokens
+
+
 def mask_tokens(tokens: torch.Tensor, drop_prob: float, spec: TextMaskSpec,
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """A copy of ``tokens`` [B, L] where each unprotected token is replaced by ``spec.mask_id``
@@ -88,10 +110,8 @@ def mask_tokens(tokens: torch.Tensor, drop_prob: float, spec: TextMaskSpec,
     drop_prob = _check_prob("drop_prob", drop_prob)
     if tokens.dim() != 2:
         raise ValueError(f"tokens must be [B, L], got {tuple(tokens.shape)}")
-    device = generator.device if generator is not None else tokens.device
-    draws = torch.rand(tokens.shape, generator=generator, device=device).to(tokens.device)
-    protected = torch.isin(tokens, torch.tensor(spec.protected_ids, dtype=tokens.dtype, device=tokens.device))
-    replace = (draws < drop_prob) & ~protected
+    draws = _draws_like(tokens.shape, generator, tokens)
+    replace = (draws < drop_prob) & ~_protected(tokens, spec)
     return tokens.masked_fill(replace, spec.mask_id)
 
 
@@ -104,10 +124,8 @@ def delete_tokens(tokens: torch.Tensor, drop_prob: float, spec: TextMaskSpec,
     drop_prob = _check_prob("drop_prob", drop_prob)
     if tokens.dim() != 2:
         raise ValueError(f"tokens must be [B, L], got {tuple(tokens.shape)}")
-    device = generator.device if generator is not None else tokens.device
-    draws = torch.rand(tokens.shape, generator=generator, device=device).to(tokens.device)
-    protected = torch.isin(tokens, torch.tensor(spec.protected_ids, dtype=tokens.dtype, device=tokens.device))
-    keep = ~((draws < drop_prob) & ~protected) & (tokens != pad_id)
+    draws = _draws_like(tokens.shape, generator, tokens)
+    keep = ~((draws < drop_prob) & ~_protected(tokens, spec)) & (tokens != pad_id)
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept positions first, in order
     return torch.where(keep, tokens, torch.full_like(tokens, pad_id)).gather(1, order)
 
@@ -139,6 +157,8 @@ def mask_image_cells(images: torch.Tensor, drop_prob: float, cell: int,
     dropped = torch.zeros(batch, rows * cols, dtype=torch.bool, device=device)
     if n_drop > 0:
         dropped.scatter_(1, scores.topk(n_drop, dim=1).indices, True)
-    cell_mask = dropped.view(batch, 1, rows, cols).to(images.device)
-    pixel_mask = cell_mask.repeat_interleave(cell, dim=2).repeat_interleave(cell, dim=3)[..., :height, :width]
+    cell_mask = dropped.view(batch, 1, rows, cols).to(images.device, non_blocking=True)
+    cell_row = torch.arange(height, device=images.device) // cell    # the cell of each pixel row / column
+    cell_col = torch.arange(width, device=images.device) // cell
+    pixel_mask = cell_mask.index_select(2, cell_row).index_select(3, cell_col)
     return images.masked_fill(pixel_mask, fill)

@@ -6,13 +6,22 @@
   sorted over the tokens (descending), and the sorted values are averaged with weights that
   depend only on the rank k and the number of tokens n. The weights come from a small
   bidirectional GRU run over sinusoidal encodings of the ranks 0..n-1, a linear score per
-  rank and a softmax with temperature 0.1. Because the weights do not depend on the features,
-  the GRU runs once per *distinct* sequence length in the batch (one run for images, a few for
-  captions), which keeps it cheap on a CPU.
+  rank and a softmax with temperature 0.1; the backward direction starts at rank n-1, as a
+  packed sequence of length n would.
+  The computation has fixed shapes and never reads a tensor value on the host (no ``unique``,
+  no packing, no ``.cpu()``), so a GPU step does not stall on it and ``torch.compile`` traces it
+  whole: for a token length T the forward direction runs once over the ranks 0..T-1 (its state
+  at rank k never depends on n), the backward direction runs over the reversed encodings of
+  every length n = 1..T at once (a [T, T, d_pe] batch built by index arithmetic), which gives
+  a [T, T] table of weights; each sample gathers the row of its length, and ranks at or beyond
+  it weigh 0. With ``lengths=None`` (all tokens count) only the row n = T is computed.
+* :class:`RankGRU` holds the GRU: ``nn.GRU``'s parameters under ``nn.GRU``'s names and with its
+  initialisation (checkpoints and seeds are unchanged), run through the functional
+  ``torch.gru`` one direction at a time (dynamo refuses to trace ``nn.GRU`` modules).
 * :func:`bound_logvar` maps a raw log-variance smoothly into ``[log lo, log hi]`` (the
   variance bounds of Pishdad et al., [0.1, 10]).
 
-torch provides the GRU, packing and sorting; nothing here comes from another library.
+torch provides the GRU kernel (``torch.gru``) and sorting; nothing here comes from another library.
 """
 from __future__ import annotations
 
@@ -21,7 +30,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+_GRU_PARAMS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
 
 def sinusoid_encoding(n: int, dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -36,12 +46,46 @@ def sinusoid_encoding(n: int, dim: int, device=None, dtype=torch.float32) -> tor
     return pe[:, :dim].to(dtype)
 
 
+class RankGRU(nn.Module):
+    """A one-layer bidirectional GRU's parameters (``nn.GRU(input_size, hidden_size,
+    bidirectional=True)``: the same names, shapes, order and initialisation), each direction run
+    on its own with :meth:`direction`."""
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__()
+        self.input_size, self.hidden_size = int(input_size), int(hidden_size)
+        for suffix in ("", "_reverse"):
+            shapes = ((3 * self.hidden_size, self.input_size), (3 * self.hidden_size, self.hidden_size),
+                      (3 * self.hidden_size,), (3 * self.hidden_size,))
+            for name, shape in zip(_GRU_PARAMS, shapes):
+                self.register_parameter(f"{name}_l0{suffix}", nn.Parameter(torch.empty(shape)))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.GRU``'s initialisation: every parameter uniform in +-1/sqrt(hidden_size), in order."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for weight in self.parameters():
+            nn.init.uniform_(weight, -bound, bound)
+
+    def direction(self, inputs: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+        """Hidden states [N, L, hidden] of one direction's cell run over ``inputs`` [N, L, input]
+        from step 0 to L-1 with a zero initial state (``reverse`` picks the ``_reverse`` weights;
+        the caller orders the inputs)."""
+        suffix = "_reverse" if reverse else ""
+        weights = [getattr(self, f"{name}_l0{suffix}") for name in _GRU_PARAMS]
+        h0 = inputs.new_zeros(1, inputs.shape[0], self.hidden_size)
+        return torch.gru(inputs, h0, weights, True, 1, 0.0, self.training, False, True)[0]
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}, bidirectional=True"
+
+
 class GPO(nn.Module):
     """Generalized Pooling Operator: rank-weighted sum of per-dimension sorted features.
 
     ``forward(features [B, T, D], lengths [B] or None) -> pooled [B, D]``. Positions at or
-    beyond a sample's length are padding and ignored. ``lengths=None`` means every token
-    counts.
+    beyond a sample's length are padding and ignored (lengths are clamped to [1, T]).
+    ``lengths=None`` means every token counts.
     """
 
     def __init__(self, d_pe: int = 32, d_hidden: int = 32, temperature: float = 0.1):
@@ -49,43 +93,52 @@ class GPO(nn.Module):
         self.d_pe = int(d_pe)
         self.d_hidden = int(d_hidden)
         self.temperature = float(temperature)
-        self.gru = nn.GRU(self.d_pe, self.d_hidden, num_layers=1, batch_first=True, bidirectional=True)
+        self.gru = RankGRU(self.d_pe, self.d_hidden)
         self.score = nn.Linear(self.d_hidden, 1, bias=False)
 
-    def rank_weights(self, lengths: torch.Tensor, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weights [B, max_len] over sorted ranks (zero beyond each length) and the valid mask."""
-        uniq, inverse = torch.unique(lengths, return_inverse=True)
-        n_u = uniq.numel()
+    def weight_table(self, length: int, every_length: bool = True, device=None) -> torch.Tensor:
+        """Softmax weights over the ranks 0..length-1: [length, length] with row n-1 for a sequence
+        of n tokens (zero at ranks >= n) when ``every_length``, else the one row [1, length] for n =
+        length. The GRU and the scores run in the GRU's dtype with autocast off, the softmax in at
+        least float32."""
+        device = self.score.weight.device if device is None else device
         w_dtype = self.gru.weight_ih_l0.dtype
-        pe = sinusoid_encoding(max_len, self.d_pe, device=lengths.device, dtype=w_dtype)
-        mask_u = torch.arange(max_len, device=lengths.device)[None, :] < uniq[:, None]  # [U, T]
-        x = pe[None].expand(n_u, max_len, self.d_pe) * mask_u[..., None].to(w_dtype)
-        with torch.autocast(device_type=lengths.device.type, enabled=False):
-            if bool((uniq == max_len).all()):
-                out, _ = self.gru(x)
-            else:
-                packed = pack_padded_sequence(x, uniq.cpu(), batch_first=True, enforce_sorted=False)
-                out, _ = self.gru(packed)
-                out, _ = pad_packed_sequence(out, batch_first=True, total_length=max_len)
-            h = 0.5 * (out[..., : self.d_hidden] + out[..., self.d_hidden:])
-            s = self.score(h).squeeze(-1) / self.temperature  # [U, T]
-            s = s.masked_fill(~mask_u, float("-inf"))
-            w = torch.softmax(s.to(torch.promote_types(s.dtype, torch.float32)), dim=1)
-        return w[inverse], mask_u[inverse]
+        pe = sinusoid_encoding(length, self.d_pe, device=device, dtype=w_dtype)       # [T, d_pe]
+        ranks = torch.arange(length, device=device)
+        last = ranks if every_length else ranks[-1:]                                  # [R]: rank n-1 per row
+        # the backward direction reads rank n-1-i at its step i, so rank k is its step n-1-k: one
+        # index map serves both ways; k >= n (negative) is padding, which follows rank 0 and is masked
+        back_index = last[:, None] - ranks[None, :]                                   # [R, T]
+        valid = back_index >= 0
+        back_index = back_index.clamp(min=0)
+        with torch.autocast(device_type=pe.device.type, enabled=False):
+            forward = self.gru.direction(pe[None])                                    # [1, T, H]
+            reversed_pe = pe.index_select(0, back_index.flatten()).view(*back_index.shape, self.d_pe)
+            backward = self.gru.direction(reversed_pe, reverse=True)                  # [R, T, H] by step
+            backward = backward.gather(1, back_index[..., None].expand_as(backward))  # [R, T, H] by rank
+            h = 0.5 * (forward + backward)
+            s = self.score(h).squeeze(-1) / self.temperature                          # [R, T]
+            s = s.masked_fill(~valid, float("-inf"))
+            return torch.softmax(s.to(torch.promote_types(s.dtype, torch.float32)), dim=1)
+
+    def rank_weights(self, lengths: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weights [B, length] over sorted ranks (zero at and beyond each sample's length, which
+        must lie in [1, length]) and the valid mask [B, length]."""
+        lengths = lengths.to(dtype=torch.long)
+        table = self.weight_table(length, every_length=True, device=lengths.device)
+        mask = torch.arange(length, device=lengths.device)[None, :] < lengths[:, None]
+        return table.index_select(0, lengths - 1), mask
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        b, t, _ = features.shape
+        t = features.shape[1]
         if lengths is None:
-            lengths = torch.full((b,), t, dtype=torch.long, device=features.device)
-        lengths = lengths.to(device=features.device, dtype=torch.long).clamp(1, t)
-        max_len = int(lengths.max())
-        feats = features[:, :max_len]
-        w, mask = self.rank_weights(lengths, max_len)
-        if bool(mask.all()):
-            srt = feats.sort(dim=1, descending=True).values
+            w = self.weight_table(t, every_length=False, device=features.device)     # [1, T]
+            srt = features.sort(dim=1, descending=True).values
         else:
+            lengths = lengths.to(device=features.device, dtype=torch.long, non_blocking=True).clamp(1, t)
+            w, mask = self.rank_weights(lengths, t)
             m = mask[..., None]
-            srt = feats.masked_fill(~m, float("-inf")).sort(dim=1, descending=True).values
+            srt = features.masked_fill(~m, float("-inf")).sort(dim=1, descending=True).values
             srt = srt.masked_fill(~m, 0.0)  # after a descending sort the padding sits at the end
         return (srt * w[..., None].to(srt.dtype)).sum(dim=1)
 
