@@ -162,8 +162,22 @@ def test_autocast_keeps_the_weights_in_float32():
     assert y_new.dtype == y_ref.dtype == torch.float32
 
 
+def test_the_cpu_shortcut_equals_the_fixed_length_path(monkeypatch):
+    """On the CPU a host read is free, so GPO cuts the batch at its longest sequence; the accelerator's
+    fixed-length path gives the same pooled features."""
+    from zsprob.utils import host_sync
+    new, _ = _pair(seed=8)
+    x = torch.randn(6, 17, 7)
+    lengths = torch.tensor([17, 3, 1, 6, 3, 9])
+    cut = new(x, lengths)
+    monkeypatch.setattr(host_sync, "HOST_READ_FREE", set())
+    torch.testing.assert_close(new(x, lengths), cut, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("with_lengths", [True, False])
-def test_forward_and_backward_make_no_host_sync(with_lengths):
+def test_forward_and_backward_make_no_host_sync(with_lengths, monkeypatch):
+    from zsprob.utils import host_sync
+    monkeypatch.setattr(host_sync, "HOST_READ_FREE", set())  # the accelerator's path, counted on the CPU
     new, _ = _pair(seed=6)
     x = torch.randn(5, 9, 7, requires_grad=True)
     lengths = torch.tensor([9, 3, 1, 6, 3]) if with_lengths else None

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zsprob.utils.host_sync import host_read_is_free
+
 _GRU_PARAMS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
 
@@ -136,6 +138,10 @@ class GPO(nn.Module):
             srt = features.sort(dim=1, descending=True).values
         else:
             lengths = lengths.to(device=features.device, dtype=torch.long, non_blocking=True).clamp(1, t)
+            if host_read_is_free(features.device) and not torch.compiler.is_compiling():
+                # the CPU: cut at the longest sequence (the weight table is T x T GRU work)
+                t = int(lengths.max())
+                features = features[:, :t]
             w, mask = self.rank_weights(lengths, t)
             m = mask[..., None]
             srt = features.masked_fill(~m, float("-inf")).sort(dim=1, descending=True).values

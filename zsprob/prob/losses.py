@@ -77,8 +77,8 @@ from zsprob.prob import distances
 from zsprob.prob.jwae import JWAEObjective
 from zsprob.prob.method_registry import get_method, method_loss, method_names, methods_without_loss
 from zsprob.prob.pairs import PairBatch, as_dtype, guard_term, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
-from zsprob.prob.prolip import (INCLUSION_FORMS, OcclusionSchedule, ProLIPLoss, cover_inclusion, occlusion_terms,
-                                prolip_inclusion)
+from zsprob.prob.prolip import (INCLUSION_FORMS, OCCLUSION_OPTIONS, OcclusionSchedule, ProLIPLoss,
+                                cover_inclusion, occlusion_terms, prolip_inclusion)
 
 __all__ = [
     "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
@@ -183,6 +183,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                  image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS,
                  caption_nll_alpha: float = 0.0, caption_nll_scale: float = 1.0,
                  image_nll_alpha: float = 0.0, image_nll_scale: float = 1.0):
+        arguments = dict(locals())  # the occlusion options are relayed from here
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
@@ -196,14 +197,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         self.distance = distance
         # zsprob's extension (off by default): ProLIP's occlusion inclusion term, "a caption with words
         # deleted / an image with cells blanked includes the whole" (zsprob.prob.prolip documents it)
-        self.set_occlusion_options(inclusion_alpha_occ=inclusion_alpha_occ, drop_ratio=drop_ratio,
-                                   drop_prob=drop_prob, image_drop_prob=image_drop_prob,
-                                   mask_patch_size=mask_patch_size, text_mask_mode=text_mask_mode,
-                                   inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps,
-                                   inclusion_start_step=inclusion_start_step,
-                                   inclusion_warmup_steps=inclusion_warmup_steps,
-                                   occlusion_grad=occlusion_grad, image_mask_mode=image_mask_mode,
-                                   image_degrade_ops=image_degrade_ops)
+        self.set_occlusion_options(**{key: arguments[key] for key in OCCLUSION_OPTIONS})
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
         self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)

@@ -240,6 +240,12 @@ def _check_degrade_ops(ops) -> tuple[str, ...]:
     return ops
 
 
+#: the occlusion term's constructor arguments, relayed as they are by PCMEPPLoss and ProLIPLoss
+OCCLUSION_OPTIONS = ("inclusion_alpha_occ", "drop_ratio", "drop_prob", "image_drop_prob", "mask_patch_size",
+                     "text_mask_mode", "inclusion_scale", "inclusion_eps", "inclusion_start_step",
+                     "inclusion_warmup_steps", "occlusion_grad", "image_mask_mode", "image_degrade_ops")
+
+
 def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image_drop_prob, mask_patch_size,
                             text_mask_mode, inclusion_scale, inclusion_eps, inclusion_start_step=0,
                             inclusion_warmup_steps=0, occlusion_grad="all", image_mask_mode="cells",
@@ -369,6 +375,7 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
                  cover_scale: float = 5.0, cover_lambda: float = 1.0, text_mask_mode: str = "replace",
                  inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0, occlusion_grad: str = "all",
                  image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS):
+        arguments = dict(locals())  # the occlusion options are relayed from here
         super().__init__()
         if inclusion_form not in INCLUSION_FORMS:
             raise UserError(f"ProLIP inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
@@ -381,14 +388,7 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
         self.max_logit_scale = _check_range("max_logit_scale", max_logit_scale, 1.0)
         init_scale = _check_range("init_logit_scale", init_logit_scale, 0.0, math.log(self.max_logit_scale))
         init_bias = _check_range("init_logit_bias", init_logit_bias, -math.inf)
-        self.set_occlusion_options(inclusion_alpha_occ=inclusion_alpha_occ, drop_ratio=drop_ratio,
-                                   drop_prob=drop_prob, image_drop_prob=image_drop_prob,
-                                   mask_patch_size=mask_patch_size, text_mask_mode=text_mask_mode,
-                                   inclusion_scale=inclusion_scale, inclusion_eps=inclusion_eps,
-                                   inclusion_start_step=inclusion_start_step,
-                                   inclusion_warmup_steps=inclusion_warmup_steps,
-                                   occlusion_grad=occlusion_grad, image_mask_mode=image_mask_mode,
-                                   image_degrade_ops=image_degrade_ops)
+        self.set_occlusion_options(**{key: arguments[key] for key in OCCLUSION_OPTIONS})
         self.logit_scale = nn.Parameter(torch.tensor(init_scale))
         self.logit_bias = nn.Parameter(torch.tensor(init_bias))
 

@@ -6,6 +6,9 @@ only; :class:`HostSyncCounter` counts the same calls on the CPU through torch's
 ``TorchFunctionMode`` (torch.overrides), so a test can pin "at most one host sync per steady
 training step" on a machine without a GPU.
 
+:func:`host_read_is_free` says where such a read costs nothing (the CPU), so that code can keep a
+data-dependent shortcut there and take the fixed-shape path on an accelerator.
+
 Counted: the call names in :data:`SYNC_CALLS`. Calls whose Python caller lives in ``torch/optim``
 are skipped: torch's own optimisers keep their step counters on the host on purpose. torch
 provides the mode; the counting is zsprob's.
@@ -22,6 +25,18 @@ from torch.overrides import TorchFunctionMode
 _THIS_FILE = __file__.replace("\\", "/")
 SYNC_CALLS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy",
                         "unique", "unique_consecutive", "nonzero", "masked_select", "equal", "allclose"})
+
+
+#: device types on which reading a tensor's value from the host stalls nothing: their operations run
+#: synchronously anyway. Data-dependent shortcuts (cutting a batch of captions at its longest one) stay
+#: on them; everywhere else the fixed-shape path runs. A test empties this set to count the
+#: accelerator's path on the CPU.
+HOST_READ_FREE = {"cpu"}
+
+
+def host_read_is_free(device) -> bool:
+    """Whether reading a value of a tensor on ``device`` from the host costs no device stall."""
+    return torch.device(device).type in HOST_READ_FREE
 
 
 def _call_name(func) -> str:
