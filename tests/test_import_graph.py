@@ -153,8 +153,6 @@ LONG_ALLOWED = {
     "zsprob/retrieval/screen.py:screen_ranks": "one numerical kernel whose locals flow through every stage "
                                                "(thresholds, block scan, candidate rescoring); splitting it would "
                                                "pass a dozen tensors between pieces",
-    "zsprob/data/synthetic.py:generate": "the SynthWorld writer: one pass over splits and shards, to be split "
-                                         "when the data owners next change it",
     "zsprob/models/factory.py:create_model": "open_clip-style factory with the zsprob-checkpoint branch; to be "
                                              "split into config resolution and weight loading",
     "zsprob/report/demo_report.py:_markdown": "the report template, one section after another (file owned by "
