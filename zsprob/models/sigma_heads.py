@@ -67,7 +67,7 @@ bases; the layouts and init laws below were read from them (naver-ai/pcmepp, nav
     tokens and a text transformer's tokens (after the final LayerNorm), a timm CNN's last-stage
     H x W cells (the official module reads a ResNet's 7 x 7 map), a bag of words' word vectors (the
     official module reads the GloVe word vectors). The tower adapters of
-    :mod:`zsprob.models.prob_clip` say which (``local_features``); a tower without them is refused.
+    :mod:`zsprob.models.towers` say which (``local_features``); a tower without them is refused.
 
 ``sigma_param`` / ``sigma_shape`` (:data:`SIGMA_PARAMS`, :data:`SIGMA_SHAPES`) post-process any
 head's D outputs: log sigma instead of log sigma^2 (PCME's code), and Pishdad et al.'s spherical
