@@ -20,7 +20,7 @@ heads at their stages like the other timm families (:mod:`zsprob.models.towers.t
 pretrained weights exist for them.
 
 Importing this module does not register anything; :func:`register` does (and
-``zsprob.models.factory`` calls it before building any tower).
+``zsprob.models.configs`` calls it before building any tower).
 """
 from __future__ import annotations
 

@@ -225,7 +225,7 @@ class ProbCLIP(nn.Module):
         (ResNet / EfficientNet / RegNet / ConvNeXt / zsprob_plaincnn) image tower and a
         TextTransformer text tower, or a :class:`zsprob.models.bow_text.BowCLIP` (bag-of-words
         text); it becomes ``self.clip`` (the trunk and mean heads).
-    config: the dict that rebuilds this model (see :func:`zsprob.models.factory.model_from_config`).
+    config: the dict that rebuilds this model (see :func:`zsprob.models.configs.model_from_config`).
     sigma_depth: number of final blocks in each head (n); the trunk is the other L - n blocks
         (a bag-of-words text tower has no blocks: its heads are a projection + pooling each).
     sigma_init: "random" (re-initialised copy, PCME++) or "copy" (the mean head's weights).
