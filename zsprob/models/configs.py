@@ -166,7 +166,7 @@ def wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = Non
         normalize_mu=config.get("normalize_mu", True), gpo_dim=config.get("gpo_dim", 32),
         sigma_bias_init=config.get("sigma_bias_init", 0.0), truncate_text=config.get("truncate_text", True),
         size_augment=config.get("size_augment", 0.0),
-        # log-variance heads (issue 17): a config saved before these keys existed is the legacy block head
+        # log-variance heads: a config saved before these keys existed is the legacy block head
         sigma_head=config.get("sigma_head", "block"), sigma_layout=config.get("sigma_layout", "legacy"),
         sigma_ln_init=config.get("sigma_ln_init"), sigma_ln_init_bias=config.get("sigma_ln_init_bias", 0.0),
         sigma_param=config.get("sigma_param", "logvar"), sigma_shape=config.get("sigma_shape", "diagonal"),

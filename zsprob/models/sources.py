@@ -1,4 +1,4 @@
-"""What ``pretrained`` names, resolved in one place: nothing, an open_clip file or tag, a published file, a zsprob checkpoint.
+"""What ``pretrained`` names, resolved in one place: nothing, open_clip weights, a published file, a zsprob checkpoint.
 
 :func:`identify` answers which of the four a ``pretrained`` argument is (and reads what the
 answer needs: a zsprob checkpoint's metadata, a published ProLIP / PCME++ file's state dict);

@@ -1,4 +1,4 @@
-"""SynthWorld's parts: the offline image-caption world, one module per step (public entry: :mod:`zsprob.data.synthetic`).
+"""SynthWorld's parts: the offline image-caption world, one module per step (public entry: ``data.synthetic``).
 
     scene     vocabulary, sampling priors, scene sampling (a scene is a pure function of (seed, split, index))
     render    scene -> PIL image (Pillow draws)

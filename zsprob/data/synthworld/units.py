@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zsprob.data.synthworld.files import dumps, jpeg_bytes as _jpeg, tar_bytes, write_atomic  # _jpeg: looked up per call (tests interrupt a run there)
+# _jpeg is looked up at every call (the interrupted-run test replaces it here)
+from zsprob.data.synthworld.files import dumps, jpeg_bytes as _jpeg, tar_bytes, write_atomic
 from zsprob.data.synthworld.scene import SHAPES
 from zsprob.data.synthworld.world import RETRIEVAL_ID_BASE, SynthWorld
 
