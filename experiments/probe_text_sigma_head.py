@@ -115,8 +115,8 @@ FILLER = ("a", "an", "the", "of", "photo", "image", "picture", "there", "is")
 
 def word_kind(word: str) -> str | None:
     """colour / size / fill / shape / filler for one caption word, None for anything else."""
-    from zsprob.data.synth_captions import FILL_WORD
-    from zsprob.data.synth_scene import COLOR_NAMES, PLURALS, SHAPES, SIZES
+    from zsprob.data.synthworld.captions import FILL_WORD
+    from zsprob.data.synthworld.scene import COLOR_NAMES, PLURALS, SHAPES, SIZES
 
     if word in COLOR_NAMES:
         return "colour"

@@ -11,9 +11,9 @@ import torch
 from conftest import run_cli
 from scipy.stats import spearmanr
 
-from zsprob.data.synth_captions import ambiguity, caption_key, caption_matches
-from zsprob.data.synth_probes import crop_scenes, inclusion_pairs
-from zsprob.data.synth_scene import VOCAB
+from zsprob.data.synthworld.captions import ambiguity, caption_key, caption_matches
+from zsprob.data.synthworld.probes import crop_scenes, inclusion_pairs
+from zsprob.data.synthworld.scene import VOCAB
 from zsprob.data.synthetic import SynthWorld, make_scene
 from zsprob.retrieval import validity as V
 

@@ -15,9 +15,9 @@ import pytest
 
 from conftest import run_cli
 from zsprob import UserError
-from zsprob.data import synth_captions as sc
-from zsprob.data.synth_render import render_scene
-from zsprob.data.synth_scene import ATTRS, SHAPES as SCENE_SHAPES, VOCAB, sample_scene, scene_rng
+from zsprob.data.synthworld import captions as sc
+from zsprob.data.synthworld.render import render_scene
+from zsprob.data.synthworld.scene import ATTRS, SHAPES as SCENE_SHAPES, VOCAB, sample_scene, scene_rng
 from zsprob.data.synthetic import (CONDITIONS, SHAPES, SynthWorld, caption_matches, generate,
                                    load_retrieval_split)
 
@@ -427,7 +427,7 @@ def test_cli_data_group_help():
 
 
 def test_fast_tar_writer_equals_tarfile_module():
-    from zsprob.data.synthetic import _tar_bytes, _tar_bytes_tarfile
+    from zsprob.data.synthworld.files import tar_bytes as _tar_bytes, tar_bytes_tarfile as _tar_bytes_tarfile
 
     rnd = np.random.default_rng(0)
     members = [(f"{i:09d}.{ext}", rnd.integers(0, 256, size=int(rnd.integers(0, 1500)), dtype=np.uint8).tobytes())
@@ -445,7 +445,7 @@ def test_fast_tar_writer_equals_tarfile_module():
 def test_positives_npz_is_deterministic_and_scipy_readable(tmp_path):
     import scipy.sparse as sp
 
-    from zsprob.data.synthetic import _sparse_npz_bytes
+    from zsprob.data.synthworld.files import sparse_npz_bytes as _sparse_npz_bytes
 
     m = sp.random(30, 70, density=0.1, random_state=0, format="csr").astype(bool)
     b1, b2 = _sparse_npz_bytes(m), _sparse_npz_bytes(m.copy())
@@ -475,7 +475,7 @@ def test_make_scene_for_controlled_tests():
 
 
 def test_interrupted_generation_leaves_no_partial_files_and_resumes(tmp_path, monkeypatch):
-    import zsprob.data.synthetic as S
+    import zsprob.data.synthworld.units as S
 
     kw = dict(TINY, num_pretrain=50, num_classify_eval=1, num_retrieval=6, num_retrieval_val=0)
     ref = tmp_path / "ref"
@@ -512,7 +512,7 @@ def test_five_captions_say_different_things():
 
 def test_objects_never_hide_each_other(monkeypatch):
     """Render each object alone and in its scene (unique colours): part of it is always visible."""
-    from zsprob.data import synth_render as R
+    from zsprob.data.synthworld import render as R
 
     monkeypatch.setitem(R.COLORS, "id0", (40, 0, 0))
     for k in range(1, 6):

@@ -58,7 +58,7 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
                  num_retrieval_val=num_retrieval_val, noise=noise, seed=seed, shard_size=shard_size)
     cfg.update({k: v for k, v in given.items() if v is not None})
     if preview_only:
-        from zsprob.data.synthetic import _check_size
+        from zsprob.data.synthworld.world import check_image_size as _check_size
 
         _check_size(cfg["image_size"])
         if Path(out).exists() and not Path(out).is_dir():

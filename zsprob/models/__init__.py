@@ -1,7 +1,10 @@
 """zsprob.models: open_clip towers with mean / log-variance heads, checkpoints, batched encoding.
 
-Owns the probabilistic towers, their factory (``factory``), the checkpoint file format
-(``checkpoint``) and building a model from a checkpoint (``builder``). May import ``zsprob.errors``,
+Owns the probabilistic towers (``prob_clip``, tower adapters in ``towers/``), one way to get a model
+(``sources`` says what a spec names, ``configs`` builds from a config, ``weights`` loads weights,
+``factory`` puts them together in ``create_model``, ``builder`` rebuilds a checkpoint), the
+checkpoint file format (``checkpoint``) and the converters of published files (``convert/``).
+Inside the package only ``builder`` imports ``factory``. May import ``zsprob.errors``,
 ``zsprob.utils`` and the root package only: never data, prob, train, zeroshot or retrieval.
 
 open_clip provides the towers, configs, checkpoint conversion, tokenizers and transforms;

@@ -1,8 +1,10 @@
 """Build a model from a checkpoint: :func:`load` (a zsprob checkpoint) and :func:`load_for_inference`.
 
-The builder side of the models package (timm's ``_builder`` beside ``_factory``): it reads the
-file format through :mod:`zsprob.models.checkpoint` and builds the model through
-:mod:`zsprob.models.factory`; neither of those imports this module. safetensors reads the
+The builder side of the models package (timm's ``_builder`` beside ``_factory``): what a spec
+names is resolved by :mod:`zsprob.models.sources` (the same answer the factory gets), the model
+is rebuilt from the checkpoint's config by :mod:`zsprob.models.configs` and filled by
+:mod:`zsprob.models.weights` (the same loader as fine-tuning's); a plain open_clip model goes
+through :mod:`zsprob.models.factory`. None of those imports this module. safetensors reads the
 tensors; the shape and key checks against the rebuilt model are zsprob's.
 """
 from __future__ import annotations
@@ -12,8 +14,12 @@ import os
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.checkpoint import EXTRA_PREFIX, checkpoint_dir, is_checkpoint, load_meta, read_tensors
-from zsprob.models.factory import create_from_official, create_model, model_from_config, sniff_official
+from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint
+from zsprob.models.configs import model_from_config
+from zsprob.models.convert.convert import create_from_official
+from zsprob.models.factory import create_model
+from zsprob.models.sources import Source, identify, zsprob_source
+from zsprob.models.weights import load_checkpoint
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", *, verify: bool = True):
@@ -22,25 +28,19 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", *, v
 
     ``verify`` checks the weights' SHA-256 against zsprob.json (reads the file once more).
     """
-    d = checkpoint_dir(path)
-    meta = load_meta(d)
-    tensors = read_tensors(d, meta, verify)
+    return _load(zsprob_source(checkpoint_dir(path)), map_location, verify)
+
+
+def _load(source: Source, map_location: str | torch.device = "cpu", verify: bool = True):
+    """:func:`load` of a resolved zsprob checkpoint: the model its config describes, filled strictly."""
+    meta = source.meta
+    tensors = source.read_tensors(verify)
     if meta["config"].get("kind") == "jwae":  # jWAE autoencoders over a frozen tower
         from zsprob.models.jwae import jwae_from_config
         model = jwae_from_config(meta["config"])
     else:
         model = model_from_config(meta["config"])
-    state = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise UserError(f"checkpoint {d} does not match its config: missing {missing[:5]}, "
-                        f"unexpected {unexpected[:5]}")
-    bad = [k for k in own if tuple(own[k].shape) != tuple(state[k].shape)]
-    if bad:
-        raise UserError(f"checkpoint {d} has tensors of the wrong shape: {bad[:5]}")
-    model.load_state_dict(state, strict=True)
+    load_checkpoint(model, tensors, checkpoint_dir(source.path))
     model.checkpoint_meta = meta
     return model.to(map_location)
 
@@ -67,24 +67,31 @@ def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str |
         if pretrained is not None:
             raise UserError("--pretrained applies to --model, not to a zsprob checkpoint")
         m = load(checkpoint)
-    elif model is not None and pretrained and is_checkpoint(pretrained):  # a zsprob checkpoint (e.g. converted)
-        m = load(pretrained)
-        if m.name != model:
-            raise UserError(f"--pretrained {pretrained} is a zsprob checkpoint of {m.name}, not of {model}")
     elif model is not None:
-        official = sniff_official(pretrained) if pretrained else None
-        if official is not None:  # a published ProLIP / PCME++ checkpoint: mean and log sigma^2 as trained
-            m = create_from_official(model, pretrained, *official, **create_kwargs)
-        else:
-            kw = dict(pooling="native", deterministic=True)
-            kw.update(create_kwargs)
-            m = create_model(model, pretrained=pretrained, **kw)
+        m = _model_for_inference(model, pretrained, create_kwargs)
     else:
         raise UserError("no model given: pass a zsprob checkpoint directory or an open_clip model name "
                         "(e.g. --model ViT-B-32 --pretrained openai)")
     if device is not None:
         m = m.to(device)
     return m.eval()
+
+
+def _model_for_inference(model: str, pretrained, create_kwargs: dict):
+    """``--model NAME [--pretrained P]``: P a zsprob checkpoint of NAME (e.g. converted), a published
+    ProLIP / PCME++ file (mean and log sigma^2 as trained) or open_clip weights (native pooling, no
+    sigma heads unless ``create_kwargs`` says otherwise)."""
+    source = identify(pretrained) if pretrained else Source("none")
+    if source.kind == "zsprob":
+        m = _load(source)
+        if m.name != model:
+            raise UserError(f"--pretrained {pretrained} is a zsprob checkpoint of {m.name}, not of {model}")
+        return m
+    if source.kind == "official":
+        return create_from_official(model, pretrained, source.state, source.layout, **create_kwargs)
+    kw = dict(pooling="native", deterministic=True)
+    kw.update(create_kwargs)
+    return create_model(model, pretrained=pretrained, **kw)
 
 
 __all__ = ["load", "load_for_inference"]

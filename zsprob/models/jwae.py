@@ -19,7 +19,7 @@ under ``"jwae"``, beside the tower's config under ``"tower"``)::
     text_hidden: 256          # encoder hidden width, text side
     decoder: {image_hidden: 512, text_hidden: 256}
 
-Plain torch (nn.Linear, ReLU); the tower comes from :mod:`zsprob.models.factory`.
+Plain torch (nn.Linear, ReLU); the tower comes from :mod:`zsprob.models.configs`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zsprob.errors import UserError
-from zsprob.models.factory import model_from_config
+from zsprob.models.configs import model_from_config
 
 __all__ = ["JWAEModel", "resolve_jwae_config", "jwae_from_config", "JWAE_KIND"]
 

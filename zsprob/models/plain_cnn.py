@@ -16,11 +16,11 @@ They are regular timm models: built through ``timm.create_model(name)`` (so open
 model JSON), with timm's ``ConvNormAct`` layers, timm's classifier / global pooling
 (``create_classifier``) and the usual timm model interface (``forward_features``,
 ``forward_head``, ``reset_classifier``, ``group_matcher``). zsprob cuts them into trunk and
-heads at their stages like the other timm families (:mod:`zsprob.models.prob_clip`). No
+heads at their stages like the other timm families (:mod:`zsprob.models.towers.timm_trunk`). No
 pretrained weights exist for them.
 
 Importing this module does not register anything; :func:`register` does (and
-``zsprob.models.factory`` calls it before building any tower).
+``zsprob.models.configs`` calls it before building any tower).
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ bases; the layouts and init laws below were read from them (naver-ai/pcmepp, nav
     tokens and a text transformer's tokens (after the final LayerNorm), a timm CNN's last-stage
     H x W cells (the official module reads a ResNet's 7 x 7 map), a bag of words' word vectors (the
     official module reads the GloVe word vectors). The tower adapters of
-    :mod:`zsprob.models.prob_clip` say which (``local_features``); a tower without them is refused.
+    :mod:`zsprob.models.towers` say which (``local_features``); a tower without them is refused.
 
 ``sigma_param`` / ``sigma_shape`` (:data:`SIGMA_PARAMS`, :data:`SIGMA_SHAPES`) post-process any
 head's D outputs: log sigma instead of log sigma^2 (PCME's code), and Pishdad et al.'s spherical
@@ -327,8 +327,10 @@ def _is_norm_param(root: nn.Module, name: str) -> bool:
     return isinstance(mod, nn.LayerNorm)
 
 
-def _clip_weight_laws_(block: nn.Module, width: int, num_layers: int) -> None:
-    """CLIP's normal laws on a residual attention block's four weight matrices."""
+def _clip_weight_laws_(block: nn.Module, width: int, num_layers: int, *, others: bool = False) -> None:
+    """CLIP's normal laws on a residual attention block's four weight matrices; with ``others``
+    (the legacy init) also zero biases and N(0, 0.02) on every other matrix, LayerNorms left alone.
+    One pass in parameter order, so the random draws come in the order of the parameters."""
     attn_std = width ** -0.5
     proj_std = width ** -0.5 * (2 * max(num_layers, 1)) ** -0.5
     fc_std = (2 * width) ** -0.5
@@ -339,27 +341,20 @@ def _clip_weight_laws_(block: nn.Module, width: int, num_layers: int) -> None:
             nn.init.normal_(p, std=proj_std)
         elif name.endswith("c_fc.weight"):
             nn.init.normal_(p, std=fc_std)
+        elif not others or _is_norm_param(block, name):
+            continue
+        elif name.endswith("bias"):
+            nn.init.zeros_(p)
+        elif p.ndim >= 2:
+            nn.init.normal_(p, std=0.02)
 
 
 def reinit_block_legacy_(block: nn.Module, width: int, num_layers: int) -> None:
     """zsprob's legacy init: CLIP's laws on the weights, zero biases, LayerNorms reset."""
-    attn_std = width ** -0.5
-    proj_std = width ** -0.5 * (2 * max(num_layers, 1)) ** -0.5
-    fc_std = (2 * width) ** -0.5
     for mod in block.modules():
         if isinstance(mod, nn.LayerNorm):
             mod.reset_parameters()
-    for name, p in block.named_parameters():
-        if name.endswith("in_proj_weight"):
-            nn.init.normal_(p, std=attn_std)
-        elif name.endswith("out_proj.weight") or name.endswith("c_proj.weight"):
-            nn.init.normal_(p, std=proj_std)
-        elif name.endswith("c_fc.weight"):
-            nn.init.normal_(p, std=fc_std)
-        elif name.endswith("bias") and not _is_norm_param(block, name):
-            nn.init.zeros_(p)
-        elif p.ndim >= 2 and not _is_norm_param(block, name):
-            nn.init.normal_(p, std=0.02)
+    _clip_weight_laws_(block, width, num_layers, others=True)
 
 
 def reset_block_defaults_(block: nn.Module) -> None:

@@ -43,6 +43,7 @@ This module is the kernel: it imports nothing from :mod:`zsprob.retrieval`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -389,6 +390,37 @@ def screen_ranks(keys: LinearKeys, rows, cols, caps, *, theta: torch.Tensor | No
     stats = stats if stats is not None else {}
     for counter in ("requests", "rescored", "fallback_rows", "rows"):
         stats.setdefault(counter, 0)
+    rows, cols, caps, range_lo, range_hi = _as_requests(keys, rows, cols, caps, col_lo, col_hi)
+    n_requests = rows.numel()
+    stats["requests"] += n_requests
+    if n_requests == 0:
+        return np.zeros(0, dtype=np.int64)
+    outside = (cols < range_lo) | (cols >= range_hi) | (range_lo < 0) | (range_hi > keys.m)
+    if bool((outside | (rows < 0) | (rows >= keys.n)).any()):
+        raise ValueError("each request needs 0 <= row < n and 0 <= col_lo <= col < col_hi <= m")
+    theta = keys.exact_pairs(rows, cols) if theta is None else torch.as_tensor(theta, dtype=torch.float64)
+    order = torch.argsort(rows, stable=True)
+    req = _thresholds(screener, keys.m, *(x[order] for x in (rows, cols, caps, theta, range_lo, range_hi)))
+    rank = torch.zeros(n_requests, dtype=torch.int64)
+    unsettled, candidates = _scan_blocks(screener, req, stats)
+    settled = req.valid & ~unsettled
+    rank[settled] = req.caps[settled]  # at least cap groups hold an item certainly ranked before
+    if candidates[0]:
+        count = _count_candidates(keys, screener, req, unsettled, candidates, stats)
+        rank[unsettled] = torch.minimum(count[unsettled], req.caps[unsettled])
+    fallback = torch.nonzero(~req.valid).flatten()
+    if fallback.numel():  # thresholds too close to zero for the integer comparison: whole rows in float64
+        stats["fallback_rows"] += torch.unique(req.rows[fallback]).numel()
+        rank[fallback] = exact_ranks(keys, req.rows[fallback], req.cols[fallback], req.caps[fallback],
+                                     req.theta[fallback], req.range_lo[fallback], req.range_hi[fallback])
+    out = torch.empty_like(rank)
+    out[order] = rank
+    return out.numpy()
+
+
+def _as_requests(keys: LinearKeys, rows, cols, caps, col_lo, col_hi) -> tuple[torch.Tensor, ...]:
+    """screen_ranks' arguments as int64 tensors: rows, cols, caps and each request's column range
+    (the whole gallery where ``col_lo`` / ``col_hi`` are not given)."""
     n_items = keys.m
     rows = torch.as_tensor(np.asarray(rows, dtype=np.int64))
     cols = torch.as_tensor(np.asarray(cols, dtype=np.int64))
@@ -398,16 +430,38 @@ def screen_ranks(keys: LinearKeys, rows, cols, caps, *, theta: torch.Tensor | No
                 else torch.as_tensor(np.asarray(col_lo, dtype=np.int64)))
     range_hi = (torch.full((n_requests,), n_items, dtype=torch.int64) if col_hi is None
                 else torch.as_tensor(np.asarray(col_hi, dtype=np.int64)))
-    stats["requests"] += n_requests
-    if n_requests == 0:
-        return np.zeros(0, dtype=np.int64)
-    outside = (cols < range_lo) | (cols >= range_hi) | (range_lo < 0) | (range_hi > n_items)
-    if bool((outside | (rows < 0) | (rows >= keys.n)).any()):
-        raise ValueError("each request needs 0 <= row < n and 0 <= col_lo <= col < col_hi <= m")
-    theta = keys.exact_pairs(rows, cols) if theta is None else torch.as_tensor(theta, dtype=torch.float64)
-    order = torch.argsort(rows, stable=True)
-    rows, cols, caps, theta, range_lo, range_hi = (x[order] for x in (rows, cols, caps, theta, range_lo, range_hi))
-    rank = torch.zeros(n_requests, dtype=torch.int64)
+    return rows, cols, caps, range_lo, range_hi
+
+
+@dataclass
+class _Requests:
+    """screen_ranks' requests sorted by query row, with what the screen decides them by: each
+    query's offset (``offset_parts`` as the GEMM takes it), each request's error bound ``e`` and
+    its two thresholds as bit patterns (``high_bits``: above it an item is certainly ranked
+    before; ``low_bits``: below it certainly not); ``valid``: the thresholds are positive."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    caps: torch.Tensor
+    theta: torch.Tensor
+    range_lo: torch.Tensor
+    range_hi: torch.Tensor
+    query_rows: torch.Tensor
+    query_of: torch.Tensor
+    query_counts: torch.Tensor
+    offset_parts: torch.Tensor
+    offset: torch.Tensor
+    e: torch.Tensor
+    rel_error: float
+    high_bits: torch.Tensor
+    low_bits: torch.Tensor
+    valid: torch.Tensor
+    ranged: torch.Tensor
+
+
+def _thresholds(screener: Screen, n_items: int, rows, cols, caps, theta, range_lo, range_hi) -> _Requests:
+    """The offsets and thresholds of requests sorted by row (see :class:`_Requests`)."""
+    n_requests = rows.numel()
     query_rows, query_of, query_counts = torch.unique_consecutive(rows, return_inverse=True, return_counts=True)
     # offsets: each query's lowest threshold sits 4 E above zero, so every threshold is positive
     lowest_theta = torch.full((query_rows.numel(),), math.inf, dtype=torch.float64).scatter_reduce(
@@ -427,29 +481,38 @@ def screen_ranks(keys: LinearKeys, rows, cols, caps, *, theta: torch.Tensor | No
     if bool(valid.any()):
         high_bits[valid] = _bits(hi[valid], screener.dtype, up=True)
         low_bits[valid] = _bits(lo[valid], screener.dtype, up=False)
+    ranged = (range_lo > 0) | (range_hi < n_items)
+    return _Requests(rows, cols, caps, theta, range_lo, range_hi, query_rows, query_of, query_counts, offset_parts,
+                     offset, e, rel_error, high_bits, low_bits, valid, ranged)
+
+
+def _scan_blocks(screener: Screen, req: _Requests, stats: dict) -> tuple[torch.Tensor, tuple[list, list, list]]:
+    """Per block of queries: the GEMM, group maxima, the requests they settle, and the candidate
+    groups' values. Returns (unsettled requests, candidates: request, sub-group and SUB values
+    per sub-group reaching the lower threshold, one list entry per block)."""
     group_size, n_groups = screener.group, screener.ng
     if group_size % SUB:
         raise ValueError(f"group size {group_size} must be a multiple of {SUB}")
-    ranged = (range_lo > 0) | (range_hi < n_items)
+    high_bits, low_bits, ranged, caps, valid = req.high_bits, req.low_bits, req.ranged, req.caps, req.valid
+    range_lo, range_hi = req.range_lo, req.range_hi
     inner_first, inner_end = -(-range_lo // group_size), range_hi // group_size  # groups wholly inside [range_lo, range_hi)
     touch_first, touch_end = range_lo // group_size, -(-range_hi // group_size)  # groups touching it
     group_index = torch.arange(n_groups)
     block_rows = screener.block_rows()
-    ends = torch.cumsum(query_counts, 0)
-    starts = ends - query_counts
-    unsettled = torch.zeros(n_requests, dtype=torch.bool)
+    ends = torch.cumsum(req.query_counts, 0)
+    starts = ends - req.query_counts
+    unsettled = torch.zeros(req.rows.numel(), dtype=torch.bool)
     cand_req, cand_group, cand_vals = [], [], []
-    # per block: the GEMM, group maxima, the requests they settle, and the candidate groups' values
-    for block_start in range(0, query_rows.numel(), block_rows):
-        block = slice(block_start, min(block_start + block_rows, query_rows.numel()))
-        out = screener.gemm(query_rows[block], offset_parts[block])
+    for block_start in range(0, req.query_rows.numel(), block_rows):
+        block = slice(block_start, min(block_start + block_rows, req.query_rows.numel()))
+        out = screener.gemm(req.query_rows[block], req.offset_parts[block])
         n_rows = out.shape[0]
         stats["rows"] += n_rows
         out_bits = out.view(screener.int_dtype).view(n_rows, n_groups, group_size)
         group_max = out_bits.amax(-1)
         req_start, req_end = int(starts[block][0]), int(ends[block][-1])
         block_reqs = slice(req_start, req_end)
-        local_row = query_of[block_reqs] - block_start  # local row of each request
+        local_row = req.query_of[block_reqs] - block_start  # local row of each request
         req_group_max = group_max[local_row]
         above = req_group_max > high_bits[block_reqs][:, None]
         ranged_reqs = torch.nonzero(ranged[block_reqs]).flatten()
@@ -477,53 +540,52 @@ def screen_ranks(keys: LinearKeys, rows, cols, caps, *, theta: torch.Tensor | No
         cand_req.append(sub_req + req_start)
         cand_group.append(sub_id)
         cand_vals.append(out_bits.view(n_rows, n_groups * (group_size // SUB), SUB)[local_row[sub_req], sub_id])  # [S, SUB]
-    settled = valid & ~unsettled
-    rank[settled] = caps[settled]  # at least cap groups hold an item certainly ranked before
-    if cand_req:
-        # all blocks at once: certain items, items to rescore, counts
-        cand_req_idx, sub_id, values = torch.cat(cand_req), torch.cat(cand_group), torch.cat(cand_vals)
-        certain = values > high_bits[cand_req_idx][:, None]
-        maybe = values >= low_bits[cand_req_idx][:, None]
-        item = sub_id[:, None] * SUB + torch.arange(SUB)[None, :]
-        ranged_cand = torch.nonzero(ranged[cand_req_idx]).flatten()
-        if ranged_cand.numel():  # items outside a request's column range do not count
-            ranged_req = cand_req_idx[ranged_cand]
-            inside = (item[ranged_cand] >= range_lo[ranged_req, None]) & (item[ranged_cand] < range_hi[ranged_req, None])
-            certain[ranged_cand] &= inside
-            maybe[ranged_cand] &= inside
-        maybe &= ~certain
-        count = torch.zeros(n_requests, dtype=torch.int64).index_add_(0, cand_req_idx, _count(certain).to(torch.int64))
-        maybe_row, maybe_lane = maybe.nonzero(as_tuple=True)
-        maybe_req = cand_req_idx[maybe_row]
-        maybe_item = item[maybe_row, maybe_lane]
-        own = maybe_item == cols[maybe_req]
-        # free certification: each request's own item (key theta, known) must lie within the band
-        seen = torch.zeros(n_requests, dtype=torch.int64).index_add_(0, maybe_req[own], torch.ones_like(maybe_req[own]))
-        if bool((seen[unsettled] != 1).any()):
-            raise ScreenBoundError("a query's own item fell outside its certified band; this GEMM does not "
-                                   "round as the screen assumes")
-        own_req = maybe_req[own]
-        _certify(values[maybe_row[own], maybe_lane[own]].view(screener.dtype).double(),
-                 theta[own_req] - offset[query_of[own_req]], e[own_req], rel_error)
-        keep = ~own  # the item itself is never ranked before itself
-        maybe_row, maybe_lane, maybe_req, maybe_item = maybe_row[keep], maybe_lane[keep], maybe_req[keep], maybe_item[keep]
-        if maybe_req.numel():
-            exact = keys.exact_pairs(rows[maybe_req], maybe_item)
-            stats["rescored"] += int(maybe_req.numel())
-            _certify(values[maybe_row, maybe_lane].view(screener.dtype).double(), exact - offset[query_of[maybe_req]],
-                     e[maybe_req], rel_error)
-            req_theta = theta[maybe_req]
-            before = (exact > req_theta) | ((exact == req_theta) & (maybe_item < cols[maybe_req]))
-            count.index_add_(0, maybe_req, before.to(torch.int64))
-        rank[unsettled] = torch.minimum(count[unsettled], caps[unsettled])
-    fallback = torch.nonzero(~valid).flatten()
-    if fallback.numel():  # thresholds too close to zero for the integer comparison: whole rows in float64
-        stats["fallback_rows"] += torch.unique(rows[fallback]).numel()
-        rank[fallback] = exact_ranks(keys, rows[fallback], cols[fallback], caps[fallback], theta[fallback],
-                                     range_lo[fallback], range_hi[fallback])
-    out = torch.empty_like(rank)
-    out[order] = rank
-    return out.numpy()
+    return unsettled, (cand_req, cand_group, cand_vals)
+
+
+def _count_candidates(keys: LinearKeys, screener: Screen, req: _Requests, unsettled: torch.Tensor,
+                      candidates: tuple[list, list, list], stats: dict) -> torch.Tensor:
+    """For every request: how many candidate items are ranked before its own, all blocks at once
+    (items certainly above counted, items inside the band rescored in float64; both the own items
+    and the rescored ones certified against the bound)."""
+    n_requests = req.rows.numel()
+    high_bits, low_bits, ranged, cols, theta = req.high_bits, req.low_bits, req.ranged, req.cols, req.theta
+    offset, query_of, e, rel_error = req.offset, req.query_of, req.e, req.rel_error
+    cand_req_idx, sub_id, values = (torch.cat(parts) for parts in candidates)
+    certain = values > high_bits[cand_req_idx][:, None]
+    maybe = values >= low_bits[cand_req_idx][:, None]
+    item = sub_id[:, None] * SUB + torch.arange(SUB)[None, :]
+    ranged_cand = torch.nonzero(ranged[cand_req_idx]).flatten()
+    if ranged_cand.numel():  # items outside a request's column range do not count
+        ranged_req = cand_req_idx[ranged_cand]
+        inside = (item[ranged_cand] >= req.range_lo[ranged_req, None]) & (item[ranged_cand] < req.range_hi[ranged_req, None])
+        certain[ranged_cand] &= inside
+        maybe[ranged_cand] &= inside
+    maybe &= ~certain
+    count = torch.zeros(n_requests, dtype=torch.int64).index_add_(0, cand_req_idx, _count(certain).to(torch.int64))
+    maybe_row, maybe_lane = maybe.nonzero(as_tuple=True)
+    maybe_req = cand_req_idx[maybe_row]
+    maybe_item = item[maybe_row, maybe_lane]
+    own = maybe_item == cols[maybe_req]
+    # free certification: each request's own item (key theta, known) must lie within the band
+    seen = torch.zeros(n_requests, dtype=torch.int64).index_add_(0, maybe_req[own], torch.ones_like(maybe_req[own]))
+    if bool((seen[unsettled] != 1).any()):
+        raise ScreenBoundError("a query's own item fell outside its certified band; this GEMM does not "
+                               "round as the screen assumes")
+    own_req = maybe_req[own]
+    _certify(values[maybe_row[own], maybe_lane[own]].view(screener.dtype).double(),
+             theta[own_req] - offset[query_of[own_req]], e[own_req], rel_error)
+    keep = ~own  # the item itself is never ranked before itself
+    maybe_row, maybe_lane, maybe_req, maybe_item = maybe_row[keep], maybe_lane[keep], maybe_req[keep], maybe_item[keep]
+    if maybe_req.numel():
+        exact = keys.exact_pairs(req.rows[maybe_req], maybe_item)
+        stats["rescored"] += int(maybe_req.numel())
+        _certify(values[maybe_row, maybe_lane].view(screener.dtype).double(), exact - offset[query_of[maybe_req]],
+                 e[maybe_req], rel_error)
+        req_theta = theta[maybe_req]
+        before = (exact > req_theta) | ((exact == req_theta) & (maybe_item < cols[maybe_req]))
+        count.index_add_(0, maybe_req, before.to(torch.int64))
+    return count
 
 
 def exact_ranks(keys: LinearKeys, rows: torch.Tensor, cols: torch.Tensor, caps: torch.Tensor, theta: torch.Tensor,

@@ -234,7 +234,7 @@ def uncertainty_validity(model, split, embeddings, deciles: dict, *, seed: int =
     pairs (``n_pairs``) and crop triplets (``n_crops``) are generated from ``seed`` and encoded
     once; probe images are rendered at the split's image size (not JPEG-compressed).
     """
-    from zsprob.data.synth_probes import crop_scenes, inclusion_pairs
+    from zsprob.data.synthworld.probes import crop_scenes, inclusion_pairs
     from zsprob.data.synthetic import SynthWorld
     from zsprob.models.encode import encode_images
 

@@ -11,8 +11,9 @@ PyTorch files, Hugging Face directories, the official COCO trainer's checkpoint 
     check_strict(zs, expected_shapes, LAYOUTS["pcmepp-hf"].rules, "PCMEPP-ViT-B-16/")
 
 :mod:`.swa` picks the SWA or raw copy of a COCO trainer file; :mod:`.load` fills a built model with
-them (``create_model(name, pretrained=OFFICIAL)`` calls it); :mod:`.convert` writes a zsprob
-checkpoint (``zsprob convert``).
+them; :mod:`.convert` builds that model (``create_from_official``, which
+``create_model(name, pretrained=OFFICIAL)`` calls) and writes a zsprob checkpoint (``zsprob convert``).
+Nothing here imports :mod:`zsprob.models.factory`: models are built by :mod:`zsprob.models.configs`.
 """
 from __future__ import annotations
 

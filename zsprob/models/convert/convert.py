@@ -1,10 +1,11 @@
 """Official checkpoint in, zsprob model / checkpoint out (``zsprob convert``), strictly.
 
-Steps: read the official file (:mod:`.io`), detect its layout, then
-``zsprob.models.create_from_official``: pick a COCO trainer file's SWA or raw copy (:mod:`.swa`),
-build the zsprob model the weights belong to with the head options of that layout
-(:func:`.load.official_options`), rename every key with the family's rules (an unknown key is an
-error) and load them strictly (:func:`.load.load_official`). The
+Steps: read the official file (:mod:`.io`), detect its layout, then :func:`create_from_official`
+(also what ``create_model(name, pretrained=OFFICIAL)`` calls): pick a COCO trainer file's SWA or
+raw copy (:mod:`.swa`), build the zsprob model the weights belong to with the head options of
+that layout (:func:`.load.official_options`, :func:`zsprob.models.configs.fresh_model`), rename
+every key with the family's rules (an unknown key is an error) and load them strictly
+(:func:`.load.load_official`). The
 result is saved with ``zsprob.models.save`` (safetensors + JSON, atomic), the loss's official
 tensors (PCME++'s shift / negative_scale) as extra tensors. ProLIP's SigLIP tokenizer directory
 is resolved and loaded with :mod:`zsprob.models.hf_tokenizer`, so a missing or broken tokenizer
@@ -14,10 +15,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from zsprob.errors import UserError
+from zsprob.models.configs import fresh_model, get_open_clip_config
 from zsprob.models.convert import LAYOUTS, detect_layout, read_state_dict
 from zsprob.models.convert.io import read_hf_config
+from zsprob.models.convert.load import load_official, official_options
+from zsprob.models.convert.swa import select_weights
 
 # the zsprob model each official layout builds when --model is not given
 DEFAULT_MODELS = {"prolip": "prolip-ViT-B-16", "pcmepp-hf": "pcmepp-ViT-B-16", "pcmepp-coco": "pcmepp-coco-ViT-B-32",
@@ -36,14 +41,43 @@ def default_model(kind: str, state: dict) -> str:
     return DEFAULT_MODELS[kind]
 
 
+def create_from_official(name: str, source, state: dict, kind: str, **options: Any):
+    """A ProbCLIP built as ``name`` with the options that reproduce the official forward, then filled strictly.
+
+    A model whose config names a Hugging Face tokenizer (ProLIP's SigLIP one) needs it locally:
+    ``tokenizer_dir``, or a tokenizer directory beside the weights.
+    The loss's official tensors (PCME++'s shift / negative_scale) are kept as ``model.official_loss``.
+    ``weights`` ("swa-text" | "swa" | "raw"; None: the official final evaluation's) picks the copy of a COCO
+    trainer file with SWA copies (:mod:`zsprob.models.convert.swa`); the choice is ``config["official_weights"]``.
+    """
+    if options.get("deterministic", False) is None:  # None: the file's own
+        options.pop("deterministic")
+    state, chosen = select_weights(state, kind, options.pop("weights", None), source)
+    fixed = official_options(kind, state, source)
+    clash = sorted(k for k in fixed if k in options and options[k] != fixed[k])
+    if clash:
+        raise UserError(f"{source} is an official {kind} checkpoint: {', '.join(clash)} must be as it was trained "
+                        f"({', '.join(f'{k}={fixed[k]!r}' for k in clash)})")
+    options.update(fixed)
+    hf_tokenizer = get_open_clip_config(name).get("text_cfg", {}).get("hf_tokenizer_name")
+    if hf_tokenizer or options.get("tokenizer_dir"):
+        from zsprob.models.hf_tokenizer import find_tokenizer_dir
+
+        options["tokenizer_dir"] = str(find_tokenizer_dir(source, options.get("tokenizer_dir")))
+    model = fresh_model(name, **options)
+    model.official_loss = load_official(model, state, kind, source)
+    model.config.update(pretrained=str(source), official_layout=kind)
+    if chosen is not None:
+        model.config["official_weights"] = chosen
+    return model
+
+
 def convert_checkpoint(source: str | os.PathLike, *, model_name: str | None = None, layout_name: str | None = None,
                        tokenizer: str | os.PathLike | None = None, weights: str | None = None):
     """(ProbCLIP with the official weights, loss tensors, info dict); raises UserError on any mismatch.
 
     ``weights``: the copy of a COCO trainer file with SWA copies (:mod:`zsprob.models.convert.swa`).
     """
-    from zsprob.models.factory import create_from_official
-
     state = read_state_dict(source)
     kind = layout_name or detect_layout(state)
     if kind not in LAYOUTS:
@@ -61,10 +95,11 @@ def convert_checkpoint(source: str | os.PathLike, *, model_name: str | None = No
 
 def convert_to_checkpoint(source, out, **kw) -> Path:
     """:func:`convert_checkpoint`, then ``zsprob.models.save`` to ``out``; returns the directory."""
-    from zsprob.models import save
+    from zsprob.models.checkpoint import save
 
     model, loss, info = convert_checkpoint(source, **kw)
     return save(model, out, extra={"converted_from": info}, extra_tensors={f"loss.{k}": v for k, v in loss.items()})
 
 
-__all__ = ["DEFAULT_MODELS", "COCO_MODELS_BY_PATCH", "default_model", "convert_checkpoint", "convert_to_checkpoint"]
+__all__ = ["DEFAULT_MODELS", "COCO_MODELS_BY_PATCH", "default_model", "create_from_official", "convert_checkpoint",
+           "convert_to_checkpoint"]

@@ -47,30 +47,42 @@ HF_RULES = [
     Rule("text_projection", "clip.text_projection"),
 ]
 
+# the COCO trainer's head modules, per tower: the mean head's fc and GPO, the std branch's fc, GPO and LayerNorm
+COCO_HEADS = {
+    "image": dict(fc="img_enc.image_encoder.fc", gpo="img_enc.image_encoder.gpool",
+                  std_fc="img_enc.image_std_encoder.fc", std_gpo="img_enc.image_std_encoder.gpool",
+                  std_ln="img_enc.image_std_ln"),
+    "text": dict(fc="txt_enc.linear", gpo="txt_enc.gpool", std_fc="txt_enc.std_linear", std_gpo="txt_enc.std_gpool",
+                 std_ln="txt_enc.text_std_ln"),
+}
+
+
+def _coco_head_rules(side: str) -> list[Rule]:
+    """The rules of one tower's heads (``side``: image | text), from its official names in :data:`COCO_HEADS`."""
+    n = COCO_HEADS[side]
+    return [
+        Rule(n["fc"] + ".{rest}", f"{side}_head.fc.{{rest}}"),
+        Rule(n["gpo"] + ".gru.{rest}", f"{side}_gpo.gru.{{rest}}"),
+        Rule(n["gpo"] + ".linear.weight", f"{side}_gpo.score.weight"),
+        Rule(n["std_fc"] + ".{rest}", f"{side}_sigma.proj.{{rest}}", "sigma"),
+        Rule(n["std_gpo"] + ".gru.{rest}", f"{side}_sigma.gpo.gru.{{rest}}", "sigma"),
+        Rule(n["std_gpo"] + ".linear.weight", f"{side}_sigma.gpo.score.weight", "sigma"),
+        Rule(n["std_ln"] + ".{rest}", f"{side}_sigma.sigma_ln.{{rest}}", "sigma"),
+    ]
+
+
 COCO_RULES = [
     # image tower
     Rule("img_enc.backbone.uncertainty_transformer.resblocks.{i}.{rest}", "image_sigma.blocks.{i}.{rest}", "sigma"),
     Rule("img_enc.backbone.{rest}", "clip.visual.{rest}"),
-    Rule("img_enc.image_encoder.fc.{rest}", "image_head.fc.{rest}"),
-    Rule("img_enc.image_encoder.gpool.gru.{rest}", "image_gpo.gru.{rest}"),
-    Rule("img_enc.image_encoder.gpool.linear.weight", "image_gpo.score.weight"),
-    Rule("img_enc.image_std_encoder.fc.{rest}", "image_sigma.proj.{rest}", "sigma"),
-    Rule("img_enc.image_std_encoder.gpool.gru.{rest}", "image_sigma.gpo.gru.{rest}", "sigma"),
-    Rule("img_enc.image_std_encoder.gpool.linear.weight", "image_sigma.gpo.score.weight", "sigma"),
-    Rule("img_enc.image_std_ln.{rest}", "image_sigma.sigma_ln.{rest}", "sigma"),
+    *_coco_head_rules("image"),
     # text tower
     Rule("txt_enc.backbone.transformer.prob_resblocks.{i}.{rest}", "text_sigma.blocks.{i}.{rest}", "sigma"),
     Rule("txt_enc.backbone.transformer.resblocks.{i}.{rest}", "clip.transformer.resblocks.{i}.{rest}"),
     Rule("txt_enc.backbone.token_embedding.{rest}", "clip.token_embedding.{rest}"),
     Rule("txt_enc.backbone.positional_embedding", "clip.positional_embedding"),
     Rule("txt_enc.backbone.ln_final.{rest}", "clip.ln_final.{rest}"),
-    Rule("txt_enc.linear.{rest}", "text_head.fc.{rest}"),
-    Rule("txt_enc.gpool.gru.{rest}", "text_gpo.gru.{rest}"),
-    Rule("txt_enc.gpool.linear.weight", "text_gpo.score.weight"),
-    Rule("txt_enc.std_linear.{rest}", "text_sigma.proj.{rest}", "sigma"),
-    Rule("txt_enc.std_gpool.gru.{rest}", "text_sigma.gpo.gru.{rest}", "sigma"),
-    Rule("txt_enc.std_gpool.linear.weight", "text_sigma.gpo.score.weight", "sigma"),
-    Rule("txt_enc.text_std_ln.{rest}", "text_sigma.sigma_ln.{rest}", "sigma"),
+    *_coco_head_rules("text"),
     # loss (pcmepp / pcme criteria; InfoNCE's temperature)
     Rule("criterion.shift", "loss.shift", "loss"),
     Rule("criterion.negative_scale", "loss.negative_scale", "loss"),

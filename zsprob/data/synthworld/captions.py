@@ -12,7 +12,7 @@ phrase is satisfied by some object of the scene (all mentioned attributes equal)
 mentioned condition, background type and object count hold.
 
 Ambiguity = ln(fraction of scenes of the world prior the caption is true of), computed
-*analytically* from the sampling priors in :mod:`zsprob.data.synth_scene` by exact
+*analytically* from the sampling priors in :mod:`zsprob.data.synthworld.scene` by exact
 enumeration (a small dynamic programme over objects; shapes and grid cells are drawn without
 replacement). :func:`match_matrix` evaluates the predicate for many captions x scenes with
 numpy. Everything here is written by zsprob (numpy only).
@@ -25,9 +25,9 @@ from itertools import product
 
 import numpy as np
 
-from zsprob.data.synth_scene import (ATTRS, BACKGROUNDS, COLOR_NAMES, COLORLESS, COND_P,
-                                     CONDITIONS, FILLS, MANY_COUNTS, NUM_OBJECTS, NUM_OBJECTS_P, PLURALS,
-                                     POSITIONS, SHAPES, SIZES, VOCAB)
+from zsprob.data.synthworld.scene import (ATTRS, BACKGROUNDS, COLOR_NAMES, COLORLESS, COND_P,
+                                        CONDITIONS, FILLS, MANY_COUNTS, NUM_OBJECTS, NUM_OBJECTS_P, PLURALS,
+                                        POSITIONS, SHAPES, SIZES, VOCAB)
 
 FILL_WORD = {"solid": "solid", "striped": "striped", "dotted": "dotted", "outline": "outlined"}
 POS_PHRASE = {"top left": "at the top left", "top": "at the top", "top right": "at the top right",

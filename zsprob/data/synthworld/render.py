@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw, ImageFilter
 
-from zsprob.data.synth_scene import COLORS, POSITIONS
+from zsprob.data.synthworld.scene import COLORS, POSITIONS
 
 SIZE_RADIUS = {"small": 0.13, "medium": 0.2, "large": 0.28}  # radius as a fraction of the canvas
 SS = 2  # supersampling factor
@@ -180,7 +180,7 @@ def _xy(pts, rpx, cx, cy, angle):
 
 
 def render_scene(scene: dict, image_size: int) -> Image.Image:
-    """Render a scene (see :func:`zsprob.data.synth_scene.sample_scene`) to an RGB image."""
+    """Render a scene (see :func:`zsprob.data.synthworld.scene.sample_scene`) to an RGB image."""
     big = image_size * SS
     cond = scene["condition"]
     if scene["background"] == "plain":

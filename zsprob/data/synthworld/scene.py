@@ -9,7 +9,7 @@ it from a BLAKE2b hash of (seed, split, index), so a scene is a pure function of
 values.
 
 The constants here (vocabularies, COND_P, NUM_OBJECTS_P, ...) are read by both the sampler
-and the analytic caption ambiguity in :mod:`zsprob.data.synth_captions`; a change to the
+and the analytic caption ambiguity in :mod:`zsprob.data.synthworld.captions`; a change to the
 sampling *logic* (e.g. drawing shapes with replacement) must be mirrored there — the tests
 compare the analytic probabilities with Monte Carlo frequencies of this sampler.
 Written by zsprob.

@@ -10,8 +10,8 @@
   the same scene with A and B (pixel-identical A, background and condition, B added), with the
   captions "A" and "A and B".
 
-Captions, predicate and ambiguity come from :mod:`zsprob.data.synth_captions`, scenes from
-:func:`zsprob.data.synthetic.make_scene`; rendering is the caller's (``SynthWorld.render``).
+Captions, predicate and ambiguity come from :mod:`zsprob.data.synthworld.captions`, scenes from
+:func:`zsprob.data.synthworld.world.make_scene`; rendering is the caller's (``SynthWorld.render``).
 Everything is a pure function of ``seed`` (numpy's Generator). Written by zsprob.
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ import copy
 
 import numpy as np
 
-from zsprob.data.synth_captions import WRAPPERS, ambiguity, caption_key, object_phrase
-from zsprob.data.synth_scene import BACKGROUNDS, COLOR_NAMES, FILLS, POSITIONS, SHAPES, SIZES
+from zsprob.data.synthworld.captions import WRAPPERS, ambiguity, caption_key, object_phrase
+from zsprob.data.synthworld.scene import BACKGROUNDS, COLOR_NAMES, FILLS, POSITIONS, SHAPES, SIZES
+from zsprob.data.synthworld.world import make_scene
 from zsprob.errors import UserError
 
 # attributes a probe phrase may add to a bare shape, in the grammar's word order
@@ -119,8 +120,6 @@ def crop_scenes(n_trials: int = 300, seed: int = 0) -> list[dict]:
     are copied, so A's pixels are identical). ``caption_a`` names A (shape + colour, and its size
     or fill at random); ``caption_ab`` is "caption A and caption B" as in the paper.
     """
-    from zsprob.data.synthetic import make_scene
-
     if n_trials < 1:
         raise UserError(f"n_trials must be >= 1, got {n_trials}")
     rng = np.random.default_rng([int(seed), 4])

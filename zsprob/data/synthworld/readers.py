@@ -1,0 +1,141 @@
+"""Reading a SynthWorld back: the retrieval splits with exact ground truth, the pretraining shards, jWAE's split.
+
+scipy.sparse reads the plausible-match matrix (``.npz``), ``tarfile`` the shards, ``json`` the
+Karpathy-format annotations; :mod:`zsprob.errors` names a missing file with the command that makes it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zsprob.data.synthworld.world import RETRIEVAL_ID_BASE
+from zsprob.errors import UserError
+
+
+@dataclass
+class RetrievalSplit:
+    """One SynthWorld retrieval split with exact plausible-match ground truth."""
+    image_paths: list[Path]
+    image_ids: list[int]
+    captions: list[str]
+    caption_ids: list[int]
+    caption_image: np.ndarray          # [n_cap] index of the source image
+    positives: Any                     # scipy.sparse.csr_matrix [n_img, n_cap] bool
+    caption_ambiguity: np.ndarray      # [n_cap] ln fraction of the world the caption is true of
+    image_meta: list[dict] = field(default_factory=list)
+    caption_meta: list[dict] = field(default_factory=list)
+    split: str = "test"
+    root: Path | None = None
+
+    def __len__(self) -> int:
+        return len(self.image_paths)
+
+
+def load_retrieval_split(root: str | os.PathLike, split: str = "test") -> RetrievalSplit:
+    """Read ``root/retrieval`` (root = a SynthWorld OUT folder) for ``split`` ("test" or "val")."""
+    import scipy.sparse as sp
+
+    from zsprob.errors import require_dir, require_file
+
+    root = Path(root)
+    if split not in RETRIEVAL_ID_BASE:
+        raise UserError(f"SynthWorld retrieval split must be 'test' or 'val', got {split!r}")
+    hint = "generate it with `zsprob data synthetic --out DIR`"
+    require_dir(root, "SynthWorld folder", hint)
+    rdir = require_dir(root / "retrieval", "SynthWorld retrieval folder", hint)
+    kj = require_file(rdir / "dataset_synthworld.json", "SynthWorld Karpathy-format JSON", hint)
+    mfile = require_file(rdir / f"{split}_meta.json", f"SynthWorld retrieval {split} metadata", hint)
+    pfile = require_file(rdir / f"{split}_positives.npz", f"SynthWorld retrieval {split} positives", hint)
+    from zsprob.utils.io import read_json
+
+    data = read_json(kj, "SynthWorld Karpathy-format JSON")
+    meta = read_json(mfile, f"SynthWorld retrieval {split} metadata")
+    try:
+        pos = sp.load_npz(pfile).tocsr().astype(bool)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"SynthWorld positives file is corrupted: {pfile} ({e})") from None
+    imgs = [im for im in data.get("images", []) if im.get("split") == split]
+    paths, ids, caps, cids, cimg = [], [], [], [], []
+    for i, im in enumerate(imgs):
+        paths.append(rdir / "images" / im["filepath"] / im["filename"])
+        ids.append(int(im["cocoid"]))
+        for s in im["sentences"]:
+            caps.append(s["raw"])
+            cids.append(int(s["sentid"]))
+            cimg.append(i)
+    n_img, n_cap = len(paths), len(caps)
+    if pos.shape != (n_img, n_cap) or len(meta["caption_meta"]) != n_cap or len(meta["image_meta"]) != n_img:
+        raise UserError(f"SynthWorld retrieval {split} files disagree (JSON {n_img} images / {n_cap} captions, "
+                        f"positives {pos.shape}); regenerate with --overwrite")
+    for p in paths[:1] + paths[-1:]:
+        require_file(p, "SynthWorld retrieval image", hint)
+    return RetrievalSplit(image_paths=paths, image_ids=ids, captions=caps, caption_ids=cids,
+                          caption_image=np.asarray(cimg, dtype=np.int64), positives=pos,
+                          caption_ambiguity=np.asarray(meta["caption_ambiguity"], dtype=np.float64),
+                          image_meta=meta["image_meta"], caption_meta=meta["caption_meta"], split=split,
+                          root=root)
+
+
+# --------------------------------------------------------------------------- semi-supervised streams
+
+@dataclass
+class PretrainItems:
+    """Every sample of SynthWorld pretraining shards: JPEG bytes and the five captions, in key order."""
+    keys: list[str]
+    jpegs: list[bytes]
+    captions: list[list[str]]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def read_pretrain_items(shards: str | os.PathLike) -> PretrainItems:
+    """Read a directory of SynthWorld pretraining shards (``OUT/pretrain``) into memory."""
+    d = Path(shards)
+    tars = sorted(d.glob("*.tar")) if d.is_dir() else []
+    if not tars:
+        raise UserError(f"no SynthWorld pretraining shards (*.tar) in {d} (make them with `zsprob data synthetic "
+                        "--out DIR`, then pass --shards DIR/pretrain)")
+    found: dict[str, dict] = {}
+    for t in tars:
+        try:
+            with tarfile.open(t) as tf:
+                for m in tf.getmembers():
+                    key, _, ext = m.name.rpartition(".")
+                    if ext in ("jpg", "json") and m.isfile():
+                        found.setdefault(key, {})[ext] = tf.extractfile(m).read()
+        except (tarfile.TarError, OSError) as e:
+            raise UserError(f"cannot read SynthWorld shard {t}: {e}") from None
+    keys = sorted(k for k, v in found.items() if "jpg" in v and "json" in v)
+    if not keys:
+        raise UserError(f"the shards in {d} hold no SynthWorld samples (.jpg + .json)")
+    caps = []
+    for k in keys:
+        rec = json.loads(found[k]["json"])
+        caps.append([c["text"] if isinstance(c, dict) else str(c) for c in rec.get("captions") or [rec["caption"]]])
+    return PretrainItems(keys=keys, jpegs=[found[k]["jpg"] for k in keys], captions=caps)
+
+
+def paired_split(n: int, paired_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The semi-supervised split of ``n`` pretraining samples: (paired indices, unpaired indices).
+
+    ``round(paired_fraction * n)`` samples (at least one), drawn by a permutation seeded by
+    ``seed``, keep their image-caption pairing; the rest give unpaired images and unpaired
+    captions (jWAE's limited-supervision setting: the remaining pairs are used without labels).
+    Sorted index arrays; the paired set of a smaller fraction is a subset of a larger one's.
+    """
+    f = float(paired_fraction)
+    if not 0.0 < f <= 1.0:
+        raise UserError(f"data.paired_fraction must be in (0, 1], got {paired_fraction!r}")
+    order = np.random.default_rng([int(seed), 0x9A1D]).permutation(n)
+    k = max(1, int(round(f * n)))
+    return np.sort(order[:k]), np.sort(order[k:])
+
+
+__all__ = ["RetrievalSplit", "load_retrieval_split", "PretrainItems", "read_pretrain_items", "paired_split"]

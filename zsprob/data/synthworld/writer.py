@@ -1,0 +1,292 @@
+"""Writing a SynthWorld: :func:`generate` (splits -> work units -> shards, images, annotations, manifest).
+
+The steps, each a function below: check the arguments (:func:`_validate`), make ``out`` ready
+(resume, or refuse / overwrite a world made with other arguments: :func:`_prepare_out`), list
+the work units (:func:`_make_units`), run them (:func:`_run_units`, one process or a
+``multiprocessing`` pool; :mod:`.units` does the rendering), then write the retrieval
+annotations (:func:`_write_retrieval_split`, :func:`_write_karpathy_json`), the class names and
+the manifest (:func:`_manifest`). Every byte goes through :mod:`.files`, so the output does
+not depend on ``workers``; tqdm shows progress.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from zsprob.data.synthworld.captions import match_matrix
+from zsprob.data.synthworld.files import dumps, sparse_npz_bytes, write_atomic
+from zsprob.data.synthworld.preview import write_preview
+from zsprob.data.synthworld.scene import (BACKGROUNDS, COLOR_NAMES, COND_P, CONDITIONS, FILLS, NUM_OBJECTS_P,
+                                          POSITIONS, SHAPES, SIZES)
+from zsprob.data.synthworld.units import run_unit
+from zsprob.data.synthworld.world import (AMBIGUITY_METHOD, CAPTIONS_PER_IMAGE, FORMAT_VERSION, RETRIEVAL_ID_BASE,
+                                          check_image_size)
+from zsprob.errors import UserError
+
+#: images per classification / retrieval work unit
+CHUNK = 250
+
+
+def _params(image_size, num_pretrain, num_classify_select, num_classify_eval, num_retrieval,
+            num_retrieval_val, noise, seed, shard_size, quality) -> dict:
+    return {"format_version": FORMAT_VERSION, "seed": seed, "image_size": image_size, "noise": noise,
+            "num_pretrain": num_pretrain, "num_classify_select": num_classify_select,
+            "num_classify_eval": num_classify_eval, "num_retrieval": num_retrieval,
+            "num_retrieval_val": num_retrieval_val, "shard_size": shard_size, "jpeg_quality": quality}
+
+
+def _validate(image_size, counts: dict, noise, seed, shard_size, quality, workers) -> None:
+    check_image_size(image_size)
+    for k, v in counts.items():
+        if not isinstance(v, (int, np.integer)) or v < 0:
+            raise UserError(f"{k} must be a non-negative integer, got {v!r}")
+    if not 0.0 <= float(noise) <= 1.0:
+        raise UserError(f"noise must be in [0, 1], got {noise}")
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise UserError(f"seed must be a non-negative integer, got {seed!r}")
+    if shard_size < 1:
+        raise UserError(f"shard size must be >= 1, got {shard_size}")
+    if not 1 <= quality <= 100:
+        raise UserError(f"JPEG quality must be in [1, 100], got {quality}")
+    if workers < 1:
+        raise UserError(f"workers must be >= 1, got {workers}")
+
+
+def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int = 20000,
+             num_classify_select: int = 10, num_classify_eval: int = 50, num_retrieval: int = 1000,
+             num_retrieval_val: int | None = 500, noise: float = 0.0, seed: int = 0,
+             shard_size: int = 1000, jpeg_quality: int = 90, workers: int = 1, progress: bool = True,
+             overwrite: bool = False, preview: bool = False,
+             callback: Callable[[str, int], None] | None = None) -> dict:
+    """Write a SynthWorld under ``out`` and return its manifest (also ``out/manifest.json``).
+
+    ``num_classify_select`` / ``num_classify_eval`` are images *per class*; ``num_retrieval``
+    (test) and ``num_retrieval_val`` are images (five captions each). ``noise`` is the noisy
+    correspondence rate of the pretraining captions (evaluation splits are always clean).
+    ``workers > 1`` uses processes; the bytes written do not depend on it. Re-running with the
+    same arguments resumes (existing shards / images are kept); different arguments on an
+    existing world raise :class:`UserError` unless ``overwrite=True`` (which deletes the
+    world's ``pretrain/``, ``classify/`` and ``retrieval/`` folders first).
+    """
+    if num_retrieval_val is None:
+        num_retrieval_val = num_retrieval // 2
+    counts = dict(num_pretrain=num_pretrain, num_classify_select=num_classify_select,
+                  num_classify_eval=num_classify_eval, num_retrieval=num_retrieval,
+                  num_retrieval_val=num_retrieval_val)
+    _validate(image_size, counts, noise, seed, shard_size, jpeg_quality, workers)
+    image_size, seed, noise = int(image_size), int(seed), float(noise)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out must be a directory, but {out} is a file")
+    params = _params(image_size, num_pretrain, num_classify_select, num_classify_eval, num_retrieval,
+                     num_retrieval_val, noise, seed, shard_size, jpeg_quality)
+    _prepare_out(out, params, overwrite)
+
+    base = dict(out=str(out), seed=seed, image_size=image_size, quality=jpeg_quality, resume=True)
+    units = _make_units(base, counts, shard_size, noise)
+    total_samples = num_pretrain + (num_classify_select + num_classify_eval) * len(SHAPES) + \
+        num_retrieval + num_retrieval_val
+    t0 = time.perf_counter()
+    rendered, retrieval_metas = _run_units(units, counts, workers, total_samples, progress, callback)
+    gen_s = time.perf_counter() - t0
+
+    # retrieval annotations (main process)
+    for split, metas in retrieval_metas.items():
+        _write_retrieval_split(out, split, metas, image_size)
+    _write_karpathy_json(out, retrieval_metas)
+
+    (out / "classify").mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "classify" / "classnames.txt", ("\n".join(SHAPES) + "\n").encode())
+
+    n_shards = (num_pretrain + shard_size - 1) // shard_size
+    manifest = _manifest(params, n_shards, total_samples)
+    write_atomic(out / "manifest.json", (dumps(manifest, indent=2) + "\n").encode())
+    if preview:
+        write_preview(out / "preview.png", seed=seed, image_size=image_size)
+    elapsed = time.perf_counter() - t0
+    manifest_ret = dict(manifest)
+    manifest_ret["stats"] = {"rendered": rendered, "generation_seconds": gen_s, "total_seconds": elapsed,
+                             "samples_per_second": rendered / gen_s if gen_s > 0 else float("nan"),
+                             "workers": workers}
+    return manifest_ret
+
+
+def _prepare_out(out: Path, params: dict, overwrite: bool) -> None:
+    """Make ``out`` ready for a run with ``params``: resume a world made with the same arguments,
+    refuse one made with others (or delete its folders with ``overwrite``), remove a killed run's
+    temp files, and record ``params`` in ``out/.synthworld-params.json``."""
+    pfile = out / ".synthworld-params.json"
+    old = None
+    if pfile.is_file():
+        try:
+            old = json.loads(pfile.read_text())
+        except ValueError:
+            old = None
+    elif (out / "manifest.json").is_file():
+        old = {"unknown": True}
+    if old is not None and old != params:
+        if not overwrite:
+            raise UserError(f"{out} already holds a SynthWorld generated with other arguments; "
+                            "use another --out or --overwrite")
+    if overwrite and old is not None:  # only ever delete what a SynthWorld run wrote
+        for sub in ("pretrain", "classify", "retrieval"):
+            shutil.rmtree(out / sub, ignore_errors=True)
+        for f in ("manifest.json", "preview.png"):
+            (out / f).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for sub in ("pretrain", "classify", "retrieval"):  # temp files of a killed run
+        if (out / sub).is_dir():
+            for tmp in (out / sub).rglob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
+    write_atomic(pfile, (dumps(params, indent=2) + "\n").encode())
+
+
+def _make_units(base: dict, counts: dict, shard_size: int, noise: float) -> list[dict]:
+    """The work units of a run, in order: pretraining shards, classification chunks (select, eval),
+    retrieval chunks (test, val); ``base`` holds what every unit shares."""
+    num_pretrain = counts["num_pretrain"]
+    units: list[dict] = []
+    n_shards = (num_pretrain + shard_size - 1) // shard_size
+    for k in range(n_shards):
+        units.append(dict(base, kind="pretrain", shard=k, start=k * shard_size,
+                          end=min(num_pretrain, (k + 1) * shard_size), noise=noise))
+    for part, per_class in (("select", counts["num_classify_select"]), ("eval", counts["num_classify_eval"])):
+        total = per_class * len(SHAPES)
+        for a in range(0, total, CHUNK):
+            units.append(dict(base, kind="classify", part=part, start=a, end=min(total, a + CHUNK)))
+    for split, n in (("test", counts["num_retrieval"]), ("val", counts["num_retrieval_val"])):
+        for a in range(0, n, CHUNK):
+            units.append(dict(base, kind="retrieval", split=split, start=a, end=min(n, a + CHUNK)))
+    return units
+
+
+def _run_units(units: list[dict], counts: dict, workers: int, total_samples: int, progress: bool,
+               callback) -> tuple[int, dict[str, list]]:
+    """Run every unit (in a process pool when ``workers > 1``) under a progress bar; returns the
+    number of images rendered (skipped units not counted) and the retrieval metadata by split."""
+    retrieval_metas: dict[str, list] = {"test": [None] * counts["num_retrieval"],
+                                        "val": [None] * counts["num_retrieval_val"]}
+    rendered = 0
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total_samples, desc="SynthWorld", unit="img", disable=not progress, dynamic_ncols=True)
+    try:
+        if workers > 1 and len(units) > 1:
+            import multiprocessing as mp
+
+            # fork where the platform has it (no re-import of the caller's __main__); the units
+            # use numpy / Pillow only, so a parent holding torch threads is not an issue
+            methods = mp.get_all_start_methods()
+            ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+            with ctx.Pool(min(workers, len(units))) as pool:
+                results = pool.imap_unordered(run_unit, units)
+                for r in results:
+                    rendered += _collect(r, retrieval_metas, bar, callback)
+        else:
+            for u in units:
+                rendered += _collect(run_unit(u), retrieval_metas, bar, callback)
+    finally:
+        bar.close()
+    return rendered, retrieval_metas
+
+
+def _manifest(params: dict, n_shards: int, total_samples: int) -> dict:
+    """``manifest.json``: the run's arguments and counts, the vocabulary, the priors and the file layout."""
+    from zsprob import __version__
+
+    num_classify_select, num_classify_eval = params["num_classify_select"], params["num_classify_eval"]
+    num_retrieval, num_retrieval_val = params["num_retrieval"], params["num_retrieval_val"]
+    return {
+        "name": "SynthWorld",
+        "format_version": FORMAT_VERSION,
+        "zsprob_version": __version__,
+        "seed": params["seed"],
+        "image_size": params["image_size"],
+        "noise": params["noise"],
+        "jpeg_quality": params["jpeg_quality"],
+        "counts": {
+            "pretrain": params["num_pretrain"], "pretrain_shards": n_shards, "shard_size": params["shard_size"],
+            "classify_select_per_class": num_classify_select, "classify_eval_per_class": num_classify_eval,
+            "classify_select": num_classify_select * len(SHAPES), "classify_eval": num_classify_eval * len(SHAPES),
+            "retrieval_test": num_retrieval, "retrieval_val": num_retrieval_val,
+            "retrieval_test_captions": num_retrieval * CAPTIONS_PER_IMAGE,
+            "retrieval_val_captions": num_retrieval_val * CAPTIONS_PER_IMAGE,
+            "captions_per_image": CAPTIONS_PER_IMAGE, "total_images": total_samples,
+        },
+        "classes": list(SHAPES),
+        "vocabulary": {"shapes": list(SHAPES), "colors": list(COLOR_NAMES), "sizes": list(SIZES),
+                       "positions": list(POSITIONS), "fills": list(FILLS), "backgrounds": list(BACKGROUNDS),
+                       "conditions": list(CONDITIONS)},
+        "priors": {"condition": dict(zip(CONDITIONS, COND_P.tolist())),
+                   "num_objects": {"1": float(NUM_OBJECTS_P[0]), "2": float(NUM_OBJECTS_P[1]),
+                                   "3": float(NUM_OBJECTS_P[2])}, "many_copies": [3, 4, 5]},
+        "ambiguity_method": AMBIGUITY_METHOD,
+        "files": {
+            "pretrain": "pretrain/shard-{000000..%06d}.tar" % max(0, n_shards - 1),
+            "classify_classnames": "classify/classnames.txt",
+            "classify_select": "classify/select/<class>/<class>_NNNNN.jpg",
+            "classify_eval": "classify/eval/<class>/<class>_NNNNN.jpg",
+            "retrieval_karpathy_json": "retrieval/dataset_synthworld.json",
+            "retrieval_images": "retrieval/images/<split>/<image_id>.jpg",
+            "retrieval_positives": "retrieval/<split>_positives.npz",
+            "retrieval_meta": "retrieval/<split>_meta.json",
+        },
+    }
+
+
+def _collect(r: dict, retrieval_metas: dict, bar, callback) -> int:
+    if r["kind"] == "retrieval":
+        metas = retrieval_metas[r["split"]]
+        metas[r["start"]:r["start"] + len(r["metas"])] = r["metas"]
+    bar.update(r["n"])
+    if callback is not None:
+        callback(r["kind"], r["n"])
+    return 0 if r["skipped"] else r["n"]
+
+
+def _write_retrieval_split(out: Path, split: str, metas: list[dict], image_size: int) -> None:
+    capt = [cm for m in metas for cm in m["captions"]]
+    pos = match_matrix(capt, metas)
+    write_atomic(out / "retrieval" / f"{split}_positives.npz", sparse_npz_bytes(pos))
+    base = RETRIEVAL_ID_BASE[split]
+    image_meta = []
+    for i, m in enumerate(metas):
+        im = {k: v for k, v in m.items() if k != "captions"}
+        im["image_id"] = base + i
+        image_meta.append(im)
+    caption_meta = []
+    for i, m in enumerate(metas):
+        for k, cm in enumerate(m["captions"]):
+            caption_meta.append(dict(cm, caption_id=(base + i) * 10 + k, image_index=i, image_id=base + i))
+    doc = {"split": split, "image_size": image_size, "num_images": len(metas), "num_captions": len(capt),
+           "ambiguity_method": AMBIGUITY_METHOD, "image_meta": image_meta, "caption_meta": caption_meta,
+           "caption_ambiguity": [cm["ambiguity"] for cm in caption_meta]}
+    write_atomic(out / "retrieval" / f"{split}_meta.json", (dumps(doc) + "\n").encode())
+
+
+def _write_karpathy_json(out: Path, retrieval_metas: dict[str, list]) -> None:
+    """dataset_coco.json-style: images with imgid / cocoid / sentids / sentences (raw, tokens)."""
+    images = []
+    imgid = 0
+    for split in ("test", "val"):
+        base = RETRIEVAL_ID_BASE[split]
+        for i, m in enumerate(retrieval_metas[split]):
+            sents = []
+            for k, cm in enumerate(m["captions"]):
+                sid = (base + i) * 10 + k
+                toks = cm["text"].lower().replace(",", " ").split()
+                sents.append({"tokens": toks, "raw": cm["text"], "imgid": imgid, "sentid": sid})
+            images.append({"filepath": split, "filename": f"{base + i}.jpg", "imgid": imgid, "split": split,
+                           "cocoid": base + i, "sentids": [s["sentid"] for s in sents], "sentences": sents})
+            imgid += 1
+    write_atomic(out / "retrieval" / "dataset_synthworld.json",
+                  (dumps({"dataset": "synthworld", "images": images}) + "\n").encode())
+
+
+__all__ = ["generate", "CHUNK"]

@@ -1,0 +1,281 @@
+"""Model configs: an open_clip model name or zsprob config + zsprob's options -> ``model.config`` -> a ProbCLIP.
+
+What open_clip does: the model configs (``open_clip.get_model_config``; zsprob's own JSONs in
+``configs/models/`` are registered with ``open_clip.add_model_config``), building the CLIP
+model from a config, the tokenizer (``open_clip.get_tokenizer``) and the image transforms
+(``open_clip.image_transform``, ``open_clip.transform.PreprocessCfg``).
+
+What zsprob does: splits :func:`~zsprob.models.create_model`'s options into open_clip's and its
+own (:func:`resolve_options`), writes everything needed to rebuild the model into
+``model.config`` (:func:`model_config`) and wraps the open_clip model into a
+:class:`~zsprob.models.prob_clip.ProbCLIP` (:func:`wrap`). Nothing here reads weights: a model
+built here is randomly initialised (:func:`fresh_model`, :func:`model_from_config`); the
+factory (:mod:`zsprob.models.factory`), the builder and the converters fill it.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zsprob.errors import UserError
+from zsprob.models.sigma_heads import DEFAULT_BIAS_INIT
+
+ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "zsprob-tiny-bow", "ViT-S-16-d128", "prolip-tiny", "pcmepp-tiny",
+                  "pcmepp-coco-tiny")
+_registered = False
+
+# Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
+_ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment", "sigma_head",
+                   "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias", "tokenizer_dir", "sigma_param",
+                   "sigma_shape", "unc_layout", "sigma_detach", "mean_head")
+
+# the head options a zsprob checkpoint's config may lack (saved before they existed), with their values then
+CHECKPOINT_HEAD_DEFAULTS = (("sigma_head", "block"), ("sigma_layout", "legacy"), ("sigma_ln_init", None),
+                            ("sigma_ln_init_bias", 0.0), ("sigma_param", "logvar"), ("sigma_shape", "diagonal"),
+                            ("unc_layout", "zsprob"), ("sigma_detach", False), ("mean_head", "proj"))
+
+
+def _open_clip():
+    import open_clip
+
+    return open_clip
+
+
+def register_model_configs() -> None:
+    """Register zsprob's model JSONs (configs/models/*.json) with open_clip (once)."""
+    global _registered
+    if _registered:
+        return
+    from zsprob.models.plain_cnn import register as register_plaincnn
+    from zsprob.utils.paths import model_configs_dir
+
+    register_plaincnn()  # timm models zsprob_plaincnn(_small): zsprob-tiny-bow's image tower
+
+    d = model_configs_dir()
+    if d.is_dir():
+        _open_clip().add_model_config(d)
+    _registered = True
+
+
+def list_models() -> list[str]:
+    """Every name :func:`create_model` accepts (open_clip's configs plus zsprob's)."""
+    register_model_configs()
+    return list(_open_clip().list_models())
+
+
+def _deep_update(base: dict, upd: dict) -> dict:
+    """Merge ``upd`` into ``base`` (nested dicts merged key by key); returns ``base``."""
+    for k, v in upd.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def get_open_clip_config(name: str) -> dict:
+    """A copy of open_clip's config of ``name`` (zsprob's configs registered first); UserError naming close names."""
+    register_model_configs()
+    oc = _open_clip()
+    cfg = oc.get_model_config(name.replace("/", "-"))
+    if cfg is None:
+        import difflib
+
+        close = difflib.get_close_matches(name, oc.list_models(), n=5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UserError(f"unknown model {name!r}: not an open_clip model name nor a zsprob config in "
+                        f"configs/models/ (see zsprob.models.list_models()){hint}")
+    return copy.deepcopy(cfg)
+
+
+def build_open_clip(cfg: dict) -> torch.nn.Module:
+    """Instantiate an open_clip CLIP / CustomTextCLIP from a full model config (random init)."""
+    oc = _open_clip()
+    cfg = copy.deepcopy(cfg)
+    cfg.pop("preprocess_cfg", None)  # transforms, not a constructor argument (read by _preprocess_cfg)
+    custom_text = cfg.pop("custom_text", False) or "hf_model_name" in cfg.get("text_cfg", {})
+    if "multimodal_cfg" in cfg:
+        raise UserError("CoCa models (multimodal_cfg) are not supported by zsprob")
+    vision_cfg = cfg.get("vision_cfg", {})
+    if "timm_model_name" in vision_cfg:
+        vision_cfg["timm_model_pretrained"] = False  # never fetch timm weights at run time
+    if "hf_model_name" in cfg.get("text_cfg", {}):
+        raise UserError("open_clip models with Hugging Face text towers are not supported by zsprob")
+    cls = oc.CustomTextCLIP if custom_text else oc.CLIP
+    from zsprob.models.bow_text import BowCLIP, is_bow_config
+
+    if is_bow_config(cfg):
+        cls = BowCLIP  # open_clip image tower + zsprob's bag-of-words text tower
+    try:
+        return cls(**cfg)
+    except TypeError as e:
+        raise UserError(f"invalid open_clip model config: {e}") from None
+
+
+def _transforms(preprocess_cfg: dict):
+    """(train, val) image transforms of a ``preprocess_cfg`` (open_clip's ``image_transform``)."""
+    oc = _open_clip()
+    kw = dict(mean=tuple(preprocess_cfg["mean"]), std=tuple(preprocess_cfg["std"]),
+              interpolation=preprocess_cfg.get("interpolation"), resize_mode=preprocess_cfg.get("resize_mode"),
+              fill_color=preprocess_cfg.get("fill_color", 0))
+    size = preprocess_cfg["size"]
+    return oc.image_transform(size, is_train=True, **kw), oc.image_transform(size, is_train=False, **kw)
+
+
+def preprocess_cfg(open_clip_cfg: dict, pretrained_cfg: dict | None) -> dict:
+    """open_clip's preprocessing defaults, merged with the pretrained tag's and the model config's."""
+    from dataclasses import asdict
+
+    from open_clip.transform import PreprocessCfg, merge_preprocess_dict
+
+    pc = asdict(PreprocessCfg())
+    if pretrained_cfg:
+        pc = merge_preprocess_dict(pc, pretrained_cfg)
+    pc = merge_preprocess_dict(pc, open_clip_cfg.get("preprocess_cfg", {}))
+    pc["size"] = open_clip_cfg["vision_cfg"].get("image_size", 224)
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in pc.items()}
+
+
+def wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = None):
+    """ProbCLIP around an open_clip model, with open_clip's tokenizer and transforms."""
+    from zsprob.models.prob_clip import ProbCLIP
+
+    oc = _open_clip()
+    name = config["name"]
+    ctx = config["open_clip_cfg"].get("text_cfg", {}).get("context_length", 77)
+    if config.get("tokenizer_dir"):  # a local Hugging Face tokenizer (ProLIP's SigLIP tokenizer), never the hub
+        from zsprob.models.hf_tokenizer import load_hf_tokenizer
+
+        tokenizer = load_hf_tokenizer(config["tokenizer_dir"], context_length=ctx)
+    else:
+        try:
+            tokenizer = oc.get_tokenizer(name if name in oc.list_models() else "", context_length=ctx)
+        except Exception as e:  # noqa: BLE001 - e.g. an HF tokenizer that is not cached
+            raise UserError(f"cannot build the tokenizer for {name} (a local Hugging Face tokenizer directory "
+                            f"goes in tokenizer_dir / --tokenizer DIR): {str(e).splitlines()[0]}") from None
+    pre = config["preprocess_cfg"]
+    p_train, p_val = _transforms(pre)
+    size = pre["size"]
+    return ProbCLIP(
+        clip_model, name=name, config=config, embed_dim=config["embed_dim"],
+        sigma_depth=config["sigma_depth"], sigma_init=sigma_init or config["sigma_init"],
+        pooling=config["pooling"], deterministic=config["deterministic"], var_bounds=config["var_bounds"],
+        normalize_mu=config.get("normalize_mu", True), gpo_dim=config.get("gpo_dim", 32),
+        sigma_bias_init=config.get("sigma_bias_init", 0.0), truncate_text=config.get("truncate_text", True),
+        size_augment=config.get("size_augment", 0.0),
+        # log-variance heads: a config saved before these keys existed is the legacy block head
+        sigma_head=config.get("sigma_head", "block"), sigma_layout=config.get("sigma_layout", "legacy"),
+        sigma_ln_init=config.get("sigma_ln_init"), sigma_ln_init_bias=config.get("sigma_ln_init_bias", 0.0),
+        sigma_param=config.get("sigma_param", "logvar"), sigma_shape=config.get("sigma_shape", "diagonal"),
+        unc_layout=config.get("unc_layout", "zsprob"), sigma_detach=config.get("sigma_detach", False),
+        mean_head=config.get("mean_head", "proj"),
+        tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
+        image_size=int(size if isinstance(size, int) else size[0]),
+        reinit_params=tuple(config.get("reinit_params", ())))
+
+
+def model_from_config(config: dict, *, sigma_init: str | None = None):
+    """Rebuild a (randomly initialised) ProbCLIP from ``model.config``; weights are loaded separately."""
+    register_model_configs()
+    for k in ("name", "open_clip_cfg", "embed_dim", "sigma_depth", "sigma_init", "pooling", "deterministic",
+              "var_bounds", "preprocess_cfg"):
+        if k not in config:
+            raise UserError(f"model config lacks {k!r}")
+    clip_model = build_open_clip(config["open_clip_cfg"])
+    return wrap(clip_model, copy.deepcopy(config), sigma_init=sigma_init)
+
+
+def _unknown_options(overrides: dict, pretrained) -> str:
+    """The error for create_model options that nothing took (``weights`` applies to an official file only)."""
+    if "weights" in overrides:
+        given = f"{pretrained} is not one" if pretrained not in (None, "") else "no pretrained file is given"
+        return (f"weights={overrides['weights']!r} chooses the SWA or raw copy of a PCME++ COCO trainer checkpoint "
+                f"given as pretrained; {given}")
+    return f"unknown create_model options: {sorted(overrides)}"
+
+
+def resolve_options(base: dict, overrides: dict, embed_dim: int | None, pretrained=None,
+                    checkpoint_config: dict | None = None) -> tuple[dict, dict]:
+    """(open_clip config, zsprob options) of a create_model call: ``base`` (an open_clip config, copied
+    by the caller) with the open_clip options of ``overrides`` applied; ``overrides`` is emptied, and a
+    name nothing takes is a UserError. ``checkpoint_config``: the config of a zsprob checkpoint being
+    fine-tuned, whose log-variance head kind is kept unless an option says otherwise."""
+    ocfg = base
+    zopts = {k: overrides.pop(k) for k in list(overrides) if k in _ZSPROB_OPTIONS}
+    if checkpoint_config is not None:
+        for key, missing in CHECKPOINT_HEAD_DEFAULTS:
+            zopts.setdefault(key, checkpoint_config.get(key, missing))
+    if "open_clip_cfg" in overrides:
+        _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
+    if "image_size" in overrides:
+        ocfg["vision_cfg"]["image_size"] = overrides.pop("image_size")
+    if "context_length" in overrides:
+        ocfg["text_cfg"]["context_length"] = overrides.pop("context_length")
+    if "patch_dropout" in overrides:
+        ocfg["vision_cfg"]["patch_dropout"] = overrides.pop("patch_dropout")
+    if "quick_gelu" in overrides:
+        ocfg["quick_gelu"] = bool(overrides.pop("quick_gelu"))
+    if overrides:
+        raise UserError(_unknown_options(overrides, pretrained))
+    if embed_dim is not None:
+        ocfg["embed_dim"] = int(embed_dim)
+    return ocfg, zopts
+
+
+def model_config(name: str, ocfg: dict, zopts: dict, *, sigma_depth: int, sigma_init: str, pooling: str,
+                 deterministic: bool | None, var_bounds, pretrained_cfg: dict | None = None, pretrained=None,
+                 reinit: list[str] = ()) -> dict:
+    """``model.config``: everything :func:`model_from_config` needs to rebuild the model (zsprob's
+    options with their defaults; ``reinit``: tower parameters that kept their random init)."""
+    return {
+        "name": name,
+        "open_clip_cfg": ocfg,
+        "embed_dim": int(ocfg["embed_dim"]),
+        "sigma_depth": int(sigma_depth),
+        "sigma_init": sigma_init,
+        "pooling": pooling,
+        "deterministic": bool(deterministic),
+        "var_bounds": list(var_bounds) if var_bounds is not None else None,
+        "normalize_mu": bool(zopts.get("normalize_mu", True)),
+        "gpo_dim": int(zopts.get("gpo_dim", 32)),
+        "sigma_head": zopts.get("sigma_head", "block"),
+        "sigma_layout": zopts.get("sigma_layout", "official"),  # new models: PCME++'s official layout
+        "sigma_ln_init": zopts.get("sigma_ln_init"),
+        "sigma_ln_init_bias": zopts.get("sigma_ln_init_bias", 0.0),
+        "sigma_param": zopts.get("sigma_param", "logvar"),
+        "sigma_shape": zopts.get("sigma_shape", "diagonal"),
+        "unc_layout": zopts.get("unc_layout", "zsprob"),
+        "sigma_detach": bool(zopts.get("sigma_detach", False)),
+        "mean_head": zopts.get("mean_head", "proj"),
+        "sigma_bias_init": zopts.get("sigma_bias_init", DEFAULT_BIAS_INIT.get(zopts.get("sigma_head", "block"), 0.0)),
+        "truncate_text": bool(zopts.get("truncate_text", True)),
+        "size_augment": float(zopts.get("size_augment", 0.0)),
+        "tokenizer_dir": str(Path(zopts["tokenizer_dir"]).resolve()) if zopts.get("tokenizer_dir") else None,
+        "preprocess_cfg": preprocess_cfg(ocfg, pretrained_cfg),
+        "pretrained": str(pretrained) if pretrained is not None else None,
+        "reinit_params": ["clip." + k for k in reinit],
+    }
+
+
+def fresh_model(name: str, *, embed_dim: int | None = None, sigma_depth: int = 1, sigma_init: str = "random",
+                pooling: str = "gpo", deterministic: bool | None = None, var_bounds=None, cache_dir: str | None = None,
+                seed: int | None = None, **overrides: Any):
+    """A randomly initialised ProbCLIP: ``create_model(name, None, ...)`` (the same options; ``cache_dir``
+    has nothing to find), for the callers below the factory that fill the weights themselves
+    (:mod:`zsprob.models.convert`)."""
+    register_model_configs()
+    ocfg, zopts = resolve_options(get_open_clip_config(name), overrides, embed_dim)
+    if seed is not None:
+        torch.manual_seed(int(seed))
+    clip_model = build_open_clip(ocfg)
+    config = model_config(name, ocfg, zopts, sigma_depth=sigma_depth, sigma_init=sigma_init, pooling=pooling,
+                          deterministic=deterministic, var_bounds=var_bounds)
+    return wrap(clip_model, config)
+
+
+__all__ = ["ZSPROB_CONFIGS", "CHECKPOINT_HEAD_DEFAULTS", "register_model_configs", "list_models",
+           "get_open_clip_config", "build_open_clip", "preprocess_cfg", "wrap", "model_from_config", "resolve_options",
+           "model_config", "fresh_model"]

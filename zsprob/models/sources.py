@@ -1,0 +1,153 @@
+"""What ``pretrained`` names, resolved in one place: nothing, open_clip weights, a published file, a zsprob checkpoint.
+
+:func:`identify` answers which of the four a ``pretrained`` argument is (and reads what the
+answer needs: a zsprob checkpoint's metadata, a published ProLIP / PCME++ file's state dict);
+:func:`resolve_pretrained` finds an open_clip tag's or directory's weights file without
+downloading. The factory, the builder and the CLI's model loading all ask here, so a spec means
+the same thing everywhere; loading the weights is :mod:`zsprob.models.weights`' job.
+
+What libraries do: open_clip's pretrained registry (``get_pretrained_cfg``,
+``list_pretrained_tags_by_model``) names a tag's file; huggingface_hub's
+``try_to_load_from_cache`` answers whether it is already cached; :mod:`zsprob.models.convert.load`
+recognises the published layouts; :mod:`zsprob.models.checkpoint` reads zsprob's format.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from zsprob.errors import UserError
+from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint, load_meta, read_tensors
+
+#: the kinds of ``pretrained``: none (random init), an open_clip tag / file / directory, a published
+#: ProLIP / PCME++ file, a zsprob checkpoint
+KINDS = ("none", "open_clip", "official", "zsprob")
+
+
+@dataclass
+class Source:
+    """A resolved ``pretrained``: ``kind`` (one of :data:`KINDS`) and what that kind carries:
+    ``meta`` (a zsprob checkpoint's zsprob.json), ``state`` / ``layout`` (a published file's
+    state dict and official layout)."""
+
+    kind: str
+    path: str | os.PathLike | None = None
+    meta: dict | None = None
+    state: dict | None = None
+    layout: str | None = None
+
+    def read_tensors(self, verify: bool = True) -> dict[str, torch.Tensor]:
+        """A zsprob checkpoint's tensors (size checked; SHA-256 too with ``verify``)."""
+        return read_tensors(checkpoint_dir(self.path), self.meta, verify)
+
+
+def sniff_official(pretrained) -> tuple[dict, str] | None:
+    """(state dict, layout) when ``pretrained`` is a published ProLIP / PCME++ checkpoint, else None."""
+    from zsprob.models.convert.load import sniff
+
+    return sniff(pretrained)
+
+
+def zsprob_source(path: str | os.PathLike) -> Source:
+    """The zsprob checkpoint at ``path`` (its directory or a file in it); UserError when it is not one."""
+    return Source("zsprob", path, meta=load_meta(path))
+
+
+def identify(pretrained) -> Source:
+    """Which kind of weights ``pretrained`` names (None or "" is none). A zsprob checkpoint is
+    recognised by its zsprob.json, a published file by its key names; anything else is an
+    open_clip tag or path, resolved when its weights are loaded (:func:`resolve_pretrained`)."""
+    if pretrained is None or str(pretrained) == "":
+        return Source("none")
+    if is_checkpoint(pretrained):
+        return zsprob_source(pretrained)
+    official = sniff_official(pretrained)
+    if official is not None:
+        return Source("official", pretrained, state=official[0], layout=official[1])
+    return Source("open_clip", pretrained)
+
+
+_CKPT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors",
+               "open_clip_pytorch_model.bin", "open_clip_pytorch_model.pth",
+               "model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")
+
+
+def _cached_hf(repo: str, filename: str, cache_dir: str | None) -> str | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        got = try_to_load_from_cache(repo_id=repo, filename=filename, cache_dir=cache_dir)
+    except Exception:  # noqa: BLE001 - malformed cache entries count as missing
+        return None
+    return got if isinstance(got, str) and os.path.isfile(got) else None
+
+
+def _hf_cache_root(cache_dir: str | None) -> str:
+    if cache_dir:
+        return cache_dir
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        return HF_HUB_CACHE
+    except ImportError:  # pragma: no cover
+        return os.path.expanduser("~/.cache/huggingface/hub")
+
+
+def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str | None = None) -> tuple[Path, dict]:
+    """(checkpoint file, open_clip pretrained cfg) for a tag or a path; never downloads."""
+    import open_clip as oc
+
+    p = Path(pretrained).expanduser()
+    if p.is_file():
+        return p, {}
+    if p.is_dir():
+        for fn in _CKPT_NAMES:
+            if (p / fn).is_file():
+                return p / fn, {}
+        cands = sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")) + sorted(p.glob("*.pt")) \
+            + sorted(p.glob("*.pth"))
+        if cands:
+            return cands[0], {}
+        raise UserError(f"no open_clip checkpoint file (.safetensors/.bin/.pt/.pth) in directory {p}")
+    tag = str(pretrained)
+    looks_like_path = os.sep in tag or tag.endswith((".pt", ".pth", ".bin", ".safetensors", ".npz"))
+    cfg = oc.get_pretrained_cfg(name.replace("/", "-"), tag) if not looks_like_path else {}
+    if not cfg:
+        if looks_like_path:
+            raise UserError(f"pretrained checkpoint file not found: {p}")
+        tags = oc.list_pretrained_tags_by_model(name.replace("/", "-"))
+        raise UserError(f"{tag!r} is neither a pretrained tag of {name} nor an existing file "
+                        f"(known tags: {', '.join(tags) if tags else 'none'})")
+    if cfg.get("file") and os.path.isfile(cfg["file"]):
+        return Path(cfg["file"]), cfg
+    wanted = []
+    hf = cfg.get("hf_hub", "")
+    if hf:
+        repo, filename = os.path.split(hf.rstrip("/") if hf.endswith("/") else hf)
+        if hf.endswith("/"):
+            repo, filename = hf.rstrip("/"), ""
+        names = [filename] if filename else ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
+        if filename.endswith((".bin", ".pth")):
+            names.insert(0, filename[:-4] + ".safetensors")
+        for fn in names:
+            got = _cached_hf(repo, fn, cache_dir)
+            if got:
+                return Path(got), cfg
+        wanted.append(f"https://huggingface.co/{repo} file {names[-1]} into the Hugging Face cache "
+                      f"{_hf_cache_root(cache_dir)} (e.g. `huggingface-cli download {repo} {names[-1]}`)")
+    url = cfg.get("url", "")
+    if url:
+        target = Path(cache_dir or os.path.expanduser("~/.cache/clip")) / os.path.basename(url)
+        if target.is_file():
+            return target, cfg
+        wanted.append(f"{url} to {target}")
+    raise UserError(f"pretrained weights {name}/{tag} are not in the local cache and zsprob does not download "
+                    f"at run time: download {' or '.join(wanted)}; or pass the checkpoint file path as pretrained")
+
+
+__all__ = ["KINDS", "Source", "identify", "zsprob_source", "sniff_official", "resolve_pretrained"]

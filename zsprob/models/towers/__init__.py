@@ -1,0 +1,50 @@
+"""Tower adapters: where each kind of tower keeps its blocks, norms, projections and pooling.
+
+An adapter is a plain Python object (not a module) around a tower of the wrapped open_clip model;
+:class:`~zsprob.models.prob_clip.ProbCLIP` cuts trunk and heads through it and never looks at the
+tower's classes itself. Each adapter gives: ``kind`` ("vit", "timm", "text", "bow"), ``blocks``
+(the residual blocks / stages the trunk and heads are cut from), ``embed`` (input -> tokens
+before the first block), ``run_block``, ``ln`` (what follows the last block in the mean head:
+open_clip's final LayerNorm, or the tail + pooling of a timm trunk), ``proj``, ``project``,
+``native_pool``, ``num_tokens``, ``depth_of`` (for layer-wise lr decay) and ``local_features``
+(what PCME's attention module reads: ``sigma_head="pcme"``); the [UNC] token adapters also
+``insert_unc`` / ``split_unc``.
+
+One module per family: :mod:`.openclip` (open_clip's ViT and text transformer),
+:mod:`.timm_trunk` (timm CNN trunks), :mod:`.bow` (bag-of-words text).
+:func:`vision_tower` / :func:`text_tower` pick the adapter for a model.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from zsprob.errors import UserError
+from zsprob.models.towers.bow import BowTextTower
+from zsprob.models.towers.openclip import TextTower, ViTTower
+from zsprob.models.towers.timm_trunk import TimmVisionTower
+
+
+def vision_tower(clip_model: nn.Module):
+    """The adapter of ``clip_model``'s image tower: open_clip's ViT or a timm trunk (anything else: UserError)."""
+    from open_clip.timm_model import TimmModel
+    from open_clip.transformer import VisionTransformer
+
+    visual = clip_model.visual
+    if isinstance(visual, VisionTransformer):
+        return ViTTower(clip_model)
+    if isinstance(visual, TimmModel):
+        return TimmVisionTower(clip_model)
+    raise UserError(f"zsprob needs an open_clip VisionTransformer or timm image tower; this model has "
+                    f"{type(visual).__name__} (open_clip's ModifiedResNet is not supported; timm ResNets are)")
+
+
+def text_tower(clip_model: nn.Module, truncate: bool):
+    """The adapter of ``clip_model``'s text tower: zsprob's bag of words or open_clip's text transformer."""
+    from zsprob.models.bow_text import BagOfWordsText
+
+    if isinstance(getattr(clip_model, "text", None), BagOfWordsText):
+        return BowTextTower(clip_model.text)
+    return TextTower(clip_model, truncate)
+
+
+__all__ = ["vision_tower", "text_tower", "ViTTower", "TimmVisionTower", "TextTower", "BowTextTower"]

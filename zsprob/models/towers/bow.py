@@ -1,0 +1,44 @@
+"""Tower adapter for zsprob's bag-of-words text tower (:mod:`zsprob.models.bow_text`, the SynthWorld model).
+
+No blocks: the trunk is the word embedding, the mean head the per-token projection pooled over
+the caption (masked mean natively, or GPO), the log-variance head a second projection of the
+same embeddings. Plain torch.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zsprob.models.towers.openclip import TextHeads
+
+
+class BowTextTower(TextHeads):
+    """A :class:`zsprob.models.bow_text.BagOfWordsText` tower: no blocks, a per-token projection, pooled.
+
+    The trunk is the word embedding; the mean head is the projection (+ pooling: masked mean
+    natively, or GPO); the log-variance head is a second projection of the same word embeddings
+    (+ its own pooling), so a word can make a caption more or less certain.
+    """
+
+    kind = "bow"
+    is_clip = False
+
+    def __init__(self, text: nn.Module):
+        self.src = text
+        self.blocks: list[nn.Module] = []
+        self.num_blocks = 0
+        self.width = text.width
+
+    def embed(self, text: torch.Tensor):
+        x, text, lengths = self.src.embed(text)
+        return x, None, (text, lengths)
+
+    def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
+        return self.src.masked_mean(ln(x), ctx[1])
+
+    @staticmethod
+    def depth_of(rest: str) -> int:
+        return 0 if rest.startswith("token_embedding.") else 1
+
+
+__all__ = ["BowTextTower"]
