@@ -24,7 +24,7 @@ count alone has coefficients near 0.
 
 ``--word-deletions N`` (with ``--steps 0``: the head as trained) deletes, one at a time, every
 colour, size, fill, shape and filler word of the first N held captions (SynthWorld's own
-vocabularies, ``zsprob.data.synth_scene``) and prints per kind the mean squared shift of the mean
+vocabularies, ``zsprob.data.synthworld.scene``) and prints per kind the mean squared shift of the mean
 and the mean log-growth of ||sigma^2||_1: does the mean's shift, the only thing the covering term
 can read, show how much a word narrows a caption?
 

@@ -49,10 +49,17 @@ def _overrides(world, steps: int = 6) -> list[str]:
             "train.tensorboard=false", "train.threads=1"]
 
 
-def _assert_steady(counters, first_steady: int = 2):
+def _jpeg_reads(counter) -> int:
+    """The JPEG view's one copy to the host (its codec runs there), in steps where a row drew it."""
+    return sum(n for key, n in counter.where.items() if key.startswith("data/degrade.py") and key.endswith(" cpu"))
+
+
+def _assert_steady(counters, first_steady: int = 2, allow_jpeg: bool = False):
     steady = counters[first_steady:]
-    worst = max(steady, key=lambda c: c.total)
-    assert worst.total <= 1, dict(worst.where)
+    jpeg = [_jpeg_reads(c) for c in steady]
+    worst = max(steady, key=lambda c: c.total - _jpeg_reads(c))
+    assert worst.total - _jpeg_reads(worst) <= 1, dict(worst.where)
+    assert max(jpeg) <= (1 if allow_jpeg else 0), jpeg
     return [c.total for c in counters]
 
 
@@ -60,7 +67,9 @@ def _assert_steady(counters, first_steady: int = 2):
 def test_sigma_recipe_step_has_at_most_one_host_sync(tiny_world, tmp_path, monkeypatch):
     from zsprob.train.defaults import load_train_config
     cfg = load_train_config(ROOT / "configs" / "synthetic_tiny_sigma.yaml", _overrides(tiny_world))
-    counts = _assert_steady(_count_per_step(cfg, tmp_path / "run", monkeypatch))
+    # the recipe's lossy views include JPEG, whose codec runs on the host: a step in which a masked row
+    # draws it pays that one copy more (documented in docs/training.md)
+    counts = _assert_steady(_count_per_step(cfg, tmp_path / "run", monkeypatch), allow_jpeg=True)
     assert len(counts) == 6
 
 

@@ -7,14 +7,14 @@ exact ground truth, with an uncertainty interval and its count:
    per caption word count (bins with >= ``MIN_BIN`` captions are flagged ``counts``), each with a
    seeded, vectorised bootstrap 95% percentile interval (:func:`bootstrap_spearman`, resampling
    captions).
-2. :func:`inclusion_accuracy`: on exact inclusion pairs (:func:`zsprob.data.synth_probes.inclusion_pairs`)
+2. :func:`inclusion_accuracy`: on exact inclusion pairs (:func:`zsprob.data.synthworld.probes.inclusion_pairs`)
    the accuracy of ProLIP's inclusion test (correct when ``inclusion_logit(specific, general) > 0``)
    and of the plain comparison (correct when ||sigma^2||_1(general) > ||sigma^2||_1(specific)),
    with binomial standard errors, overall and split by same / different word count.
 3. :func:`condition_uncertainty`: image ||sigma^2||_1 per rendering condition minus normal
    (Welch standard error), and how many of ``DEGRADED_CONDITIONS`` are more uncertain than normal.
 4. :func:`crop_test`: Pishdad et al.'s controlled test (their Sec. 4.3, Table 4) on
-   :func:`zsprob.data.synth_probes.crop_scenes`: mean uncertainty of image A vs image A+B and of
+   :func:`zsprob.data.synthworld.probes.crop_scenes`: mean uncertainty of image A vs image A+B and of
    caption "A" vs "A and B", and binary selection accuracy. As in the paper, a query (caption A,
    caption A+B, image A or image A+B) chooses between the two candidates of the other modality of
    the same triplet by similarity, and is correct when it picks its own counterpart (A for A, A+B

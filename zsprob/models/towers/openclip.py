@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from zsprob.errors import UserError
+from zsprob.utils.host_sync import host_read_is_free
 
 
 def block_depth(rest: str, embed_names: tuple[str, ...], num_blocks: int) -> int:
@@ -168,7 +169,8 @@ class TextTower(TextHeads):
         self.width = self.src.transformer.width
         self.num_blocks = len(self.blocks)
         # Truncating the sequence after the longest end-of-text token is exact for causal towers
-        # pooled at (or before) the EOT token: no earlier position attends to later ones.
+        # pooled at (or before) the EOT token: no earlier position attends to later ones. It reads that
+        # length on the host, so it is taken only where such a read stalls nothing (the CPU).
         self.truncate = bool(truncate) and self.causal and self.pool_type in ("argmax", "eos", "first")
 
     def lengths(self, text: torch.Tensor) -> torch.Tensor:
@@ -180,7 +182,7 @@ class TextTower(TextHeads):
 
     def embed(self, text: torch.Tensor):
         lengths = self.lengths(text)
-        if self.truncate:
+        if self.truncate and host_read_is_free(text.device) and not torch.compiler.is_compiling():
             n = int(lengths.max())
             if n < text.shape[1]:
                 text = text[:, :n]
