@@ -224,7 +224,7 @@ def _evaluation(split, *, shuffle_sigma: bool = False, deterministic: bool = Fal
     import torch
     from scipy.stats import rankdata
 
-    from zsprob.data.synth_probes import inclusion_pairs
+    from zsprob.data.synthworld.probes import inclusion_pairs
     from zsprob.retrieval import analysis as A
     from zsprob.retrieval import validity as V
     from zsprob.retrieval.embeddings import Embeddings

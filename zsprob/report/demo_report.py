@@ -263,6 +263,17 @@ def _img(out: Path, path: str | Path | None, alt: str) -> str:
 
 def _markdown(out: Path, r: dict, curves: Path | None) -> str:
     L: list[str] = []
+    _md_header(L, out, r)
+    _md_training(L, out, r, curves)
+    _md_zeroshot(L, out, r)
+    _md_retrieval(L, out, r)
+    _md_uncertainty(L, out, r)
+    _md_rest(L, out, r)
+    return "\n".join(L)
+
+
+def _md_header(L: list[str], out: Path, r: dict) -> None:
+    """The title line and the world's settings."""
     s = r["settings"]
     L.append("# zsprob demo report\n")
     L.append(f"zsprob {r['zsprob_version']}, {r['created']}. Everything below was produced offline on SynthWorld "
@@ -276,8 +287,11 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
         L.append(f"SynthWorld: seed {w.get('seed')}, {w.get('image_size')} px, "
                  f"{len(w.get('classes') or [])} shape classes; counts {json.dumps(w.get('counts'))}.\n")
 
+
+def _md_training(L: list[str], out: Path, r: dict, curves: Path | None) -> None:
+    """Section 1: the recipes, the training table, warnings and curves."""
     L.append("## 1. Pretraining\n")
-    recipes = s.get("recipes") or {}
+    recipes = r["settings"].get("recipes") or {}
     if recipes:
         L.append("Recipes: " + "; ".join(f"{METHOD_LABEL.get(m, m)} `configs/{c}`" for m, c in recipes.items())
                  + " (same model, data, budget and seed; the PCME++ recipe trains the means with the match loss "
@@ -302,6 +316,9 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
              "scales, InfoNCE is a softmax cross-entropy, PCME++ a pairwise BCE). Middle and right: the mean "
              "variance the PCME++ heads predict for images and captions.\n")
 
+
+def _md_zeroshot(L: list[str], out: Path, r: dict) -> None:
+    """Section 2: zero-shot classification and the prompt strategies."""
     L.append("## 2. Zero-shot classification with uncertainty-based prompt selection\n")
     zp = r["zeroshot"].get("pcmepp")
     if zp:
@@ -340,6 +357,9 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
         L.append(zi.get("table") or "")
         L.append("")
 
+
+def _md_retrieval(L: list[str], out: Path, r: dict) -> None:
+    """Section 3: the retrieval table."""
     L.append("## 3. Retrieval on the SynthWorld test split\n")
     L.append("R@K use the five captions written for each image as positives (COCO protocol); mAP@R and R-P use "
              "the exact plausible-match positives given by the world's match predicate (ECCV Caption protocol, "
@@ -360,6 +380,9 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
     if chance:
         L.append(f"\nChance R@1: {_f(chance[0], 2)}% (i2t), {_f(chance[1], 2)}% (t2i).\n")
 
+
+def _md_uncertainty(L: list[str], out: Path, r: dict) -> None:
+    """Section 4: what the PCME++ uncertainty means."""
     rp = r["retrieval"].get("pcmepp")
     if rp and rp.get("uncertainty"):
         u = rp["uncertainty"]
@@ -387,6 +410,9 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
         if page:
             L.append(f"The most and least uncertain queries with what they retrieved: [{page}]({page}).\n")
 
+
+def _md_rest(L: list[str], out: Path, r: dict) -> None:
+    """Other methods, the validity tables, the checks and the commands."""
     if r.get("methods"):
         L.extend(_methods_markdown(r))
 
@@ -412,4 +438,3 @@ def _markdown(out: Path, r: dict, curves: Path | None) -> str:
         L.append(f"# {name}: {secs:.0f} s")
         L.append(cmd.get("command", ""))
     L.append("```\n")
-    return "\n".join(L)
