@@ -54,7 +54,8 @@ def test_same_image_captions_are_positives_in_one_batch(tmp_path):
     torch.testing.assert_close(same_image_targets(ids), (ids[:, None] == ids[None, :]).float())
 
     def run_with(**kw):
-        base = dict(cfg=cfg, noise=0, text_aug=None, label_smoothing=0.0, rank=0, data_time=0.0,
+        base = dict(cfg=cfg, noise=0, text_aug=None, label_smoothing=0.0, rank=0,
+                    counters=SimpleNamespace(data_time=0.0, noisy_rows=0),
                     acc=SimpleNamespace(device=torch.device("cpu")),
                     cursor=SimpleNamespace(next=lambda: (images, tokens, ids)))
         base.update(kw)
