@@ -80,20 +80,37 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _as_float(x: Any) -> Any:
+    """``x`` as a float when it is a number or a string that spells one (YAML reads ``2e-3`` as a
+    string: it wants ``2.0e-3``); else ``x`` unchanged."""
+    if isinstance(x, str):
+        try:
+            return float(x)
+        except ValueError:
+            return x
+    return x
+
+
 def check_numbers(cfg: Any, defaults: Any, prefix: str = "") -> None:
     """Every key of ``cfg`` whose default in ``defaults`` is a float must be a finite number (null is
-    allowed: "off" for some keys); a key whose default is a list of numbers (``optim.betas``) must be a
-    list of as many finite numbers. ``--lr inf``, ``optim.grad_clip=nan`` or ``optim.lr=abc`` is one line."""
+    allowed: "off" for some keys; a string spelling a number, YAML's ``2e-3``, is stored as the float);
+    a key whose default is a list of numbers (``optim.betas``) must be a list of as many finite numbers.
+    ``--lr inf``, ``optim.grad_clip=nan`` or ``optim.lr=abc`` is one line."""
     for key, default in defaults.items():
         if key not in cfg or cfg[key] is None:
             continue
         name, value = f"{prefix}{key}", cfg[key]
-        if isinstance(default, float) and not (_is_number(value) and math.isfinite(value)):
-            raise UserError(f"{name} must be a finite number, got {value!r}")
+        if isinstance(default, float):
+            value = _as_float(value)
+            if not (_is_number(value) and math.isfinite(value)):
+                raise UserError(f"{name} must be a finite number, got {cfg[key]!r}")
+            cfg[key] = value
         if isinstance(default, list) and default and all(_is_number(v) for v in default):
-            if not (isinstance(value, (list, tuple)) and len(value) == len(default)
-                    and all(_is_number(v) and math.isfinite(v) for v in value)):
+            items = [_as_float(v) for v in value] if isinstance(value, (list, tuple)) else None
+            if not (items is not None and len(items) == len(default)
+                    and all(_is_number(v) and math.isfinite(v) for v in items)):
                 raise UserError(f"{name} must be a list of {len(default)} finite numbers like {default}, got {value!r}")
+            cfg[key] = items
         if isinstance(default, Mapping) and isinstance(value, Mapping):
             check_numbers(value, default, f"{name}.")
 
