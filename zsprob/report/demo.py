@@ -62,8 +62,9 @@ def _pretrain_step(name: str, recipe: str, method: str, extra: list[str], data: 
         args += ["--threads", str(s.threads)]
     return Step(f"pretrain-{name}", f"Pretrain {name} ({s.steps} steps x {s.batch_size})", args,
                 outputs=[run_dir / "model" / "zsprob.json", run_dir / "metrics.jsonl"],
-                # a run killed before its first checkpoint restarts afresh in its own directory ("auto")
-                resume_args=["--resume", "auto"], started_marker=run_dir / "config.yaml")
+                # interrupted: continue ("auto": one killed before its first checkpoint starts afresh);
+                # finished with other arguments, or after an upstream step re-ran: replace the old run
+                resume_args=["--resume", "auto"], fresh_args=["--overwrite"], started_marker=run_dir / "config.yaml")
 
 
 def plan(out: Path, s: DemoSettings) -> list[Step]:
