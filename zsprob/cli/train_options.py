@@ -16,7 +16,8 @@ both, applied last in command-line order)::
     --requeue-exit-code N train.requeue_exit_code
 
 ``--resume [auto|latest|DIR]`` and ``--resume-from DIR`` choose the checkpoint
-(:mod:`zsprob.train.resilience`); without them a run under torchrun resumes "auto".
+(:mod:`zsprob.train.resilience`); without them a run under torchrun resumes "auto". An OUT that
+holds a run needs ``--resume`` or ``--overwrite``; ``--steps`` with ``--epochs`` is one line.
 """
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ def common_options(f):
                           "the latest valid checkpoint if any, else start afresh (the default under torchrun); "
                           "or a step directory."),
         click.option("--resume-from", type=click.Path(), default=None, help="Continue from a step directory."),
+        click.option("--overwrite", is_flag=True,
+                     help="OUT holds an earlier run: remove its files and start afresh (without --resume or "
+                          "--overwrite such an OUT is refused)."),
         click.option("--requeue-exit-code", type=click.IntRange(0, 255), default=None,
                      help="Exit code after SIGTERM / SIGUSR1 (checkpoint written first) [default: 143]."),
         click.option("--no-progress", is_flag=True, help="No progress bar."),
@@ -88,6 +92,10 @@ def flag_overrides(kw: dict) -> list[str]:
     put("method", kw.get("method"))
     if kw.get("distance") is not None:
         put("loss.pcmepp.distance", kw["distance"])
+    if kw.get("steps") is not None and kw.get("epochs") is not None:
+        from zsprob.errors import UserError
+        raise UserError(f"--steps {kw['steps']} and --epochs {kw['epochs']} both set the run's length: drop one "
+                        "(--steps counts optimiser steps, --epochs passes over the data)")
     if kw.get("steps") is not None:
         put("schedule.steps", kw["steps"])
         out.append("schedule.epochs=null")
@@ -137,7 +145,8 @@ def run(cfg, kw: dict, hooks=()) -> dict:
     from zsprob.train.loop import train
     resume = kw.get("resume_from") or kw.get("resume")
     try:
-        summary = train(cfg, kw["out"], resume=resume, eval_hooks=hooks, progress=not kw.get("no_progress"))
+        summary = train(cfg, kw["out"], resume=resume, eval_hooks=hooks, progress=not kw.get("no_progress"),
+                        overwrite=bool(kw.get("overwrite")))
     finally:
         # under torchrun / accelerate launch: leave the process group cleanly (gloo can abort at exit otherwise)
         import torch.distributed as dist
@@ -148,6 +157,12 @@ def run(cfg, kw: dict, hooks=()) -> dict:
 
 def print_summary(summary: dict) -> None:
     if not summary:
+        return
+    if summary.get("already_finished"):
+        click.echo(f"the run is already finished ({summary['steps']} of {summary['steps']} steps; "
+                   f"final loss {summary['final_loss']:.4f}): nothing to do (--steps above {summary['steps']} "
+                   "continues it, --overwrite starts it again)")
+        click.echo(f"model: {summary['model']}")
         return
     click.echo(f"trained {summary['method']} for {summary['steps']} steps "
                f"(global batch {summary['global_batch_size']}, {summary['world_size']} process(es)): "

@@ -72,7 +72,10 @@ Semantics in one place
   tar: the item is skipped, a warning is logged (logger ``zsprob.data``; the first few of each
   kind per worker, then every 1000th) and it is counted. :meth:`WdsLoader.stats` returns the
   counts of this process, aggregated over its DataLoader workers (the workers send their
-  counts along with each batch; no shared memory).
+  counts along with each batch; no shared memory). Only a stream that makes no progress stops:
+  ``max_consecutive_skips`` samples in a row skipped (a caption key no sample has, a transform
+  that always fails) is one :class:`zsprob.UserError` line with the counts by reason, raised in
+  the main process (a worker sends it with its counts).
 
 Resuming (what is exact)
 ------------------------
@@ -325,6 +328,7 @@ class ShardPipelineOptions:
     pin_memory: bool = False
     prefetch_factor: Optional[int] = None
     timeout: float = 0
+    max_consecutive_skips: int = 10_000  # skipped samples in a row before the stream stops (one UserError line)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -350,6 +354,8 @@ class ShardPipelineOptions:
             raise UserError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.num_workers < 0:
             raise UserError(f"num_workers must be >= 0, got {self.num_workers}")
+        if not isinstance(self.max_consecutive_skips, int) or self.max_consecutive_skips < 1:
+            raise UserError(f"max_consecutive_skips must be an integer >= 1, got {self.max_consecutive_skips!r}")
         if self.num_samples is not None and self.num_samples < 1:
             raise UserError(f"num_samples must be >= 1, got {self.num_samples}")
         return self
@@ -526,6 +532,7 @@ class _ShardStream(IterableDataset):
         self.rank = rank
         self.world_size = world_size
         self.with_keys = bool(opts.with_keys)
+        self.max_skips = int(opts.max_consecutive_skips)
         # set by WdsLoader before each iteration; persistent workers read them from shared memory
         self.position = _SharedPosition()
         self.num_workers = 0  # fixed while a DataLoader's workers live (WdsLoader remakes it on a change)
@@ -730,9 +737,13 @@ class _ShardStream(IterableDataset):
         caps: list[str] = []
         keys: list[str] = []
         produced = 0
+        last_good = -1  # the index of the last sample put into a batch
         for idx, s in enumerate(samples):
             if per_worker is not None and produced >= per_worker:
                 break
+            if idx - last_good > self.max_skips:  # nothing usable comes: stop instead of spinning forever
+                yield self._fatal(counts, idx - last_good - 1)
+                return
             if s.get("__bad__"):
                 continue
             skipping = produced < my_skip
@@ -755,6 +766,7 @@ class _ShardStream(IterableDataset):
                     continue
             caps.append(cap)
             keys.append(s["__key__"])
+            last_good = idx
             if len(caps) == self.batch_size:
                 counts.add("samples", len(caps))
                 if skipping:
@@ -773,6 +785,17 @@ class _ShardStream(IterableDataset):
                 counts.add("samples", len(caps))
                 yield self._emit(imgs, caps, keys, counts)
         yield self._placeholder(counts)  # flush the last counts
+
+    def _fatal(self, counts: _Counts, run: int):
+        """A placeholder carrying the one-line error of a stream that skipped ``run`` samples in a row
+        (raised by :class:`WdsLoader` in the main process, so a DataLoader worker reports it as one line)."""
+        reasons = ", ".join(f"{k} {v}" for k, v in counts.seen.most_common()) or "none counted"
+        msg = (f"the shard stream skipped {run} samples in a row on {counts.where} and made no progress "
+               f"(reasons: {reasons}); check the shards, data.pipeline.caption_key and the image preprocessing "
+               f"(data.pipeline.max_consecutive_skips={self.max_skips} sets the limit)")
+        d = counts.take()
+        d["__fatal__"] = msg
+        return (None, None, None, d) if self.with_keys else (None, None, d)
 
     def _placeholder(self, counts: _Counts):
         return (None, None, None, counts.take()) if self.with_keys else (None, None, counts.take())
@@ -908,7 +931,10 @@ class WdsLoader:
         for item in loader:
             delta = item[-1]
             if delta:
+                fatal = delta.pop("__fatal__", None)
                 self._stats.update(delta)
+                if fatal:
+                    raise UserError(fatal)
             if item[0] is None:
                 continue
             self._batch_in_epoch += 1

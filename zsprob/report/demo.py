@@ -62,7 +62,9 @@ def _pretrain_step(name: str, recipe: str, method: str, extra: list[str], data: 
         args += ["--threads", str(s.threads)]
     return Step(f"pretrain-{name}", f"Pretrain {name} ({s.steps} steps x {s.batch_size})", args,
                 outputs=[run_dir / "model" / "zsprob.json", run_dir / "metrics.jsonl"],
-                resume_args=["--resume"], started_marker=run_dir / "checkpoints" / "latest.json")
+                # interrupted: continue ("auto": one killed before its first checkpoint starts afresh);
+                # finished with other arguments, or after an upstream step re-ran: replace the old run
+                resume_args=["--resume", "auto"], fresh_args=["--overwrite"], started_marker=run_dir / "config.yaml")
 
 
 def plan(out: Path, s: DemoSettings) -> list[Step]:

@@ -32,6 +32,7 @@ class Step:
     outputs: list[Path]  # files that must exist afterwards
     resume_args: list[str] = field(default_factory=list)  # appended when re-running a started step
     started_marker: Path | None = None  # a file whose presence means "started, can resume"
+    fresh_args: list[str] = field(default_factory=list)  # appended instead when a started step must start over
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.args).encode()).hexdigest()[:16]
@@ -72,9 +73,16 @@ def run_steps(out: Path, steps: Sequence[Step], echo: Callable[[str], None] = pr
             timings[step.name] = {"seconds": rec.get("seconds", 0.0), "skipped": True,
                                   "command": step.command()}
             continue
+        # a step that finished before (its marker: other arguments or lost outputs), or one downstream of a
+        # re-run step, starts over; one that was interrupted resumes
+        start_over = invalidated or _marker(out, step).is_file()
         invalidated = True  # everything downstream of a re-run step runs again
         args = list(step.args)
-        if step.started_marker is not None and Path(step.started_marker).exists() and step.resume_args:
+        started = step.started_marker is not None and Path(step.started_marker).exists()
+        if started and start_over and step.fresh_args:
+            args += step.fresh_args
+            echo(f"[{i}/{n}] {step.title}: starting over")
+        elif started and step.resume_args:
             args += step.resume_args
             echo(f"[{i}/{n}] {step.title}: resuming")
         else:

@@ -27,18 +27,19 @@ from zsprob.prob.method_registry import get_method
 from zsprob.train import accumulate, optim, resilience
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, count_samples_synthetic, resolve_shards,
                                shard_options)
-from zsprob.train.defaults import COUNT_KEYS, DEFAULTS, METHODS, with_defaults
+from zsprob.train.defaults import DEFAULTS, METHODS, check_train_config, with_defaults
 from zsprob.train.run import DataCursor, Run
 from zsprob.train.schedule import SchedulePlan, resolve_schedule
 from zsprob.train.step import ContrastiveStep, gradient_clip_sets, one_step
-from zsprob.utils.checks import check_counts, check_flags, check_shards
+from zsprob.utils.checks import check_count, check_flags, check_shards
 
 
 def resolve_config(cfg: Any) -> Config:
     """Defaults <- ``cfg`` (unless ``cfg`` already has them: :func:`zsprob.train.defaults.with_defaults`);
-    validates the method, the precision, every count (``COUNT_KEYS``) and every true / false key."""
+    validates the method, the precision, every count, known key and finite float
+    (:func:`~zsprob.train.defaults.check_train_config`) and every true / false key."""
     cfg = with_defaults(cfg)
-    check_counts(cfg, COUNT_KEYS)
+    check_train_config(cfg)
     if cfg.method not in METHODS:
         raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
     check_flags(cfg, DEFAULTS)  # every true / false key (data.augment, optim.fused, msda.enabled, ...)
@@ -67,6 +68,8 @@ def build_model(cfg: Config):
     if kw.get("var_bounds") is not None:
         kw["var_bounds"] = tuple(kw["var_bounds"])
     kw.update(dict(m.get("overrides") or {}))
+    if "image_size" in kw and not isinstance(kw["image_size"], (list, tuple)):  # 0 would skip every sample
+        check_count(kw["image_size"], "model.overrides.image_size", ">=1")
     deterministic = bool(kw.pop("deterministic", not method.needs_sigma))
     if deterministic and method.needs_sigma:
         raise UserError(f"--method {cfg.method} needs sigma, but the model is deterministic "

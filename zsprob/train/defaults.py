@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
 from zsprob.prob.method_registry import default_loss_options, method_names
-from zsprob.utils.checks import check_counts
+from zsprob.utils.checks import check_counts, check_known_keys, check_numbers
 
 DEFAULTS: dict = {
     "seed": 0,
@@ -155,6 +155,24 @@ COUNT_KEYS: tuple = (
 )
 
 
+#: sections that take any keys: create_model's keyword arguments, ShardPipelineOptions fields, and each
+#: method's loss options (checked by its loss constructor); sections whose default is {} or null are free too
+FREE_SECTIONS: tuple = ("model.overrides", "data.pipeline", "loss.*")
+
+
+def check_train_config(cfg: Any) -> None:
+    """Every count (:data:`COUNT_KEYS`), no unknown key, finite float hyper-parameters, and one run length:
+    checked when a config is loaded and again when a run starts."""
+    check_known_keys(cfg, DEFAULTS, FREE_SECTIONS)
+    check_counts(cfg, COUNT_KEYS)
+    check_numbers(cfg, DEFAULTS)
+    schedule = cfg.get("schedule") or {}
+    if schedule.get("steps") is not None and schedule.get("epochs") is not None:
+        from zsprob.errors import UserError
+        raise UserError(f"schedule.steps ({schedule['steps']}) and schedule.epochs ({schedule['epochs']}) are both "
+                        "set: drop one (--steps / schedule.steps counts optimiser steps, --epochs passes over the data)")
+
+
 def __getattr__(name):  # METHODS: the registry's method names (re-exported: zsprob.train.METHODS), read live
     if name == "METHODS":
         return method_names()
@@ -177,5 +195,5 @@ def load_train_config(path=None, overrides: Iterable[str] = ()) -> TrainConfig:
     cfg = with_defaults(read_yaml(path) if path is not None else {})
     for item in overrides:
         apply_override(cfg, item)
-    check_counts(cfg, COUNT_KEYS)
+    check_train_config(cfg)
     return cfg

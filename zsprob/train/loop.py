@@ -60,13 +60,18 @@ EvalHook = Callable[[nn.Module, int], dict]
 
 
 def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
-          source: BatchSource | None = None, eval_hooks: Iterable[EvalHook] = (), progress: bool = True) -> dict:
+          source: BatchSource | None = None, eval_hooks: Iterable[EvalHook] = (), progress: bool = True,
+          overwrite: bool = False) -> dict:
     """Train as ``cfg`` says; write everything under ``out``; return the summary dict.
 
     ``resume``: "auto" continues from the latest valid checkpoint if there is one, else starts afresh;
     "latest" (or True) continues from ``out/checkpoints/latest.json`` and fails without one; a path
     names a step directory; False never resumes; None (the default) is "auto" under a torchrun elastic
-    agent and False elsewhere.
+    agent and False elsewhere. A directory that holds a run is reused only with ``resume`` or
+    ``overwrite`` (its old run's files are removed first); the main process holds ``out/.lock`` while
+    it runs (:func:`zsprob.train.resilience.claim_run_dir`). Resuming never moves backwards (a
+    checkpoint past the steps asked for is one line); a finished run is returned as it is, unchanged
+    (``already_finished`` in the summary).
     ``source``: a custom :class:`zsprob.train.data.BatchSource` instead of ``cfg.data``.
     ``eval_hooks``: callables ``hook(model, step) -> dict`` run on the main process every
     ``train.eval_every`` steps and at the end; their dicts go to metrics.jsonl under "eval".
@@ -75,6 +80,16 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
     """
     cfg = resolve_config(cfg)
     out = Path(out)
+    lock = resilience.claim_run_dir(out, resume, overwrite, main=os.environ.get("RANK", "0") == "0")
+    try:
+        return _train(cfg, out, resume, source, eval_hooks, progress)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(cfg, out: Path, resume, source, eval_hooks, progress: bool) -> dict:
+    """:func:`train` once the run directory is claimed."""
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     acc, log_with = make_accelerator(cfg, out)
     try:
@@ -83,6 +98,11 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
         ckpt_dir = resilience.find_resume_dir(resume, out)
         run = build_run(cfg, out, acc, log_with, source=source, hooks=eval_hooks, sync=sync)
         start_step = 0
+        if ckpt_dir is not None and resilience.check_resume_target(
+                resilience.checkpoint_step(ckpt_dir), run.total_steps, ckpt_dir, out):
+            return finished_summary(out)
+        if ckpt_dir is None and run.main and (out / "metrics.jsonl").is_file():
+            (out / "metrics.jsonl").unlink()  # "auto" with no checkpoint yet: the records of a killed first try
         if ckpt_dir is not None:
             start_step, epoch, pos, rng_state = restore_state(run, ckpt_dir)
             run.cursor.seek(epoch, pos)
@@ -101,6 +121,13 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
+def finished_summary(out: Path) -> dict:
+    """The summary of a run that has already done all its steps (nothing is written)."""
+    from zsprob.utils.io import read_json
+    summary = read_json(out / "summary.json", "run summary")
+    return {**summary, "already_finished": True}
+
+
 def run_steps(run: Run, start_step: int, progress: bool) -> dict:
     """The steps from ``start_step`` to the end, then :func:`finish`; pre-emption signals are caught
     for the whole of it (a signal during the final writes lets them complete)."""
@@ -110,9 +137,11 @@ def run_steps(run: Run, start_step: int, progress: bool) -> dict:
     run.step_module.train()
     run.counters.loss_sum = torch.zeros((), device=run.acc.device)
     run.counters.t_interval = t_start = time.perf_counter()
-    with resilience.StopSignals() as stop:
+    code = int(run.cfg.train.get("requeue_exit_code", resilience.DEFAULT_REQUEUE_EXIT_CODE))
+    with resilience.StopSignals(exit_code=code, step=start_step) as stop:
         try:
             for step in range(start_step, run.total_steps):
+                stop.step = step  # named by a stop while waiting for data
                 stats = run.step_fn(run, step)
                 saved = after_step(run, step + 1, stats, bar)
                 stop_if_signalled(run, stop, step + 1, saved)

@@ -136,19 +136,47 @@ def find_resume_dir(resume, out: Path) -> Path | None:
     return Path(ckpt_dir)
 
 
+#: seconds a stop signal that arrives while the loop waits for a batch gives the batch to come: then the
+#: run stops without a checkpoint (a stream that makes no progress never ends its step otherwise)
+DATA_WAIT_GRACE_S = 10.0
+
+
 class StopSignals:
     """Context manager: SIGTERM / SIGUSR1 set :attr:`received` instead of killing the process.
 
     Installed only in the main thread (Python's rule); the previous handlers come back on exit.
+    While the loop waits for a batch (:func:`data_wait`), a signal also arms a timer: when no batch
+    has come :data:`DATA_WAIT_GRACE_S` seconds after the wait began, :class:`zsprob.errors.Preempted`
+    is raised there, with no checkpoint (``exit_code``: the requeue exit code).
     """
 
-    def __init__(self, names=STOP_SIGNALS):
+    active: "StopSignals | None" = None  # the one installed now (data_wait finds it)
+
+    def __init__(self, names=STOP_SIGNALS, exit_code: int = DEFAULT_REQUEUE_EXIT_CODE, step: int = 0):
         self.names = tuple(names)
         self.received: str | None = None
+        self.exit_code, self.step = int(exit_code), int(step)
+        self.waiting_since: float | None = None
+        self._armed = False
         self._old: dict = {}
 
     def _handler(self, signum, frame):
         self.received = signal.Signals(signum).name
+        if self.waiting_since is not None and not self._armed:
+            import time
+            self._armed = True
+            left = max(0.01, DATA_WAIT_GRACE_S - (time.monotonic() - self.waiting_since))
+            signal.setitimer(signal.ITIMER_REAL, left, 1.0)  # again every second until the wait ends
+
+    def _alarm(self, signum, frame):
+        if self.waiting_since is not None and self.received:
+            raise _StopWaiting()  # a BaseException: no "except Exception" in a data pipeline swallows it
+
+    def preempted(self):
+        from zsprob.errors import Preempted
+        return Preempted(f"stopped by {self.received} while waiting for training data (no batch within "
+                         f"{DATA_WAIT_GRACE_S:.0f} s, at step {self.step}); no checkpoint written: "
+                         "--resume auto continues from the last one", exit_code=self.exit_code, step=self.step)
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
@@ -156,12 +184,48 @@ class StopSignals:
                 sig = getattr(signal, name, None)
                 if sig is not None:
                     self._old[sig] = signal.signal(sig, self._handler)
+            if hasattr(signal, "SIGALRM"):
+                self._old[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._alarm)
+            StopSignals.active = self
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self._armed = False
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
+        if StopSignals.active is self:
+            StopSignals.active = None
+
+
+class data_wait:
+    """Context manager around fetching one batch, so that a stop signal during a wait that never ends
+    stops the run (:class:`StopSignals`)."""
+
+    def __init__(self):
+        self.stop = StopSignals.active
+
+    def __enter__(self):
+        if self.stop is not None:
+            import time
+            self.stop.waiting_since = time.monotonic()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.stop is not None:
+            self.stop.waiting_since = None
+            if self.stop._armed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                self.stop._armed = False
+            if exc_type is _StopWaiting:
+                raise self.stop.preempted() from None
+        return False
+
+
+class _StopWaiting(BaseException):
+    """Raised by :class:`StopSignals`' timer inside a data wait; :class:`data_wait` turns it into Preempted."""
 
 
 def fault_point(where: str, step: int, rank: int) -> None:
@@ -185,3 +249,141 @@ def fault_point(where: str, step: int, rank: int) -> None:
             raise OSError(f"injected fault ({FAULT_ENV}={item})")
         else:
             os.kill(os.getpid(), getattr(signal, action))
+
+
+# --------------------------------------------------------------------------- the run directory
+#: what makes a directory hold a run (reusing it needs --resume or --overwrite)
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
+#: everything a run writes under OUT, removed by --overwrite before the fresh run starts
+RUN_ENTRIES = RUN_MARKERS + ("summary.json", "model-swa", "model-best", "tensorboard")
+LOCK_NAME = ".lock"
+
+
+def run_markers(out: str | os.PathLike) -> list[str]:
+    """The :data:`RUN_MARKERS` present under ``out`` (empty: a new, empty or missing directory)."""
+    return [m for m in RUN_MARKERS if (Path(out) / m).exists()]
+
+
+def check_reuse(out: str | os.PathLike, resume, overwrite: bool) -> bool:
+    """Whether this launch overwrites ``out``; one line when ``out`` holds a run and neither ``resume``
+    nor ``overwrite`` says what to do with it. A restarted elastic group resumes instead of overwriting."""
+    mode = resume_mode(resume)
+    if overwrite and resume not in (None, "", False, "no"):
+        raise UserError("--overwrite and --resume contradict each other: drop one (--overwrite starts afresh, "
+                        "--resume continues)")
+    if overwrite and restart_count() > 0:
+        return False  # the first attempt replaced the old run; this restart continues it ("auto")
+    found = run_markers(out)
+    if found and mode is None and not overwrite:
+        raise UserError(f"--out {out} already holds a run ({', '.join(found)}): pass --resume to continue it or "
+                        "--overwrite to replace it (or choose another --out)")
+    return bool(overwrite)
+
+
+def remove_run(out: str | os.PathLike) -> None:
+    """--overwrite: the old run's files (:data:`RUN_ENTRIES`) removed before the fresh run starts."""
+    import shutil
+    for name in RUN_ENTRIES:
+        p = Path(out) / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunLock:
+    """``OUT/.lock`` (pid and host, created with O_EXCL) held by the main process while a run writes
+    ``OUT``; a lock left by a dead process on this host is taken over with a warning."""
+
+    def __init__(self, out: str | os.PathLike):
+        self.path = Path(out) / LOCK_NAME
+        self.held = False
+
+    def _stale(self) -> tuple[bool, str]:
+        """(whether the existing lock can be taken over, who holds it)."""
+        import socket
+        import time
+        try:
+            info = json.loads(self.path.read_text())
+            pid, host = int(info["pid"]), str(info["host"])
+        except FileNotFoundError:
+            return True, "nobody"
+        except (OSError, ValueError, KeyError, TypeError):
+            try:  # half-written by a process that died at once; a fresh one may be mid-write
+                return time.time() - self.path.stat().st_mtime > 5, "an unreadable lock"
+            except FileNotFoundError:
+                return True, "nobody"
+        here = host == socket.gethostname()
+        return here and (pid == os.getpid() or not _pid_alive(pid)), f"pid {pid} on {host}"
+
+    def acquire(self) -> "RunLock":
+        import socket
+        import warnings
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                stale, owner = self._stale()
+                if not stale:
+                    raise UserError(f"--out {self.path.parent} is in use by another run ({owner}, {self.path}); "
+                                    "wait for it to end or choose another --out") from None
+                warnings.warn(f"taking over the stale lock {self.path} ({owner} is gone)")
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+            self.held = True
+            return self
+        raise UserError(f"--out {self.path.parent}: could not take the lock {self.path} (contended)")
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def claim_run_dir(out: Path, resume, overwrite: bool, main: bool) -> RunLock | None:
+    """Before a run writes anything: the lock (main process), the reuse rule (:func:`check_reuse`) and,
+    with ``overwrite``, the old run's files removed (main process). Returns the held lock (main)."""
+    if not main:
+        check_reuse(out, resume, overwrite)
+        return None
+    lock = RunLock(out).acquire()
+    try:
+        if check_reuse(out, resume, overwrite):
+            remove_run(out)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def checkpoint_step(ckpt_dir: Path) -> int:
+    """The step a checkpoint directory was written at (its state.json)."""
+    from zsprob.utils.io import read_json
+    meta = read_json(Path(ckpt_dir) / "state.json", "training state")
+    step = meta.get("step") if isinstance(meta, dict) else None
+    if not isinstance(step, int):
+        from zsprob.train import state
+        step = int(state.load_state(ckpt_dir)["step"])
+    return step
+
+
+def check_resume_target(ckpt_step: int, total_steps: int, ckpt_dir: Path, out: Path) -> bool:
+    """``--resume`` never moves backwards: one line when the checkpoint is past ``total_steps``.
+    Returns True when the run is finished (checkpoint at the end and summary.json written)."""
+    if ckpt_step > total_steps:
+        raise UserError(f"--resume: the checkpoint {ckpt_dir} is at step {ckpt_step}, past the {total_steps} steps "
+                        f"asked for; resuming never goes back (ask for more steps than {ckpt_step}, or --overwrite)")
+    return ckpt_step == total_steps and (Path(out) / "summary.json").is_file()

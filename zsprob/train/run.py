@@ -18,7 +18,7 @@ from torch import nn
 from zsprob.config import Config
 from zsprob.errors import UserError
 from zsprob.train import distributed as dist
-from zsprob.train import optim
+from zsprob.train import optim, resilience
 from zsprob.train.data import BatchSource
 
 
@@ -40,9 +40,10 @@ class DataCursor:
             spe = self.source.steps_per_epoch
             batch = None
             if spe is None or self.pos < spe:
-                if self._it is None:
-                    self._it = iter(self.source.epoch_batches(self.epoch, skip=self.pos))
-                batch = next(self._it, None)
+                with resilience.data_wait():  # a stop signal while no batch comes stops the run
+                    if self._it is None:
+                        self._it = iter(self.source.epoch_batches(self.epoch, skip=self.pos))
+                    batch = next(self._it, None)
             exhausted = dist.all_reduce_any(batch is None, self.device)
             if not exhausted:
                 self.pos += 1

@@ -5,6 +5,8 @@ One rule per kind of input, so every command words the same mistake the same way
 - :func:`check_count`: steps, epochs, batch sizes, intervals, workers, threads ... must be numbers at
   least a minimum (``>= 1``, ``>= 0``) or above it (``> 0``); integers unless said otherwise.
   :func:`check_counts` applies a table of dotted config keys (``zsprob.train.defaults.COUNT_KEYS``).
+- :func:`check_flags`, :func:`check_numbers`, :func:`check_known_keys`: a config against its defaults
+  (true / false keys, finite floats and number lists, no unknown keys: the nearest known one is named).
 - :func:`check_output`: an ``--out`` directory (or the folder of an ``--out`` file) that cannot be
   created or written is refused before any work starts. The check creates what is missing, writes a
   probe file, and removes both again (no side effect); URLs (``scheme://...``) are left to their
@@ -14,6 +16,8 @@ The command line wraps both into click parameter types (``zsprob.cli.types``).
 """
 from __future__ import annotations
 
+import difflib
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -34,6 +38,8 @@ def check_count(value: Any, what: str | None, rule: str = ">=1", integer: bool =
         return None
     prefix = f"{what} " if what else ""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and not math.isfinite(value):
+        raise UserError(f"{prefix}must be a finite number {_rule_text(rule)}, got {value!r}")
     if not number or (integer and float(value) != int(value)):
         raise UserError(f"{prefix}must be {'an integer' if integer else 'a number'} {_rule_text(rule)}, got {value!r}")
     bound = 1 if rule == ">=1" else 0
@@ -68,6 +74,69 @@ def check_flags(cfg: Any, defaults: Any, prefix: str = "") -> None:
             raise UserError(f"{name} must be true or false, got {cfg[key]!r}")
         if isinstance(default, Mapping) and isinstance(cfg[key], Mapping):
             check_flags(cfg[key], default, f"{name}.")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _as_float(x: Any) -> Any:
+    """``x`` as a float when it is a number or a string that spells one (YAML reads ``2e-3`` as a
+    string: it wants ``2.0e-3``); else ``x`` unchanged."""
+    if isinstance(x, str):
+        try:
+            return float(x)
+        except ValueError:
+            return x
+    return x
+
+
+def check_numbers(cfg: Any, defaults: Any, prefix: str = "") -> None:
+    """Every key of ``cfg`` whose default in ``defaults`` is a float must be a finite number (null is
+    allowed: "off" for some keys; a string spelling a number, YAML's ``2e-3``, is stored as the float);
+    a key whose default is a list of numbers (``optim.betas``) must be a list of as many finite numbers.
+    ``--lr inf``, ``optim.grad_clip=nan`` or ``optim.lr=abc`` is one line."""
+    for key, default in defaults.items():
+        if key not in cfg or cfg[key] is None:
+            continue
+        name, value = f"{prefix}{key}", cfg[key]
+        if isinstance(default, float):
+            value = _as_float(value)
+            if not (_is_number(value) and math.isfinite(value)):
+                raise UserError(f"{name} must be a finite number, got {cfg[key]!r}")
+            cfg[key] = value
+        if isinstance(default, list) and default and all(_is_number(v) for v in default):
+            items = [_as_float(v) for v in value] if isinstance(value, (list, tuple)) else None
+            if not (items is not None and len(items) == len(default)
+                    and all(_is_number(v) and math.isfinite(v) for v in items)):
+                raise UserError(f"{name} must be a list of {len(default)} finite numbers like {default}, got {value!r}")
+            cfg[key] = items
+        if isinstance(default, Mapping) and isinstance(value, Mapping):
+            check_numbers(value, default, f"{name}.")
+
+
+def check_known_keys(cfg: Any, defaults: Any, free: Iterable[str] = (), prefix: str = "") -> None:
+    """Every key of ``cfg`` must be a key of ``defaults``; a section whose default is empty or null, or
+    that ``free`` names (dotted, ``*`` for any one name: ``loss.*``), takes any keys. An unknown key is
+    one line naming the nearest known one (a typo such as ``optim.lrr`` is otherwise silently ignored)."""
+    free = tuple(free)
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if key not in defaults:
+            near = difflib.get_close_matches(str(key), [str(k) for k in defaults], n=1)
+            hint = f"did you mean {prefix}{near[0]}?" if near else \
+                f"known keys here: {', '.join(map(str, defaults)) or 'none'}"
+            raise UserError(f"unknown config key {name} ({hint})")
+        default = defaults[key]
+        if any(_matches(name, pattern) for pattern in free):
+            continue
+        if isinstance(default, Mapping) and default and isinstance(value, Mapping):
+            check_known_keys(value, default, free, f"{name}.")
+
+
+def _matches(name: str, pattern: str) -> bool:
+    parts, want = name.split("."), pattern.split(".")
+    return len(parts) == len(want) and all(w in ("*", p) for p, w in zip(parts, want))
 
 
 def _is_url(path: str) -> bool:
