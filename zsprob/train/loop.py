@@ -137,7 +137,7 @@ def run_steps(run: Run, start_step: int, progress: bool) -> dict:
     run.step_module.train()
     run.counters.loss_sum = torch.zeros((), device=run.acc.device)
     run.counters.t_interval = t_start = time.perf_counter()
-    code = int(run.cfg.train.get("requeue_exit_code", resilience.DEFAULT_REQUEUE_EXIT_CODE))
+    code = int(run.cfg.train.requeue_exit_code)
     with resilience.StopSignals(exit_code=code, step=start_step) as stop:
         try:
             for step in range(start_step, run.total_steps):
