@@ -112,8 +112,8 @@ def install_probe(record: dict, first: int):
     """Wrap ``zsprob.train.build.one_step`` (the pairwise step ``build_run`` gives a run when it is
     built): steps ``first`` and ``first + 1`` count host syncs, the next two time the optimizer step,
     the last counts FLOPs. Returns the function that puts the original back."""
-    import zsprob.train.build as loop
-    inner = getattr(loop, "one_step", None)
+    import zsprob.train.build as build
+    inner = getattr(build, "one_step", None)
     if inner is None:
         record["error"] = "zsprob.train.build.one_step not found: no probe"
         return lambda: None
@@ -127,10 +127,10 @@ def install_probe(record: dict, first: int):
         if k == 4:
             return count_flops(inner, run, step, record)
         return inner(run, step)
-    loop.one_step = probed
+    build.one_step = probed
 
     def restore() -> None:
-        loop.one_step = inner
+        build.one_step = inner
     return restore
 
 
@@ -143,11 +143,11 @@ def count_syncs(inner, run, step: int, record: dict):
 
     import torch
 
-    import zsprob.train.step as loop  # one_step looks next_batch up here at call time
+    import zsprob.train.step as step_module  # one_step looks next_batch up here at call time
     from zsprob.utils.host_sync import HostSyncCounter
     cuda = run.acc.device.type == "cuda"
     spans: list = []  # (counter.where before, after, len(caught) before, after) of each next_batch call
-    fetch = loop.next_batch
+    fetch = step_module.next_batch
 
     def next_batch(*args, **kwargs):
         before = (collections.Counter(counter.where), len(caught))
@@ -161,8 +161,8 @@ def count_syncs(inner, run, step: int, record: dict):
         if cuda:
             torch.cuda.set_sync_debug_mode("warn")
             stack.callback(torch.cuda.set_sync_debug_mode, 0)
-        loop.next_batch = next_batch
-        stack.callback(setattr, loop, "next_batch", fetch)
+        step_module.next_batch = next_batch
+        stack.callback(setattr, step_module, "next_batch", fetch)
         counter = stack.enter_context(HostSyncCounter())
         stats = inner(run, step)
     is_sync = [cuda and "synchroniz" in str(w.message).lower() for w in caught]

@@ -184,7 +184,7 @@ def _update(run, loss: torch.Tensor, params: list, drop: list) -> bool:
     run.acc.backward(loss)
     for p in drop:
         p.grad = None
-    unscale_once(run.acc)
+    unscale_once(run)
     check = loss.detach().float()
     grad_clip = run.cfg.optim.get("grad_clip")
     if grad_clip:

@@ -153,13 +153,12 @@ def gradient_clip_sets(raw: nn.Module, split: bool) -> list[list]:
     return [[p for name, p in named if not name.startswith(heads)], sigma]
 
 
-def unscale_once(acc) -> None:
-    """Under fp16, divide the gradients by the loss scale once per step (before clipping and the
-    finiteness check); a no-op without a gradient scaler. The scaler records whether it found inf /
-    NaN, which its ``update()`` reads whether or not the step is applied."""
-    if acc.scaler is not None:
-        for opt in acc._optimizers:
-            acc.scaler.unscale_(getattr(opt, "optimizer", opt))
+def unscale_once(run: Run) -> None:
+    """Under fp16, divide the run's gradients by the loss scale once per update (before clipping and
+    the finiteness check); a no-op without a gradient scaler. The scaler records whether it found
+    inf / NaN, which its ``update()`` reads whether or not the step is applied."""
+    if run.acc.scaler is not None:
+        run.acc.scaler.unscale_(getattr(run.optimizer, "optimizer", run.optimizer))  # accelerate's wrapper
 
 
 def clip_gradient_sets(sets: list[list], max_norm: float) -> list[torch.Tensor]:
@@ -227,7 +226,7 @@ def one_step(run: Run, step: int) -> dict:
     frozen = run.schedule.frozen_groups()
     if frozen:
         optim.zero_frozen_grads(frozen)
-    unscale_once(run.acc)
+    unscale_once(run)
     check = loss.detach().float()
     grad_clip = run.cfg.optim.get("grad_clip")
     if grad_clip:
