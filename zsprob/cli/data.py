@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.types import COUNT, COUNT0, OUT_DIR
+from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, SHARE
 
 from zsprob.errors import UserError
 
@@ -31,7 +31,7 @@ def data() -> None:
 @click.option("--num-classify-eval", type=COUNT0, default=None, help="Images per class for zero-shot evaluation.")
 @click.option("--num-retrieval", type=COUNT0, default=None, help="Retrieval test images (5 captions each).")
 @click.option("--num-retrieval-val", type=COUNT0, default=None, help="Retrieval val images (5 captions each).")
-@click.option("--noise", type=float, default=None,
+@click.option("--noise", type=SHARE, default=None,
               help="Noisy-correspondence rate of the pretraining captions, 0..1 [default: 0].")
 @click.option("--seed", type=int, default=None, help="World seed [default: 0].")
 @click.option("--shard-size", type=COUNT, default=None, help="Samples per pretraining shard [default: 1000].")

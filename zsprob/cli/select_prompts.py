@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.options import common_options, load_model, model_options, resolve_device
-from zsprob.cli.types import OUT_FILE, InPath
+from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 
 
@@ -24,9 +24,9 @@ from zsprob.methods import STRATEGIES
 @click.option("--select-root", type=InPath("selection split"), default=None,
               help="Labelled selection split (folder per class; ImageNet: train images), disjoint from evaluation.")
 @click.option("--no-select", is_flag=True, help="auto: ignore the selection split (label-free variant).")
-@click.option("--threshold-c", type=float, default=1.0, show_default=True,
+@click.option("--threshold-c", type=REAL, default=1.0, show_default=True,
               help="Label-free auto: keep u <= mean + c*std per class.")
-@click.option("--beta", type=float, default=1.0, show_default=True, help="fusion: weights u^-beta.")
+@click.option("--beta", type=REAL, default=1.0, show_default=True, help="fusion: weights u^-beta.")
 @common_options
 @click.option("--out", type=OUT_FILE, required=True, help="selection.json to write.")
 def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, strategy, select_root, no_select,

@@ -7,6 +7,8 @@ before any other option is acted on.
 """
 from __future__ import annotations
 
+import math
+
 import click
 
 from zsprob.errors import UserError
@@ -31,6 +33,32 @@ class Count(click.ParamType):
             return check_count(value, None, self.rule)
         except UserError as e:
             self.fail(str(e), param, ctx)
+
+
+class Real(click.ParamType):
+    """A finite number in [``low``, ``high``] (``low`` excluded with ``low_open``): ``nan``, ``inf`` and text
+    are one line at parse time, for every float option outside the training config (which checks its own)."""
+
+    name = "number"
+
+    def __init__(self, low: float = -math.inf, high: float = math.inf, low_open: bool = False):
+        self.low, self.high, self.low_open = low, high, low_open
+
+    def convert(self, value, param, ctx):
+        from zsprob.errors import check_range
+        if math.isinf(self.low):
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                number = math.nan
+            if not math.isfinite(number) or number > self.high:
+                bound = "" if math.isinf(self.high) else f" <= {self.high:g}"
+                self.fail(f"must be a finite number{bound}, got {value!r}", param, ctx)
+            return number
+        try:
+            return check_range(value, "the value", self.low, self.high, self.low_open)
+        except UserError as e:
+            self.fail(str(e).replace("the value must be", "must be"), param, ctx)
 
 
 class OutPath(click.ParamType):
@@ -66,10 +94,26 @@ class InPath(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class TokenizerDir(InPath):
+    """A saved Hugging Face tokenizer directory: it exists and holds one of the files that mark one."""
+
+    def __init__(self):
+        super().__init__("tokenizer directory")
+
+    def convert(self, value, param, ctx):
+        path = super().convert(value, param, ctx)
+        from zsprob.utils.checks import TOKENIZER_FILES, is_tokenizer_dir
+        if not is_tokenizer_dir(path):
+            self.fail(f"tokenizer directory {path} holds none of {', '.join(TOKENIZER_FILES)}", param, ctx)
+        return path
+
+
+REAL = Real()
+SHARE = Real(0.0, 1.0)
 COUNT = Count(">=1")
 COUNT0 = Count(">=0")
 OUT_DIR = OutPath("dir")
 OUT_FILE = OutPath("file")
 CHECKPOINT = InPath("checkpoint", "any")
-TOKENIZER = InPath("tokenizer directory")
+TOKENIZER = TokenizerDir()
 EMBEDDINGS = InPath("embeddings file", "file", "an .npz with image_ids, caption_ids, image_mu, caption_mu")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.options import common_options, load_model, model_options, resolve_device
-from zsprob.cli.types import OUT_FILE, InPath
+from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 
 
@@ -24,7 +24,7 @@ from zsprob.methods import STRATEGIES
 @click.option("--select-root", type=InPath("selection split"), default=None, help="Labelled selection split for auto.")
 @click.option("--score", type=click.Choice(["cosine", "csd", "unc"]), default="cosine", show_default=True,
               help="cosine of means; CSD between image and class Gaussians; uncertainty-adjusted cosine.")
-@click.option("--unc-weight", type=float, default=0.5, show_default=True, help="--score unc: cos - w * ||sigma^2||_1.")
+@click.option("--unc-weight", type=REAL, default=0.5, show_default=True, help="--score unc: cos - w * ||sigma^2||_1.")
 @click.option("--compare", is_flag=True, help="Evaluate every strategy in one run; print one table and write PNGs.")
 @common_options
 @click.option("--out", type=OUT_FILE, required=True, help="results.json to write.")

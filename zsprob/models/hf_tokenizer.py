@@ -17,16 +17,10 @@ import os
 from pathlib import Path
 
 from zsprob.errors import UserError
+from zsprob.utils.checks import TOKENIZER_FILES, is_tokenizer_dir
 
-# files a saved Hugging Face tokenizer directory holds (any one marks the directory)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "vocab.txt")
 PROLIP_CONTEXT_LENGTH = 64
 PROLIP_TEXT_CLEANING = "canonicalize"
-
-
-def is_tokenizer_dir(path: str | os.PathLike) -> bool:
-    path = Path(path)
-    return path.is_dir() and any((path / name).is_file() for name in TOKENIZER_FILES)
 
 
 def find_tokenizer_dir(weights: str | os.PathLike | None = None, tokenizer: str | os.PathLike | None = None) -> Path:

@@ -27,6 +27,16 @@ from typing import Any, Iterable
 from zsprob.errors import UserError, not_found
 
 
+#: files a saved Hugging Face tokenizer directory holds (any one marks the directory)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "vocab.txt")
+
+
+def is_tokenizer_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory holding one of :data:`TOKENIZER_FILES` (no library imported)."""
+    path = Path(path)
+    return path.is_dir() and any((path / name).is_file() for name in TOKENIZER_FILES)
+
+
 def _rule_text(rule: str) -> str:
     return {">=1": "at least 1", ">=0": "0 or more", ">0": "above 0"}[rule]
 
