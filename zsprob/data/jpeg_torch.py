@@ -90,9 +90,9 @@ def _pad_to(plane: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     if not (pad_h or pad_w):
         return plane
     # replicate padding through index gathers: torch's replicate padding has no integer kernels
-    rows = torch.arange(height + pad_h, device=plane.device).clamp_(max=height - 1)
-    cols = torch.arange(width + pad_w, device=plane.device).clamp_(max=width - 1)
-    return plane.index_select(-2, rows).index_select(-1, cols)
+    row_index = torch.arange(height + pad_h, device=plane.device).clamp_(max=height - 1)
+    col_index = torch.arange(width + pad_w, device=plane.device).clamp_(max=width - 1)
+    return plane.index_select(-2, row_index).index_select(-1, col_index)
 
 
 def _rgb_to_ycbcr(rgb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
