@@ -24,7 +24,7 @@ import torch
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.benchmarks import (SHARED_L_LIMIT, BenchmarkSet, EvalResult, RetrievalTask, direction_result,
                                          fold_summary, merge_pmrp, needed_length, set_queries, with_rsum)
-from zsprob.retrieval.scoring import PairScores
+from zsprob.retrieval.scoring import PairScores, compute_device
 from zsprob.retrieval.screen import LINEAR_SCORES, ScreenBoundError, amx_available
 from zsprob.retrieval.screened import evaluate_screened
 
@@ -283,10 +283,15 @@ def _jsonable(score_kw: dict) -> dict:
     return {f"score_{k}": float(v) for k, v in score_kw.items() if isinstance(v, (int, float))}
 
 
-def resolve_method(method: str, score: str, **score_kw) -> str:
-    """"screen" (:mod:`zsprob.retrieval.screened`: exact metrics from a certified bfloat16 screen, no
-    score matrix) for the linear scores (csd, mean, cosine) without score options; "matrix" (the
-    float32 score matrix, any score) otherwise. Raises ValueError for a screen it cannot run."""
+def resolve_method(method: str, score: str, *, device=None, **score_kw) -> str:
+    """The route "auto" stands for, or ``method`` itself, checked: "screen"
+    (:mod:`zsprob.retrieval.screened`: exact metrics from a certified bfloat16 screen, no score
+    matrix) for the linear scores (csd, mean, cosine) without score options when the scores are
+    computed on the CPU; "matrix" (float32 score blocks, any score) otherwise. ``device``: where
+    the scores are computed (None: the CPU). The screen is a CPU kernel (the embeddings are copied
+    to the host, and each block of queries takes data-dependent host decisions), so on an
+    accelerator "auto" scores the matrix there instead; "screen" asked for by name still runs, on
+    the CPU. Raises ValueError for a screen it cannot run."""
     if method not in ROUTES:
         raise ValueError(f"unknown method {method!r} (choose from {', '.join(ROUTES)})")
     linear = score in LINEAR_SCORES and not score_kw
@@ -294,7 +299,8 @@ def resolve_method(method: str, score: str, **score_kw) -> str:
         raise ValueError(f"method 'screen' needs a linear score ({', '.join(LINEAR_SCORES)}) without score options; "
                          f"use method 'matrix' for {score!r}")
     if method == "auto":
-        return "screen" if linear else "matrix"
+        on_cpu = device is None or torch.device(device).type == "cpu"
+        return "screen" if linear and on_cpu else "matrix"
     return method
 
 
@@ -308,9 +314,10 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
     ``method``: "screen" ranks by the float64 keys without a score matrix
     (:func:`zsprob.retrieval.screened.evaluate_screened`, CSD / mean / cosine; faster than the
     matrix, see docs/benchmarks.md); "matrix" scores float32 blocks with
-    ``zsprob.prob.score`` (every score); "auto" picks
-    "screen" where it applies. The two agree up to float32 near-ties (see the tests). Should a
-    screened key ever break its certified error bound, the matrix is used instead, with a warning.
+    ``zsprob.prob.score`` (every score); "auto" picks "screen" where it applies and the scores
+    are computed on the CPU, "matrix" on an accelerator (:func:`resolve_method`). The two agree up
+    to float32 near-ties (see the tests). Should a screened key ever break its certified error
+    bound, the matrix is used instead, with a warning.
     ``device``: where the score blocks are computed (default: where the embeddings live; the
     screen itself is a CPU kernel); scores and metrics are float32 / float64 on every device.
     """
@@ -321,7 +328,7 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
 
     check_score(score, emb.has_sigma)
     try:
-        method = resolve_method(method, score, **score_kw)
+        method = resolve_method(method, score, device=compute_device(device, emb.image_mu), **score_kw)
     except ValueError as e:
         raise UserError(str(e)) from None
     res = None
