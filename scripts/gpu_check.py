@@ -26,6 +26,8 @@ starts when the budget would be overrun):
 4. ``evaluation``: 5,000 images (224 px, random) and 25,000 captions through the ProbCLIP on the
    device, CSD top-k ranking on the device and on the CPU from the same embeddings (float32 and
    float64), and zsprob's screened evaluation on the CPU: identical rankings and metrics, and times.
+5. ``degrade``: the JPEG round trip of the degraded views in tensor arithmetic on the device against
+   libjpeg on the CPU (pixels that differ: 0), and the host reads of one ``degrade_images`` call there.
 
 torch, zsprob (models, prob, retrieval, the ``pretrain`` CLI) and open_clip's trainer do the work;
 this script times, compares and writes the tables.
@@ -82,7 +84,7 @@ CPU_QUICK = Sizes("zsprob-tiny", "zsprob-tiny", 32, 64, 2, 4, 8, 3, 1, 64, 16, 0
 
 #: rough seconds of each section (full, quick); a section does not start unless they fit the budget
 ESTIMATE = {"versions": (2, 1), "losses": (10, 3), "forward": (20, 3), "train_steps": (60, 10), "bf16": (30, 5),
-            "throughput": (150, 15), "evaluation": (60, 5)}
+            "throughput": (150, 15), "evaluation": (60, 5), "degrade": (15, 3)}
 
 
 # ----------------------------------------------------------------------------- records
@@ -681,9 +683,44 @@ def section_evaluation(c: Check) -> dict:
                      "random init (seed 0): chance-level metrics; what is compared is identity across devices"}
 
 
+def section_degrade(c: Check) -> dict:
+    """The degraded views on the device: JPEG's round trip in tensor arithmetic equals libjpeg on the CPU
+    pixel for pixel, and a whole degrade_images call on the device makes no host read."""
+    import torch
+
+    from zsprob.data.degrade import degrade_images
+    from zsprob.data.jpeg_torch import jpeg_roundtrip
+    from zsprob.utils.host_sync import HostSyncCounter
+    from torchvision.io import decode_jpeg, encode_jpeg
+
+    n, side = (8, 64) if c.args.quick else (64, 224)
+    g = torch.Generator().manual_seed(0)
+    images = (torch.rand(n, 3, side, side + 5, generator=g) * 255).round().to(torch.uint8)
+    qualities = [5 + i % 16 for i in range(n)]
+    ref = torch.stack([decode_jpeg(encode_jpeg(im, quality=q)) for im, q in zip(images, qualities)])
+    t = time.perf_counter()
+    got = jpeg_roundtrip(images.to(c.device), qualities)
+    sync(c.device)
+    seconds = time.perf_counter() - t
+    differ = int((got.cpu() != ref).sum())
+    figs = [figure(f"JPEG round trip on {c.device} vs libjpeg (CPU), {n} images {side}x{side + 5}, q 5..20",
+                   differ, "pixels that differ", "0", differ == 0),
+            figure(f"JPEG round trip on {c.device}, first call", seconds, "s")]
+    normed = (torch.rand(n, 3, side, side, generator=g) - 0.5).to(c.device)
+    counter = HostSyncCounter()
+    with counter:
+        degrade_images(normed, torch.Generator().manual_seed(1), mean=(0.5,) * 3, std=(0.25,) * 3,
+                       ops=("jpeg", "blur", "dim", "crop"))
+    figs.append(figure(f"host reads in one degrade_images call on {c.device} (jpeg, blur, dim, crop)",
+                       counter.total, "calls", "0" if c.device != "cpu" else None,
+                       counter.total == 0 if c.device != "cpu" else None,
+                       "" if c.device != "cpu" else "the CPU keeps libjpeg, a host read that is free there"))
+    return {"figures": figs}
+
+
 SECTIONS = [("versions", section_versions), ("losses", section_losses), ("forward", section_forward),
             ("train_steps", section_train_steps), ("bf16", section_bf16), ("throughput", section_throughput),
-            ("evaluation", section_evaluation)]
+            ("evaluation", section_evaluation), ("degrade", section_degrade)]
 
 
 # ----------------------------------------------------------------------------- report

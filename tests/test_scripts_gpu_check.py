@@ -13,8 +13,8 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
-SECTIONS = ("versions", "losses", "forward", "train_steps", "bf16", "throughput", "evaluation")
-EQUALITY = ("losses", "forward", "train_steps", "bf16", "evaluation")
+SECTIONS = ("versions", "losses", "forward", "train_steps", "bf16", "throughput", "evaluation", "degrade")
+EQUALITY = ("losses", "forward", "train_steps", "bf16", "evaluation", "degrade")
 
 
 def _run(*args, timeout=900, extra_env=None):
