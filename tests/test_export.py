@@ -4,6 +4,7 @@ directory's open_clip_config.json (model_cfg, preprocess_cfg) is what zsprob bui
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import open_clip
@@ -210,3 +211,28 @@ def test_open_clip_directory_with_a_malformed_config_is_one_error(tmp_path):
     (d / "open_clip_model.safetensors").write_bytes(b"x")
     with pytest.raises(UserError, match="not valid JSON"):
         load_for_inference(model="zsprob-tiny", pretrained=str(d))
+
+
+def test_a_hugging_face_tokenizer_travels_with_the_export(tmp_path):
+    """A model with a local Hugging Face tokenizer: its files go into the export, open_clip's
+    get_tokenizer("local-dir:") reads them with the same cleaning, and zsprob reloads them from there."""
+    from test_models_hf_tokenizer import make_tokenizer_dir
+
+    from zsprob.models.export import export_open_clip
+
+    tok_dir = make_tokenizer_dir(tmp_path / "tok")
+    model = _tiny(tokenizer_dir=str(tok_dir))
+    save(model, tmp_path / "ckpt")
+    out = export_open_clip(tmp_path / "ckpt", tmp_path / "oc")
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    texts = ["A Photo of a RED car!!", "the   oak tree, green."]
+    oc_tok = open_clip.get_tokenizer(f"local-dir:{out}")
+    assert torch.equal(oc_tok(texts), model.tokenizer(texts))
+    oc, _, _ = open_clip.create_model_and_transforms(f"local-dir:{out}")
+    with torch.no_grad():
+        assert torch.allclose(oc.eval().encode_text(oc_tok(texts), normalize=True),
+                              model.encode_text(model.tokenizer(texts))[0], atol=1e-5, rtol=0)
+    shutil.rmtree(tok_dir)  # the reloaded model reads the export's own copy
+    back = load(out)
+    assert back.config["tokenizer_dir"] == str(out.resolve()) and torch.equal(back.tokenizer(texts),
+                                                                                model.tokenizer(texts))
