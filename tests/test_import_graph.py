@@ -133,6 +133,7 @@ ALLOWED = {
     "retrieval": {"data", "models", "prob", "report", "errors", "utils"},
     "train": {"config", "data", "models", "prob", "methods", "errors", "utils"},
     "zeroshot": {"data", "models", "prob", "report", "methods", "errors", "utils", "zsprob"},
+    "integrations": {"models", "errors", "utils"},
 }
 
 
@@ -184,3 +185,12 @@ def test_no_function_over_80_lines_outside_the_allow_list():
     found = long_functions()
     assert not set(found) - set(LONG_ALLOWED), {k: v for k, v in found.items() if k not in LONG_ALLOWED}
     assert not set(LONG_ALLOWED) - set(found), "allow-list entries that are short now: remove them"
+
+
+def test_the_open_clip_directory_reader_and_the_integrations_stay_at_their_places():
+    """The open_clip directory reader imports only the checkpoint format (sources.py asks it); only the
+    CLI imports the integrations."""
+    graph = import_graph()
+    assert graph["zsprob.models.open_clip_dir"] <= {"zsprob.models.checkpoint", "zsprob.errors"}
+    users = {name for name, targets in graph.items() if any(t.startswith("zsprob.integrations") for t in targets)}
+    assert {package_of(u) for u in users} <= {"cli", "integrations"}, users

@@ -1,4 +1,4 @@
-"""`zsprob eval`: retrieval evaluation (COCO 1K/5K, CxC, ECCV Caption, PMRP; SynthWorld; any embeddings).
+"""`zsprob eval`: retrieval evaluation (COCO 1K/5K, CxC, ECCV Caption, PMRP; Flickr30k; SynthWorld; any embeddings).
 
 Thin: parses options and calls :mod:`zsprob.retrieval` (torch is imported inside the commands).
 """
@@ -83,6 +83,32 @@ def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_s
                         device=device, num_workers=workers, precision=precision, analyses=not no_analysis,
                         save_embeddings=save_embeddings, label=str(label),
                         metrics_file=outp.name, method=method)
+    _finish(res, out)
+
+
+@eval_.command("flickr30k")
+@eval_model_options
+@click.option("--root", type=InPath("Flickr30k root directory"), required=True,
+              help="Flickr30k folder (dataset_flickr30k.json, flickr30k-images/).")
+@click.option("--karpathy-json", type=InPath("Flickr30k Karpathy split JSON", "file"), default=None,
+              help="dataset_flickr30k.json if not under ROOT.")
+@click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
+@click.option("--save-embeddings", type=OUT_FILE, default=None, help="also save the embeddings (.npz).")
+@_common
+def flickr30k(checkpoint, model_name, pretrained, device, workers, precision, batch_size, root, karpathy_json, split,
+              save_embeddings, score, out, no_analysis, method):
+    """Evaluate on Flickr30k (Karpathy 1K test: R@1/5/10 both ways, RSUM; the COCO-style set "coco")."""
+    from zsprob.data.flickr import Flickr30kCaptions
+    from zsprob.retrieval.coco import evaluate_coco
+
+    dataset = Flickr30kCaptions(root, split=split, karpathy_json=karpathy_json)  # before the model: data errors first
+    device = resolve_device(device)
+    model = _load_model(checkpoint, model_name, pretrained, device)
+    outp = Path(out)
+    res = evaluate_coco(model, root, split, score, outp.parent, batch_size=batch_size, device=device,
+                        num_workers=workers, precision=precision, analyses=not no_analysis,
+                        save_embeddings=save_embeddings, label=str(checkpoint or model_name),
+                        metrics_file=outp.name, method=method, dataset=dataset)
     _finish(res, out)
 
 

@@ -202,17 +202,17 @@ class CocoValSelection:
     ``out_dir/model-best`` and ``out_dir/best.json``. The loss's a, b are not part of that save."""
 
     def __init__(self, root, out_dir, *, split: str = "val", karpathy_json=None, batch_size: int = 128,
-                 score: str = "csd", method: str | None = None):
-        self.root, self.out_dir, self.split = root, Path(out_dir), split
+                 score: str = "csd", method: str | None = None, dataset: str = "coco"):
+        self.root, self.out_dir, self.split, self.kind = root, Path(out_dir), split, dataset
         self.karpathy_json, self.batch_size, self.score, self.method = karpathy_json, batch_size, score, method
         self.best = float("-inf")
         self._ds = None
 
     def dataset(self):
         if self._ds is None:
-            from zsprob.data.coco import CocoCaptions
-            kw = {"karpathy_json": self.karpathy_json} if self.karpathy_json else {}
-            self._ds = CocoCaptions(self.root, split=self.split, official_ids=False, instances=False, **kw)
+            from zsprob.data.flickr import karpathy_captions
+            self._ds = karpathy_captions(self.kind, self.root, self.split, self.karpathy_json, official_ids=False,
+                                         instances=False)
         return self._ds
 
     def __call__(self, model, step: int) -> dict:
@@ -255,7 +255,7 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
                   embeddings=None, instance_labels=None, batch_size: int = 128, device=None, num_workers: int = 0,
                   analyses: bool = True, progress: bool = True, save_embeddings=None, karpathy_json=None,
                   label: str = "model", metrics_file: str = "metrics.json", method: str = "auto",
-                  precision: str = "fp32") -> dict:
+                  precision: str = "fp32", dataset=None) -> dict:
     """COCO evaluation of a model (``model`` + ``root``) or of precomputed ``embeddings``
     (an :class:`Embeddings` or an ``.npz`` path). ``device`` encodes and scores (default: the
     model's device to encode, the embeddings' to score); ``num_workers`` and ``precision``
@@ -263,7 +263,9 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
 
     Returns ``{"metrics", "summary", "table", "uncertainty", "files"}``; with ``out_dir`` writes
     ``metrics.json``, ``table.md`` and (probabilistic models) the decile PNG / table and the
-    uncertain-queries page.
+    uncertain-queries page. ``dataset``: an already parsed split to encode (e.g. a
+    :class:`~zsprob.data.flickr.Flickr30kCaptions`: ids outside COCO's, so its positives come from
+    ``caption_image``, reported as the set "coco").
     """
     from zsprob.retrieval.analysis import report_uncertainty
     from zsprob.retrieval.embeddings import load_embeddings
@@ -274,11 +276,11 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     if embeddings is not None:
         emb = load_embeddings(embeddings) if isinstance(embeddings, (str, Path)) else embeddings
     else:
-        if model is None or root is None:
+        if model is None or (root is None and dataset is None):
             raise UserError("COCO evaluation needs a model and --root, or --embeddings")
         emb, labels, ds = encode_coco(model, root, split, batch_size=batch_size, device=device,
                                       num_workers=num_workers, progress=progress, karpathy_json=karpathy_json,
-                                      precision=precision)
+                                      precision=precision, dataset=dataset)
         if instance_labels is None:
             instance_labels = labels
         if save_embeddings:
