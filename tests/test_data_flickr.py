@@ -23,12 +23,10 @@ def world(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="module")
-def flickr(world, tmp_path_factory):
-    """SynthWorld's test images as Flickr30k test, its val images as val (4) and train (16), in the
+def make_flickr(world, root):
+    """SynthWorld's test images as Flickr30k test, its val images as val (4) and train (the rest), in the
     Karpathy file's layout (filename, imgid, split, sentids, sentences with tokens / raw / sentid)."""
-    root = tmp_path_factory.mktemp("flickr30k")
-    (root / "flickr30k-images").mkdir()
+    (root / "flickr30k-images").mkdir(parents=True)
     src = json.loads((world / "retrieval" / "dataset_synthworld.json").read_text())
     images, n_val = [], 0
     for i, im in enumerate(src["images"]):
@@ -42,6 +40,11 @@ def flickr(world, tmp_path_factory):
                        "filename": im["filename"]})
     (root / "dataset_flickr30k.json").write_text(json.dumps({"images": images, "dataset": "flickr30k"}))
     return root
+
+
+@pytest.fixture(scope="module")
+def flickr(world, tmp_path_factory):
+    return make_flickr(world, tmp_path_factory.mktemp("flickr30k"))
 
 
 @pytest.fixture(scope="module")
