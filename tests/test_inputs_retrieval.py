@@ -173,6 +173,8 @@ NPZ_CASES = {
                        image_logvar=np.zeros((0, DIM), np.float32), caption_image=None), "image_mu", "empty"),
     "zero-width means": (dict(image_mu=np.zeros((N_IMG, 0), np.float32), caption_mu=np.zeros((N_IMG * PER, 0)),
                               image_logvar=None, caption_logvar=None), "image_mu", "empty"),
+    "logvar above 88": (dict(image_logvar=np.full((N_IMG, DIM), 200.0, np.float32)), "image_logvar",
+                        "overflows float32"),
     "float caption_image": (dict(caption_image=np.repeat(np.arange(N_IMG), PER) * 1.0), "caption_image", "float64"),
     "ids shorter than means": (dict(image_ids=np.arange(N_IMG - 1)), "image_ids", "11 ids for 12 rows"),
 }

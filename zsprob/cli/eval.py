@@ -1,6 +1,8 @@
 """`zsprob eval`: retrieval evaluation (COCO 1K/5K, CxC, ECCV Caption, PMRP; SynthWorld; any embeddings).
 
 Thin: parses options and calls :mod:`zsprob.retrieval` (torch is imported inside the commands).
+Refuses in one line an ``--out`` (or a file written beside it) that is one of the inputs,
+``--save-embeddings`` with ``--embeddings``, and ranking files that give a query two lists.
 """
 from __future__ import annotations
 

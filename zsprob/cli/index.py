@@ -1,6 +1,9 @@
 """`zsprob index`: build and search exact / approximate CSD indexes (FAISS or torch).
 
-Thin: parses options and calls :mod:`zsprob.retrieval.search`.
+Thin: parses options and calls :mod:`zsprob.retrieval.search`. Refuses in one line what would
+otherwise be ignored or lost: an option the chosen kind of index does not use, an ``--out`` that is
+one of the inputs. ``-k`` above the index size returns every item; neighbours an approximate index
+did not find are id -1 and csd null in the ``--out`` JSON.
 """
 from __future__ import annotations
 
@@ -117,7 +120,8 @@ def search(index_dir, queries, query_side, k, ef_search, nprobe, out, show, devi
     idx.set_search_params(ef_search=ef_search, nprobe=nprobe)
     idx = idx.to(device)
     if k > len(idx):
-        click.echo(f"note: -k {k} is more than the index holds; returning all {len(idx)} items per query")
+        click.echo(f"note: -k {k} is more than the index holds; returning all {len(idx)} "
+                   f"item{'s' if len(idx) > 1 else ''} per query")
         k = len(idx)
     t = time.perf_counter()
     res = idx.search(mu, logvar, k)

@@ -20,6 +20,8 @@ import torch
 from zsprob.errors import UserError, require_file
 
 REQUIRED = ("image_ids", "caption_ids", "image_mu", "caption_mu")
+#: the largest log-variance whose sigma^2 = exp(logvar) is finite in float32 (exp(88.7) overflows)
+LOGVAR_MAX = 88.0
 
 
 @dataclass
@@ -145,7 +147,8 @@ def _check_caption_image(cap_img: np.ndarray, where: str, n_cap: int, n_img: int
 def load_embeddings(path) -> Embeddings:
     """Load and validate an ``E.npz``; problems raise :class:`UserError` naming the file and the array:
     a missing array, ids that are not unique 1-D integers, empty or mismatched shapes, values that
-    are not finite real numbers, a ``caption_image`` outside the images."""
+    are not finite real numbers, log-variances whose exp overflows float32 (above :data:`LOGVAR_MAX`),
+    a ``caption_image`` outside the images."""
     p = require_file(path, "embeddings file", "an .npz with image_ids, caption_ids, image_mu, caption_mu")
     arrays = _read_npz(p)
     missing = [k for k in REQUIRED if k not in arrays]
@@ -158,6 +161,10 @@ def load_embeddings(path) -> Embeddings:
     for k in ("image_mu", "caption_mu", "image_logvar", "caption_logvar"):
         if k in arrays:
             _check_values(arrays[k], where, k)
+    for k in ("image_logvar", "caption_logvar"):
+        if k in arrays and arrays[k].max() > LOGVAR_MAX:
+            raise UserError(f"{where}: {k} holds {float(arrays[k].max()):g}, above {LOGVAR_MAX:g}: sigma^2 = "
+                            "exp(logvar) overflows float32 (these arrays are log sigma^2, not sigma^2 or sigma)")
     img_mu, cap_mu = arrays["image_mu"], arrays["caption_mu"]
     cap_img = arrays.get("caption_image")
     if cap_img is not None:
