@@ -357,19 +357,20 @@ def _flatten_lists(rows: list, direction: str, query_ids: np.ndarray) -> tuple[n
     return ids, lengths
 
 
-def _refuse_repeats(flat: np.ndarray, lengths: np.ndarray, query_ids: np.ndarray, direction: str) -> None:
+def _refuse_repeats(idx: np.ndarray, lengths: np.ndarray, query_ids: np.ndarray, gallery_ids: np.ndarray,
+                    direction: str) -> None:
     """A ranked list that names an item twice is refused: each repeat of a positive would count as
-    another hit (R-Precision, mAP@R, R@K above their true values)."""
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    order = np.lexsort((flat, rows))
-    rows_s, ids_s = rows[order], flat[order]
-    repeat = (rows_s[1:] == rows_s[:-1]) & (ids_s[1:] == ids_s[:-1])
+    another hit (R-Precision, mAP@R, R@K above their true values). ``idx``: the lists' gallery
+    indices, one after another (``lengths`` each)."""
+    n_g = len(gallery_ids)
+    keys = np.sort(np.repeat(np.arange(len(lengths), dtype=np.int64), lengths) * n_g + idx)
+    repeat = keys[1:] == keys[:-1]
     if repeat.any():
-        first = int(np.flatnonzero(repeat)[0])
-        n_lists = len(np.unique(rows_s[1:][repeat]))
-        raise UserError(f"{direction}: the ranked list of query {int(query_ids[rows_s[first]])} holds id "
-                        f"{int(ids_s[first])} more than once ({n_lists} of {len(lengths)} lists repeat an id); "
-                        "a ranking names each item once")
+        key = int(keys[1:][repeat][0])
+        n_lists = len(np.unique(keys[1:][repeat] // n_g))
+        raise UserError(f"{direction}: the ranked list of query {int(query_ids[key // n_g])} holds id "
+                        f"{int(gallery_ids[key % n_g])} more than once ({n_lists} of {len(lengths)} lists repeat "
+                        "an id); a ranking names each item once")
 
 
 def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarray, direction: str) -> tuple[np.ndarray, int]:
@@ -383,12 +384,12 @@ def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarr
                         f"(e.g. {missing[0]})")
     flat, lengths = _flatten_lists([by_id[int(q)] for q in query_ids], direction, query_ids)
     order = np.argsort(gallery_ids)
-    idx = order[np.searchsorted(gallery_ids, flat, sorter=order).clip(max=len(gallery_ids) - 1)]
+    idx = order[np.searchsorted(gallery_ids[order], flat).clip(max=len(gallery_ids) - 1)]
     bad = gallery_ids[idx] != flat
     if bad.any():
         raise UserError(f"{direction}: {int(bad.sum())} ranked ids are not in the official gallery "
                         f"(e.g. {int(flat[bad][0])})")
-    _refuse_repeats(flat, lengths, query_ids, direction)
+    _refuse_repeats(idx, lengths, query_ids, gallery_ids, direction)
     L = int(lengths.min()) if len(lengths) else 0
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     return idx[starts[:, None] + np.arange(L)[None, :]], int(lengths.max()) if len(lengths) else 0
@@ -399,7 +400,8 @@ def evaluate_coco_rankings(i2t: dict, t2i: dict, *, ks=M.DEFAULT_KS) -> dict:
 
     ``i2t``: {image id: [caption ids, best first]} for all 5,000 images; ``t2i``: {caption id:
     [image ids]} for all 25,000 captions (eccv_caption's ``compute_all_metrics`` input). Lists
-    are cut to the shortest one. Returns ``{"metrics", "summary", "table", "notes"}``.
+    are cut to the shortest one. Ids must be integers (or strings of them) of the gallery, each at
+    most once per list, one list per query; anything else is a :class:`UserError` line. Returns ``{"metrics", "summary", "table", "notes"}``.
     """
     from zsprob.retrieval.evaluate import evaluate_rankings, format_table, summary_row
 
