@@ -7,6 +7,8 @@ did not find are id -1 and csd null in the ``--out`` JSON.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from zsprob.cli.options import resolve_device, scoring_device_option
@@ -70,8 +72,6 @@ def index() -> None:
 @scoring_device_option
 def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search, nlist, nprobe, out, device):
     """Index one side of an embeddings file."""
-    from pathlib import Path
-
     from zsprob.cli.eval import refuse_overwriting_inputs
     from zsprob.retrieval.search import build_index
 
@@ -103,12 +103,9 @@ def search(index_dir, queries, query_side, k, ef_search, nprobe, out, show, devi
     """Top-k gallery items by CSD for every query."""
     import time
 
+    from zsprob.cli.eval import refuse_overwriting_inputs
     from zsprob.retrieval.search import load_index
     from zsprob.utils.io import atomic_write_json
-
-    from pathlib import Path
-
-    from zsprob.cli.eval import refuse_overwriting_inputs
 
     index_files = {f"the index's {name}": Path(index_dir) / name
                    for name in ("index.json", "ids.npy", "index.faiss", "gallery.npy")}
