@@ -38,6 +38,13 @@ def _load_model(checkpoint, model_name, pretrained, device):
                               **official_file_kwargs())
 
 
+def _file_options() -> dict:
+    """``--tokenizer`` / ``--weights`` as the user gave them (kept in the click context for the loaders)."""
+    from zsprob.cli.options import OFFICIAL_FILE_KEYS
+    meta = click.get_current_context().meta
+    return {"--" + key.split(".", 1)[1]: meta.get(key) for key in OFFICIAL_FILE_KEYS}
+
+
 #: what `eval coco` / `eval embeddings` may write beside --out
 SIBLINGS = ("table.md", "uncertainty_deciles.png", "uncertainty_deciles.md", "uncertain_queries.md")
 
@@ -102,6 +109,10 @@ def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_s
             raise UserError("--root COCO_DIR is required unless --embeddings is given")
     elif checkpoint or model_name:
         raise UserError("give either --embeddings or a model (--checkpoint / --model), not both")
+    elif unused := [flag for flag, given in (("--root", root), ("--pretrained", pretrained),
+                                             *((f, v is not None) for f, v in _file_options().items())) if given]:
+        raise UserError(f"{' and '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --embeddings "
+                        "(the file already holds the embeddings): drop it, or evaluate a model instead")
     elif save_embeddings:
         raise UserError("--save-embeddings saves the embeddings a model computes; with --embeddings nothing is "
                         "computed (the file already holds them), so give one or the other")
