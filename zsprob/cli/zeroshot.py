@@ -57,6 +57,7 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
         doc = {k: v for k, v in res.items() if k != "selections"}
         atomic_write_json(out, doc)
         click.echo(res["table"])
+        _echo_detectable_effect(res.get("min_detectable_effect") or {})
         _warn_separation(res)
         if res["deterministic"]:
             click.echo("(deterministic model: strategies that need sigma^2 were skipped)")
@@ -76,6 +77,13 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
                f"mean per-class {m['mean_per_class']:.2f}%  on {m['n_images']} images{flag}")
     _warn_separation(res)
     click.echo(f"wrote {out}")
+
+
+def _echo_detectable_effect(mde: dict) -> None:
+    if mde:
+        click.echo(f"paired vs all on the same {mde['n_images']} images; smallest top-1 difference this set detects "
+                   f"(80% power, alpha 0.05, median discordance {mde['median_discordance']:.3f}): "
+                   f"{mde['mde_top1_points']:.2f} points")
 
 
 def _warn_separation(res: dict) -> None:

@@ -23,8 +23,9 @@ from zsprob.errors import UserError
 from zsprob.zeroshot.features import DATASET_KINDS, ImageFeatures, encode_split, load_split  # noqa: F401
 from zsprob.zeroshot.metrics import (COLLAPSE_COSINE, SCORES, class_scores, class_separation,  # noqa: F401
                                      evaluate_scores, evaluate_selection, prompt_quality_diagnostic,
-                                     separation_warning, topk_curve)
+                                     separation_warning, top1_hits, topk_curve)
 from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk  # noqa: F401  (re-exported)
+from zsprob.zeroshot.paired import detectable_effect_summary, paired_stats
 from zsprob.zeroshot.strategy_registry import (EVAL_LABELS, SELECTION_LABELS, UNLABELLED_IMAGES, compare_order,
                                                get_strategy)
 
@@ -57,17 +58,25 @@ def _fmt(v, nd=2):
     return "-" if v is None else f"{v:.{nd}f}"
 
 
+def _paired_cells(paired: dict | None) -> list[str]:
+    if not paired:
+        return ["-", "-"]
+    low, high = paired["ci95"]
+    return [f"{paired['diff']:+.2f} [{low:+.2f}, {high:+.2f}]", f"{paired['mcnemar_p']:.3g}"]
+
+
 def format_table(rows: list[dict]) -> str:
-    head = ["strategy", "top-1", "top-5", "per-class", "eval labels", "data used", "K (mean)"]
+    head = ["strategy", "top-1", "vs all [95% CI]", "McNemar p", "top-5", "per-class", "eval labels", "data used",
+            "K (mean)"]
     lines = [head]
     for r in rows:
         if r.get("skipped"):
-            lines.append([r["label"], "skipped", "", "", "", r["skipped"], ""])
+            lines.append([r["label"], "skipped", "", "", "", "", "", r["skipped"], ""])
             continue
         m = r["metrics"]
-        lines.append([r["label"], _fmt(m["top1"]), _fmt(m["top5"]), _fmt(m["mean_per_class"]),
-                      "YES (oracle)" if r["uses_eval_labels"] else "no", r.get("data_used", ""),
-                      _fmt(r.get("k_mean"), 1) if r.get("k_mean") is not None else "-"])
+        lines.append([r["label"], _fmt(m["top1"]), *_paired_cells(r.get("paired_vs_all")), _fmt(m["top5"]),
+                      _fmt(m["mean_per_class"]), "YES (oracle)" if r["uses_eval_labels"] else "no",
+                      r.get("data_used", ""), _fmt(r.get("k_mean"), 1) if r.get("k_mean") is not None else "-"])
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
     out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(lines[0], widths)) + " |",
            "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -129,7 +138,7 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
     sel_data = "selection split labels" if select_feats is None else \
         f"selection split labels ({len(select_feats)} images)"
     pool_data = f"unlabelled evaluation images ({len(eval_feats)})"
-    rows, selections = [], {}
+    rows, selections, hits = [], {}, {}
     for name in strategies:
         entry = get_strategy(name)
         if SELECTION_LABELS in entry.needs and select is None:
@@ -146,8 +155,9 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
             rows.append({"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)"})
             continue
         selections[name] = sel
-        metrics = evaluate_selection(sel, eval_feats, score=score if (score == "cosine" or
-                                                                      sel.class_logvar is not None) else "cosine")
+        row_score = score if (score == "cosine" or sel.class_logvar is not None) else "cosine"
+        metrics = evaluate_selection(sel, eval_feats, score=row_score)
+        hits[name] = top1_hits(sel, eval_feats, row_score)
         data_used = sel.info.get("data_used", "none (text only)")
         row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels,
                "data_used": data_used, "seconds": secs, "info": {k: v for k, v in sel.info.items()
@@ -156,6 +166,10 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
             row["k_mean"] = sum(sel.k) / len(sel.k)
             row["k_per_class"] = dict(zip(sel.classnames, sel.k))
         rows.append(row)
+    reference = hits["all"] if "all" in hits else top1_hits(select_all(bank), eval_feats, "cosine")
+    for row in rows:
+        if not row.get("skipped"):
+            row["paired_vs_all"] = paired_stats(hits[row["name"]], reference)
     curves = {}
     if not bank.deterministic:
         curves["eval"] = topk_curve(bank, eval_feats, k_values)
@@ -169,7 +183,8 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
               "class_separation": class_separation(all_classifier.class_mu, bank.classnames),
               "n_eval": len(eval_feats), "n_select": None if select_feats is None else len(select_feats),
               "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {},
-              "diagnostic_eval_labels": diagnostic}
+              "diagnostic_eval_labels": diagnostic,
+              "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats))}
     result["table"] = format_table(rows)
     if out_dir is not None:
         out_dir = Path(out_dir)
