@@ -26,8 +26,8 @@ from zsprob.zeroshot.metrics import (COLLAPSE_COSINE, SCORES, class_scores, clas
                                      separation_warning, top1_hits, topk_curve)
 from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk  # noqa: F401  (re-exported)
 from zsprob.zeroshot.paired import detectable_effect_summary, paired_stats
-from zsprob.zeroshot.strategy_registry import (EVAL_LABELS, SELECTION_LABELS, UNLABELLED_IMAGES, compare_order,
-                                               get_strategy)
+from zsprob.zeroshot.strategy_registry import (SELECTION_LABELS, UNLABELLED_IMAGES, check_shots_split,
+                                               compare_order, get_strategy, shots_source)
 
 
 # ----------------------------------------------------------------------------- selection I/O
@@ -65,17 +65,24 @@ def _paired_cells(paired: dict | None) -> list[str]:
     return [f"{paired['diff']:+.2f} [{low:+.2f}, {high:+.2f}]", f"{paired['mcnemar_p']:.3g}"]
 
 
+def _eval_labels_cell(r: dict) -> str:
+    if not r.get("uses_eval_labels"):
+        return "no"
+    return "YES (eval shots)" if get_strategy(r["name"]).shots else "YES (oracle)"
+
+
 def format_table(rows: list[dict]) -> str:
-    head = ["strategy", "top-1", "vs all [95% CI]", "McNemar p", "top-5", "per-class", "eval labels", "data used",
-            "K (mean)"]
+    head = ["strategy", "top-1", "vs all [95% CI]", "McNemar p", "top-5", "per-class", "eval labels",
+            "transductive", "labels from", "data used", "K (mean)"]
     lines = [head]
     for r in rows:
+        audit = ["yes" if r.get("transductive") else "no", r.get("label_split") or "-"]
         if r.get("skipped"):
-            lines.append([r["label"], "skipped", "", "", "", "", "", r["skipped"], ""])
+            lines.append([r["label"], "skipped", "", "", "", "", "", *audit, r["skipped"], ""])
             continue
         m = r["metrics"]
         lines.append([r["label"], _fmt(m["top1"]), *_paired_cells(r.get("paired_vs_all")), _fmt(m["top5"]),
-                      _fmt(m["mean_per_class"]), "YES (oracle)" if r["uses_eval_labels"] else "no",
+                      _fmt(m["mean_per_class"]), _eval_labels_cell(r), *audit,
                       r.get("data_used", ""), _fmt(r.get("k_mean"), 1) if r.get("k_mean") is not None else "-"])
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
     out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(lines[0], widths)) + " |",
@@ -120,52 +127,62 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
     return files
 
 
+def _compare_row(name, bank, eval_feats, select, given: dict, score: str):
+    """One ``--compare`` row: ``(row, selection or None, per-image hits or None)``."""
+    from zsprob.zeroshot.selection import NeedsSigma, run_strategy
+
+    entry = get_strategy(name)
+    audit = entry.audit(given["shots_split"])
+    if SELECTION_LABELS in entry.needs and select is None and not (entry.shots and given["shots_split"] == "eval"):
+        return {"name": name, "label": name, "skipped": "no labelled selection split", **audit}, None, None
+    try:
+        t0 = time.perf_counter()
+        sel = run_strategy(name, bank, select=select, pool=eval_feats.feats,  # the pool: images without labels
+                           eval_=(eval_feats.feats, eval_feats.labels) if audit["reads_eval_labels"] else None,
+                           **given)
+        secs = time.perf_counter() - t0
+    except NeedsSigma:
+        return {"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)", **audit}, None, None
+    row_score = score if (score == "cosine" or sel.class_logvar is not None) else "cosine"
+    metrics = evaluate_selection(sel, eval_feats, score=row_score)
+    row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels, **audit,
+           "data_used": sel.info.get("data_used", "none (text only)"), "seconds": secs,
+           "info": {k: v for k, v in sel.info.items() if not k.endswith("curve")}}
+    if sel.k is not None:
+        row["k_mean"] = sum(sel.k) / len(sel.k)
+        row["k_per_class"] = dict(zip(sel.classnames, sel.k))
+    return row, sel, top1_hits(sel, eval_feats, row_score)
+
+
 def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeatures | None = None, *,
                         out_dir=None, k_values=None, score: str = "cosine", strategies: Sequence[str] | None = None,
                         model: dict | None = None, title: str = "", threshold_c: float = 1.0,
-                        write_selections: bool = True) -> dict:
+                        write_selections: bool = True, shots: int | None = None, shots_split: str = "select",
+                        allow_eval_shots: bool = False) -> dict:
     """Every strategy on one prompt bank and one set of image embeddings; the table and figures.
 
     Returns ``{"rows": [...], "table": str, "curves": {...}, "files": {...}, "deterministic": bool}``.
-    Each row: ``name``, ``label``, ``metrics`` (see :func:`evaluate_scores`), ``uses_eval_labels``,
-    ``data_used``, ``k_mean`` / ``k_hist`` for hard selections, or ``skipped`` with the reason.
+    Each row: ``name``, ``label``, ``metrics`` (see :func:`evaluate_scores`), ``uses_eval_labels``, the
+    registry's protocol facts (``reads_eval_labels``, ``transductive``, ``label_split``), ``data_used``,
+    ``paired_vs_all`` (:mod:`zsprob.zeroshot.paired`), ``k_mean`` / ``k_hist`` for hard selections, or
+    ``skipped`` with the reason. ``shots`` / ``shots_split`` / ``allow_eval_shots``: the few-shot
+    strategies' shots (see :func:`zsprob.zeroshot.selection.run_strategy`).
     """
-    from zsprob.zeroshot.selection import NeedsSigma, run_strategy, select_all
+    from zsprob.zeroshot.selection import select_all
 
+    check_shots_split(shots_split, allow_eval_shots)
     strategies = list(strategies or compare_order())
-    pool = eval_feats.feats   # unlabelled evaluation images for ZPE / BPRW (labels never passed)
     select = None if select_feats is None else (select_feats.feats, select_feats.labels)
-    sel_data = "selection split labels" if select_feats is None else \
-        f"selection split labels ({len(select_feats)} images)"
-    pool_data = f"unlabelled evaluation images ({len(eval_feats)})"
+    given = {"k_values": k_values, "threshold_c": threshold_c, "shots": shots, "shots_split": shots_split,
+             "allow_eval_shots": allow_eval_shots, "pool_data": f"unlabelled evaluation images ({len(eval_feats)})",
+             "select_data": "selection split labels" if select_feats is None else
+             f"selection split labels ({len(select_feats)} images)"}
     rows, selections, hits = [], {}, {}
     for name in strategies:
-        entry = get_strategy(name)
-        if SELECTION_LABELS in entry.needs and select is None:
-            rows.append({"name": name, "label": name, "skipped": "no labelled selection split"})
-            continue
-        try:
-            t0 = time.perf_counter()
-            sel = run_strategy(name, bank, select=select, pool=pool,
-                               eval_=(eval_feats.feats, eval_feats.labels) if entry.reads_eval_labels else None,
-                               k_values=k_values, threshold_c=threshold_c, select_data=sel_data,
-                               pool_data=pool_data)
-            secs = time.perf_counter() - t0
-        except NeedsSigma:
-            rows.append({"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)"})
-            continue
-        selections[name] = sel
-        row_score = score if (score == "cosine" or sel.class_logvar is not None) else "cosine"
-        metrics = evaluate_selection(sel, eval_feats, score=row_score)
-        hits[name] = top1_hits(sel, eval_feats, row_score)
-        data_used = sel.info.get("data_used", "none (text only)")
-        row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels,
-               "data_used": data_used, "seconds": secs, "info": {k: v for k, v in sel.info.items()
-                                                                 if not k.endswith("curve")}}
-        if sel.k is not None:
-            row["k_mean"] = sum(sel.k) / len(sel.k)
-            row["k_per_class"] = dict(zip(sel.classnames, sel.k))
+        row, sel, row_hits = _compare_row(name, bank, eval_feats, select, given, score)
         rows.append(row)
+        if sel is not None:
+            selections[name], hits[name] = sel, row_hits
     reference = hits["all"] if "all" in hits else top1_hits(select_all(bank), eval_feats, "cosine")
     for row in rows:
         if not row.get("skipped"):
@@ -263,7 +280,8 @@ def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templa
 def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *, select_root=None,
                        templates=None, classnames=None, cache_dir=None, k_values=None, score: str = "cosine",
                        batch_size: int = 256, device=None, progress: bool = True, model_id: str | None = None,
-                       model_meta: dict | None = None, num_workers: int = 0, precision: str = "fp32") -> dict:
+                       model_meta: dict | None = None, num_workers: int = 0, precision: str = "fp32",
+                       shots: int | None = None, shots_split: str = "select", allow_eval_shots: bool = False) -> dict:
     """Evaluate every prompt strategy on ``dataset`` at ``root`` in one run (the demo's entry point).
 
     ``model``: a ``ProbCLIP`` (zsprob checkpoint or plain open_clip through
@@ -285,7 +303,7 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
     meta.setdefault("id", model_id)
     title = f"{dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
     res = compare_on_features(bank, ev, se, out_dir=out_dir, k_values=k_values, score=score, model=meta,
-                              title=title)
+                              title=title, shots=shots, shots_split=shots_split, allow_eval_shots=allow_eval_shots)
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["dataset"] = {"kind": dataset, "root": str(root), "select_root": None if se is None else se.source}
@@ -311,24 +329,28 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
                   select_root=None, use_select: bool = True, templates=None, classnames=None, cache_dir=None,
                   k_values=None, threshold_c: float = 1.0, beta: float = 1.0, batch_size: int = 256,
                   device=None, progress: bool = True, model_meta: dict | None = None, num_workers: int = 0,
-                  precision: str = "fp32"):
+                  precision: str = "fp32", shots: int | None = None, shots_split: str = "select",
+                  allow_eval_shots: bool = False):
     """Choose prompts with one strategy; returns ``(selection, selection_json_dict)``.
 
     Reads only what the strategy needs: the labelled selection split (auto / global /
-    fusion-select), the unlabelled evaluation images (zpe / bprw), the evaluation labels (oracle).
+    fusion-select / bprw-fewshot), the unlabelled evaluation images (zpe / bprw / carprt), the
+    evaluation labels (oracle; bprw-fewshot with ``shots_split="eval"`` and ``allow_eval_shots``).
     """
     from zsprob.zeroshot.prompts import build_prompt_bank, load_classnames, load_templates, model_fingerprint
     from zsprob.zeroshot.selection import run_strategy
 
     entry = get_strategy(strategy)
+    check_shots_split(shots_split, allow_eval_shots)
+    audit = entry.audit(shots_split)
     model_id = model_fingerprint(model)
     ev, se = _resolve_splits(dataset, root if root is not None else ".", select_root)
     if dataset == "synthetic" and select_root is None and root is not None \
             and not (Path(root) / "classify" / "select").is_dir():
         se = None
-    needs_select = SELECTION_LABELS in entry.reads and use_select
+    needs_select = SELECTION_LABELS in entry.reads and use_select and not (entry.shots and shots_split == "eval")
     needs_pool = UNLABELLED_IMAGES in entry.reads
-    needs_eval = EVAL_LABELS in entry.reads
+    needs_eval = audit["reads_eval_labels"]
     if (needs_pool or needs_eval) and root is None:
         raise UserError(f"strategy '{strategy}' needs the evaluation images: pass --root")
     select = pool = eval_ = None
@@ -366,12 +388,13 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
     if select is not None and len(sf.classnames) != len(names):
         raise UserError(f"the selection split has {len(sf.classnames)} classes but there are {len(names)} "
                         "class names")
-    entry.check_data(select=select, pool=pool, eval_=eval_)
+    entry.check_data(select=shots_source(entry, shots_split, select, eval_), pool=pool, eval_=eval_)
     bank = build_prompt_bank(model, names, load_templates(templates), cache_dir=cache_dir, model_id=model_id,
                              device=device, progress=progress, precision=precision)
     k_values = parse_k_grid(k_values, bank.num_templates) if isinstance(k_values, str) else k_values
     sel = run_strategy(strategy, bank, k=k, select=select, pool=pool, eval_=eval_, k_values=k_values,
-                       threshold_c=threshold_c, beta=beta,
+                       threshold_c=threshold_c, beta=beta, shots=shots, shots_split=shots_split,
+                       allow_eval_shots=allow_eval_shots,
                        select_data=f"selection split labels ({data.get('selection_split', {}).get('source')})",
                        pool_data=f"unlabelled images ({data.get('unlabelled_images', {}).get('source')})")
     if not data:
@@ -379,6 +402,7 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
     meta = dict(model_meta or {})
     meta.setdefault("id", model_id)
     doc = sel.to_dict(model=meta, data=data)
+    doc["protocol"] = audit
     return sel, doc
 
 
@@ -386,7 +410,8 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
                   select_root=None, templates=None, classnames=None, cache_dir=None, k_values=None,
                   score: str = "cosine", unc_weight: float = 0.5, threshold_c: float = 1.0, beta: float = 1.0,
                   batch_size: int = 256, device=None, progress: bool = True, model_meta: dict | None = None,
-                  num_workers: int = 0, precision: str = "fp32") -> dict:
+                  num_workers: int = 0, precision: str = "fp32", shots: int | None = None,
+                  shots_split: str = "select", allow_eval_shots: bool = False) -> dict:
     """Zero-shot accuracy of one prompt set (a selection.json, or a strategy run now) on a dataset."""
     from zsprob.zeroshot.prompts import model_fingerprint
 
@@ -408,8 +433,9 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
                                   templates=templates, classnames=classnames, cache_dir=cache_dir,
                                   k_values=k_values, threshold_c=threshold_c, beta=beta, batch_size=batch_size,
                                   device=device, progress=progress, model_meta=model_meta,
-                                  num_workers=num_workers, precision=precision)
-        sel_doc = {"file": None}
+                                  num_workers=num_workers, precision=precision, shots=shots,
+                                  shots_split=shots_split, allow_eval_shots=allow_eval_shots)
+        sel_doc = {"file": None, "protocol": _doc["protocol"]}
     feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size, device=device,
                          progress=progress, num_workers=num_workers, precision=precision)
     if len(sel.classnames) != len(feats.classnames):
