@@ -23,6 +23,7 @@ EXPECTED = {  # name: (reads eval labels, transductive, label split)
     "threshold": (False, False, None), "fusion": (False, False, None),
     "fusion-select": (False, False, "selection split"), "poe": (False, False, None),
     "bprw": (False, True, None), "bprw-fewshot": (False, False, "selection split"), "zpe": (False, True, None),
+    "carprt": (False, True, None), "carprt-shared": (False, True, None),
     "oracle": (True, False, "evaluation split"), "oracle-global": (True, False, "evaluation split"),
 }
 

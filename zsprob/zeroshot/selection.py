@@ -34,6 +34,9 @@ bprw                ProLIP Bayesian prompt re-weighting: EM for prompt mixture  
                     weights on samples of the nearest unlabelled images            unlabelled
 zpe                 ZPE (Allingham et al. 2023): prompt scores from normalised     images)
                     max-logits on unlabelled images, softmax weights
+carprt              CARPRT (ICLR 2026): per class, softmax over templates of the    no (uses
+                    mean max-logit of the images each template assigns to it;      unlabelled
+                    ``carprt-shared``: one weight per template (class-shared)       images)
 bprw-fewshot        BPRW on labelled shots per class (ProLIP ``--use_gt``), from   only with
                     ``--shots-split`` (the evaluation split needs                  --allow-eval-
                     ``--allow-eval-shots`` and is then marked)                     shots
@@ -72,9 +75,10 @@ import torch
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
-from zsprob.zeroshot import baselines  # noqa: F401  (attaches the bprw / bprw-fewshot / zpe runners)
+from zsprob.zeroshot import baselines, carprt  # noqa: F401  (attach the bprw / bprw-fewshot / zpe / carprt runners)
 from zsprob.zeroshot.baselines import (_em_mixture_weights, select_bprw, select_bprw_fewshot,  # noqa: F401
                                        select_zpe)
+from zsprob.zeroshot.carprt import select_carprt, select_carprt_shared  # noqa: F401  (re-exported)
 from zsprob.zeroshot.selection_base import (NeedsSigma, Selection, as_feats, check_labels,  # noqa: F401
                                             combine, make_selection, require_sigma, topk_mask, uncertainty_order)
 from zsprob.zeroshot.strategy_registry import (StrategyInputs, check_shots_split, get_strategy, shots_source,

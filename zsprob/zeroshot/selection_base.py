@@ -116,6 +116,15 @@ class Selection:
 
 # ----------------------------------------------------------------------------- shared steps
 
+def prompt_mask(bank) -> torch.Tensor | None:
+    """[C, T] bool: which (class, slot) prompts exist; ``None`` when every class has every template.
+
+    A bank of per-class prompt pools (:mod:`zsprob.zeroshot.pools`) pads the shorter pools; the
+    strategies give those slots no weight and rank them last.
+    """
+    return getattr(bank, "mask", None)
+
+
 def require_sigma(bank, strategy: str) -> torch.Tensor:
     if bank.logvar is None:
         raise NeedsSigma(f"strategy '{strategy}' ranks or weights prompts by sigma^2, but the model is "

@@ -239,6 +239,8 @@ register_strategy("poe", sigma=True, compare=80)
 register_strategy("bprw", needs=(UNLABELLED_IMAGES,), sigma=True, compare=90)               # ProLIP "use NN"
 register_strategy("bprw-fewshot", needs=(SELECTION_LABELS,), sigma=True, compare=95, shots=True)  # ProLIP shots
 register_strategy("zpe", needs=(UNLABELLED_IMAGES,), compare=100)
+register_strategy("carprt", needs=(UNLABELLED_IMAGES,), compare=104)          # CARPRT, class-specific weights
+register_strategy("carprt-shared", needs=(UNLABELLED_IMAGES,), compare=106)   # its class-shared counterpart
 
 register_strategy("oracle", needs=(EVAL_LABELS,), sigma=True, compare=120)
 register_strategy("oracle-global", needs=(EVAL_LABELS,), sigma=True, compare=110)
