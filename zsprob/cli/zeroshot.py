@@ -32,11 +32,14 @@ from zsprob.methods import STRATEGIES
 @click.option("--shots", type=click.IntRange(min=1), default=None, help="bprw-fewshot: images per class (default all).")
 @click.option("--allow-eval-shots", is_flag=True,
               help="Allow --shots-split eval; the result is marked as reading evaluation labels.")
+@click.option("--class-prompts", type=InPath("class-prompts file", "file"), default=None,
+              help='Per-class prompt pools, CuPL format {"class name": ["prompt", ...]}, matched to the classes '
+                   "by name (instead of --templates).")
 @common_options
 @click.option("--out", type=OUT_FILE, required=True, help="results.json to write.")
 def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, strategy, select_root, score,
-             unc_weight, compare, shots_split, shots, allow_eval_shots, k_grid, batch_size, device, workers, precision,
-             cache_dir, templates, classes, out):
+             unc_weight, compare, shots_split, shots, allow_eval_shots, class_prompts, k_grid, batch_size, device,
+             workers, precision, cache_dir, templates, classes, out):
     """Zero-shot classification with selected prompts."""
     from pathlib import Path
 
@@ -50,8 +53,13 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     from zsprob.zeroshot.strategy_registry import check_shots_split
 
     check_shots_split(shots_split, allow_eval_shots)
+    if class_prompts is not None:
+        from zsprob.zeroshot.pools import load_class_prompts
+
+        load_class_prompts(class_prompts)     # a malformed file fails before the model loads
     parse_k_grid(k_grid)
-    shot_args = {"shots": shots, "shots_split": shots_split, "allow_eval_shots": allow_eval_shots}
+    shot_args = {"shots": shots, "shots_split": shots_split, "allow_eval_shots": allow_eval_shots,
+                 "class_prompts": class_prompts}
     device = resolve_device(device)
     encoding = {"device": device, "num_workers": workers, "precision": precision}
     from zsprob.utils.io import atomic_write_json

@@ -13,14 +13,16 @@ import math
 import torch
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.selection_base import Selection, as_feats, check_labels, make_selection, require_sigma
+from zsprob.zeroshot.selection_base import (Selection, as_feats, check_labels, make_selection, prompt_mask,
+                                            require_sigma, slot_logits)
 from zsprob.zeroshot.strategy_registry import StrategyInputs, strategy_runner
 
 
-def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-12, max_iter=1000):
+def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-12, max_iter=1000, mask=None):
     """MAP mixing proportions (Dirichlet(alpha) prior) of fixed diagonal Gaussians, batched over classes.
 
-    obs [B, M, D], means / var [B, T, D] -> pi [B, T], iterations run.
+    obs [B, M, D], means / var [B, T, D] -> pi [B, T], iterations run. ``mask`` [B, T]: the components
+    that exist (per-class pools); the others keep weight 0.
     """
     B, M, D = obs.shape
     T = means.shape[1]
@@ -28,17 +30,23 @@ def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-1
         pi = 1.0 / var.mean(2)
     else:
         pi = torch.ones(B, T, dtype=obs.dtype)
+    if mask is not None:
+        pi = pi * mask
     pi = pi / pi.sum(1, keepdim=True)
     inv = 1.0 / var                                           # [B, T, D]
     # log N(x | m, v) = -0.5 [sum x^2/v - 2 x.(m/v) + sum m^2/v] - 0.5 sum log v - D/2 log 2pi
     logp = -0.5 * (torch.bmm(obs ** 2, inv.transpose(1, 2)) - 2 * torch.bmm(obs, (means * inv).transpose(1, 2))
                    + (means ** 2 * inv).sum(2)[:, None])
     logp = logp - 0.5 * var.log().sum(2)[:, None] - 0.5 * D * math.log(2 * math.pi)   # [B, M, T]
+    if mask is not None:
+        logp = logp.masked_fill(~mask[:, None], float("-inf"))
     it = 0
     for it in range(max_iter):
         r = torch.softmax(logp + pi.log()[:, None], dim=2)
         nk = r.sum(1)
         new = (nk + alpha - 1).clamp_min(0) / (M + T * (alpha - 1))
+        if mask is not None:
+            new = new * mask
         new = new / new.sum(1, keepdim=True)
         done = bool((torch.linalg.vector_norm(new - pi, dim=1) < tol).all())
         pi = new
@@ -62,13 +70,15 @@ def _bprw_weights(bank, obs, *, alpha: float, var_mult: float, stable_eps: float
     classes = torch.arange(bank.num_classes) if classes is None else classes
     mun = bank.mu_normed.double()[classes]
     var = bank.var.double()[classes] * var_mult + stable_eps
+    mask = prompt_mask(bank)
+    mask = None if mask is None else mask[classes]
     T = mun.shape[1]
     W = torch.zeros(len(classes), T, dtype=torch.float64)
     iters = []
     step = max(1, int(4e6 // max(1, obs.shape[1] * T * 4)))
     for c0 in range(0, len(classes), step):
         pi, n_it = _em_mixture_weights(obs[c0:c0 + step], mun[c0:c0 + step], var[c0:c0 + step], alpha=alpha,
-                                       prior=prior)
+                                       prior=prior, mask=None if mask is None else mask[c0:c0 + step])
         W[c0:c0 + step] = pi
         iters.append(n_it)
     return W, max(iters)
@@ -159,23 +169,30 @@ def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, reference_feats=
     mun = bank.mu_normed                                      # [C, T, D]
     C, T, D = mun.shape
     scores = torch.zeros(T, dtype=torch.float64)
+    mask = prompt_mask(bank)
     ref_mean = None
     if reference_feats is not None:
         r, _ = as_feats(reference_feats)
-        ref_mean = logit_scale * torch.einsum("nd,ctd->tc", r, mun) / r.shape[0]
+        ref_mean = logit_scale * torch.einsum("nd,ctd->tc", r, mun) / r.shape[0] if mask is None else \
+            torch.stack([slot_logits(bank, r, t, logit_scale).mean(0).float() for t in range(T)])
     for t in range(T):
-        lt = logit_scale * (x @ mun[:, t].T)                  # [N, C]
+        if mask is None:
+            lt = logit_scale * (x @ mun[:, t].T)              # [N, C]
+        else:  # per-class pools: slot t = each class's t-th prompt (docs/zeroshot.md)
+            lt = slot_logits(bank, x, t, logit_scale).float()
         mean = lt.mean(0, keepdim=True)
         if ref_mean is not None:
             mean = 0.5 * (mean + ref_mean[t][None])
         scores[t] = (lt - mean).max(1).values.double().mean()
     w = torch.softmax(scores, 0).float()
     W = w[None].expand(C, T).contiguous()
+    if mask is not None:
+        W = W * mask                                          # renormalised per class over its own prompts
     return make_selection(bank, "zpe", "ZPE", W, renormalize=False, var_rule="mean",
-                 info={"data_used": data, "n_pool_images": int(x.shape[0]), "logit_scale": logit_scale,
-                       "debias": "test+reference" if ref_mean is not None else "test (unlabelled pool mean)",
-                       "template_scores": [float(v) for v in scores],
-                       "reference": "Allingham et al., ICML 2023, Algorithm 2 / authors' notebook"})
+                          info={"data_used": data, "n_pool_images": int(x.shape[0]), "logit_scale": logit_scale,
+                                "debias": "test+reference" if ref_mean is not None else "test (unlabelled pool mean)",
+                                "template_scores": [float(v) for v in scores],
+                                "reference": "Allingham et al., ICML 2023, Algorithm 2 / authors' notebook"})
 
 
 @strategy_runner("bprw")

@@ -18,32 +18,18 @@ Both read the unlabelled evaluation images (no labels, no training): they are **
 Reference, read and not copied: the authors' ``test.py`` (github tmlr-group/CARPRT), which collects
 these sums and counts over the test loader, takes ``softmax(weight / temp, dim=prompts)`` and scores with
 ``einsum('pc,pcd->cd', weights, text_features)``. Per-class prompt pools (prompts that exist for one
-class only) are in :func:`class_logits`: see docs/zeroshot.md. Plain torch.
+class only): slot t is each class's t-th prompt (:func:`~zsprob.zeroshot.selection_base.slot_logits`),
+see docs/zeroshot.md. Plain torch.
 """
 from __future__ import annotations
 
 import torch
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, prompt_mask
+from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, prompt_mask, slot_logits
 from zsprob.zeroshot.strategy_registry import StrategyInputs, strategy_runner
 
 LOGIT_SCALE = 100.0
-
-
-def class_logits(bank, x: torch.Tensor, t: int, logit_scale: float = LOGIT_SCALE) -> torch.Tensor:
-    """[N, C] float64 logits of template slot ``t``'s classifier.
-
-    In a per-class pool bank slot ``t`` of class c is c's t-th prompt; a class whose pool is shorter than
-    ``t + 1`` competes with its own pool average there (the prompt is absent, so it cannot be weighted).
-    """
-    mun = bank.mu_normed.double()
-    vectors = mun[:, t]                                         # [C, D]
-    mask = prompt_mask(bank)
-    if mask is not None and not bool(mask[:, t].all()):
-        mean = (mun * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-        vectors = torch.where(mask[:, t, None], vectors, mean)
-    return logit_scale * (x.double() @ vectors.T)
 
 
 def carprt_scores(bank, feats, logit_scale: float = LOGIT_SCALE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -56,7 +42,7 @@ def carprt_scores(bank, feats, logit_scale: float = LOGIT_SCALE) -> tuple[torch.
     counts = torch.zeros(C, T, dtype=torch.float64)
     shared = torch.zeros(T, dtype=torch.float64)
     for t in range(T):
-        best, pred = class_logits(bank, x, t, logit_scale).max(1)   # first maximum on ties, as torch.max
+        best, pred = slot_logits(bank, x, t, logit_scale).max(1)   # first maximum on ties, as torch.max
         sums[:, t].index_add_(0, pred, best)
         counts[:, t].index_add_(0, pred, torch.ones_like(best))
         shared[t] = best.mean()

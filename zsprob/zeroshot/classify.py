@@ -239,11 +239,29 @@ def _resolve_splits(dataset: str, root, select_root=None):
     raise UserError(f"unknown dataset kind {dataset!r}; choose from {', '.join(DATASET_KINDS)}")
 
 
+def build_bank(model, names, *, templates=None, class_prompts=None, cache_dir=None, model_id=None, device=None,
+               progress: bool = True, precision: str = "fp32"):
+    """The prompt bank: every class x template (``templates``, default the 80 CLIP templates), or each
+    class's own pool from a CuPL-style ``class_prompts`` JSON file (:mod:`zsprob.zeroshot.pools`)."""
+    from zsprob.zeroshot.prompts import build_prompt_bank, load_templates
+
+    if class_prompts is None:
+        return build_prompt_bank(model, names, load_templates(templates), cache_dir=cache_dir, model_id=model_id,
+                                 device=device, progress=progress, precision=precision)
+    from zsprob.zeroshot.pools import build_pool_bank
+
+    if templates is not None:
+        raise UserError("--class-prompts gives each class its own prompts; it does not take --templates")
+    return build_pool_bank(model, names, class_prompts, cache_dir=cache_dir, model_id=model_id, device=device,
+                           progress=progress, precision=precision)
+
+
 def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templates=None, classnames=None,
             cache_dir=None, model_id: str | None = None, batch_size: int = 256, device=None,
-            progress: bool = True, need_select: bool = True, num_workers: int = 0, precision: str = "fp32"):
+            progress: bool = True, need_select: bool = True, num_workers: int = 0, precision: str = "fp32",
+            class_prompts=None):
     """Bank + evaluation features (+ selection features) for ``model`` on a dataset, all cached."""
-    from zsprob.zeroshot.prompts import build_prompt_bank, load_classnames, load_templates, model_fingerprint
+    from zsprob.zeroshot.prompts import load_classnames, model_fingerprint
 
     if model_id is None:
         model_id = model_fingerprint(model)
@@ -267,9 +285,8 @@ def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templa
     if len(names) != len(eval_feats.classnames):
         raise UserError(f"class-name file has {len(names)} names but the dataset has "
                         f"{len(eval_feats.classnames)} classes")
-    tmpl = load_templates(templates)
-    bank = build_prompt_bank(model, names, tmpl, cache_dir=cache_dir, model_id=model_id, device=device,
-                             progress=progress, precision=precision)
+    bank = build_bank(model, names, templates=templates, class_prompts=class_prompts, cache_dir=cache_dir,
+                      model_id=model_id, device=device, progress=progress, precision=precision)
     # the bank's class names are the prompt words; features carry the same order
     eval_feats.classnames = list(bank.classnames)
     if select_feats is not None:
@@ -281,7 +298,8 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
                        templates=None, classnames=None, cache_dir=None, k_values=None, score: str = "cosine",
                        batch_size: int = 256, device=None, progress: bool = True, model_id: str | None = None,
                        model_meta: dict | None = None, num_workers: int = 0, precision: str = "fp32",
-                       shots: int | None = None, shots_split: str = "select", allow_eval_shots: bool = False) -> dict:
+                       shots: int | None = None, shots_split: str = "select", allow_eval_shots: bool = False,
+                       class_prompts=None) -> dict:
     """Evaluate every prompt strategy on ``dataset`` at ``root`` in one run (the demo's entry point).
 
     ``model``: a ``ProbCLIP`` (zsprob checkpoint or plain open_clip through
@@ -298,7 +316,7 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
     bank, ev, se, model_id = prepare(model, root, dataset, select_root=select_root, templates=templates,
                                      classnames=classnames, cache_dir=cache_dir, model_id=model_id,
                                      batch_size=batch_size, device=device, progress=progress,
-                                     num_workers=num_workers, precision=precision)
+                                     num_workers=num_workers, precision=precision, class_prompts=class_prompts)
     meta = dict(model_meta or {})
     meta.setdefault("id", model_id)
     title = f"{dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
@@ -330,14 +348,14 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
                   k_values=None, threshold_c: float = 1.0, beta: float = 1.0, batch_size: int = 256,
                   device=None, progress: bool = True, model_meta: dict | None = None, num_workers: int = 0,
                   precision: str = "fp32", shots: int | None = None, shots_split: str = "select",
-                  allow_eval_shots: bool = False):
+                  allow_eval_shots: bool = False, class_prompts=None):
     """Choose prompts with one strategy; returns ``(selection, selection_json_dict)``.
 
     Reads only what the strategy needs: the labelled selection split (auto / global /
     fusion-select / bprw-fewshot), the unlabelled evaluation images (zpe / bprw / carprt), the
     evaluation labels (oracle; bprw-fewshot with ``shots_split="eval"`` and ``allow_eval_shots``).
     """
-    from zsprob.zeroshot.prompts import build_prompt_bank, load_classnames, load_templates, model_fingerprint
+    from zsprob.zeroshot.prompts import load_classnames, model_fingerprint
     from zsprob.zeroshot.selection import run_strategy
 
     entry = get_strategy(strategy)
@@ -389,8 +407,8 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
         raise UserError(f"the selection split has {len(sf.classnames)} classes but there are {len(names)} "
                         "class names")
     entry.check_data(select=shots_source(entry, shots_split, select, eval_), pool=pool, eval_=eval_)
-    bank = build_prompt_bank(model, names, load_templates(templates), cache_dir=cache_dir, model_id=model_id,
-                             device=device, progress=progress, precision=precision)
+    bank = build_bank(model, names, templates=templates, class_prompts=class_prompts, cache_dir=cache_dir,
+                      model_id=model_id, device=device, progress=progress, precision=precision)
     k_values = parse_k_grid(k_values, bank.num_templates) if isinstance(k_values, str) else k_values
     sel = run_strategy(strategy, bank, k=k, select=select, pool=pool, eval_=eval_, k_values=k_values,
                        threshold_c=threshold_c, beta=beta, shots=shots, shots_split=shots_split,
@@ -411,12 +429,14 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
                   score: str = "cosine", unc_weight: float = 0.5, threshold_c: float = 1.0, beta: float = 1.0,
                   batch_size: int = 256, device=None, progress: bool = True, model_meta: dict | None = None,
                   num_workers: int = 0, precision: str = "fp32", shots: int | None = None,
-                  shots_split: str = "select", allow_eval_shots: bool = False) -> dict:
+                  shots_split: str = "select", allow_eval_shots: bool = False, class_prompts=None) -> dict:
     """Zero-shot accuracy of one prompt set (a selection.json, or a strategy run now) on a dataset."""
     from zsprob.zeroshot.prompts import model_fingerprint
 
     model_id = model_fingerprint(model)
     ev, _ = _resolve_splits(dataset, root, select_root)
+    if prompts is not None and class_prompts is not None:
+        raise UserError("--prompts is a finished selection; --class-prompts chooses prompts, give one of them")
     if prompts is not None:
         sel = load_selection(prompts)
         from zsprob.utils.io import read_json
@@ -434,7 +454,8 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
                                   k_values=k_values, threshold_c=threshold_c, beta=beta, batch_size=batch_size,
                                   device=device, progress=progress, model_meta=model_meta,
                                   num_workers=num_workers, precision=precision, shots=shots,
-                                  shots_split=shots_split, allow_eval_shots=allow_eval_shots)
+                                  shots_split=shots_split, allow_eval_shots=allow_eval_shots,
+                                  class_prompts=class_prompts)
         sel_doc = {"file": None, "protocol": _doc["protocol"]}
     feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size, device=device,
                          progress=progress, num_workers=num_workers, precision=precision)

@@ -80,7 +80,8 @@ from zsprob.zeroshot.baselines import (_em_mixture_weights, select_bprw, select_
                                        select_zpe)
 from zsprob.zeroshot.carprt import select_carprt, select_carprt_shared  # noqa: F401  (re-exported)
 from zsprob.zeroshot.selection_base import (NeedsSigma, Selection, as_feats, check_labels,  # noqa: F401
-                                            combine, make_selection, require_sigma, topk_mask, uncertainty_order)
+                                            combine, make_selection, prompt_mask, require_sigma, topk_mask,
+                                            uncertainty_order)
 from zsprob.zeroshot.strategy_registry import (StrategyInputs, check_shots_split, get_strategy, shots_source,
                                                strategies_without_runner, strategy_runner)
 
@@ -91,9 +92,16 @@ BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 # ----------------------------------------------------------------------------- label-free strategies
 
+def _valid(bank) -> torch.Tensor:
+    """[C, T] bool: the prompts that exist (all of them unless the bank holds per-class pools)."""
+    mask = prompt_mask(bank)
+    return torch.ones(bank.num_classes, bank.num_templates, dtype=torch.bool) if mask is None else mask
+
+
 def select_all(bank) -> Selection:
-    C, T = bank.num_classes, bank.num_templates
-    return make_selection(bank, "all", "all", torch.ones(C, T), k=[T] * C, info={"k_global": T})
+    T = bank.num_templates
+    W = _valid(bank).float()
+    return make_selection(bank, "all", "all", W, k=W.sum(1).long().tolist(), info={"k_global": T})
 
 
 def select_single(bank, template: str | None = None) -> Selection:
@@ -111,29 +119,37 @@ def select_topk(bank, k: int) -> Selection:
     unc = require_sigma(bank, "topk")
     k = int(k)
     M = topk_mask(unc, k)
-    return make_selection(bank, "topk", f"topk-{k}", M.float(), k=[k] * bank.num_classes,
-                 info={"k_global": k, "ties": "stable sort: equal uncertainty keeps template order"})
+    return make_selection(bank, "topk", f"topk-{k}", M.float(), k=M.sum(1).tolist(),
+                          info={"k_global": k, "ties": "stable sort: equal uncertainty keeps template order"})
 
 
 def select_threshold(bank, c: float = 1.0) -> Selection:
     """ProLIP's per-class rule: keep templates with u <= mean(u_c) + c * std(u_c) (at least one)."""
     unc = require_sigma(bank, "threshold")
-    thr = unc.mean(1, keepdim=True) + c * unc.std(1, keepdim=True)
-    M = unc <= thr
+    valid = _valid(bank)
+    if prompt_mask(bank) is None:
+        thr = unc.mean(1, keepdim=True) + c * unc.std(1, keepdim=True)
+    else:  # per-class pools: mean and unbiased std over each class's own prompts (one prompt: std 0)
+        n = valid.sum(1, keepdim=True)
+        finite = torch.where(valid, unc, torch.zeros_like(unc))
+        mean = finite.sum(1, keepdim=True) / n
+        std = (torch.where(valid, finite - mean, 0.0) ** 2).sum(1, keepdim=True).div((n - 1).clamp_min(1)).sqrt()
+        thr = mean + c * std
+    M = (unc <= thr) & valid
     empty = ~M.any(1)
     if empty.any():
         M[empty] = unc[empty] == unc[empty].min(1, keepdim=True).values
     ks = M.sum(1).tolist()
     return make_selection(bank, "threshold", "auto (label-free)", M.float(), k=ks,
-                 info={"rule": "u <= mean_c(u) + c * std_c(u) per class (ProLIP by_std_values_per_class)",
-                       "c": c, "data_used": "none (text uncertainties only)"})
+                          info={"rule": "u <= mean_c(u) + c * std_c(u) per class (ProLIP by_std_values_per_class)",
+                                "c": c, "data_used": "none (text uncertainties only)"})
 
 
 def select_fusion(bank, beta: float = 1.0, *, strategy: str = "fusion", label: str | None = None,
                   info: dict | None = None) -> Selection:
     """Uncertainty-weighted fusion: w_ct ∝ u_ct^-beta (beta = 1: precision weighting)."""
     unc = require_sigma(bank, strategy)
-    logw = -beta * unc.clamp_min(1e-30).log()
+    logw = (-beta * unc.clamp_min(1e-30).log()).masked_fill(~_valid(bank), float("-inf"))
     W = torch.softmax(logw, dim=1)
     inf = {"rule": "w_ct proportional to ||sigma^2_ct||_1 ** -beta", "beta": beta}
     inf.update(info or {})
@@ -143,14 +159,14 @@ def select_fusion(bank, beta: float = 1.0, *, strategy: str = "fusion", label: s
 def select_poe(bank) -> Selection:
     """Product of the prompt Gaussians per class (per dimension): precision-weighted mean."""
     require_sigma(bank, "poe")
-    prec = (-bank.logvar.float()).exp()                       # [C, T, D]
+    prec = (-bank.logvar.float()).exp() * _valid(bank)[..., None]   # [C, T, D]; absent prompts: 0
     tot = prec.sum(1)                                         # [C, D]
     mu = (prec * bank.mu_normed).sum(1) / tot
     logvar = (-tot.log())
     W = prec.mean(2)
     W = W / W.sum(1, keepdim=True)
     return make_selection(bank, "poe", "product of Gaussians", W, mu=F.normalize(mu, dim=-1), logvar=logvar,
-                 info={"rule": "mu = sum_t mu_t / sigma^2_t / sum_t 1 / sigma^2_t (per dim), renormalised; "
+                          info={"rule": "mu = sum_t mu_t / sigma^2_t / sum_t 1 / sigma^2_t (per dim), renormalised; "
                                "sigma^2 = 1 / sum_t 1 / sigma^2_t; weights shown = mean precision share"})
 
 
@@ -167,8 +183,9 @@ def topk_score_tensor(bank, x_normed: torch.Tensor, k_values: Sequence[int]) -> 
     mun = bank.mu_normed
     sorted_mu = torch.gather(mun, 1, order[:, :, None].expand_as(mun))
     cum = sorted_mu.cumsum(1)                                 # [C, T, D]
-    kidx = torch.as_tensor(list(k_values)).long() - 1
-    emb = F.normalize(cum[:, kidx], dim=-1)                   # [C, nK, D]
+    kidx = torch.as_tensor(list(k_values)).long()[None] - 1   # [1, nK]
+    kidx = torch.minimum(kidx, _valid(bank).sum(1, keepdim=True) - 1)   # a K beyond a class's pool: all of it
+    emb = F.normalize(torch.gather(cum, 1, kidx[..., None].expand(-1, -1, cum.shape[2])), dim=-1)   # [C, nK, D]
     return torch.einsum("nd,ckd->nck", x_normed, emb)
 
 
@@ -307,8 +324,8 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
     else:
         tau = 0.5 if len(taus) > 1 else taus[0]
     scale, g, kc, curve = _fit_auto(S, y, k_values, tau)
-    ks = [k_values[j] for j in kc.tolist()]
-    M = topk_mask(unc, torch.as_tensor(ks))
+    M = topk_mask(unc, torch.as_tensor([k_values[j] for j in kc.tolist()]))
+    ks = M.sum(1).tolist()   # the K searched, capped at each class's pool size
     info = {"variant": "selection split", "data_used": data, "n_select_images": int(len(y)),
             "images_per_class_min": int(counts.min().item()), "scale": scale,
             "k_global": k_values[g], "tau": (None if math.isinf(tau) else tau),
@@ -356,13 +373,13 @@ def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
     recall.index_add_(0, y, correct)
     recall = recall / counts[:, None]
     kc = _argmax_prefer_last(recall, dim=1)
-    ks = [k_values[j] for j in kc.tolist()]
-    M = topk_mask(unc, torch.as_tensor(ks))
+    M = topk_mask(unc, torch.as_tensor([k_values[j] for j in kc.tolist()]))
+    ks = M.sum(1).tolist()   # the K searched, capped at each class's pool size
     acc_curve = correct.mean(0)
     return make_selection(bank, "oracle", "oracle per-class K (EVAL LABELS)", M.float(), k=ks, uses_eval_labels=True,
-                 info={"data_used": "evaluation split labels", "k_values": k_values,
-                       "eval_acc_curve": [float(v) for v in acc_curve],
-                       "rule": "K_c = argmax_k recall_c(all classes at top-k); ties -> larger k"})
+                          info={"data_used": "evaluation split labels", "k_values": k_values,
+                                "eval_acc_curve": [float(v) for v in acc_curve],
+                                "rule": "K_c = argmax_k recall_c(all classes at top-k); ties -> larger k"})
 
 
 def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Selection:

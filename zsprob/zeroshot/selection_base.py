@@ -43,6 +43,7 @@ class Selection:
     uses_eval_labels: bool = False
     normalized: bool = True
     info: dict = field(default_factory=dict)
+    class_prompts: list | None = None  # per-class prompt pools: class c's prompt in slot t (else None)
 
     @property
     def class_uncertainty(self) -> torch.Tensor | None:
@@ -61,6 +62,8 @@ class Selection:
             for t in idx:
                 kept.append({"template": self.templates[t], "index": t, "weight": float(W[c, t]),
                              "uncertainty": None if self.uncertainty is None else float(self.uncertainty[c, t])})
+                if self.class_prompts is not None:
+                    kept[-1]["prompt"] = self.class_prompts[c][t]
             classes.append({
                 "name": name,
                 "k": None if self.k is None else int(self.k[c]),
@@ -81,6 +84,7 @@ class Selection:
             "embed_dim": int(self.class_mu.shape[1]),
             "templates": list(self.templates),
             "classes": classes,
+            **({} if self.class_prompts is None else {"class_prompts": [list(p) for p in self.class_prompts]}),
         }
 
     @classmethod
@@ -109,7 +113,8 @@ class Selection:
                        class_mu=mu, class_logvar=logvar, uncertainty=None if torch.isnan(U).all() else U,
                        k=None if any(k is None for k in ks) else [int(k) for k in ks],
                        uses_eval_labels=bool(d.get("uses_eval_labels", False)),
-                       normalized=bool(d.get("normalized", True)), info=dict(d.get("how", {})))
+                       normalized=bool(d.get("normalized", True)), info=dict(d.get("how", {})),
+                       class_prompts=d.get("class_prompts"))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise UserError(f"{source} is not a zsprob selection file ({type(e).__name__}: {e})") from None
 
@@ -132,13 +137,31 @@ def require_sigma(bank, strategy: str) -> torch.Tensor:
     return bank.uncertainty
 
 
+def slot_logits(bank, x: torch.Tensor, t: int, logit_scale: float = 1.0) -> torch.Tensor:
+    """[N, C] float64 logits ``logit_scale * cos(x_n, mu_ct)`` of template ``t``'s classifier.
+
+    In a bank of per-class pools, slot ``t`` of class c is c's t-th prompt; a class whose pool is shorter
+    competes there with its pool average (``x`` unit-norm rows).
+    """
+    mun = bank.mu_normed.double()
+    vectors = mun[:, t]                                         # [C, D]
+    mask = prompt_mask(bank)
+    if mask is not None and not bool(mask[:, t].all()):
+        mean = (mun * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        vectors = torch.where(mask[:, t, None], vectors, mean)
+    return logit_scale * (x.double() @ vectors.T)
+
+
 def uncertainty_order(unc: torch.Tensor) -> torch.Tensor:
     """[C, T] template indices per class, most certain first; ties keep template order."""
     return torch.sort(unc, dim=1, stable=True).indices
 
 
 def topk_mask(unc: torch.Tensor, k) -> torch.Tensor:
-    """Boolean [C, T]: per class exactly the ``k`` lowest-uncertainty templates (``k`` int or [C])."""
+    """Boolean [C, T]: per class exactly the ``k`` lowest-uncertainty templates (``k`` int or [C]).
+
+    Infinite uncertainty marks an absent prompt (per-class pools): a class keeps at most its finite ones.
+    """
     C, T = unc.shape
     k = torch.as_tensor(k).long()
     if k.dim() == 0:
@@ -148,7 +171,8 @@ def topk_mask(unc: torch.Tensor, k) -> torch.Tensor:
     order = uncertainty_order(unc)
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(T).expand(C, T).contiguous())
-    return rank < k[:, None]
+    valid = torch.isfinite(unc)
+    return (rank < torch.minimum(k, valid.sum(1))[:, None]) & valid
 
 
 def combine(bank, weights: torch.Tensor, *, renormalize: bool = True, var_rule: str = "mean"):
@@ -172,13 +196,15 @@ def combine(bank, weights: torch.Tensor, *, renormalize: bool = True, var_rule: 
 
 
 def make_selection(bank, strategy, label, W, *, k=None, renormalize=True, var_rule="mean", info=None,
-          uses_eval_labels=False, mu=None, logvar=None) -> Selection:
+                   uses_eval_labels=False, mu=None, logvar=None) -> Selection:
+    """The :class:`Selection` of template weights ``W`` [C, T] on ``bank`` (through :func:`combine`)."""
     Wn, cmu, clv = combine(bank, W, renormalize=renormalize, var_rule=var_rule)
     return Selection(strategy=strategy, label=label, classnames=list(bank.classnames),
                      templates=list(bank.templates), weights=Wn,
                      class_mu=cmu if mu is None else mu, class_logvar=clv if logvar is None else logvar,
                      uncertainty=bank.uncertainty, k=None if k is None else [int(v) for v in k],
-                     uses_eval_labels=uses_eval_labels, normalized=renormalize, info=dict(info or {}))
+                     uses_eval_labels=uses_eval_labels, normalized=renormalize, info=dict(info or {}),
+                     class_prompts=getattr(bank, "pools", None) or None)
 
 
 def as_feats(feats):
