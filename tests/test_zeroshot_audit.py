@@ -35,7 +35,7 @@ def test_every_registry_entry_states_its_protocol():
         if name in EXPECTED:
             assert tuple(audit.values()) == EXPECTED[name], name
     shots = SR.get_strategy("bprw-fewshot")
-    assert shots.audit("eval") == {"reads_eval_labels": True, "transductive": False, "label_split": "evaluation split"}
+    assert shots.audit("eval") == {"reads_eval_labels": True, "transductive": True, "label_split": "evaluation split"}
 
 
 def test_eval_shots_are_refused_unless_allowed():
@@ -97,6 +97,7 @@ def test_compare_rows_and_table_carry_the_audit():
     res = compare_on_features(bank, ev, None, strategies=names, shots_split="eval", allow_eval_shots=True)
     row = {r["name"]: r for r in res["rows"]}["bprw-fewshot"]
     assert row["uses_eval_labels"] and row["reads_eval_labels"] and row["label_split"] == "evaluation split"
+    assert row["transductive"]
     assert "YES (eval shots)" in res["table"]
     skipped = compare_on_features(bank, ev, None, strategies=["bprw-fewshot"])["rows"][0]
     assert skipped["skipped"] == "no labelled selection split"

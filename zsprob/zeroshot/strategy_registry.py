@@ -109,8 +109,9 @@ class Strategy:
 
     def audit(self, shots_split: str = "select") -> dict:
         """The protocol facts of one run: evaluation labels read, transductive, which split's labels."""
-        return {"reads_eval_labels": self.reads_eval_labels or (self.shots and shots_split == "eval"),
-                "transductive": self.transductive, "label_split": self.label_split(shots_split)}
+        eval_shots = self.shots and shots_split == "eval"   # the shots are evaluation images, with labels
+        return {"reads_eval_labels": self.reads_eval_labels or eval_shots,
+                "transductive": self.transductive or eval_shots, "label_split": self.label_split(shots_split)}
 
     def check_k(self, k) -> None:
         """The one "needs K" rule: a strategy with ``needs_k`` refuses a missing K."""
