@@ -85,3 +85,23 @@ def test_compare_rows_carry_paired_vs_all():
     mde = res["min_detectable_effect"]
     assert mde["n_images"] == len(ev) and mde["mde_top1_points"] > 0
     assert "vs all [95% CI]" in res["table"] and "McNemar p" in res["table"]
+
+
+def test_demo_report_shows_the_paired_columns_and_the_detectable_effect(tmp_path):
+    from test_zeroshot_selection import make_world
+    from zsprob.report.demo_report import build_report
+    from zsprob.zeroshot.classify import compare_on_features
+
+    bank, sel, ev = make_world()
+    out = tmp_path / "demo"
+    (out / "runs" / "pcmepp").mkdir(parents=True)
+    res = compare_on_features(bank, ev, sel, strategies=["all", "single", "fusion"],
+                              out_dir=out / "zeroshot" / "pcmepp", write_selections=False)
+    report = build_report(out)
+    zs = report["zeroshot"]["pcmepp"]
+    rows = {r["name"]: r for r in zs["rows"]}
+    assert rows["single"]["paired_vs_all"] == res["rows"][1]["paired_vs_all"]
+    mde = res["min_detectable_effect"]
+    text = (out / "report.md").read_text()
+    assert "vs all [95% CI]" in text and "McNemar p" in text
+    assert f"is {mde['mde_top1_points']:.2f} top-1 points" in text and f"With {len(ev)} evaluation images" in text
