@@ -48,7 +48,7 @@ BASES: dict[str, list[str]] = {
     "pretrain": ["pretrain", "--data", "synthetic", "--shards", "{WORLD}/pretrain", "--out", OUT,
                  "--model", "zsprob-tiny-bow", "--steps", "1", "--batch-size", "4", "--no-progress"],
     "finetune coco": ["finetune", "coco", "--root", "{COCO}", "--out", OUT, "--model", "zsprob-tiny-bow",
-                      "--set", "model.pretrained=null", "--steps", "1", "--batch-size", "2", "--no-progress"],
+                      "--pretrained", "null", "--steps", "1", "--batch-size", "2", "--no-progress"],
     "select-prompts": ["select-prompts", "--checkpoint", "{CKPT}", "--dataset", "synthetic", "--root", "{WORLD}",
                        "--device", "cpu", "--workers", "0", "--out", OUT + "/selection.json"],
     "zeroshot": ["zeroshot", "synthetic", "--checkpoint", "{CKPT}", "--root", "{WORLD}", "--device", "cpu",
@@ -66,7 +66,7 @@ BASES: dict[str, list[str]] = {
     "eval flickr30k": ["eval", "flickr30k", "--checkpoint", "{CKPT}", "--root", "{FLICKR}", "--device", "cpu",
                        "--workers", "0", "--out", OUT + "/metrics.json"],
     "finetune flickr30k": ["finetune", "flickr30k", "--root", "{FLICKR}", "--out", OUT, "--model", "zsprob-tiny-bow",
-                           "--set", "model.pretrained=null", "--steps", "1", "--batch-size", "2", "--no-progress"],
+                           "--pretrained", "null", "--steps", "1", "--batch-size", "2", "--no-progress"],
     "demo": ["demo", "--out", OUT, "--quick"],
 }
 

@@ -129,7 +129,35 @@ def resolve_run_config(kw: dict, extra: list[str], default_config: str | None):
         path = str(out / "config.yaml")
     if path is None:
         path = default_config
-    return load_train_config(path, extra + flag_overrides(kw) + list(kw.get("overrides") or ()))
+    flags, sets = flag_overrides(kw), list(kw.get("overrides") or ())
+    refuse_flag_and_set(flags, sets, kw)
+    return load_train_config(path, extra + flags + sets)
+
+
+#: the flag that writes each config key (``flag_overrides``), for the messages
+FLAG_OF_KEY = {"method": "--method", "loss.pcmepp.distance": "--distance", "schedule.steps": "--steps",
+               "schedule.epochs": "--epochs", "data.batch_size": "--batch-size", "optim.lr": "--lr",
+               "model.name": "--model", "model.pretrained": "--pretrained", "model.weights": "--weights",
+               "data.noise_ratio": "--noise-ratio", "msda.enabled": "--msda / --no-msda",
+               "train.precision": "--precision", "data.num_workers": "--workers", "seed": "--seed",
+               "train.threads": "--threads", "train.log_every": "--log-every",
+               "train.checkpoint_every": "--checkpoint-every", "train.eval_every": "--eval-every",
+               "train.remote_sync": "--remote-sync", "train.requeue_exit_code": "--requeue-exit-code"}
+
+
+def refuse_flag_and_set(flags: list[str], sets: list[str], kw: dict) -> None:
+    """One line when a flag and a ``--set`` write the same key (or ``--set`` replaces the section holding
+    it): otherwise the later one would silently win."""
+    from zsprob.errors import UserError
+    for item in sets:
+        key = item.split("=", 1)[0].strip()
+        for flag_item in flags:
+            written = flag_item.split("=", 1)[0]
+            if written == key or written.startswith(key + "."):
+                if written == "schedule.epochs" and kw.get("steps") is not None:
+                    raise UserError(f"--steps (schedule.steps) and --set {item} both set the run's length: drop one")
+                raise UserError(f"{FLAG_OF_KEY.get(written, written)} and --set {item} both set {written}: "
+                                "give it once")
 
 
 def resuming(kw: dict) -> bool:
