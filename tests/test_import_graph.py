@@ -133,6 +133,7 @@ ALLOWED = {
     "retrieval": {"data", "models", "prob", "report", "errors", "utils"},
     "train": {"config", "data", "models", "prob", "methods", "errors", "utils"},
     "zeroshot": {"data", "models", "prob", "report", "methods", "errors", "utils", "zsprob"},
+    "posthoc": {"data", "models", "prob", "errors", "utils", "zsprob"},
 }
 
 
