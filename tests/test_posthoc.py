@@ -72,6 +72,24 @@ def test_means_are_bit_identical_and_eval_reads_a_probabilistic_model(tmp_path, 
     assert metrics["frozen"]["metrics"] == metrics["posthoc"]["metrics"]
 
 
+def test_laplace_reads_the_adapters_feature_file_and_keeps_the_means(tmp_path, frozen, tiny_world):
+    from zsprob.models import load
+
+    first = _posthoc(tmp_path / "a", tiny_world, "--checkpoint", str(frozen), steps=5)
+    out = _posthoc(tmp_path / "b", tiny_world, "--checkpoint", str(frozen), steps=60,
+                   extra=("--method", "laplace", "--features", str(first / "features.safetensors")))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["features_reused"] and summary["method"] == "laplace"
+    assert not (out / "features.safetensors").exists()
+    assert set(summary["prior_precision"]) == {"image", "text"}
+    before, after = load(frozen).eval(), load(out / "model").eval()
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    tokens = before.tokenizer(CAPTIONS)
+    got, want = _encode(after, images, tokens), _encode(before, images, tokens)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    assert torch.isfinite(got[1]).all() and torch.isfinite(got[3]).all()
+
+
 def test_the_heads_learn_that_deleting_words_makes_a_caption_vaguer(tmp_path, frozen, tiny_world):
     from zsprob.data.masking import delete_tokens, text_mask_spec
     from zsprob.models import load
@@ -96,7 +114,7 @@ def test_the_heads_learn_that_deleting_words_makes_a_caption_vaguer(tmp_path, fr
     assert share_wider(trained) > share_wider(fresh.eval()) + 0.1  # fresh heads: the [UNC] word alone
 
 
-def test_an_open_clip_directory_and_a_published_file_load_as_sources(tmp_path, frozen, tiny_world):
+def test_an_open_clip_file_or_directory_and_a_published_file_load_as_sources(tmp_path, frozen, tiny_world):
     """An open_clip-format weights directory (`--model NAME --pretrained DIR`) and a published ProLIP file."""
     from safetensors.torch import save_file
 
@@ -109,8 +127,9 @@ def test_an_open_clip_directory_and_a_published_file_load_as_sources(tmp_path, f
     directory.mkdir()
     save_file({k[len("clip."):]: v.contiguous() for k, v in frozen_model.state_dict().items()},
               str(directory / "open_clip_model.safetensors"))
-    out = _posthoc(tmp_path / "a", tiny_world, "--model", "zsprob-tiny-bow", "--pretrained", str(directory), steps=5,
-                   extra=("--max-samples", "16"))
+    # the weights file itself (open_clip's file form); the directory is the reference's
+    out = _posthoc(tmp_path / "a", tiny_world, "--model", "zsprob-tiny-bow", "--pretrained",
+                   str(directory / "open_clip_model.safetensors"), steps=5, extra=("--max-samples", "16"))
     after = load(out / "model").eval()
     images = torch.randn(2, 3, 64, 64)
     tokens = after.tokenizer(CAPTIONS[:2])
