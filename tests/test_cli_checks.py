@@ -78,7 +78,7 @@ def test_every_count_option_refuses_values_below_its_minimum(tmp_path, capsys):
                 checked += 1
             elif isinstance(p.type, click.types.IntParamType) and not isinstance(p.type, click.IntRange):
                 # plain integers: only the training flags, which the config check covers (next test)
-                assert path[-1] in ("pretrain", "coco") and p.opts[-1] in TRAIN_COUNT_FLAGS, (path, p.opts)
+                assert path[-1] in ("pretrain", "coco", "flickr30k") and p.opts[-1] in TRAIN_COUNT_FLAGS, (path, p.opts)
     assert checked >= 15
 
 

@@ -405,31 +405,124 @@ def test_the_individual_ops_keep_their_signatures_and_results():
                        Reference.sketch(images, [0.15, 0.25, 0.35], MEAN, STD))
 
 
-def test_no_host_sync_but_the_jpeg_rows_one_copy():
+def _accelerator_path(monkeypatch):
+    """Take the path of a device where a host read is not free (the device-side JPEG) on the CPU."""
+    from zsprob.utils import host_sync
+    monkeypatch.setattr(host_sync, "HOST_READ_FREE", set())
+
+
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_no_op_makes_a_host_sync(accelerator, monkeypatch):
+    """No host sync on the CPU's path nor on an accelerator's (the device-side JPEG), rows that
+    draw jpeg included."""
+    if accelerator:
+        _accelerator_path(monkeypatch)
     images = _scenes(32, 32, seed=5)
-    without_jpeg = tuple(op for op in DEGRADE_OPS if op != "jpeg")
-    with HostSyncCounter() as counter:
-        _, choice = degrade.degrade_images(images, torch.Generator().manual_seed(0), mean=MEAN, std=STD,
-                                           ops=without_jpeg, cell=8)
-    assert counter.total == 0, counter.where
-    assert len(set(choice.tolist())) == len(without_jpeg)                # every op ran
-    # jpeg is the documented exception: one .cpu() of the rows that drew it, nothing else; with
-    # seed 0 no row of the 32 draws it (so nothing pays), with seed 5 exactly one does
-    jpeg = DEGRADE_OPS.index("jpeg")
-    for seed, jpeg_rows, syncs in [(0, 0, {}), (5, 1, {"cpu": 1})]:
+    for seed, ops, jpeg_rows in [(5, DEGRADE_OPS, 1), (1, ("jpeg", "blur"), 18)]:
         with HostSyncCounter() as counter:
             _, choice = degrade.degrade_images(images, torch.Generator().manual_seed(seed), mean=MEAN, std=STD,
-                                               ops=DEGRADE_OPS, cell=8)
-        assert int((choice == jpeg).sum()) == jpeg_rows
-        assert dict(counter.by_name) == syncs and all("degrade.py" in at for at in counter.where), counter.where
+                                               ops=ops, cell=8)
+        assert counter.total == 0, counter.where
+        assert int((choice == ops.index("jpeg")).sum()) == jpeg_rows
+    with HostSyncCounter() as counter:
+        _, choice = degrade.degrade_images(images, torch.Generator().manual_seed(0), mean=MEAN, std=STD,
+                                           ops=DEGRADE_OPS, cell=8)
+    assert counter.total == 0, counter.where
+    assert len(set(choice.tolist())) == len(DEGRADE_OPS) - 1        # every op but jpeg ran (seed 0)
+
+
+# ----------------------------------------------------------------------------- the device-side JPEG against libjpeg
+
+def _photos(n: int, height: int, width: int, seed: int, channels: int = 3) -> torch.Tensor:
+    """uint8 images [n, C, H, W] with what JPEG has to code: flat areas, sharp-edged squares of
+    other colours, a smooth gradient, fine noise (every fourth image: noise only)."""
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.rand(n, channels, 1, 1, generator=g).expand(n, channels, height, width).clone()
+    for b in range(n):
+        for _ in range(3):
+            top, left = int(torch.randint(0, height, (1,), generator=g)), int(torch.randint(0, width, (1,), generator=g))
+            pixels[b, :, top:top + max(1, height // 3), left:left + max(1, width // 3)] = torch.rand(channels, 1, 1,
+                                                                                                   generator=g)
+    ramp = torch.linspace(0, 1, height)[:, None] * torch.linspace(0, 1, width)[None]
+    pixels = 0.75 * pixels + 0.15 * ramp + 0.1 * torch.rand(pixels.shape, generator=g)
+    pixels[::4] = torch.rand(pixels[::4].shape, generator=g)
+    return (pixels.clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def _libjpeg(images: torch.Tensor, qualities) -> torch.Tensor:
+    from torchvision.io import decode_jpeg, encode_jpeg
+    return torch.stack([decode_jpeg(encode_jpeg(image, quality=int(q))) for image, q in zip(images, qualities)])
+
+
+@pytest.mark.parametrize("height, width", [(32, 32), (37, 53), (24, 40), (17, 9), (8, 8), (64, 48), (54, 2), (6, 4)])
+def test_device_jpeg_equals_libjpeg(height, width):
+    """Every pixel equal to torchvision's libjpeg-turbo round trip at qualities 5..20 (and 1, 50,
+    90, 100), colour and greyscale, sizes that are and are not multiples of the 16-pixel MCU."""
+    from zsprob.data.jpeg_torch import jpeg_roundtrip
+    for channels in (3, 1):
+        images = _photos(20, height, width, seed=height * 100 + width, channels=channels)
+        qualities = list(range(5, 21)) + [1, 50, 90, 100]
+        got = jpeg_roundtrip(images, qualities)
+        ref = _libjpeg(images, qualities)
+        assert got.dtype == torch.uint8 and got.shape == images.shape
+        assert torch.equal(got, ref), (channels, (got.float() - ref.float()).abs().mean())
+        assert (got.float() - images.float()).abs().mean() > 1.0       # and JPEG did lose something
+
+
+def test_device_jpeg_tables_are_the_ones_libjpeg_writes():
+    """quant_tables(q) against the DQT segments of torchvision's encoded files (zigzag order)."""
+    from torchvision.io import encode_jpeg
+
+    from zsprob.data.jpeg_torch import quant_tables
+    zigzag = sorted(range(64), key=lambda i: (i // 8 + i % 8, (i // 8) if (i // 8 + i % 8) % 2 else -(i // 8)))
+    image = _photos(1, 16, 16, seed=0)[0]
+    for quality in (1, 5, 12, 20, 49, 50, 75, 100):
+        data = bytes(encode_jpeg(image, quality=quality).tolist())
+        at, tables = data.index(b"\xff\xdb"), {}
+        while data[at:at + 2] == b"\xff\xdb":
+            length = int.from_bytes(data[at + 2:at + 4], "big")
+            segment = data[at + 4:at + 2 + length]
+            while segment:
+                tables[segment[0] & 15], segment = segment[1:65], segment[65:]
+            at += 2 + length
+        luma, chroma = quant_tables(quality)
+        for index, table in ((0, luma), (1, chroma)):
+            natural = [0] * 64
+            for position, value in zip(zigzag, tables[index]):
+                natural[position] = value
+            assert natural == table, (quality, index)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_jpeg_view_on_an_accelerator_equals_the_cpus(dtype, monkeypatch):
+    """degrade.jpeg through the device-side codec (a device where a host read is not free) gives
+    the CPU's libjpeg result, in float32 and float64, and the same again on a second call."""
+    images = _scenes(6, 37, seed=7).to(dtype)
+    qualities = [5, 8, 11, 14, 17, 20]
+    cpu = degrade.jpeg(images, qualities, MEAN, STD)
+    _accelerator_path(monkeypatch)
+    with HostSyncCounter() as counter:
+        device = degrade.jpeg(images, qualities, MEAN, STD)
+    assert counter.total == 0 and device.dtype == dtype
+    assert torch.equal(device, cpu) and torch.equal(degrade.jpeg(images, qualities, MEAN, STD), device)
+
+
+def test_device_jpeg_refuses_what_jpeg_cannot_code():
+    from zsprob.data.jpeg_torch import jpeg_roundtrip
+    with pytest.raises(ValueError, match="1 or 3"):
+        jpeg_roundtrip(torch.zeros(1, 2, 8, 8, dtype=torch.uint8), [10])
+    with pytest.raises(ValueError, match="one quality"):
+        jpeg_roundtrip(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), [10])
+    with pytest.raises(ValueError, match="one quality"):
+        jpeg_roundtrip(torch.zeros(1, 3, 8, 8, dtype=torch.uint8), [0])
 
 
 def test_images_without_values_are_degraded_on_their_device():
-    """On the meta device (shapes, no values) every op but jpeg runs: nothing reads a pixel on
-    the host; the choices come back on the images' device."""
+    """On the meta device (shapes, no values) every op runs, jpeg included: nothing reads a pixel
+    on the host; the choices come back on the images' device."""
     images = torch.empty(16, 3, 32, 32, device="meta")
-    ops = tuple(op for op in DEGRADE_OPS if op != "jpeg")
-    out, choice = degrade.degrade_images(images, torch.Generator().manual_seed(0), mean=MEAN, std=STD, ops=ops, cell=8)
+    out, choice = degrade.degrade_images(images, torch.Generator().manual_seed(0), mean=MEAN, std=STD,
+                                         ops=DEGRADE_OPS, cell=8)
     assert out.device.type == "meta" and out.shape == images.shape and choice.device.type == "meta"
     with pytest.raises(ValueError, match="CPU generator's draws"):     # only CPU draws are read on the host
         degrade._host(torch.zeros(2, device="meta"))

@@ -14,7 +14,8 @@ Sub-modules (imported on first attribute access, so ``import zsprob.data`` stays
   :func:`build_classification_dataset`.
 - :mod:`zsprob.data.transforms`: open_clip train / val transforms and SizeAugment.
 - :mod:`zsprob.data.masking` / :mod:`zsprob.data.degrade`: masked captions and images, and lossy
-  image views, for the occlusion inclusion term.
+  image views, for the occlusion inclusion term (:mod:`zsprob.data.jpeg_torch`: the JPEG view's
+  round trip on the images' device).
 - :mod:`zsprob.data.synthetic`: SynthWorld, the embedded offline dataset.
 """
 from __future__ import annotations

@@ -41,14 +41,16 @@ number is drawn on the CPU generator (the same draws, in the same order, on ever
 draws are host data, so the per-image choices (which rows take which operation, the strengths, the
 kernel sizes and windows) are read on the host without a device sync, the rows of each operation
 are gathered and written back with index tensors copied to the device without blocking, and the
-small per-image tensors (factors, thresholds, normalisation) follow the same way. The one
-exception is ``jpeg``: the codec runs on the host, so the rows that drew it (and only those) are
-copied to the host (one ``.cpu()``, a sync on a GPU) and back.
+small per-image tensors (factors, thresholds, normalisation) follow the same way, ``jpeg``
+included: on the CPU its rows go through libjpeg (where reading them is free), on any other
+device through :func:`zsprob.data.jpeg_torch.jpeg_roundtrip`, the same lossy steps written in
+torch, on that device. No operation makes a host sync.
 
-torchvision does the blur (``gaussian_blur``, which builds its kernel on the images' device), the
-JPEG codec (``torchvision.io.encode_jpeg`` / ``decode_jpeg``) and the resampling goes through
-``torch.nn.functional.interpolate``; zsprob writes the choice of operations, their strengths, the
-normalisation bookkeeping and the row gathering.
+torchvision does the blur (``gaussian_blur``, which builds its kernel on the images' device) and
+the CPU's JPEG codec (``torchvision.io.encode_jpeg`` / ``decode_jpeg``), the resampling goes
+through ``torch.nn.functional.interpolate``; zsprob writes the choice of operations, their
+strengths, the normalisation bookkeeping, the row gathering and the device-side JPEG
+(:mod:`zsprob.data.jpeg_torch`).
 """
 from __future__ import annotations
 
@@ -59,7 +61,9 @@ import torch
 import torch.nn.functional as F
 
 from zsprob.data.masking import mask_image_cells
+from zsprob.data.jpeg_torch import jpeg_roundtrip
 from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS
+from zsprob.utils.host_sync import host_read_is_free
 
 __all__ = ["degrade_images", "blur", "downsample", "dim", "jpeg", "grayscale", "crop", "shift", "sketch"]
 
@@ -139,14 +143,17 @@ def dim(images: torch.Tensor, factors: Sequence[float], mean, std) -> torch.Tens
 def jpeg(images: torch.Tensor, qualities: Sequence[int], mean, std) -> torch.Tensor:
     """Each image JPEG-encoded at its quality and decoded (pixels clamped to [0, 1], 8 bits).
 
-    The codec (torchvision's libjpeg) runs on the host: images on another device are copied to
-    the host as bytes (one ``.cpu()``: a sync on a GPU) and the decoded bytes copied back."""
-    from torchvision.io import decode_jpeg, encode_jpeg
-
+    On the CPU the codec is torchvision's libjpeg; on a device where a host read is not free
+    (:func:`~zsprob.utils.host_sync.host_read_is_free`) the same round trip runs there, in
+    :func:`zsprob.data.jpeg_torch.jpeg_roundtrip` (libjpeg's lossy steps in integer tensor
+    arithmetic, the same pixels as libjpeg-turbo's in the tests), so they never leave the device."""
     pixels, mean, std = _to_pixels(images, mean, std)
-    as_bytes = (pixels * 255.0).round().to(torch.uint8).cpu()
-    decoded = [decode_jpeg(encode_jpeg(image, quality=int(q))) for image, q in zip(as_bytes, qualities)]
-    decoded = torch.stack(decoded).to(images.device, non_blocking=True)
+    as_bytes = (pixels * 255.0).round().to(torch.uint8)
+    if host_read_is_free(images.device):
+        from torchvision.io import decode_jpeg, encode_jpeg
+        decoded = torch.stack([decode_jpeg(encode_jpeg(image, quality=int(q))) for image, q in zip(as_bytes, qualities)])
+    else:
+        decoded = jpeg_roundtrip(as_bytes, qualities)
     return (decoded.to(images.dtype) / 255.0 - mean) / std
 
 
@@ -240,7 +247,7 @@ def degrade_images(images: torch.Tensor, generator: torch.Generator, *, mean: Se
 
     ``drop_prob`` / ``cell``: the ``cells`` operation's share and cell size. Returns the degraded
     copy and, per image, the index into ``ops`` of its operation (both on the images' device).
-    No host sync unless a row draws ``jpeg`` (module docstring).
+    No host sync (module docstring).
     """
     ops = tuple(ops)
     if not ops or set(ops) - set(DEGRADE_OPS):

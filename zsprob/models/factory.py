@@ -3,7 +3,8 @@
 The steps, each in its module: what ``pretrained`` names (:func:`zsprob.models.sources.identify`:
 nothing, an open_clip tag / file / directory, a published ProLIP / PCME++ file, a zsprob
 checkpoint to fine-tune), the open_clip config and zsprob options
-(:func:`zsprob.models.configs.resolve_options`), the open_clip model, its weights
+(:func:`zsprob.models.configs.resolve_options`; an open_clip model directory's own
+``open_clip_config.json`` gives the config and the preprocessing), the open_clip model, its weights
 (:mod:`zsprob.models.weights`: loaded into the mean branch *before* the log-variance heads are
 copied, so ``sigma_init="copy"`` copies the pretrained head; projections whose shape differs
 from the checkpoint are re-initialised), ``model.config`` (everything needed to rebuild the
@@ -27,6 +28,7 @@ from zsprob.errors import UserError
 from zsprob.models.configs import (ZSPROB_CONFIGS, build_open_clip, get_open_clip_config, list_models,
                                    model_config, model_from_config, register_model_configs, resolve_options, wrap)
 from zsprob.models.convert.convert import create_from_official
+from zsprob.models.open_clip_dir import read_config
 from zsprob.models.sources import Source, identify, resolve_pretrained, sniff_official
 from zsprob.models.weights import load_checkpoint_heads, load_checkpoint_tower, load_open_clip_weights
 
@@ -71,7 +73,11 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         return create_from_official(name, pretrained, source.state, source.layout, var_bounds=var_bounds,
                                     seed=seed, deterministic=deterministic, **overrides)
     ckpt_config = source.meta["config"] if source.kind == "zsprob" else None
-    base = copy.deepcopy(ckpt_config["open_clip_cfg"]) if ckpt_config else get_open_clip_config(name)
+    dir_config = read_config(pretrained) if source.kind == "open_clip" else None  # an open_clip model directory
+    if ckpt_config:
+        base = copy.deepcopy(ckpt_config["open_clip_cfg"])
+    else:  # a directory's own model_cfg (open_clip_config.json) is what its weights fit
+        base = copy.deepcopy(dir_config["model_cfg"]) if dir_config else get_open_clip_config(name)
     ocfg, zopts = resolve_options(base, overrides, embed_dim, pretrained, checkpoint_config=ckpt_config)
     ckpt, pcfg = (None, {})
     if source.kind == "open_clip":

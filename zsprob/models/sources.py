@@ -9,7 +9,8 @@ the same thing everywhere; loading the weights is :mod:`zsprob.models.weights`' 
 What libraries do: open_clip's pretrained registry (``get_pretrained_cfg``,
 ``list_pretrained_tags_by_model``) names a tag's file; huggingface_hub's
 ``try_to_load_from_cache`` answers whether it is already cached; :mod:`zsprob.models.convert.load`
-recognises the published layouts; :mod:`zsprob.models.checkpoint` reads zsprob's format.
+recognises the published layouts; :mod:`zsprob.models.checkpoint` reads zsprob's format,
+:mod:`zsprob.models.open_clip_dir` an open_clip model directory's config and a zsprob export in one.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 
 from zsprob.errors import UserError
 from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint, load_meta, read_tensors
+from zsprob.models.open_clip_dir import export_meta, export_section, pretrained_cfg, read_config
 
 #: the kinds of ``pretrained``: none (random init), an open_clip tag / file / directory, a published
 #: ProLIP / PCME++ file, a zsprob checkpoint
@@ -40,7 +42,12 @@ class Source:
     layout: str | None = None
 
     def read_tensors(self, verify: bool = True) -> dict[str, torch.Tensor]:
-        """A zsprob checkpoint's tensors (size checked; SHA-256 too with ``verify``)."""
+        """A zsprob checkpoint's tensors (size checked; SHA-256 too with ``verify``); an open_clip
+        export's (layout "open_clip") from its two weights files."""
+        if self.layout == "open_clip":
+            from zsprob.models.open_clip_dir import read_export_tensors
+
+            return read_export_tensors(self.path, export_section(self.path), verify)
         return read_tensors(checkpoint_dir(self.path), self.meta, verify)
 
 
@@ -52,7 +59,11 @@ def sniff_official(pretrained) -> tuple[dict, str] | None:
 
 
 def zsprob_source(path: str | os.PathLike) -> Source:
-    """The zsprob checkpoint at ``path`` (its directory or a file in it); UserError when it is not one."""
+    """The zsprob checkpoint at ``path`` (its directory or a file in it), or a zsprob model exported to an
+    open_clip directory (``zsprob export``, layout "open_clip"); UserError when it is neither."""
+    section = export_section(path)
+    if section is not None:
+        return Source("zsprob", path, meta=export_meta(path, section), layout="open_clip")
     return Source("zsprob", path, meta=load_meta(path))
 
 
@@ -62,7 +73,7 @@ def identify(pretrained) -> Source:
     open_clip tag or path, resolved when its weights are loaded (:func:`resolve_pretrained`)."""
     if pretrained is None or str(pretrained) == "":
         return Source("none")
-    if is_checkpoint(pretrained):
+    if is_checkpoint(pretrained) or export_section(pretrained) is not None:
         return zsprob_source(pretrained)
     official = sniff_official(pretrained)
     if official is not None:
@@ -99,20 +110,23 @@ def _hf_cache_root(cache_dir: str | None) -> str:
 
 
 def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str | None = None) -> tuple[Path, dict]:
-    """(checkpoint file, open_clip pretrained cfg) for a tag or a path; never downloads."""
+    """(checkpoint file, open_clip pretrained cfg) for a tag or a path; never downloads. A directory's
+    pretrained cfg is its ``open_clip_config.json``: the ``preprocess_cfg`` keys and ``model_cfg``."""
     import open_clip as oc
 
     p = Path(pretrained).expanduser()
     if p.is_file():
         return p, {}
-    if p.is_dir():
+    if p.is_dir():  # its open_clip_config.json (model_cfg, preprocess_cfg) travels with the weights
+        doc = read_config(p)
+        dir_cfg = pretrained_cfg(doc) if doc is not None else {}
         for fn in _CKPT_NAMES:
             if (p / fn).is_file():
-                return p / fn, {}
+                return p / fn, dir_cfg
         cands = sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")) + sorted(p.glob("*.pt")) \
             + sorted(p.glob("*.pth"))
         if cands:
-            return cands[0], {}
+            return cands[0], dir_cfg
         raise UserError(f"no open_clip checkpoint file (.safetensors/.bin/.pt/.pth) in directory {p}")
     tag = str(pretrained)
     looks_like_path = os.sep in tag or tag.endswith((".pt", ".pth", ".bin", ".safetensors", ".npz"))

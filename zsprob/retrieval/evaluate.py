@@ -24,7 +24,7 @@ import torch
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.benchmarks import (SHARED_L_LIMIT, BenchmarkSet, EvalResult, RetrievalTask, direction_result,
                                          fold_summary, merge_pmrp, needed_length, set_queries, with_rsum)
-from zsprob.retrieval.scoring import PairScores
+from zsprob.retrieval.scoring import PairScores, compute_device
 from zsprob.retrieval.screen import LINEAR_SCORES, ScreenBoundError, amx_available
 from zsprob.retrieval.screened import evaluate_screened
 
@@ -81,7 +81,8 @@ def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequen
     COCO 1K, like eccv_caption, keeps each list's items of the query's fold, in order, so it
     equals an in-fold ranking as long as every list holds ``max(ks)`` items of its fold (else a
     ValueError says to pass longer lists, as it does when a list is shorter than a benchmark's
-    largest positive set R). Returns the nested percentages of :func:`evaluate_scores`.
+    largest positive set R). A list naming an item twice is a ValueError (each repeat of a positive
+    would count as another hit). Returns the nested percentages of :func:`evaluate_scores`.
     """
     ranked = {"i2t": torch.as_tensor(np.asarray(ranked_i2t), dtype=torch.int64),
               "t2i": torch.as_tensor(np.asarray(ranked_t2i), dtype=torch.int64)}
@@ -92,6 +93,7 @@ def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequen
             raise ValueError(f"{d} rankings must be [{n_q[d]}, L], got {tuple(ranked[d].shape)}")
         if ranked[d].numel() and (int(ranked[d].min()) < 0 or int(ranked[d].max()) >= n_g[d]):
             raise ValueError(f"{d} rankings hold indices outside 0..{n_g[d] - 1}")
+        _refuse_repeats(ranked[d], d)
     metrics: dict = {}
     for bs in task.sets:
         out = {}
@@ -111,6 +113,20 @@ def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequen
     if task.folds:
         metrics["coco_1k"] = _fold_metrics_from_rankings(ranked, task, ks)
     return metrics
+
+
+def _refuse_repeats(ranked: torch.Tensor, direction: str) -> None:
+    """A ranked list naming an item twice would count a repeated positive as another hit."""
+    if ranked.shape[1] < 2:
+        return
+    ordered = ranked.sort(dim=1).values
+    repeat = ordered[:, 1:] == ordered[:, :-1]
+    rows = repeat.any(1)
+    if bool(rows.any()):
+        q = int(rows.int().argmax())
+        item = int(ordered[q, 1:][repeat[q]][0])
+        raise ValueError(f"{direction} ranking of query {q} holds index {item} more than once "
+                         f"({int(rows.sum())} lists repeat an item); a ranking names each item once")
 
 
 def _fold_metrics_from_rankings(ranked: dict, task: RetrievalTask, ks: Sequence[int]) -> dict:
@@ -283,10 +299,15 @@ def _jsonable(score_kw: dict) -> dict:
     return {f"score_{k}": float(v) for k, v in score_kw.items() if isinstance(v, (int, float))}
 
 
-def resolve_method(method: str, score: str, **score_kw) -> str:
-    """"screen" (:mod:`zsprob.retrieval.screened`: exact metrics from a certified bfloat16 screen, no
-    score matrix) for the linear scores (csd, mean, cosine) without score options; "matrix" (the
-    float32 score matrix, any score) otherwise. Raises ValueError for a screen it cannot run."""
+def resolve_method(method: str, score: str, *, device=None, **score_kw) -> str:
+    """The route "auto" stands for, or ``method`` itself, checked: "screen"
+    (:mod:`zsprob.retrieval.screened`: exact metrics from a certified bfloat16 screen, no score
+    matrix) for the linear scores (csd, mean, cosine) without score options when the scores are
+    computed on the CPU; "matrix" (float32 score blocks, any score) otherwise. ``device``: where
+    the scores are computed (None: the CPU). The screen is a CPU kernel (the embeddings are copied
+    to the host, and each block of queries takes data-dependent host decisions), so on an
+    accelerator "auto" scores the matrix there instead; "screen" asked for by name still runs, on
+    the CPU. Raises ValueError for a screen it cannot run."""
     if method not in ROUTES:
         raise ValueError(f"unknown method {method!r} (choose from {', '.join(ROUTES)})")
     linear = score in LINEAR_SCORES and not score_kw
@@ -294,7 +315,8 @@ def resolve_method(method: str, score: str, **score_kw) -> str:
         raise ValueError(f"method 'screen' needs a linear score ({', '.join(LINEAR_SCORES)}) without score options; "
                          f"use method 'matrix' for {score!r}")
     if method == "auto":
-        return "screen" if linear else "matrix"
+        on_cpu = device is None or torch.device(device).type == "cpu"
+        return "screen" if linear and on_cpu else "matrix"
     return method
 
 
@@ -308,9 +330,10 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
     ``method``: "screen" ranks by the float64 keys without a score matrix
     (:func:`zsprob.retrieval.screened.evaluate_screened`, CSD / mean / cosine; faster than the
     matrix, see docs/benchmarks.md); "matrix" scores float32 blocks with
-    ``zsprob.prob.score`` (every score); "auto" picks
-    "screen" where it applies. The two agree up to float32 near-ties (see the tests). Should a
-    screened key ever break its certified error bound, the matrix is used instead, with a warning.
+    ``zsprob.prob.score`` (every score); "auto" picks "screen" where it applies and the scores
+    are computed on the CPU, "matrix" on an accelerator (:func:`resolve_method`). The two agree up
+    to float32 near-ties (see the tests). Should a screened key ever break its certified error
+    bound, the matrix is used instead, with a warning.
     ``device``: where the score blocks are computed (default: where the embeddings live; the
     screen itself is a CPU kernel); scores and metrics are float32 / float64 on every device.
     """
@@ -321,7 +344,7 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
 
     check_score(score, emb.has_sigma)
     try:
-        method = resolve_method(method, score, **score_kw)
+        method = resolve_method(method, score, device=compute_device(device, emb.image_mu), **score_kw)
     except ValueError as e:
         raise UserError(str(e)) from None
     res = None

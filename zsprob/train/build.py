@@ -22,6 +22,7 @@ from torch import nn
 
 from zsprob.config import Config
 from zsprob.data.captions import SHARD_KINDS
+from zsprob.data.flickr import KARPATHY_KINDS
 from zsprob.errors import UserError
 from zsprob.prob.method_registry import get_method
 from zsprob.train import accumulate, optim, resilience
@@ -110,14 +111,14 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
             samples = count_samples_synthetic(d.shards)
         options = shard_options(d, B // world, int(cfg.seed), samples)
         return WdsSource(resolve_shards(d.shards), options, preprocess=preprocess, tokenizer=model.tokenizer)
-    if kind == "coco":
+    if kind in KARPATHY_KINDS:  # COCO or Flickr30k captions (Karpathy splits)
         if not d.root:
-            raise UserError("--data coco needs --root (the COCO directory)")
+            raise UserError(f"--data {kind} needs --root (the {kind} directory)")
         return CocoSource(d.root, preprocess=preprocess, tokenizer=model.tokenizer,
                           global_batch_size=B, rank=rank, world=world, seed=int(cfg.seed),
                           num_workers=int(d.num_workers), noise_ratio=float(d.noise_ratio or 0.0),
-                          karpathy_json=d.get("karpathy_json"))
-    raise UserError(f"unknown data kind {kind!r} (synthetic, webdataset, redcaps, coco)")
+                          karpathy_json=d.get("karpathy_json"), dataset=kind)
+    raise UserError(f"unknown data kind {kind!r} (synthetic, webdataset, redcaps, coco, flickr30k)")
 
 
 def make_accelerator(cfg: Config, out: Path):

@@ -246,14 +246,13 @@ class CocoSource(BatchSource):
 
     def __init__(self, root, *, preprocess, tokenizer, global_batch_size: int, rank: int, world: int,
                  seed: int, num_workers: int, noise_ratio: float = 0.0, split: str = "train",
-                 karpathy_json=None):
-        from zsprob.data.coco import CocoCaptions
-        kw = {"karpathy_json": karpathy_json} if karpathy_json else {}
+                 karpathy_json=None, dataset: str = "coco"):
+        from zsprob.data.flickr import karpathy_captions
         # training needs neither the official caption ids nor the instance labels
-        self.coco = CocoCaptions(root, split=split, official_ids=False, instances=False, **kw)
+        self.coco = karpathy_captions(dataset, root, split, karpathy_json, official_ids=False, instances=False)
         n = len(self.coco.captions)
         if n < global_batch_size:
-            raise UserError(f"COCO {split} has {n} captions, fewer than the batch size {global_batch_size}")
+            raise UserError(f"{dataset} {split} has {n} captions, fewer than the batch size {global_batch_size}")
         order = np.arange(n)
         if noise_ratio > 0:
             rng = np.random.default_rng(mixed_seed(seed, 0x401CE))

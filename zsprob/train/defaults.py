@@ -37,7 +37,7 @@ DEFAULTS: dict = {
     # (zsprob.prob.method_registry, where their sources are noted)
     "loss": default_loss_options(),
     "data": {
-        "kind": "synthetic",       # synthetic | webdataset | redcaps | coco
+        "kind": "synthetic",       # synthetic | webdataset | redcaps | coco | flickr30k
         "shards": None,
         "root": None,              # COCO root
         "karpathy_json": None,

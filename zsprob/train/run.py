@@ -119,4 +119,6 @@ class Run:
 
     @property
     def noise(self) -> float:
-        return float(self.cfg.data.get("noise_ratio") or 0.0) if self.cfg.data.kind != "coco" else 0.0
+        from zsprob.data.flickr import KARPATHY_KINDS  # their noise permutes the captions in the source
+
+        return float(self.cfg.data.get("noise_ratio") or 0.0) if self.cfg.data.kind not in KARPATHY_KINDS else 0.0

@@ -8,8 +8,8 @@ jWAE's step (:func:`clip_gradient_sets`, :func:`apply_if_finite`, :func:`count_o
 No host sync but one: the whole step is queued on the device, and the only value the host reads is
 the verdict "was this step finite" (loss and gradient norms together, on every process), which
 decides whether the optimiser steps; the loss terms' own guards decide on the device
-(:func:`zsprob.prob.pairs.guard_term`). The exception is a lossy JPEG view of the masked copies
-(``image_degrade_ops`` with ``jpeg``), whose codec runs on the host. Under fp16 the gradients are unscaled once, each clipping
+(:func:`zsprob.prob.pairs.guard_term`); the masked copies' lossy views stay on the device too (a JPEG
+view off the CPU is coded there, :mod:`zsprob.data.jpeg_torch`). Under fp16 the gradients are unscaled once, each clipping
 set is clipped apart, and the scaler is updated on skipped steps too. accelerate does the backward
 (scaled under fp16) and DDP; torch clips.
 """

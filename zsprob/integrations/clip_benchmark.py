@@ -1,0 +1,151 @@
+"""CLIP_benchmark model type "zsprob": zsprob models in CLIP_benchmark's own evaluation.
+
+:func:`register` adds ``"zsprob"`` to ``clip_benchmark.models.TYPE2FUNC`` (and ``MODEL_TYPES``, which
+its command line offers as ``--model_type`` choices), so
+
+    register()
+    model, transform, tokenizer = clip_benchmark.models.load_clip(
+        "zsprob", model_name=CHECKPOINT_OR_NAME, pretrained=PATH_OR_EMPTY, cache_dir=None, device="cpu")
+
+gives a model whose ``encode_image`` / ``encode_text`` return zsprob's means (one tensor, as
+CLIP_benchmark's metrics expect) and whose ``encode_image_sigma2`` / ``encode_text_sigma2`` return
+sigma^2 (None for a deterministic model). ``model_name`` is a zsprob checkpoint directory or an
+export (``zsprob export``), with ``pretrained`` empty; or an open_clip / zsprob model name with
+``pretrained`` an open_clip tag in the local cache or a weights file / directory, a published
+ProLIP / PCME++ file, or a zsprob checkpoint of that model (zsprob's ``--model`` / ``--pretrained``).
+``transform`` is the model's evaluation preprocessing, ``tokenizer`` its tokenizer.
+
+One repair, made by :func:`register` only where it is needed: CLIP_benchmark 1.6.2's zero-shot
+``accuracy()`` (``clip_benchmark.metrics.zeroshot_classification``) calls ``float()`` on a
+one-element array, which numpy 2.4 refuses (TypeError); when a probe call of the installed function
+raises that, it is replaced by :func:`topk_accuracy`, the same top-k accuracy taken from a
+0-dimensional value, so CLIP_benchmark's ``evaluate()`` runs as installed.
+:func:`run_cli` runs CLIP_benchmark's own command line with the type registered (``zsprob
+clip-benchmark``); its dataset builder imports ``requests``, which clip-benchmark 1.6.2 does not
+declare, so zsprob's ``clip-benchmark`` extra lists it. CLIP_benchmark does the datasets, loaders and metrics; zsprob the model.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from zsprob.errors import UserError
+
+MODEL_TYPE = "zsprob"
+INSTALL_HINT = "CLIP_benchmark is not installed: pip install 'zsprob[clip-benchmark]'"
+
+
+class MeanEncoder(nn.Module):
+    """A zsprob model as CLIP_benchmark sees it: ``encode_image`` / ``encode_text`` give the means
+    [B, D]; ``encode_*_sigma2`` give sigma^2 [B, D] (None for a deterministic model)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_image(images, with_sigma=False)[0]
+
+    def encode_text(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_text(tokens, with_sigma=False)[0]
+
+    def encode_image_sigma2(self, images: torch.Tensor) -> torch.Tensor | None:
+        logvar = self.model.encode_image(images)[1]
+        return None if logvar is None else logvar.exp()
+
+    def encode_text_sigma2(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        logvar = self.model.encode_text(tokens)[1]
+        return None if logvar is None else logvar.exp()
+
+
+def load_zsprob(model_name: str, pretrained: str | None = "", cache_dir: str | None = None,
+                device: str | torch.device = "cpu"):
+    """CLIP_benchmark's loader signature -> ``(MeanEncoder, transform, tokenizer)`` (module docstring)."""
+    from zsprob.models import load_for_inference
+    from zsprob.models.checkpoint import is_checkpoint
+    from zsprob.models.open_clip_dir import export_section
+
+    pretrained = pretrained or None
+    path = os.path.expanduser(str(model_name))
+    if is_checkpoint(path) or (os.path.isdir(path) and export_section(path) is not None):
+        if pretrained is not None:
+            raise UserError(f"{model_name} is a zsprob checkpoint; pretrained ({pretrained!r}) applies to a model "
+                            "name (leave it empty)")
+        model = load_for_inference(checkpoint=path)
+    else:
+        extra = {"cache_dir": cache_dir} if cache_dir else {}
+        model = load_for_inference(model=str(model_name), pretrained=pretrained, **extra)
+    model = model.to(device).eval()
+    return MeanEncoder(model), model.preprocess_val, model.tokenizer
+
+
+def topk_accuracy(output: torch.Tensor, target: torch.Tensor, topk=(1,)) -> list[float]:
+    """Fraction of rows of ``output`` [N, C] whose ``target`` is among the k largest, for each k
+    (CLIP_benchmark's ``accuracy()`` contract; each count read as a 0-dimensional value)."""
+    ranked = output.topk(max(topk), dim=1, largest=True, sorted=True).indices.t()
+    hits = ranked.eq(target.view(1, -1).expand_as(ranked))
+    n = len(target)
+    return [hits[:k].sum().item() / n for k in topk]
+
+
+def _accuracy_works(fn) -> bool:
+    try:
+        fn(torch.tensor([[0.0, 1.0]]), torch.tensor([1]), topk=(1,))
+    except TypeError:
+        return False
+    return True
+
+
+def register() -> None:
+    """Add model type "zsprob" to CLIP_benchmark (idempotent); repair its zero-shot accuracy() where the
+    installed numpy breaks it (module docstring). UserError when CLIP_benchmark is not installed."""
+    try:
+        import clip_benchmark.metrics.zeroshot_classification as zsc
+        import clip_benchmark.models as cb_models
+    except ImportError:
+        raise UserError(INSTALL_HINT) from None
+    cb_models.TYPE2FUNC[MODEL_TYPE] = load_zsprob
+    if MODEL_TYPE not in cb_models.MODEL_TYPES:
+        cb_models.MODEL_TYPES.append(MODEL_TYPE)  # the same list object CLIP_benchmark's CLI offers as choices
+    if not _accuracy_works(zsc.accuracy):
+        zsc.accuracy = topk_accuracy
+
+
+def cli_args(args: list[str]) -> list[str]:
+    """CLIP_benchmark arguments with zsprob's defaults for ``eval``: ``--model_type zsprob`` and an empty
+    ``--pretrained`` (CLIP_benchmark's default names an open_clip tag) unless given."""
+    args = list(args)
+    if args[:1] != ["eval"]:
+        return args
+    given = {a.split("=", 1)[0] for a in args}
+    if "--model_type" not in given:
+        args += ["--model_type", MODEL_TYPE]
+    if "--pretrained" not in given and "--pretrained_model" not in given:
+        args += ["--pretrained", ""]
+    return args
+
+
+def run_cli(args: list[str]) -> int:
+    """CLIP_benchmark's own command line (``clip_benchmark.cli.main``) on ``args``, type "zsprob" registered."""
+    import sys
+
+    register()
+    try:
+        from clip_benchmark import cli as cb_cli
+    except ImportError as e:  # e.g. requests: clip-benchmark 1.6.2 imports it without declaring it
+        raise UserError(f"CLIP_benchmark's command line cannot start: {e} (pip install "
+                        f"{getattr(e, 'name', None) or 'the missing package'}; zsprob's clip-benchmark extra "
+                        "brings it)") from None
+
+    argv = sys.argv
+    sys.argv = ["clip_benchmark", *cli_args(args)]
+    try:
+        rv = cb_cli.main()
+    finally:
+        sys.argv = argv
+    return int(rv or 0)
+
+
+__all__ = ["MODEL_TYPE", "MeanEncoder", "load_zsprob", "topk_accuracy", "register", "cli_args", "run_cli"]

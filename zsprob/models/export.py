@@ -1,0 +1,284 @@
+"""Export a zsprob model to an open_clip / Hugging Face model directory, with a model card.
+
+``export_open_clip(CKPT, DIR)`` writes what ``open_clip.create_model_and_transforms("local-dir:DIR")``
+and ``hf-hub:`` read: ``open_clip_config.json`` (``model_cfg``: the wrapped open_clip model's config;
+``preprocess_cfg``: the model's image preprocessing), ``open_clip_model.safetensors`` (the mean path
+under open_clip's key names), the tokenizer files where the text tower uses a Hugging Face
+tokenizer, and ``README.md``, a model card (YAML front matter with ``library_name: open_clip``,
+tags, the training recipe and evaluation figures read from the run's files when present). The
+log-variance heads go to ``zsprob_sigma_heads.safetensors`` and the zsprob checkpoint metadata
+to a ``zsprob`` section of the config that open_clip ignores, so ``--pretrained DIR`` (or
+``--checkpoint DIR``) gives zsprob the whole Gaussian model back (:mod:`zsprob.models.open_clip_dir`
+reads it).
+
+Only a model whose means open_clip computes itself can go: open_clip towers (no bag-of-words text,
+no zsprob-registered timm trunk), native pooling (no GPO), open_clip's own projection head (not
+PCME++'s COCO ``fc``) and no [UNC] token in the towers' sequences; anything else is refused with
+one line naming why, before anything is written. safetensors writes the tensors and
+:mod:`zsprob.utils.io` every file atomically; the card's text is zsprob's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from zsprob.errors import UserError
+from zsprob.models.open_clip_dir import (CLIP_PREFIX, CONFIG_NAME, EXPORT_FORMAT, EXPORT_VERSION, SIGMA_NAME,
+                                         WEIGHTS_NAME)
+
+FORMATS = ("open_clip",)
+#: files of a run directory the model card reads (beside the checkpoint: RUN/model)
+RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".npz")
+
+
+def export_refusal(model) -> str | None:
+    """Why open_clip cannot compute ``model``'s means (one phrase), or None when it can."""
+    from zsprob.models.prob_clip import ProbCLIP
+
+    if not isinstance(model, ProbCLIP):
+        return f"it is a {type(model).__name__}, not an image-text ProbCLIP over open_clip towers"
+    if model._text.kind == "bow":
+        return "its text tower is zsprob's bag of words (SynthWorld), which open_clip cannot build"
+    timm_name = model.config["open_clip_cfg"].get("vision_cfg", {}).get("timm_model_name", "")
+    if str(timm_name).startswith("zsprob_"):
+        return f"its image tower {timm_name} is a timm model that only zsprob registers"
+    if model.mean_head != "proj":
+        return f"its mean head is {model.mean_head!r} (PCME++'s COCO layout), not open_clip's projection"
+    if model.pooling != "native":
+        return "its means are pooled by GPO, which open_clip does not have (a model with pooling 'native' exports)"
+    if model.sigma_head == "unc" and not model.deterministic:
+        return "its [UNC] tokens run inside the towers, so open_clip's forward would give other means"
+    return None
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise UserError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def _load_source(checkpoint):
+    """The model of a zsprob checkpoint (or of an earlier export); a one-line refusal for anything else."""
+    from zsprob.models.builder import load
+    from zsprob.models.checkpoint import is_checkpoint
+    from zsprob.models.open_clip_dir import export_section
+
+    path = Path(checkpoint)
+    if not path.exists():
+        raise UserError(f"checkpoint not found: {path}")
+    if not (is_checkpoint(path) or (path.is_dir() and export_section(path) is not None)):
+        raise UserError(f"{path} is not a zsprob checkpoint (no zsprob.json) nor a zsprob open_clip export; "
+                        "convert a published file first with `zsprob convert`")
+    model = load(path)
+    why = export_refusal(model)
+    if why is not None:
+        raise UserError(f"cannot export {path} to open_clip: {why}")
+    return model.eval()
+
+
+def _split_state(model) -> tuple[dict, dict]:
+    """(open_clip tensors under open_clip's names, the other model tensors: log-variance heads), on the CPU,
+    contiguous and with shared storage broken (safetensors refuses aliases)."""
+    clip, heads = {}, {}
+    for k, v in model.state_dict().items():
+        v = v.detach().to("cpu").contiguous().clone()
+        if k.startswith(CLIP_PREFIX):
+            clip[k[len(CLIP_PREFIX):]] = v
+        else:
+            heads[k] = v
+    return clip, heads
+
+
+def _tokenizer_files(config: dict) -> list[Path]:
+    """The files of the model's Hugging Face tokenizer directory (none for open_clip's built-in tokenizers)."""
+    d = config.get("tokenizer_dir")
+    if not d:
+        return []
+    d = Path(d)
+    if not d.is_dir():
+        raise UserError(f"the model's tokenizer directory {d} is gone; the export needs its files")
+    return sorted(f for f in d.iterdir() if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES)
+                  and f.name not in (CONFIG_NAME, "zsprob.json", "README.md"))
+
+
+def _model_cfg(model) -> dict:
+    """open_clip's ``model_cfg`` of the wrapped model (with a Hugging Face tokenizer read from the directory)."""
+    from zsprob.models.hf_tokenizer import PROLIP_TEXT_CLEANING
+
+    cfg = json.loads(json.dumps(model.config["open_clip_cfg"]))
+    cfg.pop("preprocess_cfg", None)
+    if model.config.get("tokenizer_dir"):
+        text = cfg.setdefault("text_cfg", {})
+        text["hf_tokenizer_name"] = Path(model.config["tokenizer_dir"]).name or "tokenizer"
+        text["tokenizer_kwargs"] = {"clean": PROLIP_TEXT_CLEANING}  # zsprob's load_hf_tokenizer cleaning
+    return cfg
+
+
+def _file_info(path: Path) -> dict:
+    from zsprob.models.checkpoint import sha256_file
+
+    return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"--out {out} is not empty; pass --overwrite to replace an earlier export there")
+
+
+def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool = False,
+                     eval_files=()) -> Path:
+    """Write the open_clip directory of the zsprob checkpoint ``checkpoint`` to ``out``; returns ``out``.
+
+    ``eval_files``: result files of ``zsprob eval`` (metrics.json) or ``zsprob zeroshot``
+    (results.json) whose figures go into the model card, beside those of the run's metrics.jsonl.
+    Every refusal (format, checkpoint, model, output) comes before anything is written.
+    """
+    from safetensors.torch import save_file
+
+    from zsprob.models.checkpoint import load_meta
+    from zsprob.models.open_clip_dir import export_meta, export_section
+    from zsprob.utils.io import atomic_write, atomic_write_json, atomic_write_text
+
+    check_format(fmt)
+    out = Path(out)
+    model = _load_source(checkpoint)
+    _check_out(out, overwrite)
+    evals = [_read_eval_file(f) for f in eval_files]
+    src = Path(checkpoint)
+    section = export_section(src) if src.is_dir() else None
+    meta = export_meta(src, section) if section is not None else load_meta(src)
+    tok_files = _tokenizer_files(model.config)
+    clip_sd, heads = _split_state(model)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(clip_sd, tmp, metadata={"format": "pt"}))
+    files = {"open_clip": _file_info(out / WEIGHTS_NAME), "sigma": None}
+    if heads:
+        atomic_write(out / SIGMA_NAME, lambda tmp: save_file(heads, tmp, metadata={"format": "pt"}))
+        files["sigma"] = _file_info(out / SIGMA_NAME)
+    elif (out / SIGMA_NAME).is_file():  # an earlier export's heads (--overwrite)
+        (out / SIGMA_NAME).unlink()
+    for f in tok_files:
+        if f.resolve() != (out / f.name).resolve():
+            shutil.copyfile(f, out / f.name)
+    zmeta = {k: v for k, v in meta.items() if k != "weights"}
+    doc = {"model_cfg": _model_cfg(model), "preprocess_cfg": dict(model.config["preprocess_cfg"]),
+           "zsprob": {"format": EXPORT_FORMAT, "format_version": EXPORT_VERSION, "meta": zmeta, "files": files}}
+    atomic_write_text(out / "README.md", model_card(model, meta, _run_dir(src, section), evals, heads))
+    atomic_write_json(out / CONFIG_NAME, doc)  # last: a directory without it is no export
+    return out
+
+
+def _run_dir(src: Path, section) -> Path | None:
+    """The training run a checkpoint came from (RUN/model -> RUN), when its files are there."""
+    run = src.resolve().parent
+    return run if section is None and any((run / f).is_file() for f in RUN_FILES) else None
+
+
+def _read_eval_file(path) -> dict:
+    from zsprob.utils.io import read_json
+
+    doc = read_json(path, "evaluation results")
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a zsprob eval metrics.json or zeroshot results.json object")
+    return {"file": str(path), **doc}
+
+
+# ----------------------------------------------------------------------------- the model card
+def _front_matter(model, meta: dict) -> str:
+    method = meta.get("method") or (meta.get("extra") or {}).get("method")
+    tags = ["open_clip", "clip", "zsprob", "probabilistic-embeddings", "zero-shot-image-classification"]
+    if method:
+        tags.append(str(method))
+    lines = ["---", "library_name: open_clip", "pipeline_tag: zero-shot-image-classification", "tags:"]
+    lines += [f"- {t}" for t in tags]
+    return "\n".join(lines + ["---", ""])
+
+
+def _recipe(run: Path | None, meta: dict) -> list[str]:
+    lines = ["## Training recipe", ""]
+    method = meta.get("method") or "unknown"
+    lines.append(f"- method: `{method}`; step: {meta.get('step')}; zsprob {meta.get('zsprob_version')}")
+    if run is None:
+        return lines + ["- (the run's config.yaml was not beside the checkpoint)", ""]
+    summary = run / "summary.json"
+    if summary.is_file():
+        s = json.loads(summary.read_text())
+        lines.append(f"- steps: {s.get('steps')}; global batch: {s.get('global_batch_size')}; processes: "
+                     f"{s.get('world_size')}; final loss: {s.get('final_loss')}")
+    cfg = run / "config.yaml"
+    if cfg.is_file():
+        lines += ["", "The run's `config.yaml`:", "", "```yaml", cfg.read_text().rstrip(), "```"]
+    return lines + [""]
+
+
+def _last_eval(run: Path | None) -> dict | None:
+    if run is None or not (run / "metrics.jsonl").is_file():
+        return None
+    last = None
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("eval"):
+            last = rec
+    return last
+
+
+def _figures(run: Path | None, evals: list[dict]) -> list[str]:
+    lines = ["## Evaluation", ""]
+    rec = _last_eval(run)
+    if rec is not None:
+        lines.append(f"During training (step {rec.get('step')}, metrics.jsonl):")
+        lines += [f"- {k}: {_fmt(v)}" for k, v in sorted(_flat(rec["eval"]).items())]
+    for doc in evals:
+        figures = doc.get("summary") or doc.get("metrics") or {}
+        lines.append(f"From `{Path(doc['file']).name}`:")
+        lines += [f"- {k}: {_fmt(v)}" for k, v in sorted(_flat(figures).items())]
+    if len(lines) == 2:
+        lines.append("No evaluation files were given (`zsprob export ... --eval-file metrics.json`).")
+    return lines + [""]
+
+
+def _flat(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = v
+    return out
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def model_card(model, meta: dict, run: Path | None, evals: list[dict], heads: dict) -> str:
+    """README.md of an export: front matter, what the model is, how to load it, recipe and figures."""
+    pre = model.config["preprocess_cfg"]
+    body = [_front_matter(model, meta), f"# {model.name} (zsprob, probabilistic)", "",
+            f"A probabilistic image-text model trained with zsprob (method {meta.get('method')}): "
+            f"each image and caption maps to a Gaussian N(mu, sigma^2) in {model.embed_dim} dimensions. "
+            "This directory holds the mean path as an open_clip model (its features are zsprob's mu) and, "
+            f"in `{SIGMA_NAME}`, the log-variance heads ({model.sigma_head}, depth {model.sigma_depth})"
+            + ("" if heads else " (none: a deterministic model)") + ".", "",
+            "## Use", "", "```python", "import open_clip",
+            'model, _, preprocess = open_clip.create_model_and_transforms("local-dir:THIS_DIR")  # or hf-hub:ORG/REPO',
+            'tokenizer = open_clip.get_tokenizer("local-dir:THIS_DIR")',
+            "mu = model.encode_image(preprocess(image)[None], normalize=True)", "```", "",
+            "With sigma^2 (zsprob): `zsprob zeroshot ... --model " + model.name + " --pretrained THIS_DIR`, or "
+            "`zsprob.models.load(\"THIS_DIR\")`.", "",
+            f"Preprocessing: size {pre.get('size')}, mean {pre.get('mean')}, std {pre.get('std')}, "
+            f"interpolation {pre.get('interpolation')}, resize mode {pre.get('resize_mode')}.", ""]
+    body += _recipe(run, meta) + _figures(run, evals)
+    return "\n".join(body)
+
+
+__all__ = ["FORMATS", "export_refusal", "check_format", "export_open_clip", "model_card"]
