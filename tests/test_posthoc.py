@@ -169,6 +169,16 @@ def _captionless_shard(path):
             tar.addfile(info, buf)
 
 
+def _jwae_checkpoint(path, frozen):
+    """A jWAE model (autoencoders over a frozen tower's means): no image or text towers of its own to read."""
+    from zsprob.models import load, save
+    from zsprob.models.jwae import JWAEModel
+
+    jwae = JWAEModel(load(frozen), {"latent_dim": 8, "image_hidden": 16, "text_hidden": 16,
+                                    "decoder": {"image_hidden": 16, "text_hidden": 16}})
+    return save(jwae, path, extra={"method": "jwae"})
+
+
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, frozen, tiny_world):
     shard = tmp_path / "nocap" / "000.tar"
     shard.parent.mkdir()
@@ -178,6 +188,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, frozen, tiny_world):
         "method": ["--checkpoint", str(frozen), "--data", "synthetic", "--shards", str(tiny_world / "pretrain"),
                    "--method", "bayes"],
         "towers": ["--model", "zsprob-tiny", "--data", "synthetic", "--shards", str(tiny_world / "pretrain")],
+        "jwae": ["--checkpoint", str(_jwae_checkpoint(tmp_path / "jwae", frozen)), "--data", "synthetic",
+                 "--shards", str(tiny_world / "pretrain")],
     }
     for name, args in cases.items():
         out = tmp_path / f"out-{name.replace(' ', '-')}"
