@@ -155,6 +155,31 @@ def test_an_open_clip_file_or_directory_and_a_published_file_load_as_sources(tmp
         "text_sigma.text_uncertainty_projection.weight", "text_sigma.text_uncertainty_projection.bias"}
 
 
+def test_a_vit_and_text_transformer_open_clip_file_gets_block_heads(tmp_path, tiny_world):
+    """open_clip's own ViT + text transformer (zsprob-tiny's config) from a weights file: PCME++ block heads
+    trained on the cached trunk outputs, the means bit-identical."""
+    from safetensors.torch import save_file
+
+    from zsprob.models import create_model, load, load_for_inference
+
+    torch.manual_seed(1)
+    model = create_model("zsprob-tiny", pretrained=None, deterministic=True, pooling="native")
+    weights = tmp_path / "tiny.safetensors"
+    save_file({k[len("clip."):]: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    out = _posthoc(tmp_path, tiny_world, "--model", "zsprob-tiny", "--pretrained", str(weights), steps=20,
+                   extra=("--max-samples", "16"))
+    after = load(out / "model").eval()
+    assert after.sigma_head == "block" and not after.deterministic
+    reference = load_for_inference(model="zsprob-tiny", pretrained=str(weights))
+    images = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    tokens = after.tokenizer(CAPTIONS)
+    got, want = _encode(after, images, tokens), _encode(reference, images, tokens)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    assert torch.isfinite(got[1]).all() and torch.isfinite(got[3]).all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert any(n.startswith("text_sigma.blocks.0.") for n in summary["trainable_parameters"])
+
+
 def _captionless_shard(path):
     """A shard of images without captions."""
     from PIL import Image
@@ -187,7 +212,6 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, frozen, tiny_world):
         "no captions": ["--checkpoint", str(frozen), "--data", "webdataset", "--shards", str(shard.parent)],
         "method": ["--checkpoint", str(frozen), "--data", "synthetic", "--shards", str(tiny_world / "pretrain"),
                    "--method", "bayes"],
-        "towers": ["--model", "zsprob-tiny", "--data", "synthetic", "--shards", str(tiny_world / "pretrain")],
         "jwae": ["--checkpoint", str(_jwae_checkpoint(tmp_path / "jwae", frozen)), "--data", "synthetic",
                  "--shards", str(tiny_world / "pretrain")],
     }

@@ -5,8 +5,9 @@ into a model whose config rebuilds it as a probabilistic model through :func:`zs
 the same config with log-variance heads on, every tensor on the mean path copied from the frozen
 model (a state-dict copy, so the means are the frozen model's bit for bit) and only the heads'
 own parameters left to train. Which head: the model's own kind when it has one, else zsprob's
-pooled heads (``sigma_head="unc"`` on a bag-of-words or CNN tower: an MLP beside the tower, so the
-mean path is untouched).
+pooled heads (``sigma_head="unc"`` on a bag-of-words or CNN tower: an MLP beside the tower) or
+PCME++'s block heads on an open_clip ViT / text transformer (copies of the last blocks reading the
+trunk); either sits beside the mean path, which runs the same operations as before.
 
 :class:`HeadAdapter` is one tower's head seen from the cache: ``encode(inputs)`` returns the
 frozen mean and the tensor the head reads (computed once, stored in the feature file) and
@@ -17,7 +18,9 @@ frozen mean and the tensor the head reads (computed once, stored in the feature 
   learned [UNC] word enters ``(sum + unc) / (n + 1)`` exactly as the model pools it;
 * ``pooled`` - a CNN's pooled head: the features are timm's pooled last-stage vector;
 * ``token`` - ProLIP's [UNC] token head: the [UNC] output after the tower's final LayerNorm; only
-  the projection trains (the token itself is on the mean path of a ViT, so it stays frozen).
+  the projection trains (the token itself is on the mean path of a ViT, so it stays frozen);
+* ``block`` - PCME++'s block head on a ViT / text transformer with native pooling: the trunk's token
+  outputs (the input of the copied blocks), with a caption's tokens for the text tower's pooling.
 
 torch does the layers and autograd; the heads are :mod:`zsprob.models.sigma_heads`' own modules,
 trained in place, so the saved model is an ordinary zsprob checkpoint.
@@ -31,7 +34,7 @@ from torch import nn
 
 from zsprob.errors import UserError
 from zsprob.models.heads import bound_logvar
-from zsprob.models.sigma_heads import UncPooledHead, UncTokenHead
+from zsprob.models.sigma_heads import SigmaHead, UncPooledHead, UncTokenHead
 
 #: the log sigma^2 bias of fresh heads (the demo's recipe value: summed variance small next to CSD's distances)
 FRESH_BIAS_INIT = -6.0
@@ -49,9 +52,11 @@ def head_kind_for(model) -> str:
     kinds = {tower.kind for tower in _towers(model).values()}
     if kinds <= {"bow", "timm"}:
         return "unc"
-    raise UserError(f"post-hoc heads for {model.name} need pooled features to read: this version trains them on "
-                    f"bag-of-words and CNN (timm) towers and on models with their own [UNC] or pooled heads; "
-                    f"its towers are {', '.join(sorted(kinds))}")
+    if kinds <= {"vit", "text"} and model.pooling == "native":
+        return "block"
+    raise UserError(f"post-hoc heads for {model.name} need features to read: this version trains them on "
+                    f"bag-of-words and CNN (timm) towers, on ViT + text transformer pairs with native pooling, and on "
+                    f"models with their own [UNC] or pooled heads; its towers are {', '.join(sorted(kinds))}")
 
 
 def probabilistic_copy(frozen, *, seed: int = 0):
@@ -210,8 +215,47 @@ class TokenAdapter(_HookedAdapter):
         return named
 
 
+class BlockAdapter(HeadAdapter):
+    """PCME++'s block head on an open_clip ViT or text transformer: features = the trunk's token outputs (the
+    input of the head's copied blocks), flattened, a caption's tokens first (zero padding past the batch's
+    longest caption: the text tower is causal, so the positions read are unchanged)."""
+
+    kind = "block"
+
+    def encode(self, inputs):
+        got = {}
+
+        def grab(_module, args, kwargs):
+            got["x"] = args[0].detach()
+
+        handle = self.head.blocks[0].register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            mu, _ = self._encode(inputs, True)
+        finally:
+            handle.remove()
+        x = got["x"].float()
+        if self.tower.kind != "text":
+            return mu, x.flatten(1)
+        padded = x.new_zeros(x.shape[0], inputs.shape[1], x.shape[2])
+        padded[:, :x.shape[1]] = x
+        return mu, torch.cat([inputs.float(), padded.flatten(1)], dim=1)
+
+    def raw(self, features):
+        tower, head, ctx, mask = self.tower, self.head, None, None
+        if tower.kind == "text":
+            length = features.shape[1] // (tower.width + 1)
+            tokens = features[:, :length].round().long()
+            _, mask, ctx = tower.embed(tokens)  # the tower's own mask and truncation for these captions
+            x = features[:, length:].view(features.shape[0], length, tower.width)[:, :ctx[0].shape[1]]
+        else:
+            x = features.view(features.shape[0], -1, tower.width)
+        for block in head.blocks:
+            x = tower.run_block(block, x, mask)
+        return head.finish(tower.project(tower.native_pool(x, head.ln, ctx), head.proj))
+
+
 #: head class (and whether it pools words) -> adapter
-ADAPTERS = {"words": WordsAdapter, "pooled": PooledAdapter, "token": TokenAdapter}
+ADAPTERS = {"words": WordsAdapter, "pooled": PooledAdapter, "token": TokenAdapter, "block": BlockAdapter}
 
 
 def adapter_for(model, side: str) -> HeadAdapter:
@@ -221,8 +265,12 @@ def adapter_for(model, side: str) -> HeadAdapter:
         return ADAPTERS["words" if head.unc_emb is not None else "pooled"](model, side)
     if isinstance(head, UncTokenHead):
         return ADAPTERS["token"](model, side)
+    if isinstance(head, SigmaHead) and head.gpo is None and len(head.blocks) and model.mean_head == "proj" \
+            and _towers(model)[side].kind in ("vit", "text"):
+        return ADAPTERS["block"](model, side)
     raise UserError(f"post-hoc training does not know the {side} head {type(head).__name__} of {model.name} "
-                    "(supported: pooled MLP heads and ProLIP's [UNC] tokens)")
+                    "(supported: pooled MLP heads, ProLIP's [UNC] tokens, natively pooled block heads on ViT / text "
+                    "transformers)")
 
 
 __all__ = ["probabilistic_copy", "head_kind_for", "trainable_names", "adapter_for", "HeadAdapter", "ADAPTERS",
