@@ -118,7 +118,7 @@ def test_an_open_clip_file_or_directory_and_a_published_file_load_as_sources(tmp
     """An open_clip-format weights directory (`--model NAME --pretrained DIR`) and a published ProLIP file."""
     from safetensors.torch import save_file
 
-    from test_models_published import write_prolip
+    from test_models_published import write_pcmepp_hf, write_prolip
     from zsprob.models import load, load_for_inference
 
     # open_clip's own state dict of the frozen model, as an open_clip local directory holds it
@@ -153,6 +153,16 @@ def test_an_open_clip_file_or_directory_and_a_published_file_load_as_sources(tmp
     assert set(summary["trainable_parameters"]) == {
         "image_sigma.uncertainty_proj.weight", "image_sigma.uncertainty_proj.bias",
         "text_sigma.text_uncertainty_projection.weight", "text_sigma.text_uncertainty_projection.bias"}
+
+    pcmepp = tmp_path / "pcmepp"
+    write_pcmepp_hf(pcmepp)  # PCME++'s hf_models layout: two uncertainty blocks per tower, trained afresh
+    out = _posthoc(tmp_path / "c", tiny_world, "--model", "pcmepp-tiny", "--pretrained", str(pcmepp), steps=5,
+                   extra=("--max-samples", "16"))
+    after, original = load(out / "model").eval(), load_for_inference(model="pcmepp-tiny", pretrained=str(pcmepp))
+    images = torch.randn(2, 3, after.image_size, after.image_size)
+    got, want = _encode(after, images, after.tokenizer(CAPTIONS[:2])), _encode(original, images,
+                                                                             original.tokenizer(CAPTIONS[:2]))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]) and not torch.equal(got[3], want[3])
 
 
 def test_a_vit_and_text_transformer_open_clip_file_gets_block_heads(tmp_path, tiny_world):
