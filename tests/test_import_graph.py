@@ -138,6 +138,7 @@ ALLOWED = {
     "train": {"config", "data", "models", "prob", "methods", "errors", "utils"},
     "zeroshot": {"data", "models", "prob", "report", "methods", "errors", "utils", "zsprob"},
     "integrations": {"models", "errors", "utils"},
+    "posthoc": {"data", "models", "prob", "errors", "utils", "zsprob"},
 }
 
 
