@@ -63,6 +63,8 @@ BASES: dict[str, list[str]] = {
                      "--out", OUT + "/results.json"],
     "convert": ["convert", "{PUBLISHED}", "--model", "pcmepp-tiny", "--out", OUT],
     "export": ["export", "{CKPT_OPEN_CLIP}", "--out", OUT],
+    "posthoc": ["posthoc", "--checkpoint", "{CKPT_OPEN_CLIP}", "--data", "synthetic", "--shards", "{WORLD}/pretrain",
+                "--views", "1", "--steps", "2", "--batch-size", "8", "--out", OUT],
     "eval flickr30k": ["eval", "flickr30k", "--checkpoint", "{CKPT}", "--root", "{FLICKR}", "--device", "cpu",
                        "--workers", "0", "--out", OUT + "/metrics.json"],
     "finetune flickr30k": ["finetune", "flickr30k", "--root", "{FLICKR}", "--out", OUT, "--model", "zsprob-tiny-bow",
@@ -91,6 +93,7 @@ STRINGS: dict[str, list[str]] = {
     "classes": ["{MISSING}", "{EMPTY_FILE}", "{NOT_UTF8}", "{DUP_CLASSES}"],
     "cache_dir": ["{A_FILE}"],
     "format": ["no-such-format", ""],
+    "feature_file": ["{GARBAGE}", "{EMPTY_FILE}", "{EMPTY_DIR}"],
     "resume_from": ["{MISSING}", "{EMPTY_DIR}"],
 }
 #: commands whose arguments another program parses (CLIP_benchmark's own command line)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.options import model_options, official_file_kwargs, resolve_device
-from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, InPath
+from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, POSITIVE, InPath
 
 METHOD_NAMES = ("adapter", "laplace")  # zsprob.posthoc.METHODS (checked there too; no torch import here)
 DATA_NAMES = ("synthetic", "webdataset", "coco")
@@ -29,9 +29,9 @@ DATA_NAMES = ("synthetic", "webdataset", "coco")
 @click.option("--max-samples", type=COUNT, default=None, help="At most this many images per view.")
 @click.option("--steps", type=COUNT, default=1500, show_default=True, help="Training steps of the heads.")
 @click.option("--batch-size", type=COUNT, default=256, show_default=True, help="Rows per training step.")
-@click.option("--lr", type=float, default=2e-3, show_default=True)
+@click.option("--lr", type=POSITIVE, default=2e-3, show_default=True)
 @click.option("--seed", type=COUNT0, default=0, show_default=True, help="Heads' init, copies and batches.")
-@click.option("--prior-precision", type=float, default=None,
+@click.option("--prior-precision", type=POSITIVE, default=None,
               help="laplace: the Gaussian prior's precision (default: chosen by the evidence on the data).")
 @click.option("--features", "feature_file", type=click.Path(dir_okay=False), default=None,
               help="The feature file (default OUT/features.safetensors; reused when it holds the same draws).")

@@ -110,6 +110,7 @@ class TokenizerDir(InPath):
 
 REAL = Real()
 SHARE = Real(0.0, 1.0)
+POSITIVE = Real(0.0, math.inf, low_open=True)
 COUNT = Count(">=1")
 COUNT0 = Count(">=0")
 OUT_DIR = OutPath("dir")

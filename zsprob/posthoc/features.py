@@ -140,18 +140,27 @@ def feature_key(model, spec: DataSpec, adapters: dict, *, views: int, seed: int)
 
 
 def load_features(path: Path, key: str) -> dict[str, torch.Tensor] | None:
-    """The tensors of the feature file at ``path`` when its key is ``key``, else None."""
+    """The tensors of the feature file at ``path`` when its key is ``key``, else None (a feature file of
+    other draws is recomputed and replaced). A path holding anything else is one line: it is not
+    overwritten."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    if not path.is_file():
+    if path.is_dir():
+        raise UserError(f"feature file {path} is a directory")
+    if not path.exists():
         return None
     try:
         with safe_open(str(path), framework="pt") as f:
             stored = (f.metadata() or {}).get("key")
-        return load_file(str(path)) if stored == key else None
-    except Exception:  # noqa: BLE001 - an unreadable cache is recomputed
-        return None
+    except Exception as e:  # noqa: BLE001 - any reader error means: not a feature file
+        stored, why = None, f"{type(e).__name__}"
+    else:
+        why = "no feature key in its metadata"
+    if stored is None:
+        raise UserError(f"{path} exists and is not a zsprob posthoc feature file ({why}); it would be overwritten: "
+                        "give another --features path or remove it")
+    return load_file(str(path)) if stored == key else None
 
 
 def save_features(path: Path, tensors: dict[str, torch.Tensor], key: str) -> None:
