@@ -233,10 +233,12 @@ def test_a_world_of_zero_images_is_refused_when_asked_for(tmp_path):
 def test_commands_name_what_a_world_lacks(base, tmp_path):
     w = tmp_path / "w"
     r = run_cli("data", "synthetic", "--out", w, "--image-size", "32", "--num-pretrain", "0", "--num-classify-select",
-                "0", "--num-classify-eval", "1", "--num-retrieval", "0", "--num-retrieval-val", "0", "--no-progress")
+                "1", "--num-classify-eval", "0", "--num-retrieval", "0", "--num-retrieval-val", "0", "--no-progress")
     assert r.returncode == 0, r.stderr
     one_line_error(run_cli("eval", "synthetic", "--checkpoint", base["ckpt"], "--root", w, "--out",
                            tmp_path / "e" / "m.json"), "no retrieval test images", "--num-retrieval")
+    one_line_error(run_cli("zeroshot", "synthetic", "--checkpoint", base["ckpt"], "--root", w, "--topk", "all",
+                           "--out", tmp_path / "e" / "r.json"), "no classify/eval images", "--num-classify-eval")
     (w / "pretrain").mkdir()
     one_line_error(run_cli("pretrain", "--data", "synthetic", "--shards", w / "pretrain", "--out", tmp_path / "p"),
                    "no pretraining images")

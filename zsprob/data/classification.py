@@ -44,7 +44,10 @@ the few labelled images for prompt selection; ``eval``: the evaluation images).
 Every dataset has ``classnames`` (list[str]), ``targets`` (list[int]), ``samples``
 (list of (Path, label)) and ``ds[i] -> (transform(image) or PIL image, label)``. User mistakes
 (missing root, empty class folders, class-count or name mismatches, unlabelled images) raise
-:class:`zsprob.UserError`.
+:class:`zsprob.UserError`. Unreadable files (not an image, a PNG that does not decode, a JPEG cut
+short: :func:`image_problem`) are left out when the dataset is listed and kept in ``skipped``
+((path, why) pairs), with one warning line on stderr; a dataset or class folder with no readable
+image is a :class:`zsprob.UserError`.
 """
 from __future__ import annotations
 
@@ -453,8 +456,23 @@ def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
         raise UserError(f"SynthWorld classify split must be 'select' or 'eval', got {split!r}")
     d = cls_dir / split
     if not d.is_dir():
+        counts = _manifest_counts(cls_dir.parent)
+        if counts.get(f"classify_{split}") == 0:
+            raise UserError(f"the SynthWorld {cls_dir.parent} has no classify/{split} images (generated with "
+                            f"--num-classify-{split} 0); generate one with --num-classify-{split} N")
         raise UserError(f"SynthWorld classify split not found: {d} ({hint})")
     return FolderDataset(d, transform, classnames=cls_dir / "classnames.txt")
+
+
+def _manifest_counts(world: Path) -> dict:
+    """The ``counts`` of a SynthWorld's manifest.json ({} when there is none)."""
+    import json
+
+    try:
+        counts = json.loads((world / "manifest.json").read_text(encoding="utf-8")).get("counts")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return counts if isinstance(counts, dict) else {}
 
 
 def build_classification_dataset(kind: str, root: PathLike, split: Optional[str] = None,
