@@ -436,8 +436,8 @@ def _device_commands(base, tiny_world, tmp_path) -> dict[str, list]:
     (tmp_path / "index").mkdir()
     out = tmp_path / "out"
     return {
-        "select-prompts": ["select-prompts", "--checkpoint", base["ckpt"], "--dataset", "folder", "--root", base["eval"],
-                           "--topk", "all", "--out", out / "s.json"],
+        "select-prompts": ["select-prompts", "--checkpoint", base["ckpt"], "--dataset", "folder", "--root",
+                           base["eval"], "--topk", "all", "--out", out / "s.json"],
         "zeroshot": zeroshot_args(base, out / "r.json"),
         "eval synthetic": ["eval", "synthetic", "--checkpoint", base["ckpt"], "--root", tiny_world, "--out",
                            out / "m.json"],

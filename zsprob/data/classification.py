@@ -320,8 +320,9 @@ class FolderDataset(_ImageList):
             self.samples.extend((p, label) for p in files)
         require_readable(self.samples, self.skipped, self.root)
         if unreadable_classes:
+            example, why = self.skipped[0]
             raise UserError(f"class folder {self.root / unreadable_classes[0]} has no readable images "
-                            f"({len(unreadable_classes)} such folder(s); e.g. {self.skipped[0][0]}: {self.skipped[0][1]})")
+                            f"({len(unreadable_classes)} such folder(s); e.g. {example}: {why})")
         warn_skipped(self.skipped, self.root)
         if len(set(self.classnames)) != len(self.classnames):
             raise UserError(f"duplicate class names for {self.root}")

@@ -72,8 +72,8 @@ def identify(pretrained) -> Source:
 
 #: where each published model's weights come from (zsprob never downloads them): the file to fetch, and
 #: whether a local copy of its Hugging Face tokenizer must come with it (``--tokenizer DIR``)
-_PROLIP = "the ProLIP collection on the Hugging Face hub (huggingface.co/SanghyukChun, e.g. `huggingface-cli download " \
-          "SanghyukChun/ProLIP-ViT-B-16-DC-1B-12_8B --local-dir DIR`)"
+_PROLIP = ("the ProLIP collection on the Hugging Face hub (huggingface.co/SanghyukChun, e.g. "
+           "`huggingface-cli download SanghyukChun/ProLIP-ViT-B-16-DC-1B-12_8B --local-dir DIR`)")
 PUBLISHED_WEIGHTS: dict[str, tuple[str, str | None]] = {
     "prolip-ViT-B-16": ("`huggingface-cli download SanghyukChun/ProLIP-ViT-B-16-DC-1B-12_8B --local-dir DIR`",
                         "timm/ViT-B-16-SigLIP"),

@@ -113,8 +113,8 @@ def _load_parts(ckpt_dir, parts: list) -> None:
             module.load_state_dict(saved)
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             first = " ".join(str(e).split())[:300]
-            raise UserError(f"--resume: the {name} state of {ckpt_dir} does not fit this run ({first}); resume "
-                            "with the checkpoint's config (OUT/config.yaml), or start afresh with --overwrite") from None
+            raise UserError(f"--resume: the {name} state of {ckpt_dir} does not fit this run ({first}); resume with "
+                            "the checkpoint's config (OUT/config.yaml), or start afresh with --overwrite") from None
 
 
 def save_model(raw, path: Path, cfg: Config, step: int, swa: optim.SWA | None = None) -> None:
