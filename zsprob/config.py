@@ -100,6 +100,12 @@ def read_yaml(path: str | os.PathLike) -> dict:
         raise UserError(f"config file not found: {path} (looked in . and {configs_dir()})")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[:e.start].count(b"\n") + 1
+        raise UserError(f"config file {p} is not UTF-8 text (byte 0x{e.object[e.start]:02x} on line {line}); "
+                        "save it as UTF-8") from None
+    except OSError as e:
+        raise UserError(f"cannot read config file {p}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         first = " ".join(str(e).split())
         raise UserError(f"malformed YAML in {p}: {first}") from None

@@ -33,6 +33,9 @@ def pretrain(data_kind, shards, **kw):
     if cfg.data.kind in SHARD_KINDS:
         from zsprob.utils.checks import check_shards
         check_shards(cfg.data.kind, cfg.data.shards)  # before torch is imported
+        if cfg.data.kind == "synthetic":
+            from zsprob.data.synthworld.checks import check_pretrain_shards
+            check_pretrain_shards(cfg.data.shards)
     from zsprob.train.hooks import default_hooks
     summary = run(cfg, kw, hooks=default_hooks(cfg))
     from zsprob.cli.train_options import is_main_process

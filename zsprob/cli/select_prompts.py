@@ -59,8 +59,11 @@ def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, stra
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import run_selection
 
+    from zsprob.zeroshot.prompts import check_cache_dir
+
+    cache = check_cache_dir(cache_dir or Path(out).resolve().parent / "cache",
+                            "--cache-dir" if cache_dir else "cache folder (cache/ next to --out; or pass --cache-dir)")
     model, meta = load_model(checkpoint, model_name, pretrained, device)
-    cache = Path(cache_dir) if cache_dir else Path(out).resolve().parent / "cache"
     sel, doc = run_selection(model, dataset, root, strategy=name, k=k, select_root=select_root,
                              use_select=not no_select, templates=templates, classnames=classes, cache_dir=cache,
                              k_values=k_grid, threshold_c=threshold_c, beta=beta, batch_size=batch_size,

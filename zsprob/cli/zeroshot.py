@@ -65,9 +65,12 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import compare_strategies, zeroshot_eval
 
-    model, meta = load_model(checkpoint, model_name, pretrained, device)
+    from zsprob.zeroshot.prompts import check_cache_dir
+
     out = Path(out)
-    cache = Path(cache_dir) if cache_dir else out.resolve().parent / "cache"
+    cache = check_cache_dir(cache_dir or out.resolve().parent / "cache",
+                            "--cache-dir" if cache_dir else "cache folder (cache/ next to --out; or pass --cache-dir)")
+    model, meta = load_model(checkpoint, model_name, pretrained, device)
     if compare:
         kv = parse_k_grid(k_grid) if k_grid else None
         res = compare_strategies(model, root, dataset, out_dir=out.resolve().parent, select_root=select_root,

@@ -44,13 +44,17 @@ the few labelled images for prompt selection; ``eval``: the evaluation images).
 Every dataset has ``classnames`` (list[str]), ``targets`` (list[int]), ``samples``
 (list of (Path, label)) and ``ds[i] -> (transform(image) or PIL image, label)``. User mistakes
 (missing root, empty class folders, class-count or name mismatches, unlabelled images) raise
-:class:`zsprob.UserError`.
+:class:`zsprob.UserError`. Unreadable files (not an image, a PNG that does not decode, a JPEG cut
+short: :func:`image_problem`) are left out when the dataset is listed and kept in ``skipped``
+((path, why) pairs), with one warning line on stderr; a dataset or class folder with no readable
+image is a :class:`zsprob.UserError`.
 """
 from __future__ import annotations
 
 import csv
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -125,8 +129,79 @@ def _subdirs(d: Path) -> list[str]:
 def _open_rgb(path: Path):
     from PIL import Image
 
-    with Image.open(path) as im:
-        return im.convert("RGB")
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as e:  # damage the listing's check could not see
+        raise UserError(f"cannot decode image {path} ({type(e).__name__}: {e}); remove or replace it") from None
+
+
+_JPEG_START, _JPEG_END = b"\xff\xd8\xff", b"\xff\xd9"
+_PNG_START, _PNG_END = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
+
+
+def image_problem(path: Path) -> str:
+    """Why ``path`` cannot be used as an image ("" when it can), cheaply: a JPEG or PNG whose file ends with
+    its end marker is taken on two small reads; anything else is opened by PIL and decoded in full (a
+    truncated PNG, a file that is no image whatever its name). A JPEG that does not end with its end
+    marker counts as cut short unless an end marker follows its last scan (data appended after a complete
+    JPEG, as some cameras write, is fine): PIL would decode a cut JPEG with a grey band, silently."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            f.seek(max(0, path.stat().st_size - 16))
+            tail = f.read(16).rstrip(b"\0\r\n ")
+    except OSError as e:
+        return f"unreadable: {e.strerror or e}"
+    if head.startswith(_JPEG_START):
+        if tail.endswith(_JPEG_END):
+            return ""
+        data = path.read_bytes()
+        return "" if data.rfind(_JPEG_END) > data.rfind(b"\xff\xda") >= 0 else "JPEG cut short (no end marker)"
+    if head.startswith(_PNG_START) and tail.endswith(_PNG_END):
+        return ""
+    return _decode_problem(path)
+
+
+def _decode_problem(path: Path) -> str:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.load()
+    except Exception as e:  # noqa: BLE001 - PIL raises many types for damaged or foreign files
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
+    return ""
+
+
+def readable_images(paths: list[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(the paths that are usable images, [(path, reason)] for the others), checked by :func:`image_problem`."""
+    good, bad = [], []
+    for p in paths:
+        problem = image_problem(p)
+        if problem:
+            bad.append((p, problem))
+        else:
+            good.append(p)
+    return good, bad
+
+
+def require_readable(good: list, bad: list[tuple[Path, str]], where: Path) -> None:
+    """One :class:`UserError` line when every image under ``where`` is unreadable."""
+    if bad and not good:
+        raise UserError(f"no readable images under {where}: all {len(bad)} are damaged or not images "
+                        f"(e.g. {bad[0][0]}: {bad[0][1]})")
+
+
+_WARNED: set = set()  # (where, count) already reported by this process (a split is often listed twice)
+
+
+def warn_skipped(skipped: list[tuple[Path, str]], where: Path) -> None:
+    """One stderr line for the images a dataset skipped: their count and one example (once per process)."""
+    if skipped and (str(where), len(skipped)) not in _WARNED:
+        _WARNED.add((str(where), len(skipped)))
+        print(f"zsprob: warning: skipped {len(skipped)} unreadable image(s) under {where} "
+              f"(e.g. {skipped[0][0]}: {skipped[0][1]})", file=sys.stderr, flush=True)
 
 
 class _ImageList:
@@ -231,12 +306,24 @@ class FolderDataset(_ImageList):
             classnames = self.root / "classnames.txt"
         self.class_folders, self.classnames = _resolve_classnames(folders, classnames, self.root)
         self.samples = []
+        self.skipped: list[tuple[Path, str]] = []  # (path, why) of the images left out as unreadable
+        unreadable_classes = []
         for label, folder in enumerate(self.class_folders):
             files = _images_under(self.root / folder)
             if not files:
                 raise UserError(f"class folder {self.root / folder} has no images "
                                 f"({', '.join(IMAGE_EXTENSIONS)})")
+            files, bad = readable_images(files)
+            self.skipped += bad
+            if not files:
+                unreadable_classes.append(folder)
             self.samples.extend((p, label) for p in files)
+        require_readable(self.samples, self.skipped, self.root)
+        if unreadable_classes:
+            example, why = self.skipped[0]
+            raise UserError(f"class folder {self.root / unreadable_classes[0]} has no readable images "
+                            f"({len(unreadable_classes)} such folder(s); e.g. {example}: {why})")
+        warn_skipped(self.skipped, self.root)
         if len(set(self.classnames)) != len(self.classnames):
             raise UserError(f"duplicate class names for {self.root}")
 
@@ -263,6 +350,7 @@ class ImageNetDataset(_ImageList):
         self.synsets = imagenet_synsets()
         index = {w: i for i, w in enumerate(self.synsets)}
         self.classnames = imagenet_classnames(classnames_file)
+        self.skipped: list[tuple[Path, str]] = []  # (path, why) of the images left out as unreadable
         dirs = _subdirs(base)
         wnid_dirs = [d for d in dirs if _WNID.match(d)]
         if wnid_dirs and label_file is None:
@@ -279,8 +367,11 @@ class ImageNetDataset(_ImageList):
                 files = _images_under(base / d)
                 if not files:
                     raise UserError(f"synset folder {base / d} has no images")
+                files, bad = readable_images(files)
+                self.skipped += bad
                 self.samples.extend((p, index[d]) for p in files)
-            self.present_classes = len(wnid_dirs)
+            require_readable(self.samples, self.skipped, base)
+            self.present_classes = len({label for _, label in self.samples})
         else:
             self.layout = "flat"
             lf = self._find_label_file(base, label_file)
@@ -289,6 +380,8 @@ class ImageNetDataset(_ImageList):
             files = [base / f for f in sorted(os.listdir(base)) if _is_image(f)]
             if not files:
                 raise UserError(f"no images in {base} (and no synset folders) ({IMAGENET_HINT})")
+            files, self.skipped = readable_images(files)
+            require_readable(files, self.skipped, base)
             self.samples = []
             unlabelled = []
             for p in files:
@@ -301,6 +394,7 @@ class ImageNetDataset(_ImageList):
                 raise UserError(f"{len(unlabelled)} images in {base} have no label in {lf} "
                                 f"(e.g. {unlabelled[0]})")
             self.present_classes = len(set(self.targets))
+        warn_skipped(self.skipped, base)
 
     @staticmethod
     def _find_label_file(base: Path, label_file) -> Path:
@@ -363,8 +457,23 @@ def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
         raise UserError(f"SynthWorld classify split must be 'select' or 'eval', got {split!r}")
     d = cls_dir / split
     if not d.is_dir():
+        counts = _manifest_counts(cls_dir.parent)
+        if counts.get(f"classify_{split}") == 0:
+            raise UserError(f"the SynthWorld {cls_dir.parent} has no classify/{split} images (generated with "
+                            f"--num-classify-{split} 0); generate one with --num-classify-{split} N")
         raise UserError(f"SynthWorld classify split not found: {d} ({hint})")
     return FolderDataset(d, transform, classnames=cls_dir / "classnames.txt")
+
+
+def _manifest_counts(world: Path) -> dict:
+    """The ``counts`` of a SynthWorld's manifest.json ({} when there is none)."""
+    import json
+
+    try:
+        counts = json.loads((world / "manifest.json").read_text(encoding="utf-8")).get("counts")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return counts if isinstance(counts, dict) else {}
 
 
 def build_classification_dataset(kind: str, root: PathLike, split: Optional[str] = None,

@@ -18,7 +18,7 @@ from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint
 from zsprob.models.configs import model_from_config
 from zsprob.models.convert.convert import create_from_official
 from zsprob.models.factory import create_model
-from zsprob.models.sources import Source, identify, zsprob_source
+from zsprob.models.sources import Source, identify, require_published_weights, zsprob_source
 from zsprob.models.weights import load_checkpoint
 
 
@@ -81,6 +81,7 @@ def _model_for_inference(model: str, pretrained, create_kwargs: dict):
     """``--model NAME [--pretrained P]``: P a zsprob checkpoint of NAME (e.g. converted), a published
     ProLIP / PCME++ file (mean and log sigma^2 as trained) or open_clip weights (native pooling, no
     sigma heads unless ``create_kwargs`` says otherwise)."""
+    require_published_weights(model, pretrained)
     source = identify(pretrained) if pretrained else Source("none")
     if source.kind == "zsprob":
         m = _load(source)

@@ -81,6 +81,41 @@ def identify(pretrained) -> Source:
     return Source("open_clip", pretrained)
 
 
+#: where each published model's weights come from (zsprob never downloads them): the file to fetch, and
+#: whether a local copy of its Hugging Face tokenizer must come with it (``--tokenizer DIR``)
+_PROLIP = ("the ProLIP collection on the Hugging Face hub (huggingface.co/SanghyukChun, e.g. "
+           "`huggingface-cli download SanghyukChun/ProLIP-ViT-B-16-DC-1B-12_8B --local-dir DIR`)")
+PUBLISHED_WEIGHTS: dict[str, tuple[str, str | None]] = {
+    "prolip-ViT-B-16": ("`huggingface-cli download SanghyukChun/ProLIP-ViT-B-16-DC-1B-12_8B --local-dir DIR`",
+                        "timm/ViT-B-16-SigLIP"),
+    "prolip-ViT-B-16-long": (_PROLIP, "timm/ViT-B-16-SigLIP"),
+    "prolip-ViT-L-16": (_PROLIP, "timm/ViT-B-16-SigLIP"),
+    "prolip-ViT-H-14": (_PROLIP, None),
+    "prolip-ViT-SO400M-14": (_PROLIP, "timm/ViT-SO400M-14-SigLIP"),
+    "pcmepp-ViT-B-16": ("`huggingface-cli download SanghyukChun/PCMEPP-ViT-B-16-CC3M-12M-RedCaps --local-dir DIR`",
+                        None),
+    "pcmepp-coco-ViT-B-32": ("your naver-ai/pcmepp train.py checkpoint (last.ckpt) or the announced COCO weights",
+                             None),
+    "pcmepp-coco-ViT-B-16": ("your naver-ai/pcmepp train.py checkpoint (last.ckpt) or the announced COCO weights",
+                             None),
+    "pcmepp-coco-ViT-L-14": ("your naver-ai/pcmepp train.py checkpoint (last.ckpt) or the announced COCO weights",
+                             None),
+}
+
+
+def require_published_weights(name: str | None, pretrained) -> None:
+    """A published model (ProLIP / PCME++) used for inference without ``pretrained`` would be random weights
+    under a published name, and building its tokenizer would go to the Hugging Face hub: one
+    :class:`UserError` line at once instead (no network), naming the file to fetch and how to pass it."""
+    if name not in PUBLISHED_WEIGHTS or (pretrained is not None and str(pretrained) != ""):
+        return
+    fetch, tokenizer = PUBLISHED_WEIGHTS[name]
+    tok = (f" with its tokenizer (`huggingface-cli download {tokenizer} --local-dir DIR/tokenizer`, or pass "
+           "--tokenizer TOKDIR)" if tokenizer else "")
+    raise UserError(f"--model {name} needs its published weights, and zsprob never downloads: fetch {fetch}, then "
+                    f"pass --pretrained DIR{tok}")
+
+
 _CKPT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors",
                "open_clip_pytorch_model.bin", "open_clip_pytorch_model.pth",
                "model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")
@@ -164,4 +199,5 @@ def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str 
                     f"at run time: download {' or '.join(wanted)}; or pass the checkpoint file path as pretrained")
 
 
-__all__ = ["KINDS", "Source", "identify", "zsprob_source", "sniff_official", "resolve_pretrained"]
+__all__ = ["KINDS", "PUBLISHED_WEIGHTS", "Source", "identify", "zsprob_source", "sniff_official", "resolve_pretrained",
+           "require_published_weights"]

@@ -70,12 +70,12 @@ def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
     (step, epoch, batch in epoch, this rank's random state or None when the world size changed)."""
     from zsprob.models import load as load_model
 
-    saved = state.load_state(ckpt_dir)
+    _check_same_method(run, Path(ckpt_dir))
+    saved = state.load_state(ckpt_dir, require=state.MAIN_STATE_KEYS)
     loaded = load_model(Path(ckpt_dir) / "model", map_location="cpu")
-    run.raw.model.load_state_dict(loaded.state_dict())
-    run.raw.loss.load_state_dict(saved["loss"])
-    run.optimizer.load_state_dict(saved["optimizer"])
-    run.schedule.load_state_dict(saved["schedule"])
+    _load_parts(ckpt_dir, [(run.raw.model, loaded.state_dict(), "model"), (run.raw.loss, saved["loss"], "loss"),
+                           (run.optimizer, saved["optimizer"], "optimizer"), (run.schedule, saved["schedule"],
+                                                                                "schedule")])
     if saved.get("scaler") is not None and run.acc.scaler is not None:
         run.acc.scaler.load_state_dict(saved["scaler"])
     if run.swa is not None and saved.get("swa") is not None:
@@ -91,6 +91,30 @@ def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
     if run.main:
         _truncate_metrics(run.out / "metrics.jsonl", int(saved["step"]))
     return int(saved["step"]), int(saved["epoch"]), int(saved["batch_in_epoch"]), rng_state
+
+
+def _check_same_method(run: Run, ckpt_dir: Path) -> None:
+    """``--resume`` continues the method the checkpoint was trained with: another ``--method`` is one line
+    naming both (its model and loss would not fit the checkpoint's state)."""
+    from zsprob.models import load_meta
+
+    meta = load_meta(ckpt_dir / "model")
+    saved = meta.get("method") or (meta.get("extra") or {}).get("method")
+    if saved and saved != run.cfg.method:
+        raise UserError(f"--resume: the checkpoint {ckpt_dir} was trained with --method {saved}, this run asks for "
+                        f"--method {run.cfg.method}; resume with --method {saved}, or start afresh with --overwrite")
+
+
+def _load_parts(ckpt_dir, parts: list) -> None:
+    """``load_state_dict`` of each (module, state, name); a state that does not fit (another model config or
+    optimiser than the checkpoint's) is one line naming the part and the checkpoint."""
+    for module, saved, name in parts:
+        try:
+            module.load_state_dict(saved)
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            first = " ".join(str(e).split())[:300]
+            raise UserError(f"--resume: the {name} state of {ckpt_dir} does not fit this run ({first}); resume with "
+                            "the checkpoint's config (OUT/config.yaml), or start afresh with --overwrite") from None
 
 
 def save_model(raw, path: Path, cfg: Config, step: int, swa: optim.SWA | None = None) -> None:

@@ -152,6 +152,17 @@ COUNT_KEYS: tuple = (
     ("swa.last_steps", None, ">=0", True),
     ("swa.last_epochs", None, ">=0", False),
     ("swa.every_steps", None, ">=1", True),
+    ("model.embed_dim", None, ">=1", True),
+    ("data.unpaired_batch_size", None, ">=1", True),
+    ("train.eval_every_epochs", None, ">0", False),
+)
+
+#: real-valued keys whose default is null ("off" or "derived"), so :func:`check_numbers` cannot tell their type
+#: from the default: (dotted key, low, high, low excluded); null stays allowed, anything else must be a finite
+#: number in range (``optim.layer_decay=nan`` / ``inf`` / ``abc`` is one line)
+NULLABLE_NUMBER_KEYS: tuple = (
+    ("optim.layer_decay", 0.0, 1.0, True),
+    ("optim.disc_lr", 0.0, float("inf"), True),
 )
 
 
@@ -166,11 +177,30 @@ def check_train_config(cfg: Any) -> None:
     check_known_keys(cfg, DEFAULTS, FREE_SECTIONS)
     check_counts(cfg, COUNT_KEYS)
     check_numbers(cfg, DEFAULTS)
+    check_nullable_numbers(cfg)
     schedule = cfg.get("schedule") or {}
     if schedule.get("steps") is not None and schedule.get("epochs") is not None:
         from zsprob.errors import UserError
         raise UserError(f"schedule.steps ({schedule['steps']}) and schedule.epochs ({schedule['epochs']}) are both "
                         "set: drop one (--steps / schedule.steps counts optimiser steps, --epochs passes over the data)")
+
+
+def check_nullable_numbers(cfg: Any) -> None:
+    """Every key of :data:`NULLABLE_NUMBER_KEYS` that is set: a finite number in its range, stored as a float
+    (a string spelling a number, YAML's ``2e-3``, included)."""
+    from zsprob.errors import UserError, check_range
+    for key, low, high, low_open in NULLABLE_NUMBER_KEYS:
+        section, _, name = key.rpartition(".")
+        node = cfg.get(section) if isinstance(cfg, dict) else None
+        if not isinstance(node, dict) or node.get(name) is None:
+            continue
+        value = node[name]
+        try:
+            node[name] = check_range("not a number" if isinstance(value, (bool, list, dict)) else value,
+                                     key, low, high, low_open)
+        except UserError:
+            raise UserError(f"{key} must be null or a number {'>' if low_open else '>='} {low:g}"
+                            f"{f' and <= {high:g}' if high < float('inf') else ''}, got {value!r}") from None
 
 
 def __getattr__(name):  # METHODS: the registry's method names (re-exported: zsprob.train.METHODS), read live

@@ -376,7 +376,7 @@ def checkpoint_step(ckpt_dir: Path) -> int:
     step = meta.get("step") if isinstance(meta, dict) else None
     if not isinstance(step, int):
         from zsprob.train import state
-        step = int(state.load_state(ckpt_dir)["step"])
+        step = int(state.load_state(ckpt_dir, require=state.MAIN_STATE_KEYS)["step"])
     return step
 
 

@@ -135,11 +135,25 @@ def save_state(path: str | os.PathLike, state: dict) -> None:
     atomic_write_json(path / "state.json", meta)
 
 
-def load_state(path: str | os.PathLike) -> dict:
+#: what a step directory's main state.json holds (an rng-rank* directory holds "rng" only)
+MAIN_STATE_KEYS = ("step", "epoch", "batch_in_epoch", "optimizer", "schedule", "loss", "rng")
+
+
+def load_state(path: str | os.PathLike, require: tuple = ()) -> dict:
+    """Read a state written by :func:`save_state`; ``require``: keys it must hold (the integers among
+    step / epoch / batch_in_epoch must be integers). A state.json of another shape is one UserError line."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     path = Path(path)
     meta = read_json(path / "state.json", "training state")
+    missing = [k for k in require if not isinstance(meta, dict) or k not in meta]
+    not_int = [k for k in ("step", "epoch", "batch_in_epoch") if k in require and not missing
+               and (isinstance(meta[k], bool) or not isinstance(meta[k], int))]
+    if not isinstance(meta, dict) or missing or not_int:
+        what = (f"a JSON {type(meta).__name__}" if not isinstance(meta, dict) else
+                f"no {', '.join(missing)}" if missing else f"{not_int[0]} is {meta[not_int[0]]!r}")
+        raise UserError(f"training state {path / 'state.json'} is damaged ({what}); resume from another step "
+                        "directory (--resume DIR) or start afresh with --overwrite")
     f = path / "state.safetensors"
     if not f.is_file():
         raise UserError(f"training state tensors not found: {f} (the checkpoint is incomplete)")
@@ -151,6 +165,8 @@ def load_state(path: str | os.PathLike) -> dict:
         return unflatten(meta, tensors)
     except KeyError as e:
         raise UserError(f"training state {path} is inconsistent (missing tensor {e})") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"training state {path / 'state.json'} is damaged ({type(e).__name__}: {e})") from None
 
 
 def checkpoint_root(out: str | os.PathLike) -> Path:

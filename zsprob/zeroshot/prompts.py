@@ -38,13 +38,18 @@ def _resolve(path, what: str) -> Path:
     return p
 
 
-def _read_lines(p: Path, what: str) -> list[str]:
+def _numbered_lines(p: Path, what: str) -> list[tuple[int, str]]:
+    """(line number, entry) of every non-empty, non-comment line of a UTF-8 text file."""
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{what} is not UTF-8 text: {p}") from None
-    lines = [ln.strip() for ln in text.splitlines()]
-    return [ln for ln in lines if ln and not ln.startswith("#")]
+    lines = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), 1)]
+    return [(n, ln) for n, ln in lines if ln and not ln.startswith("#")]
+
+
+def _read_lines(p: Path, what: str) -> list[str]:
+    return [ln for _, ln in _numbered_lines(p, what)]
 
 
 def validate_templates(templates: Sequence[str], source: str = "templates") -> list[str]:
@@ -82,8 +87,34 @@ def load_templates(path=None) -> list[str]:
 
 
 def load_classnames(path) -> list[str]:
+    """Class names from a text file (one per line, ``#`` comments). A name given twice is refused,
+    naming it and its lines (two classes with one name get the same prompts, so the second is never
+    predicted); the one exception is CLIP's ImageNet list as shipped in ``prompts/`` (its "missile"
+    and "sunglasses" repeat, as in every published CLIP evaluation)."""
     p = _resolve(path, "class-name file")
-    return validate_classnames(_read_lines(p, "class-name file"), str(p))
+    numbered = _numbered_lines(p, "class-name file")
+    names = validate_classnames([ln for _, ln in numbered], str(p))
+    _refuse_duplicate_names(numbered, p)
+    return names
+
+
+def _refuse_duplicate_names(numbered: list[tuple[int, str]], p: Path) -> None:
+    lines_of: dict[str, list[int]] = {}
+    for number, name in numbered:
+        lines_of.setdefault(name, []).append(number)
+    repeated = {name: lines for name, lines in lines_of.items() if len(lines) > 1}
+    if not repeated or [name for _, name in numbered] == _shipped_imagenet_names():
+        return
+    name, lines = next(iter(repeated.items()))
+    more = f" ({len(repeated) - 1} more repeated name(s))" if len(repeated) > 1 else ""
+    raise UserError(f"class-name file {p}: class name {name!r} appears on lines {', '.join(map(str, lines))}{more}; "
+                    "class names must be unique (two classes with one name get the same prompts)")
+
+
+def _shipped_imagenet_names() -> list[str]:
+    from zsprob.utils.paths import prompts_dir
+
+    return _read_lines(prompts_dir() / "imagenet_classnames.txt", "class-name file")
 
 
 def render(template: str, classname: str) -> str:
@@ -93,6 +124,76 @@ def render(template: str, classname: str) -> str:
 def prompt_texts(classnames: Sequence[str], templates: Sequence[str]) -> list[str]:
     """All prompts, class-major: index ``c * T + t`` is ``templates[t]`` applied to ``classnames[c]``."""
     return [render(t, c) for c in classnames for t in templates]
+
+
+# ----------------------------------------------------------------------------- selection files
+
+SELECTION_FORMAT = "zsprob-selection/1"
+
+
+def check_selection_document(doc, source: str = "selection") -> dict:
+    """``doc`` (a parsed selection.json) if it has the shape ``zsprob select-prompts`` writes: a mapping
+    with the format tag, a strategy, the templates and one entry per class (name, kept templates by
+    index and weight, the class mean and optional sigma^2 of one length). Anything else (a list, a
+    mapping of another shape, a template index out of range) is one :class:`UserError` line."""
+    problem = _selection_problem(doc)
+    if problem:
+        raise UserError(f"{source} is not a zsprob selection file ({problem}); make one with zsprob select-prompts")
+    return doc
+
+
+def _is_num(x) -> bool:
+    import math
+
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _selection_problem(doc) -> str:
+    if not isinstance(doc, dict):
+        return f"a JSON {type(doc).__name__}, not an object"
+    if doc.get("format") != SELECTION_FORMAT:
+        return f"format is {doc.get('format')!r}, not {SELECTION_FORMAT!r}"
+    if not isinstance(doc.get("strategy"), str):
+        return "no strategy name"
+    templates, classes = doc.get("templates"), doc.get("classes")
+    if not (isinstance(templates, list) and templates and all(isinstance(t, str) for t in templates)):
+        return "'templates' must be a non-empty list of strings"
+    if not (isinstance(classes, list) and classes):
+        return "'classes' must be a non-empty list"
+    for key in ("model", "how", "data"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            return f"{key!r} must be an object"
+    dims = set()
+    for c, entry in enumerate(classes):
+        problem = _class_entry_problem(entry, len(templates))
+        if problem:
+            return f"class {c + 1}: {problem}"
+        dims.add(len(entry["mu"]))
+    return "" if len(dims) == 1 else f"the class means have different lengths {sorted(dims)}"
+
+
+def _class_entry_problem(entry, num_templates: int) -> str:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        return "not an object with a 'name'"
+    kept = entry.get("kept")
+    if not isinstance(kept, list) or not all(isinstance(k, dict) for k in kept):
+        return "'kept' must be a list of objects"
+    for k in kept:
+        index = k.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < num_templates:
+            return f"template index {index!r} is not in 0..{num_templates - 1}"
+        if not _is_num(k.get("weight")) or (k.get("uncertainty") is not None and not _is_num(k["uncertainty"])):
+            return f"template {index}: weight / uncertainty must be finite numbers"
+    mu, sigma2 = entry.get("mu"), entry.get("sigma2")
+    if not (isinstance(mu, list) and mu and all(_is_num(v) for v in mu)):
+        return "'mu' must be a non-empty list of finite numbers"
+    if sigma2 is not None and not (isinstance(sigma2, list) and len(sigma2) == len(mu)
+                                   and all(_is_num(v) and v >= 0 for v in sigma2)):
+        return "'sigma2' must be null or a list of non-negative numbers as long as 'mu'"
+    k = entry.get("k")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
+        return f"'k' must be null or an integer, got {k!r}"
+    return ""
 
 
 # ----------------------------------------------------------------------------- model identity
@@ -245,6 +346,15 @@ class PromptBank:
         return bank
 
 
+def check_cache_dir(cache_dir, what: str = "cache folder") -> Path:
+    """``cache_dir`` as a Path when it is a directory or can be made one (nothing is created here);
+    a file in its place is one :class:`UserError` line, before any encoding is spent."""
+    from zsprob.utils.checks import check_output
+
+    check_output(cache_dir, what, "dir")
+    return Path(cache_dir)
+
+
 def bank_cache_stem(cache_dir, key: str) -> Path:
     return Path(cache_dir) / f"promptbank-{key[:24]}"
 
@@ -268,7 +378,7 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
     if model_id is None:
         model_id = model_fingerprint(model)
     key = bank_key(model_id if precision == "fp32" else f"{model_id}+{precision}", templates, classnames)
-    stem = bank_cache_stem(cache_dir, key) if cache_dir is not None else None
+    stem = bank_cache_stem(check_cache_dir(cache_dir), key) if cache_dir is not None else None
     if stem is not None:
         cached = PromptBank.load(stem, expect_key=key)
         if cached is not None:

@@ -89,6 +89,9 @@ class Selection:
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "selection") -> "Selection":
+        from zsprob.zeroshot.prompts import check_selection_document
+
+        check_selection_document(d, source)
         try:
             if d.get("format") != "zsprob-selection/1":
                 raise KeyError("format")

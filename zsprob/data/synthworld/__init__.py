@@ -9,5 +9,6 @@
     units     one shard or image chunk per work unit (pure functions of their arguments)
     writer    generate(): arguments -> units -> annotations -> manifest
     readers   retrieval splits, pretraining shards, jWAE's paired split
+    checks    the files against the manifest's sizes and SHA-256 (re-runs repair, readers refuse damage)
     preview   the preview sheet
 """

@@ -70,6 +70,10 @@ def load_retrieval_split(root: str | os.PathLike, split: str = "test") -> Retrie
             cids.append(int(s["sentid"]))
             cimg.append(i)
     n_img, n_cap = len(paths), len(caps)
+    if n_img == 0:
+        flag = "--num-retrieval" if split == "test" else "--num-retrieval-val"
+        raise UserError(f"the SynthWorld {root} has no retrieval {split} images (generated with {flag} 0); "
+                        f"generate one with {flag} N")
     if pos.shape != (n_img, n_cap) or len(meta["caption_meta"]) != n_cap or len(meta["image_meta"]) != n_img:
         raise UserError(f"SynthWorld retrieval {split} files disagree (JSON {n_img} images / {n_cap} captions, "
                         f"positives {pos.shape}); regenerate with --overwrite")

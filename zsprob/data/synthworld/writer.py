@@ -11,6 +11,7 @@ not depend on ``workers``; tqdm shows progress.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -20,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from zsprob.data.synthworld.captions import match_matrix
+from zsprob.data.synthworld.checks import broken_shards, damaged_files, file_checksums, read_manifest
 from zsprob.data.synthworld.files import dumps, sparse_npz_bytes, write_atomic
 from zsprob.data.synthworld.preview import write_preview
 from zsprob.data.synthworld.scene import (BACKGROUNDS, COLOR_NAMES, COND_P, CONDITIONS, FILLS, NUM_OBJECTS_P,
@@ -31,6 +33,7 @@ from zsprob.errors import UserError
 
 #: images per classification / retrieval work unit
 CHUNK = 250
+log = logging.getLogger("zsprob.data")
 
 
 def _params(image_size, num_pretrain, num_classify_select, num_classify_eval, num_retrieval,
@@ -86,7 +89,11 @@ def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int 
         raise UserError(f"--out must be a directory, but {out} is a file")
     params = _params(image_size, num_pretrain, num_classify_select, num_classify_eval, num_retrieval,
                      num_retrieval_val, noise, seed, shard_size, jpeg_quality)
+    if not any(counts.values()):
+        raise UserError("nothing to generate: every image count (--num-pretrain, --num-classify-select, "
+                        "--num-classify-eval, --num-retrieval, --num-retrieval-val) is 0")
     _prepare_out(out, params, overwrite)
+    regenerated = _remove_damaged(out)
 
     base = dict(out=str(out), seed=seed, image_size=image_size, quality=jpeg_quality, resume=True)
     units = _make_units(base, counts, shard_size, noise)
@@ -106,6 +113,7 @@ def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int 
 
     n_shards = (num_pretrain + shard_size - 1) // shard_size
     manifest = _manifest(params, n_shards, total_samples)
+    manifest["checksums"] = file_checksums(out)
     write_atomic(out / "manifest.json", (dumps(manifest, indent=2) + "\n").encode())
     if preview:
         write_preview(out / "preview.png", seed=seed, image_size=image_size)
@@ -113,8 +121,24 @@ def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int 
     manifest_ret = dict(manifest)
     manifest_ret["stats"] = {"rendered": rendered, "generation_seconds": gen_s, "total_seconds": elapsed,
                              "samples_per_second": rendered / gen_s if gen_s > 0 else float("nan"),
-                             "workers": workers}
+                             "workers": workers, "regenerated": regenerated}
     return manifest_ret
+
+
+def _remove_damaged(out: Path) -> list[str]:
+    """Before a re-run: delete the files that differ from the size and SHA-256 the existing manifest records
+    (a truncated shard, an overwritten image), so the run writes them again, deterministically from the seed;
+    returns their paths (relative to ``out``) and says which on stderr. A world written before the manifest
+    had checksums is checked for unreadable, empty or cut-short shards only."""
+    manifest = read_manifest(out)
+    recorded = (manifest or {}).get("checksums")
+    damaged = damaged_files(out, recorded) if isinstance(recorded, dict) else broken_shards(out)
+    for rel in damaged:
+        (out / rel).unlink(missing_ok=True)
+    if damaged:
+        log.warning("zsprob: warning: %d file(s) of %s did not match its manifest and are regenerated: %s%s",
+                    len(damaged), out, ", ".join(damaged[:5]), " ..." if len(damaged) > 5 else "")
+    return damaged
 
 
 def _prepare_out(out: Path, params: dict, overwrite: bool) -> None:
