@@ -114,13 +114,17 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
 def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeatures | None = None, *,
                         out_dir=None, k_values=None, score: str = "cosine", strategies: Sequence[str] | None = None,
                         model: dict | None = None, title: str = "", threshold_c: float = 1.0,
-                        write_selections: bool = True) -> dict:
+                        write_selections: bool = True, logit_scales: dict | None = None) -> dict:
     """Every strategy on one prompt bank and one set of image embeddings; the table and figures.
 
     Returns ``{"rows": [...], "table": str, "curves": {...}, "files": {...}, "deterministic": bool}``.
     Each row: ``name``, ``label``, ``metrics`` (see :func:`evaluate_scores`), ``uses_eval_labels``,
-    ``data_used``, ``k_mean`` / ``k_hist`` for hard selections, or ``skipped`` with the reason.
+    ``data_used``, ``k_mean`` / ``k_hist`` for hard selections, or ``skipped`` with the reason;
+    ``ece``, ``nll``, ``temperature``, ``ece_at_t``, ``nll_at_t`` and ``calibration``
+    (:func:`zsprob.zeroshot.calibration.row_calibration`; ``logit_scales`` from
+    :func:`~zsprob.zeroshot.calibration.model_logit_scales`, default CLIP's 100).
     """
+    from zsprob.zeroshot.calibration import calibration_table, row_calibration
     from zsprob.zeroshot.selection import NeedsSigma, run_strategy, select_all
 
     strategies = list(strategies or compare_order())
@@ -146,12 +150,13 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
             rows.append({"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)"})
             continue
         selections[name] = sel
-        metrics = evaluate_selection(sel, eval_feats, score=score if (score == "cosine" or
-                                                                      sel.class_logvar is not None) else "cosine")
+        row_score = score if (score == "cosine" or sel.class_logvar is not None) else "cosine"
+        metrics = evaluate_selection(sel, eval_feats, score=row_score)
         data_used = sel.info.get("data_used", "none (text only)")
         row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels,
                "data_used": data_used, "seconds": secs, "info": {k: v for k, v in sel.info.items()
                                                                  if not k.endswith("curve")}}
+        row.update(row_calibration(sel, eval_feats, select_feats, score=row_score, logit_scales=logit_scales))
         if sel.k is not None:
             row["k_mean"] = sum(sel.k) / len(sel.k)
             row["k_per_class"] = dict(zip(sel.classnames, sel.k))
@@ -170,7 +175,8 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
               "n_eval": len(eval_feats), "n_select": None if select_feats is None else len(select_feats),
               "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {},
               "diagnostic_eval_labels": diagnostic}
-    result["table"] = format_table(rows)
+    result["table"] = format_table(rows) + "\n\nCalibration (evaluation split; T fitted on the selection split):\n\n" \
+        + calibration_table(rows)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -269,8 +275,10 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
     meta = dict(model_meta or {})
     meta.setdefault("id", model_id)
     title = f"{dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
+    from zsprob.zeroshot.calibration import model_logit_scales
+
     res = compare_on_features(bank, ev, se, out_dir=out_dir, k_values=k_values, score=score, model=meta,
-                              title=title)
+                              title=title, logit_scales=model_logit_scales(model))
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["dataset"] = {"kind": dataset, "root": str(root), "select_root": None if se is None else se.source}
