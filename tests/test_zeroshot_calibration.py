@@ -154,3 +154,28 @@ def test_row_calibration_uses_scores_of_the_selection(tmp_path):
     assert fields["calibration"]["logit_scale"] == 30.0
     table = calibration_table([{"label": "all", **fields}, {"label": "x", "skipped": "why"}])
     assert table.count("\n") == 2 and f"{fields['temperature']:.3f}" in table
+
+
+def test_compare_rows_carry_calibration_and_t_ignores_eval_labels():
+    """On the real --compare path: every scored row has the five fields; permuting the evaluation
+    labels changes the evaluation figures but no temperature (the selection split alone fits T)."""
+    from test_zeroshot_selection import make_world
+
+    from zsprob.zeroshot.classify import ImageFeatures, compare_on_features
+
+    bank, sel_f, ev = make_world(seed=4)
+    perm = torch.randperm(len(ev.labels), generator=torch.Generator().manual_seed(0))
+    ev_perm = ImageFeatures(ev.mu, ev.logvar, ev.labels[perm], ev.classnames)
+    a = compare_on_features(bank, ev, sel_f)
+    b = compare_on_features(bank, ev_perm, sel_f)
+    rows_a = {r["name"]: r for r in a["rows"] if not r.get("skipped")}
+    rows_b = {r["name"]: r for r in b["rows"] if not r.get("skipped")}
+    for name, row in rows_a.items():
+        assert all(row[k] is not None for k in ("ece", "nll", "temperature", "ece_at_t", "nll_at_t")), name
+        assert row["calibration"]["logit_scale"] == 100.0
+        if not row["uses_eval_labels"]:
+            assert rows_b[name]["temperature"] == row["temperature"], name
+    assert any(rows_b[n]["nll"] != r["nll"] for n, r in rows_a.items())
+    assert "Calibration (evaluation split" in a["table"] and "| T (selection split) |" in a["table"]
+    no_split = compare_on_features(bank, ev, None)
+    assert all(r["temperature"] is None for r in no_split["rows"] if not r.get("skipped"))
