@@ -44,3 +44,15 @@ def test_deciles_carry_sr2_of_their_bins_and_table_shows_it():
     line = [x for x in table.splitlines() if x.startswith("| -SR^2")][0]
     cells = line.split("|")[2:4]
     assert cells[0].strip().startswith(f"{d['sr2']['neg_sr2']:.3f}") and cells[1].strip().startswith("-")
+
+
+def test_demo_report_carries_neg_sr2(tmp_path):
+    import json
+
+    from zsprob.report.demo_report import _retrieval
+
+    d = uncertainty_deciles(np.arange(100.0), (np.arange(100) < 60).astype(float))
+    (tmp_path / "metrics.json").write_text(json.dumps(
+        {"metrics": {"setup": {}}, "uncertainty": {"deciles": {"image queries": d}}}))
+    got = _retrieval(tmp_path / "metrics.json")["uncertainty"]["deciles"]["image queries"]
+    assert got["neg_sr2"] == pytest.approx(d["sr2"]["neg_sr2"]) and got["neg_sr2"] > 0

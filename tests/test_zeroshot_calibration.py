@@ -179,3 +179,20 @@ def test_compare_rows_carry_calibration_and_t_ignores_eval_labels():
     assert "Calibration (evaluation split" in a["table"] and "| T (selection split) |" in a["table"]
     no_split = compare_on_features(bank, ev, None)
     assert all(r["temperature"] is None for r in no_split["rows"] if not r.get("skipped"))
+
+
+def test_demo_report_reads_the_calibration_fields(tmp_path):
+    from test_zeroshot_selection import make_world
+
+    from zsprob.report.demo_report import _zeroshot
+    from zsprob.zeroshot.classify import compare_on_features
+
+    bank, sel_f, ev = make_world(seed=5)
+    res = compare_on_features(bank, ev, sel_f, out_dir=tmp_path, write_selections=False)
+    z = _zeroshot(tmp_path / "compare.json")
+    by_name = {r["name"]: r for r in res["rows"] if not r.get("skipped")}
+    for row in z["rows"]:
+        if row["name"] in by_name:
+            for k in ("ece", "nll", "temperature", "ece_at_t", "nll_at_t"):
+                assert row[k] == pytest.approx(by_name[row["name"]][k]), (row["name"], k)
+    assert "| T (selection split) |" in z["table"]
