@@ -40,7 +40,8 @@ def _one_line(excinfo) -> str:
 
 def test_every_strategy_has_its_facts_and_a_function():
     assert SR.strategy_names() == ("all", "single", "topk", "global", "auto", "threshold", "fusion", "fusion-select",
-                                   "poe", "bprw", "zpe", "oracle", "oracle-global")
+                                   "poe", "bprw", "bprw-fewshot", "zpe", "carprt", "carprt-shared", "oracle",
+                                   "oracle-global")
     for name in SR.strategy_names():
         entry = SR.get_strategy(name)
         assert callable(entry.run), name
@@ -49,7 +50,7 @@ def test_every_strategy_has_its_facts_and_a_function():
         assert (entry.compare is None) == entry.needs_k, name  # --compare passes no K
     assert [n for n in SR.strategy_names() if SR.get_strategy(n).reads_eval_labels] == ["oracle", "oracle-global"]
     assert SR.compare_order() == ("all", "single", "global", "auto", "threshold", "fusion", "fusion-select", "poe",
-                                  "bprw", "zpe", "oracle-global", "oracle")
+                                  "bprw", "bprw-fewshot", "zpe", "carprt", "carprt-shared", "oracle-global", "oracle")
 
 
 def test_the_sigma_and_eval_label_facts_are_what_the_strategies_do():
@@ -156,7 +157,7 @@ def test_the_old_strategy_constants_are_views_of_the_registry(strategy_sandbox):
     SR.register_strategy("late", run=lambda bank, given: S.select_all(bank))
     assert zsprob.methods.STRATEGIES == zsprob.zeroshot.STRATEGIES == SR.STRATEGIES == SR.strategy_names()
     assert SR.SIGMA_STRATEGIES == ("topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe", "bprw",
-                                   "oracle", "oracle-global")
+                                   "bprw-fewshot", "oracle", "oracle-global")
     assert SR.COMPARE_ORDER == SR.compare_order()
 
 

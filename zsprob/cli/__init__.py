@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "eval": ("zsprob.cli.eval", "eval_", "Retrieval evaluation (COCO 1K/5K, CxC, ECCV, PMRP, SynthWorld)."),
     "index": ("zsprob.cli.index", "index", "Build and search exact / approximate CSD indexes (FAISS)."),
     "convert": ("zsprob.cli.convert", "convert", "Convert a published ProLIP / PCME++ checkpoint to zsprob's format."),
+    "posthoc": ("zsprob.cli.posthoc", "posthoc", "Give a frozen model trained log-variance heads, its means untouched."),
     "demo": ("zsprob.cli.demo", "demo", "Run the whole mission on SynthWorld and write a report."),
     "export": ("zsprob.cli.export", "export", "Export a zsprob model to an open_clip / Hugging Face directory."),
     "clip-benchmark": ("zsprob.cli.clip_benchmark", "clip_benchmark", "Run CLIP_benchmark with zsprob models."),

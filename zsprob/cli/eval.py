@@ -1,6 +1,8 @@
 """`zsprob eval`: retrieval evaluation (COCO 1K/5K, CxC, ECCV Caption, PMRP; Flickr30k; SynthWorld; any embeddings).
 
 Thin: parses options and calls :mod:`zsprob.retrieval` (torch is imported inside the commands).
+Refuses in one line an ``--out`` (or a file written beside it) that is one of the inputs,
+``--save-embeddings`` with ``--embeddings``, and ranking files that give a query two lists.
 """
 from __future__ import annotations
 
@@ -36,6 +38,28 @@ def _load_model(checkpoint, model_name, pretrained, device):
                               **official_file_kwargs())
 
 
+#: what `eval coco` / `eval embeddings` may write beside --out
+SIBLINGS = ("table.md", "uncertainty_deciles.png", "uncertainty_deciles.md", "uncertain_queries.md")
+
+
+def refuse_overwriting_inputs(outputs: dict, inputs: dict) -> None:
+    """One line when an output path is also one of ``inputs`` (or another output that must be kept;
+    ``{option: path}`` each, None skipped), so a typo such as ``--out E.npz`` never replaces what the
+    user wrote."""
+    from zsprob.errors import UserError
+
+    given = {Path(p).resolve(): name for name, p in inputs.items() if p is not None}
+    for name, p in outputs.items():
+        if p is not None and Path(p).resolve() in given:
+            raise UserError(f"{name} would write {p}, the file given as {given[Path(p).resolve()]}; choose another "
+                            "path so that it is not overwritten")
+
+
+def _eval_outputs(out: str) -> dict:
+    outp = Path(out)
+    return {"--out": outp, **{f"--out (beside it, {name})": outp.parent / name for name in SIBLINGS}}
+
+
 def _finish(res: dict, out: str) -> None:
     click.echo(res["table"], nl=False)
     unc = res.get("uncertainty")
@@ -62,7 +86,8 @@ def eval_() -> None:
 @click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
 @click.option("--embeddings", type=EMBEDDINGS, default=None,
               help="precomputed E.npz (image_ids, caption_ids, image_mu, caption_mu[, *_logvar, caption_image]).")
-@click.option("--save-embeddings", type=OUT_FILE, default=None, help="also save the embeddings (.npz).")
+@click.option("--save-embeddings", type=OUT_FILE, default=None,
+              help="also save the embeddings the model computes (.npz); not with --embeddings.")
 @_common
 def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_size, root, split, embeddings,
          save_embeddings, score, out, no_analysis, method):
@@ -76,9 +101,17 @@ def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_s
     if embeddings is None:
         if root is None:
             raise UserError("--root COCO_DIR is required unless --embeddings is given")
-        model = _load_model(checkpoint, model_name, pretrained, device)
     elif checkpoint or model_name:
         raise UserError("give either --embeddings or a model (--checkpoint / --model), not both")
+    elif save_embeddings:
+        raise UserError("--save-embeddings saves the embeddings a model computes; with --embeddings nothing is "
+                        "computed (the file already holds them), so give one or the other")
+    checkpoint_file = checkpoint if checkpoint and Path(checkpoint).is_file() else None
+    refuse_overwriting_inputs(_eval_outputs(out), {"--embeddings": embeddings, "--checkpoint": checkpoint_file,
+                                                   "--save-embeddings": save_embeddings})
+    refuse_overwriting_inputs({"--save-embeddings": save_embeddings}, {"--checkpoint": checkpoint_file})
+    if embeddings is None:
+        model = _load_model(checkpoint, model_name, pretrained, device)
     outp = Path(out)
     res = evaluate_coco(model, root, split, score, outp.parent, embeddings=embeddings, batch_size=batch_size,
                         device=device, num_workers=workers, precision=precision, analyses=not no_analysis,
@@ -121,6 +154,7 @@ def embeddings_cmd(embeddings, score, out, no_analysis, method, device):
     """Evaluate precomputed embeddings E.npz (official COCO 5K ids, or any set with caption_image)."""
     from zsprob.retrieval.coco import evaluate_coco
 
+    refuse_overwriting_inputs(_eval_outputs(out), {"EMBEDDINGS": embeddings})
     device = resolve_device(device)
     outp = Path(out)
     res = evaluate_coco(None, None, "test", score, outp.parent, embeddings=embeddings, analyses=not no_analysis,
@@ -129,16 +163,59 @@ def embeddings_cmd(embeddings, score, out, no_analysis, method, device):
     _finish(res, out)
 
 
+def _unique_keys(pairs: list) -> dict:
+    """json object_pairs_hook: a key given twice (a query with two ranked lists) is an error, not "last wins"."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _read_json_strict(path: str, what: str):
+    import json
+
+    from zsprob.errors import UserError, require_file
+
+    p = require_file(path, what)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{what} is not valid JSON: {p} ({e})") from None
+    except _RepeatedKey as e:
+        raise UserError(f"{p}: key {e.args[0]!r} appears twice (a query needs exactly one ranked list)") from None
+
+
+def _pairs_to_dict(path: str, query_ids, lists) -> dict:
+    """`zsprob index search` output's parallel lists as {query id: list}; a repeated query id is an error."""
+    from zsprob.errors import UserError
+
+    if not isinstance(query_ids, list) or not isinstance(lists, list):
+        raise UserError(f"{path}: query_ids and ids must be lists")
+    if len(query_ids) != len(lists):
+        raise UserError(f"{path}: {len(query_ids)} query_ids but {len(lists)} ranked lists")
+    out: dict = {}
+    for q, ranked in zip(query_ids, lists):
+        if not isinstance(q, (int, str)) or isinstance(q, bool):
+            raise UserError(f"{path}: query_ids must be integers, got {q!r}")
+        if q in out:
+            raise UserError(f"{path}: query id {q} appears twice in query_ids (a query needs exactly one ranked list)")
+        out[q] = ranked
+    return out
+
+
 def _read_rankings(path: str, direction: str) -> dict:
     """A `zsprob index search --out` file (query_ids, ids) or a JSON object {query id: [ids]}."""
     from zsprob.errors import UserError
-    from zsprob.utils.io import read_json
 
-    obj = read_json(path, f"{direction} rankings")
+    obj = _read_json_strict(path, f"{direction} rankings")
     if isinstance(obj, dict) and "query_ids" in obj and "ids" in obj:
-        if len(obj["query_ids"]) != len(obj["ids"]):
-            raise UserError(f"{path}: {len(obj['query_ids'])} query_ids but {len(obj['ids'])} ranked lists")
-        return dict(zip(obj["query_ids"], obj["ids"]))
+        return _pairs_to_dict(path, obj["query_ids"], obj["ids"])
     if isinstance(obj, dict) and direction in obj and isinstance(obj[direction], dict):
         return obj[direction]  # {"i2t": {...}, "t2i": {...}} in one file
     if isinstance(obj, dict):
@@ -154,10 +231,12 @@ def _read_rankings(path: str, direction: str) -> dict:
 @click.option("--out", type=OUT_FILE, default="metrics.json", show_default=True)
 def rankings_cmd(i2t_path, t2i_path, out):
     """Metrics of ranked id lists on the official COCO 5K test ids (COCO 1K/5K, CxC, ECCV Caption),
-    e.g. from `zsprob index search` or from eccv_caption-style dicts."""
+    e.g. from `zsprob index search` or from eccv_caption-style dicts. Every query needs one list of
+    integer gallery ids, each id at most once."""
     from zsprob.retrieval.coco import evaluate_coco_rankings
     from zsprob.utils.io import atomic_write_json
 
+    refuse_overwriting_inputs({"--out": out}, {"--i2t": i2t_path, "--t2i": t2i_path})
     res = evaluate_coco_rankings(_read_rankings(i2t_path, "i2t"), _read_rankings(t2i_path, "t2i"))
     click.echo(res["table"], nl=False)
     for n in res["notes"]:

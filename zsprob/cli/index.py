@@ -1,8 +1,13 @@
 """`zsprob index`: build and search exact / approximate CSD indexes (FAISS or torch).
 
-Thin: parses options and calls :mod:`zsprob.retrieval.search`.
+Thin: parses options and calls :mod:`zsprob.retrieval.search`. Refuses in one line what would
+otherwise be ignored or lost: an option the chosen kind of index does not use, an ``--out`` that is
+one of the inputs. ``-k`` above the index size returns every item; neighbours an approximate index
+did not find are id -1 and csd null in the ``--out`` JSON.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
@@ -18,6 +23,32 @@ def _load_side(path, side: str):
     if side == "image":
         return e.image_ids, e.image_mu, e.image_logvar
     return e.caption_ids, e.caption_mu, e.caption_logvar
+
+
+#: the build / search options that apply to one kind of index only
+KIND_OPTIONS = {"hnsw_m": "hnsw", "ef_construction": "hnsw", "ef_search": "hnsw", "nlist": "ivf", "nprobe": "ivf"}
+
+
+def _refuse_unused(kind: str, names) -> None:
+    """One line for an option the user gave that this kind of index would silently ignore."""
+    from click.core import ParameterSource
+
+    from zsprob.errors import UserError
+
+    ctx = click.get_current_context()
+    for name in names:
+        if KIND_OPTIONS[name] != kind and ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT):
+            raise UserError(f"--{name.replace('_', '-')} applies to --kind {KIND_OPTIONS[name]} indexes only, "
+                            f"not to kind {kind}")
+
+
+def _search_record(index_dir, k: int, qids, res) -> dict:
+    """The search --out JSON: ids of -1 and csd null where fewer than k neighbours were found."""
+    import numpy as np
+
+    finite = np.isfinite(res.csd)
+    csd = res.csd if finite.all() else np.where(finite, res.csd.astype(object), None)
+    return {"index": str(index_dir), "k": k, "query_ids": qids, "ids": res.ids, "csd": csd}
 
 
 @click.group("index")
@@ -41,8 +72,13 @@ def index() -> None:
 @scoring_device_option
 def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search, nlist, nprobe, out, device):
     """Index one side of an embeddings file."""
+    from zsprob.cli.eval import refuse_overwriting_inputs
     from zsprob.retrieval.search import build_index
 
+    _refuse_unused(kind, ("hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"))
+    written = ("gallery.npy",) if kind == "torch" else ("index.faiss",)
+    refuse_overwriting_inputs({f"--out ({name})": Path(out) / name for name in written + ("ids.npy", "index.json")},
+                              {"--embeddings": embeddings})
     device = resolve_device(device)
     ids, mu, logvar = _load_side(embeddings, gallery)
     idx = build_index(mu, logvar, kind=kind, metric=metric, ids=ids, hnsw_m=hnsw_m, ef_construction=ef_construction,
@@ -67,14 +103,23 @@ def search(index_dir, queries, query_side, k, ef_search, nprobe, out, show, devi
     """Top-k gallery items by CSD for every query."""
     import time
 
+    from zsprob.cli.eval import refuse_overwriting_inputs
     from zsprob.retrieval.search import load_index
     from zsprob.utils.io import atomic_write_json
 
+    index_files = {f"the index's {name}": Path(index_dir) / name
+                   for name in ("index.json", "ids.npy", "index.faiss", "gallery.npy")}
+    refuse_overwriting_inputs({"--out": out}, {"--queries": queries, **index_files})
     device = resolve_device(device)
     idx = load_index(index_dir)
+    _refuse_unused(idx.kind, ("ef_search", "nprobe"))
     qids, mu, logvar = _load_side(queries, query_side)
     idx.set_search_params(ef_search=ef_search, nprobe=nprobe)
     idx = idx.to(device)
+    if k > len(idx):
+        click.echo(f"note: -k {k} is more than the index holds; returning all {len(idx)} "
+                   f"item{'s' if len(idx) > 1 else ''} per query")
+        k = len(idx)
     t = time.perf_counter()
     res = idx.search(mu, logvar, k)
     dt = time.perf_counter() - t
@@ -84,5 +129,5 @@ def search(index_dir, queries, query_side, k, ef_search, nprobe, out, show, devi
         items = ", ".join(f"{int(g)} ({c:.4g})" for g, c in zip(res.ids[i], res.csd[i]))
         click.echo(f"query {int(qids[i])}: {items}")
     if out:
-        atomic_write_json(out, {"index": str(index_dir), "k": k, "query_ids": qids, "ids": res.ids, "csd": res.csd})
+        atomic_write_json(out, _search_record(index_dir, k, qids, res))
         click.echo(f"wrote {out}")

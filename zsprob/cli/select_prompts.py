@@ -27,17 +27,33 @@ from zsprob.methods import STRATEGIES
 @click.option("--threshold-c", type=float, default=1.0, show_default=True,
               help="Label-free auto: keep u <= mean + c*std per class.")
 @click.option("--beta", type=float, default=1.0, show_default=True, help="fusion: weights u^-beta.")
+@click.option("--shots-split", type=click.Choice(["select", "eval"]), default="select", show_default=True,
+              help="bprw-fewshot: the split its labelled shots come from (eval = ProLIP's --use_gt protocol; "
+                   "refused without --allow-eval-shots).")
+@click.option("--shots", type=click.IntRange(min=1), default=None, help="bprw-fewshot: images per class (default all).")
+@click.option("--allow-eval-shots", is_flag=True,
+              help="Allow --shots-split eval; the result is marked as reading evaluation labels.")
+@click.option("--class-prompts", type=InPath("class-prompts file", "file"), default=None,
+              help='Per-class prompt pools, CuPL format {"class name": ["prompt", ...]}, matched to the classes '
+                   "by name (instead of --templates).")
 @common_options
 @click.option("--out", type=OUT_FILE, required=True, help="selection.json to write.")
 def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, strategy, select_root, no_select,
-                   threshold_c, beta, k_grid, batch_size, device, workers, precision, cache_dir, templates, classes,
-                   out):
+                   threshold_c, beta, shots_split, shots, allow_eval_shots, class_prompts, k_grid, batch_size,
+                   device, workers, precision, cache_dir, templates, classes, out):
     """Rank prompt templates by text uncertainty and select them per class."""
     from pathlib import Path
 
     from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk
 
+    from zsprob.zeroshot.strategy_registry import check_shots_split
+
     name, k = strategy_from_topk(topk, strategy)
+    check_shots_split(shots_split, allow_eval_shots)
+    if class_prompts is not None:
+        from zsprob.zeroshot.pools import load_class_prompts
+
+        load_class_prompts(class_prompts)     # a malformed file fails before the model loads
     parse_k_grid(k_grid)                      # fail fast on a malformed grid, before loading torch
     device = resolve_device(device)
     from zsprob.utils.io import atomic_write_json
@@ -48,10 +64,14 @@ def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, stra
     sel, doc = run_selection(model, dataset, root, strategy=name, k=k, select_root=select_root,
                              use_select=not no_select, templates=templates, classnames=classes, cache_dir=cache,
                              k_values=k_grid, threshold_c=threshold_c, beta=beta, batch_size=batch_size,
-                             device=device, num_workers=workers, precision=precision, model_meta=meta)
+                             device=device, num_workers=workers, precision=precision, model_meta=meta,
+                             shots=shots, shots_split=shots_split, allow_eval_shots=allow_eval_shots,
+                             class_prompts=class_prompts)
     atomic_write_json(out, doc)
     ks = sel.k
     kdesc = "" if ks is None else f", K per class {min(ks)}..{max(ks)} (mean {sum(ks) / len(ks):.1f})"
     flag = " [USES EVALUATION LABELS]" if sel.uses_eval_labels else ""
-    click.echo(f"{sel.label}: {len(sel.classnames)} classes x {len(sel.templates)} templates{kdesc}{flag}")
+    flag += " [TRANSDUCTIVE: reads the evaluation images]" if doc["protocol"]["transductive"] else ""
+    prompts = "templates" if sel.class_prompts is None else "prompt slots (per-class pools)"
+    click.echo(f"{sel.label}: {len(sel.classnames)} classes x {len(sel.templates)} {prompts}{kdesc}{flag}")
     click.echo(f"wrote {out}")

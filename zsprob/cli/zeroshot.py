@@ -26,10 +26,20 @@ from zsprob.methods import STRATEGIES
               help="cosine of means; CSD between image and class Gaussians; uncertainty-adjusted cosine.")
 @click.option("--unc-weight", type=float, default=0.5, show_default=True, help="--score unc: cos - w * ||sigma^2||_1.")
 @click.option("--compare", is_flag=True, help="Evaluate every strategy in one run; print one table and write PNGs.")
+@click.option("--shots-split", type=click.Choice(["select", "eval"]), default="select", show_default=True,
+              help="bprw-fewshot: the split its labelled shots come from (eval = ProLIP's --use_gt protocol; "
+                   "refused without --allow-eval-shots).")
+@click.option("--shots", type=click.IntRange(min=1), default=None, help="bprw-fewshot: images per class (default all).")
+@click.option("--allow-eval-shots", is_flag=True,
+              help="Allow --shots-split eval; the result is marked as reading evaluation labels.")
+@click.option("--class-prompts", type=InPath("class-prompts file", "file"), default=None,
+              help='Per-class prompt pools, CuPL format {"class name": ["prompt", ...]}, matched to the classes '
+                   "by name (instead of --templates).")
 @common_options
 @click.option("--out", type=OUT_FILE, required=True, help="results.json to write.")
 def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, strategy, select_root, score,
-             unc_weight, compare, k_grid, batch_size, device, workers, precision, cache_dir, templates, classes, out):
+             unc_weight, compare, shots_split, shots, allow_eval_shots, class_prompts, k_grid, batch_size, device,
+             workers, precision, cache_dir, templates, classes, out):
     """Zero-shot classification with selected prompts."""
     from pathlib import Path
 
@@ -40,7 +50,16 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
         raise UserError("--compare evaluates every strategy; it does not take --prompts")
     if prompts is None:
         strategy_from_topk(topk, strategy)
+    from zsprob.zeroshot.strategy_registry import check_shots_split
+
+    check_shots_split(shots_split, allow_eval_shots)
+    if class_prompts is not None:
+        from zsprob.zeroshot.pools import load_class_prompts
+
+        load_class_prompts(class_prompts)     # a malformed file fails before the model loads
     parse_k_grid(k_grid)
+    shot_args = {"shots": shots, "shots_split": shots_split, "allow_eval_shots": allow_eval_shots,
+                 "class_prompts": class_prompts}
     device = resolve_device(device)
     encoding = {"device": device, "num_workers": workers, "precision": precision}
     from zsprob.utils.io import atomic_write_json
@@ -53,10 +72,11 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
         kv = parse_k_grid(k_grid) if k_grid else None
         res = compare_strategies(model, root, dataset, out_dir=out.resolve().parent, select_root=select_root,
                                  templates=templates, classnames=classes, cache_dir=cache, k_values=kv, score=score,
-                                 batch_size=batch_size, model_meta=meta, **encoding)
+                                 batch_size=batch_size, model_meta=meta, **encoding, **shot_args)
         doc = {k: v for k, v in res.items() if k != "selections"}
         atomic_write_json(out, doc)
         click.echo(res["table"])
+        _echo_detectable_effect(res.get("min_detectable_effect") or {})
         _warn_separation(res)
         if res["deterministic"]:
             click.echo("(deterministic model: strategies that need sigma^2 were skipped)")
@@ -68,14 +88,22 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     name, k = (None, None) if prompts is not None else strategy_from_topk(topk, strategy)
     res = zeroshot_eval(model, dataset, root, prompts=prompts, strategy=name or "auto", k=k, select_root=select_root,
                         templates=templates, classnames=classes, cache_dir=cache, k_values=k_grid, score=score,
-                        unc_weight=unc_weight, batch_size=batch_size, model_meta=meta, **encoding)
+                        unc_weight=unc_weight, batch_size=batch_size, model_meta=meta, **encoding, **shot_args)
     atomic_write_json(out, res)
     m = res["metrics"]
     flag = " [USES EVALUATION LABELS]" if res["selection"]["uses_eval_labels"] else ""
+    flag += " [TRANSDUCTIVE]" if (res["selection"].get("protocol") or {}).get("transductive") else ""
     click.echo(f"{res['selection']['label']} ({score}): top-1 {m['top1']:.2f}%  top-5 {m['top5']:.2f}%  "
                f"mean per-class {m['mean_per_class']:.2f}%  on {m['n_images']} images{flag}")
     _warn_separation(res)
     click.echo(f"wrote {out}")
+
+
+def _echo_detectable_effect(mde: dict) -> None:
+    if mde:
+        click.echo(f"paired vs all on the same {mde['n_images']} images; smallest top-1 difference this set detects "
+                   f"(80% power, alpha 0.05, median discordance {mde['median_discordance']:.3f}): "
+                   f"{mde['mde_top1_points']:.2f} points")
 
 
 def _warn_separation(res: dict) -> None:

@@ -87,9 +87,11 @@ def _zeroshot(path: Path) -> dict | None:
                      "mean_per_class": m.get("mean_per_class"),
                      "uses_eval_labels": bool(r.get("uses_eval_labels", "oracle" in str(r.get("name")))),
                      "data_used": r.get("data_used"), "k_mean": r.get("k_mean"),
+                     "paired_vs_all": r.get("paired_vs_all"),
                      **{k: r.get(k) for k in ("ece", "nll", "temperature", "ece_at_t", "nll_at_t")}})
     by = {r["name"]: r for r in rows}
     res = {"rows": rows, "n_classes": len(d.get("classes", [])), "n_eval": d.get("n_eval"),
+           "min_detectable_effect": d.get("min_detectable_effect") or {},
            "n_select": d.get("n_select"), "deterministic": d.get("deterministic"), "files": d.get("files", {}),
            "table": d.get("table"), "class_separation": d.get("class_separation")}
     if res["n_classes"]:
@@ -319,6 +321,19 @@ def _md_training(L: list[str], out: Path, r: dict, curves: Path | None) -> None:
              "variance the PCME++ heads predict for images and captions.\n")
 
 
+def _detectable_effect_line(z: dict) -> str:
+    """What the evaluation set can resolve: the paired columns and the minimum detectable effect."""
+    mde = z.get("min_detectable_effect") or {}
+    text = ("`vs all` is each strategy's top-1 minus all-80's on the same images, with a paired bootstrap 95% "
+            "interval; `McNemar p` is the exact test on the images where the two disagree.")
+    if mde:
+        text += (f" With {mde['n_images']} evaluation images and a median discordance of "
+                 f"{mde['median_discordance']:.3f}, the smallest difference detected with 80% power at alpha 0.05 "
+                 f"is {mde['mde_top1_points']:.2f} top-1 points (docs/zeroshot.md gives the formula; "
+                 "`zsprob data synthetic --num-classify-eval` makes the set larger).")
+    return text + "\n"
+
+
 def _md_zeroshot(L: list[str], out: Path, r: dict) -> None:
     """Section 2: zero-shot classification and the prompt strategies."""
     L.append("## 2. Zero-shot classification with uncertainty-based prompt selection\n")
@@ -339,6 +354,7 @@ def _md_zeroshot(L: list[str], out: Path, r: dict) -> None:
         L.append("### PCME++\n")
         L.append(zp.get("table") or "")
         L.append("")
+        L.append(_detectable_effect_line(zp))
         L.append("Calibration: ECE (15 equal-width confidence bins) and NLL of the softmax over classes at the "
                  "model's own logit scale, then at the temperature T that minimises the NLL on the labelled "
                  "selection split (report only: T changes no strategy's prompts; docs/zeroshot.md, Calibration).\n")

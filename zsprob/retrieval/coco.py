@@ -259,7 +259,8 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     """COCO evaluation of a model (``model`` + ``root``) or of precomputed ``embeddings``
     (an :class:`Embeddings` or an ``.npz`` path). ``device`` encodes and scores (default: the
     model's device to encode, the embeddings' to score); ``num_workers`` and ``precision``
-    (:func:`encode_coco`) only encode.
+    (:func:`encode_coco`) only encode. ``save_embeddings`` (an ``.npz`` path) keeps what the model
+    computed; with ``embeddings`` it is a :class:`UserError` (there is nothing computed to keep).
 
     Returns ``{"metrics", "summary", "table", "uncertainty", "files"}``; with ``out_dir`` writes
     ``metrics.json``, ``table.md`` and (probabilistic models) the decile PNG / table and the
@@ -273,6 +274,9 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     from zsprob.utils.io import atomic_write_json, atomic_write_text
 
     ds = None
+    if embeddings is not None and save_embeddings:
+        raise UserError("save_embeddings keeps the embeddings a model computes; with embeddings given nothing "
+                        "is computed (they are already saved), so give one or the other")
     if embeddings is not None:
         emb = load_embeddings(embeddings) if isinstance(embeddings, (str, Path)) else embeddings
     else:
@@ -309,32 +313,88 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     return out
 
 
+def _as_id_array(values: list, direction: str, what: str) -> np.ndarray:
+    """``values`` (ints, or strings of ints as JSON keys are) as an int64 array; floats, booleans and
+    other strings are one :class:`UserError` line rather than truncated (3.7 -> 3) into another item."""
+    try:
+        arr = np.asarray(values)
+    except ValueError as e:  # ragged nesting
+        raise UserError(f"{direction}: {what} must be integers ({e})") from None
+    if arr.ndim == 1 and arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.ndim == 1 and arr.dtype.kind == "U":
+        try:
+            return arr.astype(np.int64)
+        except (ValueError, OverflowError):
+            pass
+    example = next((v for v in values if not isinstance(v, (int, np.integer)) or isinstance(v, bool)), values[0])
+    raise UserError(f"{direction}: {what} must be integers, got {example!r}")
+
+
+def _lists_by_query(lists: dict, direction: str) -> dict[int, object]:
+    """{query id (int): ranked list}; two keys naming the same id ("7" and "07") are an error."""
+    keys = list(lists)
+    if not keys:
+        return {}
+    qids = _as_id_array(keys, direction, "query ids")
+    by_id = dict(zip(qids.tolist(), lists.values()))
+    if len(by_id) < len(keys):
+        seen: dict[int, object] = {}
+        for key, q in zip(keys, qids.tolist()):
+            if q in seen:
+                raise UserError(f"{direction}: query {q} has two ranked lists (keys {seen[q]!r} and {key!r})")
+            seen[q] = key
+    return by_id
+
+
+def _flatten_lists(rows: list, direction: str, query_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ranked lists as one int64 array of ids and each list's length."""
+    for q, r in zip(query_ids, rows):
+        if not isinstance(r, (list, tuple, np.ndarray)):
+            raise UserError(f"{direction}: each query needs a list of integer ids, best first; query {int(q)} "
+                            f"has {type(r).__name__} {str(r)[:40]!r}")
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    flat = [x for r in rows for x in r]
+    ids = _as_id_array(flat, direction, "ranked ids") if flat else np.zeros(0, dtype=np.int64)
+    return ids, lengths
+
+
+def _refuse_repeats(idx: np.ndarray, lengths: np.ndarray, query_ids: np.ndarray, gallery_ids: np.ndarray,
+                    direction: str) -> None:
+    """A ranked list that names an item twice is refused: each repeat of a positive would count as
+    another hit (R-Precision, mAP@R, R@K above their true values). ``idx``: the lists' gallery
+    indices, one after another (``lengths`` each)."""
+    n_g = len(gallery_ids)
+    keys = np.sort(np.repeat(np.arange(len(lengths), dtype=np.int64), lengths) * n_g + idx)
+    repeat = keys[1:] == keys[:-1]
+    if repeat.any():
+        key = int(keys[1:][repeat][0])
+        n_lists = len(np.unique(keys[1:][repeat] // n_g))
+        raise UserError(f"{direction}: the ranked list of query {int(query_ids[key // n_g])} holds id "
+                        f"{int(gallery_ids[key % n_g])} more than once ({n_lists} of {len(lengths)} lists repeat "
+                        "an id); a ranking names each item once")
+
+
 def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarray, direction: str) -> tuple[np.ndarray, int]:
     """{query id: [gallery ids, best first]} -> [n_queries, L] gallery indices in the order of
     ``query_ids`` (L = the shortest of their lists; other queries are ignored); also returns the
-    longest list's length."""
-    try:
-        by_id = {int(k): v for k, v in lists.items()}
-    except (TypeError, ValueError) as e:
-        raise UserError(f"{direction}: query ids must be integers ({e})") from None
+    longest list's length. Every id of every list must be an integer of the gallery, named once."""
+    by_id = _lists_by_query(lists, direction)
     missing = [int(q) for q in query_ids if int(q) not in by_id]
     if missing:
         raise UserError(f"{direction}: {len(missing)} of the {len(query_ids)} official query ids have no ranked list "
                         f"(e.g. {missing[0]})")
-    rows = [by_id[int(q)] for q in query_ids]
-    try:
-        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-        L = int(lengths.min()) if len(rows) else 0
-        flat = np.asarray([int(x) for r in rows for x in r[:L]], dtype=np.int64).reshape(len(rows), L)
-    except (TypeError, ValueError) as e:
-        raise UserError(f"{direction}: each query needs a list of integer ids, best first ({e})") from None
+    flat, lengths = _flatten_lists([by_id[int(q)] for q in query_ids], direction, query_ids)
     order = np.argsort(gallery_ids)
-    idx = order[np.searchsorted(gallery_ids, flat, sorter=order).clip(max=len(gallery_ids) - 1)]
+    idx = order[np.searchsorted(gallery_ids[order], flat).clip(max=len(gallery_ids) - 1)]
     bad = gallery_ids[idx] != flat
     if bad.any():
         raise UserError(f"{direction}: {int(bad.sum())} ranked ids are not in the official gallery "
                         f"(e.g. {int(flat[bad][0])})")
-    return idx, int(lengths.max()) if len(rows) else 0
+    _refuse_repeats(idx, lengths, query_ids, gallery_ids, direction)
+    L = int(lengths.min()) if len(lengths) else 0
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return idx[starts[:, None] + np.arange(L)[None, :]], int(lengths.max()) if len(lengths) else 0
 
 
 def evaluate_coco_rankings(i2t: dict, t2i: dict, *, ks=M.DEFAULT_KS) -> dict:
@@ -342,7 +402,8 @@ def evaluate_coco_rankings(i2t: dict, t2i: dict, *, ks=M.DEFAULT_KS) -> dict:
 
     ``i2t``: {image id: [caption ids, best first]} for all 5,000 images; ``t2i``: {caption id:
     [image ids]} for all 25,000 captions (eccv_caption's ``compute_all_metrics`` input). Lists
-    are cut to the shortest one. Returns ``{"metrics", "summary", "table", "notes"}``.
+    are cut to the shortest one. Ids must be integers (or strings of them) of the gallery, each at
+    most once per list, one list per query; anything else is a :class:`UserError` line. Returns ``{"metrics", "summary", "table", "notes"}``.
     """
     from zsprob.retrieval.evaluate import evaluate_rankings, format_table, summary_row
 

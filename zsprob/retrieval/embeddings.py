@@ -1,10 +1,13 @@
 """Precomputed test-set embeddings: the ``E.npz`` exchange format of ``zsprob eval --embeddings``.
 
-Arrays: ``image_ids`` [n_img] and ``caption_ids`` [n_cap] (int64; official COCO ids for COCO),
+Arrays: ``image_ids`` [n_img] and ``caption_ids`` [n_cap] (unique integers, kept as int64; official
+COCO ids for COCO),
 ``image_mu`` [n_img, D], ``caption_mu`` [n_cap, D] and optionally ``image_logvar`` /
 ``caption_logvar`` (log sigma^2; absent for deterministic models). Optional ``caption_image``
 [n_cap] gives each caption's source image as an index into ``image_ids`` (when absent, the
-ground truth must come from elsewhere, e.g. eccv_caption for COCO). numpy does the I/O.
+ground truth must come from elsewhere, e.g. eccv_caption for COCO). numpy does the I/O;
+:func:`load_embeddings` checks every array where the file is read (:func:`check_ids` is also what
+an index's ``ids.npy`` is held to).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import torch
 from zsprob.errors import UserError, require_file
 
 REQUIRED = ("image_ids", "caption_ids", "image_mu", "caption_mu")
+#: the largest log-variance whose sigma^2 = exp(logvar) is finite in float32 (exp(88.7) overflows)
+LOGVAR_MAX = 88.0
 
 
 @dataclass
@@ -74,38 +79,98 @@ def _f32(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
-def load_embeddings(path) -> Embeddings:
-    """Load and validate an ``E.npz``; problems raise :class:`UserError` naming the array."""
-    p = require_file(path, "embeddings file", "an .npz with image_ids, caption_ids, image_mu, caption_mu")
+def check_ids(ids: np.ndarray, where: str, key: str, *, unique: bool = True, what: str = "ids") -> np.ndarray:
+    """``ids`` as int64 if it is a 1-D array of integers (without repeats when ``unique``); otherwise one
+    :class:`UserError` line naming ``where`` (the file) and ``key`` (the array). String and float ids are
+    refused rather than parsed or truncated: 3.7 -> 3 would silently pair the wrong items."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1:
+        raise UserError(f"{where}: {key} must be a 1-D array of integer {what}, got shape {ids.shape}")
+    if ids.dtype.kind not in "iu":
+        raise UserError(f"{where}: {key} must hold integer {what}, got dtype {ids.dtype} "
+                        "(save them with .astype(numpy.int64))")
+    if ids.dtype.kind == "u" and len(ids) and int(ids.max()) > np.iinfo(np.int64).max:
+        raise UserError(f"{where}: {key} holds ids above the int64 range (e.g. {int(ids.max())})")
+    ids = ids.astype(np.int64)
+    if unique and len(ids) > 1:
+        ordered = np.sort(ids)
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        if len(repeated):
+            n_rep = len(np.unique(repeated))
+            raise UserError(f"{where}: {key} holds id {int(repeated[0])} more than once ({n_rep} repeated "
+                            f"id{'s' if n_rep > 1 else ''}); every item needs its own id")
+    return ids
+
+
+def _check_values(a: np.ndarray, where: str, key: str) -> None:
+    """A real-valued array (float or integer dtype) without NaN or inf."""
+    if a.dtype.kind not in "fiu":
+        raise UserError(f"{where}: {key} must hold real numbers, got dtype {a.dtype}")
+    if not np.isfinite(a).all():
+        raise UserError(f"{where}: {key} contains NaN or inf")
+
+
+def _read_npz(p: Path) -> dict:
     try:
         z = np.load(p, allow_pickle=False)
-        arrays = {k: z[k] for k in z.files}
-    except Exception as e:  # zipfile / format errors
+        if not hasattr(z, "files"):
+            raise ValueError("a single .npy array, not an .npz archive")
+        return {k: z[k] for k in z.files}
+    except Exception as e:  # zipfile / format errors, object arrays (allow_pickle=False)
         raise UserError(f"cannot read embeddings {p}: {e}") from None
+
+
+def _check_shapes(arrays: dict, where: str) -> None:
+    img_mu, cap_mu = arrays["image_mu"], arrays["caption_mu"]
+    if img_mu.ndim != 2 or cap_mu.ndim != 2 or img_mu.shape[1] != cap_mu.shape[1]:
+        raise UserError(f"{where}: image_mu {img_mu.shape} and caption_mu {cap_mu.shape} must be [N, D] with the same D")
+    for key, a in (("image_mu", img_mu), ("caption_mu", cap_mu)):
+        if a.shape[0] == 0 or a.shape[1] == 0:
+            raise UserError(f"{where}: {key} is empty (shape {a.shape}); nothing to evaluate or index")
+    for key, ref in (("image_ids", "image_mu"), ("caption_ids", "caption_mu")):
+        if np.ndim(arrays[key]) == 1 and len(arrays[key]) != len(arrays[ref]):
+            raise UserError(f"{where}: {key} has {len(arrays[key])} ids for {len(arrays[ref])} rows of {ref}")
+    if ("image_logvar" in arrays) != ("caption_logvar" in arrays):
+        raise UserError(f"{where}: give both image_logvar and caption_logvar, or neither")
+    for k, ref in (("image_logvar", img_mu), ("caption_logvar", cap_mu)):
+        if k in arrays and arrays[k].shape != ref.shape:
+            raise UserError(f"{where}: {k} has shape {arrays[k].shape}, expected {ref.shape}")
+
+
+def _check_caption_image(cap_img: np.ndarray, where: str, n_cap: int, n_img: int) -> np.ndarray:
+    cap_img = check_ids(cap_img, where, "caption_image", unique=False, what="image indices")
+    if len(cap_img) != n_cap or (cap_img.min() < 0 or cap_img.max() >= n_img):
+        raise UserError(f"{where}: caption_image must hold one image index in [0, {n_img}) per caption")
+    return cap_img
+
+
+def load_embeddings(path) -> Embeddings:
+    """Load and validate an ``E.npz``; problems raise :class:`UserError` naming the file and the array:
+    a missing array, ids that are not unique 1-D integers, empty or mismatched shapes, values that
+    are not finite real numbers, log-variances whose exp overflows float32 (above :data:`LOGVAR_MAX`),
+    a ``caption_image`` outside the images."""
+    p = require_file(path, "embeddings file", "an .npz with image_ids, caption_ids, image_mu, caption_mu")
+    arrays = _read_npz(p)
     missing = [k for k in REQUIRED if k not in arrays]
     if missing:
         raise UserError(f"embeddings {p} lack arrays: {', '.join(missing)} (have: {', '.join(sorted(arrays)) or 'none'})")
-    img_mu, cap_mu = arrays["image_mu"], arrays["caption_mu"]
-    if img_mu.ndim != 2 or cap_mu.ndim != 2 or img_mu.shape[1] != cap_mu.shape[1]:
-        raise UserError(f"embeddings {p}: image_mu {img_mu.shape} and caption_mu {cap_mu.shape} must be [N, D] with the same D")
-    if len(arrays["image_ids"]) != len(img_mu) or len(arrays["caption_ids"]) != len(cap_mu):
-        raise UserError(f"embeddings {p}: image_ids/caption_ids lengths do not match image_mu/caption_mu rows")
-    if ("image_logvar" in arrays) != ("caption_logvar" in arrays):
-        raise UserError(f"embeddings {p}: give both image_logvar and caption_logvar, or neither")
-    for k, ref in (("image_logvar", img_mu), ("caption_logvar", cap_mu)):
-        if k in arrays and arrays[k].shape != ref.shape:
-            raise UserError(f"embeddings {p}: {k} has shape {arrays[k].shape}, expected {ref.shape}")
+    where = f"embeddings {p}"
+    image_ids = check_ids(arrays["image_ids"], where, "image_ids")
+    caption_ids = check_ids(arrays["caption_ids"], where, "caption_ids")
+    _check_shapes(arrays, where)
     for k in ("image_mu", "caption_mu", "image_logvar", "caption_logvar"):
-        if k in arrays and not np.isfinite(arrays[k]).all():
-            raise UserError(f"embeddings {p}: {k} contains NaN or inf")
+        if k in arrays:
+            _check_values(arrays[k], where, k)
+    for k in ("image_logvar", "caption_logvar"):
+        if k in arrays and arrays[k].max() > LOGVAR_MAX:
+            raise UserError(f"{where}: {k} holds {float(arrays[k].max()):g}, above {LOGVAR_MAX:g}: sigma^2 = "
+                            "exp(logvar) overflows float32 (these arrays are log sigma^2, not sigma^2 or sigma)")
+    img_mu, cap_mu = arrays["image_mu"], arrays["caption_mu"]
     cap_img = arrays.get("caption_image")
     if cap_img is not None:
-        cap_img = cap_img.astype(np.int64)
-        if len(cap_img) != len(cap_mu) or (len(cap_img) and (cap_img.min() < 0 or cap_img.max() >= len(img_mu))):
-            raise UserError(f"embeddings {p}: caption_image must hold one image index in [0, {len(img_mu)}) per caption")
+        cap_img = _check_caption_image(cap_img, where, len(cap_mu), len(img_mu))
     return Embeddings(
-        image_ids=arrays["image_ids"].astype(np.int64), caption_ids=arrays["caption_ids"].astype(np.int64),
-        image_mu=_f32(img_mu), caption_mu=_f32(cap_mu),
+        image_ids=image_ids, caption_ids=caption_ids, image_mu=_f32(img_mu), caption_mu=_f32(cap_mu),
         image_logvar=_f32(arrays["image_logvar"]) if "image_logvar" in arrays else None,
         caption_logvar=_f32(arrays["caption_logvar"]) if "caption_logvar" in arrays else None,
         caption_image=cap_img)

@@ -81,7 +81,8 @@ def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequen
     COCO 1K, like eccv_caption, keeps each list's items of the query's fold, in order, so it
     equals an in-fold ranking as long as every list holds ``max(ks)`` items of its fold (else a
     ValueError says to pass longer lists, as it does when a list is shorter than a benchmark's
-    largest positive set R). Returns the nested percentages of :func:`evaluate_scores`.
+    largest positive set R). A list naming an item twice is a ValueError (each repeat of a positive
+    would count as another hit). Returns the nested percentages of :func:`evaluate_scores`.
     """
     ranked = {"i2t": torch.as_tensor(np.asarray(ranked_i2t), dtype=torch.int64),
               "t2i": torch.as_tensor(np.asarray(ranked_t2i), dtype=torch.int64)}
@@ -92,6 +93,7 @@ def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequen
             raise ValueError(f"{d} rankings must be [{n_q[d]}, L], got {tuple(ranked[d].shape)}")
         if ranked[d].numel() and (int(ranked[d].min()) < 0 or int(ranked[d].max()) >= n_g[d]):
             raise ValueError(f"{d} rankings hold indices outside 0..{n_g[d] - 1}")
+        _refuse_repeats(ranked[d], d)
     metrics: dict = {}
     for bs in task.sets:
         out = {}
@@ -111,6 +113,20 @@ def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequen
     if task.folds:
         metrics["coco_1k"] = _fold_metrics_from_rankings(ranked, task, ks)
     return metrics
+
+
+def _refuse_repeats(ranked: torch.Tensor, direction: str) -> None:
+    """A ranked list naming an item twice would count a repeated positive as another hit."""
+    if ranked.shape[1] < 2:
+        return
+    ordered = ranked.sort(dim=1).values
+    repeat = ordered[:, 1:] == ordered[:, :-1]
+    rows = repeat.any(1)
+    if bool(rows.any()):
+        q = int(rows.int().argmax())
+        item = int(ordered[q, 1:][repeat[q]][0])
+        raise ValueError(f"{direction} ranking of query {q} holds index {item} more than once "
+                         f"({int(rows.sum())} lists repeat an item); a ranking names each item once")
 
 
 def _fold_metrics_from_rankings(ranked: dict, task: RetrievalTask, ks: Sequence[int]) -> dict:

@@ -207,34 +207,119 @@ class CSDIndex:
         return out
 
 
-def load_index(path, device=None) -> CSDIndex:
-    """Load an index written by :meth:`CSDIndex.save`; with ``device``, moved there (:meth:`CSDIndex.to`)."""
-    from zsprob.errors import require_dir
+def _is_count(value, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _read_meta(d: Path) -> dict:
+    """index.json, with its required keys and their types checked (one line naming the file and key)."""
     from zsprob.utils.io import read_json
 
-    d = require_dir(path, "index directory", "build one with `zsprob index build`")
-    meta = read_json(d / "index.json", "index metadata (index.json)")
-    if meta.get("format") != "zsprob-csd-index" or meta.get("kind") not in KINDS or meta.get("metric") not in METRICS:
-        raise UserError(f"{d / 'index.json'} is not a zsprob CSD index description")
+    f = d / "index.json"
+    meta = read_json(f, "index metadata (index.json)")
+    if not isinstance(meta, dict) or meta.get("format") != "zsprob-csd-index":
+        raise UserError(f"{f} is not a zsprob CSD index description (no \"format\": \"zsprob-csd-index\")")
+    missing = [k for k in ("kind", "metric", "dim", "size") if k not in meta]
+    if missing:
+        raise UserError(f"{f} lacks {', '.join(missing)}; rebuild the index with `zsprob index build`")
+    version = meta.get("version", FORMAT_VERSION)
+    if not _is_count(version, 1) or version > FORMAT_VERSION:
+        raise UserError(f"{f}: version {version!r} is not one this zsprob reads (up to {FORMAT_VERSION})")
+    if meta["kind"] not in KINDS:
+        raise UserError(f"{f}: kind {meta['kind']!r} is not one of {', '.join(KINDS)}")
+    if meta["metric"] not in METRICS:
+        raise UserError(f"{f}: metric {meta['metric']!r} is not one of {', '.join(METRICS)}")
+    for key, low in (("dim", 1), ("size", 1)):
+        if not _is_count(meta[key], low):
+            raise UserError(f"{f}: {key} must be an integer >= {low}, got {meta[key]!r}")
+    params = meta.setdefault("params", {})
+    if not isinstance(params, dict):
+        raise UserError(f"{f}: params must be an object, got {params!r}")
+    for key in ("ef_search", "nprobe", "nlist", "hnsw_m"):
+        if key in params and not _is_count(params[key], 1):
+            raise UserError(f"{f}: params.{key} must be an integer >= 1, got {params[key]!r}")
+    return meta
+
+
+def _check_gallery(meta: dict, gallery: np.ndarray, f: Path) -> None:
+    """gallery.npy of a "torch" index against index.json: shape [size, dim + 1], float, and the sign of
+    the last column the metric's augmentation gives (ip: -(||mu||^2 + s) <= 0; l2: sqrt(s) >= 0)."""
+    want = (meta["size"], meta["dim"] + 1)
+    if gallery.dtype.kind != "f" or gallery.shape != want:
+        raise UserError(f"{f} holds a {gallery.dtype} array of shape {gallery.shape}; index.json (size "
+                        f"{meta['size']}, dim {meta['dim']}) needs float vectors of shape {want}")
+    last = gallery[:, -1]
+    if (meta["metric"] == "ip" and (last > 0).any()) or (meta["metric"] == "l2" and (last < 0).any()):
+        other = "l2" if meta["metric"] == "ip" else "ip"
+        raise UserError(f"{f} holds {other}-augmented vectors but index.json says metric {meta['metric']!r}")
+
+
+#: the FAISS index class each kind is written as
+_FAISS_CLASS = {"flat": "IndexFlat", "hnsw": "IndexHNSWFlat", "ivf": "IndexIVFFlat"}
+
+
+def _check_faiss(meta: dict, index, f: Path) -> None:
+    """index.faiss against index.json: class (kind), metric, vector dimension (dim + 1), size, IVF lists."""
+    faiss = _faiss()
+    cls = _FAISS_CLASS[meta["kind"]]
+    if not isinstance(index, getattr(faiss, cls)):
+        raise UserError(f"{f} holds a FAISS {type(index).__name__}, but index.json says kind {meta['kind']!r} ({cls})")
+    metric = {faiss.METRIC_INNER_PRODUCT: "ip", faiss.METRIC_L2: "l2"}.get(index.metric_type, str(index.metric_type))
+    if metric != meta["metric"]:
+        raise UserError(f"{f} uses metric {metric!r}, but index.json says metric {meta['metric']!r}")
+    if index.d != meta["dim"] + 1:
+        raise UserError(f"{f} holds vectors of dimension {index.d} (embedding dim {index.d - 1}), but index.json "
+                        f"says dim {meta['dim']}")
+    if index.ntotal != meta["size"]:
+        raise UserError(f"{f} holds {index.ntotal} vectors, but index.json says size {meta['size']}")
+    nlist = meta["params"].get("nlist")
+    if meta["kind"] == "ivf" and nlist is not None and index.nlist != nlist:
+        raise UserError(f"{f} has {index.nlist} inverted lists, but index.json says nlist {nlist}")
+
+
+def _read_backend(d: Path, meta: dict):
+    """The index's vectors (gallery.npy, a torch tensor) or its FAISS index, checked against index.json."""
+    f = d / ("gallery.npy" if meta["kind"] == "torch" else "index.faiss")
+    if not f.is_file():
+        raise UserError(f"index file not found: {f} (index.json says kind {meta['kind']!r})")
     try:
-        ids = np.load(d / "ids.npy", allow_pickle=False)
-        if meta["kind"] == "torch":
-            backend = torch.from_numpy(np.load(d / "gallery.npy", allow_pickle=False))
-        else:
-            faiss = _faiss()
-            f = d / "index.faiss"
-            if not f.is_file():
-                raise UserError(f"index file not found: {f}")
-            backend = faiss.read_index(str(f))
+        backend = np.load(f, allow_pickle=False) if meta["kind"] == "torch" else _faiss().read_index(str(f))
     except UserError:
         raise
     except Exception as e:
-        raise UserError(f"cannot read index in {d}: {e}") from None
-    n = backend.shape[0] if meta["kind"] == "torch" else backend.ntotal
-    if n != len(ids) or n != meta.get("size"):
-        raise UserError(f"index in {d} is inconsistent: {n} vectors, {len(ids)} ids, size {meta.get('size')}")
-    idx = CSDIndex(meta["kind"], meta["metric"], int(meta["dim"]), ids, meta.get("params", {}), backend)
-    idx.set_search_params(ef_search=meta.get("params", {}).get("ef_search"), nprobe=meta.get("params", {}).get("nprobe"))
+        raise UserError(f"cannot read index file {f}: {e}") from None
+    if meta["kind"] == "torch":
+        _check_gallery(meta, backend, f)
+        return torch.from_numpy(np.ascontiguousarray(backend, dtype=np.float32))
+    _check_faiss(meta, backend, f)
+    return backend
+
+
+def load_index(path, device=None) -> CSDIndex:
+    """Load an index written by :meth:`CSDIndex.save`; with ``device``, moved there (:meth:`CSDIndex.to`).
+
+    index.json is checked against the files beside it (kind, metric, dimension and size against the
+    FAISS index or gallery.npy; ids.npy one unique integer id per vector), so a description that
+    disagrees with the index is one :class:`UserError` line rather than wrong neighbours.
+    """
+    from zsprob.errors import require_dir
+    from zsprob.retrieval.embeddings import check_ids
+
+    d = require_dir(path, "index directory", "build one with `zsprob index build`")
+    meta = _read_meta(d)
+    f = d / "ids.npy"
+    if not f.is_file():
+        raise UserError(f"index file not found: {f}")
+    try:
+        ids = np.load(f, allow_pickle=False)
+    except Exception as e:
+        raise UserError(f"cannot read index file {f}: {e}") from None
+    ids = check_ids(ids, str(f), "ids")
+    if len(ids) != meta["size"]:
+        raise UserError(f"{f} holds {len(ids)} ids, but index.json says size {meta['size']}")
+    backend = _read_backend(d, meta)
+    idx = CSDIndex(meta["kind"], meta["metric"], meta["dim"], ids, meta["params"], backend)
+    idx.set_search_params(ef_search=meta["params"].get("ef_search"), nprobe=meta["params"].get("nprobe"))
     return idx.to(device) if device is not None else idx
 
 
@@ -247,7 +332,8 @@ def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = Non
 
     ``kind``: "flat" (FAISS exact), "hnsw", "ivf" (FAISS approximate), "torch" (exact, no FAISS).
     ``metric``: augmentation, "ip" or "l2" (default "ip" for flat / torch, "l2" for hnsw / ivf).
-    ``nlist`` defaults to about 4 sqrt(N); IVF trains its k-means on up to ``train_size`` vectors.
+    ``nlist`` defaults to about 4 sqrt(N) (:func:`default_nlist`); IVF trains its k-means on up to
+    ``train_size`` vectors, and an ``nlist`` above that many (or above N) is a :class:`UserError`.
     ``var_sum`` [N] may replace ``logvar`` (only s = ||sigma^2||_1 enters CSD ranking).
     ``device``: where the index is trained, filled and searched (:meth:`CSDIndex.to`; default the CPU).
     """
@@ -282,7 +368,7 @@ def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = Non
         index.hnsw.efSearch = int(ef_search)
         params.update(hnsw_m=int(hnsw_m), ef_construction=int(ef_construction), ef_search=int(ef_search))
     else:
-        nlist = int(nlist or max(1, min(n // 39, int(4 * np.sqrt(n)))))
+        nlist = _ivf_lists(nlist, n, train_size)
         quantizer = faiss.IndexFlatIP(d + 1) if metric == "ip" else faiss.IndexFlatL2(d + 1)
         index = faiss.IndexIVFFlat(quantizer, d + 1, nlist, fm)
         index.nprobe = int(min(nprobe, nlist))
@@ -293,6 +379,27 @@ def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = Non
         out.backend.train(x if n <= train_size else x[np.sort(rng.choice(n, size=train_size, replace=False))])
     out.backend.add(x)
     return out
+
+
+def default_nlist(n: int) -> int:
+    """About 4 sqrt(N) inverted lists, and no more than N / 39 (FAISS wants 39 training vectors per list)."""
+    return max(1, min(n // 39, int(4 * np.sqrt(n))))
+
+
+def _ivf_lists(nlist: int | None, n: int, train_size: int) -> int:
+    """The IVF list count: ``nlist`` as given, or :func:`default_nlist`. A given ``nlist`` above the
+    number of training vectors (k-means cannot make more centroids than points; FAISS stops with an
+    error) is refused rather than lowered, so the index is never built with lists the user did not ask for."""
+    if nlist is None:
+        return default_nlist(n)
+    nlist, most = int(nlist), min(n, int(train_size))
+    if nlist < 1:
+        raise UserError(f"nlist must be >= 1, got {nlist}")
+    if nlist > most:
+        size = f"{n} items" + (f", {most} of them train the lists" if most < n else "")
+        raise UserError(f"nlist {nlist} is larger than the gallery ({size}): IVF needs a training vector per "
+                        f"list, so use nlist <= {most} (the default for this gallery is {default_nlist(n)})")
+    return nlist
 
 
 def _torch_search(q: torch.Tensor, gallery: torch.Tensor, k: int, metric: str, chunk: int = 1024):

@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import Sequence
 
 from zsprob.errors import UserError
+from zsprob.zeroshot.calibration import calibration_table, model_logit_scales, row_calibration
 from zsprob.zeroshot.features import DATASET_KINDS, ImageFeatures, encode_split, load_split  # noqa: F401
 from zsprob.zeroshot.metrics import (COLLAPSE_COSINE, SCORES, class_scores, class_separation,  # noqa: F401
                                      evaluate_scores, evaluate_selection, prompt_quality_diagnostic,
-                                     separation_warning, topk_curve)
+                                     separation_warning, top1_hits, topk_curve)
 from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk  # noqa: F401  (re-exported)
-from zsprob.zeroshot.strategy_registry import (EVAL_LABELS, SELECTION_LABELS, UNLABELLED_IMAGES, compare_order,
-                                               get_strategy)
+from zsprob.zeroshot.paired import detectable_effect_summary, paired_stats
+from zsprob.zeroshot.strategy_registry import (SELECTION_LABELS, UNLABELLED_IMAGES, check_shots_split,
+                                               compare_order, get_strategy, shots_source)
 
 
 # ----------------------------------------------------------------------------- selection I/O
@@ -57,17 +59,32 @@ def _fmt(v, nd=2):
     return "-" if v is None else f"{v:.{nd}f}"
 
 
+def _paired_cells(paired: dict | None) -> list[str]:
+    if not paired:
+        return ["-", "-"]
+    low, high = paired["ci95"]
+    return [f"{paired['diff']:+.2f} [{low:+.2f}, {high:+.2f}]", f"{paired['mcnemar_p']:.3g}"]
+
+
+def _eval_labels_cell(r: dict) -> str:
+    if not r.get("uses_eval_labels"):
+        return "no"
+    return "YES (eval shots)" if get_strategy(r["name"]).shots else "YES (oracle)"
+
+
 def format_table(rows: list[dict]) -> str:
-    head = ["strategy", "top-1", "top-5", "per-class", "eval labels", "data used", "K (mean)"]
+    head = ["strategy", "top-1", "vs all [95% CI]", "McNemar p", "top-5", "per-class", "eval labels",
+            "transductive", "labels from", "data used", "K (mean)"]
     lines = [head]
     for r in rows:
+        audit = ["yes" if r.get("transductive") else "no", r.get("label_split") or "-"]
         if r.get("skipped"):
-            lines.append([r["label"], "skipped", "", "", "", r["skipped"], ""])
+            lines.append([r["label"], "skipped", "", "", "", "", "", *audit, r["skipped"], ""])
             continue
         m = r["metrics"]
-        lines.append([r["label"], _fmt(m["top1"]), _fmt(m["top5"]), _fmt(m["mean_per_class"]),
-                      "YES (oracle)" if r["uses_eval_labels"] else "no", r.get("data_used", ""),
-                      _fmt(r.get("k_mean"), 1) if r.get("k_mean") is not None else "-"])
+        lines.append([r["label"], _fmt(m["top1"]), *_paired_cells(r.get("paired_vs_all")), _fmt(m["top5"]),
+                      _fmt(m["mean_per_class"]), _eval_labels_cell(r), *audit,
+                      r.get("data_used", ""), _fmt(r.get("k_mean"), 1) if r.get("k_mean") is not None else "-"])
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
     out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(lines[0], widths)) + " |",
            "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -111,56 +128,68 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
     return files
 
 
+def _compare_row(name, bank, eval_feats, select, given: dict, score: str):
+    """One ``--compare`` row: ``(row, selection or None, per-image hits or None)``."""
+    from zsprob.zeroshot.selection import NeedsSigma, run_strategy
+
+    entry = get_strategy(name)
+    audit = entry.audit(given["shots_split"])
+    if SELECTION_LABELS in entry.needs and select is None and not (entry.shots and given["shots_split"] == "eval"):
+        return {"name": name, "label": name, "skipped": "no labelled selection split", **audit}, None, None
+    try:
+        t0 = time.perf_counter()
+        sel = run_strategy(name, bank, select=select, pool=eval_feats.feats,  # the pool: images without labels
+                           eval_=(eval_feats.feats, eval_feats.labels) if audit["reads_eval_labels"] else None,
+                           **given)
+        secs = time.perf_counter() - t0
+    except NeedsSigma:
+        return {"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)", **audit}, None, None
+    row_score = score if (score == "cosine" or sel.class_logvar is not None) else "cosine"
+    metrics = evaluate_selection(sel, eval_feats, score=row_score)
+    row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels, **audit,
+           "data_used": sel.info.get("data_used", "none (text only)"), "seconds": secs,
+           "info": {k: v for k, v in sel.info.items() if not k.endswith("curve")}}
+    if sel.k is not None:
+        row["k_mean"] = sum(sel.k) / len(sel.k)
+        row["k_per_class"] = dict(zip(sel.classnames, sel.k))
+    return row, sel, top1_hits(sel, eval_feats, row_score)
+
+
 def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeatures | None = None, *,
                         out_dir=None, k_values=None, score: str = "cosine", strategies: Sequence[str] | None = None,
                         model: dict | None = None, title: str = "", threshold_c: float = 1.0,
-                        write_selections: bool = True, logit_scales: dict | None = None) -> dict:
+                        write_selections: bool = True, shots: int | None = None, shots_split: str = "select",
+                        allow_eval_shots: bool = False, logit_scales: dict | None = None) -> dict:
     """Every strategy on one prompt bank and one set of image embeddings; the table and figures.
 
     Returns ``{"rows": [...], "table": str, "curves": {...}, "files": {...}, "deterministic": bool}``.
-    Each row: ``name``, ``label``, ``metrics`` (see :func:`evaluate_scores`), ``uses_eval_labels``,
-    ``data_used``, ``k_mean`` / ``k_hist`` for hard selections, or ``skipped`` with the reason;
-    ``ece``, ``nll``, ``temperature``, ``ece_at_t``, ``nll_at_t`` and ``calibration``
-    (:func:`zsprob.zeroshot.calibration.row_calibration`; ``logit_scales`` from
-    :func:`~zsprob.zeroshot.calibration.model_logit_scales`, default CLIP's 100).
+    Each row: ``name``, ``label``, ``metrics`` (see :func:`evaluate_scores`), ``uses_eval_labels``, the
+    registry's protocol facts (``reads_eval_labels``, ``transductive``, ``label_split``), ``data_used``,
+    ``paired_vs_all`` (:mod:`zsprob.zeroshot.paired`), ``k_mean`` / ``k_hist`` for hard selections, or
+    ``skipped`` with the reason; scored rows also get :func:`row_calibration`'s fields (``logit_scales``:
+    :func:`model_logit_scales`, default CLIP's 100). ``shots`` / ``shots_split`` / ``allow_eval_shots``:
+    the few-shot strategies' shots (see :func:`zsprob.zeroshot.selection.run_strategy`).
     """
-    from zsprob.zeroshot.calibration import calibration_table, row_calibration
-    from zsprob.zeroshot.selection import NeedsSigma, run_strategy, select_all
+    from zsprob.zeroshot.selection import select_all
 
+    check_shots_split(shots_split, allow_eval_shots)
     strategies = list(strategies or compare_order())
-    pool = eval_feats.feats   # unlabelled evaluation images for ZPE / BPRW (labels never passed)
     select = None if select_feats is None else (select_feats.feats, select_feats.labels)
-    sel_data = "selection split labels" if select_feats is None else \
-        f"selection split labels ({len(select_feats)} images)"
-    pool_data = f"unlabelled evaluation images ({len(eval_feats)})"
-    rows, selections = [], {}
+    given = {"k_values": k_values, "threshold_c": threshold_c, "shots": shots, "shots_split": shots_split,
+             "allow_eval_shots": allow_eval_shots, "pool_data": f"unlabelled evaluation images ({len(eval_feats)})",
+             "select_data": "selection split labels" if select_feats is None else
+             f"selection split labels ({len(select_feats)} images)"}
+    rows, selections, hits = [], {}, {}
     for name in strategies:
-        entry = get_strategy(name)
-        if SELECTION_LABELS in entry.needs and select is None:
-            rows.append({"name": name, "label": name, "skipped": "no labelled selection split"})
-            continue
-        try:
-            t0 = time.perf_counter()
-            sel = run_strategy(name, bank, select=select, pool=pool,
-                               eval_=(eval_feats.feats, eval_feats.labels) if entry.reads_eval_labels else None,
-                               k_values=k_values, threshold_c=threshold_c, select_data=sel_data,
-                               pool_data=pool_data)
-            secs = time.perf_counter() - t0
-        except NeedsSigma:
-            rows.append({"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)"})
-            continue
-        selections[name] = sel
-        row_score = score if (score == "cosine" or sel.class_logvar is not None) else "cosine"
-        metrics = evaluate_selection(sel, eval_feats, score=row_score)
-        data_used = sel.info.get("data_used", "none (text only)")
-        row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels,
-               "data_used": data_used, "seconds": secs, "info": {k: v for k, v in sel.info.items()
-                                                                 if not k.endswith("curve")}}
-        row.update(row_calibration(sel, eval_feats, select_feats, score=row_score, logit_scales=logit_scales))
-        if sel.k is not None:
-            row["k_mean"] = sum(sel.k) / len(sel.k)
-            row["k_per_class"] = dict(zip(sel.classnames, sel.k))
+        row, sel, row_hits = _compare_row(name, bank, eval_feats, select, given, score)
         rows.append(row)
+        if sel is not None:
+            selections[name], hits[name] = sel, row_hits
+            row.update(row_calibration(sel, eval_feats, select_feats, score=score, logit_scales=logit_scales))
+    reference = hits["all"] if "all" in hits else top1_hits(select_all(bank), eval_feats, "cosine")
+    for row in rows:
+        if not row.get("skipped"):
+            row["paired_vs_all"] = paired_stats(hits[row["name"]], reference)
     curves = {}
     if not bank.deterministic:
         curves["eval"] = topk_curve(bank, eval_feats, k_values)
@@ -174,9 +203,9 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
               "class_separation": class_separation(all_classifier.class_mu, bank.classnames),
               "n_eval": len(eval_feats), "n_select": None if select_feats is None else len(select_feats),
               "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {},
-              "diagnostic_eval_labels": diagnostic}
-    result["table"] = format_table(rows) + "\n\nCalibration (evaluation split; T fitted on the selection split):\n\n" \
-        + calibration_table(rows)
+              "diagnostic_eval_labels": diagnostic,
+              "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats))}
+    result["table"] = format_table(rows) + "\n\n" + calibration_table(rows)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -213,11 +242,29 @@ def _resolve_splits(dataset: str, root, select_root=None):
     raise UserError(f"unknown dataset kind {dataset!r}; choose from {', '.join(DATASET_KINDS)}")
 
 
+def build_bank(model, names, *, templates=None, class_prompts=None, cache_dir=None, model_id=None, device=None,
+               progress: bool = True, precision: str = "fp32"):
+    """The prompt bank: every class x template (``templates``, default the 80 CLIP templates), or each
+    class's own pool from a CuPL-style ``class_prompts`` JSON file (:mod:`zsprob.zeroshot.pools`)."""
+    from zsprob.zeroshot.prompts import build_prompt_bank, load_templates
+
+    if class_prompts is None:
+        return build_prompt_bank(model, names, load_templates(templates), cache_dir=cache_dir, model_id=model_id,
+                                 device=device, progress=progress, precision=precision)
+    from zsprob.zeroshot.pools import build_pool_bank
+
+    if templates is not None:
+        raise UserError("--class-prompts gives each class its own prompts; it does not take --templates")
+    return build_pool_bank(model, names, class_prompts, cache_dir=cache_dir, model_id=model_id, device=device,
+                           progress=progress, precision=precision)
+
+
 def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templates=None, classnames=None,
             cache_dir=None, model_id: str | None = None, batch_size: int = 256, device=None,
-            progress: bool = True, need_select: bool = True, num_workers: int = 0, precision: str = "fp32"):
+            progress: bool = True, need_select: bool = True, num_workers: int = 0, precision: str = "fp32",
+            class_prompts=None):
     """Bank + evaluation features (+ selection features) for ``model`` on a dataset, all cached."""
-    from zsprob.zeroshot.prompts import build_prompt_bank, load_classnames, load_templates, model_fingerprint
+    from zsprob.zeroshot.prompts import load_classnames, model_fingerprint
 
     if model_id is None:
         model_id = model_fingerprint(model)
@@ -241,9 +288,8 @@ def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templa
     if len(names) != len(eval_feats.classnames):
         raise UserError(f"class-name file has {len(names)} names but the dataset has "
                         f"{len(eval_feats.classnames)} classes")
-    tmpl = load_templates(templates)
-    bank = build_prompt_bank(model, names, tmpl, cache_dir=cache_dir, model_id=model_id, device=device,
-                             progress=progress, precision=precision)
+    bank = build_bank(model, names, templates=templates, class_prompts=class_prompts, cache_dir=cache_dir,
+                      model_id=model_id, device=device, progress=progress, precision=precision)
     # the bank's class names are the prompt words; features carry the same order
     eval_feats.classnames = list(bank.classnames)
     if select_feats is not None:
@@ -254,7 +300,9 @@ def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templa
 def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *, select_root=None,
                        templates=None, classnames=None, cache_dir=None, k_values=None, score: str = "cosine",
                        batch_size: int = 256, device=None, progress: bool = True, model_id: str | None = None,
-                       model_meta: dict | None = None, num_workers: int = 0, precision: str = "fp32") -> dict:
+                       model_meta: dict | None = None, num_workers: int = 0, precision: str = "fp32",
+                       shots: int | None = None, shots_split: str = "select", allow_eval_shots: bool = False,
+                       class_prompts=None) -> dict:
     """Evaluate every prompt strategy on ``dataset`` at ``root`` in one run (the demo's entry point).
 
     ``model``: a ``ProbCLIP`` (zsprob checkpoint or plain open_clip through
@@ -271,14 +319,13 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
     bank, ev, se, model_id = prepare(model, root, dataset, select_root=select_root, templates=templates,
                                      classnames=classnames, cache_dir=cache_dir, model_id=model_id,
                                      batch_size=batch_size, device=device, progress=progress,
-                                     num_workers=num_workers, precision=precision)
+                                     num_workers=num_workers, precision=precision, class_prompts=class_prompts)
     meta = dict(model_meta or {})
     meta.setdefault("id", model_id)
     title = f"{dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
-    from zsprob.zeroshot.calibration import model_logit_scales
-
     res = compare_on_features(bank, ev, se, out_dir=out_dir, k_values=k_values, score=score, model=meta,
-                              title=title, logit_scales=model_logit_scales(model))
+                              title=title, shots=shots, shots_split=shots_split, allow_eval_shots=allow_eval_shots,
+                              logit_scales=model_logit_scales(model))
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["dataset"] = {"kind": dataset, "root": str(root), "select_root": None if se is None else se.source}
@@ -304,24 +351,28 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
                   select_root=None, use_select: bool = True, templates=None, classnames=None, cache_dir=None,
                   k_values=None, threshold_c: float = 1.0, beta: float = 1.0, batch_size: int = 256,
                   device=None, progress: bool = True, model_meta: dict | None = None, num_workers: int = 0,
-                  precision: str = "fp32"):
+                  precision: str = "fp32", shots: int | None = None, shots_split: str = "select",
+                  allow_eval_shots: bool = False, class_prompts=None):
     """Choose prompts with one strategy; returns ``(selection, selection_json_dict)``.
 
     Reads only what the strategy needs: the labelled selection split (auto / global /
-    fusion-select), the unlabelled evaluation images (zpe / bprw), the evaluation labels (oracle).
+    fusion-select / bprw-fewshot), the unlabelled evaluation images (zpe / bprw / carprt), the
+    evaluation labels (oracle; bprw-fewshot with ``shots_split="eval"`` and ``allow_eval_shots``).
     """
-    from zsprob.zeroshot.prompts import build_prompt_bank, load_classnames, load_templates, model_fingerprint
+    from zsprob.zeroshot.prompts import load_classnames, model_fingerprint
     from zsprob.zeroshot.selection import run_strategy
 
     entry = get_strategy(strategy)
+    check_shots_split(shots_split, allow_eval_shots)
+    audit = entry.audit(shots_split)
     model_id = model_fingerprint(model)
     ev, se = _resolve_splits(dataset, root if root is not None else ".", select_root)
     if dataset == "synthetic" and select_root is None and root is not None \
             and not (Path(root) / "classify" / "select").is_dir():
         se = None
-    needs_select = SELECTION_LABELS in entry.reads and use_select
+    needs_select = SELECTION_LABELS in entry.reads and use_select and not (entry.shots and shots_split == "eval")
     needs_pool = UNLABELLED_IMAGES in entry.reads
-    needs_eval = EVAL_LABELS in entry.reads
+    needs_eval = audit["reads_eval_labels"]
     if (needs_pool or needs_eval) and root is None:
         raise UserError(f"strategy '{strategy}' needs the evaluation images: pass --root")
     select = pool = eval_ = None
@@ -359,12 +410,13 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
     if select is not None and len(sf.classnames) != len(names):
         raise UserError(f"the selection split has {len(sf.classnames)} classes but there are {len(names)} "
                         "class names")
-    entry.check_data(select=select, pool=pool, eval_=eval_)
-    bank = build_prompt_bank(model, names, load_templates(templates), cache_dir=cache_dir, model_id=model_id,
-                             device=device, progress=progress, precision=precision)
+    entry.check_data(select=shots_source(entry, shots_split, select, eval_), pool=pool, eval_=eval_)
+    bank = build_bank(model, names, templates=templates, class_prompts=class_prompts, cache_dir=cache_dir,
+                      model_id=model_id, device=device, progress=progress, precision=precision)
     k_values = parse_k_grid(k_values, bank.num_templates) if isinstance(k_values, str) else k_values
     sel = run_strategy(strategy, bank, k=k, select=select, pool=pool, eval_=eval_, k_values=k_values,
-                       threshold_c=threshold_c, beta=beta,
+                       threshold_c=threshold_c, beta=beta, shots=shots, shots_split=shots_split,
+                       allow_eval_shots=allow_eval_shots,
                        select_data=f"selection split labels ({data.get('selection_split', {}).get('source')})",
                        pool_data=f"unlabelled images ({data.get('unlabelled_images', {}).get('source')})")
     if not data:
@@ -372,6 +424,7 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
     meta = dict(model_meta or {})
     meta.setdefault("id", model_id)
     doc = sel.to_dict(model=meta, data=data)
+    doc["protocol"] = audit
     return sel, doc
 
 
@@ -379,12 +432,15 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
                   select_root=None, templates=None, classnames=None, cache_dir=None, k_values=None,
                   score: str = "cosine", unc_weight: float = 0.5, threshold_c: float = 1.0, beta: float = 1.0,
                   batch_size: int = 256, device=None, progress: bool = True, model_meta: dict | None = None,
-                  num_workers: int = 0, precision: str = "fp32") -> dict:
+                  num_workers: int = 0, precision: str = "fp32", shots: int | None = None,
+                  shots_split: str = "select", allow_eval_shots: bool = False, class_prompts=None) -> dict:
     """Zero-shot accuracy of one prompt set (a selection.json, or a strategy run now) on a dataset."""
     from zsprob.zeroshot.prompts import model_fingerprint
 
     model_id = model_fingerprint(model)
     ev, _ = _resolve_splits(dataset, root, select_root)
+    if prompts is not None and class_prompts is not None:
+        raise UserError("--prompts is a finished selection; --class-prompts chooses prompts, give one of them")
     if prompts is not None:
         sel = load_selection(prompts)
         from zsprob.utils.io import read_json
@@ -401,8 +457,10 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
                                   templates=templates, classnames=classnames, cache_dir=cache_dir,
                                   k_values=k_values, threshold_c=threshold_c, beta=beta, batch_size=batch_size,
                                   device=device, progress=progress, model_meta=model_meta,
-                                  num_workers=num_workers, precision=precision)
-        sel_doc = {"file": None}
+                                  num_workers=num_workers, precision=precision, shots=shots,
+                                  shots_split=shots_split, allow_eval_shots=allow_eval_shots,
+                                  class_prompts=class_prompts)
+        sel_doc = {"file": None, "protocol": _doc["protocol"]}
     feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size, device=device,
                          progress=progress, num_workers=num_workers, precision=precision)
     if len(sel.classnames) != len(feats.classnames):

@@ -86,6 +86,12 @@ def evaluate_selection(selection, feats: ImageFeatures, score: str = "cosine", u
     return evaluate_scores(s, feats.labels, feats.classnames, feats.uncertainty)
 
 
+def top1_hits(selection, feats: ImageFeatures, score: str = "cosine", unc_weight: float = 0.5) -> torch.Tensor:
+    """[N] bool: whether each image's top-1 class is its label (the per-image record paired tests read)."""
+    s = class_scores(feats.mu, feats.logvar, selection, score=score, unc_weight=unc_weight)
+    return s.argmax(1) == torch.as_tensor(feats.labels).long()
+
+
 def topk_curve(bank, feats: ImageFeatures, k_values=None) -> dict:
     """Accuracy (%) of the same top-K for every class, for each K (PCME++ Fig. C.1a)."""
     from zsprob.zeroshot.selection import default_k_values, topk_score_tensor
@@ -108,7 +114,7 @@ def prompt_quality_diagnostic(bank, feats: ImageFeatures, k_values=None) -> dict
 
     from zsprob.zeroshot.selection import default_k_values, topk_score_tensor
 
-    if bank.deterministic:
+    if bank.deterministic or getattr(bank, "mask", None) is not None:  # per-template analysis: shared templates
         return {}
     x = F.normalize(feats.mu.float(), dim=-1)
     y = feats.labels

@@ -8,8 +8,11 @@ all of it itself; the reference for ``all`` is open_clip's ``build_zero_shot_cla
 the authors' notebook of Allingham et al. (2023); neither is copied.
 
 Which data each strategy reads (``Selection.uses_eval_labels`` records the last column; the
-registry, :mod:`zsprob.zeroshot.strategy_registry`, holds these facts and the ``--compare`` order,
-and :func:`run_strategy` dispatches through it to the ``_run_*`` functions at the end of this module):
+registry, :mod:`zsprob.zeroshot.strategy_registry`, holds these facts -- evaluation labels,
+transductive, which split's labels -- and the ``--compare`` order, and :func:`run_strategy`
+dispatches through it to the ``_run_*`` functions at the end of this module and of
+:mod:`zsprob.zeroshot.baselines` (bprw, bprw-fewshot, zpe), which this module imports; the
+:class:`Selection` container and the weights -> Gaussian steps are :mod:`zsprob.zeroshot.selection_base`):
 
 ==================  ===========================================================  ===========
 strategy            what it does                                                  eval labels
@@ -31,6 +34,12 @@ bprw                ProLIP Bayesian prompt re-weighting: EM for prompt mixture  
                     weights on samples of the nearest unlabelled images            unlabelled
 zpe                 ZPE (Allingham et al. 2023): prompt scores from normalised     images)
                     max-logits on unlabelled images, softmax weights
+carprt              CARPRT (ICLR 2026): per class, softmax over templates of the    no (uses
+                    mean max-logit of the images each template assigns to it;      unlabelled
+                    ``carprt-shared``: one weight per template (class-shared)       images)
+bprw-fewshot        BPRW on labelled shots per class (ProLIP ``--use_gt``), from   only with
+                    ``--shots-split`` (the evaluation split needs                  --allow-eval-
+                    ``--allow-eval-shots`` and is then marked)                     shots
 oracle              per-class best K searched on the evaluation labels (PCME++     YES
                     Table 6 protocol); ``oracle-global`` the eval-best global K
 ==================  ===========================================================  ===========
@@ -60,188 +69,39 @@ likelihood says per-class choices generalise.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.strategy_registry import StrategyInputs, get_strategy, strategies_without_runner, strategy_runner
+from zsprob.zeroshot import baselines, carprt  # noqa: F401  (attach the bprw / bprw-fewshot / zpe / carprt runners)
+from zsprob.zeroshot.baselines import (_em_mixture_weights, select_bprw, select_bprw_fewshot,  # noqa: F401
+                                       select_zpe)
+from zsprob.zeroshot.carprt import select_carprt, select_carprt_shared  # noqa: F401  (re-exported)
+from zsprob.zeroshot.selection_base import (NeedsSigma, Selection, as_feats, check_labels,  # noqa: F401
+                                            combine, make_selection, prompt_mask, require_sigma, topk_mask,
+                                            uncertainty_order)
+from zsprob.zeroshot.strategy_registry import (StrategyInputs, check_shots_split, get_strategy, shots_source,
+                                               strategies_without_runner, strategy_runner)
 
 SINGLE_TEMPLATE = "a photo of a {}."
 TAU_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
 BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
-class NeedsSigma(UserError):
-    """The strategy ranks or weights prompts by sigma^2, and the model has none."""
-
-
-@dataclass
-class Selection:
-    """The outcome of a strategy: per class template weights and one class Gaussian.
-
-    ``weights`` [C, T] (rows sum to 1; 0 = template not used), ``class_mu`` [C, D] (unit norm
-    when ``normalized``), ``class_logvar`` [C, D] or ``None``, ``k`` per-class number of kept
-    templates for hard selections (else ``None``), ``info``: how it was chosen.
-    """
-
-    strategy: str
-    label: str
-    classnames: list[str]
-    templates: list[str]
-    weights: torch.Tensor
-    class_mu: torch.Tensor
-    class_logvar: torch.Tensor | None
-    uncertainty: torch.Tensor | None = None  # [C, T] prompt uncertainties of the bank
-    k: list[int] | None = None
-    uses_eval_labels: bool = False
-    normalized: bool = True
-    info: dict = field(default_factory=dict)
-
-    @property
-    def class_uncertainty(self) -> torch.Tensor | None:
-        return None if self.class_logvar is None else self.class_logvar.exp().sum(-1)
-
-    def to_dict(self, *, model: dict | None = None, data: dict | None = None) -> dict:
-        """The selection.json document (readable by humans and by :meth:`from_dict`)."""
-        from zsprob import __version__
-
-        classes = []
-        W = self.weights
-        for c, name in enumerate(self.classnames):
-            kept = []
-            idx = torch.nonzero(W[c] > 0).flatten().tolist()
-            idx.sort(key=lambda t: (-float(W[c, t]), t))
-            for t in idx:
-                kept.append({"template": self.templates[t], "index": t, "weight": float(W[c, t]),
-                             "uncertainty": None if self.uncertainty is None else float(self.uncertainty[c, t])})
-            classes.append({
-                "name": name,
-                "k": None if self.k is None else int(self.k[c]),
-                "kept": kept,
-                "mu": [float(v) for v in self.class_mu[c]],
-                "sigma2": None if self.class_logvar is None else [float(v) for v in self.class_logvar[c].exp()],
-            })
-        return {
-            "format": "zsprob-selection/1",
-            "zsprob_version": __version__,
-            "strategy": self.strategy,
-            "label": self.label,
-            "uses_eval_labels": bool(self.uses_eval_labels),
-            "how": {"strategy": self.strategy, "k_global": self.info.get("k_global"), **self.info},
-            "data": data or {},
-            "model": model or {},
-            "normalized": bool(self.normalized),
-            "embed_dim": int(self.class_mu.shape[1]),
-            "templates": list(self.templates),
-            "classes": classes,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict, source: str = "selection") -> "Selection":
-        try:
-            if d.get("format") != "zsprob-selection/1":
-                raise KeyError("format")
-            templates = list(d["templates"])
-            classes = d["classes"]
-            C, T = len(classes), len(templates)
-            W = torch.zeros(C, T)
-            U = torch.full((C, T), float("nan"))
-            mus, sig = [], []
-            for c, entry in enumerate(classes):
-                for kept in entry["kept"]:
-                    W[c, int(kept["index"])] = float(kept["weight"])
-                    if kept.get("uncertainty") is not None:
-                        U[c, int(kept["index"])] = float(kept["uncertainty"])
-                mus.append(torch.tensor(entry["mu"], dtype=torch.float32))
-                sig.append(None if entry.get("sigma2") is None else torch.tensor(entry["sigma2"]))
-            mu = torch.stack(mus)
-            logvar = None if any(s is None for s in sig) else torch.stack(sig).clamp_min(1e-30).log()
-            ks = [e.get("k") for e in classes]
-            return cls(strategy=d["strategy"], label=d.get("label", d["strategy"]),
-                       classnames=[e["name"] for e in classes], templates=templates, weights=W,
-                       class_mu=mu, class_logvar=logvar, uncertainty=None if torch.isnan(U).all() else U,
-                       k=None if any(k is None for k in ks) else [int(k) for k in ks],
-                       uses_eval_labels=bool(d.get("uses_eval_labels", False)),
-                       normalized=bool(d.get("normalized", True)), info=dict(d.get("how", {})))
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise UserError(f"{source} is not a zsprob selection file ({type(e).__name__}: {e})") from None
-
-
-# ----------------------------------------------------------------------------- helpers
-
-def _require_sigma(bank, strategy: str) -> torch.Tensor:
-    if bank.logvar is None:
-        raise NeedsSigma(f"strategy '{strategy}' ranks or weights prompts by sigma^2, but the model is "
-                         "deterministic (no sigma); use 'all', 'single' or 'zpe'")
-    return bank.uncertainty
-
-
-def uncertainty_order(unc: torch.Tensor) -> torch.Tensor:
-    """[C, T] template indices per class, most certain first; ties keep template order."""
-    return torch.sort(unc, dim=1, stable=True).indices
-
-
-def topk_mask(unc: torch.Tensor, k) -> torch.Tensor:
-    """Boolean [C, T]: per class exactly the ``k`` lowest-uncertainty templates (``k`` int or [C])."""
-    C, T = unc.shape
-    k = torch.as_tensor(k).long()
-    if k.dim() == 0:
-        k = k.expand(C)
-    if (k < 1).any() or (k > T).any():
-        raise UserError(f"top-K must be between 1 and {T}, got {k.min().item()}..{k.max().item()}")
-    order = uncertainty_order(unc)
-    rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(T).expand(C, T).contiguous())
-    return rank < k[:, None]
-
-
-def combine(bank, weights: torch.Tensor, *, renormalize: bool = True, var_rule: str = "mean"):
-    """Class Gaussians from per-class template weights (rows are normalised to sum to 1).
-
-    mu_c = sum_t w_ct * mu_ct / ||mu_ct|| (then renormalised when ``renormalize``);
-    sigma^2_c = sum_t w_ct sigma^2_ct (``mean``) or sum_t w_ct^2 sigma^2_ct (``avg`` -- the
-    variance of the weighted average of independent Gaussians, ProLIP's BPRW rule).
-    """
-    W = weights.float()
-    W = W / W.sum(1, keepdim=True).clamp_min(1e-30)
-    mu = torch.einsum("ct,ctd->cd", W, bank.mu_normed)
-    if renormalize:
-        mu = F.normalize(mu, dim=-1)
-    logvar = None
-    if bank.logvar is not None:
-        var = bank.var
-        coef = W if var_rule == "mean" else W ** 2
-        logvar = torch.einsum("ct,ctd->cd", coef, var).clamp_min(1e-30).log()
-    return W, mu, logvar
-
-
-def _make(bank, strategy, label, W, *, k=None, renormalize=True, var_rule="mean", info=None,
-          uses_eval_labels=False, mu=None, logvar=None) -> Selection:
-    Wn, cmu, clv = combine(bank, W, renormalize=renormalize, var_rule=var_rule)
-    return Selection(strategy=strategy, label=label, classnames=list(bank.classnames),
-                     templates=list(bank.templates), weights=Wn,
-                     class_mu=cmu if mu is None else mu, class_logvar=clv if logvar is None else logvar,
-                     uncertainty=bank.uncertainty, k=None if k is None else [int(v) for v in k],
-                     uses_eval_labels=uses_eval_labels, normalized=renormalize, info=dict(info or {}))
-
-
-def _as_feats(feats):
-    """(mu, logvar) or a bare mu tensor -> (normalised mu, logvar or None)."""
-    if isinstance(feats, (tuple, list)):
-        mu, logvar = feats[0], (feats[1] if len(feats) > 1 else None)
-    else:
-        mu, logvar = feats, None
-    return F.normalize(mu.float(), dim=-1), (None if logvar is None else logvar.float())
-
-
 # ----------------------------------------------------------------------------- label-free strategies
 
+def _valid(bank) -> torch.Tensor:
+    """[C, T] bool: the prompts that exist (all of them unless the bank holds per-class pools)."""
+    mask = prompt_mask(bank)
+    return torch.ones(bank.num_classes, bank.num_templates, dtype=torch.bool) if mask is None else mask
+
+
 def select_all(bank) -> Selection:
-    C, T = bank.num_classes, bank.num_templates
-    return _make(bank, "all", "all", torch.ones(C, T), k=[T] * C, info={"k_global": T})
+    T = bank.num_templates
+    W = _valid(bank).float()
+    return make_selection(bank, "all", "all", W, k=W.sum(1).long().tolist(), info={"k_global": T})
 
 
 def select_single(bank, template: str | None = None) -> Selection:
@@ -252,53 +112,61 @@ def select_single(bank, template: str | None = None) -> Selection:
     t = bank.templates.index(template)
     W = torch.zeros(bank.num_classes, bank.num_templates)
     W[:, t] = 1
-    return _make(bank, "single", "single", W, k=[1] * bank.num_classes, info={"template": template})
+    return make_selection(bank, "single", "single", W, k=[1] * bank.num_classes, info={"template": template})
 
 
 def select_topk(bank, k: int) -> Selection:
-    unc = _require_sigma(bank, "topk")
+    unc = require_sigma(bank, "topk")
     k = int(k)
     M = topk_mask(unc, k)
-    return _make(bank, "topk", f"topk-{k}", M.float(), k=[k] * bank.num_classes,
-                 info={"k_global": k, "ties": "stable sort: equal uncertainty keeps template order"})
+    return make_selection(bank, "topk", f"topk-{k}", M.float(), k=M.sum(1).tolist(),
+                          info={"k_global": k, "ties": "stable sort: equal uncertainty keeps template order"})
 
 
 def select_threshold(bank, c: float = 1.0) -> Selection:
     """ProLIP's per-class rule: keep templates with u <= mean(u_c) + c * std(u_c) (at least one)."""
-    unc = _require_sigma(bank, "threshold")
-    thr = unc.mean(1, keepdim=True) + c * unc.std(1, keepdim=True)
-    M = unc <= thr
+    unc = require_sigma(bank, "threshold")
+    valid = _valid(bank)
+    if prompt_mask(bank) is None:
+        thr = unc.mean(1, keepdim=True) + c * unc.std(1, keepdim=True)
+    else:  # per-class pools: mean and unbiased std over each class's own prompts (one prompt: std 0)
+        n = valid.sum(1, keepdim=True)
+        finite = torch.where(valid, unc, torch.zeros_like(unc))
+        mean = finite.sum(1, keepdim=True) / n
+        std = (torch.where(valid, finite - mean, 0.0) ** 2).sum(1, keepdim=True).div((n - 1).clamp_min(1)).sqrt()
+        thr = mean + c * std
+    M = (unc <= thr) & valid
     empty = ~M.any(1)
     if empty.any():
         M[empty] = unc[empty] == unc[empty].min(1, keepdim=True).values
     ks = M.sum(1).tolist()
-    return _make(bank, "threshold", "auto (label-free)", M.float(), k=ks,
-                 info={"rule": "u <= mean_c(u) + c * std_c(u) per class (ProLIP by_std_values_per_class)",
-                       "c": c, "data_used": "none (text uncertainties only)"})
+    return make_selection(bank, "threshold", "auto (label-free)", M.float(), k=ks,
+                          info={"rule": "u <= mean_c(u) + c * std_c(u) per class (ProLIP by_std_values_per_class)",
+                                "c": c, "data_used": "none (text uncertainties only)"})
 
 
 def select_fusion(bank, beta: float = 1.0, *, strategy: str = "fusion", label: str | None = None,
                   info: dict | None = None) -> Selection:
     """Uncertainty-weighted fusion: w_ct ∝ u_ct^-beta (beta = 1: precision weighting)."""
-    unc = _require_sigma(bank, strategy)
-    logw = -beta * unc.clamp_min(1e-30).log()
+    unc = require_sigma(bank, strategy)
+    logw = (-beta * unc.clamp_min(1e-30).log()).masked_fill(~_valid(bank), float("-inf"))
     W = torch.softmax(logw, dim=1)
     inf = {"rule": "w_ct proportional to ||sigma^2_ct||_1 ** -beta", "beta": beta}
     inf.update(info or {})
-    return _make(bank, strategy, label or f"fusion (beta={beta:g})", W, info=inf)
+    return make_selection(bank, strategy, label or f"fusion (beta={beta:g})", W, info=inf)
 
 
 def select_poe(bank) -> Selection:
     """Product of the prompt Gaussians per class (per dimension): precision-weighted mean."""
-    _require_sigma(bank, "poe")
-    prec = (-bank.logvar.float()).exp()                       # [C, T, D]
+    require_sigma(bank, "poe")
+    prec = (-bank.logvar.float()).exp() * _valid(bank)[..., None]   # [C, T, D]; absent prompts: 0
     tot = prec.sum(1)                                         # [C, D]
     mu = (prec * bank.mu_normed).sum(1) / tot
     logvar = (-tot.log())
     W = prec.mean(2)
     W = W / W.sum(1, keepdim=True)
-    return _make(bank, "poe", "product of Gaussians", W, mu=F.normalize(mu, dim=-1), logvar=logvar,
-                 info={"rule": "mu = sum_t mu_t / sigma^2_t / sum_t 1 / sigma^2_t (per dim), renormalised; "
+    return make_selection(bank, "poe", "product of Gaussians", W, mu=F.normalize(mu, dim=-1), logvar=logvar,
+                          info={"rule": "mu = sum_t mu_t / sigma^2_t / sum_t 1 / sigma^2_t (per dim), renormalised; "
                                "sigma^2 = 1 / sum_t 1 / sigma^2_t; weights shown = mean precision share"})
 
 
@@ -310,13 +178,14 @@ def default_k_values(T: int) -> list[int]:
 
 def topk_score_tensor(bank, x_normed: torch.Tensor, k_values: Sequence[int]) -> torch.Tensor:
     """S[n, c, j]: cosine of image n with class c's top-``k_values[j]`` CLIP-average classifier."""
-    unc = _require_sigma(bank, "topk")
+    unc = require_sigma(bank, "topk")
     order = uncertainty_order(unc)                            # [C, T]
     mun = bank.mu_normed
     sorted_mu = torch.gather(mun, 1, order[:, :, None].expand_as(mun))
     cum = sorted_mu.cumsum(1)                                 # [C, T, D]
-    kidx = torch.as_tensor(list(k_values)).long() - 1
-    emb = F.normalize(cum[:, kidx], dim=-1)                   # [C, nK, D]
+    kidx = torch.as_tensor(list(k_values)).long()[None] - 1   # [1, nK]
+    kidx = torch.minimum(kidx, _valid(bank).sum(1, keepdim=True) - 1)   # a K beyond a class's pool: all of it
+    emb = F.normalize(torch.gather(cum, 1, kidx[..., None].expand(-1, -1, cum.shape[2])), dim=-1)   # [C, nK, D]
     return torch.einsum("nd,ckd->nck", x_normed, emb)
 
 
@@ -395,19 +264,11 @@ def _gather_classes(S, kc):
     return S[:, torch.arange(C), kc]                          # [N, C]
 
 
-def _check_labels(y, C, what):
-    y = torch.as_tensor(y).long()
-    if y.numel() == 0:
-        raise UserError(f"{what}: no labelled images")
-    if y.min() < 0 or y.max() >= C:
-        raise UserError(f"{what}: labels out of range for {C} classes")
-    return y
-
 
 def select_global(bank, select_feats, select_labels, k_values=None, *, data: str = "selection split") -> Selection:
     """The paper's "same top-K for all classes", with K chosen on the labelled selection split."""
-    x, _ = _as_feats(select_feats)
-    y = _check_labels(select_labels, bank.num_classes, "selection split")
+    x, _ = as_feats(select_feats)
+    y = check_labels(select_labels, bank.num_classes, "selection split")
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     scale, g, _, curve = _fit_auto(S, y, k_values, 0.0)
@@ -426,15 +287,15 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
 
     Without a labelled selection split: the label-free :func:`select_threshold` rule.
     """
-    unc = _require_sigma(bank, "auto")
+    unc = require_sigma(bank, "auto")
     if select_feats is None or select_labels is None:
         sel = select_threshold(bank, threshold_c)
         sel.strategy = "auto"
         sel.label = "auto (label-free)"
         sel.info["variant"] = "label-free (no selection split)"
         return sel
-    x, _ = _as_feats(select_feats)
-    y = _check_labels(select_labels, bank.num_classes, "selection split")
+    x, _ = as_feats(select_feats)
+    y = check_labels(select_labels, bank.num_classes, "selection split")
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     counts = torch.bincount(y, minlength=bank.num_classes)
@@ -463,8 +324,8 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
     else:
         tau = 0.5 if len(taus) > 1 else taus[0]
     scale, g, kc, curve = _fit_auto(S, y, k_values, tau)
-    ks = [k_values[j] for j in kc.tolist()]
-    M = topk_mask(unc, torch.as_tensor(ks))
+    M = topk_mask(unc, torch.as_tensor([k_values[j] for j in kc.tolist()]))
+    ks = M.sum(1).tolist()   # the K searched, capped at each class's pool size
     info = {"variant": "selection split", "data_used": data, "n_select_images": int(len(y)),
             "images_per_class_min": int(counts.min().item()), "scale": scale,
             "k_global": k_values[g], "tau": (None if math.isinf(tau) else tau),
@@ -472,15 +333,15 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
             "cv_heldout_loglik": {("inf" if math.isinf(t) else str(t)): v for t, v in cv.items()},
             "k_values": k_values, "select_loglik_curve": [float(v) for v in curve],
             "rule": "K_c = argmax_k J_c(k) - (log k - log K_g)^2 / (2 tau^2); tau by CV"}
-    return _make(bank, "auto", "auto (selection split)", M.float(), k=ks, info=info)
+    return make_selection(bank, "auto", "auto (selection split)", M.float(), k=ks, info=info)
 
 
 def select_fusion_tuned(bank, select_feats, select_labels, betas=BETA_GRID, *,
                         data: str = "selection split") -> Selection:
     """Precision-weighted fusion with beta chosen by selection-split log-likelihood."""
-    _require_sigma(bank, "fusion-select")
-    x, _ = _as_feats(select_feats)
-    y = _check_labels(select_labels, bank.num_classes, "selection split")
+    require_sigma(bank, "fusion-select")
+    x, _ = as_feats(select_feats)
+    y = check_labels(select_labels, bank.num_classes, "selection split")
     base = select_all(bank)
     scale = fit_scale(x @ base.class_mu.T, y)
     lls = {}
@@ -499,9 +360,9 @@ def select_fusion_tuned(bank, select_feats, select_labels, betas=BETA_GRID, *,
 def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
     """PCME++ Table 6 "best top-K per class": per class the K with the best class accuracy
     when every class uses that K, searched ON THE EVALUATION LABELS (marked as such)."""
-    unc = _require_sigma(bank, "oracle")
-    x, _ = _as_feats(eval_feats)
-    y = _check_labels(eval_labels, bank.num_classes, "evaluation split")
+    unc = require_sigma(bank, "oracle")
+    x, _ = as_feats(eval_feats)
+    y = check_labels(eval_labels, bank.num_classes, "evaluation split")
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     C = bank.num_classes
@@ -512,18 +373,18 @@ def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
     recall.index_add_(0, y, correct)
     recall = recall / counts[:, None]
     kc = _argmax_prefer_last(recall, dim=1)
-    ks = [k_values[j] for j in kc.tolist()]
-    M = topk_mask(unc, torch.as_tensor(ks))
+    M = topk_mask(unc, torch.as_tensor([k_values[j] for j in kc.tolist()]))
+    ks = M.sum(1).tolist()   # the K searched, capped at each class's pool size
     acc_curve = correct.mean(0)
-    return _make(bank, "oracle", "oracle per-class K (EVAL LABELS)", M.float(), k=ks, uses_eval_labels=True,
-                 info={"data_used": "evaluation split labels", "k_values": k_values,
-                       "eval_acc_curve": [float(v) for v in acc_curve],
-                       "rule": "K_c = argmax_k recall_c(all classes at top-k); ties -> larger k"})
+    return make_selection(bank, "oracle", "oracle per-class K (EVAL LABELS)", M.float(), k=ks, uses_eval_labels=True,
+                          info={"data_used": "evaluation split labels", "k_values": k_values,
+                                "eval_acc_curve": [float(v) for v in acc_curve],
+                                "rule": "K_c = argmax_k recall_c(all classes at top-k); ties -> larger k"})
 
 
 def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Selection:
-    x, _ = _as_feats(eval_feats)
-    y = _check_labels(eval_labels, bank.num_classes, "evaluation split")
+    x, _ = as_feats(eval_feats)
+    y = check_labels(eval_labels, bank.num_classes, "evaluation split")
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     acc = (S.argmax(1) == y[:, None]).double().mean(0)
@@ -532,117 +393,6 @@ def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Select
     sel.strategy, sel.label, sel.uses_eval_labels = "oracle-global", f"oracle global K={K} (EVAL LABELS)", True
     sel.info.update({"data_used": "evaluation split labels", "eval_acc_curve": [float(v) for v in acc]})
     return sel
-
-
-# ----------------------------------------------------------------------------- published baselines
-
-def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-12, max_iter=1000):
-    """MAP mixing proportions (Dirichlet(alpha) prior) of fixed diagonal Gaussians, batched over classes.
-
-    obs [B, M, D], means / var [B, T, D] -> pi [B, T], iterations run.
-    """
-    B, M, D = obs.shape
-    T = means.shape[1]
-    if prior == "inverse":
-        pi = 1.0 / var.mean(2)
-    else:
-        pi = torch.ones(B, T, dtype=obs.dtype)
-    pi = pi / pi.sum(1, keepdim=True)
-    inv = 1.0 / var                                           # [B, T, D]
-    # log N(x | m, v) = -0.5 [sum x^2/v - 2 x.(m/v) + sum m^2/v] - 0.5 sum log v - D/2 log 2pi
-    logp = -0.5 * (torch.bmm(obs ** 2, inv.transpose(1, 2)) - 2 * torch.bmm(obs, (means * inv).transpose(1, 2))
-                   + (means ** 2 * inv).sum(2)[:, None])
-    logp = logp - 0.5 * var.log().sum(2)[:, None] - 0.5 * D * math.log(2 * math.pi)   # [B, M, T]
-    it = 0
-    for it in range(max_iter):
-        r = torch.softmax(logp + pi.log()[:, None], dim=2)
-        nk = r.sum(1)
-        new = (nk + alpha - 1).clamp_min(0) / (M + T * (alpha - 1))
-        new = new / new.sum(1, keepdim=True)
-        done = bool((torch.linalg.vector_norm(new - pi, dim=1) < tol).all())
-        pi = new
-        if done:
-            break
-    return pi, it + 1
-
-
-def select_bprw(bank, pool_feats, *, n_neighbors: int = 10, n_samples: int = 10, alpha: float = 5.0,
-                var_mult: float = 1.0, stable_eps: float = 0.02, prior: str = "inverse", seed: int = 0,
-                data: str = "unlabelled images") -> Selection:
-    """ProLIP's Bayesian prompt re-weighting (BPRW), defaults = its "use NN" setting (5-1-10-10-0.02-inverse).
-
-    Per class: the ``n_neighbors`` unlabelled images nearest to the class's average prompt mean,
-    ``n_samples`` draws from each image Gaussian, then EM for the mixing proportions of the
-    class's prompt Gaussians N(mu_t, var_mult * sigma^2_t + stable_eps) under a Dirichlet(alpha)
-    prior. Class mean = sum_t pi_t mu_t (not renormalised, as in ProLIP), sigma^2 = sum_t pi_t^2 sigma^2_t.
-    """
-    _require_sigma(bank, "bprw")
-    x, xlv = _as_feats(pool_feats)
-    if x.shape[0] == 0:
-        raise UserError("bprw needs unlabelled images")
-    gen = torch.Generator().manual_seed(seed)
-    mun = bank.mu_normed.double()
-    var = bank.var.double() * var_mult + stable_eps
-    C, T, D = mun.shape
-    nn_k = min(n_neighbors, x.shape[0])
-    sims = x.double() @ mun.mean(1).T                        # [N, C]
-    idx = torch.topk(sims, nn_k, dim=0).indices.T             # [C, nn_k]
-    m = x.double()[idx]                                       # [C, nn_k, D]
-    if xlv is not None:
-        std = (0.5 * xlv.double()[idx]).exp()
-        eps = torch.randn(C, nn_k, n_samples, D, generator=gen, dtype=torch.float64)
-        obs = (m[:, :, None] + eps * std[:, :, None]).reshape(C, nn_k * n_samples, D)
-    else:
-        obs = m
-    W = torch.zeros(C, T, dtype=torch.float64)
-    iters = []
-    step = max(1, int(4e6 // max(1, obs.shape[1] * T * 4)))
-    for c0 in range(0, C, step):
-        pi, n_it = _em_mixture_weights(obs[c0:c0 + step], mun[c0:c0 + step], var[c0:c0 + step], alpha=alpha,
-                                       prior=prior)
-        W[c0:c0 + step] = pi
-        iters.append(n_it)
-    W = W.float()
-    return _make(bank, "bprw", "ProLIP BPRW", W, renormalize=False, var_rule="avg",
-                 info={"data_used": data, "n_pool_images": int(x.shape[0]), "n_neighbors": nn_k,
-                       "n_samples": n_samples, "alpha": alpha, "var_mult": var_mult, "stable_eps": stable_eps,
-                       "prior": prior, "seed": seed, "em_iterations_max": max(iters),
-                       "reference": "ProLIP (Chun et al., ICLR 2025) analysis/unc_zeroshot_prompts.py bprw"})
-
-
-def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, reference_feats=None,
-               data: str = "unlabelled images") -> Selection:
-    """ZPE (Allingham et al., ICML 2023): one weight per template, shared by all classes.
-
-    logits l[n, t, c] = logit_scale * cos(x_n, mu_tc); normalised by subtracting the mean over
-    images per (t, c) -- the unlabelled pool's mean, averaged with a reference (pre-training-
-    like) set's mean when ``reference_feats`` is given (the authors' "both" mode); score
-    s_t = mean_n max_c normalised l[n, t, c]; weights = softmax_t(s_t); class vector =
-    sum_t w_t mu_tc (the weighted average of logits, not renormalised). Works without sigma.
-    """
-    x, _ = _as_feats(pool_feats)
-    if x.shape[0] == 0:
-        raise UserError("zpe needs unlabelled images")
-    mun = bank.mu_normed                                      # [C, T, D]
-    C, T, D = mun.shape
-    scores = torch.zeros(T, dtype=torch.float64)
-    ref_mean = None
-    if reference_feats is not None:
-        r, _ = _as_feats(reference_feats)
-        ref_mean = logit_scale * torch.einsum("nd,ctd->tc", r, mun) / r.shape[0]
-    for t in range(T):
-        lt = logit_scale * (x @ mun[:, t].T)                  # [N, C]
-        mean = lt.mean(0, keepdim=True)
-        if ref_mean is not None:
-            mean = 0.5 * (mean + ref_mean[t][None])
-        scores[t] = (lt - mean).max(1).values.double().mean()
-    w = torch.softmax(scores, 0).float()
-    W = w[None].expand(C, T).contiguous()
-    return _make(bank, "zpe", "ZPE", W, renormalize=False, var_rule="mean",
-                 info={"data_used": data, "n_pool_images": int(x.shape[0]), "logit_scale": logit_scale,
-                       "debias": "test+reference" if ref_mean is not None else "test (unlabelled pool mean)",
-                       "template_scores": [float(v) for v in scores],
-                       "reference": "Allingham et al., ICML 2023, Algorithm 2 / authors' notebook"})
 
 
 # ----------------------------------------------------------------------------- the registry's functions
@@ -696,16 +446,6 @@ def _run_fusion_select(bank, given: StrategyInputs) -> Selection:
     return select_fusion_tuned(bank, given.select[0], given.select[1], data=given.select_data)
 
 
-@strategy_runner("bprw")
-def _run_bprw(bank, given: StrategyInputs) -> Selection:
-    return select_bprw(bank, given.pool, data=given.pool_data)
-
-
-@strategy_runner("zpe")
-def _run_zpe(bank, given: StrategyInputs) -> Selection:
-    return select_zpe(bank, given.pool, data=given.pool_data)
-
-
 @strategy_runner("oracle")
 def _run_oracle(bank, given: StrategyInputs) -> Selection:
     return select_oracle(bank, given.eval_[0], given.eval_[1], given.k_values)
@@ -724,9 +464,12 @@ if strategies_without_runner():  # every registered strategy runs (the registry 
 
 def run_strategy(name: str, bank, *, k: int | None = None, select=None, pool=None, eval_=None,
                  k_values=None, threshold_c: float = 1.0, beta: float = 1.0, template: str | None = None,
-                 select_data: str = "selection split", pool_data: str = "unlabelled images") -> Selection:
+                 select_data: str = "selection split", pool_data: str = "unlabelled images",
+                 shots: int | None = None, shots_split: str = "select", allow_eval_shots: bool = False) -> Selection:
     """One strategy by name, through its registry entry. ``select``/``eval_`` are ``(feats, labels)``;
-    ``pool`` unlabelled feats. The strategy receives only the data its entry declares.
+    ``pool`` unlabelled feats. The strategy receives only the data its entry declares. A few-shot
+    strategy's shots come from ``select``, or from ``eval_`` when ``shots_split="eval"``, which is refused
+    unless ``allow_eval_shots``.
 
     Refused, in this order: an unknown name, a missing K, a missing needed input, a model without
     sigma^2 for a strategy that reads it (:class:`NeedsSigma`).
@@ -735,9 +478,13 @@ def run_strategy(name: str, bank, *, k: int | None = None, select=None, pool=Non
     if entry.run is None:
         raise RuntimeError(f"strategy {name!r} is registered without a function (register_strategy(run=...))")
     entry.check_k(k)
+    if entry.shots:
+        check_shots_split(shots_split, allow_eval_shots)
+        select = shots_source(entry, shots_split, select, eval_)
     entry.check_data(select=select, pool=pool, eval_=eval_)
     if entry.sigma:
-        _require_sigma(bank, name)
+        require_sigma(bank, name)
     given = entry.inputs(k=k, select=select, pool=pool, eval_=eval_, k_values=k_values, threshold_c=threshold_c,
-                         beta=beta, template=template, select_data=select_data, pool_data=pool_data)
+                         beta=beta, template=template, select_data=select_data, pool_data=pool_data, shots=shots,
+                         shots_split=shots_split)
     return entry.run(bank, given)

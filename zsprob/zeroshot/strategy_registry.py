@@ -58,6 +58,8 @@ class StrategyInputs:
     template: str | None = None
     select_data: str = "selection split"
     pool_data: str = "unlabelled images"
+    shots: int | None = None
+    shots_split: str = "select"
 
 
 @dataclass
@@ -67,7 +69,9 @@ class Strategy:
     ``needs``: data it cannot run without; ``uses``: data it reads when given (``auto`` falls back to
     a label-free rule without a selection split); ``sigma``: ranks or weights prompts by sigma^2;
     ``needs_k``: takes a K from the user (``--topk N``); ``compare``: its rank in ``--compare``
-    (smaller first), ``None`` to leave it out; ``run``: ``run(bank, StrategyInputs) -> Selection``.
+    (smaller first), ``None`` to leave it out; ``run``: ``run(bank, StrategyInputs) -> Selection``;
+    ``shots``: a few-shot strategy whose labelled images (``needs`` SELECTION_LABELS) come from the
+    split the user names (``--shots-split``; the evaluation split only with ``--allow-eval-shots``).
     """
 
     name: str
@@ -77,6 +81,7 @@ class Strategy:
     needs_k: bool = False
     compare: int | None = None
     run: Callable | None = None
+    shots: bool = False
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -86,6 +91,27 @@ class Strategy:
     @property
     def reads_eval_labels(self) -> bool:
         return EVAL_LABELS in self.reads
+
+    @property
+    def transductive(self) -> bool:
+        """Reads the unlabelled evaluation images (the evaluation set shapes the classifier)."""
+        return UNLABELLED_IMAGES in self.reads
+
+    def label_split(self, shots_split: str = "select") -> str | None:
+        """The split any labels it reads come from (None: it reads no label)."""
+        if self.shots:
+            return "evaluation split" if shots_split == "eval" else "selection split"
+        if EVAL_LABELS in self.reads:
+            return "evaluation split"
+        if SELECTION_LABELS in self.reads:
+            return "selection split" if SELECTION_LABELS in self.needs else "selection split (when given)"
+        return None
+
+    def audit(self, shots_split: str = "select") -> dict:
+        """The protocol facts of one run: evaluation labels read, transductive, which split's labels."""
+        eval_shots = self.shots and shots_split == "eval"   # the shots are evaluation images, with labels
+        return {"reads_eval_labels": self.reads_eval_labels or eval_shots,
+                "transductive": self.transductive or eval_shots, "label_split": self.label_split(shots_split)}
 
     def check_k(self, k) -> None:
         """The one "needs K" rule: a strategy with ``needs_k`` refuses a missing K."""
@@ -112,7 +138,7 @@ _REGISTRY: dict[str, Strategy] = {}
 
 
 def register_strategy(name: str, *, run: Callable | None = None, needs=(), uses=(), sigma: bool = False,
-                      needs_k: bool = False, compare: int | None = None) -> Strategy:
+                      needs_k: bool = False, compare: int | None = None, shots: bool = False) -> Strategy:
     """Add a strategy (its name last in the ``--strategy`` choices); returns its entry.
 
     ``run`` may be attached later by :func:`strategy_runner` (the built-ins do so from
@@ -127,9 +153,30 @@ def register_strategy(name: str, *, run: Callable | None = None, needs=(), uses=
         raise ValueError(f"strategy {name!r}: unknown data {unknown} (choose from {DATA_KINDS})")
     if needs_k and compare is not None:
         raise ValueError(f"strategy {name!r} needs K, which --compare does not pass: use compare=None")
-    entry = Strategy(name, needs, uses, bool(sigma), bool(needs_k), compare, run)
+    if shots and SELECTION_LABELS not in needs:
+        raise ValueError(f"strategy {name!r}: a few-shot strategy needs its shots (SELECTION_LABELS)")
+    entry = Strategy(name, needs, uses, bool(sigma), bool(needs_k), compare, run, bool(shots))
     _REGISTRY[name] = entry
     return entry
+
+
+SHOTS_SPLITS = ("select", "eval")
+
+
+def check_shots_split(shots_split: str, allow_eval_shots: bool = False) -> None:
+    """Refuse few-shot labels taken from the evaluation split unless the user allowed it by name."""
+    if shots_split not in SHOTS_SPLITS:
+        raise UserError(f"--shots-split must be one of {', '.join(SHOTS_SPLITS)}, got {shots_split!r}")
+    if shots_split == "eval" and not allow_eval_shots:
+        raise UserError("--shots-split eval takes the few-shot labels from the evaluation split that is then scored "
+                        "(ProLIP's --use_gt protocol); pass --allow-eval-shots to run it, and the row is marked")
+
+
+def shots_source(entry: Strategy, shots_split: str, select, eval_):
+    """What a strategy's ``select`` input holds: the named split's (feats, labels) for a few-shot strategy."""
+    if entry.shots and shots_split == "eval":
+        return eval_
+    return select
 
 
 def strategy_runner(name: str):
@@ -190,7 +237,11 @@ register_strategy("threshold", sigma=True, compare=50)
 register_strategy("fusion", sigma=True, compare=60)
 register_strategy("fusion-select", needs=(SELECTION_LABELS,), sigma=True, compare=70)
 register_strategy("poe", sigma=True, compare=80)
-register_strategy("bprw", needs=(UNLABELLED_IMAGES,), sigma=True, compare=90)
+register_strategy("bprw", needs=(UNLABELLED_IMAGES,), sigma=True, compare=90)               # ProLIP "use NN"
+register_strategy("bprw-fewshot", needs=(SELECTION_LABELS,), sigma=True, compare=95, shots=True)  # ProLIP shots
 register_strategy("zpe", needs=(UNLABELLED_IMAGES,), compare=100)
+register_strategy("carprt", needs=(UNLABELLED_IMAGES,), compare=104)          # CARPRT, class-specific weights
+register_strategy("carprt-shared", needs=(UNLABELLED_IMAGES,), compare=106)   # its class-shared counterpart
+
 register_strategy("oracle", needs=(EVAL_LABELS,), sigma=True, compare=120)
 register_strategy("oracle-global", needs=(EVAL_LABELS,), sigma=True, compare=110)

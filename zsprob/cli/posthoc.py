@@ -1,0 +1,80 @@
+"""`zsprob posthoc`: log-variance heads for a frozen model, its means untouched (thin wrapper).
+
+Parses options, loads the frozen model (the evaluation commands' model options) and calls
+:func:`zsprob.posthoc.posthoc`. No torch import at module level.
+"""
+from __future__ import annotations
+
+import click
+
+from zsprob.cli.options import model_options, official_file_kwargs, resolve_device
+from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, InPath
+
+METHOD_NAMES = ("adapter", "laplace")  # zsprob.posthoc.METHODS (checked there too; no torch import here)
+DATA_NAMES = ("synthetic", "webdataset", "coco")
+
+
+@click.command("posthoc")
+@model_options
+@click.option("--data", "data_kind", type=click.Choice(DATA_NAMES), required=True,
+              help="synthetic / webdataset: image-caption shards (--shards); coco: the Karpathy train split (--root).")
+@click.option("--shards", default=None, help="Shards: a directory of .tar files (a SynthWorld root: its pretrain/) "
+              "or a brace pattern.")
+@click.option("--root", type=InPath("COCO root"), default=None, help="COCO root (--data coco).")
+@click.option("--method", type=click.Choice(METHOD_NAMES), default="adapter", show_default=True,
+              help="adapter: heads trained with the sigma recipe's terms (aleatoric); laplace: K-FAC Laplace "
+                   "variance of the projections (epistemic).")
+@click.option("--views", type=COUNT, default=2, show_default=True,
+              help="Passes over the data, each with its own caption draw, degraded images and word-deleted captions.")
+@click.option("--max-samples", type=COUNT, default=None, help="At most this many images per view.")
+@click.option("--steps", type=COUNT, default=1500, show_default=True, help="Training steps of the heads.")
+@click.option("--batch-size", type=COUNT, default=256, show_default=True, help="Rows per training step.")
+@click.option("--lr", type=float, default=2e-3, show_default=True)
+@click.option("--seed", type=COUNT0, default=0, show_default=True, help="Heads' init, copies and batches.")
+@click.option("--prior-precision", type=float, default=None,
+              help="laplace: the Gaussian prior's precision (default: chosen by the evidence on the data).")
+@click.option("--features", "feature_file", type=click.Path(dir_okay=False), default=None,
+              help="The feature file (default OUT/features.safetensors; reused when it holds the same draws).")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--workers", type=COUNT0, default=0, show_default=True, help="Data loader workers.")
+@click.option("--threads", type=COUNT, default=None, help="torch CPU threads.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT/model if it exists.")
+@click.option("--out", type=OUT_DIR, required=True, help="Output directory: OUT/model, OUT/summary.json.")
+def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method, views, max_samples, steps, batch_size,
+            lr, seed, prior_precision, feature_file, device, workers, threads, overwrite, out):
+    """Give a frozen model trained log-variance heads; its means stay bit-identical.
+
+    \b
+    zsprob posthoc --checkpoint runs/infonce/model --data synthetic --shards sw/pretrain --out ph
+    zsprob eval synthetic --checkpoint ph/model --root sw
+    """
+    from pathlib import Path
+
+    from zsprob.errors import UserError
+
+    if data_kind == "coco" and root is None:
+        raise UserError("--data coco needs --root (the COCO directory)")
+    if data_kind != "coco" and not shards:
+        raise UserError(f"--data {data_kind} needs --shards (a directory of .tar files or a brace pattern)")
+    if data_kind != "coco":
+        from zsprob.utils.checks import check_shards
+        check_shards(data_kind, shards)
+    if (Path(out) / "model").exists() and not overwrite:
+        raise UserError(f"{Path(out) / 'model'} exists; pass --overwrite to replace it")
+    import torch
+
+    from zsprob.posthoc import load_source
+    from zsprob.posthoc import posthoc as run_posthoc
+    from zsprob.posthoc.adapter import AdapterSettings
+    from zsprob.posthoc.features import DataSpec
+
+    if threads:
+        torch.set_num_threads(threads)
+    dev = resolve_device(device)
+    frozen, source = load_source(checkpoint, model_name, pretrained, device=dev, **official_file_kwargs())
+    data = DataSpec(data_kind, root if data_kind == "coco" else shards, max_samples=max_samples, workers=workers)
+    settings = AdapterSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, prior_precision=prior_precision)
+    summary = run_posthoc(frozen, data, out, method=method, views=views, settings=settings, device=dev,
+                          feature_file=feature_file, source=source)
+    click.echo(f"posthoc {method}: {summary['rows']} rows ({views} views) -> {Path(out) / 'model'} "
+               f"(features {summary['feature_seconds']:.1f} s, heads {summary['train_seconds']:.1f} s)")

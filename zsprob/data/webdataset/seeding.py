@@ -1,0 +1,61 @@
+"""The shard pipeline's seeds: one mixing rule for (seed, epoch, rank, worker, ...) tuples, the base seed
+a fresh DataLoader would give its workers (so persistent workers re-seed as fresh ones), and a private
+seeding of torch's and Python's global generators around one call.
+
+numpy's ``SeedSequence`` mixes the parts; torch's own worker seeding rule
+(``torch.utils.data._utils.worker._generate_state``) seeds numpy in a worker.
+"""
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+def mix_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (numpy's SeedSequence of their low 32 bits; order sensitive)."""
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1, np.uint64)[0]
+               & 0x7FFFFFFFFFFFFFFF)
+
+
+def loader_generator(seed: int, epoch: int) -> torch.Generator:
+    """The generator a fresh DataLoader for ``epoch`` draws its worker base seed from (a private one:
+    creating the iterator must not consume the caller's global RNG)."""
+    return torch.Generator().manual_seed(mix_seed(seed, epoch))
+
+
+def loader_base_seed(generator: torch.Generator) -> int:
+    """The base seed a fresh DataLoader iterator draws from ``generator`` for its workers (torch's draw)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def seed_worker_as_fresh(base_seed: int, worker: int) -> None:
+    """Seed this worker's global generators (random, torch, numpy) exactly as torch seeds worker
+    ``worker`` of a fresh DataLoader iterator with ``base_seed``: a persistent worker that calls this
+    when a new epoch starts is in the state a newly started one would be in, so a transform or a
+    tokenizer drawing from those generators sees the same numbers as with a loader made per epoch."""
+    from torch.utils.data._utils.worker import _generate_state  # torch's numpy seeding of workers
+
+    random.seed(base_seed + worker)
+    torch.manual_seed(base_seed + worker)
+    np.random.seed(_generate_state(base_seed, worker))
+
+
+class PrivateRNG:
+    """Seed torch's default generator and Python's random for one call, then restore them."""
+
+    def __init__(self):
+        self.gen = torch.default_generator
+
+    def __call__(self, seed: int, fn: Callable, *args):
+        ts = self.gen.get_state()
+        ps = random.getstate()
+        try:
+            self.gen.manual_seed(seed)
+            random.seed(seed)
+            return fn(*args)
+        finally:
+            self.gen.set_state(ts)
+            random.setstate(ps)

@@ -1,0 +1,283 @@
+"""The iterable each DataLoader worker runs: the epoch's seeded shard schedule -> samples -> shuffle
+buffer -> preprocessed, tokenised batches, with the worker's counts sent along with every batch, the
+batches to skip on resume sent as placeholders, and a stream that stalls ended with one line.
+
+webdataset's sample shuffle buffer (``webdataset.filters._shuffle``) shuffles; torch's
+``IterableDataset`` and ``get_worker_info`` tell the worker who it is; ``multiprocessing.RawArray``
+carries the epoch's position to persistent workers.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import random
+from typing import Iterable, Iterator, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+import webdataset as wds
+
+from zsprob.data.webdataset.counts import Counts, stall_message
+from zsprob.data.webdataset.options import ShardPipelineOptions
+from zsprob.data.webdataset.samples import SampleDecoder, read_shard
+from zsprob.data.webdataset.seeding import PrivateRNG, loader_base_seed, loader_generator, mix_seed, \
+    seed_worker_as_fresh
+
+log = logging.getLogger("zsprob.data")
+
+
+class BatchBuffer:
+    """Collects one batch of images. Tensors are copied into a preallocated [B, ...] tensor as
+    they arrive (while still in cache); inside a DataLoader worker that tensor lives in shared
+    memory, as torch's default_collate does, so sending the batch to the main process copies
+    nothing. Saves the separate torch.stack pass and the copy into shared memory."""
+
+    def __init__(self, batch_size: int, shared: bool):
+        self.batch_size = batch_size
+        self.shared = shared
+        self.buf: Optional[torch.Tensor] = None
+        self.items: list = []
+        self.n = 0
+
+    def add(self, img) -> Optional[str]:
+        if not isinstance(img, torch.Tensor):
+            self.items.append(img)
+            self.n += 1
+            return None
+        if self.buf is None:
+            shape = (self.batch_size, *img.shape)
+            if self.shared:
+                numel = math.prod(shape)
+                storage = img._typed_storage()._new_shared(numel, device=img.device)
+                self.buf = img.new(storage).resize_(*shape)
+            else:
+                self.buf = torch.empty(shape, dtype=img.dtype, device=img.device)
+        elif img.shape != self.buf.shape[1:] or img.dtype != self.buf.dtype:
+            return (f"preprocess output {tuple(img.shape)} {img.dtype} differs from the batch's "
+                    f"{tuple(self.buf.shape[1:])} {self.buf.dtype}")
+        self.buf[self.n].copy_(img)
+        self.n += 1
+        return None
+
+    def take(self):
+        if self.buf is not None:
+            out = self.buf if self.n == self.batch_size else self.buf[: self.n]
+        else:
+            out = self.items
+        self.buf, self.items, self.n = None, [], 0
+        return out
+
+
+class SharedPosition:
+    """The epoch a stream reads and the batches it skips, in shared memory: persistent DataLoader
+    workers keep the copy of the stream they were started with, and read each new epoch's position
+    from here when the loader starts the epoch (open_clip's SharedEpoch does this for the epoch).
+    Pickled while a worker process starts, it stays shared; pickled otherwise (a deep copy), it
+    becomes a detached copy of the values."""
+
+    def __init__(self, epoch: int = 0, skip: int = 0):
+        self._values = multiprocessing.RawArray("q", [int(epoch), int(skip)])
+
+    def get(self) -> tuple[int, int]:
+        return int(self._values[0]), int(self._values[1])
+
+    def set(self, epoch: int, skip: int) -> None:
+        self._values[0], self._values[1] = int(epoch), int(skip)
+
+    def __getstate__(self):
+        from multiprocessing.context import get_spawning_popen
+        return {"values": self._values} if get_spawning_popen() is not None else {"copy": self.get()}
+
+    def __setstate__(self, state):
+        if "values" in state:
+            self._values = state["values"]
+        else:
+            self._values = multiprocessing.RawArray("q", list(state["copy"]))
+
+
+class ShardStream(IterableDataset):
+    """The iterable each DataLoader worker runs: shards -> samples -> shuffled -> batches."""
+
+    def __init__(self, sources: list[list[str]], opts: ShardPipelineOptions, *, weights, preprocess, tokenizer,
+                 rank: int, world_size: int):
+        super().__init__()
+        self.sources = sources
+        self.urls = [u for s in sources for u in s]
+        self.weights = weights
+        self.preprocess = preprocess
+        self.tokenizer = tokenizer
+        self.batch_size = int(opts.batch_size)
+        self.seed = int(opts.seed)
+        self.resampled = bool(opts.resampled)
+        self.shuffle = bool(opts.shuffle)
+        self.shuffle_buffer = int(opts.shuffle_buffer)
+        self.shuffle_initial = int(opts.shuffle_initial)
+        self.decoder = SampleDecoder(opts)
+        self.num_samples = opts.num_samples
+        self.drop_last = bool(opts.drop_last)
+        self.rank = rank
+        self.world_size = world_size
+        self.with_keys = bool(opts.with_keys)
+        self.max_skips = int(opts.max_consecutive_skips)
+        # set by WdsLoader before each iteration; persistent workers read them from shared memory
+        self.position = SharedPosition()
+        self.num_workers = 0  # fixed while a DataLoader's workers live (WdsLoader remakes it on a change)
+
+    @property
+    def epoch(self) -> int:
+        return self.position.get()[0]
+
+    @property
+    def skip_batches(self) -> int:
+        return self.position.get()[1]
+
+    # ---- schedule
+    def batches_per_worker(self) -> Optional[int]:
+        if self.num_samples is None:
+            return None
+        nw = max(1, self.num_workers)
+        return max(1, math.ceil(self.num_samples / (self.batch_size * self.world_size * nw)))
+
+    def assigned_shards(self, worker: int, nw: int, epoch: int) -> list[str]:
+        """Shards this (rank, worker) reads in a non-resampled epoch (before repeats)."""
+        urls = list(self.urls)
+        if self.shuffle:
+            random.Random(mix_seed(self.seed, epoch, 0xA11)).shuffle(urls)
+        return urls[self.rank::self.world_size][worker::nw]
+
+    def _shard_iter(self, worker: int, nw: int, epoch: int, repeat: bool) -> Iterator[str]:
+        if self.resampled:
+            rng = random.Random(mix_seed(self.seed, epoch, self.rank, worker, 0x5E5))
+            if self.weights is None:
+                while True:
+                    yield rng.choice(self.urls)
+            cum = np.cumsum(self.weights)
+            while True:
+                s = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+                s = min(s, len(self.sources) - 1)
+                yield rng.choice(self.sources[s])
+        mine = self.assigned_shards(worker, nw, epoch)
+        if not mine:
+            log.warning("zsprob.data: rank %d worker %d has no shard this epoch (%d shards for %d "
+                        "ranks x %d workers); use fewer workers or resampled=True",
+                        self.rank, worker, len(self.urls), self.world_size, nw)
+            return
+        yield from mine
+        p = 1
+        while repeat:
+            again = list(mine)
+            if self.shuffle:
+                random.Random(mix_seed(self.seed, epoch, self.rank, worker, p, 0xAE7)).shuffle(again)
+            yield from again
+            p += 1
+
+    # ---- reading
+    def _samples(self, shard_urls: Iterable[str], counts: Counts) -> Iterator[dict]:
+        # repeating / resampled shard streams are endless: stop when shard after shard gives
+        # nothing (every shard missing or broken) instead of spinning forever
+        limit = 10 * len(self.urls) + 10
+        empty = 0
+        for url in shard_urls:
+            n = 0
+            for sample in read_shard(url, counts, self.decoder.complete):
+                n += 1
+                yield sample
+            empty = 0 if n else empty + 1
+            if empty >= limit:
+                log.warning("zsprob.data: %s: %d shards in a row had no readable sample; "
+                            "this worker stops", counts.where, empty)
+                return
+
+    # ---- the worker loop
+    def __iter__(self):
+        info = get_worker_info()
+        worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        counts = Counts(worker, self.rank)
+        epoch, k = self.position.get()
+        if info is not None:  # a persistent worker starts each epoch as a fresh one would
+            seed_worker_as_fresh(loader_base_seed(loader_generator(self.seed, epoch)), worker)
+        per_worker = self.batches_per_worker()
+        my_skip = max(0, -(-(k - worker) // nw)) if k > 0 else 0
+        shards = self._shard_iter(worker, nw, epoch, repeat=per_worker is not None)
+        samples = self._samples(shards, counts)
+        if self.shuffle and self.shuffle_buffer > 1:
+            rng = random.Random(mix_seed(self.seed, epoch, self.rank, worker, 0x5B0))
+            samples = wds.filters._shuffle(samples, self.shuffle_buffer,
+                                           min(self.shuffle_initial, self.shuffle_buffer), rng=rng)
+        sample_base = mix_seed(self.seed, epoch, self.rank, worker, 0x5A3)
+        private = PrivateRNG()
+        imgs = BatchBuffer(self.batch_size, shared=info is not None)
+        caps: list[str] = []
+        keys: list[str] = []
+        produced = 0
+        last_good = -1  # the index of the last sample put into a batch
+        for idx, s in enumerate(samples):
+            if per_worker is not None and produced >= per_worker:
+                break
+            if idx - last_good > self.max_skips:  # nothing usable comes: stop instead of spinning forever
+                yield self._fatal(counts, idx - last_good - 1)
+                return
+            if s.get("__bad__"):
+                continue
+            skipping = produced < my_skip
+            sseed = (sample_base + idx) & 0x7FFFFFFFFFFFFFFF
+            cap = self.decoder.caption(s, sseed, counts)
+            if cap is None:
+                continue
+            img = self.decoder.image(s, counts)
+            if img is None:
+                continue
+            if not skipping:
+                try:
+                    img = private(sseed, self.preprocess, img) if self.preprocess is not None else img
+                except Exception as e:
+                    counts.bad("transform_error", f"{s['__key__']}: {type(e).__name__}: {e}")
+                    continue
+                err = imgs.add(img)
+                if err is not None:
+                    counts.bad("transform_error", f"{s['__key__']}: {err}")
+                    continue
+            caps.append(cap)
+            keys.append(s["__key__"])
+            last_good = idx
+            if len(caps) == self.batch_size:
+                counts.add("samples", len(caps))
+                if skipping:
+                    counts.add("skipped_batches")
+                    yield self._placeholder(counts)
+                else:
+                    yield self._emit(imgs, caps, keys, counts)
+                produced += 1
+                caps, keys = [], []
+        if caps and per_worker is None:
+            if self.drop_last or produced < my_skip:
+                counts.add("dropped_partial" if self.drop_last else "samples", len(caps))
+                if not self.drop_last:
+                    counts.add("skipped_batches")
+            else:
+                counts.add("samples", len(caps))
+                yield self._emit(imgs, caps, keys, counts)
+        yield self._placeholder(counts)  # flush the last counts
+
+    def _fatal(self, counts: Counts, run: int):
+        """A placeholder carrying the one-line error of a stream that skipped ``run`` samples in a row
+        (raised by :class:`~zsprob.data.webdataset.loader.WdsLoader` in the main process, so a DataLoader
+        worker reports it as one line)."""
+        msg = stall_message(counts, run, self.max_skips)
+        d = counts.take()
+        d["__fatal__"] = msg
+        return (None, None, None, d) if self.with_keys else (None, None, d)
+
+    def _placeholder(self, counts: Counts):
+        return (None, None, None, counts.take()) if self.with_keys else (None, None, counts.take())
+
+    def _emit(self, imgs: BatchBuffer, caps, keys, counts: Counts):
+        counts.add("batches")
+        images = imgs.take()  # a tensor, or a list of PIL images with preprocess=None
+        tokens = self.tokenizer(caps) if self.tokenizer is not None else list(caps)
+        if self.with_keys:
+            return images, tokens, list(keys), counts.take()
+        return images, tokens, counts.take()

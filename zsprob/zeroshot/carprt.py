@@ -1,0 +1,96 @@
+"""CARPRT (ICLR 2026): class-aware prompt reweighting from unlabelled images, and its class-shared counterpart.
+
+For every prompt (class c, template t) the logits are ``l[n, c, t] = s * cos(x_n, mu_ct)`` (s the logit
+scale, 100 as in CLIP). For each template t and image n, the template's own classifier predicts
+``c*(n, t) = argmax_c l[n, c, t]`` with score ``m(n, t) = max_c l[n, c, t]``. CARPRT's class-specific score
+is the mean max-logit over the images that template assigns to the class::
+
+    score[c, t] = sum_{n: c*(n, t) = c} m(n, t) / #{n: c*(n, t) = c}        (0 when no image goes to c)
+    w[c, :] = softmax_t(score[c, :] / temperature)                           (per class, over templates)
+    class vector_c = sum_t w[c, t] mu_ct / ||mu_ct||                          (not renormalised)
+
+``carprt-shared`` is the class-shared weighting CARPRT is compared with: one score per template,
+``score_t = mean_n m(n, t)`` (every image, whatever class it goes to; equal to the count-weighted mean
+of the class scores), ``w_t = softmax_t(score_t / temperature)`` for every class. ZPE (``zpe``) is the
+other class-shared weighting; it also centres the logits per (t, c) over images first.
+
+Both read the unlabelled evaluation images (no labels, no training): they are **transductive**.
+Reference, read and not copied: the authors' ``test.py`` (github tmlr-group/CARPRT), which collects
+these sums and counts over the test loader, takes ``softmax(weight / temp, dim=prompts)`` and scores with
+``einsum('pc,pcd->cd', weights, text_features)``. Per-class prompt pools (prompts that exist for one
+class only): slot t is each class's t-th prompt (:func:`~zsprob.zeroshot.selection_base.slot_logits`),
+see docs/zeroshot.md. Plain torch.
+"""
+from __future__ import annotations
+
+import torch
+
+from zsprob.errors import UserError
+from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, prompt_mask, slot_logits
+from zsprob.zeroshot.strategy_registry import StrategyInputs, strategy_runner
+
+LOGIT_SCALE = 100.0
+
+
+def carprt_scores(bank, feats, logit_scale: float = LOGIT_SCALE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(score [C, T], counts [C, T], shared [T])`` of the module docstring, in float64."""
+    x, _ = as_feats(feats)
+    if x.shape[0] == 0:
+        raise UserError("carprt needs unlabelled images")
+    C, T = bank.num_classes, bank.num_templates
+    sums = torch.zeros(C, T, dtype=torch.float64)
+    counts = torch.zeros(C, T, dtype=torch.float64)
+    shared = torch.zeros(T, dtype=torch.float64)
+    for t in range(T):
+        best, pred = slot_logits(bank, x, t, logit_scale).max(1)   # first maximum on ties, as torch.max
+        sums[:, t].index_add_(0, pred, best)
+        counts[:, t].index_add_(0, pred, torch.ones_like(best))
+        shared[t] = best.mean()
+    score = torch.where(counts > 0, sums / counts.clamp_min(1), torch.zeros_like(sums))
+    return score, counts, shared
+
+
+def _masked_softmax(logits: torch.Tensor, mask) -> torch.Tensor:
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def select_carprt(bank, pool_feats, *, temperature: float = 1.0, logit_scale: float = LOGIT_SCALE,
+                  data: str = "unlabelled images") -> Selection:
+    """CARPRT's class-specific template weights (module docstring). Works without sigma^2."""
+    if temperature <= 0:
+        raise UserError(f"carprt temperature must be positive, got {temperature}")
+    score, counts, _ = carprt_scores(bank, pool_feats, logit_scale)
+    W = _masked_softmax(score / temperature, prompt_mask(bank))
+    return make_selection(bank, "carprt", "CARPRT (class-aware)", W.float(), renormalize=False, var_rule="mean",
+                          info={"data_used": data, "n_pool_images": int(as_feats(pool_feats)[0].shape[0]),
+                                "logit_scale": logit_scale, "temperature": temperature,
+                                "class_scores": score.tolist(), "class_counts": counts.long().tolist(),
+                                "reference": "CARPRT (ICLR 2026), github tmlr-group/CARPRT test.py"})
+
+
+def select_carprt_shared(bank, pool_feats, *, temperature: float = 1.0, logit_scale: float = LOGIT_SCALE,
+                         data: str = "unlabelled images") -> Selection:
+    """The class-shared weighting: one softmax weight per template from its mean max-logit."""
+    if temperature <= 0:
+        raise UserError(f"carprt temperature must be positive, got {temperature}")
+    _, _, shared = carprt_scores(bank, pool_feats, logit_scale)
+    C, T = bank.num_classes, bank.num_templates
+    W = _masked_softmax((shared / temperature)[None].expand(C, T), prompt_mask(bank))
+    return make_selection(bank, "carprt-shared", "CARPRT class-shared", W.float(), renormalize=False,
+                          var_rule="mean",
+                          info={"data_used": data, "n_pool_images": int(as_feats(pool_feats)[0].shape[0]),
+                                "logit_scale": logit_scale, "temperature": temperature,
+                                "template_scores": shared.tolist(),
+                                "rule": "w_t = softmax_t(mean_n max_c l[n, c, t] / temperature), shared by classes"})
+
+
+@strategy_runner("carprt")
+def _run_carprt(bank, given: StrategyInputs) -> Selection:
+    return select_carprt(bank, given.pool, data=given.pool_data)
+
+
+@strategy_runner("carprt-shared")
+def _run_carprt_shared(bank, given: StrategyInputs) -> Selection:
+    return select_carprt_shared(bank, given.pool, data=given.pool_data)

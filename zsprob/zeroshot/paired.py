@@ -1,0 +1,102 @@
+"""Paired comparison of two classifiers scored on the same images: difference, bootstrap CI, McNemar.
+
+Every ``--compare`` row is compared with ``all`` (the 80-template CLIP average) on the same evaluation
+images. With per-image hits ``a_i`` (the strategy) and ``r_i`` (the reference), the discordant pairs are
+``n10 = #{a_i = 1, r_i = 0}`` and ``n01 = #{a_i = 0, r_i = 1}``; everything below depends only on them and N:
+
+* ``diff`` = 100 (n10 - n01) / N, top-1 points.
+* ``ci95``: the paired bootstrap over images (resample the N images with replacement, B times, take the
+  2.5 and 97.5 percentiles of the difference). Resampling images draws ``(n10*, n01*, rest*)`` from
+  Multinomial(N; n10/N, n01/N, rest/N), which is what is sampled (exactly the same distribution, no
+  [B, N] index matrix). Seeded.
+* ``mcnemar_p``: exact two-sided McNemar test = two-sided binomial test of n10 out of n10 + n01 at 1/2:
+  p = min(1, 2 P[Binom(n10 + n01, 1/2) <= min(n10, n01)]) (1 when there is no discordant pair).
+* ``mde``: the smallest |diff| this evaluation set detects with power 80% at two-sided alpha 0.05, from
+  the discordance rate d = (n10 + n01) / N under the normal approximation of the paired-difference test:
+  MDE = (z_0.975 + z_0.80) sqrt(d / N) (top-1 points x 100). See docs/zeroshot.md.
+
+The binomial tail is summed here in log space (``math.lgamma``); numpy draws the multinomial. scipy's
+``binomtest`` gives the same p (tested).
+"""
+from __future__ import annotations
+
+import math
+
+Z_975 = 1.959963984540054      # standard normal quantile at 0.975 (alpha = 0.05, two-sided)
+Z_80 = 0.8416212335729143      # at 0.80 (power 80%)
+BOOTSTRAP_SAMPLES = 10000
+BOOTSTRAP_SEED = 0
+
+
+def mcnemar_exact(n10: int, n01: int) -> float:
+    """Exact two-sided McNemar p-value: the binomial test of n10 successes in n10 + n01 trials at 1/2."""
+    n10, n01 = int(n10), int(n01)
+    if n10 < 0 or n01 < 0:
+        raise ValueError("discordant counts must be non-negative")
+    n = n10 + n01
+    if n == 0:
+        return 1.0
+    low = min(n10, n01)
+    log_terms = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) - n * math.log(2.0)
+                 for j in range(low + 1)]
+    top = max(log_terms)
+    tail = math.exp(top) * sum(math.exp(t - top) for t in log_terms)
+    return min(1.0, 2.0 * tail)
+
+
+def bootstrap_ci(n10: int, n01: int, n: int, *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED,
+                 level: float = 0.95) -> list[float]:
+    """Percentile interval of 100 (n10* - n01*) / N over image resamples (see the module docstring)."""
+    import numpy as np
+
+    if n <= 0:
+        raise ValueError("no images")
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(n, [n10 / n, n01 / n, (n - n10 - n01) / n], size=samples)
+    diffs = 100.0 * (draws[:, 0] - draws[:, 1]) / n
+    tail = 100.0 * (1.0 - level) / 2.0
+    low, high = np.percentile(diffs, [tail, 100.0 - tail])
+    return [float(low), float(high)]
+
+
+def min_detectable_effect(discordance_rate: float, n: int) -> float:
+    """Smallest |top-1 difference| (points) detected with power 80% at alpha 0.05 (normal approximation).
+
+    A discordance rate of 0 has no spread to estimate from: one discordant image (1/N) is used instead.
+    """
+    rate = max(float(discordance_rate), 1.0 / n)
+    return 100.0 * (Z_975 + Z_80) * math.sqrt(rate / n)
+
+
+def paired_stats(hits, reference_hits, *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> dict:
+    """The paired comparison of one classifier's per-image top-1 hits with the reference's.
+
+    ``hits`` / ``reference_hits``: booleans per image (tensors, arrays or lists), same images in the
+    same order. Returns ``diff``, ``ci95``, ``mcnemar_p``, ``n10``, ``n01``, ``n``, ``discordance``, ``mde``.
+    """
+    import numpy as np
+
+    a = np.asarray(hits, dtype=bool).reshape(-1)
+    r = np.asarray(reference_hits, dtype=bool).reshape(-1)
+    if a.shape != r.shape:
+        raise ValueError(f"paired hits differ in length: {a.shape[0]} vs {r.shape[0]}")
+    n = int(a.shape[0])
+    n10 = int((a & ~r).sum())
+    n01 = int((~a & r).sum())
+    rate = (n10 + n01) / n
+    return {"diff": 100.0 * (n10 - n01) / n, "ci95": bootstrap_ci(n10, n01, n, samples=samples, seed=seed),
+            "mcnemar_p": mcnemar_exact(n10, n01), "n10": n10, "n01": n01, "n": n, "discordance": rate,
+            "mde": min_detectable_effect(rate, n), "bootstrap": {"samples": samples, "seed": seed}}
+
+
+def detectable_effect_summary(rows: list[dict], n: int) -> dict:
+    """The evaluation set's minimum detectable effect, from the median discordance of the label-free rows."""
+    rates = sorted(r["paired_vs_all"]["discordance"] for r in rows
+                   if r.get("paired_vs_all") and r["name"] != "all" and not r.get("uses_eval_labels"))
+    if not rates:
+        return {}
+    mid = len(rates) // 2
+    median = rates[mid] if len(rates) % 2 else 0.5 * (rates[mid - 1] + rates[mid])
+    return {"n_images": n, "median_discordance": median, "mde_top1_points": min_detectable_effect(median, n),
+            "power": 0.8, "alpha": 0.05,
+            "formula": "MDE = (z_0.975 + z_0.80) * sqrt(discordance / N), in top-1 points"}

@@ -1,0 +1,171 @@
+"""Per-class prompt pools (CuPL's ``{"class name": ["prompt", ...]}`` files) as a padded prompt bank.
+
+:func:`load_class_prompts` reads and checks the JSON file, :func:`match_pools` maps its classes to the
+dataset's by name, :func:`build_pool_bank` embeds every prompt once (the text tower through
+:func:`zsprob.models.encode.encode_texts`, the cache with safetensors and zsprob's atomic writers) into a
+:class:`PromptPoolBank`: a :class:`~zsprob.zeroshot.prompts.PromptBank` whose "templates" are slots
+(class c's t-th prompt) padded to the longest pool, with a ``mask`` [C, T] of the slots that exist.
+Every strategy reads the mask (:func:`zsprob.zeroshot.selection_base.prompt_mask`): an absent slot has
+infinite uncertainty (ranked last, never kept), no weight, and a K larger than a class's pool keeps the
+whole pool.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zsprob.errors import UserError
+from zsprob.zeroshot.prompts import PromptBank
+
+POOL_FORMAT = 1
+
+
+def load_class_prompts(path) -> dict[str, list[str]]:
+    """``{"class name": ["prompt", ...]}`` from a JSON file; anything else is one :class:`UserError` line."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"class-prompts file not found: {path}")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"class-prompts file {path} is not JSON ({type(e).__name__}: {str(e).splitlines()[0]})") \
+            from None
+    if not isinstance(doc, dict) or not doc:
+        raise UserError(f"class-prompts file {path} must be a JSON object {{\"class name\": [\"prompt\", ...]}}")
+    pools = {}
+    for name, prompts in doc.items():
+        if not isinstance(prompts, list) or not all(isinstance(t, str) for t in prompts):
+            raise UserError(f"class-prompts file {path}: the pool of {name!r} must be a list of strings")
+        cleaned = [t.strip() for t in prompts]
+        if not cleaned or not all(cleaned):
+            raise UserError(f"class-prompts file {path}: the pool of {name!r} is empty or has an empty prompt")
+        pools[str(name).strip()] = cleaned
+    return pools
+
+
+def match_pools(pools: dict[str, list[str]], classnames, source: str = "class-prompts file") -> list[list[str]]:
+    """The pools in the dataset's class order, matched by name: a class without a pool or a pool for no
+    class is refused (one line naming the first few)."""
+    names = [str(c).strip() for c in classnames]
+    missing = [c for c in dict.fromkeys(names) if c not in pools]
+    if missing:
+        raise UserError(f"{source} has no prompt pool for class {missing[0]!r}"
+                        + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    unknown = [c for c in pools if c not in set(names)]
+    if unknown:
+        raise UserError(f"{source} names classes that are not in the dataset: {', '.join(map(repr, unknown[:3]))}"
+                        + (f" (and {len(unknown) - 3} more)" if len(unknown) > 3 else ""))
+    return [list(pools[c]) for c in names]
+
+
+@dataclass
+class PromptPoolBank(PromptBank):
+    """A prompt bank of per-class pools: ``pools[c]`` the prompts of class c, ``mask`` [C, T] the slots
+    that exist (``mu`` / ``logvar`` are zero in the others)."""
+
+    pools: list = field(default_factory=list)
+    mask: "object" = None
+
+    @property
+    def uncertainty(self):
+        """``||sigma^2||_1`` per prompt, ``inf`` in the absent slots (so they rank last)."""
+        unc = super().uncertainty
+        return None if unc is None else unc.masked_fill(~self.mask, float("inf"))
+
+    @property
+    def pool_sizes(self) -> list[int]:
+        return [len(p) for p in self.pools]
+
+
+def slot_names(T: int) -> list[str]:
+    return [f"[pool prompt {t + 1}]" for t in range(T)]
+
+
+def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id: str = "") -> PromptPoolBank:
+    """A :class:`PromptPoolBank` from [P, D] embeddings of the pools' prompts, class by class."""
+    import torch
+
+    sizes = [len(p) for p in pools]
+    C, T, D = len(pools), max(sizes), int(mu_flat.shape[-1])
+    mask = torch.zeros(C, T, dtype=torch.bool)
+    mu = torch.zeros(C, T, D)
+    logvar = None if logvar_flat is None else torch.zeros(C, T, D)
+    start = 0
+    for c, n in enumerate(sizes):
+        mask[c, :n] = True
+        mu[c, :n] = mu_flat[start:start + n].float()
+        if logvar is not None:
+            logvar[c, :n] = logvar_flat[start:start + n].float()
+        start += n
+    return PromptPoolBank(list(classnames), slot_names(T), mu, logvar, model_id=model_id,
+                          key=pool_key(model_id, classnames, pools), pools=[list(p) for p in pools], mask=mask)
+
+
+def pool_key(model_id: str, classnames, pools) -> str:
+    payload = json.dumps({"format": POOL_FORMAT, "model": model_id, "classes": list(classnames),
+                          "pools": [list(p) for p in pools]}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_id: str | None = None,
+                    batch_size: int = 512, device=None, progress: bool = True, precision: str = "fp32",
+                    source: str | None = None) -> PromptPoolBank:
+    """Embed every prompt of every class's pool once (cached under ``cache_dir``).
+
+    ``class_prompts``: a ``{"class name": [...]}`` dict or the path of such a JSON file.
+    """
+    from zsprob.zeroshot.prompts import model_fingerprint
+
+    if not isinstance(class_prompts, dict):
+        source = source or f"class-prompts file {class_prompts}"
+        class_prompts = load_class_prompts(class_prompts)
+    pools = match_pools(class_prompts, classnames, source or "class prompts")
+    model_id = model_id or model_fingerprint(model)
+    key = pool_key(model_id if precision == "fp32" else f"{model_id}+{precision}", classnames, pools)
+    stem = None if cache_dir is None else Path(cache_dir) / f"poolbank-{key[:24]}"
+    cached = _load_cached(stem, key)
+    if cached is not None:
+        bank = pool_bank_from_embeddings(cached[0], cached[1], classnames, pools, model_id)
+        bank.from_cache = True
+        return bank
+    from zsprob.models.encode import encode_texts
+
+    texts = [t for pool in pools for t in pool]
+    t0 = time.perf_counter()
+    mu, logvar = encode_texts(model, texts, batch_size=batch_size, device=device, progress=progress,
+                              precision=precision)
+    bank = pool_bank_from_embeddings(mu, logvar, classnames, pools, model_id)
+    bank.encode_seconds = time.perf_counter() - t0
+    if stem is not None:
+        _save_cached(stem, key, mu, logvar)
+    return bank
+
+
+def _load_cached(stem, key):
+    if stem is None or not stem.with_suffix(".safetensors").is_file():
+        return None
+    try:
+        from safetensors.torch import load_file
+
+        if json.loads(stem.with_suffix(".json").read_text()).get("key") != key:
+            return None
+        tensors = load_file(str(stem.with_suffix(".safetensors")))
+        return tensors["mu"], tensors.get("logvar")
+    except Exception:  # a torn or foreign file is a cache miss
+        return None
+
+
+def _save_cached(stem, key, mu, logvar) -> None:
+    from safetensors.torch import save_file
+
+    from zsprob.utils.io import atomic_write, atomic_write_json
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {"mu": mu.contiguous()}
+    if logvar is not None:
+        tensors["logvar"] = logvar.contiguous()
+    atomic_write(stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, tmp))
+    atomic_write_json(stem.with_suffix(".json"), {"format": POOL_FORMAT, "key": key, "n_prompts": int(mu.shape[0])})
