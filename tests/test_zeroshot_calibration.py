@@ -153,7 +153,7 @@ def test_row_calibration_uses_scores_of_the_selection(tmp_path):
         expected_calibration_error(ref_ev, ev.labels, fields["temperature"])["ece"], rel=1e-12)
     assert fields["calibration"]["logit_scale"] == 30.0
     table = calibration_table([{"label": "all", **fields}, {"label": "x", "skipped": "why"}])
-    assert table.count("\n") == 2 and f"{fields['temperature']:.3f}" in table
+    assert table.count("\n") == 4 and f"{fields['temperature']:.3f}" in table
 
 
 def test_compare_rows_carry_calibration_and_t_ignores_eval_labels():

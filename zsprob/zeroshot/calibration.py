@@ -170,7 +170,10 @@ def row_calibration(selection, eval_feats, select_feats=None, *, score: str = "c
                     logit_scales: dict | None = None) -> dict:
     """The calibration fields of one ``--compare`` row: :data:`ROW_FIELDS` plus ``calibration``
     (logit scale and its source, bins, reliability at ``T``). ``logit_scales`` maps a score name to
-    ``(scale, source)`` (:func:`model_logit_scales`); missing: CLIP's 100."""
+    ``(scale, source)`` (:func:`model_logit_scales`); missing: CLIP's 100. A selection without class
+    sigma^2 is scored by cosine whatever ``score`` says, as ``--compare`` scores its accuracy."""
+    if selection.class_logvar is None:
+        score = "cosine"
     scale, source = (logit_scales or {}).get(score, (CLIP_ZEROSHOT_SCALE, "CLIP zero-shot convention (100)"))
     report = selection_calibration(selection, eval_feats, select_feats, score=score, logit_scale=scale)
     report["logit_scale_source"] = source
@@ -190,7 +193,8 @@ def _fmt(v, nd: int = 3) -> str:
 
 def calibration_table(rows: list[dict]) -> str:
     """Markdown table of the calibration fields (:data:`ROW_FIELDS`) of each ``--compare`` row."""
-    lines = ["| strategy | ECE | NLL | T (selection split) | ECE at T | NLL at T |", "|---|---|---|---|---|---|"]
+    lines = ["Calibration (evaluation split; T fitted on the selection split):", "",
+             "| strategy | ECE | NLL | T (selection split) | ECE at T | NLL at T |", "|---|---|---|---|---|---|"]
     for r in rows:
         if "ece" in r:
             lines.append(f"| {r['label']} | " + " | ".join(_fmt(r[k]) for k in ROW_FIELDS) + " |")
