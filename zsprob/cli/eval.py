@@ -73,7 +73,8 @@ def _finish(res: dict, out: str) -> None:
     dec = unc.get("deciles") if isinstance(unc, dict) and "deciles" in unc else unc
     if isinstance(dec, dict):
         for name, d in dec.items():
-            click.echo(f"{name}: Spearman(uncertainty decile, R@1) = {d['spearman_bins']['rho']:.3f}")
+            sr2 = f", -SR^2 = {d['sr2']['neg_sr2']:.3f}" if "sr2" in d else ""
+            click.echo(f"{name}: Spearman(uncertainty decile, R@1) = {d['spearman_bins']['rho']:.3f}{sr2}")
     if res.get("validity_table"):
         click.echo(res["validity_table"], nl=False)
     for k, v in res.get("files", {}).items():

@@ -87,7 +87,8 @@ def _zeroshot(path: Path) -> dict | None:
                      "mean_per_class": m.get("mean_per_class"),
                      "uses_eval_labels": bool(r.get("uses_eval_labels", "oracle" in str(r.get("name")))),
                      "data_used": r.get("data_used"), "k_mean": r.get("k_mean"),
-                     "paired_vs_all": r.get("paired_vs_all")})
+                     "paired_vs_all": r.get("paired_vs_all"),
+                     **{k: r.get(k) for k in ("ece", "nll", "temperature", "ece_at_t", "nll_at_t")}})
     by = {r["name"]: r for r in rows}
     res = {"rows": rows, "n_classes": len(d.get("classes", [])), "n_eval": d.get("n_eval"),
            "min_detectable_effect": d.get("min_detectable_effect") or {},
@@ -133,7 +134,8 @@ def _retrieval(path: Path) -> dict | None:
                                                  (gt.get("image_uncertainty_by_num_objects") or {}).items()},
             "deciles": {q: {"spearman": (v.get("spearman") or {}).get("rho") if isinstance(v.get("spearman"), dict)
                             else v.get("spearman"),
-                            "r1": [b.get("r1") for b in v.get("bins", [])]} for q, v in dec.items()},
+                            "r1": [b.get("r1") for b in v.get("bins", [])],
+                            "neg_sr2": (v.get("sr2") or {}).get("neg_sr2")} for q, v in dec.items()},
             "corruption_spearman_image": ((unc.get("corruption") or {}).get("spearman_image") or {}).get("rho"),
             "corruption_spearman_text": ((unc.get("corruption") or {}).get("spearman_text") or {}).get("rho"),
         }
@@ -353,6 +355,9 @@ def _md_zeroshot(L: list[str], out: Path, r: dict) -> None:
         L.append(zp.get("table") or "")
         L.append("")
         L.append(_detectable_effect_line(zp))
+        L.append("Calibration: ECE (15 equal-width confidence bins) and NLL of the softmax over classes at the "
+                 "model's own logit scale, then at the temperature T that minimises the NLL on the labelled "
+                 "selection split (report only: T changes no strategy's prompts; docs/zeroshot.md, Calibration).\n")
         if zp.get("gain_auto_over_all") is not None:
             sign = "+" if zp["gain_auto_over_all"] >= 0 else ""
             L.append(f"**auto vs all-80: {sign}{zp['gain_auto_over_all']:.2f} top-1 points** "
@@ -418,6 +423,11 @@ def _md_uncertainty(L: list[str], out: Path, r: dict) -> None:
         L.append(_img(out, files.get("deciles_png"), "R@1 per uncertainty decile"))
         L.append("R@1 of image and caption queries grouped into ten bins of their uncertainty (PCME++ Fig. 5): "
                  "a useful uncertainty makes the most uncertain queries the hardest.\n")
+        sr2 = {q: d.get("neg_sr2") for q, d in (u.get("deciles") or {}).items() if d.get("neg_sr2") is not None}
+        if sr2:
+            L.append("ProbVLM's calibration figure -SR^2 of these bins (Spearman x R^2 of a line through R@1 per "
+                     "bin, negated; 1 = R@1 falls linearly with uncertainty): "
+                     + ", ".join(f"{q} {_f(v, 3)}" for q, v in sr2.items()) + ".\n")
         L.append(_img(out, files.get("groups_png"), "image uncertainty by objects and condition"))
         L.append("Mean image uncertainty per number of objects and per rendering condition.\n")
         L.append(_img(out, files.get("corruption_png"), "corruption sweep"))

@@ -1,7 +1,8 @@
 """Uncertainty analyses of a probabilistic retrieval model (PCME++ Fig. 5-6, PCME Fig. 6-7).
 
 * :func:`uncertainty_deciles`: R@1 of the queries in each decile of ||sigma^2||_1, with the
-  Spearman correlation of decile index vs R@1 and of per-query uncertainty vs R@1;
+  Spearman correlation of decile index vs R@1 and of per-query uncertainty vs R@1, and ProbVLM's
+  calibration figure -SR^2 of those bins (:func:`neg_sr2`);
   :func:`plot_deciles` draws it (matplotlib, PNG).
 * :func:`uncertain_queries_page`: the most and least uncertain image and caption queries with
   their top retrieved items, as markdown with thumbnails (PIL writes the thumbnails).
@@ -34,6 +35,27 @@ def spearman(x, y) -> dict[str, float]:
     return {"rho": float(r.statistic), "p": float(r.pvalue), "n": int(ok.sum())}
 
 
+def neg_sr2(bin_r1) -> dict[str, float]:
+    """ProbVLM's retrieval calibration figure (Upadhyay et al., ICCV 2023, Sec. 5): ``-S R^2``.
+
+    The queries are binned by uncertainty (here the equal-count bins of
+    :func:`uncertainty_deciles`, bin 1 = most certain) and R@1 is measured per bin. ``R^2`` is the
+    coefficient of determination of the least-squares line R@1 = alpha + beta * (bin index), ``S``
+    the Spearman rank correlation between bin index and R@1, and the figure is ``-S * R^2``: in
+    [-1, 1], close to 1 when R@1 falls steadily (and linearly) as the uncertainty grows, negative
+    when it rises. Higher is better, as in ProbVLM's tables. ``{"s", "r2", "neg_sr2"}``, NaN when R@1
+    is the same in every bin (or fewer than three bins), where neither correlation is defined.
+    """
+    y = np.asarray(bin_r1, dtype=np.float64)
+    x = np.arange(1, len(y) + 1, dtype=np.float64)
+    if len(y) < 3 or np.ptp(y) == 0:
+        return {"s": float("nan"), "r2": float("nan"), "neg_sr2": float("nan")}
+    slope, intercept = np.polyfit(x, y, 1)
+    r2 = 1.0 - float(((y - (slope * x + intercept)) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+    s = spearman(x, y)["rho"]
+    return {"s": s, "r2": r2, "neg_sr2": -s * r2}
+
+
 def uncertainty_deciles(uncertainty, correct, n_bins: int = 10) -> dict:
     """R@1 (mean of ``correct``) per quantile bin of ``uncertainty`` (bin 0 = most certain).
 
@@ -54,7 +76,7 @@ def uncertainty_deciles(uncertainty, correct, n_bins: int = 10) -> dict:
                      "r1": float(100.0 * c[idx].mean())})
     return {"bins": bins,
             "spearman_bins": spearman([b["bin"] for b in bins], [b["r1"] for b in bins]),
-            "spearman_queries": spearman(u, c)}
+            "spearman_queries": spearman(u, c), "sr2": neg_sr2([b["r1"] for b in bins])}
 
 
 def deciles_table(results: dict[str, dict]) -> str:
@@ -72,6 +94,10 @@ def deciles_table(results: dict[str, dict]) -> str:
     lines.append("| Spearman(decile, R@1) | " + " | ".join(f"{results[k]['spearman_bins']['rho']:.3f}" for k in names) + " |")
     lines.append("| Spearman(u, correct) per query | " + " | ".join(
         f"{results[k]['spearman_queries']['rho']:.3f}" for k in names) + " |")
+    if all("sr2" in results[k] for k in names):
+        lines.append("| -SR^2 (ProbVLM; higher = better) | " + " | ".join(
+            f"{results[k]['sr2']['neg_sr2']:.3f} (S {results[k]['sr2']['s']:.3f}, R^2 {results[k]['sr2']['r2']:.3f})"
+            for k in names) + " |")
     return "\n".join(lines) + "\n"
 
 

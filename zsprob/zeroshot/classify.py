@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from zsprob.errors import UserError
+from zsprob.zeroshot.calibration import calibration_table, model_logit_scales, row_calibration
 from zsprob.zeroshot.features import DATASET_KINDS, ImageFeatures, encode_split, load_split  # noqa: F401
 from zsprob.zeroshot.metrics import (COLLAPSE_COSINE, SCORES, class_scores, class_separation,  # noqa: F401
                                      evaluate_scores, evaluate_selection, prompt_quality_diagnostic,
@@ -158,15 +159,16 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
                         out_dir=None, k_values=None, score: str = "cosine", strategies: Sequence[str] | None = None,
                         model: dict | None = None, title: str = "", threshold_c: float = 1.0,
                         write_selections: bool = True, shots: int | None = None, shots_split: str = "select",
-                        allow_eval_shots: bool = False) -> dict:
+                        allow_eval_shots: bool = False, logit_scales: dict | None = None) -> dict:
     """Every strategy on one prompt bank and one set of image embeddings; the table and figures.
 
     Returns ``{"rows": [...], "table": str, "curves": {...}, "files": {...}, "deterministic": bool}``.
     Each row: ``name``, ``label``, ``metrics`` (see :func:`evaluate_scores`), ``uses_eval_labels``, the
     registry's protocol facts (``reads_eval_labels``, ``transductive``, ``label_split``), ``data_used``,
     ``paired_vs_all`` (:mod:`zsprob.zeroshot.paired`), ``k_mean`` / ``k_hist`` for hard selections, or
-    ``skipped`` with the reason. ``shots`` / ``shots_split`` / ``allow_eval_shots``: the few-shot
-    strategies' shots (see :func:`zsprob.zeroshot.selection.run_strategy`).
+    ``skipped`` with the reason; scored rows also get :func:`row_calibration`'s fields (``logit_scales``:
+    :func:`model_logit_scales`, default CLIP's 100). ``shots`` / ``shots_split`` / ``allow_eval_shots``:
+    the few-shot strategies' shots (see :func:`zsprob.zeroshot.selection.run_strategy`).
     """
     from zsprob.zeroshot.selection import select_all
 
@@ -183,6 +185,7 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
         rows.append(row)
         if sel is not None:
             selections[name], hits[name] = sel, row_hits
+            row.update(row_calibration(sel, eval_feats, select_feats, score=score, logit_scales=logit_scales))
     reference = hits["all"] if "all" in hits else top1_hits(select_all(bank), eval_feats, "cosine")
     for row in rows:
         if not row.get("skipped"):
@@ -202,7 +205,7 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
               "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {},
               "diagnostic_eval_labels": diagnostic,
               "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats))}
-    result["table"] = format_table(rows)
+    result["table"] = format_table(rows) + "\n\n" + calibration_table(rows)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -321,7 +324,8 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
     meta.setdefault("id", model_id)
     title = f"{dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
     res = compare_on_features(bank, ev, se, out_dir=out_dir, k_values=k_values, score=score, model=meta,
-                              title=title, shots=shots, shots_split=shots_split, allow_eval_shots=allow_eval_shots)
+                              title=title, shots=shots, shots_split=shots_split, allow_eval_shots=allow_eval_shots,
+                              logit_scales=model_logit_scales(model))
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["dataset"] = {"kind": dataset, "root": str(root), "select_root": None if se is None else se.source}
