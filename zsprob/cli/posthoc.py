@@ -52,6 +52,10 @@ def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method,
 
     from zsprob.errors import UserError
 
+    if data_kind == "coco" and shards:
+        raise UserError("--shards is for --data synthetic / webdataset; --data coco reads --root")
+    if data_kind != "coco" and root is not None:
+        raise UserError(f"--root is for --data coco; --data {data_kind} reads --shards")
     if data_kind == "coco" and root is None:
         raise UserError("--data coco needs --root (the COCO directory)")
     if data_kind != "coco" and not shards:
@@ -59,6 +63,9 @@ def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method,
     if data_kind != "coco":
         from zsprob.utils.checks import check_shards
         check_shards(data_kind, shards)
+        if data_kind == "synthetic":
+            from zsprob.data.synthworld.checks import check_pretrain_shards
+            check_pretrain_shards(shards)
     if (Path(out) / "model").exists() and not overwrite:
         raise UserError(f"{Path(out) / 'model'} exists; pass --overwrite to replace it")
     import torch

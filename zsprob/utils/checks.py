@@ -216,7 +216,9 @@ def check_shards(kind: str, shards) -> None:
         raise UserError(f"SynthWorld shards not found: {shards} (make them with `zsprob data synthetic --out DIR`,"
                         " then pass --shards DIR/pretrain)")
     local = Path(str(shards)).expanduser()
-    if not _is_url(str(shards)) and local.is_dir() and not any(local.glob("*.tar")):
+    # (a SynthWorld's pretrain/ gets the world's own check, which names the --num-* flag: synthworld.checks)
+    in_world = kind == "synthetic" and (local.parent / "manifest.json").is_file()
+    if not in_world and not _is_url(str(shards)) and local.is_dir() and not any(local.glob("*.tar")):
         raise UserError(f"no *.tar shards in directory {local}")
 
 
