@@ -115,6 +115,29 @@ def common_options(f):
     return f
 
 
+def check_prompt_inputs(*, templates, classes, class_prompts, k_grid, shots_split, allow_eval_shots, cache_dir, out):
+    """Every prompt-side input of ``select-prompts`` / ``zeroshot`` checked where it enters, before a model
+    or an image is loaded (one line each): the shots rule, the pool file, the template and class-name
+    files, the K grid and the cache folder. Returns the cache folder."""
+    from pathlib import Path
+
+    from zsprob.zeroshot.options import parse_k_grid
+    from zsprob.zeroshot.prompts import check_cache_dir, load_classnames, load_templates
+    from zsprob.zeroshot.strategy_registry import check_shots_split
+
+    check_shots_split(shots_split, allow_eval_shots)
+    if class_prompts is not None:
+        from zsprob.zeroshot.pools import load_class_prompts
+        load_class_prompts(class_prompts)
+    if templates is not None:
+        load_templates(templates)
+    if classes is not None:
+        load_classnames(classes)
+    parse_k_grid(k_grid)
+    return check_cache_dir(cache_dir or Path(out).resolve().parent / "cache",
+                           "--cache-dir" if cache_dir else "cache folder (cache/ next to --out; or pass --cache-dir)")
+
+
 def resolve_device(spec):
     """``--device`` as a ``torch.device`` (:func:`zsprob.utils.devices.resolve_device`; UserError if absent)."""
     from zsprob.utils.devices import resolve_device as resolve

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.options import common_options, load_model, model_options, resolve_device
+from zsprob.cli.options import check_prompt_inputs, common_options, load_model, model_options, resolve_device
 from zsprob.cli.types import COUNT, OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 
@@ -42,27 +42,16 @@ def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, stra
                    threshold_c, beta, shots_split, shots, allow_eval_shots, class_prompts, k_grid, batch_size,
                    device, workers, precision, cache_dir, templates, classes, out):
     """Rank prompt templates by text uncertainty and select them per class."""
-    from pathlib import Path
-
-    from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk
-
-    from zsprob.zeroshot.strategy_registry import check_shots_split
+    from zsprob.zeroshot.options import strategy_from_topk
 
     name, k = strategy_from_topk(topk, strategy)
-    check_shots_split(shots_split, allow_eval_shots)
-    if class_prompts is not None:
-        from zsprob.zeroshot.pools import load_class_prompts
-
-        load_class_prompts(class_prompts)     # a malformed file fails before the model loads
-    parse_k_grid(k_grid)                      # fail fast on a malformed grid, before loading torch
+    cache = check_prompt_inputs(templates=templates, classes=classes, class_prompts=class_prompts, k_grid=k_grid,
+                                shots_split=shots_split, allow_eval_shots=allow_eval_shots, cache_dir=cache_dir,
+                                out=out)
     device = resolve_device(device)
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import run_selection
 
-    from zsprob.zeroshot.prompts import check_cache_dir
-
-    cache = check_cache_dir(cache_dir or Path(out).resolve().parent / "cache",
-                            "--cache-dir" if cache_dir else "cache folder (cache/ next to --out; or pass --cache-dir)")
     model, meta = load_model(checkpoint, model_name, pretrained, device)
     sel, doc = run_selection(model, dataset, root, strategy=name, k=k, select_root=select_root,
                              use_select=not no_select, templates=templates, classnames=classes, cache_dir=cache,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.options import common_options, load_model, model_options, resolve_device
+from zsprob.cli.options import check_prompt_inputs, common_options, load_model, model_options, resolve_device
 from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 
@@ -50,14 +50,9 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
         raise UserError("--compare evaluates every strategy; it does not take --prompts")
     if prompts is None:
         strategy_from_topk(topk, strategy)
-    from zsprob.zeroshot.strategy_registry import check_shots_split
-
-    check_shots_split(shots_split, allow_eval_shots)
-    if class_prompts is not None:
-        from zsprob.zeroshot.pools import load_class_prompts
-
-        load_class_prompts(class_prompts)     # a malformed file fails before the model loads
-    parse_k_grid(k_grid)
+    cache = check_prompt_inputs(templates=templates, classes=classes, class_prompts=class_prompts, k_grid=k_grid,
+                                shots_split=shots_split, allow_eval_shots=allow_eval_shots, cache_dir=cache_dir,
+                                out=out)
     shot_args = {"shots": shots, "shots_split": shots_split, "allow_eval_shots": allow_eval_shots,
                  "class_prompts": class_prompts}
     device = resolve_device(device)
@@ -65,11 +60,7 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import compare_strategies, zeroshot_eval
 
-    from zsprob.zeroshot.prompts import check_cache_dir
-
     out = Path(out)
-    cache = check_cache_dir(cache_dir or out.resolve().parent / "cache",
-                            "--cache-dir" if cache_dir else "cache folder (cache/ next to --out; or pass --cache-dir)")
     model, meta = load_model(checkpoint, model_name, pretrained, device)
     if compare:
         kv = parse_k_grid(k_grid) if k_grid else None
