@@ -123,3 +123,18 @@ def test_finetune_flickr30k_trains_with_val_selection(flickr, tmp_path, cli_run)
     assert best["split"] == "val" and best["step"] == 5
     assert (tmp_path / "run" / "model-best" / "zsprob.json").is_file()
     assert (tmp_path / "run" / "config.yaml").read_text().count("kind: flickr30k") == 1
+
+
+def test_an_unreadable_evaluation_image_is_one_line(flickr, ckpt, tmp_path, cli_run):
+    """A benchmark split is scored whole: a test image that is not an image (or is cut short) stops the
+    evaluation with one line naming it, before any encoding, and --out is not written."""
+    root = tmp_path / "f30k"
+    shutil.copytree(flickr, root)
+    test_images = [im["filename"] for im in json.loads((root / "dataset_flickr30k.json").read_text())["images"]
+                   if im["split"] == "test"]
+    (root / "flickr30k-images" / test_images[1]).write_bytes(b"not a jpeg")
+    out = tmp_path / "out" / "metrics.json"
+    r = cli_run("eval", "flickr30k", "--checkpoint", ckpt, "--root", root, "--device", "cpu", "--workers", "0",
+                "--out", out)
+    assert r.returncode == 2 and r.stderr.startswith("zsprob: error: 1 of ") and r.stderr.count("\n") == 1, r.stderr
+    assert test_images[1] in r.stderr and "cannot be read" in r.stderr and not out.parent.exists()

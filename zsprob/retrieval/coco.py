@@ -171,6 +171,19 @@ def task_for_embeddings(emb: Embeddings, instance_labels: np.ndarray | None = No
                           official=False)
 
 
+def refuse_unreadable_images(paths, split: str) -> None:
+    """One line when an image of the split is missing, not an image, or cut short (checked when listed,
+    :func:`zsprob.data.classification.image_problem`): a benchmark split is scored whole, so nothing is
+    skipped (training on COCO replaces such images and counts them instead)."""
+    from zsprob.data.classification import readable_images
+
+    _, bad = readable_images([Path(p) for p in paths])
+    if bad:
+        path, why = bad[0]
+        raise UserError(f"{len(bad)} of {len(paths)} images of the {split} split cannot be read (e.g. {path}: {why}); "
+                        "a benchmark is scored on every image: restore them")
+
+
 def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, device=None, num_workers: int = 0,
                 progress: bool = True, karpathy_json=None, dataset=None, precision: str = "fp32"):
     """Embed a COCO split with a zsprob / open_clip model (``dataset``: an already parsed
@@ -182,6 +195,7 @@ def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, devi
     from zsprob.models.encode import encode_images, encode_texts
 
     ds = dataset if dataset is not None else CocoCaptions(root, split=split, karpathy_json=karpathy_json)
+    refuse_unreadable_images(ds.image_paths, split)
     images = ds.image_dataset(model.preprocess_val)
     img_mu, img_lv = encode_images(model, images, batch_size=batch_size, device=device, num_workers=num_workers,
                                    progress=progress, precision=precision)
