@@ -190,8 +190,8 @@ def test_cli_pretrain_jwae_with_unpaired_streams_then_eval_synthetic(tiny_world,
     (("--config", "jwae_synthetic.yaml", "--set", "data.paired_fraction=1.5"), "paired_fraction must be in (0, 1]"),
     (("--config", "jwae_synthetic.yaml", "--set", "data.paired_fraction=0"), "paired_fraction must be in (0, 1]"),
 ])
-def test_cli_bad_jwae_input_is_one_line_and_exit_2(tmp_path, args, message):
-    r = run_cli("pretrain", *args, "--data", "synthetic", "--shards", tmp_path, "--out", tmp_path / "run",
+def test_cli_bad_jwae_input_is_one_line_and_exit_2(tmp_path, tiny_world, args, message):
+    r = run_cli("pretrain", *args, "--data", "synthetic", "--shards", tiny_world / "pretrain", "--out", tmp_path / "run",
                 "--steps", 2, "--no-progress", "--set", "model.embed_dim=16", timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr and "Traceback" not in r.stderr

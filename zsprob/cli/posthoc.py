@@ -66,6 +66,9 @@ def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method,
         if data_kind == "synthetic":
             from zsprob.data.synthworld.checks import check_pretrain_shards
             check_pretrain_shards(shards)
+        local = Path(str(shards)).expanduser()
+        if local.is_dir() and not any(local.glob("*.tar")):  # before any model or feature work
+            raise UserError(f"no *.tar shards in directory {local}")
     if (Path(out) / "model").exists() and not overwrite:
         raise UserError(f"{Path(out) / 'model'} exists; pass --overwrite to replace it")
     import torch

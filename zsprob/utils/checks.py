@@ -215,11 +215,6 @@ def check_shards(kind: str, shards) -> None:
     if kind == "synthetic" and not any(c in str(shards) for c in "{}:") and not Path(str(shards)).exists():
         raise UserError(f"SynthWorld shards not found: {shards} (make them with `zsprob data synthetic --out DIR`,"
                         " then pass --shards DIR/pretrain)")
-    local = Path(str(shards)).expanduser()
-    # (a SynthWorld's pretrain/ gets the world's own check, which names the --num-* flag: synthworld.checks)
-    in_world = kind == "synthetic" and (local.parent / "manifest.json").is_file()
-    if not in_world and not _is_url(str(shards)) and local.is_dir() and not any(local.glob("*.tar")):
-        raise UserError(f"no *.tar shards in directory {local}")
 
 
 def check_output(path: str | os.PathLike, what: str | None = "--out", kind: str = "dir") -> str | os.PathLike:
