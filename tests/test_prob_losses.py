@@ -211,10 +211,16 @@ def test_match_sigma_detach_keeps_the_match_loss_off_sigma():
         PCMEPPLoss(match_sigma="frozen")
 
 
-def test_caption_nll_is_the_gaussian_likelihood_of_the_matched_images():
+@pytest.mark.parametrize("path", ["cpu", "accelerator"])
+def test_caption_nll_is_the_gaussian_likelihood_of_the_matched_images(path, monkeypatch):
     """The caption term against torch.distributions.Normal in float64 (soft targets, a row without a
-    match), its minimiser (the mean squared residual), and its gradient: caption log-variances only."""
+    match), its minimiser (the mean squared residual), and its gradient: caption log-variances only.
+    Both paths: the CPU's (kept rows indexed after a free host read) and the accelerator's (chosen on
+    the device), which must agree; with no matched row at all the term is 0 with a zero gradient."""
     from zsprob.prob.losses import caption_nll
+    from zsprob.utils import host_sync
+    if path == "accelerator":
+        monkeypatch.setattr(host_sync, "HOST_READ_FREE", set())
 
     g = torch.Generator().manual_seed(5)
     img, txt = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randn(5, 4, generator=g, dtype=torch.float64)
@@ -233,6 +239,10 @@ def test_caption_nll_is_the_gaussian_likelihood_of_the_matched_images():
     best = (img[:5] - txt).square().log().requires_grad_(True)
     grad, = torch.autograd.grad(caption_nll(torch.eye(5, 6, dtype=torch.float64), img, txt, best), best)
     assert grad.abs().max() < 1e-12
+    none = lv.clone().requires_grad_(True)
+    value = caption_nll(torch.zeros(5, 6, dtype=torch.float64), img, txt, none)
+    grad, = torch.autograd.grad(value, none)
+    assert value.item() == 0.0 and grad.abs().max() == 0.0
     # scale k: the Gaussian N(mu_t, k sigma_t^2), so the minimiser is the squared residual / k
     wide = torch.distributions.Normal(txt, (0.5 * lv).exp() * math.sqrt(4.0))
     want4 = torch.stack([-wide.log_prob(img[t]).sum(-1)[t] for t in range(5)]).mean() - 0.5 * 4 * math.log(2 * math.pi)

@@ -74,6 +74,7 @@ from torch.utils.checkpoint import checkpoint
 from zsprob.errors import UserError, check_range
 from zsprob.methods import DEFAULT_DEGRADE_OPS
 from zsprob.prob import distances
+from zsprob.utils import host_sync
 from zsprob.prob.jwae import JWAEObjective
 from zsprob.prob.method_registry import get_method, method_loss, method_names, methods_without_loss
 from zsprob.prob.pairs import PairBatch, as_dtype, guard_term, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
@@ -115,7 +116,15 @@ def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tenso
     """
     weight = targets.clamp(min=0)
     total = weight.sum(dim=1)
-    keep = total > 0  # rows without a positive column add nothing (chosen on the device: no host sync)
+    keep = total > 0  # rows without a positive column add nothing
+    if host_sync.host_read_is_free(keep.device):  # the CPU: index the kept rows (a host read costs nothing)
+        if not bool(keep.any()):
+            return txt_logvar.sum() * 0.0
+        w = weight[keep] / total[keep, None]
+        mu_t, lv = txt_mu[keep], txt_logvar[keep]
+        sq = w @ img_mu.square() - 2.0 * mu_t * (w @ img_mu) + mu_t.square()
+        return 0.5 * (sq.clamp(min=0) * torch.exp(-lv) / scale + lv).sum(-1).mean()
+    # an accelerator: the choice stays on the device (no host sync)
     w = weight / torch.where(keep, total, torch.ones_like(total))[:, None]
     sq = w @ img_mu.square() - 2.0 * txt_mu * (w @ img_mu) + txt_mu.square()
     per_row = 0.5 * (sq.clamp(min=0) * torch.exp(-txt_logvar) / scale + txt_logvar).sum(-1)
