@@ -119,6 +119,10 @@ def test_eval_error_paths(tmp_path, cli):
     one_line_error(cli("eval", "embeddings", tmp_path / "missing.npz"), "embeddings file not found")
     make_npz(tmp_path / "bad.npz", image_mu=None)
     one_line_error(cli("eval", "embeddings", tmp_path / "bad.npz"), "lack arrays: image_mu")
+    # a misspelled optional array is refused, not dropped (the file would read as deterministic)
+    make_npz(tmp_path / "typo.npz", sigma=False, img_logvar=np.zeros((30, 8), np.float32),
+             caption_logvar=np.zeros((150, 8), np.float32))
+    one_line_error(cli("eval", "embeddings", tmp_path / "typo.npz"), "unknown array 'img_logvar'; did you mean 'image_logvar'?")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     one_line_error(cli("eval", "embeddings", tmp_path / "junk.npz"), "cannot read embeddings")
     make_npz(tmp_path / "noimg.npz", caption_image=None)

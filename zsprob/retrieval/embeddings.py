@@ -12,6 +12,7 @@ an index's ``ids.npy`` is held to).
 from __future__ import annotations
 
 from dataclasses import dataclass
+import difflib
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 from zsprob.errors import UserError, require_file
 
 REQUIRED = ("image_ids", "caption_ids", "image_mu", "caption_mu")
+OPTIONAL = ("image_logvar", "caption_logvar", "caption_image")
 #: the largest log-variance whose sigma^2 = exp(logvar) is finite in float32 (exp(88.7) overflows)
 LOGVAR_MAX = 88.0
 
@@ -144,9 +146,20 @@ def _check_caption_image(cap_img: np.ndarray, where: str, n_cap: int, n_img: int
     return cap_img
 
 
+def _refuse_unknown(arrays: dict, where: str) -> None:
+    """An array the format does not name is refused: a misspelled optional array (``img_logvar``)
+    would otherwise be dropped and the file read as deterministic."""
+    unknown = sorted(set(arrays) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], REQUIRED + OPTIONAL, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UserError(f"{where}: unknown array {unknown[0]!r}{hint} (an embeddings file holds "
+                        f"{', '.join(REQUIRED)} and optionally {', '.join(OPTIONAL)})")
+
+
 def load_embeddings(path) -> Embeddings:
     """Load and validate an ``E.npz``; problems raise :class:`UserError` naming the file and the array:
-    a missing array, ids that are not unique 1-D integers, empty or mismatched shapes, values that
+    a missing or an unknown array, ids that are not unique 1-D integers, empty or mismatched shapes, values that
     are not finite real numbers, log-variances whose exp overflows float32 (above :data:`LOGVAR_MAX`),
     a ``caption_image`` outside the images."""
     p = require_file(path, "embeddings file", "an .npz with image_ids, caption_ids, image_mu, caption_mu")
@@ -155,6 +168,7 @@ def load_embeddings(path) -> Embeddings:
     if missing:
         raise UserError(f"embeddings {p} lack arrays: {', '.join(missing)} (have: {', '.join(sorted(arrays)) or 'none'})")
     where = f"embeddings {p}"
+    _refuse_unknown(arrays, where)
     image_ids = check_ids(arrays["image_ids"], where, "image_ids")
     caption_ids = check_ids(arrays["caption_ids"], where, "caption_ids")
     _check_shapes(arrays, where)
