@@ -205,7 +205,8 @@ def test_damaged_images_are_skipped_and_counted(base, tmp_path):
     warnings = [ln for ln in r.stderr.replace("\r", "\n").splitlines() if ln.startswith("zsprob: warning: skipped")]
     assert len(warnings) == 1 and "skipped 3 unreadable image(s)" in warnings[0] and str(root) in warnings[0]
     assert "Traceback" not in r.stderr
-    assert json.loads(out.read_text())["metrics"]["n_images"] == 10
+    result = json.loads(out.read_text())
+    assert result["metrics"]["n_images"] == 10 and result["dataset"]["skipped_unreadable_images"] == 3
     assert tree(root) == before
 
 

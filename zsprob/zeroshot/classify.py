@@ -328,6 +328,7 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
                               logit_scales=model_logit_scales(model))
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
+    res["skipped_unreadable_images"] = {"eval": ev.skipped, "select": se.skipped if se is not None else 0}
     res["dataset"] = {"kind": dataset, "root": str(root), "select_root": None if se is None else se.source}
     if "json" in res.get("files", {}):
         from zsprob.utils.io import atomic_write_json
@@ -474,7 +475,8 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
 
     meta = dict(model_meta or {})
     meta.setdefault("id", model_id)
-    return {"zsprob_version": __version__, "dataset": {"kind": dataset, "root": str(root), "source": feats.source},
+    return {"zsprob_version": __version__, "dataset": {"kind": dataset, "root": str(root), "source": feats.source,
+                                                               "skipped_unreadable_images": feats.skipped},
             "model": meta, "score": score, "selection": sel_doc, "metrics": metrics,
             "class_separation": separation,
             "images_from_cache": feats.from_cache}

@@ -35,6 +35,7 @@ class ImageFeatures:
     source: str = ""
     from_cache: bool = False
     seconds: float = 0.0
+    skipped: int = 0  # unreadable images the dataset left out (a folder's damaged files)
 
     @property
     def feats(self):
@@ -100,7 +101,7 @@ def encode_split(model, kind: str, root, split: str | None, *, model_id: str, ca
             if meta.get("key") == key:
                 t = load_file(str(stem.with_suffix(".safetensors")))
                 return ImageFeatures(t["mu"], t.get("logvar"), t["labels"], list(ds.classnames), source,
-                                     from_cache=True)
+                                     from_cache=True, skipped=len(getattr(ds, "skipped", ())))
         except Exception:
             pass
     from zsprob.models.encode import encode_images
@@ -109,7 +110,8 @@ def encode_split(model, kind: str, root, split: str | None, *, model_id: str, ca
     mu, logvar = encode_images(model, ds, batch_size=batch_size, device=device, num_workers=num_workers,
                                progress=progress, precision=precision)
     secs = time.perf_counter() - t0
-    feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), source, seconds=secs)
+    feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), source, seconds=secs,
+                          skipped=len(getattr(ds, "skipped", ())))
     if stem is not None:
         from safetensors.torch import save_file
 
