@@ -69,7 +69,8 @@ def test_changed_words_a_missing_figure_and_a_flipped_check_differ_at_any_tolera
     after["checks"]["retrieval_pcmepp_above_chance"] = False
     r = _run(tmp_path, REPORT, after, "--rtol", "1")
     assert r.returncode == 1
-    assert 'zeroshot/pcmepp/rows[1]/name: "auto" -> "top-k"' in r.stdout
+    assert 'zeroshot/pcmepp/rows[auto]/top1: 30.4 -> (absent)' in r.stdout  # rows are matched by name
+    assert 'zeroshot/pcmepp/rows[top-k]/name: (absent) -> "top-k"' in r.stdout
     assert "retrieval/pcmepp/i2t/r@1: 33.666666666666664 -> (absent)" in r.stdout
     assert "checks/retrieval_pcmepp_above_chance: true -> false" in r.stdout
     assert "retrieval/pcmepp/rho" not in r.stdout  # NaN equals NaN
@@ -80,3 +81,19 @@ def test_an_unreadable_report_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "broken.json"), str(tmp_path / "none.json")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not JSON" in r.stderr
+
+
+def test_rows_are_matched_by_name_and_added_figures_can_be_allowed(tmp_path):
+    """A report that gained a strategy row in the middle and a new field: the other rows still
+    compare with their namesakes; --allow-added counts the new figures instead of failing on them."""
+    after = copy.deepcopy(REPORT)
+    after["zeroshot"]["pcmepp"]["rows"].insert(1, {"name": "carprt", "top1": 29.0})
+    after["zeroshot"]["pcmepp"]["mde"] = 1.4
+    r = _run(tmp_path, REPORT, after)
+    assert r.returncode == 1 and "rows[carprt]/top1: (absent) -> 29.0" in r.stdout
+    assert "rows[auto]" not in r.stdout
+    allowed = _run(tmp_path, REPORT, after, "--allow-added")
+    assert allowed.returncode == 0, allowed.stdout
+    assert "0 not identical" in allowed.stdout and "3 only in the second report" in allowed.stdout
+    after["zeroshot"]["pcmepp"]["rows"][0]["top1"] = 28.3  # a changed figure still differs
+    assert _run(tmp_path, REPORT, after, "--allow-added").returncode == 1
