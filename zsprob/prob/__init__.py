@@ -1,7 +1,8 @@
 """zsprob.prob: tensor math on diagonal Gaussian embeddings (no I/O, no models).
 
-Owns the tensor math on Gaussians: distances, losses, MSDA, jWAE terms. May import ``zsprob.errors``
-and ``zsprob.methods`` only: no models, data or I/O.
+Owns the tensor math on Gaussians: distances, losses, MSDA, jWAE terms. May import ``zsprob.errors``,
+``zsprob.methods`` and ``zsprob.utils.host_sync`` (whether a host read is free on a device) only: no
+models, data or I/O.
 
 - :mod:`zsprob.prob.distances`: pairwise distances [N, M] (CSD, 2-Wasserstein, KL, min-KL, JS,
   ELK, Bhattacharyya, mean-only, cosine, Monte Carlo match probability / average L2),
