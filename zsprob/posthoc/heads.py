@@ -41,8 +41,8 @@ FRESH_BIAS_INIT = -6.0
 
 
 def _towers(model) -> dict:
-    """side -> the model's tower adapter (the ProbCLIP keeps them as ``_vision`` / ``_text``)."""
-    return {"image": model._vision, "text": model._text}  # noqa: SLF001 - the tower adapters have no public name
+    """side -> the model's tower adapter (:meth:`zsprob.models.ProbCLIP.towers`)."""
+    return model.towers()
 
 
 def head_kind_for(model) -> str:
@@ -69,7 +69,7 @@ def probabilistic_copy(frozen, *, seed: int = 0):
     """
     from zsprob.models.configs import model_from_config
 
-    if not hasattr(frozen, "_vision") or not hasattr(frozen, "config"):
+    if not callable(getattr(frozen, "towers", None)) or not hasattr(frozen, "config"):
         raise UserError(f"{type(frozen).__name__} has no image and text towers to read (a jWAE model or another "
                         "kind); post-hoc heads need a zsprob ProbCLIP, an open_clip model or a published one")
     kind = head_kind_for(frozen)
