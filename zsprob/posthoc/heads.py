@@ -132,6 +132,10 @@ class HeadAdapter:
     def raw(self, features: torch.Tensor) -> torch.Tensor:
         return self.head(features)
 
+    def lengths(self, features: torch.Tensor) -> torch.Tensor | None:
+        """Words per row when the features carry them (a bag of words), else None."""
+        return None
+
     def logvar(self, features: torch.Tensor) -> torch.Tensor:
         """log sigma^2 [B, D] from cached features [B, F], as the model's forward computes it."""
         raw = self.raw(features).float()
@@ -174,6 +178,9 @@ class WordsAdapter(HeadAdapter):
 
     def projection_input(self, features):
         return features[:, :-1] / features[:, -1:].clamp(min=1)
+
+    def lengths(self, features):
+        return features[:, -1]
 
 
 class _HookedAdapter(HeadAdapter):
