@@ -77,16 +77,19 @@ def test_inclusion_term_is_the_original_inside_its_copy(parts):
             assert float(terms[f"inclusion_{side}"]) == pytest.approx(want, rel=1e-4)
 
 
-def test_same_length_term_ranks_only_captions_of_equal_length(parts):
+@pytest.mark.parametrize("target", ["own", "centre"])
+def test_same_length_term_ranks_only_captions_of_equal_length(parts, target):
     from zsprob.posthoc.adapter import AdapterSettings, sigma_terms
 
     adapters, batch = parts
-    s = AdapterSettings(same_length_scale=7.0)
+    s = AdapterSettings(same_length_scale=7.0, same_length_target=target)
     with torch.no_grad():
         got = float(sigma_terms(adapters, batch, s)["same_length"])
         lv = adapters["text"].logvar(batch["text_features"]).double()
     log_s = lv.exp().sum(1).log().tolist()
-    r = (batch["image_mu"].double() - batch["text_mu"].double()).square().sum(1).tolist()
+    image = batch["image_mu"].double()
+    image = image if target == "own" else image.mean(0, keepdim=True)  # the caption's own image, or the batch's centre
+    r = (image - batch["text_mu"].double()).square().sum(1).tolist()
     n = [len(c.split()) for c in CAPTIONS]
     losses = [_softplus_neg(s.same_length_scale * (log_s[i] - log_s[j]))
               for i in range(len(n)) for j in range(len(n)) if i != j and n[i] == n[j] and r[i] > r[j]]

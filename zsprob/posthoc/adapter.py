@@ -54,6 +54,7 @@ class AdapterSettings:
     inclusion_scale: float = 100.0
     same_length_alpha: float = 0.1
     same_length_scale: float = 10.0
+    same_length_target: str = "own"  # distance to the caption's own image mean, or "centre": to the batch's images' mean
     cover_scale: float = 1000.0
     cover_lambda: float = 0.002
     caption_nll_alpha: float = 0.1
@@ -84,7 +85,10 @@ def sigma_terms(adapters: dict, batch: dict[str, torch.Tensor], s: AdapterSettin
         logit = inclusion_logit(mu[side], lv[side], mu[f"{side}_copy"], lv[f"{side}_copy"])
         terms[f"inclusion_{side}"] = -torch.nn.functional.logsigmoid(s.inclusion_scale * logit).mean()
     lengths = adapters["text"].lengths(batch["text_features"])
-    terms["same_length"] = same_length_rank(mu["image"], mu["text"], lv["text"], lengths, s.same_length_scale)
+    if s.same_length_target not in ("own", "centre"):
+        raise ValueError(f"same_length_target must be 'own' or 'centre', got {s.same_length_target!r}")
+    target = mu["image"] if s.same_length_target == "own" else mu["image"].mean(0, keepdim=True)
+    terms["same_length"] = same_length_rank(target, mu["text"], lv["text"], lengths, s.same_length_scale)
     terms["loss"] = (s.occlusion_alpha * (terms["cover_image"] + terms["cover_text"])
                      + s.same_length_alpha * terms["same_length"]
                      + s.inclusion_alpha * (terms["inclusion_image"] + terms["inclusion_text"])
