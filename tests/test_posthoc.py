@@ -232,3 +232,36 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, frozen, tiny_world):
         lines = [line for line in r.stderr.strip().splitlines() if line.startswith("zsprob: error:")]
         assert len(lines) == 1 and "Traceback" not in r.stderr, (name, r.stderr[-1500:])
         assert not out.exists(), name
+
+
+def test_coco_data_end_to_end_keeps_the_means_and_the_cosine_retrieval(tmp_path, frozen):
+    from test_data_coco import make_coco
+    from zsprob.data.coco import CocoCaptions, CocoPairs
+    from zsprob.models import load
+
+    root = tmp_path / "coco"
+    make_coco(root)
+    out = tmp_path / "ph"
+    r = run_cli("posthoc", "--checkpoint", str(frozen), "--data", "coco", "--root", str(root), "--steps", "20",
+                "--batch-size", "4", "--threads", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == 2 * 2 and summary["data"]["kind"] == "coco"  # train + restval, two views
+    before, after = load(frozen).eval(), load(out / "model").eval()
+    assert not after.deterministic
+    pairs = CocoPairs(CocoCaptions(root, split="train", official_ids=False, instances=False), before.preprocess_val,
+                      before.tokenizer, mode="random", seed=0)
+    images = torch.stack([pairs[i][0] for i in range(len(pairs))])
+    tokens = torch.stack([pairs[i][1] for i in range(len(pairs))])
+    b_img, _, b_txt, _ = _encode(before, images, tokens)
+    a_img, a_ilv, a_txt, a_tlv = _encode(after, images, tokens)
+    assert torch.equal(a_img, b_img) and torch.equal(a_txt, b_txt)
+    assert torch.isfinite(a_ilv).all() and torch.isfinite(a_tlv).all()
+    metrics = {}
+    for name, ckpt in (("frozen", frozen), ("posthoc", out / "model")):
+        r = run_cli("eval", "coco", "--checkpoint", str(ckpt), "--root", str(root), "--score", "cosine",
+                    "--no-analysis", "--workers", "0", "--out", str(tmp_path / name / "m.json"))
+        assert r.returncode == 0, r.stderr[-2000:]
+        metrics[name] = json.loads((tmp_path / name / "m.json").read_text())["metrics"]
+    assert metrics["frozen"]["coco"]["t2i"]["n_queries"] == 10  # the two test images' captions
+    assert metrics["frozen"] == metrics["posthoc"]

@@ -5,10 +5,14 @@ Parses options, loads the frozen model (the evaluation commands' model options) 
 """
 from __future__ import annotations
 
+import math
+
 import click
 
 from zsprob.cli.options import model_options, official_file_kwargs, resolve_device
-from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, POSITIVE, InPath
+from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, POSITIVE, InPath, Real
+
+NONNEG = Real(0.0, math.inf)
 
 METHOD_NAMES = ("adapter", "laplace")  # zsprob.posthoc.METHODS (checked there too; no torch import here)
 DATA_NAMES = ("synthetic", "webdataset", "coco")
@@ -30,6 +34,10 @@ DATA_NAMES = ("synthetic", "webdataset", "coco")
 @click.option("--steps", type=COUNT, default=1500, show_default=True, help="Training steps of the heads.")
 @click.option("--batch-size", type=COUNT, default=256, show_default=True, help="Rows per training step.")
 @click.option("--lr", type=POSITIVE, default=2e-3, show_default=True)
+@click.option("--inclusion-alpha", type=NONNEG, default=0.1, show_default=True,
+              help="Weight of ProLIP's inclusion test of each original inside its degraded / word-deleted copy.")
+@click.option("--same-length-alpha", type=NONNEG, default=0.1, show_default=True,
+              help="Weight of the ranking of equally long captions by their distance to their image's mean.")
 @click.option("--seed", type=COUNT0, default=0, show_default=True, help="Heads' init, copies and batches.")
 @click.option("--prior-precision", type=POSITIVE, default=None,
               help="laplace: the Gaussian prior's precision (default: chosen by the evidence on the data).")
@@ -41,7 +49,7 @@ DATA_NAMES = ("synthetic", "webdataset", "coco")
 @click.option("--overwrite", is_flag=True, help="Replace OUT/model if it exists.")
 @click.option("--out", type=OUT_DIR, required=True, help="Output directory: OUT/model, OUT/summary.json.")
 def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method, views, max_samples, steps, batch_size,
-            lr, seed, prior_precision, feature_file, device, workers, threads, overwrite, out):
+            lr, inclusion_alpha, same_length_alpha, seed, prior_precision, feature_file, device, workers, threads, overwrite, out):
     """Give a frozen model trained log-variance heads; its means stay bit-identical.
 
     \b
@@ -83,7 +91,8 @@ def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method,
     dev = resolve_device(device)
     frozen, source = load_source(checkpoint, model_name, pretrained, device=dev, **official_file_kwargs())
     data = DataSpec(data_kind, root if data_kind == "coco" else shards, max_samples=max_samples, workers=workers)
-    settings = AdapterSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, prior_precision=prior_precision)
+    settings = AdapterSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, prior_precision=prior_precision,
+                               inclusion_alpha=inclusion_alpha, same_length_alpha=same_length_alpha)
     summary = run_posthoc(frozen, data, out, method=method, views=views, settings=settings, device=dev,
                           feature_file=feature_file, source=source)
     click.echo(f"posthoc {method}: {summary['rows']} rows ({views} views) -> {Path(out) / 'model'} "

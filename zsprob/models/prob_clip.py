@@ -491,6 +491,10 @@ class ProbCLIP(nn.Module):
             return self.sigma_readout[side](logvar).expand_as(logvar)
         return logvar
 
+    def towers(self) -> dict:
+        """side ("image", "text") -> the tower adapter (:mod:`zsprob.models.towers`) the encoders run."""
+        return {"image": self._vision, "text": self._text}
+
     def encode_image(self, images: torch.Tensor, *, with_sigma: bool = True):
         """images [B, 3, H, W] -> (mu [B, D], logvar [B, D] or None), float32."""
         return self._encode(self._vision, self.image_gpo, self.image_sigma, images, with_sigma)

@@ -5,12 +5,20 @@ ambiguity (configs/synthetic_tiny_sigma.yaml, docs/findings.md), minus the match
 are frozen here, so there is nothing for it to train), each per row of a batch of cached rows:
 
     loss = occlusion_alpha * (cover(image in its degraded copy) + cover(caption in its word-deleted copy))
+         + inclusion_alpha * (incl(image in its degraded copy) + incl(caption in its word-deleted copy))
+         + same_length_alpha * rank(captions of equal length)
          + caption_nll_alpha * -log N(image mean; caption mean, caption_nll_scale * sigma_caption^2)
          + image_nll_alpha   * -log N(caption mean; image mean, image_nll_scale * sigma_image^2)
          + vib_beta * (VIB(image) + VIB(caption))
 
 ``cover`` is :func:`zsprob.prob.prolip.cover_loss` (the copy's summed variance must hold the
-original's plus ``cover_lambda`` times the squared shift of its mean), the likelihood terms
+original's plus ``cover_lambda`` times the squared shift of its mean). ``cover`` compares summed
+variances, while ProLIP's inclusion test (:func:`zsprob.prob.distances.inclusion_logit`) weighs
+every dimension's log-variance alike, so the two can disagree on the same pair; ``incl`` is
+-log sigmoid(inclusion_scale * that test's logit) of the original inside its copy. ``rank``
+(:func:`same_length_rank`) orders captions with the same number of words by how far each lies from
+its own image's mean (a caption true of many scenes sits far from any one of them), which the
+cover term, being about deleted words, cannot teach. The likelihood terms
 :func:`zsprob.prob.losses.caption_nll` with each caption's own image as its match, VIB
 :func:`zsprob.prob.losses.vib_kl`; every mean is a cached constant, so only the heads move.
 torch's AdamW, LambdaLR (warm-up + cosine) and gradient clipping do the optimisation.
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zsprob.prob.distances import inclusion_logit
 from zsprob.prob.losses import caption_nll, vib_kl
 from zsprob.prob.prolip import cover_loss
 
@@ -41,6 +50,11 @@ class AdapterSettings:
     warmup_steps: int = 50
     grad_clip: float = 2.0
     occlusion_alpha: float = 0.1
+    inclusion_alpha: float = 0.1
+    inclusion_scale: float = 100.0
+    same_length_alpha: float = 0.1
+    same_length_scale: float = 10.0
+    same_length_target: str = "own"  # distance to the caption's own image mean, or "centre": to the batch's images' mean
     cover_scale: float = 1000.0
     cover_lambda: float = 0.002
     caption_nll_alpha: float = 0.1
@@ -67,10 +81,35 @@ def sigma_terms(adapters: dict, batch: dict[str, torch.Tensor], s: AdapterSettin
         "image_nll": caption_nll(matched, mu["text"], mu["image"], lv["image"], s.image_nll_scale),
         "vib": vib_kl(mu["image"], lv["image"]) + vib_kl(mu["text"], lv["text"]),
     }
+    for side in ("image", "text"):
+        logit = inclusion_logit(mu[side], lv[side], mu[f"{side}_copy"], lv[f"{side}_copy"])
+        terms[f"inclusion_{side}"] = -torch.nn.functional.logsigmoid(s.inclusion_scale * logit).mean()
+    lengths = adapters["text"].lengths(batch["text_features"])
+    if s.same_length_target not in ("own", "centre"):
+        raise ValueError(f"same_length_target must be 'own' or 'centre', got {s.same_length_target!r}")
+    target = mu["image"] if s.same_length_target == "own" else mu["image"].mean(0, keepdim=True)
+    terms["same_length"] = same_length_rank(target, mu["text"], lv["text"], lengths, s.same_length_scale)
     terms["loss"] = (s.occlusion_alpha * (terms["cover_image"] + terms["cover_text"])
+                     + s.same_length_alpha * terms["same_length"]
+                     + s.inclusion_alpha * (terms["inclusion_image"] + terms["inclusion_text"])
                      + s.caption_nll_alpha * terms["caption_nll"] + s.image_nll_alpha * terms["image_nll"]
                      + s.vib_beta * terms["vib"])
     return terms
+
+
+def same_length_rank(image_mu, text_mu, text_logvar, lengths, scale: float) -> torch.Tensor:
+    """Among captions of the same length, the one farther from its image's mean gets the larger summed variance:
+    mean over such pairs (i, j) of -log sigmoid(scale * sign(r_i - r_j) * (log S_i - log S_j)), r the squared
+    distance of a caption's mean to its image's, S = ||sigma^2||_1. Zero without lengths."""
+    if lengths is None:
+        return text_logvar.sum() * 0.0
+    r = (image_mu - text_mu).square().sum(-1)
+    log_s = torch.logsumexp(text_logvar, dim=-1)
+    same = (lengths[:, None] == lengths[None, :]).to(log_s.dtype)
+    order = torch.sign(r[:, None] - r[None, :])
+    pair = -torch.nn.functional.logsigmoid(scale * order * (log_s[:, None] - log_s[None, :]))
+    weight = same * order.abs()
+    return (pair * weight).sum() / weight.sum().clamp(min=1.0)
 
 
 def warmup_cosine(step: int, steps: int, warmup: int) -> float:

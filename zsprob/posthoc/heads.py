@@ -41,8 +41,8 @@ FRESH_BIAS_INIT = -6.0
 
 
 def _towers(model) -> dict:
-    """side -> the model's tower adapter (the ProbCLIP keeps them as ``_vision`` / ``_text``)."""
-    return {"image": model._vision, "text": model._text}  # noqa: SLF001 - the tower adapters have no public name
+    """side -> the model's tower adapter (:meth:`zsprob.models.ProbCLIP.towers`)."""
+    return model.towers()
 
 
 def head_kind_for(model) -> str:
@@ -69,7 +69,7 @@ def probabilistic_copy(frozen, *, seed: int = 0):
     """
     from zsprob.models.configs import model_from_config
 
-    if not hasattr(frozen, "_vision") or not hasattr(frozen, "config"):
+    if not callable(getattr(frozen, "towers", None)) or not hasattr(frozen, "config"):
         raise UserError(f"{type(frozen).__name__} has no image and text towers to read (a jWAE model or another "
                         "kind); post-hoc heads need a zsprob ProbCLIP, an open_clip model or a published one")
     kind = head_kind_for(frozen)
@@ -132,6 +132,10 @@ class HeadAdapter:
     def raw(self, features: torch.Tensor) -> torch.Tensor:
         return self.head(features)
 
+    def lengths(self, features: torch.Tensor) -> torch.Tensor | None:
+        """Words per row when the features carry them (a bag of words), else None."""
+        return None
+
     def logvar(self, features: torch.Tensor) -> torch.Tensor:
         """log sigma^2 [B, D] from cached features [B, F], as the model's forward computes it."""
         raw = self.raw(features).float()
@@ -174,6 +178,9 @@ class WordsAdapter(HeadAdapter):
 
     def projection_input(self, features):
         return features[:, :-1] / features[:, -1:].clamp(min=1)
+
+    def lengths(self, features):
+        return features[:, -1]
 
 
 class _HookedAdapter(HeadAdapter):
