@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import TINY_TOWERS
+from zsprob import UserError
 from zsprob.train.data import same_image_targets
 
 TINY = TINY_TOWERS
@@ -153,16 +154,28 @@ def test_official_recipe_keeps_nine_swa_snapshots():
     assert cfg.freeze.warmup_mode == "loss" and cfg.data.preprocess == "official"
 
 
-def test_model_selection_keeps_the_best_val_rsum(tmp_path):
+def test_model_selection_keeps_the_best_val_rsum(tmp_path, monkeypatch):
+    from zsprob.data import classification
     from zsprob.models import load
     from zsprob.retrieval.coco import CocoValSelection
     from zsprob.train import train
     _tiny_coco(tmp_path / "coco")
+    checked, real = [], classification.readable_images
+    monkeypatch.setattr(classification, "readable_images", lambda paths: checked.append(len(paths)) or real(paths))
     hook = CocoValSelection(tmp_path / "coco", tmp_path / "run", method="pcmepp", batch_size=8)
     train(_cfg(tmp_path / "coco", train={"eval_every_epochs": 1}), tmp_path / "run", eval_hooks=[hook], progress=False)
     evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
     assert [e["step"] for e in evals] == [5, 10]  # 40 captions / 8 = 5 steps per epoch: once per epoch
+    assert checked == [4]  # the 4 val images are checked once, when the hook is built, not at every evaluation
     rsums = [e["eval"]["val_rsum"] for e in evals]
     best = json.loads((tmp_path / "run" / "best.json").read_text())
     assert best["val_rsum"] == max(rsums) and best["step"] == evals[rsums.index(max(rsums))]["step"]
     assert load(tmp_path / "run" / "model-best").checkpoint_meta["extra"]["val_rsum"] == max(rsums)
+
+
+def test_model_selection_refuses_an_unreadable_val_image_when_the_hook_is_built(tmp_path):
+    from zsprob.retrieval.coco import CocoValSelection
+    _tiny_coco(tmp_path / "coco")
+    (tmp_path / "coco" / "train2014" / "COCO_train2014_000000000009.jpg").write_bytes(b"not a jpeg")  # a val image
+    with pytest.raises(UserError, match="1 of 4 images of the val split cannot be read"):
+        CocoValSelection(tmp_path / "coco", tmp_path / "run", method="pcmepp", batch_size=8)
