@@ -44,7 +44,8 @@ def _cfg(root, **over):
 
 
 def test_same_image_captions_are_positives_in_one_batch(tmp_path):
-    from zsprob.train.build import build_model, build_source, resolve_config
+    from zsprob.train.build import build_model, build_source
+    from zsprob.train.defaults import resolve_config
     from zsprob.train.step import next_batch
     _tiny_coco(tmp_path / "coco", n_train=2, n_val=0)  # 10 captions of 2 images: every batch repeats images
     cfg = resolve_config(_cfg(tmp_path / "coco"))
@@ -76,7 +77,8 @@ def test_official_transforms_crop_flip_squash_and_imagenet_normalisation(tmp_pat
 
     from zsprob.data.transforms import IMAGENET_MEAN, IMAGENET_STD, OfficialCocoTrainTransform
     from zsprob.models import load, save
-    from zsprob.train.build import build_model, resolve_config
+    from zsprob.train.build import build_model
+    from zsprob.train.defaults import resolve_config
     cfg = resolve_config(_cfg(tmp_path, data={"preprocess": "official"}))
     model = build_model(cfg)
     assert isinstance(model.preprocess_train, OfficialCocoTrainTransform)
@@ -104,7 +106,7 @@ def test_official_transforms_crop_flip_squash_and_imagenet_normalisation(tmp_pat
 
 
 def test_embedding_warmup_scales_the_loss_not_the_lr():
-    from zsprob.train.build import resolve_config
+    from zsprob.train.defaults import resolve_config
     from zsprob.train.schedule import resolve_schedule
     cfg = resolve_config({"schedule": {"steps": 50}, "freeze": {"image_steps": 20, "warmup_steps": 10,
                                                                 "warmup_mode": "loss"}})
@@ -122,7 +124,8 @@ def test_swa_averages_a_and_b_with_the_weights(tmp_path):
     from zsprob.models import load_extra_tensors, load_meta
     from zsprob.prob import PCMEPPLoss
     from zsprob.train import optim
-    from zsprob.train.build import build_model, resolve_config
+    from zsprob.train.build import build_model
+    from zsprob.train.defaults import resolve_config
     from zsprob.train.checkpoints import save_model
     from zsprob.train.step import ContrastiveStep
     cfg = resolve_config({"model": {"name": "zsprob-tiny", "embed_dim": 16, "overrides": TINY}})
