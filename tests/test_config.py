@@ -32,8 +32,7 @@ def test_training_defaults_are_merged_once_from_one_place():
     """load_train_config merges DEFAULTS (zsprob.train.defaults.with_defaults); train()'s resolve_config
     takes that config as it is, and merges the same DEFAULTS into a partial dict from Python."""
     from zsprob.config import deep_merge, read_yaml
-    from zsprob.train.defaults import DEFAULTS, TrainConfig, load_train_config, with_defaults
-    from zsprob.train.build import resolve_config
+    from zsprob.train.defaults import DEFAULTS, TrainConfig, load_train_config, resolve_config, with_defaults
     cfg = load_train_config("synthetic_tiny.yaml", ["optim.lr=0.01", "data.pipeline.caption_key=txt"])
     assert isinstance(cfg, TrainConfig) and resolve_config(cfg) is cfg
     expected = deep_merge(deep_merge(DEFAULTS, read_yaml("synthetic_tiny.yaml")),
@@ -52,7 +51,8 @@ def test_the_sigma_recipe_builds_detached_heads_and_a_sigma_only_occlusion_term(
     model and the loss."""
     from zsprob.prob import PCMEPPLoss
     from zsprob.train import load_train_config
-    from zsprob.train.build import build_loss, build_model, resolve_config
+    from zsprob.train.build import build_loss, build_model
+    from zsprob.train.defaults import resolve_config
     base = load_train_config("synthetic_tiny.yaml")
     cfg = resolve_config(load_train_config("synthetic_tiny_sigma.yaml"))
     assert cfg.model.name == base.model.name and cfg.schedule.steps == base.schedule.steps
@@ -75,8 +75,7 @@ def test_the_sigma_recipe_builds_detached_heads_and_a_sigma_only_occlusion_term(
 def test_every_true_false_key_refuses_other_values():
     """Keys whose default is true / false take YAML booleans only; bool('maybe') would be true."""
     from zsprob.errors import UserError
-    from zsprob.train.defaults import load_train_config
-    from zsprob.train.build import resolve_config
+    from zsprob.train.defaults import load_train_config, resolve_config
     from zsprob.utils.checks import check_flags
 
     for setting, key in [("msda.enabled=2", "msda.enabled"), ("optim.fused=1", "optim.fused"),
@@ -87,3 +86,30 @@ def test_every_true_false_key_refuses_other_values():
     with pytest.raises(UserError, match=r"^a\.b must be true or false, got None$"):
         check_flags({"a": {"b": None}}, {"a": {"b": False}})
     check_flags({"a": {"b": True}, "c": "text"}, {"a": {"b": False}, "c": "default", "d": True})
+
+
+def test_a_run_config_is_resolved_and_checked_in_one_place():
+    """resolve_config merges the defaults and runs every check of the training rules, the first mistake
+    (in the rules' order: keys, counts, numbers, nullable numbers, exclusive keys) as one line."""
+    from zsprob.errors import UserError
+    from zsprob.train.defaults import RULES, resolve_config
+    from zsprob.utils.checks import check_config
+
+    cases = [
+        ({"schedule": {"steps": 5, "epochs": 2}},
+         "schedule.steps (5) and schedule.epochs (2) are both set: drop one (--steps / schedule.steps counts "
+         "optimiser steps, --epochs passes over the data)"),
+        ({"optim": {"layer_decay": "nan"}}, "optim.layer_decay must be null or a number > 0 and <= 1, got 'nan'"),
+        ({"optim": {"disc_lr": [1]}}, "optim.disc_lr must be null or a number > 0, got [1]"),
+        ({"schedule": {"steps": 0, "epochs": 2}}, "--steps (schedule.steps) must be at least 1, got 0"),
+        ({"schedule": {"stepz": 0, "steps": 0}}, "unknown config key schedule.stepz (did you mean schedule.steps?)"),
+        ({"method": "arcface"}, "unknown method 'arcface'; choose one of "),
+        ({"train": {"precision": "fp64"}}, "train.precision must be fp32, bf16 or fp16, got 'fp64'"),
+    ]
+    for cfg, message in cases:
+        with pytest.raises(UserError) as e:
+            resolve_config(cfg)
+        assert str(e.value).startswith(message), (cfg, str(e.value))
+    cfg = resolve_config({"optim": {"layer_decay": "7e-1"}})
+    assert cfg.optim.layer_decay == 0.7  # a string spelling a number is stored as the float
+    check_config({"optim": {"layer_decay": None}}, RULES)  # null stays allowed

@@ -118,7 +118,7 @@ def test_discriminator_and_autoencoder_updates_touch_only_their_own_parameters()
     from accelerate import Accelerator
 
     from zsprob.train import jwae_step
-    from zsprob.train.build import resolve_config
+    from zsprob.train.defaults import resolve_config
     cfg = resolve_config(jwae_cfg("optim.grad_clip=2.0", "schedule.steps=5"))
     src = source(0.5)
     acc = Accelerator(cpu=True)

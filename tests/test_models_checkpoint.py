@@ -269,3 +269,23 @@ def test_pretrained_tag_found_in_local_hf_cache(tmp_path):
     (tmp_path / "ViT-B-32.pt").write_bytes(b"x")
     path, _ = resolve_pretrained("ViT-B-32", "openai", cache_dir=str(tmp_path))
     assert path == tmp_path / "ViT-B-32.pt"
+
+
+def test_one_sha256_of_a_file_serves_the_checkpoint_and_the_synthworld_manifest(tmp_path):
+    """The file hash reads in chunks: a file over one chunk hashes as hashlib does on the whole bytes."""
+    import hashlib
+
+    from zsprob.data.synthworld import checks
+    from zsprob.utils.io import sha256_file
+
+    data = torch.Generator().manual_seed(0)
+    payload = torch.randint(0, 256, ((1 << 22) + 12345,), generator=data, dtype=torch.uint8).numpy().tobytes()
+    (tmp_path / "pretrain").mkdir()
+    path = tmp_path / "pretrain" / "blob.bin"
+    path.write_bytes(payload)
+    assert sha256_file(path) == hashlib.sha256(payload).hexdigest()
+    from zsprob.models import checkpoint
+
+    assert checkpoint.sha256_file is sha256_file
+    assert checks.file_checksums(tmp_path) == {"pretrain/blob.bin": {"size": len(payload),
+                                                                     "sha256": hashlib.sha256(payload).hexdigest()}}

@@ -93,7 +93,8 @@ def test_official_uniformity_draws_with_replacement():
 
 def test_pcme_method_builds_a_log_sigma_model_and_trains():
     """--method pcme: the head predicts log sigma (logvar = 2 x head output); a few steps lower the loss."""
-    from zsprob.train.build import build_loss, build_model, resolve_config
+    from zsprob.train.build import build_loss, build_model
+    from zsprob.train.defaults import resolve_config
     cfg = resolve_config({"method": "pcme", "model": {"name": "zsprob-tiny", "embed_dim": 16}})
     model = build_model(cfg)
     assert model.sigma_param == "logsigma" and model.config["sigma_param"] == "logsigma"
@@ -144,7 +145,8 @@ def test_mc_evaluation_uses_the_learned_a_b_j_and_form(tmp_path):
     from zsprob.models import load
     from zsprob.prob.distances import mc_match_prob
     from zsprob.retrieval.scoring import mc_score_options
-    from zsprob.train.build import build_loss, build_model, resolve_config
+    from zsprob.train.build import build_loss, build_model
+    from zsprob.train.defaults import resolve_config
     from zsprob.train.checkpoints import save_model
     from zsprob.train.step import ContrastiveStep
     cfg = resolve_config({"method": "pcme", "model": {"name": "zsprob-tiny", "embed_dim": 16},

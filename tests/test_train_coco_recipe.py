@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import TINY_TOWERS
+from zsprob import UserError
 from zsprob.train.data import same_image_targets
 
 TINY = TINY_TOWERS
@@ -43,7 +44,8 @@ def _cfg(root, **over):
 
 
 def test_same_image_captions_are_positives_in_one_batch(tmp_path):
-    from zsprob.train.build import build_model, build_source, resolve_config
+    from zsprob.train.build import build_model, build_source
+    from zsprob.train.defaults import resolve_config
     from zsprob.train.step import next_batch
     _tiny_coco(tmp_path / "coco", n_train=2, n_val=0)  # 10 captions of 2 images: every batch repeats images
     cfg = resolve_config(_cfg(tmp_path / "coco"))
@@ -75,7 +77,8 @@ def test_official_transforms_crop_flip_squash_and_imagenet_normalisation(tmp_pat
 
     from zsprob.data.transforms import IMAGENET_MEAN, IMAGENET_STD, OfficialCocoTrainTransform
     from zsprob.models import load, save
-    from zsprob.train.build import build_model, resolve_config
+    from zsprob.train.build import build_model
+    from zsprob.train.defaults import resolve_config
     cfg = resolve_config(_cfg(tmp_path, data={"preprocess": "official"}))
     model = build_model(cfg)
     assert isinstance(model.preprocess_train, OfficialCocoTrainTransform)
@@ -103,7 +106,7 @@ def test_official_transforms_crop_flip_squash_and_imagenet_normalisation(tmp_pat
 
 
 def test_embedding_warmup_scales_the_loss_not_the_lr():
-    from zsprob.train.build import resolve_config
+    from zsprob.train.defaults import resolve_config
     from zsprob.train.schedule import resolve_schedule
     cfg = resolve_config({"schedule": {"steps": 50}, "freeze": {"image_steps": 20, "warmup_steps": 10,
                                                                 "warmup_mode": "loss"}})
@@ -121,7 +124,8 @@ def test_swa_averages_a_and_b_with_the_weights(tmp_path):
     from zsprob.models import load_extra_tensors, load_meta
     from zsprob.prob import PCMEPPLoss
     from zsprob.train import optim
-    from zsprob.train.build import build_model, resolve_config
+    from zsprob.train.build import build_model
+    from zsprob.train.defaults import resolve_config
     from zsprob.train.checkpoints import save_model
     from zsprob.train.step import ContrastiveStep
     cfg = resolve_config({"model": {"name": "zsprob-tiny", "embed_dim": 16, "overrides": TINY}})
@@ -153,16 +157,28 @@ def test_official_recipe_keeps_nine_swa_snapshots():
     assert cfg.freeze.warmup_mode == "loss" and cfg.data.preprocess == "official"
 
 
-def test_model_selection_keeps_the_best_val_rsum(tmp_path):
+def test_model_selection_keeps_the_best_val_rsum(tmp_path, monkeypatch):
+    from zsprob.data import classification
     from zsprob.models import load
     from zsprob.retrieval.coco import CocoValSelection
     from zsprob.train import train
     _tiny_coco(tmp_path / "coco")
+    checked, real = [], classification.readable_images
+    monkeypatch.setattr(classification, "readable_images", lambda paths: checked.append(len(paths)) or real(paths))
     hook = CocoValSelection(tmp_path / "coco", tmp_path / "run", method="pcmepp", batch_size=8)
     train(_cfg(tmp_path / "coco", train={"eval_every_epochs": 1}), tmp_path / "run", eval_hooks=[hook], progress=False)
     evals = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
     assert [e["step"] for e in evals] == [5, 10]  # 40 captions / 8 = 5 steps per epoch: once per epoch
+    assert checked == [4]  # the 4 val images are checked once, when the hook is built, not at every evaluation
     rsums = [e["eval"]["val_rsum"] for e in evals]
     best = json.loads((tmp_path / "run" / "best.json").read_text())
     assert best["val_rsum"] == max(rsums) and best["step"] == evals[rsums.index(max(rsums))]["step"]
     assert load(tmp_path / "run" / "model-best").checkpoint_meta["extra"]["val_rsum"] == max(rsums)
+
+
+def test_model_selection_refuses_an_unreadable_val_image_when_the_hook_is_built(tmp_path):
+    from zsprob.retrieval.coco import CocoValSelection
+    _tiny_coco(tmp_path / "coco")
+    (tmp_path / "coco" / "train2014" / "COCO_train2014_000000000009.jpg").write_bytes(b"not a jpeg")  # a val image
+    with pytest.raises(UserError, match="1 of 4 images of the val split cannot be read"):
+        CocoValSelection(tmp_path / "coco", tmp_path / "run", method="pcmepp", batch_size=8)

@@ -28,7 +28,8 @@ def test_tf32_switch_and_the_full_precision_block_restore_the_flags():
 
 
 def test_the_accelerator_gets_the_configured_process_group_timeout(tmp_path):
-    from zsprob.train.build import make_accelerator, resolve_config
+    from zsprob.train.build import make_accelerator
+    from zsprob.train.defaults import resolve_config
     cfg = resolve_config(tiny_cfg(tmp_path, train={"dist_timeout_s": 123, "tensorboard": False}))
     acc, _ = make_accelerator(cfg, tmp_path)
     assert acc.init_handler is not None and acc.init_handler.timeout.total_seconds() == 123

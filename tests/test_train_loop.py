@@ -214,7 +214,8 @@ def test_cnn_image_tower_trains_and_reloads(tiny_world, tmp_path):
 
 def test_augment_false_trains_on_the_eval_transform(tiny_world):
     """data.augment=False: the training batches go through model.preprocess_val (no random crop)."""
-    from zsprob.train.build import build_model, build_source, resolve_config
+    from zsprob.train.build import build_model, build_source
+    from zsprob.train.defaults import resolve_config
     for augment in (True, False):
         cfg = resolve_config(tiny_cfg(tiny_world / "pretrain", data={"augment": augment}))
         model = build_model(cfg)

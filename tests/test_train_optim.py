@@ -241,7 +241,7 @@ def test_mixed_seed_is_deterministic_and_sensitive():
 
 def test_recipes_carry_the_paper_settings():
     from zsprob.train import load_train_config
-    from zsprob.train.build import resolve_config
+    from zsprob.train.defaults import resolve_config
     c = resolve_config(load_train_config("finetune_coco_vitb32.yaml"))
     assert (c.model.name, c.model.pretrained, c.model.embed_dim) == ("ViT-B-32", "openai", 1024)
     assert (c.optim.name, c.optim.lr, c.optim.weight_decay, c.optim.layer_decay) == ("adamp", 5e-4, 1e-4, 0.7)

@@ -17,7 +17,6 @@ writes, a truncated or corrupted file or a missing file is reported as a
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -25,21 +24,13 @@ from typing import Any
 import torch
 
 from zsprob.errors import UserError
+from zsprob.utils.io import sha256_file
 
 WEIGHTS_NAME = "model.safetensors"
 META_NAME = "zsprob.json"
 FORMAT = "zsprob-checkpoint"
 FORMAT_VERSION = 1
 EXTRA_PREFIX = "extra_tensors."
-
-
-def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 4 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def checkpoint_dir(path: str | os.PathLike) -> Path:

@@ -185,9 +185,11 @@ def refuse_unreadable_images(paths, split: str) -> None:
 
 
 def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, device=None, num_workers: int = 0,
-                progress: bool = True, karpathy_json=None, dataset=None, precision: str = "fp32"):
+                progress: bool = True, karpathy_json=None, dataset=None, precision: str = "fp32",
+                check_images: bool = True):
     """Embed a COCO split with a zsprob / open_clip model (``dataset``: an already parsed
-    :class:`~zsprob.data.coco.CocoCaptions` of that split; ``precision``: "fp32" or "bf16" autocast).
+    :class:`~zsprob.data.coco.CocoCaptions` of that split; ``precision``: "fp32" or "bf16" autocast;
+    ``check_images=False`` when the caller has already refused unreadable images of ``dataset``).
 
     Returns ``(embeddings, instance_labels or None, dataset)`` (the dataset gives image paths and
     captions for the uncertainty pages)."""
@@ -195,7 +197,8 @@ def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, devi
     from zsprob.models.encode import encode_images, encode_texts
 
     ds = dataset if dataset is not None else CocoCaptions(root, split=split, karpathy_json=karpathy_json)
-    refuse_unreadable_images(ds.image_paths, split)
+    if check_images:
+        refuse_unreadable_images(ds.image_paths, split)
     images = ds.image_dataset(model.preprocess_val)
     img_mu, img_lv = encode_images(model, images, batch_size=batch_size, device=device, num_workers=num_workers,
                                    progress=progress, precision=precision)
@@ -213,21 +216,21 @@ class CocoValSelection:
     ``hook(model, step) -> {"val_rsum", "val_best_rsum"}`` (``zsprob.train.train(eval_hooks=...)``)
     that embeds the Karpathy ``split`` ("val"), computes RSUM (R@1, 5, 10, both directions; on the 1K
     folds when the split has 5,000 images) and, when it beats the best so far, writes the model to
-    ``out_dir/model-best`` and ``out_dir/best.json``. The loss's a, b are not part of that save."""
+    ``out_dir/model-best`` and ``out_dir/best.json``. The loss's a, b are not part of that save.
+
+    The split is parsed and its images checked (:func:`refuse_unreadable_images`) once, when the hook
+    is built, so a broken val split is refused before training starts and no epoch reads every image
+    file again to check it."""
 
     def __init__(self, root, out_dir, *, split: str = "val", karpathy_json=None, batch_size: int = 128,
                  score: str = "csd", method: str | None = None, dataset: str = "coco"):
+        from zsprob.data.flickr import karpathy_captions
+
         self.root, self.out_dir, self.split, self.kind = root, Path(out_dir), split, dataset
         self.karpathy_json, self.batch_size, self.score, self.method = karpathy_json, batch_size, score, method
         self.best = float("-inf")
-        self._ds = None
-
-    def dataset(self):
-        if self._ds is None:
-            from zsprob.data.flickr import karpathy_captions
-            self._ds = karpathy_captions(self.kind, self.root, self.split, self.karpathy_json, official_ids=False,
-                                         instances=False)
-        return self._ds
+        self._ds = karpathy_captions(dataset, root, split, karpathy_json, official_ids=False, instances=False)
+        refuse_unreadable_images(self._ds.image_paths, split)
 
     def __call__(self, model, step: int) -> dict:
         from zsprob.models import save
@@ -236,7 +239,7 @@ class CocoValSelection:
 
         device = next(model.parameters()).device
         emb, _, _ = encode_coco(model, self.root, self.split, batch_size=self.batch_size, device=device,
-                                progress=False, dataset=self.dataset())
+                                progress=False, dataset=self._ds, check_images=False)
         emb, task = task_for_embeddings(emb)
         score = self.score if emb.has_sigma else "cosine"
         row = summary_row(evaluate_embeddings(emb, task, score=score).metrics)

@@ -1,7 +1,7 @@
 """Building a training run from its config: the model, the loss, the data source, the accelerator,
 the optimiser and schedule, SWA, and the :class:`~zsprob.train.run.Run` that holds them.
 
-Owns :func:`resolve_config` (defaults merged, every count / flag / precision checked),
+Takes a resolved config (:func:`zsprob.train.defaults.resolve_config`). Owns
 :func:`make_accelerator` (accelerate's ``Accelerator``: device, precision, DDP with the process
 group's timeout, TF32 on CUDA), the ``build_*`` functions and :func:`build_run`, which picks the step
 of the method (the pairwise step of :mod:`zsprob.train.step`, or jWAE's) and builds every part once.
@@ -28,25 +28,10 @@ from zsprob.prob.method_registry import get_method
 from zsprob.train import accumulate, optim, resilience
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, count_samples_synthetic, resolve_shards,
                                shard_options)
-from zsprob.train.defaults import DEFAULTS, METHODS, check_train_config, with_defaults
 from zsprob.train.run import DataCursor, Run
 from zsprob.train.schedule import SchedulePlan, resolve_schedule
 from zsprob.train.step import ContrastiveStep, gradient_clip_sets, one_step
-from zsprob.utils.checks import check_count, check_flags, check_shards
-
-
-def resolve_config(cfg: Any) -> Config:
-    """Defaults <- ``cfg`` (unless ``cfg`` already has them: :func:`zsprob.train.defaults.with_defaults`);
-    validates the method, the precision, every count, known key and finite float
-    (:func:`~zsprob.train.defaults.check_train_config`) and every true / false key."""
-    cfg = with_defaults(cfg)
-    check_train_config(cfg)
-    if cfg.method not in METHODS:
-        raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
-    check_flags(cfg, DEFAULTS)  # every true / false key (data.augment, optim.fused, msda.enabled, ...)
-    if cfg.train.precision not in ("fp32", "bf16", "fp16"):
-        raise UserError(f"train.precision must be fp32, bf16 or fp16, got {cfg.train.precision!r}")
-    return cfg
+from zsprob.utils.checks import check_count, check_shards
 
 
 def _is_zsprob_checkpoint(path) -> bool:
@@ -255,7 +240,8 @@ def compile_model(model: nn.Module, device: torch.device) -> None:
 
 def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: BatchSource | None = None,
               hooks: Iterable = (), sync=None) -> Run:
-    """Every part of the run ``cfg`` describes, built once, with the step of its method."""
+    """Every part of the run ``cfg`` describes, built once, with the step of its method (``sync``: the run
+    directory's remote mirror, :func:`zsprob.train.remote_sync.for_run`)."""
     from zsprob.train import jwae_step
 
     jwae = get_method(cfg.method).step_kind == "jwae"  # autoencoders + prior discriminator: its own parts and step
@@ -271,10 +257,11 @@ def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: Batc
     source.configure(device=acc.device)  # loaders pin their batches for CUDA
     step_module, optimizer = acc.prepare(step_module, optimizer)
     raw = acc.unwrap_model(step_module)
-    text_aug, label_smoothing = batch_augmentations(cfg, model)
+    swa = build_swa(cfg, raw.model, plan, raw.loss)
+    cursor = DataCursor(source, acc.device)
+    clip_sets = gradient_clip_sets(raw, cfg.optim.grad_clip_split)
+    text_aug, label_smoothing = batch_augmentations(cfg, model)  # the MSDA options checked (zsprob.prob.msda)
     return Run(cfg=cfg, out=out, acc=acc, log_with=log_with, step_module=step_module, raw=raw, optimizer=optimizer,
-               schedule=schedule, swa=build_swa(cfg, raw.model, plan, raw.loss), source=source,
-               cursor=DataCursor(source, acc.device), total_steps=plan.total_steps, hooks=list(hooks),
-               step_fn=step_fn, clip_sets=gradient_clip_sets(raw, cfg.optim.grad_clip_split),
-               accum_steps=accum_steps, text_aug=text_aug, label_smoothing=label_smoothing,
-               loss_scale=plan.loss_scale, sync=sync)
+               schedule=schedule, swa=swa, source=source, cursor=cursor, total_steps=plan.total_steps,
+               hooks=list(hooks), step_fn=step_fn, clip_sets=clip_sets, accum_steps=accum_steps, text_aug=text_aug,
+               label_smoothing=label_smoothing, loss_scale=plan.loss_scale, sync=sync)

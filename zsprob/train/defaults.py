@@ -2,17 +2,20 @@
 
 A recipe (YAML) is merged over these defaults and then patched with ``--set a.b=v``
 overrides (:func:`load_train_config`). :func:`with_defaults` is the one place the defaults are
-merged; its result is a :class:`TrainConfig`, which later steps (``train()``) take as it is. Durations are in optimiser steps unless the key
-says epochs; ``*_epochs`` keys win over ``*_steps`` keys when both are set and the epoch
-length is known (map-style COCO, ``data.samples_per_epoch``, or a SynthWorld manifest).
+merged; its result is a :class:`TrainConfig`, which later steps (``train()``) take as it is.
+:func:`resolve_config` is the one place a run's config is resolved and checked, in one descent (the
+tables are here, :data:`RULES`; the checking is :mod:`zsprob.utils.checks`'). Durations are in
+optimiser steps unless the key says epochs; ``*_epochs`` keys win over ``*_steps`` keys when both are
+set and the epoch length is known (map-style COCO, ``data.samples_per_epoch``, or a SynthWorld manifest).
 """
 from __future__ import annotations
 
 from typing import Any, Iterable
 
 from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
+from zsprob.errors import UserError
 from zsprob.prob.method_registry import default_loss_options, method_names
-from zsprob.utils.checks import check_counts, check_known_keys, check_numbers
+from zsprob.utils.checks import ConfigRules, check_config, check_flags
 
 DEFAULTS: dict = {
     "seed": 0,
@@ -159,7 +162,8 @@ COUNT_KEYS: tuple = (
 
 #: real-valued keys whose default is null ("off" or "derived"), so :func:`check_numbers` cannot tell their type
 #: from the default: (dotted key, low, high, low excluded); null stays allowed, anything else must be a finite
-#: number in range (``optim.layer_decay=nan`` / ``inf`` / ``abc`` is one line)
+#: number in range (``optim.layer_decay=nan`` / ``inf`` / ``abc`` is one line:
+#: ``zsprob.utils.checks.check_nullable_numbers``)
 NULLABLE_NUMBER_KEYS: tuple = (
     ("optim.layer_decay", 0.0, 1.0, True),
     ("optim.disc_lr", 0.0, float("inf"), True),
@@ -171,36 +175,23 @@ NULLABLE_NUMBER_KEYS: tuple = (
 FREE_SECTIONS: tuple = ("model.overrides", "data.pipeline", "loss.*")
 
 
+#: keys that exclude each other: (key, other, why)
+EXCLUSIVE_KEYS: tuple = (
+    ("schedule.steps", "schedule.epochs",
+     "--steps / schedule.steps counts optimiser steps, --epochs passes over the data"),
+)
+
+#: what a training config is checked against (:func:`zsprob.utils.checks.check_config`)
+RULES = ConfigRules(DEFAULTS, FREE_SECTIONS, COUNT_KEYS, NULLABLE_NUMBER_KEYS, EXCLUSIVE_KEYS)
+
+#: the mixed precisions a run may ask for (``train.precision``)
+PRECISIONS: tuple = ("fp32", "bf16", "fp16")
+
+
 def check_train_config(cfg: Any) -> None:
-    """Every count (:data:`COUNT_KEYS`), no unknown key, finite float hyper-parameters, and one run length:
-    checked when a config is loaded and again when a run starts."""
-    check_known_keys(cfg, DEFAULTS, FREE_SECTIONS)
-    check_counts(cfg, COUNT_KEYS)
-    check_numbers(cfg, DEFAULTS)
-    check_nullable_numbers(cfg)
-    schedule = cfg.get("schedule") or {}
-    if schedule.get("steps") is not None and schedule.get("epochs") is not None:
-        from zsprob.errors import UserError
-        raise UserError(f"schedule.steps ({schedule['steps']}) and schedule.epochs ({schedule['epochs']}) are both "
-                        "set: drop one (--steps / schedule.steps counts optimiser steps, --epochs passes over the data)")
-
-
-def check_nullable_numbers(cfg: Any) -> None:
-    """Every key of :data:`NULLABLE_NUMBER_KEYS` that is set: a finite number in its range, stored as a float
-    (a string spelling a number, YAML's ``2e-3``, included)."""
-    from zsprob.errors import UserError, check_range
-    for key, low, high, low_open in NULLABLE_NUMBER_KEYS:
-        section, _, name = key.rpartition(".")
-        node = cfg.get(section) if isinstance(cfg, dict) else None
-        if not isinstance(node, dict) or node.get(name) is None:
-            continue
-        value = node[name]
-        try:
-            node[name] = check_range("not a number" if isinstance(value, (bool, list, dict)) else value,
-                                     key, low, high, low_open)
-        except UserError:
-            raise UserError(f"{key} must be null or a number {'>' if low_open else '>='} {low:g}"
-                            f"{f' and <= {high:g}' if high < float('inf') else ''}, got {value!r}") from None
+    """Every count (:data:`COUNT_KEYS`), no unknown key, finite float hyper-parameters, and one run length
+    (:data:`RULES`): checked when a config is loaded and again when a run starts (:func:`resolve_config`)."""
+    check_config(cfg, RULES)
 
 
 def __getattr__(name):  # METHODS: the registry's method names (re-exported: zsprob.train.METHODS), read live
@@ -218,6 +209,20 @@ def with_defaults(cfg: Any = None) -> TrainConfig:
     if isinstance(cfg, TrainConfig):
         return cfg
     return TrainConfig(to_config(deep_merge(DEFAULTS, dict(cfg or {}))))
+
+
+def resolve_config(cfg: Any) -> TrainConfig:
+    """The one place a run's config is resolved, in one descent: :data:`DEFAULTS` <- ``cfg`` (unless ``cfg``
+    already has them: :func:`with_defaults`), then every check: :data:`RULES` (counts, known keys, finite
+    floats, one run length), the method, every true / false key and the precision."""
+    cfg = with_defaults(cfg)
+    check_config(cfg, RULES)
+    if cfg.method not in method_names():
+        raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(method_names())}")
+    check_flags(cfg, DEFAULTS)  # every true / false key (data.augment, optim.fused, msda.enabled, ...)
+    if cfg.train.precision not in PRECISIONS:
+        raise UserError(f"train.precision must be fp32, bf16 or fp16, got {cfg.train.precision!r}")
+    return cfg
 
 
 def load_train_config(path=None, overrides: Iterable[str] = ()) -> TrainConfig:

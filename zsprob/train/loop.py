@@ -13,7 +13,8 @@ One step (:mod:`zsprob.train.step`; ``--method jwae``: :mod:`zsprob.train.jwae_s
 
 The run, one named function per line (:func:`train`)::
 
-    cfg <- resolve_config(cfg); accelerator <- make_accelerator(cfg, out)      (zsprob.train.build)
+    cfg <- resolve_config(cfg)                (zsprob.train.defaults: defaults merged, every key checked)
+    accelerator <- make_accelerator(cfg, out)                     (zsprob.train.build)
     run <- build_run(cfg, ...)            (model, loss, source, schedule plan, optimiser, SWA, the step)
     restore_state(run, resume directory)                          (when resuming: zsprob.train.checkpoints)
     run_steps: for step in start..run.total_steps:                (SIGTERM / SIGUSR1 caught: StopSignals)
@@ -49,9 +50,10 @@ from zsprob.config import dump_yaml
 from zsprob.errors import Preempted
 from zsprob.train import distributed as dist
 from zsprob.train import remote_sync, resilience, state
-from zsprob.train.build import build_run, make_accelerator, resolve_config
+from zsprob.train.build import build_run, make_accelerator
 from zsprob.train.checkpoints import restore_state, save_checkpoint, save_model
 from zsprob.train.data import BatchSource
+from zsprob.train.defaults import resolve_config
 from zsprob.train.logs import current_lrs, log_record, run_hooks
 from zsprob.train.run import Run
 from zsprob.utils.io import atomic_write_json, atomic_write_text

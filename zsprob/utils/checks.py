@@ -7,6 +7,9 @@ One rule per kind of input, so every command words the same mistake the same way
   :func:`check_counts` applies a table of dotted config keys (``zsprob.train.defaults.COUNT_KEYS``).
 - :func:`check_flags`, :func:`check_numbers`, :func:`check_known_keys`: a config against its defaults
   (true / false keys, finite floats and number lists, no unknown keys: the nearest known one is named).
+  :func:`check_config` runs them all against one :class:`ConfigRules` (the defaults, the free
+  sections, the count table, the real-valued keys that may be null, the keys that exclude each other),
+  so a config is checked in one call.
 - :func:`check_output`: an ``--out`` directory (or the folder of an ``--out`` file) that cannot be
   created or written is refused before any work starts. The check creates what is missing, writes a
   probe file, and removes both again (no side effect); URLs (``scheme://...``) are left to their
@@ -21,10 +24,11 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from zsprob.errors import UserError, not_found
+from zsprob.errors import UserError, check_range, not_found
 
 
 #: files a saved Hugging Face tokenizer directory holds (any one marks the directory)
@@ -142,6 +146,51 @@ def check_known_keys(cfg: Any, defaults: Any, free: Iterable[str] = (), prefix: 
             continue
         if isinstance(default, Mapping) and default and isinstance(value, Mapping):
             check_known_keys(value, default, free, f"{name}.")
+
+
+def check_nullable_numbers(cfg: Any, table: Iterable[tuple[str, float, float, bool]]) -> None:
+    """Every ``(key, low, high, low excluded)`` of ``table`` that is set: a finite number in its range, stored
+    as a float (a string spelling a number, YAML's ``2e-3``, included); null stays allowed."""
+    for key, low, high, low_open in table:
+        section, _, name = key.rpartition(".")
+        node = _get(cfg, section) if section else cfg
+        if not isinstance(node, dict) or node.get(name) is None:
+            continue
+        value = node[name]
+        try:
+            node[name] = check_range("not a number" if isinstance(value, (bool, list, dict)) else value,
+                                     key, low, high, low_open)
+        except UserError:
+            raise UserError(f"{key} must be null or a number {'>' if low_open else '>='} {low:g}"
+                            f"{f' and <= {high:g}' if high < float('inf') else ''}, got {value!r}") from None
+
+
+def check_exclusive(cfg: Any, table: Iterable[tuple[str, str, str]]) -> None:
+    """Every ``(key, other, why)`` of ``table``: not both set (one line naming both values and ``why``)."""
+    for key, other, why in table:
+        first, second = _get(cfg, key), _get(cfg, other)
+        if first is not None and second is not None:
+            raise UserError(f"{key} ({first}) and {other} ({second}) are both set: drop one ({why})")
+
+
+@dataclass(frozen=True)
+class ConfigRules:
+    """What a nested config is checked against (:func:`check_config`)."""
+    defaults: Mapping              #: every known key with its default (its type tells flags and numbers)
+    free: tuple = ()               #: sections that take any keys (:func:`check_known_keys`)
+    counts: tuple = ()             #: ``(key, flag, rule, integer)`` rows (:func:`check_counts`)
+    nullable_numbers: tuple = ()   #: ``(key, low, high, low excluded)`` rows (:func:`check_nullable_numbers`)
+    exclusive: tuple = ()          #: ``(key, other, why)`` rows (:func:`check_exclusive`)
+
+
+def check_config(cfg: Any, rules: ConfigRules) -> None:
+    """No unknown key, every count, finite numbers (stored as floats), the nullable numbers, no two keys
+    that exclude each other, in that order (the first mistake is the one line)."""
+    check_known_keys(cfg, rules.defaults, rules.free)
+    check_counts(cfg, rules.counts)
+    check_numbers(cfg, rules.defaults)
+    check_nullable_numbers(cfg, rules.nullable_numbers)
+    check_exclusive(cfg, rules.exclusive)
 
 
 def _matches(name: str, pattern: str) -> bool:

@@ -1,4 +1,4 @@
-"""Atomic writes and small JSON helpers.
+"""Atomic writes, small JSON helpers and the SHA-256 of a file.
 
 Everything zsprob writes that a user would miss if a crash left it half-written
 (checkpoints, selections, results) goes through these functions: the data is written to a
@@ -7,6 +7,7 @@ so a reader sees either the old file or the new one, never a torn one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -102,3 +103,12 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     with open(p, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, default=_default) + "\n")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file, read in 4 MiB chunks (``hashlib`` hashes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -6,29 +6,21 @@ with its size and SHA-256, which the writer records in ``manifest.json`` (``chec
 regenerates the ones that differ); :func:`check_pretrain_shards` is the cheap check a reader of the
 pretraining shards makes before training (sizes only, no hashing). Worlds written before the
 manifest had checksums pass on what can be checked without them (:func:`broken_shards`: shards
-that are unreadable, empty or cut short). ``hashlib`` hashes; the rest is
-zsprob's.
+that are unreadable, empty or cut short). :func:`zsprob.utils.io.sha256_file` hashes (with
+``hashlib``); the rest is zsprob's.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from zsprob.errors import UserError
+from zsprob.utils.io import sha256_file
 
 #: the folders whose files a SynthWorld run writes (and the manifest records)
 DATA_FOLDERS = ("pretrain", "classify", "retrieval")
 REGENERATE = "re-run `zsprob data synthetic` with the same arguments to regenerate it"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def written_files(out: Path) -> list[Path]:
@@ -43,7 +35,7 @@ def written_files(out: Path) -> list[Path]:
 def file_checksums(out: str | os.PathLike) -> dict[str, dict]:
     """``{relative path: {"size": bytes, "sha256": hex}}`` of every file :func:`written_files` lists."""
     out = Path(out)
-    return {p.relative_to(out).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+    return {p.relative_to(out).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
             for p in written_files(out)}
 
 
@@ -63,7 +55,7 @@ def damaged_files(out: str | os.PathLike, checksums: dict) -> list[str]:
     for rel, want in sorted(checksums.items()):
         path = out / rel
         if not isinstance(want, dict) or not path.is_file() or path.stat().st_size != want.get("size") \
-                or _sha256(path) != want.get("sha256"):
+                or sha256_file(path) != want.get("sha256"):
             bad.append(rel)
     return bad
 
