@@ -21,9 +21,10 @@ serve the measurements only. Writes ``OUT/room.json`` and ``OUT/room.md`` (and p
 Commands (docs/zeroshot.md, "A world where the template can matter"):
 
     zsprob data synthetic --out sw --preset quick --num-classify-eval 100 --seed 0
-    nice python scripts/template_room.py --world sw --runs runs_room --out room --towers bow,mlp --seeds 0,1,2 --train
-    # measure what is trained (a missing run is reported as missing):
-    nice python scripts/template_room.py --world sw --runs runs_room --out room --towers bow,mlp,transformer --seeds 0,1,2
+    nice python scripts/template_room.py --world sw --runs runs_room --out room \
+        --towers bow,mlp,transformer --seeds 0,1,2 --train
+    # measure only what is trained (a missing run is listed as missing):
+    nice python scripts/template_room.py --world sw --runs runs_room --out room --towers bow,mlp --seeds 0,1
 """
 from __future__ import annotations
 
@@ -175,7 +176,8 @@ def markdown(result: dict) -> str:
     for tower, s in result["towers"].items():
         lines += ["", f"**{tower}**: every strategy minus all-80, pooled over seeds {s['seeds']} "
                       f"(N = {next(iter(s['strategies'].values()))['pooled']['n']}) and per seed", "",
-                  "| strategy | label-free, non-transductive | pooled diff [95% CI] | McNemar p | MDE | per seed: diff [95% CI] |",
+                  "| strategy | label-free, non-transductive | pooled diff [95% CI] | McNemar p | MDE "
+                  "| per seed: diff [95% CI] |",
                   "|---|---|---|---|---|---|"]
         for name, e in s["strategies"].items():
             if name == "all" or e["pooled"] is None:
