@@ -13,7 +13,9 @@ per-token linear ``text_projection`` (width -> embed_dim) -> pooled over the cap
 (start-of-text to end-of-text; padding ignored): a masked mean ("native"), or GPO in
 :class:`zsprob.models.ProbCLIP`. It uses open_clip's tokenizer (CLIP BPE) like every other
 zsprob model. Order is ignored by design: "a red star and a blue circle" and "a blue star and a
-red circle" embed alike; for real data use an open_clip text transformer.
+red circle" embed alike; for real data use an open_clip text transformer. ``text_cfg`` key
+``mixer`` ("mlp" | "transformer"; default "none", the plain bag) makes the words interact before
+pooling (:mod:`zsprob.models.word_mixer`).
 
 ``BowCLIP``: ``.visual`` is built by open_clip (``open_clip.model._build_vision_tower``: ViT or
 timm tower, exactly as in open_clip's ``CLIP``), ``.text`` is a :class:`BagOfWordsText`; it
@@ -28,12 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zsprob.models.word_mixer import make_mixer
+
 
 class BagOfWordsText(nn.Module):
     """Caption tokens [B, L] -> mean of per-token projected word embeddings [B, embed_dim]."""
 
     def __init__(self, embed_dim: int, vocab_size: int = 49408, width: int = 128, context_length: int = 77,
-                 pad_id: int = 0, embed_init_std: float = 1.0):
+                 pad_id: int = 0, embed_init_std: float = 1.0, mixer: str = "none", mixer_layers: int = 1,
+                 mixer_heads: int = 4, mixer_hidden: int | None = None):
         super().__init__()
         self.embed_dim = int(embed_dim)
         self.vocab_size = int(vocab_size)
@@ -45,6 +50,8 @@ class BagOfWordsText(nn.Module):
         self.ln_final = nn.Identity()  # ProbCLIP's heads apply "ln, projection, pooling"; a bag has no norm
         self.embed_init_std = float(embed_init_std)
         self.init_parameters()
+        # built after the bag's own init, so the default ("none") draws exactly what it always drew
+        self.mixer = make_mixer(mixer, self.width, self.context_length, mixer_layers, mixer_heads, mixer_hidden)
 
     def init_parameters(self) -> None:
         nn.init.normal_(self.token_embedding.weight, std=self.embed_init_std)
@@ -63,7 +70,10 @@ class BagOfWordsText(nn.Module):
     def embed(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Word embeddings [B, L, width] of the tokens, those tokens, lengths. The full context is kept:
         cutting it after the longest caption would make the host read that length from the device."""
-        return self.token_embedding(text), text, self.lengths(text)
+        x, lengths = self.token_embedding(text), self.lengths(text)
+        if self.mixer is not None:
+            x = self.mixer(x, lengths)
+        return x, text, lengths
 
     def forward(self, text: torch.Tensor) -> torch.Tensor:
         x, _, lengths = self.embed(text)
@@ -79,7 +89,8 @@ class BowCLIP(nn.Module):
         from open_clip.model import _build_vision_tower
 
         text_cfg = {k: v for k, v in dict(text_cfg).items() if k != "tower"}
-        unknown = set(text_cfg) - {"vocab_size", "width", "context_length", "pad_id", "embed_init_std"}
+        unknown = set(text_cfg) - {"vocab_size", "width", "context_length", "pad_id", "embed_init_std", "mixer",
+                                   "mixer_layers", "mixer_heads", "mixer_hidden"}
         if unknown:
             raise TypeError(f"bag-of-words text_cfg got unexpected keys {sorted(unknown)}")
         self.visual = _build_vision_tower(embed_dim, vision_cfg, quick_gelu, None)

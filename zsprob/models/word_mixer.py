@@ -1,0 +1,118 @@
+"""Word mixers: what makes the bag-of-words text tower's words interact (an option of :mod:`zsprob.models.bow_text`).
+
+Why it exists: in the plain bag of words a caption's embedding is a linear function of the mean
+of its word embeddings, so a prompt template adds one vector shared by every class; the template
+can shift every class alike but cannot change which class wins in a different way per class.
+Real text encoders are not additive: a transformer reads each word in the context of the others,
+and even a deep averaging network (Iyyer et al., ACL 2015: an MLP on the mean of the word
+vectors) mixes template and class words non-linearly. A mixer maps the word embeddings [B, L, w]
+to word vectors of the same shape, which the tower then pools and projects exactly as before:
+
+* ``"mlp"`` (:class:`PooledWordMLP`): every word vector gets ``MLP(LN(mean of the caption's
+  words))`` added (fc -> GELU -> fc), so the caption's pooled vector is ``m + MLP(LN(m))`` -
+  a residual non-linear head on the pooled words, which also reaches the log-variance heads that
+  pool the same word vectors.
+* ``"transformer"`` (:class:`WordTransformer`): ``layers`` pre-LayerNorm blocks of bidirectional
+  self-attention over the caption's words (padding masked out of the keys) and a GELU MLP, with a
+  learned position embedding (a text transformer's), on top of the word embeddings.
+
+The residual branches' output layers start at zero, so at initialisation a mixed tower computes
+the bag of words (plus the small position embedding of the transformer) and training decides how
+much interaction to add. Plain torch (``F.scaled_dot_product_attention``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zsprob.errors import UserError
+
+MIXERS = ("none", "mlp", "transformer")
+
+
+def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, L] bool, True for a caption's tokens (the first ``lengths`` positions)."""
+    return torch.arange(length, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def _zero_(layer: nn.Linear) -> None:
+    nn.init.zeros_(layer.weight)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+
+
+class PooledWordMLP(nn.Module):
+    """Word vectors [B, L, w] -> each plus ``MLP(LN(masked mean))``: the pooled words pass a GELU MLP."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
+        _zero_(self.fc2)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        keep = valid_mask(lengths, x.shape[1])[..., None].to(x.dtype)
+        pooled = (x * keep).sum(1) / lengths[:, None].to(x.dtype)
+        return x + self.fc2(F.gelu(self.fc1(self.ln(pooled))))[:, None, :]
+
+
+class WordBlock(nn.Module):
+    """A pre-LayerNorm transformer block without a causal mask: attention over the caption's words, then an MLP."""
+
+    def __init__(self, width: int, heads: int, hidden: int):
+        super().__init__()
+        if width % heads:
+            raise UserError(f"mixer width {width} is not divisible by mixer_heads {heads}")
+        self.heads = int(heads)
+        self.ln_1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.ln_2 = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, hidden)
+        self.fc2 = nn.Linear(hidden, width)
+        _zero_(self.out)
+        _zero_(self.fc2)
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """x [B, L, w]; keys [B, 1, 1, L] bool, True where a position may be attended to."""
+        b, n, w = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).view(b, n, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=keys)
+        x = x + self.out(att.transpose(1, 2).reshape(b, n, w))
+        return x + self.fc2(F.gelu(self.fc1(self.ln_2(x))))
+
+
+class WordTransformer(nn.Module):
+    """Word embeddings [B, L, w] + learned positions -> ``layers`` :class:`WordBlock` s -> [B, L, w]."""
+
+    def __init__(self, width: int, context_length: int, layers: int, heads: int, hidden: int):
+        super().__init__()
+        self.positional_embedding = nn.Parameter(torch.randn(context_length, width) * 0.01)
+        self.blocks = nn.ModuleList(WordBlock(width, heads, hidden) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        keys = valid_mask(lengths, x.shape[1])[:, None, None, :]
+        x = x + self.positional_embedding[: x.shape[1]].to(x.dtype)
+        for blk in self.blocks:
+            x = blk(x, keys)
+        return x
+
+
+def make_mixer(kind: str, width: int, context_length: int, layers: int, heads: int,
+               hidden: int | None) -> nn.Module | None:
+    """The mixer ``kind`` names (None for ``"none"``); ``hidden`` defaults to 4 x width."""
+    if kind not in MIXERS:
+        raise UserError(f"text_cfg mixer must be one of {', '.join(MIXERS)}, got {kind!r}")
+    hidden = int(hidden) if hidden else 4 * int(width)
+    if kind == "mlp":
+        return PooledWordMLP(width, hidden)
+    if kind == "transformer":
+        if int(layers) < 1 or int(heads) < 1:
+            raise UserError(f"mixer_layers and mixer_heads must be >= 1, got {layers} and {heads}")
+        return WordTransformer(width, context_length, int(layers), int(heads), hidden)
+    return None
+
+
+__all__ = ["MIXERS", "PooledWordMLP", "WordBlock", "WordTransformer", "make_mixer", "valid_mask"]
