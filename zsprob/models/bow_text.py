@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zsprob.models.word_mixer import make_mixer
+from zsprob.utils.masks import masked_mean
 
 
 class BagOfWordsText(nn.Module):
@@ -64,8 +65,7 @@ class BagOfWordsText(nn.Module):
     @staticmethod
     def masked_mean(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Mean of x [B, L, C] over the first ``lengths`` positions of each row."""
-        keep = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
-        return (x * keep[..., None].to(x.dtype)).sum(1) / lengths[:, None].to(x.dtype)
+        return masked_mean(x, lengths)
 
     def embed(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Word embeddings [B, L, width] of the tokens, those tokens, lengths. The full context is kept:

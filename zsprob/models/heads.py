@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zsprob.utils.host_sync import host_read_is_free
+from zsprob.utils.masks import length_mask
 
 _GRU_PARAMS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
@@ -128,7 +129,7 @@ class GPO(nn.Module):
         must lie in [1, length]) and the valid mask [B, length]."""
         lengths = lengths.to(dtype=torch.long)
         table = self.weight_table(length, every_length=True, device=lengths.device)
-        mask = torch.arange(length, device=lengths.device)[None, :] < lengths[:, None]
+        mask = length_mask(lengths, length)
         return table.index_select(0, lengths - 1), mask
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:

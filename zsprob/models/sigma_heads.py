@@ -114,6 +114,7 @@ import torch
 from torch import nn
 
 from zsprob.errors import UserError
+from zsprob.utils.masks import masked_sum
 
 SIGMA_HEADS = ("block", "unc", "pcme")
 SIGMA_LAYOUTS = ("official", "legacy")
@@ -309,8 +310,7 @@ class UncPooledHead(nn.Module):
 
     def pool_words(self, words: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Mean of the first ``lengths`` word embeddings [B, L, w] and the [UNC] word: [B, w]."""
-        keep = torch.arange(words.shape[1], device=words.device)[None, :] < lengths[:, None]
-        total = (words * keep[..., None].to(words.dtype)).sum(1) + self.unc_emb.to(words.dtype)
+        total = masked_sum(words, lengths) + self.unc_emb.to(words.dtype)
         return total / (lengths[:, None].to(words.dtype) + 1)
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:

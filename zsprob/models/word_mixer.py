@@ -27,13 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from zsprob.errors import UserError
+from zsprob.utils.masks import length_mask, masked_mean
 
 MIXERS = ("none", "mlp", "transformer")
-
-
-def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
-    """[B, L] bool, True for a caption's tokens (the first ``lengths`` positions)."""
-    return torch.arange(length, device=lengths.device)[None, :] < lengths[:, None]
 
 
 def _zero_(layer: nn.Linear) -> None:
@@ -53,9 +49,7 @@ class PooledWordMLP(nn.Module):
         _zero_(self.fc2)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        keep = valid_mask(lengths, x.shape[1])[..., None].to(x.dtype)
-        pooled = (x * keep).sum(1) / lengths[:, None].to(x.dtype)
-        return x + self.fc2(F.gelu(self.fc1(self.ln(pooled))))[:, None, :]
+        return x + self.fc2(F.gelu(self.fc1(self.ln(masked_mean(x, lengths)))))[:, None, :]
 
 
 class WordBlock(nn.Module):
@@ -93,7 +87,7 @@ class WordTransformer(nn.Module):
         self.blocks = nn.ModuleList(WordBlock(width, heads, hidden) for _ in range(layers))
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        keys = valid_mask(lengths, x.shape[1])[:, None, None, :]
+        keys = length_mask(lengths, x.shape[1])[:, None, None, :]
         x = x + self.positional_embedding[: x.shape[1]].to(x.dtype)
         for blk in self.blocks:
             x = blk(x, keys)
@@ -115,4 +109,4 @@ def make_mixer(kind: str, width: int, context_length: int, layers: int, heads: i
     return None
 
 
-__all__ = ["MIXERS", "PooledWordMLP", "WordBlock", "WordTransformer", "make_mixer", "valid_mask"]
+__all__ = ["MIXERS", "PooledWordMLP", "WordBlock", "WordTransformer", "make_mixer"]

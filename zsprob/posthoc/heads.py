@@ -35,6 +35,7 @@ from torch import nn
 from zsprob.errors import UserError
 from zsprob.models.heads import bound_logvar
 from zsprob.models.sigma_heads import SigmaHead, UncPooledHead, UncTokenHead
+from zsprob.utils.masks import masked_sum
 
 #: the log sigma^2 bias of fresh heads (the demo's recipe value: summed variance small next to CSD's distances)
 FRESH_BIAS_INIT = -6.0
@@ -168,8 +169,7 @@ class WordsAdapter(HeadAdapter):
     def encode(self, inputs):
         words, _mask, ctx = self.tower.embed(inputs)
         lengths = ctx[1]
-        keep = torch.arange(words.shape[1], device=words.device)[None, :] < lengths[:, None]
-        total = (words * keep[..., None].to(words.dtype)).sum(1)
+        total = masked_sum(words, lengths)
         return self._encode(inputs, False)[0], torch.cat([total.float(), lengths[:, None].float()], dim=1)
 
     def raw(self, features):

@@ -15,6 +15,7 @@ from torch import nn
 
 from zsprob.errors import UserError
 from zsprob.utils.host_sync import host_read_is_free
+from zsprob.utils.masks import length_mask
 
 
 def block_depth(rest: str, embed_names: tuple[str, ...], num_blocks: int) -> int:
@@ -265,8 +266,8 @@ def unc_text_mask(mask: torch.Tensor, lengths: torch.Tensor, heads: int, causal:
     full[:, :seq, :seq] = base
     if causal:
         full[:, :seq, seq] = float("-inf")
-    keys = torch.arange(seq + 1, device=lengths.device)
-    readable = (keys[None, :] < lengths[:, None]) | (keys[None, :] == seq)  # [B, L + 1]
+    readable = length_mask(lengths, seq + 1)                                  # [B, L + 1]
+    readable[:, seq] = True
     unc_row = torch.zeros(b, seq + 1, dtype=dtype, device=lengths.device).masked_fill(~readable, float("-inf"))
     full[:, seq, :] = unc_row.repeat_interleave(heads, dim=0)
     return full
