@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.types import CHECKPOINT, COUNT, COUNT0, TOKENIZER
+from zsprob.cli.types import CHECKPOINT, COUNT, COUNT0, TOKENIZER, InPath
 
 # where --tokenizer / --weights are kept (click context meta) for the model loaders, as create_model's keywords
 OFFICIAL_FILE_KEYS = {"zsprob.tokenizer": "tokenizer_dir", "zsprob.weights": "weights"}
@@ -101,7 +101,7 @@ def eval_model_options(f):
 
 
 def common_options(f):
-    """The prompt and run options of ``select-prompts`` and ``zeroshot``."""
+    """The prompt, few-shot, pool and run options of ``select-prompts`` and ``zeroshot``."""
     f = click.option("--k-grid", default=None, help="K values searched by auto/global/oracle, e.g. '1-80' "
                      "or '1,2,4,8,16,32,80' (default: every K).")(f)
     f = click.option("--batch-size", type=COUNT, default=256, show_default=True)(f)
@@ -112,7 +112,15 @@ def common_options(f):
                      "(default: the 80 CLIP ImageNet templates).")(f)
     f = click.option("--classes", type=click.Path(), default=None,
                      help="Class-name file (default: the dataset's class names).")(f)
-    return f
+    f = click.option("--class-prompts", type=InPath("class-prompts file", "file"), default=None,
+                     help='Per-class prompt pools, CuPL format {"class name": ["prompt", ...]}, matched to the '
+                          "classes by name (instead of --templates).")(f)
+    f = click.option("--allow-eval-shots", is_flag=True,
+                     help="Allow --shots-split eval; the result is marked as reading evaluation labels.")(f)
+    f = click.option("--shots", type=COUNT, default=None, help="bprw-fewshot: images per class (default all).")(f)
+    return click.option("--shots-split", type=click.Choice(["select", "eval"]), default="select", show_default=True,
+                        help="bprw-fewshot: the split its labelled shots come from (eval = ProLIP's --use_gt "
+                             "protocol; refused without --allow-eval-shots).")(f)
 
 
 def check_prompt_inputs(*, templates, classes, class_prompts, k_grid, shots_split, allow_eval_shots, cache_dir, out):

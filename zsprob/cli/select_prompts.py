@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.options import check_prompt_inputs, common_options, load_model, model_options, resolve_device
-from zsprob.cli.types import COUNT, OUT_FILE, REAL, InPath
+from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 
 
@@ -27,15 +27,6 @@ from zsprob.methods import STRATEGIES
 @click.option("--threshold-c", type=REAL, default=1.0, show_default=True,
               help="Label-free auto: keep u <= mean + c*std per class.")
 @click.option("--beta", type=REAL, default=1.0, show_default=True, help="fusion: weights u^-beta.")
-@click.option("--shots-split", type=click.Choice(["select", "eval"]), default="select", show_default=True,
-              help="bprw-fewshot: the split its labelled shots come from (eval = ProLIP's --use_gt protocol; "
-                   "refused without --allow-eval-shots).")
-@click.option("--shots", type=COUNT, default=None, help="bprw-fewshot: images per class (default all).")
-@click.option("--allow-eval-shots", is_flag=True,
-              help="Allow --shots-split eval; the result is marked as reading evaluation labels.")
-@click.option("--class-prompts", type=InPath("class-prompts file", "file"), default=None,
-              help='Per-class prompt pools, CuPL format {"class name": ["prompt", ...]}, matched to the classes '
-                   "by name (instead of --templates).")
 @common_options
 @click.option("--out", type=OUT_FILE, required=True, help="selection.json to write.")
 def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, strategy, select_root, no_select,

@@ -26,15 +26,6 @@ from zsprob.methods import STRATEGIES
               help="cosine of means; CSD between image and class Gaussians; uncertainty-adjusted cosine.")
 @click.option("--unc-weight", type=REAL, default=0.5, show_default=True, help="--score unc: cos - w * ||sigma^2||_1.")
 @click.option("--compare", is_flag=True, help="Evaluate every strategy in one run; print one table and write PNGs.")
-@click.option("--shots-split", type=click.Choice(["select", "eval"]), default="select", show_default=True,
-              help="bprw-fewshot: the split its labelled shots come from (eval = ProLIP's --use_gt protocol; "
-                   "refused without --allow-eval-shots).")
-@click.option("--shots", type=click.IntRange(min=1), default=None, help="bprw-fewshot: images per class (default all).")
-@click.option("--allow-eval-shots", is_flag=True,
-              help="Allow --shots-split eval; the result is marked as reading evaluation labels.")
-@click.option("--class-prompts", type=InPath("class-prompts file", "file"), default=None,
-              help='Per-class prompt pools, CuPL format {"class name": ["prompt", ...]}, matched to the classes '
-                   "by name (instead of --templates).")
 @common_options
 @click.option("--out", type=OUT_FILE, required=True, help="results.json to write.")
 def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, strategy, select_root, score,
