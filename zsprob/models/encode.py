@@ -42,6 +42,27 @@ def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
     return torch.cat(parts, 0) if parts else torch.zeros(0, dim)
 
 
+def _encode_all(model, encode, batches: Iterable[torch.Tensor], device, precision: str, with_sigma: bool):
+    """``encode`` (the model's image or text tower) over ``batches`` in eval mode under the precision's
+    autocast: ``(mu [N, D], logvar [N, D] or None)``, float32 on the CPU. The model's train / eval mode is
+    restored afterwards, also on an error."""
+    autocast = encode_autocast(device, precision)
+    want_sigma = with_sigma and not model.deterministic
+    was_training = model.training
+    model.eval()
+    mus, lvs = [], []
+    try:
+        for batch in batches:
+            with autocast:
+                mu, lv = encode(batch, with_sigma=want_sigma)
+            mus.append(mu.float().cpu())
+            if lv is not None:
+                lvs.append(lv.float().cpu())
+    finally:
+        model.train(was_training)
+    return _cat(mus, model.embed_dim), (_cat(lvs, model.embed_dim) if want_sigma else None)
+
+
 def image_loader(dataset, *, batch_size: int, device, num_workers: int = 0):
     """The in-order DataLoader of an image dataset: ``num_workers`` decoding processes (kept alive
     across passes when > 0) and pinned batches when ``device`` is CUDA."""
@@ -71,22 +92,9 @@ def encode_images(model, dataset_or_loader, *, batch_size: int = 256, device=Non
         loader: Iterable = dataset_or_loader
     else:
         loader = image_loader(dataset_or_loader, batch_size=batch_size, device=device, num_workers=num_workers)
-    autocast = encode_autocast(device, precision)
-    want_sigma = with_sigma and not model.deterministic
-    was_training = model.training
-    model.eval()
-    mus, lvs = [], []
-    try:
-        for batch in tqdm(loader, desc="encode images", disable=not progress, leave=False):
-            imgs = _images_of(batch).to(device, non_blocking=True)
-            with autocast:
-                mu, lv = model.encode_image(imgs, with_sigma=want_sigma)
-            mus.append(mu.float().cpu())
-            if lv is not None:
-                lvs.append(lv.float().cpu())
-    finally:
-        model.train(was_training)
-    return _cat(mus, model.embed_dim), (_cat(lvs, model.embed_dim) if want_sigma else None)
+    batches = (_images_of(batch).to(device, non_blocking=True)
+               for batch in tqdm(loader, desc="encode images", disable=not progress, leave=False))
+    return _encode_all(model, model.encode_image, batches, device, precision, with_sigma)
 
 
 @torch.no_grad()
@@ -102,24 +110,12 @@ def encode_texts(model, texts: Sequence[str] | torch.Tensor, *, batch_size: int 
     if isinstance(texts, str):
         raise UserError("encode_texts expects a list of captions, not a single string")
     device = torch.device(device) if device is not None else _device_of(model)
-    autocast = encode_autocast(device, precision)
-    want_sigma = with_sigma and not model.deterministic
-    n = len(texts)
-    was_training = model.training
-    model.eval()
-    mus, lvs = [], []
-    try:
-        for start in tqdm(range(0, n, batch_size), desc="encode texts", disable=not progress, leave=False):
-            chunk = texts[start:start + batch_size]
-            tokens = chunk if isinstance(chunk, torch.Tensor) else model.tokenizer(list(chunk))
-            with autocast:
-                mu, lv = model.encode_text(tokens.to(device), with_sigma=want_sigma)
-            mus.append(mu.float().cpu())
-            if lv is not None:
-                lvs.append(lv.float().cpu())
-    finally:
-        model.train(was_training)
-    return _cat(mus, model.embed_dim), (_cat(lvs, model.embed_dim) if want_sigma else None)
+    chunks = (texts[start:start + batch_size]
+              for start in tqdm(range(0, len(texts), batch_size), desc="encode texts", disable=not progress,
+                                leave=False))
+    batches = ((chunk if isinstance(chunk, torch.Tensor) else model.tokenizer(list(chunk))).to(device)
+               for chunk in chunks)
+    return _encode_all(model, model.encode_text, batches, device, precision, with_sigma)
 
 
 __all__ = ["encode_images", "encode_texts", "image_loader"]
