@@ -40,7 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = {"bow": ("synthetic_tiny_sigma.yaml", []),
           "mlp": ("synthetic_tiny_sigma_interact.yaml", []),
           "transformer": ("synthetic_tiny_sigma_interact.yaml",
-                          ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer=transformer"])}
+                          ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer=transformer"]),
+          # the mixer in the mean head alone: the log-variance heads pool the words before it
+          "mlp-mu": ("synthetic_tiny_sigma_interact.yaml",
+                     ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer_sigma=false"]),
+          "transformer-mu": ("synthetic_tiny_sigma_interact.yaml",
+                             ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer=transformer",
+                              "--set", "model.overrides.open_clip_cfg.text_cfg.mixer_sigma=false"])}
 
 
 def run_dir(runs: Path, tower: str, seed: int) -> Path:
@@ -97,7 +103,11 @@ def measure(world: Path, run: Path, out: Path) -> tuple[dict, dict]:
             for r in res["rows"]]
     all80 = next(r["top1"] for r in rows if r["name"] == "all")
     n = len(ev)
-    return {"n_eval": n, "n_select": None if se is None else len(se), "room": room(bank, ev, res["selections"]["all"]),
+    # all-80 on the labelled selection split: what a choice between towers may look at (never the evaluation split)
+    select_all80 = None if se is None else \
+        100.0 * float(top1_hits(res["selections"]["all"], se, "cosine").double().mean())
+    return {"n_eval": n, "n_select": None if se is None else len(se), "select_all80_top1": select_all80,
+            "room": room(bank, ev, res["selections"]["all"]),
             "all80_top1": all80, "all80_se": math.sqrt(all80 * (100.0 - all80) / n), "rows": rows,
             "min_detectable_effect": res["min_detectable_effect"]}, hits
 
@@ -131,6 +141,7 @@ def summarise(tower: str, models: dict, hits: dict, bow_hits: dict) -> dict:
            "agreement": _mean_se([m["room"]["agreement"] for m in per]),
            "single_min": min(m["room"]["min"] for m in per), "single_max": max(m["room"]["max"] for m in per),
            "all80_top1": _mean_se([m["all80_top1"] for m in per]),
+           "select_all80_top1": [m.get("select_all80_top1") for m in per],
            "all80_binomial_se": [m["all80_se"] for m in per]}
     common = [s for s in seeds if s in bow_hits]
     if tower != "bow" and common:
@@ -222,8 +233,9 @@ def main(argv=None) -> int:
                 continue
             summary, h = measure(a.world, run, a.out / run.name)
             models.setdefault(tower, {})[seed], hits.setdefault(tower, {})[seed] = summary, h
-            print(f"{run.name}: all-80 {summary['all80_top1']:.2f}, room SD {summary['room']['sd']:.2f}, "
-                  f"agreement {100 * summary['room']['agreement']:.1f}%", flush=True)
+            print(f"{run.name}: all-80 {summary['all80_top1']:.2f} (selection split {summary['select_all80_top1']}), "
+                  f"room SD {summary['room']['sd']:.2f}, agreement {100 * summary['room']['agreement']:.1f}%",
+                  flush=True)
     result = {"world": str(a.world), "runs": str(a.runs), "steps": a.steps, "batch_size": a.batch_size,
               "missing": missing, "train_seconds": timings, "date": time.strftime("%Y-%m-%d", time.gmtime()),
               "towers": {t: summarise(t, models[t], hits[t], hits.get("bow", {})) for t in towers if t in models},
