@@ -40,13 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = {"bow": ("synthetic_tiny_sigma.yaml", []),
           "mlp": ("synthetic_tiny_sigma_interact.yaml", []),
           "transformer": ("synthetic_tiny_sigma_interact.yaml",
-                          ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer=transformer"]),
-          # the mixer in the mean head alone: the log-variance heads pool the words before it
-          "mlp-mu": ("synthetic_tiny_sigma_interact.yaml",
-                     ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer_sigma=false"]),
-          "transformer-mu": ("synthetic_tiny_sigma_interact.yaml",
-                             ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer=transformer",
-                              "--set", "model.overrides.open_clip_cfg.text_cfg.mixer_sigma=false"])}
+                          ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer=transformer"])}
 
 
 def run_dir(runs: Path, tower: str, seed: int) -> Path:

@@ -143,35 +143,3 @@ def test_bad_mixer_options_are_one_line_errors():
         create_model("zsprob-tiny-bow", open_clip_cfg={"text_cfg": {"mixer": "gru"}})
     with pytest.raises(UserError, match="divisible"):
         create_model("zsprob-tiny-bow", open_clip_cfg={"text_cfg": {"mixer": "transformer", "mixer_heads": 3}})
-
-
-@pytest.mark.parametrize("mixer", MIXERS)
-def test_mixer_sigma_false_keeps_the_mixer_out_of_the_log_variance(mixer):
-    """mixer_sigma false: the log-variance heads pool the words before the mixer (whatever its weights), the
-    mean reads the mixer; true (the default): both read the mixed words."""
-    def encode(flag, randomise):
-        m = create_model("zsprob-tiny-bow", seed=0, sigma_head="unc",
-                         open_clip_cfg={"text_cfg": {"mixer": mixer, "mixer_sigma": flag}})
-        if randomise:
-            _randomise_(m.clip.text.mixer, 1)
-        m.eval()
-        tok = m.tokenizer(["a photo of a star.", "a sketch of the circle.", "a red ring at the top left"])
-        with torch.no_grad():
-            return m.encode_text(tok)
-
-    (mu_t, lv_t), (mu_f, lv_f), (mu_0, lv_0) = encode(True, True), encode(False, True), encode(False, False)
-    assert torch.equal(mu_t, mu_f)                  # the mean: the mixer's, either way
-    assert not torch.allclose(mu_f, mu_0, atol=1e-4)  # ... and it does read the mixer's weights
-    assert torch.equal(lv_f, lv_0)                  # false: sigma does not depend on the mixer at all
-    assert not torch.allclose(lv_t, lv_f, atol=1e-4)  # true: it does
-    m = create_model("zsprob-tiny-bow", seed=0, sigma_head="unc",
-                     open_clip_cfg={"text_cfg": {"mixer": mixer, "mixer_sigma": False}}).train()
-    _, lv = m.encode_text(m.tokenizer(["a photo of a star."]))
-    lv.sum().backward()
-    assert all(p.grad is None or not p.grad.abs().any() for p in m.clip.text.mixer.parameters())
-    assert m.clip.text.token_embedding.weight.grad.abs().sum() > 0
-
-
-def test_mixer_sigma_must_be_a_bool():
-    with pytest.raises(UserError, match="mixer_sigma must be true or false"):
-        create_model("zsprob-tiny-bow", open_clip_cfg={"text_cfg": {"mixer": "mlp", "mixer_sigma": "no"}})

@@ -15,10 +15,7 @@ per-token linear ``text_projection`` (width -> embed_dim) -> pooled over the cap
 zsprob model. Order is ignored by design: "a red star and a blue circle" and "a blue star and a
 red circle" embed alike; for real data use an open_clip text transformer. ``text_cfg`` key
 ``mixer`` ("mlp" | "transformer"; default "none", the plain bag) makes the words interact before
-pooling (:mod:`zsprob.models.word_mixer`); ``mixer_sigma`` (default true) says whether the log-variance
-heads pool the mixed words too, or the word embeddings before the mixer (false: the mixer belongs to the
-mean head alone, as PCME++'s log-variance head has its own copy of the last blocks rather than reading
-the mean head's output).
+pooling (:mod:`zsprob.models.word_mixer`).
 
 ``BowCLIP``: ``.visual`` is built by open_clip (``open_clip.model._build_vision_tower``: ViT or
 timm tower, exactly as in open_clip's ``CLIP``), ``.text`` is a :class:`BagOfWordsText`; it
@@ -33,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zsprob.errors import UserError
 from zsprob.models.word_mixer import make_mixer
 from zsprob.utils.masks import masked_mean
 
@@ -43,7 +39,7 @@ class BagOfWordsText(nn.Module):
 
     def __init__(self, embed_dim: int, vocab_size: int = 49408, width: int = 128, context_length: int = 77,
                  pad_id: int = 0, embed_init_std: float = 1.0, mixer: str = "none", mixer_layers: int = 1,
-                 mixer_heads: int = 4, mixer_hidden: int | None = None, mixer_sigma: bool = True):
+                 mixer_heads: int = 4, mixer_hidden: int | None = None):
         super().__init__()
         self.embed_dim = int(embed_dim)
         self.vocab_size = int(vocab_size)
@@ -57,9 +53,6 @@ class BagOfWordsText(nn.Module):
         self.init_parameters()
         # built after the bag's own init, so the default ("none") draws exactly what it always drew
         self.mixer = make_mixer(mixer, self.width, self.context_length, mixer_layers, mixer_heads, mixer_hidden)
-        if not isinstance(mixer_sigma, bool):
-            raise UserError(f"text_cfg mixer_sigma must be true or false, got {mixer_sigma!r}")
-        self.mixer_sigma = mixer_sigma
 
     def init_parameters(self) -> None:
         nn.init.normal_(self.token_embedding.weight, std=self.embed_init_std)
@@ -75,16 +68,12 @@ class BagOfWordsText(nn.Module):
         return masked_mean(x, lengths)
 
     def embed(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Word vectors [B, L, width] of the tokens (after the mixer, if any), those tokens, lengths. The full
-        context is kept: cutting it after the longest caption would make the host read that length."""
-        x, _words, lengths = self.embed_words(text)
+        """Word embeddings [B, L, width] of the tokens, those tokens, lengths. The full context is kept:
+        cutting it after the longest caption would make the host read that length from the device."""
+        x, lengths = self.token_embedding(text), self.lengths(text)
+        if self.mixer is not None:
+            x = self.mixer(x, lengths)
         return x, text, lengths
-
-    def embed_words(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(word vectors after the mixer, word embeddings before it, lengths); the two are one tensor
-        without a mixer."""
-        words, lengths = self.token_embedding(text), self.lengths(text)
-        return (self.mixer(words, lengths) if self.mixer is not None else words), words, lengths
 
     def forward(self, text: torch.Tensor) -> torch.Tensor:
         x, _, lengths = self.embed(text)
@@ -101,7 +90,7 @@ class BowCLIP(nn.Module):
 
         text_cfg = {k: v for k, v in dict(text_cfg).items() if k != "tower"}
         unknown = set(text_cfg) - {"vocab_size", "width", "context_length", "pad_id", "embed_init_std", "mixer",
-                                   "mixer_layers", "mixer_heads", "mixer_hidden", "mixer_sigma"}
+                                   "mixer_layers", "mixer_heads", "mixer_hidden"}
         if unknown:
             raise TypeError(f"bag-of-words text_cfg got unexpected keys {sorted(unknown)}")
         self.visual = _build_vision_tower(embed_dim, vision_cfg, quick_gelu, None)

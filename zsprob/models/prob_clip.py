@@ -445,8 +445,6 @@ class ProbCLIP(nn.Module):
             return mu, None
         # sigma_detach: the head reads the trunk's features without sending gradients back into them
         cut = (lambda t: t.detach()) if self.sigma_detach else (lambda t: t)
-        if hasattr(tower, "sigma_features"):  # a tower whose log-variance head reads other features than the mean's
-            h = hm = tower.sigma_features(hm, ctx)
         if released and tower is self._text:  # ProLIP's released text code: the projected [CLS] output
             raw = sigma(projected)
         elif token_head:  # ProLIP: the tower's own final LayerNorm, then the [UNC] projection

@@ -30,16 +30,8 @@ class BowTextTower(TextHeads):
         self.width = text.width
 
     def embed(self, text: torch.Tensor):
-        x, words, lengths = self.src.embed_words(text)
-        if self.src.mixer is None or self.src.mixer_sigma:
-            return x, None, (text, lengths)
-        return x, None, (text, lengths, words)
-
-    @staticmethod
-    def sigma_features(h: torch.Tensor, ctx) -> torch.Tensor:
-        """What the log-variance head reads: the mean head's word vectors ``h``, or, when the mixer belongs
-        to the mean head alone (``mixer_sigma`` false), the word embeddings before it."""
-        return ctx[2] if len(ctx) > 2 else h
+        x, text, lengths = self.src.embed(text)
+        return x, None, (text, lengths)
 
     def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
         return self.src.masked_mean(ln(x), ctx[1])
