@@ -40,7 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = {"bow": ("synthetic_tiny_sigma.yaml", []),
           "mlp": ("synthetic_tiny_sigma_interact.yaml", []),
           "transformer": ("synthetic_tiny_sigma_interact.yaml",
-                          ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer=transformer"])}
+                          ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer=transformer"]),
+          "bigram": ("synthetic_tiny_sigma_interact.yaml",
+                     ["--set", "model.overrides.open_clip_cfg.text_cfg.mixer=bigram"])}
 
 
 def run_dir(runs: Path, tower: str, seed: int) -> Path:

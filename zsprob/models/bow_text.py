@@ -14,7 +14,7 @@ per-token linear ``text_projection`` (width -> embed_dim) -> pooled over the cap
 :class:`zsprob.models.ProbCLIP`. It uses open_clip's tokenizer (CLIP BPE) like every other
 zsprob model. Order is ignored by design: "a red star and a blue circle" and "a blue star and a
 red circle" embed alike; for real data use an open_clip text transformer. ``text_cfg`` key
-``mixer`` ("mlp" | "transformer"; default "none", the plain bag) makes the words interact before
+``mixer`` ("mlp" | "transformer" | "bigram"; default "none", the plain bag) makes the words interact before
 pooling (:mod:`zsprob.models.word_mixer`).
 
 ``BowCLIP``: ``.visual`` is built by open_clip (``open_clip.model._build_vision_tower``: ViT or
@@ -39,7 +39,7 @@ class BagOfWordsText(nn.Module):
 
     def __init__(self, embed_dim: int, vocab_size: int = 49408, width: int = 128, context_length: int = 77,
                  pad_id: int = 0, embed_init_std: float = 1.0, mixer: str = "none", mixer_layers: int = 1,
-                 mixer_heads: int = 4, mixer_hidden: int | None = None):
+                 mixer_heads: int = 4, mixer_hidden: int | None = None, mixer_buckets: int = 2 ** 15):
         super().__init__()
         self.embed_dim = int(embed_dim)
         self.vocab_size = int(vocab_size)
@@ -52,7 +52,8 @@ class BagOfWordsText(nn.Module):
         self.embed_init_std = float(embed_init_std)
         self.init_parameters()
         # built after the bag's own init, so the default ("none") draws exactly what it always drew
-        self.mixer = make_mixer(mixer, self.width, self.context_length, mixer_layers, mixer_heads, mixer_hidden)
+        self.mixer = make_mixer(mixer, self.width, self.context_length, mixer_layers, mixer_heads, mixer_hidden,
+                                mixer_buckets)
 
     def init_parameters(self) -> None:
         nn.init.normal_(self.token_embedding.weight, std=self.embed_init_std)
@@ -72,7 +73,7 @@ class BagOfWordsText(nn.Module):
         cutting it after the longest caption would make the host read that length from the device."""
         x, lengths = self.token_embedding(text), self.lengths(text)
         if self.mixer is not None:
-            x = self.mixer(x, lengths)
+            x = self.mixer(x, lengths, text)
         return x, text, lengths
 
     def forward(self, text: torch.Tensor) -> torch.Tensor:
@@ -90,7 +91,7 @@ class BowCLIP(nn.Module):
 
         text_cfg = {k: v for k, v in dict(text_cfg).items() if k != "tower"}
         unknown = set(text_cfg) - {"vocab_size", "width", "context_length", "pad_id", "embed_init_std", "mixer",
-                                   "mixer_layers", "mixer_heads", "mixer_hidden"}
+                                   "mixer_layers", "mixer_heads", "mixer_hidden", "mixer_buckets"}
         if unknown:
             raise TypeError(f"bag-of-words text_cfg got unexpected keys {sorted(unknown)}")
         self.visual = _build_vision_tower(embed_dim, vision_cfg, quick_gelu, None)

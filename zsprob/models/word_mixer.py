@@ -15,10 +15,17 @@ to word vectors of the same shape, which the tower then pools and projects exact
 * ``"transformer"`` (:class:`WordTransformer`): ``layers`` pre-LayerNorm blocks of bidirectional
   self-attention over the caption's words (padding masked out of the keys) and a GELU MLP, with a
   learned position embedding (a text transformer's), on top of the word embeddings.
+* ``"bigram"`` (:class:`BigramMixer`): every word vector gets the embedding of the bigram it starts
+  (its token and the next one) added, from a table of ``buckets`` rows indexed by a hash of the token
+  pair - fastText's bag of n-grams (Joulin et al., EACL 2017, "Bag of Tricks for Efficient Text
+  Classification"). The caption's pooled vector is the bag's plus the mean of its bigram vectors: a
+  template's last word and the class word ("of a" + "a star") form a bigram of their own, so a template
+  can move one class without moving the others, while each word keeps its own vector.
 
-The residual branches' output layers start at zero, so at initialisation a mixed tower computes
-the bag of words (plus the small position embedding of the transformer) and training decides how
-much interaction to add. Plain torch (``F.scaled_dot_product_attention``).
+The residual branches' output layers (and the bigram table) start at zero, so at initialisation a mixed
+tower computes the bag of words (plus the small position embedding of the transformer) and training
+decides how much interaction to add; a bigram never seen in training keeps its zero vector. Plain torch
+(``F.scaled_dot_product_attention``).
 """
 from __future__ import annotations
 
@@ -29,7 +36,8 @@ from torch import nn
 from zsprob.errors import UserError
 from zsprob.utils.masks import length_mask, masked_mean
 
-MIXERS = ("none", "mlp", "transformer")
+MIXERS = ("none", "mlp", "transformer", "bigram")
+BIGRAM_PRIME = 1_000_003  # token pair (a, b) -> (a * BIGRAM_PRIME + b) mod buckets
 
 
 def _zero_(layer: nn.Linear) -> None:
@@ -48,7 +56,7 @@ class PooledWordMLP(nn.Module):
         self.fc2 = nn.Linear(hidden, width)
         _zero_(self.fc2)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
         return x + self.fc2(F.gelu(self.fc1(self.ln(masked_mean(x, lengths)))))[:, None, :]
 
 
@@ -86,7 +94,7 @@ class WordTransformer(nn.Module):
         self.positional_embedding = nn.Parameter(torch.randn(context_length, width) * 0.01)
         self.blocks = nn.ModuleList(WordBlock(width, heads, hidden) for _ in range(layers))
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
         keys = length_mask(lengths, x.shape[1])[:, None, None, :]
         x = x + self.positional_embedding[: x.shape[1]].to(x.dtype)
         for blk in self.blocks:
@@ -94,12 +102,42 @@ class WordTransformer(nn.Module):
         return x
 
 
+class BigramMixer(nn.Module):
+    """Word vectors [B, L, w] -> each plus the hashed embedding of the bigram (this token, the next one) it
+    starts; the caption's last token starts none. The table starts at zero."""
+
+    def __init__(self, width: int, buckets: int):
+        super().__init__()
+        self.buckets = int(buckets)
+        self.bigram = nn.Embedding(self.buckets, width)
+        nn.init.zeros_(self.bigram.weight)
+
+    def bigram_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[B, L - 1] table rows of the token pairs (tokens[:, i], tokens[:, i + 1])."""
+        pairs = tokens.long()
+        return (pairs[:, :-1] * BIGRAM_PRIME + pairs[:, 1:]) % self.buckets
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        if tokens is None:
+            raise UserError("the bigram mixer needs the caption's tokens")
+        n = x.shape[1]
+        if n < 2:
+            return x
+        starts = length_mask(lengths - 1, n - 1)[..., None].to(x.dtype)         # a bigram inside the caption
+        pairs = self.bigram(self.bigram_ids(tokens)).to(x.dtype) * starts         # [B, L - 1, w]
+        return x + F.pad(pairs, (0, 0, 0, 1))
+
+
 def make_mixer(kind: str, width: int, context_length: int, layers: int, heads: int,
-               hidden: int | None) -> nn.Module | None:
+               hidden: int | None, buckets: int = 2 ** 15) -> nn.Module | None:
     """The mixer ``kind`` names (None for ``"none"``); ``hidden`` defaults to 4 x width."""
     if kind not in MIXERS:
         raise UserError(f"text_cfg mixer must be one of {', '.join(MIXERS)}, got {kind!r}")
     hidden = int(hidden) if hidden else 4 * int(width)
+    if kind == "bigram":
+        if isinstance(buckets, bool) or int(buckets) < 1:
+            raise UserError(f"mixer_buckets must be a whole number >= 1, got {buckets!r}")
+        return BigramMixer(width, int(buckets))
     if kind == "mlp":
         return PooledWordMLP(width, hidden)
     if kind == "transformer":
@@ -109,4 +147,4 @@ def make_mixer(kind: str, width: int, context_length: int, layers: int, heads: i
     return None
 
 
-__all__ = ["MIXERS", "PooledWordMLP", "WordBlock", "WordTransformer", "make_mixer"]
+__all__ = ["MIXERS", "BigramMixer", "PooledWordMLP", "WordBlock", "WordTransformer", "make_mixer"]
