@@ -65,7 +65,8 @@ def train(world: Path, runs: Path, tower: str, seed: int, steps: int, batch: int
 
 
 def room(bank, feats, all_selection) -> dict:
-    """Single-template top-1 (80 classifiers), their spread, and agreement with the all-80 prediction."""
+    """Single-template top-1 (80 classifiers), their spread, agreement with the all-80 prediction, and the
+    mean cosine between two classes' all-80 text vectors (how far apart the tower keeps the class prompts)."""
     import torch
     import torch.nn.functional as F
 
@@ -76,7 +77,11 @@ def room(bank, feats, all_selection) -> dict:
     all80 = class_scores(feats.mu, None, all_selection, "cosine").argmax(1)                  # [N]
     labels = torch.as_tensor(feats.labels).long()
     top1 = 100.0 * (per_template == labels[:, None]).double().mean(0)                        # [T]
-    return {"single_top1": {t: float(v) for t, v in zip(bank.templates, top1)},
+    cls = F.normalize(bank.mu_normed.float().mean(1), dim=-1)                              # [C, D] all-80
+    cos = cls @ cls.T
+    c = cos.shape[0]
+    return {"class_cosine": float((cos.sum() - cos.diagonal().sum()) / (c * (c - 1))),  # label-free spread
+            "single_top1": {t: float(v) for t, v in zip(bank.templates, top1)},
             "min": float(top1.min()), "max": float(top1.max()), "mean": float(top1.mean()),
             "sd": float(top1.std(unbiased=True)),
             "agreement": float((per_template == all80[:, None]).double().mean())}
@@ -135,6 +140,7 @@ def summarise(tower: str, models: dict, hits: dict, bow_hits: dict) -> dict:
     per = [models[s] for s in seeds]
     out = {"seeds": seeds, "room_sd": _mean_se([m["room"]["sd"] for m in per]),
            "agreement": _mean_se([m["room"]["agreement"] for m in per]),
+           "class_cosine": _mean_se([m["room"]["class_cosine"] for m in per]),
            "single_min": min(m["room"]["min"] for m in per), "single_max": max(m["room"]["max"] for m in per),
            "all80_top1": _mean_se([m["all80_top1"] for m in per]),
            "select_all80_top1": [m.get("select_all80_top1") for m in per],
@@ -171,15 +177,17 @@ def _ci(c) -> str:
 
 def markdown(result: dict) -> str:
     lines = ["| tower | seeds | single-template top-1 SD | agreement with all-80 | single min-max | all-80 top-1 "
-             "(mean ± SE over seeds) | all-80 vs bag, pooled [95% CI] | best label-free non-transductive - all-80 |",
-             "|---|---|---|---|---|---|---|---|"]
+             "(mean ± SE over seeds) | all-80 vs bag, pooled [95% CI] | best label-free non-transductive - all-80 "
+             "| class-prompt cosine |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for tower, s in result["towers"].items():
         vs = s.get("all80_vs_bow")
         vs = f"{vs['diff']:+.2f} {_ci(vs['ci95'])}, p={vs['mcnemar_p']:.3f}" if vs else "-"
         best = f"{s['best_label_free'][0]:+.2f} ({s['best_label_free'][1]})" if s["best_label_free"] else "-"
         lines.append(f"| {tower} | {','.join(map(str, s['seeds']))} | {s['room_sd']['mean']:.2f} | "
                      f"{100 * s['agreement']['mean']:.1f}% | {s['single_min']:.1f}-{s['single_max']:.1f} | "
-                     f"{s['all80_top1']['mean']:.2f} ± {s['all80_top1']['se']:.2f} | {vs} | {best} |")
+                     f"{s['all80_top1']['mean']:.2f} ± {s['all80_top1']['se']:.2f} | {vs} | {best} | "
+                     f"{s['class_cosine']['mean']:.3f} |")
     for tower, s in result["towers"].items():
         lines += ["", f"**{tower}**: every strategy minus all-80, pooled over seeds {s['seeds']} "
                       f"(N = {next(iter(s['strategies'].values()))['pooled']['n']}) and per seed", "",
