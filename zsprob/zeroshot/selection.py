@@ -84,8 +84,8 @@ from zsprob.zeroshot.selection_base import (NeedsSigma, Selection, as_feats, che
                                             uncertainty_order)
 from zsprob.zeroshot.strategy_registry import (StrategyInputs, check_shots_split, get_strategy, shots_source,
                                                strategies_without_runner, strategy_runner)
+from zsprob.zeroshot.prompts import SINGLE_TEMPLATE  # noqa: F401  (CLIP's single prompt; re-exported)
 
-SINGLE_TEMPLATE = "a photo of a {}."
 TAU_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
 BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
