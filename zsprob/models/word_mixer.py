@@ -19,8 +19,9 @@ to word vectors of the same shape, which the tower then pools and projects exact
   (its token and the next one) added, from a table of ``buckets`` rows indexed by a hash of the token
   pair - fastText's bag of n-grams (Joulin et al., EACL 2017, "Bag of Tricks for Efficient Text
   Classification"). The caption's pooled vector is the bag's plus the mean of its bigram vectors: a
-  template's last word and the class word ("of a" + "a star") form a bigram of their own, so a template
-  can move one class without moving the others, while each word keeps its own vector.
+  template's last word and the class word ("a" + "star" in "a photo of a star") form a bigram of
+  their own, so a template can move one class without moving the others, while each word keeps its
+  own vector.
 
 The residual branches' output layers (and the bigram table) start at zero, so at initialisation a mixed
 tower computes the bag of words (plus the small position embedding of the transformer) and training
