@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zsprob.errors import UserError
+from zsprob.utils.checks import check_count
 from zsprob.utils.masks import length_mask, masked_mean
 
 MIXERS = ("none", "mlp", "transformer", "bigram")
@@ -135,10 +136,8 @@ def make_mixer(kind: str, width: int, context_length: int, layers: int, heads: i
     if kind not in MIXERS:
         raise UserError(f"text_cfg mixer must be one of {', '.join(MIXERS)}, got {kind!r}")
     hidden = int(hidden) if hidden else 4 * int(width)
-    if kind == "bigram":
-        if isinstance(buckets, bool) or int(buckets) < 1:
-            raise UserError(f"mixer_buckets must be a whole number >= 1, got {buckets!r}")
-        return BigramMixer(width, int(buckets))
+    if kind == "bigram":  # null: the default table size
+        return BigramMixer(width, check_count(buckets, "mixer_buckets") or 2 ** 15)
     if kind == "mlp":
         return PooledWordMLP(width, hidden)
     if kind == "transformer":
