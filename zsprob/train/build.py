@@ -28,6 +28,7 @@ from zsprob.prob.method_registry import get_method
 from zsprob.train import accumulate, optim, resilience
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, count_samples_synthetic, resolve_shards,
                                shard_options)
+from zsprob.train.defaults import DEFAULTS
 from zsprob.train.run import DataCursor, Run
 from zsprob.train.schedule import SchedulePlan, resolve_schedule
 from zsprob.train.step import ContrastiveStep, gradient_clip_sets, one_step
@@ -49,19 +50,19 @@ def build_model(cfg: Config):
             kw[key] = m[key]
     method = get_method(cfg.method)
     unset = {k: v for k, v in method.model_defaults(cfg).items() if kw.get(k) is None}
-    if unset and not _is_zsprob_checkpoint(m.get("pretrained")):  # e.g. PCME's official head: log sigma
+    if unset and not _is_zsprob_checkpoint(m.pretrained):  # e.g. PCME's official head: log sigma
         kw.update(unset)
     if kw.get("var_bounds") is not None:
         kw["var_bounds"] = tuple(kw["var_bounds"])
-    kw.update(dict(m.get("overrides") or {}))
+    kw.update(dict(m.overrides or {}))
     if "image_size" in kw and not isinstance(kw["image_size"], (list, tuple)):  # 0 would skip every sample
         check_count(kw["image_size"], "model.overrides.image_size", ">=1")
     deterministic = bool(kw.pop("deterministic", not method.needs_sigma))
     if deterministic and method.needs_sigma:
         raise UserError(f"--method {cfg.method} needs sigma, but the model is deterministic "
                         "(model.overrides.deterministic); drop that override or pick a method without sigma")
-    model = create_model(m.name, pretrained=m.get("pretrained"), deterministic=deterministic, seed=int(cfg.seed), **kw)
-    preprocess = cfg.data.get("preprocess") or "clip"
+    model = create_model(m.name, pretrained=m.pretrained, deterministic=deterministic, seed=int(cfg.seed), **kw)
+    preprocess = cfg.data.preprocess or DEFAULTS["data"]["preprocess"]  # null: the default
     if preprocess not in ("clip", "official"):
         raise UserError(f"data.preprocess must be clip or official, got {preprocess!r}")
     if preprocess == "official":  # PCME++'s COCO transforms (ImageNet normalisation, crop 0.6-1.0, flip)
@@ -191,11 +192,11 @@ def batch_augmentations(cfg: Config, model) -> tuple[Any, float]:
     from zsprob.prob.msda import check_config
 
     msda = cfg.msda
-    label_smoothing = float(msda.get("label_smoothing") or 0.0)
+    label_smoothing = float(msda.label_smoothing or 0.0)
     check_config(enabled=bool(msda.enabled), mode=str(msda.mode), ratio=float(msda.ratio), alpha=float(msda.alpha),
                  switch_prob=float(msda.switch_prob), smoothing=float(msda.smoothing),
                  label_smoothing=label_smoothing)
-    text_aug = TextSizeAugment(float(cfg.data.get("text_size_augment") or 0.0),
+    text_aug = TextSizeAugment(float(cfg.data.text_size_augment or 0.0),
                                float(cfg.data.text_size_augment_masking),
                                float(cfg.data.text_size_augment_erasing), model.tokenizer)
     return text_aug, label_smoothing
@@ -205,8 +206,8 @@ def build_swa(cfg: Config, model: nn.Module, plan: SchedulePlan, loss: nn.Module
     """SWA of the model (and of the loss's a, b: ``swa.average_loss``, the official swa_criterion)."""
     if not cfg.swa.enabled:
         return None
-    last = plan.steps_of(cfg.swa.get("last_steps"), cfg.swa.get("last_epochs"), "swa.last_epochs")
-    every = cfg.swa.get("every_steps") or plan.steps_per_epoch or max(1, last // 10)
+    last = plan.steps_of(cfg.swa.last_steps, cfg.swa.last_epochs, "swa.last_epochs")
+    every = cfg.swa.every_steps or plan.steps_per_epoch or max(1, last // 10)
     loss = loss if cfg.swa.average_loss else None
     return optim.SWA(model, start=max(0, plan.total_steps - last), every=int(every), loss=loss)
 
@@ -214,7 +215,7 @@ def build_swa(cfg: Config, model: nn.Module, plan: SchedulePlan, loss: nn.Module
 def build_parts(cfg: Config, acc, source: BatchSource | None):
     """(model, loss, source, plan, step module, optimiser, schedule) of a pairwise run."""
     model = build_model(cfg)
-    if cfg.model.get("grad_checkpointing"):
+    if cfg.model.grad_checkpointing:
         accumulate.enable_grad_checkpointing(model)
     loss_fn = build_loss(cfg)
     if source is None:

@@ -74,7 +74,7 @@ def synthworld_retrieval_hook(root, *, max_images: int = 200, split: str = "test
 
 def default_hooks(cfg) -> list:
     """Hooks the CLI adds: SynthWorld retrieval when training on SynthWorld with train.eval_every."""
-    if not (cfg.train.get("eval_every") and cfg.data.kind == "synthetic"):
+    if not (cfg.train.eval_every and cfg.data.kind == "synthetic"):
         return []
     root = synthworld_root(cfg.data.shards)
     if root is None:

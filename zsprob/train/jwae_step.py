@@ -186,7 +186,7 @@ def _update(run, loss: torch.Tensor, params: list, drop: list) -> bool:
         p.grad = None
     unscale_once(run)
     check = loss.detach().float()
-    grad_clip = run.cfg.optim.get("grad_clip")
+    grad_clip = run.cfg.optim.grad_clip
     if grad_clip:
         check = check + 0.0 * clip_gradient_sets([params], float(grad_clip))[0].detach().float()
     return apply_if_finite(run, check)

@@ -158,7 +158,7 @@ def after_step(run: Run, step_done: int, stats: dict, bar) -> bool:
     log_every = max(1, int(tc.log_every))
     ckpt_every = int(tc.checkpoint_every or 0)
     eval_every = int(tc.eval_every or 0)
-    if tc.get("eval_every_epochs") and run.source.steps_per_epoch:  # e.g. model selection once per epoch
+    if tc.eval_every_epochs and run.source.steps_per_epoch:  # e.g. model selection once per epoch
         eval_every = max(1, int(round(float(tc.eval_every_epochs) * run.source.steps_per_epoch)))
     log_now = step_done % log_every == 0 or step_done == run.total_steps
     lr_groups = current_lrs(run.optimizer) if log_now else {}  # the learning rates this step used

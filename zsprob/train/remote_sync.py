@@ -164,7 +164,7 @@ def for_run(cfg: Any, out: Path, acc: Any, resume: Any) -> RemoteSync | None:
     Checks the remote can be written, and when ``resume`` asks for the latest checkpoint (True,
     ``"auto"``, ``"latest"``), pulls a newer remote checkpoint into ``out`` (each node's local main
     process) before the run looks for one."""
-    url = cfg.train.get("remote_sync")
+    url = cfg.train.remote_sync
     if not url:
         return None
     sync = RemoteSync(url, out)

@@ -121,4 +121,4 @@ class Run:
     def noise(self) -> float:
         from zsprob.data.flickr import KARPATHY_KINDS  # their noise permutes the captions in the source
 
-        return float(self.cfg.data.get("noise_ratio") or 0.0) if self.cfg.data.kind not in KARPATHY_KINDS else 0.0
+        return float(self.cfg.data.noise_ratio or 0.0) if self.cfg.data.kind not in KARPATHY_KINDS else 0.0

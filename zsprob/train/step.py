@@ -228,7 +228,7 @@ def one_step(run: Run, step: int) -> dict:
         optim.zero_frozen_grads(frozen)
     unscale_once(run)
     check = loss.detach().float()
-    grad_clip = run.cfg.optim.get("grad_clip")
+    grad_clip = run.cfg.optim.grad_clip
     if grad_clip:
         norms = clip_gradient_sets(run.clip_sets, float(grad_clip))
         for key, gnorm in zip(("grad_norm", "grad_norm_sigma"), norms):
