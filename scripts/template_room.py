@@ -165,10 +165,19 @@ def summarise(tower: str, models: dict, hits: dict, bow_hits: dict) -> dict:
     free = [(e["pooled"]["diff"], n) for n, e in strategies.items()
             if e["label_free_non_transductive"] and e["pooled"] and n != "all"]
     out["best_label_free"] = max(free) if free else None
+    if tower != "bow" and common:  # what a user choosing a tower asks: this tower's prompt rows against the bag's all-80
+        out["label_free_vs_bow_all80"] = {
+            n: {k: p[k] for k in ("diff", "ci95", "mcnemar_p", "mde", "n")}
+            for n, e in strategies.items() if e["label_free_non_transductive"] or n == "all"
+            for p in [pooled([hits[s] for s in common], n, [bow_hits[s]["all"] for s in common])] if p is not None}
     out["label_free_ci_excludes_0"] = [n for n, e in strategies.items() if e["label_free_non_transductive"]
                                        and e["pooled"] and n != "all" and (e["pooled"]["ci95"][0] > 0
                                                                            or e["pooled"]["ci95"][1] < 0)]
     return out
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def _ci(c) -> str:
@@ -202,6 +211,14 @@ def markdown(result: dict) -> str:
                               for v in e["per_seed"].values())
             lines.append(f"| {name} | {'yes' if e['label_free_non_transductive'] else 'no'} | "
                          f"{p['diff']:+.2f} {_ci(p['ci95'])} | {p['mcnemar_p']:.3f} | {p['mde']:.2f} | {seeds} |")
+    for tower, s in result["towers"].items():
+        vs = s.get("label_free_vs_bow_all80")
+        if not vs:
+            continue
+        lines += ["", f"**{tower}**: its label-free, non-transductive rows minus the bag's all-80, pooled over the "
+                      f"seeds both have (N = {next(iter(vs.values()))['n']})", "",
+                  "| strategy | diff [95% CI] | McNemar p |", "|---|---|---|"]
+        lines += [f"| {name} | {p['diff']:+.2f} {_ci(p['ci95'])} | {p['mcnemar_p']:.3f} |" for name, p in vs.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -237,7 +254,7 @@ def main(argv=None) -> int:
                 continue
             summary, h = measure(a.world, run, a.out / run.name)
             models.setdefault(tower, {})[seed], hits.setdefault(tower, {})[seed] = summary, h
-            print(f"{run.name}: all-80 {summary['all80_top1']:.2f} (selection split {summary['select_all80_top1']}), "
+            print(f"{run.name}: all-80 {summary['all80_top1']:.2f} (selection split {_fmt(summary['select_all80_top1'])}), "
                   f"room SD {summary['room']['sd']:.2f}, agreement {100 * summary['room']['agreement']:.1f}%",
                   flush=True)
     result = {"world": str(a.world), "runs": str(a.runs), "steps": a.steps, "batch_size": a.batch_size,
