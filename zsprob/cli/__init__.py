@@ -76,7 +76,7 @@ class LazyGroup(click.Group):
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
-    """zsprob: probabilistic image-text models (PCME++, PCME, probabilistic VSE, jWAE).
+    """zsprob: probabilistic image-text models (PCME++, ProLIP, PCME, probabilistic VSE, jWAE).
 
     Start with `zsprob demo`, which runs the whole pipeline offline on SynthWorld.
     """
