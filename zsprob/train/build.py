@@ -92,7 +92,7 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
     kind = d.kind
     if kind in SHARD_KINDS:
         check_shards(kind, d.shards)
-        samples = d.get("samples_per_epoch")
+        samples = d.samples_per_epoch
         if samples is None and kind == "synthetic":
             samples = count_samples_synthetic(d.shards)
         options = shard_options(d, B // world, int(cfg.seed), samples)
@@ -103,7 +103,7 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
         return CocoSource(d.root, preprocess=preprocess, tokenizer=model.tokenizer,
                           global_batch_size=B, rank=rank, world=world, seed=int(cfg.seed),
                           num_workers=int(d.num_workers), noise_ratio=float(d.noise_ratio or 0.0),
-                          karpathy_json=d.get("karpathy_json"), dataset=kind)
+                          karpathy_json=d.karpathy_json, dataset=kind)
     raise UserError(f"unknown data kind {kind!r} (synthetic, webdataset, redcaps, coco, flickr30k)")
 
 
@@ -172,9 +172,9 @@ def build_optimisation(cfg: Config, model, step_module: nn.Module, plan: Schedul
     info = model.param_info() if hasattr(model, "param_info") else {}
     groups = optim.param_groups(step_module, lr=float(oc.lr), weight_decay=float(oc.weight_decay), param_info=info,
                             prefix="model.",
-                            layer_decay=float(oc.layer_decay) if oc.get("layer_decay") is not None else None,
+                            layer_decay=float(oc.layer_decay) if oc.layer_decay is not None else None,
                             image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
-                            grouping=str(oc.get("grouping") or "zsprob"))
+                            grouping=str(oc.grouping or DEFAULTS["optim"]["grouping"]))
     optimizer = optim.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
                                    betas=oc.betas, eps=float(oc.eps), fused=oc.fused)
     schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(sch.name, total_steps=plan.total_steps,

@@ -76,15 +76,15 @@ def build_model(cfg):
     from zsprob.models.jwae import JWAEModel, resolve_jwae_config
 
     m = cfg.model
-    jc = m.get("jwae")
+    jc = m.jwae
     if not isinstance(jc, dict) or not jc.get("decoder"):
         raise UserError(f"--method jwae needs a model with a decoder config, and model {m.name} has none: set "
                         "model.jwae (latent_dim, image_hidden, text_hidden, decoder), e.g. --config jwae_synthetic.yaml")
     jc = resolve_jwae_config(dict(jc))
-    kw = {k: m[k] for k in ("embed_dim", "pooling", "weights") if m.get(k) is not None}
-    kw.update(dict(m.get("overrides") or {}))
+    kw = {k: m[k] for k in ("embed_dim", "pooling", "weights") if m[k] is not None}
+    kw.update(dict(m.overrides or {}))
     kw["deterministic"] = True
-    tower = create_model(m.name, pretrained=m.get("pretrained"), seed=int(cfg.seed), **kw)
+    tower = create_model(m.name, pretrained=m.pretrained, seed=int(cfg.seed), **kw)
     torch.manual_seed(int(cfg.seed) + 1)
     return JWAEModel(tower, jc)
 
@@ -93,7 +93,7 @@ def _check_data(cfg) -> None:
     d = cfg.data
     if d.kind != "synthetic":
         raise UserError(f"--method jwae trains on SynthWorld shards (--data synthetic), not {d.kind!r}")
-    if float(d.get("noise_ratio") or 0) > 0 or cfg.msda.enabled or float(d.get("text_size_augment") or 0) > 0:
+    if float(d.noise_ratio or 0) > 0 or cfg.msda.enabled or float(d.text_size_augment or 0) > 0:
         raise UserError("--method jwae has no caption noise, MSDA or text SizeAugment: turn them off")
     if not d.shards:
         raise UserError("--data synthetic needs --shards (the SynthWorld pretrain folder)")
@@ -113,13 +113,13 @@ def build_source(cfg, model):
     paired, unpaired = paired_split(len(items), float(d.paired_fraction), int(cfg.seed))
     # the frozen-feature setting: the evaluation transform, as the features are fixed
     store = RawStore(items, model.preprocess_val, model.tokenizer)
-    if d.cache_features and d.get("feature_cache"):
+    if d.cache_features and d.feature_cache:
         store = FeatureStore.cached(d.feature_cache, _fingerprint(cfg, model, items), model, store)
     elif d.cache_features:
         store = FeatureStore.build(model, store)
     B = int(d.batch_size)
     return SemiSupervisedSource(store, paired, unpaired, batch_size=B,
-                                unpaired_batch_size=int(d.get("unpaired_batch_size") or B),
+                                unpaired_batch_size=int(d.unpaired_batch_size or B),
                                 use_unpaired=bool(d.unpaired), seed=int(cfg.seed))
 
 
@@ -141,7 +141,7 @@ def build_optimisation(cfg, step_module: JWAEStep, plan):
     """One optimiser, two groups (autoencoders, discriminator) and the loop's lr schedule over both."""
     oc = cfg.optim
     lr = float(oc.lr)
-    disc_lr = float(oc.get("disc_lr") or lr / 2)
+    disc_lr = float(oc.disc_lr or lr / 2)
     groups = [{"params": step_module.model.trainable_parameters(), "lr": lr, "group_name": "autoencoders"},
               {"params": list(step_module.loss.parameters()), "lr": disc_lr, "group_name": "discriminator"}]
     optimizer = optim.create_optimizer(groups, name=oc.name, lr=lr, weight_decay=float(oc.weight_decay),

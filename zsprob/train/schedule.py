@@ -13,6 +13,7 @@ from zsprob.config import Config
 from zsprob.errors import UserError
 from zsprob.train import optim
 from zsprob.train.data import steps_from
+from zsprob.train.defaults import DEFAULTS
 
 
 @dataclass
@@ -33,22 +34,22 @@ class SchedulePlan:
 def resolve_schedule(cfg: Config, steps_per_epoch: int | None) -> SchedulePlan:
     """Total, warm-up, milestone and backbone-freeze steps from ``cfg.schedule`` / ``cfg.freeze``."""
     sch = cfg.schedule
-    total_steps = sch.get("steps")
-    if sch.get("epochs") is not None:
+    total_steps = sch.steps
+    if sch.epochs is not None:
         total_steps = steps_from(sch.epochs, steps_per_epoch, "schedule.epochs")
     if not total_steps:
         raise UserError("set the run length: --steps N (schedule.steps) or schedule.epochs")
     plan = SchedulePlan(int(total_steps), 0, [], {}, steps_per_epoch)
-    plan.warmup = plan.steps_of(sch.get("warmup_steps"), sch.get("warmup_epochs"), "schedule.warmup_epochs")
-    plan.milestones = list(sch.get("milestones_steps") or [])
-    if sch.get("milestones_epochs"):
+    plan.warmup = plan.steps_of(sch.warmup_steps, sch.warmup_epochs, "schedule.warmup_epochs")
+    plan.milestones = list(sch.milestones_steps or [])
+    if sch.milestones_epochs:
         plan.milestones += [steps_from(e, steps_per_epoch, "schedule.milestones_epochs") for e in sch.milestones_epochs]
     fz = cfg.freeze
-    freeze_warmup = plan.steps_of(fz.get("warmup_steps"), fz.get("warmup_epochs"), "freeze.warmup_epochs")
-    mode = fz.get("warmup_mode") or "lr"
+    freeze_warmup = plan.steps_of(fz.warmup_steps, fz.warmup_epochs, "freeze.warmup_epochs")
+    mode = fz.warmup_mode or DEFAULTS["freeze"]["warmup_mode"]
     if mode not in ("lr", "loss"):
         raise UserError(f"freeze.warmup_mode must be lr or loss, got {mode!r}")
-    frozen = {t: plan.steps_of(fz.get(f"{t}_steps"), fz.get(f"{t}_epochs"), f"freeze.{t}_epochs") for t in ("image", "text")}
+    frozen = {t: plan.steps_of(fz[f"{t}_steps"], fz[f"{t}_epochs"], f"freeze.{t}_epochs") for t in ("image", "text")}
     for tower, n in frozen.items():
         if n > 0:
             plan.freeze[tower] = optim.freeze_fn(n, freeze_warmup if mode == "lr" else 0)
