@@ -339,3 +339,21 @@ def test_a_claim_the_report_cannot_compute_is_no(tmp_path):
     checks = claim_checks(report)
     assert set(checks) == set(CLAIMS) | set(VERSUS[:2])  # no zero-shot figures: that comparison is not made
     assert all(not ok and why.startswith("not measured") for ok, why in checks.values())
+
+
+@pytest.mark.parametrize("losses, start, end", [
+    ([5.2, 5.1, 5.0, 4.9], 5.15, 4.95),                      # 4 records: the first 2 against the last 2
+    ([5.2, 4.9], 5.2, 4.9),                                  # 2 records: one against the other
+    ([6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.5], 5.0, 1.1666666666666667),  # 7 records: the first 3 and last 3
+    ([5.0], None, None),                                      # 1 record: nothing to compare
+])
+def test_training_summary_of_a_short_run_never_compares_a_record_with_itself(tmp_path, losses, start, end):
+    from zsprob.report.demo_report import _training
+
+    run = tmp_path / "runs" / "infonce"
+    run.mkdir(parents=True)
+    recs = [{"step": i + 1, "loss": v} for i, v in enumerate(losses)] + [{"step": 99, "loss": None}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    t = _training(tmp_path, "infonce")
+    assert t["loss_start"] == pytest.approx(start) if start is not None else t["loss_start"] is None
+    assert t["loss_end"] == pytest.approx(end) if end is not None else t["loss_end"] is None

@@ -226,3 +226,36 @@ def test_validity_table_shows_every_analysis_and_the_demo_report_prints_it(tmp_p
     assert report["retrieval"]["pcmepp"]["uncertainty_validity"]["inclusion"]["sigma"]["n"] == n
     markdown = (tmp_path / "report.md").read_text()
     assert "## Uncertainty validity" in markdown and "| uncertainty validity (pcmepp) |" in markdown
+
+
+def test_undefined_figures_print_as_na_and_are_written_as_json_null(tmp_path):
+    """A condition seen once has no standard error and a two-caption bin no interval: the table says
+    "n/a" (never "+-nan") and the JSON holds null (NaN is not JSON)."""
+    from zsprob.utils.io import append_jsonl, atomic_write_json
+
+    rng = np.random.default_rng(1)
+    n = 60
+    conditions = np.array(["normal"] * (n - 1) + ["blurry"])
+    cond = V.condition_uncertainty(rng.random(n), conditions)
+    assert math.isnan(cond["by_condition"]["blurry"]["se"])
+    captions = ["w w"] * (n - 2) + ["w w w", "w w w"]  # a bin of two captions: no Spearman interval
+    amb = V.ambiguity_spearman(rng.random(n), rng.random(n), captions)
+    gauss = [(torch.randn(n, 4), torch.randn(n, 4) * 0.1) for _ in range(4)]
+    validity = {"text_ambiguity": amb, "inclusion": V.inclusion_accuracy(*gauss[0], *gauss[1], rng.random(n) < 0.5),
+                "image_conditions": cond, "crop_test": V.crop_test(*gauss),
+                "deciles": V.decile_trend({"image queries": {"bins": [{"r1": 1.0}] * 10,
+                                                             "spearman_bins": {"rho": 0.0},
+                                                             "spearman_queries": {"rho": 0.0}}})}
+    table = V.validity_table(validity, "m")
+    assert "nan" not in table.lower() and "blurry" in table and "+-n/a" in table
+    atomic_write_json(tmp_path / "v.json", {"v": validity, "inf": float("inf"), "arr": np.array([1.0, np.nan])})
+    append_jsonl(tmp_path / "m.jsonl", {"loss": float("nan"), "t": torch.tensor(float("-inf"))})
+
+    def refuse(name):
+        raise AssertionError(f"{name} is not JSON")
+    back = json.loads((tmp_path / "v.json").read_text(), parse_constant=refuse)
+    assert back["v"]["image_conditions"]["by_condition"]["blurry"]["se"] is None
+    assert back["inf"] is None and back["arr"] == [1.0, None]
+    assert json.loads((tmp_path / "m.jsonl").read_text(), parse_constant=refuse) == {"loss": None, "t": None}
+    # a table made again from the JSON (None where NaN was) reads the same
+    assert V.validity_table(back["v"], "m") == table

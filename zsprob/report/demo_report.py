@@ -52,10 +52,11 @@ def _f(v: Any, nd: int = 1) -> str:
 
 def _training(out: Path, method: str) -> dict:
     run = out / "runs" / method
-    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("loss") is not None]
     summ = _load(run / "summary.json") or {}
-    first = rows[:3]
-    last = rows[-3:]
+    k = min(3, len(rows) // 2)  # the mean of the first and last 3 log records, never overlapping (short runs)
+    first = rows[:k]
+    last = rows[-k:] if k else []
     mean = lambda rs, k: (sum(r[k] for r in rs) / len(rs)) if rs and all(k in r for r in rs) else None  # noqa: E731
     rec = {"steps": summ.get("steps"), "batch_size": summ.get("global_batch_size"),
            "loss_start": mean(first, "loss"), "loss_end": mean(last, "loss"),
@@ -69,9 +70,9 @@ def _training(out: Path, method: str) -> dict:
         rec["base_rate_loss"] = 2 * (-pb * math.log(pb) - (1 - pb) * math.log(1 - pb))
         match = [{"match": r["match_i2t"] + r["match_t2i"]} for r in last if "match_i2t" in r and "match_t2i" in r]
         rec["match_loss_end"] = mean(match, "match") if len(match) == len(last) else rec["loss_end"]
-    if last and "img_sigma2" in last[-1]:
-        rec["img_sigma2_end"] = last[-1]["img_sigma2"]
-        rec["txt_sigma2_end"] = last[-1].get("txt_sigma2")
+    if rows and "img_sigma2" in rows[-1]:
+        rec["img_sigma2_end"] = rows[-1]["img_sigma2"]
+        rec["txt_sigma2_end"] = rows[-1].get("txt_sigma2")
     return rec
 
 

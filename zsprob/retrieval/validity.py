@@ -277,12 +277,19 @@ def uncertainty_validity(model, split, embeddings, deciles: dict, *, seed: int =
                       "binomial / Welch standard errors (accuracies, differences)"}}
 
 
+def _num(v, spec: str) -> str:
+    """``v`` formatted, or "n/a" where it is undefined (NaN / None: too few items for it)."""
+    return format(v, spec) if v is not None and math.isfinite(v) else "n/a"
+
+
 def _fmt_interval(stats: dict) -> str:
-    return f"{stats['rho']:+.3f} [{stats['lo']:+.3f}, {stats['hi']:+.3f}] (n {stats['n']})"
+    return (f"{_num(stats['rho'], '+.3f')} [{_num(stats['lo'], '+.3f')}, {_num(stats['hi'], '+.3f')}] "
+            f"(n {stats['n']})")
 
 
 def _fmt_acc(stats: dict) -> str:
-    return f"{100 * stats['accuracy']:.1f} +- {100 * stats['se']:.1f}% (n {stats['n']})"
+    se = stats["se"]
+    return f"{100 * stats['accuracy']:.1f} +- {_num(None if se is None else 100 * se, '.1f')}% (n {stats['n']})"
 
 
 def validity_table(validity: dict, label: str = "model") -> str:
@@ -300,7 +307,7 @@ def validity_table(validity: dict, label: str = "model") -> str:
         if sub["sigma"]["n"]:
             rows.append((f"  ... {label_wc} word count (test / sigma)",
                          f"{_fmt_acc(sub['inclusion'])} / {_fmt_acc(sub['sigma'])}"))
-    diffs = ", ".join(f"{c} {cond['by_condition'][c]['diff']:+.3g}+-{cond['by_condition'][c]['se']:.2g}"
+    diffs = ", ".join(f"{c} {cond['by_condition'][c]['diff']:+.3g}+-{_num(cond['by_condition'][c]['se'], '.2g')}"
                       for c in DEGRADED_CONDITIONS if c in cond["by_condition"])
     rows.append(("image u: conditions more uncertain than normal", f"{cond['more_uncertain']} of {cond['of']}"))
     rows.append(("  ... u(condition) - u(normal)", diffs or "n/a"))

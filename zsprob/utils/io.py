@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -76,8 +77,34 @@ def _default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def _finite(o: Any) -> Any:
+    """``o`` with every NaN / infinity (floats, numpy / torch values) replaced by None."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if isinstance(o, (str, int, bool)) or o is None:
+        return o
+    try:
+        return _finite(_default(o))
+    except TypeError:
+        return o
+
+
+def _dumps(obj: Any, indent: int | None) -> str:
+    """Strict JSON: NaN and infinities (not JSON; jq and browsers refuse them) are written as null.
+    The common all-finite case is one C-speed dump; only a payload holding one is walked."""
+    try:
+        return json.dumps(obj, indent=indent, default=_default, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj), indent=indent, default=_default, allow_nan=False)
+
+
 def to_json(obj: Any, indent: int | None = 2) -> str:
-    return json.dumps(obj, indent=indent, default=_default, sort_keys=False) + "\n"
+    """JSON text of ``obj`` (numpy / torch values and Paths converted; NaN and infinities as null)."""
+    return _dumps(obj, indent) + "\n"
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Path:
@@ -102,7 +129,7 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     with open(p, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, default=_default) + "\n")
+        f.write(_dumps(record, None) + "\n")
 
 
 def sha256_file(path: str | os.PathLike) -> str:
