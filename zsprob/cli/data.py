@@ -12,7 +12,7 @@ from zsprob.errors import UserError
 
 _PRESETS_HELP = ("default: 20000 pretraining images (20 shards), 10 + 50 images per class for "
                  "classify select / eval, 1000 + 500 retrieval test / val images; "
-                 "quick: 2000 / 4 + 10 per class / 200 + 100")
+                 "quick: 2000 / 4 + 10 per class / 200 + 100, 500 per shard")
 
 
 @click.group("data")
@@ -34,7 +34,7 @@ def data() -> None:
 @click.option("--noise", type=SHARE, default=None,
               help="Noisy-correspondence rate of the pretraining captions, 0..1 [default: 0].")
 @click.option("--seed", type=int, default=None, help="World seed [default: 0].")
-@click.option("--shard-size", type=COUNT, default=None, help="Samples per pretraining shard [default: 1000].")
+@click.option("--shard-size", type=COUNT, default=None, help="Samples per pretraining shard [default: 1000; quick: 500].")
 @click.option("--workers", type=COUNT, default=1, show_default=True,
               help="Processes; output bytes do not depend on it.")
 @click.option("--preview", is_flag=True, help="Also write OUT/preview.png (one row per condition, with captions).")

@@ -20,7 +20,7 @@ from zsprob.methods import STRATEGIES
                    "`zsprob data synthetic` output, whose classify/select split is the default selection split.")
 @click.option("--topk", default="auto", show_default=True, help="auto | N | all | oracle")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default=None,
-              help="Overrides --topk: any strategy (see README).")
+              help="Overrides --topk: any strategy (docs/zeroshot.md describes each).")
 @click.option("--select-root", type=InPath("selection split"), default=None,
               help="Labelled selection split (folder per class; ImageNet: train images), disjoint from evaluation.")
 @click.option("--no-select", is_flag=True, help="auto: ignore the selection split (label-free variant).")

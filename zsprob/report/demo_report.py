@@ -351,7 +351,7 @@ def _md_zeroshot(L: list[str], out: Path, r: dict) -> None:
                          f"cosine {sep['mean_pairwise_cosine']:.3f} between the {sep['n_classes']} class vectors; "
                          f"closest: {' / '.join(sep['closest_pair'])}).** The text tower does not tell the shape "
                          "names apart yet, so every prompt strategy below is near chance and their differences are "
-                         "noise (README, demo: 'What to expect').\n")
+                         "noise (docs/findings.md, section \"How the demo's towers were chosen\").\n")
         L.append("### PCME++\n")
         L.append(zp.get("table") or "")
         L.append("")
