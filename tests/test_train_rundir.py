@@ -105,6 +105,7 @@ def test_a_second_writer_is_refused_and_a_stale_lock_taken_over(tiny_world, fini
     assert r.returncode == 0, r.stderr[-2000:]
     assert "stale lock" in r.stderr
     assert sorted(read_losses(out)) == [1, 2, 3, 4, 5, 6] and not (out / ".lock").exists()
+    assert "trained pcmepp for step 6 (resumed at step 5)" in r.stdout  # not "for 6 steps": one step ran
 
 
 def test_resume_never_moves_backwards(tiny_world, finished):
@@ -220,3 +221,25 @@ def test_the_demo_runner_resumes_an_interrupted_run_and_replaces_one_with_other_
     assert any("resuming" in line for line in log)
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["steps"], summary["start_step"]) == (5, 3) and sorted(read_losses(run)) == [1, 2, 3, 4, 5]
+
+
+def test_a_warmup_as_long_as_the_run_is_one_warning_line(tiny_world, tmp_path):
+    r = run_cli(*args_for(tiny_world, tmp_path / "run", "--set", "schedule.warmup_steps=10", steps=2))
+    assert r.returncode == 0, r.stderr[-2000:]
+    warned = [line for line in r.stderr.splitlines() if "warm-up" in line]
+    assert warned == ["zsprob: warning: the warm-up (10 steps) is not shorter than the run (2 steps): the learning "
+                      "rate never reaches optim.lr; shorten it with --set schedule.warmup_steps=N"], r.stderr[-2000:]
+    assert "UserWarning" not in r.stderr and "warnings.warn(" not in r.stderr
+
+
+def test_the_warmup_warning_only_when_the_warmup_fills_the_run():
+    import warnings as w
+
+    from zsprob.train.defaults import resolve_config
+    from zsprob.train.schedule import resolve_schedule
+
+    with pytest.warns(UserWarning, match=r"warm-up \(5 steps\) is not shorter than the run \(5 steps\)"):
+        resolve_schedule(resolve_config({"schedule": {"steps": 5, "warmup_steps": 5}}), None)
+    with w.catch_warnings():
+        w.simplefilter("error")
+        assert resolve_schedule(resolve_config({"schedule": {"steps": 6, "warmup_steps": 5}}), None).warmup == 5

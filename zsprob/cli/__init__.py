@@ -13,13 +13,15 @@ Error policy: a :class:`zsprob.UserError` or a click usage error prints one line
 (``zsprob: error: ...``) and exits with status 2. ``zsprob --debug CMD`` (or ``ZSPROB_DEBUG=1``)
 re-raises with the full traceback instead. A training run stopped by SIGTERM / SIGUSR1
 (:class:`zsprob.errors.Preempted`, its checkpoint written) prints one line and exits with the
-requeue code (``--requeue-exit-code``, 143 by default).
+requeue code (``--requeue-exit-code``, 143 by default). A warning zsprob's own code raises prints
+as one line, ``zsprob: warning: ...`` (``--debug``: Python's usual form, with its file and line).
 """
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+import warnings
 
 import click
 
@@ -93,11 +95,26 @@ def _one_line(msg: str) -> str:
     return " ".join(str(msg).split())
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None, _python=warnings.showwarning):
+    """``warnings.showwarning`` for the command line: zsprob's own warnings as one line each."""
+    if not os.path.abspath(str(filename)).startswith(_PACKAGE_DIR + os.sep):
+        return _python(message, category, filename, lineno, file, line)
+    try:
+        print(f"zsprob: warning: {_one_line(message)}", file=file or sys.stderr)
+    except OSError:  # stderr gone (closed pipe): nothing to tell
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the group, mapping user errors to one line and exit code 2."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args[: args.index("--") if "--" in args else len(args)] or \
         os.environ.get("ZSPROB_DEBUG", "") not in ("", "0")
+    if not debug:
+        warnings.showwarning = _warning_line
     try:
         rv = cli.main(args=args, prog_name="zsprob", standalone_mode=False)
     except click.exceptions.Exit as e:

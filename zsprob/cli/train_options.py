@@ -192,7 +192,11 @@ def print_summary(summary: dict) -> None:
                    "continues it, --overwrite starts it again)")
         click.echo(f"model: {summary['model']}")
         return
-    click.echo(f"trained {summary['method']} for {summary['steps']} steps "
+    start = int(summary.get("start_step") or 0)
+    last = int(summary["steps"])
+    steps = (f"{last} steps" if not start else f"step {last}" if last == start + 1 else f"steps {start + 1}-{last}")
+    steps += f" (resumed at step {start})" if start else ""
+    click.echo(f"trained {summary['method']} for {steps} "
                f"(global batch {summary['global_batch_size']}, {summary['world_size']} process(es)): "
                f"final loss {summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s")
     click.echo(f"model: {summary['model']}")

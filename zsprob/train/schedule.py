@@ -6,6 +6,7 @@ Every training method (the pairwise step and jWAE's) reads its plan from here.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,6 +42,9 @@ def resolve_schedule(cfg: Config, steps_per_epoch: int | None) -> SchedulePlan:
         raise UserError("set the run length: --steps N (schedule.steps) or schedule.epochs")
     plan = SchedulePlan(int(total_steps), 0, [], {}, steps_per_epoch)
     plan.warmup = plan.steps_of(sch.warmup_steps, sch.warmup_epochs, "schedule.warmup_epochs")
+    if plan.warmup >= plan.total_steps:
+        warnings.warn(f"the warm-up ({plan.warmup} steps) is not shorter than the run ({plan.total_steps} steps): "
+                      "the learning rate never reaches optim.lr; shorten it with --set schedule.warmup_steps=N")
     plan.milestones = list(sch.milestones_steps or [])
     if sch.milestones_epochs:
         plan.milestones += [steps_from(e, steps_per_epoch, "schedule.milestones_epochs") for e in sch.milestones_epochs]
