@@ -236,3 +236,31 @@ def test_a_hugging_face_tokenizer_travels_with_the_export(tmp_path):
     back = load(out)
     assert back.config["tokenizer_dir"] == str(out.resolve()) and torch.equal(back.tokenizer(texts),
                                                                                 model.tokenizer(texts))
+
+
+def test_eval_files_of_another_model_are_refused(ckpt, tiny_world, tmp_path):
+    """`zsprob eval` records the model it evaluated; export takes only that model's results into its card."""
+    from conftest import run_cli
+
+    from zsprob.models.export import export_open_clip
+    from zsprob.models.fingerprint import model_fingerprint
+
+    other = tmp_path / "other" / "model"
+    save(_tiny(seed=4), other, extra={"method": "pcmepp", "step": 1})
+    metrics = {}
+    for name, model in (("own", ckpt), ("other", other)):
+        metrics[name] = tmp_path / name / "metrics.json"
+        r = run_cli("eval", "synthetic", "--checkpoint", model, "--root", tiny_world, "--no-analysis", "--device", "cpu",
+                    "--workers", "0", "--out", metrics[name])
+        assert r.returncode == 0, r.stderr[-2000:]
+    made_with = json.loads(metrics["own"].read_text())["model"]
+    assert made_with == {"id": model_fingerprint(load(ckpt)), "name": "zsprob-tiny"}  # load() is export's loader
+    card = (export_open_clip(ckpt, tmp_path / "ok", eval_files=[metrics["own"]]) / "README.md").read_text()
+    assert "From `metrics.json`:" in card and "RSUM" in card
+    with pytest.raises(UserError, match=r"was made with another model .* give the results of this model"):
+        export_open_clip(ckpt, tmp_path / "refused", eval_files=[metrics["own"], metrics["other"]])
+    assert not (tmp_path / "refused").exists()
+    # a results file that names no model (precomputed embeddings) is taken as it is
+    anonymous = tmp_path / "anon.json"
+    anonymous.write_text(json.dumps({k: v for k, v in json.loads(metrics["other"].read_text()).items() if k != "model"}))
+    export_open_clip(ckpt, tmp_path / "anon", eval_files=[anonymous])

@@ -149,6 +149,7 @@ def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool
     model = _load_source(checkpoint)
     _check_out(out, overwrite)
     evals = [_read_eval_file(f) for f in eval_files]
+    _check_made_with(evals, model, checkpoint)
     src = Path(checkpoint)
     section = export_section(src) if src.is_dir() else None
     meta = export_meta(src, section) if section is not None else load_meta(src)
@@ -186,6 +187,21 @@ def _read_eval_file(path) -> dict:
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected a zsprob eval metrics.json or zeroshot results.json object")
     return {"file": str(path), **doc}
+
+
+def _check_made_with(evals: list[dict], model, checkpoint) -> None:
+    """One line when an evaluation file names another model than the one exported (files that name
+    none, such as results of precomputed embeddings, are taken as they are)."""
+    from zsprob.models.fingerprint import model_fingerprint
+
+    made_with = [(ev["file"], ev["model"]) for ev in evals if isinstance(ev.get("model"), dict) and ev["model"].get("id")]
+    if not made_with:
+        return
+    own = model_fingerprint(model)
+    for path, m in made_with:
+        if m["id"] != own:
+            raise UserError(f"--eval-file {path} was made with another model ({m.get('name') or 'unnamed'}, "
+                            f"{m.get('checkpoint') or m['id']}) than {checkpoint}; give the results of this model")
 
 
 # ----------------------------------------------------------------------------- the model card

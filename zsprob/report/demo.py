@@ -130,5 +130,5 @@ def run_demo(out: str | Path = "demo_out", quick: bool = False, echo: Callable[[
     echo("Writing the report")
     report = build_report(out, settings=asdict(s) | {"quick": quick, "recipes": dict(RECIPES)}, timings=timings,
                           wall_seconds=time.time() - t0)
-    echo(f"report: {out / 'report.md'}  (figures: {out / 'report.json'})")
+    echo(f"report: {out / 'report.md'}  (its numbers as JSON: {out / 'report.json'})")
     return report

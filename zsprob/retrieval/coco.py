@@ -324,8 +324,10 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
         out["files"].update(unc["files"])
     if out_dir is not None:
         out_dir = Path(out_dir)
+        from zsprob.models.fingerprint import model_identity
+        made_with = {} if model is None else {"model": model_identity(model)}  # embeddings: no model here
         out["files"]["metrics"] = str(atomic_write_json(out_dir / metrics_file, {
-            "metrics": out["metrics"], "summary": out["summary"], "uncertainty": out["uncertainty"]}))
+            **made_with, "metrics": out["metrics"], "summary": out["summary"], "uncertainty": out["uncertainty"]}))
         out["files"]["table"] = str(atomic_write_text(out_dir / "table.md", out["table"]))
     return out
 

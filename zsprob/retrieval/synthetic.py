@@ -190,7 +190,9 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
         out_dir = Path(out_dir)
         out["files"]["table"] = str(atomic_write_text(out_dir / "table.md", out["table"]))
         out["files"]["metrics"] = str(out_dir / metrics_file)
-        atomic_write_json(out_dir / metrics_file, {"metrics": out["metrics"], "summary": out["summary"],
+        from zsprob.models.fingerprint import model_identity
+        atomic_write_json(out_dir / metrics_file, {"model": model_identity(model),
+                                                   "metrics": out["metrics"], "summary": out["summary"],
                                                    "uncertainty": out["uncertainty"],
                                                    "uncertainty_validity": out.get("uncertainty_validity"),
                                                    "validity_table": out.get("validity_table"),

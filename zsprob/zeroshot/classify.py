@@ -264,7 +264,8 @@ def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templa
             progress: bool = True, need_select: bool = True, num_workers: int = 0, precision: str = "fp32",
             class_prompts=None):
     """Bank + evaluation features (+ selection features) for ``model`` on a dataset, all cached."""
-    from zsprob.zeroshot.prompts import load_classnames, model_fingerprint
+    from zsprob.models.fingerprint import model_fingerprint
+    from zsprob.zeroshot.prompts import load_classnames
 
     if model_id is None:
         model_id = model_fingerprint(model)
@@ -360,7 +361,8 @@ def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: 
     fusion-select / bprw-fewshot), the unlabelled evaluation images (zpe / bprw / carprt), the
     evaluation labels (oracle; bprw-fewshot with ``shots_split="eval"`` and ``allow_eval_shots``).
     """
-    from zsprob.zeroshot.prompts import load_classnames, model_fingerprint
+    from zsprob.models.fingerprint import model_fingerprint
+    from zsprob.zeroshot.prompts import load_classnames
     from zsprob.zeroshot.selection import run_strategy
 
     entry = get_strategy(strategy)
@@ -436,7 +438,7 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
                   num_workers: int = 0, precision: str = "fp32", shots: int | None = None,
                   shots_split: str = "select", allow_eval_shots: bool = False, class_prompts=None) -> dict:
     """Zero-shot accuracy of one prompt set (a selection.json, or a strategy run now) on a dataset."""
-    from zsprob.zeroshot.prompts import model_fingerprint
+    from zsprob.models.fingerprint import model_fingerprint
 
     model_id = model_fingerprint(model)
     ev, _ = _resolve_splits(dataset, root, select_root)

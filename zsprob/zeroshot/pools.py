@@ -117,7 +117,7 @@ def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_i
 
     ``class_prompts``: a ``{"class name": [...]}`` dict or the path of such a JSON file.
     """
-    from zsprob.zeroshot.prompts import model_fingerprint
+    from zsprob.models.fingerprint import model_fingerprint
 
     if not isinstance(class_prompts, dict):
         source = source or f"class-prompts file {class_prompts}"

@@ -196,39 +196,6 @@ def _class_entry_problem(entry, num_templates: int) -> str:
     return ""
 
 
-# ----------------------------------------------------------------------------- model identity
-
-def model_fingerprint(model) -> str:
-    """A cheap identity of a model's weights, for cache keys.
-
-    Hashes the model config (when it has one), every parameter/buffer name and shape, and a
-    strided sample of each tensor's values (up to 256 numbers) plus its sum. Any training
-    step changes it; it costs a fraction of a second even for ViT-L.
-    """
-    import torch
-
-    h = hashlib.sha256()
-    cfg = getattr(model, "config", None)
-    if cfg is not None:
-        try:
-            h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
-        except TypeError:
-            h.update(repr(cfg).encode())
-    h.update(type(model).__name__.encode())
-    with torch.no_grad():
-        for name, t in list(model.state_dict().items()):
-            h.update(name.encode())
-            h.update(str(tuple(t.shape)).encode())
-            if t.numel() == 0 or not (t.is_floating_point() or t.dtype in (torch.int64, torch.int32)):
-                continue
-            flat = t.detach().reshape(-1)
-            step = max(1, flat.numel() // 256)
-            sample = flat[::step][:256].double().cpu()
-            h.update(sample.numpy().tobytes())
-            h.update(repr(float(flat.double().sum().cpu())).encode())
-    return h.hexdigest()[:32]
-
-
 def bank_key(model_id: str, templates: Sequence[str], classnames: Sequence[str]) -> str:
     payload = json.dumps({"format": BANK_FORMAT, "model": model_id, "templates": list(templates),
                           "classes": list(classnames)}, sort_keys=True)
@@ -376,6 +343,7 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
     classnames = validate_classnames(classnames)
     templates = validate_templates(templates if templates is not None else load_templates())
     if model_id is None:
+        from zsprob.models.fingerprint import model_fingerprint
         model_id = model_fingerprint(model)
     key = bank_key(model_id if precision == "fp32" else f"{model_id}+{precision}", templates, classnames)
     stem = bank_cache_stem(check_cache_dir(cache_dir), key) if cache_dir is not None else None
