@@ -27,6 +27,9 @@ def demo(out, quick, steps, batch_size, seed, workers, threads, all_methods):
     Generates SynthWorld, pretrains PCME++ and an InfoNCE baseline, selects prompts by text
     uncertainty without evaluation labels, classifies zero-shot with every prompt strategy,
     evaluates retrieval, and writes OUT/report.md + OUT/report.json with plots.
+
+    SIGTERM / Ctrl-C stop the running step cleanly (pretraining writes a checkpoint) and exit
+    with one line (143; 130 for Ctrl-C); the same command resumes.
     """
     from zsprob.report.demo import run_demo
 

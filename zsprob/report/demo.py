@@ -16,6 +16,11 @@ The demo is nothing but the real commands a user would type, chained and made re
 
 then :func:`zsprob.report.demo_report.build_report` reads the JSON each command wrote and writes
 ``OUT/report.md`` (plots embedded) and ``OUT/report.json`` (the same figures).
+
+SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 stop the demo cleanly: the running step gets the signal (a
+pretraining writes a checkpoint), the demo waits for it, kills whatever is left of it and exits with
+one line (``zsprob: pre-empted: demo stopped during step ...``), 143 (130 for SIGINT); the same
+command resumes (see :mod:`zsprob.report.pipeline`).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from zsprob.report.demo_runs import DEMO_EXTRA_RUNS, DEMO_MODELS, RECIPES
-from zsprob.report.pipeline import Step, run_steps
+from zsprob.report.pipeline import Step, StopGuard, run_steps
 from zsprob.utils.paths import configs_dir
 
 
@@ -126,9 +131,11 @@ def run_demo(out: str | Path = "demo_out", quick: bool = False, echo: Callable[[
     t0 = time.time()
     echo(f"zsprob demo -> {out} ({'quick' if quick else 'full'}: SynthWorld preset {s.preset}, "
          f"{s.steps} pretraining steps x {s.batch_size} per model)")
-    timings = run_steps(out, plan(out, s), echo=echo)
-    echo("Writing the report")
-    report = build_report(out, settings=asdict(s) | {"quick": quick, "recipes": dict(RECIPES)}, timings=timings,
-                          wall_seconds=time.time() - t0)
+    with StopGuard() as guard:  # a stop signal: passed on to the running step, then one line (Preempted)
+        timings = run_steps(out, plan(out, s), echo=echo)
+        echo("Writing the report")
+        report = build_report(out, settings=asdict(s) | {"quick": quick, "recipes": dict(RECIPES)},
+                              timings=timings, wall_seconds=time.time() - t0)
+        guard.check("while writing the report")
     echo(f"report: {out / 'report.md'}  (its numbers as JSON: {out / 'report.json'})")
     return report

@@ -6,22 +6,45 @@ After a step succeeds its fingerprint is written to ``OUT/.steps/NAME.json``; a 
 with the same arguments skips it when its outputs still exist, and re-runs it (and every
 step after it) when the arguments changed. A step that died half-way is simply run again;
 commands that support it (training) resume from their own checkpoints.
+
+Stopping (:class:`StopGuard`): each step runs in a session (process group) of its own, so a signal
+to the caller's process group (Ctrl-C, ``timeout``, a scheduler) reaches the runner only, never the
+step's own helpers (data loader workers). SIGTERM, SIGINT and SIGUSR1 are passed on to the step's
+main process (SIGINT as SIGTERM: `zsprob pretrain` then finishes its step and writes a checkpoint),
+the runner waits for it (at most :data:`STOP_GRACE_S` seconds, then kills it), kills whatever it
+left in its process group, and raises :class:`zsprob.errors.Preempted`: one line, exit code 130
+for SIGINT, 143 otherwise. The step's own stderr after the signal is held back (its "pre-empted"
+line is folded into that one line); the interrupted step is not marked done, so the same command
+resumes. On Linux a step also gets SIGTERM when the runner dies (even by SIGKILL): no orphans.
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
+import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from zsprob.errors import UserError
+from zsprob.errors import Preempted, UserError
 from zsprob.utils.io import atomic_write_json
+
+#: seconds a step is given to exit after the runner passed a stop signal on to it; then it is killed
+STOP_GRACE_S = 60.0
+#: the signals that stop the runner (each passed on to the running step)
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+#: seconds between two looks at whether the running step has exited
+POLL_S = 0.1
 
 
 @dataclass
@@ -41,6 +64,11 @@ class Step:
         return "zsprob " + " ".join(shlex.quote(a) for a in self.args)
 
 
+def step_command(args: Sequence[str]) -> list[str]:
+    """The child process of a step with arguments ``args`` (after ``zsprob``)."""
+    return [sys.executable, "-m", "zsprob", *args]
+
+
 def _marker(out: Path, step: Step) -> Path:
     return out / ".steps" / f"{step.name}.json"
 
@@ -56,56 +84,256 @@ def is_done(out: Path, step: Step) -> bool:
     return rec.get("fingerprint") == step.fingerprint() and all(Path(p).exists() for p in step.outputs)
 
 
-def run_steps(out: Path, steps: Sequence[Step], echo: Callable[[str], None] = print,
-              env: dict | None = None, stream: bool = True) -> dict[str, dict]:
-    """Run (or skip) each step in order; return {name: {seconds, skipped, command}}."""
-    timings: dict[str, dict] = {}
-    invalidated = False
+class StopGuard:
+    """Context manager: SIGTERM / SIGINT / SIGUSR1 are recorded (:attr:`received`) and passed on to the
+    running step (:attr:`proc`) instead of killing the runner. Handlers are installed in the main thread
+    only (Python's rule) and restored on exit; :attr:`active` is the one installed now (nested runners
+    share it)."""
+
+    active: "StopGuard | None" = None
+
+    def __init__(self):
+        self.received: str | None = None
+        self.deadline: float | None = None  # time.monotonic() by which the step must have exited
+        self.proc: subprocess.Popen | None = None
+        self._old: dict = {}
+
+    def __enter__(self) -> "StopGuard":
+        if threading.current_thread() is threading.main_thread():
+            for name in STOP_SIGNALS:
+                sig = getattr(signal, name, None)
+                if sig is not None:
+                    self._old[sig] = signal.signal(sig, self._handler)
+        StopGuard.active = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+        if StopGuard.active is self:
+            StopGuard.active = None
+
+    def _handler(self, signum, frame) -> None:
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            self.deadline = time.monotonic() + STOP_GRACE_S
+        self.forward()
+
+    def forward(self) -> None:
+        """Pass the stop on to the running step's main process (SIGINT as SIGTERM), if any."""
+        proc = self.proc
+        if self.received is None or proc is None or proc.returncode is not None:
+            return
+        sig = signal.SIGTERM if self.received == "SIGINT" else getattr(signal, self.received)
+        try:
+            os.kill(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    @property
+    def exit_code(self) -> int:
+        return 130 if self.received == "SIGINT" else 143
+
+    def stopped(self, where: str, detail: str = "", step: int = 0) -> Preempted:
+        return Preempted(f"demo stopped {where} ({self.received}{detail}); run the same command to resume",
+                         exit_code=self.exit_code, step=step)
+
+    def check(self, where: str) -> None:
+        """Raise :class:`Preempted` if a stop signal has come."""
+        if self.received is not None:
+            raise self.stopped(where)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to send the child SIGTERM when the runner dies (PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the runner died before that: stop now
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
+class _Stderr(threading.Thread):
+    """Copies a step's stderr to ours (``show``) until a stop signal has come; what follows is held back
+    (:attr:`held`). Keeps the last few KB either way (:attr:`tail`)."""
+
+    def __init__(self, pipe, show: bool, guard: StopGuard):
+        super().__init__(daemon=True)
+        self.pipe, self.show, self.guard = pipe, show, guard
+        self.held, self.tail = "", ""
+        self.open_line = False  # what we copied ends without a newline (a progress bar)
+
+    def run(self) -> None:
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        fd = self.pipe.fileno()
+        while True:
+            chunk = os.read(fd, 65536)
+            text = decode(chunk, final=not chunk)
+            if self.show and self.guard.received is None:
+                self._write(text)
+            else:
+                self.held = (self.held + text)[-65536:]
+            self.tail = (self.tail + text)[-4096:]
+            if not chunk:
+                break
+        self.pipe.close()
+
+    def _write(self, text: str) -> None:
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            return
+        if text:
+            self.open_line = not text.endswith("\n")
+
+    def end_line(self) -> None:
+        """End a progress bar's line that was copied, so that a message after it starts a line of its own."""
+        if self.open_line:
+            self._write("\n")
+
+
+def _exited(proc: subprocess.Popen) -> bool:
+    """Whether the step's process has exited, without reaping it (its pid, and so its process group id,
+    stay reserved until :meth:`Popen.wait`)."""
+    if hasattr(os, "waitid"):
+        try:
+            return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+    return proc.poll() is not None
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the step's process group (its session: the step and whatever it started)."""
+    if os.name == "posix" and proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _run_child(args: list[str], env: dict, stream: bool, guard: StopGuard) -> tuple[int, bool, _Stderr]:
+    """Run one step to its end: (exit code, whether it was killed after :data:`STOP_GRACE_S`, its stderr)."""
+    posix = os.name == "posix"
+    proc = subprocess.Popen(step_command(args), env=env, stdout=None if stream else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=posix,
+                            preexec_fn=_die_with_parent() if posix else None)
+    guard.proc = proc
+    err = _Stderr(proc.stderr, stream, guard)
+    err.start()
+    killed = False
+    try:
+        guard.forward()  # a signal that came while it started
+        while not _exited(proc):
+            if guard.deadline is not None and time.monotonic() > guard.deadline and not killed:
+                _kill_group(proc)
+                killed = True
+            time.sleep(POLL_S)
+    finally:
+        _kill_group(proc)  # what the step left behind (data loader workers, a pool) goes with it
+        rc = proc.wait()
+        guard.proc = None
+    err.join(timeout=10)
+    err.end_line()
+    return rc, killed, err
+
+
+def _stop_detail(rc: int, killed: bool, held: str) -> str:
+    if killed:
+        return f"; it did not exit within {STOP_GRACE_S:.0f} s and was killed"
+    m = re.search(r"after step (\d+) of (\d+); checkpoint", held)
+    if m:
+        return f"; it saved a checkpoint after step {m[1]} of {m[2]}"
+    return f"; it exited with code {rc}"
+
+
+def _child_env(env: dict | None, stream: bool) -> dict:
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    if stream and "COLUMNS" not in full_env and sys.stderr.isatty():
+        # the step's stderr is a pipe: progress bars learn the terminal's width from here
+        size = shutil.get_terminal_size()
+        full_env.update(COLUMNS=str(size.columns), LINES=str(size.lines))
     if env:
         full_env.update(env)
+    return full_env
+
+
+def _step_args(out: Path, step: Step, invalidated: bool, head: str, echo: Callable[[str], None]) -> list[str]:
+    """The step's arguments, with ``resume_args`` / ``fresh_args`` when it was started before; echoes them."""
+    # a step that finished before (its marker: other arguments or lost outputs), or one downstream of a
+    # re-run step, starts over; one that was interrupted resumes
+    start_over = invalidated or _marker(out, step).is_file()
+    args = list(step.args)
+    started = step.started_marker is not None and Path(step.started_marker).exists()
+    if started and start_over and step.fresh_args:
+        args += step.fresh_args
+        echo(f"{head}: starting over")
+    elif started and step.resume_args:
+        args += step.resume_args
+        echo(f"{head}: resuming")
+    else:
+        echo(head)
+    echo(f"      $ zsprob {' '.join(shlex.quote(a) for a in args)}")
+    return args
+
+
+def _run_step(out: Path, step: Step, args: list[str], env: dict, stream: bool, guard: StopGuard) -> float:
+    """Run one step; write its done-marker when it succeeded; return its seconds."""
+    t0 = time.time()
+    rc, killed, err = _run_child(args, env, stream, guard)
+    dt = time.time() - t0
+    if guard.received is not None and (rc != 0 or killed):
+        m = re.search(r"after step (\d+) of", err.held)
+        raise guard.stopped(f"during step '{step.name}'", _stop_detail(rc, killed, err.held),
+                            step=int(m[1]) if m else 0)
+    if rc != 0:
+        lines = err.tail.strip().splitlines()[-1:] if not stream else []
+        tail = f": {lines[0]}" if lines else ""
+        raise UserError(f"demo step '{step.name}' failed with exit code {rc}{tail} "
+                        f"(command: {step.command()}); fix it and run the demo again to resume")
+    missing = [str(p) for p in step.outputs if not Path(p).exists()]
+    if missing:
+        raise UserError(f"demo step '{step.name}' finished but did not write {missing[0]}")
+    atomic_write_json(_marker(out, step), {"fingerprint": step.fingerprint(), "seconds": dt,
+                                           "command": step.command()})
+    return dt
+
+
+def run_steps(out: Path, steps: Sequence[Step], echo: Callable[[str], None] = print,
+              env: dict | None = None, stream: bool = True) -> dict[str, dict]:
+    """Run (or skip) each step in order; return {name: {seconds, skipped, command}}.
+
+    A stop signal (see :class:`StopGuard`) raises :class:`zsprob.errors.Preempted` once the running
+    step has exited; that step is not marked done."""
+    timings: dict[str, dict] = {}
+    invalidated = False
+    full_env = _child_env(env, stream)
     n = len(steps)
-    for i, step in enumerate(steps, 1):
-        if not invalidated and is_done(out, step):
-            rec = json.loads(_marker(out, step).read_text())
-            echo(f"[{i}/{n}] {step.title}: done already ({rec.get('seconds', 0):.0f} s), skipping")
-            timings[step.name] = {"seconds": rec.get("seconds", 0.0), "skipped": True,
-                                  "command": step.command()}
-            continue
-        # a step that finished before (its marker: other arguments or lost outputs), or one downstream of a
-        # re-run step, starts over; one that was interrupted resumes
-        start_over = invalidated or _marker(out, step).is_file()
-        invalidated = True  # everything downstream of a re-run step runs again
-        args = list(step.args)
-        started = step.started_marker is not None and Path(step.started_marker).exists()
-        if started and start_over and step.fresh_args:
-            args += step.fresh_args
-            echo(f"[{i}/{n}] {step.title}: starting over")
-        elif started and step.resume_args:
-            args += step.resume_args
-            echo(f"[{i}/{n}] {step.title}: resuming")
-        else:
-            echo(f"[{i}/{n}] {step.title}")
-        echo(f"      $ zsprob {' '.join(shlex.quote(a) for a in args)}")
-        t0 = time.time()
-        cmd = [sys.executable, "-m", "zsprob", *args]
-        if stream:
-            proc = subprocess.run(cmd, env=full_env)
-            err_tail = ""
-        else:
-            proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True)
-            err_tail = (proc.stderr or "").strip().splitlines()[-1:] if proc.returncode else ""
-        dt = time.time() - t0
-        if proc.returncode != 0:
-            tail = f": {err_tail[0]}" if err_tail else ""
-            raise UserError(f"demo step '{step.name}' failed with exit code {proc.returncode}{tail} "
-                            f"(command: {step.command()}); fix it and run the demo again to resume")
-        missing = [str(p) for p in step.outputs if not Path(p).exists()]
-        if missing:
-            raise UserError(f"demo step '{step.name}' finished but did not write {missing[0]}")
-        atomic_write_json(_marker(out, step), {"fingerprint": step.fingerprint(), "seconds": dt,
-                                               "command": step.command()})
-        timings[step.name] = {"seconds": dt, "skipped": False, "command": step.command()}
-        echo(f"      done in {dt:.1f} s")
+    with (nullcontext(StopGuard.active) if StopGuard.active else StopGuard()) as guard:
+        for i, step in enumerate(steps, 1):
+            guard.check(f"before step '{step.name}'")
+            if not invalidated and is_done(out, step):
+                rec = json.loads(_marker(out, step).read_text())
+                echo(f"[{i}/{n}] {step.title}: done already ({rec.get('seconds', 0):.0f} s), skipping")
+                timings[step.name] = {"seconds": rec.get("seconds", 0.0), "skipped": True,
+                                      "command": step.command()}
+                continue
+            args = _step_args(out, step, invalidated, f"[{i}/{n}] {step.title}", echo)
+            invalidated = True  # everything downstream of a re-run step runs again
+            dt = _run_step(out, step, args, full_env, stream, guard)
+            timings[step.name] = {"seconds": dt, "skipped": False, "command": step.command()}
+            echo(f"      done in {dt:.1f} s")
+        guard.check(f"after step '{steps[-1].name}'" if steps else "before its first step")
     return timings
