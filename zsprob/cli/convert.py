@@ -1,16 +1,37 @@
 """`zsprob convert`: a published ProLIP / PCME++ checkpoint -> a zsprob checkpoint (thin wrapper).
 
-Calls :func:`zsprob.models.convert.convert.convert_to_checkpoint`; errors are one line (exit 2).
+Calls :func:`zsprob.models.convert.convert.convert_to_checkpoint`; errors are one line (exit 2). Like
+``zsprob export``, a non-empty ``--out`` is refused without ``--overwrite``; an ``--out`` that is SOURCE,
+lies inside it (or inside ``--tokenizer``), or whose files would replace the SOURCE file is refused even
+with it. Every refusal comes before anything is read or written.
 """
+from pathlib import Path
+
 import click
 
-from zsprob.cli.options import OFFICIAL_WEIGHTS, WEIGHTS_HELP
+from zsprob.cli.options import CHECKPOINT_FILES, OFFICIAL_WEIGHTS, WEIGHTS_HELP
 from zsprob.cli.types import OUT_DIR, TOKENIZER, InPath
+
+
+def _refuse_out(source, out, tokenizer, overwrite: bool) -> None:
+    """--out apart from the inputs (SOURCE, --tokenizer), and empty unless --overwrite (one line)."""
+    from zsprob.errors import UserError
+    from zsprob.utils.checks import check_outputs_apart, is_tokenizer_dir
+
+    src = Path(source).expanduser()
+    folder = src if src.is_dir() else src.parent if is_tokenizer_dir(src.parent) else None  # a published layout
+    written = {"--out": out, **{f"--out ({name})": Path(out) / name for name in CHECKPOINT_FILES}}
+    check_outputs_apart(written, files={} if src.is_dir() else {"SOURCE": source},
+                        dirs={"SOURCE" if src.is_dir() else "SOURCE's": folder, "--tokenizer": tokenizer})
+    outp = Path(out).expanduser()
+    if outp.is_dir() and any(outp.iterdir()) and not overwrite:
+        raise UserError(f"--out {out} is not empty; pass --overwrite to replace what it holds (e.g. an earlier "
+                        "conversion)")
 
 
 @click.command("convert")
 @click.argument("source", type=InPath("official checkpoint", "any"))
-@click.option("--out", required=True, type=OUT_DIR, help="zsprob checkpoint directory to write.")
+@click.option("--out", required=True, type=OUT_DIR, help="zsprob checkpoint directory to write (empty, or --overwrite).")
 @click.option("--model", "model_name", default=None,
               help="zsprob model name (default: from the layout: prolip-ViT-B-16, pcmepp-ViT-B-16, or for a COCO "
                    "trainer file, probabilistic or mu-only, pcmepp-coco-ViT-B-32 / -ViT-B-16 / -ViT-L-14 by its "
@@ -20,13 +41,16 @@ from zsprob.cli.types import OUT_DIR, TOKENIZER, InPath
 @click.option("--tokenizer", type=TOKENIZER, default=None,
               help="Local Hugging Face tokenizer directory (default: tokenizer/ next to SOURCE).")
 @click.option("--weights", type=click.Choice(OFFICIAL_WEIGHTS), default=None, help=WEIGHTS_HELP)
-def convert(source, out, model_name, layout_name, tokenizer, weights):
+@click.option("--overwrite", is_flag=True,
+              help="Write into a non-empty --out (replacing an earlier conversion's files); never SOURCE itself.")
+def convert(source, out, model_name, layout_name, tokenizer, weights, overwrite):
     """Convert an official checkpoint (file, Hugging Face directory or COCO trainer .ckpt), strictly.
 
     \b
     zsprob convert PCMEPP-ViT-B-16/ --out ckpt/pcmepp-b16
     Every official key must be consumed and every zsprob parameter filled, shapes equal.
     """
+    _refuse_out(source, out, tokenizer, overwrite)
     from zsprob.models.convert.convert import convert_to_checkpoint
 
     path = convert_to_checkpoint(source, out, model_name=model_name, layout_name=layout_name, tokenizer=tokenizer,

@@ -1,8 +1,10 @@
 """`zsprob eval`: retrieval evaluation (COCO 1K/5K, CxC, ECCV Caption, PMRP; Flickr30k; SynthWorld; any embeddings).
 
 Thin: parses options and calls :mod:`zsprob.retrieval` (torch is imported inside the commands).
-Refuses in one line an ``--out`` (or a file written beside it) that is one of the inputs,
-``--save-embeddings`` with ``--embeddings``, and ranking files that give a query two lists.
+Refuses in one line an ``--out`` (or a file written beside it, or ``--save-embeddings``) that is one of
+the input files or lies inside the model's directory (--checkpoint / --pretrained / --tokenizer), or would
+replace a file of the dataset --root; ``--save-embeddings`` with ``--embeddings``; ranking files that give a
+query two lists.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from zsprob.cli.options import eval_model_options, official_file_kwargs, resolve_device, scoring_device_option
+from zsprob.cli.options import (eval_model_options, official_file_kwargs, refuse_overwriting_inputs, resolve_device,
+                                scoring_device_option)
 from zsprob.cli.types import EMBEDDINGS, OUT_FILE, InPath
 
 SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
@@ -45,26 +48,23 @@ def _file_options() -> dict:
     return {"--" + key.split(".", 1)[1]: meta.get(key) for key in OFFICIAL_FILE_KEYS}
 
 
-#: what `eval coco` / `eval embeddings` may write beside --out
-SIBLINGS = ("table.md", "uncertainty_deciles.png", "uncertainty_deciles.md", "uncertain_queries.md")
-
-
-def refuse_overwriting_inputs(outputs: dict, inputs: dict) -> None:
-    """One line when an output path is also one of ``inputs`` (or another output that must be kept;
-    ``{option: path}`` each, None skipped), so a typo such as ``--out E.npz`` never replaces what the
-    user wrote."""
-    from zsprob.errors import UserError
-
-    given = {Path(p).resolve(): name for name, p in inputs.items() if p is not None}
-    for name, p in outputs.items():
-        if p is not None and Path(p).resolve() in given:
-            raise UserError(f"{name} would write {p}, the file given as {given[Path(p).resolve()]}; choose another "
-                            "path so that it is not overwritten")
+#: what the `eval` commands may write beside --out (coco / embeddings / flickr30k, and synthetic's figures)
+SIBLINGS = ("table.md", "uncertainty_deciles.png", "uncertainty_deciles.md", "uncertain_queries.md", "thumbs",
+            "uncertainty_groups.png", "uncertainty_vs_ambiguity.png", "corruption.png")
 
 
 def _eval_outputs(out: str) -> dict:
     outp = Path(out)
-    return {"--out": outp, **{f"--out (beside it, {name})": outp.parent / name for name in SIBLINGS}}
+    return {"--out": out, **{f"--out (beside it, {name})": outp.parent / name for name in SIBLINGS}}
+
+
+def _refuse_destroying_inputs(out, save_embeddings=None, files=None, *, checkpoint=None, pretrained=None,
+                              root=None) -> None:
+    """--out, the files beside it and --save-embeddings apart from every input and from each other (one line,
+    before a model is loaded): not an input file, not inside the model's directory, not a file of --root."""
+    given = {"checkpoint": checkpoint, "pretrained": pretrained, "data": {"--root": root}}
+    refuse_overwriting_inputs(_eval_outputs(out), {**(files or {}), "--save-embeddings": save_embeddings}, **given)
+    refuse_overwriting_inputs({"--save-embeddings": save_embeddings}, files or {}, **given)
 
 
 def _finish(res: dict, out: str) -> None:
@@ -117,10 +117,8 @@ def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_s
     elif save_embeddings:
         raise UserError("--save-embeddings saves the embeddings a model computes; with --embeddings nothing is "
                         "computed (the file already holds them), so give one or the other")
-    checkpoint_file = checkpoint if checkpoint and Path(checkpoint).is_file() else None
-    refuse_overwriting_inputs(_eval_outputs(out), {"--embeddings": embeddings, "--checkpoint": checkpoint_file,
-                                                   "--save-embeddings": save_embeddings})
-    refuse_overwriting_inputs({"--save-embeddings": save_embeddings}, {"--checkpoint": checkpoint_file})
+    _refuse_destroying_inputs(out, save_embeddings, {"--embeddings": embeddings}, checkpoint=checkpoint,
+                              pretrained=pretrained, root=root)
     if embeddings is None:
         model = _load_model(checkpoint, model_name, pretrained, device)
     outp = Path(out)
@@ -146,6 +144,8 @@ def flickr30k(checkpoint, model_name, pretrained, device, workers, precision, ba
     from zsprob.data.flickr import Flickr30kCaptions
     from zsprob.retrieval.coco import evaluate_coco
 
+    _refuse_destroying_inputs(out, save_embeddings, {"--karpathy-json": karpathy_json}, checkpoint=checkpoint,
+                              pretrained=pretrained, root=root)
     dataset = Flickr30kCaptions(root, split=split, karpathy_json=karpathy_json)  # before the model: data errors first
     device = resolve_device(device)
     model = _load_model(checkpoint, model_name, pretrained, device)
@@ -271,6 +271,7 @@ def synthetic(checkpoint, model_name, pretrained, device, workers, precision, ba
     """Evaluate on SynthWorld's retrieval split (five-caption R@K and exact plausible-match mAP@R / R-P)."""
     from zsprob.retrieval.synthetic import evaluate_synthetic
 
+    _refuse_destroying_inputs(out, checkpoint=checkpoint, pretrained=pretrained, root=root)
     device = resolve_device(device)
     model = _load_model(checkpoint, model_name, pretrained, device)
     outp = Path(out)

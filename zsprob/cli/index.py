@@ -2,11 +2,13 @@
 
 Thin: parses options and calls :mod:`zsprob.retrieval.search`. Refuses in one line what would
 otherwise be ignored or lost: an option the chosen kind of index does not use, an ``--out`` that is
-one of the inputs. ``-k`` above the index size returns every item; neighbours an approximate index
-did not find are id -1 and csd null in the ``--out`` JSON.
+one of the inputs, a build ``--out`` that already holds an index (without ``--overwrite``). ``-k`` above
+the index size returns every item; neighbours an approximate index did not find are id -1 and csd null
+in the ``--out`` JSON.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -24,6 +26,9 @@ def _load_side(path, side: str):
         return e.image_ids, e.image_mu, e.image_logvar
     return e.caption_ids, e.caption_mu, e.caption_logvar
 
+
+#: the files of an index directory (zsprob.retrieval.search.CSDIndex.save; faiss or torch backend)
+INDEX_FILES = ("index.json", "ids.npy", "index.faiss", "gallery.npy")
 
 #: the build / search options that apply to one kind of index only
 KIND_OPTIONS = {"hnsw_m": "hnsw", "ef_construction": "hnsw", "ef_search": "hnsw", "nlist": "ivf", "nprobe": "ivf"}
@@ -68,17 +73,25 @@ def index() -> None:
 @click.option("--ef-search", type=COUNT, default=64, show_default=True)
 @click.option("--nlist", type=COUNT, default=None, help="IVF lists (default ~4 sqrt(N)).")
 @click.option("--nprobe", type=COUNT, default=16, show_default=True)
-@click.option("--out", type=OUT_DIR, required=True, help="index directory to write.")
+@click.option("--out", type=OUT_DIR, required=True, help="index directory to write (without an index in it, or "
+              "--overwrite).")
+@click.option("--overwrite", is_flag=True, help="Replace the index an existing --out holds.")
 @scoring_device_option
-def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search, nlist, nprobe, out, device):
+def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search, nlist, nprobe, out, overwrite,
+          device):
     """Index one side of an embeddings file."""
-    from zsprob.cli.eval import refuse_overwriting_inputs
+    from zsprob.cli.options import refuse_overwriting_inputs
+    from zsprob.errors import UserError
     from zsprob.retrieval.search import build_index
 
     _refuse_unused(kind, ("hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"))
     written = ("gallery.npy",) if kind == "torch" else ("index.faiss",)
     refuse_overwriting_inputs({f"--out ({name})": Path(out) / name for name in written + ("ids.npy", "index.json")},
                               {"--embeddings": embeddings})
+    held = [name for name in INDEX_FILES if os.path.lexists(Path(out) / name)]
+    if held and not overwrite:
+        raise UserError(f"--out {out} already holds an index ({', '.join(held)}); pass --overwrite to replace it, "
+                        "or choose another directory")
     device = resolve_device(device)
     ids, mu, logvar = _load_side(embeddings, gallery)
     idx = build_index(mu, logvar, kind=kind, metric=metric, ids=ids, hnsw_m=hnsw_m, ef_construction=ef_construction,
@@ -103,12 +116,11 @@ def search(index_dir, queries, query_side, k, ef_search, nprobe, out, show, devi
     """Top-k gallery items by CSD for every query."""
     import time
 
-    from zsprob.cli.eval import refuse_overwriting_inputs
+    from zsprob.cli.options import refuse_overwriting_inputs
     from zsprob.retrieval.search import load_index
     from zsprob.utils.io import atomic_write_json
 
-    index_files = {f"the index's {name}": Path(index_dir) / name
-                   for name in ("index.json", "ids.npy", "index.faiss", "gallery.npy")}
+    index_files = {f"the index's {name}": Path(index_dir) / name for name in INDEX_FILES}
     refuse_overwriting_inputs({"--out": out}, {"--queries": queries, **index_files})
     device = resolve_device(device)
     idx = load_index(index_dir)

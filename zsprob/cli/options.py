@@ -146,6 +146,58 @@ def check_prompt_inputs(*, templates, classes, class_prompts, k_grid, shots_spli
                            "--cache-dir" if cache_dir else "cache folder (cache/ next to --out; or pass --cache-dir)")
 
 
+#: a zsprob checkpoint's two files (zsprob.models.checkpoint.WEIGHTS_NAME / META_NAME; no torch here)
+CHECKPOINT_FILES = ("model.safetensors", "zsprob.json")
+
+
+def model_inputs(checkpoint=None, pretrained=None) -> tuple[dict, dict]:
+    """The model paths of the command line as ``({option: file}, {option: model directory})``: --checkpoint,
+    --pretrained (when it is a path, not an open_clip tag) and --tokenizer. A zsprob checkpoint's own file,
+    or a published file beside its tokenizer, also names its folder as a model directory."""
+    import os
+
+    from zsprob.utils.checks import is_tokenizer_dir
+
+    ctx = click.get_current_context(silent=True)
+    tokenizer = ctx.meta.get("zsprob.tokenizer") if ctx is not None else None
+    files: dict = {}
+    dirs: dict = {}
+    for option, given in (("--checkpoint", checkpoint), ("--pretrained", pretrained), ("--tokenizer", tokenizer)):
+        path = None if given is None else os.path.expanduser(os.fspath(given))
+        if path is None or not os.path.exists(path):
+            continue
+        if os.path.isdir(path):
+            dirs[option] = given
+            continue
+        files[option] = given
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.basename(path) in CHECKPOINT_FILES or is_tokenizer_dir(folder):
+            dirs[option] = os.path.dirname(os.fspath(given)) or "."  # as typed (resolved when compared)
+    return files, dirs
+
+
+def refuse_overwriting_inputs(outputs: dict, inputs: dict, *, checkpoint=None, pretrained=None, dirs=None,
+                              data=None) -> None:
+    """One line, before anything is written, when an output (``{name: path}``: --out and every file written
+    beside it) would destroy an input: it is one of the input files ``inputs`` (``{option: path}``, None
+    skipped; e.g. ``--out E.npz``), or lies inside an input model directory (the --checkpoint /
+    --pretrained / --tokenizer of :func:`model_inputs`, and ``dirs``), or replaces a file a dataset root of
+    ``data`` ships (:func:`zsprob.utils.checks.check_outputs_apart`)."""
+    from zsprob.utils.checks import check_outputs_apart
+
+    model_files, model_dirs = model_inputs(checkpoint, pretrained)
+    check_outputs_apart(outputs, {**model_files, **inputs}, {**model_dirs, **(dirs or {})}, data)
+
+
+def prompt_outputs(out, cache, cache_given: bool, beside=()) -> dict:
+    """What ``select-prompts`` / ``zeroshot`` write: --out, the files ``beside`` it and the cache folder."""
+    from pathlib import Path
+
+    folder = Path(out).resolve().parent
+    cache_name = "--cache-dir" if cache_given else "the cache folder (cache/ next to --out)"
+    return {"--out": out, **{f"--out (beside it, {name})": folder / name for name in beside}, cache_name: cache}
+
+
 def resolve_device(spec):
     """``--device`` as a ``torch.device`` (:func:`zsprob.utils.devices.resolve_device`; UserError if absent)."""
     from zsprob.utils.devices import resolve_device as resolve

@@ -1,13 +1,16 @@
 """`zsprob select-prompts`: rank prompt templates by text uncertainty and choose them per class.
 
 Thin: parses options, loads the model (zsprob checkpoint or plain open_clip), calls
-``zsprob.zeroshot.classify.run_selection`` and writes selection.json. No torch at import.
+``zsprob.zeroshot.classify.run_selection`` and writes selection.json. No torch at import. An ``--out`` (or
+cache folder) that is an input file, lies inside the model's directory or would replace a file of the
+dataset is refused in one line before anything is loaded or written.
 """
 from __future__ import annotations
 
 import click
 
-from zsprob.cli.options import check_prompt_inputs, common_options, load_model, model_options, resolve_device
+from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
+                                refuse_overwriting_inputs, resolve_device)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 
@@ -39,6 +42,10 @@ def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, stra
     cache = check_prompt_inputs(templates=templates, classes=classes, class_prompts=class_prompts, k_grid=k_grid,
                                 shots_split=shots_split, allow_eval_shots=allow_eval_shots, cache_dir=cache_dir,
                                 out=out)
+    refuse_overwriting_inputs(prompt_outputs(out, cache, cache_dir is not None),
+                              {"--templates": templates, "--classes": classes, "--class-prompts": class_prompts},
+                              checkpoint=checkpoint, pretrained=pretrained,
+                              data={"--root": root, "--select-root": select_root})
     device = resolve_device(device)
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import run_selection

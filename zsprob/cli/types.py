@@ -62,7 +62,9 @@ class Real(click.ParamType):
 
 
 class OutPath(click.ParamType):
-    """An output directory (``kind="dir"``) or file (``kind="file"``) that can be created and written."""
+    """An output directory (``kind="dir"``) or file (``kind="file"``) that can be created and written. A file
+    that exists must be a regular file (or a symlink to one: written through); a named pipe, a device or a
+    socket is refused at parse time, since zsprob renames a new file over its outputs."""
 
     name = "path"
 

@@ -1,15 +1,22 @@
 """`zsprob zeroshot`: zero-shot classification with selected prompts (or every strategy: --compare).
 
 Thin: parses options, loads the model, calls ``zsprob.zeroshot.classify.zeroshot_eval`` or
-``compare_strategies``, writes results.json and prints a summary. No torch at import.
+``compare_strategies``, writes results.json and prints a summary. No torch at import. An ``--out`` (or a
+file --compare writes beside it, or the cache folder) that is an input file (``--prompts p.json --out
+p.json``), lies inside the model's directory or would replace a file of the dataset is refused in one line
+before anything is loaded or written.
 """
 from __future__ import annotations
 
 import click
 
-from zsprob.cli.options import check_prompt_inputs, common_options, load_model, model_options, resolve_device
+from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
+                                refuse_overwriting_inputs, resolve_device)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
+
+#: what --compare writes beside --out (zsprob.zeroshot.classify.compare_on_features)
+COMPARE_FILES = ("compare.md", "compare.json", "accuracy_vs_topk.png", "per_class_k_hist.png", "selections")
 
 
 @click.command("zeroshot")
@@ -44,6 +51,10 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     cache = check_prompt_inputs(templates=templates, classes=classes, class_prompts=class_prompts, k_grid=k_grid,
                                 shots_split=shots_split, allow_eval_shots=allow_eval_shots, cache_dir=cache_dir,
                                 out=out)
+    refuse_overwriting_inputs(prompt_outputs(out, cache, cache_dir is not None, COMPARE_FILES if compare else ()),
+                              {"--prompts": prompts, "--templates": templates, "--classes": classes,
+                               "--class-prompts": class_prompts}, checkpoint=checkpoint, pretrained=pretrained,
+                              data={"--root": root, "--select-root": select_root})
     shot_args = {"shots": shots, "shots_split": shots_split, "allow_eval_shots": allow_eval_shots,
                  "class_prompts": class_prompts}
     device = resolve_device(device)

@@ -13,13 +13,18 @@ One rule per kind of input, so every command words the same mistake the same way
 - :func:`check_output`: an ``--out`` directory (or the folder of an ``--out`` file) that cannot be
   created or written is refused before any work starts. The check creates what is missing, writes a
   probe file, and removes both again (no side effect); URLs (``scheme://...``) are left to their
-  writers.
+  writers. An ``--out`` file that exists and is not a regular file (a named pipe, a device, a socket)
+  is refused: zsprob renames a new file over its outputs (:mod:`zsprob.utils.io`), which would
+  replace it; a symlink is judged by what it points to (writes go through it).
+- :func:`check_outputs_apart`: no output is one of the command's input files, lies inside an input
+  model directory, or replaces a file a dataset root ships (its manifest, split files, images, shards).
 
 The command line wraps both into click parameter types (``zsprob.cli.types``).
 """
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import math
 import os
 import tempfile
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from zsprob.errors import UserError, check_range, not_found
+from zsprob.utils.io import path_kind
 
 
 #: files a saved Hugging Face tokenizer directory holds (any one marks the directory)
@@ -142,6 +148,8 @@ def check_known_keys(cfg: Any, defaults: Any, free: Iterable[str] = (), prefix: 
                 f"known keys here: {', '.join(map(str, defaults)) or 'none'}"
             raise UserError(f"unknown config key {name} ({hint})")
         default = defaults[key]
+        if isinstance(default, Mapping) and not isinstance(value, Mapping):  # `optim: null`, `--set model.overrides=5`
+            raise UserError(f"{name} must be a section of keys (a mapping, as in the defaults), got {value!r}")
         if any(_matches(name, pattern) for pattern in free):
             continue
         if isinstance(default, Mapping) and default and isinstance(value, Mapping):
@@ -165,6 +173,24 @@ def check_nullable_numbers(cfg: Any, table: Iterable[tuple[str, float, float, bo
                             f"{f' and <= {high:g}' if high < float('inf') else ''}, got {value!r}") from None
 
 
+def check_ranges(cfg: Any, table: Iterable[tuple[str, float, float, bool]]) -> None:
+    """Every ``(key, low, high, low excluded)`` of ``table``: a finite number in its range (null refused:
+    these keys have no "off"). A negative learning rate, a noise share of 1.5 or a min-lr ratio of 2 is
+    one line, not a run that trains wrongly."""
+    for key, low, high, low_open in table:
+        section, _, name = key.rpartition(".")
+        node = _get(cfg, section) if section else cfg
+        if not isinstance(node, dict) or name not in node:
+            continue
+        value = node[name]
+        try:
+            node[name] = check_range("not a number" if isinstance(value, (bool, list, dict)) or value is None
+                                     else value, key, low, high, low_open)
+        except UserError:
+            raise UserError(f"{key} must be a number {'>' if low_open else '>='} {low:g}"
+                            f"{f' and <= {high:g}' if high < float('inf') else ''}, got {value!r}") from None
+
+
 def check_exclusive(cfg: Any, table: Iterable[tuple[str, str, str]]) -> None:
     """Every ``(key, other, why)`` of ``table``: not both set (one line naming both values and ``why``)."""
     for key, other, why in table:
@@ -180,16 +206,18 @@ class ConfigRules:
     free: tuple = ()               #: sections that take any keys (:func:`check_known_keys`)
     counts: tuple = ()             #: ``(key, flag, rule, integer)`` rows (:func:`check_counts`)
     nullable_numbers: tuple = ()   #: ``(key, low, high, low excluded)`` rows (:func:`check_nullable_numbers`)
+    ranges: tuple = ()             #: ``(key, low, high, low excluded)`` rows of required numbers (:func:`check_ranges`)
     exclusive: tuple = ()          #: ``(key, other, why)`` rows (:func:`check_exclusive`)
 
 
 def check_config(cfg: Any, rules: ConfigRules) -> None:
-    """No unknown key, every count, finite numbers (stored as floats), the nullable numbers, no two keys
-    that exclude each other, in that order (the first mistake is the one line)."""
+    """No unknown key (every section a mapping), every count, finite numbers (stored as floats), the nullable
+    numbers, the ranges, no two keys that exclude each other, in that order (the first mistake is the one line)."""
     check_known_keys(cfg, rules.defaults, rules.free)
     check_counts(cfg, rules.counts)
     check_numbers(cfg, rules.defaults)
     check_nullable_numbers(cfg, rules.nullable_numbers)
+    check_ranges(cfg, rules.ranges)
     check_exclusive(cfg, rules.exclusive)
 
 
@@ -274,12 +302,71 @@ def check_output(path: str | os.PathLike, what: str | None = "--out", kind: str 
     if _is_url(text):
         return path
     p = Path(text)
+    found = path_kind(p)
     if kind == "dir":
-        if p.exists() and not p.is_dir():
-            raise UserError(f"{what}{p} is a file, not a directory")
+        if found not in (None, "directory"):
+            raise UserError(f"{what}{p} is {'a file' if found == 'regular file' else 'a ' + found}, not a directory")
         _probe_dir(p, what)
     else:
-        if p.is_dir():
+        if found == "directory":
             raise UserError(f"{what}{p} is a directory, not a file")
-        _probe_dir(p.parent if str(p.parent) else Path("."), what)
+        if found not in (None, "regular file"):
+            raise UserError(f"{what}{p} is a {found}, not a regular file: zsprob renames a new file over its "
+                            "outputs, which would replace it; give a file path")
+        target = Path(os.path.realpath(p)) if p.is_symlink() else p  # writes go through a symlink
+        _probe_dir(target.parent if str(target.parent) else Path("."), what)
     return path
+
+
+#: files a dataset root ships that no output may replace (SynthWorld's manifest and split files, COCO /
+#: Flickr30k Karpathy JSON and annotations, class-name lists), as fnmatch patterns of the file name
+DATASET_FILES = ("manifest.json", ".synthworld-params.json", "preview.png", "dataset_*.json", "*_meta.json",
+                 "captions_*.json", "instances_*.json", "classnames.txt", "LOC_*", "*.tar", "*.jpg", "*.jpeg",
+                 "*.JPEG")
+
+
+def _resolved(paths: Mapping[str, Any] | None) -> dict[str, tuple[Any, Path]]:
+    """``{name: (path as given, resolved path)}`` of the local paths of ``paths`` (None and URLs skipped)."""
+    return {name: (p, Path(os.fspath(p)).expanduser().resolve()) for name, p in (paths or {}).items()
+            if p is not None and not _is_url(os.fspath(p))}
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_outputs_apart(outputs: Mapping[str, Any], files: Mapping[str, Any] | None = None,
+                        dirs: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None) -> None:
+    """One line when an output would destroy an input, before anything is written. Each argument is
+    ``{name: path}`` (None skipped; symlinks resolved, so a link to an input counts as the input):
+
+    - ``outputs``: every file or folder the command writes (``--out`` and what it writes beside it);
+    - ``files``: input files (``--prompts``, ``--embeddings``, a checkpoint file ...): no output may be one;
+    - ``dirs``: input model directories (``--checkpoint DIR``, ``--pretrained DIR``, ``--tokenizer DIR``):
+      no output may be one or lie inside one;
+    - ``data``: dataset roots: outputs may go there (results kept beside the data), but not replace an
+      existing file the dataset ships (:data:`DATASET_FILES`).
+
+    An output that exists as a named pipe, a device or a socket is refused as well (a write would replace it).
+    """
+    outs = _resolved(outputs)
+    for name, (p, real) in outs.items():  # a pipe / device where a file goes beside --out: refused up front too
+        if path_kind(real) not in (None, "regular file", "directory"):
+            raise UserError(f"{name} {p} is a {path_kind(real)}, not a regular file: zsprob renames a new file "
+                            "over its outputs, which would replace it; move it or write the results elsewhere")
+    given = {real: opt for opt, (_, real) in _resolved(files).items()}
+    for name, (p, real) in outs.items():
+        if real in given:
+            raise UserError(f"{name} would write {p}, the file given as {given[real]}; choose another path so "
+                            "that it is not overwritten")
+    for opt, (d, folder) in _resolved(dirs).items():
+        for name, (p, real) in outs.items():
+            if _within(real, folder):
+                where = f"is the {opt} directory" if real == folder else f"is inside the {opt} directory {d}"
+                raise UserError(f"{name} {p} {where}; write the results elsewhere")
+    for opt, (root, folder) in _resolved(data).items():
+        for name, (p, real) in outs.items():
+            if _within(real, folder) and real.is_file() and any(fnmatch.fnmatchcase(real.name, pattern)
+                                                                for pattern in DATASET_FILES):
+                raise UserError(f"{name} {p} would replace {real.name}, a file of the {opt} dataset {root}; "
+                                "write the results elsewhere")

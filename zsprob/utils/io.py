@@ -4,6 +4,13 @@ Everything zsprob writes that a user would miss if a crash left it half-written
 (checkpoints, selections, results) goes through these functions: the data is written to a
 temporary file in the same directory, flushed and fsync'ed, then renamed over the target,
 so a reader sees either the old file or the new one, never a torn one.
+
+What is replaced: a regular file, or nothing (the file is created, and its folder). A symlink is written
+through: the file it points to is replaced atomically (the temporary file is made beside that file) and
+the link itself is kept, so a link into another folder still points at the new results. A path that
+exists and is not a regular file (a directory, a named pipe, a device, a socket; or a symlink to one)
+is refused with one :class:`zsprob.UserError` line before ``writer`` runs: a rename would swap
+the pipe or device out for a plain file (``--out /dev/null`` run as root would replace the device).
 """
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -27,16 +35,52 @@ def _umask() -> int:
     return _UMASK[0]
 
 
-def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsync: bool = True) -> Path:
-    """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path``.
+#: what a path is that a write must not replace, by its ``st_mode`` test
+_KINDS = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "named pipe (FIFO)"), (stat.S_ISCHR, "character device"),
+          (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
 
-    The file gets the usual mode (0666 less the umask; mkstemp alone would leave 0600).
-    ``fsync=False`` skips the flush to disk for bulk writes of many small files (a reader still
-    never sees a torn file, but a power loss may lose the latest ones).
+
+def path_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is, symlinks followed: None when absent (a dangling symlink too), "regular file",
+    or "directory", "named pipe (FIFO)", "character device", "block device", "socket"."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return "regular file"
+    return next((name for test, name in _KINDS if test(mode)), "special file")
+
+
+def write_target(path: str | os.PathLike) -> Path:
+    """The file a write to ``path`` replaces: ``path``, or for a symlink the file it points to (written
+    through; a dangling link's target is created). :class:`zsprob.UserError` (one line) when that exists
+    and is not a regular file."""
+    from zsprob.errors import UserError
+
+    path = Path(path)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    kind = path_kind(target)
+    if kind not in (None, "regular file"):
+        shown = path if target == path else f"{path} (a symlink to {target})"
+        raise UserError(f"{shown} is a {kind}, not a regular file: zsprob writes a new file and renames it over "
+                        f"the old one, which would replace the {kind.split(' (')[0]}; give a file path")
+    return target
+
+
+def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsync: bool = True) -> Path:
+    """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path``; returns ``path``.
+
+    ``path`` may be absent or a regular file; a symlink is written through (its target replaced, the link
+    kept); anything else (directory, FIFO, device, socket) is a :class:`zsprob.UserError` before
+    ``writer`` runs (see the module docstring). The file gets the usual mode (0666 less the umask;
+    mkstemp alone would leave 0600). ``fsync=False`` skips the flush to disk for bulk writes of many
+    small files (a reader still never sees a torn file, but a power loss may lose the latest ones).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    target = write_target(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
         writer(tmp)
@@ -44,7 +88,8 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsyn
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        write_target(target)  # what the writer ran for: a pipe made there meanwhile is not replaced either
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
