@@ -83,7 +83,11 @@ STRINGS: dict[str, list[str]] = {
     "templates": ["{MISSING}", "{EMPTY_FILE}", "{NOT_UTF8}"],
     "config": ["{MISSING}", "{NOT_UTF8}", "{GARBAGE}", "{YAML_LIST}", "{YAML_UNKNOWN_KEY}"],
     "set": ["noequals", "optim.lrr=1", "optim.lr=abc", "optim.lr=nan", "optim.betas=5", "train.precision=fp8",
-            "optim.layer_decay=nan", "data.batch_size=inf"],
+            "optim.layer_decay=nan", "data.batch_size=inf",
+            # a section that is no section; numbers torch would refuse with a traceback or use silently wrongly
+            "optim=null", "optim=1", "model.overrides=5", "optim.lr=-1", "optim.lr=0", "optim.betas=[0.9,1.5]",
+            "optim.eps=-1", "seed=abc", "optim.grad_clip=-1", "data.noise_ratio=1.5", "model.sigma_depth=-1",
+            "schedule.min_lr_ratio=2", "train.threads=100000"],
     "model_name": ["no-such-model-name"],
     "model": ["no-such-model-name"],
     "pretrained": ["{MISSING}", "{GARBAGE}"],

@@ -264,3 +264,19 @@ def test_eval_files_of_another_model_are_refused(ckpt, tiny_world, tmp_path):
     anonymous = tmp_path / "anon.json"
     anonymous.write_text(json.dumps({k: v for k, v in json.loads(metrics["other"].read_text()).items() if k != "model"}))
     export_open_clip(ckpt, tmp_path / "anon", eval_files=[anonymous])
+
+
+def test_eval_files_without_figures_are_refused_and_compare_tables_give_each_top1(ckpt, tmp_path):
+    from zsprob.models.export import export_open_clip
+
+    selection = tmp_path / "selection.json"  # a file of another kind: no figures for the card
+    selection.write_text(json.dumps({"classes": [{"name": "circle", "k": 3}], "strategy": "auto"}))
+    with pytest.raises(UserError, match="holds no evaluation figures"):
+        export_open_clip(ckpt, tmp_path / "refused", eval_files=[selection])
+    assert not (tmp_path / "refused").exists()
+    compare = tmp_path / "results.json"  # zsprob zeroshot --compare
+    compare.write_text(json.dumps({"rows": [{"name": "all", "label": "all 80", "metrics": {"top1": 21.5}},
+                                            {"name": "auto", "label": "auto", "metrics": {"top1": 23.0}},
+                                            {"name": "oracle", "label": "oracle", "skipped": "no labels"}]}))
+    card = (export_open_clip(ckpt, tmp_path / "ok", eval_files=[compare]) / "README.md").read_text()
+    assert "- top-1 (all 80): 21.5" in card and "- top-1 (auto): 23" in card

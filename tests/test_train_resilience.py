@@ -26,7 +26,8 @@ def pretrain_args(tiny_world: Path, out: Path, *extra: str, steps: int = STEPS) 
             "--steps", str(steps), "--log-every", "1", "--checkpoint-every", "3", "--no-progress",
             "--set", "train.tensorboard=false", "--set", "train.keep_checkpoints=3",
             "--set", "data.shuffle_buffer=32", "--set", "schedule.name=cosine", "--set", "optim.name=adamw",
-            "--set", "optim.lr=2e-3", "--precision", "fp32", "--msda", "--noise-ratio", "0.25", *extra]
+            "--set", "optim.lr=2e-3", "--set", "schedule.warmup_steps=2", "--precision", "fp32", "--msda",
+            "--noise-ratio", "0.25", *extra]
 
 
 def env(**extra: str) -> dict:
@@ -88,6 +89,28 @@ def test_sigterm_finishes_the_step_checkpoints_exits_143_and_resumes_exactly(tin
     assert not (out / "model").exists()  # no final model: the run is not over
     zsprob_ok(*args, "--resume", "auto")
     assert_same_losses(reference, read_losses(out))
+
+
+def test_sigterm_to_the_whole_process_group_with_loader_workers_is_the_same_one_line(tiny_world, tmp_path):
+    """A scheduler or `timeout` signals every process of the group, DataLoader workers too: they leave the stop
+    to the main process (zsprob.utils.workers), which checkpoints as above; before, a worker killed by the
+    signal surfaced as a traceback ("DataLoader worker ... is killed by signal")."""
+    out = tmp_path / "run"
+    args = pretrain_args(tiny_world, out, "--checkpoint-every", "0", "--workers", "1", steps=400)
+    args[args.index("--workers") + 1] = "1"  # the base arguments' --workers 0 too
+    proc = subprocess.Popen([sys.executable, "-m", "zsprob", *args], env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+            os.killpg(proc.pid, signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, (proc.returncode, stderr[-3000:])
+    assert stderr.strip().count("\n") == 0 and "pre-empted" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert latest_step(out) >= 2
 
 
 @pytest.mark.slow

@@ -94,7 +94,9 @@ def apply_override(cfg: dict, item: str) -> None:
     node[parts[-1]] = to_config(parse_value(value))
 
 
-def read_yaml(path: str | os.PathLike) -> dict:
+def read_yaml(path: str | os.PathLike, _chain: tuple = ()) -> dict:
+    """A YAML config as a dict, its ``base:`` chain merged under it (a base that names a file of its own chain,
+    or that is not one path, is one line)."""
     p = resolve_resource(path, configs_dir())
     if not p.is_file():
         raise UserError(f"config file not found: {path} (looked in . and {configs_dir()})")
@@ -115,10 +117,16 @@ def read_yaml(path: str | os.PathLike) -> dict:
         raise UserError(f"config {p} must be a mapping at the top level, got {type(data).__name__}")
     base = data.pop("base", None)
     if base:
+        if not isinstance(base, str):
+            raise UserError(f"config {p}: base must be the path of one config file, got {base!r}")
         base_path = Path(base)
         if not base_path.is_absolute() and not base_path.exists():
             base_path = p.parent / base
-        data = deep_merge(read_yaml(base_path), data)
+        chain = (*_chain, p.resolve())
+        if resolve_resource(base_path, configs_dir()).resolve() in chain:
+            raise UserError(f"config {p}: base {base} is already in its own base chain "
+                            f"({' -> '.join(str(c) for c in chain)}); a base cannot include itself")
+        data = deep_merge(read_yaml(base_path, chain), data)
     return data
 
 

@@ -19,6 +19,7 @@ as one line, ``zsprob: warning: ...`` (``--debug``: Python's usual form, with it
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import warnings
@@ -95,6 +96,42 @@ def _one_line(msg: str) -> str:
     return " ".join(str(msg).split())
 
 
+def _own_words(e: UserError) -> str:
+    """The message of a UserError, also when a torch DataLoader worker raised it (torch re-raises it in the main
+    process with the worker's traceback in front: the last line holds the message)."""
+    msg = str(e)
+    if "Original Traceback" not in msg:
+        return msg
+    last = msg.rstrip().splitlines()[-1]
+    return last.split("UserError: ", 1)[1] if "UserError: " in last else last
+
+
+def _debug_asked(args: list[str]) -> bool:
+    """``zsprob --debug CMD ...`` (the group's option, before the command) or ``ZSPROB_DEBUG`` set to a true value."""
+    leading = []
+    for a in args:
+        if not a.startswith("-") or a == "--":
+            break
+        leading.append(a)
+    env = os.environ.get("ZSPROB_DEBUG", "").strip().lower()
+    return "--debug" in leading or env not in ("", "0", "false", "no", "off")
+
+
+def _environment_error(e: BaseException) -> str | None:
+    """The one line for what the machine refused rather than a fault of zsprob: a file the system will not read
+    or write (permissions, a full or read-only disk, a name too long) and memory that cannot be had. None
+    for anything else (a bug: the traceback stays)."""
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or \
+            (isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e))):
+        return ("out of memory: " + " ".join(str(e).split())[:200] +
+                " (a smaller --batch-size, or train.accum_steps / model.grad_checkpointing, needs less)")
+    if isinstance(e, OSError) and e.errno is not None and e.strerror:
+        where = f": {e.filename}" if e.filename else ""
+        where += f" -> {e.filename2}" if getattr(e, "filename2", None) else ""
+        return f"{e.strerror}{where}"
+    return None
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -108,13 +145,39 @@ def _warning_line(message, category, filename, lineno, file=None, line=None, _py
         pass
 
 
+class _LogLine(logging.Formatter):
+    """zsprob's log records on the command line: ``zsprob: warning: ...``, one line each."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        for prefix in ("zsprob: warning: ", "zsprob.data: "):
+            msg = msg[len(prefix):] if msg.startswith(prefix) else msg
+        return f"zsprob: {record.levelname.lower()}: {_one_line(msg)}"
+
+
+def _log_lines() -> None:
+    """Route the ``zsprob`` loggers to one-line records on stderr (not through a root handler that another
+    library may have set up, which would print them again in its own form)."""
+    log = logging.getLogger("zsprob")
+    if not any(getattr(h, "zsprob_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(_LogLine())
+        seen: set = set()
+        handler.addFilter(lambda r: not (r.getMessage() in seen or seen.add(r.getMessage())))  # each once
+        handler.zsprob_cli = True
+        log.addHandler(handler)
+    log.propagate = False
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the group, mapping user errors to one line and exit code 2."""
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args[: args.index("--") if "--" in args else len(args)] or \
-        os.environ.get("ZSPROB_DEBUG", "") not in ("", "0")
+    debug = _debug_asked(args)
     if not debug:
         warnings.showwarning = _warning_line
+        _log_lines()
     try:
         rv = cli.main(args=args, prog_name="zsprob", standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -125,12 +188,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         if debug:
             raise
-        click.echo(f"zsprob: error: {_one_line(e.format_message())}", err=True)
+        hint = " (--debug goes before the command: zsprob --debug COMMAND ...)" if "--debug" in args else ""
+        click.echo(f"zsprob: error: {_one_line(e.format_message())}{hint}", err=True)
         sys.exit(2)
     except UserError as e:
         if debug:
             raise
-        click.echo(f"zsprob: error: {_one_line(e)}", err=True)
+        click.echo(f"zsprob: error: {_one_line(_own_words(e))}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("zsprob: interrupted", err=True)
@@ -139,6 +203,12 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("RANK", "0") == "0":
             click.echo(f"zsprob: pre-empted: {_one_line(e)}", err=True)
         sys.exit(e.exit_code)
+    except (OSError, MemoryError, RuntimeError) as e:
+        line = None if debug else _environment_error(e)
+        if line is None:
+            raise
+        click.echo(f"zsprob: error: {_one_line(line)}", err=True)
+        sys.exit(2)
     if isinstance(rv, int) and rv not in (0, None):
         sys.exit(rv)
     sys.exit(0)

@@ -28,7 +28,8 @@ def pretrain(data_kind, shards, **kw):
         # the flavour's own caption key replaces the recipe's; a --set data.pipeline.caption_key=... comes later and wins
         extra += [f"data.kind={data_kind}", f"data.pipeline.caption_key={FLAVOUR_CAPTION_KEYS[data_kind]}"]
     if shards:
-        extra.append(f"data.shards={shards}")
+        import json
+        extra.append(f"data.shards={json.dumps(shards)}")  # verbatim: '::' or ': ' must not read as YAML
     cfg = resolve_run_config(kw, extra, default_config="synthetic_tiny.yaml")
     if cfg.data.kind in SHARD_KINDS:
         from zsprob.utils.checks import check_shards

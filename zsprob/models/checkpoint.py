@@ -109,6 +109,10 @@ def load_meta(path: str | os.PathLike) -> dict:
     meta = read_json(d / META_NAME, what="zsprob checkpoint metadata")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or "config" not in meta:
         raise UserError(f"{d / META_NAME} is not zsprob checkpoint metadata (format {FORMAT!r} expected)")
+    for key, kind, what in (("config", dict, "object"), ("weights", dict, "object"),
+                            ("format_version", int, "integer")):
+        if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool)):
+            raise UserError(f"{d / META_NAME} is damaged: {key!r} must be a JSON {what}, got {meta[key]!r:.60}")
     if int(meta.get("format_version", 0)) > FORMAT_VERSION:
         raise UserError(f"checkpoint {d} has format version {meta.get('format_version')}; this zsprob reads "
                         f"up to {FORMAT_VERSION} (upgrade zsprob)")

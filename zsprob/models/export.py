@@ -186,6 +186,13 @@ def _read_eval_file(path) -> dict:
     doc = read_json(path, "evaluation results")
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected a zsprob eval metrics.json or zeroshot results.json object")
+    rows = doc.get("rows") if isinstance(doc.get("rows"), list) else []
+    if rows and not doc.get("summary"):  # `zsprob zeroshot --compare`: each strategy's top-1
+        doc["summary"] = {f"top-1 ({r.get('label') or r.get('name')})": r["metrics"]["top1"] for r in rows
+                          if isinstance(r, dict) and isinstance(r.get("metrics"), dict) and "top1" in r["metrics"]}
+    if not _flat(doc.get("summary") or doc.get("metrics") or {}):
+        raise UserError(f"{path} holds no evaluation figures (no 'summary' or 'metrics' numbers): give a zsprob eval "
+                        "metrics.json or zeroshot results.json")
     return {"file": str(path), **doc}
 
 

@@ -264,8 +264,13 @@ class ImageList:
     def __getitem__(self, i):
         from PIL import Image
 
-        with Image.open(self.paths[i]) as im:
-            return self.transform(im.convert("RGB"))
+        try:
+            with Image.open(self.paths[i]) as im:
+                image = im.convert("RGB")
+        except (OSError, ValueError) as e:  # truncated, not an image, unreadable: the benchmark is not complete
+            raise UserError(f"image {self.paths[i]} cannot be read ({' '.join(str(e).split())}); restore it: "
+                            "a retrieval benchmark is not scored with images missing") from None
+        return self.transform(image)
 
 
 def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd", out_dir=None, *,

@@ -265,4 +265,4 @@ def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: Batc
     return Run(cfg=cfg, out=out, acc=acc, log_with=log_with, step_module=step_module, raw=raw, optimizer=optimizer,
                schedule=schedule, swa=swa, source=source, cursor=cursor, total_steps=plan.total_steps,
                hooks=list(hooks), step_fn=step_fn, clip_sets=clip_sets, accum_steps=accum_steps, text_aug=text_aug,
-               label_smoothing=label_smoothing, loss_scale=plan.loss_scale, sync=sync)
+               label_smoothing=label_smoothing, loss_scale=plan.loss_scale, sync=sync, warmup_steps=plan.warmup)

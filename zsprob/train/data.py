@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError
+from zsprob.utils.workers import leave_stop_signals_to_the_main_process
 
 
 def mixed_seed(*parts: int) -> int:
@@ -285,7 +286,8 @@ class CocoSource(BatchSource):
             self._loader = torch.utils.data.DataLoader(
                 self.dataset, batch_sampler=self._sampler, num_workers=workers, pin_memory=self.pin_memory,
                 collate_fn=_CocoCollate(self.tokenizer, self.local_batch_size), persistent_workers=workers > 0,
-                generator=self._generator)  # a fresh iterator draws its workers' base seed from it
+                generator=self._generator,  # a fresh iterator draws its workers' base seed from it
+                worker_init_fn=leave_stop_signals_to_the_main_process if workers > 0 else None)
         return self._loader
 
     def epoch_batches(self, epoch, skip=0):

@@ -158,6 +158,8 @@ COUNT_KEYS: tuple = (
     ("model.embed_dim", None, ">=1", True),
     ("data.unpaired_batch_size", None, ">=1", True),
     ("train.eval_every_epochs", None, ">0", False),
+    ("seed", "--seed", ">=0", True),
+    ("model.sigma_depth", None, ">=1", True),
 )
 
 #: real-valued keys whose default is null ("off" or "derived"), so :func:`check_numbers` cannot tell their type
@@ -167,6 +169,21 @@ COUNT_KEYS: tuple = (
 NULLABLE_NUMBER_KEYS: tuple = (
     ("optim.layer_decay", 0.0, 1.0, True),
     ("optim.disc_lr", 0.0, float("inf"), True),
+    ("optim.grad_clip", 0.0, float("inf"), True),   # null: no clipping (a negative norm would flip the gradient)
+)
+
+#: real-valued keys that must be set and in range: (dotted key, low, high, low excluded)
+#: (``zsprob.utils.checks.check_ranges``; ``optim.betas`` each in [0, 1): :func:`check_betas`)
+RANGE_KEYS: tuple = (
+    ("optim.lr", 0.0, float("inf"), True),
+    ("optim.weight_decay", 0.0, float("inf"), False),
+    ("optim.eps", 0.0, float("inf"), False),
+    ("optim.image_lr_mult", 0.0, float("inf"), False),
+    ("optim.text_lr_mult", 0.0, float("inf"), False),
+    ("schedule.min_lr_ratio", 0.0, 1.0, False),
+    ("schedule.gamma", 0.0, float("inf"), True),
+    ("data.noise_ratio", 0.0, 1.0, False),
+    ("data.paired_fraction", 0.0, 1.0, True),
 )
 
 
@@ -182,16 +199,31 @@ EXCLUSIVE_KEYS: tuple = (
 )
 
 #: what a training config is checked against (:func:`zsprob.utils.checks.check_config`)
-RULES = ConfigRules(DEFAULTS, FREE_SECTIONS, COUNT_KEYS, NULLABLE_NUMBER_KEYS, EXCLUSIVE_KEYS)
+RULES = ConfigRules(DEFAULTS, free=FREE_SECTIONS, counts=COUNT_KEYS, nullable_numbers=NULLABLE_NUMBER_KEYS,
+                    ranges=RANGE_KEYS, exclusive=EXCLUSIVE_KEYS)
+
+#: the most CPU threads a run may ask for (``train.threads``)
+MAX_THREADS = 1024
 
 #: the mixed precisions a run may ask for (``train.precision``)
 PRECISIONS: tuple = ("fp32", "bf16", "fp16")
 
 
 def check_train_config(cfg: Any) -> None:
-    """Every count (:data:`COUNT_KEYS`), no unknown key, finite float hyper-parameters, and one run length
-    (:data:`RULES`): checked when a config is loaded and again when a run starts (:func:`resolve_config`)."""
+    """Every count (:data:`COUNT_KEYS`), no unknown key, finite float hyper-parameters in their ranges, and one
+    run length (:data:`RULES`): checked when a config is loaded and again when a run starts (:func:`resolve_config`)."""
     check_config(cfg, RULES)
+    check_betas(cfg)
+    threads = (cfg.get("train") or {}).get("threads")
+    if threads is not None and threads > MAX_THREADS:  # torch would try to start them all (and crash)
+        raise UserError(f"--threads (train.threads) must be at most {MAX_THREADS}, got {threads}")
+
+
+def check_betas(cfg: Any) -> None:
+    """``optim.betas``: two numbers in [0, 1) (torch's Adam family refuses others with a traceback)."""
+    betas = (cfg.get("optim") or {}).get("betas")
+    if isinstance(betas, list) and not all(0.0 <= float(b) < 1.0 for b in betas):
+        raise UserError(f"optim.betas must be two numbers in [0, 1), got {betas}")
 
 
 def __getattr__(name):  # METHODS: the registry's method names (re-exported: zsprob.train.METHODS), read live
@@ -216,7 +248,7 @@ def resolve_config(cfg: Any) -> TrainConfig:
     already has them: :func:`with_defaults`), then every check: :data:`RULES` (counts, known keys, finite
     floats, one run length), the method, every true / false key and the precision."""
     cfg = with_defaults(cfg)
-    check_config(cfg, RULES)
+    check_train_config(cfg)
     if cfg.method not in method_names():
         raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(method_names())}")
     check_flags(cfg, DEFAULTS)  # every true / false key (data.augment, optim.fused, msda.enabled, ...)

@@ -56,6 +56,7 @@ from zsprob.train.data import BatchSource
 from zsprob.train.defaults import resolve_config
 from zsprob.train.logs import current_lrs, log_record, run_hooks
 from zsprob.train.run import Run
+from zsprob.train.schedule import warn_if_warmup_fills
 from zsprob.utils.io import atomic_write_json, atomic_write_text
 
 EvalHook = Callable[[nn.Module, int], dict]
@@ -136,6 +137,8 @@ def run_steps(run: Run, start_step: int, progress: bool) -> dict:
     from tqdm.auto import tqdm
     bar = tqdm(total=run.total_steps, initial=start_step, disable=not (progress and run.main), dynamic_ncols=True,
                desc=f"{run.cfg.method}")
+    if run.main:
+        warn_if_warmup_fills(run.warmup_steps, run.total_steps)
     run.step_module.train()
     run.counters.loss_sum = torch.zeros((), device=run.acc.device)
     run.counters.t_interval = t_start = time.perf_counter()

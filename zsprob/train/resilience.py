@@ -219,8 +219,9 @@ class data_wait:
             if self.stop._armed:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 self.stop._armed = False
-            if exc_type is _StopWaiting:
-                raise self.stop.preempted() from None
+            if exc_type is _StopWaiting or (self.stop.received and exc_type is not None
+                                             and issubclass(exc_type, RuntimeError) and "DataLoader worker" in str(exc)):
+                raise self.stop.preempted() from None  # the data workers were stopped with the run
         return False
 
 
@@ -252,7 +253,9 @@ def fault_point(where: str, step: int, rank: int) -> None:
 
 
 # --------------------------------------------------------------------------- the run directory
-#: what makes a directory hold a run (reusing it needs --resume or --overwrite)
+#: what makes a directory hold a run (reusing it needs --resume or --overwrite); config.yaml alone is a
+#: run that stopped before its first record or checkpoint (bad shards, say): nothing of it is kept, so the
+#: same command may simply run again there
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
 #: everything a run writes under OUT, removed by --overwrite before the fresh run starts
 RUN_ENTRIES = RUN_MARKERS + ("summary.json", "model-swa", "model-best", "tensorboard")
@@ -260,8 +263,10 @@ LOCK_NAME = ".lock"
 
 
 def run_markers(out: str | os.PathLike) -> list[str]:
-    """The :data:`RUN_MARKERS` present under ``out`` (empty: a new, empty or missing directory)."""
-    return [m for m in RUN_MARKERS if (Path(out) / m).exists()]
+    """The :data:`RUN_MARKERS` present under ``out`` (empty: a new, empty or missing directory, or one that
+    holds only the config.yaml of a run that trained nothing)."""
+    found = [m for m in RUN_MARKERS if (Path(out) / m).exists()]
+    return found if set(found) - {"config.yaml"} else []
 
 
 def check_reuse(out: str | os.PathLike, resume, overwrite: bool) -> bool:

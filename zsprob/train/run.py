@@ -98,6 +98,7 @@ class Run:
     text_aug: Any = None
     label_smoothing: float = 0.0
     loss_scale: Callable[[int], float] | None = None  # the embedding warm-up (freeze.warmup_mode loss)
+    warmup_steps: int = 0  # the learning-rate warm-up (schedule.warmup_*), in steps
     sync: Any = None  # zsprob.train.remote_sync.RemoteSync on the main process with train.remote_sync
     counters: Counters = field(default_factory=Counters)
 

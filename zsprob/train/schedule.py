@@ -32,6 +32,15 @@ class SchedulePlan:
         return steps_from(epochs, self.steps_per_epoch, what) if epochs is not None else int(steps or 0)
 
 
+def warn_if_warmup_fills(warmup: int, total_steps: int) -> None:
+    """A warning when the warm-up is at least as long as the run (its learning rate never reaches
+    ``optim.lr``): a short ``--steps`` on a recipe with a long warm-up. Said once the run starts, so that a
+    run refused for another reason says that one line alone."""
+    if warmup >= total_steps:
+        warnings.warn(f"the warm-up ({warmup} steps) is not shorter than the run ({total_steps} steps): "
+                      "the learning rate never reaches optim.lr; shorten it with --set schedule.warmup_steps=N")
+
+
 def resolve_schedule(cfg: Config, steps_per_epoch: int | None) -> SchedulePlan:
     """Total, warm-up, milestone and backbone-freeze steps from ``cfg.schedule`` / ``cfg.freeze``."""
     sch = cfg.schedule
@@ -42,9 +51,6 @@ def resolve_schedule(cfg: Config, steps_per_epoch: int | None) -> SchedulePlan:
         raise UserError("set the run length: --steps N (schedule.steps) or schedule.epochs")
     plan = SchedulePlan(int(total_steps), 0, [], {}, steps_per_epoch)
     plan.warmup = plan.steps_of(sch.warmup_steps, sch.warmup_epochs, "schedule.warmup_epochs")
-    if plan.warmup >= plan.total_steps:
-        warnings.warn(f"the warm-up ({plan.warmup} steps) is not shorter than the run ({plan.total_steps} steps): "
-                      "the learning rate never reaches optim.lr; shorten it with --set schedule.warmup_steps=N")
     plan.milestones = list(sch.milestones_steps or [])
     if sch.milestones_epochs:
         plan.milestones += [steps_from(e, steps_per_epoch, "schedule.milestones_epochs") for e in sch.milestones_epochs]

@@ -20,6 +20,7 @@ from zsprob.data.webdataset.seeding import loader_generator
 from zsprob.data.webdataset.shards import check_some_exist, expand_shards, parse_weights
 from zsprob.data.webdataset.stream import ShardStream
 from zsprob.errors import UserError
+from zsprob.utils.workers import leave_stop_signals_to_the_main_process
 
 log = logging.getLogger("zsprob.data")
 
@@ -129,6 +130,7 @@ class WdsLoader:
         if self.num_workers > 0:
             kw["timeout"] = self.timeout
             kw["persistent_workers"] = True
+            kw["worker_init_fn"] = leave_stop_signals_to_the_main_process  # the stop is the trainer's to handle
             if self.prefetch_factor is not None:
                 kw["prefetch_factor"] = self.prefetch_factor
         self._loader, self._loader_config = wds.WebLoader(self._stream, **kw), config

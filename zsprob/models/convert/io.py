@@ -59,6 +59,14 @@ CONFIG_DICT_CLASSES = ("munch.Munch", "munch.DefaultMunch", "easydict.EasyDict")
 
 
 def _torch_file(path: Path) -> dict:
+    import warnings
+
+    with warnings.catch_warnings():  # torch's notes on the file's pickle protocol: the one line below says enough
+        warnings.simplefilter("ignore", UserWarning)
+        return _torch_load(path)
+
+
+def _torch_load(path: Path) -> dict:
     try:
         unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
     except Exception:  # noqa: BLE001 - not a zip checkpoint: torch.load reports it below

@@ -1,0 +1,171 @@
+"""Bad inputs found by a sweep of the command line (tracebacks, silent wrong runs, lost work), each held to
+the README's promise: one stderr line ``zsprob: error: ...``, exit 2, nothing a user wrote changed.
+The ``--set`` values of the sweep (a section set to null, a negative learning rate, betas out of range, ...)
+are rows of tests/test_cli_matrix.py."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_TOWERS, run_cli, tiny_model_args
+
+
+def one_line_error(r, *words: str) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout[-1000:], r.stderr[-2000:])
+    assert r.stderr.startswith("zsprob: error:") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, \
+        r.stderr[-2000:]
+    for w in words:
+        assert w in r.stderr, r.stderr
+    return r.stderr
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A small SynthWorld (classification and retrieval splits) and an untrained tiny zsprob checkpoint."""
+    import torch
+
+    from zsprob.data.synthetic import generate
+    from zsprob.models import create_model, save
+
+    base = tmp_path_factory.mktemp("sweep")
+    generate(base / "sw", image_size=32, num_pretrain=16, num_classify_select=1, num_classify_eval=2,
+             num_retrieval=8, num_retrieval_val=0, shard_size=8, progress=False, seed=2)
+    torch.manual_seed(0)
+    ckpt = save(create_model("zsprob-tiny", **TINY_TOWERS, embed_dim=16, seed=0), base / "ckpt")
+    return {"root": base / "sw", "ckpt": ckpt, "base": base}
+
+
+def _pretrain(world, out, *extra):
+    return run_cli("pretrain", "--data", "synthetic", "--shards", world["root"] / "pretrain", "--out", out,
+                   *tiny_model_args(), "--batch-size", "8", "--workers", "0", "--steps", "1", "--no-progress",
+                   "--set", "train.tensorboard=false", "--set", "schedule.warmup_steps=0", *extra)
+
+
+# ----------------------------------------------------------------------------- configs
+def test_a_base_chain_that_loops_or_is_not_one_path_is_one_line(world, tmp_path):
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    (tmp_path / "list.yaml").write_text("base: [a.yaml, b.yaml]\n")
+    (tmp_path / "number.yaml").write_text("base: 5\n")
+    for name, words in (("self", ["already in its own base chain"]), ("a", ["a.yaml", "b.yaml", "base chain"]),
+                        ("list", ["base must be the path of one config file"]),
+                        ("number", ["base must be the path of one config file"])):
+        one_line_error(_pretrain(world, tmp_path / "out", "--config", tmp_path / f"{name}.yaml"), *words)
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- the command line itself
+def test_debug_after_the_command_and_false_debug_values(world):
+    r = run_cli("eval", "embeddings", world["base"] / "missing.npz", "--debug")
+    one_line_error(r, "No such option", "--debug goes before the command")
+    for value in ("no", "false"):
+        r = run_cli("eval", "embeddings", world["base"] / "missing.npz", env={"ZSPROB_DEBUG": value})
+        one_line_error(r, "embeddings file not found")
+    r = run_cli("eval", "embeddings", world["base"] / "missing.npz", env={"ZSPROB_DEBUG": "1"})
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_what_the_machine_refuses_is_one_line(tmp_path):
+    """A name longer than the file system allows, memory that cannot be had: one line each."""
+    r = run_cli("data", "synthetic", "--out", tmp_path / ("n" * 300), "--preset", "quick", "--no-progress")
+    one_line_error(r, "File name too long")
+    from zsprob.cli import _environment_error
+
+    assert _environment_error(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                           "4915200000000 bytes")).startswith("out of memory:")
+    assert _environment_error(PermissionError(13, "Permission denied", "/x/a.tmp", None, "/x/a")) == \
+        "Permission denied: /x/a.tmp -> /x/a"
+    assert _environment_error(RuntimeError("a bug")) is None and _environment_error(ValueError("x")) is None
+
+
+# ----------------------------------------------------------------------------- training
+def test_a_run_that_stopped_before_training_may_run_again_and_warnings_are_single_lines(world, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "shard-000000.tar").write_bytes(os.urandom(4096))
+    out = tmp_path / "run"
+    r = _pretrain(world, out, "--shards", bad)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert lines[-1].startswith("zsprob: error: the training data yielded no full batch"), r.stderr
+    assert all(line.startswith("zsprob: warning: ") for line in lines[:-1]) and len(set(lines)) == len(lines), r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml"]  # nothing trained, nothing to keep
+    r = _pretrain(world, out)  # the same --out, now with good shards: no --overwrite needed
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "trained pcmepp for 1 step " in r.stdout
+
+
+def test_shards_given_on_the_command_line_are_taken_verbatim(world, tmp_path):
+    """'::' joins shard sources; YAML would have read 'DIR::' as a mapping (a traceback before)."""
+    r = _pretrain(world, tmp_path / "run", "--shards", f"{world['root'] / 'pretrain'}::")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_huge_batch_is_one_line(world, tmp_path):
+    one_line_error(_pretrain(world, tmp_path / "run", "--batch-size", "100000000"))
+
+
+# ----------------------------------------------------------------------------- files a command reads
+def test_damaged_checkpoint_metadata_is_one_line(world, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(world["ckpt"], ckpt)
+    meta = json.loads((ckpt / "zsprob.json").read_text())
+    for key, value in (("config", [1, 2]), ("weights", "x"), ("format_version", "2")):
+        (ckpt / "zsprob.json").write_text(json.dumps({**meta, key: value}))
+        r = run_cli("eval", "synthetic", "--checkpoint", ckpt, "--root", world["root"], "--no-analysis",
+                    "--device", "cpu", "--workers", "0", "--out", tmp_path / "m.json")
+        one_line_error(r, "is damaged", repr(key))
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_truncated_retrieval_image_is_one_line_naming_it(world, tmp_path, workers):
+    root = tmp_path / "sw"
+    shutil.copytree(world["root"], root)
+    image = sorted((root / "retrieval" / "images" / "test").glob("*.jpg"))[0]
+    image.write_bytes(image.read_bytes()[:100])
+    r = run_cli("eval", "synthetic", "--checkpoint", world["ckpt"], "--root", root, "--no-analysis", "--device", "cpu",
+                "--workers", workers, "--out", tmp_path / "m.json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("zsprob: error:")]  # beside the progress bar
+    assert len(errors) == 1 and f"image {image} cannot be read" in errors[0], r.stderr[-2000:]
+    assert r.stderr.rstrip().splitlines()[-1] == errors[0] and not (tmp_path / "m.json").exists()
+
+
+def test_a_selection_whose_classes_are_not_the_datasets_is_refused(world, tmp_path):
+    common = ["--checkpoint", world["ckpt"], "--root", world["root"], "--device", "cpu", "--workers", "0"]
+    sel = tmp_path / "selection.json"
+    r = run_cli("select-prompts", "--dataset", "synthetic", *common, "--out", sel)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(sel.read_text())
+    first, second = doc["classes"][0]["name"], doc["classes"][1]["name"]
+    for name, edit in (("renamed", lambda d: d["classes"][0].update(name="zebra")),
+                       ("reordered", lambda d: d["classes"].__setitem__(slice(0, 2), d["classes"][1::-1]))):
+        bad = json.loads(sel.read_text())
+        edit(bad)
+        (tmp_path / f"{name}.json").write_text(json.dumps(bad))
+        r = run_cli("zeroshot", "synthetic", *common, "--prompts", tmp_path / f"{name}.json",
+                    "--out", tmp_path / f"{name}-results.json")
+        words = ["class 0 is 'zebra'", f"'{first}' in the dataset"] if name == "renamed" else \
+            [f"class 0 is '{second}'", "2 of"]
+        one_line_error(r, *words)
+    r = run_cli("zeroshot", "synthetic", *common, "--prompts", sel, "--out", tmp_path / "ok.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_pickle_that_runs_code_is_one_line_and_never_run(tmp_path):
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "ran",))
+
+    with open(tmp_path / "evil.pt", "wb") as f:
+        pickle.dump({"state_dict": Payload()}, f, protocol=4)
+    r = run_cli("convert", tmp_path / "evil.pt", "--model", "pcmepp-tiny", "--out", tmp_path / "out")
+    one_line_error(r, "without unpickling code")
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
