@@ -79,7 +79,7 @@ BAD_FILES = {"{EMPTY_FILE}": "empty", "{GARBAGE}": "random bytes", "{NOT_UTF8}":
 STRINGS: dict[str, list[str]] = {
     "device": ["tpu9", "cuda", "cuda:7", ""],
     "topk": ["abc", "0", "-2", "nan", "1.5"],
-    "k_grid": ["a,b", "0,1", "nan", ","],
+    "k_grid": ["a,b", "0,1", "nan", ",", "5-1"],
     "templates": ["{MISSING}", "{EMPTY_FILE}", "{NOT_UTF8}"],
     "config": ["{MISSING}", "{NOT_UTF8}", "{GARBAGE}", "{YAML_LIST}", "{YAML_UNKNOWN_KEY}"],
     "set": ["noequals", "optim.lrr=1", "optim.lr=abc", "optim.lr=nan", "optim.betas=5", "train.precision=fp8",

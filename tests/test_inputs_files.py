@@ -110,7 +110,9 @@ def test_a_selection_file_of_another_shape_is_one_line(base, tmp_path, doc, need
     sel = tmp_path / "sel.json"
     sel.write_text(json.dumps(doc))
     out = tmp_path / "out" / "r.json"
-    one_line_error(run_cli(*zeroshot_args(base, out, "--prompts", sel)), "not a zsprob selection file", needle)
+    args = ["zeroshot", "folder", "--checkpoint", base["ckpt"], "--root", base["eval"], "--workers", "0",
+            "--out", out, "--prompts", sel]  # no --templates / --topk: the selection fixes them (refused beside it)
+    one_line_error(run_cli(*args), "not a zsprob selection file", needle)
     assert not (tmp_path / "out").exists()
 
 

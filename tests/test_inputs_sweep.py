@@ -155,6 +155,15 @@ def test_a_selection_whose_classes_are_not_the_datasets_is_refused(world, tmp_pa
         one_line_error(r, *words)
     r = run_cli("zeroshot", "synthetic", *common, "--prompts", sel, "--out", tmp_path / "ok.json")
     assert r.returncode == 0, r.stderr[-2000:]
+    # options a finished selection makes moot, and shots without a few-shot strategy, are refused, not ignored
+    for extra, words in ((["--topk", "5"], ["--topk has no effect with --prompts"]),
+                         (["--classes", world["root"] / "classify" / "classnames.txt", "--shots", "2"],
+                          ["--classes and --shots have no effect with --prompts"])):
+        one_line_error(run_cli("zeroshot", "synthetic", *common, "--prompts", sel, *extra,
+                               "--out", tmp_path / "moot.json"), *words)
+    one_line_error(run_cli("select-prompts", "--dataset", "synthetic", *common, "--topk", "all", "--shots", "2",
+                           "--out", tmp_path / "s2.json"), "--shots has no effect with --strategy all")
+    assert not (tmp_path / "moot.json").exists() and not (tmp_path / "s2.json").exists()
 
 
 def test_a_pickle_that_runs_code_is_one_line_and_never_run(tmp_path):

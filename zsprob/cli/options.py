@@ -146,6 +146,30 @@ def check_prompt_inputs(*, templates, classes, class_prompts, k_grid, shots_spli
                            "--cache-dir" if cache_dir else "cache folder (cache/ next to --out; or pass --cache-dir)")
 
 
+def refuse_given(why: str, *names: str) -> None:
+    """One line naming the options of ``names`` given on the command line, which ``why`` says have no effect
+    (so that they are not silently ignored)."""
+    from click.core import ParameterSource
+
+    from zsprob.errors import UserError
+
+    ctx = click.get_current_context()
+    given = [f"--{n.replace('_', '-')}" for n in names
+             if ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+    if given:
+        raise UserError(f"{' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect {why}")
+
+
+def refuse_unused_shots(strategy: str | None, compare: bool) -> None:
+    """``--shots`` / ``--shots-split`` act on the few-shot strategies alone (all of them under --compare)."""
+    from zsprob.zeroshot.strategy_registry import get_strategy
+
+    if compare or (strategy is not None and get_strategy(strategy).shots):
+        return
+    refuse_given(f"with --strategy {strategy or 'auto'} (only the labelled shots of bprw-fewshot are counted)",
+                 "shots", "shots_split")
+
+
 #: a zsprob checkpoint's two files (zsprob.models.checkpoint.WEIGHTS_NAME / META_NAME; no torch here)
 CHECKPOINT_FILES = ("model.safetensors", "zsprob.json")
 

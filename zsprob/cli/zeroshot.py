@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
-                                refuse_overwriting_inputs, resolve_device)
+                                refuse_given, refuse_overwriting_inputs, refuse_unused_shots, resolve_device)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 
@@ -46,8 +46,12 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
 
     if prompts is not None and compare:
         raise UserError("--compare evaluates every strategy; it does not take --prompts")
-    if prompts is None:
-        strategy_from_topk(topk, strategy)
+    if prompts is not None:
+        refuse_given("with --prompts (the selection file already fixes the prompts): drop it, or leave out "
+                     "--prompts to select anew", "topk", "strategy", "select_root", "templates", "classes",
+                     "k_grid", "shots", "shots_split", "allow_eval_shots")
+    else:
+        refuse_unused_shots(strategy_from_topk(topk, strategy)[0], compare)
     cache = check_prompt_inputs(templates=templates, classes=classes, class_prompts=class_prompts, k_grid=k_grid,
                                 shots_split=shots_split, allow_eval_shots=allow_eval_shots, cache_dir=cache_dir,
                                 out=out)

@@ -20,9 +20,12 @@ def parse_k_grid(text: str | None, T: int | None = None):
                 out.append(int(part))
     except ValueError:
         raise UserError(f"--k-grid must be comma-separated integers or ranges like 1-80, got {text!r}") from None
+    if any(int(a) > int(b) for a, b in (p.strip().split("-", 1) for p in str(text).split(",") if "-" in p)):
+        raise UserError(f"--k-grid ranges go from low to high (like 1-80), got {text!r}")
     out = sorted(set(out))
     if not out or out[0] < 1 or (T is not None and out[-1] > T):
-        raise UserError(f"--k-grid values must be between 1 and the number of templates ({T}), got {text!r}")
+        bound = f"the number of templates ({T})" if T is not None else "the number of templates"
+        raise UserError(f"--k-grid values must be between 1 and {bound}, got {text!r}")
     if T is not None and out[-1] != T:
         out.append(T)  # 'all' is always a candidate
     return out
