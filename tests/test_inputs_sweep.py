@@ -178,3 +178,15 @@ def test_a_pickle_that_runs_code_is_one_line_and_never_run(tmp_path):
     r = run_cli("convert", tmp_path / "evil.pt", "--model", "pcmepp-tiny", "--out", tmp_path / "out")
     one_line_error(r, "without unpickling code")
     assert not (tmp_path / "ran").exists() and not (tmp_path / "out").exists()
+
+
+def test_the_demo_refuses_a_training_run_directory_and_a_setting_given_twice(world, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("method: pcmepp\n")
+    one_line_error(run_cli("demo", "--out", run, "--quick"), "holds a training run", "not a demo")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml"]
+    # model.sigma_head and model.overrides.sigma_head disagreeing: the override would win silently
+    one_line_error(_pretrain(world, tmp_path / "o", "--set", "model.sigma_head=block",
+                             "--set", "model.overrides.sigma_head=unc"),
+                   "model.sigma_head ('block') and model.overrides.sigma_head ('unc') are both set")

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from zsprob.errors import UserError
 from zsprob.report.demo_runs import DEMO_EXTRA_RUNS, DEMO_MODELS, RECIPES
 from zsprob.report.pipeline import Step, StopGuard, run_steps
 from zsprob.utils.paths import configs_dir
@@ -120,12 +121,25 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
     return steps
 
 
+#: what a `zsprob pretrain` / `finetune` run directory holds at its top (zsprob.train.resilience.RUN_MARKERS)
+TRAINING_RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
+
+
+def refuse_other_runs(out: Path) -> None:
+    """One line when ``out`` holds a training run rather than a demo (its steps would be written among the
+    run's files); a demo's own directory (``.steps/``) resumes."""
+    found = [name for name in TRAINING_RUN_FILES if (out / name).exists()]
+    if found and not (out / ".steps").is_dir():
+        raise UserError(f"--out {out} holds a training run ({', '.join(found)}), not a demo; choose another --out")
+
+
 def run_demo(out: str | Path = "demo_out", quick: bool = False, echo: Callable[[str], None] = print,
              **overrides) -> dict:
     """Run (or resume) the demo into ``out``; return the report's figures (report.json)."""
     from zsprob.report.demo_report import build_report
 
     out = Path(out)
+    refuse_other_runs(out)
     out.mkdir(parents=True, exist_ok=True)
     s = DemoSettings.make(quick, **overrides)
     t0 = time.time()

@@ -54,6 +54,10 @@ def build_model(cfg: Config):
         kw.update(unset)
     if kw.get("var_bounds") is not None:
         kw["var_bounds"] = tuple(kw["var_bounds"])
+    both = [k for k, v in (m.overrides or {}).items() if m.get(k) is not None and m[k] != v]
+    if both:  # the override would win silently
+        k = both[0]
+        raise UserError(f"model.{k} ({m[k]!r}) and model.overrides.{k} ({m.overrides[k]!r}) are both set: drop one")
     kw.update(dict(m.overrides or {}))
     if "image_size" in kw and not isinstance(kw["image_size"], (list, tuple)):  # 0 would skip every sample
         check_count(kw["image_size"], "model.overrides.image_size", ">=1")
