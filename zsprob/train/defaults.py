@@ -142,7 +142,7 @@ COUNT_KEYS: tuple = (
     ("train.eval_every", "--eval-every", ">=0", True),
     ("train.keep_checkpoints", None, ">=0", True),
     ("train.max_nonfinite", None, ">=1", True),
-    ("train.threads", "--threads", ">=1", True),
+    ("train.threads", "--threads", ">=1", True, 1024),  # torch would try to start them all (and crash)
     ("train.accum_steps", None, ">=1", True),
     ("train.dist_timeout_s", None, ">0", False),
     ("train.requeue_exit_code", "--requeue-exit-code", ">=0", True),
@@ -173,7 +173,7 @@ NULLABLE_NUMBER_KEYS: tuple = (
 )
 
 #: real-valued keys that must be set and in range: (dotted key, low, high, low excluded)
-#: (``zsprob.utils.checks.check_ranges``; ``optim.betas`` each in [0, 1): :func:`check_betas`)
+#: (``zsprob.utils.checks.check_ranges``; a fifth True: the high end excluded; a list: each of its numbers)
 RANGE_KEYS: tuple = (
     ("optim.lr", 0.0, float("inf"), True),
     ("optim.weight_decay", 0.0, float("inf"), False),
@@ -184,6 +184,7 @@ RANGE_KEYS: tuple = (
     ("schedule.gamma", 0.0, float("inf"), True),
     ("data.noise_ratio", 0.0, 1.0, False),
     ("data.paired_fraction", 0.0, 1.0, True),
+    ("optim.betas", 0.0, 1.0, False, True),     # torch's Adam family: 0 <= beta < 1
 )
 
 
@@ -202,9 +203,6 @@ EXCLUSIVE_KEYS: tuple = (
 RULES = ConfigRules(DEFAULTS, free=FREE_SECTIONS, counts=COUNT_KEYS, nullable_numbers=NULLABLE_NUMBER_KEYS,
                     ranges=RANGE_KEYS, exclusive=EXCLUSIVE_KEYS)
 
-#: the most CPU threads a run may ask for (``train.threads``)
-MAX_THREADS = 1024
-
 #: the mixed precisions a run may ask for (``train.precision``)
 PRECISIONS: tuple = ("fp32", "bf16", "fp16")
 
@@ -213,17 +211,6 @@ def check_train_config(cfg: Any) -> None:
     """Every count (:data:`COUNT_KEYS`), no unknown key, finite float hyper-parameters in their ranges, and one
     run length (:data:`RULES`): checked when a config is loaded and again when a run starts (:func:`resolve_config`)."""
     check_config(cfg, RULES)
-    check_betas(cfg)
-    threads = (cfg.get("train") or {}).get("threads")
-    if threads is not None and threads > MAX_THREADS:  # torch would try to start them all (and crash)
-        raise UserError(f"--threads (train.threads) must be at most {MAX_THREADS}, got {threads}")
-
-
-def check_betas(cfg: Any) -> None:
-    """``optim.betas``: two numbers in [0, 1) (torch's Adam family refuses others with a traceback)."""
-    betas = (cfg.get("optim") or {}).get("betas")
-    if isinstance(betas, list) and not all(0.0 <= float(b) < 1.0 for b in betas):
-        raise UserError(f"optim.betas must be two numbers in [0, 1), got {betas}")
 
 
 def __getattr__(name):  # METHODS: the registry's method names (re-exported: zsprob.train.METHODS), read live
@@ -248,7 +235,7 @@ def resolve_config(cfg: Any) -> TrainConfig:
     already has them: :func:`with_defaults`), then every check: :data:`RULES` (counts, known keys, finite
     floats, one run length), the method, every true / false key and the precision."""
     cfg = with_defaults(cfg)
-    check_train_config(cfg)
+    check_config(cfg, RULES)
     if cfg.method not in method_names():
         raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(method_names())}")
     check_flags(cfg, DEFAULTS)  # every true / false key (data.augment, optim.fused, msda.enabled, ...)

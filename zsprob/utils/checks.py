@@ -77,10 +77,14 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
-def check_counts(cfg: Any, table: Iterable[tuple[str, str | None, str, bool]]) -> None:
-    """Check every ``(key, flag, rule, integer)`` of ``table`` in the nested config ``cfg``."""
-    for key, flag, rule, integer in table:
-        check_count(_get(cfg, key), f"{flag} ({key})" if flag else key, rule, integer)
+def check_counts(cfg: Any, table: Iterable[tuple]) -> None:
+    """Check every ``(key, flag, rule, integer[, most])`` of ``table`` in the nested config ``cfg`` (``most``:
+    an upper bound, e.g. the threads torch can start)."""
+    for key, flag, rule, integer, *most in table:
+        what = f"{flag} ({key})" if flag else key
+        value = check_count(_get(cfg, key), what, rule, integer)
+        if most and value is not None and value > most[0]:
+            raise UserError(f"{what} must be at most {most[0]}, got {value!r}")
 
 
 def check_flags(cfg: Any, defaults: Any, prefix: str = "") -> None:
@@ -173,22 +177,28 @@ def check_nullable_numbers(cfg: Any, table: Iterable[tuple[str, float, float, bo
                             f"{f' and <= {high:g}' if high < float('inf') else ''}, got {value!r}") from None
 
 
-def check_ranges(cfg: Any, table: Iterable[tuple[str, float, float, bool]]) -> None:
-    """Every ``(key, low, high, low excluded)`` of ``table``: a finite number in its range (null refused:
-    these keys have no "off"). A negative learning rate, a noise share of 1.5 or a min-lr ratio of 2 is
-    one line, not a run that trains wrongly."""
-    for key, low, high, low_open in table:
+def check_ranges(cfg: Any, table: Iterable[tuple]) -> None:
+    """Every ``(key, low, high, low excluded[, high excluded])`` of ``table``: a finite number in its range, or
+    for a list (``optim.betas``) each of its numbers (null refused: these keys have no "off"). A negative
+    learning rate, a beta of 1.5 or a min-lr ratio of 2 is one line, not a run that trains wrongly."""
+    for key, low, high, low_open, *high_open in table:
         section, _, name = key.rpartition(".")
         node = _get(cfg, section) if section else cfg
         if not isinstance(node, dict) or name not in node:
             continue
         value = node[name]
+        top = "<" if high_open and high_open[0] else "<="
+        items = value if isinstance(value, list) and value else [value]
         try:
-            node[name] = check_range("not a number" if isinstance(value, (bool, list, dict)) or value is None
-                                     else value, key, low, high, low_open)
+            checked = [check_range("not a number" if isinstance(v, (bool, list, dict)) or v is None else v,
+                                   key, low, high, low_open) for v in items]
+            if top == "<" and any(v >= high for v in checked):
+                raise UserError(key)
         except UserError:
-            raise UserError(f"{key} must be a number {'>' if low_open else '>='} {low:g}"
-                            f"{f' and <= {high:g}' if high < float('inf') else ''}, got {value!r}") from None
+            raise UserError(f"{key} must be {'numbers' if isinstance(value, list) else 'a number'} "
+                            f"{'>' if low_open else '>='} {low:g}{f' and {top} {high:g}' if high < float('inf') else ''}"
+                            f", got {value!r}") from None
+        node[name] = checked if isinstance(value, list) and value else checked[0]
 
 
 def check_exclusive(cfg: Any, table: Iterable[tuple[str, str, str]]) -> None:
