@@ -183,7 +183,6 @@ RANGE_KEYS: tuple = (
     ("schedule.min_lr_ratio", 0.0, 1.0, False),
     ("schedule.gamma", 0.0, float("inf"), True),
     ("data.noise_ratio", 0.0, 1.0, False),
-    ("data.paired_fraction", 0.0, 1.0, True),
     ("optim.betas", 0.0, 1.0, False, True),     # torch's Adam family: 0 <= beta < 1
 )
 
