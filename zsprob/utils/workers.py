@@ -3,27 +3,39 @@
 A scheduler (SLURM, ``timeout``) signals every process of the job, and Ctrl-C reaches the whole
 terminal group. The training process catches SIGTERM / SIGUSR1 to finish its step and write a
 checkpoint (:class:`zsprob.train.resilience.StopSignals`). A worker killed by the same signal would make
-torch raise in the main process ("DataLoader worker ... is killed by signal") before it can do so.
-So a worker ignores SIGINT and SIGUSR1, and leaves quietly (exit status 0, which torch does not treat
-as a failure) on SIGTERM; the main process needs no further batch once it is stopping, and torch's own
-shutdown, which ends workers with SIGTERM, still ends them at once.
+torch raise in the main process ("DataLoader worker ... is killed by signal") before it can do so, or
+leave the main process without the batch of the step it is finishing. So a worker ignores SIGINT and
+SIGUSR1, and on SIGTERM keeps serving for :data:`SIGTERM_GRACE_S` seconds, then leaves quietly (exit
+status 0, which torch does not count as a failure). The main process shuts its loader down once it has
+checkpointed; a second SIGTERM (torch's own shutdown of a worker that does not stop) ends it at once.
 """
 from __future__ import annotations
 
 import os
 import signal
 
+#: seconds a worker keeps serving after a SIGTERM (the main process finishes its step meanwhile)
+SIGTERM_GRACE_S = 20
+
 
 def _leave(signum, frame) -> None:
     os._exit(0)
 
 
+def _on_sigterm(signum, frame) -> None:
+    if getattr(_on_sigterm, "armed", False):  # the second one: torch's shutdown, or an insistent sender
+        os._exit(0)
+    _on_sigterm.armed = True
+    signal.signal(signal.SIGALRM, _leave)
+    signal.alarm(SIGTERM_GRACE_S)
+
+
 def leave_stop_signals_to_the_main_process(worker_id: int) -> None:
     """``worker_init_fn`` of the training loaders (see the module docstring)."""
-    for name, action in (("SIGINT", signal.SIG_IGN), ("SIGUSR1", signal.SIG_IGN), ("SIGTERM", _leave)):
+    for name, action in (("SIGINT", signal.SIG_IGN), ("SIGUSR1", signal.SIG_IGN), ("SIGTERM", _on_sigterm)):
         sig = getattr(signal, name, None)
         if sig is not None:
             signal.signal(sig, action)
 
 
-__all__ = ["leave_stop_signals_to_the_main_process"]
+__all__ = ["leave_stop_signals_to_the_main_process", "SIGTERM_GRACE_S"]
