@@ -228,7 +228,9 @@ class _ImageList:
         return (self.transform(img) if self.transform is not None else img), label
 
 
-def _norm(name: str) -> str:
+def class_key(name: str) -> str:
+    """A class name as matched against another list of them: underscores read as spaces, whitespace and
+    case ignored (``Oak_tree`` matches "oak tree")."""
     return " ".join(name.replace("_", " ").split()).lower()
 
 
@@ -256,10 +258,10 @@ def _resolve_classnames(folders: list[str], spec, where: Path) -> tuple[list[str
         return folders, [mapping[f] for f in folders]
     by_norm = {}
     for f in folders:
-        by_norm.setdefault(_norm(f), f)
+        by_norm.setdefault(class_key(f), f)
     if len(lines) == len(folders) and len(by_norm) == len(folders) and \
-            sorted(_norm(x) for x in lines) == sorted(by_norm):
-        return [by_norm[_norm(x)] for x in lines], [x.strip() for x in lines]
+            sorted(class_key(x) for x in lines) == sorted(by_norm):
+        return [by_norm[class_key(x)] for x in lines], [x.strip() for x in lines]
     if len(lines) != len(folders):
         raise UserError(f"{source} has {len(lines)} class names but {where} has {len(folders)} class folders")
     return folders, [x.strip() for x in lines]
@@ -277,10 +279,10 @@ def align_classnames(dataset_names: Sequence[str], names: Sequence[str], source:
     names = [str(x).strip() for x in names]
     if len(names) != len(dataset_names):
         raise UserError(f"{source} has {len(names)} class names but the dataset has {len(dataset_names)} classes")
-    by_norm = {_norm(x): x for x in names}
+    by_norm = {class_key(x): x for x in names}
     if len(by_norm) != len(names):
         raise UserError(f"{source} has duplicate class names (after normalising spaces, underscores and case)")
-    matched = [by_norm.get(_norm(c)) for c in dataset_names]
+    matched = [by_norm.get(class_key(c)) for c in dataset_names]
     if not any(matched):
         return names
     unmatched = [c for c, m in zip(dataset_names, matched) if m is None]

@@ -46,18 +46,16 @@ def save_selection(selection, path, *, model: dict | None = None, data: dict | N
     return atomic_write_json(path, selection.to_dict(model=model, data=data))
 
 
-def _class_key(name) -> str:
-    return " ".join(str(name).replace("_", " ").lower().split())
-
-
 def check_selection_classes(selected, dataset, source) -> None:
     """A selection's classes must be the dataset's, in its order (case, spaces and underscores aside): a
     renamed or reordered class would score every image against another class's prompts. Datasets whose
     classes are ids that share no name with the selection (ImageNet wnids) are matched by position."""
-    ours, theirs = [_class_key(c) for c in selected], [_class_key(c) for c in dataset]
+    from zsprob.data.classification import class_key
+
+    ours, theirs = [class_key(str(c)) for c in selected], [class_key(str(c)) for c in dataset]
     if ours == theirs or not set(ours) & set(theirs):
         return
-    wrong = [(i, a, b) for i, (a, b) in enumerate(zip(selected, dataset)) if _class_key(a) != _class_key(b)]
+    wrong = [(i, a, b) for i, (a, b, x, y) in enumerate(zip(selected, dataset, ours, theirs)) if x != y]
     i, a, b = wrong[0]
     raise UserError(f"{source} does not hold the dataset's classes in its order: class {i} is {a!r} there and {b!r} "
                     f"in the dataset ({len(wrong)} of {len(dataset)} differ); run zsprob select-prompts on this dataset")
