@@ -163,42 +163,33 @@ def check_known_keys(cfg: Any, defaults: Any, free: Iterable[str] = (), prefix: 
 def check_nullable_numbers(cfg: Any, table: Iterable[tuple[str, float, float, bool]]) -> None:
     """Every ``(key, low, high, low excluded)`` of ``table`` that is set: a finite number in its range, stored
     as a float (a string spelling a number, YAML's ``2e-3``, included); null stays allowed."""
-    for key, low, high, low_open in table:
-        section, _, name = key.rpartition(".")
-        node = _get(cfg, section) if section else cfg
-        if not isinstance(node, dict) or node.get(name) is None:
-            continue
-        value = node[name]
-        try:
-            node[name] = check_range("not a number" if isinstance(value, (bool, list, dict)) else value,
-                                     key, low, high, low_open)
-        except UserError:
-            raise UserError(f"{key} must be null or a number {'>' if low_open else '>='} {low:g}"
-                            f"{f' and <= {high:g}' if high < float('inf') else ''}, got {value!r}") from None
+    check_ranges(cfg, table, nullable=True)
 
 
-def check_ranges(cfg: Any, table: Iterable[tuple]) -> None:
-    """Every ``(key, low, high, low excluded[, high excluded])`` of ``table``: a finite number in its range, or
-    for a list (``optim.betas``) each of its numbers (null refused: these keys have no "off"). A negative
+def check_ranges(cfg: Any, table: Iterable[tuple], nullable: bool = False) -> None:
+    """Every ``(key, low, high, low excluded[, high excluded])`` of ``table``: a finite number in its range,
+    stored as a float, or for a list (``optim.betas``) each of its numbers. Null is refused (these keys have no
+    "off") unless ``nullable`` (:func:`check_nullable_numbers`; a list is then refused too). A negative
     learning rate, a beta of 1.5 or a min-lr ratio of 2 is one line, not a run that trains wrongly."""
     for key, low, high, low_open, *high_open in table:
         section, _, name = key.rpartition(".")
         node = _get(cfg, section) if section else cfg
-        if not isinstance(node, dict) or name not in node:
+        if not isinstance(node, dict) or name not in node or (nullable and node[name] is None):
             continue
         value = node[name]
         top = "<" if high_open and high_open[0] else "<="
-        items = value if isinstance(value, list) and value else [value]
+        many = isinstance(value, list) and not nullable
+        items = value if many and value else [value]
         try:
             checked = [check_range("not a number" if isinstance(v, (bool, list, dict)) or v is None else v,
                                    key, low, high, low_open) for v in items]
             if top == "<" and any(v >= high for v in checked):
                 raise UserError(key)
         except UserError:
-            raise UserError(f"{key} must be {'numbers' if isinstance(value, list) else 'a number'} "
+            raise UserError(f"{key} must be {'null or ' if nullable else ''}{'numbers' if many else 'a number'} "
                             f"{'>' if low_open else '>='} {low:g}{f' and {top} {high:g}' if high < float('inf') else ''}"
                             f", got {value!r}") from None
-        node[name] = checked if isinstance(value, list) and value else checked[0]
+        node[name] = checked if many and value else checked[0]
 
 
 def check_exclusive(cfg: Any, table: Iterable[tuple[str, str, str]]) -> None:
