@@ -32,7 +32,7 @@ from typing import Callable
 from zsprob.errors import UserError
 from zsprob.report.demo_runs import DEMO_EXTRA_RUNS, DEMO_MODELS, RECIPES
 from zsprob.report.pipeline import Step, StopGuard, run_steps
-from zsprob.utils.paths import configs_dir
+from zsprob.utils.paths import RUN_MARKERS, configs_dir
 
 
 @dataclass
@@ -121,14 +121,10 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
     return steps
 
 
-#: what a `zsprob pretrain` / `finetune` run directory holds at its top (zsprob.train.resilience.RUN_MARKERS)
-TRAINING_RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
-
-
 def refuse_other_runs(out: Path) -> None:
     """One line when ``out`` holds a training run rather than a demo (its steps would be written among the
     run's files); a demo's own directory (``.steps/``) resumes."""
-    found = [name for name in TRAINING_RUN_FILES if (out / name).exists()]
+    found = [name for name in RUN_MARKERS if (out / name).exists()]
     if found and not (out / ".steps").is_dir():
         raise UserError(f"--out {out} holds a training run ({', '.join(found)}), not a demo; choose another --out")
 

@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 
 from zsprob.errors import UserError
+from zsprob.utils.paths import RUN_MARKERS
 
 #: environment variables torchrun's elastic agent sets in every worker
 ELASTIC_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
@@ -253,18 +254,15 @@ def fault_point(where: str, step: int, rank: int) -> None:
 
 
 # --------------------------------------------------------------------------- the run directory
-#: what makes a directory hold a run (reusing it needs --resume or --overwrite); config.yaml alone is a
-#: run that stopped before its first record or checkpoint (bad shards, say): nothing of it is kept, so the
-#: same command may simply run again there
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
 #: everything a run writes under OUT, removed by --overwrite before the fresh run starts
 RUN_ENTRIES = RUN_MARKERS + ("summary.json", "model-swa", "model-best", "tensorboard")
 LOCK_NAME = ".lock"
 
 
 def run_markers(out: str | os.PathLike) -> list[str]:
-    """The :data:`RUN_MARKERS` present under ``out`` (empty: a new, empty or missing directory, or one that
-    holds only the config.yaml of a run that trained nothing)."""
+    """The :data:`zsprob.utils.paths.RUN_MARKERS` present under ``out`` (empty: a new, empty or missing directory,
+    or one that holds only the config.yaml of a run that stopped before its first record or checkpoint, on bad
+    shards say: nothing of it is kept, so the same command may simply run again there)."""
     found = [m for m in RUN_MARKERS if (Path(out) / m).exists()]
     return found if set(found) - {"config.yaml"} else []
 

@@ -1,4 +1,5 @@
-"""Where zsprob's shipped resources live: prompts/ and configs/ at the repository root.
+"""Where zsprob's shipped resources live: prompts/ and configs/ at the repository root; and what marks
+a training run's directory (:data:`RUN_MARKERS`).
 
 zsprob is installed editable (``pip install -e .``), so these folders sit next to the
 package. ``ZSPROB_HOME`` overrides the root.
@@ -7,6 +8,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+
+#: what a `zsprob pretrain` / `finetune` run directory holds at its top: reusing it needs --resume or
+#: --overwrite (zsprob.train.resilience), and `zsprob demo` refuses it as its --out (zsprob.report.demo)
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
 
 
 def project_root() -> Path:
