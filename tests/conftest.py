@@ -156,6 +156,20 @@ def tiny_world(tmp_path_factory) -> Path:
     return out
 
 
+def small_world(base: Path, *, seed: int, model: dict, **sizes) -> dict:
+    """A 32 px SynthWorld under ``base/sw`` with the split ``sizes`` of ``generate`` and an untrained zsprob-tiny
+    checkpoint (``create_model`` keywords ``model``) at ``base/ckpt``; torch seeded 0 before the model."""
+    import torch
+
+    from zsprob.data.synthetic import generate
+    from zsprob.models import create_model, save
+
+    generate(base / "sw", image_size=32, progress=False, seed=seed, **sizes)
+    torch.manual_seed(0)
+    ckpt = save(create_model("zsprob-tiny", seed=0, **model), base / "ckpt")
+    return {"root": base / "sw", "ckpt": ckpt, "base": base}
+
+
 def tiny_model_args() -> list[str]:
     """`--model` and `--set` arguments selecting zsprob-tiny with TINY_TOWERS on the command line."""
     flow = json.dumps(TINY_TOWERS).replace('"', "")  # a YAML flow mapping

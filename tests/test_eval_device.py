@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_cli, small_world
 from zsprob.errors import UserError
 from zsprob.utils.devices import check_precision, encode_autocast, resolve_device
 
@@ -71,16 +71,11 @@ def test_precision_is_checked_and_bf16_autocasts():
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A small SynthWorld (retrieval and classification splits) and a tiny zsprob checkpoint."""
-    from zsprob.data.synthetic import generate
-    from zsprob.models import create_model, save
-
     base = tmp_path_factory.mktemp("evaldev")
-    generate(base / "sw", image_size=32, num_pretrain=4, num_classify_select=1, num_classify_eval=3,
-             num_retrieval=40, num_retrieval_val=4, shard_size=4, progress=False, seed=1)
-    torch.manual_seed(0)
-    ckpt = save(create_model("zsprob-tiny", open_clip_cfg=TINY, seed=0), base / "ckpt")
+    made = small_world(base, seed=1, model={"open_clip_cfg": TINY}, num_pretrain=4, num_classify_select=1,
+                       num_classify_eval=3, num_retrieval=40, num_retrieval_val=4, shard_size=4)
     (base / "empty").mkdir()
-    return {"root": base / "sw", "ckpt": ckpt, "base": base}
+    return made
 
 
 def _one_line_error(r, needle: str):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_TOWERS, run_cli, tiny_model_args
+from conftest import TINY_TOWERS, run_cli, small_world, tiny_model_args
 
 
 def one_line_error(r, *words: str) -> str:
@@ -26,17 +26,9 @@ def one_line_error(r, *words: str) -> str:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A small SynthWorld (classification and retrieval splits) and an untrained tiny zsprob checkpoint."""
-    import torch
-
-    from zsprob.data.synthetic import generate
-    from zsprob.models import create_model, save
-
-    base = tmp_path_factory.mktemp("sweep")
-    generate(base / "sw", image_size=32, num_pretrain=16, num_classify_select=1, num_classify_eval=2,
-             num_retrieval=8, num_retrieval_val=0, shard_size=8, progress=False, seed=2)
-    torch.manual_seed(0)
-    ckpt = save(create_model("zsprob-tiny", **TINY_TOWERS, embed_dim=16, seed=0), base / "ckpt")
-    return {"root": base / "sw", "ckpt": ckpt, "base": base}
+    return small_world(tmp_path_factory.mktemp("sweep"), seed=2, model={**TINY_TOWERS, "embed_dim": 16},
+                       num_pretrain=16, num_classify_select=1, num_classify_eval=2, num_retrieval=8,
+                       num_retrieval_val=0, shard_size=8)
 
 
 def _pretrain(world, out, *extra):
