@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gc
 import json
 import os
@@ -42,10 +43,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE_STEPS = 5  # 2 counting host syncs, 2 timing the optimizer step, 1 counting FLOPs
 OC_PRECISION = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp"}
+#: the optimisation both trainers run (AdamW, this peak learning rate after this many linear warm-up
+#: steps, weight decay 0.1, gradient norm clipped at 2). A ViT-B-16 from scratch diverges in a few dozen
+#: steps at the tiny recipe's 2e-3 (PCME++'s image sigma^2 went from 1e-3 to 1e6 in three steps, the same
+#: on the CPU in float32), and a benchmark should time a run that trains.
+BENCH_LR, BENCH_WARMUP = "1e-4", 10
 
 
 def ensure_world(path: Path, n: int, image_size: int = 64, shard_size: int = 1000, workers: int = 1) -> Path:
@@ -138,7 +145,6 @@ def count_syncs(inner, run, step: int, record: dict):
     """One step under zsprob's HostSyncCounter and, on CUDA, torch's sync debug mode ("warn"); the
     calls inside ``next_batch`` (host-side data preparation and the copy to the device) are counted
     apart, under the suffix "_data"."""
-    import contextlib
     import warnings
 
     import torch
@@ -156,8 +162,7 @@ def count_syncs(inner, run, step: int, record: dict):
         finally:
             spans.append((before[0], collections.Counter(counter.where), before[1], len(caught)))
     with contextlib.ExitStack() as stack:
-        caught = stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always")
+        caught = stack.enter_context(warnings_with_sites())
         if cuda:
             torch.cuda.set_sync_debug_mode("warn")
             stack.callback(torch.cuda.set_sync_debug_mode, 0)
@@ -178,10 +183,43 @@ def count_syncs(inner, run, step: int, record: dict):
     add_syncs(record, "", list((counter.where - data_where).elements()))
     add_syncs(record, "_data", list(data_where.elements()))
     if cuda:
-        sites = [(i, f"{Path(w.filename).name}:{w.lineno}") for i, w in enumerate(caught) if is_sync[i]]
+        sites = [(i, w.site) for i, w in enumerate(caught) if is_sync[i]]
         add_syncs(record, "_debug", [where for i, where in sites if i not in data_hits])
         add_syncs(record, "_debug_data", [where for i, where in sites if i in data_hits])
     return stats
+
+
+@contextlib.contextmanager
+def warnings_with_sites():
+    """``warnings.catch_warnings(record=True)`` with every filter "always", each record also carrying
+    ``site``: the line that made the call (the first frame outside torch, the warnings machinery and
+    zsprob's HostSyncCounter, whose wrapper is otherwise what torch's sync warning names), then the
+    innermost torch frame it went through, if any."""
+    import warnings
+    log: list = []
+
+    def hook(message, category, filename, lineno, file=None, line=None):
+        log.append(SimpleNamespace(message=message, category=category, filename=filename, lineno=lineno,
+                                   site=caller_site(sys._getframe(1))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        yield log
+
+
+def caller_site(frame) -> str:
+    """``path:line`` of the first frame from ``frame`` outwards that is not torch's, the warnings
+    module's or zsprob's sync counter's, with the innermost torch frame passed on the way in brackets."""
+    via = None
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/" in name:
+            via = via or f"torch/{name.rsplit('/torch/', 1)[-1]}:{frame.f_lineno}"
+        elif not name.endswith(("/warnings.py", "/host_sync.py")) and frame.f_code.co_name != "hook":
+            here = name.rsplit("/zsprob/", 1)[-1] if "/zsprob/" in name else "/".join(name.split("/")[-2:])
+            return f"{here}:{frame.f_lineno}" + (f" (via {via})" if via else "")
+        frame = frame.f_back
+    return via or "?"
 
 
 def count_flops(inner, run, step: int, record: dict):
@@ -238,6 +276,7 @@ def zsprob_command(world: Path, out: Path, method: str, args, steps: int, extra=
             "--steps", str(steps), "--batch-size", str(args.batch_size), "--log-every", "1",
             "--workers", str(args.workers), "--threads", str(args.threads), "--checkpoint-every", "0",
             "--no-progress", "--set", "train.tensorboard=false", "--set", "data.pipeline.caption_key=txt",
+            "--lr", BENCH_LR, "--set", f"schedule.warmup_steps={min(BENCH_WARMUP, steps - 1)}",
             "--set", f"train.cpu={'true' if args.device == 'cpu' else 'false'}", *extra]
 
 
@@ -324,7 +363,7 @@ def open_clip_argv(world: Path, out: Path, args, name: str) -> list[str]:
     return ["--train-data", pattern, "--train-num-samples", str(args.steps * args.batch_size),
             "--dataset-type", "webdataset", "--dataset-resampled", "--batch-size", str(args.batch_size),
             "--epochs", "1", "--model", name, "--device", args.device, "--precision", OC_PRECISION[args.precision],
-            "--workers", str(workers), "--lr", "1e-3", "--warmup", "10", "--wd", "0.1", "--log-every-n-steps", "1",
+            "--workers", str(workers), "--lr", BENCH_LR, "--warmup", str(BENCH_WARMUP), "--wd", "0.1", "--log-every-n-steps", "1",
             "--logs", str(out / "logs"), "--name", "bench", "--save-frequency", "0", "--seed", "0",
             "--grad-clip-norm", "2.0"]
 

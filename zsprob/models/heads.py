@@ -26,6 +26,7 @@ torch provides the GRU kernel (``torch.gru``) and sorting; nothing here comes fr
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,12 @@ from zsprob.utils.host_sync import host_read_is_free
 from zsprob.utils.masks import length_mask
 
 _GRU_PARAMS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+
+# On CUDA, cuDNN copies torch.gru's separately held weights into one buffer on every call and warns
+# about it (first seen on an H200). RankGRU's weights are a few kilobytes (3 d_hidden x (d_pe + d_hidden)
+# per direction), so the copy is small; nn.GRU's flat buffer would stop dynamo from tracing GPO.
+warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk",
+                        category=UserWarning)
 
 
 def sinusoid_encoding(n: int, dim: int, device=None, dtype=torch.float32) -> torch.Tensor:
