@@ -359,7 +359,8 @@ def three_steps(c: Check, device: str, precision: str, tag: str) -> dict:
     for f in sorted((out / "model").glob("*.safetensors")):
         weights.update({f"{f.name}:{k}": v for k, v in load_file(str(f)).items()})
     return {"losses": [r["loss"] for r in recs], "lrs": [r["lr"] for r in recs], "weights": weights, "wall_s": wall,
-            "skipped": int(recs[-1].get("nonfinite_total") or 0) if recs else 0}
+            "skipped": [int(r.get("nonfinite_total") or 0) + int(r.get("scaler_skipped_total") or 0) for r in recs],
+            "loss_scales": [r.get("loss_scale") for r in recs]}
 
 
 def weight_diff(a: dict, b: dict) -> tuple[float, float]:
@@ -426,16 +427,17 @@ def fp16_figures(fp16: dict, fp32: dict) -> list[dict]:
     while no step has been skipped (a scaler starting at 2^16 may skip the first ones and back off),
     within 5%; the skipped steps and the final weights' finiteness are reported."""
     import torch
-    skipped = fp16["skipped"]
-    figs = [figure("fp16: steps skipped by the GradScaler (non-finite gradients)", skipped, "steps",
-                   note="the scaler starts at 2^16 and halves on each skip"),
+    skipped = fp16["skipped"]  # cumulative, one per logged step
+    figs = [figure("fp16: updates skipped (GradScaler or non-finite loss), cumulative per step", str(skipped), "steps",
+                   note=f"loss scale after each step {fp16['loss_scales']}; the scaler starts at 2^16 and halves "
+                        "on each skip"),
             figure("fp16: logged steps", len(fp16["losses"]), "steps", "== 3", len(fp16["losses"]) == 3)]
     for i, (a, b) in enumerate(zip(fp16["losses"], fp32["losses"])):
         if a is None or not math.isfinite(a):
             figs.append(figure(f"step {i + 1} loss (fp16)", str(a), "loss", "finite", False))
             continue
         rel = abs(a - b) / abs(b)
-        judged = skipped == 0 or i == 0  # step 1 runs on the same weights whatever the scaler does
+        judged = i == 0 or skipped[i - 1] == 0  # same weights as fp32 until an update is skipped
         figs.append(figure(f"step {i + 1} loss {a:.5f} (fp16) vs {b:.5f} (fp32)", rel, "relative difference",
                            "<= 5e-2" if judged else None, rel <= 5e-2 if judged else None,
                            note="" if judged else "after a skipped step: not comparable, reported only"))

@@ -71,3 +71,63 @@ def test_cuda_without_a_gpu_is_one_line_and_exit_2(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_check.py: error:") and "CUDA" in lines[0], r.stderr
     assert not (tmp_path / "gc").exists()
+
+
+def _script(name: str):
+    import importlib
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+
+def test_rankings_that_differ_only_among_exact_ties_count_as_the_same():
+    gc = _script("gpu_check")
+    g = torch.Generator().manual_seed(0)
+    img = [torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g, dtype=torch.float64) - 2]
+    cap = [torch.randn(4, 4, generator=g, dtype=torch.float64), torch.randn(4, 4, generator=g, dtype=torch.float64) - 2]
+    cap = [torch.cat([c, c[:1]]) for c in cap]  # caption 4 repeats caption 0 exactly
+    emb = img + cap
+    from zsprob.prob.distances import csd
+    ranked = csd(*img, *cap).argsort(dim=1)[:, :3]
+    swapped = ranked.clone()
+    swapped[ranked == 0], swapped[ranked == 4] = 4, 0  # the tied pair in the other order
+    assert gc.same_up_to_ties(swapped, ranked, emb, captions_first=False).all()
+    other = csd(*img, *cap).argsort(dim=1, descending=True)[:, :3]  # a real disagreement: the farthest three
+    assert not gc.same_up_to_ties(other, ranked, emb, captions_first=False).any()
+
+
+def test_fp16_losses_are_judged_only_until_the_scaler_skips():
+    gc = _script("gpu_check")
+    w = {"a": torch.ones(2)}
+    fp32 = {"losses": [2.0, 1.5, 1.2]}
+    clean = {"losses": [2.01, 1.49, 1.21], "skipped": [0, 0, 0], "loss_scales": [65536.0] * 3, "weights": w}
+    assert all(f["pass"] in (True, None) for f in gc.fp16_figures(clean, fp32))
+    skip = {"losses": [2.01, 1.9, 1.2], "skipped": [1, 1, 1], "loss_scales": [32768.0] * 3, "weights": w}
+    figs = gc.fp16_figures(skip, fp32)
+    step = [f for f in figs if f["name"].startswith("step ")]
+    assert [f["pass"] for f in step] == [True, None, None]  # step 2 after a skipped update: reported only
+    bad = {"losses": [2.01, 9.0, 1.2], "skipped": [0, 0, 0], "loss_scales": [65536.0] * 3,
+           "weights": {"a": torch.tensor([float("nan")])}}
+    assert [f["pass"] for f in gc.fp16_figures(bad, fp32) if f["pass"] is not None].count(False) == 2
+
+
+def test_a_sync_warning_names_the_line_that_made_the_call_not_the_counter():
+    import warnings
+
+    bt = _script("bench_train")
+    from zsprob.utils.host_sync import HostSyncCounter
+
+    def caller():
+        return torch.tensor(torch.ones(1))  # torch warns from C++ about copy-constructing
+    with bt.warnings_with_sites() as log, HostSyncCounter():
+        caller()
+    assert log and log[0].filename.endswith("host_sync.py")  # what torch's own record names
+    assert log[0].site.split(":")[0].endswith("test_scripts_gpu_check.py") and "host_sync" not in log[0].site
+    with warnings.catch_warnings(record=True) as outer:
+        warnings.simplefilter("always")
+        with bt.warnings_with_sites():
+            pass
+        warnings.warn("after")
+    assert [str(w.message) for w in outer] == ["after"]  # the hook is gone once the block ends

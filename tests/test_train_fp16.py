@@ -66,3 +66,28 @@ def test_a_nan_batch_is_skipped_and_the_scaler_backs_off_then_training_goes_on(t
     assert scalers[0].get_scale() == 2.0 ** 9  # the skipped step updated the scaler: inf seen, scale halved
     assert 3 not in scaled and scaled == plain  # step 3 skipped in both; every other step identical
     assert all(torch.isfinite(torch.tensor(v)) for v in scaled.values())
+
+
+@pytest.mark.slow
+def test_an_overflowing_gradient_is_skipped_by_the_scaler_counted_and_logged(tiny_world, tmp_path, monkeypatch):
+    """The loss is finite but one gradient overflows at the scaler's scale: the GradScaler skips that
+    update and halves its scale; metrics.jsonl says so (``scaler_skipped_total``, ``loss_scale``) and the
+    run's own non-finite guard is not tripped."""
+    import json
+
+    from zsprob.train import step as step_module
+    real_unscale, seen = step_module.unscale_once, []
+
+    def unscale_once(run):
+        seen.append(1)
+        if len(seen) == 3:  # the third update: one gradient entry overflows
+            next(p for p in run.raw.parameters() if p.grad is not None).grad.view(-1)[0] = float("inf")
+        real_unscale(run)
+    monkeypatch.setattr(step_module, "unscale_once", unscale_once)
+    out = tmp_path / "scaled"
+    summary, losses, scalers = _train(_cfg(tiny_world), out, monkeypatch, scale=2.0 ** 10)
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["scaler_skipped_total"] for r in recs] == [0, 0, 1, 1, 1, 1]
+    assert [r["loss_scale"] for r in recs] == [2.0 ** 10] * 2 + [2.0 ** 9] * 4
+    assert summary["nonfinite_total"] == 0 and len(losses) == 6
+    assert scalers[0].get_scale() == 2.0 ** 9

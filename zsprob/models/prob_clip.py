@@ -574,10 +574,15 @@ def _run_block_rows(block: nn.Module, x: torch.Tensor, rows: list[int], mask) ->
     operations are open_clip's own modules (``ln_1``, ``attention``, ``ls_1``, ``ln_2``, ``mlp``, ``ls_2``).
     """
     kv = block.ln_1(x)
-    index = torch.tensor(rows, device=x.device)
-    q = x.index_select(1, index)
-    m = mask.index_select(-2, index) if mask is not None else None
-    y = q + block.ls_1(block.attention(q_x=kv.index_select(1, index), k_x=kv, v_x=kv, attn_mask=m))
+    first, n = rows[0], len(rows)
+    if list(rows) == list(range(first, first + n)):  # every tower's rows: a slice, no index tensor to send
+        take = lambda t, dim: t.narrow(dim, first, n).contiguous()  # noqa: E731  (the device, no host sync)
+    else:
+        index = torch.tensor(rows, device=x.device)
+        take = lambda t, dim: t.index_select(dim, index)  # noqa: E731
+    q = take(x, 1)
+    m = take(mask, -2) if mask is not None else None
+    y = q + block.ls_1(block.attention(q_x=take(kv, 1), k_x=kv, v_x=kv, attn_mask=m))
     return y + block.ls_2(block.mlp(block.ln_2(y)))
 
 

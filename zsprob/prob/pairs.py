@@ -54,12 +54,9 @@ class PairBatch:
         if matched is None:
             if N_i != N_t:
                 raise ValueError("matched is required when the numbers of images and texts differ")
-            eye_rows = torch.zeros(n_i, N_t, device=dev, dtype=dt)
-            eye_rows[torch.arange(n_i, device=dev), self.offset + torch.arange(n_i, device=dev)] = 1.0
-            self.t_i2t = eye_rows
-            t2i = torch.zeros(n_t, N_i, device=dev, dtype=dt)
-            t2i[torch.arange(n_t, device=dev), self.offset + torch.arange(n_t, device=dev)] = 1.0
-            self.t_t2i = t2i
+            # a comparison, not an indexed write of 1.0: that copies the scalar to the device and waits for it
+            self.t_i2t = _shifted_eye(n_i, N_t, self.offset, dev, dt)
+            self.t_t2i = _shifted_eye(n_t, N_i, self.offset, dev, dt)
         else:
             if tuple(matched.shape) != (N_i, N_t):
                 raise ValueError(f"matched must be [{N_i}, {N_t}] (global images x texts), got {tuple(matched.shape)}")
@@ -68,6 +65,12 @@ class PairBatch:
             self.t_t2i = m[:, self.offset:self.offset + n_t].t()
         # single process with a square batch: the t2i matrix is the transpose of the i2t matrix
         self.transpose_ok = self.single
+
+
+def _shifted_eye(rows: int, cols: int, offset: int, device, dtype) -> torch.Tensor:
+    """[rows, cols] with 1 at (r, offset + r) and 0 elsewhere, built on ``device`` by comparing positions."""
+    r = torch.arange(rows, device=device).unsqueeze(1) + offset
+    return (r == torch.arange(cols, device=device).unsqueeze(0)).to(dtype)
 
 
 def stat(x) -> torch.Tensor:

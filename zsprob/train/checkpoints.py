@@ -62,6 +62,7 @@ def _write_main_state(run: Run, tmp: Path, step_done: int) -> None:
         "scaler": run.acc.scaler.state_dict() if run.acc.scaler is not None else None,
         "loss": run.raw.loss.state_dict(), "swa": run.swa.state_tensors() if run.swa is not None else None,
         "rng": state.rng_state(), "nonfinite_total": run.counters.nonfinite_total,
+        "scaler_skipped_total": run.counters.scaler_skipped,
     })
 
 
@@ -81,6 +82,7 @@ def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
     if run.swa is not None and saved.get("swa") is not None:
         run.swa.load_state_tensors(saved["swa"])
     run.counters.nonfinite_total = int(saved.get("nonfinite_total", 0))
+    run.counters.scaler_skipped = int(saved.get("scaler_skipped_total", 0))
     rng_state = None
     if int(saved.get("world", 1)) == run.world:
         rank_file = Path(ckpt_dir) / f"rng-rank{run.rank}"

@@ -68,6 +68,11 @@ def log_record(run: Run, step_done: int, stats: dict, lr_groups: dict, log_every
     rec["samples_per_s"] = run.global_batch_size * steps_in / max(elapsed, 1e-9)
     rec["data_time_frac"] = run.counters.data_time / max(elapsed, 1e-9)
     rec["nonfinite_total"] = run.counters.nonfinite_total
+    if run.acc.scaler is not None:  # fp16: the loss scale now and the updates the scaler has skipped
+        scale = getattr(run.acc.scaler, "_scale", None)
+        if scale is not None:
+            rec["loss_scale"] = float(scale.item())
+        rec["scaler_skipped_total"] = run.counters.scaler_skipped
     if run.noise > 0:
         rec["noisy_pairs"] = run.counters.noisy_rows
     data_stats = run.source.stats()

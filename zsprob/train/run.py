@@ -65,6 +65,7 @@ class Counters:
 
     nonfinite_total: int = 0
     consecutive_bad: int = 0
+    scaler_skipped: int = 0  # fp16: updates the GradScaler skipped (inf / NaN gradients at its scale)
     loss_sum: torch.Tensor | None = None  # on the device: summed without a host sync
     n_in_interval: int = 0
     data_time: float = 0.0

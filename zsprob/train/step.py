@@ -269,6 +269,9 @@ def apply_if_finite(run: Run, check: torch.Tensor) -> bool:
     finite = bool(torch.isfinite(check))
     if finite:
         run.optimizer.step()
+        # accelerate's wrapper knows without another sync: the scaler's step has read found_inf on the host
+        if run.acc.scaler is not None and getattr(run.optimizer, "step_was_skipped", False):
+            run.counters.scaler_skipped += 1
     elif run.acc.scaler is not None:
         run.acc.scaler.update()  # a skipped step still ends the scaler's iteration (inf seen: the scale backs off)
     run.optimizer.zero_grad(set_to_none=True)
