@@ -9,9 +9,12 @@ training step" on a machine without a GPU.
 :func:`host_read_is_free` says where such a read costs nothing (the CPU), so that code can keep a
 data-dependent shortcut there and take the fixed-shape path on an accelerator.
 
-Counted: the call names in :data:`SYNC_CALLS`. Calls whose Python caller lives in ``torch/optim``
-are skipped: torch's own optimisers keep their step counters on the host on purpose. torch
-provides the mode; the counting is zsprob's.
+Counted: the call names in :data:`SYNC_CALLS`, and two copies from host memory that an accelerator
+waits for although no value is read back (both found with CUDA's sync debug mode on an H200):
+``torch.tensor`` / ``as_tensor`` of Python data with a ``device`` argument, and an indexed write of a
+Python number through a tensor index (``x[idx] = 1.0`` sends the number to the device first). Calls
+whose Python caller lives in ``torch/optim`` are skipped: torch's own optimisers keep their step
+counters on the host on purpose. torch provides the mode; the counting is zsprob's.
 """
 from __future__ import annotations
 
@@ -85,10 +88,24 @@ class HostSyncCounter(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = _call_name(func)
-        if name in SYNC_CALLS and not self._paused and not _caller_is_torch_optim():
+        if name not in SYNC_CALLS:
+            name = _host_copy(name, args, kwargs)
+        if name is not None and not self._paused and not _caller_is_torch_optim():
             self.by_name[name] += 1
             self.where[f"{_first_outside_torch()} {name}"] += 1
         return func(*args, **(kwargs or {}))
+
+
+def _host_copy(name: str, args, kwargs) -> str | None:
+    """The counted name of a call that copies host data to the tensor's device, or None."""
+    if name in ("tensor", "as_tensor") and (kwargs or {}).get("device") is not None and args \
+            and not isinstance(args[0], torch.Tensor):
+        return f"{name}(host data, device=)"
+    if name == "__setitem__" and len(args) == 3 and isinstance(args[2], (bool, int, float)):
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if any(isinstance(i, torch.Tensor) for i in index):
+            return "__setitem__(tensor index, number)"
+    return None
 
 
 def _first_outside_torch() -> str:
