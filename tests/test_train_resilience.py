@@ -91,6 +91,52 @@ def test_sigterm_finishes_the_step_checkpoints_exits_143_and_resumes_exactly(tin
     assert_same_losses(reference, read_losses(out))
 
 
+@pytest.mark.slow
+def test_ctrl_c_finishes_the_step_checkpoints_exits_130_and_resumes_exactly(tiny_world, reference, tmp_path):
+    """Ctrl-C in a terminal signals the whole foreground process group: the first SIGINT stops like a
+    pre-emption (the step finished, a checkpoint written), says so at once, and exits 130."""
+    out = tmp_path / "run"
+    args = pretrain_args(tiny_world, out, "--checkpoint-every", "0", steps=STEPS)
+    proc = subprocess.Popen([sys.executable, "-m", "zsprob", *args], env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+        time.sleep(0.01)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, (proc.returncode, stderr[-3000:])
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert lines[0].startswith("zsprob: Ctrl-C: stopping after step") and "again" in lines[0]
+    assert lines[1].startswith("zsprob: interrupted: stopped by SIGINT") and "--resume auto" in lines[1]
+    stopped = latest_step(out)
+    assert 2 <= stopped < STEPS and max(read_losses(out)) == stopped
+    zsprob_ok(*args, "--resume", "auto")
+    assert_same_losses(reference, read_losses(out))
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    """The first SIGINT is noted (the loop stops after its step); the handler then gives SIGINT back to
+    Python's default, so a second one raises KeyboardInterrupt (the CLI: "zsprob: interrupted", 130)."""
+    from zsprob.train.resilience import INTERRUPT_EXIT_CODE, StopSignals
+    before = signal.getsignal(signal.SIGINT)
+    with StopSignals(exit_code=143, step=4) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert stop.received == "SIGINT" and stop.code() == INTERRUPT_EXIT_CODE == 130
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    assert signal.getsignal(signal.SIGINT) is before
+    with StopSignals(exit_code=143) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stop.received == "SIGTERM" and stop.code() == 143
+
+
 def test_sigterm_to_the_whole_process_group_with_loader_workers_is_the_same_one_line(tiny_world, tmp_path):
     """A scheduler or `timeout` signals every process of the group, DataLoader workers too: they leave the stop
     to the main process (zsprob.utils.workers), which checkpoints as above; before, a worker killed by the

@@ -65,7 +65,8 @@ class Preempted(Exception):
     of the checkpoint written.
     """
 
-    def __init__(self, message: str, exit_code: int, step: int):
+    def __init__(self, message: str, exit_code: int, step: int, interrupted: bool = False):
         super().__init__(message)
         self.exit_code = int(exit_code)
         self.step = int(step)
+        self.interrupted = bool(interrupted)  # stopped by the user's Ctrl-C, not a scheduler

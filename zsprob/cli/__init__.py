@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except Preempted as e:
         if os.environ.get("RANK", "0") == "0":
-            click.echo(f"zsprob: pre-empted: {_one_line(e)}", err=True)
+            click.echo(f"zsprob: {'interrupted' if e.interrupted else 'pre-empted'}: {_one_line(e)}", err=True)
         sys.exit(e.exit_code)
     except (OSError, MemoryError, RuntimeError) as e:
         line = None if debug else _environment_error(e)

@@ -197,11 +197,11 @@ def stop_if_signalled(run: Run, stop: resilience.StopSignals, step_done: int, sa
         save_checkpoint(run, step_done)
     if run.log_with:
         run.acc.end_training()
-    code = int(run.cfg.train.requeue_exit_code)
+    code = stop.code()
     raise Preempted(f"stopped by {stop.received or 'a signal to another process'} after step {step_done} of "
                     f"{run.total_steps}; checkpoint {state.checkpoint_root(run.out) / f'step-{step_done:07d}'} "
                     f"written; run the same command with --resume auto to continue (exit code {code})",
-                    exit_code=code, step=step_done)
+                    exit_code=code, step=step_done, interrupted=stop.received == "SIGINT")
 
 
 def finish(run: Run, start_step: int, wall: float) -> dict:

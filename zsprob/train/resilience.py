@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -29,8 +30,10 @@ from zsprob.utils.paths import RUN_MARKERS
 
 #: environment variables torchrun's elastic agent sets in every worker
 ELASTIC_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
-#: signals treated as "pre-empted: checkpoint and exit"
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+#: signals treated as "pre-empted: checkpoint and exit"; SIGINT (Ctrl-C) too, the first one only
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+#: the exit code of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it)
+INTERRUPT_EXIT_CODE = 130
 #: the exit code of a pre-empted run unless ``--requeue-exit-code`` / ``train.requeue_exit_code`` says otherwise
 DEFAULT_REQUEUE_EXIT_CODE = 143
 FAULT_ENV = "ZSPROB_TEST_FAULT"
@@ -162,7 +165,12 @@ class StopSignals:
         self._old: dict = {}
 
     def _handler(self, signum, frame):
-        self.received = signal.Signals(signum).name
+        if signum == signal.SIGINT:  # the first Ctrl-C stops gracefully; the next one raises KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            if os.environ.get("RANK", "0") == "0":
+                print(f"\nzsprob: Ctrl-C: stopping after step {self.step + 1} with a checkpoint (press Ctrl-C "
+                      "again to stop at once, without one)", file=sys.stderr, flush=True)
+        self.received = self.received or signal.Signals(signum).name
         if self.waiting_since is not None and not self._armed:
             import time
             self._armed = True
@@ -177,7 +185,12 @@ class StopSignals:
         from zsprob.errors import Preempted
         return Preempted(f"stopped by {self.received} while waiting for training data (no batch within "
                          f"{DATA_WAIT_GRACE_S:.0f} s, at step {self.step}); no checkpoint written: "
-                         "--resume auto continues from the last one", exit_code=self.exit_code, step=self.step)
+                         "--resume auto continues from the last one", exit_code=self.code(), step=self.step,
+                         interrupted=self.received == "SIGINT")
+
+    def code(self) -> int:
+        """The exit code of this stop: 130 after Ctrl-C, else the requeue exit code."""
+        return INTERRUPT_EXIT_CODE if self.received == "SIGINT" else self.exit_code
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
