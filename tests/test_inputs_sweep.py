@@ -182,3 +182,80 @@ def test_the_demo_refuses_a_training_run_directory_and_a_setting_given_twice(wor
     one_line_error(_pretrain(world, tmp_path / "o", "--set", "model.sigma_head=block",
                              "--set", "model.overrides.sigma_head=unc"),
                    "model.sigma_head ('block') and model.overrides.sigma_head ('unc') are both set")
+
+
+# ----------------------------------------------------------------------------- a third sweep (2026-11-28)
+def _digest(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_posthoc_never_writes_into_the_model_it_reads_and_refuses_the_other_methods_options(world, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(world["ckpt"], run / "model")
+    before = _digest(run)
+    base = ["posthoc", "--checkpoint", run / "model", "--data", "synthetic", "--shards", world["root"] / "pretrain",
+            "--views", "1", "--steps", "1", "--batch-size", "4", "--threads", "1"]
+    one_line_error(run_cli(*base, "--out", run / "model"), "is the --checkpoint directory")
+    one_line_error(run_cli(*base, "--out", run, "--overwrite"), "--out (its model/)", "is the --checkpoint directory")
+    one_line_error(run_cli(*base, "--prior-precision", "1", "--out", tmp_path / "a"), "--prior-precision",
+                   "no effect with --method adapter")
+    one_line_error(run_cli(*base, "--method", "laplace", "--inclusion-alpha", "0.2", "--out", tmp_path / "b"),
+                   "--inclusion-alpha", "no effect with --method laplace")
+    assert _digest(run) == before and not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def _exportable(path: Path) -> Path:
+    from test_export import _tiny
+
+    from zsprob.models import save
+    return save(_tiny(), path)
+
+
+def test_export_and_convert_replace_only_their_own_kind_of_directory(tmp_path):
+    ckpt = _exportable(tmp_path / "ckpt")
+    before = _digest(ckpt)
+    one_line_error(run_cli("export", ckpt, "--out", ckpt, "--overwrite"), "is the checkpoint directory")
+    one_line_error(run_cli("export", ckpt, "--out", ckpt / "exp"), "is inside the checkpoint directory")
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "README.md").write_text("my notes\n")
+    one_line_error(run_cli("export", ckpt, "--out", user, "--overwrite"), "no earlier zsprob export")
+    assert (user / "README.md").read_text() == "my notes\n" and _digest(ckpt) == before
+    exported = tmp_path / "exported"
+    assert run_cli("export", ckpt, "--out", exported).returncode == 0
+    r = run_cli("export", ckpt, "--out", exported, "--overwrite")  # an earlier export: replaced
+    assert r.returncode == 0, r.stderr[-2000:]
+    other = _exportable(tmp_path / "other_ckpt")
+    one_line_error(run_cli("export", ckpt, "--out", other, "--overwrite"), "no earlier zsprob export")
+
+
+def test_convert_refuses_a_directory_holding_an_export(world, tmp_path):
+    from test_models_published import write_pcmepp_hf
+    write_pcmepp_hf(tmp_path / "published")
+    exported = tmp_path / "exported"
+    assert run_cli("export", _exportable(tmp_path / "ckpt"), "--out", exported).returncode == 0
+    before = _digest(exported)
+    one_line_error(run_cli("convert", tmp_path / "published", "--model", "pcmepp-tiny", "--out", exported,
+                           "--overwrite"), "holds an open_clip export")
+    assert _digest(exported) == before
+
+
+def test_a_flickr_split_file_given_to_coco_is_one_line(tmp_path):
+    from test_data_coco import make_coco
+    make_coco(tmp_path / "coco")
+    flickr = tmp_path / "dataset_flickr30k.json"
+    flickr.write_text(json.dumps({"dataset": "flickr30k", "images": [
+        {"imgid": 0, "filename": "1.jpg", "split": "train", "sentences": [{"raw": "a dog", "sentid": 0}] * 5}]}))
+    r = run_cli("finetune", "coco", "--root", tmp_path / "coco", "--karpathy-json", flickr,
+                "--out", tmp_path / "o", *tiny_model_args(), "--steps", "1", "--batch-size", "2", "--no-progress",
+                "--threads", "1", "--workers", "0")
+    one_line_error(r, "is not COCO's Karpathy split", "Flickr30k")
+
+
+def test_a_set_key_given_twice_or_with_an_empty_part_and_a_mirror_inside_the_run(world, tmp_path):
+    one_line_error(_pretrain(world, tmp_path / "a", "--set", "optim.lr=1e-3", "--set", "optim.lr=2e-3"),
+                   "both set optim.lr", "give it once")
+    one_line_error(_pretrain(world, tmp_path / "b", "--set", "optim..lr=1"), "empty part")
+    one_line_error(_pretrain(world, tmp_path / "c", "--remote-sync", tmp_path / "c" / "mirror"),
+                   "train.remote_sync", "give a mirror elsewhere")
+    assert not any((tmp_path / n).exists() and any((tmp_path / n).iterdir()) for n in "abc")

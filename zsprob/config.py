@@ -81,9 +81,12 @@ def apply_override(cfg: dict, item: str) -> None:
     if "=" not in item:
         raise UserError(f"override must look like key.sub=value, got {item!r}")
     key, value = item.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if not parts:
+    parts = key.strip().split(".")
+    if not key.strip():
         raise UserError(f"override has an empty key: {item!r}")
+    if not all(p.strip() for p in parts):
+        raise UserError(f"override {item!r}: the key has an empty part (two dots in a row, or a dot at an end)")
+    parts = [p.strip() for p in parts]
     node = cfg
     for p in parts[:-1]:
         if p not in node or node[p] is None:

@@ -27,6 +27,10 @@ def _refuse_out(source, out, tokenizer, overwrite: bool) -> None:
     if outp.is_dir() and any(outp.iterdir()) and not overwrite:
         raise UserError(f"--out {out} is not empty; pass --overwrite to replace what it holds (e.g. an earlier "
                         "conversion)")
+    from zsprob.models.export import CONFIG_NAME
+    if (outp / CONFIG_NAME).exists():  # loading the directory would find that model, not the conversion
+        raise UserError(f"--out {out} holds an open_clip export ({CONFIG_NAME}), which zsprob would load instead "
+                        "of the converted model; write to an empty or new directory")
 
 
 @click.command("convert")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from zsprob.cli.options import (eval_model_options, official_file_kwargs, refuse_overwriting_inputs, resolve_device,
-                                scoring_device_option)
+from zsprob.cli.options import (eval_model_options, official_file_kwargs, refuse_given, refuse_overwriting_inputs,
+                                resolve_device, scoring_device_option)
 from zsprob.cli.types import EMBEDDINGS, OUT_FILE, InPath
 
 SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
@@ -117,6 +117,9 @@ def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_s
     elif save_embeddings:
         raise UserError("--save-embeddings saves the embeddings a model computes; with --embeddings nothing is "
                         "computed (the file already holds them), so give one or the other")
+    else:  # what only encoding reads (the file's split is the one it was encoded from)
+        refuse_given("with --embeddings (they set how a model encodes; the file already holds the embeddings)",
+                     "workers", "precision", "batch_size", "split")
     _refuse_destroying_inputs(out, save_embeddings, {"--embeddings": embeddings}, checkpoint=checkpoint,
                               pretrained=pretrained, root=root)
     if embeddings is None:

@@ -9,7 +9,8 @@ import math
 
 import click
 
-from zsprob.cli.options import model_options, official_file_kwargs, resolve_device
+from zsprob.cli.options import (model_options, official_file_kwargs, refuse_given, refuse_overwriting_inputs,
+                                 resolve_device)
 from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, POSITIVE, InPath, Real
 
 NONNEG = Real(0.0, math.inf)
@@ -77,8 +78,18 @@ def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method,
         local = Path(str(shards)).expanduser()
         if local.is_dir() and not any(local.glob("*.tar")):  # before any model or feature work
             raise UserError(f"no *.tar shards in directory {local}")
-    if (Path(out) / "model").exists() and not overwrite:
-        raise UserError(f"{Path(out) / 'model'} exists; pass --overwrite to replace it")
+    if method == "laplace":
+        refuse_given("with --method laplace (they weigh terms of the adapter; laplace distils its posterior instead)",
+                     "inclusion_alpha", "same_length_alpha")
+    else:
+        refuse_given(f"with --method {method} (it is --method laplace's prior)", "prior_precision")
+    out_path = Path(out)
+    refuse_overwriting_inputs({"--out": out_path, "--out (its model/)": out_path / "model",
+                               "--out (its summary.json)": out_path / "summary.json",
+                               "--features": Path(feature_file) if feature_file else out_path / "features.safetensors"},
+                              {}, checkpoint=checkpoint, pretrained=pretrained)
+    if (out_path / "model").exists() and not overwrite:
+        raise UserError(f"{out_path / 'model'} exists; pass --overwrite to replace it")
     import torch
 
     from zsprob.posthoc import load_source

@@ -149,6 +149,14 @@ def refuse_flag_and_set(flags: list[str], sets: list[str], kw: dict) -> None:
     """One line when a flag and a ``--set`` write the same key (or ``--set`` replaces the section holding
     it): otherwise the later one would silently win."""
     from zsprob.errors import UserError
+    seen: dict[str, str] = {}
+    for item in sets:  # the same key twice, or a key and then a section that replaces it: the later would win
+        key = item.split("=", 1)[0].strip()  # (a section and then a key inside it refines it: allowed)
+        for other_key, other in seen.items():
+            if key == other_key or other_key.startswith(key + "."):
+                raise UserError(f"--set {other} and then --set {item} both set {other_key}; the later would "
+                                "replace the earlier: give it once")
+        seen[key] = item
     for item in sets:
         key = item.split("=", 1)[0].strip()
         for flag_item in flags:

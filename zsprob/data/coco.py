@@ -55,6 +55,17 @@ def _ws(s: str) -> str:
     return " ".join(s.split())
 
 
+def _check_coco_entries(entries: list, data: dict, kjson) -> None:
+    """One line when the split file's image entries are not COCO's (Flickr30k's Karpathy file has the same
+    layout, with ``imgid`` and no ``cocoid``)."""
+    lacking = next((im for im in entries if not isinstance(im, dict) or "cocoid" not in im or "filename" not in im),
+                   None)
+    if lacking is not None:
+        flickr = isinstance(lacking, dict) and str(data.get("dataset", "")).startswith("flickr")
+        raise UserError(f"{kjson} is not COCO's Karpathy split: an image entry has no 'cocoid' / 'filename' "
+                        f"(a {'Flickr30k' if flickr else 'another dataset'} file?); give dataset_coco.json")
+
+
 def _load_json(path: Path, what: str, hint: str):
     if not path.is_file():
         raise UserError(f"{what} not found: {path} ({hint})")
@@ -105,6 +116,7 @@ class CocoCaptions:
         entries = [im for im in data["images"] if im.get("split") in wanted]
         if not entries:
             raise UserError(f"no images with split {sorted(wanted)} in {kjson}")
+        _check_coco_entries(entries, data, kjson)
 
         self.image_ids: list[int] = []
         self.image_paths: list[Path] = []

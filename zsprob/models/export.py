@@ -123,11 +123,33 @@ def _file_info(path: Path) -> dict:
     return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def _check_out(out: Path, overwrite: bool) -> None:
+def _check_out(out: Path, overwrite: bool, checkpoint, eval_files) -> None:
+    """--out apart from the inputs, and empty unless --overwrite names an earlier export (nothing else is
+    replaced: a zsprob checkpoint or a user's folder that gained an export would load as another model)."""
+    from zsprob.utils.checks import check_outputs_apart
+
+    src = Path(checkpoint)
+    check_outputs_apart({"--out": out}, {**({} if src.is_dir() else {"the checkpoint": src}),
+                                         **{f"--eval-file {f}": f for f in eval_files}},
+                        {"checkpoint": src} if src.is_dir() else None)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"--out {out} is not empty; pass --overwrite to replace an earlier export there")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise UserError(f"--out {out} is not empty; pass --overwrite to replace an earlier export there")
+        if not is_export_dir(out):
+            raise UserError(f"--out {out} holds files but no earlier zsprob export (its {CONFIG_NAME}); "
+                            "--overwrite replaces an export only: write to an empty or new directory")
+
+
+def is_export_dir(path: Path) -> bool:
+    """Whether ``path`` holds a directory written by :func:`export_open_clip` (and no zsprob checkpoint)."""
+    try:
+        doc = json.loads((Path(path) / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    z = doc.get("zsprob") if isinstance(doc, dict) else None
+    return isinstance(z, dict) and z.get("format") == EXPORT_FORMAT and not (Path(path) / "zsprob.json").exists()
 
 
 def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool = False,
@@ -147,7 +169,7 @@ def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool
     check_format(fmt)
     out = Path(out)
     model = _load_source(checkpoint)
-    _check_out(out, overwrite)
+    _check_out(out, overwrite, checkpoint, eval_files)
     evals = [_read_eval_file(f) for f in eval_files]
     _check_made_with(evals, model, checkpoint)
     src = Path(checkpoint)

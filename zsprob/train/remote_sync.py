@@ -49,6 +49,11 @@ class RemoteSync:
                             f"use {remote.KNOWN_HINT}")
         self.url = str(url).rstrip("/")
         self.out = Path(out)
+        if remote.is_local(self.url):  # a mirror that is the run (or holds it, or lies in it) copies onto itself
+            mirror, run = Path(remote.local_path(self.url)).resolve(), self.out.resolve()
+            if mirror == run or run in mirror.parents or mirror in run.parents:
+                raise UserError(f"train.remote_sync {url!r} is the run directory {out}, or holds it, or lies "
+                                "inside it: give a mirror elsewhere")
         self.fs, self.root = remote.url_fs(self.url)
         self.root = self.root.rstrip("/")
         self._sent: dict[str, tuple[int, int]] = {}
