@@ -259,3 +259,21 @@ def test_a_set_key_given_twice_or_with_an_empty_part_and_a_mirror_inside_the_run
     one_line_error(_pretrain(world, tmp_path / "c", "--remote-sync", tmp_path / "c" / "mirror"),
                    "train.remote_sync", "give a mirror elsewhere")
     assert not any((tmp_path / n).exists() and any((tmp_path / n).iterdir()) for n in "abc")
+
+
+def test_a_classes_file_of_another_length_is_refused_before_encoding_on_a_line_of_its_own(world, tmp_path):
+    """With stderr a pipe (a log), no self-erasing progress bar runs into the error line."""
+    names = tmp_path / "classes.txt"
+    names.write_text("circle\nsquare\n")
+    r = run_cli("zeroshot", "synthetic", "--checkpoint", world["ckpt"], "--root", world["root"], "--device", "cpu",
+                "--workers", "0", "--topk", "all", "--classes", names, "--out", tmp_path / "zs" / "r.json")
+    one_line_error(r, "--classes", "names 2 classes")
+    assert "\r" not in r.stderr and not (tmp_path / "zs").exists()
+
+
+def test_transient_bars_are_off_when_the_command_line_logs_to_a_file(monkeypatch):
+    from zsprob.models.encode import transient_bars
+    monkeypatch.delenv("ZSPROB_TRANSIENT_BARS", raising=False)
+    assert transient_bars(True) and not transient_bars(False)
+    monkeypatch.setenv("ZSPROB_TRANSIENT_BARS", "0")
+    assert not transient_bars(True)

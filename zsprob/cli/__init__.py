@@ -174,6 +174,8 @@ def _log_lines() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the group, mapping user errors to one line and exit code 2."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if not sys.stderr.isatty():  # a log file or pipe: no self-erasing bars (zsprob.models.encode.transient_bars)
+        os.environ.setdefault("ZSPROB_TRANSIENT_BARS", "0")
     debug = _debug_asked(args)
     if not debug:
         warnings.showwarning = _warning_line

@@ -10,6 +10,7 @@ workers or precision; ``logvar`` is None for deterministic models.
 """
 from __future__ import annotations
 
+import os
 from typing import Iterable, Sequence
 
 import torch
@@ -93,8 +94,15 @@ def encode_images(model, dataset_or_loader, *, batch_size: int = 256, device=Non
     else:
         loader = image_loader(dataset_or_loader, batch_size=batch_size, device=device, num_workers=num_workers)
     batches = (_images_of(batch).to(device, non_blocking=True)
-               for batch in tqdm(loader, desc="encode images", disable=not progress, leave=False))
+               for batch in tqdm(loader, desc="encode images", disable=not transient_bars(progress), leave=False))
     return _encode_all(model, model.encode_image, batches, device, precision, with_sigma)
+
+
+def transient_bars(progress: bool) -> bool:
+    """Whether to show a progress bar that erases itself when done (``leave=False``). The command line
+    turns them off (``ZSPROB_TRANSIENT_BARS=0``) when its stderr is a file or a pipe: there the bar's
+    carriage returns leave no line break, and a later ``zsprob: error:`` line would follow it on the same line."""
+    return bool(progress) and os.environ.get("ZSPROB_TRANSIENT_BARS", "1") != "0"
 
 
 @torch.no_grad()
@@ -111,8 +119,8 @@ def encode_texts(model, texts: Sequence[str] | torch.Tensor, *, batch_size: int 
         raise UserError("encode_texts expects a list of captions, not a single string")
     device = torch.device(device) if device is not None else _device_of(model)
     chunks = (texts[start:start + batch_size]
-              for start in tqdm(range(0, len(texts), batch_size), desc="encode texts", disable=not progress,
-                                leave=False))
+              for start in tqdm(range(0, len(texts), batch_size), desc="encode texts",
+                                disable=not transient_bars(progress), leave=False))
     batches = ((chunk if isinstance(chunk, torch.Tensor) else model.tokenizer(list(chunk))).to(device)
                for chunk in chunks)
     return _encode_all(model, model.encode_text, batches, device, precision, with_sigma)

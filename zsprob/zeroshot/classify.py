@@ -61,6 +61,19 @@ def check_selection_classes(selected, dataset, source) -> None:
                     f"in the dataset ({len(wrong)} of {len(dataset)} differ); run zsprob select-prompts on this dataset")
 
 
+def _check_class_count(classnames, dataset: str, ev) -> None:
+    """One line when a --classes file names another number of classes than the evaluation split has (a
+    folder dataset matches names to its folders instead, in :func:`prepare`)."""
+    if classnames is None or dataset == "folder":
+        return
+    from zsprob.zeroshot.prompts import load_classnames
+
+    n_names, n_eval = len(load_classnames(classnames)), len(load_split(*ev).classnames)
+    if n_names != n_eval:
+        raise UserError(f"--classes {classnames} names {n_names} classes, the dataset has {n_eval}: give one name per "
+                        "class, in the dataset's order")
+
+
 def load_selection(path):
     from zsprob.utils.io import read_json
     from zsprob.zeroshot.selection import Selection
@@ -472,6 +485,7 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
         check_selection_classes(sel.classnames, load_split(*ev).classnames, prompts)  # before any image is encoded
         sel_doc = {"file": str(prompts)}
     else:
+        _check_class_count(classnames, dataset, ev)  # before any image or prompt is encoded
         sel, _doc = run_selection(model, dataset, root, strategy=strategy, k=k, select_root=select_root,
                                   templates=templates, classnames=classnames, cache_dir=cache_dir,
                                   k_values=k_values, threshold_c=threshold_c, beta=beta, batch_size=batch_size,
