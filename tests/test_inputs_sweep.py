@@ -229,7 +229,7 @@ def test_export_and_convert_replace_only_their_own_kind_of_directory(tmp_path):
     one_line_error(run_cli("export", ckpt, "--out", other, "--overwrite"), "no earlier zsprob export")
 
 
-def test_convert_refuses_a_directory_holding_an_export(world, tmp_path):
+def test_convert_refuses_a_directory_holding_an_export(tmp_path):
     from test_models_published import write_pcmepp_hf
     write_pcmepp_hf(tmp_path / "published")
     exported = tmp_path / "exported"

@@ -49,6 +49,25 @@ def zsprob_ok(*args: str) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+def signal_after_two_steps(args: list[str], out: Path, sig, group: bool):
+    """Start `zsprob` with ``args``, send ``sig`` once OUT/metrics.jsonl has two records (to the process, or
+    with ``group`` to its whole process group, as a terminal's Ctrl-C or a scheduler does); (proc, stdout, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "zsprob", *args], env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=group)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+            break
+        time.sleep(0.01)
+    stdout, stderr = proc.communicate(timeout=300)
+    return proc, stdout, stderr
+
+
 def latest_step(run: Path) -> int:
     return json.loads((run / "checkpoints" / "latest.json").read_text())["step"]
 
@@ -72,16 +91,7 @@ def test_sigterm_finishes_the_step_checkpoints_exits_143_and_resumes_exactly(tin
     out = tmp_path / "run"
     # no periodic checkpoint: the one after the signal is the only one
     args = pretrain_args(tiny_world, out, "--checkpoint-every", "0", steps=STEPS)
-    proc = subprocess.Popen([sys.executable, "-m", "zsprob", *args], env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 300
-    while proc.poll() is None and time.time() < deadline:
-        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
-            proc.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.01)
-    stdout, stderr = proc.communicate(timeout=300)
+    proc, stdout, stderr = signal_after_two_steps(args, out, signal.SIGTERM, group=False)
     assert proc.returncode == 143, (proc.returncode, stderr[-3000:])
     assert stderr.strip().count("\n") == 0 and "pre-empted" in stderr and "--resume auto" in stderr
     stopped = latest_step(out)
@@ -97,16 +107,7 @@ def test_ctrl_c_finishes_the_step_checkpoints_exits_130_and_resumes_exactly(tiny
     pre-emption (the step finished, a checkpoint written), says so at once, and exits 130."""
     out = tmp_path / "run"
     args = pretrain_args(tiny_world, out, "--checkpoint-every", "0", steps=STEPS)
-    proc = subprocess.Popen([sys.executable, "-m", "zsprob", *args], env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 300
-    while proc.poll() is None and time.time() < deadline:
-        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
-            os.killpg(proc.pid, signal.SIGINT)
-            break
-        time.sleep(0.01)
-    stdout, stderr = proc.communicate(timeout=300)
+    proc, stdout, stderr = signal_after_two_steps(args, out, signal.SIGINT, group=True)
     assert proc.returncode == 130, (proc.returncode, stderr[-3000:])
     lines = stderr.strip().splitlines()
     assert len(lines) == 2 and "Traceback" not in stderr, stderr[-3000:]
@@ -144,16 +145,7 @@ def test_sigterm_to_the_whole_process_group_with_loader_workers_is_the_same_one_
     out = tmp_path / "run"
     args = pretrain_args(tiny_world, out, "--checkpoint-every", "0", "--workers", "1", steps=400)
     args[args.index("--workers") + 1] = "1"  # the base arguments' --workers 0 too
-    proc = subprocess.Popen([sys.executable, "-m", "zsprob", *args], env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    metrics = out / "metrics.jsonl"
-    deadline = time.time() + 300
-    while proc.poll() is None and time.time() < deadline:
-        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
-            os.killpg(proc.pid, signal.SIGTERM)
-            break
-        time.sleep(0.01)
-    stdout, stderr = proc.communicate(timeout=300)
+    proc, stdout, stderr = signal_after_two_steps(args, out, signal.SIGTERM, group=True)
     assert proc.returncode == 143, (proc.returncode, stderr[-3000:])
     assert stderr.strip().count("\n") == 0 and "pre-empted" in stderr and "Traceback" not in stderr, stderr[-3000:]
     assert latest_step(out) >= 2
