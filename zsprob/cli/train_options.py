@@ -123,6 +123,7 @@ def flag_overrides(kw: dict) -> list[str]:
 def resolve_run_config(kw: dict, extra: list[str], default_config: str | None):
     """Recipe (or the run's saved config.yaml when resuming without --config) + flags + --set."""
     from zsprob.train import load_train_config
+    from zsprob.train.defaults import resolve_config
     path = kw.get("config_path")
     out = Path(kw["out"])
     if path is None and resuming(kw) and (out / "config.yaml").is_file():
@@ -131,7 +132,7 @@ def resolve_run_config(kw: dict, extra: list[str], default_config: str | None):
         path = default_config
     flags, sets = flag_overrides(kw), list(kw.get("overrides") or ())
     refuse_flag_and_set(flags, sets, kw)
-    return load_train_config(path, extra + flags + sets)
+    return resolve_config(load_train_config(path, extra + flags + sets), out)  # every check, before torch
 
 
 #: the flag that writes each config key (``flag_overrides``), for the messages
@@ -178,11 +179,11 @@ def resuming(kw: dict) -> bool:
 
 
 def run(cfg, kw: dict, hooks=()) -> dict:
-    from zsprob.train.loop import train
+    from zsprob.train.loop import train_resolved
     resume = kw.get("resume_from") or kw.get("resume")
     try:
-        summary = train(cfg, kw["out"], resume=resume, eval_hooks=hooks, progress=not kw.get("no_progress"),
-                        overwrite=bool(kw.get("overwrite")))
+        summary = train_resolved(cfg, kw["out"], resume=resume, eval_hooks=hooks, progress=not kw.get("no_progress"),
+                                 overwrite=bool(kw.get("overwrite")))
     finally:
         # under torchrun / accelerate launch: leave the process group cleanly (gloo can abort at exit otherwise)
         import torch.distributed as dist

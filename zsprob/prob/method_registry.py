@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from zsprob.errors import UserError
@@ -61,6 +62,9 @@ class Method:
 
 _REGISTRY: dict[str, Method] = {}
 _ALIASES: dict[str, str] = {}
+#: every entry by its registered name, read-only (a resolved training config's ``method`` is one of
+#: these names; :func:`get_method` also forgives case, ``_`` and the aliases, with a one-line error)
+METHOD_ENTRIES: Mapping[str, Method] = MappingProxyType(_REGISTRY)
 
 
 def _key(name) -> str:

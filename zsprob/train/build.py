@@ -24,7 +24,7 @@ from zsprob.config import Config
 from zsprob.data.captions import SHARD_KINDS
 from zsprob.data.flickr import KARPATHY_KINDS
 from zsprob.errors import UserError
-from zsprob.prob.method_registry import get_method
+from zsprob.prob.method_registry import METHOD_ENTRIES
 from zsprob.train import accumulate, optim, resilience
 from zsprob.train.data import (BatchSource, CocoSource, WdsSource, count_samples_synthetic, resolve_shards,
                                shard_options)
@@ -48,7 +48,7 @@ def build_model(cfg: Config):
                 "sigma_shape", "weights"):
         if m.get(key) is not None:
             kw[key] = m[key]
-    method = get_method(cfg.method)
+    method = METHOD_ENTRIES[cfg.method]  # the config is resolved: a registered name
     unset = {k: v for k, v in method.model_defaults(cfg).items() if kw.get(k) is None}
     if unset and not _is_zsprob_checkpoint(m.pretrained):  # e.g. PCME's official head: log sigma
         kw.update(unset)
@@ -244,19 +244,15 @@ def compile_model(model: nn.Module, device: torch.device) -> None:
 
 
 def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: BatchSource | None = None,
-              hooks: Iterable = (), sync=None) -> Run:
-    """Every part of the run ``cfg`` describes, built once, with the step of its method (``sync``: the run
-    directory's remote mirror, :func:`zsprob.train.remote_sync.for_run`)."""
+              hooks: Iterable = ()) -> Run:
+    """Every part of the run ``cfg`` describes, built once, with the step of its method (the run
+    directory's remote mirror, :func:`zsprob.train.remote_sync.for_run`, is added by the loop)."""
     from zsprob.train import jwae_step
 
-    jwae = get_method(cfg.method).step_kind == "jwae"  # autoencoders + prior discriminator: its own parts and step
+    jwae = METHOD_ENTRIES[cfg.method].step_kind == "jwae"  # autoencoders + prior discriminator: its own parts and step
     builder, step_fn = (jwae_step.build, jwae_step.one_step) if jwae else (build_parts, one_step)
     model, loss_fn, source, plan, step_module, optimizer, schedule = builder(cfg, acc, source)
-    accum_steps = 1
-    if not jwae:
-        accum_steps = accumulate.check_accum_steps(cfg.train.accum_steps, source.local_batch_size)
-    elif cfg.train.accum_steps != 1:
-        raise UserError(f"train.accum_steps applies to the pairwise losses, not to --method {cfg.method}")
+    accum_steps = 1 if jwae else accumulate.check_accum_steps(cfg.train.accum_steps, source.local_batch_size)
     if cfg.train.compile:
         compile_model(model, acc.device)
     source.configure(device=acc.device)  # loaders pin their batches for CUDA
@@ -269,4 +265,4 @@ def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: Batc
     return Run(cfg=cfg, out=out, acc=acc, log_with=log_with, step_module=step_module, raw=raw, optimizer=optimizer,
                schedule=schedule, swa=swa, source=source, cursor=cursor, total_steps=plan.total_steps,
                hooks=list(hooks), step_fn=step_fn, clip_sets=clip_sets, accum_steps=accum_steps, text_aug=text_aug,
-               label_smoothing=label_smoothing, loss_scale=plan.loss_scale, sync=sync, warmup_steps=plan.warmup)
+               label_smoothing=label_smoothing, loss_scale=plan.loss_scale, warmup_steps=plan.warmup)

@@ -10,11 +10,13 @@ set and the epoch length is known (map-style COCO, ``data.samples_per_epoch``, o
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
 from zsprob.errors import UserError
-from zsprob.prob.method_registry import default_loss_options, method_names
+from zsprob.prob.method_registry import METHOD_ENTRIES, default_loss_options, method_names
+from zsprob.train.remote_sync import check_target
 from zsprob.utils.checks import ConfigRules, check_config, check_flags
 
 DEFAULTS: dict = {
@@ -229,17 +231,23 @@ def with_defaults(cfg: Any = None) -> TrainConfig:
     return TrainConfig(to_config(deep_merge(DEFAULTS, dict(cfg or {}))))
 
 
-def resolve_config(cfg: Any) -> TrainConfig:
+def resolve_config(cfg: Any, out: str | os.PathLike | None = None) -> TrainConfig:
     """The one place a run's config is resolved, in one descent: :data:`DEFAULTS` <- ``cfg`` (unless ``cfg``
     already has them: :func:`with_defaults`), then every check: :data:`RULES` (counts, known keys, finite
-    floats, one run length), the method, every true / false key and the precision."""
+    floats, one run length), the method, every true / false key and the precision; with the run
+    directory ``out``, also ``train.remote_sync`` against it (:func:`zsprob.train.remote_sync.check_target`).
+    A resolved config is trusted from here on: the loop builds from it without checking it again."""
     cfg = with_defaults(cfg)
     check_config(cfg, RULES)
     if cfg.method not in method_names():
         raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(method_names())}")
+    if METHOD_ENTRIES[cfg.method].step_kind != "pairwise" and cfg.train.accum_steps != 1:
+        raise UserError(f"train.accum_steps applies to the pairwise losses, not to --method {cfg.method}")
     check_flags(cfg, DEFAULTS)  # every true / false key (data.augment, optim.fused, msda.enabled, ...)
     if cfg.train.precision not in PRECISIONS:
         raise UserError(f"train.precision must be fp32, bf16 or fp16, got {cfg.train.precision!r}")
+    if out is not None and cfg.train.remote_sync:
+        check_target(cfg.train.remote_sync, out)
     return cfg
 
 

@@ -13,9 +13,11 @@ One step (:mod:`zsprob.train.step`; ``--method jwae``: :mod:`zsprob.train.jwae_s
 
 The run, one named function per line (:func:`train`)::
 
-    cfg <- resolve_config(cfg)                (zsprob.train.defaults: defaults merged, every key checked)
+    cfg <- resolve_config(cfg, out)           (zsprob.train.defaults: defaults merged, every key checked)
+    train_resolved(cfg, out): claim out       (the command line enters here, its config resolved)
     accelerator <- make_accelerator(cfg, out)                     (zsprob.train.build)
     run <- build_run(cfg, ...)            (model, loss, source, schedule plan, optimiser, SWA, the step)
+    run.sync <- remote_sync.for_run(...)       (train.remote_sync: write probe; resuming: pull first)
     restore_state(run, resume directory)                          (when resuming: zsprob.train.checkpoints)
     run_steps: for step in start..run.total_steps:                (SIGTERM / SIGUSR1 caught: StopSignals)
         run.step_fn(run, step)                                    (next_batch, forward, backward, update)
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -53,7 +56,7 @@ from zsprob.train import remote_sync, resilience, state
 from zsprob.train.build import build_run, make_accelerator
 from zsprob.train.checkpoints import restore_state, save_checkpoint, save_model
 from zsprob.train.data import BatchSource
-from zsprob.train.defaults import resolve_config
+from zsprob.train.defaults import TrainConfig, resolve_config
 from zsprob.train.logs import current_lrs, log_record, run_hooks
 from zsprob.train.run import Run
 from zsprob.train.schedule import warn_if_warmup_fills
@@ -81,9 +84,20 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
     SIGTERM / SIGUSR1 during the steps: the current step finishes, a checkpoint is written and
     :class:`zsprob.errors.Preempted` is raised (``train.requeue_exit_code`` is its exit code).
     """
-    cfg = resolve_config(cfg)
+    return train_resolved(resolve_config(cfg, out), out, resume=resume, source=source, eval_hooks=eval_hooks,
+                          progress=progress, overwrite=overwrite)
+
+
+def train_resolved(cfg: TrainConfig, out: str | os.PathLike, *, resume: bool | str | None = None,
+                   source: BatchSource | None = None, eval_hooks: Iterable[EvalHook] = (), progress: bool = True,
+                   overwrite: bool = False) -> dict:
+    """:func:`train` for a config :func:`~zsprob.train.defaults.resolve_config` has resolved with this
+    ``out`` already (the command line resolves its own before it imports torch): nothing is checked again."""
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError("train_resolved() takes the TrainConfig of resolve_config(cfg, out); train() takes any config")
     out = Path(out)
-    lock = resilience.claim_run_dir(out, resume, overwrite, main=os.environ.get("RANK", "0") == "0")
+    lock = resilience.claim_run_dir(out, resume, overwrite, main=os.environ.get("RANK", "0") == "0",
+                                    mirrored=bool(cfg.train.remote_sync))
     try:
         return _train(cfg, out, resume, source, eval_hooks, progress)
     finally:
@@ -97,9 +111,10 @@ def _train(cfg, out: Path, resume, source, eval_hooks, progress: bool) -> dict:
     acc, log_with = make_accelerator(cfg, out)
     try:
         state.seed_everything(int(cfg.seed) + acc.process_index)
-        sync = remote_sync.for_run(cfg, out, acc, resume)  # may pull the remote's latest checkpoint first
+        run = build_run(cfg, out, acc, log_with, source=source, hooks=eval_hooks)
+        # the mirror: its write probe, then (resuming) a newer remote checkpoint pulled before the search
+        run = replace(run, sync=remote_sync.for_run(cfg, out, acc, resume))
         ckpt_dir = resilience.find_resume_dir(resume, out)
-        run = build_run(cfg, out, acc, log_with, source=source, hooks=eval_hooks, sync=sync)
         start_step = 0
         if ckpt_dir is not None and resilience.check_resume_target(
                 resilience.checkpoint_step(ckpt_dir), run.total_steps, ckpt_dir, out):

@@ -20,7 +20,8 @@ order that keeps the remote consistent at every moment:
 A reader of the remote therefore finds either the previous checkpoint or the new one, never a
 partial one. Hidden files (temporary checkpoint directories, atomic-write temporaries) are never
 copied. A copy that fails during training is a warning and is retried at the next checkpoint; a
-remote that cannot be written at the start is a UserError.
+remote that cannot be written before the first step is a UserError (a URL that cannot hold the
+mirror is refused earlier, with the config: :func:`check_target`).
 """
 from __future__ import annotations
 
@@ -39,21 +40,28 @@ from zsprob.utils.io import atomic_write_json
 POINTER = "checkpoints/latest.json"
 
 
+def check_target(url: str, out: str | os.PathLike) -> None:
+    """One UserError line unless ``url`` can hold the mirror of the run directory ``out``: a scheme
+    fsspec can open here (not ``pipe:``), and a local mirror apart from ``out`` (neither the run, nor
+    holding it, nor inside it). Reads nothing remote, so a run checks it with its config, before it
+    builds anything (:func:`zsprob.train.defaults.resolve_config`)."""
+    if remote.check_url(str(url), "train.remote_sync") == "pipe":
+        raise UserError(f"train.remote_sync: a pipe: command cannot hold checkpoints ({url!r}); "
+                        f"use {remote.KNOWN_HINT}")
+    if remote.is_local(str(url).rstrip("/")):  # a mirror that is the run (or holds it, or lies in it) copies onto itself
+        mirror, run = Path(remote.local_path(str(url).rstrip("/"))).resolve(), Path(out).resolve()
+        if mirror == run or run in mirror.parents or mirror in run.parents:
+            raise UserError(f"train.remote_sync {url!r} is the run directory {out}, or holds it, or lies "
+                            "inside it: give a mirror elsewhere")
+
+
 class RemoteSync:
     """Mirror of one local run directory ``out`` at ``url``."""
 
     def __init__(self, url: str, out: str | os.PathLike):
-        kind = remote.check_url(str(url), "train.remote_sync")
-        if kind == "pipe":
-            raise UserError(f"train.remote_sync: a pipe: command cannot hold checkpoints ({url!r}); "
-                            f"use {remote.KNOWN_HINT}")
+        check_target(url, out)
         self.url = str(url).rstrip("/")
         self.out = Path(out)
-        if remote.is_local(self.url):  # a mirror that is the run (or holds it, or lies in it) copies onto itself
-            mirror, run = Path(remote.local_path(self.url)).resolve(), self.out.resolve()
-            if mirror == run or run in mirror.parents or mirror in run.parents:
-                raise UserError(f"train.remote_sync {url!r} is the run directory {out}, or holds it, or lies "
-                                "inside it: give a mirror elsewhere")
         self.fs, self.root = remote.url_fs(self.url)
         self.root = self.root.rstrip("/")
         self._sent: dict[str, tuple[int, int]] = {}
@@ -182,4 +190,4 @@ def for_run(cfg: Any, out: Path, acc: Any, resume: Any) -> RemoteSync | None:
     return sync if acc.is_main_process else None
 
 
-__all__ = ["RemoteSync", "for_run", "POINTER"]
+__all__ = ["RemoteSync", "check_target", "for_run", "POINTER"]

@@ -369,9 +369,13 @@ class RunLock:
             self.held = False
 
 
-def claim_run_dir(out: Path, resume, overwrite: bool, main: bool) -> RunLock | None:
+def claim_run_dir(out: Path, resume, overwrite: bool, main: bool, mirrored: bool = False) -> RunLock | None:
     """Before a run writes anything: the lock (main process), the reuse rule (:func:`check_reuse`) and,
-    with ``overwrite``, the old run's files removed (main process). Returns the held lock (main)."""
+    with ``overwrite``, the old run's files removed (main process). Returns the held lock (main).
+    A ``resume`` that names no checkpoint is one line here, before anything is built, unless the run has
+    a remote mirror (``mirrored``: its pull may bring one; the loop looks after the pull)."""
+    if not mirrored:
+        find_resume_dir(resume, out)
     if not main:
         check_reuse(out, resume, overwrite)
         return None
