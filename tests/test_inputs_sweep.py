@@ -277,3 +277,35 @@ def test_transient_bars_are_off_when_the_command_line_logs_to_a_file(monkeypatch
     assert transient_bars(True) and not transient_bars(False)
     monkeypatch.setenv("ZSPROB_TRANSIENT_BARS", "0")
     assert not transient_bars(True)
+
+
+@pytest.mark.parametrize("command, words", [
+    (("select-prompts", "--dataset", "synthetic", "--strategy", "all", "--beta", "2"),
+     ("--beta has no effect with --strategy all", "fusion")),
+    (("select-prompts", "--dataset", "synthetic", "--topk", "5", "--k-grid", "1-10"),
+     ("--k-grid has no effect with --strategy topk", "auto")),
+    (("select-prompts", "--dataset", "synthetic", "--strategy", "fusion", "--threshold-c", "2"),
+     ("--threshold-c has no effect with --strategy fusion", "threshold")),
+    (("zeroshot", "synthetic", "--topk", "all", "--k-grid", "1-3"), ("--k-grid has no effect with --strategy all",)),
+    (("zeroshot", "synthetic", "--unc-weight", "1"), ("--unc-weight has no effect with --score cosine",)),
+    (("zeroshot", "synthetic", "--compare", "--score", "unc", "--unc-weight", "1"),
+     ("--unc-weight has no effect under --compare",)),
+])
+def test_a_tuning_option_the_strategy_or_score_never_reads_is_refused(world, tmp_path, command, words):
+    """The strategy registry says which strategies read --k-grid / --threshold-c / --beta; given to another
+    strategy (or --unc-weight without --score unc), the option would be silently ignored."""
+    r = run_cli(*command, "--checkpoint", world["ckpt"], "--root", world["root"], "--device", "cpu",
+                "--out", tmp_path / "o" / "r.json")
+    one_line_error(r, *words)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_tuning_options_are_taken_by_the_strategies_that_read_them(world, tmp_path):
+    from zsprob.zeroshot.strategy_registry import get_strategy, readers_of
+    assert "fusion" in readers_of("beta") and "threshold" in readers_of("threshold_c")
+    assert set(readers_of("k_grid")) >= {"auto", "global", "oracle"} and not get_strategy("all").options
+    r = run_cli("select-prompts", "--dataset", "synthetic", "--strategy", "fusion", "--beta", "2",
+                "--checkpoint", world["ckpt"], "--root", world["root"], "--device", "cpu", "--workers", "0",
+                "--out", tmp_path / "s.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "s.json").read_text())["how"]["beta"] == 2.0

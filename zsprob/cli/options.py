@@ -170,6 +170,19 @@ def refuse_unused_shots(strategy: str | None, compare: bool) -> None:
                  "shots", "shots_split")
 
 
+def refuse_unread_tuning(strategy: str, compare: bool, names=("k_grid", "threshold_c", "beta")) -> None:
+    """``--k-grid`` / ``--threshold-c`` / ``--beta`` act on the strategies whose registry entry reads them
+    (under --compare, on any strategy compared): one given to another strategy is one line naming its readers."""
+    from zsprob.zeroshot.strategy_registry import compare_order, get_strategy, readers_of
+
+    read = {option for name in (compare_order() if compare else (strategy,)) for option in get_strategy(name).options}
+    for option in names:
+        if option not in read:
+            readers = ", ".join(readers_of(option))
+            refuse_given(f"{'under --compare' if compare else f'with --strategy {strategy}'} "
+                         f"(strategies that read it: {readers})", option)
+
+
 #: a zsprob checkpoint's two files (zsprob.models.checkpoint.WEIGHTS_NAME / META_NAME; no torch here)
 CHECKPOINT_FILES = ("model.safetensors", "zsprob.json")
 

@@ -71,7 +71,9 @@ class Strategy:
     ``needs_k``: takes a K from the user (``--topk N``); ``compare``: its rank in ``--compare``
     (smaller first), ``None`` to leave it out; ``run``: ``run(bank, StrategyInputs) -> Selection``;
     ``shots``: a few-shot strategy whose labelled images (``needs`` SELECTION_LABELS) come from the
-    split the user names (``--shots-split``; the evaluation split only with ``--allow-eval-shots``).
+    split the user names (``--shots-split``; the evaluation split only with ``--allow-eval-shots``);
+    ``options``: the tuning options of :data:`TUNING_OPTIONS` it reads (the command line refuses one
+    given to a strategy that would ignore it).
     """
 
     name: str
@@ -82,6 +84,7 @@ class Strategy:
     compare: int | None = None
     run: Callable | None = None
     shots: bool = False
+    options: tuple[str, ...] = ()
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -136,9 +139,15 @@ class Strategy:
 
 _REGISTRY: dict[str, Strategy] = {}
 
+#: the tuning options a strategy may read: the K grid of the searches, the threshold rule's c, fusion's beta
+#: (the ``StrategyInputs`` fields ``k_values``, ``threshold_c``, ``beta``; on the command line --k-grid,
+#: --threshold-c, --beta)
+TUNING_OPTIONS = ("k_grid", "threshold_c", "beta")
+
 
 def register_strategy(name: str, *, run: Callable | None = None, needs=(), uses=(), sigma: bool = False,
-                      needs_k: bool = False, compare: int | None = None, shots: bool = False) -> Strategy:
+                      needs_k: bool = False, compare: int | None = None, shots: bool = False,
+                      options=()) -> Strategy:
     """Add a strategy (its name last in the ``--strategy`` choices); returns its entry.
 
     ``run`` may be attached later by :func:`strategy_runner` (the built-ins do so from
@@ -155,7 +164,10 @@ def register_strategy(name: str, *, run: Callable | None = None, needs=(), uses=
         raise ValueError(f"strategy {name!r} needs K, which --compare does not pass: use compare=None")
     if shots and SELECTION_LABELS not in needs:
         raise ValueError(f"strategy {name!r}: a few-shot strategy needs its shots (SELECTION_LABELS)")
-    entry = Strategy(name, needs, uses, bool(sigma), bool(needs_k), compare, run, bool(shots))
+    options = tuple(options)
+    if any(option not in TUNING_OPTIONS for option in options):
+        raise ValueError(f"strategy {name!r}: options must be among {TUNING_OPTIONS}, got {options}")
+    entry = Strategy(name, needs, uses, bool(sigma), bool(needs_k), compare, run, bool(shots), options)
     _REGISTRY[name] = entry
     return entry
 
@@ -214,6 +226,11 @@ def sigma_strategies() -> tuple[str, ...]:
     return tuple(name for name, entry in _REGISTRY.items() if entry.sigma)
 
 
+def readers_of(option: str) -> tuple[str, ...]:
+    """The strategies that read the tuning option ``option`` (one of :data:`TUNING_OPTIONS`)."""
+    return tuple(name for name, entry in _REGISTRY.items() if option in entry.options)
+
+
 def strategies_without_runner() -> list[str]:
     return [name for name, entry in _REGISTRY.items() if entry.run is None]
 
@@ -231,10 +248,10 @@ def __getattr__(name):  # the old constant names, read live from the registry
 register_strategy("all", compare=10)
 register_strategy("single", compare=20)
 register_strategy("topk", sigma=True, needs_k=True)
-register_strategy("global", needs=(SELECTION_LABELS,), sigma=True, compare=30)
-register_strategy("auto", uses=(SELECTION_LABELS,), sigma=True, compare=40)
-register_strategy("threshold", sigma=True, compare=50)
-register_strategy("fusion", sigma=True, compare=60)
+register_strategy("global", needs=(SELECTION_LABELS,), sigma=True, compare=30, options=("k_grid",))
+register_strategy("auto", uses=(SELECTION_LABELS,), sigma=True, compare=40, options=("k_grid", "threshold_c"))
+register_strategy("threshold", sigma=True, compare=50, options=("threshold_c",))
+register_strategy("fusion", sigma=True, compare=60, options=("beta",))
 register_strategy("fusion-select", needs=(SELECTION_LABELS,), sigma=True, compare=70)
 register_strategy("poe", sigma=True, compare=80)
 register_strategy("bprw", needs=(UNLABELLED_IMAGES,), sigma=True, compare=90)               # ProLIP "use NN"
@@ -243,5 +260,5 @@ register_strategy("zpe", needs=(UNLABELLED_IMAGES,), compare=100)
 register_strategy("carprt", needs=(UNLABELLED_IMAGES,), compare=104)          # CARPRT, class-specific weights
 register_strategy("carprt-shared", needs=(UNLABELLED_IMAGES,), compare=106)   # its class-shared counterpart
 
-register_strategy("oracle", needs=(EVAL_LABELS,), sigma=True, compare=120)
-register_strategy("oracle-global", needs=(EVAL_LABELS,), sigma=True, compare=110)
+register_strategy("oracle", needs=(EVAL_LABELS,), sigma=True, compare=120, options=("k_grid",))
+register_strategy("oracle-global", needs=(EVAL_LABELS,), sigma=True, compare=110, options=("k_grid",))
