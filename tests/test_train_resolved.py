@@ -78,3 +78,34 @@ def test_train_resolved_takes_only_a_resolved_config(tmp_path):
     from zsprob.train.loop import train_resolved
     with pytest.raises(TypeError, match="resolve_config"):
         train_resolved(tiny_cfg(tmp_path / "shards"), tmp_path / "run", progress=False)
+
+
+def test_changed_settings_names_what_changes_the_run_and_not_how_it_is_carried_out():
+    from zsprob.train.checkpoints import changed_settings
+    saved = {"data": {"batch_size": 16, "num_workers": 0}, "optim": {"lr": 1e-3}, "schedule": {"steps": 4},
+             "train": {"log_every": 1}, "loss": {"pcmepp": {"vib_beta": 1e-4}}}
+    now = {"data": {"batch_size": 8, "num_workers": 2}, "optim": {"lr": 1e-3}, "schedule": {"steps": 9},
+           "train": {"log_every": 5}, "loss": {"pcmepp": {"vib_beta": 0.0}}, "seed": 1}
+    assert changed_settings(saved, now) == [("data.batch_size", 16, 8), ("loss.pcmepp.vib_beta", 1e-4, 0.0),
+                                            ("seed", None, 1)]
+    assert changed_settings(saved, saved) == []
+
+
+def test_resuming_with_another_batch_size_warns_naming_it(tiny_world, tmp_path):
+    """More steps is how a run is continued (no warning); another batch size or learning rate changes what
+    it learns, and the one warning line names both with their old and new values."""
+    import warnings
+
+    from zsprob.train import train
+    cfg = tiny_cfg(tiny_world / "pretrain", schedule={"name": "constant", "steps": 2, "warmup_steps": 0},
+                   train={"checkpoint_every": 2})
+    train(cfg, tmp_path / "run", progress=False)
+    cfg["schedule"]["steps"] = 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(cfg, tmp_path / "run", resume="latest", progress=False)
+    assert not [w for w in caught if "changes" in str(w.message)]
+    cfg["schedule"]["steps"], cfg["data"]["batch_size"], cfg["optim"]["lr"] = 4, 8, 1e-3
+    with pytest.warns(UserWarning, match=r"changes 2 setting\(s\).*data\.batch_size 16 -> 8, optim\.lr 0\.002 -> 0\.001"):
+        summary = train(cfg, tmp_path / "run", resume="latest", progress=False)
+    assert summary["steps"] == 4

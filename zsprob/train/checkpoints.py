@@ -97,14 +97,45 @@ def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
 
 def _check_same_method(run: Run, ckpt_dir: Path) -> None:
     """``--resume`` continues the method the checkpoint was trained with: another ``--method`` is one line
-    naming both (its model and loss would not fit the checkpoint's state)."""
+    naming both (its model and loss would not fit the checkpoint's state). Other settings that change what
+    the run learns (the batch size, the learning rate, the data, ...) are one warning naming them."""
     from zsprob.models import load_meta
 
     meta = load_meta(ckpt_dir / "model")
-    saved = meta.get("method") or (meta.get("extra") or {}).get("method")
+    extra = meta.get("extra") or {}
+    saved = meta.get("method") or extra.get("method")
     if saved and saved != run.cfg.method:
         raise UserError(f"--resume: the checkpoint {ckpt_dir} was trained with --method {saved}, this run asks for "
                         f"--method {run.cfg.method}; resume with --method {saved}, or start afresh with --overwrite")
+    saved_cfg = meta.get("train_config") or extra.get("train_config")
+    changed = changed_settings(saved_cfg, run.cfg.to_dict()) if isinstance(saved_cfg, dict) else []
+    if changed and run.main:
+        shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changed[:4])
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        warnings.warn(f"--resume: this run changes {len(changed)} setting(s) of the checkpoint's run: {shown}{more}; "
+                      "it goes on with the new values (no longer exactly the run the checkpoint began)")
+
+
+#: the keys that say how a run is carried out, not what it learns: changing them on --resume is routine
+#: (``schedule.steps`` / ``schedule.epochs``: asking for more steps continues a run)
+RUNNING_KEYS = frozenset({
+    "schedule.steps", "schedule.epochs", "data.num_workers", "train.log_every", "train.checkpoint_every",
+    "train.keep_checkpoints", "train.max_nonfinite", "train.requeue_exit_code", "train.tensorboard",
+    "train.eval_every", "train.eval_every_epochs", "train.threads", "train.find_unused_parameters",
+    "train.remote_sync", "train.compile", "train.dist_timeout_s", "train.cpu"})
+
+
+def changed_settings(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, saved value, new value)`` for each setting outside :data:`RUNNING_KEYS` that differs."""
+    def leaves(d, prefix=""):
+        for key, value in d.items():
+            if isinstance(value, dict) and value:
+                yield from leaves(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+    old, new = dict(leaves(saved)), dict(leaves(now))
+    return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
+            if key not in RUNNING_KEYS and old.get(key) != new.get(key)]
 
 
 def _load_parts(ckpt_dir, parts: list) -> None:
