@@ -180,3 +180,34 @@ def test_cli_errors_are_one_line(tmp_path, cli_run):
     r = cli_run("clip-benchmark", "eval", "--dataset", "cifar10", "--model", tmp_path / "missing",
                 "--dataset_root", tmp_path, "--output", tmp_path / "o.json", "--quiet")
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("zsprob: error:"), r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_an_unknown_dataset_is_one_line(ckpt, tmp_path, cli_run):
+    _needs_cli()
+    r = cli_run("clip-benchmark", "eval", "--dataset", "no_such_set", "--model", ckpt, "--dataset_root", tmp_path,
+                "--output", tmp_path / "o.json", "--quiet")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("zsprob: error: clip-benchmark: Unsupported dataset: no_such_set"), r.stderr
+
+
+@pytest.mark.parametrize("error, hint", [("network", True), ("missing file", False)])
+def test_a_download_that_cannot_reach_its_server_or_a_missing_file_is_one_line(monkeypatch, error, hint):
+    """CLIP_benchmark downloads a dataset missing under --dataset_root; without a network that is a URLError
+    deep in torchvision (here raised by a stand-in for its command line, so no test ever downloads)."""
+    import urllib.error
+
+    from clip_benchmark import cli as cb_cli
+
+    from zsprob.errors import UserError
+    from zsprob.integrations.clip_benchmark import run_cli
+
+    def fails():
+        if error == "network":
+            raise urllib.error.URLError("[Errno -2] Name or service not known")
+        raise FileNotFoundError(2, "No such file or directory", "/data/cifar10/batches.meta")
+    monkeypatch.setattr(cb_cli, "main", fails)
+    with pytest.raises(UserError) as e:
+        run_cli(["eval", "--dataset", "cifar10"])
+    assert "\n" not in str(e.value) and str(e.value).startswith("clip-benchmark: ")
+    assert ("give that folder as --dataset_root" in str(e.value)) == hint

@@ -143,9 +143,35 @@ def run_cli(args: list[str]) -> int:
     sys.argv = ["clip_benchmark", *cli_args(args)]
     try:
         rv = cb_cli.main()
+    except ValueError as e:
+        if "Unsupported dataset" not in str(e):
+            raise
+        raise UserError(f"clip-benchmark: {_one_line(e)} (its dataset names: the README of CLIP_benchmark, "
+                        "e.g. cifar10, imagenet1k, mscoco_captions, wds/...)") from None
+    except OSError as e:  # a dataset it would download (no network here), a file missing or unreadable
+        raise UserError(f"clip-benchmark: {type(e).__name__}: {_one_line(e)}{_download_hint(e)}") from None
     finally:
         sys.argv = argv
     return int(rv or 0)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:400]
+
+
+def _download_hint(e: OSError) -> str:
+    """What to do when CLIP_benchmark tried to download a dataset this machine cannot reach."""
+    import socket
+    import urllib.error
+
+    network = isinstance(e, (urllib.error.URLError, ConnectionError, TimeoutError, socket.gaierror))
+    try:
+        import requests
+        network = network or isinstance(e, requests.exceptions.RequestException)
+    except ImportError:
+        pass
+    return ("; CLIP_benchmark downloads a dataset missing under --dataset_root: fetch it where there is a network "
+            "and give that folder as --dataset_root") if network else ""
 
 
 __all__ = ["MODEL_TYPE", "MeanEncoder", "load_zsprob", "topk_accuracy", "register", "cli_args", "run_cli"]
