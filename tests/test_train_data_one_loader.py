@@ -214,3 +214,19 @@ def test_coco_collates_and_tokenises_in_the_workers(coco_root):
     assert os.getpid() not in pids(batches)  # the tokenizer ran in the worker processes
     source.configure(device="cuda")
     assert source.pin_memory
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_unreadable_training_image_is_named_once_and_counted(coco_root, workers):
+    """The batch goes on with copies of a readable sample (the official recipe's loader would raise); the user
+    is told once, with the file, and the count grows in metrics.jsonl / summary.json (``stats``)."""
+    import warnings
+    source = coco_source(coco_root, workers)
+    with pytest.warns(UserWarning, match=r"unreadable training image .*COCO_train2014_000000000004\.jpg"):
+        list(source.epoch_batches(0))
+    first = source.bad
+    assert first > 0 and source.stats() == {"bad_images": first}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not named again
+        list(source.epoch_batches(1))
+    assert source.bad > first

@@ -211,6 +211,9 @@ def print_summary(summary: dict) -> None:
     click.echo(f"model: {summary['model']}")
     if summary.get("model_swa"):
         click.echo(f"SWA model: {summary['model_swa']}")
+    bad = (summary.get("data") or {}).get("bad_images")
+    if bad:
+        click.echo(f"{bad} unreadable training image(s) were replaced by copies of readable samples of their batches")
 
 
 def is_main_process() -> bool:

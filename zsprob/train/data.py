@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -214,14 +215,15 @@ class _CocoCollate:
     memory, by torch's ``default_collate``), their captions tokenised, their image indices; a batch
     with unreadable images is filled up to the local size with copies of its first readable sample.
     Returns ``(images, tokens, image_index, unreadable)``, or ``(None, None, None, unreadable)`` when
-    no image of the batch could be read."""
+    no image of the batch could be read; ``unreadable`` is ``(count, image index of the first)``."""
 
     def __init__(self, tokenizer, batch_size: int):
         self.tokenizer, self.batch_size = tokenizer, batch_size
 
     def __call__(self, items):
         good = [x for x in items if x[2]]
-        unreadable = len(items) - len(good)
+        bad = [x[3] for x in items if not x[2]]
+        unreadable = (len(bad), bad[0] if bad else -1)
         if not good:
             return None, None, None, unreadable
         good += [good[0]] * (self.batch_size - len(good))
@@ -301,7 +303,11 @@ class CocoSource(BatchSource):
         self._sampler.set(idx_batches, (self._generation, worker_seed))
         loader = self._dataloader()
         self._generator.manual_seed(worker_seed)
-        for images, tokens, ids, unreadable in loader:
+        for images, tokens, ids, (unreadable, first) in loader:
+            if unreadable and not self.bad:  # once per run and process; metrics.jsonl counts them all
+                warnings.warn(f"unreadable training image {self.coco.image_paths[int(first)]}: each unreadable image "
+                              "is replaced by a copy of a readable sample of its batch (counted as data.bad_images "
+                              "in metrics.jsonl and summary.json)")
             self.bad += unreadable
             if images is not None:
                 yield images, tokens, ids

@@ -238,6 +238,7 @@ def finish(run: Run, start_step: int, wall: float) -> dict:
     run_hooks(run, total_steps)
     if run.main:
         summary["last_log"] = run.counters.last_stats
+        summary.update({"data": run.source.stats()} if run.source.stats() else {})  # e.g. bad_images replaced
         atomic_write_json(out / "summary.json", summary)
         if run.sync is not None:
             run.sync.try_push()
