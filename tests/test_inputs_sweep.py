@@ -309,3 +309,28 @@ def test_the_tuning_options_are_taken_by_the_strategies_that_read_them(world, tm
                 "--out", tmp_path / "s.json")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "s.json").read_text())["how"]["beta"] == 2.0
+
+
+def test_a_template_cut_before_the_class_name_is_refused_before_encoding(world, tmp_path):
+    """77 tokens of 'very' leave no room for the class name: every class would get the same prompt."""
+    templates = tmp_path / "templates.txt"
+    templates.write_text("a photo of a {}.\na photo of a " + "very " * 80 + "{}.\n")
+    r = run_cli("select-prompts", "--dataset", "synthetic", "--checkpoint", world["ckpt"], "--root", world["root"],
+                "--templates", templates, "--strategy", "all", "--device", "cpu", "--workers", "0",
+                "--out", tmp_path / "o" / "s.json")
+    one_line_error(r, "template 2", "before the class names differ", "get the same prompt")
+    assert not (tmp_path / "o").exists()
+
+
+def test_class_names_that_differ_only_past_the_cut_are_named():
+    import torch
+
+    from zsprob.errors import UserError
+    from zsprob.zeroshot.prompts import check_class_names_survive
+    # three classes x two templates, 4 tokens: classes 0 and 2 differ only after the cut in template 1
+    tokens = torch.tensor([[1, 5, 6, 0], [1, 7, 7, 7],
+                           [1, 8, 6, 0], [1, 7, 7, 8],
+                           [1, 9, 6, 0], [1, 7, 7, 7]])
+    with pytest.raises(UserError, match=r"template 2 .* 'a' and 'c' get the same prompt"):
+        check_class_names_survive(tokens, ["a", "b", "c"], ["{}", "long {}"])
+    check_class_names_survive(tokens[:4], ["a", "b"], ["{}", "long {}"])  # every prompt its own

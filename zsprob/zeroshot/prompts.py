@@ -326,6 +326,24 @@ def bank_cache_stem(cache_dir, key: str) -> Path:
     return Path(cache_dir) / f"promptbank-{key[:24]}"
 
 
+def check_class_names_survive(tokens, classnames: Sequence[str], templates: Sequence[str]) -> None:
+    """One UserError line when the tokenizer's context length cuts a template off before the class names
+    differ: two classes would get the same prompt (the same embedding, so that template could never tell them
+    apart, and a ranking by sigma^2 would score an empty prompt). ``tokens``: [C * T, L], class-major."""
+    C, T = len(classnames), len(templates)
+    if C < 2:
+        return
+    grid = tokens.reshape(C, T, -1)
+    for t in range(T):
+        _, first_of, counts = grid[:, t].unique(dim=0, return_inverse=True, return_counts=True)
+        if len(counts) < C:
+            same = (first_of == first_of[int((counts[first_of] > 1).nonzero()[0])]).nonzero().flatten()[:2].tolist()
+            from zsprob.errors import UserError
+            raise UserError(f"template {t + 1} ({templates[t][:60]!r}) is cut at the tokenizer's {grid.shape[-1]} "
+                            f"tokens before the class names differ: {classnames[same[0]]!r} and "
+                            f"{classnames[same[1]]!r} get the same prompt; shorten the template or the class names")
+
+
 def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str] | None = None, *,
                       cache_dir=None, model_id: str | None = None, batch_size: int = 512,
                       device=None, progress: bool = True,
@@ -361,6 +379,7 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
         from zsprob.models.encode import encode_texts
 
         tokens = model.tokenizer(texts)
+        check_class_names_survive(tokens, classnames, templates)
         order = torch.argsort((tokens != 0).sum(1), descending=True, stable=True)
         mu_s, lv_s = encode_texts(model, tokens[order], batch_size=batch_size, device=device, progress=progress,
                                   precision=precision)
