@@ -221,14 +221,14 @@ def _read_eval_file(path) -> dict:
 def _check_made_with(evals: list[dict], model, checkpoint) -> None:
     """One line when an evaluation file names another model than the one exported (files that name
     none, such as results of precomputed embeddings, are taken as they are)."""
-    from zsprob.models.fingerprint import model_fingerprint
+    from zsprob.models.fingerprint import is_model, model_fingerprint
 
     made_with = [(ev["file"], ev["model"]) for ev in evals if isinstance(ev.get("model"), dict) and ev["model"].get("id")]
     if not made_with:
         return
     own = model_fingerprint(model)
     for path, m in made_with:
-        if m["id"] != own:
+        if not is_model(m["id"], model, own):
             raise UserError(f"--eval-file {path} was made with another model ({m.get('name') or 'unnamed'}, "
                             f"{m.get('checkpoint') or m['id']}) than {checkpoint}; give the results of this model")
 

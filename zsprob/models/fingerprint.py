@@ -1,31 +1,29 @@
 """A model's identity: a cheap fingerprint of its config and weights.
 
 Zero-shot caches and selection files, evaluation results and exports name the model they were made
-with by :func:`model_fingerprint`, so a file made with another model is refused rather than mixed in.
+with by :func:`model_fingerprint`, so a file made with another model is refused rather than mixed in;
+:func:`is_model` compares a file's id with a model.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 
+#: the integer type whose bits each floating-point dtype is summed as (see :func:`model_fingerprint`)
+_BITS = {2: "int16", 4: "int32", 8: "int64"}
+
 
 def model_fingerprint(model) -> str:
-    """A cheap identity of a model's weights, for cache keys.
+    """A cheap identity of a model's weights, the same on every machine and at every thread count.
 
-    Hashes the model config (when it has one), every parameter/buffer name and shape, and a
-    strided sample of each tensor's values (up to 256 numbers) plus its sum. Any training
-    step changes it; it costs a fraction of a second even for ViT-L.
+    Hashes the model config (when it has one), every parameter/buffer name and shape, a strided
+    sample of each tensor's values (up to 256 numbers) and the sum of all its values' bit patterns as
+    integers (wrapping at 2^64: exact, so no summation order or thread count can change it). Any
+    training step changes it; it costs a fraction of a second even for ViT-L.
     """
     import torch
 
-    h = hashlib.sha256()
-    cfg = getattr(model, "config", None)
-    if cfg is not None:
-        try:
-            h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
-        except TypeError:
-            h.update(repr(cfg).encode())
-    h.update(type(model).__name__.encode())
+    h = _header(model)
     with torch.no_grad():
         for name, t in list(model.state_dict().items()):
             h.update(name.encode())
@@ -34,10 +32,49 @@ def model_fingerprint(model) -> str:
                 continue
             flat = t.detach().reshape(-1)
             step = max(1, flat.numel() // 256)
-            sample = flat[::step][:256].double().cpu()
-            h.update(sample.numpy().tobytes())
+            h.update(flat[::step][:256].double().cpu().numpy().tobytes())
+            bits = flat.view(getattr(torch, _BITS[flat.element_size()])) if flat.is_floating_point() else flat
+            h.update(str(int(bits.sum(dtype=torch.int64))).encode())
+    return h.hexdigest()[:32]
+
+
+def legacy_fingerprint(model) -> str:
+    """The fingerprint zsprob wrote before 2026-11-28: the same, with each tensor's float64 sum in place of
+    its bit sum (which the thread count could change in the last digit); read by :func:`is_model` alone,
+    so files written then are still taken."""
+    import torch
+
+    h = _header(model)
+    with torch.no_grad():
+        for name, t in list(model.state_dict().items()):
+            h.update(name.encode())
+            h.update(str(tuple(t.shape)).encode())
+            if t.numel() == 0 or not (t.is_floating_point() or t.dtype in (torch.int64, torch.int32)):
+                continue
+            flat = t.detach().reshape(-1)
+            step = max(1, flat.numel() // 256)
+            h.update(flat[::step][:256].double().cpu().numpy().tobytes())
             h.update(repr(float(flat.double().sum().cpu())).encode())
     return h.hexdigest()[:32]
+
+
+def _header(model):
+    h = hashlib.sha256()
+    cfg = getattr(model, "config", None)
+    if cfg is not None:
+        try:
+            h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+        except TypeError:
+            h.update(repr(cfg).encode())
+    h.update(type(model).__name__.encode())
+    return h
+
+
+def is_model(made_with: str, model, own: str | None = None) -> bool:
+    """Whether a file's model id ``made_with`` names ``model`` (``own``: its fingerprint, when known); an id
+    written before 2026-11-28 is held against :func:`legacy_fingerprint`."""
+    own = own or model_fingerprint(model)
+    return made_with == own or made_with == legacy_fingerprint(model)
 
 
 def model_identity(model) -> dict:
@@ -45,4 +82,4 @@ def model_identity(model) -> dict:
     return {"id": model_fingerprint(model), "name": getattr(model, "name", None)}
 
 
-__all__ = ["model_fingerprint", "model_identity"]
+__all__ = ["model_fingerprint", "legacy_fingerprint", "is_model", "model_identity"]

@@ -466,7 +466,7 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
                   num_workers: int = 0, precision: str = "fp32", shots: int | None = None,
                   shots_split: str = "select", allow_eval_shots: bool = False, class_prompts=None) -> dict:
     """Zero-shot accuracy of one prompt set (a selection.json, or a strategy run now) on a dataset."""
-    from zsprob.models.fingerprint import model_fingerprint
+    from zsprob.models.fingerprint import is_model, model_fingerprint
 
     model_id = model_fingerprint(model)
     ev, _ = _resolve_splits(dataset, root, select_root)
@@ -477,7 +477,7 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
         from zsprob.utils.io import read_json
 
         made_with = read_json(prompts, "selection file").get("model", {}).get("id")
-        if made_with and made_with != model_id:
+        if made_with and not is_model(made_with, model, model_id):
             raise UserError(f"{prompts} was made with another model (id {made_with}, this model {model_id}); "
                             "run zsprob select-prompts with this model")
         if sel.class_mu.shape[1] != getattr(model, "embed_dim", sel.class_mu.shape[1]):
