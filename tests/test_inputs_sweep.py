@@ -334,3 +334,13 @@ def test_class_names_that_differ_only_past_the_cut_are_named():
     with pytest.raises(UserError, match=r"template 2 .* 'a' and 'c' get the same prompt"):
         check_class_names_survive(tokens, ["a", "b", "c"], ["{}", "long {}"])
     check_class_names_survive(tokens[:4], ["a", "b"], ["{}", "long {}"])  # every prompt its own
+
+
+def test_class_names_the_tokenizer_reads_as_one_are_named():
+    import torch
+
+    from zsprob.errors import UserError
+    from zsprob.zeroshot.prompts import check_class_names_survive
+    tokens = torch.tensor([[1, 5, 2, 0], [1, 5, 2, 0]])  # 'Cat' and 'cat', lowercased: not cut, the same
+    with pytest.raises(UserError, match=r"reads the class names 'Cat' and 'cat' as the same text"):
+        check_class_names_survive(tokens, ["Cat", "cat"], ["{}"])

@@ -71,7 +71,7 @@ def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
     (step, epoch, batch in epoch, this rank's random state or None when the world size changed)."""
     from zsprob.models import load as load_model
 
-    _check_same_method(run, Path(ckpt_dir))
+    _check_continues_checkpoint(run, Path(ckpt_dir))
     saved = state.load_state(ckpt_dir, require=state.MAIN_STATE_KEYS)
     loaded = load_model(Path(ckpt_dir) / "model", map_location="cpu")
     _load_parts(ckpt_dir, [(run.raw.model, loaded.state_dict(), "model"), (run.raw.loss, saved["loss"], "loss"),
@@ -95,7 +95,7 @@ def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
     return int(saved["step"]), int(saved["epoch"]), int(saved["batch_in_epoch"]), rng_state
 
 
-def _check_same_method(run: Run, ckpt_dir: Path) -> None:
+def _check_continues_checkpoint(run: Run, ckpt_dir: Path) -> None:
     """``--resume`` continues the method the checkpoint was trained with: another ``--method`` is one line
     naming both (its model and loss would not fit the checkpoint's state). Other settings that change what
     the run learns (the batch size, the learning rate, the data, ...) are one warning naming them."""

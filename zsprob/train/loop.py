@@ -238,7 +238,9 @@ def finish(run: Run, start_step: int, wall: float) -> dict:
     run_hooks(run, total_steps)
     if run.main:
         summary["last_log"] = run.counters.last_stats
-        summary.update({"data": run.source.stats()} if run.source.stats() else {})  # e.g. bad_images replaced
+        data_stats = run.source.stats()  # e.g. the unreadable images a COCO source replaced
+        if data_stats:
+            summary["data"] = data_stats
         atomic_write_json(out / "summary.json", summary)
         if run.sync is not None:
             run.sync.try_push()

@@ -374,7 +374,7 @@ def claim_run_dir(out: Path, resume, overwrite: bool, main: bool, mirrored: bool
     with ``overwrite``, the old run's files removed (main process). Returns the held lock (main).
     A ``resume`` that names no checkpoint is one line here, before anything is built, unless the run has
     a remote mirror (``mirrored``: its pull may bring one; the loop looks after the pull)."""
-    if not mirrored:
+    if not mirrored and resume_mode(resume) not in (None, "auto"):  # "auto" may find nothing: a fresh start
         find_resume_dir(resume, out)
     if not main:
         check_reuse(out, resume, overwrite)

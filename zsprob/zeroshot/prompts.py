@@ -327,21 +327,30 @@ def bank_cache_stem(cache_dir, key: str) -> Path:
 
 
 def check_class_names_survive(tokens, classnames: Sequence[str], templates: Sequence[str]) -> None:
-    """One UserError line when the tokenizer's context length cuts a template off before the class names
-    differ: two classes would get the same prompt (the same embedding, so that template could never tell them
-    apart, and a ranking by sigma^2 would score an empty prompt). ``tokens``: [C * T, L], class-major."""
+    """One UserError line when two classes get the same tokens under one template: the tokenizer's context
+    length cut the template before the class names differ, or it reads both names as the same text (its
+    lowercasing and cleaning). Their prompts would have one embedding, which could never tell them apart,
+    and a ranking by sigma^2 would score a prompt without its class. ``tokens``: [C * T, L], class-major, 0
+    the padding."""
+    from zsprob.errors import UserError
+
     C, T = len(classnames), len(templates)
     if C < 2:
         return
     grid = tokens.reshape(C, T, -1)
     for t in range(T):
-        _, first_of, counts = grid[:, t].unique(dim=0, return_inverse=True, return_counts=True)
-        if len(counts) < C:
-            same = (first_of == first_of[int((counts[first_of] > 1).nonzero()[0])]).nonzero().flatten()[:2].tolist()
-            from zsprob.errors import UserError
-            raise UserError(f"template {t + 1} ({templates[t][:60]!r}) is cut at the tokenizer's {grid.shape[-1]} "
-                            f"tokens before the class names differ: {classnames[same[0]]!r} and "
-                            f"{classnames[same[1]]!r} get the same prompt; shorten the template or the class names")
+        rows = grid[:, t]
+        _, group, counts = rows.unique(dim=0, return_inverse=True, return_counts=True)
+        if len(counts) == C:
+            continue
+        a, b = (group == int((counts > 1).nonzero()[0])).nonzero().flatten()[:2].tolist()
+        names = f"{classnames[a]!r} and {classnames[b]!r}"
+        if bool(rows[a, -1] != 0):  # the row fills the context: cut
+            raise UserError(f"template {t + 1} ({templates[t][:60]!r}) is cut at the tokenizer's {rows.shape[1]} "
+                            f"tokens before the class names differ: {names} get the same prompt; shorten the "
+                            "template or the class names")
+        raise UserError(f"the tokenizer reads the class names {names} as the same text (it lowercases and cleans "
+                        "them): every template gives them one prompt; rename one")
 
 
 def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str] | None = None, *,
