@@ -93,3 +93,26 @@ def test_bad_device_settings_for_training_are_one_line(tiny_world, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("zsprob: error:") and message in lines[0], r.stderr
     assert not (tmp_path / "run" / "model").exists()
+
+
+@pytest.mark.parametrize("compile_on", [True, False])
+def test_a_compile_that_fails_on_this_machine_is_one_line(tiny_world, tmp_path, monkeypatch, compile_on):
+    """A C++ compile error raised by inductor at the first step (as a machine without working headers
+    gives): one line naming train.compile with train.compile on; the error itself without it."""
+    from torch._inductor.exc import CppCompileError
+
+    from zsprob.train import build
+    from zsprob.train.loop import train
+
+    def fails(run, step_index):
+        raise CppCompileError(["g++", "x.cpp"], "x.cpp:1: fatal error: Python.h: No such file or directory")
+    monkeypatch.setattr(build, "one_step", fails)
+    monkeypatch.setattr(build, "compile_model", lambda model, device: None)  # no real compile: the error is given
+    cfg = tiny_cfg(tiny_world / "pretrain", schedule={"name": "constant", "steps": 2, "warmup_steps": 0},
+                   train={"compile": compile_on, "tensorboard": False})
+    if compile_on:
+        with pytest.raises(UserError, match=r"train.compile: torch.compile failed on this machine \(CppCompileError: x.cpp:1: fatal error: Python.h"):
+            train(cfg, tmp_path / "run", progress=False)
+    else:
+        with pytest.raises(CppCompileError):
+            train(cfg, tmp_path / "run", progress=False)

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from zsprob.config import dump_yaml
-from zsprob.errors import Preempted
+from zsprob.errors import Preempted, UserError
 from zsprob.train import distributed as dist
 from zsprob.train import remote_sync, resilience, state
 from zsprob.train.build import build_run, make_accelerator
@@ -165,9 +165,22 @@ def run_steps(run: Run, start_step: int, progress: bool) -> dict:
                 stats = run.step_fn(run, step)
                 saved = after_step(run, step + 1, stats, bar)
                 stop_if_signalled(run, stop, step + 1, saved)
+        except Exception as e:
+            refuse_failed_compile(run, e)
+            raise
         finally:
             bar.close()
         return finish(run, start_step, time.perf_counter() - t_start)
+
+
+def refuse_failed_compile(run: Run, error: Exception) -> None:
+    """``train.compile``: an error of torch.compile's own machinery (dynamo, inductor: a C++ or triton
+    compile that fails on this machine) is one UserError line with the way out, not its traceback."""
+    if run.cfg.train.compile and type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        detail = next((line for line in lines if "error:" in line.lower()), lines[0] if lines else "")[:300]
+        raise UserError(f"train.compile: torch.compile failed on this machine ({type(error).__name__}: {detail}); "
+                        "set train.compile=false (the same run, uncompiled)") from None
 
 
 def after_step(run: Run, step_done: int, stats: dict, bar) -> bool:
