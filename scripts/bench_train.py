@@ -199,30 +199,17 @@ def warnings_with_sites():
     zsprob's HostSyncCounter, whose wrapper is otherwise what torch's sync warning names), then the
     innermost torch frame it went through, if any."""
     import warnings
+
+    from zsprob.utils.host_sync import caller_site
     log: list = []
 
     def hook(message, category, filename, lineno, file=None, line=None):
         log.append(SimpleNamespace(message=message, category=category, filename=filename, lineno=lineno,
-                                   site=caller_site(sys._getframe(1))))
+                                   site=caller_site(sys._getframe(1), via=True)))
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = hook
         yield log
-
-
-def caller_site(frame) -> str:
-    """``path:line`` of the first frame from ``frame`` outwards that is not torch's, the warnings
-    module's or zsprob's sync counter's, with the innermost torch frame passed on the way in brackets."""
-    via = None
-    while frame is not None:
-        name = frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/" in name:
-            via = via or f"torch/{name.rsplit('/torch/', 1)[-1]}:{frame.f_lineno}"
-        elif not name.endswith(("/warnings.py", "/host_sync.py")) and frame.f_code.co_name != "hook":
-            here = name.rsplit("/zsprob/", 1)[-1] if "/zsprob/" in name else "/".join(name.split("/")[-2:])
-            return f"{here}:{frame.f_lineno}" + (f" (via {via})" if via else "")
-        frame = frame.f_back
-    return via or "?"
 
 
 def count_flops(inner, run, step: int, record: dict):

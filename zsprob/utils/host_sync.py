@@ -92,7 +92,7 @@ class HostSyncCounter(TorchFunctionMode):
             name = _host_copy(name, args, kwargs)
         if name is not None and not self._paused and not _caller_is_torch_optim():
             self.by_name[name] += 1
-            self.where[f"{_first_outside_torch()} {name}"] += 1
+            self.where[f"{caller_site(sys._getframe(1))} {name}"] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -108,14 +108,22 @@ def _host_copy(name: str, args, kwargs) -> str | None:
     return None
 
 
-def _first_outside_torch() -> str:
-    frame = sys._getframe(1)
+def caller_site(frame=None, *, via: bool = False) -> str:
+    """``path:line`` of the first frame from ``frame`` (default: the caller's) outwards that is not torch's,
+    the warnings module's or this module's (a path inside zsprob/ is given from there); with ``via``, the
+    innermost torch frame passed on the way, in brackets. Names the zsprob line behind a host sync (here)
+    or a CUDA sync-debug warning (``scripts/bench_train.py``)."""
+    frame = frame if frame is not None else sys._getframe(1)
+    inner = None
     while frame is not None:
         filename = frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/" not in filename and filename != _THIS_FILE:
-            return f"{filename.rsplit('/zsprob/', 1)[-1]}:{frame.f_lineno}"
+        if "/torch/" in filename:
+            inner = inner or f"torch/{filename.rsplit('/torch/', 1)[-1]}:{frame.f_lineno}"
+        elif filename != _THIS_FILE and not filename.endswith("/warnings.py"):
+            site = f"{filename.rsplit('/zsprob/', 1)[-1]}:{frame.f_lineno}"
+            return site + (f" (via {inner})" if via and inner else "")
         frame = frame.f_back
-    return "?"
+    return (inner if via else None) or "?"
 
 
 def count_host_syncs(fn, *args, **kwargs) -> tuple[object, HostSyncCounter]:
