@@ -21,44 +21,25 @@ def model_fingerprint(model) -> str:
     integers (wrapping at 2^64: exact, so no summation order or thread count can change it). Any
     training step changes it; it costs a fraction of a second even for ViT-L.
     """
-    import torch
-
-    h = _header(model)
-    with torch.no_grad():
-        for name, t in list(model.state_dict().items()):
-            h.update(name.encode())
-            h.update(str(tuple(t.shape)).encode())
-            if t.numel() == 0 or not (t.is_floating_point() or t.dtype in (torch.int64, torch.int32)):
-                continue
-            flat = t.detach().reshape(-1)
-            step = max(1, flat.numel() // 256)
-            h.update(flat[::step][:256].double().cpu().numpy().tobytes())
-            bits = flat.view(getattr(torch, _BITS[flat.element_size()])) if flat.is_floating_point() else flat
-            h.update(str(int(bits.sum(dtype=torch.int64))).encode())
-    return h.hexdigest()[:32]
+    return _fingerprint(model, _bit_sum)
 
 
 def legacy_fingerprint(model) -> str:
     """The fingerprint zsprob wrote before 2026-11-28: the same, with each tensor's float64 sum in place of
     its bit sum (which the thread count could change in the last digit); read by :func:`is_model` alone,
     so files written then are still taken."""
+    return _fingerprint(model, lambda flat: repr(float(flat.double().sum().cpu())))
+
+
+def _bit_sum(flat) -> str:
+    import torch
+    bits = flat.view(getattr(torch, _BITS[flat.element_size()])) if flat.is_floating_point() else flat
+    return str(int(bits.sum(dtype=torch.int64)))
+
+
+def _fingerprint(model, tensor_sum) -> str:
     import torch
 
-    h = _header(model)
-    with torch.no_grad():
-        for name, t in list(model.state_dict().items()):
-            h.update(name.encode())
-            h.update(str(tuple(t.shape)).encode())
-            if t.numel() == 0 or not (t.is_floating_point() or t.dtype in (torch.int64, torch.int32)):
-                continue
-            flat = t.detach().reshape(-1)
-            step = max(1, flat.numel() // 256)
-            h.update(flat[::step][:256].double().cpu().numpy().tobytes())
-            h.update(repr(float(flat.double().sum().cpu())).encode())
-    return h.hexdigest()[:32]
-
-
-def _header(model):
     h = hashlib.sha256()
     cfg = getattr(model, "config", None)
     if cfg is not None:
@@ -67,7 +48,17 @@ def _header(model):
         except TypeError:
             h.update(repr(cfg).encode())
     h.update(type(model).__name__.encode())
-    return h
+    with torch.no_grad():
+        for name, t in list(model.state_dict().items()):
+            h.update(name.encode())
+            h.update(str(tuple(t.shape)).encode())
+            if t.numel() == 0 or not (t.is_floating_point() or t.dtype in (torch.int64, torch.int32)):
+                continue
+            flat = t.detach().reshape(-1)
+            step = max(1, flat.numel() // 256)
+            h.update(flat[::step][:256].double().cpu().numpy().tobytes())
+            h.update(tensor_sum(flat).encode())
+    return h.hexdigest()[:32]
 
 
 def is_model(made_with: str, model, own: str | None = None) -> bool:
