@@ -49,3 +49,14 @@ def test_ids_written_before_are_still_taken():
     own = model_fingerprint(model)
     assert is_model(own, model) and is_model(legacy_fingerprint(model), model)
     assert not is_model("0" * 32, model, own)
+
+
+def test_the_legacy_fingerprint_is_the_one_zsprob_wrote():
+    """The id the old code (commit 397c1d9) gave this small model: selection files and results that carry
+    it must still be recognised."""
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.arange(6.0).reshape(2, 3) / 7)
+        model.bias.copy_(torch.tensor([0.5, -1.25]))
+    assert legacy_fingerprint(model) == "5911f9e1d634102daf4957d23f777cec"
+    assert is_model("5911f9e1d634102daf4957d23f777cec", model) and model_fingerprint(model) != legacy_fingerprint(model)
