@@ -15,7 +15,7 @@ from test_zeroshot_cli import _draw
 
 # three ImageNet-1k synsets (class indices 0, 1, 2: tench, goldfish, great white shark)
 SYNSETS = ["n01440764", "n01443537", "n01484850"]
-TEMPLATES = ["a photo of a {}.", "a drawing of a {}.", "a blurry photo of the {}."]
+TEMPLATES = ["a photo of a {}.", "a drawing of a {}.", "{}."]  # short: prolip-tiny cuts at 16 tokens of a tiny vocabulary
 
 
 def _imagenet(root, n):

@@ -326,12 +326,13 @@ def bank_cache_stem(cache_dir, key: str) -> Path:
     return Path(cache_dir) / f"promptbank-{key[:24]}"
 
 
-def check_class_names_survive(tokens, classnames: Sequence[str], templates: Sequence[str]) -> None:
-    """One UserError line when two classes get the same tokens under one template: the tokenizer's context
-    length cut the template before the class names differ, or it reads both names as the same text (its
-    lowercasing and cleaning). Their prompts would have one embedding, which could never tell them apart,
-    and a ranking by sigma^2 would score a prompt without its class. ``tokens``: [C * T, L], class-major, 0
-    the padding."""
+def check_class_names_survive(tokens, classnames: Sequence[str], templates: Sequence[str], tokenizer) -> None:
+    """One UserError line when the tokenizer's context length cuts a template before the class names
+    differ: two classes with different names get one prompt, whose embedding can never tell them apart
+    (and a ranking by sigma^2 would score a prompt without its class). ``tokens``: [C * T, L], class-major,
+    from ``tokenizer``. Two rows that agree are held against the same prompts tokenised with room to spare
+    (open_clip's ``context_length=``): only those that then differ were cut. CLIP's ImageNet names repeat
+    ("missile"), and a tokenizer may read two names alike: such rows are left alone."""
     from zsprob.errors import UserError
 
     C, T = len(classnames), len(templates)
@@ -341,16 +342,21 @@ def check_class_names_survive(tokens, classnames: Sequence[str], templates: Sequ
     for t in range(T):
         rows = grid[:, t]
         _, group, counts = rows.unique(dim=0, return_inverse=True, return_counts=True)
-        if len(counts) == C:
-            continue
-        a, b = (group == int((counts > 1).nonzero()[0])).nonzero().flatten()[:2].tolist()
-        names = f"{classnames[a]!r} and {classnames[b]!r}"
-        if bool(rows[a, -1] != 0):  # the row fills the context: cut
+        for g in (counts > 1).nonzero().flatten().tolist():
+            members = (group == g).nonzero().flatten().tolist()
+            names = list(dict.fromkeys(classnames[i] for i in members))
+            if len(names) < 2:
+                continue
+            texts = [render(templates[t], name) for name in names[:2]]
+            try:
+                roomy = tokenizer(texts, context_length=max(4096, 4 * rows.shape[1]))
+            except TypeError:  # a tokenizer without the keyword: cannot tell a cut from a shared reading
+                return
+            if not bool((roomy[0] != roomy[1]).any()):
+                continue
             raise UserError(f"template {t + 1} ({templates[t][:60]!r}) is cut at the tokenizer's {rows.shape[1]} "
-                            f"tokens before the class names differ: {names} get the same prompt; shorten the "
-                            "template or the class names")
-        raise UserError(f"the tokenizer reads the class names {names} as the same text (it lowercases and cleans "
-                        "them): every template gives them one prompt; rename one")
+                            f"tokens before the class names differ: {names[0]!r} and {names[1]!r} get the same "
+                            "prompt; shorten the template or the class names")
 
 
 def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str] | None = None, *,
@@ -388,7 +394,7 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
         from zsprob.models.encode import encode_texts
 
         tokens = model.tokenizer(texts)
-        check_class_names_survive(tokens, classnames, templates)
+        check_class_names_survive(tokens, classnames, templates, model.tokenizer)
         order = torch.argsort((tokens != 0).sum(1), descending=True, stable=True)
         mu_s, lv_s = encode_texts(model, tokens[order], batch_size=batch_size, device=device, progress=progress,
                                   precision=precision)
