@@ -288,8 +288,6 @@ def test_transient_bars_are_off_when_the_command_line_logs_to_a_file(monkeypatch
      ("--threshold-c has no effect with --strategy fusion", "threshold")),
     (("zeroshot", "synthetic", "--topk", "all", "--k-grid", "1-3"), ("--k-grid has no effect with --strategy all",)),
     (("zeroshot", "synthetic", "--unc-weight", "1"), ("--unc-weight has no effect with --score cosine",)),
-    (("zeroshot", "synthetic", "--compare", "--score", "unc", "--unc-weight", "1"),
-     ("--unc-weight has no effect under --compare",)),
 ])
 def test_a_tuning_option_the_strategy_or_score_never_reads_is_refused(world, tmp_path, command, words):
     """The strategy registry says which strategies read --k-grid / --threshold-c / --beta; given to another
@@ -360,3 +358,10 @@ def test_repeated_names_and_words_the_tokenizer_lacks_are_not_cuts():
     names, templates = ["missile", "missile", "tench", "ostrich"], ["a photo of a {}."]
     tok = WordTokenizer(known={"a", "photo", "of", "missile"})
     check_class_names_survive(_tokens(tok, names, templates), names, templates, tok)
+
+
+def test_compare_takes_the_unc_weight_it_is_given(world, tmp_path):
+    r = run_cli("zeroshot", "synthetic", "--checkpoint", world["ckpt"], "--root", world["root"], "--device", "cpu",
+                "--workers", "0", "--compare", "--score", "unc", "--unc-weight", "2", "--out", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "r.json").read_text())["unc_weight"] == 2.0

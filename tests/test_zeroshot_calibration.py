@@ -196,3 +196,26 @@ def test_demo_report_reads_the_calibration_fields(tmp_path):
             for k in ("ece", "nll", "temperature", "ece_at_t", "nll_at_t"):
                 assert row[k] == pytest.approx(by_name[row["name"]][k]), (row["name"], k)
     assert "| T (selection split) |" in z["table"]
+
+
+def test_compare_scores_every_unc_row_with_the_weight_it_is_given():
+    """``--compare --score unc --unc-weight w``: each row's accuracy and calibration are those of its selection
+    scored with w (zeroshot's single-strategy path uses the same class_scores)."""
+    from test_zeroshot_selection import make_world
+
+    from zsprob.zeroshot.classify import compare_on_features
+    from zsprob.zeroshot.metrics import evaluate_selection
+
+    bank, sel_f, ev = make_world(seed=4)
+    out = {}
+    for w in (0.5, 4.0):
+        res = compare_on_features(bank, ev, sel_f, score="unc", unc_weight=w, strategies=["all", "fusion"],
+                                  write_selections=False)
+        assert res["unc_weight"] == w
+        out[w] = {r["name"]: r for r in res["rows"]}
+        for name in ("all", "fusion"):
+            from zsprob.zeroshot.selection import run_strategy
+            sel = run_strategy(name, bank)
+            assert out[w][name]["metrics"] == evaluate_selection(sel, ev, score="unc", unc_weight=w)
+    assert out[0.5]["fusion"]["nll"] != out[4.0]["fusion"]["nll"]
+    assert "unc_weight" not in compare_on_features(bank, ev, sel_f, strategies=["all"], write_selections=False)

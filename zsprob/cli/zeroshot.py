@@ -54,9 +54,7 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
     else:
         refuse_unused_shots(strategy_from_topk(topk, strategy)[0], compare)
         refuse_unread_tuning(strategy_from_topk(topk, strategy)[0], compare, names=("k_grid",))
-    if compare:
-        refuse_given("under --compare (its --score unc rows keep the default weight 0.5)", "unc_weight")
-    elif score != "unc":
+    if score != "unc":
         refuse_given(f"with --score {score} (it weights sigma^2 in --score unc alone)", "unc_weight")
     cache = check_prompt_inputs(templates=templates, classes=classes, class_prompts=class_prompts, k_grid=k_grid,
                                 shots_split=shots_split, allow_eval_shots=allow_eval_shots, cache_dir=cache_dir,
@@ -78,7 +76,7 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
         kv = parse_k_grid(k_grid) if k_grid else None
         res = compare_strategies(model, root, dataset, out_dir=out.resolve().parent, select_root=select_root,
                                  templates=templates, classnames=classes, cache_dir=cache, k_values=kv, score=score,
-                                 batch_size=batch_size, model_meta=meta, **encoding, **shot_args)
+                                 unc_weight=unc_weight, batch_size=batch_size, model_meta=meta, **encoding, **shot_args)
         doc = {k: v for k, v in res.items() if k != "selections"}
         atomic_write_json(out, doc)
         click.echo(res["table"])

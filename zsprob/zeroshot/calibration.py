@@ -167,7 +167,7 @@ ROW_FIELDS = ("ece", "nll", "temperature", "ece_at_t", "nll_at_t")
 
 
 def row_calibration(selection, eval_feats, select_feats=None, *, score: str = "cosine",
-                    logit_scales: dict | None = None) -> dict:
+                    logit_scales: dict | None = None, unc_weight: float = 0.5) -> dict:
     """The calibration fields of one ``--compare`` row: :data:`ROW_FIELDS` plus ``calibration``
     (logit scale and its source, bins, reliability at ``T``). ``logit_scales`` maps a score name to
     ``(scale, source)`` (:func:`model_logit_scales`); missing: CLIP's 100. A selection without class
@@ -175,7 +175,8 @@ def row_calibration(selection, eval_feats, select_feats=None, *, score: str = "c
     if selection.class_logvar is None:
         score = "cosine"
     scale, source = (logit_scales or {}).get(score, (CLIP_ZEROSHOT_SCALE, "CLIP zero-shot convention (100)"))
-    report = selection_calibration(selection, eval_feats, select_feats, score=score, logit_scale=scale)
+    report = selection_calibration(selection, eval_feats, select_feats, score=score, logit_scale=scale,
+                                   unc_weight=unc_weight)
     report["logit_scale_source"] = source
     report["temperature_role"] = ("report only: fitted on the selection split after the prompts were chosen"
                                   if report["temperature"] is not None else "no labelled selection split")

@@ -156,7 +156,7 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
     return files
 
 
-def _compare_row(name, bank, eval_feats, select, given: dict, score: str):
+def _compare_row(name, bank, eval_feats, select, given: dict, score: str, unc_weight: float = 0.5):
     """One ``--compare`` row: ``(row, selection or None, per-image hits or None)``."""
     from zsprob.zeroshot.selection import NeedsSigma, run_strategy
 
@@ -173,21 +173,22 @@ def _compare_row(name, bank, eval_feats, select, given: dict, score: str):
     except NeedsSigma:
         return {"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)", **audit}, None, None
     row_score = score if (score == "cosine" or sel.class_logvar is not None) else "cosine"
-    metrics = evaluate_selection(sel, eval_feats, score=row_score)
+    metrics = evaluate_selection(sel, eval_feats, score=row_score, unc_weight=unc_weight)
     row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels, **audit,
            "data_used": sel.info.get("data_used", "none (text only)"), "seconds": secs,
            "info": {k: v for k, v in sel.info.items() if not k.endswith("curve")}}
     if sel.k is not None:
         row["k_mean"] = sum(sel.k) / len(sel.k)
         row["k_per_class"] = dict(zip(sel.classnames, sel.k))
-    return row, sel, top1_hits(sel, eval_feats, row_score)
+    return row, sel, top1_hits(sel, eval_feats, row_score, unc_weight)
 
 
 def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeatures | None = None, *,
                         out_dir=None, k_values=None, score: str = "cosine", strategies: Sequence[str] | None = None,
                         model: dict | None = None, title: str = "", threshold_c: float = 1.0,
                         write_selections: bool = True, shots: int | None = None, shots_split: str = "select",
-                        allow_eval_shots: bool = False, logit_scales: dict | None = None) -> dict:
+                        allow_eval_shots: bool = False, logit_scales: dict | None = None,
+                        unc_weight: float = 0.5) -> dict:
     """Every strategy on one prompt bank and one set of image embeddings; the table and figures.
 
     Returns ``{"rows": [...], "table": str, "curves": {...}, "files": {...}, "deterministic": bool}``.
@@ -196,7 +197,8 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
     ``paired_vs_all`` (:mod:`zsprob.zeroshot.paired`), ``k_mean`` / ``k_hist`` for hard selections, or
     ``skipped`` with the reason; scored rows also get :func:`row_calibration`'s fields (``logit_scales``:
     :func:`model_logit_scales`, default CLIP's 100). ``shots`` / ``shots_split`` / ``allow_eval_shots``:
-    the few-shot strategies' shots (see :func:`zsprob.zeroshot.selection.run_strategy`).
+    the few-shot strategies' shots (see :func:`zsprob.zeroshot.selection.run_strategy`). ``unc_weight``:
+    the weight of sigma^2 under ``score="unc"`` (:func:`zsprob.zeroshot.metrics.class_scores`).
     """
     from zsprob.zeroshot.selection import select_all
 
@@ -209,11 +211,12 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
              f"selection split labels ({len(select_feats)} images)"}
     rows, selections, hits = [], {}, {}
     for name in strategies:
-        row, sel, row_hits = _compare_row(name, bank, eval_feats, select, given, score)
+        row, sel, row_hits = _compare_row(name, bank, eval_feats, select, given, score, unc_weight)
         rows.append(row)
         if sel is not None:
             selections[name], hits[name] = sel, row_hits
-            row.update(row_calibration(sel, eval_feats, select_feats, score=score, logit_scales=logit_scales))
+            row.update(row_calibration(sel, eval_feats, select_feats, score=score, logit_scales=logit_scales,
+                                       unc_weight=unc_weight))
     reference = hits["all"] if "all" in hits else top1_hits(select_all(bank), eval_feats, "cosine")
     for row in rows:
         if not row.get("skipped"):
@@ -232,7 +235,8 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
               "n_eval": len(eval_feats), "n_select": None if select_feats is None else len(select_feats),
               "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {},
               "diagnostic_eval_labels": diagnostic,
-              "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats))}
+              "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats)),
+              **({"unc_weight": unc_weight} if score == "unc" else {})}
     result["table"] = format_table(rows) + "\n\n" + calibration_table(rows)
     if out_dir is not None:
         out_dir = Path(out_dir)
@@ -331,7 +335,7 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
                        batch_size: int = 256, device=None, progress: bool = True, model_id: str | None = None,
                        model_meta: dict | None = None, num_workers: int = 0, precision: str = "fp32",
                        shots: int | None = None, shots_split: str = "select", allow_eval_shots: bool = False,
-                       class_prompts=None) -> dict:
+                       class_prompts=None, unc_weight: float = 0.5) -> dict:
     """Evaluate every prompt strategy on ``dataset`` at ``root`` in one run (the demo's entry point).
 
     ``model``: a ``ProbCLIP`` (zsprob checkpoint or plain open_clip through
@@ -354,7 +358,7 @@ def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *,
     title = f"{dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
     res = compare_on_features(bank, ev, se, out_dir=out_dir, k_values=k_values, score=score, model=meta,
                               title=title, shots=shots, shots_split=shots_split, allow_eval_shots=allow_eval_shots,
-                              logit_scales=model_logit_scales(model))
+                              logit_scales=model_logit_scales(model), unc_weight=unc_weight)
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["skipped_unreadable_images"] = {"eval": ev.skipped, "select": se.skipped if se is not None else 0}
@@ -509,6 +513,7 @@ def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "a
     meta.setdefault("id", model_id)
     return {"zsprob_version": __version__, "dataset": {"kind": dataset, "root": str(root), "source": feats.source,
                                                                "skipped_unreadable_images": feats.skipped},
-            "model": meta, "score": score, "selection": sel_doc, "metrics": metrics,
+            "model": meta, "score": score, **({"unc_weight": unc_weight} if score == "unc" else {}),
+            "selection": sel_doc, "metrics": metrics,
             "class_separation": separation,
             "images_from_cache": feats.from_cache}
