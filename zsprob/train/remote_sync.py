@@ -46,8 +46,8 @@ def check_target(url: str, out: str | os.PathLike) -> None:
     holding it, nor inside it). Reads nothing remote, so a run checks it with its config, before it
     builds anything (:func:`zsprob.train.defaults.resolve_config`)."""
     if remote.check_url(str(url), "train.remote_sync") == "pipe":
-        raise UserError(f"train.remote_sync: a pipe: command cannot hold checkpoints ({url!r}); "
-                        f"use {remote.KNOWN_HINT}")
+        raise UserError(f"train.remote_sync: a pipe: command cannot hold checkpoints ({url!r}); use a local path, "
+                        "file:// or an fsspec protocol (s3://, gs://, ...)")
     if remote.is_local(str(url).rstrip("/")):  # a mirror that is the run (or holds it, or lies in it) copies onto itself
         mirror, run = Path(remote.local_path(str(url).rstrip("/"))).resolve(), Path(out).resolve()
         if mirror == run or run in mirror.parents or mirror in run.parents:
