@@ -302,6 +302,7 @@ def test_the_tuning_options_are_taken_by_the_strategies_that_read_them(world, tm
     from zsprob.zeroshot.strategy_registry import get_strategy, readers_of
     assert "fusion" in readers_of("beta") and "threshold" in readers_of("threshold_c")
     assert set(readers_of("k_grid")) >= {"auto", "global", "oracle"} and not get_strategy("all").options
+    assert readers_of("shots") == readers_of("shots_split") == ("bprw-fewshot",)  # from its few-shot fact
     r = run_cli("select-prompts", "--dataset", "synthetic", "--strategy", "fusion", "--beta", "2",
                 "--checkpoint", world["ckpt"], "--root", world["root"], "--device", "cpu", "--workers", "0",
                 "--out", tmp_path / "s.json")

@@ -160,19 +160,11 @@ def refuse_given(why: str, *names: str) -> None:
         raise UserError(f"{' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect {why}")
 
 
-def refuse_unused_shots(strategy: str | None, compare: bool) -> None:
-    """``--shots`` / ``--shots-split`` act on the few-shot strategies alone (all of them under --compare)."""
-    from zsprob.zeroshot.strategy_registry import get_strategy
-
-    if compare or (strategy is not None and get_strategy(strategy).shots):
-        return
-    refuse_given(f"with --strategy {strategy or 'auto'} (only the labelled shots of bprw-fewshot are counted)",
-                 "shots", "shots_split")
-
-
-def refuse_unread_tuning(strategy: str, compare: bool, names=("k_grid", "threshold_c", "beta")) -> None:
-    """``--k-grid`` / ``--threshold-c`` / ``--beta`` act on the strategies whose registry entry reads them
-    (under --compare, on any strategy compared): one given to another strategy is one line naming its readers."""
+def refuse_unread_options(strategy: str, compare: bool, names=("k_grid", "threshold_c", "beta", "shots",
+                                                                 "shots_split")) -> None:
+    """``--k-grid`` / ``--threshold-c`` / ``--beta`` / ``--shots`` / ``--shots-split`` act on the strategies whose
+    registry entry reads them (under --compare, on any strategy compared): one given to another strategy is one
+    line naming its readers."""
     from zsprob.zeroshot.strategy_registry import compare_order, get_strategy, readers_of
 
     read = {option for name in (compare_order() if compare else (strategy,)) for option in get_strategy(name).options}

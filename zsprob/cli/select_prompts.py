@@ -10,8 +10,7 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
-                                refuse_overwriting_inputs, refuse_unread_tuning, refuse_unused_shots,
-                                resolve_device)
+                                refuse_overwriting_inputs, refuse_unread_options, resolve_device)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 
@@ -40,8 +39,7 @@ def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, stra
     from zsprob.zeroshot.options import strategy_from_topk
 
     name, k = strategy_from_topk(topk, strategy)
-    refuse_unused_shots(name, compare=False)
-    refuse_unread_tuning(name, compare=False)
+    refuse_unread_options(name, compare=False)
     cache = check_prompt_inputs(templates=templates, classes=classes, class_prompts=class_prompts, k_grid=k_grid,
                                 shots_split=shots_split, allow_eval_shots=allow_eval_shots, cache_dir=cache_dir,
                                 out=out)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
-                                refuse_given, refuse_overwriting_inputs, refuse_unread_tuning, refuse_unused_shots,
-                                resolve_device)
+                                refuse_given, refuse_overwriting_inputs, refuse_unread_options, resolve_device)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 
@@ -52,8 +51,8 @@ def zeroshot(dataset, checkpoint, model_name, pretrained, root, prompts, topk, s
                      "--prompts to select anew", "topk", "strategy", "select_root", "templates", "classes",
                      "k_grid", "shots", "shots_split", "allow_eval_shots")
     else:
-        refuse_unused_shots(strategy_from_topk(topk, strategy)[0], compare)
-        refuse_unread_tuning(strategy_from_topk(topk, strategy)[0], compare, names=("k_grid",))
+        refuse_unread_options(strategy_from_topk(topk, strategy)[0], compare,
+                              names=("k_grid", "shots", "shots_split"))
     if score != "unc":
         refuse_given(f"with --score {score} (it weights sigma^2 in --score unc alone)", "unc_weight")
     cache = check_prompt_inputs(templates=templates, classes=classes, class_prompts=class_prompts, k_grid=k_grid,

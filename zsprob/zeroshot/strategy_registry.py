@@ -72,8 +72,8 @@ class Strategy:
     (smaller first), ``None`` to leave it out; ``run``: ``run(bank, StrategyInputs) -> Selection``;
     ``shots``: a few-shot strategy whose labelled images (``needs`` SELECTION_LABELS) come from the
     split the user names (``--shots-split``; the evaluation split only with ``--allow-eval-shots``);
-    ``options``: the tuning options of :data:`TUNING_OPTIONS` it reads (the command line refuses one
-    given to a strategy that would ignore it).
+    ``options``: the options of :data:`STRATEGY_OPTIONS` it reads (the command line refuses one given to a
+    strategy that would ignore it); a few-shot strategy reads ``shots`` / ``shots_split`` by that fact.
     """
 
     name: str
@@ -139,10 +139,10 @@ class Strategy:
 
 _REGISTRY: dict[str, Strategy] = {}
 
-#: the tuning options a strategy may read: the K grid of the searches, the threshold rule's c, fusion's beta
-#: (the ``StrategyInputs`` fields ``k_values``, ``threshold_c``, ``beta``; on the command line --k-grid,
-#: --threshold-c, --beta)
-TUNING_OPTIONS = ("k_grid", "threshold_c", "beta")
+#: the options a strategy may read: the K grid of the searches, the threshold rule's c, fusion's beta and
+#: the few-shot strategies' shots (the ``StrategyInputs`` fields ``k_values``, ``threshold_c``, ``beta``,
+#: ``shots``, ``shots_split``; on the command line --k-grid, --threshold-c, --beta, --shots, --shots-split)
+STRATEGY_OPTIONS = ("k_grid", "threshold_c", "beta", "shots", "shots_split")
 
 
 def register_strategy(name: str, *, run: Callable | None = None, needs=(), uses=(), sigma: bool = False,
@@ -164,9 +164,9 @@ def register_strategy(name: str, *, run: Callable | None = None, needs=(), uses=
         raise ValueError(f"strategy {name!r} needs K, which --compare does not pass: use compare=None")
     if shots and SELECTION_LABELS not in needs:
         raise ValueError(f"strategy {name!r}: a few-shot strategy needs its shots (SELECTION_LABELS)")
-    options = tuple(options)
-    if any(option not in TUNING_OPTIONS for option in options):
-        raise ValueError(f"strategy {name!r}: options must be among {TUNING_OPTIONS}, got {options}")
+    options = tuple(options) + (("shots", "shots_split") if shots else ())
+    if any(option not in STRATEGY_OPTIONS for option in options):
+        raise ValueError(f"strategy {name!r}: options must be among {STRATEGY_OPTIONS}, got {options}")
     entry = Strategy(name, needs, uses, bool(sigma), bool(needs_k), compare, run, bool(shots), options)
     _REGISTRY[name] = entry
     return entry
@@ -227,7 +227,7 @@ def sigma_strategies() -> tuple[str, ...]:
 
 
 def readers_of(option: str) -> tuple[str, ...]:
-    """The strategies that read the tuning option ``option`` (one of :data:`TUNING_OPTIONS`)."""
+    """The strategies that read the option ``option`` (one of :data:`STRATEGY_OPTIONS`)."""
     return tuple(name for name, entry in _REGISTRY.items() if option in entry.options)
 
 
