@@ -3,7 +3,7 @@
 
 Compares, side by side in one run (D = 512, float32):
   1. zsprob.prob.PCMEPPLoss (CSD through one matmul, O(N^2) memory) against the direct broadcast
-     formulation of the PCME++ App. A.4 pseudo-code (zsprob.prob.reference, O(N^2 D) memory),
+     formulation of the PCME++ App. A.4 pseudo-code (tests/prob_reference.py, O(N^2 D) memory),
      both directions, pseudo-positives (alpha 0.1) and VIB (beta 1e-4) on; same loss to 1e-5
      relative is checked and printed;
   2. PCMELoss (Monte Carlo match probability, J = 7 samples) against PCMEPPLoss (CSD);
@@ -37,8 +37,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from prob_reference import pcmepp_pseudocode_loss  # noqa: E402
 from zsprob.prob import InfoNCELoss, PCMELoss, PCMEPPLoss, ProLIPLoss  # noqa: E402
-from zsprob.prob.reference import pcmepp_pseudocode_loss  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20

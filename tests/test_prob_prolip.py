@@ -14,9 +14,10 @@ from conftest import TINY_TOWERS, run_cli
 from zsprob import UserError
 from zsprob.data.masking import (TextMaskSpec, cells_to_mask, delete_tokens, mask_image_cells, mask_tokens,
                                  text_mask_spec)
+from prob_reference import inclusion_logit_per_dim
 from zsprob.prob import ProLIPLoss, create_loss, needs_sigma
 from zsprob.prob.distances import inclusion_logit
-from zsprob.prob.prolip import cover_loss, inclusion_logit_per_dim, prolip_vib
+from zsprob.prob.prolip import cover_loss, prolip_vib
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the fixture is in conftest.py

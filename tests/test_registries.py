@@ -253,7 +253,7 @@ def test_a_registered_method_reaches_the_factory_the_defaults_and_the_choices(me
     def factory(init_temperature=0.07, **kwargs):
         return InfoNCELoss(init_temperature=init_temperature, **kwargs)
 
-    MR.register_method("mine", loss=factory, needs_sigma=False, loss_defaults={"init_temperature": 0.05},
+    MR.register_method("mine", factory, needs_sigma=False, loss_defaults={"init_temperature": 0.05},
                        aliases=("my-clip",))
     assert zsprob.methods.METHODS[-1] == "mine" and MR.default_loss_options()["mine"] == {"init_temperature": 0.05}
     loss = create_loss("MY_CLIP", **MR.get_method("mine").default_options())
@@ -261,6 +261,6 @@ def test_a_registered_method_reaches_the_factory_the_defaults_and_the_choices(me
     with pytest.raises(UserError, match="bad options for loss 'mine'.*accepted: init_temperature, kwargs"):
         create_loss("mine", temperature=3)
     with pytest.raises(ValueError, match="already registered"):
-        MR.register_method("clip", needs_sigma=False)
+        MR.register_method("clip", factory, needs_sigma=False)
     with pytest.raises(ValueError, match="step_kind"):
-        MR.register_method("other", needs_sigma=False, step_kind="gan")
+        MR.register_method("other", factory, needs_sigma=False, step_kind="gan")

@@ -1,12 +1,9 @@
-"""Names every layer agrees on: the views of the two registries and the occlusion term's image views.
+"""Names every layer agrees on, torch-free: the two registries' names and the occlusion term's image views.
 
 ``METHODS`` (training objectives, ``--method``) and ``STRATEGIES`` (prompt-selection strategies,
-``--strategy``) are read live from their registries, where each name carries its facts:
-:mod:`zsprob.prob.method_registry` (loss, sigma, default loss options, step kind) and
-:mod:`zsprob.zeroshot.strategy_registry` (data read, sigma^2, K, ``--compare`` order); both are
-torch-free, so the command line's choices cost no torch import. The occlusion term's image views are
-read by the losses' option checks (:mod:`zsprob.prob.prolip`) and the views themselves
-(:mod:`zsprob.data.degrade`). Imports the two registries only when ``METHODS`` / ``STRATEGIES`` are read.
+``--strategy``) are read live from :mod:`zsprob.prob.method_registry` and
+:mod:`zsprob.zeroshot.strategy_registry`, imported only when they are read. The image views are read
+by the losses' option checks (:mod:`zsprob.prob.prolip`) and made by :mod:`zsprob.data.degrade`.
 """
 from __future__ import annotations
 
@@ -20,10 +17,10 @@ __all__ = ["METHODS", "STRATEGIES", "IMAGE_MASK_MODES", "DEGRADE_OPS", "DEFAULT_
 
 
 def __getattr__(name):
-    if name == "METHODS":  # training objectives (--method): zsprob.prob.method_registry
+    if name == "METHODS":
         from zsprob.prob.method_registry import method_names
         return method_names()
-    if name == "STRATEGIES":  # prompt-selection strategies (--strategy): zsprob.zeroshot.strategy_registry
+    if name == "STRATEGIES":
         from zsprob.zeroshot.strategy_registry import strategy_names
         return strategy_names()
     raise AttributeError(f"module 'zsprob.methods' has no attribute {name!r}")

@@ -1,44 +1,23 @@
-"""Pairwise distances and similarities between diagonal Gaussians, plus uncertainty scalars.
+"""Pairwise distances and similarities between diagonal Gaussians, and uncertainty scalars.
 
-Every Gaussian is a pair ``(mu, logvar)`` of tensors [N, D] (``logvar = log sigma^2``); every
-pairwise function takes the rows ``a`` [N, D] and the columns ``b`` [M, D] and returns [N, M].
+A Gaussian is ``(mu, logvar)``, tensors [N, D] with ``logvar = log sigma^2``; a pairwise function takes
+rows ``a`` [N, D] and columns ``b`` [M, D] and returns [N, M]. With v = sigma^2 and sums over D:
 
-Formulas and where they come from (p = N(mu_a, v_a), q = N(mu_b, v_b), v = sigma^2, sums over D):
+- ``csd`` (PCME++ Eq. 1): E||Z_a - Z_b||^2 = ||mu_a - mu_b||^2 + sum(v_a) + sum(v_b);
+- ``wasserstein2``: ||mu_a - mu_b||^2 + ||sigma_a - sigma_b||^2 (``form="var"``: variances in place of
+  sigma, Pishdad et al. as printed; ``squared=False``: the square root, as they use it);
+- ``kl`` = KL(a || b) = 0.5 sum[log v_b - log v_a + v_a / v_b + (mu_a - mu_b)^2 / v_b - 1];
+  ``kl_reverse``, ``min_kl``, and ``js`` = 0.5 (KL(a||b) + KL(b||a)) as PCME defines its "JS";
+- ``elk`` (PCME): 0.5 sum[(mu_a - mu_b)^2 / (v_a + v_b) + log(v_a + v_b)], no 2 pi constant;
+- ``bhattacharyya``: 0.25 sum (mu_a - mu_b)^2 / (v_a + v_b) + 0.5 sum log((v_a + v_b) / (2 sqrt(v_a v_b)));
+- ``mc_match_prob`` (PCME Eq. 2-3): the mean over J x J reparameterised sample pairs of
+  sigmoid(-a ||z_a - z_b||_2 + b); ``mc_avg_l2``: the mean sampled L2 distance (PCME Table 1);
+- ``inclusion_test`` / ``inclusion_logit`` (ProLIP Sec. 3.3): element-wise, row i of 1 in row i of 2;
+- ``uncertainty``: ||sigma^2||_1 (PCME++), sum logvar (Pishdad et al.) or the geometric mean of sigma (PCME).
 
-- ``csd``: PCME++ Eq. 1 (App. A.1), E||Z_a - Z_b||^2 = ||mu_a - mu_b||^2 + sum(v_a) + sum(v_b);
-- ``wasserstein2``: squared 2-Wasserstein distance ||mu_a - mu_b||^2 + ||sigma_a - sigma_b||^2
-  (PCME++ Sec. 2.2, PCME Sec. 4); ``form="var"`` gives ||mu_a - mu_b||^2 + ||v_a - v_b||^2, the
-  diagonal form as Pishdad et al. print it (Sec. 3); ``squared=False`` takes the square root
-  (Pishdad et al. use -W2, not -W2^2);
-- ``kl`` = KL(p || q) = 0.5 sum[log v_b - log v_a + v_a / v_b + (mu_a - mu_b)^2 / v_b - 1]
-  (PCME Sec. C, Pishdad et al. Eq. 4); ``kl_reverse`` = KL(q || p); ``min_kl`` = min of the two;
-  ``js`` = 0.5 (KL(p||q) + KL(q||p)) exactly as the PCME paper defines its "JS";
-- ``elk``: negative log expected likelihood kernel without the 2 pi constant,
-  0.5 sum[(mu_a - mu_b)^2 / (v_a + v_b) + log(v_a + v_b)] (PCME Sec. C);
-- ``bhattacharyya``: 0.25 sum (mu_a - mu_b)^2 / (v_a + v_b) + 0.5 sum log((v_a + v_b) / (2 sqrt(v_a v_b)))
-  (the standard form; zero for identical Gaussians; the PCME digest's form adds 0.5 log 2 per dim);
-- ``mc_match_prob``: PCME Eq. 2-3, (1/J^2) sum_{j,j'} sigmoid(-a ||z_a^j - z_b^j'||_2 + b) with
-  J reparameterised samples per input; ``mc_avg_l2``: the mean sampled L2 distance (PCME Table 1);
-- ``inclusion_test`` / ``inclusion_logit`` (ProLIP, Chun et al. ICLR 2025, Sec. 3.3 and its
-  official ``inclusion_test``): an element-wise (not pairwise) score of "N(mu_1, v_1) is included
-  in N(mu_2, v_2)"; per dimension, with w_k = exp(-logvar_k + eps):
-  A = w_1 + w_2 / 2, B = 2 mu_1 w_1 + mu_2 w_2, C = mu_1^2 w_1 + mu_2^2 w_2 / 2,
-  test = -2 logvar_1 - logvar_2 - log(A) / 2 + B^2 / (4 A) - C, averaged over D;
-  ``inclusion_logit`` = test(1 in 2) - test(2 in 1) (> 0: 1 is the included one);
-- ``uncertainty``: ||sigma^2||_1 (PCME++), log det Sigma = sum logvar (Pishdad et al.), geometric
-  mean of sigma (PCME).
-
-Memory: closed forms that separate over (a, b) go through matrix products, O(N*M) memory and no
-[N, M, D] tensor (CSD, W2, KL and its relatives expand the square and the 1/v_b factor into three
-matmuls). ELK and Bhattacharyya have (mu_a - mu_b)^2 / (v_a + v_b), which does not separate; they
-are computed in row blocks whose [rows, M, D] temporaries stay under ``chunk_elements``. The Monte
-Carlo functions draw the samples once and evaluate the [N*J, M*J] sample distances in blocks (a
-matmul each), so their memory is bounded for any N, M.
-
-Dtypes: float64 inputs are computed in float64, everything else (float32, float16, bfloat16) in
-float32; results come back in that compute dtype.
-
-All of this is written here on top of plain torch (matmul, logsumexp); no other library does it.
+Memory: the closed forms that separate over (a, b) are matrix products, with no [N, M, D] tensor; ELK,
+Bhattacharyya and the Monte Carlo functions run in blocks of at most ``chunk_elements`` elements.
+float64 inputs are computed in float64, everything else in float32 (the dtype of the result).
 """
 from __future__ import annotations
 
@@ -49,12 +28,6 @@ import torch
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
-
-__all__ = [
-    "csd", "wasserstein2", "kl", "kl_reverse", "min_kl", "js", "elk", "bhattacharyya",
-    "sq_euclidean", "cosine", "mc_match_prob", "mc_avg_l2", "sample_gaussian", "uncertainty",
-    "score", "SCORE_NAMES", "compute_dtype", "inclusion_test", "inclusion_logit",
-]
 
 #: default size (number of elements) of one temporary block in the chunked functions (16 MiB in float32)
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
@@ -73,16 +46,6 @@ def _cast(*tensors: torch.Tensor | None):
     return tuple(None if t is None else t.to(dt) for t in tensors)
 
 
-def _check_pair(mu_a, mu_b):
-    if mu_a.dim() != 2 or mu_b.dim() != 2 or mu_a.shape[1] != mu_b.shape[1]:
-        raise ValueError(f"expected [N, D] and [M, D] tensors, got {tuple(mu_a.shape)} and {tuple(mu_b.shape)}")
-
-
-def _require_logvar(name: str, *logvars):
-    if any(lv is None for lv in logvars):
-        raise ValueError(f"{name} needs logvar for both inputs (got None: a deterministic model?)")
-
-
 def _sq_dist(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """||x_i - y_j||^2 [N, M] through one matmul; clamped at 0 against round-off."""
     x2 = (x * x).sum(-1, keepdim=True)
@@ -96,14 +59,12 @@ def _sq_dist(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def sq_euclidean(mu_a: torch.Tensor, mu_b: torch.Tensor) -> torch.Tensor:
     """Squared Euclidean distance of the means, [N, M] (the "mean-only" distance)."""
     mu_a, mu_b = _cast(mu_a, mu_b)
-    _check_pair(mu_a, mu_b)
     return _sq_dist(mu_a, mu_b)
 
 
 def cosine(mu_a: torch.Tensor, mu_b: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Cosine similarity of the means, [N, M] (a similarity: higher = closer)."""
     mu_a, mu_b = _cast(mu_a, mu_b)
-    _check_pair(mu_a, mu_b)
     return F.normalize(mu_a, dim=-1, eps=eps) @ F.normalize(mu_b, dim=-1, eps=eps).t()
 
 
@@ -112,9 +73,7 @@ def csd(mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
 
     = ||mu_a||^2 + ||mu_b||^2 - 2 mu_a mu_b^T + sum(sigma_a^2) + sum(sigma_b^2): one matmul.
     """
-    _require_logvar("csd", logvar_a, logvar_b)
     mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
-    _check_pair(mu_a, mu_b)
     s_a = logvar_a.exp().sum(-1, keepdim=True)
     s_b = logvar_b.exp().sum(-1).unsqueeze(0)
     return _sq_dist(mu_a, mu_b) + s_a + s_b
@@ -128,15 +87,9 @@ def wasserstein2(mu_a, logvar_a, mu_b, logvar_b, *, form: str = "std", squared: 
     ``form="var"``: ||mu_a - mu_b||^2 + ||sigma_a^2 - sigma_b^2||^2 (Pishdad et al. as printed).
     ``squared=False`` returns the square root (sqrt(x + eps) to keep the gradient finite at 0).
     """
-    _require_logvar("wasserstein2", logvar_a, logvar_b)
     mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
-    _check_pair(mu_a, mu_b)
-    if form == "std":
-        s_a, s_b = (0.5 * logvar_a).exp(), (0.5 * logvar_b).exp()
-    elif form == "var":
-        s_a, s_b = logvar_a.exp(), logvar_b.exp()
-    else:
-        raise ValueError(f"form must be 'std' or 'var', got {form!r}")
+    power = {"std": 0.5, "var": 1.0}[form]  # sigma = exp(logvar / 2), sigma^2 = exp(logvar)
+    s_a, s_b = (power * logvar_a).exp(), (power * logvar_b).exp()
     # one matmul on concatenated features: ||[mu, s]_a - [mu, s]_b||^2
     d = _sq_dist(torch.cat([mu_a, s_a], dim=1), torch.cat([mu_b, s_b], dim=1))
     return d if squared else (d + eps).sqrt()
@@ -148,9 +101,7 @@ def kl(mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
     0.5 [sum logvar_b - sum logvar_a - D + (v_a + mu_a^2) . (1/v_b) - 2 mu_a . (mu_b / v_b)
     + sum(mu_b^2 / v_b)]: the two dot products are one matmul on concatenated features.
     """
-    _require_logvar("kl", logvar_a, logvar_b)
     mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
-    _check_pair(mu_a, mu_b)
     inv_b = (-logvar_b).exp()
     left = torch.cat([logvar_a.exp() + mu_a * mu_a, mu_a], dim=1)
     right = torch.cat([inv_b, -2.0 * mu_b * inv_b], dim=1)
@@ -205,17 +156,13 @@ def _bhat_block(mu_a, lv_a, v_a, mu_b, lv_b, v_b):
 
 def elk(mu_a, logvar_a, mu_b, logvar_b, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
     """Negative log expected likelihood kernel (no 2 pi constant), [N, M]; row-blocked."""
-    _require_logvar("elk", logvar_a, logvar_b)
     mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
-    _check_pair(mu_a, mu_b)
     return _pairwise_blocks(_elk_block, mu_a, logvar_a, mu_b, logvar_b, chunk_elements)
 
 
 def bhattacharyya(mu_a, logvar_a, mu_b, logvar_b, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
     """Bhattacharyya distance between diagonal Gaussians, [N, M]; row-blocked."""
-    _require_logvar("bhattacharyya", logvar_a, logvar_b)
     mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
-    _check_pair(mu_a, mu_b)
     return _pairwise_blocks(_bhat_block, mu_a, logvar_a, mu_b, logvar_b, chunk_elements)
 
 
@@ -256,7 +203,6 @@ def _sample_dist_blocks(z_a: torch.Tensor, z_b: torch.Tensor, reduce: Callable, 
 
 def _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator):
     mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
-    _check_pair(mu_a, mu_b)
     z_a = sample_gaussian(mu_a, logvar_a, n_samples, generator)
     z_b = sample_gaussian(mu_b, logvar_b, n_samples, generator)
     return z_a, z_b
@@ -283,16 +229,14 @@ def mc_avg_l2(mu_a, logvar_a, mu_b, logvar_b, n_samples: int = 7,
     return _sample_dist_blocks(z_a, z_b, lambda d: d.mean(dim=(1, 3)), chunk_size)
 
 
-# ----------------------------------------------------------------------------- uncertainty
+# ----------------------------------------------------------------------------- inclusion, uncertainty
 
 def inclusion_test(mu_1: torch.Tensor, logvar_1: torch.Tensor, mu_2: torch.Tensor, logvar_2: torch.Tensor,
                    eps: float = -10.0) -> torch.Tensor:
-    """ProLIP's inclusion score of row i of (mu_1, logvar_1) in row i of (mu_2, logvar_2): [N].
-
-    Element-wise over matching rows (shapes [N, D] or [D]); the per-dimension value (module
-    docstring) is averaged over the last dimension. Larger means "1 is inside 2". ``eps`` scales
-    the precisions (ProLIP's ``inclusion_loss_eps``, -10 by default).
-    """
+    """ProLIP's inclusion score of row i of (mu_1, logvar_1) in row i of (mu_2, logvar_2): [N], larger when
+    1 is inside 2 (rows [N, D] or [D]). Per dimension, with w_k = exp(eps - logvar_k), A = w_1 + w_2 / 2,
+    B = 2 mu_1 w_1 + mu_2 w_2, C = mu_1^2 w_1 + mu_2^2 w_2 / 2: -2 logvar_1 - logvar_2 - log(A) / 2
+    + B^2 / (4 A) - C, averaged over D (``eps``: ProLIP's ``inclusion_loss_eps``)."""
     mu_1, logvar_1, mu_2, logvar_2 = _cast(mu_1, logvar_1, mu_2, logvar_2)
     if mu_1.shape != mu_2.shape or logvar_1.shape != mu_1.shape or logvar_2.shape != mu_2.shape:
         raise ValueError(f"inclusion_test needs equal shapes, got {tuple(mu_1.shape)}, {tuple(logvar_1.shape)}, "
@@ -314,8 +258,6 @@ def inclusion_logit(mu_1, logvar_1, mu_2, logvar_2, eps: float = -10.0) -> torch
 def uncertainty(logvar: torch.Tensor, kind: str = "l1") -> torch.Tensor:
     """Per-input uncertainty [N]: ``"l1"`` ||sigma^2||_1 (PCME++), ``"logdet"`` sum logvar
     (Pishdad et al.), ``"geomean"`` geometric mean of sigma = exp(mean(logvar) / 2) (PCME)."""
-    if logvar is None:
-        raise ValueError("uncertainty needs logvar (deterministic models have none)")
     (logvar,) = _cast(logvar)
     if kind == "l1":
         return logvar.exp().sum(-1)
@@ -339,21 +281,16 @@ def score(name: str, mu_a, logvar_a=None, mu_b=None, logvar_b=None, **kw) -> tor
     (``form``/``squared`` for "w2"; ``a``, ``b``, ``n_samples``, ``generator`` for "mc").
     ``logvar_a``/``logvar_b`` may be None for "mean" and "cosine".
     """
-    if mu_b is None:
-        raise ValueError("score needs mu_b")
     if name == "mean":
         return -sq_euclidean(mu_a, mu_b)
     if name == "cosine":
         return cosine(mu_a, mu_b, **kw)
+    if name not in SCORE_NAMES:
+        raise UserError(f"unknown score {name!r} (choose from {', '.join(SCORE_NAMES)})")
+    if logvar_a is None or logvar_b is None:
+        raise UserError(f"score {name!r} needs sigma, but the model is deterministic (use 'mean' or 'cosine')")
+    if name == "mc":
+        return mc_match_prob(mu_a, logvar_a, mu_b, logvar_b, **kw)
     fns = {"csd": csd, "w2": wasserstein2, "kl": kl, "minkl": min_kl, "js": js, "elk": elk,
            "bhattacharyya": bhattacharyya}
-    if name in fns:
-        if logvar_a is None or logvar_b is None:
-            raise UserError(f"score {name!r} needs sigma, but the model is deterministic "
-                            "(use 'mean' or 'cosine')")
-        return -fns[name](mu_a, logvar_a, mu_b, logvar_b, **kw)
-    if name == "mc":
-        if logvar_a is None or logvar_b is None:
-            raise UserError("score 'mc' needs sigma, but the model is deterministic (use 'mean' or 'cosine')")
-        return mc_match_prob(mu_a, logvar_a, mu_b, logvar_b, **kw)
-    raise UserError(f"unknown score {name!r} (choose from {', '.join(SCORE_NAMES)})")
+    return -fns[name](mu_a, logvar_a, mu_b, logvar_b, **kw)

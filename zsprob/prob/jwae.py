@@ -1,24 +1,16 @@
-"""Objective terms of the joint Wasserstein autoencoders (jWAE) for image-text embeddings.
+"""The objective terms of the joint Wasserstein autoencoders (jWAE) for image-text embeddings.
 
-Each modality has an autoencoder (encoder f, decoder g) mapping inputs to points z in R^d; the
-encoded distribution of each modality is pushed towards the shared prior N(0, I_d) with an
-adversarial (GAN / Jensen-Shannon) term, and matching pairs are aligned with MSE (jWAE-MSE,
-Eq. 7) or a bidirectional max-margin hinge (jWAE-MH, Eq. 1). Unsupervised objective (Eq. 6):
+Each modality has an autoencoder (encoder f, decoder g) mapping inputs to points z in R^d; each
+modality's codes are pushed towards the shared prior N(0, I_d) by an adversarial (GAN) term, and
+paired codes are aligned by MSE (jWAE-MSE, Eq. 7) or a bidirectional max-margin hinge (jWAE-MH,
+Eq. 1). The encoders minimise (Eq. 6 plus the alignment)
 
     lambda1 rec(x_v, g_v(f_v(x_v))) + lambda2 rec(x_t, g_t(f_t(x_t)))
-    + lambda3 D_JS(F_v || N(0, I)) + lambda4 D_JS(F_t || N(0, I))
+    + lambda3 D_JS(F_v || N(0, I)) + lambda4 D_JS(F_t || N(0, I)) + align(z_v, z_t)
 
-with the paper's presets (:data:`JWAE_PRESETS`): jWAE-MSE lambda1 = lambda2 = 1, lambda3 =
-lambda4 = 0.2; jWAE-MH lambda1 = 0.5, lambda2 = 0.005, lambda3 = lambda4 = 0.01. The paper
-trains the autoencoders with Adam lr 1e-4 and the discriminator with lr 5e-5 (its own optimizer).
-
-What is here: :func:`reconstruction_loss` (l1 / l2 / mse), :class:`PriorDiscriminator` (one
-shared discriminator, 3 FC layers 256-256-2 with leaky ReLU, class 1 = "prior sample"),
-:func:`sample_prior`, :func:`discriminator_loss` and :func:`generator_loss` (non-saturating),
-:func:`mse_alignment`, :func:`max_margin_alignment` (hinge from :mod:`zsprob.prob.pairs`) and
-:class:`JWAEObjective`, which combines them with a preset. Unpaired images / texts enter only the
-reconstruction and prior terms (the semi-supervised setting). Plain torch; nothing reused from
-another library beyond torch.nn.
+with the paper's presets (:data:`JWAE_PRESETS`); one shared discriminator (3 FC layers 256-256-2,
+class 1 = "prior sample") has its own optimiser. Unpaired images / captions enter only the
+reconstruction and prior terms of their modality (the semi-supervised setting).
 """
 from __future__ import annotations
 
@@ -28,11 +20,6 @@ import torch.nn.functional as F
 
 from zsprob.errors import UserError
 from zsprob.prob.pairs import hinge_rows
-
-__all__ = [
-    "JWAE_PRESETS", "reconstruction_loss", "PriorDiscriminator", "sample_prior", "discriminator_loss",
-    "generator_loss", "mse_alignment", "max_margin_alignment", "JWAEObjective",
-]
 
 JWAE_PRESETS = {
     "jwae-mse": {"lambda1": 1.0, "lambda2": 1.0, "lambda3": 0.2, "lambda4": 0.2, "align": "mse"},
@@ -111,14 +98,9 @@ def max_margin_alignment(z_img: torch.Tensor, z_txt: torch.Tensor, margin: float
 
 
 class JWAEObjective(nn.Module):
-    """jWAE losses with a preset ("jwae-mse" or "jwae-mh") and a shared prior discriminator.
-
-    ``encoder_loss(...)`` is minimised by the autoencoders, ``discriminator_loss(...)`` by the
-    discriminator (its own optimiser, e.g. Adam lr 5e-5). Both return ``(loss, stats)``.
-    The semi-supervised form (:meth:`generator_terms`, :meth:`discriminator_terms`) takes the
-    paired rows and optional image-only / caption-only rows: reconstruction and prior terms see
-    every row of their modality, the alignment only the paired rows.
-    """
+    """jWAE's losses with a preset ("jwae-mse" or "jwae-mh") and a shared prior discriminator:
+    :meth:`generator_terms` is minimised by the autoencoders, :meth:`discriminator_terms` by the
+    discriminator (its own optimiser); both return ``(loss, stats)``."""
 
     def __init__(self, latent_dim: int, preset: str = "jwae-mh", rec_kind_img: str = "l2",
                  rec_kind_txt: str = "mse", margin: float = 0.2, negatives: str = "all", **overrides):
@@ -134,32 +116,6 @@ class JWAEObjective(nn.Module):
         self.rec_kind_img, self.rec_kind_txt = rec_kind_img, rec_kind_txt
         self.margin, self.negatives = float(margin), negatives
         self.discriminator = PriorDiscriminator(latent_dim)
-
-    def encoder_loss(self, x_img, x_img_rec, z_img, x_txt, x_txt_rec, z_txt, paired: bool = True):
-        """Eq. 6 plus the alignment term (only when ``paired``: rows i of both are pairs)."""
-        c = self.cfg
-        rec_v = reconstruction_loss(x_img, x_img_rec, self.rec_kind_img)
-        rec_t = reconstruction_loss(x_txt, x_txt_rec, self.rec_kind_txt)
-        adv_v = generator_loss(self.discriminator, z_img)
-        adv_t = generator_loss(self.discriminator, z_txt)
-        loss = c["lambda1"] * rec_v + c["lambda2"] * rec_t + c["lambda3"] * adv_v + c["lambda4"] * adv_t
-        stats = {"rec_img": rec_v.detach(), "rec_txt": rec_t.detach(), "adv_img": adv_v.detach(),
-                 "adv_txt": adv_t.detach()}
-        if paired:
-            if c["align"] == "mse":
-                align = mse_alignment(z_img, z_txt)
-            else:
-                align = max_margin_alignment(z_img, z_txt, self.margin, self.negatives)
-            loss = loss + align
-            stats["align"] = align.detach()
-        stats["loss"] = loss.detach()
-        return loss, stats
-
-    def discriminator_loss(self, z_img, z_txt, generator: torch.Generator | None = None):
-        d_v = discriminator_loss(self.discriminator, z_img, generator=generator)
-        d_t = discriminator_loss(self.discriminator, z_txt, generator=generator)
-        loss = d_v + d_t
-        return loss, {"disc_img": d_v.detach(), "disc_txt": d_t.detach(), "loss": loss.detach()}
 
     def generator_terms(self, img, txt, u_img=None, u_txt=None):
         """Semi-supervised encoder objective. ``img`` / ``txt``: ``(x, x_rec, z)`` of the paired
@@ -187,11 +143,12 @@ class JWAEObjective(nn.Module):
         return max_margin_alignment(z_img, z_txt, self.margin, self.negatives)
 
     def discriminator_terms(self, z_img, z_txt, generator: torch.Generator | None = None):
-        """Discriminator objective over every code of each modality (paired and unpaired rows
-        together; the codes are detached inside)."""
-        loss, stats = self.discriminator_loss(z_img, z_txt, generator=generator)
-        stats["disc_loss"] = stats.pop("loss")
-        return loss, stats
+        """Discriminator objective over every code of each modality (paired and unpaired rows together;
+        the codes are detached inside), as many prior samples as codes drawn per modality."""
+        d_v = discriminator_loss(self.discriminator, z_img, generator=generator)
+        d_t = discriminator_loss(self.discriminator, z_txt, generator=generator)
+        loss = d_v + d_t
+        return loss, {"disc_img": d_v.detach(), "disc_txt": d_t.detach(), "disc_loss": loss.detach()}
 
 
 def _rows(paired, unpaired):

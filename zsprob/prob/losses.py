@@ -1,66 +1,25 @@
-"""Training objectives of the four papers, as torch.nn.Modules with one forward signature.
+"""The pairwise training objectives, as torch.nn.Modules with one forward signature.
 
     loss, stats = criterion(img_mu, img_logvar, txt_mu, txt_logvar, matched=None,
                             all_img=None, all_txt=None, offset=0)
 
-- ``img_*`` / ``txt_*``: this process's rows [n, D] (logvar may be None for losses that do not
-  use sigma, see :func:`needs_sigma`);
-- ``all_img`` / ``all_txt``: ``(mu, logvar)`` of the globally gathered batch [N, D] (gathered
-  with gradients, e.g. ``zsprob.train.distributed.gather_gaussians``), this process's rows at
-  ``offset``; None in a single process (the columns are then the local batch);
-- ``matched``: soft match targets in [0, 1] for the GLOBAL batch, [N_img, N_txt] (images x
-  texts), the identity if None; MSDA (``zsprob.prob.msda``) makes them soft.
+``img_*`` / ``txt_*`` are this process's rows [n, D] (logvar None for a loss without sigma);
+``all_img`` / ``all_txt`` the ``(mu, logvar)`` of the globally gathered batch [N, D], this process's rows
+at ``offset`` (None in one process: the columns are the local batch); ``matched`` the soft match
+targets [N_img, N_txt] in [0, 1] of the global batch (the identity if None; MSDA makes them soft).
+Every loss is a mean over this process's rows, so the mean over processes equals the single-process
+loss on the global batch, and with gradient-carrying gathers the gradients agree too.
 
-Every pairwise loss is a mean over this process's rows (image rows against all texts, text rows
-against all images), so the average over processes equals the single-process loss on the global
-batch, and with gradient-carrying gathers the gradients agree too (tests/test_prob_losses.py
-checks both by splitting a batch into two simulated processes).
+- :class:`PCMEPPLoss` (PCME++ Eq. 2-3, App. A.4): BCE on logits ``-a * CSD + b`` (a, b learnable) over
+  all pairs in both directions, pseudo-positives (weight ``pp_alpha``) and VIB (weight ``vib_beta``);
+  :class:`MuOnlyLoss` is the same on ||mu_v - mu_t||^2 without sigma.
+- :class:`PCMELoss` (PCME Eq. 1-3): soft contrastive NLL of the Monte Carlo match probability.
+- :class:`InfoNCELoss` (CLIP), :class:`TripletLoss` (VSE++) and :class:`ProbTripletLoss` (Pishdad
+  et al. Eq. 3, a hinge on a distribution similarity).
 
-Objectives (paper, section):
-- :class:`PCMEPPLoss` (PCME++ Sec. 2.2-2.3, Eq. 2-3, App. A.4 pseudo-code): BCE on logits
-  ``-a * CSD + b`` (a = b = 5 learnable) over all image-text pairs, counted in both directions
-  (i2t and t2i; the official code computes i2t and doubles it, the values agree), pseudo-positives
-  (for each row, every column at least as close as the row's ground truth takes the ground
-  truth's label, weight ``pp_alpha``) in both directions, VIB = KL(N(mu, sigma^2) || N(0, I))
-  = -0.5 mean(1 + logvar - mu^2 - exp(logvar)) per modality with weight ``vib_beta`` (a term
-  above 1e4 is skipped, as in the official code). ``distance="wd"`` is the 2-Wasserstein ablation
-  (Table 4); :class:`MuOnlyLoss` uses ||mu_v - mu_t||^2 (the mean-only baseline).
-  The PP rule follows the official code (row-wise: ``logits >= gt_val[:, None]``); the printed
-  pseudo-code line ``logits >= gt_vals`` broadcasts the [N] vector along the wrong axis.
-  Per pair the BCE gradient is dL/dl = sigmoid(l) - m for any soft label m (tests check it
-  numerically): confident positives saturate (-> 0), a confident false negative (m = 0,
-  sigmoid(l) ~ 1) gets ~1, a pseudo-positive relabelled to 1 gets ~0 and an MSDA label lambda
-  gets 1 - lambda. The expressions printed in Sec. 2.3-2.4 ("1 - sigmoid(l) for m = 0",
-  "(1 - lambda) - (1 - 2 lambda) sigmoid(l)") are not the derivative of Eq. 2; zsprob implements
-  Eq. 2 / the pseudo-code, not those expressions.
-- :class:`PCMELoss` (PCME Eq. 1-3): soft contrastive NLL of the Monte Carlo match probability
-  with J samples per input, KL (VIB) and uniformity (log mean exp(-2 ||z - z'||^2), Wang & Isola,
-  as in the official PCME code) regularisers; ``form="official"`` (default) is naver-ai/pcme's
-  ``MCSoftContrastiveLoss`` (sigmoid(2 l), summed terms, a = b = 15), ``form="zsprob"`` the
-  averaged sigmoid(l) form. Sample distances are computed in blocks, each
-  block under activation checkpointing when gradients are needed, so memory stays bounded.
-- :class:`InfoNCELoss` (CLIP): symmetric cross-entropy on cosine similarities of the means with a
-  learnable logit scale initialised to 1/0.07 and clamped at 100.
-- :class:`TripletLoss` (VSE++ / VSE infinity): hinge with margin 0.2 on cosine similarity,
-  hardest negative (``hardest=False``: sum over negatives), both directions.
-- :class:`ProbTripletLoss` (Pishdad et al. Eq. 3): the same hinge with similarity -KL(i||c),
-  -min-KL, -W2 (standard-deviation form) or -W2 in the variance form as printed, hardest or
-  semi-hard negatives, variances clamped to ``var_bounds`` = [0.1, 10].
-
-- :class:`ProLIPLoss` (ProLIP, Chun et al. ICLR 2025): its own module, :mod:`zsprob.prob.prolip`,
-  registered here as "prolip".
-
-- :class:`~zsprob.prob.jwae.JWAEObjective` (jWAE): registered here as "jwae"; not a pairwise
-  loss with the signature above (the jWAE step, :mod:`zsprob.train.jwae_step`, calls its
-  generator and discriminator terms).
-
-Each class is a training method's loss: it attaches itself (``@method_loss``) to the method's entry in
-:mod:`zsprob.prob.method_registry`, which holds the method's other facts (sigma, default options, step
-kind); :func:`create_loss` and :func:`needs_sigma` read the entries.
-
-jWAE pieces are in :mod:`zsprob.prob.jwae`. Written here on plain torch (matmul,
-``binary_cross_entropy_with_logits``, ``torch.utils.checkpoint``); the pairwise math comes from
-:mod:`zsprob.prob.distances`.
+ProLIP's objective is :mod:`zsprob.prob.prolip`, jWAE's :mod:`zsprob.prob.jwae`; which loss each
+training method uses is declared in :mod:`zsprob.prob.method_registry`. docs/prob.md notes where the
+papers' printed expressions and the official code differ, and what zsprob follows.
 """
 from __future__ import annotations
 
@@ -74,24 +33,13 @@ from torch.utils.checkpoint import checkpoint
 from zsprob.errors import UserError, check_range
 from zsprob.methods import DEFAULT_DEGRADE_OPS
 from zsprob.prob import distances
+from zsprob.prob.method_registry import PCMEPP_DISTANCES
+from zsprob.prob.pairs import PairBatch, guard_term, hinge_rows, stat
+from zsprob.prob.prolip import OCCLUSION_OPTIONS, OcclusionTerm
 from zsprob.utils import host_sync
-from zsprob.prob.jwae import JWAEObjective
-from zsprob.prob.method_registry import get_method, method_loss, method_names, methods_without_loss
-from zsprob.prob.pairs import PairBatch, as_dtype, guard_term, hinge_rows, stat  # noqa: F401  (hinge_rows re-exported)
-from zsprob.prob.prolip import (INCLUSION_FORMS, OCCLUSION_OPTIONS, OcclusionSchedule, ProLIPLoss,
-                                cover_inclusion, occlusion_terms, prolip_inclusion)
 
-__all__ = [
-    "PCMEPPLoss", "MuOnlyLoss", "PCMELoss", "InfoNCELoss", "TripletLoss", "ProbTripletLoss",
-    "ProLIPLoss", "PCME_FORMS", "vib_kl", "caption_nll", "pseudo_positive_targets", "create_loss", "needs_sigma", "LOSS_NAMES",
-]
-
+#: a VIB term above this is skipped for the step (the official code's guard)
 VIB_GUARD = 1e4
-
-
-# ----------------------------------------------------------------------------- shared helpers
-
-_f, _Batch, _stat = as_dtype, PairBatch, stat  # the names this module's classes use
 
 
 def vib_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -101,18 +49,14 @@ def vib_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
 
 def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tensor,
                 txt_logvar: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """Mean over caption rows of -log N(mu_v; mu_t, diag scale * sigma_t^2) + const, over the caption's matched images.
+    """Mean over caption rows of -log N(mu_v; mu_t, diag scale * sigma_t^2) + const over the matched images.
 
     ``targets`` [n, M]: each caption row's match weights over the image columns ``img_mu`` [M, D]
-    (a row's weights are normalised; rows without a match are left out); ``txt_mu`` / ``txt_logvar``
-    [n, D]. Per pair: 0.5 * sum_d ((mu_v - mu_t)^2 / (scale sigma_t^2) + log sigma_t^2). Its minimum over
-    sigma_t^2 is the mean squared residual of the caption's images around its mean, per dimension,
-    divided by ``scale``: a caption that fits many different images gets a wide Gaussian, and
-    ``scale`` > 1 shrinks every variance by the same factor without changing their order (so that
-    the summed variances stay small next to the squared distances CSD adds them to). Computed in matmul form,
-    sum_j w_j (mu_j - mu_t)^2 = W mu^2 - 2 mu_t W mu + mu_t^2 sum_j w_j, without the [n, M, D] tensor.
-    Nothing in it is caption-specific: with the roles swapped (image rows, caption columns) it is
-    the image likelihood term, ``PCMEPPLoss(image_nll_alpha=...)``.
+    (normalised per row; rows without a match are left out); ``txt_mu`` / ``txt_logvar`` [n, D]. Per
+    pair 0.5 sum_d ((mu_v - mu_t)^2 / (scale sigma_t^2) + log sigma_t^2), whose minimum over sigma_t^2
+    is the residual of the caption's images around its mean / ``scale``. The weighted residual is
+    W mu^2 - 2 mu_t W mu + mu_t^2 (rows of W summing to 1): no [n, M, D] tensor. With the roles swapped
+    it is the image likelihood term (``PCMEPPLoss(image_nll_alpha=...)``).
     """
     weight = targets.clamp(min=0)
     total = weight.sum(dim=1)
@@ -124,12 +68,11 @@ def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tenso
         mu_t, lv = txt_mu[keep], txt_logvar[keep]
         sq = w @ img_mu.square() - 2.0 * mu_t * (w @ img_mu) + mu_t.square()
         return 0.5 * (sq.clamp(min=0) * torch.exp(-lv) / scale + lv).sum(-1).mean()
-    # an accelerator: the choice stays on the device (no host sync)
+    # an accelerator: the mean over kept rows is the mean over all rows times n / kept (exactly the plain
+    # mean when every row is kept), so no data-dependent indexing waits for the device
     w = weight / torch.where(keep, total, torch.ones_like(total))[:, None]
     sq = w @ img_mu.square() - 2.0 * txt_mu * (w @ img_mu) + txt_mu.square()
     per_row = 0.5 * (sq.clamp(min=0) * torch.exp(-txt_logvar) / scale + txt_logvar).sum(-1)
-    # the mean over kept rows as the mean over all rows times n / kept: exactly the plain mean when every
-    # row is kept (a factor of exactly 1), without indexing by a data-dependent mask
     scale_up = keep.shape[0] / keep.sum().clamp(min=1).to(per_row.dtype)
     return torch.where(keep, per_row, per_row * 0.0).mean() * scale_up
 
@@ -138,17 +81,11 @@ def _guarded_vib(mu, logvar) -> tuple[torch.Tensor, torch.Tensor]:
     return guard_term(vib_kl(mu, logvar), VIB_GUARD)
 
 
-def _check_weight(name: str, value, positive: bool = False) -> float:
-    return check_range(value, f"PCME++ {name}", 0.0, low_open=positive)
-
-
 def pseudo_positive_targets(logits: torch.Tensor, targets: torch.Tensor):
-    """PCME++ pseudo-positives (Sec. 2.3, App. A.4) for the rows of a [n, M] logit matrix.
+    """PCME++ pseudo-positives (Sec. 2.3) for the rows of a [n, M] logit matrix, row-wise as the official code.
 
-    For every row, the ground truth is the column with the largest target (its label
-    ``gt_label``); every column whose logit is >= the ground truth's logit (i.e. whose distance
-    is <= the ground truth's) takes the label ``gt_label``. Returns (new targets, number of
-    selected entries minus the number of rows, as the official code counts them).
+    In each row every column whose logit is >= the ground truth's (the column with the largest target)
+    takes the ground truth's label. Returns (new targets, selected entries minus rows, the official count).
     """
     gt_label, gt_idx = targets.max(dim=1)
     gt_val = logits.detach().gather(1, gt_idx.unsqueeze(1))
@@ -157,29 +94,25 @@ def pseudo_positive_targets(logits: torch.Tensor, targets: torch.Tensor):
     return new, sel.sum() - sel.shape[0]
 
 
-def _detached(logvar):
-    return None if logvar is None else logvar.detach()
-
-
 def _bce(logits, targets):
     return F.binary_cross_entropy_with_logits(logits, targets)
 
 
 # ----------------------------------------------------------------------------- PCME++
 
-@method_loss("pcmepp")
-class PCMEPPLoss(OcclusionSchedule, nn.Module):
-    """PCME++ objective: L_match (i2t + t2i) + pp_alpha L_pseudo-match (i2t + t2i) + vib_beta L_VIB.
+class PCMEPPLoss(OcclusionTerm, nn.Module):
+    """PCME++: L_match (i2t + t2i) + pp_alpha L_pseudo-match (i2t + t2i) + vib_beta L_VIB.
 
-    ``a`` (``self.scale``) and ``b`` (``self.shift``) are learnable, logits = -a * distance + b.
-    ``distance``: "csd" (PCME++), "wd" (2-Wasserstein ablation), "mu" (mean-only). With "mu" and the
-    occlusion term on, the match loss trains the means alone and sigma^2 learns only from the
-    occlusion term (and VIB): the two are fully decoupled. ``match_sigma``: "train" (PCME++) or
-    "detach": the match loss reads sigma^2 as a constant, so its distances (and the per-row offsets
-    ||sigma^2||_1 adds to them) shape the means' gradients, but only the other terms train sigma^2.
+    Logits -a * distance + b with learnable a (``self.scale``) and b (``self.shift``); ``distance``
+    "csd" (PCME++), "wd" (2-Wasserstein ablation) or "mu" (mean-only: with the occlusion term on, the
+    match loss trains the means and sigma^2 learns from that term and VIB alone). VIB per modality is
+    :func:`vib_kl`. ``match_sigma="detach"``: the match loss reads sigma^2 as a constant (the means'
+    gradients keep its offsets; only the other terms train sigma^2). zsprob's extensions, off by
+    default: ProLIP's occlusion inclusion term (:class:`~zsprob.prob.prolip.OcclusionTerm`) and the
+    caption / image likelihood terms (:func:`caption_nll`).
     """
 
-    DISTANCES = ("csd", "wd", "mu")
+    DISTANCES = PCMEPP_DISTANCES + ("mu",)
     MATCH_SIGMA = ("train", "detach")
 
     def __init__(self, init_scale: float = 5.0, init_shift: float = 5.0, pp_alpha: float = 0.1,
@@ -192,7 +125,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
                  image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS,
                  caption_nll_alpha: float = 0.0, caption_nll_scale: float = 1.0,
                  image_nll_alpha: float = 0.0, image_nll_scale: float = 1.0):
-        arguments = dict(locals())  # the occlusion options are relayed from here
+        arguments = dict(locals())  # the occlusion term's options are relayed from here
         super().__init__()
         if distance not in self.DISTANCES:
             raise UserError(f"unknown PCME++ distance {distance!r} (choose from {', '.join(self.DISTANCES)})")
@@ -204,18 +137,11 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         self.pp_alpha = float(pp_alpha)
         self.vib_beta = float(vib_beta)
         self.distance = distance
-        # zsprob's extension (off by default): ProLIP's occlusion inclusion term, "a caption with words
-        # deleted / an image with cells blanked includes the whole" (zsprob.prob.prolip documents it)
         self.set_occlusion_options(**{key: arguments[key] for key in OCCLUSION_OPTIONS})
-        if inclusion_form not in INCLUSION_FORMS:
-            raise UserError(f"inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
-        self.inclusion_form, self.cover_scale, self.cover_lambda = inclusion_form, float(cover_scale), float(cover_lambda)
-        # zsprob's extension (off by default): the caption likelihood term, see caption_nll
-        self.caption_nll_alpha = _check_weight("caption_nll_alpha", caption_nll_alpha)
-        self.caption_nll_scale = _check_weight("caption_nll_scale", caption_nll_scale, positive=True)
-        # ... and its image counterpart: an image's Gaussian explains its captions' means
-        self.image_nll_alpha = _check_weight("image_nll_alpha", image_nll_alpha)
-        self.image_nll_scale = _check_weight("image_nll_scale", image_nll_scale, positive=True)
+        self.caption_nll_alpha = check_range(caption_nll_alpha, "PCME++ caption_nll_alpha", 0.0)
+        self.caption_nll_scale = check_range(caption_nll_scale, "PCME++ caption_nll_scale", 0.0, low_open=True)
+        self.image_nll_alpha = check_range(image_nll_alpha, "PCME++ image_nll_alpha", 0.0)
+        self.image_nll_scale = check_range(image_nll_scale, "PCME++ image_nll_scale", 0.0, low_open=True)
 
     def extra_repr(self) -> str:
         return (f"distance={self.distance!r}, match_sigma={self.match_sigma!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
@@ -242,10 +168,10 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         # sigma^2 is trained by those terms and VIB alone
         uses_sigma = (self.distance != "mu" or self.inclusion_alpha_occ > 0 or self.caption_nll_alpha > 0
                       or self.image_nll_alpha > 0)
-        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
-                   need_sigma=uses_sigma)
+        B = PairBatch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset,
+                      need_sigma=uses_sigma)
         a, b = self.scale.to(B.dtype), self.shift.to(B.dtype)
-        lv = _detached if self.match_sigma == "detach" else (lambda t: t)
+        lv = (lambda t: None if t is None else t.detach()) if self.match_sigma == "detach" else (lambda t: t)
         l_i2t = -a * self.pairwise_distance(B.img_mu, lv(B.img_lv), B.all_txt_mu, lv(B.all_txt_lv)) + b
         if B.transpose_ok:
             l_t2i = l_i2t.t()
@@ -255,7 +181,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
         match_i2t = _bce(l_i2t, B.t_i2t)
         match_t2i = match_i2t if B.transpose_ok else _bce(l_t2i, B.t_t2i)  # same pairs when transposed
         loss = match_i2t + match_t2i
-        stats = {"match_i2t": _stat(match_i2t), "match_t2i": _stat(match_t2i)}
+        stats = {"match_i2t": stat(match_i2t), "match_t2i": stat(match_t2i)}
 
         pp_count = torch.zeros((), device=l_i2t.device, dtype=torch.long)
         if self.pp_alpha != 0:
@@ -264,7 +190,7 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
             pp_i2t, pp_t2i = _bce(l_i2t, pp_t_i2t), _bce(l_t2i, pp_t_t2i)
             loss = loss + self.pp_alpha * (pp_i2t + pp_t2i)
             pp_count = c1 + c2
-            stats.update(pp_match_i2t=_stat(pp_i2t), pp_match_t2i=_stat(pp_t2i))
+            stats.update(pp_match_i2t=stat(pp_i2t), pp_match_t2i=stat(pp_t2i))
 
         if uses_sigma:
             if self.vib_beta != 0:
@@ -274,31 +200,23 @@ class PCMEPPLoss(OcclusionSchedule, nn.Module):
             else:
                 with torch.no_grad():
                     v_img, v_txt = vib_kl(B.img_mu, B.img_lv), vib_kl(B.txt_mu, B.txt_lv)
-            stats.update(vib_img=_stat(v_img), vib_txt=_stat(v_txt),
-                         img_sigma2=_stat(B.img_lv.detach().exp().mean()),
-                         txt_sigma2=_stat(B.txt_lv.detach().exp().mean()))
+            stats.update(vib_img=stat(v_img), vib_txt=stat(v_txt),
+                         img_sigma2=stat(B.img_lv.detach().exp().mean()),
+                         txt_sigma2=stat(B.txt_lv.detach().exp().mean()))
         if self.caption_nll_alpha > 0:  # trains the caption log-variances only: both means are constants
             nll = caption_nll(B.t_t2i, B.all_img_mu.detach(), B.txt_mu.detach(), B.txt_lv, self.caption_nll_scale)
             loss = loss + self.caption_nll_alpha * nll
-            stats.update(caption_nll=_stat(nll))
+            stats.update(caption_nll=stat(nll))
         if self.image_nll_alpha > 0:  # the same with the roles swapped: the image log-variances only
             nll = caption_nll(B.t_i2t, B.all_txt_mu.detach(), B.img_mu.detach(), B.img_lv, self.image_nll_scale)
             loss = loss + self.image_nll_alpha * nll
-            stats.update(image_nll=_stat(nll))
-        occ_weight = self.occlusion_weight(step)
-        if occ_weight > 0:
-            inclusion = (cover_inclusion(self.cover_scale, self.cover_lambda) if self.inclusion_form == "cover"
-                         else prolip_inclusion(self.inclusion_scale, self.inclusion_eps))
-            occ, occ_stats = occlusion_terms(((masked_img, B.img_mu, B.img_lv), (masked_txt, B.txt_mu, B.txt_lv)),
-                                             inclusion, B.dtype, detach_mu=self.occlusion_grad == "sigma")
-            loss = loss + occ_weight * occ
-            stats.update(occ_stats, occ_weight=torch.tensor(occ_weight))
-        stats.update(loss=_stat(loss), scale=_stat(self.scale), shift=_stat(self.shift),
+            stats.update(image_nll=stat(nll))
+        loss = self.add_occlusion_term(loss, stats, B, masked_img, masked_txt, step)
+        stats.update(loss=stat(loss), scale=stat(self.scale), shift=stat(self.shift),
                      n_pseudo_positives=pp_count.detach())
         return loss, stats
 
 
-@method_loss("mu-only")
 class MuOnlyLoss(PCMEPPLoss):
     """PCME++'s BCE matching loss on the mean-only distance ||mu_v - mu_t||^2 (no sigma, no VIB)."""
 
@@ -376,31 +294,18 @@ def _samples(mu, lv, eps):
     return mu.unsqueeze(1) + (0.5 * lv).exp().unsqueeze(1) * eps
 
 
-@method_loss("pcme")
 class PCMELoss(nn.Module):
-    """PCME soft contrastive loss with the Monte Carlo match probability (J samples per input).
+    """PCME's soft contrastive loss on the Monte Carlo match probability (J samples per input).
 
-    NLL_vt = -[m log p_vt + (1 - m) log(1 - p_vt)], p_vt = mean_jj' s(-a ||z_v^j - z_t^j'||_2 + b),
-    counted in both directions, plus ``vib_beta`` * KL(. || N(0, I)) and ``uniform_weight`` *
-    uniformity of the local batch's samples. ``form`` (:data:`PCME_FORMS`):
-
-    * ``"official"`` (default): as naver-ai/pcme's ``MCSoftContrastiveLoss`` computes it.
-      s(l) = e^l / (e^l + e^-l) = sigmoid(2 l), distances sqrt(d^2 + 1e-6), a = b = 15 at init; the
-      NLL is SUMMED over all pairs of the (global) batch in each direction; the KL is the official
-      ``-0.5 sum(1 + h - mean_j(z)^2 - e^h)`` with h = log sigma (= logvar / 2; the official head
-      predicts log sigma, see ``model.sigma_param``), summed over rows and dimensions; the
-      uniformity is taken over at most ``uniform_max_samples`` = 128 samples drawn WITH
-      replacement (the official ``np.random.choice(len(x), sqrt(16384))``). So ``vib_beta`` and
-      ``uniform_weight`` are the official config's ``vib_beta`` / ``uniform_lambda`` as they are.
-    * ``"zsprob"``: s = sigmoid, sqrt(d^2 + 1e-12), a = b = 5 at init, the NLL averaged over pairs,
-      the KL averaged over elements with logvar = log sigma^2, the uniformity over at most 1024
-      samples drawn without replacement. An official ``vib_beta`` is ``vib_beta * D / M`` here
-      (M = batch size) and an official ``uniform_lambda`` is ``uniform_lambda / (N M)``.
-
-    The summed form of a multi-process batch is each process's mean times the global pair / row
-    count, so the average over processes still equals the single-process loss. Pass
-    ``generator=`` to forward for reproducible samples; noise is drawn for the whole global batch
-    so that every process uses the same samples.
+    NLL_vt = -[m log p_vt + (1 - m) log(1 - p_vt)], p_vt = mean_jj' s(-a ||z_v^j - z_t^j'||_2 + b), in
+    both directions, plus ``vib_beta`` * KL(. || N(0, I)) and ``uniform_weight`` * the uniformity
+    log mean exp(-2 ||z - z'||^2) of the local samples. ``form`` (:data:`PCME_FORMS`, table in
+    docs/prob.md): "official" is naver-ai/pcme's ``MCSoftContrastiveLoss`` (s(l) = sigmoid(2 l),
+    a = b = 15, sums over pairs, its KL on h = log sigma, 128 uniformity samples drawn with
+    replacement), so the official config's weights apply unchanged; "zsprob" averages (s = sigmoid,
+    a = b = 5, KL on log sigma^2, at most 1024 samples without replacement). A summed form is each
+    process's mean times the global count, so the process average is the single-process loss. Noise is
+    drawn for the whole global batch (``generator=`` in forward), the same on every process.
     """
 
     def __init__(self, n_samples: int = 7, init_scale: float | None = None, init_shift: float | None = None,
@@ -453,7 +358,7 @@ class PCMELoss(nn.Module):
 
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0, generator: torch.Generator | None = None):
-        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=True)
+        B = PairBatch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=True)
         a, b = self.scale.to(B.dtype), self.shift.to(B.dtype)
         dim = B.img_mu.shape[1]
         eps_img = self._noise(B.all_img_mu.shape[0], dim, B.img_mu, generator)
@@ -478,18 +383,18 @@ class PCMELoss(nn.Module):
             pairs = B.all_img_mu.shape[0] * B.all_txt_mu.shape[0]
             nll_i2t, nll_t2i = nll_i2t * pairs, nll_t2i * pairs
         loss = nll_i2t + nll_t2i
-        stats = {"match_i2t": _stat(nll_i2t), "match_t2i": _stat(nll_t2i)}
+        stats = {"match_i2t": stat(nll_i2t), "match_t2i": stat(nll_t2i)}
         if self.vib_beta != 0:
             v = self._vib(B, z_img, z_txt)
             loss = loss + self.vib_beta * v
-            stats["vib"] = _stat(v)
+            stats["vib"] = stat(v)
         if self.uniform_weight != 0:
             u = self._uniform(z_img, z_txt, generator)
             loss = loss + self.uniform_weight * u
-            stats["uniformity"] = _stat(u)
-        stats.update(loss=_stat(loss), scale=_stat(self.scale), shift=_stat(self.shift),
-                     img_sigma2=_stat(B.img_lv.detach().exp().mean()),
-                     txt_sigma2=_stat(B.txt_lv.detach().exp().mean()))
+            stats["uniformity"] = stat(u)
+        stats.update(loss=stat(loss), scale=stat(self.scale), shift=stat(self.shift),
+                     img_sigma2=stat(B.img_lv.detach().exp().mean()),
+                     txt_sigma2=stat(B.txt_lv.detach().exp().mean()))
         return loss, stats
 
 
@@ -500,7 +405,6 @@ def _soft_ce_rows(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -(p * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
 
 
-@method_loss("infonce")
 class InfoNCELoss(nn.Module):
     """CLIP's symmetric InfoNCE on the (L2-normalised) means; logit scale exp(s) learnable,
     initialised to 1 / init_temperature and clamped at ``max_scale`` = 100 as in CLIP. Soft
@@ -519,18 +423,17 @@ class InfoNCELoss(nn.Module):
 
     def forward(self, img_mu, img_logvar=None, txt_mu=None, txt_logvar=None, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0):
-        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=False)
+        B = PairBatch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=False)
         scale = self.logit_scale.exp().clamp(max=self.max_scale).to(B.dtype)
         l_i2t = scale * self._sim(B.img_mu, B.all_txt_mu)
         l_t2i = l_i2t.t() if B.transpose_ok else scale * self._sim(B.txt_mu, B.all_img_mu)
         i2t, t2i = _soft_ce_rows(l_i2t, B.t_i2t), _soft_ce_rows(l_t2i, B.t_t2i)
         loss = 0.5 * (i2t + t2i)
-        return loss, {"loss": _stat(loss), "i2t": _stat(i2t), "t2i": _stat(t2i), "logit_scale": _stat(scale)}
+        return loss, {"loss": stat(loss), "i2t": stat(i2t), "t2i": stat(t2i), "logit_scale": stat(scale)}
 
 
 # ----------------------------------------------------------------------------- triplets
 
-@method_loss("triplet")
 class TripletLoss(nn.Module):
     """VSE++ hinge triplet on cosine similarity of the means, both directions, margin 0.2;
     ``hardest=True``: hardest negative in the batch (VSE++), else the sum over negatives.
@@ -544,7 +447,7 @@ class TripletLoss(nn.Module):
 
     def forward(self, img_mu, img_logvar=None, txt_mu=None, txt_logvar=None, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0):
-        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=False)
+        B = PairBatch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=False)
         f = (lambda x: F.normalize(x, dim=-1)) if self.normalize else (lambda x: x)
         s_i2t = f(B.img_mu) @ f(B.all_txt_mu).t()
         s_t2i = s_i2t.t() if B.transpose_ok else f(B.txt_mu) @ f(B.all_img_mu).t()
@@ -552,10 +455,9 @@ class TripletLoss(nn.Module):
         i2t = hinge_rows(s_i2t, B.t_i2t, self.margin, mode).mean()
         t2i = hinge_rows(s_t2i, B.t_t2i, self.margin, mode).mean()
         loss = i2t + t2i
-        return loss, {"loss": _stat(loss), "i2t": _stat(i2t), "t2i": _stat(t2i)}
+        return loss, {"loss": stat(loss), "i2t": stat(i2t), "t2i": stat(t2i)}
 
 
-@method_loss("prob-triplet")
 class ProbTripletLoss(nn.Module):
     """Pishdad et al.'s hinge triplet on a distribution similarity sim(i, c):
 
@@ -572,8 +474,6 @@ class ProbTripletLoss(nn.Module):
         super().__init__()
         if similarity not in self.SIMILARITIES:
             raise UserError(f"unknown similarity {similarity!r} (choose from {', '.join(self.SIMILARITIES)})")
-        if negatives not in ("hardest", "semihard", "all"):
-            raise UserError(f"unknown negatives {negatives!r} (choose from hardest, semihard, all)")
         self.similarity = similarity
         self.margin = float(margin)
         self.negatives = negatives
@@ -596,7 +496,7 @@ class ProbTripletLoss(nn.Module):
 
     def forward(self, img_mu, img_logvar, txt_mu, txt_logvar, matched=None, *,
                 all_img=None, all_txt=None, offset: int = 0):
-        B = _Batch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=True)
+        B = PairBatch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=True)
         s_i2t = self.sim(B.img_mu, B.img_lv, B.all_txt_mu, B.all_txt_lv)  # [n_img, N_txt]
         if B.transpose_ok:
             s_t2i = s_i2t.t()
@@ -605,43 +505,6 @@ class ProbTripletLoss(nn.Module):
         i2t = hinge_rows(s_i2t, B.t_i2t, self.margin, self.negatives).mean()
         t2i = hinge_rows(s_t2i, B.t_t2i, self.margin, self.negatives).mean()
         loss = i2t + t2i
-        return loss, {"loss": _stat(loss), "i2t": _stat(i2t), "t2i": _stat(t2i),
-                      "img_sigma2": _stat(self._bound(B.img_lv).detach().exp().mean()),
-                      "txt_sigma2": _stat(self._bound(B.txt_lv).detach().exp().mean())}
-
-
-# ----------------------------------------------------------------------------- factory
-# every method of zsprob.prob.method_registry has its loss (the classes above attach themselves)
-
-method_loss("prolip")(ProLIPLoss)
-method_loss("jwae")(JWAEObjective)
-if methods_without_loss():
-    raise ImportError(f"training methods without a loss: {methods_without_loss()}")
-
-
-def __getattr__(name):  # LOSS_NAMES: the registry's method names, read live
-    if name == "LOSS_NAMES":
-        return method_names()
-    raise AttributeError(name)
-
-
-def create_loss(method: str, **kwargs) -> nn.Module:
-    """Build a method's loss by name (:func:`~zsprob.prob.method_registry.method_names`: "pcmepp", "pcme",
-    "infonce", "triplet", "prob-triplet", "mu-only", "prolip", "jwae"; "jwae" needs ``latent_dim`` and its
-    terms are called by the jWAE step, not through ``forward``).
-
-    ``kwargs`` go to the class (e.g. ``create_loss("pcmepp", pp_alpha=0, distance="wd")``);
-    an unknown name or option raises :class:`zsprob.UserError`.
-    """
-    loss = get_method(method, "loss").loss
-    try:
-        return loss(**kwargs)
-    except TypeError as e:
-        import inspect
-        opts = [p for p in inspect.signature(loss).parameters if p != "self"]
-        raise UserError(f"bad options for loss {method!r}: {e} (accepted: {', '.join(opts)})") from None
-
-
-def needs_sigma(method: str) -> bool:
-    """Whether the method's loss uses sigma (the model must be probabilistic)."""
-    return get_method(method, "loss").needs_sigma
+        return loss, {"loss": stat(loss), "i2t": stat(i2t), "t2i": stat(t2i),
+                      "img_sigma2": stat(self._bound(B.img_lv).detach().exp().mean()),
+                      "txt_sigma2": stat(self._bound(B.txt_lv).detach().exp().mean())}

@@ -1,58 +1,61 @@
-"""The training methods: one registry entry per name, carrying every fact a caller reads.
+"""The training methods: one :func:`register_method` call per name, holding every fact about it.
 
-An entry (:class:`Method`) holds the method's loss (a class or factory, built by
-:func:`zsprob.prob.create_loss`), whether the loss reads sigma (the model must be probabilistic),
-its default loss options (``DEFAULTS["loss"][name]`` in :mod:`zsprob.train.defaults` is read from
-here), the kind of training step it takes (``"pairwise"``: the shared contrastive step on image-text
-batches; ``"jwae"``: the autoencoder / discriminator alternation of :mod:`zsprob.train.jwae_step`),
-the model options it implies (:meth:`Method.model_defaults`, e.g. PCME's ``sigma_param``) and the
-aliases ``create_loss`` accepts. Everyone reads the entries instead of keeping a list:
-``create_loss`` / ``needs_sigma``, the training defaults, ``zsprob.train.METHODS`` and the command
-line's ``--method`` choices (:func:`method_names`, through ``zsprob.methods.METHODS``).
+A declaration names the method's loss as ``"module:Class"`` (imported when a loss is first built, so this
+module needs no torch and the command line reads names and defaults instantly) or gives the class /
+factory itself; it says whether the loss reads sigma (the model must be probabilistic), its default
+options (the config's ``loss.<name>`` section), its training step (:data:`STEP_KINDS`), the model options
+it implies and the other spellings :func:`create_loss` accepts. Everyone reads the entries:
+:func:`create_loss` / :func:`needs_sigma`, the training defaults (:func:`default_loss_options`), the
+training loop (:data:`METHOD_ENTRIES`) and the ``--method`` choices (:func:`method_names`). A method
+defined anywhere registers the same way::
 
-A method defined anywhere registers its loss and its facts in one call, timm-style::
-
-    register_method("mine", loss=MyLoss, needs_sigma=True, loss_defaults={"margin": 0.2})
-
-The built-in methods are declared below without torch, so the configuration defaults and the command
-line need no torch import; their loss classes attach themselves by name where they are defined
-(:func:`method_loss` in :mod:`zsprob.prob.losses`). Plain Python; imports only zsprob.errors.
+    register_method("mine", "mypkg.losses:MyLoss", needs_sigma=True, loss_defaults={"margin": 0.2})
 """
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from zsprob.errors import UserError
 
-#: the training steps a method can take (zsprob.train.loop picks its step by this)
+#: the training steps a method can take: the shared contrastive step on image-text batches, or the
+#: autoencoder / discriminator alternation of zsprob.train.jwae_step
 STEP_KINDS = ("pairwise", "jwae")
 
+#: PCME++'s distances the command line offers (``--distance``): CSD (the paper) and the 2-Wasserstein
+#: ablation; PCMEPPLoss also takes "mu", the mean-only distance of MuOnlyLoss
+PCMEPP_DISTANCES = ("csd", "wd")
 
-@dataclass
+
+@dataclass(frozen=True)
 class Method:
-    """One training method's facts and loss.
-
-    ``loss``: class or factory, ``loss(**options) -> nn.Module``; ``needs_sigma``: the loss reads
-    log-variances; ``loss_defaults``: its options in the default config (``loss.<name>``);
-    ``step_kind``: one of :data:`STEP_KINDS`; ``model_hook``: ``cfg -> {model option: value}``,
-    defaults for model options the config leaves unset (see :meth:`model_defaults`);
-    ``aliases``: other spellings ``create_loss`` accepts.
-    """
+    """One training method: ``loss_ref`` (``"module:attr"`` or the class / factory, ``loss(**options)``),
+    ``needs_sigma``, ``loss_defaults`` (``loss.<name>`` of the default config), ``step_kind``,
+    ``model_hook`` (``cfg -> {model option: value}``) and ``aliases``."""
 
     name: str
+    loss_ref: Any
     needs_sigma: bool
     loss_defaults: Mapping[str, Any] = field(default_factory=dict)
     step_kind: str = "pairwise"
     model_hook: Callable[[Mapping], dict] | None = None
     aliases: tuple[str, ...] = ()
-    loss: Callable | None = None
+
+    @property
+    def loss(self) -> Callable:
+        """The loss class or factory (a ``"module:attr"`` reference is imported here)."""
+        if not isinstance(self.loss_ref, str):
+            return self.loss_ref
+        module, _, attr = self.loss_ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
     def model_defaults(self, cfg: Mapping) -> dict:
-        """Model options this method implies for the training config ``cfg`` (applied by the training
-        loop to options the config leaves unset, for a model not loaded from a zsprob checkpoint)."""
+        """Model options this method implies for the training config ``cfg`` (the training loop applies
+        them to options the config leaves unset, for a model not loaded from a zsprob checkpoint)."""
         return dict(self.model_hook(cfg)) if self.model_hook is not None else {}
 
     def default_options(self) -> dict:
@@ -62,8 +65,7 @@ class Method:
 
 _REGISTRY: dict[str, Method] = {}
 _ALIASES: dict[str, str] = {}
-#: every entry by its registered name, read-only (a resolved training config's ``method`` is one of
-#: these names; :func:`get_method` also forgives case, ``_`` and the aliases, with a one-line error)
+#: every entry by its registered name, read-only (a resolved training config's ``method`` is one of them)
 METHOD_ENTRIES: Mapping[str, Method] = MappingProxyType(_REGISTRY)
 
 
@@ -71,34 +73,20 @@ def _key(name) -> str:
     return str(name).strip().lower().replace("_", "-")
 
 
-def register_method(name: str, *, needs_sigma: bool, loss: Callable | None = None, loss_defaults=None,
-                    step_kind: str = "pairwise", model_defaults: Callable[[Mapping], dict] | None = None,
-                    aliases=()) -> Method:
-    """Add a training method (its name last in the ``--method`` choices); returns its entry.
-
-    ``loss`` may be attached later with :func:`method_loss` (the built-ins' classes do so). A name or
-    alias already taken, or an unknown step kind, is a programming error (ValueError).
-    """
+def register_method(name: str, loss, *, needs_sigma: bool, loss_defaults=None, step_kind: str = "pairwise",
+                    model_defaults: Callable[[Mapping], dict] | None = None, aliases=()) -> Method:
+    """Declare a training method (its name last in the ``--method`` choices); returns its entry. A name or
+    alias already taken, or an unknown step kind, is a programming error (ValueError)."""
     taken = [n for n in (name, *aliases) if _key(n) in _REGISTRY or _key(n) in _ALIASES]
     if taken:
         raise ValueError(f"method name(s) {taken} already registered")
     if step_kind not in STEP_KINDS:
         raise ValueError(f"method {name!r}: step_kind must be one of {STEP_KINDS}, got {step_kind!r}")
-    entry = Method(name, bool(needs_sigma), dict(loss_defaults or {}), step_kind, model_defaults,
-                   tuple(aliases), loss)
+    entry = Method(name, loss, bool(needs_sigma), dict(loss_defaults or {}), step_kind, model_defaults,
+                   tuple(aliases))
     _REGISTRY[name] = entry
     _ALIASES.update({_key(alias): name for alias in aliases})
     return entry
-
-
-def method_loss(name: str):
-    """Decorator: the class (or factory) it decorates is the loss of the registered method ``name``."""
-    def attach(loss):
-        if name not in _REGISTRY:
-            raise ValueError(f"method {name!r} is not registered")
-        _REGISTRY[name].loss = loss
-        return loss
-    return attach
 
 
 def get_method(name: str, what: str = "method") -> Method:
@@ -121,12 +109,23 @@ def default_loss_options() -> dict:
     return {name: entry.default_options() for name, entry in _REGISTRY.items()}
 
 
-def methods_without_loss() -> list[str]:
-    return [name for name, entry in _REGISTRY.items() if entry.loss is None]
+def create_loss(method: str, **kwargs):
+    """Build a method's loss by name, ``kwargs`` going to its class (e.g. ``create_loss("pcmepp",
+    distance="wd")``; "jwae" needs ``latent_dim``). An unknown name or option is one UserError line."""
+    loss = get_method(method, "loss").loss
+    try:
+        return loss(**kwargs)
+    except TypeError as e:
+        accepted = [p for p in inspect.signature(loss).parameters if p != "self"]
+        raise UserError(f"bad options for loss {method!r}: {e} (accepted: {', '.join(accepted)})") from None
+
+
+def needs_sigma(method: str) -> bool:
+    """Whether the method's loss uses sigma (the model must be probabilistic)."""
+    return get_method(method, "loss").needs_sigma
 
 
 # ----------------------------------------------------------------------------- the built-in methods
-# (the losses are described in zsprob.prob.losses; each class there attaches itself with @method_loss)
 
 def _pcme_model_defaults(cfg: Mapping) -> dict:
     """PCME's official head predicts log sigma (the official loss form reads it so)."""
@@ -134,22 +133,24 @@ def _pcme_model_defaults(cfg: Mapping) -> dict:
     return {"sigma_param": "logsigma" if form == "official" else "logvar"}
 
 
-register_method("pcmepp", needs_sigma=True, aliases=("pcme++",), loss_defaults={
+register_method("pcmepp", "zsprob.prob.losses:PCMEPPLoss", needs_sigma=True, aliases=("pcme++",), loss_defaults={
     "init_scale": 5.0, "init_shift": 5.0, "pp_alpha": 0.1, "vib_beta": 1e-4, "distance": "csd"})
 # PCME's official code (naver-ai/pcme configs/coco): a = b = 15 (form defaults), J = 7, beta 1e-5
-register_method("pcme", needs_sigma=True, model_defaults=_pcme_model_defaults, loss_defaults={
-    "n_samples": 7, "form": "official", "vib_beta": 1e-5, "uniform_weight": 0.0})
-register_method("infonce", needs_sigma=False, aliases=("clip",), loss_defaults={"init_temperature": 0.07})
-register_method("triplet", needs_sigma=False, aliases=("vse", "vsepp"), loss_defaults={"margin": 0.2})
-register_method("prob-triplet", needs_sigma=True, aliases=("probtriplet", "pishdad"),
-                loss_defaults={"similarity": "kl", "margin": 0.2})
-register_method("mu-only", needs_sigma=False, aliases=("mu", "muonly"),
+register_method("pcme", "zsprob.prob.losses:PCMELoss", needs_sigma=True, model_defaults=_pcme_model_defaults,
+                loss_defaults={"n_samples": 7, "form": "official", "vib_beta": 1e-5, "uniform_weight": 0.0})
+register_method("infonce", "zsprob.prob.losses:InfoNCELoss", needs_sigma=False, aliases=("clip",),
+                loss_defaults={"init_temperature": 0.07})
+register_method("triplet", "zsprob.prob.losses:TripletLoss", needs_sigma=False, aliases=("vse", "vsepp"),
+                loss_defaults={"margin": 0.2})
+register_method("prob-triplet", "zsprob.prob.losses:ProbTripletLoss", needs_sigma=True,
+                aliases=("probtriplet", "pishdad"), loss_defaults={"similarity": "kl", "margin": 0.2})
+register_method("mu-only", "zsprob.prob.losses:MuOnlyLoss", needs_sigma=False, aliases=("mu", "muonly"),
                 loss_defaults={"init_scale": 5.0, "init_shift": 5.0})
-# ProLIP's recipe (naver-ai/prolip scripts/prolip_datacomp_*.sh, params.py); zsprob.prob.prolip
-register_method("prolip", needs_sigma=True, loss_defaults={
+# ProLIP's recipe (naver-ai/prolip scripts/prolip_datacomp_*.sh, params.py)
+register_method("prolip", "zsprob.prob.prolip:ProLIPLoss", needs_sigma=True, loss_defaults={
     "ppcl_weight": 1.0, "inclusion_alpha": 1e-7, "inclusion_alpha_occ": 1e-3, "vib_beta": 1e-4,
     "inclusion_scale": 1000.0, "inclusion_eps": -20.0, "init_logit_bias": -10.0,
     "drop_ratio": 0.125, "drop_prob": 0.75, "image_drop_prob": 0.25, "mask_patch_size": 16})
-# jWAE (zsprob.prob.jwae): preset jwae-mse | jwae-mh sets lambda1..4 and the alignment; its own step
-register_method("jwae", needs_sigma=False, step_kind="jwae", loss_defaults={
+# jWAE: the preset (jwae-mse | jwae-mh) sets lambda1..4 and the alignment; its own training step
+register_method("jwae", "zsprob.prob.jwae:JWAEObjective", needs_sigma=False, step_kind="jwae", loss_defaults={
     "preset": "jwae-mh", "rec_kind_img": "l2", "rec_kind_txt": "mse", "margin": 0.2, "negatives": "all"})

@@ -1,47 +1,24 @@
 """Mixed sample data augmentation (MSDA) with soft image-text match targets (PCME++ Sec. 2.4).
 
-Modes (``MODES``): "official" is what naver-ai/pcmepp trains with (its ``Mixup`` in "elem" mode,
-``augmentation.py``, called from ``engine.forward_step``); "random", "mixup" and "cutmix" are the
-paper-text variant below.
+Modes (:data:`MODES`):
 
-"official" (:func:`mix_batch_official`): every image i is mixed with probability ``ratio``
-(mix_batch_ratio 0.25) with its partner ``B - 1 - i`` (the batch reversed); per image, CutMix with
-probability ``switch_prob`` (0.5) else Mixup; lambda ~ Beta(alpha, alpha) (2, 2) per image, for
-CutMix replaced by the area fraction kept after the box is clipped. The targets are the official
-smoothed soft labels: with s = ``smoothing`` (mixup_smoothing 1e-4) every entry of row i is s,
-``matched[i, i] = lam (1 - s) + (1 - lam) s`` and ``matched[i, B-1-i] = lam s + (1 - lam)(1 - s)``
-(an unmixed row: 1 - s on the diagonal, s elsewhere). The official code drops the last sample of
-an odd batch; zsprob keeps it and leaves the middle image (its own partner) unmixed.
-When no mixing happens in a step the official code smooths the identity targets instead
-(label_smoothing 1e-4): :func:`smooth_targets`.
+- "official" (:func:`mix_batch_official`), what naver-ai/pcmepp trains with (its ``Mixup`` in "elem"
+  mode): each image i is mixed with probability ``ratio`` with its partner B - 1 - i (an odd batch's
+  middle image stays unmixed; the official code drops it), by CutMix with probability ``switch_prob``
+  else Mixup, lambda ~ Beta(alpha, alpha) per image. Targets are the official smoothed labels: every
+  entry of row i is s (``smoothing``), ``matched[i, i] = lam (1 - s) + (1 - lam) s`` and
+  ``matched[i, B-1-i] = lam s + (1 - lam)(1 - s)``. Steps without mixing smooth the identity
+  (:func:`smooth_targets`).
+- "random" / "mixup" / "cutmix" (:func:`mix_batch`), the paper's text: Mixup or CutMix per batch on a
+  share ``ratio`` of the images, each with a random partner: ``matched[i, i] = lambda`` and
+  ``matched[i, j] = 1 - lambda``.
 
-PCME++ paper text ("random" / "mixup" / "cutmix", :func:`mix_batch`): for every mini-batch it picks Mixup or CutMix at random, mixes a
-fraction (25%) of the images with a partner image of the same batch, with lambda ~ Beta(2, 2),
-and turns the match labels soft: the mixed image i matches its own caption with weight lambda
-and its partner j's caption with weight 1 - lambda (``matched[i, i] = lambda``,
-``matched[i, j] = 1 - lambda``). For CutMix lambda is the area fraction actually kept from image
-i after the box is clipped at the borders. Feed ``matched`` to any loss of
-:mod:`zsprob.prob.losses`. With ``m = lambda`` the BCE gradient per pair is exactly
-dL/dl = sigmoid(l) - lambda (tests/test_prob_losses.py checks it numerically): a confidently
-matched pair (sigmoid(l) ~ 1) gets 1 - lambda instead of the full 1 of a hard negative. The
-expression printed in PCME++ Sec. 2.4, (1 - lambda) - (1 - 2 lambda) sigmoid(l), is not the
-derivative of Eq. 2 (it is 0.5 for every l at lambda = 0.5, where the true gradient sigmoid(l) - 0.5
-vanishes at l = 0).
-
-Library reuse: the CutMix box is timm's ``timm.data.mixup.cutmix_bbox_and_lam`` (square box of
-side sqrt(1 - lambda), lambda corrected to the clipped area). timm draws from numpy's global RNG,
-so zsprob seeds that RNG from ``generator`` for the call and restores its state afterwards. What
-zsprob writes: choosing the images and partners, per-image lambdas from Beta(alpha, alpha) (numpy,
-seeded from the torch generator), and the soft target matrix.
-
-Devices: the batch may live on any device; every random number is drawn on the host (numpy,
-seeded by one draw of the torch generator), the plan (rows, partners, lambdas, boxes) is moved to
-the batch's device in small non-blocking copies, and the mixing and the targets are computed there
-in a few batched operations. Nothing is read back from the device. On the CPU the results are
-bit-identical to mixing row by row with Python-float lambdas.
-
-Distributed training: each process mixes its own batch; the global targets are the block
-diagonal of the per-process matrices (``zsprob.train.distributed.block_diag_targets``).
+For CutMix lambda is the area kept after the box is clipped; the box is timm's
+``cutmix_bbox_and_lam`` (numpy's global RNG, seeded for the call and restored). Every random number is
+drawn on the host from a numpy generator seeded by one draw of the torch ``generator``; the mixing and
+the targets are computed on the batch's device with nothing read back (bit-identical on the CPU to
+mixing row by row). Each process mixes its own batch; the global targets are the block diagonal
+(``zsprob.train.distributed.block_diag_targets``).
 """
 from __future__ import annotations
 
@@ -49,8 +26,6 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError
-
-__all__ = ["mix_batch", "mix_batch_official", "smooth_targets", "check_config", "MODES"]
 
 PAPER_MODES = ("random", "mixup", "cutmix")
 MODES = ("official",) + PAPER_MODES
@@ -92,27 +67,13 @@ def official_targets(lam: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
     return own * lam + partner * (1.0 - lam)
 
 
-
 def mix_batch_official(images: torch.Tensor, *, ratio: float = 0.25, alpha: float = 2.0,
                        switch_prob: float = 0.5, smoothing: float = 1e-4,
                        generator: torch.Generator | None = None, return_info: bool = False):
-    """naver-ai/pcmepp's per-image MSDA (see the module docstring).
-
-    Args:
-        images: [B, C, H, W] on any device (not modified).
-        ratio: probability that an image is mixed (mix_batch_ratio).
-        alpha: lambda ~ Beta(alpha, alpha) (the official Mixup and CutMix alphas are both 2).
-        switch_prob: probability of CutMix instead of Mixup, per image.
-        smoothing: target smoothing s (mixup_smoothing).
-        generator: torch generator (the CPU one in training); every draw comes from a numpy
-            generator seeded from it.
-        return_info: also return ``dict(index, partner, lam, cutmix)`` of the mixed images.
-
-    Returns:
-        ``(mixed_images, matched [B, B] float32)`` on the images' device, plus ``info`` if asked.
-    """
-    if images.dim() != 4:
-        raise UserError(f"mix_batch expects images [B, C, H, W], got shape {tuple(images.shape)}")
+    """naver-ai/pcmepp's per-image MSDA (module docstring) of ``images`` [B, C, H, W] (not modified):
+    ``ratio`` (mix_batch_ratio), ``alpha`` (its Mixup and CutMix alphas), ``switch_prob``, ``smoothing``
+    (mixup_smoothing). Returns ``(mixed_images, matched [B, B] float32)`` on the images' device, plus
+    ``dict(index, partner, lam, cutmix)`` of the mixed images with ``return_info``."""
     ratio = _check_share("msda.ratio", ratio)
     switch_prob = _check_share("msda.switch_prob", switch_prob)
     smoothing = _check_share("msda.smoothing", smoothing)
@@ -236,30 +197,17 @@ def _timm_box(shape, lam: float, seed: int):
 
 def mix_batch(images: torch.Tensor, *, ratio: float = 0.25, alpha: float = 2.0, mode: str = "random",
               generator: torch.Generator | None = None, return_info: bool = False):
-    """Mix ``round(ratio * B)`` images of the batch with a partner; return soft targets.
-
-    Args:
-        images: [B, C, H, W] on any device (not modified).
-        ratio: fraction of the batch that is mixed (PCME++: 0.25).
-        alpha: lambda ~ Beta(alpha, alpha), one lambda per mixed image (PCME++: 2).
-        mode: "random" (Mixup or CutMix, chosen per call, i.e. per mini-batch), "mixup", "cutmix".
-        generator: torch generator for reproducibility (None: torch's global RNG); the CPU one in training.
-        return_info: also return a dict with ``mode``, ``index`` (mixed rows), ``partner``, ``lam``.
-
-    Returns:
-        ``(mixed_images [B, C, H, W], matched [B, B])`` with images as rows and captions as
-        columns (``matched`` is float32 on the images' device), plus ``info`` if asked.
-    """
+    """Mix ``round(ratio * B)`` of ``images`` [B, C, H, W] (not modified) with a partner, one lambda ~
+    Beta(alpha, alpha) each; ``mode`` "random" picks Mixup or CutMix per call ("official":
+    :func:`mix_batch_official`). Returns ``(mixed_images, matched [B, B] float32)`` (images x captions, on
+    the images' device), plus ``dict(mode, index, partner, lam)`` with ``return_info``."""
     if images.dim() != 4:
         raise UserError(f"mix_batch expects images [B, C, H, W], got shape {tuple(images.shape)}")
     if mode not in MODES:
         raise UserError(f"unknown MSDA mode {mode!r} (choose from {', '.join(MODES)})")
     if mode == "official":
         return mix_batch_official(images, ratio=ratio, alpha=alpha, generator=generator, return_info=return_info)
-    if not 0.0 <= ratio <= 1.0:
-        raise UserError(f"MSDA ratio must be in [0, 1], got {ratio}")
-    if alpha <= 0:
-        raise UserError(f"MSDA alpha must be > 0, got {alpha}")
+    ratio = _check_share("msda.ratio", ratio)
     bsz = images.shape[0]
     matched = torch.eye(bsz, device=images.device, dtype=torch.float32)
     k = int(round(ratio * bsz)) if bsz >= 2 else 0

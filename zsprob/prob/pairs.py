@@ -1,11 +1,9 @@
-"""The rows / columns bookkeeping every pairwise loss shares (zsprob.prob.losses, zsprob.prob.prolip).
+"""The rows / columns bookkeeping every pairwise loss shares, and the helpers of their terms.
 
-:class:`PairBatch` holds this process's rows, the globally gathered columns and the target rows of
-both directions in the compute dtype (the conventions are in :mod:`zsprob.prob.losses`'s
-docstring); :func:`stat` turns a value into a detached tensor for a loss's ``stats``. Plain torch;
-imports nothing from the package but :mod:`zsprob.prob.distances` (and
-:class:`zsprob.errors.UserError`). :func:`hinge_rows` is the row-wise triplet hinge of TripletLoss,
-ProbTripletLoss and jWAE's max-margin alignment.
+:class:`PairBatch` holds this process's rows, the globally gathered columns and the target rows of both
+directions in the compute dtype (the conventions are in :mod:`zsprob.prob.losses`); :func:`hinge_rows`
+is the row-wise triplet hinge of TripletLoss, ProbTripletLoss and jWAE's max-margin alignment;
+:func:`guard_term` skips an exploding term without a host sync; :func:`stat` makes a stats entry.
 """
 from __future__ import annotations
 
@@ -13,8 +11,6 @@ import torch
 
 from zsprob.errors import UserError
 from zsprob.prob import distances
-
-__all__ = ["PairBatch", "as_dtype", "hinge_rows", "stat"]
 
 
 def as_dtype(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -36,15 +32,11 @@ class PairBatch:
         if (all_img is None) != (all_txt is None):
             raise ValueError("give both all_img and all_txt, or neither")
         if self.single:
-            if offset:
-                raise ValueError("offset needs all_img / all_txt")
             self.all_img_mu, self.all_img_lv = self.img_mu, self.img_lv
             self.all_txt_mu, self.all_txt_lv = self.txt_mu, self.txt_lv
         else:
             self.all_img_mu, self.all_img_lv = as_dtype(all_img[0], dt), as_dtype(all_img[1], dt)
             self.all_txt_mu, self.all_txt_lv = as_dtype(all_txt[0], dt), as_dtype(all_txt[1], dt)
-            if need_sigma and (self.all_img_lv is None or self.all_txt_lv is None):
-                raise ValueError("this loss needs sigma: all_img / all_txt carry logvar None")
         n_i, n_t = self.img_mu.shape[0], self.txt_mu.shape[0]
         N_i, N_t = self.all_img_mu.shape[0], self.all_txt_mu.shape[0]
         self.offset = int(offset)

@@ -1,80 +1,39 @@
-"""ProLIP's training objective (Chun et al., ICLR 2025, Sec. 3), with zsprob's loss signature.
+"""ProLIP's training objective (Chun et al., ICLR 2025, Sec. 3) and the occlusion inclusion term.
 
-    loss, stats = ProLIPLoss()(img_mu, img_logvar, txt_mu, txt_logvar, matched=None,
-                               all_img=None, all_txt=None, offset=0,
-                               masked_img=None, masked_txt=None)
+    loss, stats = ProLIPLoss()(img_mu, img_logvar, txt_mu, txt_logvar, matched=None, all_img=None,
+                               all_txt=None, offset=0, masked_img=None, masked_txt=None)
 
-Rows, gathered columns, ``offset`` and soft ``matched`` targets mean what
-:mod:`zsprob.prob.losses` says. ``masked_img`` / ``masked_txt`` are ``(mu, logvar)`` of masked
-copies of this process's FIRST ``n_masked`` image / text rows (:mod:`zsprob.data.masking` makes
-them; ``zsprob.train.loop.ContrastiveStep`` encodes them).
+Rows, columns, ``offset`` and ``matched`` mean what :mod:`zsprob.prob.losses` says; ``masked_img`` /
+``masked_txt`` are ``(mu, logvar)`` of masked copies of this process's first rows (made by
+:mod:`zsprob.data.masking`). The terms, as naver-ai/prolip's ``src/prolip/loss.py`` computes them (the
+recipe's values are the defaults):
 
-Terms (official code: naver-ai/prolip ``src/prolip/loss.py``; recipe values from its
-``scripts/prolip_datacomp_*.sh`` and ``src/prolip_train/params.py``):
+- PPCL, weight ``ppcl_weight``: logits s (mu_i . mu_t - (||sigma_i^2||_1 + ||sigma_t^2||_1) / 2) + b over
+  local images x global texts; the loss is the sum of BCE(logits, m) over pairs / local rows (each pair
+  counted once, on the process holding the image). s = exp(logit_scale), the log clamped to
+  [0, log 100] and initialised to log(1 / 0.07); b initialised to -10.
+- Inclusion (Sec. 3.3): -log sigmoid(inclusion_scale * (test(1 in 2) - test(2 in 1))) PER DIMENSION,
+  averaged over rows and dimensions. In closed form, with s = sigma^2, W_2 = s_1 + 2 s_2 and
+  W_1 = 2 s_1 + s_2, the difference is (lv_2 - lv_1) - log(W_2 / W_1) / 2 - e^eps (mu_1 - mu_2)^2
+  (1 / W_2 - 1 / W_1): at the recipe's eps = -20 a loss on the variances. Image in its caption:
+  weight ``inclusion_alpha``; original in its masked copy, per modality: ``inclusion_alpha_occ``.
+  A term above 1e5 is skipped for the step, as in the official code.
+- VIB, weight ``vib_beta``: ProLIP's ``kl_divergence``, -0.5 mean(1 + h - mu^2 - exp(h)) with
+  h = logvar / 2 (minimum at sigma = 1); a term above 1e4 is skipped.
 
-- PPCL (probabilistic pairwise contrastive loss), weight ``ppcl_weight`` (1):
-  logits[i, t] = s * (mu_i . mu_t - (||sigma_i^2||_1 + ||sigma_t^2||_1) / 2) + b over local image
-  rows x global text columns, as one matmul and two row sums; loss = sum over pairs of
-  BCE(logits, m) / number of local rows, which for m in {0, 1} is the official
-  -log sigmoid(y * logits) with y = 2 m - 1. Each image-text pair is counted once, on the process
-  that holds the image, so the mean over processes is the single-process loss on the global batch.
-  s = exp(logit_scale), the log stored as the parameter, initialised to log(1 / 0.07) (the
-  official model's default; the ProLIP configs do not override it) and clamped to
-  [0, log 100] in the forward pass (the official trainer clamps the parameter after every step);
-  b = ``logit_bias`` initialised to -10 (``init_logit_bias`` in every ProLIP model config).
-- Inclusion (Sec. 3.3), ``-log sigmoid(inclusion_scale * logit)`` with logit = test(1 in 2) -
-  test(2 in 1), the logit of :func:`zsprob.prob.distances.inclusion_logit`, applied PER DIMENSION
-  and then averaged over rows and dimensions as the official code does (its inclusion test
-  returns [N, D] and the loss means -log sigmoid over both; zsprob's ``inclusion_logit``
-  averages over D first). The loss evaluates the difference in closed form: with
-  w_k = e^eps / s_k, s_k = sigma_k^2, the quadratic parts B^2 / 4A - C of both tests reduce to
-  -w_1 w_2 (mu_1 - mu_2)^2 / 2A, and the eps factors cancel in the log terms, giving
-  :func:`inclusion_logit_per_dim` (a quarter of the element-wise operations, and no e^eps / s
-  underflow in float32 at eps = -100). So eps only weighs the mean term: at the recipe's
-  eps = -20 (e^-20 = 2e-9) the inclusion loss is, in practice, a loss on the variances.
-  Image i in its caption i: weight
-  ``inclusion_alpha`` (1e-7); original in masked, for images and for texts: weight
-  ``inclusion_alpha_occ`` (1e-3) each. ``inclusion_scale`` 1000; ``inclusion_eps`` -20: the
-  ProLIP class defaults to -10, but its trainer passes ``--inclusion-eps``, whose default is -20
-  and which the released ViT recipes do not set (the long-context recipe sets scale 10, eps -100).
-  A term whose magnitude exceeds 1e5 is skipped for the step, as in the official code.
-- VIB, weight ``vib_beta`` (1e-4), per modality, exactly ProLIP's ``kl_divergence``: with
-  h = logvar / 2 (log sigma), KL = -0.5 mean(1 + h - mu^2 - exp(h)). This is ProLIP's fix of
-  naver-ai/pcmepp's GitHub issue #4 as it is written (the PCME++ expression with log sigma in place of
-  log sigma^2); it is not the textbook KL(N(mu, sigma^2) || N(0, I)) (that is :func:`zsprob.prob.vib_kl`). Its
-  minimum over sigma is at sigma = 1 as well. A term above 1e4 is skipped, as in the official code.
-
-zsprob's options (off by default; SynthWorld's recipe turns them on, docs/findings.md says why):
-
-- ``inclusion_form="cover"`` replaces ProLIP's per-dimension test in the inclusion terms by a
-  covering condition on whole embeddings: the outer Gaussian must hold the inner one's variance
-  AND the displacement of its mean,
-  loss = mean -log sigmoid(cover_scale * (log S_out - log(S_in + cover_lambda ||mu_in - mu_out||^2)))
-  with S = ||sigma^2||_1. ProLIP's test at eps = -20 compares variances only, so dropping a filler
-  word ("photo") and dropping an attribute ("red") ask for the same growth of sigma; under
-  "cover" the growth must match how far the mean moved, so informative words carry more of the
-  certainty.
-- ``inclusion_start_step`` / ``inclusion_warmup_steps``: the occlusion term's weight is 0 before
-  the start step and rises linearly to ``inclusion_alpha_occ`` over the warm-up
-  (:class:`OcclusionSchedule`), so a model trained from scratch learns its means first.
-- ``text_mask_mode="delete"``: the masked caption copies DELETE the chosen tokens
-  (:func:`zsprob.data.masking.delete_tokens`) instead of replacing them with a mask token, so the
-  copy is a more general caption of the same grammar, not a caption with an unknown word.
-
-Masking hyper-parameters live here too, so one config section says the whole objective:
-``drop_ratio`` (0.125: share of each process's batch that gets a masked copy), ``drop_prob``
-(0.75: each text token replaced by the mask token with this probability) and
-``image_drop_prob`` (0.25: share of an image's patch-grid cells blanked). The official ViT
-keeps ``int(n_patches * drop_prob)`` patches of the masked images (``image_mask_ratio``), i.e.
-it drops 1 - 0.75 = 25% of them, hence 0.25; see :mod:`zsprob.data.masking` for how zsprob
-masks inputs instead of tokens. ``mask_patch_size`` is the grid cell size in pixels (16, the
-ViT-B/16 patch).
-
-Written on plain torch (matmul, ``binary_cross_entropy_with_logits``, ``logsigmoid``); the
-row / column bookkeeping comes from :mod:`zsprob.prob.losses`.
+The occlusion term (:class:`OcclusionTerm`) is shared with PCMEPPLoss. zsprob's options, off by default
+(docs/findings.md says why): ``inclusion_form="cover"`` asks the outer Gaussian to hold the inner one's
+variance AND its mean's displacement, mean -log sigmoid(cover_scale * (log S_out - log(S_in +
+cover_lambda ||mu_in - mu_out||^2))) with S = ||sigma^2||_1; a start step and a linear warm-up;
+``text_mask_mode="delete"`` (masked captions lose words rather than get mask tokens);
+``occlusion_grad="sigma"`` (the means enter the term as constants); ``image_mask_mode="degrade"``
+(:mod:`zsprob.data.degrade`). Masking: ``drop_ratio`` (share of rows given a masked copy),
+``drop_prob`` (share of tokens masked), ``image_drop_prob`` (share of ``mask_patch_size``-pixel cells
+blanked: the official ViT keeps 75% of its patches).
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -84,15 +43,12 @@ import torch.nn.functional as F
 from zsprob.errors import UserError, check_range
 from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS, IMAGE_MASK_MODES
 from zsprob.prob.pairs import PairBatch, guard_term, stat
-__all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "cover_inclusion", "check_occlusion_options", "VIB_GUARD",
-           "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
 
-#: the inclusion tests ProLIPLoss can train with (module docstring)
+#: the inclusion tests the occlusion term (and ProLIPLoss's image-in-caption term) can train with
 INCLUSION_FORMS = ("prolip", "cover")
 #: how the masked caption copies are made (zsprob.data.masking)
 TEXT_MASK_MODES = ("replace", "delete")
-#: what the occlusion term's gradient reaches: "all" (means and log-variances, as ProLIP) or
-#: "sigma" (the means are detached inside the term: it can shape sigma^2 but never move a mean)
+#: what the occlusion term's gradient reaches: "all" (means and log-variances, as ProLIP) or "sigma"
 OCCLUSION_GRADS = ("all", "sigma")
 
 #: a VIB term above this is skipped for the step (ProLIP's ``kl_divergence``)
@@ -102,32 +58,16 @@ INCLUSION_GUARD = 1e5
 
 
 def prolip_vib(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-    """ProLIP's VIB term: h = logvar / 2, -0.5 mean(1 + h - mu^2 - exp(h)) (module docstring),
-    evaluated as means and a dot product (no [N, D] temporaries besides exp(h))."""
+    """ProLIP's VIB term, -0.5 mean(1 + h - mu^2 - exp(h)) with h = logvar / 2, as means and a dot product."""
     flat_mu = mu.reshape(-1)
     mean_sq = torch.dot(flat_mu, flat_mu) / flat_mu.numel()
     return -0.5 * (1.0 + 0.5 * logvar.mean() - mean_sq - (0.5 * logvar).exp().mean())
 
 
-def inclusion_logit_per_dim(mu_1, logvar_1, mu_2, logvar_2, eps: float) -> torch.Tensor:
-    """test(1 in 2) - test(2 in 1) per dimension, [N, D], in closed form (module docstring).
-
-    Equal to :func:`zsprob.prob.distances.inclusion_logit` on [N, D, 1] views (tests check it in
-    float64 for eps in {0, -20, -100}), with s = sigma^2, W_2 = s_1 + 2 s_2, W_1 = 2 s_1 + s_2:
-    (logvar_2 - logvar_1) - log(W_2 / W_1) / 2 - e^eps (mu_1 - mu_2)^2 (1 / W_2 - 1 / W_1).
-    """
-    var_1, var_2 = logvar_1.exp(), logvar_2.exp()
-    wide_2 = var_1 + 2.0 * var_2
-    wide_1 = 2.0 * var_1 + var_2
-    mean_term = math.exp(eps) * (mu_1 - mu_2).square() * (wide_2.reciprocal() - wide_1.reciprocal())
-    return (logvar_2 - logvar_1) - 0.5 * (wide_2 / wide_1).log() - mean_term
-
-
 class _InclusionLoss(torch.autograd.Function):
-    """mean(softplus(-scale * logit)) with logit = :func:`inclusion_logit_per_dim`, evaluated with
-    in-place element-wise steps and a hand-written backward that recomputes them (fewer passes
-    over [N, D] and none of the intermediates autograd would keep; gradcheck in
-    tests/test_prob_prolip.py). With r_k = 1 / W_k, q = e^eps (mu_1 - mu_2)^2:
+    """mean(softplus(-scale * logit)) with the closed-form logit of the module docstring, in in-place steps
+    and a hand-written backward that recomputes them (fewer passes over [N, D], none of the intermediates
+    autograd would keep). With r_k = 1 / W_k, q = e^eps (mu_1 - mu_2)^2:
     d logit / d mu_1 = -2 e^eps (mu_1 - mu_2) (r_2 - r_1) = -d logit / d mu_2,
     d logit / d logvar_1 = -1 - s_1 (r_2 - 2 r_1) / 2 - q s_1 (2 r_1^2 - r_2^2),
     d logit / d logvar_2 = 1 - s_2 (2 r_2 - r_1) / 2 - q s_2 (r_1^2 - 2 r_2^2).
@@ -204,17 +144,21 @@ def cover_loss(mu_in, logvar_in, mu_out, logvar_out, scale: float, spread: float
     return -F.logsigmoid(scale * logit).mean()
 
 
-
-
 def _check_range(name: str, value, low: float, high: float = math.inf, low_open: bool = False) -> float:
     return check_range(value, f"ProLIP {name}", low, high, low_open)
 
 
-def _check_count(name: str, value) -> int:
-    number = _check_range(name, value, 0.0)
+def _check_whole(name: str, value, low: float, unit: str) -> int:
+    number = _check_range(name, value, low)
     if number != int(number):
-        raise UserError(f"{name} must be a whole number of steps, got {value!r}")
+        raise UserError(f"{name} must be a whole number of {unit}, got {value!r}")
     return int(number)
+
+
+def _check_choice(name: str, value, choices) -> str:
+    if value not in choices:
+        raise UserError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def occlusion_ramp(step: int | None, start: int, warmup: int) -> float:
@@ -240,46 +184,41 @@ def _check_degrade_ops(ops) -> tuple[str, ...]:
     return ops
 
 
-#: the occlusion term's constructor arguments, relayed as they are by PCMEPPLoss and ProLIPLoss
-OCCLUSION_OPTIONS = ("inclusion_alpha_occ", "drop_ratio", "drop_prob", "image_drop_prob", "mask_patch_size",
-                     "text_mask_mode", "inclusion_scale", "inclusion_eps", "inclusion_start_step",
-                     "inclusion_warmup_steps", "occlusion_grad", "image_mask_mode", "image_degrade_ops")
-
-
 def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image_drop_prob, mask_patch_size,
-                            text_mask_mode, inclusion_scale, inclusion_eps, inclusion_start_step=0,
-                            inclusion_warmup_steps=0, occlusion_grad="all", image_mask_mode="cells",
-                            image_degrade_ops=DEFAULT_DEGRADE_OPS) -> dict:
-    """Validated options of the occlusion inclusion term (shared by ProLIPLoss and PCMEPPLoss)."""
-    if text_mask_mode not in TEXT_MASK_MODES:
-        raise UserError(f"text_mask_mode must be one of {', '.join(TEXT_MASK_MODES)}, got {text_mask_mode!r}")
-    if image_mask_mode not in IMAGE_MASK_MODES:
-        raise UserError(f"image_mask_mode must be one of {', '.join(IMAGE_MASK_MODES)}, got {image_mask_mode!r}")
-    if occlusion_grad not in OCCLUSION_GRADS:
-        raise UserError(f"occlusion_grad must be one of {', '.join(OCCLUSION_GRADS)}, got {occlusion_grad!r}")
-    patch = _check_range("mask_patch_size", mask_patch_size, 1.0)
-    if patch != int(patch):
-        raise UserError(f"mask_patch_size must be a whole number of pixels, got {mask_patch_size!r}")
+                            text_mask_mode, inclusion_scale, inclusion_eps, inclusion_start_step,
+                            inclusion_warmup_steps, occlusion_grad, image_mask_mode, image_degrade_ops,
+                            inclusion_form, cover_scale, cover_lambda) -> dict:
+    """The occlusion term's options (shared by ProLIPLoss and PCMEPPLoss), checked: one UserError line each."""
     return {"inclusion_alpha_occ": _check_range("inclusion_alpha_occ", inclusion_alpha_occ, 0.0),
             "drop_ratio": _check_range("drop_ratio", drop_ratio, 0.0, 1.0),
             "drop_prob": _check_range("drop_prob", drop_prob, 0.0, 1.0),
             "image_drop_prob": _check_range("image_drop_prob", image_drop_prob, 0.0, 1.0),
-            "mask_patch_size": int(patch), "text_mask_mode": text_mask_mode,
+            "mask_patch_size": _check_whole("mask_patch_size", mask_patch_size, 1.0, "pixels"),
+            "text_mask_mode": _check_choice("text_mask_mode", text_mask_mode, TEXT_MASK_MODES),
             "inclusion_scale": _check_range("inclusion_scale", inclusion_scale, 0.0, low_open=True),
             "inclusion_eps": _check_range("inclusion_eps", inclusion_eps, -math.inf),
-            "inclusion_start_step": _check_count("inclusion_start_step", inclusion_start_step),
-            "inclusion_warmup_steps": _check_count("inclusion_warmup_steps", inclusion_warmup_steps),
-            "occlusion_grad": occlusion_grad, "image_mask_mode": image_mask_mode,
-            "image_degrade_ops": _check_degrade_ops(image_degrade_ops)}
+            "inclusion_start_step": _check_whole("inclusion_start_step", inclusion_start_step, 0.0, "steps"),
+            "inclusion_warmup_steps": _check_whole("inclusion_warmup_steps", inclusion_warmup_steps, 0.0, "steps"),
+            "occlusion_grad": _check_choice("occlusion_grad", occlusion_grad, OCCLUSION_GRADS),
+            "image_mask_mode": _check_choice("image_mask_mode", image_mask_mode, IMAGE_MASK_MODES),
+            "image_degrade_ops": _check_degrade_ops(image_degrade_ops),
+            "inclusion_form": _check_choice("inclusion_form", inclusion_form, INCLUSION_FORMS),
+            "cover_scale": _check_range("cover_scale", cover_scale, 0.0, low_open=True),
+            "cover_lambda": _check_range("cover_lambda", cover_lambda, 0.0)}
 
 
-class OcclusionSchedule:
-    """Mixin of the losses with the occlusion inclusion term: its weight at a training step.
+#: the occlusion term's constructor arguments, relayed as they are by PCMEPPLoss and ProLIPLoss
+OCCLUSION_OPTIONS = tuple(inspect.signature(check_occlusion_options).parameters)
 
-    ``inclusion_start_step`` / ``inclusion_warmup_steps`` (0 / 0: the full weight from the first
-    step, as ProLIP) delay the term and ramp it in linearly; before the start the trainer does not
-    even encode the masked copies. The trainer passes the 0-based step to ``forward``; a call
-    without a step (evaluation, direct use) weighs the term fully.
+
+class OcclusionTerm:
+    """Mixin of the losses with the occlusion inclusion term: "each original row is included in its
+    masked copy", per modality, with its options, its inclusion test and its weight at a training step.
+
+    ``inclusion_start_step`` / ``inclusion_warmup_steps`` (0 / 0: the full weight from the first step,
+    as ProLIP) delay the term and ramp it in linearly; before the start the trainer does not encode the
+    masked copies. The trainer passes the 0-based step to ``forward``; a call without a step weighs the
+    term fully.
     """
 
     inclusion_alpha_occ: float
@@ -288,7 +227,7 @@ class OcclusionSchedule:
     inclusion_warmup_steps: int = 0
 
     def set_occlusion_options(self, **options) -> None:
-        """Validate the occlusion term's options (:func:`check_occlusion_options`) and keep them."""
+        """Check the occlusion term's options (:func:`check_occlusion_options`) and keep them."""
         for key, value in check_occlusion_options(**options).items():
             setattr(self, key, value)
 
@@ -309,63 +248,40 @@ class OcclusionSchedule:
             return 0
         return int(n_rows * self.drop_ratio)
 
+    def inclusion(self, mu_in, logvar_in, mu_out, logvar_out) -> torch.Tensor:
+        """The inclusion loss of "in" inside "out" in the configured form (module docstring)."""
+        if self.inclusion_form == "cover":
+            return cover_loss(mu_in, logvar_in, mu_out, logvar_out, self.cover_scale, self.cover_lambda)
+        return inclusion_loss(mu_in, logvar_in, mu_out, logvar_out, self.inclusion_scale, self.inclusion_eps)
 
-def occlusion_terms(items, inclusion, dtype, detach_mu: bool = False) -> tuple[torch.Tensor | float, dict]:
-    """Sum over the modalities of the inclusion loss "original row in its masked copy".
-
-    ``items``: ``(masked_pair or None, mu, logvar)`` per modality (image first, then text), the
-    masked pair holding the copies of the first n rows; ``inclusion(mu_in, lv_in, mu_out, lv_out)``
-    is the loss of one modality; ``detach_mu``: the means enter as constants (``occlusion_grad``
-    "sigma"). Returns (sum, stats with ``img_inclusion`` / ``txt_inclusion``).
-    """
-    total, stats = 0.0, {}
-    for name, (pair, mu, lv) in zip(("img", "txt"), items):
-        pair = _as_pair(f"masked_{name}", pair)
-        if pair is None:
-            continue
-        m_mu, m_lv = pair
-        if m_lv is None:
-            raise UserError("the occlusion inclusion term needs sigma of the masked inputs, "
-                            "but the model is deterministic")
-        n_masked = m_mu.shape[0]
-        if n_masked == 0:
-            continue
-        if n_masked > mu.shape[0]:
-            raise ValueError(f"masked_{name} has {n_masked} rows, more than the {mu.shape[0]} local rows")
-        mu_in, mu_out = mu[:n_masked], m_mu.to(dtype)
-        if detach_mu:
-            mu_in, mu_out = mu_in.detach(), mu_out.detach()
-        occ = inclusion(mu_in, lv[:n_masked], mu_out, m_lv.to(dtype))
-        occ, tripped = guard_term(occ, INCLUSION_GUARD)
-        stats[f"{name}_inclusion_guard_trips"] = tripped
-        total = total + occ
-        stats[f"{name}_inclusion"] = stat(occ)
-        stats["n_masked"] = torch.tensor(n_masked)
-    return total, stats
+    def add_occlusion_term(self, loss, stats: dict, batch: PairBatch, masked_img, masked_txt, step):
+        """``loss`` plus the weighted occlusion term at ``step``; its terms go into ``stats``. A masked pair
+        ``(mu, logvar)`` holds the copies of the batch's first rows (None or empty: no term)."""
+        weight = self.occlusion_weight(step)
+        if weight <= 0:
+            return loss
+        total = 0.0
+        for name, pair, mu, logvar in (("img", masked_img, batch.img_mu, batch.img_lv),
+                                       ("txt", masked_txt, batch.txt_mu, batch.txt_lv)):
+            n_masked = 0 if pair is None else pair[0].shape[0]
+            if n_masked == 0:
+                continue
+            mu_in, mu_out = mu[:n_masked], pair[0].to(batch.dtype)
+            if self.occlusion_grad == "sigma":
+                mu_in, mu_out = mu_in.detach(), mu_out.detach()
+            occ = self.inclusion(mu_in, logvar[:n_masked], mu_out, pair[1].to(batch.dtype))
+            occ, stats[f"{name}_inclusion_guard_trips"] = guard_term(occ, INCLUSION_GUARD)
+            total = total + occ
+            stats[f"{name}_inclusion"] = stat(occ)
+            stats["n_masked"] = torch.tensor(n_masked)
+        stats["occ_weight"] = torch.tensor(weight)
+        return loss + weight * total
 
 
-def prolip_inclusion(scale: float, eps: float):
-    """ProLIP's inclusion loss as a function of (mu_in, lv_in, mu_out, lv_out), for :func:`occlusion_terms`."""
-    return lambda mu_in, lv_in, mu_out, lv_out: inclusion_loss(mu_in, lv_in, mu_out, lv_out, scale, eps)
-
-
-def cover_inclusion(scale: float, spread: float):
-    """:func:`cover_loss` as a function of (mu_in, lv_in, mu_out, lv_out), for :func:`occlusion_terms`."""
-    return lambda mu_in, lv_in, mu_out, lv_out: cover_loss(mu_in, lv_in, mu_out, lv_out, scale, spread)
-
-
-def _as_pair(name: str, pair):
-    if pair is None:
-        return None
-    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-        raise ValueError(f"{name} must be a (mu, logvar) pair")
-    return pair
-
-
-class ProLIPLoss(OcclusionSchedule, nn.Module):
+class ProLIPLoss(OcclusionTerm, nn.Module):
     """ppcl_weight * PPCL + inclusion_alpha * L_incl(image in caption)
     + inclusion_alpha_occ * (L_incl(image in masked image) + L_incl(text in masked text))
-    + vib_beta * (VIB_image + VIB_text); see the module docstring for every term."""
+    + vib_beta * (VIB_image + VIB_text); the module docstring describes every term."""
 
     def __init__(self, ppcl_weight: float = 1.0, inclusion_alpha: float = 1e-7, inclusion_alpha_occ: float = 1e-3,
                  vib_beta: float = 1e-4, inclusion_scale: float = 1000.0, inclusion_eps: float = -20.0,
@@ -375,20 +291,15 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
                  cover_scale: float = 5.0, cover_lambda: float = 1.0, text_mask_mode: str = "replace",
                  inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0, occlusion_grad: str = "all",
                  image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS):
-        arguments = dict(locals())  # the occlusion options are relayed from here
+        arguments = dict(locals())  # the occlusion term's options are relayed from here
         super().__init__()
-        if inclusion_form not in INCLUSION_FORMS:
-            raise UserError(f"ProLIP inclusion_form must be one of {', '.join(INCLUSION_FORMS)}, got {inclusion_form!r}")
-        self.inclusion_form = inclusion_form
-        self.cover_scale = _check_range("cover_scale", cover_scale, 0.0, low_open=True)
-        self.cover_lambda = _check_range("cover_lambda", cover_lambda, 0.0)
+        self.set_occlusion_options(**{key: arguments[key] for key in OCCLUSION_OPTIONS})
         self.ppcl_weight = _check_range("ppcl_weight", ppcl_weight, 0.0)
         self.inclusion_alpha = _check_range("inclusion_alpha", inclusion_alpha, 0.0)
         self.vib_beta = _check_range("vib_beta", vib_beta, 0.0)
         self.max_logit_scale = _check_range("max_logit_scale", max_logit_scale, 1.0)
         init_scale = _check_range("init_logit_scale", init_logit_scale, 0.0, math.log(self.max_logit_scale))
         init_bias = _check_range("init_logit_bias", init_logit_bias, -math.inf)
-        self.set_occlusion_options(**{key: arguments[key] for key in OCCLUSION_OPTIONS})
         self.logit_scale = nn.Parameter(torch.tensor(init_scale))
         self.logit_bias = nn.Parameter(torch.tensor(init_bias))
 
@@ -397,12 +308,6 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
                 f"inclusion_alpha_occ={self.inclusion_alpha_occ}, vib_beta={self.vib_beta}, "
                 f"inclusion_scale={self.inclusion_scale}, inclusion_eps={self.inclusion_eps}, "
                 f"inclusion_form={self.inclusion_form!r}, text_mask_mode={self.text_mask_mode!r}")
-
-    def inclusion(self, mu_in, logvar_in, mu_out, logvar_out) -> torch.Tensor:
-        """The inclusion loss of "in" inside "out" in the configured form (module docstring)."""
-        if self.inclusion_form == "cover":
-            return cover_loss(mu_in, logvar_in, mu_out, logvar_out, self.cover_scale, self.cover_lambda)
-        return inclusion_loss(mu_in, logvar_in, mu_out, logvar_out, self.inclusion_scale, self.inclusion_eps)
 
     def scale(self, dtype=None) -> torch.Tensor:
         """exp(logit_scale) with the log clamped to [0, log max_logit_scale]."""
@@ -431,30 +336,20 @@ class ProLIPLoss(OcclusionSchedule, nn.Module):
         if img_logvar is None or txt_logvar is None or (all_img is not None and all_img[1] is None) \
                 or (all_txt is not None and all_txt[1] is None):
             raise UserError("--method prolip needs sigma (log sigma^2 heads), but the model is deterministic; "
-                            "use a probabilistic model or a method without sigma (infonce, triplet, mu-only)")
+                            "use a probabilistic model or a method without sigma")
         batch = PairBatch(img_mu, img_logvar, txt_mu, txt_logvar, matched, all_img, all_txt, offset, need_sigma=True)
-        dtype = batch.dtype
         n_rows = batch.img_mu.shape[0]
         logits = self.logits(batch.img_mu, batch.img_lv, batch.all_txt_mu, batch.all_txt_lv)
         ppcl = _PairwiseBCESum.apply(logits, batch.t_i2t) / n_rows
         loss = self.ppcl_weight * ppcl
         stats = {"ppcl": stat(ppcl)}
 
-        if self.inclusion_alpha > 0:
-            if batch.txt_mu.shape[0] != n_rows:
-                raise ValueError("the image-in-caption inclusion term pairs row i of the images with row i "
-                                 "of the texts: give as many local texts as images")
+        if self.inclusion_alpha > 0:  # row i of the images in row i of the texts
             incl, stats["inclusion_guard_trips"] = guard_term(
                 self.inclusion(batch.img_mu, batch.img_lv, batch.txt_mu, batch.txt_lv), INCLUSION_GUARD)
             loss = loss + self.inclusion_alpha * incl
             stats["inclusion"] = stat(incl)
-        occ_weight = self.occlusion_weight(step)
-        if occ_weight > 0:
-            occ, occ_stats = occlusion_terms(((masked_img, batch.img_mu, batch.img_lv),
-                                              (masked_txt, batch.txt_mu, batch.txt_lv)), self.inclusion, dtype,
-                                             detach_mu=self.occlusion_grad == "sigma")
-            loss = loss + occ_weight * occ
-            stats.update(occ_stats, occ_weight=torch.tensor(occ_weight))
+        loss = self.add_occlusion_term(loss, stats, batch, masked_img, masked_txt, step)
 
         vib_img, trip_img = guard_term(prolip_vib(batch.img_mu, batch.img_lv), VIB_GUARD)
         vib_txt, trip_txt = guard_term(prolip_vib(batch.txt_mu, batch.txt_lv), VIB_GUARD)
