@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError
 
@@ -69,10 +70,7 @@ def cosine(mu_a: torch.Tensor, mu_b: torch.Tensor, eps: float = 1e-8) -> torch.T
 
 
 def csd(mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
-    """PCME++ closed-form sampled distance E||Z_a - Z_b||^2 (Eq. 1), [N, M].
-
-    = ||mu_a||^2 + ||mu_b||^2 - 2 mu_a mu_b^T + sum(sigma_a^2) + sum(sigma_b^2): one matmul.
-    """
+    """PCME++'s closed-form sampled distance E||Z_a - Z_b||^2 (Eq. 1), [N, M], through one matmul."""
     mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
     s_a = logvar_a.exp().sum(-1, keepdim=True)
     s_b = logvar_b.exp().sum(-1).unsqueeze(0)
@@ -81,12 +79,8 @@ def csd(mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
 
 def wasserstein2(mu_a, logvar_a, mu_b, logvar_b, *, form: str = "std", squared: bool = True,
                  eps: float = 1e-12) -> torch.Tensor:
-    """2-Wasserstein distance between diagonal Gaussians, [N, M].
-
-    ``form="std"``: ||mu_a - mu_b||^2 + ||sigma_a - sigma_b||^2 (the standard closed form);
-    ``form="var"``: ||mu_a - mu_b||^2 + ||sigma_a^2 - sigma_b^2||^2 (Pishdad et al. as printed).
-    ``squared=False`` returns the square root (sqrt(x + eps) to keep the gradient finite at 0).
-    """
+    """Squared 2-Wasserstein distance, [N, M] (``form="var"``: variances in place of sigma);
+    ``squared=False``: sqrt(W2^2 + eps), finite gradient at 0."""
     mu_a, logvar_a, mu_b, logvar_b = _cast(mu_a, logvar_a, mu_b, logvar_b)
     power = {"std": 0.5, "var": 1.0}[form]  # sigma = exp(logvar / 2), sigma^2 = exp(logvar)
     s_a, s_b = (power * logvar_a).exp(), (power * logvar_b).exp()
@@ -179,26 +173,36 @@ def sample_gaussian(mu: torch.Tensor, logvar: torch.Tensor | None, n_samples: in
     return mu.unsqueeze(1) + (0.5 * logvar).exp().unsqueeze(1) * eps
 
 
-def _sample_dist_blocks(z_a: torch.Tensor, z_b: torch.Tensor, reduce: Callable, chunk_elements: int):
-    """Apply ``reduce(d [rows, J, cols, J]) -> [rows, cols]`` to the sample L2 distances in blocks."""
+def sample_blocks(z_a: torch.Tensor, z_b: torch.Tensor, block: Callable, chunk_elements: int,
+                  checkpointed: bool = False, *args) -> torch.Tensor:
+    """``block(fa, fb, *args) -> [rows, cols, ...]`` over the samples z_a [n, J, D] x z_b [m, J', D] in blocks
+    of at most ``chunk_elements`` sample pairs (fa [rows * J, D], fb [cols * J', D]; each block recomputed
+    in the backward pass when ``checkpointed``), joined into [n, m, ...]."""
     n, ja, d = z_a.shape
     m, jb, _ = z_b.shape
-    fb = z_b.reshape(m * jb, d)
-    fb2 = (fb * fb).sum(-1)
+    fb_all = z_b.reshape(m * jb, d)
     col_step = max(1, min(m, int(chunk_elements) // max(1, ja * jb)))
-    rows_out = []
+    cols = []
     for cs in range(0, m, col_step):
         ce = min(m, cs + col_step)
-        per_row = ja * (ce - cs) * jb
-        blk_cols = []
-        fbb, fbb2 = fb[cs * jb:ce * jb], fb2[cs * jb:ce * jb]
-        for rs, re in _row_chunks(n, per_row, chunk_elements):
+        fb = fb_all[cs * jb:ce * jb]
+        rows = []
+        for rs, re in _row_chunks(n, ja * (ce - cs) * jb, chunk_elements):
             fa = z_a[rs:re].reshape(-1, d)
-            d2 = torch.addmm(fbb2.unsqueeze(0), fa, fbb.t(), alpha=-2.0) + (fa * fa).sum(-1, keepdim=True)
-            dist = (d2.clamp(min=0.0) + 1e-12).sqrt().view(re - rs, ja, ce - cs, jb)
-            blk_cols.append(reduce(dist))
-        rows_out.append(torch.cat(blk_cols, dim=0))
-    return torch.cat(rows_out, dim=1)
+            rows.append(checkpoint(block, fa, fb, *args, use_reentrant=False) if checkpointed else block(fa, fb, *args))
+        cols.append(torch.cat(rows, dim=0))
+    return torch.cat(cols, dim=1)
+
+
+def sample_sq_dist(fa: torch.Tensor, fb: torch.Tensor) -> torch.Tensor:
+    """||fa_i - fb_j||^2 of flattened samples, [rows, cols], through one matmul (not clamped)."""
+    return torch.addmm((fb * fb).sum(-1).unsqueeze(0), fa, fb.t(), alpha=-2.0) + (fa * fa).sum(-1, keepdim=True)
+
+
+def _reduced_dist_block(fa, fb, reduce: Callable, ja: int, jb: int) -> torch.Tensor:
+    """``reduce(d [rows, J, cols, J'])`` of the sample L2 distances of one block."""
+    dist = (sample_sq_dist(fa, fb).clamp(min=0.0) + 1e-12).sqrt()
+    return reduce(dist.view(fa.shape[0] // ja, ja, fb.shape[0] // jb, jb))
 
 
 def _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator):
@@ -218,7 +222,8 @@ def mc_match_prob(mu_a, logvar_a, mu_b, logvar_b, a=5.0, b=5.0, n_samples: int =
     distances held at once. ``a``, ``b`` may be tensors (learnable).
     """
     z_a, z_b = _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator)
-    return _sample_dist_blocks(z_a, z_b, lambda d: torch.sigmoid(slope * (-a * d + b)).mean(dim=(1, 3)), chunk_size)
+    return sample_blocks(z_a, z_b, _reduced_dist_block, chunk_size, False,
+                         lambda d: torch.sigmoid(slope * (-a * d + b)).mean(dim=(1, 3)), z_a.shape[1], z_b.shape[1])
 
 
 def mc_avg_l2(mu_a, logvar_a, mu_b, logvar_b, n_samples: int = 7,
@@ -226,7 +231,8 @@ def mc_avg_l2(mu_a, logvar_a, mu_b, logvar_b, n_samples: int = 7,
               chunk_size: int = DEFAULT_CHUNK_ELEMENTS) -> torch.Tensor:
     """Average sampled L2 distance E||z_a - z_b||_2 over J x J sample pairs (PCME), [N, M]."""
     z_a, z_b = _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator)
-    return _sample_dist_blocks(z_a, z_b, lambda d: d.mean(dim=(1, 3)), chunk_size)
+    return sample_blocks(z_a, z_b, _reduced_dist_block, chunk_size, False,
+                         lambda d: d.mean(dim=(1, 3)), z_a.shape[1], z_b.shape[1])
 
 
 # ----------------------------------------------------------------------------- inclusion, uncertainty

@@ -8,9 +8,8 @@ Eq. 1). The encoders minimise (Eq. 6 plus the alignment)
     lambda1 rec(x_v, g_v(f_v(x_v))) + lambda2 rec(x_t, g_t(f_t(x_t)))
     + lambda3 D_JS(F_v || N(0, I)) + lambda4 D_JS(F_t || N(0, I)) + align(z_v, z_t)
 
-with the paper's presets (:data:`JWAE_PRESETS`); one shared discriminator (3 FC layers 256-256-2,
-class 1 = "prior sample") has its own optimiser. Unpaired images / captions enter only the
-reconstruction and prior terms of their modality (the semi-supervised setting).
+with the paper's presets (:data:`JWAE_PRESETS`); one shared discriminator has its own optimiser.
+Unpaired images / captions enter only their modality's reconstruction and prior terms.
 """
 from __future__ import annotations
 

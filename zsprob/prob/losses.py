@@ -10,16 +10,11 @@ targets [N_img, N_txt] in [0, 1] of the global batch (the identity if None; MSDA
 Every loss is a mean over this process's rows, so the mean over processes equals the single-process
 loss on the global batch, and with gradient-carrying gathers the gradients agree too.
 
-- :class:`PCMEPPLoss` (PCME++ Eq. 2-3, App. A.4): BCE on logits ``-a * CSD + b`` (a, b learnable) over
-  all pairs in both directions, pseudo-positives (weight ``pp_alpha``) and VIB (weight ``vib_beta``);
-  :class:`MuOnlyLoss` is the same on ||mu_v - mu_t||^2 without sigma.
-- :class:`PCMELoss` (PCME Eq. 1-3): soft contrastive NLL of the Monte Carlo match probability.
-- :class:`InfoNCELoss` (CLIP), :class:`TripletLoss` (VSE++) and :class:`ProbTripletLoss` (Pishdad
-  et al. Eq. 3, a hinge on a distribution similarity).
-
-ProLIP's objective is :mod:`zsprob.prob.prolip`, jWAE's :mod:`zsprob.prob.jwae`; which loss each
-training method uses is declared in :mod:`zsprob.prob.method_registry`. docs/prob.md notes where the
-papers' printed expressions and the official code differ, and what zsprob follows.
+PCME++ (:class:`PCMEPPLoss`, :class:`MuOnlyLoss`), PCME (:class:`PCMELoss`), CLIP (:class:`InfoNCELoss`),
+VSE++ (:class:`TripletLoss`) and Pishdad et al. (:class:`ProbTripletLoss`) are here; ProLIP's objective
+is :mod:`zsprob.prob.prolip`, jWAE's :mod:`zsprob.prob.jwae`. Which loss each training method uses is
+declared in :mod:`zsprob.prob.method_registry`; docs/prob.md notes where the papers' printed
+expressions and the official code differ, and what zsprob follows.
 """
 from __future__ import annotations
 
@@ -28,7 +23,6 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError, check_range
 from zsprob.methods import DEFAULT_DEGRADE_OPS
@@ -116,14 +110,13 @@ class PCMEPPLoss(OcclusionTerm, nn.Module):
     MATCH_SIGMA = ("train", "detach")
 
     def __init__(self, init_scale: float = 5.0, init_shift: float = 5.0, pp_alpha: float = 0.1,
-                 vib_beta: float = 1e-4, distance: str = "csd", match_sigma: str = "train", inclusion_alpha_occ: float = 0.0,
-                 drop_ratio: float = 0.5, drop_prob: float = 0.5, image_drop_prob: float = 0.25,
-                 mask_patch_size: int = 16, text_mask_mode: str = "delete", inclusion_scale: float = 1000.0,
-                 inclusion_eps: float = -20.0, inclusion_form: str = "prolip", cover_scale: float = 5.0,
-                 cover_lambda: float = 1.0, inclusion_start_step: int = 0, inclusion_warmup_steps: int = 0,
-                 occlusion_grad: str = "all",
-                 image_mask_mode: str = "cells", image_degrade_ops=DEFAULT_DEGRADE_OPS,
-                 caption_nll_alpha: float = 0.0, caption_nll_scale: float = 1.0,
+                 vib_beta: float = 1e-4, distance: str = "csd", match_sigma: str = "train",
+                 inclusion_alpha_occ: float = 0.0, drop_ratio: float = 0.5, drop_prob: float = 0.5,
+                 image_drop_prob: float = 0.25, mask_patch_size: int = 16, text_mask_mode: str = "delete",
+                 inclusion_scale: float = 1000.0, inclusion_eps: float = -20.0, inclusion_form: str = "prolip",
+                 cover_scale: float = 5.0, cover_lambda: float = 1.0, inclusion_start_step: int = 0,
+                 inclusion_warmup_steps: int = 0, occlusion_grad: str = "all", image_mask_mode: str = "cells",
+                 image_degrade_ops=DEFAULT_DEGRADE_OPS, caption_nll_alpha: float = 0.0, caption_nll_scale: float = 1.0,
                  image_nll_alpha: float = 0.0, image_nll_scale: float = 1.0):
         arguments = dict(locals())  # the occlusion term's options are relayed from here
         super().__init__()
@@ -144,8 +137,8 @@ class PCMEPPLoss(OcclusionTerm, nn.Module):
         self.image_nll_scale = check_range(image_nll_scale, "PCME++ image_nll_scale", 0.0, low_open=True)
 
     def extra_repr(self) -> str:
-        return (f"distance={self.distance!r}, match_sigma={self.match_sigma!r}, pp_alpha={self.pp_alpha}, vib_beta={self.vib_beta}, "
-                f"inclusion_alpha_occ={self.inclusion_alpha_occ}, caption_nll_alpha={self.caption_nll_alpha}, "
+        return (f"distance={self.distance!r}, match_sigma={self.match_sigma!r}, pp_alpha={self.pp_alpha}, "
+                f"vib_beta={self.vib_beta}, inclusion_alpha_occ={self.inclusion_alpha_occ}, caption_nll_alpha={self.caption_nll_alpha}, "
                 f"caption_nll_scale={self.caption_nll_scale}, image_nll_alpha={self.image_nll_alpha}, "
                 f"image_nll_scale={self.image_nll_scale}")
 
@@ -194,7 +187,8 @@ class PCMEPPLoss(OcclusionTerm, nn.Module):
 
         if uses_sigma:
             if self.vib_beta != 0:
-                (v_img, trip_img), (v_txt, trip_txt) = _guarded_vib(B.img_mu, B.img_lv), _guarded_vib(B.txt_mu, B.txt_lv)
+                v_img, trip_img = _guarded_vib(B.img_mu, B.img_lv)
+                v_txt, trip_txt = _guarded_vib(B.txt_mu, B.txt_lv)
                 loss = loss + self.vib_beta * (v_img + v_txt)
                 stats.update(vib_guard_trips=trip_img + trip_txt)
             else:
@@ -231,8 +225,7 @@ def _mc_log_probs_block(fa: torch.Tensor, fb: torch.Tensor, a: torch.Tensor, b: 
                         ja: int, jb: int, slope: float = 1.0, eps: float = 1e-12):
     """log p and log(1 - p) of the MC match probability for flattened sample blocks, with
     p = mean_jj' sigmoid(slope * (-a * sqrt(d^2 + eps) + b))."""
-    d2 = torch.addmm((fb * fb).sum(-1).unsqueeze(0), fa, fb.t(), alpha=-2.0) + (fa * fa).sum(-1, keepdim=True)
-    dist = (d2.clamp(min=0.0) + eps).sqrt()
+    dist = (distances.sample_sq_dist(fa, fb).clamp(min=0.0) + eps).sqrt()
     logit = (-a * dist + b).view(fa.shape[0] // ja, ja, fb.shape[0] // jb, jb).permute(0, 2, 1, 3)
     logit = slope * logit.reshape(logit.shape[0], logit.shape[1], ja * jb)
     log_j2 = math.log(ja * jb)
@@ -244,33 +237,15 @@ def _mc_log_probs_block(fa: torch.Tensor, fb: torch.Tensor, a: torch.Tensor, b: 
 def mc_log_match_probs(z_a: torch.Tensor, z_b: torch.Tensor, a, b,
                        chunk_elements: int = distances.DEFAULT_CHUNK_ELEMENTS, use_checkpoint: bool | None = None,
                        slope: float = 1.0, eps: float = 1e-12):
-    """[n, m, 2] = (log p, log(1 - p)) of the MC match probability between sample sets
-    z_a [n, J, D] and z_b [m, J, D], computed in blocks of at most ``chunk_elements`` sample
-    pairs (each block recomputed in the backward pass, so memory stays bounded). ``slope`` = 2 and
-    ``eps`` = 1e-6 give the official PCME code's p = e^l / (e^l + e^-l) with sqrt(d^2 + 1e-6)."""
-    n, ja, d = z_a.shape
-    m, jb, _ = z_b.shape
+    """[n, m, 2] = (log p, log(1 - p)) of the MC match probability between sample sets z_a [n, J, D] and
+    z_b [m, J, D], in blocks of at most ``chunk_elements`` sample pairs, each recomputed in the backward
+    pass (memory stays bounded). ``slope`` = 2 and ``eps`` = 1e-6 are the official PCME code's."""
     a = torch.as_tensor(a, dtype=z_a.dtype, device=z_a.device)
     b = torch.as_tensor(b, dtype=z_a.dtype, device=z_a.device)
     if use_checkpoint is None:
         use_checkpoint = torch.is_grad_enabled() and any(t.requires_grad for t in (z_a, z_b, a, b))
-    fb_all = z_b.reshape(m * jb, d)
-    col_step = max(1, min(m, chunk_elements // max(1, ja * jb)))
-    cols = []
-    for cs in range(0, m, col_step):
-        ce = min(m, cs + col_step)
-        fb = fb_all[cs * jb:ce * jb]
-        row_step = max(1, chunk_elements // max(1, ja * (ce - cs) * jb))
-        rows = []
-        for rs in range(0, n, row_step):
-            re = min(n, rs + row_step)
-            fa = z_a[rs:re].reshape(-1, d)
-            if use_checkpoint:
-                rows.append(checkpoint(_mc_log_probs_block, fa, fb, a, b, ja, jb, slope, eps, use_reentrant=False))
-            else:
-                rows.append(_mc_log_probs_block(fa, fb, a, b, ja, jb, slope, eps))
-        cols.append(torch.cat(rows, dim=0))
-    return torch.cat(cols, dim=1)
+    return distances.sample_blocks(z_a, z_b, _mc_log_probs_block, chunk_elements, use_checkpoint,
+                                   a, b, z_a.shape[1], z_b.shape[1], slope, eps)
 
 
 def _soft_nll(logps: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

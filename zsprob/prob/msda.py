@@ -1,6 +1,4 @@
-"""Mixed sample data augmentation (MSDA) with soft image-text match targets (PCME++ Sec. 2.4).
-
-Modes (:data:`MODES`):
+"""Mixed sample data augmentation (MSDA) with soft image-text match targets (PCME++ Sec. 2.4). Modes:
 
 - "official" (:func:`mix_batch_official`), what naver-ai/pcmepp trains with (its ``Mixup`` in "elem"
   mode): each image i is mixed with probability ``ratio`` with its partner B - 1 - i (an odd batch's
@@ -27,8 +25,8 @@ import torch
 
 from zsprob.errors import UserError
 
-PAPER_MODES = ("random", "mixup", "cutmix")
-MODES = ("official",) + PAPER_MODES
+#: "official" (naver-ai/pcmepp's per-image mixing) and the paper text's per-batch modes
+MODES = ("official", "random", "mixup", "cutmix")
 
 
 def _check_share(name: str, value: float) -> float:
@@ -92,9 +90,9 @@ def mix_batch_official(images: torch.Tensor, *, ratio: float = 0.25, alpha: floa
             lams[i] = 1.0
             continue
         if use_cutmix[i]:
-            lams[i] = plan.cutmix(i, j, _timm_box(images.shape, float(lams[i]), int(rng.integers(0, 2 ** 31 - 1))))
+            lams[i] = plan.add(i, j, *_timm_box(images.shape, float(lams[i]), int(rng.integers(0, 2 ** 31 - 1))))
         else:
-            plan.mixup(i, j, float(lams[i]))
+            plan.add(i, j, float(lams[i]))
     out = plan.apply(images)
     lam = torch.as_tensor(lams, dtype=torch.float64).to(images.device, non_blocking=True)
     matched = official_targets(lam, smoothing)
@@ -112,20 +110,13 @@ class _MixPlan:
         self.lams: list[float] = []
         self.boxes: list[tuple[int, int, int, int] | None] = []  # None: Mixup
 
-    def mixup(self, row: int, partner: int, lam: float) -> None:
-        self._add(row, partner, lam, None)
-
-    def cutmix(self, row: int, partner: int, box_and_lam) -> float:
-        """Add a CutMix row with ``_timm_box``'s (yl, yh, xl, xh, kept lambda); returns that lambda."""
-        *box, lam = box_and_lam
-        self._add(row, partner, lam, tuple(box))
-        return lam
-
-    def _add(self, row, partner, lam, box) -> None:
+    def add(self, row: int, partner: int, lam: float, box: tuple[int, int, int, int] | None = None) -> float:
+        """Mix ``row`` with ``partner``: Mixup with ``lam``, or CutMix inside ``box`` (yl, yh, xl, xh); returns lam."""
         self.rows.append(row)
         self.partners.append(partner)
         self.lams.append(float(lam))
         self.boxes.append(box)
+        return float(lam)
 
     def info(self, cutmix: bool) -> dict:
         out = {"index": list(self.rows), "partner": list(self.partners), "lam": list(self.lams)}
@@ -182,8 +173,8 @@ def _numpy_rng(generator: torch.Generator | None) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def _timm_box(shape, lam: float, seed: int):
-    """timm's CutMix box for lambda, drawn with numpy's global RNG seeded for this call only."""
+def _timm_box(shape, lam: float, seed: int) -> tuple[float, tuple[int, int, int, int]]:
+    """(kept lambda, box) of timm's CutMix for lambda, drawn with numpy's global RNG seeded for this call."""
     from timm.data.mixup import cutmix_bbox_and_lam  # imported here: timm is slow to import
 
     state = np.random.get_state()
@@ -192,7 +183,7 @@ def _timm_box(shape, lam: float, seed: int):
         (yl, yh, xl, xh), lam_kept = cutmix_bbox_and_lam(shape, lam, correct_lam=True)
     finally:
         np.random.set_state(state)
-    return int(yl), int(yh), int(xl), int(xh), float(lam_kept)
+    return float(lam_kept), (int(yl), int(yh), int(xl), int(xh))
 
 
 def mix_batch(images: torch.Tensor, *, ratio: float = 0.25, alpha: float = 2.0, mode: str = "random",
@@ -223,18 +214,13 @@ def mix_batch(images: torch.Tensor, *, ratio: float = 0.25, alpha: float = 2.0, 
     plan = _MixPlan()
     for i, j, lam in zip(idx.tolist(), partner.tolist(), lams.tolist()):
         if use == "mixup":
-            plan.mixup(i, j, lam)
+            plan.add(i, j, lam)
         else:
-            plan.cutmix(i, j, _timm_box(images.shape, lam, int(rng.integers(0, 2 ** 31 - 1))))
+            plan.add(i, j, *_timm_box(images.shape, lam, int(rng.integers(0, 2 ** 31 - 1))))
     out = plan.apply(images)
-    _soft_targets_(matched, plan)
-    info = {"mode": use, **plan.info(cutmix=False)}
-    return (out, matched, info) if return_info else (out, matched)
-
-
-def _soft_targets_(matched: torch.Tensor, plan: _MixPlan) -> None:
-    """In place: ``matched[i, i] = lambda`` and ``matched[i, j] = 1 - lambda`` for every mixed row."""
-    rows, partners = plan.index_tensors(range(len(plan.rows)), matched.device)
+    rows, partners = plan.index_tensors(range(len(plan.rows)), matched.device)  # the soft targets
     lam = torch.tensor(plan.lams, dtype=torch.float64).to(matched.device, non_blocking=True)
     matched[rows, rows] = lam.to(matched.dtype)
     matched[rows, partners] = (1.0 - lam).to(matched.dtype)
+    info = {"mode": use, **plan.info(cutmix=False)}
+    return (out, matched, info) if return_info else (out, matched)

@@ -21,15 +21,11 @@ recipe's values are the defaults):
 - VIB, weight ``vib_beta``: ProLIP's ``kl_divergence``, -0.5 mean(1 + h - mu^2 - exp(h)) with
   h = logvar / 2 (minimum at sigma = 1); a term above 1e4 is skipped.
 
-The occlusion term (:class:`OcclusionTerm`) is shared with PCMEPPLoss. zsprob's options, off by default
-(docs/findings.md says why): ``inclusion_form="cover"`` asks the outer Gaussian to hold the inner one's
-variance AND its mean's displacement, mean -log sigmoid(cover_scale * (log S_out - log(S_in +
-cover_lambda ||mu_in - mu_out||^2))) with S = ||sigma^2||_1; a start step and a linear warm-up;
-``text_mask_mode="delete"`` (masked captions lose words rather than get mask tokens);
-``occlusion_grad="sigma"`` (the means enter the term as constants); ``image_mask_mode="degrade"``
-(:mod:`zsprob.data.degrade`). Masking: ``drop_ratio`` (share of rows given a masked copy),
-``drop_prob`` (share of tokens masked), ``image_drop_prob`` (share of ``mask_patch_size``-pixel cells
-blanked: the official ViT keeps 75% of its patches).
+The occlusion term (:class:`OcclusionTerm`) is shared with PCMEPPLoss. Masking: ``drop_ratio`` (share of
+rows given a masked copy), ``drop_prob`` (of tokens masked), ``image_drop_prob`` (of ``mask_patch_size``
+pixel cells blanked: the official ViT keeps 75% of its patches). zsprob's options, off by default
+(docs/prob.md, docs/findings.md): ``inclusion_form="cover"`` (:func:`cover_loss`), a start step and a
+warm-up, ``text_mask_mode="delete"``, ``occlusion_grad="sigma"`` and ``image_mask_mode="degrade"``.
 """
 from __future__ import annotations
 
@@ -212,14 +208,10 @@ OCCLUSION_OPTIONS = tuple(inspect.signature(check_occlusion_options).parameters)
 
 
 class OcclusionTerm:
-    """Mixin of the losses with the occlusion inclusion term: "each original row is included in its
-    masked copy", per modality, with its options, its inclusion test and its weight at a training step.
-
-    ``inclusion_start_step`` / ``inclusion_warmup_steps`` (0 / 0: the full weight from the first step,
-    as ProLIP) delay the term and ramp it in linearly; before the start the trainer does not encode the
-    masked copies. The trainer passes the 0-based step to ``forward``; a call without a step weighs the
-    term fully.
-    """
+    """Mixin of the losses with the occlusion inclusion term, "each original row is included in its masked
+    copy" per modality: its options, its inclusion test and its weight at the 0-based training step the
+    trainer passes to ``forward`` (0 before ``inclusion_start_step``, then a linear ramp; the masked copies
+    are not even encoded while it is 0; a call without a step weighs the term fully)."""
 
     inclusion_alpha_occ: float
     drop_ratio: float
