@@ -181,9 +181,10 @@ def _check_degrade_ops(ops) -> tuple[str, ...]:
 
 
 def check_occlusion_options(*, inclusion_alpha_occ, drop_ratio, drop_prob, image_drop_prob, mask_patch_size,
-                            text_mask_mode, inclusion_scale, inclusion_eps, inclusion_start_step,
-                            inclusion_warmup_steps, occlusion_grad, image_mask_mode, image_degrade_ops,
-                            inclusion_form, cover_scale, cover_lambda) -> dict:
+                            text_mask_mode, inclusion_scale, inclusion_eps, inclusion_start_step=0,
+                            inclusion_warmup_steps=0, occlusion_grad="all", image_mask_mode="cells",
+                            image_degrade_ops=DEFAULT_DEGRADE_OPS, inclusion_form="prolip", cover_scale=5.0,
+                            cover_lambda=1.0) -> dict:
     """The occlusion term's options (shared by ProLIPLoss and PCMEPPLoss), checked: one UserError line each."""
     return {"inclusion_alpha_occ": _check_range("inclusion_alpha_occ", inclusion_alpha_occ, 0.0),
             "drop_ratio": _check_range("drop_ratio", drop_ratio, 0.0, 1.0),
