@@ -76,24 +76,24 @@ def test_every_true_false_key_refuses_other_values():
     """Keys whose default is true / false take YAML booleans only; bool('maybe') would be true."""
     from zsprob.errors import UserError
     from zsprob.train.defaults import load_train_config, resolve_config
-    from zsprob.utils.checks import check_flags
+    from zsprob.train.schema import Key, check
 
     for setting, key in [("msda.enabled=2", "msda.enabled"), ("optim.fused=1", "optim.fused"),
                          ("train.tensorboard=off-ish", "train.tensorboard"), ("data.augment=maybe", "data.augment")]:
         with pytest.raises(UserError, match=f"^{key} must be true or false, got "):
             resolve_config(load_train_config(None, [setting]))
     resolve_config(load_train_config(None, ["msda.enabled=true", "optim.fused=false"]))
+    keys = (Key("a.b", False, "a switch"), Key("c", "default", "a name"), Key("d", True, "another switch"))
     with pytest.raises(UserError, match=r"^a\.b must be true or false, got None$"):
-        check_flags({"a": {"b": None}}, {"a": {"b": False}})
-    check_flags({"a": {"b": True}, "c": "text"}, {"a": {"b": False}, "c": "default", "d": True})
+        check({"a": {"b": None}}, keys, {"a": {"b": False}, "c": "default", "d": True})
+    check({"a": {"b": True}, "c": "text"}, keys, {"a": {"b": False}, "c": "default", "d": True})
 
 
 def test_a_run_config_is_resolved_and_checked_in_one_place():
-    """resolve_config merges the defaults and runs every check of the training rules, the first mistake
-    (in the rules' order: keys, counts, numbers, nullable numbers, exclusive keys) as one line."""
+    """resolve_config merges the defaults and runs every check of the schema, the first mistake (unknown keys,
+    then each key in declaration order, then the keys that exclude each other) as one line."""
     from zsprob.errors import UserError
-    from zsprob.train.defaults import RULES, resolve_config
-    from zsprob.utils.checks import check_config
+    from zsprob.train.defaults import resolve_config
 
     cases = [
         ({"schedule": {"steps": 5, "epochs": 2}},
@@ -112,4 +112,4 @@ def test_a_run_config_is_resolved_and_checked_in_one_place():
         assert str(e.value).startswith(message), (cfg, str(e.value))
     cfg = resolve_config({"optim": {"layer_decay": "7e-1"}})
     assert cfg.optim.layer_decay == 0.7  # a string spelling a number is stored as the float
-    check_config({"optim": {"layer_decay": None}}, RULES)  # null stays allowed
+    assert resolve_config({"optim": {"layer_decay": None}}).optim.layer_decay is None  # null stays allowed

@@ -63,7 +63,7 @@ def _device_form(_ctx, _param, value):
 
 def device_options(f, *, encoding: bool = True):
     """``--device``; with ``encoding`` also ``--workers`` and ``--precision`` (commands that encode images)."""
-    from zsprob.utils.devices import PRECISIONS, default_workers
+    from zsprob.utils.devices import ENCODE_PRECISIONS as PRECISIONS, default_workers
 
     if encoding:
         f = click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,

@@ -55,18 +55,9 @@ def at_least_fp32(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def check_accum_steps(value, local_batch_size: int) -> int:
-    """``train.accum_steps`` as an int >= 1 that divides the per-process batch, else a UserError."""
-    if isinstance(value, bool) or value is None:
-        raise UserError(f"train.accum_steps must be a whole number >= 1, got {value!r}")
-    try:
-        k = int(value)
-    except (TypeError, ValueError):
-        raise UserError(f"train.accum_steps must be a whole number >= 1, got {value!r}") from None
-    if k != value and str(k) != str(value).strip():
-        raise UserError(f"train.accum_steps must be a whole number >= 1, got {value!r}")
-    if k < 1:
-        raise UserError(f"train.accum_steps must be >= 1, got {k}")
+def check_accum_steps(k: int, local_batch_size: int) -> int:
+    """``train.accum_steps`` (a count the config checked) if it divides the per-process batch, else a UserError."""
+    k = int(k)
     if local_batch_size % k:
         raise UserError(f"train.accum_steps {k} does not divide the per-process batch {local_batch_size} "
                         "(data.batch_size / processes); pick a divisor")

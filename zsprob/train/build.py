@@ -66,10 +66,7 @@ def build_model(cfg: Config):
         raise UserError(f"--method {cfg.method} needs sigma, but the model is deterministic "
                         "(model.overrides.deterministic); drop that override or pick a method without sigma")
     model = create_model(m.name, pretrained=m.pretrained, deterministic=deterministic, seed=int(cfg.seed), **kw)
-    preprocess = cfg.data.preprocess or DEFAULTS["data"]["preprocess"]  # null: the default
-    if preprocess not in ("clip", "official"):
-        raise UserError(f"data.preprocess must be clip or official, got {preprocess!r}")
-    if preprocess == "official":  # PCME++'s COCO transforms (ImageNet normalisation, crop 0.6-1.0, flip)
+    if (cfg.data.preprocess or DEFAULTS["data"]["preprocess"]) == "official":  # PCME++'s COCO transforms (ImageNet normalisation, crop 0.6-1.0, flip)
         from zsprob.data.transforms import apply_official_coco_preprocess
         apply_official_coco_preprocess(model)
     return model

@@ -107,7 +107,6 @@ def build_source(cfg, model):
     from zsprob.data.synthetic import paired_split, read_pretrain_items
     from zsprob.train.jwae_data import FeatureStore, RawStore, SemiSupervisedSource
 
-    _check_data(cfg)
     d = cfg.data
     items = read_pretrain_items(d.shards)
     paired, unpaired = paired_split(len(items), float(d.paired_fraction), int(cfg.seed))

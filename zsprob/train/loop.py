@@ -186,7 +186,7 @@ def refuse_failed_compile(run: Run, error: Exception) -> None:
 def after_step(run: Run, step_done: int, stats: dict, bar) -> bool:
     """The schedule, SWA, logging, checkpoint and hooks due after ``step_done``; True if it checkpointed."""
     tc = run.cfg.train
-    log_every = max(1, int(tc.log_every))
+    log_every = int(tc.log_every)
     ckpt_every = int(tc.checkpoint_every or 0)
     eval_every = int(tc.eval_every or 0)
     if tc.eval_every_epochs and run.source.steps_per_epoch:  # e.g. model selection once per epoch

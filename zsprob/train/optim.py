@@ -82,9 +82,6 @@ def _lookup_info(name: str, info: dict, prefix: str) -> dict | None:
     return info.get(name)
 
 
-GROUPINGS = ("zsprob", "official")
-
-
 def _tower_mult(tower: str, image_lr_mult: float, text_lr_mult: float) -> float:
     return image_lr_mult if tower == "image" else text_lr_mult if tower == "text" else 1.0
 
@@ -136,10 +133,6 @@ def param_groups(module: nn.Module, *, lr: float, weight_decay: float,
     Each group carries ``lr_scale``, ``tower``, ``backbone`` and ``group_name`` keys, which the
     schedule and the freeze logic read.
     """
-    if grouping not in GROUPINGS:
-        raise UserError(f"unknown optim.grouping {grouping!r} (choose {' or '.join(GROUPINGS)})")
-    if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
-        raise UserError(f"optim.layer_decay must be in (0, 1], got {layer_decay}")
     rule = _official_group if grouping == "official" else _zsprob_group
     param_info = param_info or {}
     buckets: dict[tuple, dict] = {}

@@ -59,7 +59,6 @@ class RemoteSync:
     """Mirror of one local run directory ``out`` at ``url``."""
 
     def __init__(self, url: str, out: str | os.PathLike):
-        check_target(url, out)
         self.url = str(url).rstrip("/")
         self.out = Path(out)
         self.fs, self.root = remote.url_fs(self.url)

@@ -17,7 +17,9 @@ import re
 from zsprob.errors import UserError
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
-PRECISIONS = ("fp32", "bf16")
+#: every precision zsprob runs in; training takes them all (``train.precision``), encoding the first two
+PRECISIONS = ("fp32", "bf16", "fp16")
+ENCODE_PRECISIONS = PRECISIONS[:2]
 _SPEC = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
 
 
@@ -51,9 +53,9 @@ def resolve_device(spec=None):
 
 
 def check_precision(precision: str) -> str:
-    """``precision`` if it is one of :data:`PRECISIONS`, else :class:`UserError`."""
-    if precision not in PRECISIONS:
-        raise UserError(f"unknown precision {precision!r}: choose {' or '.join(PRECISIONS)}")
+    """``precision`` if it is one of :data:`ENCODE_PRECISIONS`, else :class:`UserError`."""
+    if precision not in ENCODE_PRECISIONS:
+        raise UserError(f"unknown precision {precision!r}: choose {' or '.join(ENCODE_PRECISIONS)}")
     return precision
 
 
@@ -73,5 +75,5 @@ def default_workers() -> int:
     return min(4, os.cpu_count() or 1)
 
 
-__all__ = ["DEVICE_CHOICES", "PRECISIONS", "parse_device", "resolve_device", "check_precision", "encode_autocast",
+__all__ = ["DEVICE_CHOICES", "PRECISIONS", "ENCODE_PRECISIONS", "parse_device", "resolve_device", "check_precision", "encode_autocast",
            "default_workers"]
