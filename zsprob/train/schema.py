@@ -243,5 +243,5 @@ def table(keys: Iterable[Key]) -> str:
     for key in keys:
         rule = key.rule.text() if key.rule else ""
         flag = f"`{key.flag_name()}`" if key.flag else ""
-        rows.append(f"| `{key.name}` | {cell(key.default)} | {flag} | {rule} | {key.doc} |")
+        rows.append(f"| `{key.name}` | {cell(key.default)} | {flag} | {rule} | {key.doc.replace('|', chr(92) + '|')} |")
     return "\n".join(rows) + "\n"
