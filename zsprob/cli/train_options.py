@@ -160,7 +160,8 @@ def print_summary(summary: dict) -> None:
         return
     start = int(summary.get("start_step") or 0)
     last = int(summary["steps"])
-    steps = (f"{last} step{'s' if last != 1 else ''}" if not start else f"step {last}" if last == start + 1 else f"steps {start + 1}-{last}")
+    steps = (f"{last} step{'s' if last != 1 else ''}" if not start else
+             f"step {last}" if last == start + 1 else f"steps {start + 1}-{last}")
     steps += f" (resumed at step {start})" if start else ""
     click.echo(f"trained {summary['method']} for {steps} "
                f"(global batch {summary['global_batch_size']}, {summary['world_size']} process(es)): "
