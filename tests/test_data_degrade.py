@@ -508,13 +508,15 @@ def test_the_cpu_codec_equals_torchvisions_on_the_images_the_demo_degrades(tmp_p
     io_module = pytest.importorskip("torchvision.io")
     if not hasattr(io_module, "encode_jpeg"):
         pytest.skip("this torchvision has no JPEG functions left to compare with")
+    from open_clip.transform import AugmentationCfg, image_transform
+
     from zsprob.data.jpeg_torch import libjpeg_bytes, libjpeg_roundtrip
     from zsprob.data.synthetic import generate, read_pretrain_items
-    from zsprob.data.transforms import build_train_transform
     generate(tmp_path, image_size=64, num_pretrain=48, num_classify_select=0, num_classify_eval=0, num_retrieval=0,
              num_retrieval_val=0, shard_size=48, progress=False)
     written = [Image.open(io.BytesIO(data)).convert("RGB") for data in read_pretrain_items(tmp_path / "pretrain").jpegs]
-    transform = build_train_transform(64, mean=MEAN, std=STD, scale=(0.9, 1.0))   # the demo model's (CLIP's stats)
+    transform = image_transform(64, is_train=True, mean=MEAN, std=STD,            # the demo model's (CLIP's stats)
+                                aug_cfg=AugmentationCfg(scale=(0.9, 1.0)))
     torch.manual_seed(0)
     pixels = _pixels(torch.stack([transform(image) for image in written])).clamp(0, 1)
     as_bytes = torch.cat([(pixels * 255.0).round().to(torch.uint8),
