@@ -1,9 +1,6 @@
-"""SynthWorld's world: ``SynthWorld`` (one sample per (seed, split, index)), hand-made scenes, the format constants.
-
-A sample is a scene from :mod:`zsprob.data.synthworld.scene`, drawn by
-:mod:`zsprob.data.synthworld.render` and captioned by :mod:`zsprob.data.synthworld.captions`;
-this module puts the three together and holds the constants the writer and the CLI read
-(sizes, presets, retrieval image ids). Pure Python + numpy; Pillow draws (in ``render``).
+"""SynthWorld's world: :class:`SynthWorld` puts a scene (``scene``), its image (``render``) and five captions
+(``captions``) together per (seed, split, index); hand-made scenes; the constants the writer and the CLI
+read (sizes, presets, retrieval image ids).
 """
 from __future__ import annotations
 
@@ -52,12 +49,8 @@ def check_image_size(image_size: int) -> int:
 
 
 class SynthWorld:
-    """The world: ``sample(split, index)`` renders one scene with five captions and ground truth.
-
-    Splits whose name starts with ``classify`` hold one main object whose shape is the class
-    ``SHAPES[index % len(SHAPES)]`` (the condition is random; "many" shows copies of it);
-    every other split name draws from the world prior (1-3 objects).
-    """
+    """The world: ``sample(split, index)`` renders one scene with five captions and ground truth. Splits named
+    ``classify*`` hold one main object of shape ``SHAPES[index % len(SHAPES)]``; the others follow the prior."""
 
     def __init__(self, seed: int = 0, image_size: int = 64):
         self.seed = int(seed)
@@ -121,14 +114,9 @@ class SynthWorld:
 
 def make_scene(objects: list[dict], *, condition: str = "normal", background: str = "plain",
                seed: int = 0) -> dict:
-    """A hand-made scene for controlled experiments, e.g. Pishdad et al.'s test (an image with
-    object A vs one with A and B, captions "A" vs "A and B").
-
-    ``objects``: dicts with ``shape`` (required), ``color`` (default "red"), ``size``
-    ("medium"), ``position`` (distinct cells, default: the first free of center, left,
-    right, ...), ``fill`` ("solid"). Render it with ``SynthWorld.render(scene)``; match
-    captions with :func:`caption_matches`. Rendering details are drawn from ``seed``.
-    """
+    """A hand-made scene for controlled experiments (Pishdad et al.'s A vs A and B). ``objects``: dicts with
+    ``shape`` and optionally ``color`` ("red"), ``size`` ("medium"), ``position`` (distinct cells; default:
+    the first free of center, left, right, ...) and ``fill`` ("solid"); rendering details come from ``seed``."""
     if condition not in CONDITIONS:
         raise UserError(f"unknown condition {condition!r}; one of {CONDITIONS}")
     if background not in BACKGROUNDS:
