@@ -171,10 +171,14 @@ def test_degrade_images_draws_one_op_per_image_reproducibly():
 
 
 def test_degrade_images_refuses_unknown_ops():
-    with pytest.raises(ValueError):
-        degrade.degrade_images(_scenes(1), torch.Generator(), mean=MEAN, std=STD, ops=("blur", "fog"))
-    with pytest.raises(ValueError):
-        degrade.degrade_images(_scenes(1), torch.Generator(), mean=MEAN, std=STD, ops=())
+    """Unknown or no ops are refused where they enter, with the loss's options (degrade_images trusts them)."""
+    from zsprob.prob.prolip import check_occlusion_options
+    base = dict(inclusion_alpha_occ=0.1, drop_ratio=0.5, drop_prob=0.5, image_drop_prob=0.25, mask_patch_size=16,
+                text_mask_mode="replace", inclusion_scale=1.0, inclusion_eps=0.0, image_mask_mode="degrade")
+    with pytest.raises(UserError):
+        check_occlusion_options(**base, image_degrade_ops=("blur", "fog"))
+    with pytest.raises(UserError):
+        check_occlusion_options(**base, image_degrade_ops=())
     assert DEFAULT_DEGRADE_OPS == DEGRADE_OPS[:7] and "shift" not in DEFAULT_DEGRADE_OPS  # opt-in
 
 
@@ -528,7 +532,8 @@ def test_the_cpu_codec_equals_torchvisions_on_the_images_the_demo_degrades(tmp_p
         theirs = torch.stack([io_module.decode_jpeg(io_module.encode_jpeg(image, quality=quality))
                               for image in as_bytes])
         assert torch.equal(ours, theirs), quality
-        assert libjpeg_bytes(as_bytes[0], quality) == bytes(io_module.encode_jpeg(as_bytes[0], quality=quality).tolist())
+        written = bytes(io_module.encode_jpeg(as_bytes[0], quality=quality).tolist())
+        assert libjpeg_bytes(as_bytes[0], quality) == written
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -73,7 +73,8 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
     click.echo(f"SynthWorld written to {out} (seed {m['seed']}, {m['image_size']} px, noise {m['noise']})")
     click.echo(f"  pretrain:  {c['pretrain']} images in {c['pretrain_shards']} shards")
     click.echo(f"  classify:  {len(m['classes'])} classes, select {c['classify_select']} "
-               f"({c['classify_select_per_class']}/class), eval {c['classify_eval']} ({c['classify_eval_per_class']}/class)")
+               f"({c['classify_select_per_class']}/class), eval {c['classify_eval']} "
+               f"({c['classify_eval_per_class']}/class)")
     click.echo(f"  retrieval: test {c['retrieval_test']} images / {c['retrieval_test_captions']} captions, "
                f"val {c['retrieval_val']} / {c['retrieval_val_captions']}")
     if preview:

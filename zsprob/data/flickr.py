@@ -54,8 +54,8 @@ class Flickr30kCaptions(KarpathyCaptions):
         entries = [im for im in data["images"] if isinstance(im, dict) and im.get("split") == split]
         if not entries:
             raise UserError(f"no images with split {split!r} in {kjson}")
-        lacking = next((im for im in entries if "filename" not in im or not isinstance(im.get("sentences") or [], list)),
-                       None)
+        lacking = next((im for im in entries
+                        if "filename" not in im or not isinstance(im.get("sentences") or [], list)), None)
         if lacking is not None:
             raise UserError(f"{kjson}: an image entry lacks 'filename' or 'sentences' (imgid {lacking.get('imgid')})")
         image_dir = self._image_dir(entries[0], check_images)

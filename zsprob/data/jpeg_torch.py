@@ -98,8 +98,7 @@ def _ycbcr_to_rgb(y: torch.Tensor, cb: torch.Tensor, cr: torch.Tensor) -> torch.
 
 
 def _downsample(plane: torch.Tensor) -> torch.Tensor:
-    """2 x 2 averages of int32 [B, H, W] (H, W even) with libjpeg's bias 1, 2, 1, 2, ... along a
-    row (``h2v2_downsample``): the halves round alternately down and up."""
+    """2 x 2 averages of int32 [B, H, W] (H, W even) with libjpeg's bias 1, 2, 1, 2, ... along a row."""
     batch, height, width = plane.shape
     sums = plane.reshape(batch, height // 2, 2, width // 2, 2).sum((2, 4))
     bias = 1 + torch.arange(width // 2, device=plane.device, dtype=plane.dtype) % 2
@@ -107,10 +106,8 @@ def _downsample(plane: torch.Tensor) -> torch.Tensor:
 
 
 def _upsample(plane: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """int32 [B, h, w] chroma -> [B, height, width] by libjpeg's ``h2v2_fancy_upsample``: each
-    output sample is (9 nearest + 3 vertical + 3 horizontal + 1 diagonal neighbour) / 16, with the
-    edge samples replicated and rounding biases 8 (even columns) and 7 (odd columns). Chroma two
-    samples wide or less is repeated 2 x 2 instead, as libjpeg does."""
+    """int32 [B, h, w] chroma -> [B, height, width] by libjpeg's ``h2v2_fancy_upsample`` (9 / 3 / 3 / 1
+    weights, edges replicated, biases 8 and 7); chroma at most two samples wide is repeated 2 x 2."""
     if plane.shape[-1] <= 2:
         return plane.repeat_interleave(2, 1).repeat_interleave(2, 2)[:, :height, :width]
     up, down = torch.cat([plane[:, :1], plane[:, :-1]], 1), torch.cat([plane[:, 1:], plane[:, -1:]], 1)
@@ -124,11 +121,9 @@ def _upsample(plane: torch.Tensor, height: int, width: int) -> torch.Tensor:
 #: the integer DCT pair's fixed point: constants in 13 bits, 2 more bits kept between the passes
 CONST_BITS, PASS1_BITS = 13, 2
 #: the rotations of the Loeffler-Ligtenberg-Moschytz factorisation (libjpeg's "islow" DCT) in CONST_BITS fixed point
-LLM = {name: int(value * (1 << CONST_BITS) + 0.5) for name, value in {
-    "0.298631336": 0.298631336, "0.390180644": 0.390180644, "0.541196100": 0.541196100, "0.765366865": 0.765366865,
-    "0.899976223": 0.899976223, "1.175875602": 1.175875602, "1.501321110": 1.501321110, "1.847759065": 1.847759065,
-    "1.961570560": 1.961570560, "2.053119869": 2.053119869, "2.562915447": 2.562915447, "3.072711026": 3.072711026,
-}.items()}
+LLM = {name: int(float(name) * (1 << CONST_BITS) + 0.5) for name in (
+    "0.298631336", "0.390180644", "0.541196100", "0.765366865", "0.899976223", "1.175875602", "1.501321110",
+    "1.847759065", "1.961570560", "2.053119869", "2.562915447", "3.072711026")}
 
 
 def _descale(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -137,9 +132,8 @@ def _descale(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _odd_rotation(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor):
-    """The odd half of the 8-point LLM butterfly, shared by both directions: for inputs (a, b, c,
-    d) it returns the four sums that become the odd outputs (forward: coefficients 7, 5, 3, 1 from
-    the differences x3 - x4, x2 - x5, x1 - x6, x0 - x7; inverse: from coefficients 7, 5, 3, 1)."""
+    """The odd half of the 8-point LLM butterfly, shared by both directions (forward: from x3 - x4, x2 - x5,
+    x1 - x6, x0 - x7; inverse: from coefficients 7, 5, 3, 1)."""
     z1, z2, z3, z4 = a + d, b + c, a + c, b + d
     z5 = (z3 + z4) * LLM["1.175875602"]
     z1, z2 = z1 * -LLM["0.899976223"], z2 * -LLM["2.562915447"]
@@ -190,9 +184,8 @@ def _idct(coefficients: torch.Tensor) -> torch.Tensor:
 
 
 def _lossy_blocks(plane: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """int32 [B, H, W] samples (H, W multiples of 8) through level shift, 8 x 8 DCT, quantisation
-    by ``tables`` (int64 [B, 8, 8]; rounded half away from zero), dequantisation, inverse DCT,
-    level shift and clamping: the decoded int32 samples."""
+    """int32 [B, H, W] samples (H, W multiples of 8) through the 8 x 8 DCT, quantisation by ``tables`` (int64
+    [B, 8, 8], rounded half away from zero) and back: the decoded int32 samples."""
     batch, height, width = plane.shape
     blocks = (plane.to(torch.int64) - CENTER).reshape(batch, height // 8, 8, width // 8, 8).transpose(2, 3)
     eighths = _fdct(blocks)                                   # [B, H/8, W/8, 8, 8]: 8 x the coefficients
@@ -204,9 +197,8 @@ def _lossy_blocks(plane: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
 
 
 def jpeg_roundtrip(images: torch.Tensor, qualities: Sequence[int]) -> torch.Tensor:
-    """``decode_jpeg(encode_jpeg(image, quality))`` of each image of ``images`` (uint8 [B, C, H, W],
-    C = 3: baseline 4:2:0 colour; C = 1: greyscale) at its quality (1..100), computed on the
-    images' device (module docstring); returns uint8 [B, C, H, W]."""
+    """Each image of ``images`` (uint8 [B, C, H, W]; C = 3: 4:2:0 colour, C = 1: greyscale) encoded at its
+    quality (1..100) and decoded, on the images' device; returns uint8 [B, C, H, W]."""
     if images.dim() != 4 or images.shape[1] not in (1, 3):
         raise ValueError(f"images must be [B, 1 or 3, H, W], got {tuple(images.shape)}")
     qualities = [int(q) for q in qualities]

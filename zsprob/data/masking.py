@@ -1,17 +1,13 @@
 """Masked copies of inputs for ProLIP's occlusion inclusion term (a partial input includes the whole).
 
-:func:`mask_tokens` replaces each ordinary caption token by a mask token with probability ``drop_prob``
-(as ProLIP's trainer does); :func:`delete_tokens` deletes them instead and closes up the rest, so the
-copy is a more general caption ("a red star" -> "a star"); padding and the start / end tokens are never
-touched. :func:`mask_image_cells` blanks a share of ``cell`` x ``cell`` pixel cells of each image:
+:func:`mask_tokens` replaces ordinary caption tokens by a mask token (as ProLIP's trainer does);
+:func:`delete_tokens` deletes them, so the copy is a more general caption ("a red star" -> "a star");
+padding and the start / end tokens are never touched. :func:`mask_image_cells` blanks pixel cells:
 ProLIP drops ViT patch tokens, but zsprob also trains CNN towers, so it masks the input. The mask token
-(:func:`text_mask_spec`): "?" for open_clip's CLIP BPE (an ordinary token below end-of-text, as ProLIP's
-``--replace-token`` names for CLIP, so argmax pooling and the bag of words' length are unchanged), else
-the Hugging Face tokenizer's mask token, ``<extra_id_99>`` (ProLIP's SigLIP choice) or its unk token.
-
-Every draw comes from an explicit generator on its own device (a CPU generator gives the same masks on
-every device) and is copied to the tensors' device without blocking; nothing is read back. The options
-were checked with the loss's (:func:`zsprob.prob.prolip.check_occlusion_options`).
+(:func:`text_mask_spec`) is "?" for CLIP's BPE (ordinary and below end-of-text, so argmax pooling and
+the bag of words' length are unchanged), else the tokenizer's mask, ``<extra_id_99>`` or unk token.
+Draws come from an explicit generator on its own device and are copied over without blocking; the
+options were checked with the loss's (:func:`zsprob.prob.prolip.check_occlusion_options`).
 """
 from __future__ import annotations
 
@@ -21,7 +17,8 @@ import torch
 
 from zsprob.errors import UserError
 
-__all__ = ["TextMaskSpec", "text_mask_spec", "mask_tokens", "delete_tokens", "cells_to_mask", "mask_image_cells", "CLIP_MASK_TOKEN"]
+__all__ = ["TextMaskSpec", "text_mask_spec", "mask_tokens", "delete_tokens", "cells_to_mask", "mask_image_cells",
+           "CLIP_MASK_TOKEN"]
 
 #: the mask token zsprob uses with open_clip's CLIP BPE: "?</w>"
 CLIP_MASK_TOKEN = "?</w>"

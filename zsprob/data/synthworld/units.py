@@ -34,7 +34,7 @@ def pretrain_unit(args: dict) -> dict:
 
 
 def classify_unit(args: dict) -> dict:
-    """Write classification images ``start`` .. ``end`` of part ``args["part"]`` (select / eval), one folder per class."""
+    """Write classification images ``start`` .. ``end`` of ``args["part"]`` (select / eval), a folder per class."""
     out = Path(args["out"])
     world = SynthWorld(args["seed"], args["image_size"])
     part = args["part"]

@@ -95,21 +95,21 @@ class SynthWorld:
 
     def meta(self, split: str, index: int, noise: float = 0.0, condition: str | None = None) -> dict:
         """The ground truth of ``sample(split, index)`` without rendering the image."""
+        return self._scene_meta(split, index, noise, condition)[1]
+
+    def _scene_meta(self, split: str, index: int, noise: float, condition: str | None) -> tuple[dict, dict]:
         sc, rng = self.scene(split, index, condition)
         cms = self.captions_for(sc, rng, split, index, float(noise))
-        return {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
-                **sc, "captions": cms}
+        return sc, {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
+                    **sc, "captions": cms}
 
     def sample(self, split: str, index: int, noise: float = 0.0, condition: str | None = None) -> SynthSample:
         """The (seed, split, index) sample; ``condition`` forces a condition (previews only)."""
         if not 0.0 <= float(noise) <= 1.0:
             raise UserError(f"noise must be in [0, 1], got {noise}")
-        sc, rng = self.scene(split, index, condition)
-        cms = self.captions_for(sc, rng, split, index, float(noise))
-        image = render_scene(sc, self.image_size)
-        meta = {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
-                **sc, "captions": cms}
-        return SynthSample(image=image, captions=[c["text"] for c in cms], meta=meta)
+        sc, meta = self._scene_meta(split, index, noise, condition)
+        return SynthSample(image=render_scene(sc, self.image_size), captions=[c["text"] for c in meta["captions"]],
+                           meta=meta)
 
 
 def make_scene(objects: list[dict], *, condition: str = "normal", background: str = "plain",

@@ -86,9 +86,6 @@ class WdsLoader:
         d["epoch"] = self.epoch
         return d
 
-    def reset_stats(self) -> None:
-        self._stats = Counter({k: 0 for k in STAT_KEYS})
-
     # -- epochs and resuming
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Make the next iteration read epoch ``epoch``, starting after ``skip_batches`` batches."""
