@@ -18,11 +18,10 @@ from zsprob.errors import UserError
 FORMAT_VERSION = 1
 MIN_SIZE, MAX_SIZE = 32, 224
 CAPTIONS_PER_IMAGE = 5
+# recorded in every manifest as written (the module path in it is an old name): a change changes every world's bytes
 AMBIGUITY_METHOD = ("analytic: ln P(caption true | scene ~ world prior), exact enumeration over the "
-# the manifest records this string as written by earlier versions (the function now lives in
-# zsprob.data.synthworld.captions); changing it would change every generated world's bytes
                     "sampling priors (zsprob.data.synth_captions.caption_probability)")
-# defaults: ~23k samples, < 1 min to generate on 2 cores, a demo-sized world
+# a demo-sized world (docs/synthworld.md)
 DEFAULTS: dict[str, Any] = dict(image_size=64, num_pretrain=20000, num_classify_select=10,
                                 num_classify_eval=50, num_retrieval=1000, num_retrieval_val=500,
                                 noise=0.0, seed=0, shard_size=1000)
