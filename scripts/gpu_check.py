@@ -741,15 +741,14 @@ def section_degrade(c: Check) -> dict:
     import torch
 
     from zsprob.data.degrade import degrade_images
-    from zsprob.data.jpeg_torch import jpeg_roundtrip
+    from zsprob.data.jpeg_torch import jpeg_roundtrip, libjpeg_roundtrip
     from zsprob.utils.host_sync import HostSyncCounter
-    from torchvision.io import decode_jpeg, encode_jpeg
 
     n, side = (8, 64) if c.args.quick else (64, 224)
     g = torch.Generator().manual_seed(0)
     images = (torch.rand(n, 3, side, side + 5, generator=g) * 255).round().to(torch.uint8)
     qualities = [5 + i % 16 for i in range(n)]
-    ref = torch.stack([decode_jpeg(encode_jpeg(im, quality=q)) for im, q in zip(images, qualities)])
+    ref = libjpeg_roundtrip(images, qualities)
     t = time.perf_counter()
     got = jpeg_roundtrip(images.to(c.device), qualities)
     sync(c.device)
