@@ -1,11 +1,7 @@
-"""The one exception type for errors a user can cause.
+"""The one exception type for errors a user can cause, and the helpers that word them alike.
 
-Missing paths, corrupted checkpoints, unknown model names, malformed configs, class-list
-mismatches: raise :class:`UserError` with a message that says what is wrong and what to do.
-The command line prints it as a single line on stderr and exits with status 2 (a traceback
-only with ``zsprob --debug``). Library users catch it like any exception.
-:func:`check_range` words an out-of-range real-valued option (a loss weight, a scale, a
-probability) the same way wherever it is checked (here, so that :mod:`zsprob.prob` may use it).
+Raise :class:`UserError` with a message that says what is wrong and what to do; the command line
+prints it as one line on stderr and exits 2 (a traceback only with ``zsprob --debug``).
 """
 import math
 from typing import Any
