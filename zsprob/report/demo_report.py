@@ -1,9 +1,8 @@
 """The demo report: OUT/report.md (plots embedded) and OUT/report.json (the same figures).
 
-It only reads what the demo's commands wrote (metrics.jsonl and summary.json of each training
-run, the zero-shot compare.json / selected.json, the retrieval metrics.json and their PNGs)
-and draws the training curves; it recomputes nothing. Its checks (:mod:`zsprob.report.demo_checks`)
-are computed from those figures.
+It reads what the demo's commands wrote (training metrics and summaries, zero-shot and retrieval
+JSON and their PNGs), draws the training curves and recomputes nothing; its checks come from
+:mod:`zsprob.report.demo_checks`.
 """
 from __future__ import annotations
 
