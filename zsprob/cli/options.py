@@ -87,12 +87,8 @@ def model_options(f):
 
 
 def eval_model_options(f):
-    """The model options of ``zsprob eval`` (its own order and help), with --device/--workers/--precision."""
-    f = click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
-    f = click.option("--model", "model_name", default=None, help="open_clip model name (instead of --checkpoint).")(f)
-    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
-                     "ProLIP / PCME++ checkpoint or a zsprob checkpoint (with --model).")(f)
-    f = official_file_options(f)
+    """The model options of ``zsprob eval``, with --device/--workers/--precision and --batch-size."""
+    f = model_options(f)
     f = device_options(f)
     f = click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
     return f

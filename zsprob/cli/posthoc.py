@@ -45,7 +45,8 @@ NONNEG = Real(0.0, math.inf)
 @click.option("--overwrite", is_flag=True, help="Replace OUT/model if it exists.")
 @click.option("--out", type=OUT_DIR, required=True, help="Output directory: OUT/model, OUT/summary.json.")
 def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method, views, max_samples, steps, batch_size,
-            lr, inclusion_alpha, same_length_alpha, seed, prior_precision, feature_file, device, workers, threads, overwrite, out):
+            lr, inclusion_alpha, same_length_alpha, seed, prior_precision, feature_file, device, workers, threads,
+            overwrite, out):
     """Give a frozen model trained log-variance heads; its means stay bit-identical.
 
     \b

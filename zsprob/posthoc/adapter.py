@@ -44,7 +44,7 @@ class AdapterSettings:
     inclusion_scale: float = 100.0
     same_length_alpha: float = 0.1
     same_length_scale: float = 10.0
-    same_length_target: str = "own"  # distance to the caption's own image mean, or "centre": to the batch's images' mean
+    same_length_target: str = "own"  # distance to the caption's own image mean, or "centre": the batch's images' mean
     cover_scale: float = 1000.0
     cover_lambda: float = 0.002
     caption_nll_alpha: float = 0.1

@@ -121,8 +121,9 @@ def _zeroshot_sanity(m: str, z: dict | None) -> dict[str, Check]:
     if z and z.get("chance_top1") is not None:
         best = max((row["top1"] for row in z["rows"] if not row["uses_eval_labels"] and row["top1"] is not None),
                    default=None)
+        shown = "-" if best is None else f"{best:.1f}"
         out[f"zeroshot_{m}_above_chance"] = (best is not None and best > 2 * z["chance_top1"],
-                                             f"best label-free top-1 {'-' if best is None else f'{best:.1f}'}% vs chance {z['chance_top1']:.1f}%; "
+                                             f"best label-free top-1 {shown}% vs chance {z['chance_top1']:.1f}%; "
                                              f"rule: > 2x chance")
     sep = (z or {}).get("class_separation") or {}
     if sep.get("mean_pairwise_cosine") is not None:
