@@ -11,7 +11,7 @@ import click
 
 from zsprob.cli.types import CHECKPOINT, COUNT, COUNT0, TOKENIZER, InPath
 from zsprob.utils.devices import parse_device, resolve_device  # noqa: F401 (resolve_device: the commands')
-from zsprob.zeroshot.strategy_registry import SHOTS_SPLITS
+from zsprob.zeroshot.strategy_registry import SHOTS_SPLITS, STRATEGY_OPTIONS
 
 # where --tokenizer / --weights are kept (click context meta) for the model loaders, as create_model's keywords
 OFFICIAL_FILE_KEYS = {"zsprob.tokenizer": "tokenizer_dir", "zsprob.weights": "weights"}
@@ -154,9 +154,8 @@ def refuse_given(why: str, *names: str) -> None:
         raise UserError(f"{' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect {why}")
 
 
-def refuse_unread_options(strategy: str, compare: bool, names=("k_grid", "threshold_c", "beta", "shots",
-                                                                 "shots_split")) -> None:
-    """``--k-grid`` / ``--threshold-c`` / ``--beta`` / ``--shots`` / ``--shots-split`` act on the strategies whose
+def refuse_unread_options(strategy: str, compare: bool, names=STRATEGY_OPTIONS) -> None:
+    """The options of :data:`~zsprob.zeroshot.strategy_registry.STRATEGY_OPTIONS` act on the strategies whose
     registry entry reads them (under --compare, on any strategy compared): one given to another strategy is one
     line naming its readers."""
     from zsprob.zeroshot.strategy_registry import compare_order, get_strategy, readers_of

@@ -22,10 +22,8 @@ SYNC_CALLS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "_
                         "unique", "unique_consecutive", "nonzero", "masked_select", "equal", "allclose"})
 
 
-#: device types on which reading a tensor's value from the host stalls nothing: their operations run
-#: synchronously anyway. Data-dependent shortcuts (cutting a batch of captions at its longest one) stay
-#: on them; everywhere else the fixed-shape path runs. A test empties this set to count the
-#: accelerator's path on the CPU.
+#: device types whose operations run synchronously anyway, so a host read stalls nothing: data-dependent
+#: shortcuts stay on them (a test empties it to count the accelerator's path on the CPU)
 HOST_READ_FREE = {"cpu"}
 
 
@@ -53,11 +51,8 @@ def _caller_is_torch_optim() -> bool:
 
 
 class HostSyncCounter(TorchFunctionMode):
-    """``with HostSyncCounter() as c: ...`` counts host-synchronising tensor calls in the block.
-
-    ``c.total`` is the count, ``c.by_name`` a Counter by call name and ``c.where`` a Counter of
-    "file:line name" of the first frame outside torch, so a failing test says where each one is.
-    """
+    """``with HostSyncCounter() as c: ...`` counts host-synchronising tensor calls in the block: ``c.total``,
+    ``c.by_name`` (by call name) and ``c.where`` ("file:line name" of the first frame outside torch)."""
 
     def __init__(self):
         super().__init__()
@@ -101,10 +96,8 @@ def _host_copy(name: str, args, kwargs) -> str | None:
 
 
 def caller_site(frame=None, *, via: bool = False) -> str:
-    """``path:line`` of the first frame from ``frame`` (default: the caller's) outwards that is not torch's,
-    the warnings module's or this module's (a path inside zsprob/ is given from there); with ``via``, the
-    innermost torch frame passed on the way, in brackets. Names the zsprob line behind a host sync (here)
-    or a CUDA sync-debug warning (``scripts/bench_train.py``)."""
+    """``path:line`` of the first frame from ``frame`` (default: the caller's) outwards that is not torch's, the
+    warnings module's or this module's; with ``via``, also the innermost torch frame passed on the way."""
     frame = frame if frame is not None else sys._getframe(1)
     inner = None
     while frame is not None:
