@@ -251,15 +251,13 @@ def _stop_detail(rc: int, killed: bool, held: str) -> str:
     return f"; it exited with code {rc}"
 
 
-def _child_env(env: dict | None, stream: bool) -> dict:
+def _child_env(stream: bool) -> dict:
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     if stream and "COLUMNS" not in full_env and sys.stderr.isatty():
         # the step's stderr is a pipe: progress bars learn the terminal's width from here
         size = shutil.get_terminal_size()
         full_env.update(COLUMNS=str(size.columns), LINES=str(size.lines))
-    if env:
-        full_env.update(env)
     return full_env
 
 
@@ -305,14 +303,14 @@ def _run_step(out: Path, step: Step, args: list[str], env: dict, stream: bool, g
 
 
 def run_steps(out: Path, steps: Sequence[Step], echo: Callable[[str], None] = print,
-              env: dict | None = None, stream: bool = True) -> dict[str, dict]:
+              stream: bool = True) -> dict[str, dict]:
     """Run (or skip) each step in order; return {name: {seconds, skipped, command}}.
 
     A stop signal (see :class:`StopGuard`) raises :class:`zsprob.errors.Preempted` once the running
     step has exited; that step is not marked done."""
     timings: dict[str, dict] = {}
     invalidated = False
-    full_env = _child_env(env, stream)
+    full_env = _child_env(stream)
     n = len(steps)
     with (nullcontext(StopGuard.active) if StopGuard.active else StopGuard()) as guard:
         for i, step in enumerate(steps, 1):
