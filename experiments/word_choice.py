@@ -81,7 +81,7 @@ def main() -> None:
 
     from zsprob.models import load
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a zsprob checkpoint directory with caption sigma^2")
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0, help="0: the figures reported; 1: the selection pairs")
