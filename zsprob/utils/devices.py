@@ -1,12 +1,8 @@
 """Where evaluation runs: the one reading of a ``--device`` / ``--precision`` string.
 
-:func:`resolve_device` turns ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` into a ``torch.device``,
-checking with torch that the GPU exists, and raises :class:`zsprob.errors.UserError` (one line,
-exit 2 from the CLI) for anything else. :func:`check_precision` does the same for the encoding
-precision (``fp32`` or ``bf16``), and :func:`encode_autocast` is the autocast context encoders
-use for it (``torch.autocast`` does the work). :func:`default_workers` is the CLI's default
-number of image-decoding DataLoader workers. Training does not use these: accelerate places
-and casts its models.
+:func:`resolve_device` turns ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` into a ``torch.device`` (checking
+with torch that the GPU exists), :func:`encode_autocast` is the context encoders run in for a precision.
+Training does not use these: accelerate places and casts its models.
 """
 from __future__ import annotations
 
