@@ -18,7 +18,8 @@ from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint
 from zsprob.models.configs import model_from_config
 from zsprob.models.convert.convert import create_from_official
 from zsprob.models.factory import create_model
-from zsprob.models.sources import Source, identify, require_published_weights, zsprob_source
+from zsprob.models.catalogue import require_published_weights
+from zsprob.models.sources import Source, identify, zsprob_source
 from zsprob.models.weights import load_checkpoint
 
 

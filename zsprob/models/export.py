@@ -223,7 +223,8 @@ def _check_made_with(evals: list[dict], model, checkpoint) -> None:
     none, such as results of precomputed embeddings, are taken as they are)."""
     from zsprob.models.fingerprint import is_model, model_fingerprint
 
-    made_with = [(ev["file"], ev["model"]) for ev in evals if isinstance(ev.get("model"), dict) and ev["model"].get("id")]
+    made_with = [(ev["file"], ev["model"]) for ev in evals
+                 if isinstance(ev.get("model"), dict) and ev["model"].get("id")]
     if not made_with:
         return
     own = model_fingerprint(model)

@@ -25,11 +25,11 @@ from typing import Any
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.configs import (ZSPROB_CONFIGS, build_open_clip, get_open_clip_config, list_models,
-                                   model_config, model_from_config, register_model_configs, resolve_options, wrap)
+from zsprob.models.configs import (build_open_clip, get_open_clip_config, list_models, model_config,
+                                   model_from_config, register_model_configs, resolve_options, wrap)
 from zsprob.models.convert.convert import create_from_official
 from zsprob.models.open_clip_dir import read_config
-from zsprob.models.sources import Source, identify, resolve_pretrained, sniff_official
+from zsprob.models.sources import Source, identify, resolve_pretrained
 from zsprob.models.weights import load_checkpoint_heads, load_checkpoint_tower, load_open_clip_weights
 
 
@@ -78,7 +78,9 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         base = copy.deepcopy(ckpt_config["open_clip_cfg"])
     else:  # a directory's own model_cfg (open_clip_config.json) is what its weights fit
         base = copy.deepcopy(dir_config["model_cfg"]) if dir_config else get_open_clip_config(name)
-    ocfg, zopts = resolve_options(base, overrides, embed_dim, pretrained, checkpoint_config=ckpt_config)
+    ocfg, options, tokenizer_dir = resolve_options(
+        base, overrides, embed_dim, pretrained, checkpoint_config=ckpt_config, sigma_depth=sigma_depth,
+        sigma_init=sigma_init, pooling=pooling, deterministic=deterministic, var_bounds=var_bounds)
     ckpt, pcfg = (None, {})
     if source.kind == "open_clip":
         ckpt, pcfg = resolve_pretrained(name, pretrained, cache_dir=cache_dir)
@@ -89,13 +91,12 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
 
     clip_model = build_open_clip(ocfg)
     reinit, heads = _load_tower(clip_model, source, ckpt)
-    config = model_config(name, ocfg, zopts, sigma_depth=sigma_depth, sigma_init=sigma_init, pooling=pooling,
-                          deterministic=deterministic, var_bounds=var_bounds, pretrained_cfg=pcfg,
+    config = model_config(name, ocfg, options, tokenizer_dir=tokenizer_dir, pretrained_cfg=pcfg,
                           pretrained=pretrained, reinit=reinit)
     if ckpt_config:
         config["preprocess_cfg"] = copy.deepcopy(ckpt_config.get("preprocess_cfg", config["preprocess_cfg"]))
         config["preprocess_cfg"]["size"] = ocfg["vision_cfg"].get("image_size", 224)
-    model = wrap(clip_model, config)
+    model = wrap(clip_model, config, options)
     if heads:  # the checkpoint's heads (GPO, log-variance heads) are reused, group by group, where they fit
         load_checkpoint_heads(model, heads, source, sigma_init)
     return model
@@ -121,6 +122,5 @@ def _load_tower(clip_model: torch.nn.Module, source: Source, ckpt) -> tuple[list
     return [], {}
 
 
-__all__ = ["create_model", "create_from_official", "sniff_official", "list_models", "register_model_configs",
-           "resolve_pretrained", "load_open_clip_weights", "model_from_config", "build_open_clip",
-           "get_open_clip_config", "ZSPROB_CONFIGS"]
+__all__ = ["create_model", "create_from_official", "list_models", "register_model_configs", "resolve_pretrained",
+           "load_open_clip_weights", "model_from_config", "build_open_clip", "get_open_clip_config"]
