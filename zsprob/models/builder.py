@@ -1,11 +1,8 @@
 """Build a model from a checkpoint: :func:`load` (a zsprob checkpoint) and :func:`load_for_inference`.
 
-The builder side of the models package (timm's ``_builder`` beside ``_factory``): what a spec
-names is resolved by :mod:`zsprob.models.sources` (the same answer the factory gets), the model
-is rebuilt from the checkpoint's config by :mod:`zsprob.models.configs` and filled by
-:mod:`zsprob.models.weights` (the same loader as fine-tuning's); a plain open_clip model goes
-through :mod:`zsprob.models.factory`. None of those imports this module. safetensors reads the
-tensors; the shape and key checks against the rebuilt model are zsprob's.
+What a spec names comes from :mod:`zsprob.models.sources` (the factory's answer too); the model is
+rebuilt from the checkpoint's config (:mod:`zsprob.models.configs`) and filled strictly
+(:mod:`zsprob.models.weights`); a plain open_clip model goes through :mod:`zsprob.models.factory`.
 """
 from __future__ import annotations
 

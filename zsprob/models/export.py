@@ -1,21 +1,12 @@
 """Export a zsprob model to an open_clip / Hugging Face model directory, with a model card.
 
 ``export_open_clip(CKPT, DIR)`` writes what ``open_clip.create_model_and_transforms("local-dir:DIR")``
-and ``hf-hub:`` read: ``open_clip_config.json`` (``model_cfg``: the wrapped open_clip model's config;
-``preprocess_cfg``: the model's image preprocessing), ``open_clip_model.safetensors`` (the mean path
-under open_clip's key names), the tokenizer files where the text tower uses a Hugging Face
-tokenizer, and ``README.md``, a model card (YAML front matter with ``library_name: open_clip``,
-tags, the training recipe and evaluation figures read from the run's files when present). The
-log-variance heads go to ``zsprob_sigma_heads.safetensors`` and the zsprob checkpoint metadata
-to a ``zsprob`` section of the config that open_clip ignores, so ``--pretrained DIR`` (or
-``--checkpoint DIR``) gives zsprob the whole Gaussian model back (:mod:`zsprob.models.open_clip_dir`
-reads it).
-
-Only a model whose means open_clip computes itself can go: open_clip towers (no bag-of-words text,
-no zsprob-registered timm trunk), native pooling (no GPO), open_clip's own projection head (not
-PCME++'s COCO ``fc``) and no [UNC] token in the towers' sequences; anything else is refused with
-one line naming why, before anything is written. safetensors writes the tensors and
-:mod:`zsprob.utils.io` every file atomically; the card's text is zsprob's.
+reads (``open_clip_config.json``, ``open_clip_model.safetensors``: the mean path under open_clip's
+names, the Hugging Face tokenizer's files) and a model card ``README.md``; the log-variance heads go to
+``zsprob_sigma_heads.safetensors`` and the checkpoint metadata to a ``zsprob`` section of the config
+that open_clip ignores, so zsprob loads the whole Gaussian model back (:mod:`zsprob.models.open_clip_dir`).
+Only a model whose means open_clip computes itself can go (open_clip towers, native pooling, open_clip's
+projection head, no [UNC] token in the sequences); anything else is refused before anything is written.
 """
 from __future__ import annotations
 

@@ -53,11 +53,8 @@ def _open_clip():
 # Building the heads (the log-variance modules themselves live in zsprob.models.sigma_heads).
 # --------------------------------------------------------------------------------------
 def strip_mean_projection_(clip_model: nn.Module) -> nn.Module:
-    """``mean_head="fc"``: drop open_clip's ``visual.ln_post``, ``visual.proj`` and ``text_projection``.
-
-    ``ln_post`` becomes ``nn.Identity`` and the projections ``None`` (open_clip's own towers skip a
-    ``None`` projection), so the wrapped model's state dict holds no such keys. Idempotent.
-    """
+    """``mean_head="fc"``: open_clip's ``visual.ln_post`` becomes Identity, ``visual.proj`` and
+    ``text_projection`` None (open_clip skips them), so the state dict holds no such keys. Idempotent."""
     from open_clip.transformer import VisionTransformer
 
     if not isinstance(clip_model, _open_clip().CLIP) or not isinstance(clip_model.visual, VisionTransformer):
@@ -308,13 +305,8 @@ class ProbCLIP(nn.Module):
         return mu, bound_logvar(self._shape_sigma(raw, side), self.var_bounds)
 
     def _pooled_rows(self, tower, seq: int, token_head: bool, gpo_mu, sigma, with_sigma: bool) -> list[int] | None:
-        """The token positions whose last-block outputs are all that the forward reads, or None.
-
-        With native pooling at fixed positions (a ViT's class token, ProLIP's appended text [CLS],
-        plus [UNC]) and no head that reads every token (GPO, PCME's attention, a pooled [UNC] MLP),
-        the other positions of the last block feed nothing: their keys and values are still needed,
-        their queries, attention outputs and MLPs are not (64 of ProLIP's 66 text positions).
-        """
+        """The consecutive token positions whose last-block outputs are all the forward reads (native pooling at
+        fixed positions, no head reading every token), or None."""
         pooled_rows = getattr(tower, "pooled_rows", None)
         if pooled_rows is None or gpo_mu is not None or self.mean_head != "proj" or not tower.num_blocks:
             return None
@@ -325,11 +317,8 @@ class ProbCLIP(nn.Module):
         return pooled_rows(seq, token_head)
 
     def _shape_sigma(self, raw: torch.Tensor, side: str) -> torch.Tensor:
-        """The head's D outputs -> log sigma^2 [B, D]: ``sigma_param`` ("logsigma": the head predicts
-        log sigma, as PCME's code, so log sigma^2 = 2 x output), then ``sigma_shape`` (Pishdad et
-        al.'s spherical variants, one variance per embedding: "spherical_mean" the average of the
-        D variances, log mean exp(log sigma^2); "spherical_one" one predicted value, a learned
-        linear readout of the D log-variances)."""
+        """The head's D outputs -> log sigma^2 [B, D], by ``sigma_param`` (log sigma: x 2) and ``sigma_shape``
+        ("spherical_mean": log mean exp over D; "spherical_one": the learned readout, one value per input)."""
         logvar = 2.0 * raw if self.sigma_param == "logsigma" else raw
         if self.sigma_shape == "spherical_mean":
             one = torch.logsumexp(logvar, dim=-1, keepdim=True) - math.log(logvar.shape[-1])
@@ -357,18 +346,10 @@ class ProbCLIP(nn.Module):
 
     # ----------------------------------------------------------------------------------
     def param_info(self) -> dict[str, dict[str, Any]]:
-        """Per-parameter metadata for the trainer.
-
-        ``tower``: "image" | "text" | "other"; ``depth``: 0 = embeddings, i + 1 = residual block i
-        (the log-variance copies of the last blocks share their depth; the [UNC] token's embedding
-        and position are embeddings: depth 0), depth ``num_layers`` for the final LayerNorm,
-        projection, GPO, log-variance bias, [UNC] projection, pooled MLP and sigma LayerNorm;
-        ``num_layers`` = blocks + 1, so a
-        layer-wise decay reads ``lr_scale = decay ** (num_layers - depth)``. ``backbone``: True
-        for parameters of the wrapped open_clip model (those a pretrained checkpoint provides),
-        False for modules zsprob adds (log-variance heads, GPO) and for projections that were
-        re-initialised because the embedding size differs from the checkpoint.
-        """
+        """Per-parameter metadata for the trainer: ``tower`` ("image" | "text" | "other"); ``depth`` (0 for
+        embeddings, [UNC] ones included; i + 1 for block i and its log-variance copy; ``num_layers`` = blocks + 1
+        for everything after the blocks), so layer-wise decay is ``decay ** (num_layers - depth)``; ``backbone``
+        (a parameter a pretrained open_clip checkpoint provides, not a re-initialised projection)."""
         nv, nt = self._vision.num_blocks, self._text.num_blocks
         split_v, split_t = nv - self._head_depth(self._vision), nt - self._head_depth(self._text)
         vis_prefix = "clip.visual."
@@ -415,22 +396,13 @@ def _plain_block(block: nn.Module) -> bool:
 
 
 def _run_block_rows(block: nn.Module, x: torch.Tensor, rows: list[int], mask) -> torch.Tensor:
-    """Outputs of an open_clip ``ResidualAttentionBlock`` at positions ``rows`` only: [B, T, w] -> [B, len(rows), w].
-
-    Every position is still a key and a value; only the queries, the attention output and the MLP
-    are restricted to ``rows``. Equal to ``block(x, attn_mask=mask)[:, rows]`` (tested), the
-    operations are open_clip's own modules (``ln_1``, ``attention``, ``ls_1``, ``ln_2``, ``mlp``, ``ls_2``).
-    """
+    """``block(x, attn_mask=mask)[:, rows]`` for consecutive ``rows``: every position is still a key and a
+    value, only the queries, attention output and MLP run at ``rows`` ([B, T, w] -> [B, len(rows), w])."""
     kv = block.ln_1(x)
     first, n = rows[0], len(rows)
-    if list(rows) == list(range(first, first + n)):  # every tower's rows: a slice, no index tensor to send
-        take = lambda t, dim: t.narrow(dim, first, n).contiguous()  # noqa: E731  (the device, no host sync)
-    else:
-        index = torch.tensor(rows, device=x.device)
-        take = lambda t, dim: t.index_select(dim, index)  # noqa: E731
-    q = take(x, 1)
-    m = take(mask, -2) if mask is not None else None
-    y = q + block.ls_1(block.attention(q_x=take(kv, 1), k_x=kv, v_x=kv, attn_mask=m))
+    q = x.narrow(1, first, n).contiguous()  # a slice: no index tensor to send, no host sync
+    m = mask.narrow(-2, first, n).contiguous() if mask is not None else None
+    y = q + block.ls_1(block.attention(q_x=kv.narrow(1, first, n).contiguous(), k_x=kv, v_x=kv, attn_mask=m))
     return y + block.ls_2(block.mlp(block.ln_2(y)))
 
 
@@ -448,9 +420,5 @@ def _sigma_depth_of(parts: list[str], split: int, num_layers: int) -> int:
     return num_layers
 
 
-def count_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-__all__ = ["ProbCLIP", "SigmaHead", "MEAN_HEADS", "strip_mean_projection_", "count_parameters"]
+__all__ = ["ProbCLIP", "strip_mean_projection_"]
 

@@ -1,8 +1,7 @@
-"""Tower adapter for zsprob's bag-of-words text tower (:mod:`zsprob.models.bow_text`, the SynthWorld model).
+"""Tower adapter for zsprob's bag-of-words text tower (:mod:`zsprob.models.bow_text`).
 
-No blocks: the trunk is the word embedding, the mean head the per-token projection pooled over
-the caption (masked mean natively, or GPO), the log-variance head a second projection of the
-same embeddings. Plain torch.
+No blocks: the trunk is the word embedding, the mean head the per-token projection pooled over the
+caption, the log-variance head a second projection of the same embeddings.
 """
 from __future__ import annotations
 

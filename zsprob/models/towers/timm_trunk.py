@@ -1,10 +1,8 @@
 """Tower adapter for open_clip's ``TimmModel`` image towers (CNN trunks from timm), cut at their stages.
 
-The "blocks" are the trunk's stages, so the log-variance head copies the last ``n`` stages plus
-what follows them (EfficientNet's conv_head, ConvNeXt's norm_pre and head norm, the global
-pooling: :class:`TimmPost`) and open_clip's projection head. timm provides the stages, their
-init and ``forward_head``'s operations; zsprob only decides where to cut (:func:`timm_layout`,
-one entry per family: ResNet, EfficientNet, RegNet, ConvNeXt and zsprob's ``zsprob_plaincnn``).
+The "blocks" are the trunk's stages; the log-variance head copies the last ``n`` and what follows them
+(:class:`TimmPost`: the tail, timm's pooling) and open_clip's projection head. timm provides the
+stages and their init; zsprob decides where to cut (:func:`timm_layout`, one entry per family).
 """
 from __future__ import annotations
 
