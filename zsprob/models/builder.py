@@ -46,14 +46,11 @@ def _load(source: Source, map_location: str | torch.device = "cpu", verify: bool
 def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str | None = None,
                        pretrained: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
                        **create_kwargs):
-    """A model in eval mode for the CLI: a zsprob checkpoint, or a plain open_clip model.
+    """A model in eval mode for the CLI: a zsprob ``checkpoint``, or ``model`` with optional ``pretrained``.
 
-    ``checkpoint``: a zsprob checkpoint directory. Otherwise ``model`` (an open_clip name or zsprob
-    config) with optional ``pretrained`` (tag in the local cache or checkpoint file) is wrapped
-    with native pooling and no sigma heads, so its mean equals open_clip's normalised features
-    and logvar is None (pass ``create_kwargs`` to change that). A published ProLIP / PCME++
-    checkpoint as ``pretrained`` keeps its log-variance heads (``create_kwargs`` may carry
-    ``tokenizer_dir``, and ``weights`` for a COCO trainer file's SWA or raw copy).
+    An open_clip model is wrapped with native pooling and no sigma heads (its mean is open_clip's normalised
+    features; ``create_kwargs`` change that); a published file keeps its heads (``create_kwargs`` may carry
+    ``tokenizer_dir`` and ``weights``).
     """
     if checkpoint is not None and model is not None:
         raise UserError("give either a zsprob checkpoint or an open_clip model name, not both")

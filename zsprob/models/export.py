@@ -45,12 +45,6 @@ def export_refusal(model) -> str | None:
     return None
 
 
-def check_format(fmt: str) -> str:
-    if fmt not in FORMATS:
-        raise UserError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    return fmt
-
-
 def _load_source(checkpoint):
     """The model of a zsprob checkpoint (or of an earlier export); a one-line refusal for anything else."""
     from zsprob.models.builder import load
@@ -157,7 +151,8 @@ def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool
     from zsprob.models.open_clip_dir import export_meta, export_section
     from zsprob.utils.io import atomic_write, atomic_write_json, atomic_write_text
 
-    check_format(fmt)
+    if fmt not in FORMATS:
+        raise UserError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     out = Path(out)
     model = _load_source(checkpoint)
     _check_out(out, overwrite, checkpoint, eval_files)
@@ -318,4 +313,4 @@ def model_card(model, meta: dict, run: Path | None, evals: list[dict], heads: di
     return "\n".join(body)
 
 
-__all__ = ["FORMATS", "export_refusal", "check_format", "export_open_clip", "model_card"]
+__all__ = ["FORMATS", "export_refusal", "export_open_clip", "model_card"]

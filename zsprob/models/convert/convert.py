@@ -24,11 +24,9 @@ from zsprob.models.convert.swa import select_weights
 def create_from_official(name: str, source, state: dict, kind: str, **options: Any):
     """A ProbCLIP built as ``name`` with the options that reproduce the official forward, then filled strictly.
 
-    A model whose config names a Hugging Face tokenizer (ProLIP's SigLIP one) needs it locally:
-    ``tokenizer_dir``, or a tokenizer directory beside the weights.
-    The loss's official tensors (PCME++'s shift / negative_scale) are kept as ``model.official_loss``.
-    ``weights`` ("swa-text" | "swa" | "raw"; None: the official final evaluation's) picks the copy of a COCO
-    trainer file with SWA copies (:mod:`zsprob.models.convert.swa`); the choice is ``config["official_weights"]``.
+    A Hugging Face tokenizer comes from ``tokenizer_dir`` or a directory beside the weights; the loss's
+    tensors go to ``model.official_loss``; ``weights`` picks a COCO trainer file's copy (:mod:`.swa`),
+    recorded as ``config["official_weights"]``.
     """
     if options.get("deterministic", False) is None:  # None: the file's own
         options.pop("deterministic")
