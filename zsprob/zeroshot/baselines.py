@@ -15,7 +15,7 @@ import torch
 from zsprob.errors import UserError
 from zsprob.zeroshot.selection_base import (Selection, as_feats, check_labels, make_selection, prompt_mask,
                                             require_sigma, slot_logits)
-from zsprob.zeroshot.strategy_registry import StrategyInputs, strategy_runner
+from zsprob.zeroshot.strategy_registry import StrategyInputs
 
 
 def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-12, max_iter=1000, mask=None):
@@ -195,19 +195,19 @@ def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, reference_feats=
                                 "reference": "Allingham et al., ICML 2023, Algorithm 2 / authors' notebook"})
 
 
-@strategy_runner("bprw")
-def _run_bprw(bank, given: StrategyInputs) -> Selection:
+# ----------------------------------------------------------------------------- the registry's runners
+# (zsprob.zeroshot.strategy_registry names each as "module:function")
+
+def run_bprw(bank, given: StrategyInputs) -> Selection:
     return select_bprw(bank, given.pool, data=given.pool_data)
 
 
-@strategy_runner("bprw-fewshot")
-def _run_bprw_fewshot(bank, given: StrategyInputs) -> Selection:
-    from_eval = given.shots_split == "eval"
+def run_bprw_fewshot(bank, given: StrategyInputs) -> Selection:
+    from_eval = given.request.shots_split == "eval"
     data = "evaluation split labels (EVAL SHOTS)" if from_eval else given.select_data
-    return select_bprw_fewshot(bank, given.select[0], given.select[1], shots=given.shots, data=data,
+    return select_bprw_fewshot(bank, given.select[0], given.select[1], shots=given.request.shots, data=data,
                                from_eval=from_eval)
 
 
-@strategy_runner("zpe")
-def _run_zpe(bank, given: StrategyInputs) -> Selection:
+def run_zpe(bank, given: StrategyInputs) -> Selection:
     return select_zpe(bank, given.pool, data=given.pool_data)

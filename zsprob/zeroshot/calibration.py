@@ -183,9 +183,11 @@ def row_calibration(selection, eval_feats, select_feats=None, *, score: str = "c
     return {**{k: report[k] for k in ROW_FIELDS}, "calibration": report}
 
 
-def model_logit_scales(model, scores=("cosine", "csd", "unc")) -> dict:
+def model_logit_scales(model) -> dict:
     """``{score: (scale, source)}`` of :func:`model_logit_scale` for every score name."""
-    return {s: model_logit_scale(model, s) for s in scores}
+    from zsprob.zeroshot.options import SCORES
+
+    return {s: model_logit_scale(model, s) for s in SCORES}
 
 
 def _fmt(v, nd: int = 3) -> str:

@@ -27,7 +27,7 @@ import torch
 
 from zsprob.errors import UserError
 from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, prompt_mask, slot_logits
-from zsprob.zeroshot.strategy_registry import StrategyInputs, strategy_runner
+from zsprob.zeroshot.strategy_registry import StrategyInputs
 
 LOGIT_SCALE = 100.0
 
@@ -86,11 +86,12 @@ def select_carprt_shared(bank, pool_feats, *, temperature: float = 1.0, logit_sc
                                 "rule": "w_t = softmax_t(mean_n max_c l[n, c, t] / temperature), shared by classes"})
 
 
-@strategy_runner("carprt")
-def _run_carprt(bank, given: StrategyInputs) -> Selection:
+# ----------------------------------------------------------------------------- the registry's runners
+# (zsprob.zeroshot.strategy_registry names each as "module:function")
+
+def run_carprt(bank, given: StrategyInputs) -> Selection:
     return select_carprt(bank, given.pool, data=given.pool_data)
 
 
-@strategy_runner("carprt-shared")
-def _run_carprt_shared(bank, given: StrategyInputs) -> Selection:
+def run_carprt_shared(bank, given: StrategyInputs) -> Selection:
     return select_carprt_shared(bank, given.pool, data=given.pool_data)

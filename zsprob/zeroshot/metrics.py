@@ -16,8 +16,7 @@ import torch.nn.functional as F
 
 from zsprob.errors import UserError
 from zsprob.zeroshot.features import ImageFeatures
-
-SCORES = ("cosine", "csd", "unc")
+from zsprob.zeroshot.options import SCORES
 
 
 def class_scores(img_mu: torch.Tensor, img_logvar: torch.Tensor | None, selection, score: str = "cosine",
