@@ -88,7 +88,7 @@ def _dataset_identity(kind, root, split, ds) -> dict:
 def encode_split(model, split: Split, model_id: str, request) -> ImageFeatures:
     """Embed a classification split, cached on disk under ``request.cache_dir`` (model fingerprint + dataset
     identity); ``request``'s ``batch_size``, ``device``, ``num_workers``, ``precision``, ``progress`` apply."""
-    from zsprob.utils.io import atomic_write, atomic_write_json
+    from zsprob.zeroshot.prompts import read_cache, write_cache
 
     ds, precision = split.dataset, request.precision
     ident = _dataset_identity(split.kind, split.root, split.name, ds)
@@ -99,17 +99,11 @@ def encode_split(model, split: Split, model_id: str, request) -> ImageFeatures:
     labels = torch.as_tensor(list(ds.targets), dtype=torch.long)
     skipped = len(getattr(ds, "skipped", ()))
     stem = Path(request.cache_dir) / f"images-{key[:24]}" if request.cache_dir is not None else None
-    if stem is not None and stem.with_suffix(".safetensors").is_file():
-        try:
-            from safetensors.torch import load_file
-
-            meta = json.loads(stem.with_suffix(".json").read_text())
-            if meta.get("key") == key:
-                t = load_file(str(stem.with_suffix(".safetensors")))
-                return ImageFeatures(t["mu"], t.get("logvar"), t["labels"], list(ds.classnames), split.source,
-                                     from_cache=True, skipped=skipped)
-        except Exception:  # a torn or foreign file is a cache miss
-            pass
+    cached = None if stem is None else read_cache(stem, key)
+    if cached is not None:
+        tensors = cached[0]
+        return ImageFeatures(tensors["mu"], tensors.get("logvar"), tensors["labels"], list(ds.classnames), split.source,
+                             from_cache=True, skipped=skipped)
     from zsprob.models.encode import encode_images
 
     t0 = time.perf_counter()
@@ -118,12 +112,6 @@ def encode_split(model, split: Split, model_id: str, request) -> ImageFeatures:
     secs = time.perf_counter() - t0
     feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), split.source, seconds=secs, skipped=skipped)
     if stem is not None:
-        from safetensors.torch import save_file
-
-        tensors = {"mu": mu.contiguous(), "labels": labels}
-        if logvar is not None:
-            tensors["logvar"] = logvar.contiguous()
-        atomic_write(stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, tmp))
-        atomic_write_json(stem.with_suffix(".json"), {"key": key, "model_id": model_id, **ident,
-                                                      "encode_seconds": secs})
+        write_cache(stem, {"mu": mu, "labels": labels, "logvar": logvar},
+                    {"key": key, "model_id": model_id, **ident, "encode_seconds": secs})
     return feats

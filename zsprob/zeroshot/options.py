@@ -9,7 +9,6 @@ instantly; an invalid request is one :class:`UserError` line when it is made.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import Any
 
 from zsprob.data.classification import KINDS as DATASET_KINDS  # noqa: F401  (the kinds the data layer reads)

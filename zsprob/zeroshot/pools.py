@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.prompts import PromptBank
+from zsprob.zeroshot.prompts import PromptBank, read_cache, write_cache
 
 POOL_FORMAT = 1
 
@@ -126,9 +126,9 @@ def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_i
     model_id = model_id or model_fingerprint(model)
     key = pool_key(model_id if precision == "fp32" else f"{model_id}+{precision}", classnames, pools)
     stem = None if cache_dir is None else Path(cache_dir) / f"poolbank-{key[:24]}"
-    cached = _load_cached(stem, key)
+    cached = None if stem is None else read_cache(stem, key)
     if cached is not None:
-        bank = pool_bank_from_embeddings(cached[0], cached[1], classnames, pools, model_id)
+        bank = pool_bank_from_embeddings(cached[0]["mu"], cached[0].get("logvar"), classnames, pools, model_id)
         bank.from_cache = True
         return bank
     from zsprob.models.encode import encode_texts
@@ -140,32 +140,7 @@ def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_i
     bank = pool_bank_from_embeddings(mu, logvar, classnames, pools, model_id)
     bank.encode_seconds = time.perf_counter() - t0
     if stem is not None:
-        _save_cached(stem, key, mu, logvar)
+        write_cache(stem, {"mu": mu, "logvar": logvar},
+                    {"format": POOL_FORMAT, "key": key, "n_prompts": int(mu.shape[0])})
     return bank
 
-
-def _load_cached(stem, key):
-    if stem is None or not stem.with_suffix(".safetensors").is_file():
-        return None
-    try:
-        from safetensors.torch import load_file
-
-        if json.loads(stem.with_suffix(".json").read_text()).get("key") != key:
-            return None
-        tensors = load_file(str(stem.with_suffix(".safetensors")))
-        return tensors["mu"], tensors.get("logvar")
-    except Exception:  # a torn or foreign file is a cache miss
-        return None
-
-
-def _save_cached(stem, key, mu, logvar) -> None:
-    from safetensors.torch import save_file
-
-    from zsprob.utils.io import atomic_write, atomic_write_json
-
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {"mu": mu.contiguous()}
-    if logvar is not None:
-        tensors["logvar"] = logvar.contiguous()
-    atomic_write(stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, tmp))
-    atomic_write_json(stem.with_suffix(".json"), {"format": POOL_FORMAT, "key": key, "n_prompts": int(mu.shape[0])})
