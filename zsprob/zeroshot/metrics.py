@@ -77,10 +77,7 @@ def evaluate_scores(scores: torch.Tensor, labels: torch.Tensor, classnames: Sequ
 
 
 def evaluate_selection(selection, feats: ImageFeatures, score: str = "cosine", unc_weight: float = 0.5) -> dict:
-    if list(selection.classnames) != list(feats.classnames):
-        raise UserError("the selection's classes differ from the dataset's classes "
-                        f"({len(selection.classnames)} vs {len(feats.classnames)}; first "
-                        f"{selection.classnames[:2]} vs {feats.classnames[:2]})")
+    """:func:`evaluate_scores` of a selection on image features whose labels index its classes."""
     s = class_scores(feats.mu, feats.logvar, selection, score=score, unc_weight=unc_weight)
     return evaluate_scores(s, feats.labels, feats.classnames, feats.uncertainty)
 

@@ -68,6 +68,8 @@ class ZeroShotRequest:
             raise UserError(f"unknown dataset kind {self.dataset!r}; choose from {', '.join(DATASET_KINDS)}")
         get_strategy(self.strategy)
         check_shots_split(self.shots_split, self.allow_eval_shots)
+        if self.shots is not None and self.shots < 1:
+            raise UserError(f"--shots must be at least 1, got {self.shots}")
         if self.score not in SCORES:
             raise UserError(f"unknown score {self.score!r}; choose from {', '.join(SCORES)}")
         if self.prompts is not None and self.class_prompts is not None:

@@ -75,10 +75,6 @@ class PromptPoolBank(PromptBank):
         unc = super().uncertainty
         return None if unc is None else unc.masked_fill(~self.mask, float("inf"))
 
-    @property
-    def pool_sizes(self) -> list[int]:
-        return [len(p) for p in self.pools]
-
 
 def slot_names(T: int) -> list[str]:
     return [f"[pool prompt {t + 1}]" for t in range(T)]

@@ -222,13 +222,6 @@ class PromptBank:
     from_cache: bool = False
     meta: dict = field(default_factory=dict)
 
-    def __post_init__(self):
-        C, T = len(self.classnames), len(self.templates)
-        if tuple(self.mu.shape[:2]) != (C, T) or self.mu.dim() != 3:
-            raise ValueError(f"bank mu must be [C={C}, T={T}, D], got {tuple(self.mu.shape)}")
-        if self.logvar is not None and self.logvar.shape != self.mu.shape:
-            raise ValueError("bank logvar must have the shape of mu")
-
     @property
     def num_classes(self) -> int:
         return len(self.classnames)

@@ -19,10 +19,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from zsprob.errors import UserError
 from zsprob.zeroshot.options import as_request
 from zsprob.zeroshot.prompts import SINGLE_TEMPLATE
-from zsprob.zeroshot.selection_base import (Selection, as_feats, check_labels, make_selection, prompt_mask,
+from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, prompt_mask,
                                             require_sigma, topk_mask, uncertainty_order)
 from zsprob.zeroshot.strategy_registry import StrategyInputs, get_strategy, shots_source
 
@@ -44,11 +43,9 @@ def select_all(bank) -> Selection:
     return make_selection(bank, "all", "all", W, k=W.sum(1).long().tolist(), info={"k_global": T})
 
 
-def select_single(bank, template: str | None = None) -> Selection:
-    if template is None:
-        template = SINGLE_TEMPLATE if SINGLE_TEMPLATE in bank.templates else bank.templates[0]
-    if template not in bank.templates:
-        raise UserError(f"template {template!r} is not in the prompt bank")
+def select_single(bank) -> Selection:
+    """CLIP's one prompt ("a photo of a {}.") when the bank has it, else the first template."""
+    template = SINGLE_TEMPLATE if SINGLE_TEMPLATE in bank.templates else bank.templates[0]
     t = bank.templates.index(template)
     W = torch.zeros(bank.num_classes, bank.num_templates)
     W[:, t] = 1
@@ -208,7 +205,7 @@ def _gather_classes(S, kc):
 def select_global(bank, select_feats, select_labels, k_values=None, *, data: str = "selection split") -> Selection:
     """The paper's "same top-K for all classes", with K chosen on the labelled selection split."""
     x, _ = as_feats(select_feats)
-    y = check_labels(select_labels, bank.num_classes, "selection split")
+    y = torch.as_tensor(select_labels).long()
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     scale, g, _, curve = _fit_auto(S, y, k_values, 0.0)
@@ -240,7 +237,7 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
         sel.info["variant"] = "label-free (no selection split)"
         return sel
     x, _ = as_feats(select_feats)
-    y = check_labels(select_labels, bank.num_classes, "selection split")
+    y = torch.as_tensor(select_labels).long()
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     counts = torch.bincount(y, minlength=bank.num_classes)
@@ -286,7 +283,7 @@ def select_fusion_tuned(bank, select_feats, select_labels, betas=BETA_GRID, *,
     """Precision-weighted fusion with beta chosen by selection-split log-likelihood."""
     require_sigma(bank, "fusion-select")
     x, _ = as_feats(select_feats)
-    y = check_labels(select_labels, bank.num_classes, "selection split")
+    y = torch.as_tensor(select_labels).long()
     base = select_all(bank)
     scale = fit_scale(x @ base.class_mu.T, y)
     lls = {}
@@ -307,7 +304,7 @@ def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
     when every class uses that K, searched ON THE EVALUATION LABELS (marked as such)."""
     unc = require_sigma(bank, "oracle")
     x, _ = as_feats(eval_feats)
-    y = check_labels(eval_labels, bank.num_classes, "evaluation split")
+    y = torch.as_tensor(eval_labels).long()
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     C = bank.num_classes
@@ -329,7 +326,7 @@ def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
 
 def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Selection:
     x, _ = as_feats(eval_feats)
-    y = check_labels(eval_labels, bank.num_classes, "evaluation split")
+    y = torch.as_tensor(eval_labels).long()
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     acc = (S.argmax(1) == y[:, None]).double().mean(0)
