@@ -12,6 +12,7 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.types import CHECKPOINT, COUNT, COUNT0, TOKENIZER, InPath
+from zsprob.zeroshot.strategy_registry import SHOTS_SPLITS
 
 # where --tokenizer / --weights are kept (click context meta) for the model loaders, as create_model's keywords
 OFFICIAL_FILE_KEYS = {"zsprob.tokenizer": "tokenizer_dir", "zsprob.weights": "weights"}
@@ -118,7 +119,7 @@ def common_options(f):
     f = click.option("--allow-eval-shots", is_flag=True,
                      help="Allow --shots-split eval; the result is marked as reading evaluation labels.")(f)
     f = click.option("--shots", type=COUNT, default=None, help="bprw-fewshot: images per class (default all).")(f)
-    return click.option("--shots-split", type=click.Choice(["select", "eval"]), default="select", show_default=True,
+    return click.option("--shots-split", type=click.Choice(SHOTS_SPLITS), default="select", show_default=True,
                         help="bprw-fewshot: the split its labelled shots come from (eval = ProLIP's --use_gt "
                              "protocol; refused without --allow-eval-shots).")(f)
 

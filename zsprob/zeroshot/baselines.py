@@ -1,10 +1,9 @@
 """The published transductive and few-shot baselines: ProLIP's Bayesian prompt re-weighting, ZPE.
 
 ``bprw`` (ProLIP's "use NN" mode: the unlabelled evaluation images nearest each class), ``bprw-fewshot``
-(ProLIP's ``--use_gt`` mode: labelled shots per class, from the split the user names) and ``zpe``
-(Allingham et al., ICML 2023: one weight per template from unlabelled images). References, read and
-not copied: ProLIP's ``src/analysis/unc_zeroshot_prompts.py`` and the ZPE authors' notebook. Plain
-torch; the weights become class Gaussians through :mod:`zsprob.zeroshot.selection_base`.
+(its ``--use_gt`` mode: labelled shots per class, from the split the user names) and ``zpe`` (Allingham
+et al., ICML 2023: one weight per template from unlabelled images). References, read and not copied:
+ProLIP's ``src/analysis/unc_zeroshot_prompts.py`` and the ZPE authors' notebook. Plain torch.
 """
 from __future__ import annotations
 
@@ -89,12 +88,10 @@ def select_bprw(bank, pool_feats, *, n_neighbors: int = 10, n_samples: int = 10,
                 data: str = "unlabelled images") -> Selection:
     """ProLIP's Bayesian prompt re-weighting (BPRW), defaults = its "use NN" setting (5-1-10-10-0.02-inverse).
 
-    Per class: the ``n_neighbors`` unlabelled images nearest to the class's average prompt mean,
-    ``n_samples`` draws from each image Gaussian, then EM for the mixing proportions of the
-    class's prompt Gaussians N(mu_t, var_mult * sigma^2_t + stable_eps) under a Dirichlet(alpha)
-    prior. Class mean = sum_t pi_t mu_t (not renormalised, as in ProLIP), sigma^2 = sum_t pi_t^2 sigma^2_t.
-    Transductive: the neighbours are evaluation images (their labels are never read).
-    """
+    Per class: ``n_samples`` draws from each of the ``n_neighbors`` unlabelled images nearest the class's
+    average prompt, then EM for the Dirichlet(alpha)-MAP mixing proportions of the class's prompt Gaussians
+    N(mu_t, var_mult sigma^2_t + stable_eps). Class mean = sum_t pi_t mu_t (not renormalised, as in ProLIP),
+    sigma^2 = sum_t pi_t^2 sigma^2_t."""
     require_sigma(bank, "bprw")
     x, xlv = as_feats(pool_feats)
     gen = torch.Generator().manual_seed(seed)

@@ -27,8 +27,8 @@ from zsprob.zeroshot.paired import detectable_effect_summary, paired_stats
 from zsprob.zeroshot.strategy_registry import (SELECTION_LABELS, UNLABELLED_IMAGES, compare_order, get_strategy,
                                                shots_source)
 
-#: the evaluation split and the labelled selection split of each dataset kind, by their names there
-SPLIT_NAMES = {"synthetic": ("eval", "select"), "imagenet": ("val", "train"), "folder": (None, None)}
+#: the evaluation and labelled selection splits by their names inside a root (other kinds: the root itself)
+SPLIT_NAMES = {"synthetic": ("eval", "select"), "imagenet": ("val", "train")}
 
 
 # ----------------------------------------------------------------------------- selection I/O
@@ -248,7 +248,7 @@ def _splits(request: ZeroShotRequest, model) -> tuple[Split | None, Split | None
     SynthWorld's own ``classify/select``; else None), to be listed with the model's transform."""
     transform = getattr(model, "preprocess_val", None)
     kind, root = request.dataset, request.root
-    eval_name, select_name = SPLIT_NAMES[kind]
+    eval_name, select_name = SPLIT_NAMES.get(kind, (None, None))
     ev = None if root is None else Split(kind, root, eval_name, transform)
     if request.select_root is not None:
         return ev, Split(kind, request.select_root, select_name, transform)

@@ -1,13 +1,10 @@
 """Per-class prompt pools (CuPL's ``{"class name": ["prompt", ...]}`` files) as a padded prompt bank.
 
-:func:`load_class_prompts` reads and checks the JSON file, :func:`match_pools` maps its classes to the
-dataset's by name, :func:`build_pool_bank` embeds every prompt once (the text tower through
-:func:`zsprob.models.encode.encode_texts`, the cache with safetensors and zsprob's atomic writers) into a
-:class:`PromptPoolBank`: a :class:`~zsprob.zeroshot.prompts.PromptBank` whose "templates" are slots
-(class c's t-th prompt) padded to the longest pool, with a ``mask`` [C, T] of the slots that exist.
-Every strategy reads the mask (:func:`zsprob.zeroshot.selection_base.prompt_mask`): an absent slot has
-infinite uncertainty (ranked last, never kept), no weight, and a K larger than a class's pool keeps the
-whole pool.
+:func:`load_class_prompts` reads and checks the file, :func:`match_pools` maps its classes to the dataset's
+by name, :func:`build_pool_bank` embeds every prompt once (cached) into a :class:`PromptPoolBank`: a
+:class:`~zsprob.zeroshot.prompts.PromptBank` whose "templates" are slots (class c's t-th prompt) padded to
+the longest pool, with a ``mask`` [C, T] of the slots that exist. An absent slot has infinite uncertainty
+(ranked last, never kept) and no weight in any strategy.
 """
 from __future__ import annotations
 
@@ -97,7 +94,7 @@ def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id:
             logvar[c, :n] = logvar_flat[start:start + n].float()
         start += n
     return PromptPoolBank(list(classnames), slot_names(T), mu, logvar, model_id=model_id,
-                          key=pool_key(model_id, classnames, pools), pools=[list(p) for p in pools], mask=mask)
+                          pools=[list(p) for p in pools], mask=mask)
 
 
 def pool_key(model_id: str, classnames, pools) -> str:

@@ -1,20 +1,16 @@
 """Prompt templates, class names and the prompt bank (every class x template, embedded once).
 
-What the libraries do: the text tower and its tokenizer are open_clip's (through
-``zsprob.models``: ``encode_texts`` batches, runs under ``no_grad`` and returns float32
-``(mu, logvar)``); the cache files are written with ``safetensors`` and zsprob's atomic
-writers. What zsprob writes itself: template / class-list parsing and validation, the
-``PromptBank`` container (``mu``/``logvar`` shaped [C, T, D], uncertainty ``||sigma^2||_1``
-per prompt) and its disk cache, keyed by (model fingerprint, templates, class names).
-
-Text order: prompts are embedded class-major (``classes[0]`` with every template, then
-``classes[1]`` ...), in one call so ``encode_texts`` can use large batches.
+zsprob parses and checks template / class-name files and selection files, holds the
+:class:`PromptBank` (``mu`` / ``logvar`` [C, T, D], uncertainty ``||sigma^2||_1`` per prompt) and caches
+it on disk keyed by (model fingerprint, templates, class names); the text tower and tokenizer are
+open_clip's (through :func:`zsprob.models.encode.encode_texts`), the cache files safetensors. Prompts are
+embedded class-major (``classes[0]`` with every template, then ``classes[1]`` ...) in one call.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -217,10 +213,8 @@ class PromptBank:
     mu: "object"
     logvar: "object | None" = None
     model_id: str = ""
-    key: str = ""
     encode_seconds: float = 0.0
     from_cache: bool = False
-    meta: dict = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:
@@ -229,10 +223,6 @@ class PromptBank:
     @property
     def num_templates(self) -> int:
         return len(self.templates)
-
-    @property
-    def dim(self) -> int:
-        return int(self.mu.shape[-1])
 
     @property
     def deterministic(self) -> bool:
@@ -261,8 +251,7 @@ class PromptBank:
         C, T = len(classnames), len(templates)
         mu = mu.float().reshape(C, T, -1)
         logvar = None if logvar is None else logvar.float().reshape(C, T, -1)
-        return cls(classnames, templates, mu, logvar, model_id=model_id,
-                   key=bank_key(model_id, templates, classnames))
+        return cls(classnames, templates, mu, logvar, model_id=model_id)
 
 
 def read_cache(stem: Path, key: str) -> tuple[dict, dict] | None:
@@ -360,10 +349,10 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
     stem = bank_cache_stem(check_cache_dir(cache_dir), key) if cache_dir is not None else None
     cached = None if stem is None else read_cache(stem, key)
     if cached is not None and cached[1].get("format") == BANK_FORMAT:
-        (tensors, meta) = cached
+        tensors, meta = cached
         return PromptBank(list(meta["classnames"]), list(meta["templates"]), tensors["mu"], tensors.get("logvar"),
-                          model_id=meta.get("model_id", ""), key=key,
-                          encode_seconds=float(meta.get("encode_seconds", 0.0)), from_cache=True)
+                          model_id=meta.get("model_id", ""), encode_seconds=float(meta.get("encode_seconds", 0.0)),
+                          from_cache=True)
     texts = prompt_texts(classnames, templates)
     t0 = time.perf_counter()
     if encode_fn is None and callable(getattr(model, "tokenizer", None)):

@@ -1,17 +1,11 @@
 """The prompt-selection strategies: one declaration per name, holding every fact a caller reads and its code.
 
-An entry (:class:`Strategy`) says which data the strategy reads (the labelled selection split, the
-unlabelled evaluation images, the evaluation labels; which of them it cannot run without), whether it
-ranks or weights prompts by sigma^2, whether it needs a K, where it stands in ``--compare``, which tuning
-options it reads and which function runs it. Callers read the entries instead of keeping a list:
-:func:`zsprob.zeroshot.selection.run_strategy` dispatches through them, :mod:`zsprob.zeroshot.classify`
-reads what to encode and the ``--compare`` order, and the command line's ``--strategy`` choices are
-:func:`strategy_names`.
-
-The built-ins are declared at the end of this module, once each: their facts and their function as
-``"module:function"``, imported on the first run. So the command line lists and checks the names without
-importing torch, and each function sits beside its tensor math. A strategy defined elsewhere passes its
-function itself::
+An entry (:class:`Strategy`) says which data the strategy reads, whether it ranks or weights prompts by
+sigma^2, whether it needs a K, where it stands in ``--compare``, which tuning options it reads and which
+function runs it; dispatch, what is encoded, the ``--compare`` order and the ``--strategy`` choices are all
+read from the entries. The built-ins are declared at the end of this module, once each, naming their
+function as ``"module:function"`` (imported on the first run), so the command line reads the names
+without torch while each function sits beside its tensor math. Elsewhere::
 
     register_strategy("mine", run=my_selection, needs=(SELECTION_LABELS,), sigma=True, compare=45)
 
