@@ -20,7 +20,7 @@ import numpy as np
 from zsprob.errors import UserError
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.embeddings import Embeddings
-from zsprob.retrieval.evaluate import BenchmarkSet, RetrievalTask
+from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
 from zsprob.retrieval.scoring import mc_score_options
 
 PMRP_ZETAS = (0, 1, 2)
@@ -276,8 +276,8 @@ class ImageList:
 def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd", out_dir=None, *,
                   embeddings=None, instance_labels=None, batch_size: int = 128, device=None, num_workers: int = 0,
                   analyses: bool = True, progress: bool = True, save_embeddings=None, karpathy_json=None,
-                  label: str = "model", metrics_file: str = "metrics.json", method: str = "auto",
-                  precision: str = "fp32", dataset=None) -> dict:
+                  label: str = "model", metrics_file: str = "metrics.json", precision: str = "fp32",
+                  dataset=None) -> dict:
     """COCO evaluation of a model (``model`` + ``root``) or of precomputed ``embeddings``
     (an :class:`Embeddings` or an ``.npz`` path). ``device`` encodes and scores (default: the
     model's device to encode, the embeddings' to score); ``num_workers`` and ``precision``
@@ -314,8 +314,8 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     sub = official_subset(emb.image_ids, emb.caption_ids)
     emb, task = task_for_embeddings(emb, instance_labels)
     mc = mc_score_options(model) if score == "mc" else {}
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, method=method,
-                              device=device, **mc)
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, device=device,
+                              **mc)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "table": format_table(res.metrics, label=label),
            "uncertainty": None, "files": {}}
     if analyses and emb.has_sigma:

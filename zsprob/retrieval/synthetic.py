@@ -24,7 +24,8 @@ from zsprob.retrieval import analysis as A
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.embeddings import Embeddings
 from zsprob.retrieval.scoring import mc_score_options
-from zsprob.retrieval.evaluate import BenchmarkSet, RetrievalTask, evaluate_embeddings, format_table
+from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
+from zsprob.retrieval.evaluate import evaluate_embeddings, format_table
 
 
 def synthetic_task(split) -> RetrievalTask:
@@ -125,8 +126,8 @@ def _plot_ambiguity(emb: Embeddings, split, gt: dict, path) -> Path:
 def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out_dir=None, *,
                        batch_size: int = 128, device=None, corruption: bool = True, n_corruption: int = 64,
                        progress: bool = False, seed: int = 0, metrics_file: str = "metrics.json",
-                       method: str = "auto", validity: bool = True, n_pairs: int = 1000, n_crops: int = 300,
-                       num_workers: int = 0, precision: str = "fp32") -> dict:
+                       validity: bool = True, n_pairs: int = 1000, n_crops: int = 300, num_workers: int = 0,
+                       precision: str = "fp32") -> dict:
     """Evaluate ``model`` on SynthWorld's retrieval ``split`` (root = a SynthWorld OUT folder).
 
     ``device`` encodes and scores (default: the model's device to encode, the CPU embeddings' to
@@ -158,7 +159,7 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
                        precision=precision)
     task = synthetic_task(rs)
     mc = mc_score_options(model) if score == "mc" else {}
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, method=method, device=device, **mc)
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, device=device, **mc)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics),
            "table": format_table(res.metrics, label=getattr(model, "name", "model")), "files": {}}
     if emb.has_sigma:
