@@ -1,30 +1,21 @@
 """zsprob.retrieval: retrieval evaluation, uncertainty analyses and exact CSD search.
 
-Owns retrieval evaluation (benchmark sets, metrics, scoring), search indexes and the uncertainty
-analyses. May import data, models, prob, report (plots), ``zsprob.errors`` and ``zsprob.utils``;
-never train, zeroshot or cli.
+May import data, models, prob, report (plots), ``zsprob.errors`` and ``zsprob.utils``; never train,
+zeroshot or cli.
 
-- :mod:`~zsprob.retrieval.metrics`: R@K, R-Precision, mAP@R, COCO 1K folds, PMRP as tensor
-  operations over rankings (definitions identical to eccv_caption's);
-- :mod:`~zsprob.retrieval.scoring`: chunked scoring with ``zsprob.prob.score`` (:class:`PairScores`,
-  :func:`chunked_topk`);
-- :mod:`~zsprob.retrieval.benchmarks`: the benchmark-set types (:class:`RetrievalTask`,
-  :class:`BenchmarkSet`, :class:`EvalResult`) and their bookkeeping;
-- :mod:`~zsprob.retrieval.evaluate`: every benchmark's metrics from a score matrix
-  (:func:`evaluate_embeddings`), from rankings made elsewhere (:func:`evaluate_rankings`), the
-  Table-1 style table;
-- :mod:`~zsprob.retrieval.coco`: COCO 5K / 1K, CxC, ECCV Caption (ground truth from eccv_caption), PMRP,
-  :func:`evaluate_coco`;
+- :mod:`~zsprob.retrieval.metrics`: R@K, R-Precision, mAP@R, COCO 1K folds, PMRP over rankings;
+- :mod:`~zsprob.retrieval.scoring`: chunked scoring with ``zsprob.prob.score`` (:class:`PairScores`);
+- :mod:`~zsprob.retrieval.benchmarks`: :class:`RetrievalTask`, :class:`BenchmarkSet`, :class:`EvalResult`;
+- :mod:`~zsprob.retrieval.evaluate`: every benchmark's metrics from a score matrix or from rankings
+  made elsewhere, the Table-1 style table;
+- :mod:`~zsprob.retrieval.coco`: COCO 5K / 1K, CxC, ECCV Caption, PMRP; :func:`evaluate_coco`;
 - :mod:`~zsprob.retrieval.synthetic`: SynthWorld, :func:`evaluate_synthetic`;
-- :mod:`~zsprob.retrieval.analysis`: uncertainty deciles, uncertain-queries page, corruption sweep;
-- :mod:`~zsprob.retrieval.validity`: does sigma^2 mean ambiguity (SynthWorld's exact ground truth);
-- :mod:`~zsprob.retrieval.search`: CSD ranking as nearest-neighbour search on augmented vectors
-  (FAISS flat / HNSW / IVF, torch brute force), the mean-only + re-rank baseline;
+- :mod:`~zsprob.retrieval.analysis` / :mod:`~zsprob.retrieval.validity`: uncertainty analyses;
+- :mod:`~zsprob.retrieval.search`: CSD ranking as nearest-neighbour search (FAISS, torch);
   :mod:`~zsprob.retrieval.index_format` names its kinds and files without importing torch;
 - :mod:`~zsprob.retrieval.embeddings`: the ``E.npz`` format.
 
-Names are imported on first use (``from zsprob.retrieval import evaluate_coco`` works), so that
-``zsprob.retrieval.index_format`` can be read by the command line without importing torch.
+Names are imported on first use, so that the command line reads ``index_format`` without torch.
 """
 from __future__ import annotations
 

@@ -64,16 +64,14 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
 
 
 def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS) -> dict:
-    """All benchmark metrics of ``task`` from given ranked lists: the counterpart of eccv_caption's
-    ``Metrics.compute_all_metrics``, for rankings made elsewhere (a FAISS search, another toolkit).
+    """All benchmark metrics of ``task`` from ranked lists made elsewhere (a FAISS search, another
+    toolkit): the counterpart of eccv_caption's ``Metrics.compute_all_metrics``.
 
-    ``ranked_i2t`` [n_images, L]: caption indices (columns of ``task``) best first, one row per
-    image; ``ranked_t2i`` [n_captions, L']: image indices. Every metric is read off these lists;
-    COCO 1K, like eccv_caption, keeps each list's items of the query's fold, in order, so it
-    equals an in-fold ranking as long as every list holds ``max(ks)`` items of its fold (else a
-    ValueError says to pass longer lists, as it does when a list is shorter than a benchmark's
-    largest positive set R). A list naming an item twice is a ValueError (each repeat of a positive
-    would count as another hit). Returns the nested percentages of :func:`evaluate_scores`.
+    ``ranked_i2t`` [n_images, L]: caption indices best first; ``ranked_t2i`` [n_captions, L']: image
+    indices. COCO 1K keeps each list's items of the query's fold, in order (eccv_caption's way), which
+    equals an in-fold ranking while every list holds ``max(ks)`` items of its fold. A list too short
+    for a metric, or naming an item twice (a repeated positive would count twice), is a ValueError.
+    Returns the nested percentages of :func:`evaluate_scores`.
     """
     ranked = {"i2t": torch.as_tensor(np.asarray(ranked_i2t), dtype=torch.int64),
               "t2i": torch.as_tensor(np.asarray(ranked_t2i), dtype=torch.int64)}
@@ -120,38 +118,33 @@ def _refuse_repeats(ranked: torch.Tensor, direction: str) -> None:
                          f"({int(rows.sum())} lists repeat an item); a ranking names each item once")
 
 
+def _first_in_fold(rows: torch.Tensor, lists: torch.Tensor, q_fold: torch.Tensor, item_fold: torch.Tensor, k: int):
+    """Each list's first ``k`` items of its query's fold, in ranked order, and which lists hold ``k``."""
+    in_fold = item_fold[lists] == q_fold[rows][:, None]
+    cum = in_fold.cumsum(1, dtype=torch.int32)
+    ok = cum[:, -1] >= k
+    keep = in_fold & (cum <= k) & ok[:, None]
+    return lists[keep].view(-1, k), ok  # boolean indexing keeps row-major order
+
+
 def _fold_metrics_from_rankings(ranked: dict, task: RetrievalTask, ks: Sequence[int]) -> dict:
+    """COCO 1K as eccv_caption reads it off global lists: each list's first max(ks) items of its fold."""
     pos = {"i2t": task.caption_positives()}
     pos["t2i"] = sp.csr_matrix(pos["i2t"].T)
     fold = {"i2t": np.zeros(task.n_images, dtype=np.int64), "t2i": np.zeros(task.n_captions, dtype=np.int64)}
     for f, (imgs, caps) in enumerate(task.folds):
         fold["i2t"][imgs], fold["t2i"][caps] = f, f
-    if sum(len(i) for i, _ in task.folds) > task.n_images or sum(len(c) for _, c in task.folds) > task.n_captions:
-        raise ValueError("COCO 1K from rankings needs folds that split the images and captions (no item in two folds)")
     K = max(ks)
-    if min(min(len(i), len(c)) for i, c in task.folds) < K:
-        raise ValueError(f"COCO 1K from rankings needs folds of at least {K} images and captions")
     per = {"i2t": [], "t2i": []}
     for d, other in (("i2t", "t2i"), ("t2i", "i2t")):
-        q_fold = torch.from_numpy(fold[d])
-        item_fold = torch.from_numpy(fold[other])
-
-        def first_in_fold(rows: torch.Tensor, lists: torch.Tensor):
-            """Each list's first K items of its query's fold, in ranked order, and which lists have K."""
-            in_fold = item_fold[lists] == q_fold[rows][:, None]
-            cum = in_fold.cumsum(1, dtype=torch.int32)
-            ok = cum[:, -1] >= K
-            keep = in_fold & (cum <= K) & ok[:, None]
-            return lists[keep].view(-1, K), ok  # boolean indexing keeps row-major order
-
+        q_fold, item_fold = torch.from_numpy(fold[d]), torch.from_numpy(fold[other])
         # most lists hold K in-fold items early on: look at a prefix first, the whole list where needed
-        all_rows = torch.arange(ranked[d].shape[0])
-        head, ok = first_in_fold(all_rows, ranked[d][:, :8 * K])
+        head, ok = _first_in_fold(torch.arange(ranked[d].shape[0]), ranked[d][:, :8 * K], q_fold, item_fold, K)
         sub = torch.empty(ranked[d].shape[0], K, dtype=torch.int64)
         sub[ok] = head
         rest = torch.nonzero(~ok).flatten()
         if rest.numel():
-            tail, ok_rest = first_in_fold(rest, ranked[d][rest])
+            tail, ok_rest = _first_in_fold(rest, ranked[d][rest], q_fold, item_fold, K)
             if not bool(ok_rest.all()):
                 short = rest[~ok_rest]
                 raise ValueError(f"COCO 1K {d}: {short.numel()} ranked lists hold fewer than {K} items of their "

@@ -43,7 +43,8 @@ def mc_score_options(model) -> dict:
         return {}
     params = extra.get("loss_params") or {}
     pcme = ((extra.get("train_config") or {}).get("loss") or {}).get("pcme") or {}
-    opts = {"n_samples": int(pcme.get("n_samples", 7)), "slope": 2.0 if pcme.get("form", "official") == "official" else 1.0}
+    opts = {"n_samples": int(pcme.get("n_samples", 7)),
+            "slope": 2.0 if pcme.get("form", "official") == "official" else 1.0}
     if "scale" in params and "shift" in params:
         opts.update(a=float(params["scale"]), b=float(params["shift"]))
     return opts
@@ -117,15 +118,11 @@ class PairScores:
 
 
 def linear_form(name: str, mu_a, logvar_a, mu_b, logvar_b) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """For scores that are one inner product of augmented vectors, float32 (A, B) with
-    ``A @ B.T == score(name, ...)`` up to float32 rounding; None for every other score.
-
-    -CSD = 2 mu_a.mu_b - (||mu_a||^2 + s_a) - (||mu_b||^2 + s_b) with s = ||sigma^2||_1, so
-    A = [2 mu_a, -(||mu_a||^2 + s_a), 1] and B = [mu_b, 1, -(||mu_b||^2 + s_b)]; "mean" is the same
-    with s = 0 and "cosine" uses the normalised means. The row and column terms are summed in
-    float64. Unlike :func:`zsprob.prob.score`, a squared distance is not clamped at 0 (rounding
-    can make -CSD of two identical points a tiny positive number; the ranking is unaffected).
-    """
+    """Float32 (A, B) with ``A @ B.T == score(name, ...)`` up to rounding for the scores that are one
+    inner product of augmented vectors (None for the others): -CSD = 2 mu_a.mu_b - (||mu_a||^2 + s_a)
+    - (||mu_b||^2 + s_b), s = ||sigma^2||_1 (row terms summed in float64), so A = [2 mu_a, -(||mu_a||^2
+    + s_a), 1], B = [mu_b, 1, -(||mu_b||^2 + s_b)]; "mean" has s = 0, "cosine" normalised means. Not
+    clamped at 0 as zsprob.prob.score is (the ranking is the same)."""
     if name not in ("csd", "mean", "cosine") or torch.is_grad_enabled() and (
             getattr(mu_a, "requires_grad", False) or getattr(mu_b, "requires_grad", False)):
         return None

@@ -284,12 +284,9 @@ def _read_backend(d: Path, meta: dict):
 
 
 def load_index(path, device=None) -> CSDIndex:
-    """Load an index written by :meth:`CSDIndex.save`; with ``device``, moved there (:meth:`CSDIndex.to`).
-
-    index.json is checked against the files beside it (kind, metric, dimension and size against the
-    FAISS index or gallery.npy; ids.npy one unique integer id per vector), so a description that
-    disagrees with the index is one :class:`UserError` line rather than wrong neighbours.
-    """
+    """Load an index written by :meth:`CSDIndex.save` (moved to ``device`` if given). index.json is checked
+    against the files beside it, so a description that disagrees with the index is one
+    :class:`UserError` line rather than wrong neighbours."""
     from zsprob.errors import require_dir
     from zsprob.retrieval.embeddings import check_ids
 
@@ -316,14 +313,11 @@ def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = Non
                 nlist: int | None = None, nprobe: int = 16, train_size: int = 100_000,
                 threads: int | None = None, seed: int = 0, var_sum: np.ndarray | None = None,
                 device=None) -> CSDIndex:
-    """Index a gallery for CSD search.
-
-    ``kind``: "flat" (FAISS exact), "hnsw", "ivf" (FAISS approximate), "torch" (exact, no FAISS).
-    ``metric``: augmentation, "ip" or "l2" (default "ip" for flat / torch, "l2" for hnsw / ivf).
-    ``nlist`` defaults to about 4 sqrt(N) (:func:`default_nlist`); IVF trains its k-means on up to
-    ``train_size`` vectors, and an ``nlist`` above that many (or above N) is a :class:`UserError`.
-    ``var_sum`` [N] may replace ``logvar`` (only s = ||sigma^2||_1 enters CSD ranking).
-    ``device``: where the index is trained, filled and searched (:meth:`CSDIndex.to`; default the CPU).
+    """Index a gallery for CSD search: ``kind`` and ``metric`` (default
+    :func:`~zsprob.retrieval.index_format.default_metric`) as named in :mod:`zsprob.retrieval.index_format`.
+    IVF trains its k-means on up to ``train_size`` vectors (``nlist``: :func:`default_nlist`, at most that
+    many); ``var_sum`` [N] may replace ``logvar`` (only s = ||sigma^2||_1 enters CSD ranking);
+    ``device``: where the index is trained, filled and searched (default the CPU).
     """
     if kind not in KINDS:
         raise UserError(f"unknown index kind {kind!r} (choose from {', '.join(KINDS)})")
