@@ -122,7 +122,7 @@ def main(argv=None):
     from zsprob.errors import UserError
     from zsprob.models import create_model
     from zsprob.prob import InfoNCELoss
-    from zsprob.zeroshot.classify import class_separation
+    from zsprob.zeroshot.metrics import class_separation
 
     t0 = time.time()
     x, caps, _ = render("pretrain", a.num_pretrain, a.seed, a.captions)

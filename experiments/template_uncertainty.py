@@ -100,7 +100,8 @@ def prediction_agreement(checkpoint, root) -> dict:
     from zsprob.models import load_for_inference
     from zsprob.zeroshot.classify import prepare
 
-    bank, feats, _, _ = prepare(load_for_inference(checkpoint), root, "synthetic", need_select=False, progress=False)
+    bank, feats, _, _ = prepare(load_for_inference(checkpoint), root=root, dataset="synthetic", need_select=False,
+                                progress=False)
     x = F.normalize(feats.mu.float(), dim=-1)
     per_template = torch.einsum("nd,ctd->ntc", x, bank.mu_normed).argmax(2)           # [N, T]
     all80 = (x @ F.normalize(bank.mu_normed.mean(1), dim=-1).t()).argmax(1)             # [N]

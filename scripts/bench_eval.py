@@ -4,12 +4,9 @@
 On eccv_caption's real COCO 5K test ids (5,000 images x 25,000 captions) with synthetic
 Gaussian embeddings (captions = noisy copies of their image's mean, random log sigma^2):
 
-* zsprob end to end as ``zsprob eval`` runs it (``evaluate_embeddings``, method "screen",
-  :mod:`zsprob.retrieval.screen`): every metric (COCO 1K exact in-fold, COCO 5K, CxC R@1/5/10,
-  ECCV mAP@R / R-P / R@1) from the ranks of the positives, read off a certified bfloat16 screen
-  with float64 rescoring, without a score matrix;
-* zsprob's score-matrix route (method "matrix"): CSD scoring in row blocks + its transpose + the
-  metrics from top-L rankings;
+* zsprob end to end as ``zsprob eval`` runs it (``evaluate_embeddings``: ``PairScores``, CSD
+  scoring in row blocks + its transpose, then ``evaluate_scores``, every metric (COCO 1K exact
+  in-fold, COCO 5K, CxC R@1/5/10, ECCV mAP@R / R-P / R@1) from top-L rankings), timed per stage;
 * eccv_caption end to end on the SAME CSD scores, its fastest route: top-300 ranked id lists
   for both directions from zsprob's batched top-k (long enough for its filtered 1K recall, see
   NOTES.md), dicts of official ids, and ``Metrics.compute_all_metrics`` (all of the metrics above);
@@ -45,9 +42,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from zsprob.retrieval import metrics as M  # noqa: E402
 from zsprob.retrieval.coco import eccv_metrics, official_test_ids, task_for_embeddings  # noqa: E402
 from zsprob.retrieval.embeddings import Embeddings  # noqa: E402
-from zsprob.retrieval.evaluate import evaluate_embeddings, evaluate_rankings, evaluate_scores, format_table  # noqa: E402
-from zsprob.retrieval.screen import amx_available  # noqa: E402
-from zsprob.retrieval.screened import evaluate_screened  # noqa: E402
+from zsprob.retrieval.evaluate import (evaluate_embeddings, evaluate_rankings, evaluate_scores,  # noqa: E402
+                                      format_table)
 from zsprob.retrieval.scoring import PairScores, score_matrix, transposed  # noqa: E402
 
 TARGETS = ("coco_1k_recalls", "coco_5k_recalls", "cxc_recalls", "eccv_r1", "eccv_map_at_r", "eccv_rprecision")
@@ -126,17 +122,9 @@ def pairs_of(ours, ref):
     return pairs
 
 
-def screened_route(emb, task):
-    """zsprob end to end as `zsprob eval` runs it: evaluate_embeddings, method "screen"."""
-    t0 = clock()
-    res = evaluate_embeddings(emb, task, method="screen")
-    t1 = clock()
-    assert res.metrics["setup"]["method"].startswith("screen"), res.metrics["setup"]
-    return res.metrics, (t1 - t0,)
-
-
 def zsprob_route(emb, task):
-    """zsprob's score-matrix route: PairScores (CSD matrix + transposed copy) and evaluate_scores."""
+    """zsprob as `zsprob eval` runs it (evaluate_embeddings' two stages): PairScores (CSD matrix + transposed
+    copy), then evaluate_scores."""
     t0 = clock()
     ps = PairScores("csd", emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar)
     t1 = clock()
@@ -179,18 +167,20 @@ def main(argv=None):
     print(f"bench_eval: torch {torch.__version__}, threads {args.threads}, load avg {os.getloadavg()[0]:.1f}, "
           f"D = {args.dim}, best of {args.repeat} runs per route")
     emb, task = task_for_embeddings(embeddings(args.dim))
-    m = eccv_metrics()
-    ei, ec, eil, ecl = emb.image_mu, emb.caption_mu, emb.image_logvar, emb.caption_logvar
+    runs, same_scores = measure_routes(args, emb, task, eccv_metrics())
+    report(args, emb, task, runs, same_scores)
+    csd_vs_mc(args, emb, best(runs["e"])[-1][0])
 
-    runs = {"s": [], "z": [], "e": [], "o": [], "r": []}
+
+def measure_routes(args, emb, task, m):
+    """``args.repeat`` runs of every route, alternating their order; the 500 MB matrices are dropped."""
+    runs = {"z": [], "e": [], "o": [], "r": []}
     same = []
     for rep in range(args.repeat):
-        order = ("s", "z", "e", "o") if rep % 2 == 0 else ("o", "e", "z", "s")
+        order = ("z", "e", "o") if rep % 2 == 0 else ("o", "e", "z")
         for route in order:
             gc.collect()
-            if route == "s":
-                runs["s"].append(screened_route(emb, task))
-            elif route == "z":
+            if route == "z":
                 runs["z"].append(zsprob_route(emb, task))
             elif route == "e":
                 runs["e"].append(fastest_eccv_route(emb, m, args.list_len))
@@ -200,19 +190,22 @@ def main(argv=None):
                 runs["r"].append((from_lists, (clock() - t0,)))
             else:
                 runs["o"].append(official_route(emb, m))
-        print(f"run {rep + 1}: " + ", ".join(f"{name} {sum((t for t in runs[k][-1][-1]), Clock(0, 0)).wall:.2f}s"
-                                            for k, name in (("s", "screened"), ("z", "score matrix"),
-                                                            ("e", "eccv fastest"), ("o", "official"))))
+        print(f"run {rep + 1} (wall / CPU): " + ", ".join(
+            f"{name} {sum((t for t in runs[k][-1][-1]), Clock(0, 0))}"
+            for k, name in (("z", "zsprob"), ("e", "eccv fastest"), ("o", "official"))))
         # both routes ranked the same numbers? then drop the two 500 MB matrices
         same.append(bool(torch.equal(runs["z"][-1][1], runs["e"][-1][1])))
         runs["z"][-1] = (runs["z"][-1][0], None, runs["z"][-1][2])
         runs["e"][-1] = runs["e"][-1][:1] + (None,) + runs["e"][-1][2:]
-    screened, (s_total,) = best(runs["s"])
+    return runs, all(same)
+
+
+def report(args, emb, task, runs, same_scores):
+    """Every metric against eccv_caption's, then the times of each stage and route and their ratios."""
     ours, _, (z_score, z_metrics) = best(runs["z"])
     ref, _, ri, rt, (e_score, e_lists, e_metrics) = best(runs["e"])
     from_lists, (r_metrics,) = best(runs["r"])
     off, (o_score, o_lists, o_metrics) = best(runs["o"])
-    same_scores = all(same)
 
     # ---------------- identical?
     pairs = pairs_of(ours, ref)
@@ -221,55 +214,51 @@ def main(argv=None):
     fold_cap = np.zeros(25000, dtype=int)
     for f, (imgs, caps) in enumerate(task.folds):
         fold_img[imgs], fold_cap[caps] = f, f
-    min_in_fold = min(int((fold_cap[ri] == fold_img[:, None]).sum(1).min()), int((fold_img[rt] == fold_cap[:, None]).sum(1).min()))
+    min_in_fold = min(int((fold_cap[ri] == fold_img[:, None]).sum(1).min()),
+                      int((fold_img[rt] == fold_cap[:, None]).sum(1).min()))
 
     print("\n" + format_table(ours, label="synthetic CSD"))
     print("| metric | zsprob | eccv_caption |\n|---|---|---|")
     for name, a, b in pairs:
         print(f"| {name} | {a:.10f} | {100 * b:.10f} |")
     print(f"\nidentical: {len(pairs)} numbers, max |zsprob - eccv_caption| = {max(diffs):.3g} (percent points); "
-          f"the same score matrix: {same_scores}; shortest fold-filtered eccv list = {min_in_fold} items (>= 10 needed)")
+          f"the same score matrix: {same_scores}; shortest fold-filtered eccv list = {min_in_fold} items "
+          "(>= 10 needed)")
     lists_diff = max(abs(a - 100.0 * b) for _, a, b in pairs_of(from_lists, ref))
     print(f"zsprob.retrieval.evaluate_rankings on the same top-{args.list_len} lists: "
           f"max |zsprob - eccv_caption| = {lists_diff:.3g} percent points")
-    scr_diff = max(abs(a - 100.0 * b) for _, a, b in pairs_of(screened, ref))
-    print(f"zsprob screened (float64 keys, no score matrix): max |zsprob - eccv_caption| = {scr_diff:.3g} percent points")
+    end_to_end = evaluate_embeddings(emb, task).metrics
+    print("zsprob.retrieval.evaluate_embeddings gives the same numbers as the two timed stages: "
+          f"{all(end_to_end[k] == v for k, v in ours.items())}")
     off_diff = max(abs(a - 100.0 * b) for _, a, b in pairs_of(ours, off))
     print(f"official PCME++ route (numpy scores, top-500 loops): max |zsprob - it| = {off_diff:.3g} percent points "
           "(its numpy float32 scores round differently; a nonzero value means a near-tie ordered otherwise)")
 
     z_total, e_total = z_score + z_metrics, e_score + e_lists + e_metrics
     o_total = o_score + o_lists + o_metrics
-    stats = {}
-    evaluate_screened("csd", ei, eil, ec, ecl, task, stats=stats)
-    screen = "bfloat16 (AMX)" if amx_available() else "float32 (no AMX on this CPU)"
-    print(f"\nscreen: {screen}; per direction: " + "; ".join(
-        f"{d}: {v['requests']} rank requests, {v['rescored']} pairs rescored in float64, "
-        f"{v['fallback_rows']} rows in full" for d, v in stats.items() if "requests" in v))
     print("\nTimes as wall / CPU seconds (CPU = this process's user+system time over all its threads, OpenMP "
           "spin-waits included; on a shared machine CPU time is the stable measure of work)")
-    print("| stage | zsprob screened | zsprob score matrix | eccv_caption, fastest route | "
-          "eccv_caption, official PCME++ route |\n|---|---|---|---|---|")
-    print(f"| CSD scoring | (no score matrix) | {z_score} (+ transposed copy) | {e_score} (image x caption) | "
-          f"{o_score} (numpy) |")
-    print(f"| ranking -> id lists / dicts | | (inside metrics) | {e_lists} (batched top-{args.list_len}) | "
+    print("| stage | zsprob | eccv_caption, fastest route | eccv_caption, official PCME++ route |\n|---|---|---|---|")
+    print(f"| CSD scoring | {z_score} (+ transposed copy) | {e_score} (image x caption) | {o_score} (numpy) |")
+    print(f"| ranking -> id lists / dicts | (inside metrics) | {e_lists} (batched top-{args.list_len}) | "
           f"{o_lists} (top-500 per query) |")
-    print(f"| metrics | | {z_metrics} (rankings + all metrics) | {e_metrics} (compute_all_metrics) | {o_metrics} |")
-    print(f"| end to end | {s_total} | {z_total} | {e_total} | {o_total} |")
-    print(f"| metrics from the same top-{args.list_len} lists | | {r_metrics} (evaluate_rankings) | {e_metrics} "
+    print(f"| metrics | {z_metrics} (rankings + all metrics) | {e_metrics} (compute_all_metrics) | {o_metrics} |")
+    print(f"| end to end | {z_total} | {e_total} | {o_total} |")
+    print(f"| metrics from the same top-{args.list_len} lists | {r_metrics} (evaluate_rankings) | {e_metrics} "
           "(compute_all_metrics) | |")
-    for label, a, b in (("end to end, screened vs the official PCME++ route", o_total, s_total),
-                        ("end to end, screened vs the fastest eccv_caption route", e_total, s_total),
-                        ("end to end, screened vs zsprob's score-matrix route", z_total, s_total),
-                        ("end to end, score matrix vs the official PCME++ route", o_total, z_total),
-                        ("end to end, score matrix vs the fastest eccv_caption route", e_total, z_total),
+    for label, a, b in (("end to end, zsprob vs the official PCME++ route", o_total, z_total),
+                        ("end to end, zsprob vs the fastest eccv_caption route", e_total, z_total),
                         ("after scoring vs the official PCME++ route", o_lists + o_metrics, z_metrics),
                         ("after scoring vs the fastest eccv_caption route", e_lists + e_metrics, z_metrics),
-                        ("metrics from the same ranked lists (compute_all_metrics vs evaluate_rankings)", e_metrics, r_metrics),
+                        ("metrics from the same ranked lists (compute_all_metrics vs evaluate_rankings)", e_metrics,
+                         r_metrics),
                         ("compute_all_metrics vs zsprob's rankings + metrics from scores", e_metrics, z_metrics)):
         print(f"speed-up {label}: wall {a.wall / b.wall:.1f}x, CPU {a.cpu / b.cpu:.1f}x")
 
-    # ---------------- CSD vs MC (J = 7)
+
+def csd_vs_mc(args, emb, e_score):
+    """Scoring speed of CSD and of PCME's Monte Carlo match probability (J = 7) on the same block."""
+    ei, ec, eil, ecl = emb.image_mu, emb.caption_mu, emb.image_logvar, emb.caption_logvar
     ni, nc = args.mc_images, args.mc_captions
     t_csd = []
     for _ in range(3):

@@ -201,7 +201,8 @@ def main(argv=None):
     print(f"\ntotal {time.perf_counter() - t:.0f}s, peak RSS {rss_gb():.2f} GB")
     print("\n| N | method | index | build s | queries/s | recall@10 | note |\n|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['N']:,} | {r['method']} | {r['index']} | {r['build_s']:.1f} | {r['qps']:.0f} | {r['recall']:.4f} | {r['note']} |")
+        print(f"| {r['N']:,} | {r['method']} | {r['index']} | {r['build_s']:.1f} | {r['qps']:.0f} | "
+              f"{r['recall']:.4f} | {r['note']} |")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ starts when the budget would be overrun):
    steady step, FLOPs per step and MFU.
 4. ``evaluation``: 5,000 images (224 px, random) and 25,000 captions through the ProbCLIP on the
    device, CSD top-k ranking on the device and on the CPU from the same embeddings (float32 and
-   float64), and zsprob's screened evaluation on the CPU: identical rankings and metrics, and times.
+   float64), and zsprob's evaluation on the CPU: identical rankings and metrics, and times.
 5. ``degrade``: the JPEG round trip of the degraded views in tensor arithmetic on the device against
    libjpeg on the CPU (pixels that differ: 0), and the host reads of one ``degrade_images`` call there.
 
@@ -678,7 +678,7 @@ def same_up_to_ties(dev, cpu, emb: list, captions_first: bool):
     return torch.cat(ok)
 
 
-def eval_screened(emb: list, n_img: int, ref: dict, figs: list) -> None:
+def eval_cpu(emb: list, n_img: int, ref: dict, figs: list) -> None:
     import numpy as np
 
     from zsprob.retrieval import Embeddings, evaluate_embeddings
@@ -693,18 +693,17 @@ def eval_screened(emb: list, n_img: int, ref: dict, figs: list) -> None:
     data = Embeddings(image_ids=task.image_ids, caption_ids=task.caption_ids, image_mu=e[0], caption_mu=e[2],
                       image_logvar=e[1], caption_logvar=e[3], caption_image=cap_img)
     t = time.perf_counter()
-    res = evaluate_embeddings(data, task, score="csd", method="screen")
-    figs.append(figure("zsprob screened evaluation (CSD, every metric), CPU", round(time.perf_counter() - t, 3), "s",
+    res = evaluate_embeddings(data, task, score="csd")
+    figs.append(figure("zsprob evaluation (CSD, every metric), CPU", round(time.perf_counter() - t, 3), "s",
                        note=res.metrics.get("setup", {}).get("method", "")))
     got = flat_recalls(res.metrics)
     common = [k for k in ref if k in got]
     diffs = {k: round(got[k] - ref[k], 6) for k in common}
-    # one query moved across a cut-off by a float64 near-tie changes a recall by 100 / queries points
-    one = {k: 100.0 / (n_img if k.startswith("i2t") else 5 * n_img) for k in common}
-    ok = bool(common) and all(abs(diffs[k]) <= one[k] + 1e-9 for k in common)
-    figs.append(figure(f"screened R@K vs float64 top-k on the device ({len(common)} values)",
+    # float32 scores on both sides, computed differently: near-ties may order a few queries otherwise
+    ok = bool(common) and all(abs(diffs[k]) <= 0.1 for k in common)
+    figs.append(figure(f"CPU evaluation R@K vs float32 top-k on the device ({len(common)} values)",
                        max((abs(v) for v in diffs.values()), default=float("nan")), "max |diff|, percentage points",
-                       "<= one query per value (float64 near-ties)", ok, note=f"differences: {diffs}"))
+                       "<= 0.1", ok, note=f"differences: {diffs}"))
 
 
 def flat_recalls(metrics: dict) -> dict:
@@ -728,7 +727,7 @@ def section_evaluation(c: Check) -> dict:
     n_img = c.sizes.eval_images
     emb, tokens, model = eval_embed(c, n_img, figs)
     metrics = eval_rank(c, emb, n_img, figs)
-    eval_screened(emb, n_img, {k.replace("R@", "r@"): v for k, v in metrics["float64"].items()}, figs)
+    eval_cpu(emb, n_img, {k.replace("R@", "r@"): v for k, v in metrics["float32"].items()}, figs)
     eval_cpu_subsample(c, model, tokens, emb, figs)
     return {"figures": figs, "metrics_float64_device": metrics["float64"],
             "setup": f"{n_img} random {model.image_size} px images, {5 * n_img} captions, {c.sizes.model} "
@@ -741,15 +740,14 @@ def section_degrade(c: Check) -> dict:
     import torch
 
     from zsprob.data.degrade import degrade_images
-    from zsprob.data.jpeg_torch import jpeg_roundtrip
+    from zsprob.data.jpeg_torch import jpeg_roundtrip, libjpeg_roundtrip
     from zsprob.utils.host_sync import HostSyncCounter
-    from torchvision.io import decode_jpeg, encode_jpeg
 
     n, side = (8, 64) if c.args.quick else (64, 224)
     g = torch.Generator().manual_seed(0)
     images = (torch.rand(n, 3, side, side + 5, generator=g) * 255).round().to(torch.uint8)
     qualities = [5 + i % 16 for i in range(n)]
-    ref = torch.stack([decode_jpeg(encode_jpeg(im, quality=q)) for im, q in zip(images, qualities)])
+    ref = libjpeg_roundtrip(images, qualities)
     t = time.perf_counter()
     got = jpeg_roundtrip(images.to(c.device), qualities)
     sync(c.device)

@@ -95,7 +95,7 @@ def measure(world: Path, run: Path, out: Path) -> tuple[dict, dict]:
     from zsprob.zeroshot.metrics import top1_hits
 
     model = load_for_inference(run / "model")
-    bank, ev, se, mid = prepare(model, world, "synthetic", cache_dir=out / "cache", progress=False)
+    bank, ev, se, mid = prepare(model, root=world, dataset="synthetic", cache_dir=out / "cache", progress=False)
     res = compare_on_features(bank, ev, se, out_dir=out, model={"id": mid, "checkpoint": str(run / "model")},
                               write_selections=False, logit_scales=model_logit_scales(model))
     hits = {name: top1_hits(sel, ev, "cosine").numpy() for name, sel in res["selections"].items()}

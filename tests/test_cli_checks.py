@@ -15,9 +15,9 @@ INPUTS = {"root", "select_root", "checkpoint", "prompts", "karpathy_json", "embe
           "i2t_path", "t2i_path", "source", "tokenizer"}
 #: integer options that are not counts (any value is meaningful, or checked elsewhere with its own range)
 NOT_COUNTS = {"seed", "image_size"}
-#: training flags checked through the config (zsprob.train.defaults.COUNT_KEYS), with the --set route
+#: training flags checked through the config (the counts of zsprob.train.defaults.KEYS), with the --set route
 TRAIN_COUNT_FLAGS = ["--steps", "--epochs", "--batch-size", "--workers", "--threads", "--log-every",
-                     "--checkpoint-every", "--eval-every"]
+                     "--checkpoint-every", "--eval-every", "--requeue-exit-code"]
 
 
 def all_commands() -> list[tuple[list[str], click.Command]]:
@@ -87,7 +87,7 @@ def test_training_counts_are_checked_in_one_place(command, tmp_path, capsys):
     command = [str(tmp_path) if a == "TMP" else a for a in command]
     out = tmp_path / "run"
     for flag in TRAIN_COUNT_FLAGS:
-        bad = "-1" if flag in ("--workers", "--checkpoint-every", "--eval-every") else "0"
+        bad = "-1" if flag in ("--workers", "--checkpoint-every", "--eval-every", "--requeue-exit-code") else "0"
         code, err = run_main([*command, "--out", out, flag, bad], capsys)
         assert code == 2 and err.count("\n") == 1 and f"{flag} (" in err and "must be" in err, (flag, err)
     code, err = run_main([*command, "--out", out, "--set", "train.keep_checkpoints=-2"], capsys)

@@ -73,7 +73,7 @@ def test_topk_accuracy_matches_a_direct_count():
 def test_clip_benchmark_zeroshot_equals_zsprob_topk_all_per_image(world, ckpt, loaded, tmp_path, cli_run):
     from clip_benchmark.metrics import zeroshot_classification as zsc
 
-    from zsprob.zeroshot.features import load_split
+    from zsprob.data.classification import build_classification_dataset
     from zsprob.models import load
     from zsprob.zeroshot.classify import prepare
     from zsprob.zeroshot.metrics import class_scores
@@ -87,7 +87,7 @@ def test_clip_benchmark_zeroshot_equals_zsprob_topk_all_per_image(world, ckpt, l
     assert r.returncode == 0, r.stderr
     ours = json.loads((tmp_path / "zs" / "results.json").read_text())["metrics"]
 
-    ds = load_split("synthetic", world, "eval", transform=transform)
+    ds = build_classification_dataset("synthetic", world, "eval", transform=transform)
     ds.classes = list(ds.classnames)
     loader = torch.utils.data.DataLoader(ds, batch_size=16, shuffle=False)
     templates = [t.replace("{}", "{c}") for t in TEMPLATES]
@@ -99,8 +99,8 @@ def test_clip_benchmark_zeroshot_equals_zsprob_topk_all_per_image(world, ckpt, l
     # image by image: CLIP_benchmark's classifier and logits against zsprob's "all" selection
     classifier = zsc.zero_shot_classifier(model, tokenizer, ds.classes, templates, "cpu", amp=False)
     logits, target = zsc.run_classification(model, classifier, loader, "cpu", amp=False)
-    bank, feats, _, _ = prepare(load(ckpt).eval(), world, "synthetic", templates=str(tfile), need_select=False,
-                                progress=False)
+    bank, feats, _, _ = prepare(load(ckpt).eval(), root=world, dataset="synthetic", templates=str(tfile),
+                                need_select=False, progress=False)
     zs_scores = class_scores(feats.mu, feats.logvar, select_all(bank), score="cosine")
     assert torch.equal(target, feats.labels)
     assert torch.equal(logits.argmax(1), zs_scores.argmax(1))

@@ -171,10 +171,14 @@ def test_degrade_images_draws_one_op_per_image_reproducibly():
 
 
 def test_degrade_images_refuses_unknown_ops():
-    with pytest.raises(ValueError):
-        degrade.degrade_images(_scenes(1), torch.Generator(), mean=MEAN, std=STD, ops=("blur", "fog"))
-    with pytest.raises(ValueError):
-        degrade.degrade_images(_scenes(1), torch.Generator(), mean=MEAN, std=STD, ops=())
+    """Unknown or no ops are refused where they enter, with the loss's options (degrade_images trusts them)."""
+    from zsprob.prob.prolip import check_occlusion_options
+    base = dict(inclusion_alpha_occ=0.1, drop_ratio=0.5, drop_prob=0.5, image_drop_prob=0.25, mask_patch_size=16,
+                text_mask_mode="replace", inclusion_scale=1.0, inclusion_eps=0.0, image_mask_mode="degrade")
+    with pytest.raises(UserError):
+        check_occlusion_options(**base, image_degrade_ops=("blur", "fog"))
+    with pytest.raises(UserError):
+        check_occlusion_options(**base, image_degrade_ops=())
     assert DEFAULT_DEGRADE_OPS == DEGRADE_OPS[:7] and "shift" not in DEFAULT_DEGRADE_OPS  # opt-in
 
 
@@ -269,10 +273,9 @@ class Reference:
 
     @classmethod
     def jpeg(cls, images, qualities, mean, std):
-        from torchvision.io import decode_jpeg, encode_jpeg
         pixels, mean, std = cls.to_pixels(images, mean, std)
         as_bytes = (pixels * 255.0).round().to(torch.uint8)
-        decoded = [decode_jpeg(encode_jpeg(image, quality=int(q))) for image, q in zip(as_bytes, qualities)]
+        decoded = [_pillow_jpeg(image, q) for image, q in zip(as_bytes, qualities)]
         return (torch.stack(decoded).to(images.dtype) / 255.0 - mean) / std
 
     @staticmethod
@@ -449,15 +452,24 @@ def _photos(n: int, height: int, width: int, seed: int, channels: int = 3) -> to
     return (pixels.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
+def _pillow_jpeg(image: torch.Tensor, quality: int) -> torch.Tensor:
+    """One uint8 [C, H, W] image through Pillow's JPEG encoder and decoder at its defaults."""
+    buffer = io.BytesIO()
+    pixels = image.permute(1, 2, 0).numpy()
+    Image.fromarray(pixels[..., 0] if image.shape[0] == 1 else pixels).save(buffer, "JPEG", quality=int(quality))
+    decoded = np.asarray(Image.open(buffer)).reshape(image.shape[1], image.shape[2], -1)
+    return torch.from_numpy(decoded.copy()).permute(2, 0, 1)
+
+
 def _libjpeg(images: torch.Tensor, qualities) -> torch.Tensor:
-    from torchvision.io import decode_jpeg, encode_jpeg
-    return torch.stack([decode_jpeg(encode_jpeg(image, quality=int(q))) for image, q in zip(images, qualities)])
+    from zsprob.data.jpeg_torch import libjpeg_roundtrip
+    return libjpeg_roundtrip(images, qualities)
 
 
 @pytest.mark.parametrize("height, width", [(32, 32), (37, 53), (24, 40), (17, 9), (8, 8), (64, 48), (54, 2), (6, 4)])
 def test_device_jpeg_equals_libjpeg(height, width):
-    """Every pixel equal to torchvision's libjpeg-turbo round trip at qualities 5..20 (and 1, 50,
-    90, 100), colour and greyscale, sizes that are and are not multiples of the 16-pixel MCU."""
+    """Every pixel equal to the CPU codec's round trip (Pillow's libjpeg-turbo) at qualities 5..20 (and
+    1, 50, 90, 100), colour and greyscale, sizes that are and are not multiples of the 16-pixel MCU."""
     from zsprob.data.jpeg_torch import jpeg_roundtrip
     for channels in (3, 1):
         images = _photos(20, height, width, seed=height * 100 + width, channels=channels)
@@ -470,14 +482,12 @@ def test_device_jpeg_equals_libjpeg(height, width):
 
 
 def test_device_jpeg_tables_are_the_ones_libjpeg_writes():
-    """quant_tables(q) against the DQT segments of torchvision's encoded files (zigzag order)."""
-    from torchvision.io import encode_jpeg
-
-    from zsprob.data.jpeg_torch import quant_tables
+    """quant_tables(q) against the DQT segments of the CPU codec's encoded files (zigzag order)."""
+    from zsprob.data.jpeg_torch import libjpeg_bytes, quant_tables
     zigzag = sorted(range(64), key=lambda i: (i // 8 + i % 8, (i // 8) if (i // 8 + i % 8) % 2 else -(i // 8)))
     image = _photos(1, 16, 16, seed=0)[0]
     for quality in (1, 5, 12, 20, 49, 50, 75, 100):
-        data = bytes(encode_jpeg(image, quality=quality).tolist())
+        data = libjpeg_bytes(image, quality)
         at, tables = data.index(b"\xff\xdb"), {}
         while data[at:at + 2] == b"\xff\xdb":
             length = int.from_bytes(data[at + 2:at + 4], "big")
@@ -491,6 +501,39 @@ def test_device_jpeg_tables_are_the_ones_libjpeg_writes():
             for position, value in zip(zigzag, tables[index]):
                 natural[position] = value
             assert natural == table, (quality, index)
+
+
+def test_the_cpu_codec_equals_torchvisions_on_the_images_the_demo_degrades(tmp_path):
+    """Pillow's round trip (the CPU codec since torchvision's JPEG functions were deprecated) gives the
+    pixels and the very bytes of torchvision's ``decode_jpeg(encode_jpeg(image, q))``, the codec the demo's
+    figures were made with: on a 64 px SynthWorld's pretraining images as the demo's recipe sees them
+    (open_clip's training transform, then back to 8-bit pixels as ``degrade.jpeg`` does), and on the
+    images as written, at every quality the jpeg view draws."""
+    io_module = pytest.importorskip("torchvision.io")
+    if not hasattr(io_module, "encode_jpeg"):
+        pytest.skip("this torchvision has no JPEG functions left to compare with")
+    from open_clip.transform import AugmentationCfg, image_transform
+
+    from zsprob.data.jpeg_torch import libjpeg_bytes, libjpeg_roundtrip
+    from zsprob.data.synthetic import generate, read_pretrain_items
+    generate(tmp_path, image_size=64, num_pretrain=48, num_classify_select=0, num_classify_eval=0, num_retrieval=0,
+             num_retrieval_val=0, shard_size=48, progress=False)
+    written = [Image.open(io.BytesIO(data)).convert("RGB") for data in read_pretrain_items(tmp_path / "pretrain").jpegs]
+    transform = image_transform(64, is_train=True, mean=MEAN, std=STD,            # the demo model's (CLIP's stats)
+                                aug_cfg=AugmentationCfg(scale=(0.9, 1.0)))
+    torch.manual_seed(0)
+    pixels = _pixels(torch.stack([transform(image) for image in written])).clamp(0, 1)
+    as_bytes = torch.cat([(pixels * 255.0).round().to(torch.uint8),
+                          torch.stack([torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+                                       for image in written])])
+    for quality in range(degrade.JPEG_QUALITY[0], degrade.JPEG_QUALITY[1] + 1):
+        qualities = [quality] * len(as_bytes)
+        ours = libjpeg_roundtrip(as_bytes, qualities)
+        theirs = torch.stack([io_module.decode_jpeg(io_module.encode_jpeg(image, quality=quality))
+                              for image in as_bytes])
+        assert torch.equal(ours, theirs), quality
+        written = bytes(io_module.encode_jpeg(as_bytes[0], quality=quality).tolist())
+        assert libjpeg_bytes(as_bytes[0], quality) == written
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -278,8 +278,7 @@ def test_scores_and_torch_search_on_cuda_match_the_cpu():
 @needs_cuda
 @pytest.mark.slow
 def test_eval_synthetic_on_cuda_matches_the_cpu(world, tmp_path):
-    base = ["eval", "synthetic", "--checkpoint", world["ckpt"], "--root", world["root"], "--no-analysis",
-            "--method", "matrix"]
+    base = ["eval", "synthetic", "--checkpoint", world["ckpt"], "--root", world["root"], "--no-analysis"]
     got = {}
     for device in ("cpu", "cuda"):
         r = run_cli(*base, "--device", device, "--out", tmp_path / device / "metrics.json")

@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers_convert import branch_of, zsprob_to_official
 from zsprob.errors import UserError
+from zsprob.models.catalogue import LAYOUTS, detect_layout
 from zsprob.models.convert import prolip
-from zsprob.models.convert import (LAYOUTS, branch_of, check_strict, detect_layout, official_to_zsprob,
-                                   read_state_dict, to_zsprob, zsprob_to_official)
+from zsprob.models.convert.io import read_state_dict
+from zsprob.models.convert.load import official_to_zsprob
+from zsprob.models.convert.mapping import check_strict, to_zsprob
 
 FIXTURES = Path(__file__).parent / "fixtures" / "official_layouts"
 LAYOUT_FILES = sorted(FIXTURES.glob("*.json"))
@@ -243,15 +246,14 @@ def test_pcmepp_hf_b16_fills_pcmepp_vit_b16_exactly():
     """The official HF ViT-B/16 layout fills create_model('pcmepp-ViT-B-16') with the loader's options, key for
     key (zsprob's sigma biases, absent officially, are the only constant fills)."""
     from zsprob.models import create_model
-    from zsprob.models.convert.load import ZERO_FILLS, official_options
 
     state = official_state("pcmepp-ViT-B-16")
-    options = official_options("pcmepp-hf", state)
+    options = LAYOUTS["pcmepp-hf"].options_for(state)
     assert options["sigma_depth"] == 2
     with torch.device("meta"):
         model = create_model("pcmepp-ViT-B-16", **options)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-hf").items()
                  if not k.startswith("loss.")}
-    assert set(expected) - set(converted) == set(ZERO_FILLS["pcmepp-hf"])
+    assert set(expected) - set(converted) == set(LAYOUTS["pcmepp-hf"].zero_fills)
     assert all(converted[k] == expected[k] for k in converted)

@@ -27,12 +27,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers_convert import zsprob_to_official
 from test_models_convert import official_layout, official_state
 from test_models_published import _assert_matches, _block, _inputs, _ln
 from zsprob.errors import UserError
 from zsprob.models import create_model, load, save
-from zsprob.models.convert import detect_layout, official_to_zsprob, zsprob_to_official
-from zsprob.models.convert.load import KEEP_OWN, ZERO_FILLS, load_official, official_options
+from zsprob.models.catalogue import LAYOUTS, default_model, detect_layout
+from zsprob.models.convert.load import load_official, official_to_zsprob
 
 B32_FIXTURES = [f"pcmepp-coco-ViT-B-32-unc{u}-ln{ln}" for u in (1, 2) for ln in ("none", "0.01")]
 COCO_FIXTURES = B32_FIXTURES + ["pcmepp-coco-ViT-B-16-unc1-lnnone", "pcmepp-coco-ViT-L-14-unc1-lnnone"]
@@ -154,7 +155,8 @@ def _randomise(state: dict, seed: int) -> dict:
 def tiny_coco_state(unc: int = 2, ln: bool = True, seed: int = 0) -> dict:
     """Official COCO-trainer names, pcmepp-coco-tiny shapes, random weights."""
     model = create_model("pcmepp-coco-tiny", mean_head="fc", sigma_depth=unc, sigma_ln_init=0.01 if ln else None)
-    skip = set(ZERO_FILLS["pcmepp-coco"]) | set(KEEP_OWN["pcmepp-coco"])
+    coco = LAYOUTS["pcmepp-coco"]
+    skip = set(coco.zero_fills) | set(coco.keep_own)
     zs = {k: v for k, v in model.state_dict().items() if k not in skip}
     zs.update({"loss.shift": torch.ones(1), "loss.negative_scale": torch.ones(1)})
     return _randomise(zsprob_to_official(zs, "pcmepp-coco"), seed)
@@ -171,7 +173,7 @@ def mu_only_state(config: str, device="meta", generator=None) -> dict:
 def tiny_mu_state(config: str = "configs/others/info_nce.yaml", seed: int = 0) -> dict:
     """Official mu-only COCO-trainer names (``config``'s criterion), pcmepp-coco-tiny shapes, random weights."""
     model = create_model("pcmepp-coco-tiny", mean_head="fc", deterministic=True)
-    zs = {k: v for k, v in model.state_dict().items() if k not in KEEP_OWN["pcmepp-coco-mu"]}
+    zs = {k: v for k, v in model.state_dict().items() if k not in LAYOUTS["pcmepp-coco-mu"].keep_own}
     state = zsprob_to_official(zs, "pcmepp-coco-mu")
     state.update({k: torch.ones(spec["shape"]) for k, spec in official_layout(MU_FIXTURE)["criterion_keys"][config].items()})
     return _randomise(state, seed)
@@ -189,8 +191,6 @@ def write_trainer_ckpt(path, state: dict):
 
 # ------------------------------------------------------------------ tests
 def test_convert_picks_the_coco_backbone_from_the_patch_size():
-    from zsprob.models.convert.convert import default_model
-
     for fixture in COCO_FIXTURES:
         assert default_model("pcmepp-coco", official_state(fixture)) == model_of(fixture)
     assert default_model("pcmepp-hf", official_state("pcmepp-ViT-B-16")) == "pcmepp-ViT-B-16"
@@ -203,7 +203,7 @@ def test_every_coco_layout_fills_its_model_exactly(fixture):
     (every official key consumed, every parameter filled), on the meta device."""
     state = official_state(fixture)
     cfg = official_layout(fixture)["config"]["model"]
-    options = official_options("pcmepp-coco", state)
+    options = LAYOUTS["pcmepp-coco"].options_for(state)
     assert options["mean_head"] == "fc" and options["pooling"] == "gpo"
     assert options["sigma_depth"] == cfg["n_unc_layers"]
     assert (options["sigma_ln_init"] is None) == (cfg["sigma_ln_init"] is None)
@@ -212,7 +212,8 @@ def test_every_coco_layout_fills_its_model_exactly(fixture):
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-coco").items()
                  if not k.startswith("loss.")}
-    assert set(expected) - set(converted) == set(ZERO_FILLS["pcmepp-coco"]) | set(KEEP_OWN["pcmepp-coco"])
+    coco = LAYOUTS["pcmepp-coco"]
+    assert set(expected) - set(converted) == set(coco.zero_fills) | set(coco.keep_own)
     assert set(converted) <= set(expected) and all(converted[k] == expected[k] for k in converted)
     assert set(load_official(model, state, "pcmepp-coco", fixture)) == {"shift", "negative_scale"}
 
@@ -281,7 +282,8 @@ def test_l14_official_file_computes_the_official_mu_and_logvar_on_two_blocks(tmp
     write_trainer_ckpt(tmp_path / "full.ckpt", state)
     model = create_model("pcmepp-coco-ViT-L-14", pretrained=tmp_path / "full.ckpt")
     own = model.state_dict()
-    back = zsprob_to_official({k: v for k, v in own.items() if k not in ZERO_FILLS["pcmepp-coco"] + KEEP_OWN["pcmepp-coco"]}
+    fills = LAYOUTS["pcmepp-coco"].zero_fills + LAYOUTS["pcmepp-coco"].keep_own
+    back = zsprob_to_official({k: v for k, v in own.items() if k not in fills}
                               | {f"loss.{k}": v for k, v in model.official_loss.items()}, "pcmepp-coco")
     assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
     del model, own, back
@@ -389,11 +391,9 @@ def test_mu_only_layout_fills_a_deterministic_model_exactly(config):
     """configs/others/*.yaml (is_probabilistic_model: false) on ViT-B/32: detected as pcmepp-coco-mu and
     loaded strictly, on the meta device, into a model without log sigma^2 heads; every official key
     consumed (the criterion's tau / shift / negative_scale, or none for the triplet loss, as loss tensors)."""
-    from zsprob.models.convert.convert import default_model
-
     state = mu_only_state(config)
     assert detect_layout(state) == "pcmepp-coco-mu" and default_model("pcmepp-coco-mu", state) == "pcmepp-coco-ViT-B-32"
-    options = official_options("pcmepp-coco-mu", state)
+    options = LAYOUTS["pcmepp-coco-mu"].options_for(state)
     assert options["deterministic"] is True and options["mean_head"] == "fc" and options["pooling"] == "gpo"
     with torch.device("meta"):
         model = create_model("pcmepp-coco-ViT-B-32", **options)
@@ -401,7 +401,7 @@ def test_mu_only_layout_fills_a_deterministic_model_exactly(config):
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     converted = {k: tuple(v.shape) for k, v in official_to_zsprob(state, "pcmepp-coco-mu").items()
                  if not k.startswith("loss.")}
-    assert set(expected) - set(converted) == set(KEEP_OWN["pcmepp-coco-mu"])
+    assert set(expected) - set(converted) == set(LAYOUTS["pcmepp-coco-mu"].keep_own)
     assert set(converted) <= set(expected) and all(converted[k] == expected[k] for k in converted)
     loss = load_official(model, state, "pcmepp-coco-mu", MU_FIXTURE)
     assert sorted(loss) == sorted(k[len("criterion."):] for k in state if k.startswith("criterion."))
@@ -476,10 +476,9 @@ SWA_FIXTURE = "pcmepp-coco-ViT-B-32-unc1-lnnone-swa"  # configs/pcmepp.yaml as s
 
 def with_swa(state: dict, kind: str = "pcmepp-coco", n_averaged: int = 3, seed: int = 7) -> dict:
     """``state`` (official raw names) with the engine's SWA copies of its modules: other random values, the count."""
-    from zsprob.models.convert.pcmepp import SWA_COPIES
 
     out = dict(state)
-    for module, copy in SWA_COPIES[kind].items():
+    for module, copy in LAYOUTS[kind].swa_copies.items():
         own = {k[len(module) + 1:]: v for k, v in state.items() if k.startswith(module + ".")}
         out.update({f"{copy}.module.{rest}": v for rest, v in _randomise(own, seed).items()})
         out[f"{copy}.n_averaged"] = torch.tensor(n_averaged)
@@ -500,22 +499,21 @@ def test_swa_fixture_is_the_official_modules_wrapped_and_loads_strictly_either_w
     """The exact SWA layout of configs/pcmepp.yaml (ViT-B/32, from the official classes wrapped in AveragedModel as
     pcmepp/engine.py wraps them): every copy mirrors its raw module key for key, and both choices fill the model
     strictly, on the meta device."""
-    from zsprob.models.convert.pcmepp import SWA_COPIES
     from zsprob.models.convert.swa import WEIGHTS, select_weights
 
     layout = official_layout(SWA_FIXTURE)
     raw = official_layout(layout["raw_keys"])["keys"]
     added = layout["keys"]
     assert layout["config"]["train"]["swa_start_epoch"] == 16
-    for module, copy in SWA_COPIES["pcmepp-coco"].items():
+    for module, copy in LAYOUTS["pcmepp-coco"].swa_copies.items():
         assert added[f"{copy}.n_averaged"] == {"shape": [], "dtype": "int64"}
         mirrored = {k[len(copy) + len(".module."):]: v for k, v in added.items() if k.startswith(copy + ".module.")}
         assert mirrored == {k[len(module) + 1:]: v for k, v in raw.items() if k.startswith(module + ".")}, module
-    assert {k.split(".")[0] for k in added} == set(SWA_COPIES["pcmepp-coco"].values())
+    assert {k.split(".")[0] for k in added} == set(LAYOUTS["pcmepp-coco"].swa_copies.values())
     state = official_state(SWA_FIXTURE)
     assert detect_layout(state) == "pcmepp-coco" and len(state) == len(raw) + len(added)
     state.update({k: torch.tensor(9) for k in added if k.endswith(".n_averaged")})
-    options = official_options("pcmepp-coco", state)
+    options = LAYOUTS["pcmepp-coco"].options_for(state)
     for weights in WEIGHTS:
         chosen, name = select_weights(state, "pcmepp-coco", weights, SWA_FIXTURE)
         assert name == weights and set(chosen) == set(raw)

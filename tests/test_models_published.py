@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers_convert import zsprob_to_official
 from test_models_hf_tokenizer import make_tokenizer_dir
 from zsprob.errors import UserError
 from zsprob.models import create_model, load, save
-from zsprob.models.convert import zsprob_to_official
 
 
 # ------------------------------------------------------------------ float64 reference (official names)

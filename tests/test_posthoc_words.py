@@ -1,11 +1,19 @@
-"""The "which words, not how many" pairs (zsprob.posthoc.words) against SynthWorld's scenes themselves."""
+"""The "which words, not how many" pairs (experiments/word_choice.py) against SynthWorld's scenes themselves."""
 from __future__ import annotations
+
+import importlib.util
 
 import numpy as np
 
 from zsprob.data.synthworld.captions import caption_matches
 from zsprob.data.synthworld.world import SynthWorld
-from zsprob.posthoc.words import word_choice_pairs
+
+from conftest import ROOT
+
+_SPEC = importlib.util.spec_from_file_location("word_choice", ROOT / "experiments" / "word_choice.py")
+word_choice = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(word_choice)
+word_choice_pairs = word_choice.word_choice_pairs
 
 
 def test_pairs_have_equal_length_and_the_vaguer_caption_is_true_of_more_scenes():

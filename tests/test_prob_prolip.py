@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from conftest import TINY_TOWERS, run_cli
 from zsprob import UserError
-from zsprob.data.masking import (TextMaskSpec, cells_to_mask, delete_tokens, mask_image_cells, mask_tokens,
+from zsprob.data.masking import (cells_to_mask, delete_tokens, mask_image_cells, mask_tokens,
                                  text_mask_spec)
 from prob_reference import inclusion_logit_per_dim
 from zsprob.prob import ProLIPLoss, create_loss, needs_sigma
@@ -376,10 +376,12 @@ def test_mask_image_cells_counts(size, cell, drop):
 
 
 def test_masking_bad_arguments():
+    """The masks' share and cell size are checked where they enter, with the loss's options (the masking
+    functions trust them)."""
     with pytest.raises(UserError):
-        mask_tokens(torch.zeros(2, 4, dtype=torch.long), 1.5, TextMaskSpec(1, (0,)))
+        create_loss("prolip", drop_prob=1.5)
     with pytest.raises(UserError):
-        mask_image_cells(torch.zeros(1, 3, 8, 8), 0.5, 0)
+        create_loss("prolip", mask_patch_size=0)
 
 
 # ----------------------------------------------------------------------------- training wiring

@@ -16,6 +16,7 @@ from zsprob.prob import method_registry as MR
 from zsprob.zeroshot import selection as S
 from zsprob.zeroshot import strategy_registry as SR
 from zsprob.zeroshot.classify import compare_on_features
+from zsprob.zeroshot.selection_base import NeedsSigma
 
 
 @pytest.fixture
@@ -28,6 +29,10 @@ def strategy_sandbox(monkeypatch):
 def method_sandbox(monkeypatch):
     monkeypatch.setattr(MR, "_REGISTRY", dict(MR._REGISTRY))
     monkeypatch.setattr(MR, "_ALIASES", dict(MR._ALIASES))
+
+
+def _sigma_strategies() -> tuple[str, ...]:
+    return tuple(name for name in SR.strategy_names() if SR.get_strategy(name).sigma)
 
 
 def _one_line(excinfo) -> str:
@@ -63,9 +68,9 @@ def test_the_sigma_and_eval_label_facts_are_what_the_strategies_do():
         try:
             S.run_strategy(name, bank, select=(sel_f.feats, sel_f.labels), pool=ev.feats, eval_=(ev.feats, ev.labels),
                            **full)
-        except S.NeedsSigma:
+        except NeedsSigma:
             refused.append(name)
-    assert tuple(refused) == SR.sigma_strategies()
+    assert tuple(refused) == _sigma_strategies()
     bank, sel_f, ev = make_world()
     for name in SR.strategy_names():
         sel = S.run_strategy(name, bank, select=(sel_f.feats, sel_f.labels), pool=ev.feats,
@@ -107,7 +112,7 @@ def test_an_unknown_strategy_is_one_line_with_the_choices_everywhere():
     expected = f"unknown strategy 'nope'; choose from {', '.join(SR.strategy_names())}"
     for call in (lambda: SR.get_strategy("nope"), lambda: S.run_strategy("nope", bank),
                  lambda: strategy_from_topk(None, "nope"),
-                 lambda: run_selection(None, "synthetic", strategy="nope")):  # refused before any model work
+                 lambda: run_selection(None, dataset="synthetic", strategy="nope")):  # refused before any model work
         with pytest.raises(UserError) as e:
             call()
         assert _one_line(e) == expected
@@ -117,7 +122,7 @@ def test_a_registered_strategy_reaches_dispatch_and_compare_and_sees_only_its_da
     seen = {}
 
     def run(bank, given):
-        seen.update(select=given.select, pool=given.pool, eval_=given.eval_, beta=given.beta)
+        seen.update(select=given.select, pool=given.pool, eval_=given.eval_, beta=given.request.beta)
         sel = S.select_fusion(bank, 2.0, strategy="mine", label="mine")
         sel.info["data_used"] = given.select_data
         return sel
@@ -126,7 +131,7 @@ def test_a_registered_strategy_reaches_dispatch_and_compare_and_sees_only_its_da
     assert SR.strategy_names()[-1] == "mine"
     order = SR.compare_order()
     assert order[order.index("auto") + 1] == "mine" and order.index("mine") < order.index("threshold")
-    assert "mine" in SR.sigma_strategies() and not SR.get_strategy("mine").reads_eval_labels
+    assert "mine" in _sigma_strategies() and not SR.get_strategy("mine").reads_eval_labels
 
     bank, sel_f, ev = make_world()
     sel = S.run_strategy("mine", bank, select=(sel_f.feats, sel_f.labels), pool=ev.feats,
@@ -148,17 +153,17 @@ def test_registering_a_strategy_wrongly_is_a_programming_error(strategy_sandbox)
         SR.register_strategy("x", needs=("labels",))
     with pytest.raises(ValueError, match="needs K"):
         SR.register_strategy("y", needs_k=True, compare=5)
+    with pytest.raises(ValueError, match="no function"):
+        SR.register_strategy("z", sigma=True)
 
 
-def test_the_old_strategy_constants_are_views_of_the_registry(strategy_sandbox):
+def test_the_strategy_names_everyone_reads_are_a_view_of_the_registry(strategy_sandbox):
     import zsprob.methods
-    import zsprob.zeroshot
 
     SR.register_strategy("late", run=lambda bank, given: S.select_all(bank))
-    assert zsprob.methods.STRATEGIES == zsprob.zeroshot.STRATEGIES == SR.STRATEGIES == SR.strategy_names()
-    assert SR.SIGMA_STRATEGIES == ("topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe", "bprw",
+    assert zsprob.methods.STRATEGIES == SR.strategy_names() and SR.strategy_names()[-1] == "late"
+    assert _sigma_strategies() == ("topk", "global", "auto", "threshold", "fusion", "fusion-select", "poe", "bprw",
                                    "bprw-fewshot", "oracle", "oracle-global")
-    assert SR.COMPARE_ORDER == SR.compare_order()
 
 
 # ----------------------------------------------------------------------------- the command line

@@ -248,7 +248,7 @@ def _evaluation(split, *, shuffle_sigma: bool = False, deterministic: bool = Fal
                      image_mu=image_mu, caption_mu=caption_mu, caption_image=cap_img,
                      image_logvar=None if deterministic else image_lv, caption_logvar=None if deterministic else caption_lv)
     task = synthetic_task(split)
-    res = evaluate_embeddings(emb, task, score="cosine" if deterministic else "csd", method="matrix")
+    res = evaluate_embeddings(emb, task, score="cosine" if deterministic else "csd")
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "uncertainty": None,
            "uncertainty_validity": None, "files": {}}
     if deterministic:

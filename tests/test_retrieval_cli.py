@@ -78,28 +78,13 @@ def test_eval_embeddings_end_to_end(tmp_path):
         assert got["metrics"]["coco"]["i2t"][k] == pytest.approx(100 * i2t[k])
         assert got["metrics"]["coco"]["t2i"][k] == pytest.approx(100 * t2i[k])
     assert got["metrics"]["setup"]["score"] == "csd"
-    assert got["metrics"]["setup"]["method"].startswith("screen")
+    assert got["metrics"]["setup"]["method"].startswith("matrix")
     assert "| coco | i2t | r@1 |" in r.stdout and "RSUM" in r.stdout
     assert (tmp_path / "res" / "uncertainty_deciles.png").stat().st_size > 1000
     assert "Spearman" in (tmp_path / "res" / "uncertainty_deciles.md").read_text()
     page = (tmp_path / "res" / "uncertain_queries.md").read_text()
     assert "most uncertain" in page and "image 5" in page
     assert len(got["uncertainty"]["image queries"]["bins"]) == 10
-
-
-def test_eval_method_matrix_gives_the_screened_numbers(tmp_path, cli):
-    make_npz(tmp_path / "e.npz", n_img=40)
-    outs = {}
-    for method in ("screen", "matrix"):
-        out = tmp_path / f"{method}.json"
-        r = cli("eval", "embeddings", tmp_path / "e.npz", "--method", method, "--no-analysis", "--out", out)
-        assert r.returncode == 0, r.stderr
-        outs[method] = json.loads(out.read_text())["metrics"]
-    assert outs["screen"]["setup"]["method"].startswith("screen")
-    assert outs["matrix"]["setup"]["method"].startswith("matrix")
-    for d in ("i2t", "t2i"):
-        assert outs["screen"]["coco"][d] == pytest.approx(outs["matrix"]["coco"][d], abs=1e-9)
-    one_line_error(cli("eval", "embeddings", tmp_path / "e.npz", "--method", "screen", "--score", "w2"), "linear score")
 
 
 def test_eval_coco_with_embeddings_and_mean_score_without_sigma(tmp_path, cli):

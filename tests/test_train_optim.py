@@ -376,11 +376,13 @@ def test_vitb16_official_vs_zsprob_rates(b16_step):
     assert official[id(params[sigma_image])]["backbone"] and not zsprob[id(params[sigma_image])]["backbone"]
 
 
-def test_grouping_and_layer_decay_validated(step_module):
+def test_grouping_and_layer_decay_validated():
+    """Checked with the config, where they enter (zsprob.train.defaults.KEYS); param_groups trusts them."""
+    from zsprob.train.defaults import resolve_config
     with pytest.raises(UserError, match="optim.grouping"):
-        O.param_groups(step_module, lr=1e-3, weight_decay=0.1, grouping="paper")
+        resolve_config({"optim": {"grouping": "paper"}})
     with pytest.raises(UserError, match="layer_decay"):
-        O.param_groups(step_module, lr=1e-3, weight_decay=0.1, layer_decay=1.5, grouping="official")
+        resolve_config({"optim": {"layer_decay": 1.5, "grouping": "official"}})
 
 
 def test_official_groups_freeze_the_sigma_blocks(step_module):

@@ -15,6 +15,7 @@ from test_zeroshot_selection import make_world
 from zsprob.errors import UserError
 from zsprob.zeroshot import selection as S
 from zsprob.zeroshot import strategy_registry as SR
+from zsprob.zeroshot.baselines import select_bprw_fewshot
 from zsprob.zeroshot.prompts import PromptBank
 
 EXPECTED = {  # name: (reads eval labels, transductive, label split)
@@ -51,7 +52,7 @@ def test_eval_shots_are_refused_unless_allowed():
     on_eval = S.run_strategy("bprw-fewshot", bank, shots_split="eval", allow_eval_shots=True, **given)
     assert on_eval.uses_eval_labels and "EVAL SHOTS" in on_eval.label
     # the shots are the evaluation images of each class: the same as calling the function on them directly
-    direct = S.select_bprw_fewshot(bank, ev.feats, ev.labels, from_eval=True)
+    direct = select_bprw_fewshot(bank, ev.feats, ev.labels, from_eval=True)
     assert torch.equal(on_eval.weights, direct.weights)
     assert on_eval.info["shots_per_class"] == [int((ev.labels == c).sum()) for c in range(bank.num_classes)]
     assert not torch.equal(on_eval.weights, on_select.weights)
@@ -74,11 +75,11 @@ def test_fewshot_bprw_upweights_the_prompt_that_explains_the_class_shots():
     xb = bank.mu_normed[1, 0] + 0.05 * torch.randn(12, D2, generator=g)
     x = torch.cat([xa, xb])
     y = torch.tensor([0] * 12 + [1] * 12)
-    sel = S.select_bprw_fewshot(bank, (x, torch.full_like(x, math.log(1e-3))), y, alpha=1.0)
+    sel = select_bprw_fewshot(bank, (x, torch.full_like(x, math.log(1e-3))), y, alpha=1.0)
     assert sel.weights[0].argmax().item() == 2 and sel.weights[1].argmax().item() == 0
     assert sel.weights[0, 2] > 0.5 and sel.weights[1, 0] > 0.5
     with pytest.raises(UserError, match="no image of class 'b'"):
-        S.select_bprw_fewshot(bank, xa, torch.zeros(12, dtype=torch.long))
+        select_bprw_fewshot(bank, xa, torch.zeros(12, dtype=torch.long))
 
 
 def test_compare_rows_and_table_carry_the_audit():

@@ -10,7 +10,7 @@ import torch
 
 from zsprob.zeroshot import selection as S
 from zsprob.zeroshot import strategy_registry as SR
-from zsprob.zeroshot.carprt import carprt_scores
+from zsprob.zeroshot.carprt import carprt_scores, select_carprt, select_carprt_shared
 from zsprob.zeroshot.prompts import PromptBank
 
 
@@ -28,14 +28,14 @@ def test_carprt_by_hand():
     assert score.tolist() == [[1.0, 1.0], [1.0, pytest.approx(0.8)]]
     assert counts.tolist() == [[1.0, 1.0], [1.0, 1.0]]
     assert shared.tolist() == [1.0, pytest.approx(0.9)]
-    sel = S.select_carprt(bank, x, logit_scale=1.0)
+    sel = select_carprt(bank, x, logit_scale=1.0)
     wb = 1.0 / (1.0 + math.exp(-0.2))                           # softmax(1, 0.8)[0]
     assert sel.weights[0].tolist() == pytest.approx([0.5, 0.5])
     assert sel.weights[1].tolist() == pytest.approx([wb, 1 - wb], abs=1e-6)
     # class vector = sum_t w_ct mu_ct (not renormalised)
     assert sel.class_mu[1].tolist() == pytest.approx([0.6 * (1 - wb), wb + 0.8 * (1 - wb)], abs=1e-6)
     assert not sel.normalized and sel.class_logvar is None      # works for a deterministic model
-    shared_sel = S.select_carprt_shared(bank, x, logit_scale=1.0)
+    shared_sel = select_carprt_shared(bank, x, logit_scale=1.0)
     ws = 1.0 / (1.0 + math.exp(-0.1))                           # softmax(1, 0.9)[0]
     assert shared_sel.weights.tolist() == [pytest.approx([ws, 1 - ws], abs=1e-6)] * 2
 
@@ -68,10 +68,10 @@ def test_carprt_equals_a_float64_reference_of_the_authors_loop(seed, temp):
     text = bank.mu_normed.double().numpy().transpose(1, 0, 2) * 100.0
     images = x / np.linalg.norm(x, axis=1, keepdims=True)
     w_ref, ws_ref, vec_ref = _numpy_carprt(text, images, 100.0, temp)
-    sel = S.select_carprt(bank, torch.tensor(x, dtype=torch.float32), temperature=temp)
+    sel = select_carprt(bank, torch.tensor(x, dtype=torch.float32), temperature=temp)
     np.testing.assert_allclose(sel.weights.double().numpy(), w_ref, atol=2e-6)
     np.testing.assert_allclose(sel.class_mu.double().numpy(), vec_ref, atol=2e-6)
-    shared = S.select_carprt_shared(bank, torch.tensor(x, dtype=torch.float32), temperature=temp)
+    shared = select_carprt_shared(bank, torch.tensor(x, dtype=torch.float32), temperature=temp)
     np.testing.assert_allclose(shared.weights.double().numpy(), np.tile(ws_ref, (C, 1)), atol=2e-6)
     # the shared score is the count-weighted mean of the class scores
     score, counts, shared_scores = carprt_scores(bank, torch.tensor(x, dtype=torch.float32))

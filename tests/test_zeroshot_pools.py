@@ -16,6 +16,7 @@ from zsprob.zeroshot import selection as S
 from zsprob.zeroshot import strategy_registry as SR
 from zsprob.zeroshot.pools import load_class_prompts, match_pools, pool_bank_from_embeddings
 from zsprob.zeroshot.prompts import PromptBank
+from zsprob.zeroshot.selection_base import Selection
 
 
 def _template_bank_and_full_pools():
@@ -97,7 +98,7 @@ def test_every_strategy_runs_on_uneven_pools_and_never_weights_an_absent_prompt(
         assert sorted(top2.weights[c].nonzero().flatten().tolist()) == sorted(order)
     doc = top2.to_dict()
     assert doc["classes"][1]["kept"][0]["prompt"].endswith("for dog") and doc["class_prompts"][0] == ["prompt 0 for cat"]
-    back = S.Selection.from_dict(json.loads(json.dumps(doc)))
+    back = Selection.from_dict(json.loads(json.dumps(doc)))
     assert back.class_prompts == bank.pools and torch.allclose(back.class_mu, top2.class_mu)
 
 

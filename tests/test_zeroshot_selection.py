@@ -10,8 +10,12 @@ import torch.nn.functional as F
 
 from zsprob.errors import UserError
 from zsprob.zeroshot import selection as S
-from zsprob.zeroshot.classify import ImageFeatures, class_scores, compare_on_features, evaluate_scores
+from zsprob.zeroshot.baselines import select_bprw, select_zpe
+from zsprob.zeroshot.classify import compare_on_features
+from zsprob.zeroshot.features import ImageFeatures
+from zsprob.zeroshot.metrics import class_scores, evaluate_scores
 from zsprob.zeroshot.prompts import PromptBank, build_prompt_bank, load_templates, validate_templates
+from zsprob.zeroshot.selection_base import NeedsSigma, topk_mask
 
 C, T, D = 8, 24, 16
 
@@ -46,15 +50,15 @@ def make_world(seed=0, good_frac=0.5, n_select=4, n_eval=40, det=False):
 
 def test_topk_keeps_exactly_the_k_lowest_with_ties_in_template_order():
     unc = torch.tensor([[3.0, 1.0, 2.0, 1.0, 5.0], [0.5, 0.5, 0.5, 0.1, 9.0]])
-    m = S.topk_mask(unc, 2)
+    m = topk_mask(unc, 2)
     assert m.sum(1).tolist() == [2, 2]
     assert m[0].nonzero().flatten().tolist() == [1, 3]          # the two 1.0s
     assert m[1].nonzero().flatten().tolist() == [0, 3]          # 0.1, then the FIRST of three 0.5s
-    m3 = S.topk_mask(unc, torch.tensor([1, 3]))
+    m3 = topk_mask(unc, torch.tensor([1, 3]))
     assert m3[0].nonzero().flatten().tolist() == [1]            # tie 1.0 vs 1.0 -> earlier template
     assert m3[1].nonzero().flatten().tolist() == [0, 1, 3]
     with pytest.raises(UserError):
-        S.topk_mask(unc, 6)
+        topk_mask(unc, 6)
 
 
 def test_topk_selection_on_bank_matches_sorted_uncertainty():
@@ -91,11 +95,11 @@ def test_single_uses_a_photo_of_template():
 def test_sigma_strategies_refuse_deterministic_banks_but_all_zpe_work():
     bank, sel_f, ev = make_world(det=True)
     for name in ("topk", "auto", "threshold", "fusion", "poe", "bprw", "oracle"):
-        with pytest.raises(S.NeedsSigma):
+        with pytest.raises(NeedsSigma):
             S.run_strategy(name, bank, k=3, select=(sel_f.feats, sel_f.labels), pool=ev.feats,
                            eval_=(ev.feats, ev.labels))
     assert S.select_all(bank).class_logvar is None
-    z = S.select_zpe(bank, ev.mu)
+    z = select_zpe(bank, ev.mu)
     assert torch.allclose(z.weights[0], z.weights[-1])          # one weight per template, shared
     res = compare_on_features(bank, ev, sel_f)
     skipped = {r["name"] for r in res["rows"] if r.get("skipped")}
@@ -197,7 +201,7 @@ def test_bprw_upweights_the_prompt_that_explains_the_images():
     target = bank.mu_normed[0, 1]
     g = torch.Generator().manual_seed(0)
     imgs = target + 0.05 * torch.randn(30, D2, generator=g)
-    sel = S.select_bprw(bank, (imgs, torch.full((30, D2), math.log(1e-3))), alpha=1.0, n_neighbors=30)
+    sel = select_bprw(bank, (imgs, torch.full((30, D2), math.log(1e-3))), alpha=1.0, n_neighbors=30)
     w = sel.weights[0]
     assert abs(w.sum().item() - 1) < 1e-5 and w.argmax().item() == 1 and w[1] > 0.5
     assert not sel.normalized                                   # ProLIP keeps sum_t pi_t mu_t
@@ -206,7 +210,7 @@ def test_bprw_upweights_the_prompt_that_explains_the_images():
 
 def test_zpe_scores_follow_the_authors_definition():
     bank, _, ev = make_world(seed=5)
-    z = S.select_zpe(bank, ev.mu, logit_scale=100.0)
+    z = select_zpe(bank, ev.mu, logit_scale=100.0)
     x = F.normalize(ev.mu, dim=-1)
     mun = bank.mu_normed
     ref = []
@@ -283,7 +287,7 @@ def test_prompt_bank_cache_and_template_validation(tmp_path):
 
 
 def test_class_separation_flags_collapsed_class_embeddings():
-    from zsprob.zeroshot.classify import class_separation, separation_warning
+    from zsprob.zeroshot.metrics import class_separation, separation_warning
 
     names = ["a", "b", "c", "d"]
     ortho = class_separation(torch.eye(4, 8) * 3.0, names)           # norms do not matter

@@ -1,22 +1,23 @@
-"""zsprob: probabilistic image-text embeddings.
+"""zsprob: probabilistic image-text embeddings (PCME++, ProLIP, PCME and kin), trained and evaluated.
 
-Every input maps to a diagonal Gaussian N(mu, sigma^2), stored as a pair of tensors
-``(mu, logvar)`` of shape [N, D] with ``logvar = log sigma^2``. The package follows the
-data flow of DESIGN.md::
+Every input maps to a diagonal Gaussian N(mu, sigma^2), stored as tensors ``(mu, logvar)`` of shape
+[N, D] with ``logvar = log sigma^2``. The sub-packages, in the order the data flows:
 
-    zsprob.prob       tensor math on Gaussians: distances, losses, MSDA
-    zsprob.models     open_clip towers with mu / log sigma^2 heads, checkpoints
-    zsprob.data       SynthWorld, WebDataset shards (RedCaps), COCO, ImageNet / folders
-    zsprob.train      one accelerate training loop for pretraining and fine-tuning
-    zsprob.zeroshot   prompt banks, uncertainty-based prompt selection, classification
-    zsprob.retrieval  retrieval metrics (COCO, CxC, ECCV Caption, PMRP), exact CSD search
-    zsprob.report     plots and the demo report
+    zsprob.data          SynthWorld, WebDataset shards, COCO / Flickr30K, ImageNet and folders
+    zsprob.models        open_clip towers with mu / log sigma^2 heads; checkpoints, published weights
+    zsprob.prob          tensor math on Gaussians: distances, losses, MSDA
+    zsprob.train         one accelerate training loop for pretraining and fine-tuning
+    zsprob.zeroshot      prompt banks, uncertainty-based prompt selection, classification
+    zsprob.retrieval     retrieval metrics (COCO, CxC, ECCV Caption, PMRP), exact search, indexes
+    zsprob.posthoc       log-variance heads for a frozen model (``zsprob posthoc``)
+    zsprob.report        the demo's resumable pipeline, report and plots
+    zsprob.integrations  zsprob models inside other tools (CLIP_benchmark)
+    zsprob.cli           the ``zsprob`` command line
+    zsprob.utils         atomic writes, JSON, devices, URLs, resource paths
 
-Sub-packages are imported lazily so that ``import zsprob`` stays cheap. This module owns the
-version and :class:`UserError`, and imports ``zsprob.errors`` only. Beside the packages,
-``zsprob.methods`` reads the names of the training methods and prompt strategies from their
-registries (``zsprob.prob.method_registry``, ``zsprob.zeroshot.strategy_registry``),
-``zsprob.config`` the YAML configs and ``zsprob.errors`` the user-error type.
+Beside them: ``zsprob.config`` (training configs), ``zsprob.methods`` (the names of the training
+methods and prompt strategies) and ``zsprob.errors`` (:class:`UserError`). README.md is the manual
+and docs/ holds the method pages; sub-packages are imported on use, so ``import zsprob`` is cheap.
 """
 from zsprob.errors import UserError
 

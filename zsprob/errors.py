@@ -1,11 +1,7 @@
-"""The one exception type for errors a user can cause.
+"""The one exception type for errors a user can cause, and the helpers that word them alike.
 
-Missing paths, corrupted checkpoints, unknown model names, malformed configs, class-list
-mismatches: raise :class:`UserError` with a message that says what is wrong and what to do.
-The command line prints it as a single line on stderr and exits with status 2 (a traceback
-only with ``zsprob --debug``). Library users catch it like any exception.
-:func:`check_range` words an out-of-range real-valued option (a loss weight, a scale, a
-probability) the same way wherever it is checked (here, so that :mod:`zsprob.prob` may use it).
+Raise :class:`UserError` with a message that says what is wrong and what to do; the command line
+prints it as one line on stderr and exits 2 (a traceback only with ``zsprob --debug``).
 """
 import math
 from typing import Any
@@ -21,11 +17,8 @@ def not_found(what: str, path, hint: str = "") -> UserError:
 
 
 def require_file(path, what: str, hint: str = "") -> "object":
-    """Return ``Path(path)`` if it is an existing file, else raise :class:`UserError`.
-
-    ``what`` names the file for the message ("COCO Karpathy split JSON"), ``hint`` says
-    where it comes from or how to make it.
-    """
+    """Return ``Path(path)`` if it is an existing file, else raise :class:`UserError`; ``what`` names the file
+    ("COCO Karpathy split JSON"), ``hint`` says where it comes from or how to make it."""
     from pathlib import Path
 
     p = Path(path)
@@ -59,11 +52,8 @@ def check_range(value: Any, what: str, low: float, high: float = math.inf, low_o
 
 
 class Preempted(Exception):
-    """A training run stopped early on a pre-emption signal after writing a resumable checkpoint.
-
-    ``exit_code`` is what the command line exits with (``--requeue-exit-code``), ``step`` the step
-    of the checkpoint written.
-    """
+    """A run stopped early on a pre-emption signal after writing a resumable checkpoint: the command line
+    exits with ``exit_code`` (``--requeue-exit-code``); ``step`` is the checkpoint's step."""
 
     def __init__(self, message: str, exit_code: int, step: int, interrupted: bool = False):
         super().__init__(message)

@@ -1,20 +1,13 @@
-"""The ``zsprob`` command line.
+"""The ``zsprob`` command line: a click group whose sub-commands live one per module here, imported on use.
 
-Owns the command line: one thin module per command, the shared click options of training
-(``train_options``) and of evaluation (``options``: model, prompts, --device / --workers /
---precision) and the error policy. May import every zsprob package (it is the top layer);
-nothing imports it except ``zsprob.__main__``.
+Each command is a thin function that parses options and calls the library; shared options live in
+``options`` (evaluation) and ``train_options`` (training). ``zsprob --help`` imports no torch.
 
-A click group whose sub-commands live one per module in this package (``zsprob/cli/<name>.py``,
-each a thin function that parses options and calls the library) and are imported only when
-used, so ``zsprob --help`` does not pay for importing torch.
-
-Error policy: a :class:`zsprob.UserError` or a click usage error prints one line on stderr
-(``zsprob: error: ...``) and exits with status 2. ``zsprob --debug CMD`` (or ``ZSPROB_DEBUG=1``)
-re-raises with the full traceback instead. A training run stopped by SIGTERM / SIGUSR1
-(:class:`zsprob.errors.Preempted`, its checkpoint written) prints one line and exits with the
-requeue code (``--requeue-exit-code``, 143 by default). A warning zsprob's own code raises prints
-as one line, ``zsprob: warning: ...`` (``--debug``: Python's usual form, with its file and line).
+Error policy: a :class:`zsprob.UserError`, a click usage error or what the machine refuses (memory, a
+file it will not write) prints one line ``zsprob: error: ...`` on stderr and exits 2; ``zsprob --debug
+CMD`` (or ``ZSPROB_DEBUG=1``) re-raises with the traceback. A run stopped by SIGTERM / SIGUSR1
+(:class:`zsprob.errors.Preempted`) prints one line and exits with its requeue code. zsprob's own
+warnings and log records print as ``zsprob: warning: ...``, one line each.
 """
 from __future__ import annotations
 
@@ -40,20 +33,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "eval": ("zsprob.cli.eval", "eval_", "Retrieval evaluation (COCO 1K/5K, CxC, ECCV, PMRP, SynthWorld)."),
     "index": ("zsprob.cli.index", "index", "Build and search exact / approximate CSD indexes (FAISS)."),
     "convert": ("zsprob.cli.convert", "convert", "Convert a published ProLIP / PCME++ checkpoint to zsprob's format."),
-    "posthoc": ("zsprob.cli.posthoc", "posthoc", "Give a frozen model trained log-variance heads, its means untouched."),
+    "posthoc": ("zsprob.cli.posthoc", "posthoc",
+                "Give a frozen model trained log-variance heads, its means untouched."),
     "demo": ("zsprob.cli.demo", "demo", "Run the whole mission on SynthWorld and write a report."),
     "export": ("zsprob.cli.export", "export", "Export a zsprob model to an open_clip / Hugging Face directory."),
     "clip-benchmark": ("zsprob.cli.clip_benchmark", "clip_benchmark", "Run CLIP_benchmark with zsprob models."),
 }
-
-
-def debug_enabled() -> bool:
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None:
-        root = ctx.find_root()
-        if root.obj and root.obj.get("debug"):
-            return True
-    return os.environ.get("ZSPROB_DEBUG", "") not in ("", "0")
 
 
 class LazyGroup(click.Group):
@@ -77,19 +62,12 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="zsprob")
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
-@click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(debug: bool) -> None:
     """zsprob: probabilistic image-text models (PCME++, ProLIP, PCME, probabilistic VSE, jWAE).
 
     Start with `zsprob demo`, which runs the whole pipeline offline on SynthWorld.
     """
-    ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug or os.environ.get("ZSPROB_DEBUG", "") not in ("", "0")
-
-
-def not_available(what: str, issue: str) -> None:
-    """Exit 2 for a capability that is not in this version yet."""
-    raise UserError(f"{what} is not available in zsprob {__version__} yet ({issue})")
+    # --debug is read by main() from the arguments, before click parses them (_debug_asked)
 
 
 def _one_line(msg: str) -> str:

@@ -11,6 +11,7 @@ import click
 
 from zsprob.cli.options import CHECKPOINT_FILES, OFFICIAL_WEIGHTS, WEIGHTS_HELP
 from zsprob.cli.types import OUT_DIR, TOKENIZER, InPath
+from zsprob.models.catalogue import LAYOUTS
 
 
 def _refuse_out(source, out, tokenizer, overwrite: bool) -> None:
@@ -35,12 +36,12 @@ def _refuse_out(source, out, tokenizer, overwrite: bool) -> None:
 
 @click.command("convert")
 @click.argument("source", type=InPath("official checkpoint", "any"))
-@click.option("--out", required=True, type=OUT_DIR, help="zsprob checkpoint directory to write (empty, or --overwrite).")
+@click.option("--out", required=True, type=OUT_DIR,
+              help="zsprob checkpoint directory to write (empty, or --overwrite).")
 @click.option("--model", "model_name", default=None,
-              help="zsprob model name (default: from the layout: prolip-ViT-B-16, pcmepp-ViT-B-16, or for a COCO "
-                   "trainer file, probabilistic or mu-only, pcmepp-coco-ViT-B-32 / -ViT-B-16 / -ViT-L-14 by its "
-                   "patch size).")
-@click.option("--layout", "layout_name", type=click.Choice(["prolip", "pcmepp-hf", "pcmepp-coco", "pcmepp-coco-mu"]), default=None,
+              help="zsprob model name (default: the layout's published model; of a COCO trainer file, the one "
+                   "with its patch size).")
+@click.option("--layout", "layout_name", type=click.Choice(list(LAYOUTS)), default=None,
               help="Official layout (default: detected from the key names).")
 @click.option("--tokenizer", type=TOKENIZER, default=None,
               help="Local Hugging Face tokenizer directory (default: tokenizer/ next to SOURCE).")

@@ -7,12 +7,14 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, SHARE
+from zsprob.data.synthworld.world import DEFAULTS, MAX_SIZE, MIN_SIZE, PRESETS
 
-from zsprob.errors import UserError
 
-_PRESETS_HELP = ("default: 20000 pretraining images (20 shards), 10 + 50 images per class for "
-                 "classify select / eval, 1000 + 500 retrieval test / val images; "
-                 "quick: 2000 / 4 + 10 per class / 200 + 100, 500 per shard")
+def _preset_help(name: str) -> str:
+    s = dict(DEFAULTS, **PRESETS[name])
+    return (f"{name}: {s['num_pretrain']} pretraining images, {s['shard_size']} per shard; "
+            f"{s['num_classify_select']} + {s['num_classify_eval']} images per class for classify select / eval; "
+            f"{s['num_retrieval']} + {s['num_retrieval_val']} retrieval test / val images")
 
 
 @click.group("data")
@@ -22,9 +24,10 @@ def data() -> None:
 
 @data.command("synthetic")
 @click.option("--out", required=True, type=OUT_DIR, help="Output folder.")
-@click.option("--preset", type=click.Choice(["default", "quick"]), default="default", show_default=True,
-              help=f"Size preset; explicit --num-* options override it. {_PRESETS_HELP}.")
-@click.option("--image-size", type=int, default=None, help="Canvas size in pixels, 32..224 [default: 64].")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default="default", show_default=True,
+              help=f"Size preset; explicit --num-* options override it. {'; '.join(map(_preset_help, PRESETS))}.")
+@click.option("--image-size", type=int, default=None,
+              help=f"Canvas size in pixels, {MIN_SIZE}..{MAX_SIZE} [default: {DEFAULTS['image_size']}].")
 @click.option("--num-pretrain", type=COUNT0, default=None, help="Pretraining images (WebDataset shards).")
 @click.option("--num-classify-select", type=COUNT0, default=None,
               help="Labelled images per class for prompt selection (classify/select).")
@@ -32,9 +35,11 @@ def data() -> None:
 @click.option("--num-retrieval", type=COUNT0, default=None, help="Retrieval test images (5 captions each).")
 @click.option("--num-retrieval-val", type=COUNT0, default=None, help="Retrieval val images (5 captions each).")
 @click.option("--noise", type=SHARE, default=None,
-              help="Noisy-correspondence rate of the pretraining captions, 0..1 [default: 0].")
-@click.option("--seed", type=int, default=None, help="World seed [default: 0].")
-@click.option("--shard-size", type=COUNT, default=None, help="Samples per pretraining shard [default: 1000; quick: 500].")
+              help=f"Noisy-correspondence rate of the pretraining captions, 0..1 [default: {DEFAULTS['noise']:g}].")
+@click.option("--seed", type=int, default=None, help=f"World seed [default: {DEFAULTS['seed']}].")
+@click.option("--shard-size", type=COUNT, default=None,
+              help=f"Samples per pretraining shard [default: {DEFAULTS['shard_size']}; "
+                   f"quick: {PRESETS['quick']['shard_size']}].")
 @click.option("--workers", type=COUNT, default=1, show_default=True,
               help="Processes; output bytes do not depend on it.")
 @click.option("--preview", is_flag=True, help="Also write OUT/preview.png (one row per condition, with captions).")
@@ -49,7 +54,7 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
     import time
     from pathlib import Path
 
-    from zsprob.data.synthetic import DEFAULTS, PRESETS, generate, write_preview
+    from zsprob.data.synthetic import generate, write_preview
 
     cfg = dict(DEFAULTS)
     cfg.update(PRESETS[preset])
@@ -58,11 +63,6 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
                  num_retrieval_val=num_retrieval_val, noise=noise, seed=seed, shard_size=shard_size)
     cfg.update({k: v for k, v in given.items() if v is not None})
     if preview_only:
-        from zsprob.data.synthworld.world import check_image_size as _check_size
-
-        _check_size(cfg["image_size"])
-        if Path(out).exists() and not Path(out).is_dir():
-            raise UserError(f"--out must be a directory, but {out} is a file")
         p = write_preview(Path(out) / "preview.png", seed=cfg["seed"], image_size=cfg["image_size"])
         click.echo(f"preview: {p}")
         return
@@ -73,7 +73,8 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
     click.echo(f"SynthWorld written to {out} (seed {m['seed']}, {m['image_size']} px, noise {m['noise']})")
     click.echo(f"  pretrain:  {c['pretrain']} images in {c['pretrain_shards']} shards")
     click.echo(f"  classify:  {len(m['classes'])} classes, select {c['classify_select']} "
-               f"({c['classify_select_per_class']}/class), eval {c['classify_eval']} ({c['classify_eval_per_class']}/class)")
+               f"({c['classify_select_per_class']}/class), eval {c['classify_eval']} "
+               f"({c['classify_eval_per_class']}/class)")
     click.echo(f"  retrieval: test {c['retrieval_test']} images / {c['retrieval_test_captions']} captions, "
                f"val {c['retrieval_val']} / {c['retrieval_val_captions']}")
     if preview:

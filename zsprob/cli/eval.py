@@ -17,6 +17,8 @@ from zsprob.cli.options import (eval_model_options, official_file_kwargs, refuse
 from zsprob.cli.types import EMBEDDINGS, OUT_FILE, InPath
 
 SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
+#: the held-out splits a benchmark is scored on
+SPLITS = ("test", "val")
 
 
 def _common(f):
@@ -25,9 +27,6 @@ def _common(f):
     f = click.option("--out", type=OUT_FILE, default="metrics.json", show_default=True,
                      help="metrics JSON; table.md, PNGs and pages go to the same folder.")(f)
     f = click.option("--no-analysis", is_flag=True, help="skip the uncertainty analyses.")(f)
-    f = click.option("--method", type=click.Choice(["auto", "screen", "matrix"]), default="auto", show_default=True,
-                     help="screen: exact metrics from a certified bfloat16 screen, no score matrix (csd, mean, "
-                          "cosine); matrix: float32 score matrix (any score); auto: screen where it applies.")(f)
     return f
 
 
@@ -90,14 +89,14 @@ def eval_() -> None:
 @eval_model_options
 @click.option("--root", type=InPath("COCO root directory"), default=None,
               help="COCO folder (Karpathy JSON, images, annotations).")
-@click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
+@click.option("--split", type=click.Choice(SPLITS), default="test", show_default=True)
 @click.option("--embeddings", type=EMBEDDINGS, default=None,
               help="precomputed E.npz (image_ids, caption_ids, image_mu, caption_mu[, *_logvar, caption_image]).")
 @click.option("--save-embeddings", type=OUT_FILE, default=None,
               help="also save the embeddings the model computes (.npz); not with --embeddings.")
 @_common
 def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_size, root, split, embeddings,
-         save_embeddings, score, out, no_analysis, method):
+         save_embeddings, score, out, no_analysis):
     """Evaluate on COCO (official ids: COCO 1K/5K, CxC and ECCV Caption via eccv_caption; PMRP with instance labels)."""
     from zsprob.errors import UserError
     from zsprob.retrieval.coco import evaluate_coco
@@ -128,7 +127,7 @@ def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_s
     res = evaluate_coco(model, root, split, score, outp.parent, embeddings=embeddings, batch_size=batch_size,
                         device=device, num_workers=workers, precision=precision, analyses=not no_analysis,
                         save_embeddings=save_embeddings, label=str(label),
-                        metrics_file=outp.name, method=method)
+                        metrics_file=outp.name)
     _finish(res, out)
 
 
@@ -138,11 +137,11 @@ def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_s
               help="Flickr30k folder (dataset_flickr30k.json, flickr30k-images/).")
 @click.option("--karpathy-json", type=InPath("Flickr30k Karpathy split JSON", "file"), default=None,
               help="dataset_flickr30k.json if not under ROOT.")
-@click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
+@click.option("--split", type=click.Choice(SPLITS), default="test", show_default=True)
 @click.option("--save-embeddings", type=OUT_FILE, default=None, help="also save the embeddings (.npz).")
 @_common
 def flickr30k(checkpoint, model_name, pretrained, device, workers, precision, batch_size, root, karpathy_json, split,
-              save_embeddings, score, out, no_analysis, method):
+              save_embeddings, score, out, no_analysis):
     """Evaluate on Flickr30k (Karpathy 1K test: R@1/5/10 both ways, RSUM; the COCO-style set "coco")."""
     from zsprob.data.flickr import Flickr30kCaptions
     from zsprob.retrieval.coco import evaluate_coco
@@ -156,7 +155,7 @@ def flickr30k(checkpoint, model_name, pretrained, device, workers, precision, ba
     res = evaluate_coco(model, root, split, score, outp.parent, batch_size=batch_size, device=device,
                         num_workers=workers, precision=precision, analyses=not no_analysis,
                         save_embeddings=save_embeddings, label=str(checkpoint or model_name),
-                        metrics_file=outp.name, method=method, dataset=dataset)
+                        metrics_file=outp.name, dataset=dataset)
     _finish(res, out)
 
 
@@ -164,7 +163,7 @@ def flickr30k(checkpoint, model_name, pretrained, device, workers, precision, ba
 @click.argument("embeddings", type=EMBEDDINGS)
 @_common
 @scoring_device_option
-def embeddings_cmd(embeddings, score, out, no_analysis, method, device):
+def embeddings_cmd(embeddings, score, out, no_analysis, device):
     """Evaluate precomputed embeddings E.npz (official COCO 5K ids, or any set with caption_image)."""
     from zsprob.retrieval.coco import evaluate_coco
 
@@ -172,8 +171,7 @@ def embeddings_cmd(embeddings, score, out, no_analysis, method, device):
     device = resolve_device(device)
     outp = Path(out)
     res = evaluate_coco(None, None, "test", score, outp.parent, embeddings=embeddings, analyses=not no_analysis,
-                        label=Path(embeddings).stem, metrics_file=outp.name, progress=False, method=method,
-                        device=device)
+                        label=Path(embeddings).stem, metrics_file=outp.name, progress=False, device=device)
     _finish(res, out)
 
 
@@ -263,14 +261,14 @@ def rankings_cmd(i2t_path, t2i_path, out):
 @eval_model_options
 @click.option("--root", type=InPath("SynthWorld folder", hint="generate it with `zsprob data synthetic --out DIR`"),
               required=True, help="SynthWorld folder (from `zsprob data synthetic`).")
-@click.option("--split", type=click.Choice(["test", "val"]), default="test", show_default=True)
+@click.option("--split", type=click.Choice(SPLITS), default="test", show_default=True)
 @click.option("--no-corruption", is_flag=True, help="skip the corruption sweep.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="seed of the uncertainty probes (inclusion pairs, crop-test scenes, bootstrap, corruption "
                    "sweep) and of --score mc's samples; another seed gives pairs a recipe was not chosen on.")
 @_common
 def synthetic(checkpoint, model_name, pretrained, device, workers, precision, batch_size, root, split, no_corruption,
-              seed, score, out, no_analysis, method):
+              seed, score, out, no_analysis):
     """Evaluate on SynthWorld's retrieval split (five-caption R@K and exact plausible-match mAP@R / R-P)."""
     from zsprob.retrieval.synthetic import evaluate_synthetic
 
@@ -281,5 +279,5 @@ def synthetic(checkpoint, model_name, pretrained, device, workers, precision, ba
     res = evaluate_synthetic(model, root, split, score, outp.parent, batch_size=batch_size, device=device,
                              num_workers=workers, precision=precision,
                              corruption=not (no_corruption or no_analysis), progress=True, metrics_file=outp.name,
-                             method=method, validity=not no_analysis, seed=seed)
+                             validity=not no_analysis, seed=seed)
     _finish(res, out)

@@ -24,8 +24,7 @@ def export(checkpoint, fmt, out, overwrite, eval_files):
     python -c 'import open_clip; open_clip.create_model_and_transforms("local-dir:hf/tiny")'
     Refused (one line, nothing written): GPO pooling, bag-of-words text, [UNC] tokens, PCME++'s COCO fc head.
     """
-    from zsprob.models.export import check_format, export_open_clip
+    from zsprob.models.export import export_open_clip
 
-    check_format(fmt)
     path = export_open_clip(checkpoint, out, fmt=fmt, overwrite=overwrite, eval_files=eval_files)
     click.echo(f"open_clip directory: {path}")

@@ -48,7 +48,8 @@ def _finetune(kind: str, root, karpathy_json, val: bool, kw: dict) -> None:
 
 
 @finetune.command("coco")
-@dataset_options("COCO", "COCO directory (images and the Karpathy split JSON; layout: docs/data.md).", "dataset_coco.json")
+@dataset_options("COCO", "COCO directory (images and the Karpathy split JSON; layout: docs/data.md).",
+                 "dataset_coco.json")
 def coco(root, karpathy_json, val, **kw):
     """Fine-tune on COCO Karpathy train (+restval) captions.
 

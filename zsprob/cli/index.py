@@ -1,6 +1,7 @@
 """`zsprob index`: build and search exact / approximate CSD indexes (FAISS or torch).
 
-Thin: parses options and calls :mod:`zsprob.retrieval.search`. Refuses in one line what would
+Thin: parses options and calls :mod:`zsprob.retrieval.search`; the kinds, augmentations, sides and
+files come from :mod:`zsprob.retrieval.index_format` (torch-free). Refuses in one line what would
 otherwise be ignored or lost: an option the chosen kind of index does not use, an ``--out`` that is
 one of the inputs, a build ``--out`` that already holds an index (without ``--overwrite``). ``-k`` above
 the index size returns every item; neighbours an approximate index did not find are id -1 and csd null
@@ -15,6 +16,7 @@ import click
 
 from zsprob.cli.options import resolve_device, scoring_device_option
 from zsprob.cli.types import COUNT, COUNT0, EMBEDDINGS, OUT_DIR, OUT_FILE, InPath
+from zsprob.retrieval.index_format import INDEX_FILES, KIND_OPTIONS, KINDS, METRICS, SIDES, backend_file
 
 
 def _load_side(path, side: str):
@@ -22,16 +24,7 @@ def _load_side(path, side: str):
     from zsprob.retrieval.embeddings import load_embeddings
 
     e = load_embeddings(path)
-    if side == "image":
-        return e.image_ids, e.image_mu, e.image_logvar
-    return e.caption_ids, e.caption_mu, e.caption_logvar
-
-
-#: the files of an index directory (zsprob.retrieval.search.CSDIndex.save; faiss or torch backend)
-INDEX_FILES = ("index.json", "ids.npy", "index.faiss", "gallery.npy")
-
-#: the build / search options that apply to one kind of index only
-KIND_OPTIONS = {"hnsw_m": "hnsw", "ef_construction": "hnsw", "ef_search": "hnsw", "nlist": "ivf", "nprobe": "ivf"}
+    return getattr(e, f"{side}_ids"), getattr(e, f"{side}_mu"), getattr(e, f"{side}_logvar")
 
 
 def _refuse_unused(kind: str, names) -> None:
@@ -63,10 +56,10 @@ def index() -> None:
 
 @index.command("build")
 @click.option("--embeddings", type=EMBEDDINGS, required=True, help="E.npz (see `zsprob eval coco --help`).")
-@click.option("--gallery", type=click.Choice(["caption", "image"]), default="caption", show_default=True,
+@click.option("--gallery", type=click.Choice(SIDES), default="caption", show_default=True,
               help="which side of the npz to index.")
-@click.option("--kind", type=click.Choice(["flat", "hnsw", "ivf", "torch"]), default="flat", show_default=True)
-@click.option("--metric", type=click.Choice(["ip", "l2"]), default=None,
+@click.option("--kind", type=click.Choice(KINDS), default="flat", show_default=True)
+@click.option("--metric", type=click.Choice(METRICS), default=None,
               help="augmentation (default: ip for flat/torch, l2 for hnsw/ivf).")
 @click.option("--hnsw-m", type=COUNT, default=32, show_default=True)
 @click.option("--ef-construction", type=COUNT, default=80, show_default=True)
@@ -84,10 +77,9 @@ def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search,
     from zsprob.errors import UserError
     from zsprob.retrieval.search import build_index
 
-    _refuse_unused(kind, ("hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"))
-    written = ("gallery.npy",) if kind == "torch" else ("index.faiss",)
-    refuse_overwriting_inputs({f"--out ({name})": Path(out) / name for name in written + ("ids.npy", "index.json")},
-                              {"--embeddings": embeddings})
+    _refuse_unused(kind, tuple(KIND_OPTIONS))
+    written = (backend_file(kind), "ids.npy", "index.json")
+    refuse_overwriting_inputs({f"--out ({name})": Path(out) / name for name in written}, {"--embeddings": embeddings})
     held = [name for name in INDEX_FILES if os.path.lexists(Path(out) / name)]
     if held and not overwrite:
         raise UserError(f"--out {out} already holds an index ({', '.join(held)}); pass --overwrite to replace it, "
@@ -105,7 +97,7 @@ def build(embeddings, gallery, kind, metric, hnsw_m, ef_construction, ef_search,
 @click.option("--index", "index_dir", type=InPath("index directory", hint="build one with `zsprob index build`"),
               required=True, help="index directory from `zsprob index build`.")
 @click.option("--queries", type=EMBEDDINGS, required=True, help="E.npz holding the queries.")
-@click.option("--query-side", type=click.Choice(["image", "caption"]), default="image", show_default=True)
+@click.option("--query-side", type=click.Choice(SIDES), default="image", show_default=True)
 @click.option("-k", "--k", "k", type=COUNT, default=10, show_default=True)
 @click.option("--ef-search", type=COUNT, default=None, help="override HNSW efSearch.")
 @click.option("--nprobe", type=COUNT, default=None, help="override IVF nprobe.")

@@ -1,17 +1,17 @@
 """Click options shared by the evaluation commands, and the model loader they use.
 
-Owns the options more than one command reads: the model (``--checkpoint``, ``--model``,
-``--pretrained``, and ``--tokenizer`` / ``--weights`` of a published file), the prompt options of
-``select-prompts`` and ``zeroshot``, and where evaluation runs: ``--device`` (auto, cpu, cuda,
-cuda:N; resolved by :func:`zsprob.utils.devices.resolve_device`), ``--workers`` (image-decoding
-DataLoader workers) and ``--precision`` (fp32, or bf16 autocast for encoding only). Training's
-options live in :mod:`zsprob.cli.train_options` (accelerate places its models). No torch at import.
+The model (``--checkpoint``, ``--model``, ``--pretrained``, ``--tokenizer`` / ``--weights`` of a
+published file), the prompt options of ``select-prompts`` and ``zeroshot``, and where evaluation
+runs (``--device``, ``--workers``, ``--precision``). Training's options live in
+:mod:`zsprob.cli.train_options`. No torch at import.
 """
 from __future__ import annotations
 
 import click
 
 from zsprob.cli.types import CHECKPOINT, COUNT, COUNT0, TOKENIZER, InPath
+from zsprob.utils.devices import parse_device, resolve_device  # noqa: F401 (resolve_device: the commands')
+from zsprob.zeroshot.strategy_registry import SHOTS_SPLITS, STRATEGY_OPTIONS
 
 # where --tokenizer / --weights are kept (click context meta) for the model loaders, as create_model's keywords
 OFFICIAL_FILE_KEYS = {"zsprob.tokenizer": "tokenizer_dir", "zsprob.weights": "weights"}
@@ -55,15 +55,13 @@ def official_file_kwargs() -> dict:
 
 def _device_form(_ctx, _param, value):
     """``--device`` checked for form at parse time (no torch); :func:`resolve_device` does the rest."""
-    from zsprob.utils.devices import parse_device
-
     parse_device(value)
     return value
 
 
 def device_options(f, *, encoding: bool = True):
     """``--device``; with ``encoding`` also ``--workers`` and ``--precision`` (commands that encode images)."""
-    from zsprob.utils.devices import PRECISIONS, default_workers
+    from zsprob.utils.devices import ENCODE_PRECISIONS as PRECISIONS, default_workers
 
     if encoding:
         f = click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
@@ -89,12 +87,8 @@ def model_options(f):
 
 
 def eval_model_options(f):
-    """The model options of ``zsprob eval`` (its own order and help), with --device/--workers/--precision."""
-    f = click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
-    f = click.option("--model", "model_name", default=None, help="open_clip model name (instead of --checkpoint).")(f)
-    f = click.option("--pretrained", default=None, help="open_clip pretrained tag or weights file, a published "
-                     "ProLIP / PCME++ checkpoint or a zsprob checkpoint (with --model).")(f)
-    f = official_file_options(f)
+    """The model options of ``zsprob eval``, with --device/--workers/--precision and --batch-size."""
+    f = model_options(f)
     f = device_options(f)
     f = click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
     return f
@@ -118,7 +112,7 @@ def common_options(f):
     f = click.option("--allow-eval-shots", is_flag=True,
                      help="Allow --shots-split eval; the result is marked as reading evaluation labels.")(f)
     f = click.option("--shots", type=COUNT, default=None, help="bprw-fewshot: images per class (default all).")(f)
-    return click.option("--shots-split", type=click.Choice(["select", "eval"]), default="select", show_default=True,
+    return click.option("--shots-split", type=click.Choice(SHOTS_SPLITS), default="select", show_default=True,
                         help="bprw-fewshot: the split its labelled shots come from (eval = ProLIP's --use_gt "
                              "protocol; refused without --allow-eval-shots).")(f)
 
@@ -160,9 +154,8 @@ def refuse_given(why: str, *names: str) -> None:
         raise UserError(f"{' and '.join(given)} {'has' if len(given) == 1 else 'have'} no effect {why}")
 
 
-def refuse_unread_options(strategy: str, compare: bool, names=("k_grid", "threshold_c", "beta", "shots",
-                                                                 "shots_split")) -> None:
-    """``--k-grid`` / ``--threshold-c`` / ``--beta`` / ``--shots`` / ``--shots-split`` act on the strategies whose
+def refuse_unread_options(strategy: str, compare: bool, names=STRATEGY_OPTIONS) -> None:
+    """The options of :data:`~zsprob.zeroshot.strategy_registry.STRATEGY_OPTIONS` act on the strategies whose
     registry entry reads them (under --compare, on any strategy compared): one given to another strategy is one
     line naming its readers."""
     from zsprob.zeroshot.strategy_registry import compare_order, get_strategy, readers_of
@@ -225,13 +218,6 @@ def prompt_outputs(out, cache, cache_given: bool, beside=()) -> dict:
     folder = Path(out).resolve().parent
     cache_name = "--cache-dir" if cache_given else "the cache folder (cache/ next to --out)"
     return {"--out": out, **{f"--out (beside it, {name})": folder / name for name in beside}, cache_name: cache}
-
-
-def resolve_device(spec):
-    """``--device`` as a ``torch.device`` (:func:`zsprob.utils.devices.resolve_device`; UserError if absent)."""
-    from zsprob.utils.devices import resolve_device as resolve
-
-    return resolve(spec)
 
 
 def load_model(checkpoint, model_name, pretrained, device):

@@ -1,8 +1,5 @@
-"""`zsprob posthoc`: log-variance heads for a frozen model, its means untouched (thin wrapper).
-
-Parses options, loads the frozen model (the evaluation commands' model options) and calls
-:func:`zsprob.posthoc.posthoc`. No torch import at module level.
-"""
+"""`zsprob posthoc`: log-variance heads for a frozen model, its means untouched (thin wrapper of
+:func:`zsprob.posthoc.run.posthoc`; no torch import at module level)."""
 from __future__ import annotations
 
 import math
@@ -12,21 +9,19 @@ import click
 from zsprob.cli.options import (model_options, official_file_kwargs, refuse_given, refuse_overwriting_inputs,
                                  resolve_device)
 from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, POSITIVE, InPath, Real
+from zsprob.posthoc import DATA_KINDS, METHODS
 
 NONNEG = Real(0.0, math.inf)
-
-METHOD_NAMES = ("adapter", "laplace")  # zsprob.posthoc.METHODS (checked there too; no torch import here)
-DATA_NAMES = ("synthetic", "webdataset", "coco")
 
 
 @click.command("posthoc")
 @model_options
-@click.option("--data", "data_kind", type=click.Choice(DATA_NAMES), required=True,
+@click.option("--data", "data_kind", type=click.Choice(DATA_KINDS), required=True,
               help="synthetic / webdataset: image-caption shards (--shards); coco: the Karpathy train split (--root).")
 @click.option("--shards", default=None, help="Shards: a directory of .tar files (a SynthWorld root: its pretrain/) "
               "or a brace pattern.")
 @click.option("--root", type=InPath("COCO root"), default=None, help="COCO root (--data coco).")
-@click.option("--method", type=click.Choice(METHOD_NAMES), default="adapter", show_default=True,
+@click.option("--method", type=click.Choice(list(METHODS)), default="adapter", show_default=True,
               help="adapter: heads trained with the sigma recipe's terms (aleatoric); laplace: K-FAC Laplace "
                    "variance of the projections (epistemic).")
 @click.option("--views", type=COUNT, default=2, show_default=True,
@@ -50,7 +45,8 @@ DATA_NAMES = ("synthetic", "webdataset", "coco")
 @click.option("--overwrite", is_flag=True, help="Replace OUT/model if it exists.")
 @click.option("--out", type=OUT_DIR, required=True, help="Output directory: OUT/model, OUT/summary.json.")
 def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method, views, max_samples, steps, batch_size,
-            lr, inclusion_alpha, same_length_alpha, seed, prior_precision, feature_file, device, workers, threads, overwrite, out):
+            lr, inclusion_alpha, same_length_alpha, seed, prior_precision, feature_file, device, workers, threads,
+            overwrite, out):
     """Give a frozen model trained log-variance heads; its means stay bit-identical.
 
     \b
@@ -67,11 +63,9 @@ def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method,
         raise UserError(f"--root is for --data coco; --data {data_kind} reads --shards")
     if data_kind == "coco" and root is None:
         raise UserError("--data coco needs --root (the COCO directory)")
-    if data_kind != "coco" and not shards:
-        raise UserError(f"--data {data_kind} needs --shards (a directory of .tar files or a brace pattern)")
     if data_kind != "coco":
         from zsprob.utils.checks import check_shards
-        check_shards(data_kind, shards)
+        check_shards(data_kind, shards)  # given, and a SynthWorld path that exists
         if data_kind == "synthetic":
             from zsprob.data.synthworld.checks import check_pretrain_shards
             check_pretrain_shards(shards)
@@ -92,10 +86,10 @@ def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method,
         raise UserError(f"{out_path / 'model'} exists; pass --overwrite to replace it")
     import torch
 
-    from zsprob.posthoc import load_source
-    from zsprob.posthoc import posthoc as run_posthoc
     from zsprob.posthoc.adapter import AdapterSettings
     from zsprob.posthoc.features import DataSpec
+    from zsprob.posthoc.run import load_source
+    from zsprob.posthoc.run import posthoc as run_posthoc
 
     if threads:
         torch.set_num_threads(threads)

@@ -1,7 +1,7 @@
 """`zsprob pretrain`: pretrain a probabilistic image-text model on shards (thin wrapper).
 
-Parses options, builds the config (recipe + flags + --set) and calls
-:func:`zsprob.train.loop.train`. No torch import at module level.
+Parses options, resolves the config (recipe + flags + --set, checked once, before torch) and trains
+(:func:`zsprob.cli.train_options.run`). No torch import at module level.
 """
 import click
 
@@ -25,7 +25,7 @@ def pretrain(data_kind, shards, **kw):
     """
     extra = []
     if data_kind:
-        # the flavour's own caption key replaces the recipe's; a --set data.pipeline.caption_key=... comes later and wins
+        # the flavour's caption key replaces the recipe's; a --set data.pipeline.caption_key=... comes later, wins
         extra += [f"data.kind={data_kind}", f"data.pipeline.caption_key={FLAVOUR_CAPTION_KEYS[data_kind]}"]
     if shards:
         import json

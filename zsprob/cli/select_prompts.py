@@ -1,9 +1,10 @@
 """`zsprob select-prompts`: rank prompt templates by text uncertainty and choose them per class.
 
-Thin: parses options, loads the model (zsprob checkpoint or plain open_clip), calls
-``zsprob.zeroshot.classify.run_selection`` and writes selection.json. No torch at import. An ``--out`` (or
-cache folder) that is an input file, lies inside the model's directory or would replace a file of the
-dataset is refused in one line before anything is loaded or written.
+Thin: checks the options, builds one :class:`~zsprob.zeroshot.options.ZeroShotRequest`, loads the model
+(zsprob checkpoint or plain open_clip), calls ``zsprob.zeroshot.classify.run_selection`` and writes
+selection.json. No torch at import. An ``--out`` (or cache folder) that is an input file, lies inside the
+model's directory or would replace a file of the dataset is refused in one line before anything is loaded
+or written.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import click
 from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
                                 refuse_overwriting_inputs, refuse_unread_options, resolve_device)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
+from zsprob.cli.zeroshot import PROMPT_INPUTS
 from zsprob.methods import STRATEGIES
+from zsprob.zeroshot.options import DATASET_KINDS
 
 
 @click.command("select-prompts")
 @model_options
-@click.option("--dataset", type=click.Choice(["imagenet", "synthetic", "folder"]), required=True)
+@click.option("--dataset", type=click.Choice(DATASET_KINDS), required=True)
 @click.option("--root", type=InPath("data root"), default=None,
               help="Dataset root (class names; evaluation images for zpe/bprw/oracle). SynthWorld: the "
                    "`zsprob data synthetic` output, whose classify/select split is the default selection split.")
@@ -32,32 +35,27 @@ from zsprob.methods import STRATEGIES
 @click.option("--beta", type=REAL, default=1.0, show_default=True, help="fusion: weights u^-beta.")
 @common_options
 @click.option("--out", type=OUT_FILE, required=True, help="selection.json to write.")
-def select_prompts(checkpoint, model_name, pretrained, dataset, root, topk, strategy, select_root, no_select,
-                   threshold_c, beta, shots_split, shots, allow_eval_shots, class_prompts, k_grid, batch_size,
-                   device, workers, precision, cache_dir, templates, classes, out):
+def select_prompts(**opts):
     """Rank prompt templates by text uncertainty and select them per class."""
-    from zsprob.zeroshot.options import strategy_from_topk
+    from dataclasses import replace
 
-    name, k = strategy_from_topk(topk, strategy)
-    refuse_unread_options(name, compare=False)
-    cache = check_prompt_inputs(templates=templates, classes=classes, class_prompts=class_prompts, k_grid=k_grid,
-                                shots_split=shots_split, allow_eval_shots=allow_eval_shots, cache_dir=cache_dir,
-                                out=out)
-    refuse_overwriting_inputs(prompt_outputs(out, cache, cache_dir is not None),
-                              {"--templates": templates, "--classes": classes, "--class-prompts": class_prompts},
-                              checkpoint=checkpoint, pretrained=pretrained,
-                              data={"--root": root, "--select-root": select_root})
-    device = resolve_device(device)
+    from zsprob.zeroshot.options import request_from_options, strategy_from_topk
+
+    out = opts["out"]
+    strategy, k = strategy_from_topk(opts["topk"], opts["strategy"])
+    refuse_unread_options(strategy, compare=False)
+    cache = check_prompt_inputs(**{name: opts[name] for name in PROMPT_INPUTS}, out=out)
+    refuse_overwriting_inputs(prompt_outputs(out, cache, opts["cache_dir"] is not None),
+                              {"--templates": opts["templates"], "--classes": opts["classes"],
+                               "--class-prompts": opts["class_prompts"]},
+                              checkpoint=opts["checkpoint"], pretrained=opts["pretrained"],
+                              data={"--root": opts["root"], "--select-root": opts["select_root"]})
+    request = request_from_options(opts, strategy=strategy, k=k, cache_dir=cache, device=resolve_device(opts["device"]))
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import run_selection
 
-    model, meta = load_model(checkpoint, model_name, pretrained, device)
-    sel, doc = run_selection(model, dataset, root, strategy=name, k=k, select_root=select_root,
-                             use_select=not no_select, templates=templates, classnames=classes, cache_dir=cache,
-                             k_values=k_grid, threshold_c=threshold_c, beta=beta, batch_size=batch_size,
-                             device=device, num_workers=workers, precision=precision, model_meta=meta,
-                             shots=shots, shots_split=shots_split, allow_eval_shots=allow_eval_shots,
-                             class_prompts=class_prompts)
+    model, meta = load_model(opts["checkpoint"], opts["model_name"], opts["pretrained"], request.device)
+    sel, doc = run_selection(model, replace(request, model_meta=meta))
     atomic_write_json(out, doc)
     ks = sel.k
     kdesc = "" if ks is None else f", K per class {min(ks)}..{max(ks)} (mean {sum(ks) / len(ks):.1f})"

@@ -1,9 +1,8 @@
-"""Click parameter types for counts, inputs and output locations, shared by every command.
+"""Click parameter types for counts, numbers, inputs and output locations, shared by every command.
 
-All delegate to :mod:`zsprob.utils.checks` (the one place the rules live), so a negative
-``--batch-size``, a missing ``--root`` or ``--checkpoint`` or an unwritable ``--out`` is one line and
-exit 2 in every command, at parse time: before torch is imported (5-15 s on a small CPU) and
-before any other option is acted on.
+The rules live in :mod:`zsprob.utils.checks`; these types apply them at parse time, so a negative
+``--batch-size``, a missing ``--root`` or an unwritable ``--out`` is one line and exit 2 in every
+command, before torch is imported or any other option is acted on.
 """
 from __future__ import annotations
 
@@ -14,7 +13,22 @@ import click
 from zsprob.errors import UserError
 
 
-class Count(click.ParamType):
+class _Checked(click.ParamType):
+    """A type whose :meth:`check` raises :class:`UserError`; click words it as the option's one line."""
+
+    name = "path"
+
+    def check(self, value):
+        raise NotImplementedError
+
+    def convert(self, value, param, ctx):
+        try:
+            return self.check(value)
+        except UserError as e:
+            self.fail(str(e), param, ctx)
+
+
+class Count(_Checked):
     """An integer count obeying ``rule`` (">=1" or ">=0"), e.g. ``type=Count()`` for ``--steps``."""
 
     name = "integer"
@@ -22,17 +36,15 @@ class Count(click.ParamType):
     def __init__(self, rule: str = ">=1"):
         self.rule = rule
 
-    def convert(self, value, param, ctx):
+    def check(self, value):
+        from zsprob.utils.checks import check_count
+
         if isinstance(value, str):
             try:
                 value = int(value)
             except ValueError:
-                self.fail(f"{value!r} is not an integer", param, ctx)
-        from zsprob.utils.checks import check_count
-        try:
-            return check_count(value, None, self.rule)
-        except UserError as e:
-            self.fail(str(e), param, ctx)
+                raise UserError(f"{value!r} is not an integer") from None
+        return check_count(value, None, self.rule)
 
 
 class Real(click.ParamType):
@@ -61,39 +73,30 @@ class Real(click.ParamType):
             self.fail(str(e).replace("the value must be", "must be"), param, ctx)
 
 
-class OutPath(click.ParamType):
-    """An output directory (``kind="dir"``) or file (``kind="file"``) that can be created and written. A file
-    that exists must be a regular file (or a symlink to one: written through); a named pipe, a device or a
-    socket is refused at parse time, since zsprob renames a new file over its outputs."""
-
-    name = "path"
+class OutPath(_Checked):
+    """An output directory (``kind="dir"``) or file (``kind="file"``) that can be created and written; an
+    existing file must be a regular one (or a symlink to one), since zsprob renames a new file over it."""
 
     def __init__(self, kind: str = "dir"):
         self.kind = kind
 
-    def convert(self, value, param, ctx):
+    def check(self, value):
         from zsprob.utils.checks import check_output
-        try:
-            return check_output(value, None, self.kind)
-        except UserError as e:
-            self.fail(str(e), param, ctx)
+
+        return check_output(value, None, self.kind)
 
 
-class InPath(click.ParamType):
+class InPath(_Checked):
     """An existing input: a directory (``kind="dir"``), a file (``"file"``) or either (``"any"``);
     ``what`` and ``hint`` go into the message."""
-
-    name = "path"
 
     def __init__(self, what: str, kind: str = "dir", hint: str = ""):
         self.what, self.kind, self.hint = what, kind, hint
 
-    def convert(self, value, param, ctx):
+    def check(self, value):
         from zsprob.utils.checks import check_input
-        try:
-            return check_input(value, self.what, self.kind, self.hint)
-        except UserError as e:
-            self.fail(str(e), param, ctx)
+
+        return check_input(value, self.what, self.kind, self.hint)
 
 
 class TokenizerDir(InPath):
@@ -102,11 +105,12 @@ class TokenizerDir(InPath):
     def __init__(self):
         super().__init__("tokenizer directory")
 
-    def convert(self, value, param, ctx):
-        path = super().convert(value, param, ctx)
+    def check(self, value):
         from zsprob.utils.checks import TOKENIZER_FILES, is_tokenizer_dir
+
+        path = super().check(value)
         if not is_tokenizer_dir(path):
-            self.fail(f"tokenizer directory {path} holds none of {', '.join(TOKENIZER_FILES)}", param, ctx)
+            raise UserError(f"tokenizer directory {path} holds none of {', '.join(TOKENIZER_FILES)}")
         return path
 
 

@@ -1,10 +1,6 @@
-"""Caption cleaning for image-text shards: the generic rules and RedCaps' (Reddit post titles).
-
-:func:`clean_caption` normalises Unicode (NFC), turns control and zero-width characters into
-spaces and collapses whitespace; :func:`clean_redcaps_caption` adds RedCaps' rules (tags,
-cross-post phrases, user and subreddit mentions, resolutions, "itap of", "OC", emoji). Both are
-idempotent. Python's ``re`` and ``unicodedata`` do the work; the rules are zsprob's. Read by
-:mod:`zsprob.data.webdataset` at load time; imports nothing from zsprob.
+"""Caption cleaning for image-text shards: the generic rules and RedCaps' (Reddit post titles), both
+idempotent; Python's ``re`` and ``unicodedata`` do the work. Imports nothing from zsprob, so the command
+line reads the shard flavours without importing torch.
 """
 from __future__ import annotations
 
@@ -13,8 +9,7 @@ import unicodedata
 
 __all__ = ["clean_caption", "clean_redcaps_caption", "FLAVOUR_CAPTION_KEYS", "SHARD_KINDS"]
 
-# the caption member each shard flavour (`zsprob pretrain --data`) reads unless a recipe / --set names another;
-# here, not in zsprob.data.webdataset, so the command line can read it without importing torch
+# the caption member each shard flavour (`zsprob pretrain --data`) reads unless a recipe / --set names another
 FLAVOUR_CAPTION_KEYS = {"webdataset": "txt", "redcaps": "txt", "synthetic": "json:captions"}
 # the data.kind values read from WebDataset shards (the rest, coco, from a dataset folder)
 SHARD_KINDS = tuple(FLAVOUR_CAPTION_KEYS)
@@ -56,20 +51,10 @@ def clean_caption(text: str) -> str:
 
 
 def clean_redcaps_caption(text: str, *, keep_emoji: bool = False) -> str:
-    """Clean a RedCaps caption (a Reddit post title), idempotently.
-
-    Rules, in order: :func:`clean_caption`; drop bracketed tags (``[OC]``, ``[1920x1080]``,
-    ``[x-post r/pics]``, any ``[...]`` / ``{...}`` up to 60 characters) and common
-    parenthesised ones (``(OC)``, ``(x-post ...)``, ``(more in comments)``, resolutions);
-    drop "x-post from r/sub" phrases, ``u/user`` and ``r/sub`` mentions and bare resolutions;
-    drop a leading "itap of" / "I took a picture of" (r/itookapicture's convention) and a
-    leading or trailing "OC"; **emoji policy**: emoji and other pictographic symbols (Unicode
-    category So, the emoji blocks, variation selectors, zero-width joiners) are removed,
-    because RedCaps' published ``caption`` field is emoji-free and the CLIP BPE would turn
-    them into rare byte tokens; pass ``keep_emoji=True`` to keep them. Finally collapse
-    whitespace and strip separator punctuation from both ends. Case is kept (the CLIP
-    tokenizer lowercases). May return "" (the sample is then skipped as an empty caption).
-    """
+    """A RedCaps caption (a Reddit post title) cleaned: :func:`clean_caption`, then tags (``[OC]``,
+    ``(x-post ...)``, resolutions), ``u/`` / ``r/`` mentions, a leading "itap of" and an edge "OC" dropped,
+    and emoji removed unless ``keep_emoji`` (RedCaps' published captions have none; CLIP's BPE would make
+    them rare byte tokens). Case is kept; may return "" (the sample is skipped)."""
     t = clean_caption(text)
     if not keep_emoji:
         t = "".join(" " if _is_emoji(c) else c for c in t)

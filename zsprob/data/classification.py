@@ -1,53 +1,10 @@
-"""Image classification datasets for zero-shot evaluation: ImageNet, any folder-per-class set,
-SynthWorld's classify splits.
+"""Image classification datasets for zero-shot evaluation: ImageNet (synset folders, or flat files with a
+label file), any folder-per-class set, SynthWorld's classify splits; docs/data.md gives the layouts.
 
-Libraries: PIL opens images; timm ships the canonical list of the 1,000 ImageNet-1k synsets in
-class-index order (``timm.data.ImageNetInfo``: sorted WordNet ids, n01440764 ... n15075141),
-which is what aligns synset folders and label files with zsprob's
-``prompts/imagenet_classnames.txt`` (CLIP's 1,000 names, generated from open_clip, in the same
-order). zsprob writes the layout detection, label-file parsing and the consistency checks.
-
-Layouts
--------
-``ImageNetDataset(root, split="val")`` reads ``root/<split>`` if it exists, else ``root``:
-
-1. one folder per synset (``n01440764/*.JPEG``; any subset of the 1,000 synsets may be present);
-2. flat image files plus a label file, given as ``label_file=`` or found next to the images
-   (or one level up): Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``, the
-   first WordNet id of the prediction string is the label), or a text file of
-   ``filename label`` lines (``val.txt``, ``val_labels.txt``, ``ILSVRC2012_val_labels.txt``)
-   where ``label`` is a WordNet id or an integer class index in the canonical order.
-
-ImageNet always has the 1,000 classes (targets are canonical indices, ``classnames`` the 1,000
-CLIP names), even when only some synsets have images. The devkit's
-``ILSVRC2012_validation_ground_truth.txt`` uses the devkit's own ILSVRC ids, not this order;
-convert it, or use ``LOC_val_solution.csv``.
-
-``FolderDataset(root)``: one sub-folder per class; classes are the sub-folders sorted by name
-(Python string order, as torchvision's ImageFolder), images found recursively, sorted. Display
-names come from ``classnames`` (a list or a file; default ``root/classnames.txt`` if present,
-else the folder name with ``_`` turned into spaces). A class-name file is either
-
-- one ``folder<TAB>display name`` line per class (any order), or
-- one name per line: if the names are exactly the folder names (``_`` and space are treated
-  alike), the file's order is the class order (SynthWorld writes it so); otherwise there must
-  be one line per folder and line i names the i-th folder in sorted order.
-
-A user's class-name list given next to a folder dataset (``zsprob zeroshot folder --classes``)
-goes through :func:`align_classnames`: matched to the folders by name when it names them, by
-position only when it names none of them (ImageNet wnid folders), refused when it names some.
-
-``build_classification_dataset("synthetic", OUT, split)`` reads SynthWorld's
-``OUT/classify/<split>/<class>/*.jpg`` with ``OUT/classify/classnames.txt`` (split ``select``:
-the few labelled images for prompt selection; ``eval``: the evaluation images).
-
-Every dataset has ``classnames`` (list[str]), ``targets`` (list[int]), ``samples``
-(list of (Path, label)) and ``ds[i] -> (transform(image) or PIL image, label)``. User mistakes
-(missing root, empty class folders, class-count or name mismatches, unlabelled images) raise
-:class:`zsprob.UserError`. Unreadable files (not an image, a PNG that does not decode, a JPEG cut
-short: :func:`image_problem`) are left out when the dataset is listed and kept in ``skipped``
-((path, why) pairs), with one warning line on stderr; a dataset or class folder with no readable
-image is a :class:`zsprob.UserError`.
+Every dataset has ``classnames``, ``targets``, ``samples`` ([(path, label)]) and ``ds[i] -> (image,
+label)``. User mistakes raise :class:`zsprob.UserError`; unreadable images are left out when the
+dataset is listed (``skipped``, one warning line). timm ships the 1,000 ImageNet synsets in class order,
+which aligns folders and label files with ``prompts/imagenet_classnames.txt``; PIL opens the images.
 """
 from __future__ import annotations
 
@@ -76,7 +33,7 @@ def imagenet_synsets() -> list[str]:
     """The 1,000 ImageNet-1k WordNet ids in class-index order (timm's ``imagenet_synsets.txt``)."""
     import importlib.util
 
-    spec = importlib.util.find_spec("timm")  # read timm's data file without importing timm (slow)
+    spec = importlib.util.find_spec("timm")  # timm's data file, without importing timm (slow)
     if spec is not None and spec.origin:
         p = Path(spec.origin).parent / "data" / "_info" / "imagenet_synsets.txt"
         if p.is_file():
@@ -141,11 +98,9 @@ _PNG_START, _PNG_END = b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"
 
 
 def image_problem(path: Path) -> str:
-    """Why ``path`` cannot be used as an image ("" when it can), cheaply: a JPEG or PNG whose file ends with
-    its end marker is taken on two small reads; anything else is opened by PIL and decoded in full (a
-    truncated PNG, a file that is no image whatever its name). A JPEG that does not end with its end
-    marker counts as cut short unless an end marker follows its last scan (data appended after a complete
-    JPEG, as some cameras write, is fine): PIL would decode a cut JPEG with a grey band, silently."""
+    """Why ``path`` cannot be used as an image ("" when it can). A JPEG or PNG that ends with its end marker
+    costs two small reads; a JPEG with no end marker after its last scan is cut short (PIL would decode it
+    with a grey band, silently); anything else is decoded in full by PIL."""
     try:
         with open(path, "rb") as f:
             head = f.read(16)
@@ -269,13 +224,9 @@ def _resolve_classnames(folders: list[str], spec, where: Path) -> tuple[list[str
 
 def align_classnames(dataset_names: Sequence[str], names: Sequence[str], source: str = "the class-name file") \
         -> list[str]:
-    """``names`` (a user's class-name list) reordered so that entry i names the dataset's class i.
-
-    ``dataset_names`` are a folder dataset's class names in label order (its folder names, ``_``
-    read as a space, or its ``classnames.txt``). When the user's names are those classes
-    (spaces / underscores / case normalised) they are matched by name, in any order; when no name
-    matches any class (e.g. ImageNet wnid folders), by position; a partial match is refused.
-    """
+    """``names`` (a user's class-name list) reordered so that entry i names the dataset's class i: matched
+    to ``dataset_names`` by name (:func:`class_key`) when they name the classes, by position when they name
+    none of them (ImageNet wnid folders); a partial match is refused."""
     names = [str(x).strip() for x in names]
     if len(names) != len(dataset_names):
         raise UserError(f"{source} has {len(names)} class names but the dataset has {len(dataset_names)} classes")
@@ -293,7 +244,7 @@ def align_classnames(dataset_names: Sequence[str], names: Sequence[str], source:
 
 
 class FolderDataset(_ImageList):
-    """A folder-per-class image dataset (see the module docstring for class order and names)."""
+    """A folder-per-class image dataset: classes are the sub-folders in sorted order (docs/data.md)."""
 
     def __init__(self, root: PathLike, transform: Optional[Callable] = None,
                  classnames: Union[None, PathLike, Sequence[str]] = None):
@@ -338,7 +289,7 @@ _LABEL_FILES = ("LOC_val_solution.csv", "val.txt", "val_labels.txt", "ILSVRC2012
 
 
 class ImageNetDataset(_ImageList):
-    """ImageNet-1k in either usual layout (module docstring); 1,000 classes, CLIP names."""
+    """ImageNet-1k in either usual layout (docs/data.md); always the 1,000 classes, CLIP names."""
 
     def __init__(self, root: PathLike, split: str = "val", transform: Optional[Callable] = None, *,
                  label_file: Optional[PathLike] = None, classnames_file: Optional[PathLike] = None):
@@ -480,17 +431,14 @@ def _manifest_counts(world: Path) -> dict:
 
 def build_classification_dataset(kind: str, root: PathLike, split: Optional[str] = None,
                                  transform: Optional[Callable] = None, **kwargs):
-    """``kind``: ``"imagenet"`` (split default "val"), ``"folder"`` (``root/split`` when split is
-    given and exists, else ``root``; ``classnames=`` optional), ``"synthetic"`` (root = SynthWorld
-    OUT, split "select" or "eval", default "eval")."""
+    """``kind``: ``"imagenet"`` (split default "val"), ``"folder"`` (``root/split`` when it exists, else
+    ``root``), ``"synthetic"`` (root = SynthWorld OUT, split "select" or "eval", default "eval")."""
     if kind == "imagenet":
         return ImageNetDataset(root, split or "val", transform, **kwargs)
     if kind == "folder":
         r = Path(root)
         if split and (r / split).is_dir():
             r = r / split
-        elif split and not r.is_dir():
-            raise UserError(f"image folder not found: {r}")
         cn = kwargs.pop("classnames", None)
         if cn is None and r != Path(root) and (Path(root) / "classnames.txt").is_file():
             cn = Path(root) / "classnames.txt"

@@ -1,26 +1,13 @@
-"""COCO Captions with the Karpathy splits, official COCO ids, and optional instance labels.
+"""COCO Captions with the Karpathy splits, official COCO ids and optional instance labels, and the parts every
+Karpathy-split caption set shares (:class:`KarpathyCaptions`: finding the split file, the caption lists,
+the image and pair datasets; Flickr30k is the other one, :mod:`zsprob.data.flickr`).
 
-Files read (all from the user's disk; nothing is downloaded):
-
-- ``dataset_coco.json``: the Karpathy split file (from Karpathy's NeuralTalk splits,
-  ``caption_datasets.zip``). Each image has ``filepath`` (train2014 / val2014), ``filename``,
-  ``cocoid`` (the official image id), ``split`` (train / restval / val / test) and
-  ``sentences`` (``raw`` caption text, ``sentid``).
-- ``annotations/captions_train2014.json`` and ``annotations/captions_val2014.json``
-  (cocodataset.org, "2014 Train/Val annotations"): the official caption annotation ids.
-- optional ``annotations/instances_train2014.json`` / ``instances_val2014.json`` (same zip):
-  object categories, for the 80-class multi-hot labels that PMRP needs.
-- the image folders ``train2014/`` and ``val2014/`` (cocodataset.org "2014 Train images" /
-  "2014 Val images"), under ROOT or ROOT/images.
-
-Libraries: Python's json, PIL for images, torch's Dataset protocol. What zsprob writes: split
-selection (train = train + restval, as in VSE / PCME / PCME++), keeping five captions per
-image, and the caption-id mapping: the Karpathy file only has its own sentence ids, while the
-CxC and ECCV Caption ground truth (eccv_caption package) is keyed by official COCO ids. Every
-Karpathy caption is matched to an official annotation of the same image by exact raw text,
-then by whitespace-normalised text, then by whitespace- and case-normalised text (each
-official annotation used at most once); what stays unmatched is reported
-(``CocoCaptions.unmapped``, a warning) and gets caption id -1.
+Files (docs/data.md): ``dataset_coco.json``, ``annotations/captions_{train,val}2014.json``, optionally
+``annotations/instances_*.json``, and the image folders. The Karpathy file has only its own sentence ids,
+while the CxC and ECCV Caption ground truth is keyed by official COCO ids, so each Karpathy caption is
+matched to an official annotation of the same image: by exact raw text, then whitespace-normalised, then
+also case-insensitive (each annotation used once); what stays unmatched is reported
+(``CocoCaptions.unmapped``, a warning) and gets id -1. Train is train + restval, as in VSE / PCME.
 """
 from __future__ import annotations
 
@@ -72,28 +59,82 @@ def _load_json(path: Path, what: str, hint: str):
     try:
         with open(path, "r", encoding="utf-8") as f:
             return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{what} is not valid JSON: {path} ({e})") from None
 
 
-class CocoCaptions:
-    """One Karpathy split of COCO Captions with official ids.
+class KarpathyCaptions:
+    """What every Karpathy-split caption set holds (images in split-file order, captions image-major):
+    ``image_ids``, ``image_paths``, ``captions`` (raw text, stripped), ``sent_ids`` (Karpathy sentence
+    ids), ``caption_ids``, ``caption_image`` (np.int64 [n_cap], each caption's image), ``image_captions``
+    (caption indices per image), ``instance_labels`` (or None) and ``unmapped``."""
 
-    Attributes (images in Karpathy-file order; captions image-major, five per image):
+    KARPATHY_NAME = "dataset_coco.json"
+    WHAT = "COCO Karpathy split JSON"
 
-    - ``image_ids``: list[int], official COCO image ids; ``image_paths``: list[Path];
-    - ``captions``: list[str] (raw text, stripped); ``caption_ids``: list[int], official COCO
-      caption annotation ids (-1 when unmapped, or when ``official_ids=False``);
-      ``sent_ids``: Karpathy sentence ids; ``caption_image``: np.ndarray [n_cap] int64, index
-      of each caption's image; ``image_captions``: list of caption-index lists per image;
-    - ``instance_labels``: np.ndarray [n_img, 80] uint8 multi-hot, columns in COCO category-id
-      order (``category_ids``, ``category_names``), or None;
-    - ``unmapped``: list of dicts for captions without an official id; ``mapping``: counts of
-      how captions were matched (exact / whitespace / case / unmapped).
+    def _find_karpathy(self, karpathy_json, hint: str) -> Path:
+        """The split file: ``karpathy_json``, else ``KARPATHY_NAME`` in ROOT, ROOT/annotations or ROOT/karpathy."""
+        if karpathy_json is not None:
+            p = Path(karpathy_json)
+            if not p.is_file():
+                raise UserError(f"{self.WHAT} not found: {p} ({hint})")
+            return p
+        for folder in (self.root, self.root / "annotations", self.root / "karpathy"):
+            if (folder / self.KARPATHY_NAME).is_file():
+                return folder / self.KARPATHY_NAME
+        raise UserError(f"{self.WHAT} not found: {self.root / self.KARPATHY_NAME} ({hint})")
 
-    ``instances``: ``"auto"`` loads instance labels when the files exist, ``True`` requires
-    them, ``False`` skips them. ``captions_per_image``: 5 as in every COCO benchmark (a few
-    images have 6 or 7; the first 5 in file order are kept), None keeps all.
+    def _read_images(self, entries: list, kjson: Path, captions_per_image: Optional[int], image_id, image_path) \
+            -> list[str]:
+        """Fill the caption lists from the split file's ``entries`` (the first ``captions_per_image`` of each
+        image; fewer is an error; ``images_with_extra_captions`` counts the longer ones); returns the raw texts."""
+        self.image_ids, self.image_paths, self.captions, self.sent_ids = [], [], [], []
+        self.images_with_extra_captions = 0
+        self.image_captions: list[list[int]] = []
+        caption_image, raws = [], []
+        for im in entries:
+            sents = im.get("sentences") or []
+            if captions_per_image is not None:
+                if len(sents) < captions_per_image:
+                    raise UserError(f"image {im.get('cocoid', im.get('filename'))} has {len(sents)} captions in "
+                                    f"{kjson}, fewer than {captions_per_image}")
+                self.images_with_extra_captions += len(sents) > captions_per_image
+                sents = sents[:captions_per_image]
+            self.image_captions.append(list(range(len(self.captions), len(self.captions) + len(sents))))
+            for s in sents:
+                raw = s.get("raw")
+                raws.append(raw if raw is not None else " ".join(s.get("tokens", [])))
+                self.captions.append(raws[-1].strip())
+                self.sent_ids.append(int(s.get("sentid", -1)))
+                caption_image.append(len(self.image_ids))
+            self.image_ids.append(image_id(im))
+            self.image_paths.append(image_path(im))
+        self.caption_image = np.asarray(caption_image, dtype=np.int64)
+        return raws
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def num_captions(self) -> int:
+        return len(self.captions)
+
+    def image_dataset(self, transform: Optional[Callable] = None) -> "CocoImages":
+        return CocoImages(self, transform)
+
+    def pair_dataset(self, transform: Optional[Callable] = None, tokenizer: Optional[Callable] = None,
+                     mode: str = "random", seed: int = 0) -> "CocoPairs":
+        return CocoPairs(self, transform, tokenizer, mode=mode, seed=seed)
+
+
+class CocoCaptions(KarpathyCaptions):
+    """One Karpathy split of COCO Captions with official ids (:class:`KarpathyCaptions` attributes).
+
+    ``caption_ids``: official caption annotation ids (-1 when unmapped, or with ``official_ids=False``);
+    ``instance_labels``: uint8 [n_img, 80] multi-hot in COCO category-id order (``category_ids``,
+    ``category_names``), or None; ``mapping``: how many captions matched at each step. ``instances``:
+    "auto" loads them when the files exist, True requires them. ``captions_per_image``: 5 as in every
+    COCO benchmark (the first 5 in file order), None keeps all.
     """
 
     def __init__(self, root: PathLike, split: str = "test", karpathy_json: Optional[PathLike] = None, *,
@@ -106,10 +147,10 @@ class CocoCaptions:
         self.split = split
         if not self.root.is_dir():
             raise UserError(f"COCO root directory not found: {self.root} ({IMAGES_HINT})")
-        kjson = self._find_karpathy(karpathy_json)
+        kjson = self._find_karpathy(karpathy_json, KARPATHY_HINT)
         ann_dir = Path(annotations_dir) if annotations_dir is not None else self.root / "annotations"
         self.annotations_dir = ann_dir
-        data = _load_json(kjson, "COCO Karpathy split JSON", KARPATHY_HINT)
+        data = _load_json(kjson, self.WHAT, KARPATHY_HINT)
         if not isinstance(data, dict) or "images" not in data:
             raise UserError(f"{kjson} is not a Karpathy split file (no 'images' list)")
         wanted = set(SPLITS[split])
@@ -117,42 +158,16 @@ class CocoCaptions:
         if not entries:
             raise UserError(f"no images with split {sorted(wanted)} in {kjson}")
         _check_coco_entries(entries, data, kjson)
+        dirs: dict[str, Path] = {}
 
-        self.image_ids: list[int] = []
-        self.image_paths: list[Path] = []
-        self.captions: list[str] = []
-        self.sent_ids: list[int] = []
-        self.caption_image: list[int] = []
-        self.image_captions: list[list[int]] = []
-        self.images_with_extra_captions = 0
-        raws: list[str] = []
-        folders: set[str] = set()
-        for im in entries:
-            sents = im.get("sentences", [])
-            if captions_per_image is not None:
-                if len(sents) > captions_per_image:
-                    self.images_with_extra_captions += 1
-                if len(sents) < captions_per_image:
-                    raise UserError(f"image {im.get('cocoid')} has {len(sents)} captions in {kjson}, "
-                                    f"fewer than {captions_per_image}")
-                sents = sents[:captions_per_image]
-            idx = len(self.image_ids)
-            self.image_ids.append(int(im["cocoid"]))
-            fp = im.get("filepath") or ("val2014" if "val2014" in im["filename"] else "train2014")
-            folders.add(fp)
-            self.image_paths.append(self._image_dir(fp, check_images) / im["filename"])
-            caps = []
-            for s in sents:
-                caps.append(len(self.captions))
-                raw = s.get("raw")
-                if raw is None:
-                    raw = " ".join(s.get("tokens", []))
-                raws.append(raw)
-                self.captions.append(raw.strip())
-                self.sent_ids.append(int(s.get("sentid", -1)))
-                self.caption_image.append(idx)
-            self.image_captions.append(caps)
-        self.caption_image = np.asarray(self.caption_image, dtype=np.int64)
+        def image_path(im: dict) -> Path:
+            folder = im.get("filepath") or ("val2014" if "val2014" in im["filename"] else "train2014")
+            if folder not in dirs:
+                dirs[folder] = self._image_dir(folder, check_images)
+            return dirs[folder] / im["filename"]
+
+        raws = self._read_images(entries, kjson, captions_per_image, lambda im: int(im["cocoid"]), image_path)
+        folders = set(dirs)
         if check_images and self.image_paths and not self.image_paths[0].is_file():
             raise UserError(f"COCO image not found: {self.image_paths[0]} ({IMAGES_HINT})")
 
@@ -172,19 +187,6 @@ class CocoCaptions:
             if instances is True or all(f.is_file() for f in files):
                 self._load_instances(files)
 
-    # ------------------------------------------------------------------ files
-    def _find_karpathy(self, karpathy_json) -> Path:
-        if karpathy_json is not None:
-            p = Path(karpathy_json)
-            if not p.is_file():
-                raise UserError(f"COCO Karpathy split JSON not found: {p} ({KARPATHY_HINT})")
-            return p
-        for cand in (self.root / "dataset_coco.json", self.root / "annotations" / "dataset_coco.json",
-                     self.root / "karpathy" / "dataset_coco.json"):
-            if cand.is_file():
-                return cand
-        raise UserError(f"COCO Karpathy split JSON not found: {self.root / 'dataset_coco.json'} ({KARPATHY_HINT})")
-
     def _image_dir(self, folder: str, check: bool) -> Path:
         for cand in (self.root / folder, self.root / "images" / folder):
             if cand.is_dir():
@@ -193,7 +195,6 @@ class CocoCaptions:
             raise UserError(f"COCO image folder not found: {self.root / folder} ({IMAGES_HINT})")
         return self.root / folder
 
-    # ------------------------------------------------------------------ ids
     def _map_caption_ids(self, raws: list[str], folders: set[str]) -> None:
         by_image: dict[int, list[tuple[int, str]]] = defaultdict(list)
         for folder in sorted(folders):
@@ -258,21 +259,6 @@ class CocoCaptions:
                 labels[i, col[c]] = 1
         self.instance_labels = labels
 
-    # ------------------------------------------------------------------ views
-    def __len__(self) -> int:
-        return len(self.image_ids)
-
-    @property
-    def num_captions(self) -> int:
-        return len(self.captions)
-
-    def image_dataset(self, transform: Optional[Callable] = None) -> "CocoImages":
-        return CocoImages(self, transform)
-
-    def pair_dataset(self, transform: Optional[Callable] = None, tokenizer: Optional[Callable] = None,
-                     mode: str = "random", seed: int = 0) -> "CocoPairs":
-        return CocoPairs(self, transform, tokenizer, mode=mode, seed=seed)
-
     def __repr__(self) -> str:
         return (f"CocoCaptions(split={self.split!r}, images={len(self.image_ids)}, "
                 f"captions={len(self.captions)}, unmapped={len(self.unmapped)}, "
@@ -305,12 +291,9 @@ class CocoImages:
 
 
 class CocoPairs:
-    """Image-caption training pairs: ``ds[i] -> (image, caption, image_index, caption_index)``.
-
-    ``mode="random"``: one item per image, the caption drawn per (seed, epoch, image) (call
-    ``set_epoch`` each epoch, like VSE / PCME image-major sampling); ``mode="all"``: one
-    item per caption (every pair each epoch, PCME++'s caption-major sampling). ``caption`` is
-    the string, or the 1-D token tensor when a tokenizer is given.
+    """Image-caption training pairs: ``ds[i] -> (image, caption, image_index, caption_index)``. ``mode="random"``:
+    one item per image, its caption drawn per (seed, epoch, image) (VSE / PCME's image-major sampling; call
+    ``set_epoch``); ``"all"``: one item per caption (PCME++'s). ``caption`` is tokenised when a tokenizer is given.
     """
 
     def __init__(self, coco: CocoCaptions, transform: Optional[Callable] = None,

@@ -1,56 +1,13 @@
-"""Lossy views of images for the occlusion inclusion term: "an image is included in a degraded copy of itself".
+"""Lossy views of images for the occlusion inclusion term: "an image is included in a degraded copy of
+itself". :func:`degrade_images` puts each image through one operation drawn from ``ops`` (blanked
+cells, blur, downsampling, dimming, JPEG, greyscale, crop, shift, sketch) at a random strength; the
+table of operations and strengths is in docs/data.md.
 
-ProLIP's occlusion term teaches sigma^2 that a partial input is the wider Gaussian, using one kind
-of partial image: patches dropped (:func:`zsprob.data.masking.mask_image_cells` is zsprob's
-input-level form). A model trained that way learns "blanked cells are uncertain" and nothing about
-the other ways an image can carry less information. :func:`degrade_images` draws, per image, one
-operation from a family of information-removing image corruptions of the kind ImageNet-C and
-SimCLR's augmentations use, with a random strength:
-
-=============  ========================================================================  ==============
-operation      what it does (strength drawn uniformly per image)                         strength
-=============  ========================================================================  ==============
-``cells``      :func:`~zsprob.data.masking.mask_image_cells` (the loss's ``image_drop_prob``)  fixed
-``blur``       Gaussian blur, sigma = s x the image side, kernel 2 ceil(3 sigma) + 1      s in [0.02, 0.07]
-``downsample`` area-average down to side / f, back up bilinear or nearest (a coin)        f in [3, 8]
-``dim``        brightness times f (in pixels, before normalisation)                      f in [0.15, 0.5]
-``jpeg``       JPEG re-encoding at quality q                                             q in {5, ..., 20}
-``grayscale``  luminance (ITU-R 601 weights) in every channel                            -
-``crop``       a random square window of side r x the image, resized back (bilinear)     r in [0.5, 0.8]
-``shift``      the content moved by s x the side along a random direction, at the same  s in [0.25, 0.45]
-               scale, wrapping around: objects that cross the frame are cut in two
-``sketch``     dark outlines on white: 1 - clamp(g / t) of the luminance's Sobel gradient  t in [0.15, 0.35]
-               magnitude g, in every channel (colour, fill and texture are lost)
-=============  ========================================================================  ==============
-
-All nine are partial views in ProLIP's sense (the original is included in them): a crop keeps part
-of the scene as dropped patches do, a shift cuts the objects that cross the frame, the others keep
-all of it at less detail. Which
-operations a run uses is the loss option ``image_degrade_ops`` (default: the first seven,
-:data:`zsprob.methods.DEFAULT_DEGRADE_OPS`), checked with the loss's other options
-(:func:`zsprob.prob.prolip.check_occlusion_options`).
-
-The images are the model's *normalised* tensors [B, C, H, W] (``(pixel - mean) / std``); the
-linear operations whose weights sum to one (blur, resampling) commute with that normalisation and
-run on the tensors as they are (``shift`` too: it only moves them), ``dim``, ``jpeg``, ``grayscale``
-and ``sketch`` go through pixel values with the model's ``mean`` / ``std``. All randomness comes
-from one CPU ``torch.Generator``: the same generator state gives the same views.
-
-The images may live on any device; the copy is made there, without waiting on it. Every random
-number is drawn on the CPU generator (the same draws, in the same order, on every device); the
-draws are host data, so the per-image choices (which rows take which operation, the strengths, the
-kernel sizes and windows) are read on the host without a device sync, the rows of each operation
-are gathered and written back with index tensors copied to the device without blocking, and the
-small per-image tensors (factors, thresholds, normalisation) follow the same way, ``jpeg``
-included: on the CPU its rows go through libjpeg (where reading them is free), on any other
-device through :func:`zsprob.data.jpeg_torch.jpeg_roundtrip`, the same lossy steps written in
-torch, on that device. No operation makes a host sync.
-
-torchvision does the blur (``gaussian_blur``, which builds its kernel on the images' device) and
-the CPU's JPEG codec (``torchvision.io.encode_jpeg`` / ``decode_jpeg``), the resampling goes
-through ``torch.nn.functional.interpolate``; zsprob writes the choice of operations, their
-strengths, the normalisation bookkeeping, the row gathering and the device-side JPEG
-(:mod:`zsprob.data.jpeg_torch`).
+Images are the model's normalised tensors [B, C, H, W] on any device. Every random number comes from
+one CPU generator, read on the host without a device sync; the rows of each operation are gathered and
+written back with index tensors copied without blocking. JPEG runs through Pillow's libjpeg on the
+CPU and through :func:`zsprob.data.jpeg_torch.jpeg_roundtrip` elsewhere, so no operation syncs.
+torchvision blurs, ``torch.nn.functional.interpolate`` resamples; the rest is zsprob's.
 """
 from __future__ import annotations
 
@@ -61,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from zsprob.data.masking import mask_image_cells
-from zsprob.data.jpeg_torch import jpeg_roundtrip
-from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS
+from zsprob.data.jpeg_torch import jpeg_roundtrip, libjpeg_roundtrip
+from zsprob.methods import DEFAULT_DEGRADE_OPS
 from zsprob.utils.host_sync import host_read_is_free
 
 __all__ = ["degrade_images", "blur", "downsample", "dim", "jpeg", "grayscale", "crop", "shift", "sketch"]
@@ -78,9 +35,8 @@ LUMA = (0.299, 0.587, 0.114)
 
 
 def _host(draws: torch.Tensor) -> list:
-    """Python values of a draw made on the CPU generator. They are host data: reading them never
-    waits on a device, so it happens outside ``HostSyncCounter``'s view (which counts reads of any
-    tensor, to stand in for device tensors on a CPU); a tensor on another device is refused."""
+    """Python values of a draw made on the CPU generator: host data, read outside ``HostSyncCounter``'s
+    view; a tensor on another device is refused."""
     if draws.device.type != "cpu":
         raise ValueError(f"only the CPU generator's draws are read on the host, got a tensor on {draws.device}")
     with torch._C.DisableTorchFunction():
@@ -141,17 +97,13 @@ def dim(images: torch.Tensor, factors: Sequence[float], mean, std) -> torch.Tens
 
 
 def jpeg(images: torch.Tensor, qualities: Sequence[int], mean, std) -> torch.Tensor:
-    """Each image JPEG-encoded at its quality and decoded (pixels clamped to [0, 1], 8 bits).
-
-    On the CPU the codec is torchvision's libjpeg; on a device where a host read is not free
-    (:func:`~zsprob.utils.host_sync.host_read_is_free`) the same round trip runs there, in
-    :func:`zsprob.data.jpeg_torch.jpeg_roundtrip` (libjpeg's lossy steps in integer tensor
-    arithmetic, the same pixels as libjpeg-turbo's in the tests), so they never leave the device."""
+    """Each image JPEG-encoded at its quality and decoded (pixels clamped to [0, 1], 8 bits): by Pillow
+    where a host read is free, else on the device by :func:`zsprob.data.jpeg_torch.jpeg_roundtrip`
+    (the same pixels)."""
     pixels, mean, std = _to_pixels(images, mean, std)
     as_bytes = (pixels * 255.0).round().to(torch.uint8)
     if host_read_is_free(images.device):
-        from torchvision.io import decode_jpeg, encode_jpeg
-        decoded = torch.stack([decode_jpeg(encode_jpeg(image, quality=int(q))) for image, q in zip(as_bytes, qualities)])
+        decoded = libjpeg_roundtrip(as_bytes, qualities)
     else:
         decoded = jpeg_roundtrip(as_bytes, qualities)
     return (decoded.to(images.dtype) / 255.0 - mean) / std
@@ -185,10 +137,8 @@ def crop(images: torch.Tensor, ratios: Sequence[float], offsets: Sequence[tuple[
 
 
 def shift(images: torch.Tensor, moves: Sequence[tuple[float, float]]) -> torch.Tensor:
-    """Each image's content moved by (dy, dx) (shares of the height / width, signed) at the same
-    scale, wrapping around (``torch.roll``): an object that crosses the frame is cut in two at
-    opposite edges, and the background needs no fill (a fill - repeated edge pixels, a constant -
-    would draw streaks or bands no rendered image has)."""
+    """Each image's content moved by (dy, dx) (signed shares of the height / width), wrapping around:
+    an object that crosses the frame is cut in two, and no fill draws streaks a rendered image lacks."""
     height, width = images.shape[-2:]
     return torch.stack([image.roll((round(dy * height), round(dx * width)), dims=(-2, -1))
                         for image, (dy, dx) in zip(images, moves)])
@@ -240,22 +190,12 @@ def _apply(name: str, images, generator, mean, std, drop_prob, cell):
 def degrade_images(images: torch.Tensor, generator: torch.Generator, *, mean: Sequence[float], std: Sequence[float],
                    ops: Sequence[str] = DEFAULT_DEGRADE_OPS, drop_prob: float = 0.25,
                    cell: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each image of ``images`` [B, C, H, W] (normalised with ``mean`` / ``std``, on any device)
-    through one operation of ``ops`` drawn uniformly per image, at a random strength (module
-    docstring); ``generator`` is a CPU generator (None: torch's global one), whose draws decide
-    everything.
-
-    ``drop_prob`` / ``cell``: the ``cells`` operation's share and cell size. Returns the degraded
-    copy and, per image, the index into ``ops`` of its operation (both on the images' device).
-    No host sync (module docstring).
+    """Each image of ``images`` [B, C, H, W] (normalised with ``mean`` / ``std``) through one operation of
+    ``ops`` drawn per image; ``generator``: a CPU generator (None: torch's global one); ``drop_prob`` /
+    ``cell``: the ``cells`` operation's share and cell size. Returns the degraded copy and each image's
+    index into ``ops``, both on the images' device.
     """
     ops = tuple(ops)
-    if not ops or set(ops) - set(DEGRADE_OPS):
-        raise ValueError(f"degrade ops must be a non-empty subset of {DEGRADE_OPS}, got {ops}")
-    if images.dim() != 4:
-        raise ValueError(f"images must be [B, C, H, W], got {tuple(images.shape)}")
-    if generator is not None and generator.device.type != "cpu":
-        raise ValueError(f"degrade_images draws on a CPU generator, got one on {generator.device}")
     choice = torch.randint(len(ops), (images.shape[0],), generator=generator)
     chosen = _host(choice)
     out = images.clone()

@@ -1,43 +1,26 @@
-"""The lossy part of baseline JPEG in torch, on the images' device: what an encode and a decode at
-quality q do to the pixels, without the bytes.
+"""JPEG's round trip (encode at quality q, decode) without the bytes: on the images' device in torch,
+and on the CPU through Pillow's libjpeg, the reference the device path equals pixel for pixel.
 
-Entropy coding (Huffman) is lossless, so a JPEG round trip is fixed by the steps around it; this
-module writes them as libjpeg(-turbo) does with its defaults (``jpeg_set_defaults`` +
-``jpeg_set_quality(q, force_baseline=TRUE)`` to encode, the default decoder: "islow" DCT, fancy
-upsampling), so that :func:`jpeg_roundtrip` gives the pixels of
-``torchvision.io.decode_jpeg(encode_jpeg(image, q))``:
-
-1. RGB -> YCbCr (JFIF, ITU-R 601 full range) in libjpeg's 16-bit fixed point, rounded;
-2. 4:2:0 chroma: each chroma component edge-replicated to whole 16-pixel MCU columns (and an
-   even number of rows), averaged over 2 x 2 pixels with libjpeg's alternating rounding bias
-   (1, 2, 1, 2, ... along a row), its last row repeated down to a whole block; the luma
-   edge-replicated to whole MCUs;
-3. level shift (-128), 8 x 8 block DCT-II, division by the quantisation table and rounding half
-   away from zero; the tables are the IJG standard luminance / chrominance tables (JPEG Annex
-   K.1) scaled by quality (``5000 / q`` % below 50, ``200 - 2q`` % from 50, each entry rounded,
-   clamped to [1, 255]);
-4. dequantisation, inverse DCT, level shift (+128), clamping to [0, 255];
-5. chroma upsampled by libjpeg's "fancy" triangle filter (weights 9 / 3 / 3 / 1 over the nearest
-   chroma samples, edge samples replicated, rounding biases 8 and 7; chroma at most two samples
-   wide is repeated instead), YCbCr -> RGB in libjpeg's fixed point, clamped to [0, 255].
-
-Every step is integer arithmetic on int32 / int64 tensors, the DCT pair included: libjpeg's
-default transform is the Loeffler-Ligtenberg-Moschytz factorisation in 13-bit fixed point
-("islow"), whose rounding decides which coefficients cross a quantisation boundary, so it is
-written out here rather than replaced by a float DCT. tests/test_data_degrade.py checks the result
-against torchvision's libjpeg-turbo (docs/training.md says how closely). A single-channel image is
-coded as a greyscale JPEG (luma only). The quality of each image is a host number; the tables are
-copied to the device without blocking, and nothing reads a pixel on the host. torch does the
-arithmetic; the steps and their constants follow the JPEG standard and libjpeg's published
-algorithms, written for tensors here.
+Entropy coding is lossless, so the round trip is fixed by the lossy steps around it, written here as
+libjpeg(-turbo) does them with its defaults (``jpeg_set_quality(q, force_baseline=TRUE)``, 4:2:0
+chroma, the "islow" integer DCT; the default decoder's "fancy" chroma upsampling): RGB -> YCbCr in
+16-bit fixed point; chroma edge-replicated to whole MCUs and averaged over 2 x 2 with alternating
+rounding bias; level shift, 8 x 8 DCT, quantisation by the Annex K.1 tables scaled by quality; the
+inverse steps, clamped to [0, 255]. Every step is integer tensor arithmetic, the DCT pair included:
+its rounding decides which coefficients cross a quantisation boundary. A single-channel image is a
+greyscale JPEG. Nothing reads a pixel on the host. Pillow encodes and decodes the CPU reference;
+docs/data.md says which settings make the two equal.
 """
 from __future__ import annotations
 
+import io
 from typing import Sequence
 
+import numpy as np
 import torch
 
-__all__ = ["jpeg_roundtrip", "quant_tables", "LUMINANCE_TABLE", "CHROMINANCE_TABLE"]
+__all__ = ["jpeg_roundtrip", "libjpeg_bytes", "libjpeg_roundtrip", "quant_tables", "LUMINANCE_TABLE",
+           "CHROMINANCE_TABLE"]
 
 #: JPEG Annex K.1 tables (natural order: row = vertical frequency), as libjpeg's ``jcparam.c`` uses them
 LUMINANCE_TABLE = (
@@ -115,8 +98,7 @@ def _ycbcr_to_rgb(y: torch.Tensor, cb: torch.Tensor, cr: torch.Tensor) -> torch.
 
 
 def _downsample(plane: torch.Tensor) -> torch.Tensor:
-    """2 x 2 averages of int32 [B, H, W] (H, W even) with libjpeg's bias 1, 2, 1, 2, ... along a
-    row (``h2v2_downsample``): the halves round alternately down and up."""
+    """2 x 2 averages of int32 [B, H, W] (H, W even) with libjpeg's bias 1, 2, 1, 2, ... along a row."""
     batch, height, width = plane.shape
     sums = plane.reshape(batch, height // 2, 2, width // 2, 2).sum((2, 4))
     bias = 1 + torch.arange(width // 2, device=plane.device, dtype=plane.dtype) % 2
@@ -124,10 +106,8 @@ def _downsample(plane: torch.Tensor) -> torch.Tensor:
 
 
 def _upsample(plane: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """int32 [B, h, w] chroma -> [B, height, width] by libjpeg's ``h2v2_fancy_upsample``: each
-    output sample is (9 nearest + 3 vertical + 3 horizontal + 1 diagonal neighbour) / 16, with the
-    edge samples replicated and rounding biases 8 (even columns) and 7 (odd columns). Chroma two
-    samples wide or less is repeated 2 x 2 instead, as libjpeg does."""
+    """int32 [B, h, w] chroma -> [B, height, width] by libjpeg's ``h2v2_fancy_upsample`` (9 / 3 / 3 / 1
+    weights, edges replicated, biases 8 and 7); chroma at most two samples wide is repeated 2 x 2."""
     if plane.shape[-1] <= 2:
         return plane.repeat_interleave(2, 1).repeat_interleave(2, 2)[:, :height, :width]
     up, down = torch.cat([plane[:, :1], plane[:, :-1]], 1), torch.cat([plane[:, 1:], plane[:, -1:]], 1)
@@ -141,11 +121,9 @@ def _upsample(plane: torch.Tensor, height: int, width: int) -> torch.Tensor:
 #: the integer DCT pair's fixed point: constants in 13 bits, 2 more bits kept between the passes
 CONST_BITS, PASS1_BITS = 13, 2
 #: the rotations of the Loeffler-Ligtenberg-Moschytz factorisation (libjpeg's "islow" DCT) in CONST_BITS fixed point
-LLM = {name: int(value * (1 << CONST_BITS) + 0.5) for name, value in {
-    "0.298631336": 0.298631336, "0.390180644": 0.390180644, "0.541196100": 0.541196100, "0.765366865": 0.765366865,
-    "0.899976223": 0.899976223, "1.175875602": 1.175875602, "1.501321110": 1.501321110, "1.847759065": 1.847759065,
-    "1.961570560": 1.961570560, "2.053119869": 2.053119869, "2.562915447": 2.562915447, "3.072711026": 3.072711026,
-}.items()}
+LLM = {name: int(float(name) * (1 << CONST_BITS) + 0.5) for name in (
+    "0.298631336", "0.390180644", "0.541196100", "0.765366865", "0.899976223", "1.175875602", "1.501321110",
+    "1.847759065", "1.961570560", "2.053119869", "2.562915447", "3.072711026")}
 
 
 def _descale(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -154,9 +132,8 @@ def _descale(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _odd_rotation(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor):
-    """The odd half of the 8-point LLM butterfly, shared by both directions: for inputs (a, b, c,
-    d) it returns the four sums that become the odd outputs (forward: coefficients 7, 5, 3, 1 from
-    the differences x3 - x4, x2 - x5, x1 - x6, x0 - x7; inverse: from coefficients 7, 5, 3, 1)."""
+    """The odd half of the 8-point LLM butterfly, shared by both directions (forward: from x3 - x4, x2 - x5,
+    x1 - x6, x0 - x7; inverse: from coefficients 7, 5, 3, 1)."""
     z1, z2, z3, z4 = a + d, b + c, a + c, b + d
     z5 = (z3 + z4) * LLM["1.175875602"]
     z1, z2 = z1 * -LLM["0.899976223"], z2 * -LLM["2.562915447"]
@@ -207,9 +184,8 @@ def _idct(coefficients: torch.Tensor) -> torch.Tensor:
 
 
 def _lossy_blocks(plane: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """int32 [B, H, W] samples (H, W multiples of 8) through level shift, 8 x 8 DCT, quantisation
-    by ``tables`` (int64 [B, 8, 8]; rounded half away from zero), dequantisation, inverse DCT,
-    level shift and clamping: the decoded int32 samples."""
+    """int32 [B, H, W] samples (H, W multiples of 8) through the 8 x 8 DCT, quantisation by ``tables`` (int64
+    [B, 8, 8], rounded half away from zero) and back: the decoded int32 samples."""
     batch, height, width = plane.shape
     blocks = (plane.to(torch.int64) - CENTER).reshape(batch, height // 8, 8, width // 8, 8).transpose(2, 3)
     eighths = _fdct(blocks)                                   # [B, H/8, W/8, 8, 8]: 8 x the coefficients
@@ -221,9 +197,8 @@ def _lossy_blocks(plane: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
 
 
 def jpeg_roundtrip(images: torch.Tensor, qualities: Sequence[int]) -> torch.Tensor:
-    """``decode_jpeg(encode_jpeg(image, quality))`` of each image of ``images`` (uint8 [B, C, H, W],
-    C = 3: baseline 4:2:0 colour; C = 1: greyscale) at its quality (1..100), computed on the
-    images' device (module docstring); returns uint8 [B, C, H, W]."""
+    """Each image of ``images`` (uint8 [B, C, H, W]; C = 3: 4:2:0 colour, C = 1: greyscale) encoded at its
+    quality (1..100) and decoded, on the images' device; returns uint8 [B, C, H, W]."""
     if images.dim() != 4 or images.shape[1] not in (1, 3):
         raise ValueError(f"images must be [B, 1 or 3, H, W], got {tuple(images.shape)}")
     qualities = [int(q) for q in qualities]
@@ -245,3 +220,27 @@ def jpeg_roundtrip(images: torch.Tensor, qualities: Sequence[int]) -> torch.Tens
     cb, cr = (_upsample(_lossy_blocks(c, chroma_tables)[:, :chroma_h, :chroma_w], height, width)
               for c in (cb, cr))
     return _ycbcr_to_rgb(y, cb, cr).to(torch.uint8)
+
+
+def libjpeg_bytes(image: torch.Tensor, quality: int) -> bytes:
+    """One uint8 [C, H, W] CPU image (C = 1 or 3) as baseline JPEG at ``quality``, encoded by Pillow's
+    libjpeg with its defaults (4:2:0 chroma for colour): the bytes torchvision's ``encode_jpeg`` wrote."""
+    from PIL import Image
+
+    with torch._C.DisableTorchFunction():  # a read on the CPU, where it stalls nothing
+        pixels = image.permute(1, 2, 0).contiguous().numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels).save(buffer, "JPEG", quality=int(quality))
+    return buffer.getvalue()
+
+
+def libjpeg_roundtrip(images: torch.Tensor, qualities: Sequence[int]) -> torch.Tensor:
+    """:func:`jpeg_roundtrip` on the CPU through Pillow's libjpeg: each uint8 [C, H, W] image of ``images``
+    encoded at its quality and decoded; returns uint8 [B, C, H, W]."""
+    from PIL import Image
+
+    decoded = []
+    for image, quality in zip(images, qualities):
+        pixels = np.asarray(Image.open(io.BytesIO(libjpeg_bytes(image, quality))))
+        decoded.append(torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1).copy()).permute(2, 0, 1))
+    return torch.stack(decoded)

@@ -1,39 +1,13 @@
 """Masked copies of inputs for ProLIP's occlusion inclusion term (a partial input includes the whole).
 
-Pure tensor functions with an explicit ``torch.Generator`` (same generator state, same masks):
-
-- :func:`mask_tokens`: every ordinary token of a caption is replaced by a mask token with
-  probability ``drop_prob`` (independently, as ProLIP's trainer does); padding and the special
-  tokens (start / end of text) are never touched, so the caption length and the pooled position
-  stay where the tower expects them.
-- :func:`delete_tokens`: zsprob's variant for SynthWorld's recipe: each ordinary token is DELETED
-  with probability ``drop_prob`` and the rest close up (padding moves to the end), so the copy is
-  a shorter caption made of a subset of the words - for a bag of words exactly a more general
-  caption ("a red star" -> "a star"), which is what the inclusion term should teach.
-- :func:`text_mask_spec`: the mask token and the protected ids of a tokenizer.
-  open_clip's CLIP BPE (``SimpleTokenizer``) has no mask token; zsprob uses "?" (id 286 in the
-  CLIP vocabulary, the id ProLIP's ``--replace-token`` help names for CLIP). It is an ordinary
-  token: below the end-of-text id (49407), so a tower that pools at the largest id (open_clip's
-  "argmax" pooling) still pools at end-of-text, and not 0, so a tower that counts the tokens
-  before the padding (zsprob's bag of words) keeps the caption's length. Hugging Face tokenizers
-  (open_clip's ``HFTokenizer``): their ``mask_token`` if they have one, else ``<extra_id_99>``
-  when the vocabulary has it (id 32000 in SigLIP's, ProLIP's choice), else ``unk_token``; every
-  special id of the tokenizer, and the padding id, is protected.
-- :func:`mask_image_cells`: ProLIP drops patch TOKENS inside its ViT (a masked image keeps
-  ``int(n_patches * drop_prob)`` patches and their position embeddings). zsprob also trains CNN
-  towers, which have no tokens, so it masks the INPUT instead: the image is cut into a grid of
-  ``cell`` x ``cell`` pixel cells (the last row / column may be smaller), exactly
-  ``n_cells - max(1, int(n_cells * (1 - drop_prob)))`` cells, drawn per image, are set to
-  ``fill`` (0 = the dataset mean after the usual normalisation) and the rest is unchanged. For a
-  ViT whose patches align with the grid this hides the same information as dropping those
-  patches, but the blanked patches still pass through the tower as tokens.
-
-Every function takes tensors on any device and returns its copy on that device without waiting
-on it: the draws are made on the generator's device (a CPU generator: the same masks on every
-device), then copied to the tensors' device without blocking; the masks are applied with tensor
-operations (no ``nonzero``, ``unique`` or host reads).
-
-Written on plain torch (rand, topk, searchsorted); open_clip provides the tokenizers it reads.
+:func:`mask_tokens` replaces ordinary caption tokens by a mask token (as ProLIP's trainer does);
+:func:`delete_tokens` deletes them, so the copy is a more general caption ("a red star" -> "a star");
+padding and the start / end tokens are never touched. :func:`mask_image_cells` blanks pixel cells:
+ProLIP drops ViT patch tokens, but zsprob also trains CNN towers, so it masks the input. The mask token
+(:func:`text_mask_spec`) is "?" for CLIP's BPE (ordinary and below end-of-text, so argmax pooling and
+the bag of words' length are unchanged), else the tokenizer's mask, ``<extra_id_99>`` or unk token.
+Draws come from an explicit generator on its own device and are copied over without blocking; the
+options were checked with the loss's (:func:`zsprob.prob.prolip.check_occlusion_options`).
 """
 from __future__ import annotations
 
@@ -43,7 +17,8 @@ import torch
 
 from zsprob.errors import UserError
 
-__all__ = ["TextMaskSpec", "text_mask_spec", "mask_tokens", "delete_tokens", "cells_to_mask", "mask_image_cells", "CLIP_MASK_TOKEN"]
+__all__ = ["TextMaskSpec", "text_mask_spec", "mask_tokens", "delete_tokens", "cells_to_mask", "mask_image_cells",
+           "CLIP_MASK_TOKEN"]
 
 #: the mask token zsprob uses with open_clip's CLIP BPE: "?</w>"
 CLIP_MASK_TOKEN = "?</w>"
@@ -54,13 +29,6 @@ class TextMaskSpec:
     """The id that replaces masked tokens and the ids that are never masked (padding, specials)."""
     mask_id: int
     protected_ids: tuple[int, ...]
-
-
-def _check_prob(name: str, value: float) -> float:
-    value = float(value)
-    if not 0.0 <= value <= 1.0:
-        raise UserError(f"{name} must be in [0, 1], got {value}")
-    return value
 
 
 def text_mask_spec(tokenizer) -> TextMaskSpec:
@@ -107,9 +75,6 @@ def mask_tokens(tokens: torch.Tensor, drop_prob: float, spec: TextMaskSpec,
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """A copy of ``tokens`` [B, L] where each unprotected token is replaced by ``spec.mask_id``
     with probability ``drop_prob`` (one uniform draw per position, from ``generator``)."""
-    drop_prob = _check_prob("drop_prob", drop_prob)
-    if tokens.dim() != 2:
-        raise ValueError(f"tokens must be [B, L], got {tuple(tokens.shape)}")
     draws = _draws_like(tokens.shape, generator, tokens)
     replace = (draws < drop_prob) & ~_protected(tokens, spec)
     return tokens.masked_fill(replace, spec.mask_id)
@@ -117,13 +82,8 @@ def mask_tokens(tokens: torch.Tensor, drop_prob: float, spec: TextMaskSpec,
 
 def delete_tokens(tokens: torch.Tensor, drop_prob: float, spec: TextMaskSpec,
                   generator: torch.Generator | None = None, pad_id: int = 0) -> torch.Tensor:
-    """A copy of ``tokens`` [B, L] where each unprotected token is deleted with probability
-    ``drop_prob`` (one uniform draw per position, from ``generator``, the same draws as
-    :func:`mask_tokens`); the kept tokens keep their order and the freed positions become
-    ``pad_id`` at the end of the row."""
-    drop_prob = _check_prob("drop_prob", drop_prob)
-    if tokens.dim() != 2:
-        raise ValueError(f"tokens must be [B, L], got {tuple(tokens.shape)}")
+    """A copy of ``tokens`` [B, L] where each unprotected token is deleted with probability ``drop_prob`` (the
+    draws of :func:`mask_tokens`); the kept tokens close up in order, ``pad_id`` fills the end of the row."""
     draws = _draws_like(tokens.shape, generator, tokens)
     keep = ~((draws < drop_prob) & ~_protected(tokens, spec)) & (tokens != pad_id)
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept positions first, in order
@@ -142,13 +102,9 @@ def cells_to_mask(n_cells: int, drop_prob: float) -> int:
 def mask_image_cells(images: torch.Tensor, drop_prob: float, cell: int,
                      generator: torch.Generator | None = None, fill: float = 0.0) -> torch.Tensor:
     """A copy of ``images`` [B, C, H, W] with :func:`cells_to_mask` grid cells of ``cell`` pixels
-    set to ``fill`` in every image (cells drawn per image from ``generator``)."""
-    drop_prob = _check_prob("image drop_prob", drop_prob)
-    if images.dim() != 4:
-        raise ValueError(f"images must be [B, C, H, W], got {tuple(images.shape)}")
+    set to ``fill`` in every image (cells drawn per image from ``generator``; the last row / column of
+    cells may be smaller)."""
     cell = int(cell)
-    if cell < 1:
-        raise UserError(f"mask cell size must be >= 1 pixel, got {cell}")
     batch, _, height, width = images.shape
     rows, cols = -(-height // cell), -(-width // cell)
     n_drop = cells_to_mask(rows * cols, drop_prob)

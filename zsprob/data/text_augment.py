@@ -1,21 +1,11 @@
 """Text SizeAugment on token batches, as naver-ai/pcmepp applies it to COCO training captions.
 
-The official dataset (``datasets.process_caption_vit``; every official COCO config sets
-txt_size_augment 0.2, txt_size_augment_masking 0.5, txt_size_augment_erasing 0.1) walks the BPE
-tokens of a caption between its start and end tokens and, independently per token, selects it with
-probability ``share``; a selected token is replaced by the mask token (CLIP's BPE token of the
-single character "M") with probability ``masking``, by a random token with probability ``erasing``,
-and deleted otherwise (the caption gets shorter: the following tokens move up). The start token,
-the end token and the padding are never touched.
-
-zsprob owns the whole module (no library does this): a pure function on an open_clip token batch
-[B, L] padded with 0, with an explicit ``torch.Generator``. The tokens may live on any device: the
-random draws come from the generator on its own device (the CPU in training, so a run draws the same
-numbers wherever it trains) and are copied over without waiting; nothing is read back. The start
-token is position 0, the end token is the last non-zero position of each row. One deviation: the official code draws random
-tokens from the whole vocabulary; zsprob draws them from ``[1, vocab_size - 2)``, so that neither
-the padding id 0 nor CLIP's start / end ids (the two largest; the end token is found by argmax
-pooling) can appear inside a caption.
+Between a caption's start and end tokens each token is selected with probability ``share``; a selected
+token is replaced by the mask token (CLIP's BPE "M") with probability ``masking``, by a random token with
+probability ``erasing``, and deleted otherwise (the rest move up). One deviation from the official
+code: random tokens come from ``[1, vocab_size - 2)``, so neither padding nor CLIP's start / end ids
+appear inside a caption. The tokens ([B, L], padded with 0) may live on any device: the draws come from
+the generator on its own device and are copied over without waiting; nothing is read back.
 """
 from __future__ import annotations
 
@@ -38,40 +28,29 @@ def mask_token_of(tokenizer) -> tuple[int, int]:
     return int(mask), int(vocab)
 
 
-def _check_share(name: str, value: float) -> float:
-    value = float(value)
-    if not 0.0 <= value <= 1.0:
-        raise UserError(f"{name} must be in [0, 1], got {value}")
-    return value
+def _checked(share: float, masking: float, erasing: float) -> tuple[float, float, float]:
+    """The three shares as floats, each in [0, 1] with masking + erasing <= 1 (else one UserError line)."""
+    values = tuple(float(v) for v in (share, masking, erasing))
+    for name, value in zip(("", "_masking", "_erasing"), values):
+        if not 0.0 <= value <= 1.0:
+            raise UserError(f"data.text_size_augment{name} must be in [0, 1], got {value}")
+    if values[1] + values[2] > 1.0:
+        raise UserError(f"text SizeAugment masking + erasing must be <= 1, got {masking} + {erasing}")
+    return values
 
 
 def size_augment_tokens(tokens: torch.Tensor, *, share: float = 0.2, masking: float = 0.5,
                         erasing: float = 0.1, mask_token: int = CLIP_MASK_TOKEN,
                         vocab_size: int = CLIP_VOCAB_SIZE, generator: torch.Generator | None = None,
                         return_counts: bool = False):
-    """Mask / randomise / delete caption tokens (see the module docstring).
-
-    Args:
-        tokens: [B, L] integer token ids, padded with 0 after the end token (not modified).
-        share: probability that a caption token is selected (txt_size_augment).
-        masking: share of the selected tokens replaced by ``mask_token``.
-        erasing: share of the selected tokens replaced by a random token; the remaining
-            ``1 - masking - erasing`` are deleted.
-        generator: torch generator; its draws are made on its own device (the CPU in training) and
-            moved to the tokens' device (None: torch's global RNG on the tokens' device).
-        return_counts: also return ``dict(candidates, masked, random, deleted)`` (token counts; reading
-            them waits on the device, so the training loop does not ask).
-
-    Returns:
-        [B, L] tokens of the same dtype on the tokens' device, padded with 0.
+    """``tokens`` [B, L] (not modified) with caption tokens masked, randomised or deleted (module docstring);
+    ``generator`` draws on its own device (None: torch's global RNG on the tokens' device). Returns [B, L]
+    tokens padded with 0, and with ``return_counts`` the counts of candidates, masked, random and deleted
+    tokens (reading them waits on the device).
     """
     if tokens.dim() != 2:
         raise UserError(f"text SizeAugment expects tokens [B, L], got shape {tuple(tokens.shape)}")
-    share = _check_share("data.text_size_augment", share)
-    masking = _check_share("data.text_size_augment_masking", masking)
-    erasing = _check_share("data.text_size_augment_erasing", erasing)
-    if masking + erasing > 1.0:
-        raise UserError(f"text SizeAugment masking + erasing must be <= 1, got {masking} + {erasing}")
+    share, masking, erasing = _checked(share, masking, erasing)
     if vocab_size < 4:
         raise UserError(f"text SizeAugment needs a vocabulary of at least 4 tokens, got {vocab_size}")
     bsz, length = tokens.shape
@@ -106,9 +85,8 @@ def _draws(bsz: int, length: int, vocab_size: int, generator: torch.Generator | 
 
 
 def _close_gaps(tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Each row's kept tokens moved to the front in order, padded with 0 (the deletion), by a gather:
-    output position p takes the (p + 1)-th kept token, found by a sorted search in the running count
-    of kept tokens; no data-dependent shapes, so nothing waits on the device."""
+    """Each row's kept tokens moved to the front in order, padded with 0: output position p takes the
+    (p + 1)-th kept token, found by a sorted search in the running count (no data-dependent shapes)."""
     bsz, length = tokens.shape
     kept_so_far = keep.long().cumsum(dim=1)
     wanted = torch.arange(1, length + 1, device=tokens.device).expand(bsz, length).contiguous()
@@ -121,11 +99,7 @@ class TextSizeAugment:
     """The training loop's view: config values and the tokenizer's ids bound once."""
 
     def __init__(self, share: float, masking: float, erasing: float, tokenizer=None):
-        self.share = _check_share("data.text_size_augment", share)
-        self.masking = _check_share("data.text_size_augment_masking", masking)
-        self.erasing = _check_share("data.text_size_augment_erasing", erasing)
-        if self.masking + self.erasing > 1.0:
-            raise UserError(f"text SizeAugment masking + erasing must be <= 1, got {masking} + {erasing}")
+        self.share, self.masking, self.erasing = _checked(share, masking, erasing)
         self.mask_token, self.vocab_size = mask_token_of(tokenizer)
 
     def __call__(self, tokens: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -1,28 +1,12 @@
 """CLIP_benchmark model type "zsprob": zsprob models in CLIP_benchmark's own evaluation.
 
-:func:`register` adds ``"zsprob"`` to ``clip_benchmark.models.TYPE2FUNC`` (and ``MODEL_TYPES``, which
-its command line offers as ``--model_type`` choices), so
-
-    register()
-    model, transform, tokenizer = clip_benchmark.models.load_clip(
-        "zsprob", model_name=CHECKPOINT_OR_NAME, pretrained=PATH_OR_EMPTY, cache_dir=None, device="cpu")
-
-gives a model whose ``encode_image`` / ``encode_text`` return zsprob's means (one tensor, as
-CLIP_benchmark's metrics expect) and whose ``encode_image_sigma2`` / ``encode_text_sigma2`` return
-sigma^2 (None for a deterministic model). ``model_name`` is a zsprob checkpoint directory or an
-export (``zsprob export``), with ``pretrained`` empty; or an open_clip / zsprob model name with
-``pretrained`` an open_clip tag in the local cache or a weights file / directory, a published
-ProLIP / PCME++ file, or a zsprob checkpoint of that model (zsprob's ``--model`` / ``--pretrained``).
-``transform`` is the model's evaluation preprocessing, ``tokenizer`` its tokenizer.
-
-One repair, made by :func:`register` only where it is needed: CLIP_benchmark 1.6.2's zero-shot
-``accuracy()`` (``clip_benchmark.metrics.zeroshot_classification``) calls ``float()`` on a
-one-element array, which numpy 2.4 refuses (TypeError); when a probe call of the installed function
-raises that, it is replaced by :func:`topk_accuracy`, the same top-k accuracy taken from a
-0-dimensional value, so CLIP_benchmark's ``evaluate()`` runs as installed.
-:func:`run_cli` runs CLIP_benchmark's own command line with the type registered (``zsprob
-clip-benchmark``); its dataset builder imports ``requests``, which clip-benchmark 1.6.2 does not
-declare, so zsprob's ``clip-benchmark`` extra lists it. CLIP_benchmark does the datasets, loaders and metrics; zsprob the model.
+:func:`register` adds ``"zsprob"`` to ``clip_benchmark.models.TYPE2FUNC`` (and ``MODEL_TYPES``), so
+``clip_benchmark.models.load_clip("zsprob", model_name=..., pretrained=..., cache_dir=None, device=...)``
+gives a model whose ``encode_image`` / ``encode_text`` return zsprob's means and ``encode_*_sigma2``
+sigma^2 (:func:`load_zsprob` says which names it takes). Where the installed numpy breaks
+CLIP_benchmark's zero-shot ``accuracy()`` (a ``float()`` of a one-element array), :func:`register`
+replaces it by :func:`topk_accuracy`, the same figure. :func:`run_cli` runs CLIP_benchmark's own
+command line with the type registered. CLIP_benchmark does the datasets, loaders and metrics.
 """
 from __future__ import annotations
 
@@ -62,7 +46,9 @@ class MeanEncoder(nn.Module):
 
 def load_zsprob(model_name: str, pretrained: str | None = "", cache_dir: str | None = None,
                 device: str | torch.device = "cpu"):
-    """CLIP_benchmark's loader signature -> ``(MeanEncoder, transform, tokenizer)`` (module docstring)."""
+    """CLIP_benchmark's loader signature -> ``(MeanEncoder, transform, tokenizer)``. ``model_name``: a zsprob
+    checkpoint or export (``pretrained`` empty), or a model name with ``pretrained`` what zsprob's
+    ``--pretrained`` takes (an open_clip tag, a weights file, a published file, a zsprob checkpoint)."""
     from zsprob.models import load_for_inference
     from zsprob.models.checkpoint import is_checkpoint
     from zsprob.models.open_clip_dir import export_section

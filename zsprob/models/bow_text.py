@@ -1,26 +1,12 @@
 """A bag-of-words text tower, and the CLIP container that pairs it with an open_clip image tower.
 
-Why it exists: on SynthWorld, trained from scratch on a CPU, the open_clip text transformer maps
-every caption onto one direction and zero-shot stays at chance; a bag of words - a learnt
-embedding per token, averaged over the caption - cannot collapse that way: captions that differ
-in one word stay apart from the first step, and the same image tower then learns shape. The
-measurements and the probe that made them: ``docs/findings.md`` ("How the demo's towers
-were chosen"). Word-embedding text encoders have precedent in the papers zsprob implements: PCME and
-VSE infinity encode captions with word embeddings (GloVe) and a bi-GRU pooled by GPO.
-
-``BagOfWordsText``: ``token_embedding`` (vocab x width, N(0, 1) init as ``nn.Embedding``) ->
-per-token linear ``text_projection`` (width -> embed_dim) -> pooled over the caption's tokens
-(start-of-text to end-of-text; padding ignored): a masked mean ("native"), or GPO in
-:class:`zsprob.models.ProbCLIP`. It uses open_clip's tokenizer (CLIP BPE) like every other
-zsprob model. Order is ignored by design: "a red star and a blue circle" and "a blue star and a
-red circle" embed alike; for real data use an open_clip text transformer. ``text_cfg`` key
-``mixer`` ("mlp" | "transformer" | "bigram"; default "none", the plain bag) makes the words interact before
-pooling (:mod:`zsprob.models.word_mixer`).
-
-``BowCLIP``: ``.visual`` is built by open_clip (``open_clip.model._build_vision_tower``: ViT or
-timm tower, exactly as in open_clip's ``CLIP``), ``.text`` is a :class:`BagOfWordsText`; it
-has open_clip's ``encode_image`` / ``encode_text`` / ``forward`` interface and a (frozen in
-zsprob) ``logit_scale``. A model JSON selects it with ``"text_cfg": {"tower": "bow", ...}``.
+On SynthWorld, trained from scratch on a CPU, the open_clip text transformer maps every caption onto
+one direction and zero-shot stays at chance; a bag of words cannot collapse that way (docs/findings.md,
+"How the demo's towers were chosen"). :class:`BagOfWordsText`: a learnt embedding per token (open_clip's
+tokenizer), a per-token projection, pooled over the caption (masked mean natively, or GPO in ProbCLIP);
+``mixer`` makes the words interact first (:mod:`zsprob.models.word_mixer`). :class:`BowCLIP`: open_clip's
+image tower (``_build_vision_tower``) with this text tower and open_clip's CLIP interface; a model JSON
+selects it with ``"text_cfg": {"tower": "bow", ...}``.
 """
 from __future__ import annotations
 

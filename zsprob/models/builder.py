@@ -1,11 +1,8 @@
 """Build a model from a checkpoint: :func:`load` (a zsprob checkpoint) and :func:`load_for_inference`.
 
-The builder side of the models package (timm's ``_builder`` beside ``_factory``): what a spec
-names is resolved by :mod:`zsprob.models.sources` (the same answer the factory gets), the model
-is rebuilt from the checkpoint's config by :mod:`zsprob.models.configs` and filled by
-:mod:`zsprob.models.weights` (the same loader as fine-tuning's); a plain open_clip model goes
-through :mod:`zsprob.models.factory`. None of those imports this module. safetensors reads the
-tensors; the shape and key checks against the rebuilt model are zsprob's.
+What a spec names comes from :mod:`zsprob.models.sources` (the factory's answer too); the model is
+rebuilt from the checkpoint's config (:mod:`zsprob.models.configs`) and filled strictly
+(:mod:`zsprob.models.weights`); a plain open_clip model goes through :mod:`zsprob.models.factory`.
 """
 from __future__ import annotations
 
@@ -18,7 +15,8 @@ from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint
 from zsprob.models.configs import model_from_config
 from zsprob.models.convert.convert import create_from_official
 from zsprob.models.factory import create_model
-from zsprob.models.sources import Source, identify, require_published_weights, zsprob_source
+from zsprob.models.catalogue import require_published_weights
+from zsprob.models.sources import Source, identify, zsprob_source
 from zsprob.models.weights import load_checkpoint
 
 
@@ -48,14 +46,11 @@ def _load(source: Source, map_location: str | torch.device = "cpu", verify: bool
 def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str | None = None,
                        pretrained: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
                        **create_kwargs):
-    """A model in eval mode for the CLI: a zsprob checkpoint, or a plain open_clip model.
+    """A model in eval mode for the CLI: a zsprob ``checkpoint``, or ``model`` with optional ``pretrained``.
 
-    ``checkpoint``: a zsprob checkpoint directory. Otherwise ``model`` (an open_clip name or zsprob
-    config) with optional ``pretrained`` (tag in the local cache or checkpoint file) is wrapped
-    with native pooling and no sigma heads, so its mean equals open_clip's normalised features
-    and logvar is None (pass ``create_kwargs`` to change that). A published ProLIP / PCME++
-    checkpoint as ``pretrained`` keeps its log-variance heads (``create_kwargs`` may carry
-    ``tokenizer_dir``, and ``weights`` for a COCO trainer file's SWA or raw copy).
+    An open_clip model is wrapped with native pooling and no sigma heads (its mean is open_clip's normalised
+    features; ``create_kwargs`` change that); a published file keeps its heads (``create_kwargs`` may carry
+    ``tokenizer_dir`` and ``weights``).
     """
     if checkpoint is not None and model is not None:
         raise UserError("give either a zsprob checkpoint or an open_clip model name, not both")

@@ -1,19 +1,10 @@
-"""The checkpoint file format: a directory with ``model.safetensors`` + ``zsprob.json``; never pickled.
+"""The checkpoint format: a directory with ``model.safetensors`` + ``zsprob.json``; never pickled.
 
-This module owns the format only (write, read tensors, read metadata, recognise a checkpoint) and
-imports nothing from :mod:`zsprob.models`; rebuilding a model from a checkpoint is the builder's
-job (:mod:`zsprob.models.builder`, like timm's ``_builder`` beside ``_factory``).
-
-What libraries do: safetensors writes and reads the tensors (a plain header + raw bytes,
-no pickle); :mod:`zsprob.utils.io` makes every file write atomic (temp file + fsync + rename).
-
-What zsprob does: ``zsprob.json`` holds everything that rebuilds the model (``model.config``:
-name, full open_clip config, embedding size, sigma-head depth and init, pooling,
-deterministic flag, variance bounds, preprocessing), the method and step, the zsprob version,
-the caller's ``extra`` dict and the SHA-256 and size of the weights file. The weights are
-written first and the JSON last, and :func:`read_tensors` checks the size and hash, so a crash between the two
-writes, a truncated or corrupted file or a missing file is reported as a
-:class:`zsprob.UserError` instead of a half-loaded model.
+``zsprob.json`` holds what rebuilds the model (``model.config``), the method and step, the zsprob
+version, the caller's ``extra`` dict and the size and SHA-256 of the weights. The weights are written
+first and the JSON last (each atomically, :mod:`zsprob.utils.io`), and :func:`read_tensors` checks size
+and hash, so a crash between the writes or a damaged file is a UserError, not a half-loaded model.
+Rebuilding the model is :mod:`zsprob.models.builder`'s job; this module imports nothing from the package.
 """
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """Model configs: an open_clip model name or zsprob config + zsprob's options -> ``model.config`` -> a ProbCLIP.
 
-What open_clip does: the model configs (``open_clip.get_model_config``; zsprob's own JSONs in
-``configs/models/`` are registered with ``open_clip.add_model_config``), building the CLIP
-model from a config, the tokenizer (``open_clip.get_tokenizer``) and the image transforms
-(``open_clip.image_transform``, ``open_clip.transform.PreprocessCfg``).
-
-What zsprob does: splits :func:`~zsprob.models.create_model`'s options into open_clip's and its
-own (:func:`resolve_options`), writes everything needed to rebuild the model into
-``model.config`` (:func:`model_config`) and wraps the open_clip model into a
-:class:`~zsprob.models.prob_clip.ProbCLIP` (:func:`wrap`). Nothing here reads weights: a model
-built here is randomly initialised (:func:`fresh_model`, :func:`model_from_config`); the
-factory (:mod:`zsprob.models.factory`), the builder and the converters fill it.
+open_clip holds the model configs (zsprob's own JSONs in ``configs/models/`` are registered with
+``open_clip.add_model_config``), builds the CLIP model, the tokenizer and the image transforms.
+zsprob splits :func:`~zsprob.models.create_model`'s options into open_clip's and its own
+(:func:`resolve_options`, the head options a :class:`~zsprob.models.options.ModelOptions`), writes
+what rebuilds the model into ``model.config`` (:func:`model_config`) and wraps the open_clip model
+into a :class:`~zsprob.models.prob_clip.ProbCLIP` (:func:`wrap`). Nothing here reads weights.
 """
 from __future__ import annotations
 
@@ -21,21 +16,11 @@ from typing import Any
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.sigma_heads import DEFAULT_BIAS_INIT
+from zsprob.models.options import ModelOptions
 
-ZSPROB_CONFIGS = ("zsprob-tiny", "zsprob-tiny-cnn", "zsprob-tiny-bow", "ViT-S-16-d128", "prolip-tiny", "pcmepp-tiny",
-                  "pcmepp-coco-tiny")
 _registered = False
-
-# Options of create_model that are zsprob's (everything else in **overrides goes to open_clip).
-_ZSPROB_OPTIONS = ("normalize_mu", "gpo_dim", "sigma_bias_init", "truncate_text", "size_augment", "sigma_head",
-                   "sigma_layout", "sigma_ln_init", "sigma_ln_init_bias", "tokenizer_dir", "sigma_param",
-                   "sigma_shape", "unc_layout", "sigma_detach", "mean_head")
-
-# the head options a zsprob checkpoint's config may lack (saved before they existed), with their values then
-CHECKPOINT_HEAD_DEFAULTS = (("sigma_head", "block"), ("sigma_layout", "legacy"), ("sigma_ln_init", None),
-                            ("sigma_ln_init_bias", 0.0), ("sigma_param", "logvar"), ("sigma_shape", "diagonal"),
-                            ("unc_layout", "zsprob"), ("sigma_detach", False), ("mean_head", "proj"))
+# create_model options that are zsprob's besides the head options (everything else goes to open_clip)
+_OTHER_OPTIONS = ("tokenizer_dir",)
 
 
 def _open_clip():
@@ -139,8 +124,9 @@ def preprocess_cfg(open_clip_cfg: dict, pretrained_cfg: dict | None) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in pc.items()}
 
 
-def wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = None):
-    """ProbCLIP around an open_clip model, with open_clip's tokenizer and transforms."""
+def wrap(clip_model: torch.nn.Module, config: dict, options: ModelOptions | None = None):
+    """ProbCLIP around an open_clip model, with open_clip's tokenizer and transforms (``options``: those of
+    ``config``, when the caller has them)."""
     from zsprob.models.prob_clip import ProbCLIP
 
     oc = _open_clip()
@@ -159,33 +145,22 @@ def wrap(clip_model: torch.nn.Module, config: dict, sigma_init: str | None = Non
     pre = config["preprocess_cfg"]
     p_train, p_val = _transforms(pre)
     size = pre["size"]
-    return ProbCLIP(
-        clip_model, name=name, config=config, embed_dim=config["embed_dim"],
-        sigma_depth=config["sigma_depth"], sigma_init=sigma_init or config["sigma_init"],
-        pooling=config["pooling"], deterministic=config["deterministic"], var_bounds=config["var_bounds"],
-        normalize_mu=config.get("normalize_mu", True), gpo_dim=config.get("gpo_dim", 32),
-        sigma_bias_init=config.get("sigma_bias_init", 0.0), truncate_text=config.get("truncate_text", True),
-        size_augment=config.get("size_augment", 0.0),
-        # log-variance heads: a config saved before these keys existed is the legacy block head
-        sigma_head=config.get("sigma_head", "block"), sigma_layout=config.get("sigma_layout", "legacy"),
-        sigma_ln_init=config.get("sigma_ln_init"), sigma_ln_init_bias=config.get("sigma_ln_init_bias", 0.0),
-        sigma_param=config.get("sigma_param", "logvar"), sigma_shape=config.get("sigma_shape", "diagonal"),
-        unc_layout=config.get("unc_layout", "zsprob"), sigma_detach=config.get("sigma_detach", False),
-        mean_head=config.get("mean_head", "proj"),
-        tokenizer=tokenizer, preprocess_train=p_train, preprocess_val=p_val,
-        image_size=int(size if isinstance(size, int) else size[0]),
-        reinit_params=tuple(config.get("reinit_params", ())))
+    return ProbCLIP(clip_model, name=name, config=config, embed_dim=config["embed_dim"],
+                    options=options or ModelOptions.from_config(config), tokenizer=tokenizer,
+                    preprocess_train=p_train, preprocess_val=p_val,
+                    image_size=int(size if isinstance(size, int) else size[0]),
+                    reinit_params=tuple(config.get("reinit_params", ())))
 
 
 def model_from_config(config: dict, *, sigma_init: str | None = None):
     """Rebuild a (randomly initialised) ProbCLIP from ``model.config``; weights are loaded separately."""
     register_model_configs()
-    for k in ("name", "open_clip_cfg", "embed_dim", "sigma_depth", "sigma_init", "pooling", "deterministic",
-              "var_bounds", "preprocess_cfg"):
+    for k in ("name", "open_clip_cfg", "embed_dim", "preprocess_cfg"):
         if k not in config:
             raise UserError(f"model config lacks {k!r}")
-    clip_model = build_open_clip(config["open_clip_cfg"])
-    return wrap(clip_model, copy.deepcopy(config), sigma_init=sigma_init)
+    config = copy.deepcopy(config)
+    options = ModelOptions.from_config(dict(config, sigma_init=sigma_init) if sigma_init else config)
+    return wrap(build_open_clip(config["open_clip_cfg"]), config, options)
 
 
 def _unknown_options(overrides: dict, pretrained) -> str:
@@ -198,16 +173,16 @@ def _unknown_options(overrides: dict, pretrained) -> str:
 
 
 def resolve_options(base: dict, overrides: dict, embed_dim: int | None, pretrained=None,
-                    checkpoint_config: dict | None = None) -> tuple[dict, dict]:
-    """(open_clip config, zsprob options) of a create_model call: ``base`` (an open_clip config, copied
-    by the caller) with the open_clip options of ``overrides`` applied; ``overrides`` is emptied, and a
-    name nothing takes is a UserError. ``checkpoint_config``: the config of a zsprob checkpoint being
-    fine-tuned, whose log-variance head kind is kept unless an option says otherwise."""
+                    checkpoint_config: dict | None = None, **head) -> tuple[dict, ModelOptions, str | None]:
+    """(open_clip config, head options, tokenizer directory) of a create_model call: ``base`` (an open_clip
+    config, copied by the caller) with the open_clip options of ``overrides`` applied; ``head``: create_model's
+    named head options. ``overrides`` is emptied; a name nothing takes is a UserError. ``checkpoint_config``:
+    the config of a zsprob checkpoint being fine-tuned, whose head kind is kept unless an option says otherwise."""
     ocfg = base
-    zopts = {k: overrides.pop(k) for k in list(overrides) if k in _ZSPROB_OPTIONS}
+    zopts = {k: overrides.pop(k) for k in list(overrides) if k in ModelOptions.names() + _OTHER_OPTIONS}
+    tokenizer_dir = zopts.pop("tokenizer_dir", None)
     if checkpoint_config is not None:
-        for key, missing in CHECKPOINT_HEAD_DEFAULTS:
-            zopts.setdefault(key, checkpoint_config.get(key, missing))
+        zopts = {**ModelOptions.inherited(checkpoint_config), **zopts}
     if "open_clip_cfg" in overrides:
         _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
     if "image_size" in overrides:
@@ -222,60 +197,36 @@ def resolve_options(base: dict, overrides: dict, embed_dim: int | None, pretrain
         raise UserError(_unknown_options(overrides, pretrained))
     if embed_dim is not None:
         ocfg["embed_dim"] = int(embed_dim)
-    return ocfg, zopts
+    return ocfg, ModelOptions(**head, **zopts), tokenizer_dir
 
 
-def model_config(name: str, ocfg: dict, zopts: dict, *, sigma_depth: int, sigma_init: str, pooling: str,
-                 deterministic: bool | None, var_bounds, pretrained_cfg: dict | None = None, pretrained=None,
-                 reinit: list[str] = ()) -> dict:
-    """``model.config``: everything :func:`model_from_config` needs to rebuild the model (zsprob's
-    options with their defaults; ``reinit``: tower parameters that kept their random init)."""
+def model_config(name: str, ocfg: dict, options: ModelOptions, *, tokenizer_dir=None,
+                 pretrained_cfg: dict | None = None, pretrained=None, reinit: list[str] = ()) -> dict:
+    """``model.config``: everything :func:`model_from_config` needs to rebuild the model (``reinit``: tower
+    parameters that kept their random init)."""
     return {
         "name": name,
         "open_clip_cfg": ocfg,
         "embed_dim": int(ocfg["embed_dim"]),
-        "sigma_depth": int(sigma_depth),
-        "sigma_init": sigma_init,
-        "pooling": pooling,
-        "deterministic": bool(deterministic),
-        "var_bounds": list(var_bounds) if var_bounds is not None else None,
-        "normalize_mu": bool(zopts.get("normalize_mu", True)),
-        "gpo_dim": int(zopts.get("gpo_dim", 32)),
-        "sigma_head": zopts.get("sigma_head", "block"),
-        "sigma_layout": zopts.get("sigma_layout", "official"),  # new models: PCME++'s official layout
-        "sigma_ln_init": zopts.get("sigma_ln_init"),
-        "sigma_ln_init_bias": zopts.get("sigma_ln_init_bias", 0.0),
-        "sigma_param": zopts.get("sigma_param", "logvar"),
-        "sigma_shape": zopts.get("sigma_shape", "diagonal"),
-        "unc_layout": zopts.get("unc_layout", "zsprob"),
-        "sigma_detach": bool(zopts.get("sigma_detach", False)),
-        "mean_head": zopts.get("mean_head", "proj"),
-        "sigma_bias_init": zopts.get("sigma_bias_init", DEFAULT_BIAS_INIT.get(zopts.get("sigma_head", "block"), 0.0)),
-        "truncate_text": bool(zopts.get("truncate_text", True)),
-        "size_augment": float(zopts.get("size_augment", 0.0)),
-        "tokenizer_dir": str(Path(zopts["tokenizer_dir"]).resolve()) if zopts.get("tokenizer_dir") else None,
+        **options.config(),
+        "tokenizer_dir": str(Path(tokenizer_dir).resolve()) if tokenizer_dir else None,
         "preprocess_cfg": preprocess_cfg(ocfg, pretrained_cfg),
         "pretrained": str(pretrained) if pretrained is not None else None,
         "reinit_params": ["clip." + k for k in reinit],
     }
 
 
-def fresh_model(name: str, *, embed_dim: int | None = None, sigma_depth: int = 1, sigma_init: str = "random",
-                pooling: str = "gpo", deterministic: bool | None = None, var_bounds=None, cache_dir: str | None = None,
-                seed: int | None = None, **overrides: Any):
+def fresh_model(name: str, *, embed_dim: int | None = None, cache_dir: str | None = None, seed: int | None = None,
+                **overrides: Any):
     """A randomly initialised ProbCLIP: ``create_model(name, None, ...)`` (the same options; ``cache_dir``
-    has nothing to find), for the callers below the factory that fill the weights themselves
-    (:mod:`zsprob.models.convert`)."""
+    has nothing to find), for the converters, which fill the weights themselves."""
     register_model_configs()
-    ocfg, zopts = resolve_options(get_open_clip_config(name), overrides, embed_dim)
+    ocfg, options, tokenizer_dir = resolve_options(get_open_clip_config(name), overrides, embed_dim)
     if seed is not None:
         torch.manual_seed(int(seed))
     clip_model = build_open_clip(ocfg)
-    config = model_config(name, ocfg, zopts, sigma_depth=sigma_depth, sigma_init=sigma_init, pooling=pooling,
-                          deterministic=deterministic, var_bounds=var_bounds)
-    return wrap(clip_model, config)
+    return wrap(clip_model, model_config(name, ocfg, options, tokenizer_dir=tokenizer_dir), options)
 
 
-__all__ = ["ZSPROB_CONFIGS", "CHECKPOINT_HEAD_DEFAULTS", "register_model_configs", "list_models",
-           "get_open_clip_config", "build_open_clip", "preprocess_cfg", "wrap", "model_from_config", "resolve_options",
-           "model_config", "fresh_model"]
+__all__ = ["register_model_configs", "list_models", "get_open_clip_config", "build_open_clip", "preprocess_cfg",
+           "wrap", "model_from_config", "resolve_options", "model_config", "fresh_model"]

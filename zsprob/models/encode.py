@@ -1,12 +1,9 @@
 """Batched embedding of image datasets and caption lists into (mu, logvar).
 
-torch's DataLoader batches datasets (``num_workers`` decoding processes, pinned memory when the
-device is CUDA), tqdm shows progress, the model's open_clip tokenizer turns captions into tokens
-and ``torch.autocast`` runs the towers in bfloat16 for ``precision="bf16"``
-(:func:`zsprob.utils.devices.encode_autocast`); zsprob only loops, moves batches to the device and
-concatenates. Both functions run under ``torch.no_grad()`` with the model in eval mode (its
-previous mode is restored) and return float32 CPU tensors in input order, whatever the device,
-workers or precision; ``logvar`` is None for deterministic models.
+torch's DataLoader batches (worker processes, pinned memory on CUDA), tqdm shows progress, the
+model's tokenizer makes tokens and ``precision="bf16"`` runs the towers under bfloat16 autocast. Both
+functions run under ``torch.no_grad()`` in eval mode (the model's mode is restored) and return float32
+CPU tensors in input order; ``logvar`` is None for deterministic models.
 """
 from __future__ import annotations
 

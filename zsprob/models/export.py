@@ -1,21 +1,12 @@
 """Export a zsprob model to an open_clip / Hugging Face model directory, with a model card.
 
 ``export_open_clip(CKPT, DIR)`` writes what ``open_clip.create_model_and_transforms("local-dir:DIR")``
-and ``hf-hub:`` read: ``open_clip_config.json`` (``model_cfg``: the wrapped open_clip model's config;
-``preprocess_cfg``: the model's image preprocessing), ``open_clip_model.safetensors`` (the mean path
-under open_clip's key names), the tokenizer files where the text tower uses a Hugging Face
-tokenizer, and ``README.md``, a model card (YAML front matter with ``library_name: open_clip``,
-tags, the training recipe and evaluation figures read from the run's files when present). The
-log-variance heads go to ``zsprob_sigma_heads.safetensors`` and the zsprob checkpoint metadata
-to a ``zsprob`` section of the config that open_clip ignores, so ``--pretrained DIR`` (or
-``--checkpoint DIR``) gives zsprob the whole Gaussian model back (:mod:`zsprob.models.open_clip_dir`
-reads it).
-
-Only a model whose means open_clip computes itself can go: open_clip towers (no bag-of-words text,
-no zsprob-registered timm trunk), native pooling (no GPO), open_clip's own projection head (not
-PCME++'s COCO ``fc``) and no [UNC] token in the towers' sequences; anything else is refused with
-one line naming why, before anything is written. safetensors writes the tensors and
-:mod:`zsprob.utils.io` every file atomically; the card's text is zsprob's.
+reads (``open_clip_config.json``, ``open_clip_model.safetensors``: the mean path under open_clip's
+names, the Hugging Face tokenizer's files) and a model card ``README.md``; the log-variance heads go to
+``zsprob_sigma_heads.safetensors`` and the checkpoint metadata to a ``zsprob`` section of the config
+that open_clip ignores, so zsprob loads the whole Gaussian model back (:mod:`zsprob.models.open_clip_dir`).
+Only a model whose means open_clip computes itself can go (open_clip towers, native pooling, open_clip's
+projection head, no [UNC] token in the sequences); anything else is refused before anything is written.
 """
 from __future__ import annotations
 
@@ -52,12 +43,6 @@ def export_refusal(model) -> str | None:
     if model.sigma_head == "unc" and not model.deterministic:
         return "its [UNC] tokens run inside the towers, so open_clip's forward would give other means"
     return None
-
-
-def check_format(fmt: str) -> str:
-    if fmt not in FORMATS:
-        raise UserError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    return fmt
 
 
 def _load_source(checkpoint):
@@ -166,7 +151,8 @@ def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool
     from zsprob.models.open_clip_dir import export_meta, export_section
     from zsprob.utils.io import atomic_write, atomic_write_json, atomic_write_text
 
-    check_format(fmt)
+    if fmt not in FORMATS:
+        raise UserError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     out = Path(out)
     model = _load_source(checkpoint)
     _check_out(out, overwrite, checkpoint, eval_files)
@@ -223,7 +209,8 @@ def _check_made_with(evals: list[dict], model, checkpoint) -> None:
     none, such as results of precomputed embeddings, are taken as they are)."""
     from zsprob.models.fingerprint import is_model, model_fingerprint
 
-    made_with = [(ev["file"], ev["model"]) for ev in evals if isinstance(ev.get("model"), dict) and ev["model"].get("id")]
+    made_with = [(ev["file"], ev["model"]) for ev in evals
+                 if isinstance(ev.get("model"), dict) and ev["model"].get("id")]
     if not made_with:
         return
     own = model_fingerprint(model)
@@ -326,4 +313,4 @@ def model_card(model, meta: dict, run: Path | None, evals: list[dict], heads: di
     return "\n".join(body)
 
 
-__all__ = ["FORMATS", "export_refusal", "check_format", "export_open_clip", "model_card"]
+__all__ = ["FORMATS", "export_refusal", "export_open_clip", "model_card"]

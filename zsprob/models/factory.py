@@ -1,20 +1,12 @@
 """create_model: any open_clip model name or zsprob config (+ pretrained weights) -> ProbCLIP.
 
-The steps, each in its module: what ``pretrained`` names (:func:`zsprob.models.sources.identify`:
-nothing, an open_clip tag / file / directory, a published ProLIP / PCME++ file, a zsprob
-checkpoint to fine-tune), the open_clip config and zsprob options
-(:func:`zsprob.models.configs.resolve_options`; an open_clip model directory's own
-``open_clip_config.json`` gives the config and the preprocessing), the open_clip model, its weights
-(:mod:`zsprob.models.weights`: loaded into the mean branch *before* the log-variance heads are
-copied, so ``sigma_init="copy"`` copies the pretrained head; projections whose shape differs
-from the checkpoint are re-initialised), ``model.config`` (everything needed to rebuild the
-model) and the ProbCLIP around it. A published file goes to
-:func:`zsprob.models.convert.convert.create_from_official` whole.
-
-What open_clip does: configs, towers, checkpoint reading, tokenizers and transforms (see the
-modules above); zsprob never downloads (a pretrained tag must be in the local cache, otherwise
-a :class:`zsprob.UserError` names the file to fetch and where to put it). This module is the top
-of the model-building side: only :mod:`zsprob.models.builder` and the package import it.
+The steps, each in its module: what ``pretrained`` names (:mod:`zsprob.models.sources`), the
+open_clip config and the head options (:mod:`zsprob.models.configs`; an open_clip model directory's
+own ``open_clip_config.json`` gives the config), the open_clip model, its weights
+(:mod:`zsprob.models.weights`: loaded into the mean branch *before* the log-variance heads are copied,
+so ``sigma_init="copy"`` copies the pretrained head), ``model.config`` and the ProbCLIP around it. A
+published file goes to :func:`zsprob.models.convert.convert.create_from_official` whole. zsprob never
+downloads: a tag must be in the local cache, else a UserError names the file to fetch.
 """
 from __future__ import annotations
 
@@ -25,11 +17,11 @@ from typing import Any
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.configs import (ZSPROB_CONFIGS, build_open_clip, get_open_clip_config, list_models,
-                                   model_config, model_from_config, register_model_configs, resolve_options, wrap)
+from zsprob.models.configs import (build_open_clip, get_open_clip_config, list_models, model_config,
+                                   model_from_config, register_model_configs, resolve_options, wrap)
 from zsprob.models.convert.convert import create_from_official
 from zsprob.models.open_clip_dir import read_config
-from zsprob.models.sources import Source, identify, resolve_pretrained, sniff_official
+from zsprob.models.sources import Source, identify, resolve_pretrained
 from zsprob.models.weights import load_checkpoint_heads, load_checkpoint_tower, load_open_clip_weights
 
 
@@ -39,32 +31,17 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
                  seed: int | None = None, **overrides: Any):
     """Build a :class:`~zsprob.models.prob_clip.ProbCLIP`.
 
-    name: an open_clip model name (``open_clip.list_models()``, e.g. ``ViT-B-16``) or a zsprob
-        config from configs/models/ (``zsprob-tiny``, ``ViT-S-16-d128``).
-    pretrained: None (random init), an open_clip pretrained tag whose weights are in the local
-        cache (``openai``, ``laion2b_s34b_b88k``, ...), or a path to an open_clip checkpoint
-        (state dict in .pt/.pth/.bin/.safetensors, or a directory holding one). The weights go into
-        the mean branch; the log-variance branch follows ``sigma_init``. A published ProLIP or
-        PCME++ checkpoint (file or Hugging Face directory, :mod:`zsprob.models.convert`) is
-        recognised by its key names and loaded whole and strictly, the head options from its layout
-        (a COCO trainer file's SWA or raw copy: option ``weights``, :func:`create_from_official`).
-    embed_dim: embedding size D (default: the config's). A pretrained projection of another size
-        is re-initialised (and marked ``backbone=False`` in :meth:`param_info`).
-    sigma_depth, sigma_init, pooling, deterministic, var_bounds: see :class:`ProbCLIP`; deterministic=None
-        is False, or a published file's own (a PCME++ COCO mu-only file: True; a contradicting value: error).
-    seed: seeds torch's RNG before building, so random inits are reproducible.
-    overrides: zsprob options ``sigma_head`` ("block" | "unc"), ``sigma_layout`` ("official" |
-        "legacy"), ``sigma_ln_init`` (None), ``sigma_ln_init_bias`` (0.0) (see
-        :mod:`zsprob.models.sigma_heads`), ``sigma_param`` ("logvar" | "logsigma": the head predicts
-        log sigma, as PCME's code), ``sigma_shape`` ("diagonal" | "spherical_mean" | "spherical_one",
-        Pishdad et al.), ``normalize_mu`` (True), ``gpo_dim`` (32),
-        ``sigma_bias_init`` (0.0; -10 with ``sigma_head="unc"``, ProLIP's init_unc_bias),
-        ``truncate_text`` (True), ``size_augment`` (0.0; VSE infinity / PCME++ use 0.2 for fine-tuning),
-        ``tokenizer_dir`` (a local Hugging Face tokenizer directory, e.g. ProLIP's SigLIP tokenizer),
-        ``unc_layout`` ("zsprob" | "prolip"), ``mean_head`` ("proj" | "fc": PCME++'s COCO trainer layout);
-        open_clip options ``image_size``, ``context_length``,
-        ``quick_gelu``, ``patch_dropout``; or ``open_clip_cfg={...}`` merged into the open_clip
-        config (e.g. ``{"vision_cfg": {"layers": 2}}``).
+    name: an open_clip model name (``ViT-B-16``) or a model of :mod:`zsprob.models.catalogue`.
+    pretrained: None (random init), an open_clip tag whose weights are cached, an open_clip checkpoint
+        file or directory (into the mean branch), a published ProLIP / PCME++ file (loaded whole and
+        strictly, the head options its layout's; ``weights`` picks a COCO trainer file's copy) or a
+        zsprob checkpoint (fine-tuned: its heads kept where they fit the options).
+    embed_dim: D (default: the config's); a pretrained projection of another size is re-initialised.
+    seed: seeds torch's RNG before building. The head options (``sigma_depth`` ... and the
+    ``overrides`` named in :class:`~zsprob.models.options.ModelOptions`; deterministic=None: False, or a
+    published file's own), ``tokenizer_dir`` (a local Hugging Face tokenizer) and open_clip's
+    ``image_size``, ``context_length``, ``quick_gelu``, ``patch_dropout``, ``open_clip_cfg={...}``
+    (merged into the open_clip config).
     """
     register_model_configs()
     source = identify(pretrained)
@@ -78,7 +55,9 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
         base = copy.deepcopy(ckpt_config["open_clip_cfg"])
     else:  # a directory's own model_cfg (open_clip_config.json) is what its weights fit
         base = copy.deepcopy(dir_config["model_cfg"]) if dir_config else get_open_clip_config(name)
-    ocfg, zopts = resolve_options(base, overrides, embed_dim, pretrained, checkpoint_config=ckpt_config)
+    ocfg, options, tokenizer_dir = resolve_options(
+        base, overrides, embed_dim, pretrained, checkpoint_config=ckpt_config, sigma_depth=sigma_depth,
+        sigma_init=sigma_init, pooling=pooling, deterministic=deterministic, var_bounds=var_bounds)
     ckpt, pcfg = (None, {})
     if source.kind == "open_clip":
         ckpt, pcfg = resolve_pretrained(name, pretrained, cache_dir=cache_dir)
@@ -89,13 +68,12 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
 
     clip_model = build_open_clip(ocfg)
     reinit, heads = _load_tower(clip_model, source, ckpt)
-    config = model_config(name, ocfg, zopts, sigma_depth=sigma_depth, sigma_init=sigma_init, pooling=pooling,
-                          deterministic=deterministic, var_bounds=var_bounds, pretrained_cfg=pcfg,
+    config = model_config(name, ocfg, options, tokenizer_dir=tokenizer_dir, pretrained_cfg=pcfg,
                           pretrained=pretrained, reinit=reinit)
     if ckpt_config:
         config["preprocess_cfg"] = copy.deepcopy(ckpt_config.get("preprocess_cfg", config["preprocess_cfg"]))
         config["preprocess_cfg"]["size"] = ocfg["vision_cfg"].get("image_size", 224)
-    model = wrap(clip_model, config)
+    model = wrap(clip_model, config, options)
     if heads:  # the checkpoint's heads (GPO, log-variance heads) are reused, group by group, where they fit
         load_checkpoint_heads(model, heads, source, sigma_init)
     return model
@@ -121,6 +99,5 @@ def _load_tower(clip_model: torch.nn.Module, source: Source, ckpt) -> tuple[list
     return [], {}
 
 
-__all__ = ["create_model", "create_from_official", "sniff_official", "list_models", "register_model_configs",
-           "resolve_pretrained", "load_open_clip_weights", "model_from_config", "build_open_clip",
-           "get_open_clip_config", "ZSPROB_CONFIGS"]
+__all__ = ["create_model", "create_from_official", "list_models", "register_model_configs", "resolve_pretrained",
+           "load_open_clip_weights", "model_from_config", "build_open_clip", "get_open_clip_config"]

@@ -1,8 +1,7 @@
 """A model's identity: a cheap fingerprint of its config and weights.
 
 Zero-shot caches and selection files, evaluation results and exports name the model they were made
-with by :func:`model_fingerprint`, so a file made with another model is refused rather than mixed in;
-:func:`is_model` compares a file's id with a model.
+with (:func:`model_fingerprint`), so a file made with another model is refused rather than mixed in.
 """
 from __future__ import annotations
 

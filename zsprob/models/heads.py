@@ -1,27 +1,15 @@
 """Pooling and output heads written by zsprob: GPO and variance bounds.
 
-* :class:`GPO` is the Generalized Pooling Operator of Chen et al. 2021 ("Learning the best
-  pooling strategy for visual semantic embedding", VSE infinity), which PCME++ uses to pool
-  the token features of both heads. zsprob's own implementation: every feature dimension is
-  sorted over the tokens (descending), and the sorted values are averaged with weights that
-  depend only on the rank k and the number of tokens n. The weights come from a small
-  bidirectional GRU run over sinusoidal encodings of the ranks 0..n-1, a linear score per
-  rank and a softmax with temperature 0.1; the backward direction starts at rank n-1, as a
-  packed sequence of length n would.
-  The computation has fixed shapes and never reads a tensor value on the host (no ``unique``,
-  no packing, no ``.cpu()``), so a GPU step does not stall on it and ``torch.compile`` traces it
-  whole: for a token length T the forward direction runs once over the ranks 0..T-1 (its state
-  at rank k never depends on n), the backward direction runs over the reversed encodings of
-  every length n = 1..T at once (a [T, T, d_pe] batch built by index arithmetic), which gives
-  a [T, T] table of weights; each sample gathers the row of its length, and ranks at or beyond
-  it weigh 0. With ``lengths=None`` (all tokens count) only the row n = T is computed.
-* :class:`RankGRU` holds the GRU: ``nn.GRU``'s parameters under ``nn.GRU``'s names and with its
-  initialisation (checkpoints and seeds are unchanged), run through the functional
-  ``torch.gru`` one direction at a time (dynamo refuses to trace ``nn.GRU`` modules).
-* :func:`bound_logvar` maps a raw log-variance smoothly into ``[log lo, log hi]`` (the
-  variance bounds of Pishdad et al., [0.1, 10]).
-
-torch provides the GRU kernel (``torch.gru``) and sorting; nothing here comes from another library.
+* :class:`GPO`, the Generalized Pooling Operator of VSE infinity (Chen et al. 2021), which PCME++
+  uses to pool both heads' tokens: every feature dimension is sorted over the tokens and the sorted
+  values are averaged with weights that depend only on the rank k and the number of tokens n (a
+  bidirectional GRU over sinusoidal rank encodings, a linear score, softmax at temperature 0.1). Fixed
+  shapes and no host reads, so a GPU step does not stall on it and ``torch.compile`` traces it whole:
+  for T tokens the backward direction runs over every length n = 1..T at once, a [T, T] table of
+  weights from which each sample gathers the row of its length.
+* :class:`RankGRU`: ``nn.GRU``'s parameters (names, init) run one direction at a time through
+  ``torch.gru`` (dynamo does not trace ``nn.GRU`` modules).
+* :func:`bound_logvar`: a raw log-variance mapped smoothly into ``[log lo, log hi]`` (Pishdad et al.).
 """
 from __future__ import annotations
 
@@ -29,7 +17,6 @@ import math
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from zsprob.utils.host_sync import host_read_is_free
@@ -37,9 +24,8 @@ from zsprob.utils.masks import length_mask
 
 _GRU_PARAMS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
 
-# On CUDA, cuDNN copies torch.gru's separately held weights into one buffer on every call and warns
-# about it (first seen on an H200). RankGRU's weights are a few kilobytes (3 d_hidden x (d_pe + d_hidden)
-# per direction), so the copy is small; nn.GRU's flat buffer would stop dynamo from tracing GPO.
+# cuDNN copies torch.gru's separately held weights into one buffer on every call and warns; RankGRU's weights
+# are a few kilobytes, and nn.GRU's flat buffer would stop dynamo from tracing GPO.
 warnings.filterwarnings("ignore", message="RNN module weights are not part of single contiguous chunk",
                         category=UserWarning)
 
@@ -169,6 +155,3 @@ def bound_logvar(raw: torch.Tensor, bounds: tuple[float, float] | None) -> torch
     llo, lhi = math.log(lo), math.log(hi)
     return llo + (lhi - llo) * torch.sigmoid(raw)
 
-
-def l2_normalize(x: torch.Tensor) -> torch.Tensor:
-    return F.normalize(x, dim=-1)

@@ -1,15 +1,8 @@
 """Hugging Face tokenizers from a local directory (ProLIP's SigLIP tokenizer), never from the hub.
 
-What zsprob owns: finding the tokenizer directory (``--tokenizer DIR``, a ``tokenizer/``
-directory next to the weights, or the weights' own directory when it holds the tokenizer
-files), refusing anything that would reach the network (``HF_HUB_OFFLINE`` and
-``local_files_only``), and one-line :class:`zsprob.UserError` messages.
-
-What the libraries do: ``transformers.AutoTokenizer`` reads the directory (``tokenizer.json``
-built with the ``tokenizers`` package, ``tokenizer_config.json``, ``special_tokens_map.json``);
-open_clip's ``HFTokenizer`` applies the text cleaning (ProLIP's ``canonicalize``: lower case,
-punctuation removed, whitespace collapsed) and pads / truncates to the context length
-(ProLIP: 64) by calling the tokenizer directly (transformers 5 has no ``batch_encode_plus``).
+zsprob finds the directory (``--tokenizer DIR``, or ``tokenizer/`` beside the weights), keeps the
+network out (``HF_HUB_OFFLINE``, ``local_files_only``) and reports one line; ``transformers`` reads the
+files and open_clip's ``HFTokenizer`` cleans the text (ProLIP's ``canonicalize``) and pads / truncates.
 """
 from __future__ import annotations
 

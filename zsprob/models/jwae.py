@@ -1,25 +1,11 @@
 """The jWAE model: per-modality MLP autoencoders over the features of a frozen tower (jWAE, Sec. 3).
 
-The paper encodes precomputed features (VGG / ResNet image features, mean word2vec sentence
-vectors) with one MLP autoencoder per modality: encoder input -> hidden -> latent (ReLU),
-decoder latent -> hidden -> input. zsprob does the same over the features of a frozen
-:class:`~zsprob.models.prob_clip.ProbCLIP` tower (deterministic, its mean output): on SynthWorld
-a randomly initialised, seeded ``zsprob-tiny-bow`` (plain CNN + bag of words), or any tower given
-by ``model.name`` / ``model.pretrained``. The tower never trains and stays in eval mode.
-
-Retrieval uses the l2-normalised latent codes (``encode_image`` / ``encode_text`` return
-``(codes, None)``: a deterministic model, scored with cosine or mean distance); training uses the
-raw codes and reconstructions (:meth:`JWAEModel.autoencode_image` / ``autoencode_text``).
-
-The architecture sits in ``model.jwae`` of a training config (saved in the checkpoint's config
-under ``"jwae"``, beside the tower's config under ``"tower"``)::
-
-    latent_dim: 64            # d
-    image_hidden: 512         # encoder hidden width, image side
-    text_hidden: 256          # encoder hidden width, text side
-    decoder: {image_hidden: 512, text_hidden: 256}
-
-Plain torch (nn.Linear, ReLU); the tower comes from :mod:`zsprob.models.configs`.
+Encoder input -> hidden -> latent (ReLU), decoder latent -> hidden -> input, one per modality, over
+the mean output of a frozen deterministic :class:`~zsprob.models.prob_clip.ProbCLIP` (on SynthWorld
+a seeded random ``zsprob-tiny-bow``). Retrieval uses the l2-normalised codes (``encode_*`` return
+``(codes, None)``), training the raw codes and reconstructions. The architecture is ``model.jwae`` of a
+training config (``latent_dim``, ``image_hidden``, ``text_hidden``, ``decoder: {image_hidden,
+text_hidden}``), saved in the checkpoint's config beside the tower's.
 """
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """The open_clip / Hugging Face model directory, read side: ``open_clip_config.json`` and a zsprob export in it.
 
-An open_clip model directory (a Hugging Face hub repository saved locally, or what
-``zsprob export --format open_clip`` writes) holds ``open_clip_config.json`` with ``model_cfg`` (the
-open_clip model config) and ``preprocess_cfg`` (image size, mean, std, interpolation, resize mode),
-a weights file (``open_clip_model.safetensors`` first, the names open_clip prefers) and, where the
-text tower uses a Hugging Face tokenizer, the tokenizer's files. This module reads the config
-(:func:`read_config`, :func:`pretrained_cfg`) and, for a zsprob export, the ``zsprob`` section
-that open_clip ignores: the zsprob checkpoint metadata that rebuilds the model and the sizes and
-SHA-256 of the two weights files, the mean path under open_clip's key names and the log-variance
-heads under zsprob's (:func:`export_section`, :func:`read_export_tensors`). Writing the directory
-is :mod:`zsprob.models.export`'s job.
-
-Imports nothing from :mod:`zsprob.models` but the checkpoint format (so :mod:`zsprob.models.sources`
-can ask here); safetensors reads the tensors, json the config.
+An open_clip model directory holds ``open_clip_config.json`` (``model_cfg``, ``preprocess_cfg``), a
+weights file and, for a Hugging Face tokenizer, its files. This module reads the config
+(:func:`read_config`, :func:`pretrained_cfg`) and, of a zsprob export, the ``zsprob`` section open_clip
+ignores: the checkpoint metadata and the two weights files' sizes and hashes (:func:`export_section`,
+:func:`read_export_tensors`). Writing it is :mod:`zsprob.models.export`'s job.
 """
 from __future__ import annotations
 

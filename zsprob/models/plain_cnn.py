@@ -1,26 +1,11 @@
 """``zsprob_plaincnn`` / ``zsprob_plaincnn_small``: small VGG-style conv nets registered with timm, for SynthWorld.
 
-Why they exist: on SynthWorld (64 px scenes, 20 shapes) the small image towers that ship with
-timm and open_clip learn *shape* far too slowly for a CPU-minutes budget, and this plain design
-(stride-2 3x3 stem, one 3x3 conv-BN-ReLU per stage, max-pool between stages) learns it quickly.
-ResNet-style stems (7x7 stride 2 + max-pool) leave 16 x 16 positions before the first stage at
-64 px; here the first stage runs at 32 x 32. The comparison: ``docs/findings.md`` ("How the demo's
-towers were chosen"); sizes and costs: ``docs/models.md``.
-
-* ``zsprob_plaincnn``: stem 32, stages 64-128-256-256;
-* ``zsprob_plaincnn_small``: stem 32, stages 32-64-128-256 (the SynthWorld config ``zsprob-tiny-bow``
-  uses it).
-
-They are regular timm models: built through ``timm.create_model(name)`` (so open_clip's
-``TimmModel`` wraps them like any timm trunk: ``"timm_model_name": "zsprob_plaincnn_small"`` in a
-model JSON), with timm's ``ConvNormAct`` layers, timm's classifier / global pooling
-(``create_classifier``) and the usual timm model interface (``forward_features``,
-``forward_head``, ``reset_classifier``, ``group_matcher``). zsprob cuts them into trunk and
-heads at their stages like the other timm families (:mod:`zsprob.models.towers.timm_trunk`). No
-pretrained weights exist for them.
-
-Importing this module does not register anything; :func:`register` does (and
-``zsprob.models.configs`` calls it before building any tower).
+A stride-2 3x3 stem, one 3x3 conv-BN-ReLU per stage, max-pool between stages: on 64 px SynthWorld
+scenes it learns shape within a CPU-minutes budget where timm's and open_clip's small towers do not
+(docs/findings.md). They are regular timm models (``ConvNormAct``, ``create_classifier``, the usual
+interface), so open_clip's ``TimmModel`` wraps them like any timm trunk (``"timm_model_name":
+"zsprob_plaincnn_small"``) and zsprob cuts them at their stages. :func:`register` registers them
+(``zsprob.models.configs`` calls it before building any tower); no pretrained weights exist.
 """
 from __future__ import annotations
 

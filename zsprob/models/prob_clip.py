@@ -1,71 +1,25 @@
 """ProbCLIP: an open_clip CLIP model turned into a pair of Gaussian encoders (PCME++ Sec. 2.5).
 
-What open_clip does: the towers themselves (patch / token embeddings, residual attention
-blocks, final LayerNorms, projections, the causal text mask, pooling by CLS / end-of-text
-token), the tokenizers and the image transforms. The wrapped model is kept whole as
-``self.clip``, so an open_clip state dict loads into it unchanged and, with native pooling,
-the mean branch runs open_clip's operations. One shortcut: when native pooling reads fixed
-positions (a ViT's class token, ProLIP's appended text [CLS], the [UNC] tokens) and no head reads
-the other tokens, the last block runs its queries, attention output and MLP at those positions
-only (every token stays a key and a value), which equals the whole block up to float rounding.
+open_clip provides the towers (embeddings, residual blocks, final LayerNorms, projections, masks,
+CLS / end-of-text pooling), the tokenizers and the transforms; the wrapped model is kept whole as
+``self.clip``, so an open_clip state dict loads into it unchanged. zsprob adds the log-variance
+heads (:mod:`zsprob.models.sigma_heads`) and runs them beside the mean branch, through the tower
+adapters of :mod:`zsprob.models.towers`:
 
-What zsprob adds here: the log-variance heads (``sigma_head``; the modules, layouts and init
-laws are in :mod:`zsprob.models.sigma_heads`) and the code that runs them beside the mean branch.
-With ``sigma_head="block"`` (PCME++) each tower is split into a shared trunk (all but the last
-``n`` residual blocks, ``n = sigma_depth``), a mean head (the last ``n`` blocks, the tower's own
-final LayerNorm and projection) and a log-variance head (a deep copy of those ``n`` blocks and
-the projection - PCME++'s official layout has no LayerNorm before it, the legacy layout a copy
-of the final LayerNorm - re-initialised randomly by default or kept as a copy), each pooled
-either natively (CLS / end-of-text token, as open_clip) or by GPO (:mod:`zsprob.models.heads`).
-With ``sigma_head="unc"`` (ProLIP) the whole tower is shared: a learned [UNC] token joins the
-token sequence (the tower adapters of :mod:`zsprob.models.towers` know where: after the class
-token of a ViT, after the last position of a text transformer, with the extra attention-mask row
-/ column) and its output gives log sigma^2; bag-of-words and CNN towers read log sigma^2 from a
-small MLP on a pooled vector instead.
-With ``sigma_head="pcme"`` (PCME) the whole tower is shared too: each adapter's ``local_features``
-gives what PCME's attention module reads (a ViT's patch tokens, a CNN's last-stage cells, a text
-transformer's tokens, a bag of words' word vectors) and, for images, the pooled feature its
-residual fc reads.
+* ``sigma_head="block"`` (PCME++): each tower is cut into a shared trunk (all but the last
+  ``sigma_depth`` blocks, or a timm trunk's stages), a mean head (those blocks, the final LayerNorm
+  and projection) and a log-variance head (a copy of them, re-initialised or kept as a copy);
+* ``"unc"`` (ProLIP): the whole tower is shared; a learned [UNC] token joins the sequence and its
+  output gives log sigma^2 (bag-of-words and CNN towers: a small MLP on a pooled vector);
+* ``"pcme"`` (PCME): the whole tower is shared; an attention module reads its local features.
 
-Pooling ``"gpo"``: the final LayerNorm and the projection are applied to *every* token and
-GPO pools the projected tokens (as PCME++ does: GPO over embedding-space token features).
-Image tokens: the class token and all patch tokens. Text tokens: start-of-text up to and
-including the end-of-text token (the length comes from the EOT position, later padding is
-ignored).
-
-timm image towers (open_clip's ``TimmModel``: ConvNeXt, ResNet, EfficientNet, RegNet trunks and
-zsprob's own timm-registered ``zsprob_plaincnn``):
-the "blocks" are the trunk's stages, so the log-variance head copies the last ``n`` stages plus
-what follows them (EfficientNet's conv_head, ConvNeXt's norm_pre and head norm, the global
-pooling) and open_clip's projection head. Native pooling is timm's own global pooling (the mean
-branch then equals open_clip's ``encode_image``); GPO pools the projected H x W positions of the
-final feature map. timm provides the stages, their init and ``forward_head``'s operations; zsprob
-only decides where to cut.
-
-Bag-of-words text towers (:mod:`zsprob.models.bow_text`, the SynthWorld model): no blocks; the
-mean head is the word-embedding projection, the log-variance head a second projection of the
-same embeddings, each pooled over the caption's tokens (masked mean natively, or GPO).
-
-Mean head ``"fc"`` (``mean_head``; default ``"proj"`` is open_clip's own head): the layout of
-PCME++'s official COCO trainer (``pcmepp/models/img_encoder.py``, ``txt_encoder.py``,
-``pcmepp/modules/clip/model.py``). The CLIP image tower loses ``ln_post`` and ``proj``, the text
-tower ``text_projection`` (set to Identity / None on the wrapped open_clip model, so its state
-dict has no such keys); a biased ``nn.Linear(width, D)`` (``image_head.fc`` / ``text_head.fc``)
-is applied to every token instead - image: the raw outputs of the last block (class token and
-patches, no LayerNorm), text: ``ln_final`` of every token - and GPO pools the result
-(``pooling="gpo"``; the official code's ``no_gpo`` option is native pooling here). The block
-log-variance head takes the same form: its duplicated blocks, no LayerNorm (official layout),
-its own biased ``Linear(width, D)`` and GPO. Only the block head goes with it.
-
-SizeAugment (VSE infinity, used by PCME++ fine-tuning; ``size_augment=p``, off by default):
-in training with GPO, image tokens are randomly dropped before pooling (both heads drop the
-same tokens).
-
-Outputs: ``mu`` l2-normalised (``normalize_mu=True``), ``logvar`` raw (no normalisation or
-sigmoid; PCME's ablation; a LayerNorm only with ``sigma_ln_init``, PCME++'s option) plus a
-learnable per-dimension bias initialised to ``sigma_bias_init``, optionally squashed into
-variance bounds (Pishdad et al.: [0.1, 10]).
-Both are returned as float32 (also under bf16 autocast) so distances stay accurate.
+Pooling ``"gpo"`` applies the final LayerNorm and projection to every token and pools them with GPO
+(:mod:`zsprob.models.heads`); ``"native"`` is open_clip's. ``mean_head="fc"`` is PCME++'s COCO trainer
+layout: no ``ln_post`` / projections, a biased Linear on every token before GPO. SizeAugment (VSE
+infinity) drops image tokens before GPO in training. With native pooling at fixed positions and no
+head reading the other tokens, the last block runs its queries and MLP at those positions only (equal
+up to float rounding). ``mu`` is l2-normalised (``normalize_mu``), ``logvar`` raw, optionally bounded;
+both float32, also under bf16 autocast.
 """
 from __future__ import annotations
 
@@ -80,12 +34,11 @@ from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError
 from zsprob.models.heads import GPO, bound_logvar
-from zsprob.models.sigma_heads import (SIGMA_HEADS, SIGMA_LAYOUTS, SIGMA_PARAMS, SIGMA_SHAPES,
-                                       UNC_EMBEDDING_NAMES, UNC_LAYOUTS, PCMEUncertaintyHead, SigmaHead,
-                                       spherical_readout, UncPooledHead, UncTokenHead, make_sigma_ln,
-                                       reinit_block_legacy_,
-                                       reinit_block_official_, reinit_cnn_head_, reinit_projection_legacy_,
-                                       reinit_projection_official_)
+from zsprob.models.options import ModelOptions
+from zsprob.models.sigma_heads import (UNC_EMBEDDING_NAMES, PCMEUncertaintyHead, SigmaHead, UncPooledHead,
+                                       UncTokenHead, make_sigma_ln, reinit_block_legacy_, reinit_block_official_,
+                                       reinit_cnn_head_, reinit_projection_legacy_, reinit_projection_official_,
+                                       spherical_readout)
 from zsprob.models.towers import text_tower, vision_tower
 from zsprob.models.towers.bow import BowTextTower as _BowTextTower  # noqa: F401 - tests patch it here
 
@@ -97,24 +50,11 @@ def _open_clip():
 
 
 # --------------------------------------------------------------------------------------
-# Building the log-variance heads (the modules themselves live in zsprob.models.sigma_heads).
+# Building the heads (the log-variance modules themselves live in zsprob.models.sigma_heads).
 # --------------------------------------------------------------------------------------
-def _check_choices(**options) -> None:
-    """Each keyword is (value, allowed values): a UserError naming the first option out of its set."""
-    for name, (value, allowed) in options.items():
-        if value not in allowed:
-            raise UserError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-
-
-MEAN_HEADS = ("proj", "fc")
-
-
 def strip_mean_projection_(clip_model: nn.Module) -> nn.Module:
-    """``mean_head="fc"``: drop open_clip's ``visual.ln_post``, ``visual.proj`` and ``text_projection``.
-
-    ``ln_post`` becomes ``nn.Identity`` and the projections ``None`` (open_clip's own towers skip a
-    ``None`` projection), so the wrapped model's state dict holds no such keys. Idempotent.
-    """
+    """``mean_head="fc"``: open_clip's ``visual.ln_post`` becomes Identity, ``visual.proj`` and
+    ``text_projection`` None (open_clip skips them), so the state dict holds no such keys. Idempotent."""
     from open_clip.transformer import VisionTransformer
 
     if not isinstance(clip_model, _open_clip().CLIP) or not isinstance(clip_model.visual, VisionTransformer):
@@ -135,55 +75,6 @@ def _fc_head(width: int, embed_dim: int, side: str) -> nn.ModuleDict:
         nn.init.xavier_uniform_(fc.weight)
         nn.init.zeros_(fc.bias)
     return nn.ModuleDict({"fc": fc})
-
-
-def _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, sigma_ln_init, sigma_ln_init_bias,
-                         sigma_bias_init) -> None:
-    if sigma_head not in SIGMA_HEADS:
-        raise UserError(f"sigma_head must be one of {', '.join(SIGMA_HEADS)}, got {sigma_head!r}")
-    if sigma_layout not in SIGMA_LAYOUTS:
-        raise UserError(f"sigma_layout must be one of {', '.join(SIGMA_LAYOUTS)}, got {sigma_layout!r}")
-    if sigma_head in ("unc", "pcme") and deterministic:
-        raise UserError(f"sigma_head {sigma_head!r} needs a probabilistic model; a deterministic model (InfoNCE / "
-                        "triplet methods) has no log-variance head")
-    if sigma_head in ("unc", "pcme") and sigma_init == "copy":
-        raise UserError(f"sigma_init 'copy' has nothing to copy with sigma_head {sigma_head!r} (no duplicated "
-                        "blocks); use sigma_init 'random'")
-    for key, value in (("sigma_ln_init", sigma_ln_init), ("sigma_ln_init_bias", sigma_ln_init_bias),
-                       ("sigma_bias_init", sigma_bias_init)):
-        if value is None and key == "sigma_ln_init":
-            continue
-        try:
-            finite = not isinstance(value, bool) and math.isfinite(float(value))
-        except (TypeError, ValueError):
-            finite = False
-        if not finite:
-            raise UserError(f"{key} must be a finite number{' or null' if key == 'sigma_ln_init' else ''}, "
-                            f"got {value!r}")
-
-
-def _check_model_options(*, pooling, sigma_init, sigma_head, sigma_layout, deterministic, sigma_ln_init,
-                         sigma_ln_init_bias, sigma_bias_init, var_bounds, unc_layout, sigma_param, sigma_shape,
-                         mean_head, size_augment):
-    """Every ProbCLIP option that can be checked before anything is built; returns var_bounds as floats."""
-    if pooling not in ("gpo", "native"):
-        raise UserError(f"pooling must be 'gpo' or 'native', got {pooling!r}")
-    if sigma_init not in ("random", "copy"):
-        raise UserError(f"sigma_init must be 'random' or 'copy', got {sigma_init!r}")
-    _check_sigma_options(sigma_head, sigma_layout, sigma_init, deterministic, sigma_ln_init,
-                         sigma_ln_init_bias, sigma_bias_init)
-    _check_choices(unc_layout=(unc_layout, UNC_LAYOUTS), sigma_param=(sigma_param, SIGMA_PARAMS),
-                   sigma_shape=(sigma_shape, SIGMA_SHAPES), mean_head=(mean_head, MEAN_HEADS))
-    if mean_head == "fc" and sigma_head != "block":
-        raise UserError(f"mean_head 'fc' (PCME++'s COCO layout) goes with sigma_head 'block', got {sigma_head!r}")
-    if not 0.0 <= float(size_augment) < 1.0:
-        raise UserError(f"size_augment must be in [0, 1), got {size_augment}")
-    if var_bounds is None:
-        return None
-    bounds = (float(var_bounds[0]), float(var_bounds[1]))
-    if not (0 < bounds[0] < bounds[1]):
-        raise UserError(f"var_bounds must satisfy 0 < lo < hi, got {bounds}")
-    return bounds
 
 
 def _make_unc_head(tower, side: str, embed_dim: int, bias_init: float, sigma_ln) -> nn.Module:
@@ -219,90 +110,42 @@ def _reinit_block_head_(head: SigmaHead, tower, side: str, official: bool, bias_
 class ProbCLIP(nn.Module):
     """Gaussian image and text encoders on top of an open_clip CLIP model.
 
-    Build with :func:`zsprob.models.create_model` (or :func:`zsprob.models.load`). Arguments:
-
-    clip_model: an open_clip ``CLIP`` / ``CustomTextCLIP`` with a VisionTransformer or timm
-        (ResNet / EfficientNet / RegNet / ConvNeXt / zsprob_plaincnn) image tower and a
-        TextTransformer text tower, or a :class:`zsprob.models.bow_text.BowCLIP` (bag-of-words
-        text); it becomes ``self.clip`` (the trunk and mean heads).
-    config: the dict that rebuilds this model (see :func:`zsprob.models.configs.model_from_config`).
-    sigma_depth: number of final blocks in each head (n); the trunk is the other L - n blocks
-        (a bag-of-words text tower has no blocks: its heads are a projection + pooling each).
-    sigma_init: "random" (re-initialised copy, PCME++) or "copy" (the mean head's weights).
-    pooling: "gpo" or "native" (CLS / EOT token as open_clip).
-    deterministic: no log-variance heads (logvar is None), for InfoNCE / triplet baselines.
-    var_bounds: None or (lo, hi) variance bounds, e.g. (0.1, 10).
-    sigma_head: "block" (PCME++: duplicated last blocks), "unc" (ProLIP's [UNC] token; a
-        pooled MLP on bag-of-words and CNN towers) or "pcme" (PCME's local-attention modules over
-        patch tokens, CNN cells or word vectors); see :mod:`zsprob.models.sigma_heads`.
-    sigma_param: "logvar" or "logsigma" (the head's output is log sigma; logvar = 2 x output).
-    sigma_shape: "diagonal", "spherical_mean" or "spherical_one" (Pishdad et al.).
-    sigma_layout: "official" (PCME++'s code: no LayerNorm before the sigma projection, the
-        official init laws) or "legacy" (zsprob's earlier layout) for ``sigma_head="block"``.
-        :func:`create_model` builds "official"; a saved config without the key means "legacy".
-    sigma_bias_init: initial bias of log sigma^2 (the block head's bias, the [UNC] projection's
-        bias, the MLP's output bias).
-    sigma_ln_init, sigma_ln_init_bias: None (default) or the weight init of a LayerNorm on
-        log sigma^2 (PCME++'s ``sigma_ln_init``, e.g. 0.01) and its bias init.
-    unc_layout: "zsprob" (default; log sigma^2 from the [UNC] output, as the ProLIP paper describes)
-        or "prolip" (what ProLIP's released code computes, for its published weights: ``ln_post``
-        twice on the image class token, text log sigma^2 from the projected [CLS] output).
-    sigma_detach: False (default) or True: the log sigma^2 heads read the trunk's features
-        detached, so no loss term reaches the trunk (or the means) through sigma; the trunk is
-        shaped by the means alone. Not for [UNC] tokens, which run inside the tower.
-    mean_head: "proj" (default: the tower's final LayerNorm and projection, as open_clip) or "fc"
-        (PCME++'s COCO trainer: no ``ln_post`` / projections, a biased Linear on every token before
-        pooling; ViT + CLIP text towers and ``sigma_head="block"`` only; module docstring).
+    Build with :func:`zsprob.models.create_model` (or :func:`zsprob.models.load`). ``clip_model``: an
+    open_clip ``CLIP`` / ``CustomTextCLIP`` with a ViT or timm image tower and a TextTransformer, or a
+    :class:`zsprob.models.bow_text.BowCLIP`; ``config``: the dict that rebuilds this model
+    (:func:`zsprob.models.configs.model_from_config`); ``options``: its head options, each also an
+    attribute of the model (``var_bounds`` as floats).
     """
 
     #: the log-variance heads' modules (the trainer can clip their gradients apart: optim.grad_clip_split)
     SIGMA_MODULES = ("image_sigma", "text_sigma", "sigma_readout")
 
-    def __init__(self, clip_model: nn.Module, *, name: str, config: dict, embed_dim: int,
-                 sigma_depth: int = 1, sigma_init: str = "random", pooling: str = "gpo",
-                 deterministic: bool = False, var_bounds=None, normalize_mu: bool = True,
-                 gpo_dim: int = 32, sigma_bias_init: float = 0.0, truncate_text: bool = True,
-                 size_augment: float = 0.0, sigma_head: str = "block", sigma_layout: str = "official",
-                 sigma_ln_init: float | None = None, sigma_ln_init_bias: float = 0.0,
-                 sigma_param: str = "logvar", sigma_shape: str = "diagonal", unc_layout: str = "zsprob",
-                 sigma_detach: bool = False, mean_head: str = "proj", tokenizer=None, preprocess_train=None,
-                 preprocess_val=None, image_size: int | None = None, reinit_params: tuple[str, ...] = ()):
+    def __init__(self, clip_model: nn.Module, *, name: str, config: dict, embed_dim: int, options: ModelOptions,
+                 tokenizer=None, preprocess_train=None, preprocess_val=None, image_size: int | None = None,
+                 reinit_params: tuple[str, ...] = ()):
         super().__init__()
-        var_bounds = _check_model_options(
-            pooling=pooling, sigma_init=sigma_init, sigma_head=sigma_head, sigma_layout=sigma_layout,
-            deterministic=deterministic, sigma_ln_init=sigma_ln_init, sigma_ln_init_bias=sigma_ln_init_bias,
-            sigma_bias_init=sigma_bias_init, var_bounds=var_bounds, unc_layout=unc_layout, sigma_param=sigma_param,
-            sigma_shape=sigma_shape, mean_head=mean_head, size_augment=size_augment)
         self.clip = clip_model
         self.name = name
         self.config = config
         self.embed_dim = int(embed_dim)
-        self.sigma_depth = int(sigma_depth)
-        self.sigma_init = sigma_init
-        self.sigma_head = sigma_head
-        self.sigma_layout = sigma_layout
-        self.unc_layout = unc_layout
-        self.mean_head = mean_head
-        self.sigma_detach = bool(sigma_detach)
-        self.sigma_ln_init = None if sigma_ln_init is None else float(sigma_ln_init)
-        self.sigma_ln_init_bias = float(sigma_ln_init_bias)
-        self.sigma_param, self.sigma_shape = sigma_param, sigma_shape
-        self.pooling = pooling
-        self.deterministic = bool(deterministic)
-        self.var_bounds = var_bounds
-        self.normalize_mu = bool(normalize_mu)
+        self.options = options
+        for key, value in options.config().items():
+            setattr(self, key, value)
+        self.var_bounds = options.bounds
+        self.sigma_ln_init = None if options.sigma_ln_init is None else float(options.sigma_ln_init)
+        self.sigma_ln_init_bias = float(options.sigma_ln_init_bias)
         self.tokenizer = tokenizer
         self.preprocess_train = preprocess_train
         self.preprocess_val = preprocess_val
         self.image_size = image_size
         self.grad_checkpointing = False
-        self.size_augment = float(size_augment)
         self._reinit_params = set(reinit_params)
+        mean_head, sigma_head = options.mean_head, options.sigma_head
 
         if mean_head == "fc":
             strip_mean_projection_(clip_model)
         self._vision = vision_tower(clip_model)
-        self._text = text_tower(clip_model, truncate_text)
+        self._text = text_tower(clip_model, options.truncate_text)
         if mean_head == "fc":
             self.image_head = _fc_head(self._vision.width, self.embed_dim, "image")
             self.text_head = _fc_head(self._text.width, self.embed_dim, "text")
@@ -316,10 +159,10 @@ class ProbCLIP(nn.Module):
             if isinstance(p, nn.Parameter):
                 p.requires_grad_(False)
 
-        gpo = (lambda: GPO(gpo_dim, gpo_dim)) if pooling == "gpo" else (lambda: None)
+        gpo = (lambda: GPO(options.gpo_dim, options.gpo_dim)) if self.pooling == "gpo" else (lambda: None)
         self.image_gpo = gpo()
         self.text_gpo = gpo()
-        if unc_layout == "prolip" and sigma_head == "unc" and self._text.kind == "text" \
+        if self.unc_layout == "prolip" and sigma_head == "unc" and self._text.kind == "text" \
                 and self._text.width != self.embed_dim:
             raise UserError(f"unc_layout 'prolip' reads log sigma^2 from the projected text output, so it needs "
                             f"text width = embed_dim (got {self._text.width} and {self.embed_dim})")
@@ -327,14 +170,14 @@ class ProbCLIP(nn.Module):
             self.image_sigma = None
             self.text_sigma = None
         else:
-            self.image_sigma = self._make_sigma(self._vision, self.image_gpo, gpo, float(sigma_bias_init))
-            self.text_sigma = self._make_sigma(self._text, self.text_gpo, gpo, float(sigma_bias_init))
+            self.image_sigma = self._make_sigma(self._vision, self.image_gpo, gpo, float(options.sigma_bias_init))
+            self.text_sigma = self._make_sigma(self._text, self.text_gpo, gpo, float(options.sigma_bias_init))
         if self.sigma_detach and any(isinstance(h, UncTokenHead) for h in (self.image_sigma, self.text_sigma)):
             raise UserError("sigma_detach needs log sigma^2 heads beside the tower (block, pcme, or unc on a bag of "
                             "words / CNN); an [UNC] token runs inside the tower and cannot be cut off from it")
         self.sigma_readout = (nn.ModuleDict({"image": spherical_readout(self.embed_dim),
                                              "text": spherical_readout(self.embed_dim)})
-                              if sigma_shape == "spherical_one" and not self.deterministic else None)
+                              if self.sigma_shape == "spherical_one" and not self.deterministic else None)
 
     def _check_sigma_depth(self) -> None:
         for tower, what in ((self._vision, "image"), (self._text, "text")):
@@ -438,7 +281,7 @@ class ProbCLIP(nn.Module):
         released = token_head and self.unc_layout == "prolip"
         ln = _twice(tower.ln) if released and tower is self._vision else tower.ln
         projected = self._head_out(tower, hm, ln, self._mean_proj(tower), gpo_mu, ctx, lengths, keep)
-        mu = projected.to(torch.promote_types(projected.dtype, torch.float32))  # float32, or float64 for a float64 model
+        mu = projected.to(torch.promote_types(projected.dtype, torch.float32))  # float32 (float64 for such a model)
         if self.normalize_mu:
             mu = F.normalize(mu, dim=-1)
         if sigma is None or not with_sigma:
@@ -458,16 +301,12 @@ class ProbCLIP(nn.Module):
             hs = self._run(tower, sigma.blocks, cut(h), mask)
             raw = sigma.finish(self._head_out(tower, hs, sigma.ln, sigma.proj, sigma.gpo, ctx, lengths, keep))
         side = "image" if tower is self._vision else "text"
-        return mu, bound_logvar(self._shape_sigma(raw.to(torch.promote_types(raw.dtype, torch.float32)), side), self.var_bounds)
+        raw = raw.to(torch.promote_types(raw.dtype, torch.float32))
+        return mu, bound_logvar(self._shape_sigma(raw, side), self.var_bounds)
 
     def _pooled_rows(self, tower, seq: int, token_head: bool, gpo_mu, sigma, with_sigma: bool) -> list[int] | None:
-        """The token positions whose last-block outputs are all that the forward reads, or None.
-
-        With native pooling at fixed positions (a ViT's class token, ProLIP's appended text [CLS],
-        plus [UNC]) and no head that reads every token (GPO, PCME's attention, a pooled [UNC] MLP),
-        the other positions of the last block feed nothing: their keys and values are still needed,
-        their queries, attention outputs and MLPs are not (64 of ProLIP's 66 text positions).
-        """
+        """The consecutive token positions whose last-block outputs are all the forward reads (native pooling at
+        fixed positions, no head reading every token), or None."""
         pooled_rows = getattr(tower, "pooled_rows", None)
         if pooled_rows is None or gpo_mu is not None or self.mean_head != "proj" or not tower.num_blocks:
             return None
@@ -478,11 +317,8 @@ class ProbCLIP(nn.Module):
         return pooled_rows(seq, token_head)
 
     def _shape_sigma(self, raw: torch.Tensor, side: str) -> torch.Tensor:
-        """The head's D outputs -> log sigma^2 [B, D]: ``sigma_param`` ("logsigma": the head predicts
-        log sigma, as PCME's code, so log sigma^2 = 2 x output), then ``sigma_shape`` (Pishdad et
-        al.'s spherical variants, one variance per embedding: "spherical_mean" the average of the
-        D variances, log mean exp(log sigma^2); "spherical_one" one predicted value, a learned
-        linear readout of the D log-variances)."""
+        """The head's D outputs -> log sigma^2 [B, D], by ``sigma_param`` (log sigma: x 2) and ``sigma_shape``
+        ("spherical_mean": log mean exp over D; "spherical_one": the learned readout, one value per input)."""
         logvar = 2.0 * raw if self.sigma_param == "logsigma" else raw
         if self.sigma_shape == "spherical_mean":
             one = torch.logsumexp(logvar, dim=-1, keepdim=True) - math.log(logvar.shape[-1])
@@ -510,18 +346,10 @@ class ProbCLIP(nn.Module):
 
     # ----------------------------------------------------------------------------------
     def param_info(self) -> dict[str, dict[str, Any]]:
-        """Per-parameter metadata for the trainer.
-
-        ``tower``: "image" | "text" | "other"; ``depth``: 0 = embeddings, i + 1 = residual block i
-        (the log-variance copies of the last blocks share their depth; the [UNC] token's embedding
-        and position are embeddings: depth 0), depth ``num_layers`` for the final LayerNorm,
-        projection, GPO, log-variance bias, [UNC] projection, pooled MLP and sigma LayerNorm;
-        ``num_layers`` = blocks + 1, so a
-        layer-wise decay reads ``lr_scale = decay ** (num_layers - depth)``. ``backbone``: True
-        for parameters of the wrapped open_clip model (those a pretrained checkpoint provides),
-        False for modules zsprob adds (log-variance heads, GPO) and for projections that were
-        re-initialised because the embedding size differs from the checkpoint.
-        """
+        """Per-parameter metadata for the trainer: ``tower`` ("image" | "text" | "other"); ``depth`` (0 for
+        embeddings, [UNC] ones included; i + 1 for block i and its log-variance copy; ``num_layers`` = blocks + 1
+        for everything after the blocks), so layer-wise decay is ``decay ** (num_layers - depth)``; ``backbone``
+        (a parameter a pretrained open_clip checkpoint provides, not a re-initialised projection)."""
         nv, nt = self._vision.num_blocks, self._text.num_blocks
         split_v, split_t = nv - self._head_depth(self._vision), nt - self._head_depth(self._text)
         vis_prefix = "clip.visual."
@@ -556,7 +384,8 @@ class ProbCLIP(nn.Module):
         return (f"name={self.name!r}, embed_dim={self.embed_dim}, sigma_head={self.sigma_head!r}, "
                 f"sigma_layout={self.sigma_layout!r}, unc_layout={self.unc_layout!r}, sigma_depth={self.sigma_depth}, "
                 f"sigma_init={self.sigma_init!r}, pooling={self.pooling!r}, deterministic={self.deterministic}, "
-                f"var_bounds={self.var_bounds}" + (f", mean_head={self.mean_head!r}" if self.mean_head != "proj" else ""))
+                f"var_bounds={self.var_bounds}"
+                + (f", mean_head={self.mean_head!r}" if self.mean_head != "proj" else ""))
 
 
 def _plain_block(block: nn.Module) -> bool:
@@ -567,22 +396,13 @@ def _plain_block(block: nn.Module) -> bool:
 
 
 def _run_block_rows(block: nn.Module, x: torch.Tensor, rows: list[int], mask) -> torch.Tensor:
-    """Outputs of an open_clip ``ResidualAttentionBlock`` at positions ``rows`` only: [B, T, w] -> [B, len(rows), w].
-
-    Every position is still a key and a value; only the queries, the attention output and the MLP
-    are restricted to ``rows``. Equal to ``block(x, attn_mask=mask)[:, rows]`` (tested), the
-    operations are open_clip's own modules (``ln_1``, ``attention``, ``ls_1``, ``ln_2``, ``mlp``, ``ls_2``).
-    """
+    """``block(x, attn_mask=mask)[:, rows]`` for consecutive ``rows``: every position is still a key and a
+    value, only the queries, attention output and MLP run at ``rows`` ([B, T, w] -> [B, len(rows), w])."""
     kv = block.ln_1(x)
     first, n = rows[0], len(rows)
-    if list(rows) == list(range(first, first + n)):  # every tower's rows: a slice, no index tensor to send
-        take = lambda t, dim: t.narrow(dim, first, n).contiguous()  # noqa: E731  (the device, no host sync)
-    else:
-        index = torch.tensor(rows, device=x.device)
-        take = lambda t, dim: t.index_select(dim, index)  # noqa: E731
-    q = take(x, 1)
-    m = take(mask, -2) if mask is not None else None
-    y = q + block.ls_1(block.attention(q_x=take(kv, 1), k_x=kv, v_x=kv, attn_mask=m))
+    q = x.narrow(1, first, n).contiguous()  # a slice: no index tensor to send, no host sync
+    m = mask.narrow(-2, first, n).contiguous() if mask is not None else None
+    y = q + block.ls_1(block.attention(q_x=kv.narrow(1, first, n).contiguous(), k_x=kv, v_x=kv, attn_mask=m))
     return y + block.ls_2(block.mlp(block.ln_2(y)))
 
 
@@ -600,9 +420,5 @@ def _sigma_depth_of(parts: list[str], split: int, num_layers: int) -> int:
     return num_layers
 
 
-def count_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-__all__ = ["ProbCLIP", "SigmaHead", "MEAN_HEADS", "strip_mean_projection_", "count_parameters"]
+__all__ = ["ProbCLIP", "strip_mean_projection_"]
 

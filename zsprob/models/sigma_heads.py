@@ -1,109 +1,22 @@
 """The log-variance (log sigma^2) heads of :class:`zsprob.models.ProbCLIP`, and their init laws.
 
-torch provides every layer; open_clip provides the blocks the ``"block"`` head copies and the
-LayerNorm the ``"unc"`` token head reads through. Nothing here is copied from the official code
-bases; the layouts and init laws below were read from them (naver-ai/pcmepp, naver-ai/prolip).
+torch provides every layer, open_clip the blocks the ``"block"`` head copies; the layouts and init
+laws were read from naver-ai/pcmepp, naver-ai/prolip and naver-ai/pcme (docs/models.md says what each
+option builds):
 
-``sigma_head`` (model config key; one list: :data:`SIGMA_HEADS`):
+* ``"block"`` - :class:`SigmaHead` (PCME++): a copy of the tower's last ``sigma_depth`` blocks +
+  (LayerNorm) + projection + a per-dimension bias (+ its own GPO). ``sigma_layout="official"``: no
+  LayerNorm before the projection, PCME++'s init laws; ``"legacy"``: zsprob's earlier head (a copy of
+  the final LayerNorm, CLIP's laws, zero biases). Both apply to open_clip transformers only; timm and
+  bag-of-words towers build the same head under either.
+* ``"unc"`` - :class:`UncTokenHead` (ProLIP's [UNC] token, open_clip transformers) and
+  :class:`UncPooledHead` (an MLP on a pooled vector: bag of words with an [UNC] word, CNNs).
+  ``unc_layout="prolip"`` computes what ProLIP's released code does (``ln_post`` twice on the image
+  class token, text log sigma^2 from the projected [CLS] output), ``"zsprob"`` what its paper says.
+* ``"pcme"`` - :class:`PCMEUncertaintyHead`: PCME's local-attention module over a tower's local features.
 
-``"block"`` - :class:`SigmaHead` (PCME++): a copy of the tower's last ``sigma_depth`` blocks +
-    (LayerNorm) + projection + a learned per-dimension bias (+ its own GPO), applied to the
-    output of the shared trunk. Two layouts (``sigma_layout``, :data:`SIGMA_LAYOUTS`):
-
-    * ``"official"`` (default for new models): as PCME++'s COCO code builds its probabilistic
-      CLIP (``pcmepp/modules/clip/model.py``, ``pcmepp/models/{img,txt}_encoder.py``). No
-      LayerNorm between the duplicated blocks and the sigma projection on either tower (the
-      official code applies ``ln_final`` to the mean branch only and has no ``ln_post`` at all;
-      ``hf_models/hf_clip.py`` does the same). Random init of the duplicated blocks: image
-      tower - PyTorch's module defaults (the official ``uncertainty_transformer`` is never
-      re-initialised: ``nn.MultiheadAttention`` in-projection Xavier-uniform, its biases 0,
-      ``nn.Linear`` Kaiming-uniform weights and uniform biases, LayerNorm 1 / 0); text tower -
-      the same defaults, then CLIP's laws on the four weight matrices (in-projection
-      N(0, w^-1/2), out-projection and c_proj N(0, w^-1/2 (2L)^-1/2) with L the tower's number
-      of blocks, c_fc N(0, (2w)^-1/2)). Sigma projection ``x @ proj + bias`` (the official
-      ``nn.Linear(width, D)``): image Xavier-uniform, text U(-w^-1/2, w^-1/2) (nn.Linear's
-      default); its bias is ``sigma_bias_init`` (the official ``bias_init``) without
-      ``sigma_ln_init``, and the official default with it (image 0, text U(-w^-1/2, w^-1/2)).
-    * ``"legacy"`` (zsprob's own layout before the official one; what a config without ``sigma_layout``
-      rebuilds): a copy of the final LayerNorm before the projection, CLIP's laws with zero
-      biases on the blocks, projection N(0, w^-1/2), bias ``sigma_bias_init``.
-
-    Both layouts apply only to open_clip transformer towers. timm (CNN) towers keep what follows
-    their last stage (tail + timm's pooling; each layer's PyTorch default init when random) and
-    bag-of-words towers have no blocks and no norm, so both layouts build the same head there.
-    ``sigma_init="copy"`` copies the whole mean head, its final LayerNorm included, in both
-    layouts (the projection expects normalised input).
-
-``"unc"`` - ProLIP's [UNC] token (``src/prolip/transformer.py``) and its analogue for towers
-    without tokens. No block is duplicated: the tower is shared in full.
-
-    * :class:`UncTokenHead` (open_clip ViT and text transformers): a learned token joins the
-      sequence before the first block and runs through the same blocks as every other token;
-      its output, through the tower's own final LayerNorm (shared, as ProLIP) and its own
-      ``Linear(width, D)`` (weight N(0, w^-1/2), bias ``sigma_bias_init``, -10 by default as
-      ProLIP's ``init_unc_bias``), is log sigma^2. mu comes from the usual CLS / EOT token or
-      GPO over the other tokens. Image: the token sits right after the class token (index 1,
-      as ProLIP) and attends / is attended like a patch, so mu depends on it (as in ProLIP).
-      Text: the token is appended after the last position (ProLIP appends [UNC] after the
-      padded caption). A tower without any attention mask (bidirectional, as ProLIP's) leaves
-      it unmasked, exactly as ProLIP. A masked tower (zsprob's causal open_clip towers, or a
-      padding mask) gets one extra mask row and column: the [UNC] token attends to the
-      caption's own tokens (start .. end-of-text, padding excluded) and to itself; in a causal
-      tower no caption token attends to it, so mu is exactly the model without [UNC] and the
-      output does not depend on padding or truncation. Its positional embedding is a separate
-      parameter, so the caption positions keep open_clip's table.
-    * :class:`UncPooledHead` (bag-of-words text and timm / plain-CNN images): a small MLP
-      ``in -> in -> D`` (GELU; output bias ``sigma_bias_init``) on a pooled vector. Bag of words:
-      a learned [UNC] word embedding joins every caption's bag in a masked mean that feeds only
-      this head, ``(sum of the n word embeddings + unc_emb) / (n + 1)`` (mu's pooling is
-      unchanged), so the [UNC] word weighs 1 / (n + 1): fewer (or less informative) words can
-      mean more uncertainty, and each word can push log sigma^2 up or down. CNN: the trunk's
-      globally pooled last-stage features (timm's own pooling, shared with the mean branch).
-
-``"pcme"`` - :class:`PCMEUncertaintyHead`: PCME's local-attention uncertainty modules
-    (naver-ai/pcme ``models/uncertainty_module.py``, PCME Sec. 3): torch's Linear, GRU and packed
-    sequences; attention over a tower's local features plus a residual fc of the pooled feature
-    (image) or a bidirectional GRU over the local features (text). Local features: a ViT's patch
-    tokens and a text transformer's tokens (after the final LayerNorm), a timm CNN's last-stage
-    H x W cells (the official module reads a ResNet's 7 x 7 map), a bag of words' word vectors (the
-    official module reads the GloVe word vectors). The tower adapters of
-    :mod:`zsprob.models.towers` say which (``local_features``); a tower without them is refused.
-
-``sigma_param`` / ``sigma_shape`` (:data:`SIGMA_PARAMS`, :data:`SIGMA_SHAPES`) post-process any
-head's D outputs: log sigma instead of log sigma^2 (PCME's code), and Pishdad et al.'s spherical
-covariances (:func:`spherical_readout`).
-
-Parameter names of the ``"unc"`` heads (one to one with ProLIP's state dict; D = embed dim,
-w = tower width; prefix ``image_sigma.`` <-> ProLIP ``visual.``, ``text_sigma.`` <-> ``text.``):
-
-==========================================  ===========  ==========================================
-zsprob                                      shape        ProLIP official
-==========================================  ===========  ==========================================
-image_sigma.unc_embedding                   [w]          visual.unc_embedding
-image_sigma.unc_pos_embedding               [w]          visual.positional_embedding[1]
-image_sigma.uncertainty_proj.weight / bias  [D, w] / [D] visual.uncertainty_proj.weight / bias
-text_sigma.unc_emb                          [w]          text.unc_emb
-text_sigma.unc_pos_embedding                [w]          text.positional_embedding[context_length]
-text_sigma.text_uncertainty_projection.*    [D, w] / [D] text.text_uncertainty_projection.*
-text_sigma.unc_emb (bag of words)           [w]          (no ProLIP counterpart)
-{image,text}_sigma.mlp.fc1 / fc2 .*         Linear       (no ProLIP counterpart)
-{image,text}_sigma.sigma_ln.weight / bias   [D]          (PCME++ ``image_std_ln`` / ``text_std_ln``)
-==========================================  ===========  ==========================================
-
-The rest of ProLIP's image positional table (rows 0 and 2..) is open_clip's
-``clip.visual.positional_embedding`` (CLS, patches); of its text table (``[tokens, UNC, CLS]``)
-every row but the [UNC] one is ``clip.text.positional_embedding`` (``zsprob.models.convert.prolip``
-splits them). Two details of ProLIP's released code differ from the paper's description:
-its image tower applies ``ln_post`` twice to the class token, and its text tower feeds
-``text_uncertainty_projection`` with the *projected [CLS] output* rather than the [UNC] output
-(it overwrites ``std_pooled``; it only runs because width = D there). ``unc_layout``
-(:data:`UNC_LAYOUTS`) chooses: ``"zsprob"`` (default) reads the [UNC] output as the paper
-describes; ``"prolip"`` computes what the released code computes (the published weights load
-with it).
-
-``sigma_ln_init`` (both head kinds; off by default as in the official ``configs/pcmepp.yaml``):
-a LayerNorm(D) on log sigma^2, weight ``sigma_ln_init`` (the official class default is 0.01),
-bias ``sigma_ln_init_bias`` (official ProbEncoder*Clip ``image_std_ln`` / ``text_std_ln``).
+``sigma_ln_init`` adds PCME++'s LayerNorm on log sigma^2; ``sigma_param`` / ``sigma_shape`` post-process
+any head's D outputs (log sigma; Pishdad et al.'s spherical covariances, :func:`spherical_readout`).
 """
 from __future__ import annotations
 
@@ -151,30 +64,12 @@ def spherical_readout(embed_dim: int) -> nn.Linear:
 
 
 class PCMEUncertaintyHead(nn.Module):
-    """PCME's local-attention uncertainty module (PCME Sec. 3; naver-ai/pcme
-    ``models/uncertainty_module.py``), for any tower with local features x [B, T, w].
-
-    Attention pooling over x (Lin et al.'s self-attention with one head: ``softmax_T(w2 tanh(w1 x))``,
-    hidden w / 2, padding masked), then ``fc`` (Xavier-uniform, bias ``bias_init``), plus a residual
-    branch: image - ``fc2`` (nn.Linear's default init) of the tower's pooled feature [B, w] (the
-    official residual fc of the globally pooled CNN feature); text - a bidirectional GRU (D / 2 per
-    direction, torch's default init) over the same local features, its output at the last valid
-    position (as the official code gathers it). The output (D values) is log sigma or log sigma^2 as
-    ``sigma_param`` says. Init and layout as the official modules: attention weights Xavier-uniform
-    without biases, ``fc`` Xavier-uniform.
-
-    Image inputs: ViT patch tokens (no class token), or a CNN's last-stage cells flattened to
-    [B, H*W, C] with timm's global pool as the pooled feature (the official image module on a
-    ResNet's 7 x 7 map and its average-pooled feature).
-
-    Text inputs: a text transformer's output tokens, or a bag of words' word vectors (start-of-text
-    to end-of-text, as the official captions run ``<start>`` .. ``<end>``). The bag of words keeps the
-    GRU: the official text module runs its *own* bi-GRU over the word vectors (GloVe), separate from
-    the caption encoder, so a bag of words' word embeddings are exactly its official input, and the
-    module is the official one unchanged. That the GRU reads word order while the bag's mean does not
-    is no contradiction: the order can only change how uncertain a caption is, never where its mean
-    lies. (The mean word vector through ``fc`` would duplicate the attention branch, which already is
-    a weighted mean of the same vectors.)
+    """PCME's local-attention uncertainty module (PCME Sec. 3, ``models/uncertainty_module.py``) over
+    local features x [B, T, w]: one-head attention pooling ``softmax_T(w2 tanh(w1 x))`` (hidden w / 2,
+    padding masked, Xavier-uniform, no biases), then ``fc`` (Xavier-uniform, bias ``bias_init``), plus
+    a residual branch: image - ``fc2`` of the tower's pooled feature [B, w]; text - a bidirectional GRU
+    (D / 2 per direction) over the same features, read at the last valid position as the official code
+    reads it. Output: D values (log sigma or log sigma^2, as ``sigma_param`` says).
     """
 
     def __init__(self, side: str, width: int, embed_dim: int, bias_init: float = 0.0):
@@ -382,7 +277,8 @@ def reinit_block_official_(block: nn.Module, side: str, width: int, num_layers: 
 
 def reinit_projection_official_(head: SigmaHead, side: str, width: int, bias_init: float,
                                 with_sigma_ln: bool) -> None:
-    """The official sigma ``nn.Linear(width, D)`` laws, applied to ``proj`` (+ ``bias``)."""
+    """The official sigma ``nn.Linear(width, D)`` laws on ``proj`` (image Xavier-uniform, text U(+-w^-1/2)) and
+    ``bias`` (``bias_init``; with ``sigma_ln_init`` the official default: image 0, text U(+-w^-1/2))."""
     weight = head.proj.weight if isinstance(head.proj, nn.Linear) else head.proj
     bound = width ** -0.5
     with torch.no_grad():

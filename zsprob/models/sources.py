@@ -1,16 +1,10 @@
 """What ``pretrained`` names, resolved in one place: nothing, open_clip weights, a published file, a zsprob checkpoint.
 
-:func:`identify` answers which of the four a ``pretrained`` argument is (and reads what the
-answer needs: a zsprob checkpoint's metadata, a published ProLIP / PCME++ file's state dict);
-:func:`resolve_pretrained` finds an open_clip tag's or directory's weights file without
-downloading. The factory, the builder and the CLI's model loading all ask here, so a spec means
-the same thing everywhere; loading the weights is :mod:`zsprob.models.weights`' job.
-
-What libraries do: open_clip's pretrained registry (``get_pretrained_cfg``,
-``list_pretrained_tags_by_model``) names a tag's file; huggingface_hub's
-``try_to_load_from_cache`` answers whether it is already cached; :mod:`zsprob.models.convert.load`
-recognises the published layouts; :mod:`zsprob.models.checkpoint` reads zsprob's format,
-:mod:`zsprob.models.open_clip_dir` an open_clip model directory's config and a zsprob export in one.
+:func:`identify` answers which of the four a ``pretrained`` argument is (and reads what the answer
+needs: a zsprob checkpoint's metadata, a published file's state dict and layout);
+:func:`resolve_pretrained` finds an open_clip tag's or directory's weights file without downloading
+(open_clip's pretrained registry names it, huggingface_hub's cache holds it). The factory, the
+builder and the CLI's model loading all ask here, so a spec means the same thing everywhere.
 """
 from __future__ import annotations
 
@@ -22,6 +16,7 @@ import torch
 
 from zsprob.errors import UserError
 from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint, load_meta, read_tensors
+from zsprob.models.convert.load import sniff
 from zsprob.models.open_clip_dir import export_meta, export_section, pretrained_cfg, read_config
 
 #: the kinds of ``pretrained``: none (random init), an open_clip tag / file / directory, a published
@@ -51,13 +46,6 @@ class Source:
         return read_tensors(checkpoint_dir(self.path), self.meta, verify)
 
 
-def sniff_official(pretrained) -> tuple[dict, str] | None:
-    """(state dict, layout) when ``pretrained`` is a published ProLIP / PCME++ checkpoint, else None."""
-    from zsprob.models.convert.load import sniff
-
-    return sniff(pretrained)
-
-
 def zsprob_source(path: str | os.PathLike) -> Source:
     """The zsprob checkpoint at ``path`` (its directory or a file in it), or a zsprob model exported to an
     open_clip directory (``zsprob export``, layout "open_clip"); UserError when it is neither."""
@@ -75,45 +63,10 @@ def identify(pretrained) -> Source:
         return Source("none")
     if is_checkpoint(pretrained) or export_section(pretrained) is not None:
         return zsprob_source(pretrained)
-    official = sniff_official(pretrained)
+    official = sniff(pretrained)
     if official is not None:
         return Source("official", pretrained, state=official[0], layout=official[1])
     return Source("open_clip", pretrained)
-
-
-#: where each published model's weights come from (zsprob never downloads them): the file to fetch, and
-#: whether a local copy of its Hugging Face tokenizer must come with it (``--tokenizer DIR``)
-_PROLIP = ("the ProLIP collection on the Hugging Face hub (huggingface.co/SanghyukChun, e.g. "
-           "`huggingface-cli download SanghyukChun/ProLIP-ViT-B-16-DC-1B-12_8B --local-dir DIR`)")
-PUBLISHED_WEIGHTS: dict[str, tuple[str, str | None]] = {
-    "prolip-ViT-B-16": ("`huggingface-cli download SanghyukChun/ProLIP-ViT-B-16-DC-1B-12_8B --local-dir DIR`",
-                        "timm/ViT-B-16-SigLIP"),
-    "prolip-ViT-B-16-long": (_PROLIP, "timm/ViT-B-16-SigLIP"),
-    "prolip-ViT-L-16": (_PROLIP, "timm/ViT-B-16-SigLIP"),
-    "prolip-ViT-H-14": (_PROLIP, None),
-    "prolip-ViT-SO400M-14": (_PROLIP, "timm/ViT-SO400M-14-SigLIP"),
-    "pcmepp-ViT-B-16": ("`huggingface-cli download SanghyukChun/PCMEPP-ViT-B-16-CC3M-12M-RedCaps --local-dir DIR`",
-                        None),
-    "pcmepp-coco-ViT-B-32": ("your naver-ai/pcmepp train.py checkpoint (last.ckpt) or the announced COCO weights",
-                             None),
-    "pcmepp-coco-ViT-B-16": ("your naver-ai/pcmepp train.py checkpoint (last.ckpt) or the announced COCO weights",
-                             None),
-    "pcmepp-coco-ViT-L-14": ("your naver-ai/pcmepp train.py checkpoint (last.ckpt) or the announced COCO weights",
-                             None),
-}
-
-
-def require_published_weights(name: str | None, pretrained) -> None:
-    """A published model (ProLIP / PCME++) used for inference without ``pretrained`` would be random weights
-    under a published name, and building its tokenizer would go to the Hugging Face hub: one
-    :class:`UserError` line at once instead (no network), naming the file to fetch and how to pass it."""
-    if name not in PUBLISHED_WEIGHTS or (pretrained is not None and str(pretrained) != ""):
-        return
-    fetch, tokenizer = PUBLISHED_WEIGHTS[name]
-    tok = (f" with its tokenizer (`huggingface-cli download {tokenizer} --local-dir DIR/tokenizer`, or pass "
-           "--tokenizer TOKDIR)" if tokenizer else "")
-    raise UserError(f"--model {name} needs its published weights, and zsprob never downloads: fetch {fetch}, then "
-                    f"pass --pretrained DIR{tok}")
 
 
 _CKPT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors",
@@ -199,5 +152,4 @@ def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str 
                     f"at run time: download {' or '.join(wanted)}; or pass the checkpoint file path as pretrained")
 
 
-__all__ = ["KINDS", "PUBLISHED_WEIGHTS", "Source", "identify", "zsprob_source", "sniff_official", "resolve_pretrained",
-           "require_published_weights"]
+__all__ = ["KINDS", "Source", "identify", "zsprob_source", "resolve_pretrained"]

@@ -1,16 +1,11 @@
 """Loading weights into a built model, in one place: open_clip files, zsprob checkpoints (whole or for fine-tuning).
 
-Strict everywhere: a missing or unexpected key, or a tensor of another shape, is a
-:class:`zsprob.UserError` naming it, with one exception: open_clip projections whose shape
-differs (another ``embed_dim``) keep their random init and are returned, so the model can record
-them (``reinit_params``). A zsprob checkpoint loads either whole (:func:`load_checkpoint`, what
-``zsprob.models.load`` does) or as the start of fine-tuning (:func:`load_checkpoint_tower`, then
-:func:`load_checkpoint_heads`: the heads that fit the new options, group by group). Published
-ProLIP / PCME++ files are renamed and loaded by :mod:`zsprob.models.convert.load`.
-
-What libraries do: open_clip reads and converts checkpoint files (``open_clip.factory.load_state_dict``,
-``open_clip.convert.convert_state_dict``, position-embedding resizing); torch's
-``load_state_dict`` loads; TorchScript archives (OpenAI's original files) are read with ``torch.jit.load``.
+Strict everywhere: a missing or unexpected key, or a tensor of another shape, is a UserError naming
+it; only open_clip projections of another shape (another ``embed_dim``) keep their random init and are
+returned (``reinit_params``). A zsprob checkpoint loads whole (:func:`load_checkpoint`) or as the start
+of fine-tuning (:func:`load_checkpoint_tower`, then :func:`load_checkpoint_heads`: the heads that fit,
+group by group). open_clip reads and converts checkpoint files; TorchScript archives (OpenAI's
+originals) are read with ``torch.jit.load``.
 """
 from __future__ import annotations
 

@@ -1,32 +1,17 @@
-"""Word mixers: what makes the bag-of-words text tower's words interact (an option of :mod:`zsprob.models.bow_text`).
+"""Word mixers: what makes the bag-of-words text tower's words interact (``text_cfg.mixer`` of :mod:`.bow_text`).
 
-Why it exists: in the plain bag of words a caption's embedding is a linear function of the mean
-of its word embeddings, so a prompt template adds one vector shared by every class; the template
-can shift every class alike but cannot change which class wins in a different way per class.
-Real text encoders are not additive: a transformer reads each word in the context of the others,
-and even a deep averaging network (Iyyer et al., ACL 2015: an MLP on the mean of the word
-vectors) mixes template and class words non-linearly. A mixer maps the word embeddings [B, L, w]
-to word vectors of the same shape, which the tower then pools and projects exactly as before:
+In the plain bag a caption's embedding is linear in the mean of its word embeddings, so a prompt
+template shifts every class alike. A mixer maps the word embeddings [B, L, w] to word vectors of the
+same shape, which the tower pools and projects as before:
 
-* ``"mlp"`` (:class:`PooledWordMLP`): every word vector gets ``MLP(LN(mean of the caption's
-  words))`` added (fc -> GELU -> fc), so the caption's pooled vector is ``m + MLP(LN(m))`` -
-  a residual non-linear head on the pooled words, which also reaches the log-variance heads that
-  pool the same word vectors.
-* ``"transformer"`` (:class:`WordTransformer`): ``layers`` pre-LayerNorm blocks of bidirectional
-  self-attention over the caption's words (padding masked out of the keys) and a GELU MLP, with a
-  learned position embedding (a text transformer's), on top of the word embeddings.
-* ``"bigram"`` (:class:`BigramMixer`): every word vector gets the embedding of the bigram it starts
-  (its token and the next one) added, from a table of ``buckets`` rows indexed by a hash of the token
-  pair - fastText's bag of n-grams (Joulin et al., EACL 2017, "Bag of Tricks for Efficient Text
-  Classification"). The caption's pooled vector is the bag's plus the mean of its bigram vectors: a
-  template's last word and the class word ("a" + "star" in "a photo of a star") form a bigram of
-  their own, so a template can move one class without moving the others, while each word keeps its
-  own vector.
+* ``"mlp"`` (:class:`PooledWordMLP`): every word vector gets ``MLP(LN(mean of the caption's words))`` added;
+* ``"transformer"`` (:class:`WordTransformer`): pre-LayerNorm bidirectional self-attention blocks over the
+  caption's words, with learned positions;
+* ``"bigram"`` (:class:`BigramMixer`): every word vector gets the hashed embedding of the bigram it
+  starts added (fastText's bag of n-grams, Joulin et al. 2017).
 
-The residual branches' output layers (and the bigram table) start at zero, so at initialisation a mixed
-tower computes the bag of words (plus the small position embedding of the transformer) and training
-decides how much interaction to add; a bigram never seen in training keeps its zero vector. Plain torch
-(``F.scaled_dot_product_attention``).
+The residual branches' output layers (and the bigram table) start at zero, so a mixed tower starts as
+the bag of words (plus the transformer's small position embedding).
 """
 from __future__ import annotations
 

@@ -1,18 +1,36 @@
 """Post-hoc uncertainty: log-variance heads for a frozen model whose means stay bit-identical.
 
-Owns ``zsprob posthoc``: any model zsprob can load (a zsprob checkpoint, an open_clip model or
-directory, a published ProLIP / PCME++ file) becomes a probabilistic zsprob checkpoint that every
-command loads, its means untouched. :mod:`~zsprob.posthoc.heads` builds the copy and runs one
-tower's head on cached features, :mod:`~zsprob.posthoc.features` computes those features once
-(originals and the sigma recipe's degraded / word-deleted copies), :mod:`~zsprob.posthoc.adapter`
-trains the heads with the recipe's terms, :mod:`~zsprob.posthoc.laplace` fits BayesVLM-style
-K-FAC Laplace variances of the projections, :mod:`~zsprob.posthoc.run` chains them (``METHODS``).
+Owns ``zsprob posthoc``: any model zsprob can load becomes a probabilistic zsprob checkpoint.
+:mod:`~zsprob.posthoc.heads` builds the copy and runs a head on cached features,
+:mod:`~zsprob.posthoc.features` computes those features once, :mod:`~zsprob.posthoc.adapter` and
+:mod:`~zsprob.posthoc.laplace` fit the heads (the two :data:`METHODS`), and
+:func:`zsprob.posthoc.run.posthoc` chains them. This module imports no torch, so the command line
+reads its lists for free.
 
-May import: data (readers, copies), models (loading, heads, checkpoints), prob (the loss terms),
-errors, utils and the root package. torch, safetensors and tqdm do the rest.
+May import: data, models, prob, errors, utils and the root package. torch, safetensors and tqdm
+do the rest.
 """
 from __future__ import annotations
 
-from zsprob.posthoc.run import METHODS, load_source, posthoc
+from typing import NamedTuple
 
-__all__ = ["METHODS", "posthoc", "load_source"]
+
+class Method(NamedTuple):
+    """One post-hoc method: its fit function (``"module:name"``, imported on use) and what its sigma^2 means."""
+
+    fit: str
+    sigma: str
+
+
+METHODS = {
+    "adapter": Method("zsprob.posthoc.adapter:train_heads",
+                      "aleatoric: trained to say how vague an input is (the sigma recipe's terms on the frozen means)"),
+    "laplace": Method("zsprob.posthoc.laplace:fit_laplace",
+                      "epistemic: K-FAC Laplace posterior of the projections, propagated to the normalised mean "
+                      "(how unfamiliar the features are), distilled into the heads"),
+}
+#: where post-hoc training reads image-caption pairs (``--data``)
+DATA_KINDS = ("synthetic", "webdataset", "coco")
+
+
+__all__ = ["METHODS", "DATA_KINDS", "Method"]

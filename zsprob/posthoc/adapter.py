@@ -1,8 +1,7 @@
 """``--method adapter``: log-variance heads trained on the frozen towers' cached features with the sigma recipe's terms.
 
-The terms are the ones that make the demo's jointly trained PCME++ recipe's sigma^2 track
-ambiguity (configs/synthetic_tiny_sigma.yaml, docs/findings.md), minus the match loss (the means
-are frozen here, so there is nothing for it to train), each per row of a batch of cached rows:
+The terms of the demo's sigma recipe (configs/synthetic_tiny_sigma.yaml) minus the match loss (the
+means are frozen), each on a batch of cached rows:
 
     loss = occlusion_alpha * (cover(image in its degraded copy) + cover(caption in its word-deleted copy))
          + inclusion_alpha * (incl(image in its degraded copy) + incl(caption in its word-deleted copy))
@@ -11,20 +10,10 @@ are frozen here, so there is nothing for it to train), each per row of a batch o
          + image_nll_alpha   * -log N(caption mean; image mean, image_nll_scale * sigma_image^2)
          + vib_beta * (VIB(image) + VIB(caption))
 
-``cover`` is :func:`zsprob.prob.prolip.cover_loss` (the copy's summed variance must hold the
-original's plus ``cover_lambda`` times the squared shift of its mean). ``cover`` compares summed
-variances, while ProLIP's inclusion test (:func:`zsprob.prob.distances.inclusion_logit`) weighs
-every dimension's log-variance alike, so the two can disagree on the same pair; ``incl`` is
--log sigmoid(inclusion_scale * that test's logit) of the original inside its copy. ``rank``
-(:func:`same_length_rank`) orders captions with the same number of words by how far each lies from
-its own image's mean (a caption true of many scenes sits far from any one of them), which the
-cover term, being about deleted words, cannot teach. The likelihood terms
-:func:`zsprob.prob.losses.caption_nll` with each caption's own image as its match, VIB
-:func:`zsprob.prob.losses.vib_kl`; every mean is a cached constant, so only the heads move.
-torch's AdamW, LambdaLR (warm-up + cosine) and gradient clipping do the optimisation.
-
-Nothing in the steady step reads a value back to the host; the running sums of the terms are
-read once, at the end.
+``cover`` is :func:`zsprob.prob.prolip.cover_loss` (summed variances); ``incl`` is -log sigmoid(
+inclusion_scale * ProLIP's inclusion logit), which weighs every dimension's log-variance alike, so the
+two can disagree; ``rank`` is :func:`same_length_rank`. torch's AdamW, LambdaLR and gradient clipping
+do the optimisation; the steady step reads nothing back to the host.
 """
 from __future__ import annotations
 
@@ -34,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zsprob.posthoc.features import PARTS
 from zsprob.prob.distances import inclusion_logit
 from zsprob.prob.losses import caption_nll, vib_kl
 from zsprob.prob.prolip import cover_loss
@@ -54,7 +44,7 @@ class AdapterSettings:
     inclusion_scale: float = 100.0
     same_length_alpha: float = 0.1
     same_length_scale: float = 10.0
-    same_length_target: str = "own"  # distance to the caption's own image mean, or "centre": to the batch's images' mean
+    same_length_target: str = "own"  # distance to the caption's own image mean, or "centre": the batch's images' mean
     cover_scale: float = 1000.0
     cover_lambda: float = 0.002
     caption_nll_alpha: float = 0.1
@@ -68,9 +58,8 @@ class AdapterSettings:
 
 def sigma_terms(adapters: dict, batch: dict[str, torch.Tensor], s: AdapterSettings) -> dict[str, torch.Tensor]:
     """Each term of the module docstring's loss on one batch of cached rows, and ``loss``, their weighted sum."""
-    lv = {part: adapters[part.split("_")[0]].logvar(batch[f"{part}_features"])
-          for part in ("image", "image_copy", "text", "text_copy")}
-    mu = {part: batch[f"{part}_mu"] for part in ("image", "image_copy", "text", "text_copy")}
+    lv = {part: adapters[part.split("_")[0]].logvar(batch[f"{part}_features"]) for part in PARTS}
+    mu = {part: batch[f"{part}_mu"] for part in PARTS}
     matched = torch.eye(mu["image"].shape[0], device=mu["image"].device, dtype=mu["image"].dtype)
     terms = {
         "cover_image": cover_loss(mu["image"], lv["image"], mu["image_copy"], lv["image_copy"], s.cover_scale,

@@ -1,18 +1,10 @@
 """The feature file of post-hoc training: every tensor the heads read, computed once by the frozen towers.
 
-One pass over the data per *view*: each view draws, once and for all, one caption per image (the
-stream's own seeded draw), a copy of each image degraded by one lossy operation
-(:func:`zsprob.data.degrade.degrade_images`) and a copy of each caption with words deleted
-(:func:`zsprob.data.masking.delete_tokens`), the same copies the demo's sigma recipe trains on.
-For the originals and the copies it stores the frozen mean and the features the log-variance
-head reads (:mod:`zsprob.posthoc.heads`). Training then passes over this file, never over the data.
-
-The file is safetensors (no pickle) with a JSON key in its metadata (source, data, views, seed,
-sample cap, head kinds): a later run with the same key reads it instead of the data.
-
-What libraries do: webdataset reads shards (:func:`zsprob.data.webdataset.build_wds_pipeline`),
-torch's DataLoader reads COCO (:class:`zsprob.data.coco.CocoPairs`), safetensors stores the file,
-tqdm shows progress.
+Each *view* is one pass over the data that draws one caption per image, a copy of each image degraded by
+one lossy operation and a copy of each caption with words deleted (the demo's sigma recipe's copies), and
+stores the frozen mean and the head's features of the originals and the copies. Training then reads
+this file, never the data. The file is safetensors with a JSON key in its metadata (source, data,
+views, seed, head kinds): a later run with the same key reads it instead of the data.
 """
 from __future__ import annotations
 
@@ -25,18 +17,16 @@ import torch
 from zsprob.errors import UserError
 
 #: the recipe's copies (configs/synthetic_tiny_sigma.yaml): half the words deleted, one lossy image operation
+#: of zsprob.data.degrade's default seven (its default share and size of blanked cells)
 WORD_DROP = 0.5
-IMAGE_OPS = ("cells", "blur", "downsample", "dim", "jpeg", "grayscale", "crop")
-CELL_DROP, CELL_SIZE = 0.25, 16
 #: the four rows of one view: original and copy, per modality
 PARTS = ("image", "image_copy", "text", "text_copy")
-DATA_KINDS = ("synthetic", "webdataset", "coco")
 
 
 @dataclass
 class DataSpec:
-    """Where post-hoc training reads image-caption pairs: ``kind`` (:data:`DATA_KINDS`), ``path`` (shards
-    or a SynthWorld root; a COCO root), at most ``max_samples`` images per view (None: all)."""
+    """Where post-hoc training reads image-caption pairs: ``kind`` (:data:`zsprob.posthoc.DATA_KINDS`), ``path``
+    (shards or a SynthWorld root; a COCO root), at most ``max_samples`` images per view (None: all)."""
 
     kind: str
     path: str
@@ -73,8 +63,6 @@ def _coco_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int):
 
 def pair_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int):
     """(images, tokens) batches of one view, in the data's order, capped at ``spec.max_samples`` images."""
-    if spec.kind not in DATA_KINDS:
-        raise UserError(f"unknown data kind {spec.kind!r}; choose one of {', '.join(DATA_KINDS)}")
     source = _coco_batches if spec.kind == "coco" else _shard_batches
     seen = 0
     for images, tokens in source(spec, model, batch_size, view, seed):
@@ -91,8 +79,7 @@ def _copies(model, images, tokens, generator, mask_spec):
     from zsprob.data.masking import delete_tokens
 
     pre = model.config["preprocess_cfg"]
-    degraded = degrade_images(images, generator, mean=pre["mean"], std=pre["std"], ops=IMAGE_OPS,
-                              drop_prob=CELL_DROP, cell=CELL_SIZE)[0]
+    degraded = degrade_images(images, generator, mean=pre["mean"], std=pre["std"])[0]
     return degraded, delete_tokens(tokens, WORD_DROP, mask_spec, generator)
 
 
@@ -131,12 +118,14 @@ def extract(model, adapters: dict, spec: DataSpec, *, views: int, batch_size: in
 
 def feature_key(model, spec: DataSpec, adapters: dict, *, views: int, seed: int) -> str:
     """The JSON that says which source, data and draws a feature file holds."""
+    from zsprob.data.degrade import DEFAULT_DEGRADE_OPS
+
     meta = getattr(model, "checkpoint_meta", None) or {}
     weights = meta.get("weights", {}).get("sha256") if isinstance(meta, dict) else None
     return json.dumps({"model": model.name, "weights": weights, "source": getattr(model, "posthoc_source", None),
                        "data": spec.key(), "views": views, "seed": seed,
                        "heads": {side: a.kind for side, a in adapters.items()},
-                       "copies": {"word_drop": WORD_DROP, "image_ops": list(IMAGE_OPS)}}, sort_keys=True)
+                       "copies": {"word_drop": WORD_DROP, "image_ops": list(DEFAULT_DEGRADE_OPS)}}, sort_keys=True)
 
 
 def load_features(path: Path, key: str) -> dict[str, torch.Tensor] | None:
@@ -173,5 +162,5 @@ def save_features(path: Path, tensors: dict[str, torch.Tensor], key: str) -> Non
                                              metadata={"key": key}))
 
 
-__all__ = ["DataSpec", "DATA_KINDS", "PARTS", "pair_batches", "extract", "feature_key", "load_features",
+__all__ = ["DataSpec", "PARTS", "pair_batches", "extract", "feature_key", "load_features",
            "save_features"]

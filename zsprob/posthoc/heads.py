@@ -1,29 +1,16 @@
 """The post-hoc model: a frozen model's towers and means, with log-variance heads that can be trained apart.
 
-:func:`probabilistic_copy` turns any loaded :class:`zsprob.models.ProbCLIP` (deterministic or not)
-into a model whose config rebuilds it as a probabilistic model through :func:`zsprob.models.load`:
-the same config with log-variance heads on, every tensor on the mean path copied from the frozen
-model (a state-dict copy, so the means are the frozen model's bit for bit) and only the heads'
-own parameters left to train. Which head: the model's own kind when it has one, else zsprob's
-pooled heads (``sigma_head="unc"`` on a bag-of-words or CNN tower: an MLP beside the tower) or
-PCME++'s block heads on an open_clip ViT / text transformer (copies of the last blocks reading the
-trunk); either sits beside the mean path, which runs the same operations as before.
+:func:`probabilistic_copy` rebuilds any loaded :class:`zsprob.models.ProbCLIP` with log-variance heads
+on: every tensor on the mean path is copied from the frozen model (so the means are bit for bit the
+same) and only the heads train. The head is the model's own kind when it has one, else zsprob's
+pooled heads (bag-of-words or CNN towers) or PCME++'s block heads (open_clip ViT / text transformer).
 
-:class:`HeadAdapter` is one tower's head seen from the cache: ``encode(inputs)`` returns the
-frozen mean and the tensor the head reads (computed once, stored in the feature file) and
-``logvar(features)`` runs the trainable part on it. The kinds (:data:`ADAPTERS`):
-
-* ``words`` - the bag of words' pooled head (:class:`zsprob.models.sigma_heads.UncPooledHead` with
-  an [UNC] word): the features are the sum of the caption's word embeddings and its length, so the
-  learned [UNC] word enters ``(sum + unc) / (n + 1)`` exactly as the model pools it;
-* ``pooled`` - a CNN's pooled head: the features are timm's pooled last-stage vector;
-* ``token`` - ProLIP's [UNC] token head: the [UNC] output after the tower's final LayerNorm; only
-  the projection trains (the token itself is on the mean path of a ViT, so it stays frozen);
-* ``block`` - PCME++'s block head on a ViT / text transformer with native pooling: the trunk's token
-  outputs (the input of the copied blocks), with a caption's tokens for the text tower's pooling.
-
-torch does the layers and autograd; the heads are :mod:`zsprob.models.sigma_heads`' own modules,
-trained in place, so the saved model is an ordinary zsprob checkpoint.
+A :class:`HeadAdapter` is one tower's head seen from the cache: ``encode(inputs)`` gives the frozen
+mean and the tensor the head reads (stored once in the feature file), ``logvar(features)`` runs the
+trainable part on it. The kinds (:data:`ADAPTERS`): ``words`` (the bag of words' pooled [UNC] head:
+features are the summed word embeddings and the length), ``pooled`` (a CNN's pooled vector),
+``token`` (ProLIP's [UNC] token after the final LayerNorm; only its projection trains) and ``block``
+(the trunk's token outputs, the input of PCME++'s copied blocks).
 """
 from __future__ import annotations
 
@@ -41,16 +28,11 @@ from zsprob.utils.masks import masked_sum
 FRESH_BIAS_INIT = -6.0
 
 
-def _towers(model) -> dict:
-    """side -> the model's tower adapter (:meth:`zsprob.models.ProbCLIP.towers`)."""
-    return model.towers()
-
-
 def head_kind_for(model) -> str:
     """The ``sigma_head`` a post-hoc copy of ``model`` gets: its own, or ``unc`` (pooled MLP heads)."""
     if not model.deterministic:
         return model.sigma_head
-    kinds = {tower.kind for tower in _towers(model).values()}
+    kinds = {tower.kind for tower in model.towers().values()}
     if kinds <= {"bow", "timm"}:
         return "unc"
     if kinds <= {"vit", "text"} and model.pooling == "native":
@@ -61,13 +43,8 @@ def head_kind_for(model) -> str:
 
 
 def probabilistic_copy(frozen, *, seed: int = 0):
-    """A probabilistic model with ``frozen``'s means (bit-identical) and fresh log-variance heads.
-
-    Returns (model, names of the trainable parameters). The config keeps everything of ``frozen``'s
-    and switches the heads on; the state dict of ``frozen`` is loaded into it and every parameter
-    it does not provide, and every trainable head parameter (a model that came with heads gets them afresh),
-    keeps the fresh init of the rebuilt model, drawn from ``seed``.
-    """
+    """(model, names of its trainable parameters): ``frozen``'s config with log-variance heads on and its
+    state dict loaded, so the means are bit-identical; the heads (also a model's own) start afresh from ``seed``."""
     from zsprob.models.configs import model_from_config
 
     if not callable(getattr(frozen, "towers", None)) or not hasattr(frozen, "config"):
@@ -113,7 +90,7 @@ class HeadAdapter:
 
     def __init__(self, model, side: str):
         self.model, self.side = model, side
-        self.tower = _towers(model)[side]
+        self.tower = model.towers()[side]
         self.head = getattr(model, f"{side}_sigma")
 
     def parameters_named(self) -> list[tuple[str, nn.Parameter]]:
@@ -129,6 +106,20 @@ class HeadAdapter:
     def encode(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(frozen mean [B, D], the head's frozen features [B, F]) of a batch of inputs."""
         raise NotImplementedError
+
+    def _hooked_encode(self, module: nn.Module, inputs: torch.Tensor, **hook) -> tuple[torch.Tensor, torch.Tensor]:
+        """(frozen mean, the first input ``module`` receives in the model's forward, as float32)."""
+        got = {}
+
+        def grab(_module, args, *_kwargs):
+            got["x"] = args[0].detach()
+
+        handle = module.register_forward_pre_hook(grab, **hook)
+        try:
+            mu, _ = self._encode(inputs, True)
+        finally:
+            handle.remove()
+        return mu, got["x"].float()
 
     def raw(self, features: torch.Tensor) -> torch.Tensor:
         return self.head(features)
@@ -187,17 +178,7 @@ class _HookedAdapter(HeadAdapter):
     """Features = the input the head module receives in the model's own forward (a forward pre-hook)."""
 
     def encode(self, inputs):
-        got = {}
-
-        def grab(_module, args):
-            got["x"] = args[0].detach()
-
-        handle = self.head.register_forward_pre_hook(grab)
-        try:
-            mu, _ = self._encode(inputs, True)
-        finally:
-            handle.remove()
-        return mu, got["x"].float()
+        return self._hooked_encode(self.head, inputs)
 
 
 class PooledAdapter(_HookedAdapter):
@@ -230,17 +211,7 @@ class BlockAdapter(HeadAdapter):
     kind = "block"
 
     def encode(self, inputs):
-        got = {}
-
-        def grab(_module, args, kwargs):
-            got["x"] = args[0].detach()
-
-        handle = self.head.blocks[0].register_forward_pre_hook(grab, with_kwargs=True)
-        try:
-            mu, _ = self._encode(inputs, True)
-        finally:
-            handle.remove()
-        x = got["x"].float()
+        mu, x = self._hooked_encode(self.head.blocks[0], inputs, with_kwargs=True)
         if self.tower.kind != "text":
             return mu, x.flatten(1)
         padded = x.new_zeros(x.shape[0], inputs.shape[1], x.shape[2])
@@ -273,7 +244,7 @@ def adapter_for(model, side: str) -> HeadAdapter:
     if isinstance(head, UncTokenHead):
         return ADAPTERS["token"](model, side)
     if isinstance(head, SigmaHead) and head.gpo is None and len(head.blocks) and model.mean_head == "proj" \
-            and _towers(model)[side].kind in ("vit", "text"):
+            and model.towers()[side].kind in ("vit", "text"):
         return ADAPTERS["block"](model, side)
     raise UserError(f"post-hoc training does not know the {side} head {type(head).__name__} of {model.name} "
                     "(supported: pooled MLP heads, ProLIP's [UNC] tokens, natively pooled block heads on ViT / text "

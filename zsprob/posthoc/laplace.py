@@ -1,28 +1,18 @@
 """``--method laplace``: a K-FAC Laplace posterior of each tower's projection, propagated to the normalised mean.
 
-BayesVLM's idea (no training of the model): the projection ``z = W f + b`` of each tower gets a
-Gaussian posterior around its trained weights whose precision is the Kronecker-factored
-curvature of the contrastive loss on the given data plus an isotropic prior,
+BayesVLM's idea: the projection ``z = W f + b`` gets a Gaussian posterior around its trained weights
+with precision
 
     P = N (A kron G) + lambda I,   A = E[f~ f~^T] (f~ = [f, 1] with a bias),   G = E[g g^T],  g = dL/dz,
 
-with L the symmetric InfoNCE loss of the frozen means on the cached pairs (each image with its
-own caption) and N the number of pairs. With A = Qa diag(a) Qa^T and G = Qg diag(g) Qg^T the
-posterior covariance of ``z`` for one input is exactly ``Qg diag(c) Qg^T`` with
-``c_j = sum_i (Qa^T f~)_i^2 / (N a_i g_j + lambda)``, and the normalised mean ``m = z / ||z||``
-gets ``J Cov(z) J^T`` with ``J = (I - m m^T) / ||z||`` (the delta method); its diagonal is
-sigma^2. lambda maximises the Laplace evidence of the projection (:func:`log_evidence`) unless
-given.
-
-What the variance means: it is epistemic. It grows with how far ``f`` lies from the directions
-the data covered (the quadratic form through A), and barely with how vague an input is; for a
-pure Kronecker posterior every input's covariance is a scalar times the same matrix, so its
-ranking of captions is a ranking by unfamiliar features.
-
-To keep the output an ordinary zsprob checkpoint, the exact Laplace log-variances of the cached
-rows are distilled into the model's own log-variance heads (least squares on log sigma^2); the
-summary reports how well the heads reproduce them. torch does the eigendecompositions and
-autograd.
+L the symmetric InfoNCE loss of the frozen means on the cached pairs, N the number of pairs. With
+A = Qa diag(a) Qa^T and G = Qg diag(g) Qg^T, Cov(z) = Qg diag(c) Qg^T with
+``c_j = sum_i (Qa^T f~)_i^2 / (N a_i g_j + lambda)``; the normalised mean ``m = z / ||z||`` gets
+``J Cov(z) J^T``, ``J = (I - m m^T) / ||z||`` (the delta method), whose diagonal is sigma^2. lambda
+maximises the Laplace evidence (:func:`log_evidence`) unless given. The variance is epistemic (how
+unfamiliar the features are), not how vague an input is. The exact log-variances of the cached rows
+are distilled into the model's own heads, so the output is an ordinary zsprob checkpoint. torch does
+the eigendecompositions and autograd.
 """
 from __future__ import annotations
 
@@ -30,6 +20,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from zsprob.posthoc.features import PARTS
 
 #: the InfoNCE temperature of the curvature when the frozen model's own scale is unknown
 DEFAULT_LOGIT_SCALE = 1.0 / 0.07
@@ -128,7 +120,7 @@ def _posteriors(adapters: dict, features: dict, settings) -> dict:
 def distill_terms(adapters: dict, batch: dict, settings) -> dict:
     """Least squares of the heads' log sigma^2 against the exact Laplace log sigma^2 (``PART_laplace``)."""
     out = {}
-    for part in ("image", "image_copy", "text", "text_copy"):
+    for part in PARTS:
         head = adapters[part.split("_")[0]].logvar(batch[f"{part}_features"])
         out[f"mse_{part}"] = (head - batch[f"{part}_laplace"]).square().mean()
     out["loss"] = sum(out.values())
@@ -144,7 +136,7 @@ def fit_laplace(adapters: dict, features: dict, settings, device, progress: bool
 
     posteriors = _posteriors(adapters, features, settings)
     targets = dict(features)
-    for part in ("image", "image_copy", "text", "text_copy"):
+    for part in PARTS:
         side = part.split("_")[0]
         inputs = adapters[side].projection_input(features[f"{part}_features"])
         targets[f"{part}_laplace"] = posteriors[side].mean_logvar(inputs)

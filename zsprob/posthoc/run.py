@@ -1,57 +1,20 @@
 """``zsprob posthoc`` as a library call: frozen model + data -> ``OUT/model``, a probabilistic zsprob checkpoint.
 
-:func:`posthoc` builds the post-hoc copy (:func:`zsprob.posthoc.heads.probabilistic_copy`), reads or
-computes the feature file (:mod:`zsprob.posthoc.features`), runs the method's entry of
-:data:`METHODS` on it and saves the model with :func:`zsprob.models.checkpoint.save`, with the
-run's facts in ``zsprob.json``'s ``extra.posthoc`` and in ``OUT/summary.json``. Every check a user
-can fail (method, source, data) runs before anything is written.
+:func:`posthoc` builds the post-hoc copy, reads or computes the feature file, runs the method of
+:data:`zsprob.posthoc.METHODS` on it and saves the model with the run's record in ``zsprob.json``
+(``extra.posthoc``) and ``OUT/summary.json``.
 """
 from __future__ import annotations
 
+import importlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
-
-from zsprob.errors import UserError
-from zsprob.posthoc.adapter import AdapterSettings, train_heads
+from zsprob.posthoc import METHODS
+from zsprob.posthoc.adapter import AdapterSettings
 from zsprob.posthoc.features import DataSpec, extract, feature_key, load_features, save_features
 from zsprob.posthoc.heads import adapter_for, probabilistic_copy
-
-
-@dataclass(frozen=True)
-class Method:
-    """One post-hoc method: what it does to the heads and what its sigma^2 means."""
-
-    name: str
-    fit: Callable  # fit(model, adapters, features, settings, device, progress) -> dict
-    sigma: str
-
-
-def _fit_adapter(model, adapters, features, settings, device, progress):
-    return train_heads(adapters, features, settings, device, progress=progress)
-
-
-def _fit_laplace(model, adapters, features, settings, device, progress):
-    from zsprob.posthoc.laplace import fit_laplace
-
-    return fit_laplace(adapters, features, settings, device, progress=progress)
-
-
-METHODS = {
-    "adapter": Method("adapter", _fit_adapter, "aleatoric: trained to say how vague an input is (the sigma recipe's "
-                                               "terms on the frozen means)"),
-    "laplace": Method("laplace", _fit_laplace, "epistemic: K-FAC Laplace posterior of the projections, propagated to "
-                                               "the normalised mean (how unfamiliar the features are), distilled into "
-                                               "the heads"),
-}
-
-
-def check_method(method: str) -> Method:
-    if method not in METHODS:
-        raise UserError(f"unknown post-hoc method {method!r}; choose one of {', '.join(METHODS)}")
-    return METHODS[method]
 
 
 def posthoc(frozen, data: DataSpec, out: str | Path, *, method: str = "adapter", views: int = 2,
@@ -66,7 +29,9 @@ def posthoc(frozen, data: DataSpec, out: str | Path, *, method: str = "adapter",
     from zsprob.models.checkpoint import save
     from zsprob.utils.io import atomic_write_json
 
-    chosen = check_method(method)
+    chosen = METHODS[method]
+    module, name = chosen.fit.split(":")
+    fit = getattr(importlib.import_module(module), name)
     settings = settings or AdapterSettings()
     start = time.perf_counter()
     model, trainable = probabilistic_copy(frozen, seed=settings.seed)
@@ -82,7 +47,7 @@ def posthoc(frozen, data: DataSpec, out: str | Path, *, method: str = "adapter",
         features = extract(model, adapters, data, views=views, batch_size=encode_batch_size, seed=settings.seed,
                            device=device, progress=progress)
     feature_seconds = time.perf_counter() - start
-    fitted = chosen.fit(model, adapters, features, settings, device, progress)
+    fitted = fit(adapters, features, settings, device, progress=progress)
     if not reused:
         save_features(cache, features, key)
     record = {"method": method, "sigma": chosen.sigma, "source": source, "data": data.key(), "views": views,
@@ -107,4 +72,4 @@ def load_source(checkpoint=None, model=None, pretrained=None, *, device="cpu", *
     return frozen, source
 
 
-__all__ = ["METHODS", "Method", "posthoc", "load_source", "check_method"]
+__all__ = ["posthoc", "load_source"]

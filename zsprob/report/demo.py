@@ -1,26 +1,11 @@
 """`zsprob demo`: the whole mission on SynthWorld, offline, on a CPU, with a report.
 
-The demo is nothing but the real commands a user would type, chained and made resumable by
-:mod:`zsprob.report.pipeline`:
-
-1. ``zsprob data synthetic``                    generate SynthWorld (shards, classify, retrieval)
-2. ``zsprob pretrain --method pcmepp``          the probabilistic model (configs/synthetic_tiny_sigma.yaml)
-3. ``zsprob pretrain --method infonce``         the deterministic CLIP-style baseline
-4. ``zsprob select-prompts --topk auto``        prompts chosen on classify/select, never on eval labels
-5. ``zsprob zeroshot synthetic --prompts``      zero-shot with that selection
-6. ``zsprob zeroshot synthetic --compare``      every prompt strategy, both models
-7. ``zsprob eval synthetic``                    retrieval + uncertainty analyses, both models
-8. with ``--all-methods``: ``zsprob pretrain``, ``zsprob eval synthetic`` and ``zsprob zeroshot
-   synthetic --compare`` for the other objectives (PCME++ as officially trained, ProLIP, PCME,
-   prob-triplet) on the same model, data, budget and seed, for the report's method table
-
-then :func:`zsprob.report.demo_report.build_report` reads the JSON each command wrote and writes
-``OUT/report.md`` (plots embedded) and ``OUT/report.json`` (the same figures).
-
-SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 stop the demo cleanly: the running step gets the signal (a
-pretraining writes a checkpoint), the demo waits for it, kills whatever is left of it and exits with
-one line (``zsprob: pre-empted: demo stopped during step ...``), 143 (130 for SIGINT); the same
-command resumes (see :mod:`zsprob.report.pipeline`).
+The demo is the real commands a user would type (:func:`plan`), chained and made resumable by
+:mod:`zsprob.report.pipeline`: generate SynthWorld, pretrain PCME++ and an InfoNCE baseline, select
+prompts without evaluation labels, classify zero-shot with that selection and with every strategy,
+evaluate retrieval; with ``--all-methods`` also the other objectives on the same budget. Then
+:func:`zsprob.report.demo_report.build_report` writes OUT/report.md and OUT/report.json. A stop
+signal stops the running step cleanly and the same command resumes.
 """
 from __future__ import annotations
 
@@ -37,10 +22,10 @@ from zsprob.utils.paths import RUN_MARKERS, configs_dir
 
 @dataclass
 class DemoSettings:
-    """Sizes of one demo run. ``quick`` is for tests and CI (about 5 minutes on 2 cores)."""
+    """Sizes of one demo run; ``quick`` is the small one of tests and CI."""
 
     preset: str = "default"  # SynthWorld size preset of `zsprob data synthetic`
-    steps: int = 900  # pretraining steps per model (115k samples: where zero-shot gets well above chance)
+    steps: int = 900  # pretraining steps per model
     batch_size: int = 128
     seed: int = 0
     workers: int = 1  # data loader workers during pretraining
@@ -49,8 +34,7 @@ class DemoSettings:
 
     @classmethod
     def make(cls, quick: bool, **overrides) -> "DemoSettings":
-        # quick: 38k samples per model, where retrieval is far above chance and PCME++ zero-shot
-        # about twice chance (measured 4.7 min; fewer steps leave zero-shot at chance)
+        # quick: the fewest steps at which PCME++ zero-shot leaves chance (docs/demo.md, the budgets)
         base = cls(preset="quick", steps=300, batch_size=128) if quick else cls()
         for k, v in overrides.items():
             if v is not None:

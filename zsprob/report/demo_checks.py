@@ -1,31 +1,10 @@
 """The demo report's checks: yes / no answers computed from the report's own figures (report.json).
 
-Each check returns whether it holds and one line of evidence (the figures, their uncertainty and
-the rule), so a reader can see why it says yes or no. Two kinds:
-
-Sanity (each model): the training loss fell; PCME++'s match loss left its base-rate value; the best
-label-free zero-shot strategy is above 2x chance; retrieval R@1 is above 3x chance in both
-directions; the class prompts do not embed almost identically.
-
-Claims (each model with sigma, e.g. PCME++; what the report says its uncertainty means):
-
-- ``uncertainty_M_tracks_ambiguity``: Spearman(caption ||sigma^2||_1, exact caption ambiguity) > 0.3
-  and its bootstrap 95% interval (``zsprob.retrieval.validity``, resampling captions) above 0.
-- ``uncertainty_M_inclusion_above_chance``: on exact inclusion pairs, the general caption has the
-  larger ||sigma^2||_1 more often than a coin: accuracy - 2 SE > 50% (binomial SE).
-- ``uncertainty_M_r1_falls_with_caption_uncertainty``: text-to-image R@1 per caption uncertainty
-  decile falls: Spearman(decile, R@1) < 0 (scipy, from the ten R@1 values) and R@1 of the most certain
-  decile minus the least certain one > 2 SE. The SE combines the two bins' binomial SEs; each bin's size
-  follows from the number of caption queries (equal-count bins, as
-  ``zsprob.retrieval.analysis.uncertainty_deciles`` cuts them).
-- ``baseline_M_not_below_B_{i2t_r1,t2i_r1,zeroshot}``: the model minus the deterministic baseline B
-  (InfoNCE) on i2t R@1, t2i R@1 and zero-shot top-1 with all 80 templates is above -2 SE. The SE
-  combines the two binomial SEs as if independent: metrics.json keeps no per-query hits to pair
-  them, and on the same queries the paired SE is smaller, so the rule leans towards yes.
-
-A claim whose figures the report lacks is "no" (not measured). scipy ranks; the rest is plain
-arithmetic on the figures and intervals the commands wrote (``zsprob eval synthetic``, ``zsprob
-zeroshot synthetic --compare``).
+Each check returns whether it holds and one line of evidence (the figures, their standard error and
+the rule). Sanity checks (each model: it trained and is above chance) and claims (each model with
+sigma: what the report says its uncertainty means) are listed in docs/demo.md. A claim whose figures
+the report lacks is "no" (not measured). scipy ranks; the rest is arithmetic on the figures and
+intervals the commands wrote.
 """
 from __future__ import annotations
 
@@ -57,6 +36,7 @@ def _not_measured(what: str) -> Check:
 
 # ----------------------------------------------------------------------------- claims
 def tracks_ambiguity(validity: dict | None) -> Check:
+    """Spearman(caption ||sigma^2||_1, exact ambiguity) > 0.3 with its bootstrap 95% interval above 0."""
     overall = ((validity or {}).get("text_ambiguity") or {}).get("overall") or {}
     rho, lo, hi = overall.get("rho"), overall.get("lo"), overall.get("hi")
     if rho is None or lo is None or not all(math.isfinite(v) for v in (rho, lo, hi)):
@@ -67,6 +47,7 @@ def tracks_ambiguity(validity: dict | None) -> Check:
 
 
 def inclusion_above_chance(validity: dict | None) -> Check:
+    """The general caption of an exact inclusion pair has the larger ||sigma^2||_1: accuracy - 2 SE > 50%."""
     sigma = ((validity or {}).get("inclusion") or {}).get("sigma") or {}
     acc, se, n = sigma.get("accuracy"), sigma.get("se"), sigma.get("n")
     if acc is None or se is None or not n or not math.isfinite(acc):
@@ -77,7 +58,8 @@ def inclusion_above_chance(validity: dict | None) -> Check:
 
 
 def r1_falls_with_uncertainty(r1: list | None, n_queries: int | None) -> Check:
-    """``r1``: R@1 (percent) per caption uncertainty decile, most certain first."""
+    """``r1``: R@1 (percent) per caption uncertainty decile, most certain first, falls: Spearman(decile, R@1) < 0
+    and first - last > 2 SE (two binomial SEs, the bins' sizes those of equal-count bins of the queries)."""
     from scipy.stats import spearmanr
 
     r1 = list(r1 or [])
@@ -94,6 +76,8 @@ def r1_falls_with_uncertainty(r1: list | None, n_queries: int | None) -> Check:
 
 
 def not_below(model: str, value: float | None, base: str, base_value: float | None, n: int | None) -> Check:
+    """``value`` - ``base_value`` > -2 SE, the two binomial SEs combined as if independent (the files keep no
+    per-query hits to pair them; the paired SE would be smaller, so the rule leans towards yes)."""
     if value is None or base_value is None or not n:
         return _not_measured(f"{model} / {base} figure or its number of queries")
     diff = value - base_value
@@ -137,8 +121,9 @@ def _zeroshot_sanity(m: str, z: dict | None) -> dict[str, Check]:
     if z and z.get("chance_top1") is not None:
         best = max((row["top1"] for row in z["rows"] if not row["uses_eval_labels"] and row["top1"] is not None),
                    default=None)
+        shown = "-" if best is None else f"{best:.1f}"
         out[f"zeroshot_{m}_above_chance"] = (best is not None and best > 2 * z["chance_top1"],
-                                             f"best label-free top-1 {'-' if best is None else f'{best:.1f}'}% vs chance {z['chance_top1']:.1f}%; "
+                                             f"best label-free top-1 {shown}% vs chance {z['chance_top1']:.1f}%; "
                                              f"rule: > 2x chance")
     sep = (z or {}).get("class_separation") or {}
     if sep.get("mean_pairwise_cosine") is not None:

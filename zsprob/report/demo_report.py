@@ -1,9 +1,8 @@
 """The demo report: OUT/report.md (plots embedded) and OUT/report.json (the same figures).
 
-It only reads what the demo's commands wrote (metrics.jsonl and summary.json of each training
-run, the zero-shot compare.json / selected.json, the retrieval metrics.json and their PNGs)
-and draws the training curves; it recomputes nothing. Its checks (:mod:`zsprob.report.demo_checks`)
-are computed from those figures.
+It reads what the demo's commands wrote (training metrics and summaries, zero-shot and retrieval
+JSON and their PNGs), draws the training curves and recomputes nothing; its checks come from
+:mod:`zsprob.report.demo_checks`.
 """
 from __future__ import annotations
 
@@ -22,8 +21,9 @@ from zsprob.utils.io import atomic_write_json, atomic_write_text
 
 METHOD_LABEL = {"pcmepp": "PCME++", "infonce": "InfoNCE"}
 #: row names of the method table (``--all-methods``)
-TABLE_LABEL = {"infonce": "InfoNCE", "pcmepp": "PCME++, the demo's recipe", "pcmepp-official": "PCME++, official objective",
-               "prolip": "ProLIP", "pcme": "PCME", "prob-triplet": "prob-triplet (Pishdad et al.)"}
+TABLE_LABEL = {"infonce": "InfoNCE", "pcmepp": "PCME++, the demo's recipe",
+               "pcmepp-official": "PCME++, official objective", "prolip": "ProLIP", "pcme": "PCME",
+               "prob-triplet": "prob-triplet (Pishdad et al.)"}
 
 
 def _load(path: Path) -> Any:
@@ -283,8 +283,10 @@ def _md_header(L: list[str], out: Path, r: dict) -> None:
     L.append("# zsprob demo report\n")
     L.append(f"zsprob {r['zsprob_version']}, {r['created']}. Everything below was produced offline on SynthWorld "
              f"by the commands listed at the end ({'quick' if s.get('quick') else 'full'} run"
-             + (f", {r['steps_seconds_total'] / 60:.1f} minutes of command time" if r.get("steps_seconds_total") else "")
-             + (f", {len(r['resumed_steps'])} step(s) finished by an earlier invocation" if r.get("resumed_steps") else "")
+             + (f", {r['steps_seconds_total'] / 60:.1f} minutes of command time"
+                if r.get("steps_seconds_total") else "")
+             + (f", {len(r['resumed_steps'])} step(s) finished by an earlier invocation"
+                if r.get("resumed_steps") else "")
              + (f", this invocation {r['wall_seconds'] / 60:.1f} minutes wall time" if r.get("wall_seconds") else "")
              + ").\n")
     w = r.get("world", {})
@@ -312,10 +314,10 @@ def _md_training(L: list[str], out: Path, r: dict, curves: Path | None) -> None:
     L.append("")
     for m, t in r["training"].items():
         if r["checks"].get(f"training_{m}_beats_base_rate") is False:
-            L.append(f"**Warning: the {METHOD_LABEL[m]} match loss ended at {t['match_loss_end']:.4f}, the value of matching every "
-                     f"pair to the base rate 1/{t['batch_size']} ({t['base_rate_loss']:.4f}).** The model has not "
-                     "learnt pair-specific matches in this budget; its zero-shot and retrieval figures below are "
-                     "near chance. Train longer (`--steps`) before reading them.\n")
+            L.append(f"**Warning: the {METHOD_LABEL[m]} match loss ended at {t['match_loss_end']:.4f}, the value "
+                     f"of matching every pair to the base rate 1/{t['batch_size']} ({t['base_rate_loss']:.4f}).** "
+                     "The model has not learnt pair-specific matches in this budget; its zero-shot and retrieval "
+                     "figures below are near chance. Train longer (`--steps`) before reading them.\n")
     L.append(_img(out, curves, "training curves"))
     L.append("Left: training loss per step (thin: raw, thick: moving average; the two losses are on different "
              "scales, InfoNCE is a softmax cross-entropy, PCME++ a pairwise BCE). Middle and right: the mean "

@@ -1,9 +1,6 @@
 """What `zsprob demo` trains: the main two models and their recipes, and the extra runs of ``--all-methods``.
 
-Named DEMO_* because these are demo runs, not the training methods (``zsprob.methods.METHODS``): each
-run names the ``--method`` it trains with.
-
-Shared by the step plan (:mod:`zsprob.report.demo`) and the report (:mod:`zsprob.report.demo_report`).
+Each run names the ``--method`` it trains with (these are demo runs, not ``zsprob.methods.METHODS``).
 """
 from __future__ import annotations
 

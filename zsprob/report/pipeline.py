@@ -1,21 +1,14 @@
 """A resumable chain of zsprob commands, each run as a real subprocess.
 
-`zsprob demo` is a list of :class:`Step` objects: a command line (``zsprob ...`` exactly as
-a user would type it), the files it must leave behind, and a fingerprint of its arguments.
-After a step succeeds its fingerprint is written to ``OUT/.steps/NAME.json``; a later run
-with the same arguments skips it when its outputs still exist, and re-runs it (and every
-step after it) when the arguments changed. A step that died half-way is simply run again;
-commands that support it (training) resume from their own checkpoints.
+A :class:`Step` is a command line (``zsprob ...`` as a user would type it), the files it must leave
+and a fingerprint of its arguments, written to ``OUT/.steps/NAME.json`` when it succeeds. A later run
+skips a step whose fingerprint and outputs are there and re-runs it, and every step after it, when
+its arguments changed; a step that died half-way runs again (training resumes from its checkpoint).
 
-Stopping (:class:`StopGuard`): each step runs in a session (process group) of its own, so a signal
-to the caller's process group (Ctrl-C, ``timeout``, a scheduler) reaches the runner only, never the
-step's own helpers (data loader workers). SIGTERM, SIGINT and SIGUSR1 are passed on to the step's
-main process (SIGINT as SIGTERM: `zsprob pretrain` then finishes its step and writes a checkpoint),
-the runner waits for it (at most :data:`STOP_GRACE_S` seconds, then kills it), kills whatever it
-left in its process group, and raises :class:`zsprob.errors.Preempted`: one line, exit code 130
-for SIGINT, 143 otherwise. The step's own stderr after the signal is held back (its "pre-empted"
-line is folded into that one line); the interrupted step is not marked done, so the same command
-resumes. On Linux a step also gets SIGTERM when the runner dies (even by SIGKILL): no orphans.
+:class:`StopGuard`: each step runs in a session of its own; SIGTERM, SIGINT and SIGUSR1 to the runner
+are passed on to the step (SIGINT as SIGTERM), which is waited for (:data:`STOP_GRACE_S`, then
+killed), and the runner raises :class:`zsprob.errors.Preempted` (exit 130 for SIGINT, else 143). The
+interrupted step is not marked done. On Linux a step also gets SIGTERM when the runner dies.
 """
 from __future__ import annotations
 
@@ -258,15 +251,13 @@ def _stop_detail(rc: int, killed: bool, held: str) -> str:
     return f"; it exited with code {rc}"
 
 
-def _child_env(env: dict | None, stream: bool) -> dict:
+def _child_env(stream: bool) -> dict:
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     if stream and "COLUMNS" not in full_env and sys.stderr.isatty():
         # the step's stderr is a pipe: progress bars learn the terminal's width from here
         size = shutil.get_terminal_size()
         full_env.update(COLUMNS=str(size.columns), LINES=str(size.lines))
-    if env:
-        full_env.update(env)
     return full_env
 
 
@@ -312,14 +303,14 @@ def _run_step(out: Path, step: Step, args: list[str], env: dict, stream: bool, g
 
 
 def run_steps(out: Path, steps: Sequence[Step], echo: Callable[[str], None] = print,
-              env: dict | None = None, stream: bool = True) -> dict[str, dict]:
+              stream: bool = True) -> dict[str, dict]:
     """Run (or skip) each step in order; return {name: {seconds, skipped, command}}.
 
     A stop signal (see :class:`StopGuard`) raises :class:`zsprob.errors.Preempted` once the running
     step has exited; that step is not marked done."""
     timings: dict[str, dict] = {}
     invalidated = False
-    full_env = _child_env(env, stream)
+    full_env = _child_env(stream)
     n = len(steps)
     with (nullcontext(StopGuard.active) if StopGuard.active else StopGuard()) as guard:
         for i, step in enumerate(steps, 1):

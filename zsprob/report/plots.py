@@ -1,7 +1,4 @@
-"""Plots shared by reports: training curves from metrics.jsonl logs.
-
-matplotlib (Agg backend, no display) draws everything; figures are written as PNG files.
-"""
+"""Training curves from metrics.jsonl logs, drawn by matplotlib (Agg backend) into PNG files."""
 from __future__ import annotations
 
 import json
@@ -10,7 +7,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 
-def _mpl():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,16 +17,13 @@ def _mpl():
     return plt
 
 
-pyplot = _mpl  # matplotlib.pyplot on the Agg backend (no display needed)
-
-
 def save_figure(fig, path: str | Path, dpi: int | None = None) -> Path:
     """tight_layout, write ``fig`` to ``path`` (parents created) as PNG, close it; returns the path."""
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi if dpi is not None else "figure")
-    _mpl().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -63,13 +58,9 @@ def smooth(values: Sequence[float], window: int) -> list[float]:
 def training_curves(runs: Mapping[str, str | Path], out_png: str | Path,
                     keys: Sequence[tuple[str, str]] = (("loss", "training loss"),),
                     title: str = "Training curves") -> Path | None:
-    """One panel per (metrics key, label), one line per run (label -> metrics.jsonl path).
-
-    Losses of different methods live on different scales, so each run is drawn on its own
-    normalised axis only if asked; here every panel shares its y axis and uses a log scale
-    when all values are positive.
-    """
-    plt = _mpl()
+    """One panel per (metrics key, label), one line per run (label -> metrics.jsonl path); a loss panel whose
+    values are all positive is drawn on a log scale. None when no run logged any of ``keys``."""
+    plt = pyplot()
     data = {name: [r for r in read_jsonl(p) if "step" in r] for name, p in runs.items()}
     panels = [(k, lbl) for k, lbl in keys if any(k in r for rows in data.values() for r in rows)]
     if not panels:

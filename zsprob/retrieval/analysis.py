@@ -1,17 +1,10 @@
 """Uncertainty analyses of a probabilistic retrieval model (PCME++ Fig. 5-6, PCME Fig. 6-7).
 
-* :func:`uncertainty_deciles`: R@1 of the queries in each decile of ||sigma^2||_1, with the
-  Spearman correlation of decile index vs R@1 and of per-query uncertainty vs R@1, and ProbVLM's
-  calibration figure -SR^2 of those bins (:func:`neg_sr2`);
-  :func:`plot_deciles` draws it (matplotlib, PNG).
-* :func:`uncertain_queries_page`: the most and least uncertain image and caption queries with
-  their top retrieved items, as markdown with thumbnails (PIL writes the thumbnails).
-* :func:`corruption_sweep`: mean sigma^2 as growing fractions of pixels are erased or words
-  are masked (PCME Fig. 7) -- real image / text edits, re-encoded by the model;
-  :func:`plot_corruption`.
-* :func:`spearman` and :func:`group_stats` for SynthWorld's ground-truth properties.
-
-scipy.stats does the rank correlations; matplotlib the plots; the rest is zsprob's own code.
+R@1 per decile of ||sigma^2||_1 with its Spearman and ProbVLM's -SR^2 (:func:`uncertainty_deciles`),
+the most / least uncertain queries with their top items as a markdown page with thumbnails
+(:func:`uncertain_queries_page`), mean sigma^2 as pixels are erased or words masked, re-encoded by
+the model (:func:`corruption_sweep`), and the plots. scipy.stats ranks, matplotlib plots, PIL
+writes the thumbnails.
 """
 from __future__ import annotations
 
@@ -36,15 +29,10 @@ def spearman(x, y) -> dict[str, float]:
 
 
 def neg_sr2(bin_r1) -> dict[str, float]:
-    """ProbVLM's retrieval calibration figure (Upadhyay et al., ICCV 2023, Sec. 5): ``-S R^2``.
-
-    The queries are binned by uncertainty (here the equal-count bins of
-    :func:`uncertainty_deciles`, bin 1 = most certain) and R@1 is measured per bin. ``R^2`` is the
-    coefficient of determination of the least-squares line R@1 = alpha + beta * (bin index), ``S``
-    the Spearman rank correlation between bin index and R@1, and the figure is ``-S * R^2``: in
-    [-1, 1], close to 1 when R@1 falls steadily (and linearly) as the uncertainty grows, negative
-    when it rises. Higher is better, as in ProbVLM's tables. ``{"s", "r2", "neg_sr2"}``, NaN when R@1
-    is the same in every bin (or fewer than three bins), where neither correlation is defined.
+    """ProbVLM's retrieval calibration figure ``-S R^2`` (Upadhyay et al., ICCV 2023, Sec. 5) of R@1 per
+    uncertainty bin (bin 1 = most certain): S = Spearman(bin, R@1), R^2 of the least-squares line
+    R@1 ~ bin. In [-1, 1], higher is better (R@1 falls steadily as uncertainty grows).
+    ``{"s", "r2", "neg_sr2"}``, NaN when R@1 is the same in every bin or there are fewer than three.
     """
     y = np.asarray(bin_r1, dtype=np.float64)
     x = np.arange(1, len(y) + 1, dtype=np.float64)
@@ -65,8 +53,6 @@ def uncertainty_deciles(uncertainty, correct, n_bins: int = 10) -> dict:
     """
     u = np.asarray(uncertainty, dtype=np.float64)
     c = np.asarray(correct, dtype=np.float64)
-    if u.shape != c.shape or u.ndim != 1:
-        raise ValueError("uncertainty and correct must be 1-D arrays of the same length")
     order = np.argsort(u, kind="stable")
     bins = []
     for b, idx in enumerate(np.array_split(order, n_bins)):
@@ -91,7 +77,8 @@ def deciles_table(results: dict[str, dict]) -> str:
             bb = results[k]["bins"]
             cells.append(f"{bb[b]['r1']:.1f} (u {bb[b]['lo']:.3g}-{bb[b]['hi']:.3g})" if b < len(bb) else "")
         lines.append(f"| {b + 1} | " + " | ".join(cells) + " |")
-    lines.append("| Spearman(decile, R@1) | " + " | ".join(f"{results[k]['spearman_bins']['rho']:.3f}" for k in names) + " |")
+    lines.append("| Spearman(decile, R@1) | "
+                 + " | ".join(f"{results[k]['spearman_bins']['rho']:.3f}" for k in names) + " |")
     lines.append("| Spearman(u, correct) per query | " + " | ".join(
         f"{results[k]['spearman_queries']['rho']:.3f}" for k in names) + " |")
     if all("sr2" in results[k] for k in names):
@@ -137,8 +124,9 @@ def _thumb(src, out_dir: Path, name: str, size: int = 96) -> str | None:
 
 
 def uncertain_queries_page(out_dir, *, image_uncertainty, caption_uncertainty, i2t_top, t2i_top,
-                           i2t_positives=None, image_paths: Sequence | None = None, captions: Sequence[str] | None = None,
-                           image_ids: Sequence[int] | None = None, caption_ids: Sequence[int] | None = None,
+                           i2t_positives=None, image_paths: Sequence | None = None,
+                           captions: Sequence[str] | None = None, image_ids: Sequence[int] | None = None,
+                           caption_ids: Sequence[int] | None = None,
                            n: int = 5, top: int = 5, title: str = "Most and least uncertain queries") -> Path:
     """Write ``out_dir/uncertain_queries.md`` (+ ``thumbs/``): for image and caption queries, the
     ``n`` most and least uncertain ones with their top-``top`` retrieved items; a check mark
@@ -165,10 +153,12 @@ def uncertain_queries_page(out_dir, *, image_uncertainty, caption_uncertainty, i
     i2t_top, t2i_top = np.asarray(i2t_top), np.asarray(t2i_top)
     for label, unc, topl, q_cell, g_cell, pair in (
             ("Image queries", np.asarray(image_uncertainty), i2t_top, img_cell, cap_cell, lambda q, g: is_pos(q, g)),
-            ("Caption queries", np.asarray(caption_uncertainty), t2i_top, cap_cell, img_cell, lambda q, g: is_pos(g, q))):
+            ("Caption queries", np.asarray(caption_uncertainty), t2i_top, cap_cell, img_cell,
+             lambda q, g: is_pos(g, q))):
         order = np.argsort(unc, kind="stable")
         for which, qs in (("most uncertain", order[::-1][:n]), ("least uncertain", order[:n])):
-            lines += [f"## {label}: {which}", "", "| query | uncertainty | " + " | ".join(f"#{r + 1}" for r in range(top)) + " |",
+            lines += [f"## {label}: {which}", "",
+                      "| query | uncertainty | " + " | ".join(f"#{r + 1}" for r in range(top)) + " |",
                       "|---|---|" + "---|" * top]
             for q in qs:
                 cells = [(("&#10003; " if pair(q, g) else "") + g_cell(g)) for g in topl[q][:top]]
@@ -207,20 +197,13 @@ def mask_words(caption: str, fraction: float, rng: np.random.Generator) -> str:
 def corruption_sweep(model, images: Sequence, captions: Sequence[str], *,
                      fractions: Sequence[float] = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9), seed: int = 0,
                      batch_size: int = 64, device=None) -> dict:
-    """Mean uncertainty of images with erased pixels and captions with masked words.
-
-    ``images``: PIL images or paths. Returns ``{"fractions", "image": {"mean_sigma2",
-    "mean_l1"}, "text": {...}, "spearman_image", "spearman_text"}`` where ``mean_sigma2`` is
-    the mean of sigma^2 over dimensions and inputs and ``mean_l1`` the mean ||sigma^2||_1.
-    """
+    """Mean uncertainty of images (PIL images or paths) with erased pixels and captions with masked
+    words: ``{"fractions", "image": {"mean_sigma2", "mean_l1"}, "text": {...}, "spearman_image",
+    "spearman_text"}`` (mean sigma^2 over dimensions and inputs; mean ||sigma^2||_1)."""
     from PIL import Image
 
     from zsprob.models.encode import encode_images, encode_texts
 
-    if getattr(model, "deterministic", False):
-        from zsprob.errors import UserError
-
-        raise UserError("the corruption sweep needs a probabilistic model (this one has no sigma head)")
     pil = []
     for im in images:
         if isinstance(im, (str, Path)):
@@ -273,12 +256,9 @@ def group_stats(values, groups) -> dict[str, dict]:
 
 
 def report_uncertainty(emb, result, task, out_dir=None, *, image_paths=None, captions=None, n_pages: int = 5) -> dict:
-    """Decile analysis for image and caption queries (R@1 on the task's first recall benchmark),
-    plus the uncertain-queries page when ``out_dir`` is given and top lists were kept.
-
-    ``emb``: :class:`~zsprob.retrieval.embeddings.Embeddings` with logvar; ``result``: an
-    :class:`~zsprob.retrieval.evaluate.EvalResult`. Returns ``{"deciles": {...}, "files": {...}}``.
-    """
+    """Decile analysis of ``result`` (an EvalResult) for image and caption queries (R@1 on the task's first
+    recall benchmark), plus the uncertain-queries page when ``out_dir`` is given and top lists were
+    kept. Returns ``{"deciles": {...}, "files": {...}}``."""
     from zsprob.utils.io import atomic_write_text
 
     if not emb.has_sigma:

@@ -1,13 +1,12 @@
-"""The ground truth of a retrieval test set and the bookkeeping every evaluation route shares.
+"""The ground truth of a retrieval test set and the bookkeeping of its evaluation.
 
 A :class:`RetrievalTask` holds one test set's image and caption ids and one
 :class:`BenchmarkSet` of sparse positives per benchmark (COCO 5K, CxC, ECCV Caption, PMRP per
 zeta, SynthWorld's caption and plausible-match sets), optionally the COCO 1K folds;
-:class:`EvalResult` is what an evaluation returns. The helpers here (which queries a set has,
-how long a ranked list it needs, a direction's result in percent, RSUM, the PMRP merge, the
-COCO 1K summary) are read by both routes: the score matrix
-(:mod:`zsprob.retrieval.evaluate`) and the screen (:mod:`zsprob.retrieval.screened`).
-scipy holds the sparse positives; the rest is plain numpy.
+:class:`EvalResult` is what an evaluation returns. The helpers (which queries a set has, how long
+a ranked list it needs, a direction's result in percent, RSUM, the PMRP merge, the COCO 1K
+summary) serve both :func:`~zsprob.retrieval.evaluate.evaluate_scores` and
+:func:`~zsprob.retrieval.evaluate.evaluate_rankings`. scipy holds the sparse positives.
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """COCO benchmarks: COCO 1K / 5K, CxC, ECCV Caption and PMRP, wired to the official ground truth.
 
-The ground truth for the COCO 5K test split, CxC and ECCV Caption comes from the
-``eccv_caption`` package (``eccv_caption.Metrics()``: ``coco_ids``, ``coco_gts``, ``cxc_gts``,
-``eccv_gts``), keyed by official COCO image / annotation ids; this module maps those ids to
-row / column indices of the embeddings and builds sparse positive matrices. The 1K folds are
-eccv_caption's: five contiguous chunks of its ``coco_ids`` caption order. PMRP (PCME) uses 80-class
-instance label vectors when the data set provides them (``zsprob.data.coco.CocoCaptions.instance_labels``).
-Images come from ``zsprob.data.coco`` and the towers from ``zsprob.models``; the metrics are
-zsprob's tensor code (:mod:`zsprob.retrieval.metrics`), checked against eccv_caption in the tests.
+The ground truth for the COCO 5K test split, CxC and ECCV Caption comes from ``eccv_caption``
+(``coco_ids``, ``coco_gts``, ``cxc_gts``, ``eccv_gts``), keyed by official COCO ids; this module maps
+those ids to rows / columns of the embeddings as sparse positives. The 1K folds are eccv_caption's:
+five contiguous chunks of its ``coco_ids`` caption order. PMRP (PCME) uses 80-class instance labels
+when the data set has them. Images come from ``zsprob.data.coco``, the towers from ``zsprob.models``.
 """
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ import numpy as np
 from zsprob.errors import UserError
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.embeddings import Embeddings
-from zsprob.retrieval.evaluate import BenchmarkSet, RetrievalTask
+from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
 from zsprob.retrieval.scoring import mc_score_options
 
 PMRP_ZETAS = (0, 1, 2)
@@ -34,7 +31,8 @@ def eccv_metrics():
         try:
             import eccv_caption
         except ImportError as e:  # pragma: no cover - a dependency
-            raise UserError("COCO CxC / ECCV Caption evaluation needs the eccv_caption package (pip install eccv_caption)") from e
+            raise UserError("COCO CxC / ECCV Caption evaluation needs the eccv_caption package "
+                            "(pip install eccv_caption)") from e
         return eccv_caption.Metrics()
 
 
@@ -80,18 +78,16 @@ def _gts_to_csr(gts: dict, q_index: dict, g_index: dict, n_q: int, n_g: int):
 def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.ndarray | None = None, *,
               instance_labels: np.ndarray | None = None, official: bool | None = None,
               zetas=PMRP_ZETAS) -> RetrievalTask:
-    """Ground truth of a COCO-style test set.
-
-    ``official`` (default: auto) uses eccv_caption's COCO 5K / CxC / ECCV ground truth and folds;
-    it requires the ids to be exactly the official 5K x 25K set (use :func:`official_subset`
-    to select it). Otherwise COCO positives come from ``caption_image`` and the 1K folds (when
-    there are 5,000 images) from the caption order, as in the Karpathy split files.
-    """
+    """Ground truth of a COCO-style test set. ``official`` (default: whether the ids are exactly the
+    official 5K x 25K set, see :func:`official_subset`) takes eccv_caption's COCO 5K / CxC / ECCV ground
+    truth and folds; otherwise positives come from ``caption_image`` and the 1K folds (with 5,000
+    images) from the caption order, as in the Karpathy split files."""
     image_ids = np.asarray(image_ids, dtype=np.int64)
     caption_ids = np.asarray(caption_ids, dtype=np.int64)
     off_img, off_cap = official_test_ids()
     is_official = (len(image_ids) == len(off_img) and len(caption_ids) == len(off_cap)
-                   and set(image_ids.tolist()) == set(off_img.tolist()) and set(caption_ids.tolist()) == set(off_cap.tolist()))
+                   and set(image_ids.tolist()) == set(off_img.tolist())
+                   and set(caption_ids.tolist()) == set(off_cap.tolist()))
     if official is None:
         official = is_official
     if official and not is_official:
@@ -108,7 +104,7 @@ def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.
         for cid, iids in m.coco_gts["t2i"].items():
             cap_img[cap_index[int(cid)]] = img_index[int(iids[0])]
         if caption_image is not None and not np.array_equal(np.asarray(caption_image), cap_img):
-            raise UserError("caption_image disagrees with eccv_caption's COCO ground truth for these ids")
+            raise UserError("caption_image in the embeddings disagrees with eccv_caption's COCO ground truth")
         caption_image = cap_img
         sets = [BenchmarkSet("coco_5k", coco_i2t, M.sp.csr_matrix(coco_i2t.T))]
         for name, gts in (("cxc", m.cxc_gts), ("eccv", m.eccv_gts)):
@@ -138,8 +134,6 @@ def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.
             notes.append("1K folds skipped: caption order does not give 1,000 images per fold")
     if instance_labels is not None:
         labels = np.asarray(instance_labels)
-        if labels.shape[0] != n_img:
-            raise UserError(f"instance_labels has {labels.shape[0]} rows for {n_img} images")
         cap_labels = labels[caption_image]
         for z in zetas:
             pm = M.plausible_positives(labels, cap_labels, z)
@@ -150,7 +144,8 @@ def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.
                          caption_image=np.asarray(caption_image, dtype=np.int64), sets=sets, folds=folds, notes=notes)
 
 
-def task_for_embeddings(emb: Embeddings, instance_labels: np.ndarray | None = None) -> tuple[Embeddings, RetrievalTask]:
+def task_for_embeddings(emb: Embeddings,
+                        instance_labels: np.ndarray | None = None) -> tuple[Embeddings, RetrievalTask]:
     """Pick the official 5K subset when the embeddings contain it (extra captions, e.g. the 25,010
     Karpathy test captions, are dropped), else evaluate the ids as given."""
     sub = official_subset(emb.image_ids, emb.caption_ids)
@@ -161,10 +156,8 @@ def task_for_embeddings(emb: Embeddings, instance_labels: np.ndarray | None = No
             emb = emb.select(ii, ci)
             if instance_labels is not None:
                 instance_labels = np.asarray(instance_labels)[ii]
-        cap_img = emb.caption_image
-        task = coco_task(emb.image_ids, emb.caption_ids, None, instance_labels=instance_labels, official=True)
-        if cap_img is not None and not np.array_equal(cap_img, task.caption_image):
-            raise UserError("caption_image in the embeddings disagrees with eccv_caption's COCO ground truth")
+        task = coco_task(emb.image_ids, emb.caption_ids, emb.caption_image, instance_labels=instance_labels,
+                         official=True)
         emb.caption_image = task.caption_image
         return emb, task
     return emb, coco_task(emb.image_ids, emb.caption_ids, emb.caption_image, instance_labels=instance_labels,
@@ -180,19 +173,16 @@ def refuse_unreadable_images(paths, split: str) -> None:
     _, bad = readable_images([Path(p) for p in paths])
     if bad:
         path, why = bad[0]
-        raise UserError(f"{len(bad)} of {len(paths)} images of the {split} split cannot be read (e.g. {path}: {why}); "
-                        "a benchmark is scored on every image: restore them")
+        raise UserError(f"{len(bad)} of {len(paths)} images of the {split} split cannot be read "
+                        f"(e.g. {path}: {why}); a benchmark is scored on every image: restore them")
 
 
 def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, device=None, num_workers: int = 0,
                 progress: bool = True, karpathy_json=None, dataset=None, precision: str = "fp32",
                 check_images: bool = True):
-    """Embed a COCO split with a zsprob / open_clip model (``dataset``: an already parsed
-    :class:`~zsprob.data.coco.CocoCaptions` of that split; ``precision``: "fp32" or "bf16" autocast;
-    ``check_images=False`` when the caller has already refused unreadable images of ``dataset``).
-
-    Returns ``(embeddings, instance_labels or None, dataset)`` (the dataset gives image paths and
-    captions for the uncertainty pages)."""
+    """Embed a COCO split (or an already parsed ``dataset``; ``check_images=False`` when its unreadable
+    images were already refused) with a zsprob / open_clip model; ``precision``: "fp32" or "bf16".
+    Returns ``(embeddings, instance_labels or None, dataset)``."""
     from zsprob.data.coco import CocoCaptions
     from zsprob.models.encode import encode_images, encode_texts
 
@@ -204,8 +194,9 @@ def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, devi
                                    progress=progress, precision=precision)
     cap_mu, cap_lv = encode_texts(model, list(ds.captions), batch_size=max(batch_size, 256), device=device,
                                   progress=progress, precision=precision)
-    emb = Embeddings(image_ids=np.asarray(ds.image_ids, dtype=np.int64), caption_ids=np.asarray(ds.caption_ids, dtype=np.int64),
-                     image_mu=img_mu, caption_mu=cap_mu, image_logvar=img_lv, caption_logvar=cap_lv,
+    emb = Embeddings(image_ids=np.asarray(ds.image_ids, dtype=np.int64),
+                     caption_ids=np.asarray(ds.caption_ids, dtype=np.int64), image_mu=img_mu, caption_mu=cap_mu,
+                     image_logvar=img_lv, caption_logvar=cap_lv,
                      caption_image=np.asarray(ds.caption_image, dtype=np.int64))
     labels = getattr(ds, "instance_labels", None)
     return emb, (None if labels is None else np.asarray(labels)), ds
@@ -214,19 +205,16 @@ def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, devi
 class CocoValSelection:
     """Model selection by validation RSUM, as PCME++'s engine keeps its best epoch: an evaluation hook
     ``hook(model, step) -> {"val_rsum", "val_best_rsum"}`` (``zsprob.train.train(eval_hooks=...)``)
-    that embeds the Karpathy ``split`` ("val"), computes RSUM (R@1, 5, 10, both directions; on the 1K
-    folds when the split has 5,000 images) and, when it beats the best so far, writes the model to
-    ``out_dir/model-best`` and ``out_dir/best.json``. The loss's a, b are not part of that save.
-
-    The split is parsed and its images checked (:func:`refuse_unreadable_images`) once, when the hook
-    is built, so a broken val split is refused before training starts and no epoch reads every image
-    file again to check it."""
+    that embeds the Karpathy ``split``, computes RSUM (on the 1K folds for 5,000 images) and, when it
+    beats the best so far, writes the model (without the loss's a, b) to ``out_dir/model-best`` and
+    ``out_dir/best.json``. The split is parsed and its images checked once, when the hook is built,
+    so a broken split is refused before training starts."""
 
     def __init__(self, root, out_dir, *, split: str = "val", karpathy_json=None, batch_size: int = 128,
                  score: str = "csd", method: str | None = None, dataset: str = "coco"):
         from zsprob.data.flickr import karpathy_captions
 
-        self.root, self.out_dir, self.split, self.kind = root, Path(out_dir), split, dataset
+        self.root, self.out_dir, self.split = root, Path(out_dir), split
         self.karpathy_json, self.batch_size, self.score, self.method = karpathy_json, batch_size, score, method
         self.best = float("-inf")
         self._ds = karpathy_captions(dataset, root, split, karpathy_json, official_ids=False, instances=False)
@@ -246,7 +234,8 @@ class CocoValSelection:
         rsum = float(row.get("RSUM", row.get("RSUM (5K)", float("nan"))))
         if rsum > self.best:
             self.best = rsum
-            save(model, self.out_dir / "model-best", extra={"method": self.method, "step": int(step), "val_rsum": rsum})
+            save(model, self.out_dir / "model-best",
+                 extra={"method": self.method, "step": int(step), "val_rsum": rsum})
             atomic_write_json(self.out_dir / "best.json", {"step": int(step), "val_rsum": rsum, "split": self.split})
         return {"val_rsum": rsum, "val_best_rsum": self.best}
 
@@ -276,19 +265,14 @@ class ImageList:
 def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd", out_dir=None, *,
                   embeddings=None, instance_labels=None, batch_size: int = 128, device=None, num_workers: int = 0,
                   analyses: bool = True, progress: bool = True, save_embeddings=None, karpathy_json=None,
-                  label: str = "model", metrics_file: str = "metrics.json", method: str = "auto",
-                  precision: str = "fp32", dataset=None) -> dict:
-    """COCO evaluation of a model (``model`` + ``root``) or of precomputed ``embeddings``
-    (an :class:`Embeddings` or an ``.npz`` path). ``device`` encodes and scores (default: the
-    model's device to encode, the embeddings' to score); ``num_workers`` and ``precision``
-    (:func:`encode_coco`) only encode. ``save_embeddings`` (an ``.npz`` path) keeps what the model
-    computed; with ``embeddings`` it is a :class:`UserError` (there is nothing computed to keep).
-
-    Returns ``{"metrics", "summary", "table", "uncertainty", "files"}``; with ``out_dir`` writes
-    ``metrics.json``, ``table.md`` and (probabilistic models) the decile PNG / table and the
-    uncertain-queries page. ``dataset``: an already parsed split to encode (e.g. a
-    :class:`~zsprob.data.flickr.Flickr30kCaptions`: ids outside COCO's, so its positives come from
-    ``caption_image``, reported as the set "coco").
+                  label: str = "model", metrics_file: str = "metrics.json", precision: str = "fp32",
+                  dataset=None) -> dict:
+    """COCO evaluation of a model (``model`` + ``root``, or an already parsed split ``dataset``, e.g.
+    Flickr30k's, whose positives come from ``caption_image`` as the set "coco") or of precomputed
+    ``embeddings`` (an :class:`Embeddings` or an ``.npz`` path). ``device`` encodes and scores;
+    ``num_workers`` and ``precision`` only encode; ``save_embeddings`` (``.npz``) keeps what the model
+    computed. Returns ``{"metrics", "summary", "table", "uncertainty", "files"}``; with ``out_dir``
+    writes ``metrics.json``, ``table.md`` and (probabilistic models) the uncertainty analyses.
     """
     from zsprob.retrieval.analysis import report_uncertainty
     from zsprob.retrieval.embeddings import load_embeddings
@@ -296,14 +280,9 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     from zsprob.utils.io import atomic_write_json, atomic_write_text
 
     ds = None
-    if embeddings is not None and save_embeddings:
-        raise UserError("save_embeddings keeps the embeddings a model computes; with embeddings given nothing "
-                        "is computed (they are already saved), so give one or the other")
     if embeddings is not None:
         emb = load_embeddings(embeddings) if isinstance(embeddings, (str, Path)) else embeddings
     else:
-        if model is None or (root is None and dataset is None):
-            raise UserError("COCO evaluation needs a model and --root, or --embeddings")
         emb, labels, ds = encode_coco(model, root, split, batch_size=batch_size, device=device,
                                       num_workers=num_workers, progress=progress, karpathy_json=karpathy_json,
                                       precision=precision, dataset=dataset)
@@ -314,10 +293,10 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     sub = official_subset(emb.image_ids, emb.caption_ids)
     emb, task = task_for_embeddings(emb, instance_labels)
     mc = mc_score_options(model) if score == "mc" else {}
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, method=method,
-                              device=device, **mc)
-    out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "table": format_table(res.metrics, label=label),
-           "uncertainty": None, "files": {}}
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, device=device,
+                              **mc)
+    out = {"metrics": res.metrics, "summary": summary_row(res.metrics),
+           "table": format_table(res.metrics, label=label), "uncertainty": None, "files": {}}
     if analyses and emb.has_sigma:
         paths = captions = None
         if ds is not None:
@@ -399,7 +378,8 @@ def _refuse_repeats(idx: np.ndarray, lengths: np.ndarray, query_ids: np.ndarray,
                         "an id); a ranking names each item once")
 
 
-def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarray, direction: str) -> tuple[np.ndarray, int]:
+def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarray,
+                       direction: str) -> tuple[np.ndarray, int]:
     """{query id: [gallery ids, best first]} -> [n_queries, L] gallery indices in the order of
     ``query_ids`` (L = the shortest of their lists; other queries are ignored); also returns the
     longest list's length. Every id of every list must be an integer of the gallery, named once."""
@@ -422,13 +402,10 @@ def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarr
 
 
 def evaluate_coco_rankings(i2t: dict, t2i: dict, *, ks=M.DEFAULT_KS) -> dict:
-    """COCO 1K/5K, CxC and ECCV Caption metrics of ranked id lists on the official 5K test ids.
-
-    ``i2t``: {image id: [caption ids, best first]} for all 5,000 images; ``t2i``: {caption id:
-    [image ids]} for all 25,000 captions (eccv_caption's ``compute_all_metrics`` input). Lists
-    are cut to the shortest one. Ids must be integers (or strings of them) of the gallery, each at
-    most once per list, one list per query; anything else is a :class:`UserError` line. Returns ``{"metrics", "summary", "table", "notes"}``.
-    """
+    """COCO 1K/5K, CxC and ECCV Caption metrics of ranked id lists on the official 5K test ids:
+    ``i2t`` {image id: [caption ids, best first]}, ``t2i`` {caption id: [image ids]} (eccv_caption's
+    ``compute_all_metrics`` input), cut to the shortest list. Returns ``{"metrics", "summary", "table",
+    "notes"}``."""
     from zsprob.retrieval.evaluate import evaluate_rankings, format_table, summary_row
 
     img_ids, cap_ids = official_test_ids()

@@ -1,13 +1,10 @@
 """Precomputed test-set embeddings: the ``E.npz`` exchange format of ``zsprob eval --embeddings``.
 
-Arrays: ``image_ids`` [n_img] and ``caption_ids`` [n_cap] (unique integers, kept as int64; official
-COCO ids for COCO),
-``image_mu`` [n_img, D], ``caption_mu`` [n_cap, D] and optionally ``image_logvar`` /
-``caption_logvar`` (log sigma^2; absent for deterministic models). Optional ``caption_image``
-[n_cap] gives each caption's source image as an index into ``image_ids`` (when absent, the
-ground truth must come from elsewhere, e.g. eccv_caption for COCO). numpy does the I/O;
-:func:`load_embeddings` checks every array where the file is read (:func:`check_ids` is also what
-an index's ``ids.npy`` is held to).
+Arrays: ``image_ids`` [n_img] and ``caption_ids`` [n_cap] (unique integers, int64; official COCO ids
+for COCO), ``image_mu`` [n_img, D], ``caption_mu`` [n_cap, D], optionally ``image_logvar`` /
+``caption_logvar`` (log sigma^2; absent for deterministic models) and ``caption_image`` [n_cap] (each
+caption's image as an index into ``image_ids``; without it the ground truth comes from elsewhere,
+e.g. eccv_caption). :func:`load_embeddings` checks every array where the file is read.
 """
 from __future__ import annotations
 
@@ -125,7 +122,8 @@ def _read_npz(p: Path) -> dict:
 def _check_shapes(arrays: dict, where: str) -> None:
     img_mu, cap_mu = arrays["image_mu"], arrays["caption_mu"]
     if img_mu.ndim != 2 or cap_mu.ndim != 2 or img_mu.shape[1] != cap_mu.shape[1]:
-        raise UserError(f"{where}: image_mu {img_mu.shape} and caption_mu {cap_mu.shape} must be [N, D] with the same D")
+        raise UserError(f"{where}: image_mu {img_mu.shape} and caption_mu {cap_mu.shape} must be [N, D] "
+                        "with the same D")
     for key, a in (("image_mu", img_mu), ("caption_mu", cap_mu)):
         if a.shape[0] == 0 or a.shape[1] == 0:
             raise UserError(f"{where}: {key} is empty (shape {a.shape}); nothing to evaluate or index")
@@ -166,7 +164,8 @@ def load_embeddings(path) -> Embeddings:
     arrays = _read_npz(p)
     missing = [k for k in REQUIRED if k not in arrays]
     if missing:
-        raise UserError(f"embeddings {p} lack arrays: {', '.join(missing)} (have: {', '.join(sorted(arrays)) or 'none'})")
+        raise UserError(f"embeddings {p} lack arrays: {', '.join(missing)} "
+                        f"(have: {', '.join(sorted(arrays)) or 'none'})")
     where = f"embeddings {p}"
     _refuse_unknown(arrays, where)
     image_ids = check_ids(arrays["image_ids"], where, "image_ids")

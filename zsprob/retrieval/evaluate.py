@@ -1,17 +1,11 @@
-"""Evaluate a test set's image x caption scores on several benchmarks at once, and choose the route.
+"""Evaluate a test set's image x caption scores on several benchmarks at once.
 
-The ground truth is a :class:`~zsprob.retrieval.benchmarks.RetrievalTask` (one
-:class:`~zsprob.retrieval.benchmarks.BenchmarkSet` per benchmark; defined in
-:mod:`zsprob.retrieval.benchmarks`, re-exported here). :func:`evaluate_scores` ranks each
-direction of a score matrix once (top-L with L = the largest list any metric needs, via
-:mod:`zsprob.retrieval.metrics`) and reads every benchmark's metrics off the same ranked lists;
-benchmarks with very long positive lists (PMRP) are ranked in query chunks.
-:func:`evaluate_embeddings` chooses the route: :mod:`zsprob.retrieval.screened` for the linear
-scores (CSD, mean-only, cosine; the same metrics, ranked by float64 keys, without a score
-matrix), the score matrix otherwise. :func:`evaluate_rankings` reads the same metrics off ranked
+:func:`evaluate_scores` ranks each direction of a score matrix once (top-L, L = the longest list
+any metric needs) and reads every benchmark's metrics off the same lists; benchmarks with very
+long positive lists (PMRP) are ranked in query chunks. :func:`evaluate_embeddings` scores
+embeddings into that matrix first; :func:`evaluate_rankings` reads the same metrics off ranked
 lists made elsewhere (eccv_caption's ``compute_all_metrics`` interface, with index arrays).
-Results are percentages (as in the papers' tables), plus per-query arrays for the uncertainty
-analyses. Everything here is zsprob's own code on torch / scipy.
+Results are percentages, plus per-query arrays for the uncertainty analyses.
 """
 from __future__ import annotations
 
@@ -24,12 +18,9 @@ import torch
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.benchmarks import (SHARED_L_LIMIT, BenchmarkSet, EvalResult, RetrievalTask, direction_result,
                                          fold_summary, merge_pmrp, needed_length, set_queries, with_rsum)
-from zsprob.retrieval.scoring import PairScores, compute_device
-from zsprob.retrieval.screen import LINEAR_SCORES, ScreenBoundError, amx_available
-from zsprob.retrieval.screened import evaluate_screened
+from zsprob.retrieval.scoring import PairScores
 
-__all__ = ["BenchmarkSet", "RetrievalTask", "EvalResult", "SHARED_L_LIMIT", "ROUTES", "evaluate_scores",
-           "evaluate_rankings", "evaluate_embeddings", "fold_metrics", "pmrp_fold_metrics", "resolve_method",
+__all__ = ["evaluate_scores", "evaluate_rankings", "evaluate_embeddings", "fold_metrics", "pmrp_fold_metrics",
            "summary_row", "format_table"]
 
 
@@ -73,16 +64,14 @@ def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int
 
 
 def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS) -> dict:
-    """All benchmark metrics of ``task`` from given ranked lists: the counterpart of eccv_caption's
-    ``Metrics.compute_all_metrics``, for rankings made elsewhere (a FAISS search, another toolkit).
+    """All benchmark metrics of ``task`` from ranked lists made elsewhere (a FAISS search, another
+    toolkit): the counterpart of eccv_caption's ``Metrics.compute_all_metrics``.
 
-    ``ranked_i2t`` [n_images, L]: caption indices (columns of ``task``) best first, one row per
-    image; ``ranked_t2i`` [n_captions, L']: image indices. Every metric is read off these lists;
-    COCO 1K, like eccv_caption, keeps each list's items of the query's fold, in order, so it
-    equals an in-fold ranking as long as every list holds ``max(ks)`` items of its fold (else a
-    ValueError says to pass longer lists, as it does when a list is shorter than a benchmark's
-    largest positive set R). A list naming an item twice is a ValueError (each repeat of a positive
-    would count as another hit). Returns the nested percentages of :func:`evaluate_scores`.
+    ``ranked_i2t`` [n_images, L]: caption indices best first; ``ranked_t2i`` [n_captions, L']: image
+    indices. COCO 1K keeps each list's items of the query's fold, in order (eccv_caption's way), which
+    equals an in-fold ranking while every list holds ``max(ks)`` items of its fold. A list too short
+    for a metric, or naming an item twice (a repeated positive would count twice), is a ValueError.
+    Returns the nested percentages of :func:`evaluate_scores`.
     """
     ranked = {"i2t": torch.as_tensor(np.asarray(ranked_i2t), dtype=torch.int64),
               "t2i": torch.as_tensor(np.asarray(ranked_t2i), dtype=torch.int64)}
@@ -129,38 +118,33 @@ def _refuse_repeats(ranked: torch.Tensor, direction: str) -> None:
                          f"({int(rows.sum())} lists repeat an item); a ranking names each item once")
 
 
+def _first_in_fold(rows: torch.Tensor, lists: torch.Tensor, q_fold: torch.Tensor, item_fold: torch.Tensor, k: int):
+    """Each list's first ``k`` items of its query's fold, in ranked order, and which lists hold ``k``."""
+    in_fold = item_fold[lists] == q_fold[rows][:, None]
+    cum = in_fold.cumsum(1, dtype=torch.int32)
+    ok = cum[:, -1] >= k
+    keep = in_fold & (cum <= k) & ok[:, None]
+    return lists[keep].view(-1, k), ok  # boolean indexing keeps row-major order
+
+
 def _fold_metrics_from_rankings(ranked: dict, task: RetrievalTask, ks: Sequence[int]) -> dict:
+    """COCO 1K as eccv_caption reads it off global lists: each list's first max(ks) items of its fold."""
     pos = {"i2t": task.caption_positives()}
     pos["t2i"] = sp.csr_matrix(pos["i2t"].T)
     fold = {"i2t": np.zeros(task.n_images, dtype=np.int64), "t2i": np.zeros(task.n_captions, dtype=np.int64)}
     for f, (imgs, caps) in enumerate(task.folds):
         fold["i2t"][imgs], fold["t2i"][caps] = f, f
-    if sum(len(i) for i, _ in task.folds) > task.n_images or sum(len(c) for _, c in task.folds) > task.n_captions:
-        raise ValueError("COCO 1K from rankings needs folds that split the images and captions (no item in two folds)")
     K = max(ks)
-    if min(min(len(i), len(c)) for i, c in task.folds) < K:
-        raise ValueError(f"COCO 1K from rankings needs folds of at least {K} images and captions")
     per = {"i2t": [], "t2i": []}
     for d, other in (("i2t", "t2i"), ("t2i", "i2t")):
-        q_fold = torch.from_numpy(fold[d])
-        item_fold = torch.from_numpy(fold[other])
-
-        def first_in_fold(rows: torch.Tensor, lists: torch.Tensor):
-            """Each list's first K items of its query's fold, in ranked order, and which lists have K."""
-            in_fold = item_fold[lists] == q_fold[rows][:, None]
-            cum = in_fold.cumsum(1, dtype=torch.int32)
-            ok = cum[:, -1] >= K
-            keep = in_fold & (cum <= K) & ok[:, None]
-            return lists[keep].view(-1, K), ok  # boolean indexing keeps row-major order
-
+        q_fold, item_fold = torch.from_numpy(fold[d]), torch.from_numpy(fold[other])
         # most lists hold K in-fold items early on: look at a prefix first, the whole list where needed
-        all_rows = torch.arange(ranked[d].shape[0])
-        head, ok = first_in_fold(all_rows, ranked[d][:, :8 * K])
+        head, ok = _first_in_fold(torch.arange(ranked[d].shape[0]), ranked[d][:, :8 * K], q_fold, item_fold, K)
         sub = torch.empty(ranked[d].shape[0], K, dtype=torch.int64)
         sub[ok] = head
         rest = torch.nonzero(~ok).flatten()
         if rest.numel():
-            tail, ok_rest = first_in_fold(rest, ranked[d][rest])
+            tail, ok_rest = _first_in_fold(rest, ranked[d][rest], q_fold, item_fold, K)
             if not bool(ok_rest.all()):
                 short = rest[~ok_rest]
                 raise ValueError(f"COCO 1K {d}: {short.numel()} ranked lists hold fewer than {K} items of their "
@@ -289,81 +273,26 @@ def format_table(metrics: dict, label: str = "model") -> str:
     return "\n".join(lines) + "\n"
 
 
-#: the scoring routes of ``zsprob eval --method`` / ``evaluate_embeddings(method=...)`` (how the ranking is
-#: computed, same numbers either way); not the training methods of ``zsprob pretrain --method``
-ROUTES = ("auto", "screen", "matrix")
-
-
 def _jsonable(score_kw: dict) -> dict:
     """The score options worth recording (e.g. MC's a, b, J), as plain numbers."""
     return {f"score_{k}": float(v) for k, v in score_kw.items() if isinstance(v, (int, float))}
 
 
-def resolve_method(method: str, score: str, *, device=None, **score_kw) -> str:
-    """The route "auto" stands for, or ``method`` itself, checked: "screen"
-    (:mod:`zsprob.retrieval.screened`: exact metrics from a certified bfloat16 screen, no score
-    matrix) for the linear scores (csd, mean, cosine) without score options when the scores are
-    computed on the CPU; "matrix" (float32 score blocks, any score) otherwise. ``device``: where
-    the scores are computed (None: the CPU). The screen is a CPU kernel (the embeddings are copied
-    to the host, and each block of queries takes data-dependent host decisions), so on an
-    accelerator "auto" scores the matrix there instead; "screen" asked for by name still runs, on
-    the CPU. Raises ValueError for a screen it cannot run."""
-    if method not in ROUTES:
-        raise ValueError(f"unknown method {method!r} (choose from {', '.join(ROUTES)})")
-    linear = score in LINEAR_SCORES and not score_kw
-    if method == "screen" and not linear:
-        raise ValueError(f"method 'screen' needs a linear score ({', '.join(LINEAR_SCORES)}) without score options; "
-                         f"use method 'matrix' for {score!r}")
-    if method == "auto":
-        on_cpu = device is None or torch.device(device).type == "cpu"
-        return "screen" if linear and on_cpu else "matrix"
-    return method
-
-
 def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Sequence[int] = M.DEFAULT_KS,
                         keep_top: int = 0, chunk_size: int = 1024, progress: bool = False, seed: int = 0,
-                        method: str = "auto", device=None, **score_kw) -> EvalResult:
+                        device=None, **score_kw) -> EvalResult:
     """Score ``emb`` (:class:`zsprob.retrieval.embeddings.Embeddings`) with ``score`` (any
-    ``zsprob.prob.score`` name) and evaluate ``task``. ``metrics["setup"]`` records the score,
-    the method and the sizes.
-
-    ``method``: "screen" ranks by the float64 keys without a score matrix
-    (:func:`zsprob.retrieval.screened.evaluate_screened`, CSD / mean / cosine; faster than the
-    matrix, see docs/benchmarks.md); "matrix" scores float32 blocks with
-    ``zsprob.prob.score`` (every score); "auto" picks "screen" where it applies and the scores
-    are computed on the CPU, "matrix" on an accelerator (:func:`resolve_method`). The two agree up
-    to float32 near-ties (see the tests). Should a screened key ever break its certified error
-    bound, the matrix is used instead, with a warning.
-    ``device``: where the score blocks are computed (default: where the embeddings live; the
-    screen itself is a CPU kernel); scores and metrics are float32 / float64 on every device.
+    ``zsprob.prob.score`` name) in float32 blocks on ``device`` (default: where the embeddings live)
+    and evaluate ``task``. ``metrics["setup"]`` records the score, how it was ranked and the sizes.
     """
-    import warnings
-
-    from zsprob.errors import UserError
-    from zsprob.retrieval.scoring import check_score
-
-    check_score(score, emb.has_sigma)
-    try:
-        method = resolve_method(method, score, device=compute_device(device, emb.image_mu), **score_kw)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    res = None
-    how = "matrix (float32 score blocks)"
-    if method == "screen":
-        try:
-            res = evaluate_screened(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar, task,
-                                    ks=ks, keep_top=keep_top, device=device)
-            how = f"screen ({'bfloat16 AMX' if amx_available() else 'float32'} screen, float64 keys)"
-        except ScreenBoundError as e:
-            warnings.warn(f"screened evaluation abandoned ({e}); using the score matrix", RuntimeWarning)
-    if res is None:
-        ps = PairScores(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar,
+    scores = PairScores(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar,
                         chunk_size=chunk_size, progress=progress, seed=seed, device=device, **score_kw)
-        res = evaluate_scores(ps, task, ks=ks, keep_top=keep_top)
+    res = evaluate_scores(scores, task, ks=ks, keep_top=keep_top)
     pm_1k = pmrp_fold_metrics(emb, task, score, seed=seed, chunk_size=chunk_size, device=device, **score_kw)
     if pm_1k is not None:
         res.metrics["pmrp_1k"] = pm_1k
-    res.metrics = {"setup": {"score": score, "method": how, "n_images": task.n_images, **_jsonable(score_kw),
-                             "n_captions": task.n_captions, "unit": "percent", "notes": list(task.notes)},
+    res.metrics = {"setup": {"score": score, "method": "matrix (float32 score blocks)", "n_images": task.n_images,
+                             **_jsonable(score_kw), "n_captions": task.n_captions, "unit": "percent",
+                             "notes": list(task.notes)},
                    **res.metrics}
     return res

@@ -1,33 +1,26 @@
-"""Retrieval metrics computed with tensor operations over rankings.
+"""Retrieval metrics as tensor operations over rankings.
 
-What zsprob writes itself: the ranking (``topk_ranking``: descending score, ties broken by the
-lower gallery index) and every metric as a tensor expression over a ``hits`` matrix
-(``hits[q, r]`` is True when the item ranked ``r`` for query ``q`` is a positive) -- R@K,
-R-Precision, mAP@R (Musgrave et al.), COCO 1K five-fold recalls with exact in-fold ranking,
-and PMRP (PCME's plausible-match R-Precision from 80-class instance labels).
-There is no per-query Python loop: a query chunk is ranked with ``torch.topk`` and all of its
-metrics come from a few reductions.
-
-What other libraries do: positives are ``scipy.sparse`` CSR matrices (query x gallery);
-the ground truth for COCO 5K / CxC / ECCV Caption comes from the ``eccv_caption`` package
-(see :mod:`zsprob.retrieval.coco`). The definitions follow eccv_caption 0.1.0's
-``_metrics.py`` exactly:
+The ranking (:func:`topk_ranking`: descending score, ties broken by the lower gallery index) and
+every metric as a reduction over a ``hits`` matrix (``hits[q, r]``: the item ranked ``r`` for
+query ``q`` is a positive), a query chunk at a time, with no per-query Python loop. Positives are
+``scipy.sparse`` CSR matrices (query x gallery). The definitions are eccv_caption 0.1.0's
+(``_metrics.py``):
 
 * R@K: 1 if any of the first K ranked items is a positive.
 * R-Precision: (#positives among the first R ranked items) / R, R = number of positives.
 * mAP@R: (1/R) * sum_{r<=R, item r positive} precision@r.
-* COCO 1K: the 25,000 test captions (in the given order) are split into five contiguous folds;
-  a fold's images are those captions' images; each query is ranked among the fold's
-  items only and the five fold means are averaged. (eccv_caption filters a truncated global
-  list to the fold, which equals this when the list holds at least K fold items.)
+* COCO 1K: the test captions (in the given order) are split into five contiguous folds; a fold's
+  images are those captions' images; each query is ranked among its fold's items only and the
+  five fold means are averaged (eccv_caption filters a truncated global list to the fold, which
+  equals this when the list holds at least K fold items).
+* PMRP: PCME's plausible-match R-Precision, positives from 80-class instance labels.
 
-Queries with no positive are not evaluated (eccv_caption's ground-truth dictionaries have no
-such keys, e.g. the 28 CxC captions without annotations).
+Queries with no positive are not evaluated (eccv_caption's ground truth has no such keys).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -58,12 +51,9 @@ def positives_from_assignment(caption_image: np.ndarray, n_images: int) -> sp.cs
 
 
 def plausible_positives(image_labels: np.ndarray, caption_labels: np.ndarray, zeta: int) -> sp.csr_matrix:
-    """PCME plausible matches: label vectors differing in at most ``zeta`` positions.
-
-    ``image_labels`` [n_img, C] and ``caption_labels`` [n_cap, C] are binary (a caption takes the
-    instance labels of its image). Items without any label are never positives (PCME drops the
-    unlabeled COCO test images). Returns CSR [n_img, n_cap] bool.
-    """
+    """PCME plausible matches, CSR [n_img, n_cap]: binary label vectors ([n, C]; a caption takes its
+    image's instance labels) differing in at most ``zeta`` positions. Items without any label are
+    never positives (PCME drops the unlabeled COCO test images)."""
     a = torch.as_tensor(np.asarray(image_labels, dtype=np.float32))
     b = torch.as_tensor(np.asarray(caption_labels, dtype=np.float32))
     # hamming = |a| + |b| - 2 a.b
@@ -104,12 +94,12 @@ def topk_ranking(scores: torch.Tensor, k: int) -> torch.Tensor:
     return idx
 
 
-def hits_matrix(ranked: torch.Tensor, positives: sp.csr_matrix, row_offset: int = 0) -> torch.Tensor:
-    """``hits[q, r]`` = item ``ranked[q, r]`` is a positive of query ``row_offset + q``
+def hits_matrix(ranked: torch.Tensor, positives: sp.csr_matrix) -> torch.Tensor:
+    """``hits[q, r]`` = item ``ranked[q, r]`` is a positive of query ``q``
     (a negative entry pads a list shorter than the others and is never a hit)."""
     q, L = ranked.shape
     g = positives.shape[1]
-    block = positives[row_offset: row_offset + q]
+    block = positives[:q]
     block.sort_indices()
     rows = np.repeat(np.arange(q, dtype=np.int64), np.diff(block.indptr))
     pos_keys = torch.from_numpy(rows * g + block.indices.astype(np.int64))  # sorted ascending
@@ -152,53 +142,34 @@ class QueryMetrics:
 
     queries: np.ndarray
     values: dict[str, np.ndarray] = field(default_factory=dict)
-    top: np.ndarray | None = None  # [n_queries, L] ranked gallery indices (when kept)
 
     def mean(self) -> dict[str, float]:
         return {k: float(np.mean(v)) if len(v) else float("nan") for k, v in self.values.items()}
 
 
-BlockFn = Callable[[torch.Tensor], torch.Tensor]
+def _score_rows(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``scores[rows]``, as a view when ``rows`` is a contiguous ascending range."""
+    n = rows.numel()
+    if n and int(rows[-1]) - int(rows[0]) == n - 1 and bool((rows[1:] > rows[:-1]).all()):
+        return scores[int(rows[0]): int(rows[0]) + n]
+    return scores.index_select(0, rows)
 
 
-def as_block_fn(scores: torch.Tensor | BlockFn) -> BlockFn:
-    """A function ``rows (int64 tensor) -> score rows [len(rows), G]`` for a matrix or a callable."""
-    if callable(scores) and not isinstance(scores, torch.Tensor):
-        return scores
-
-    def get(rows: torch.Tensor) -> torch.Tensor:
-        n = rows.numel()
-        if n and int(rows[-1]) - int(rows[0]) == n - 1 and bool((rows[1:] > rows[:-1]).all()):
-            return scores[int(rows[0]): int(rows[0]) + n]
-        return scores.index_select(0, rows)
-
-    return get
-
-
-def rank_lists(scores: torch.Tensor | BlockFn, queries: np.ndarray, k: int, *, chunk_size: int = 2048) -> torch.Tensor:
-    """Top-``k`` gallery indices [len(queries), k] (order of :func:`topk_ranking`), in query chunks."""
-    get = as_block_fn(scores)
+def rank_lists(scores: torch.Tensor, queries: np.ndarray, k: int, *, chunk_size: int = 2048) -> torch.Tensor:
+    """Top-``k`` gallery indices [len(queries), k] (order of :func:`topk_ranking`) of the rows
+    ``queries`` of ``scores`` [Q, G], in query chunks."""
     q = torch.as_tensor(np.asarray(queries, dtype=np.int64))
-    out = []
-    for a in range(0, q.numel(), chunk_size):
-        block = get(q[a:a + chunk_size])
-        if block.dtype in (torch.float16, torch.bfloat16):
-            block = block.float()
-        out.append(topk_ranking(block, k))
+    out = [topk_ranking(_score_rows(scores, q[a:a + chunk_size]), k) for a in range(0, q.numel(), chunk_size)]
     return torch.cat(out) if out else torch.zeros(0, k, dtype=torch.int64)
 
 
 def metrics_from_ranking(ranked: torch.Tensor, positives: sp.csr_matrix, *, ranked_queries: np.ndarray | None = None,
                          queries: np.ndarray | None = None, ks: Sequence[int] = DEFAULT_KS,
                          r_metrics: bool = True, n_pos: np.ndarray | None = None) -> QueryMetrics:
-    """Per-query metrics from ranked lists.
-
-    ``ranked`` [n, L]: ranked gallery indices of the queries ``ranked_queries`` (default: all
-    rows of ``positives``, in order). ``queries``: which of them to evaluate (default: those with
-    at least one positive). L must be >= max(ks) and, with ``r_metrics``, >= the largest R.
-    ``n_pos`` [n_query_rows]: R per query when it differs from the row's positives in the gallery
-    (eccv_caption counts ground-truth items that are not in the gallery, e.g. a 6th caption).
-    """
+    """Per-query metrics from ``ranked`` [n, L], the ranked gallery indices of ``ranked_queries`` (default:
+    every row of ``positives``), for ``queries`` among them (default: those with a positive). L must be
+    >= max(ks) and, with ``r_metrics``, >= the largest R. ``n_pos``: R per query where it counts
+    ground-truth items outside the gallery (as eccv_caption does)."""
     positives = sp.csr_matrix(positives, dtype=bool)
     positives.sort_indices()
     n_q = positives.shape[0]
@@ -211,13 +182,9 @@ def metrics_from_ranking(ranked: torch.Tensor, positives: sp.csr_matrix, *, rank
     queries = np.asarray(queries, dtype=np.int64)
     where = np.full(n_q, -1, dtype=np.int64)
     where[ranked_queries] = np.arange(len(ranked_queries))
-    if (where[queries] < 0).any():
-        raise ValueError("some queries to evaluate have no ranked list")
     if len(queries) == 0:
         return QueryMetrics(queries=queries, values={})
     L = ranked.shape[1]
-    if L < max(ks) and L < positives.shape[1]:
-        raise ValueError(f"ranked lists of length {L} are shorter than K={max(ks)}")
     sub_ranked = ranked[torch.from_numpy(where[queries])]
     sub = positives[queries]
     hits = hits_matrix(sub_ranked, sub)
@@ -228,55 +195,32 @@ def metrics_from_ranking(ranked: torch.Tensor, positives: sp.csr_matrix, *, rank
     return QueryMetrics(queries=queries, values={k: v.numpy() for k, v in vals.items()})
 
 
-def rank_metrics(scores: torch.Tensor | BlockFn, positives: sp.csr_matrix, *,
-                 ks: Sequence[int] = DEFAULT_KS, r_metrics: bool = True, queries: np.ndarray | None = None,
-                 chunk_size: int = 2048, keep_top: int = 0) -> QueryMetrics:
-    """Rank every query's gallery and compute per-query metrics, one query chunk at a time
-    (memory: chunk x L indices, so large R -- PMRP -- stays bounded).
-
-    ``scores``: a [Q, G] similarity matrix (higher = better) or a function
-    ``rows -> [len(rows), G]``. ``positives``: CSR [Q, G] bool. ``queries``: rows to evaluate
-    (default: rows with at least one positive). ``keep_top``: also keep the top-``keep_top``
-    ranked gallery indices per evaluated query (``QueryMetrics.top``).
-    """
+def rank_metrics(scores: torch.Tensor, positives: sp.csr_matrix, *, ks: Sequence[int] = DEFAULT_KS,
+                 r_metrics: bool = True, queries: np.ndarray | None = None, chunk_size: int = 2048) -> QueryMetrics:
+    """Per-query metrics of the rows ``queries`` (default: those with a positive) of ``scores`` [Q, G]
+    against ``positives`` (CSR [Q, G]), ranked a query chunk at a time so a large R (PMRP) stays
+    bounded in memory."""
     positives = sp.csr_matrix(positives, dtype=bool)
     positives.sort_indices()
-    n_q, n_g = positives.shape
     n_pos_all = np.diff(positives.indptr).astype(np.int64)
     if queries is None:
         queries = np.flatnonzero(n_pos_all > 0)
     queries = np.asarray(queries, dtype=np.int64)
-    L = max(max(ks), int(n_pos_all[queries].max()) if (r_metrics and len(queries)) else 0, keep_top)
-    L = min(L, n_g)
+    L = max(max(ks), int(n_pos_all[queries].max()) if (r_metrics and len(queries)) else 0)
+    L = min(L, positives.shape[1])
     acc: dict[str, list[np.ndarray]] = {}
-    tops = []
     for a in range(0, len(queries), chunk_size):
         qs = queries[a:a + chunk_size]
         ranked = rank_lists(scores, qs, L, chunk_size=chunk_size)
         m = metrics_from_ranking(ranked, positives, ranked_queries=qs, queries=qs, ks=ks, r_metrics=r_metrics)
         for k, v in m.values.items():
             acc.setdefault(k, []).append(v)
-        if keep_top:
-            tops.append(ranked[:, :keep_top].numpy())
-    values = {k: np.concatenate(v) for k, v in acc.items()}
-    top = np.concatenate(tops) if keep_top and tops else None
-    return QueryMetrics(queries=queries, values=values, top=top)
+    return QueryMetrics(queries=queries, values={k: np.concatenate(v) for k, v in acc.items()})
 
 
 # ----------------------------------------------------------------------------- benchmarks
-def both_directions(scores: torch.Tensor, i2t_pos: sp.csr_matrix, t2i_pos: sp.csr_matrix | None = None, *,
-                    ks: Sequence[int] = DEFAULT_KS, r_metrics: bool = True, chunk_size: int = 2048,
-                    keep_top: int = 0) -> dict[str, QueryMetrics]:
-    """Image->text on ``scores`` [n_img, n_cap] and text->image on its transpose (column blocks)."""
-    if t2i_pos is None:
-        t2i_pos = sp.csr_matrix(i2t_pos.T)
-    i2t = rank_metrics(scores, i2t_pos, ks=ks, r_metrics=r_metrics, chunk_size=chunk_size, keep_top=keep_top)
-    t2i = rank_metrics(lambda rows: scores.index_select(1, rows).T.contiguous(), t2i_pos, ks=ks,
-                       r_metrics=r_metrics, chunk_size=chunk_size, keep_top=keep_top)
-    return {"i2t": i2t, "t2i": t2i}
-
-
-def coco_folds(caption_order: np.ndarray, caption_image: np.ndarray, n_folds: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
+def coco_folds(caption_order: np.ndarray, caption_image: np.ndarray,
+               n_folds: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
     """eccv_caption's COCO 1K folds: contiguous chunks of ``caption_order`` (caption indices)
     and the images of those captions. Returns ``[(image_indices, caption_indices), ...]``."""
     caption_order = np.asarray(caption_order, dtype=np.int64)
@@ -287,91 +231,3 @@ def coco_folds(caption_order: np.ndarray, caption_image: np.ndarray, n_folds: in
         imgs = np.unique(np.asarray(caption_image)[caps])
         folds.append((imgs, caps))
     return folds
-
-
-def fold_recalls(scores: torch.Tensor, i2t_pos: sp.csr_matrix, folds: list[tuple[np.ndarray, np.ndarray]], *,
-                 ks: Sequence[int] = DEFAULT_KS) -> dict[str, dict[str, float]]:
-    """COCO 1K: R@K ranked within each fold (images x captions of the fold), mean over folds."""
-    i2t_pos = sp.csr_matrix(i2t_pos, dtype=bool)
-    per = {"i2t": [], "t2i": []}
-    for imgs, caps in folds:
-        it = torch.from_numpy(imgs)
-        ct = torch.from_numpy(caps)
-        sub = scores.index_select(0, it).index_select(1, ct)
-        pos = i2t_pos[imgs][:, caps]
-        res = both_directions(sub, pos, ks=ks, r_metrics=False)
-        for d in per:
-            per[d].append(res[d].mean())
-    return {d: {k: float(np.mean([m[k] for m in per[d]])) for k in per[d][0]} for d in per}
-
-
-# ----------------------------------------------------------------------------- sort-free R@K
-def best_positive_ranks(scores: torch.Tensor, positives: sp.csr_matrix, *, dim: int = 1,
-                        chunk_size: int = 256) -> torch.Tensor:
-    """Rank (0-based) of each query's best-ranked positive, without sorting or transposing.
-
-    ``dim=1``: queries are the rows of ``scores`` [Q, G]; ``dim=0``: queries are its columns
-    (text->image on an image x caption matrix). ``positives``: CSR [n_queries, n_gallery].
-    The rank follows :func:`topk_ranking`'s order (descending score, ties by lower index):
-    rank = #(gallery scores > best) + #(ties with a lower index). R@K is ``rank < K``.
-    Queries without positives get rank ``n_gallery``.
-    """
-    positives = sp.csr_matrix(positives, dtype=bool)
-    S = scores if dim == 1 else scores.T  # view; only used for gathers below
-    n_q, n_g = S.shape
-    if positives.shape != (n_q, n_g):
-        raise ValueError(f"positives {positives.shape} do not match scores {tuple(S.shape)} (dim={dim})")
-    counts = np.diff(positives.indptr)
-    rows = torch.from_numpy(np.repeat(np.arange(n_q, dtype=np.int64), counts))
-    cols = torch.from_numpy(positives.indices.astype(np.int64))
-    vals = S[rows, cols]
-    best = torch.full((n_q,), float("-inf"), dtype=scores.dtype)
-    best = best.scatter_reduce(0, rows, vals, reduce="amax", include_self=True)
-    is_best = vals == best[rows]
-    best_idx = torch.full((n_q,), n_g, dtype=torch.int64)
-    best_idx = best_idx.scatter_reduce(0, rows[is_best], cols[is_best], reduce="amin", include_self=True)
-    gt = torch.zeros(n_q, dtype=torch.int64)
-    eq = torch.zeros(n_q, dtype=torch.int64)
-    if dim == 1:
-        for a in range(0, n_q, chunk_size):
-            blk = scores[a:a + chunk_size]
-            b = best[a:a + chunk_size, None]
-            gt[a:a + chunk_size] = (blk > b).sum(1)
-            eq[a:a + chunk_size] = (blk == b).sum(1)
-    else:
-        b = best[None, :]
-        for a in range(0, scores.shape[0], chunk_size):
-            blk = scores[a:a + chunk_size]
-            gt += (blk > b).sum(0)
-            eq += (blk == b).sum(0)
-    ties = torch.nonzero(eq > 1).flatten()
-    if ties.numel():  # exact stable tie-break for the (rare) tied queries
-        s_t = S[ties]
-        idx = torch.arange(n_g)[None, :]
-        gt[ties] += ((s_t == best[ties, None]) & (idx < best_idx[ties, None])).sum(1)
-    rank = gt
-    rank[torch.from_numpy(counts == 0)] = n_g
-    return rank
-
-
-def recalls_from_ranks(rank: torch.Tensor, ks: Sequence[int] = DEFAULT_KS,
-                       queries: np.ndarray | None = None) -> dict[str, float]:
-    """Mean R@K over ``queries`` (default: all) from best-positive ranks."""
-    r = rank if queries is None else rank[torch.from_numpy(np.asarray(queries, dtype=np.int64))]
-    return {f"r@{k}": float((r < k).to(torch.float64).mean()) for k in ks}
-
-
-def fold_recalls_fast(scores: torch.Tensor, i2t_pos: sp.csr_matrix, folds: list[tuple[np.ndarray, np.ndarray]], *,
-                      ks: Sequence[int] = DEFAULT_KS) -> dict[str, dict[str, float]]:
-    """COCO 1K with exact in-fold ranking via :func:`best_positive_ranks` (mean of fold means)."""
-    i2t_pos = sp.csr_matrix(i2t_pos, dtype=bool)
-    per = {"i2t": [], "t2i": []}
-    for imgs, caps in folds:
-        sub = scores.index_select(0, torch.from_numpy(imgs)).index_select(1, torch.from_numpy(caps))
-        pos = i2t_pos[imgs][:, caps]
-        q_i = np.flatnonzero(np.diff(pos.indptr) > 0)
-        pos_t = sp.csr_matrix(pos.T)
-        q_t = np.flatnonzero(np.diff(pos_t.indptr) > 0)
-        per["i2t"].append(recalls_from_ranks(best_positive_ranks(sub, pos, dim=1), ks, q_i))
-        per["t2i"].append(recalls_from_ranks(best_positive_ranks(sub, pos_t, dim=0), ks, q_t))
-    return {d: {k: float(np.mean([m[k] for m in per[d]])) for k in per[d][0]} for d in per}

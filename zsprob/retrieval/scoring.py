@@ -1,59 +1,33 @@
 """Chunked image-caption scoring for retrieval.
 
-The similarity itself comes from :func:`zsprob.prob.score` (CSD, mean-only, W2, KL, min-KL,
-JS, ELK, Bhattacharyya, cosine, PCME's Monte Carlo match probability); zsprob.prob computes
-each block through matrix products (closed forms) or bounded sample blocks (MC), so no
-[N, M, D] tensor is formed here. What this module adds:
+The similarity itself is :func:`zsprob.prob.score` (closed forms by matrix products, MC by
+bounded sample blocks), so no [N, M, D] tensor is formed. This module adds:
 
 * :class:`PairScores`: the image x caption similarity of a whole test set, scored in row
-  blocks, and its contiguous transpose for text->image rows. Both directions therefore rank by
-  the very same numbers. A transposed copy is also cheaper than scoring the caption blocks
-  again. CSD, mean-only and cosine scores are one inner product of augmented vectors
-  (:func:`linear_form`), so their blocks are single GEMMs written into the output, with no
-  [N, M] temporaries (timings: docs/benchmarks.md).
-  ``direct_t2i=True`` still scores the t2i direction separately, for symmetric scores.
-* :func:`chunked_topk`: the best ``k`` gallery items for every query, merging per-block top-k,
-  so a query set can be ranked against a gallery of any size with bounded memory.
+  blocks, and its contiguous transpose for text->image rows, so both directions rank by the very
+  same numbers. CSD, mean-only and cosine are one inner product of augmented vectors
+  (:func:`linear_form`): one GEMM per block, written straight into the output.
+* :func:`chunked_topk`: the best ``k`` gallery items of every query, merging per-block top-k,
+  for a gallery of any size in bounded memory.
 
-Both compute where the gallery tensors live, or on ``device=`` (the gallery is moved there once,
-query blocks as they are scored); results come back as float32 / int64 CPU tensors, so the
-metrics downstream are the same code on every device. CPU tensors without ``device`` take
-exactly the CPU path.
+Both compute where the gallery tensors live, or on ``device=``; results come back as float32 /
+int64 CPU tensors, so the metrics downstream are the same code on every device.
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import numpy as np
 import torch
 
 from zsprob.errors import UserError
+from zsprob.prob.distances import SCORE_NAMES, score
 
-#: scores with score(a, b) == score(b, a).T (MC is symmetric in expectation but sampled)
-SYMMETRIC_SCORES = ("csd", "mean", "cosine", "w2", "minkl", "js", "elk", "bhattacharyya")
 NEEDS_SIGMA = ("csd", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
 
 
-def _prob_score() -> Callable:
-    try:
-        from zsprob.prob import score  # type: ignore[attr-defined]
-    except ImportError:  # package __init__ not re-exporting yet
-        from zsprob.prob.distances import score
-    return score
-
-
-def score_names() -> tuple[str, ...]:
-    try:
-        from zsprob.prob import SCORE_NAMES  # type: ignore[attr-defined]
-    except ImportError:
-        from zsprob.prob.distances import SCORE_NAMES
-    return tuple(SCORE_NAMES)
-
-
 def check_score(name: str, has_sigma: bool) -> None:
-    names = score_names()
-    if name not in names:
-        raise UserError(f"unknown score {name!r} (choose from {', '.join(names)})")
+    """One line, before any block is scored, for an unknown score or one that needs sigma without it."""
+    if name not in SCORE_NAMES:
+        raise UserError(f"unknown score {name!r} (choose from {', '.join(SCORE_NAMES)})")
     if name in NEEDS_SIGMA and not has_sigma:
         raise UserError(f"score {name!r} needs sigma (logvar), but the embeddings have none; use 'mean' or 'cosine'")
 
@@ -69,7 +43,8 @@ def mc_score_options(model) -> dict:
         return {}
     params = extra.get("loss_params") or {}
     pcme = ((extra.get("train_config") or {}).get("loss") or {}).get("pcme") or {}
-    opts = {"n_samples": int(pcme.get("n_samples", 7)), "slope": 2.0 if pcme.get("form", "official") == "official" else 1.0}
+    opts = {"n_samples": int(pcme.get("n_samples", 7)),
+            "slope": 2.0 if pcme.get("form", "official") == "official" else 1.0}
     if "scale" in params and "shift" in params:
         opts.update(a=float(params["scale"]), b=float(params["shift"]))
     return opts
@@ -77,7 +52,7 @@ def mc_score_options(model) -> dict:
 
 def score_block(name: str, mu_a, logvar_a, mu_b, logvar_b, **kw) -> torch.Tensor:
     """``zsprob.prob.score`` on one block, as float32 on the inputs' device."""
-    return _prob_score()(name, mu_a, logvar_a, mu_b, logvar_b, **kw).float()
+    return score(name, mu_a, logvar_a, mu_b, logvar_b, **kw).float()
 
 
 def compute_device(device, gallery) -> torch.device:
@@ -100,101 +75,54 @@ def score_matrix(name: str, mu_a: torch.Tensor, logvar_a: torch.Tensor | None, m
                  logvar_b: torch.Tensor | None, *, chunk_size: int = 1024, progress: bool = False,
                  seed: int = 0, device=None, **kw) -> torch.Tensor:
     """Full similarity matrix [N, M] (float32, on the CPU), scored in blocks of ``chunk_size`` rows
-    on ``device`` (default: where ``mu_b``, the gallery, lives).
-
-    For "mc" a seeded generator (on the compute device) is passed to every block (``seed``) so
-    results are reproducible.
+    on ``device`` (default: where ``mu_b``, the gallery, lives); the gallery is moved there once.
+    For "mc" a generator seeded with ``seed`` (on the compute device) makes the samples reproducible.
     """
     check_score(name, logvar_a is not None and logvar_b is not None)
     dev = compute_device(device, mu_b)
-    if dev.type != "cpu":
-        return _score_matrix_on(dev, name, mu_a, logvar_a, mu_b, logvar_b, chunk_size=chunk_size,
-                                progress=progress, seed=seed, **kw)
+    on_cpu = dev.type == "cpu"
+    if not on_cpu:
+        mu_b, logvar_b = on_device(mu_b, dev), on_device(logvar_b, dev)
     n, m = mu_a.shape[0], mu_b.shape[0]
     out = torch.empty(n, m, dtype=torch.float32)
-    it = range(0, n, chunk_size)
+    blocks = range(0, n, chunk_size)
     if progress:
         from tqdm import tqdm
-        it = tqdm(it, desc=f"score {name}", unit="block")
-    form = linear_form(name, mu_a, logvar_a, mu_b, logvar_b)
-    if form is not None:  # one GEMM per row block, written straight into the output
-        a_aug, b_aug = form
-        for a in it:
-            torch.mm(a_aug[a:a + chunk_size], b_aug.t(), out=out[a:a + chunk_size])
-        return out
-    if name == "mc" and "generator" not in kw:
-        kw["generator"] = torch.Generator().manual_seed(seed)
-    for a in it:
-        b = min(n, a + chunk_size)
-        out[a:b] = score_block(name, mu_a[a:b], None if logvar_a is None else logvar_a[a:b], mu_b, logvar_b, **kw)
-    return out
-
-
-def _score_matrix_on(dev: torch.device, name: str, mu_a, logvar_a, mu_b, logvar_b, *, chunk_size: int,
-                     progress: bool, seed: int, **kw) -> torch.Tensor:
-    """:func:`score_matrix` computed on a device other than the CPU: the gallery moved there once,
-    each block of rows scored there and copied into the CPU result."""
-    mu_b, logvar_b = on_device(mu_b, dev), on_device(logvar_b, dev)
-    n, m = mu_a.shape[0], mu_b.shape[0]
-    out = torch.empty(n, m, dtype=torch.float32)
-    it = range(0, n, chunk_size)
-    if progress:
-        from tqdm import tqdm
-        it = tqdm(it, desc=f"score {name} ({dev})", unit="block")
-    form = linear_form(name, on_device(mu_a, dev), on_device(logvar_a, dev), mu_b, logvar_b)
+        blocks = tqdm(blocks, desc=f"score {name}" + ("" if on_cpu else f" ({dev})"), unit="block")
+    form = linear_form(name, mu_a if on_cpu else on_device(mu_a, dev), logvar_a if on_cpu else on_device(logvar_a, dev),
+                       mu_b, logvar_b)
     if name == "mc" and "generator" not in kw:
         kw["generator"] = torch.Generator(device=dev).manual_seed(seed)
-    for a in it:
+    for a in blocks:
         b = min(n, a + chunk_size)
-        if form is not None:
-            block = form[0][a:b] @ form[1].t()
+        if form is not None and on_cpu:  # one GEMM per row block, written straight into the output
+            torch.mm(form[0][a:b], form[1].t(), out=out[a:b])
+        elif form is not None:
+            out[a:b].copy_(form[0][a:b] @ form[1].t())
         else:
-            block = score_block(name, on_device(mu_a[a:b], dev),
-                                None if logvar_a is None else on_device(logvar_a[a:b], dev), mu_b, logvar_b, **kw)
-        out[a:b].copy_(block)
+            lv_a = None if logvar_a is None else on_device(logvar_a[a:b], dev)
+            out[a:b].copy_(score_block(name, on_device(mu_a[a:b], dev), lv_a, mu_b, logvar_b, **kw))
     return out
 
 
 class PairScores:
-    """Image x caption similarities of a test set, with fast row access in both directions.
-
-    ``i2t`` is the [n_img, n_cap] matrix (computed in blocks). ``t2i`` is [n_cap, n_img]: its
-    contiguous transpose (default), or, with ``direct_t2i=True`` and a symmetric score, scored
-    again from the embeddings (equal up to float rounding).
-    """
+    """Image x caption similarities of a test set: ``i2t`` [n_img, n_cap] (computed in blocks, see
+    :func:`score_matrix`) and ``t2i`` [n_cap, n_img], its contiguous transpose."""
 
     def __init__(self, name: str, img_mu, img_logvar, cap_mu, cap_logvar, *, chunk_size: int = 1024,
-                 direct_t2i: bool = False, progress: bool = False, seed: int = 0, device=None, **kw):
+                 progress: bool = False, seed: int = 0, device=None, **kw):
         self.name = name
         self.i2t = score_matrix(name, img_mu, img_logvar, cap_mu, cap_logvar, chunk_size=chunk_size,
                                 progress=progress, seed=seed, device=device, **kw)
-        if direct_t2i and name not in SYMMETRIC_SCORES:
-            raise UserError(f"direct_t2i needs a symmetric score ({', '.join(SYMMETRIC_SCORES)}), got {name!r}")
-        if direct_t2i:
-            self.t2i = score_matrix(name, cap_mu, cap_logvar, img_mu, img_logvar, chunk_size=chunk_size * 4,
-                                    progress=progress, seed=seed, device=device, **kw)
-        else:
-            self.t2i = transposed(self.i2t)
-
-    @classmethod
-    def from_matrix(cls, i2t: torch.Tensor, t2i: torch.Tensor | None = None, name: str = "given") -> "PairScores":
-        self = cls.__new__(cls)
-        self.name = name
-        self.i2t = i2t
-        self.t2i = transposed(i2t) if t2i is None else t2i
-        return self
+        self.t2i = transposed(self.i2t)
 
 
 def linear_form(name: str, mu_a, logvar_a, mu_b, logvar_b) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """For scores that are one inner product of augmented vectors, float32 (A, B) with
-    ``A @ B.T == score(name, ...)`` up to float32 rounding; None for every other score.
-
-    -CSD = 2 mu_a.mu_b - (||mu_a||^2 + s_a) - (||mu_b||^2 + s_b) with s = ||sigma^2||_1, so
-    A = [2 mu_a, -(||mu_a||^2 + s_a), 1] and B = [mu_b, 1, -(||mu_b||^2 + s_b)]; "mean" is the same
-    with s = 0 and "cosine" uses the normalised means. The row and column terms are summed in
-    float64. Unlike :func:`zsprob.prob.score`, a squared distance is not clamped at 0 (rounding
-    can make -CSD of two identical points a tiny positive number; the ranking is unaffected).
-    """
+    """Float32 (A, B) with ``A @ B.T == score(name, ...)`` up to rounding for the scores that are one
+    inner product of augmented vectors (None for the others): -CSD = 2 mu_a.mu_b - (||mu_a||^2 + s_a)
+    - (||mu_b||^2 + s_b), s = ||sigma^2||_1 (row terms summed in float64), so A = [2 mu_a, -(||mu_a||^2
+    + s_a), 1], B = [mu_b, 1, -(||mu_b||^2 + s_b)]; "mean" has s = 0, "cosine" normalised means. Not
+    clamped at 0 as zsprob.prob.score is (the ranking is the same)."""
     if name not in ("csd", "mean", "cosine") or torch.is_grad_enabled() and (
             getattr(mu_a, "requires_grad", False) or getattr(mu_b, "requires_grad", False)):
         return None

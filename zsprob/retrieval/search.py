@@ -1,28 +1,20 @@
 """Exact (and approximate) CSD search over large galleries.
 
 PCME++'s closed-form sampled distance is CSD(v, t) = ||mu_v - mu_t||^2 + s_v + s_t with
-s = sum(sigma^2). For a fixed query, s_v is a constant, so ranking a gallery by CSD is a plain
-nearest-neighbour problem on *augmented* vectors -- no re-ranking step:
+s = sum(sigma^2). For a fixed query s_v is a constant, so ranking a gallery by CSD is a plain
+nearest-neighbour problem on *augmented* vectors, with no re-ranking step:
 
 * inner product ("ip", maximum inner-product search):
   q = [mu_v, 1], x = [2 mu_t, -(||mu_t||^2 + s_t)];  q.x = ||mu_v||^2 + s_v - CSD(v, t)
 * squared L2 ("l2"): q = [mu_v, 0], x = [mu_t, sqrt(s_t)];  ||q - x||^2 = CSD(v, t) - s_v
-  (s_t >= 0 always, so the square root exists). Graph and inverted-file indexes are built for
-  L2 and work better there than on raw inner products, so "l2" is the default for HNSW / IVF.
+  (s_t >= 0, so the square root exists); graph and inverted-file indexes are built for L2.
 
-Any exact index on these vectors returns the exact CSD ranking; approximate indexes
-(HNSW, IVF) approximate CSD itself rather than the means only. The paper's scheme
-(PCME++ App. C.3: a mean-only index, then re-rank K' candidates by CSD with the stored s_t) is
-:class:`MeanRerankIndex`, kept as the baseline.
-
-What FAISS does (faiss-cpu, imported lazily; a clear :class:`UserError` if it is missing):
-``IndexFlatIP`` / ``IndexFlatL2`` (exact), ``IndexHNSWFlat`` and ``IndexIVFFlat`` (approximate),
-their search and their (de)serialisation, and, where the installed faiss has GPUs
-(``faiss.get_num_gpus() > 0``) and the index is given a CUDA device, the GPU copies of flat and
-IVF indexes (``index_cpu_to_gpu``; HNSW has no GPU form and stays on the CPU). What zsprob
-writes: the augmentation, the torch brute-force exact path (chunked matmul + top-k, on the
-index's device), the conversion of scores back to CSD, the re-rank baseline, and the on-disk layout (``index.faiss`` or ``gallery.npy``, ``ids.npy``,
-``index.json``), written atomically (a GPU index is written from its CPU copy).
+An exact index on these vectors returns the exact CSD ranking; approximate ones (HNSW, IVF)
+approximate CSD itself rather than the means only. :class:`MeanRerankIndex` is the paper's
+scheme (PCME++ App. C.3: a mean-only index, then K' candidates re-ranked by CSD), kept as the
+baseline. FAISS (faiss-cpu, imported lazily) does the indexes, their search, their files and
+their GPU copies; zsprob writes the augmentation, the torch brute-force path, the conversion back
+to CSD and the on-disk layout (:mod:`zsprob.retrieval.index_format`).
 """
 from __future__ import annotations
 
@@ -33,12 +25,10 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError
+from zsprob.retrieval.index_format import FORMAT_VERSION, KINDS, METRICS, backend_file, default_metric
 
-KINDS = ("flat", "hnsw", "ivf", "torch")
 #: the most neighbours a FAISS GPU index returns per query
 GPU_MAX_K = 2048
-METRICS = ("ip", "l2")
-FORMAT_VERSION = 1
 
 
 def _faiss():
@@ -163,8 +153,7 @@ class CSDIndex:
     def search_raw(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Search augmented queries; returns (raw scores, positions) as the backend orders them."""
         if self.kind == "torch":
-            return _torch_search(torch.from_numpy(q).to(self.backend.device), self.backend, k, self.metric,
-                                 chunk=int(self.params.get("query_chunk", 1024)))
+            return _torch_search(torch.from_numpy(q).to(self.backend.device), self.backend, k, self.metric)
         if self._gpu_resources is not None and k > GPU_MAX_K:
             raise UserError(f"FAISS GPU indexes return at most {GPU_MAX_K} neighbours per query, asked for {k}; "
                             "search on the CPU (--device cpu) for more")
@@ -176,8 +165,6 @@ class CSDIndex:
         if qmu.ndim != 2 or qmu.shape[1] != self.dim:
             raise UserError(f"queries have shape {tuple(qmu.shape)}, the index expects dimension {self.dim}")
         k = int(k)
-        if k < 1:
-            raise UserError("k must be >= 1")
         k_eff = min(k, len(self))
         raw, pos = self.search_raw(augment_queries(qmu, self.metric), k_eff)
         csd = to_csd(raw, qmu, q_logvar, self.metric)
@@ -195,11 +182,12 @@ class CSDIndex:
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
+        vectors = out / backend_file(self.kind)
         if self.kind == "torch":
-            atomic_write(out / "gallery.npy", lambda tmp: np.save(open(tmp, "wb"), self.backend.cpu().numpy()))
+            atomic_write(vectors, lambda tmp: np.save(open(tmp, "wb"), self.backend.cpu().numpy()))
         else:
             faiss = _faiss()
-            atomic_write(out / "index.faiss", lambda tmp: faiss.write_index(self._cpu_backend(), tmp))
+            atomic_write(vectors, lambda tmp: faiss.write_index(self._cpu_backend(), tmp))
         atomic_write(out / "ids.npy", lambda tmp: np.save(open(tmp, "wb"), self.ids))
         atomic_write_json(out / "index.json", {"format": "zsprob-csd-index", "version": FORMAT_VERSION,
                                                "kind": self.kind, "metric": self.metric, "dim": self.dim,
@@ -279,7 +267,7 @@ def _check_faiss(meta: dict, index, f: Path) -> None:
 
 def _read_backend(d: Path, meta: dict):
     """The index's vectors (gallery.npy, a torch tensor) or its FAISS index, checked against index.json."""
-    f = d / ("gallery.npy" if meta["kind"] == "torch" else "index.faiss")
+    f = d / backend_file(meta["kind"])
     if not f.is_file():
         raise UserError(f"index file not found: {f} (index.json says kind {meta['kind']!r})")
     try:
@@ -296,12 +284,9 @@ def _read_backend(d: Path, meta: dict):
 
 
 def load_index(path, device=None) -> CSDIndex:
-    """Load an index written by :meth:`CSDIndex.save`; with ``device``, moved there (:meth:`CSDIndex.to`).
-
-    index.json is checked against the files beside it (kind, metric, dimension and size against the
-    FAISS index or gallery.npy; ids.npy one unique integer id per vector), so a description that
-    disagrees with the index is one :class:`UserError` line rather than wrong neighbours.
-    """
+    """Load an index written by :meth:`CSDIndex.save` (moved to ``device`` if given). index.json is checked
+    against the files beside it, so a description that disagrees with the index is one
+    :class:`UserError` line rather than wrong neighbours."""
     from zsprob.errors import require_dir
     from zsprob.retrieval.embeddings import check_ids
 
@@ -328,18 +313,15 @@ def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = Non
                 nlist: int | None = None, nprobe: int = 16, train_size: int = 100_000,
                 threads: int | None = None, seed: int = 0, var_sum: np.ndarray | None = None,
                 device=None) -> CSDIndex:
-    """Index a gallery for CSD search.
-
-    ``kind``: "flat" (FAISS exact), "hnsw", "ivf" (FAISS approximate), "torch" (exact, no FAISS).
-    ``metric``: augmentation, "ip" or "l2" (default "ip" for flat / torch, "l2" for hnsw / ivf).
-    ``nlist`` defaults to about 4 sqrt(N) (:func:`default_nlist`); IVF trains its k-means on up to
-    ``train_size`` vectors, and an ``nlist`` above that many (or above N) is a :class:`UserError`.
-    ``var_sum`` [N] may replace ``logvar`` (only s = ||sigma^2||_1 enters CSD ranking).
-    ``device``: where the index is trained, filled and searched (:meth:`CSDIndex.to`; default the CPU).
+    """Index a gallery for CSD search: ``kind`` and ``metric`` (default
+    :func:`~zsprob.retrieval.index_format.default_metric`) as named in :mod:`zsprob.retrieval.index_format`.
+    IVF trains its k-means on up to ``train_size`` vectors (``nlist``: :func:`default_nlist`, at most that
+    many); ``var_sum`` [N] may replace ``logvar`` (only s = ||sigma^2||_1 enters CSD ranking);
+    ``device``: where the index is trained, filled and searched (default the CPU).
     """
     if kind not in KINDS:
         raise UserError(f"unknown index kind {kind!r} (choose from {', '.join(KINDS)})")
-    metric = metric or ("l2" if kind in ("hnsw", "ivf") else "ip")
+    metric = metric or default_metric(kind)
     if metric not in METRICS:
         raise UserError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
     mu_np = _np32(mu)

@@ -1,17 +1,10 @@
 """Retrieval evaluation and uncertainty analyses on SynthWorld's retrieval split.
 
-SynthWorld (``zsprob.data.synthetic.load_retrieval_split``) gives five captions per image
-and the *exact* plausible-match matrix plus each caption's ground-truth ambiguity and each
-image's scene metadata (number of objects, rendering condition). This module embeds the split
-with a model (``zsprob.models.encode``), evaluates
-
-* ``caption``: R@1/5/10 and RSUM with the five-caption positives (COCO protocol),
-* ``plausible``: mAP@R, R-Precision and R@1 with the full plausible-match positives
-  (ECCV Caption protocol, but exact),
-
-and, for probabilistic models, relates uncertainty to the ground truth: Spearman of text
-uncertainty with caption ambiguity, image uncertainty vs number of objects and per condition,
-R@1 per uncertainty decile, the most / least uncertain queries page and the corruption sweep.
+SynthWorld (``zsprob.data.synthetic.load_retrieval_split``) gives five captions per image, the
+*exact* plausible-match matrix, each caption's ambiguity and each image's scene metadata. The split
+is scored as ``caption`` (five-caption positives: R@1/5/10, RSUM, the COCO protocol) and
+``plausible`` (every plausible match: mAP@R, R-Precision, R@1, the ECCV Caption protocol, exact);
+for probabilistic models uncertainty is set against that ground truth.
 """
 from __future__ import annotations
 
@@ -24,7 +17,8 @@ from zsprob.retrieval import analysis as A
 from zsprob.retrieval import metrics as M
 from zsprob.retrieval.embeddings import Embeddings
 from zsprob.retrieval.scoring import mc_score_options
-from zsprob.retrieval.evaluate import BenchmarkSet, RetrievalTask, evaluate_embeddings, format_table
+from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
+from zsprob.retrieval.evaluate import evaluate_embeddings, format_table
 
 
 def synthetic_task(split) -> RetrievalTask:
@@ -125,29 +119,15 @@ def _plot_ambiguity(emb: Embeddings, split, gt: dict, path) -> Path:
 def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out_dir=None, *,
                        batch_size: int = 128, device=None, corruption: bool = True, n_corruption: int = 64,
                        progress: bool = False, seed: int = 0, metrics_file: str = "metrics.json",
-                       method: str = "auto", validity: bool = True, n_pairs: int = 1000, n_crops: int = 300,
-                       num_workers: int = 0, precision: str = "fp32") -> dict:
-    """Evaluate ``model`` on SynthWorld's retrieval ``split`` (root = a SynthWorld OUT folder).
+                       validity: bool = True, n_pairs: int = 1000, n_crops: int = 300, num_workers: int = 0,
+                       precision: str = "fp32") -> dict:
+    """Evaluate ``model`` on SynthWorld's retrieval ``split`` (root = a SynthWorld OUT folder); ``device``
+    encodes and scores, ``num_workers`` and ``precision`` apply to the split's embeddings only.
 
-    ``device`` encodes and scores (default: the model's device to encode, the CPU embeddings' to
-    score); ``num_workers`` and ``precision`` apply to the split's embeddings (:func:`encode_split`;
-    the validity probes and the corruption sweep encode in float32 without workers).
-
-    Returns a JSON-able dict:
-
-    * ``metrics``: ``{"setup", "caption": {"i2t": {"r@1","r@5","r@10","n_queries"}, "t2i": {...}, "rsum"},
-      "plausible": {"i2t": {"r@1","rprecision","map_at_r","n_queries"}, "t2i": {...}}}`` (percent);
-    * ``summary``: the table row (R@1, RSUM, PM mAP@R, PM R-P averaged over directions);
-    * ``table``: markdown tables (str);
-    * ``uncertainty`` (probabilistic models): ``deciles`` (R@1 per ||sigma^2||_1 decile for image and
-      caption queries, with Spearman), ``ground_truth`` (Spearman of text uncertainty vs caption
-      ambiguity, image uncertainty vs #objects / per condition), ``corruption`` (mean sigma^2 vs
-      erased-pixel / masked-word fraction);
-    * ``uncertainty_validity`` (probabilistic models, ``validity=True``): the evidence of
-      :func:`zsprob.retrieval.validity.uncertainty_validity` (ambiguity Spearman with bootstrap
-      intervals, inclusion accuracy on ``n_pairs`` exact pairs, image uncertainty per condition, the
-      crop test on ``n_crops`` triplets, the decile trend); ``validity_table`` is its markdown table;
-    * ``files``: paths written under ``out_dir`` (metrics.json, table.md, PNGs, uncertain_queries.md).
+    Returns a JSON-able dict: ``metrics`` (percent), ``summary``, ``table``, and for probabilistic
+    models ``uncertainty`` (``deciles``, ``ground_truth``, ``corruption``) and, with ``validity``,
+    ``uncertainty_validity`` / ``validity_table`` (on ``n_pairs`` pairs and ``n_crops`` triplets);
+    ``files``: what was written under ``out_dir``.
     """
     from zsprob.data.synthetic import load_retrieval_split
     from zsprob.retrieval.evaluate import summary_row
@@ -158,7 +138,7 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
                        precision=precision)
     task = synthetic_task(rs)
     mc = mc_score_options(model) if score == "mc" else {}
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, method=method, device=device, **mc)
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, device=device, **mc)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics),
            "table": format_table(res.metrics, label=getattr(model, "name", "model")), "files": {}}
     if emb.has_sigma:
@@ -180,7 +160,8 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
             out["uncertainty"]["corruption"] = sweep
         if out_dir is not None:
             out["files"]["groups_png"] = str(_plot_groups(gt, Path(out_dir) / "uncertainty_groups.png"))
-            out["files"]["ambiguity_png"] = str(_plot_ambiguity(emb, rs, gt, Path(out_dir) / "uncertainty_vs_ambiguity.png"))
+            out["files"]["ambiguity_png"] = str(_plot_ambiguity(emb, rs, gt,
+                                                                Path(out_dir) / "uncertainty_vs_ambiguity.png"))
             if corruption:
                 out["files"]["corruption_png"] = str(A.plot_corruption(sweep, Path(out_dir) / "corruption.png"))
     else:

@@ -1,31 +1,13 @@
 """Uncertainty-validity evidence on SynthWorld: does sigma^2 mean ambiguity?
 
-Every analysis compares a model's ||sigma^2||_1 (or ProLIP's inclusion test) with SynthWorld's
-exact ground truth, with an uncertainty interval and its count:
-
-1. :func:`ambiguity_spearman`: Spearman(text ||sigma^2||_1, exact caption ambiguity) overall and
-   per caption word count (bins with >= ``MIN_BIN`` captions are flagged ``counts``), each with a
-   seeded, vectorised bootstrap 95% percentile interval (:func:`bootstrap_spearman`, resampling
-   captions).
-2. :func:`inclusion_accuracy`: on exact inclusion pairs (:func:`zsprob.data.synthworld.probes.inclusion_pairs`)
-   the accuracy of ProLIP's inclusion test (correct when ``inclusion_logit(specific, general) > 0``)
-   and of the plain comparison (correct when ||sigma^2||_1(general) > ||sigma^2||_1(specific)),
-   with binomial standard errors, overall and split by same / different word count.
-3. :func:`condition_uncertainty`: image ||sigma^2||_1 per rendering condition minus normal
-   (Welch standard error), and how many of ``DEGRADED_CONDITIONS`` are more uncertain than normal.
-4. :func:`crop_test`: Pishdad et al.'s controlled test (their Sec. 4.3, Table 4) on
-   :func:`zsprob.data.synthworld.probes.crop_scenes`: mean uncertainty of image A vs image A+B and of
-   caption "A" vs "A and B", and binary selection accuracy. As in the paper, a query (caption A,
-   caption A+B, image A or image A+B) chooses between the two candidates of the other modality of
-   the same triplet by similarity, and is correct when it picks its own counterpart (A for A, A+B
-   for A+B). Similarities: -KL(N_image || N_caption) (caption as reference, the paper's), -min-KL,
-   -W2 (std form; the square root does not change a choice), and -CSD (zsprob's default score).
-5. :func:`decile_trend`: the R@1-per-uncertainty-decile trend of
-   :func:`zsprob.retrieval.analysis.uncertainty_deciles` for both directions, with its Spearman.
-
-:func:`uncertainty_validity` runs all five for a model (probe images rendered by SynthWorld, each
-probe set encoded once) and :func:`validity_table` prints them. scipy ranks, torch does the
-Gaussian math (:mod:`zsprob.prob.distances`); the rest is zsprob's own code.
+Each analysis compares a model's ||sigma^2||_1 (or ProLIP's inclusion test) with SynthWorld's exact
+ground truth, with an uncertainty interval and its count: :func:`ambiguity_spearman` (text
+uncertainty vs caption ambiguity, overall and per word count, bootstrap intervals),
+:func:`inclusion_accuracy` (exact inclusion pairs), :func:`condition_uncertainty` (image uncertainty
+per rendering condition), :func:`crop_test` (Pishdad et al.'s controlled test, their Sec. 4.3) and
+:func:`decile_trend` (R@1 per uncertainty decile). :func:`uncertainty_validity` runs all five for a
+model and :func:`validity_table` prints them. scipy ranks; :mod:`zsprob.prob.distances` does the
+Gaussian math.
 """
 from __future__ import annotations
 
@@ -41,6 +23,8 @@ N_BOOTSTRAP = 300
 DEGRADED_CONDITIONS = ("blurry", "pixelated", "low resolution", "dark", "jpeg corrupted", "cropped", "drawing",
                        "many")
 CROP_SIMILARITIES = ("kl", "minkl", "w2", "csd")
+#: the crop test's four queries, each choosing between the two candidates of the other modality
+CROP_QUERIES = ("caption_a", "caption_ab", "image_a", "image_ab")
 PAIR_BLOCK = 256
 
 
@@ -141,8 +125,8 @@ def condition_uncertainty(image_uncertainty, conditions, *, reference: str = "no
         by[cond] = {"mean": float(group.mean()), "diff": float(group.mean() - ref.mean()) if len(ref) else float("nan"),
                     "se": float(math.sqrt(var + ref_var)), "n": int(len(group))}
     more = sum(1 for c in DEGRADED_CONDITIONS if c in by and by[c]["diff"] > 0)
-    return {"by_condition": by, "reference": {"name": reference, "mean": float(ref.mean()) if len(ref) else float("nan"),
-                                              "n": int(len(ref))},
+    ref_mean = float(ref.mean()) if len(ref) else float("nan")
+    return {"by_condition": by, "reference": {"name": reference, "mean": ref_mean, "n": int(len(ref))},
             "more_uncertain": int(more), "of": len(DEGRADED_CONDITIONS)}
 
 
@@ -156,17 +140,20 @@ def _pair_similarity(name: str, image_mu, image_logvar, caption_mu, caption_logv
 
 
 def crop_test(image_a, image_ab, caption_a, caption_ab) -> dict:
-    """Pishdad et al.'s crop test from the four Gaussians of every trial (each a (mu, logvar) pair).
-
-    Returns ``{"uncertainty": {"image_a", "image_ab", "caption_a", "caption_ab"} (mean, se, n),
-    "image_ab_more_uncertain", "caption_ab_less_uncertain" (fractions of trials),
-    "selection": {similarity: {"caption_a", "caption_ab", "image_a", "image_ab"} (accuracy, se, n)}}``.
+    """Pishdad et al.'s crop test from the four Gaussians of every trial (each a (mu, logvar) pair):
+    mean uncertainty of image A vs A+B and of caption "A" vs "A and B", and binary selection: each
+    query chooses between the two candidates of the other modality of its triplet by similarity
+    (:data:`CROP_SIMILARITIES`; -KL with the caption as reference is the paper's), and is correct
+    when it picks its own counterpart.
+    Returns ``{"uncertainty": {each Gaussian: mean, se, n}, "image_ab_more_uncertain",
+    "caption_ab_less_uncertain", "selection": {similarity: {each query: accuracy, se, n}}}``.
     """
     gaussians = {"image_a": image_a, "image_ab": image_ab, "caption_a": caption_a, "caption_ab": caption_ab}
     unc = {name: distances.uncertainty(lv).double().numpy() for name, (mu, lv) in gaussians.items()}
     n = len(unc["image_a"])
-    out = {"uncertainty": {name: {"mean": float(v.mean()), "se": float(v.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"),
-                                  "n": int(n)} for name, v in unc.items()},
+    out = {"uncertainty": {name: {"mean": float(v.mean()),
+                                  "se": float(v.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan"), "n": int(n)}
+                           for name, v in unc.items()},
            "image_ab_more_uncertain": _binomial(unc["image_ab"] > unc["image_a"]),
            "caption_ab_less_uncertain": _binomial(unc["caption_ab"] < unc["caption_a"]),
            "selection": {}}
@@ -227,13 +214,9 @@ def _encode_captions(model, texts, batch_size, device):
 
 def uncertainty_validity(model, split, embeddings, deciles: dict, *, seed: int = 0, n_pairs: int = 1000,
                          n_crops: int = 300, n_boot: int = N_BOOTSTRAP, batch_size: int = 128, device=None) -> dict:
-    """All five analyses for ``model`` on a SynthWorld ``RetrievalSplit``.
-
-    ``embeddings``: the split's :class:`~zsprob.retrieval.embeddings.Embeddings` (already encoded);
-    ``deciles``: ``{direction: uncertainty_deciles(...)}`` of the same evaluation. The inclusion
-    pairs (``n_pairs``) and crop triplets (``n_crops``) are generated from ``seed`` and encoded
-    once; probe images are rendered at the split's image size (not JPEG-compressed).
-    """
+    """All five analyses for ``model`` on a SynthWorld ``RetrievalSplit``, given its ``embeddings`` and
+    the ``deciles`` of the same evaluation. The ``n_pairs`` inclusion pairs and ``n_crops`` crop triplets
+    come from ``seed`` and are encoded once; probe images are rendered at the split's image size."""
     from zsprob.data.synthworld.probes import crop_scenes, inclusion_pairs
     from zsprob.data.synthetic import SynthWorld
     from zsprob.models.encode import encode_images
@@ -313,11 +296,12 @@ def validity_table(validity: dict, label: str = "model") -> str:
     rows.append(("  ... u(condition) - u(normal)", diffs or "n/a"))
     unc = crops["uncertainty"]
     rows.append(("crop test: image u, A vs A+B", f"{unc['image_a']['mean']:.4g} vs {unc['image_ab']['mean']:.4g}"))
-    rows.append(("crop test: caption u, A vs A+B", f"{unc['caption_a']['mean']:.4g} vs {unc['caption_ab']['mean']:.4g}"))
+    rows.append(("crop test: caption u, A vs A+B",
+                 f"{unc['caption_a']['mean']:.4g} vs {unc['caption_ab']['mean']:.4g}"))
     for name, sel in crops["selection"].items():
         rows.append((f"  selection -{name} (cap A / cap A+B / img A / img A+B)",
-                     " / ".join(f"{100 * sel[q]['accuracy']:.1f}" for q in ("caption_a", "caption_ab", "image_a",
-                                                                            "image_ab")) + f" (n {unc['image_a']['n']})"))
+                     " / ".join(f"{100 * sel[q]['accuracy']:.1f}" for q in CROP_QUERIES)
+                     + f" (n {unc['image_a']['n']})"))
     for direction, trend in dec.items():
         rows.append((f"R@1 per u decile, {direction}",
                      " ".join(f"{r:.1f}" for r in trend["r1"]) + f"; Spearman {trend['spearman_bins']['rho']:+.3f}"))

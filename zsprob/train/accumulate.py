@@ -1,18 +1,11 @@
-"""Large batches on few processes: exact gradient accumulation for pairwise losses, and
-activation checkpointing of the towers.
+"""Large batches on few processes: exact gradient accumulation for pairwise losses, and activation
+checkpointing of the towers.
 
-Accumulation (``train.accum_steps K``) follows open_clip's ``--accum-freq`` scheme: embed the
-micro-batches without gradients, compute the pairwise loss on all of them at once, then encode
-each micro-batch again with gradients and backpropagate. open_clip re-evaluates the whole loss
-once per micro-batch with that micro-batch's fresh embeddings substituted into the cached set;
-the gradient reaching the parameters through micro-batch j is the same as
-``(d emb_j / d theta)^T g_j`` with ``g_j = dL / d emb_j`` taken at the cached embeddings, so
-zsprob computes the loss and every ``g_j`` once (cached embeddings as autograd leaves) and
-backpropagates the scalar ``sum(emb_j * g_j)`` through each re-encoded micro-batch (the
-"gradient cache" form of the same scheme). The loss's own parameters (PCME++ a, b; the logit
-scale / bias) get their gradient once, from the single loss evaluation, as in the big batch.
-
-One step of a process holding ``n`` rows::
+Accumulation (``train.accum_steps K``) is open_clip's ``--accum-freq`` scheme in its "gradient cache" form:
+the K micro-batches are embedded without gradients, the pairwise loss is computed once on all of them
+(the cached embeddings as autograd leaves, giving ``g_j = dL / d emb_j`` and the loss parameters'
+gradients), then each micro-batch is encoded again with gradients and backpropagates
+``sum(emb_j * g_j)``: the gradient of the whole-batch loss. One step of a process holding ``n`` rows::
 
     chunks  <- K micro-batches of n / K rows; masked copies (ProLIP occlusion) in further chunks
     no grad:  emb_c <- model(chunk c)              torch RNG state saved before each chunk
@@ -22,19 +15,12 @@ One step of a process holding ``n`` rows::
               backward(s)   under DDP no_sync except for the last chunk
     RNG state <- where the no-gradient pass and the loss left it
 
-Everything that draws random numbers before the towers (caption noise, text SizeAugment, MSDA,
-the occlusion masks) runs once on the whole per-process batch, as without accumulation, so the
-step sees the same inputs and targets; random draws inside the towers (dropout, patch dropout,
-image SizeAugment) are replayed by restoring the torch generator state of each chunk, so the
-re-encoded embeddings equal the cached ones. BatchNorm layers (CNN image towers) normalise each
-micro-batch with its own statistics, as per-GPU BatchNorm does under DDP, so only towers without
-BatchNorm are exact; their running statistics are updated by the re-encoding pass of the data
-chunks only (not by masked copies).
-
-Checkpointing (``model.grad_checkpointing: true``) calls the model's ``set_grad_checkpointing``,
-open_clip's method name: a :class:`zsprob.models.prob_clip.ProbCLIP` runs its towers' blocks
-itself (to cut the log-variance heads), so it recomputes them with ``torch.utils.checkpoint``
-(ViT and text transformer blocks, timm CNN stages); a bag-of-words text tower has no blocks.
+Random draws before the towers (caption noise, SizeAugment, MSDA, occlusion masks) run once on the whole
+batch; draws inside the towers (dropout, patch dropout) are replayed from each chunk's saved RNG state.
+BatchNorm normalises each micro-batch on its own (as per-GPU BatchNorm under DDP), so only towers without
+it are exact. Checkpointing (``model.grad_checkpointing``) calls the model's ``set_grad_checkpointing``
+(open_clip's name; :class:`zsprob.models.prob_clip.ProbCLIP` recomputes its blocks with
+``torch.utils.checkpoint``).
 """
 from __future__ import annotations
 
@@ -55,18 +41,9 @@ def at_least_fp32(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def check_accum_steps(value, local_batch_size: int) -> int:
-    """``train.accum_steps`` as an int >= 1 that divides the per-process batch, else a UserError."""
-    if isinstance(value, bool) or value is None:
-        raise UserError(f"train.accum_steps must be a whole number >= 1, got {value!r}")
-    try:
-        k = int(value)
-    except (TypeError, ValueError):
-        raise UserError(f"train.accum_steps must be a whole number >= 1, got {value!r}") from None
-    if k != value and str(k) != str(value).strip():
-        raise UserError(f"train.accum_steps must be a whole number >= 1, got {value!r}")
-    if k < 1:
-        raise UserError(f"train.accum_steps must be >= 1, got {k}")
+def check_accum_steps(k: int, local_batch_size: int) -> int:
+    """``train.accum_steps`` (a count the config checked) if it divides the per-process batch, else a UserError."""
+    k = int(k)
     if local_batch_size % k:
         raise UserError(f"train.accum_steps {k} does not divide the per-process batch {local_batch_size} "
                         "(data.batch_size / processes); pick a divisor")

@@ -1,11 +1,9 @@
 """AdamP (Heo et al., ICLR 2021) with the projection decision taken on the device.
 
-AdamP is Adam with two changes for scale-invariant weights (weights followed by a normalisation,
-whose gradient is orthogonal to the weight): the update loses its component along the weight, and
-the decoupled weight decay is scaled by ``wd_ratio``. A weight counts as scale-invariant when its
-gradient is nearly orthogonal to it, per output channel or over the whole tensor. For a parameter
-``w`` of two or more dimensions, with gradient ``g`` and Adam update ``u`` (Adam's ``m / (sqrt(v) + eps)``,
-or its Nesterov form), viewed as rows (one per output channel) or as one row::
+AdamP is Adam for scale-invariant weights (followed by a normalisation): a weight whose gradient is
+nearly orthogonal to it, per output channel or over the whole tensor, loses the update's component along
+the weight, and its decoupled weight decay is scaled by ``wd_ratio``. For a parameter ``w`` of two or more
+dimensions, gradient ``g`` and Adam update ``u``, viewed as rows (one per output channel) or as one row::
 
     cos_r      = |<g_r, w_r>| / (max(|g_r|, eps) * max(|w_r|, eps))        per row r of a view
     channel    = max_r cos_r < delta / sqrt(row length)                      (rows = channels)
@@ -15,16 +13,10 @@ or its Nesterov form), viewed as rows (one per output channel) or as one row::
     w         <- w * (1 - lr * weight_decay * (wd_ratio if channel or layer else 1))
     w         <- w - lr / (1 - beta1^t) * u
 
-Parameters of zero or one dimension (biases, norms, scalars) get plain Adam with decoupled weight
-decay. timm's ``timm.optim.AdamP`` computes the same update but decides ``channel`` / ``layer`` with
-a Python ``if`` on a device value, which on a GPU waits for the device once per parameter; here
-both decisions are boolean tensors and the update is chosen with ``torch.where``, so ``step()``
-never waits on the device. The Adam moments, the weight decay and the update itself run as
-torch's multi-tensor (``torch._foreach_*``) operations over a group's parameters.
-
-The state keeps timm's layout (``step`` a host int, ``exp_avg``, ``exp_avg_sq``), so a state dict
-saved from timm's AdamP loads here and the other way round. torch provides the optimiser base
-class and the multi-tensor kernels; the update above is zsprob's.
+Biases, norms and scalars get plain Adam with decoupled weight decay. timm's ``AdamP`` computes the same
+update but decides with a Python ``if`` on a device value (a GPU wait per parameter); here both decisions
+are boolean tensors chosen with ``torch.where``, over torch's multi-tensor (``torch._foreach_*``) kernels.
+The state keeps timm's layout (``step`` a host int, ``exp_avg``, ``exp_avg_sq``): state dicts load both ways.
 """
 from __future__ import annotations
 

@@ -66,10 +66,7 @@ def build_model(cfg: Config):
         raise UserError(f"--method {cfg.method} needs sigma, but the model is deterministic "
                         "(model.overrides.deterministic); drop that override or pick a method without sigma")
     model = create_model(m.name, pretrained=m.pretrained, deterministic=deterministic, seed=int(cfg.seed), **kw)
-    preprocess = cfg.data.preprocess or DEFAULTS["data"]["preprocess"]  # null: the default
-    if preprocess not in ("clip", "official"):
-        raise UserError(f"data.preprocess must be clip or official, got {preprocess!r}")
-    if preprocess == "official":  # PCME++'s COCO transforms (ImageNet normalisation, crop 0.6-1.0, flip)
+    if (cfg.data.preprocess or DEFAULTS["data"]["preprocess"]) == "official":  # PCME++'s COCO transforms
         from zsprob.data.transforms import apply_official_coco_preprocess
         apply_official_coco_preprocess(model)
     return model
@@ -135,10 +132,10 @@ def make_accelerator(cfg: Config, out: Path):
     resilience.init_restart_safe_process_group(cpu, timeout)  # before accelerate opens one: see its docstring
     _forget_other_precision(mixed, cpu)
     acc = Accelerator(cpu=cpu, mixed_precision=mixed, log_with=log_with, project_dir=str(out),
-                      kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=bool(tc.find_unused_parameters)),
+                      kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=tc.find_unused_parameters),
                                        InitProcessGroupKwargs(timeout=timeout)])
     if acc.device.type == "cuda":
-        set_tf32(bool(tc.tf32))
+        set_tf32(tc.tf32)
     return acc, log_with
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from zsprob.config import Config
 from zsprob.errors import UserError
 from zsprob.train import optim, resilience, state
+from zsprob.train.defaults import ROUTINE_KEYS
 from zsprob.train.logs import loss_scalars
 from zsprob.train.run import Run
 from zsprob.utils.io import atomic_write_text
@@ -116,17 +117,9 @@ def _check_continues_checkpoint(run: Run, ckpt_dir: Path) -> None:
                       "it goes on with the new values (no longer exactly the run the checkpoint began)")
 
 
-#: the keys that say how a run is carried out, not what it learns: changing them on --resume is routine
-#: (``schedule.steps`` / ``schedule.epochs``: asking for more steps continues a run)
-RUNNING_KEYS = frozenset({
-    "schedule.steps", "schedule.epochs", "data.num_workers", "train.log_every", "train.checkpoint_every",
-    "train.keep_checkpoints", "train.max_nonfinite", "train.requeue_exit_code", "train.tensorboard",
-    "train.eval_every", "train.eval_every_epochs", "train.threads", "train.find_unused_parameters",
-    "train.remote_sync", "train.compile", "train.dist_timeout_s", "train.cpu"})
-
-
 def changed_settings(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
-    """``(dotted key, saved value, new value)`` for each setting outside :data:`RUNNING_KEYS` that differs."""
+    """``(dotted key, saved value, new value)`` for each setting that differs, routine ones aside
+    (:data:`zsprob.train.defaults.ROUTINE_KEYS`: how a run is carried out, not what it learns)."""
     def leaves(d, prefix=""):
         for key, value in d.items():
             if isinstance(value, dict) and value:
@@ -135,7 +128,7 @@ def changed_settings(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
                 yield f"{prefix}{key}", value
     old, new = dict(leaves(saved)), dict(leaves(now))
     return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
-            if key not in RUNNING_KEYS and old.get(key) != new.get(key)]
+            if key not in ROUTINE_KEYS and old.get(key) != new.get(key)]
 
 
 def _load_parts(ckpt_dir, parts: list) -> None:

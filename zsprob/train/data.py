@@ -1,25 +1,13 @@
 """Training batch sources with a resumable position (epoch, batch index within the epoch).
 
-Libraries: webdataset (through ``zsprob.data.webdataset.build_wds_pipeline``: shards, decoding,
-shuffling, worker / node splitting, bad-sample skipping), torch DataLoader (COCO), open_clip
-(tokenizer and transforms, carried by the model). zsprob writes here:
-
-- the epoch bookkeeping shared by every source (``epoch_batches(epoch, skip)``);
-- one loader per source for the whole run, handed to the device efficiently: persistent workers
-  that decode, augment, collate and tokenise (the main process only moves finished batches), told
-  each epoch's position when it starts, and page-locked batches when the training device is CUDA
-  (``configure(device=...)``);
-- deterministic mid-epoch resume: an epoch's order is a function of (seed, epoch) and the first
-  ``skip`` batches are read and dropped (for WebDataset shards, which cannot seek); COCO skips in
-  index space without decoding anything; a worker starts every epoch in the generator state of a
-  worker made for that epoch, so the batches equal those of a loader built per epoch;
-- per-process slicing of the GLOBAL batch (``batch_size`` in the config is the global batch;
-  each of ``world`` processes receives ``batch_size / world`` rows);
-- noisy correspondence (``noise_ratio``, PCME++ Table 2): COCO permutes that share of the
-  training captions once (fixed for the run, as the paper does); streaming shards, which have
-  no global index, re-draw the corrupted rows in every batch from a generator seeded by
-  (seed, step, rank) by rotating their captions, so a share ``noise_ratio`` of pairs is wrong
-  (:func:`add_caption_noise`, on the batch's device after the copy, drawing on the CPU generator).
+webdataset (through ``zsprob.data.webdataset.build_wds_pipeline``) reads shards, torch's DataLoader COCO,
+open_clip's tokenizer and transforms (carried by the model) prepare them. zsprob writes: one loader per
+source for the whole run (persistent workers that decode, augment, collate and tokenise; page-locked
+batches for CUDA); deterministic mid-epoch resume (an epoch's order is a function of (seed, epoch), the
+first ``skip`` batches are dropped, and workers start each epoch as a worker made for it would, so the
+batches equal a loader built per epoch); the per-process slice of the GLOBAL batch; and noisy
+correspondence (``noise_ratio``, PCME++ Table 2): COCO permutes that share of captions once, streams
+rotate the captions of that share of rows in every batch (:func:`add_caption_noise`).
 """
 from __future__ import annotations
 

@@ -1,15 +1,18 @@
-"""Default training configuration: every key a recipe in configs/*.yaml may set.
+"""Every key of a training config, declared once (:data:`KEYS`), and the one place a config is resolved.
 
-A recipe (YAML) is merged over these defaults and then patched with ``--set a.b=v``
-overrides (:func:`load_train_config`). :func:`with_defaults` is the one place the defaults are
-merged; its result is a :class:`TrainConfig`, which later steps (``train()``) take as it is.
-:func:`resolve_config` is the one place a run's config is resolved and checked, in one descent (the
-tables are here, :data:`RULES`; the checking is :mod:`zsprob.utils.checks`'). Durations are in
-optimiser steps unless the key says epochs; ``*_epochs`` keys win over ``*_steps`` keys when both are
-set and the epoch length is known (map-style COCO, ``data.samples_per_epoch``, or a SynthWorld manifest).
+A recipe (YAML, ``configs/*.yaml``) is merged over the defaults and patched with ``--set a.b=v``
+overrides (:func:`load_train_config`); :func:`resolve_config` checks it, once, before anything is
+built, and the loop trusts what it returns. Everything else reads :data:`KEYS`: the defaults
+(:data:`DEFAULTS`), the checks (:mod:`zsprob.train.schema`), the first-class flags of ``zsprob
+pretrain`` / ``finetune`` (:mod:`zsprob.cli.train_options`), what a resumed run may change without a
+warning, and the table of keys in docs/training.md. The loss options (``loss.<method>``) are each
+method's registry entry (:mod:`zsprob.prob.method_registry`), checked by type here and by the loss.
+Durations are optimiser steps unless the key says epochs; an ``*_epochs`` key wins over its
+``*_steps`` key when the epoch length is known.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Iterable
 
@@ -17,201 +20,160 @@ from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_conf
 from zsprob.errors import UserError
 from zsprob.prob.method_registry import METHOD_ENTRIES, default_loss_options, method_names
 from zsprob.train.remote_sync import check_target
-from zsprob.utils.checks import ConfigRules, check_config, check_flags
+from zsprob.train.schema import INHERITED, Count, Key, OneOf, Range, check, nest
+from zsprob.utils.devices import PRECISIONS
 
-DEFAULTS: dict = {
-    "seed": 0,
-    "method": "pcmepp",
-    "model": {
-        "name": "zsprob-tiny",
-        "pretrained": None,
-        "weights": None,           # a PCME++ COCO trainer file as pretrained: swa-text | swa | raw (null: by the file)
-        "embed_dim": None,
-        "sigma_depth": 1,
-        "sigma_init": "random",
-        "pooling": "gpo",
-        "var_bounds": None,
-        "sigma_head": None,        # null: block | unc | pcme (zsprob.models.sigma_heads)
-        "sigma_param": None,       # null: logvar, or logsigma for --method pcme with loss.pcme.form official
-        "sigma_shape": None,       # null: diagonal | spherical_mean | spherical_one (Pishdad et al.)
-        "overrides": {},           # passed to create_model as **overrides
-        "jwae": None,              # --method jwae: {latent_dim, image_hidden, text_hidden, decoder: {...}}
-        "grad_checkpointing": False,  # recompute tower blocks in backward (zsprob.train.accumulate)
-    },
-    # keyword arguments of each method's loss (zsprob.prob.create_loss), from each method's registry entry
-    # (zsprob.prob.method_registry, where their sources are noted)
-    "loss": default_loss_options(),
-    "data": {
-        "kind": "synthetic",       # synthetic | webdataset | redcaps | coco | flickr30k
-        "shards": None,
-        "root": None,              # COCO root
-        "karpathy_json": None,
-        "batch_size": 128,         # GLOBAL batch (all processes together)
-        "num_workers": 1,
-        "shuffle_buffer": 1000,
-        "resampled": False,
-        "samples_per_epoch": None, # epoch length for streams (None: one pass over the shards)
-        "noise_ratio": 0.0,        # share of training captions replaced by wrong ones
-        "text_size_augment": 0.0,  # text SizeAugment: share of caption tokens selected (official COCO 0.2) ...
-        "text_size_augment_masking": 0.5,  # ... of which masked ...
-        "text_size_augment_erasing": 0.1,  # ... or randomised; the rest deleted (zsprob.data.text_augment)
-        "same_image_positives": True,  # COCO: captions of the same image in a batch are positives (no MSDA)
-        "preprocess": "clip",      # clip: the model's open_clip transforms | official: PCME++'s COCO ones
-        "augment": True,           # open_clip's training transform (RandomResizedCrop); False: the eval transform
-        "pipeline": {},            # any other ShardPipelineOptions field by name (zsprob.data.webdataset)
-        # --method jwae (SynthWorld): share of pretraining pairs kept paired, in (0, 1]; the rest feeds
-        # unpaired image-only and caption-only streams (data.unpaired: false drops them)
-        "paired_fraction": 1.0,
-        "unpaired": True,
-        "unpaired_batch_size": None,   # None: data.batch_size
-        "cache_features": True,        # jwae: the frozen tower's features computed once ...
-        "feature_cache": None,         # ... and kept in this file between runs (same tower, same shards)
-    },
-    # mode: official (naver-ai/pcmepp: per image, partner B-1-i, smoothed targets) | random | mixup | cutmix
-    "msda": {"enabled": False, "ratio": 0.25, "alpha": 2.0, "mode": "random",
-             "switch_prob": 0.5,        # official: per-image probability of CutMix instead of Mixup
-             "smoothing": 1.0e-4,       # official: target smoothing of the mixed batch (mixup_smoothing)
-             "label_smoothing": 0.0},   # smoothing of the identity targets of steps without MSDA (official 1e-4)
-    "optim": {
-        "name": "adamp",
-        "lr": 5e-4,
-        "weight_decay": 1e-4,
-        "betas": [0.9, 0.999],
-        "eps": 1e-8,
-        "grouping": "zsprob",      # zsprob | official (naver-ai/pcmepp's parameter groups, see train/optim.py)
-        "layer_decay": None,       # e.g. 0.7: lr x decay^(num_layers - depth) for backbone blocks
-        "image_lr_mult": 1.0,      # lr multiplier of the image backbone (PCME++ COCO: 0.01)
-        "text_lr_mult": 1.0,       # lr multiplier of the text backbone (PCME++ COCO: 0.1)
-        "grad_clip": 2.0,          # max global grad norm; null disables
-        "grad_clip_split": False,  # clip the log-variance heads' gradients apart from the rest (decoupled sigma)
-        "fused": False,            # torch's fused optimiser kernels (adamw / adam / sgd); default: foreach
-        "disc_lr": None,           # --method jwae: the discriminator's lr (None: optim.lr / 2; paper 5e-5 vs 1e-4)
-    },
-    "schedule": {
-        "name": "cosine",          # cosine | step | constant
-        "steps": None,             # total optimiser steps ...
-        "epochs": None,            # ... or epochs
-        "warmup_steps": 0,
-        "warmup_epochs": None,
-        "min_lr_ratio": 0.0,
-        "milestones_steps": [],    # step schedule: lr x gamma at each milestone
-        "milestones_epochs": [],
-        "gamma": 0.1,
-    },
-    "freeze": {                    # backbone frozen at the start, then linear warm-up
-        "image_steps": 0, "image_epochs": None,
-        "text_steps": 0, "text_epochs": None,
-        "warmup_steps": 0, "warmup_epochs": None,
-        "warmup_mode": "lr",       # lr: the backbone lr ramps up | loss: the loss ramps 0 -> 1 (PCME++ official)
-    },
-    "swa": {"enabled": False, "last_epochs": None, "last_steps": None, "every_steps": None,
-            "average_loss": True},     # the loss's a, b averaged with the weights (official swa_criterion)
-    "train": {
-        "precision": "fp32",       # fp32 | bf16 | fp16
-        "cpu": None,               # null: CPU when no GPU
-        "log_every": 10,
-        "checkpoint_every": 1000,
-        "keep_checkpoints": 2,
-        "max_nonfinite": 10,       # consecutive non-finite losses before the run stops
-        "requeue_exit_code": 143,  # exit code after SIGTERM / SIGUSR1: checkpoint written, relaunch to resume
-        "tensorboard": True,
-        "eval_every": None,        # steps between evaluation hooks
-        "eval_every_epochs": None, # ... or epochs (wins when the epoch length is known)
-        "threads": None,           # torch.set_num_threads on the CPU
-        "find_unused_parameters": False,
-        "remote_sync": None,       # fsspec URL mirroring OUT after each checkpoint (zsprob.train.remote_sync)
-        "accum_steps": 1,          # micro-batches per step, same loss as one batch (zsprob.train.accumulate)
-        "tf32": True,              # CUDA: TF32 matmuls / convolutions in the towers (losses and CSD stay full fp32)
-        "compile": False,          # torch.compile the model (needs a C++ compiler on the CPU, triton on CUDA)
-        "dist_timeout_s": 1800,    # timeout of every process group (a long rank-0 evaluation must fit in it)
-    },
-}
+AT_LEAST_1, AT_LEAST_0, ABOVE_0 = Count(">=1"), Count(">=0"), Count(">0", real=True)
+SET_1, SET_0 = Count(">=1", null=False), Count(">=0", null=False)  # counts that have no "off"
+EPOCHS = Count(">=0", real=True)
+POSITIVE = Range(0.0, math.inf, low_open=True)
+NON_NEGATIVE = Range(0.0)
+SHARE = Range(0.0, 1.0)
 
-
-#: every count of a training config: (dotted key, its command-line flag, rule, integer), checked by
-#: ``zsprob.utils.checks.check_counts`` when a config is loaded and again when a run starts
-COUNT_KEYS: tuple = (
-    ("schedule.steps", "--steps", ">=1", True),
-    ("schedule.epochs", "--epochs", ">0", False),
-    ("schedule.warmup_steps", None, ">=0", True),
-    ("schedule.warmup_epochs", None, ">=0", False),
-    ("data.batch_size", "--batch-size", ">=1", True),
-    ("data.num_workers", "--workers", ">=0", True),
-    ("data.shuffle_buffer", None, ">=0", True),
-    ("data.samples_per_epoch", None, ">=1", True),
-    ("train.log_every", "--log-every", ">=1", True),
-    ("train.checkpoint_every", "--checkpoint-every", ">=0", True),
-    ("train.eval_every", "--eval-every", ">=0", True),
-    ("train.keep_checkpoints", None, ">=0", True),
-    ("train.max_nonfinite", None, ">=1", True),
-    ("train.threads", "--threads", ">=1", True, 1024),  # torch would try to start them all (and crash)
-    ("train.accum_steps", None, ">=1", True),
-    ("train.dist_timeout_s", None, ">0", False),
-    ("train.requeue_exit_code", "--requeue-exit-code", ">=0", True),
-    ("freeze.image_steps", None, ">=0", True),
-    ("freeze.image_epochs", None, ">=0", False),
-    ("freeze.text_steps", None, ">=0", True),
-    ("freeze.text_epochs", None, ">=0", False),
-    ("freeze.warmup_steps", None, ">=0", True),
-    ("freeze.warmup_epochs", None, ">=0", False),
-    ("swa.last_steps", None, ">=0", True),
-    ("swa.last_epochs", None, ">=0", False),
-    ("swa.every_steps", None, ">=1", True),
-    ("model.embed_dim", None, ">=1", True),
-    ("data.unpaired_batch_size", None, ">=1", True),
-    ("train.eval_every_epochs", None, ">0", False),
-    ("seed", "--seed", ">=0", True),
-    ("model.sigma_depth", None, ">=1", True),
+KEYS: tuple[Key, ...] = (
+    Key("seed", 0, "Seed of every random choice (data order, noise, masks, initialisation).", SET_0,
+        flag="--seed"),
+    Key("method", "pcmepp", "Training objective (default: the recipe's, else pcmepp).",
+        OneOf(method_names, message="unknown method {value!r}; choose one of {listed}"), flag="--method"),
+    # ------------------------------------------------------------------ model (zsprob.models.create_model)
+    Key("model.name", "zsprob-tiny", "Model name (open_clip or configs/models).", flag="--model"),
+    Key("model.pretrained", None, "open_clip pretrained tag or checkpoint file.", flag="--pretrained"),
+    Key("model.weights", None, "A PCME++ COCO trainer file's copy: swa-text, swa or raw (null: by the file).",
+        flag="--weights"),
+    Key("model.embed_dim", None, "embedding dimension (null: the model's)", AT_LEAST_1),
+    Key("model.sigma_depth", 1, "tower blocks the log-variance head duplicates", AT_LEAST_1),
+    Key("model.sigma_init", "random", "random | copy: how the duplicated blocks start"),
+    Key("model.pooling", "gpo", "gpo | native: how a tower pools its tokens"),
+    Key("model.var_bounds", None, "[low, high] of the log-variance (null: unbounded)"),
+    Key("model.sigma_head", None, "null (the model's): block | unc | pcme (zsprob.models.sigma_heads)"),
+    Key("model.sigma_param", None, "null: logvar, or logsigma for --method pcme with loss.pcme.form official"),
+    Key("model.sigma_shape", None, "null: diagonal | spherical_mean | spherical_one (Pishdad et al.)"),
+    Key("model.overrides", {}, "any other create_model keyword argument by name"),
+    Key("model.jwae", None, "--method jwae: {latent_dim, image_hidden, text_hidden, decoder: {...}}"),
+    Key("model.grad_checkpointing", False, "recompute the tower blocks in backward (zsprob.train.accumulate)"),
+    # ------------------------------------------------------------------ loss (each method's registry entry)
+    Key("loss", default_loss_options(), "keyword arguments of each method's loss (zsprob.prob.create_loss)",
+        free=1),
+    Key("loss.pcmepp.distance", INHERITED, "PCME++ distance: csd (paper) or wd (2-Wasserstein ablation).",
+        OneOf(("csd", "wd")), flag="--distance"),
+    # ------------------------------------------------------------------ data
+    Key("data.kind", "synthetic", "synthetic | webdataset | redcaps | coco | flickr30k"),
+    Key("data.shards", None, "shard directory, brace pattern or URL ('::' joins sources)"),
+    Key("data.root", None, "COCO / Flickr30k directory"),
+    Key("data.karpathy_json", None, "the Karpathy split file, when not under data.root"),
+    Key("data.batch_size", 128, "GLOBAL batch size (all processes).", SET_1, flag="--batch-size"),
+    Key("data.num_workers", 1, "Data loader worker processes per process.", AT_LEAST_0, flag="--workers",
+        routine=True),
+    Key("data.shuffle_buffer", 1000, "samples in the shard stream's shuffle buffer", AT_LEAST_0),
+    Key("data.resampled", False, "draw shards with replacement (open_clip's convention)"),
+    Key("data.samples_per_epoch", None, "epoch length of a stream (null: one pass over the shards)", AT_LEAST_1),
+    Key("data.noise_ratio", 0.0, "Share of training captions replaced by wrong ones (PCME++ Table 2).", SHARE,
+        flag="--noise-ratio"),
+    Key("data.text_size_augment", 0.0, "text SizeAugment: share of caption tokens selected (official COCO 0.2)",
+        SHARE),
+    Key("data.text_size_augment_masking", 0.5, "... of which masked ...", SHARE),
+    Key("data.text_size_augment_erasing", 0.1, "... or randomised; the rest deleted (zsprob.data.text_augment)",
+        SHARE),
+    Key("data.same_image_positives", True, "COCO: captions of the same image in a batch are positives"),
+    Key("data.preprocess", "clip", "the model's open_clip transforms, or PCME++'s official COCO ones",
+        OneOf(("clip", "official"), null=True)),
+    Key("data.augment", True, "open_clip's training transform (RandomResizedCrop); false: the eval transform"),
+    Key("data.pipeline", {}, "any other ShardPipelineOptions field by name (zsprob.data.webdataset)"),
+    Key("data.paired_fraction", 1.0, "--method jwae: share of pretraining pairs kept paired, in (0, 1]"),
+    Key("data.unpaired", True, "--method jwae: the rest feeds image-only and caption-only streams"),
+    Key("data.unpaired_batch_size", None, "--method jwae: unpaired rows per step (null: data.batch_size)",
+        AT_LEAST_1),
+    Key("data.cache_features", True, "--method jwae: the frozen tower's features computed once ..."),
+    Key("data.feature_cache", None, "... and kept in this file between runs (same tower, same shards)"),
+    # ------------------------------------------------------------------ MSDA (zsprob.prob.msda)
+    Key("msda.enabled", False, "Mixup / CutMix with soft targets (PCME++ Sec. 2.4).", flag="--msda"),
+    Key("msda.ratio", 0.25, "share of the batch mixed", SHARE),
+    Key("msda.alpha", 2.0, "Beta(alpha, alpha) of the mixing weights"),
+    Key("msda.mode", "random", "official (per image, partner B-1-i, smoothed targets) | random | mixup | cutmix"),
+    Key("msda.switch_prob", 0.5, "official: per-image probability of CutMix instead of Mixup", SHARE),
+    Key("msda.smoothing", 1.0e-4, "official: target smoothing of the mixed batch", SHARE),
+    Key("msda.label_smoothing", 0.0, "smoothing of the identity targets of steps without MSDA (official 1e-4)",
+        SHARE),
+    # ------------------------------------------------------------------ optimiser (zsprob.train.optim)
+    Key("optim.name", "adamp", "adamp | adamp-timm | adamw | adam | sgd"),
+    Key("optim.lr", 5e-4, "Base learning rate.", POSITIVE, flag="--lr"),
+    Key("optim.weight_decay", 1e-4, "decoupled weight decay", NON_NEGATIVE),
+    Key("optim.betas", [0.9, 0.999], "Adam betas", Range(0.0, 1.0, high_open=True)),
+    Key("optim.eps", 1e-8, "Adam epsilon", NON_NEGATIVE),
+    Key("optim.grouping", "zsprob", "zsprob, or official: naver-ai/pcmepp's parameter groups",
+        OneOf(("zsprob", "official"), null=True)),
+    Key("optim.layer_decay", None, "lr x decay^(num_layers - depth) for backbone blocks (e.g. 0.7)",
+        Range(0.0, 1.0, low_open=True, null=True)),
+    Key("optim.image_lr_mult", 1.0, "lr multiplier of the image backbone (PCME++ COCO: 0.01)", NON_NEGATIVE),
+    Key("optim.text_lr_mult", 1.0, "lr multiplier of the text backbone (PCME++ COCO: 0.1)", NON_NEGATIVE),
+    Key("optim.grad_clip", 2.0, "max global gradient norm (null: no clipping)", Range(0.0, math.inf, True, null=True)),
+    Key("optim.grad_clip_split", False, "clip the log-variance heads' gradients apart from the rest"),
+    Key("optim.fused", False, "torch's fused kernels (adamw / adam / sgd); default: multi-tensor"),
+    Key("optim.disc_lr", None, "--method jwae: the discriminator's lr (null: optim.lr / 2)",
+        Range(0.0, math.inf, True, null=True)),
+    # ------------------------------------------------------------------ schedule
+    Key("schedule.name", "cosine", "cosine | step | constant"),
+    Key("schedule.steps", None, "Total optimiser steps.", AT_LEAST_1, flag="--steps", routine=True),
+    Key("schedule.epochs", None, "Total epochs (needs a known epoch length).", ABOVE_0, flag="--epochs",
+        routine=True),
+    Key("schedule.warmup_steps", 0, "linear lr warm-up", AT_LEAST_0),
+    Key("schedule.warmup_epochs", None, "... in epochs", EPOCHS),
+    Key("schedule.min_lr_ratio", 0.0, "cosine: the final lr / optim.lr", SHARE),
+    Key("schedule.milestones_steps", [], "step schedule: lr x gamma at each milestone"),
+    Key("schedule.milestones_epochs", [], "... in epochs"),
+    Key("schedule.gamma", 0.1, "step schedule: the lr factor at each milestone", POSITIVE),
+    # ------------------------------------------------------------------ backbone freezing, then warm-up
+    Key("freeze.image_steps", 0, "image backbone frozen at the start", AT_LEAST_0),
+    Key("freeze.image_epochs", None, "... in epochs", EPOCHS),
+    Key("freeze.text_steps", 0, "text backbone frozen at the start", AT_LEAST_0),
+    Key("freeze.text_epochs", None, "... in epochs", EPOCHS),
+    Key("freeze.warmup_steps", 0, "linear warm-up after the freeze", AT_LEAST_0),
+    Key("freeze.warmup_epochs", None, "... in epochs", EPOCHS),
+    Key("freeze.warmup_mode", "lr", "lr: the backbone lr ramps up | loss: the loss ramps 0 -> 1 (PCME++)",
+        OneOf(("lr", "loss"), null=True)),
+    # ------------------------------------------------------------------ SWA
+    Key("swa.enabled", False, "stochastic weight averaging over the last steps"),
+    Key("swa.last_epochs", None, "average the last epochs ...", EPOCHS),
+    Key("swa.last_steps", None, "... or steps", AT_LEAST_0),
+    Key("swa.every_steps", None, "steps between snapshots (null: an epoch, else a tenth of the span)", AT_LEAST_1),
+    Key("swa.average_loss", True, "the loss's a, b averaged with the weights (official swa_criterion)"),
+    # ------------------------------------------------------------------ how the run is carried out
+    Key("train.precision", "fp32", "fp32 | bf16 | fp16 (fp16: GPU only)", OneOf(PRECISIONS), flag="--precision"),
+    Key("train.cpu", None, "null: the CPU when no GPU is visible", routine=True),
+    Key("train.log_every", 10, "Steps between metrics.jsonl records.", SET_1, flag="--log-every",
+        routine=True),
+    Key("train.checkpoint_every", 1000, "Steps between resumable checkpoints.", AT_LEAST_0,
+        flag="--checkpoint-every", routine=True),
+    Key("train.keep_checkpoints", 2, "step directories kept (0: all)", SET_0, routine=True),
+    Key("train.max_nonfinite", 10, "consecutive non-finite losses before the run stops", SET_1, routine=True),
+    Key("train.requeue_exit_code", 143, "Exit code after SIGTERM / SIGUSR1 (checkpoint written first).",
+        Count(">=0", most=255, null=False), flag="--requeue-exit-code", routine=True),
+    Key("train.tensorboard", True, "TensorBoard scalars beside metrics.jsonl", routine=True),
+    Key("train.eval_every", None, "Steps between evaluation hooks.", AT_LEAST_0, flag="--eval-every", routine=True),
+    Key("train.eval_every_epochs", None, "... or epochs (wins when the epoch length is known)", ABOVE_0,
+        routine=True),
+    Key("train.threads", None, "torch CPU threads.", Count(">=1", most=1024), flag="--threads", routine=True),
+    Key("train.find_unused_parameters", False, "DDP's find_unused_parameters", routine=True),
+    Key("train.remote_sync", None, "Mirror OUT to an fsspec URL (s3://, gs://, file://) after each checkpoint; "
+        "--resume pulls a newer checkpoint from it.", flag="--remote-sync", routine=True),
+    Key("train.accum_steps", 1, "micro-batches per step, same loss as one batch (zsprob.train.accumulate)",
+        SET_1),
+    Key("train.tf32", True, "CUDA: TF32 matmuls / convolutions in the towers (losses and CSD stay fp32)"),
+    Key("train.compile", False, "torch.compile the model (a C++ compiler on the CPU, triton on CUDA)",
+        routine=True),
+    Key("train.dist_timeout_s", 1800, "timeout of every process group (a long rank-0 evaluation must fit)",
+        Count(">0", real=True, null=False), routine=True),
 )
-
-#: real-valued keys whose default is null ("off" or "derived"), so :func:`check_numbers` cannot tell their type
-#: from the default: (dotted key, low, high, low excluded); null stays allowed, anything else must be a finite
-#: number in range (``optim.layer_decay=nan`` / ``inf`` / ``abc`` is one line:
-#: ``zsprob.utils.checks.check_nullable_numbers``)
-NULLABLE_NUMBER_KEYS: tuple = (
-    ("optim.layer_decay", 0.0, 1.0, True),
-    ("optim.disc_lr", 0.0, float("inf"), True),
-    ("optim.grad_clip", 0.0, float("inf"), True),   # null: no clipping (a negative norm would flip the gradient)
-)
-
-#: real-valued keys that must be set and in range: (dotted key, low, high, low excluded)
-#: (``zsprob.utils.checks.check_ranges``; a fifth True: the high end excluded; a list: each of its numbers)
-RANGE_KEYS: tuple = (
-    ("optim.lr", 0.0, float("inf"), True),
-    ("optim.weight_decay", 0.0, float("inf"), False),
-    ("optim.eps", 0.0, float("inf"), False),
-    ("optim.image_lr_mult", 0.0, float("inf"), False),
-    ("optim.text_lr_mult", 0.0, float("inf"), False),
-    ("schedule.min_lr_ratio", 0.0, 1.0, False),
-    ("schedule.gamma", 0.0, float("inf"), True),
-    ("data.noise_ratio", 0.0, 1.0, False),
-    ("optim.betas", 0.0, 1.0, False, True),     # torch's Adam family: 0 <= beta < 1
-)
-
-
-#: sections that take any keys: create_model's keyword arguments, ShardPipelineOptions fields, and each
-#: method's loss options (checked by its loss constructor); sections whose default is {} or null are free too
-FREE_SECTIONS: tuple = ("model.overrides", "data.pipeline", "loss.*")
-
 
 #: keys that exclude each other: (key, other, why)
-EXCLUSIVE_KEYS: tuple = (
-    ("schedule.steps", "schedule.epochs",
-     "--steps / schedule.steps counts optimiser steps, --epochs passes over the data"),
-)
+EXCLUSIVE = (("schedule.steps", "schedule.epochs",
+              "--steps / schedule.steps counts optimiser steps, --epochs passes over the data"),)
 
-#: what a training config is checked against (:func:`zsprob.utils.checks.check_config`)
-RULES = ConfigRules(DEFAULTS, free=FREE_SECTIONS, counts=COUNT_KEYS, nullable_numbers=NULLABLE_NUMBER_KEYS,
-                    ranges=RANGE_KEYS, exclusive=EXCLUSIVE_KEYS)
+#: every key with its default, nested as a config is (derived from :data:`KEYS`)
+DEFAULTS: dict = nest(KEYS)
 
-#: the mixed precisions a run may ask for (``train.precision``)
-PRECISIONS: tuple = ("fp32", "bf16", "fp16")
-
-
-def check_train_config(cfg: Any) -> None:
-    """Every count (:data:`COUNT_KEYS`), no unknown key, finite float hyper-parameters in their ranges, and one
-    run length (:data:`RULES`): checked when a config is loaded and again when a run starts (:func:`resolve_config`)."""
-    check_config(cfg, RULES)
+#: the keys whose change on ``--resume`` is routine: how a run is carried out, not what it learns
+ROUTINE_KEYS = frozenset(key.name for key in KEYS if key.routine)
 
 
 def __getattr__(name):  # METHODS: the registry's method names (re-exported: zsprob.train.METHODS), read live
@@ -221,7 +183,7 @@ def __getattr__(name):  # METHODS: the registry's method names (re-exported: zsp
 
 
 class TrainConfig(Config):
-    """A training config with :data:`DEFAULTS` already merged in (made only by :func:`with_defaults`)."""
+    """A training config with :data:`DEFAULTS` merged in (made only by :func:`with_defaults`)."""
 
 
 def with_defaults(cfg: Any = None) -> TrainConfig:
@@ -232,29 +194,22 @@ def with_defaults(cfg: Any = None) -> TrainConfig:
 
 
 def resolve_config(cfg: Any, out: str | os.PathLike | None = None) -> TrainConfig:
-    """The one place a run's config is resolved, in one descent: :data:`DEFAULTS` <- ``cfg`` (unless ``cfg``
-    already has them: :func:`with_defaults`), then every check: :data:`RULES` (counts, known keys, finite
-    floats, one run length), the method, every true / false key and the precision; with the run
-    directory ``out``, also ``train.remote_sync`` against it (:func:`zsprob.train.remote_sync.check_target`).
-    A resolved config is trusted from here on: the loop builds from it without checking it again."""
+    """The one place a run's config is checked: :data:`DEFAULTS` <- ``cfg``, then every rule of :data:`KEYS`
+    and :data:`EXCLUSIVE`, the method's step kind, and with the run directory ``out`` the mirror
+    ``train.remote_sync`` against it. The loop builds from the result without checking it again."""
     cfg = with_defaults(cfg)
-    check_config(cfg, RULES)
-    if cfg.method not in method_names():
-        raise UserError(f"unknown method {cfg.method!r}; choose one of {', '.join(method_names())}")
+    check(cfg, KEYS, DEFAULTS, EXCLUSIVE)
     if METHOD_ENTRIES[cfg.method].step_kind != "pairwise" and cfg.train.accum_steps != 1:
         raise UserError(f"train.accum_steps applies to the pairwise losses, not to --method {cfg.method}")
-    check_flags(cfg, DEFAULTS)  # every true / false key (data.augment, optim.fused, msda.enabled, ...)
-    if cfg.train.precision not in PRECISIONS:
-        raise UserError(f"train.precision must be fp32, bf16 or fp16, got {cfg.train.precision!r}")
     if out is not None and cfg.train.remote_sync:
         check_target(cfg.train.remote_sync, out)
     return cfg
 
 
 def load_train_config(path=None, overrides: Iterable[str] = ()) -> TrainConfig:
-    """A recipe (YAML, with its ``base:`` chain) over :data:`DEFAULTS`, patched with ``a.b=v`` overrides."""
+    """A recipe (YAML, with its ``base:`` chain; a run's saved config.yaml reads the same way) over
+    :data:`DEFAULTS`, patched with ``a.b=v`` overrides; :func:`resolve_config` checks it."""
     cfg = with_defaults(read_yaml(path) if path is not None else {})
     for item in overrides:
         apply_override(cfg, item)
-    check_train_config(cfg)
     return cfg

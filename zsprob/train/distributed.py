@@ -1,18 +1,14 @@
 """Gathering embeddings across processes with gradients, for global-batch pairwise losses.
 
-torch.distributed (through accelerate's process group) does the communication; zsprob writes
-the autograd rule. Every process computes its local rows against the columns of the whole
-global batch (open_clip's ``gather_features`` with ``local_loss=True``), and the gradient that
-other processes' losses send to this process's embeddings is summed back to it:
+torch.distributed does the communication; zsprob writes the autograd rule (open_clip's
+``gather_features`` with ``local_loss=True``): each process scores its local rows against the columns of
+the whole global batch, and the gradients other processes send to its embeddings are summed back::
 
     forward:  all_gather(x_local)                  -> X [world * n, D]
     backward: all_reduce(SUM, dL/dX)[local slice]  -> dL/dx_local
 
-With per-process loss ``L_p = mean over local rows`` and DDP averaging parameter gradients,
-the update equals the single-process gradient of the loss on the same global batch
-(tests/test_train_distributed.py checks this with torchrun on the CPU). ``all_reduce`` is used
-in the backward instead of ``reduce_scatter`` because gloo (the CPU backend) has no
-reduce_scatter; the extra traffic is one [N, D] tensor per step.
+With DDP averaging the parameter gradients, the update equals one process's on the same global batch.
+The backward uses ``all_reduce``, as gloo (the CPU backend) has no ``reduce_scatter``.
 """
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """jWAE's semi-supervised batches: a paired stream plus unpaired image-only and caption-only streams.
 
-SynthWorld's pretraining split (:func:`zsprob.data.synthetic.read_pretrain_items`) is divided by
-:func:`zsprob.data.synthetic.paired_split`: a share ``data.paired_fraction`` keeps its pairing,
-the rest feeds two unpaired streams (images alone, captions alone, drawn independently, so no
-pairing leaks). One epoch = one pass over the paired set in a permutation seeded by (seed, epoch);
-the unpaired rows of step ``s`` are drawn by a generator seeded by (seed, epoch, s), so a run
-resumed mid-epoch reads exactly the batches of the uninterrupted run. Each sample's caption is one
-of its five, drawn the same way.
-
-A batch is a dict: ``img`` / ``txt`` (paired rows), ``u_img`` / ``u_txt`` (None when the unpaired
-streams are off or empty) and ``features``: True when the rows are already the frozen tower's
-features (:class:`FeatureStore`, the paper's precomputed-feature setting), False for images /
-tokens (:class:`RawStore`). ``data.feature_cache`` (a file) keeps the features between runs of the
-same frozen tower and shards (safetensors, with a fingerprint of both). Pillow decodes the JPEGs; the model's open_clip transform and
-tokenizer prepare them; numpy draws the orders.
+SynthWorld's pretraining split is divided by :func:`zsprob.data.synthetic.paired_split`: a share
+``data.paired_fraction`` keeps its pairing, the rest feeds two independent unpaired streams. An epoch is
+one pass over the paired set in a permutation seeded by (seed, epoch); step ``s``'s unpaired rows and
+captions come from generators seeded by (seed, epoch, s), so a resumed run reads the same batches. A
+batch is a dict: ``img`` / ``txt``, ``u_img`` / ``u_txt`` (None without unpaired rows) and ``features``
+(True: the frozen tower's features, :class:`FeatureStore`, kept between runs in ``data.feature_cache``;
+False: images and tokens, :class:`RawStore`). Pillow decodes, the model's transform and tokenizer prepare.
 """
 from __future__ import annotations
 

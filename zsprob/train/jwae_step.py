@@ -1,6 +1,6 @@
 """The jWAE training step (``--method jwae``): autoencoders and the prior discriminator in alternation.
 
-One step (the adversarial game of WAE-GAN, as jWAE trains it)::
+One step (WAE-GAN's adversarial game, as jWAE trains it)::
 
     batch          <- paired rows + unpaired image-only / caption-only rows (zsprob.train.jwae_data)
     codes          <- per-modality encoders / decoders over the frozen tower's features
@@ -9,14 +9,10 @@ One step (the adversarial game of WAE-GAN, as jWAE trains it)::
     autoencoders   <- minimise lambda1 rec_v + lambda2 rec_t + lambda3 adv_v + lambda4 adv_t + alignment
                       (the discriminator's gradients of this step are dropped before the update)
 
-One torch optimiser with two parameter groups (``autoencoders`` at ``optim.lr``, the paper's
-1e-4; ``discriminator`` at ``optim.disc_lr``, the paper's 5e-5): each update has gradients on one
-group only, and torch's Adam skips parameters without a gradient, so the two steps never touch
-each other's parameters (tests check it). The loop's schedule, checkpoints, resume and hooks
-apply unchanged: the discriminator is the step module's ``loss`` (saved with the optimiser and
-the schedule), the model (frozen tower + autoencoders) its ``model``. The objective's terms are
-:class:`zsprob.prob.jwae.JWAEObjective`'s; the model is :class:`zsprob.models.jwae.JWAEModel`.
-Single process only (the two-phase step does not go through DDP).
+One optimiser with two groups (``autoencoders`` at ``optim.lr``, ``discriminator`` at ``optim.disc_lr``);
+each update has gradients on one group only, which torch's Adam family leaves untouched. The
+discriminator is the step module's ``loss`` and the model its ``model``, so the loop's schedule,
+checkpoints, resume and hooks apply unchanged. Single process (the two-phase step does not go through DDP).
 """
 from __future__ import annotations
 
@@ -79,7 +75,8 @@ def build_model(cfg):
     jc = m.jwae
     if not isinstance(jc, dict) or not jc.get("decoder"):
         raise UserError(f"--method jwae needs a model with a decoder config, and model {m.name} has none: set "
-                        "model.jwae (latent_dim, image_hidden, text_hidden, decoder), e.g. --config jwae_synthetic.yaml")
+                        "model.jwae (latent_dim, image_hidden, text_hidden, decoder), "
+                        "e.g. --config jwae_synthetic.yaml")
     jc = resolve_jwae_config(dict(jc))
     kw = {k: m[k] for k in ("embed_dim", "pooling", "weights") if m[k] is not None}
     kw.update(dict(m.overrides or {}))
@@ -107,7 +104,6 @@ def build_source(cfg, model):
     from zsprob.data.synthetic import paired_split, read_pretrain_items
     from zsprob.train.jwae_data import FeatureStore, RawStore, SemiSupervisedSource
 
-    _check_data(cfg)
     d = cfg.data
     items = read_pretrain_items(d.shards)
     paired, unpaired = paired_split(len(items), float(d.paired_fraction), int(cfg.seed))

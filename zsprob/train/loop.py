@@ -26,16 +26,10 @@ The run, one named function per line (:func:`train`)::
         stop_if_signalled                                         (pre-empted: checkpoint, raise Preempted)
     finish(run)                                                   (checkpoint, final model(s), hooks, summary)
 
-Outputs under ``out``: ``config.yaml``, ``metrics.jsonl``, ``tensorboard/``,
-``checkpoints/step-*/`` (+ ``latest.json``) for ``resume``, and at the end ``model/`` (the
-final weights, a ``zsprob.models.save`` directory) and ``model-swa/`` when SWA ran;
-``summary.json`` holds the run's totals. With ``train.remote_sync`` (an fsspec URL) ``out`` is
-mirrored there after each checkpoint and at the end, and resuming pulls a newer remote checkpoint
-first (:mod:`zsprob.train.remote_sync`).
-
-The rooms: :mod:`~zsprob.train.build` (config -> parts), :mod:`~zsprob.train.step` (one step),
-:mod:`~zsprob.train.run` (the run's parts, counters and data cursor), :mod:`~zsprob.train.checkpoints`
-(write / restore), :mod:`~zsprob.train.logs` (metrics.jsonl, hooks), this module (the loop).
+Outputs under ``out``: ``config.yaml``, ``metrics.jsonl``, ``tensorboard/``, ``checkpoints/step-*/``
+(+ ``latest.json``), and at the end ``model/`` (a ``zsprob.models.save`` directory), ``model-swa/`` when
+SWA ran and ``summary.json``. The rooms: ``build`` (config -> parts), ``step`` (one step), ``run`` (the
+run's parts, counters and data cursor), ``checkpoints``, ``logs``, this module (the loop).
 Libraries: accelerate, tqdm.
 """
 from __future__ import annotations
@@ -68,21 +62,15 @@ EvalHook = Callable[[nn.Module, int], dict]
 def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
           source: BatchSource | None = None, eval_hooks: Iterable[EvalHook] = (), progress: bool = True,
           overwrite: bool = False) -> dict:
-    """Train as ``cfg`` says; write everything under ``out``; return the summary dict.
+    """Train as ``cfg`` says (resolved and checked here); write everything under ``out``; return the summary.
 
-    ``resume``: "auto" continues from the latest valid checkpoint if there is one, else starts afresh;
-    "latest" (or True) continues from ``out/checkpoints/latest.json`` and fails without one; a path
-    names a step directory; False never resumes; None (the default) is "auto" under a torchrun elastic
-    agent and False elsewhere. A directory that holds a run is reused only with ``resume`` or
-    ``overwrite`` (its old run's files are removed first); the main process holds ``out/.lock`` while
-    it runs (:func:`zsprob.train.resilience.claim_run_dir`). Resuming never moves backwards (a
-    checkpoint past the steps asked for is one line); a finished run is returned as it is, unchanged
-    (``already_finished`` in the summary).
-    ``source``: a custom :class:`zsprob.train.data.BatchSource` instead of ``cfg.data``.
-    ``eval_hooks``: callables ``hook(model, step) -> dict`` run on the main process every
-    ``train.eval_every`` steps and at the end; their dicts go to metrics.jsonl under "eval".
-    SIGTERM / SIGUSR1 during the steps: the current step finishes, a checkpoint is written and
-    :class:`zsprob.errors.Preempted` is raised (``train.requeue_exit_code`` is its exit code).
+    ``resume``: "auto" (the latest valid checkpoint, else a fresh start), "latest" / True (``latest.json``,
+    required), a step directory, False, or None ("auto" under a torchrun elastic agent, else False). An
+    ``out`` holding a run needs ``resume`` or ``overwrite``; resuming never moves backwards, and a finished
+    run is returned unchanged (``already_finished``). ``source``: a :class:`~zsprob.train.data.BatchSource`
+    instead of ``cfg.data``. ``eval_hooks``: ``hook(model, step) -> dict`` on the main process every
+    ``train.eval_every`` steps and at the end (metrics.jsonl, "eval"). SIGTERM / SIGUSR1: the step
+    finishes, a checkpoint is written and :class:`zsprob.errors.Preempted` raised.
     """
     return train_resolved(resolve_config(cfg, out), out, resume=resume, source=source, eval_hooks=eval_hooks,
                           progress=progress, overwrite=overwrite)
@@ -186,7 +174,7 @@ def refuse_failed_compile(run: Run, error: Exception) -> None:
 def after_step(run: Run, step_done: int, stats: dict, bar) -> bool:
     """The schedule, SWA, logging, checkpoint and hooks due after ``step_done``; True if it checkpointed."""
     tc = run.cfg.train
-    log_every = max(1, int(tc.log_every))
+    log_every = int(tc.log_every)
     ckpt_every = int(tc.checkpoint_every or 0)
     eval_every = int(tc.eval_every or 0)
     if tc.eval_every_epochs and run.source.steps_per_epoch:  # e.g. model selection once per epoch

@@ -1,58 +1,32 @@
 """Optimisers, parameter groups, learning-rate schedules, backbone freezing and SWA.
 
-Libraries: torch (``AdamW``, ``LambdaLR``, ``torch.optim.swa_utils.AveragedModel``), timm
-(``timm.optim.AdamP``, as ``adamp-timm``); the default AdamP is :mod:`zsprob.train.adamp`. zsprob
-writes the parameter grouping (layer-wise lr decay from ``model.param_info()``, per-tower backbone
-multipliers, no weight decay on norms / biases / scalars), the schedule functions (warmup + cosine, step, constant) and the backbone
-freeze-then-warm-up factor, all expressed in optimiser steps so that resuming is exact.
+torch provides AdamW / Adam / SGD and ``swa_utils.AveragedModel``, timm ``AdamP``
+(``adamp-timm``); the default AdamP is :mod:`zsprob.train.adamp`. zsprob writes the parameter grouping,
+the schedule functions (warm-up + cosine, step, constant) and the backbone freeze-then-warm-up factor, all
+in optimiser steps so that resuming is exact. The lr of group g at step s is
+``lr * scale_g * schedule(s) * freeze_g(s)``, where ``freeze_g`` is 0 while the group's backbone is frozen,
+then ramps linearly to 1 (PCME++: visual backbone frozen 2 epochs, 1 epoch of warm-up).
 
-Learning rate of parameter group g at step s::
+Two groupings (``optim.grouping``), read from ``param_info()`` (per parameter: tower, depth, num_layers,
+backbone; depth 0 = embeddings, 1..num_layers-1 = blocks, num_layers = final norm / projection / heads):
 
-    lr_g(s) = lr * scale_g * schedule(s) * freeze_g(s)
-    freeze_g(s) = 0 while the group's backbone is frozen, then a linear ramp to 1 over
-                  ``unfreeze_warmup`` steps (PCME++: visual backbone frozen 2 epochs, 1 epoch warm-up)
-
-Two groupings (``optim.grouping``; ``GROUPINGS``), both read from ``param_info()`` only (per
-parameter: tower, depth, num_layers, backbone flag; depth 0 = embeddings, 1..num_layers-1 = blocks,
-num_layers = final norm / projection / heads):
-
-``"zsprob"`` (zsprob's original grouping)::
-
-    scale_g = tower_mult * layer_decay ** (num_layers - depth)     (backbone parameters, embeddings included)
-            = 1                                                     (added modules: sigma blocks, heads, GPO, loss)
-    weight decay on matrices only (no_weight_decay: norms, biases, scalars excluded)
-
-``"official"`` (naver-ai/pcmepp ``configure_optimizers``: the encoder's ``backbone`` module holds the
-pretrained tower AND the duplicated uncertainty blocks; only parameters whose name carries a block
-index ``resblocks.<k>.`` are layer-decayed, everything else of the backbone keeps the backbone lr)::
-
-    scale_g = tower_mult * layer_decay ** (num_layers - depth)     (blocks: backbone blocks and the sigma
-                                                                    blocks, which share the depth of the
-                                                                    block they duplicate)
-            = tower_mult                                            (backbone parameters outside blocks:
-                                                                    token / patch / positional embeddings,
-                                                                    class token, ln_pre, final LN, projection)
-            = 1                                                     (added modules outside blocks: sigma
-                                                                    projection, GPO, re-initialised projection)
-    weight decay on every tower parameter (norms and biases too); none on the parameters outside
-    the towers (the loss's a, b, logit scale)
-
-The official code hard-codes 12 blocks and counts the sigma blocks from the uncertainty depth:
-block k of 12 gets decay^(12 - k), sigma block j of n gets decay^(n - j); with zsprob's depths
-(block k at depth k + 1, sigma block j at the depth of block 12 - n + j) both are
-decay^(num_layers - depth). In the official code the sigma blocks sit in the backbone module, so a
-frozen backbone freezes them too: the "official" groups of sigma blocks carry ``backbone=True``.
+- ``zsprob``: backbone parameters get ``tower_mult * layer_decay ** (num_layers - depth)``, added modules
+  (sigma blocks, heads, GPO, loss) 1; no weight decay on norms, biases and scalars.
+- ``official`` (naver-ai/pcmepp's ``configure_optimizers``): only blocks are layer-decayed, the sigma
+  blocks at the depth of the block they duplicate and counted as backbone (a frozen backbone freezes
+  them); the rest of the backbone keeps ``tower_mult``, added modules outside blocks 1; weight decay on
+  every tower parameter and on none outside the towers (the loss's a, b, logit scale).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 from torch import nn
 
 from zsprob.errors import UserError
+
 
 def no_weight_decay(name: str, p: torch.Tensor) -> bool:
     """Norms, biases and scalars (a, b, temperature, logit scale) are not weight-decayed.
@@ -65,24 +39,11 @@ def no_weight_decay(name: str, p: torch.Tensor) -> bool:
     return any(k in low for k in ("norm", "ln_", ".ln", ".bn", "bias", "logit_scale"))
 
 
-@dataclass
-class GroupSpec:
-    name: str
-    tower: str          # "image" | "text" | "other"
-    backbone: bool
-    depth: int
-    decay: bool
-    scale: float
-
-
 def _lookup_info(name: str, info: dict, prefix: str) -> dict | None:
     if prefix and name.startswith(prefix):
         key = name[len(prefix):]
         return info.get(key)
     return info.get(name)
-
-
-GROUPINGS = ("zsprob", "official")
 
 
 def _tower_mult(tower: str, image_lr_mult: float, text_lr_mult: float) -> float:
@@ -136,10 +97,6 @@ def param_groups(module: nn.Module, *, lr: float, weight_decay: float,
     Each group carries ``lr_scale``, ``tower``, ``backbone`` and ``group_name`` keys, which the
     schedule and the freeze logic read.
     """
-    if grouping not in GROUPINGS:
-        raise UserError(f"unknown optim.grouping {grouping!r} (choose {' or '.join(GROUPINGS)})")
-    if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
-        raise UserError(f"optim.layer_decay must be in (0, 1], got {layer_decay}")
     rule = _official_group if grouping == "official" else _zsprob_group
     param_info = param_info or {}
     buckets: dict[tuple, dict] = {}
@@ -291,9 +248,6 @@ class GroupSchedule:
     def step(self) -> None:
         self.step_count += 1
         self._apply()
-
-    def get_last_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
         return {"step_count": self.step_count}

@@ -1,27 +1,13 @@
 """A run directory mirrored to an fsspec URL (``train.remote_sync``), and pulled back on resume.
 
-open_clip's ``--remote-sync`` is the model: the local run directory stays the working copy and is
-copied to the remote (``s3://bucket/runs/name``, ``gs://...``, ``file:///shared/...``) after every
-checkpoint and at the end; ``--resume`` on a machine without the local copy (a new node, a wiped
-scratch disk) first fetches the remote's latest checkpoint and the logs, then resumes as usual.
-Unlike open_clip, the copy runs in the training process right after the checkpoint is written
-(no background process to watch; the time it takes is training time).
-
-fsspec does the I/O (``put_file``, ``get_file``, ``find``, ``ls``, ``rm``, ``mv``). zsprob writes the
-order that keeps the remote consistent at every moment:
-
-1. every new or changed file except ``checkpoints/latest.json`` (so a new step directory is
-   complete on the remote before anything names it); files outside step directories
-   (``metrics.jsonl``, ``config.yaml``, ``summary.json``, ...) go to a temporary name and are moved
-   into place;
-2. ``checkpoints/latest.json``, likewise through a temporary name;
-3. the step directories the local run pruned (``train.keep_checkpoints``) are removed remotely.
-
-A reader of the remote therefore finds either the previous checkpoint or the new one, never a
-partial one. Hidden files (temporary checkpoint directories, atomic-write temporaries) are never
-copied. A copy that fails during training is a warning and is retried at the next checkpoint; a
-remote that cannot be written before the first step is a UserError (a URL that cannot hold the
-mirror is refused earlier, with the config: :func:`check_target`).
+As open_clip's ``--remote-sync``: the local run directory is the working copy, copied to the remote
+after every checkpoint and at the end (in the training process, on rank 0); ``--resume`` on a machine
+without the local copy first fetches the remote's latest checkpoint and logs. fsspec does the I/O;
+zsprob writes the order that keeps the remote consistent: every new or changed file but
+``checkpoints/latest.json`` (files outside step directories through a temporary name), then the
+pointer, then the step directories pruned locally are removed, so a reader finds the previous
+checkpoint or the new one, never a partial one. Hidden files are never copied; a copy that fails is a
+warning retried at the next checkpoint. The URL is checked with the config (:func:`check_target`).
 """
 from __future__ import annotations
 
@@ -48,7 +34,7 @@ def check_target(url: str, out: str | os.PathLike) -> None:
     if remote.check_url(str(url), "train.remote_sync") == "pipe":
         raise UserError(f"train.remote_sync: a pipe: command cannot hold checkpoints ({url!r}); use a local path, "
                         "file:// or an fsspec protocol (s3://, gs://, ...)")
-    if remote.is_local(str(url).rstrip("/")):  # a mirror that is the run (or holds it, or lies in it) copies onto itself
+    if remote.is_local(str(url).rstrip("/")):  # a mirror that is, holds or lies in the run copies onto itself
         mirror, run = Path(remote.local_path(str(url).rstrip("/"))).resolve(), Path(out).resolve()
         if mirror == run or run in mirror.parents or mirror in run.parents:
             raise UserError(f"train.remote_sync {url!r} is the run directory {out}, or holds it, or lies "
@@ -59,7 +45,6 @@ class RemoteSync:
     """Mirror of one local run directory ``out`` at ``url``."""
 
     def __init__(self, url: str, out: str | os.PathLike):
-        check_target(url, out)
         self.url = str(url).rstrip("/")
         self.out = Path(out)
         self.fs, self.root = remote.url_fs(self.url)

@@ -1,20 +1,12 @@
-"""Training that survives a cluster: ``--resume auto``, pre-emption signals, test fault hooks.
+"""Training that survives a cluster: the run directory's claim, ``--resume auto``, pre-emption signals.
 
-Reused library behaviour: torchrun's elastic agent (``torch.distributed.run``) restarts the whole
-process group after a worker dies (``--max-restarts N``) and tells its workers so through the
-``TORCHELASTIC_*`` environment variables; Python's :mod:`signal` delivers SIGTERM / SIGUSR1 (how
-SLURM and most schedulers announce pre-emption) to a handler between bytecodes of the main
-thread. zsprob writes the policy:
-
-- ``resume="auto"``: the latest valid checkpoint under ``OUT/checkpoints`` if there is one, else a
-  fresh start; the default under a torchrun elastic agent, so the same command can be relaunched
-  by ``--max-restarts`` or a scheduler's requeue. ``"latest"`` (or True) insists on a checkpoint.
-- :class:`StopSignals`: the handler only sets a flag. The loop looks at it after each step (all
-  processes agree through one all-reduce), writes a checkpoint unless it has just written one, and
-  raises :class:`zsprob.errors.Preempted`, which the command line turns into the requeue exit code.
-  A signal that arrives while a checkpoint is being written therefore only sets the flag: the
-  write completes and is committed first.
-- :func:`fault_point`: test-only fault injection (``ZSPROB_TEST_FAULT``), inert unless set.
+torchrun's elastic agent restarts the process group after a worker dies (``--max-restarts``) and says so
+in the ``TORCHELASTIC_*`` variables; Python's :mod:`signal` delivers SIGTERM / SIGUSR1 (how schedulers
+announce pre-emption). zsprob writes the policy: ``resume="auto"`` takes the latest valid checkpoint or
+starts afresh (the default under the agent, so a relaunch continues); :class:`StopSignals` only sets a
+flag, which the loop reads after each step (one all-reduce) to checkpoint and raise
+:class:`zsprob.errors.Preempted`, so a write in progress completes first; :class:`RunLock` and
+:func:`claim_run_dir` keep two runs out of one OUT; :func:`fault_point` is the tests' fault hook.
 """
 from __future__ import annotations
 
@@ -53,23 +45,11 @@ def restart_count() -> int:
 
 
 def init_restart_safe_process_group(cpu: bool, timeout=None) -> bool:
-    """Open the default process group in a key space of its own for each torchrun restart.
-
-    Since torch 2.5 torchrun's c10d rendezvous shares one TCPStore (hosted by the agent, which
-    outlives its workers) with every generation of workers, and ``init_process_group("env://")``
-    writes the same keys into it each time (pytorch/pytorch#135712). After ``--max-restarts``
-    relaunches a group, a worker can read the previous generation's gloo addresses before its
-    peer overwrites them: "Gloo connectFullMesh failed ... Connection refused", or a hang. Under
-    that shared store (``TORCHELASTIC_USE_AGENT_STORE=True``) this opens the group itself on the
-    agent's store behind the prefix ``zsprob/restart-<TORCHELASTIC_RESTART_COUNT>``; accelerate then
-    finds it initialised and uses it. ``timeout`` (a timedelta, ``train.dist_timeout_s``) bounds every
-    collective of the group. Returns whether it did so (False: not under a shared store, or
-    a group exists already; accelerate opens its own as usual).
-
-    The restart count is the same on every worker of one node; across nodes it can differ when an
-    agent restarts for a membership change, so multi-node elastic jobs should set
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` on torchrun (a fresh store per round; see docs/).
-    """
+    """Open the default process group under a key prefix of its own for each torchrun restart
+    (``zsprob/restart-<TORCHELASTIC_RESTART_COUNT>``), when torchrun shares its agent's TCPStore with every
+    generation of workers (``TORCHELASTIC_USE_AGENT_STORE=True``): otherwise a restarted worker can read its
+    dead peer's address (pytorch/pytorch#135712; docs/training.md). ``timeout``: ``train.dist_timeout_s``.
+    Returns whether it opened the group (accelerate then uses it)."""
     import torch
     import torch.distributed as dist
     from datetime import timedelta
@@ -233,8 +213,9 @@ class data_wait:
             if self.stop._armed:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 self.stop._armed = False
-            if exc_type is _StopWaiting or (self.stop.received and exc_type is not None
-                                             and issubclass(exc_type, RuntimeError) and "DataLoader worker" in str(exc)):
+            workers_stopped = (self.stop.received and exc_type is not None and issubclass(exc_type, RuntimeError)
+                               and "DataLoader worker" in str(exc))
+            if exc_type is _StopWaiting or workers_stopped:
                 raise self.stop.preempted() from None  # the data workers were stopped with the run
         return False
 

@@ -57,8 +57,6 @@ def resolve_schedule(cfg: Config, steps_per_epoch: int | None) -> SchedulePlan:
     fz = cfg.freeze
     freeze_warmup = plan.steps_of(fz.warmup_steps, fz.warmup_epochs, "freeze.warmup_epochs")
     mode = fz.warmup_mode or DEFAULTS["freeze"]["warmup_mode"]
-    if mode not in ("lr", "loss"):
-        raise UserError(f"freeze.warmup_mode must be lr or loss, got {mode!r}")
     frozen = {t: plan.steps_of(fz[f"{t}_steps"], fz[f"{t}_epochs"], f"freeze.{t}_epochs") for t in ("image", "text")}
     for tower, n in frozen.items():
         if n > 0:

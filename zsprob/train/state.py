@@ -1,6 +1,6 @@
-"""Training state for exact resume: safetensors for tensors + JSON for everything else.
+"""Training state for exact resume: safetensors for tensors, JSON for the rest (nothing is pickled).
 
-Nothing is pickled, so loading a state never executes code. A checkpoint directory is::
+A checkpoint directory is::
 
     OUT/checkpoints/step-000500/
         model/                 zsprob.models.save(...) (model.safetensors + zsprob.json)
@@ -9,11 +9,9 @@ Nothing is pickled, so loading a state never executes code. A checkpoint directo
         state.json             step, data position, optimizer scalars, scheduler, scaler, RNG (python)
     OUT/checkpoints/latest.json  {"step": 500, "dir": "step-000500"}   (written last, atomically)
 
-The directory is written under a temporary name and renamed, then ``latest.json`` is replaced,
-so a crash at any moment leaves the previous checkpoint usable.
-
-zsprob writes the flattening of nested state dicts (tensors -> safetensors keys, the rest ->
-JSON); safetensors (``save_file`` / ``load_file``) does the tensor I/O.
+It is written under a temporary name and renamed before ``latest.json`` moves, so a crash leaves the
+previous checkpoint usable. zsprob flattens nested state dicts (tensors -> safetensors keys); safetensors
+does the tensor I/O.
 """
 from __future__ import annotations
 
@@ -206,13 +204,3 @@ def commit_checkpoint(out: str | os.PathLike, tmp_dir: Path, step: int, keep: in
         if stale != tmp_dir:
             shutil.rmtree(stale, ignore_errors=True)
     return final
-
-
-def new_tmp_dir(out: str | os.PathLike, step: int) -> Path:
-    root = checkpoint_root(out)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    return tmp

@@ -1,17 +1,11 @@
 """One training step of the pairwise losses: the step module, the batch, forward / backward / clip / update.
 
-Owns :class:`ContrastiveStep` (model + loss in one module, so DDP sees the loss's a, b; masked
-copies for the occlusion terms; the loss of local rows against gathered columns), :func:`next_batch`
-(the batch on the device with its augmentations), :func:`one_step` and the pieces it shares with
-jWAE's step (:func:`clip_gradient_sets`, :func:`apply_if_finite`, :func:`count_outcome`).
-
-No host sync but one: the whole step is queued on the device, and the only value the host reads is
-the verdict "was this step finite" (loss and gradient norms together, on every process), which
-decides whether the optimiser steps; the loss terms' own guards decide on the device
-(:func:`zsprob.prob.pairs.guard_term`); the masked copies' lossy views stay on the device too (a JPEG
-view off the CPU is coded there, :mod:`zsprob.data.jpeg_torch`). Under fp16 the gradients are unscaled once, each clipping
-set is clipped apart, and the scaler is updated on skipped steps too. accelerate does the backward
-(scaled under fp16) and DDP; torch clips.
+Owns :class:`ContrastiveStep` (model + loss in one module, so DDP sees the loss's a, b; masked copies for
+the occlusion terms), :func:`next_batch`, :func:`one_step` and the pieces jWAE's step shares. The step is
+queued on the device and the host reads one value: whether it was finite (loss and gradient norms, on
+every process), which decides the update; the loss terms' own guards decide on the device. Under fp16
+the gradients are unscaled once and the scaler is updated on skipped steps too. accelerate does the
+backward and DDP; torch clips.
 """
 from __future__ import annotations
 

@@ -1,5 +1,3 @@
-"""Small shared helpers: atomic file writes, JSON, resource paths, URLs.
-
-Owns small shared helpers (atomic writes, JSON, resource paths; :mod:`zsprob.utils.remote`: paths
-that may be fsspec URLs or ``pipe:`` commands). May import ``zsprob.errors`` only.
+"""Small shared helpers: atomic writes and JSON (``io``), devices, URLs (``remote``), resource paths,
+host-sync counting, length masks and DataLoader worker signals. May import ``zsprob.errors`` only.
 """

@@ -1,12 +1,8 @@
 """Where evaluation runs: the one reading of a ``--device`` / ``--precision`` string.
 
-:func:`resolve_device` turns ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` into a ``torch.device``,
-checking with torch that the GPU exists, and raises :class:`zsprob.errors.UserError` (one line,
-exit 2 from the CLI) for anything else. :func:`check_precision` does the same for the encoding
-precision (``fp32`` or ``bf16``), and :func:`encode_autocast` is the autocast context encoders
-use for it (``torch.autocast`` does the work). :func:`default_workers` is the CLI's default
-number of image-decoding DataLoader workers. Training does not use these: accelerate places
-and casts its models.
+:func:`resolve_device` turns ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` into a ``torch.device`` (checking
+with torch that the GPU exists), :func:`encode_autocast` is the context encoders run in for a precision.
+Training does not use these: accelerate places and casts its models.
 """
 from __future__ import annotations
 
@@ -17,7 +13,9 @@ import re
 from zsprob.errors import UserError
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
-PRECISIONS = ("fp32", "bf16")
+#: every precision zsprob runs in; training takes them all (``train.precision``), encoding the first two
+PRECISIONS = ("fp32", "bf16", "fp16")
+ENCODE_PRECISIONS = PRECISIONS[:2]
 _SPEC = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
 
 
@@ -51,9 +49,9 @@ def resolve_device(spec=None):
 
 
 def check_precision(precision: str) -> str:
-    """``precision`` if it is one of :data:`PRECISIONS`, else :class:`UserError`."""
-    if precision not in PRECISIONS:
-        raise UserError(f"unknown precision {precision!r}: choose {' or '.join(PRECISIONS)}")
+    """``precision`` if it is one of :data:`ENCODE_PRECISIONS`, else :class:`UserError`."""
+    if precision not in ENCODE_PRECISIONS:
+        raise UserError(f"unknown precision {precision!r}: choose {' or '.join(ENCODE_PRECISIONS)}")
     return precision
 
 
@@ -73,5 +71,5 @@ def default_workers() -> int:
     return min(4, os.cpu_count() or 1)
 
 
-__all__ = ["DEVICE_CHOICES", "PRECISIONS", "parse_device", "resolve_device", "check_precision", "encode_autocast",
+__all__ = ["DEVICE_CHOICES", "PRECISIONS", "ENCODE_PRECISIONS", "parse_device", "resolve_device", "check_precision", "encode_autocast",
            "default_workers"]

@@ -1,20 +1,12 @@
 """Counting the tensor calls that make the host wait for the device, on any device (the CPU included).
 
-On a GPU every ``.item()``, ``bool(tensor)``, ``.cpu()``, ``unique`` or ``nonzero`` stalls the
-launch queue until the device catches up. ``torch.cuda.set_sync_debug_mode`` reports them on CUDA
-only; :class:`HostSyncCounter` counts the same calls on the CPU through torch's
-``TorchFunctionMode`` (torch.overrides), so a test can pin "at most one host sync per steady
-training step" on a machine without a GPU.
-
-:func:`host_read_is_free` says where such a read costs nothing (the CPU), so that code can keep a
-data-dependent shortcut there and take the fixed-shape path on an accelerator.
-
-Counted: the call names in :data:`SYNC_CALLS`, and two copies from host memory that an accelerator
-waits for although no value is read back (both found with CUDA's sync debug mode on an H200):
-``torch.tensor`` / ``as_tensor`` of Python data with a ``device`` argument, and an indexed write of a
-Python number through a tensor index (``x[idx] = 1.0`` sends the number to the device first). Calls
-whose Python caller lives in ``torch/optim`` are skipped: torch's own optimisers keep their step
-counters on the host on purpose. torch provides the mode; the counting is zsprob's.
+On a GPU every ``.item()``, ``bool(tensor)``, ``.cpu()``, ``unique`` or ``nonzero`` stalls the launch
+queue. ``torch.cuda.set_sync_debug_mode`` reports them on CUDA only; :class:`HostSyncCounter` counts
+them through torch's ``TorchFunctionMode``, so a test can pin "at most one host sync per steady
+training step" without a GPU. Also counted: two host-to-device copies an accelerator waits for
+(``torch.tensor`` / ``as_tensor`` of Python data with a ``device``; ``x[tensor_index] = number``).
+Calls from ``torch/optim`` are skipped (its step counters live on the host on purpose).
+:func:`host_read_is_free` says where such a read costs nothing (the CPU).
 """
 from __future__ import annotations
 
@@ -30,10 +22,8 @@ SYNC_CALLS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "_
                         "unique", "unique_consecutive", "nonzero", "masked_select", "equal", "allclose"})
 
 
-#: device types on which reading a tensor's value from the host stalls nothing: their operations run
-#: synchronously anyway. Data-dependent shortcuts (cutting a batch of captions at its longest one) stay
-#: on them; everywhere else the fixed-shape path runs. A test empties this set to count the
-#: accelerator's path on the CPU.
+#: device types whose operations run synchronously anyway, so a host read stalls nothing: data-dependent
+#: shortcuts stay on them (a test empties it to count the accelerator's path on the CPU)
 HOST_READ_FREE = {"cpu"}
 
 
@@ -61,11 +51,8 @@ def _caller_is_torch_optim() -> bool:
 
 
 class HostSyncCounter(TorchFunctionMode):
-    """``with HostSyncCounter() as c: ...`` counts host-synchronising tensor calls in the block.
-
-    ``c.total`` is the count, ``c.by_name`` a Counter by call name and ``c.where`` a Counter of
-    "file:line name" of the first frame outside torch, so a failing test says where each one is.
-    """
+    """``with HostSyncCounter() as c: ...`` counts host-synchronising tensor calls in the block: ``c.total``,
+    ``c.by_name`` (by call name) and ``c.where`` ("file:line name" of the first frame outside torch)."""
 
     def __init__(self):
         super().__init__()
@@ -109,10 +96,8 @@ def _host_copy(name: str, args, kwargs) -> str | None:
 
 
 def caller_site(frame=None, *, via: bool = False) -> str:
-    """``path:line`` of the first frame from ``frame`` (default: the caller's) outwards that is not torch's,
-    the warnings module's or this module's (a path inside zsprob/ is given from there); with ``via``, the
-    innermost torch frame passed on the way, in brackets. Names the zsprob line behind a host sync (here)
-    or a CUDA sync-debug warning (``scripts/bench_train.py``)."""
+    """``path:line`` of the first frame from ``frame`` (default: the caller's) outwards that is not torch's, the
+    warnings module's or this module's; with ``via``, also the innermost torch frame passed on the way."""
     frame = frame if frame is not None else sys._getframe(1)
     inner = None
     while frame is not None:
@@ -124,26 +109,3 @@ def caller_site(frame=None, *, via: bool = False) -> str:
             return site + (f" (via {inner})" if via and inner else "")
         frame = frame.f_back
     return (inner if via else None) or "?"
-
-
-def count_host_syncs(fn, *args, **kwargs) -> tuple[object, HostSyncCounter]:
-    """``fn(*args, **kwargs)`` under a :class:`HostSyncCounter`; returns (its result, the counter)."""
-    with HostSyncCounter() as counter:
-        result = fn(*args, **kwargs)
-    return result, counter
-
-
-def cuda_sync_debug(mode: str = "warn"):
-    """``torch.cuda.set_sync_debug_mode(mode)`` as a context manager (a no-op without CUDA)."""
-    @contextlib.contextmanager
-    def _ctx():
-        if not torch.cuda.is_available():
-            yield
-            return
-        previous = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode(mode)
-        try:
-            yield
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    return _ctx()

@@ -1,16 +1,9 @@
 """Atomic writes, small JSON helpers and the SHA-256 of a file.
 
-Everything zsprob writes that a user would miss if a crash left it half-written
-(checkpoints, selections, results) goes through these functions: the data is written to a
-temporary file in the same directory, flushed and fsync'ed, then renamed over the target,
-so a reader sees either the old file or the new one, never a torn one.
-
-What is replaced: a regular file, or nothing (the file is created, and its folder). A symlink is written
-through: the file it points to is replaced atomically (the temporary file is made beside that file) and
-the link itself is kept, so a link into another folder still points at the new results. A path that
-exists and is not a regular file (a directory, a named pipe, a device, a socket; or a symlink to one)
-is refused with one :class:`zsprob.UserError` line before ``writer`` runs: a rename would swap
-the pipe or device out for a plain file (``--out /dev/null`` run as root would replace the device).
+Every file a crash must not leave half-written goes through :func:`atomic_write`: written to a
+temporary file beside the target, fsync'ed, then renamed over it. A symlink is written through (its
+target replaced, the link kept); a directory, pipe, device or socket is refused with one
+:class:`zsprob.UserError` line, since a rename would replace it with a plain file.
 """
 from __future__ import annotations
 
@@ -71,11 +64,8 @@ def write_target(path: str | os.PathLike) -> Path:
 def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsync: bool = True) -> Path:
     """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path``; returns ``path``.
 
-    ``path`` may be absent or a regular file; a symlink is written through (its target replaced, the link
-    kept); anything else (directory, FIFO, device, socket) is a :class:`zsprob.UserError` before
-    ``writer`` runs (see the module docstring). The file gets the usual mode (0666 less the umask;
-    mkstemp alone would leave 0600). ``fsync=False`` skips the flush to disk for bulk writes of many
-    small files (a reader still never sees a torn file, but a power loss may lose the latest ones).
+    The file gets the usual mode (0666 less the umask, not mkstemp's 0600). ``fsync=False`` skips the
+    flush to disk for bulk writes of many small files (a power loss may then lose the latest ones).
     """
     path = Path(path)
     target = write_target(path)
@@ -112,7 +102,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def _default(o: Any) -> Any:
-    # numpy / torch scalars and arrays, Paths
+    """numpy / torch scalars and arrays, and Paths, as JSON values."""
     if hasattr(o, "tolist"):
         return o.tolist()
     if isinstance(o, Path):
@@ -139,8 +129,7 @@ def _finite(o: Any) -> Any:
 
 
 def _dumps(obj: Any, indent: int | None) -> str:
-    """Strict JSON: NaN and infinities (not JSON; jq and browsers refuse them) are written as null.
-    The common all-finite case is one C-speed dump; only a payload holding one is walked."""
+    """Strict JSON: NaN and infinities (not JSON) are written as null; only a payload holding one is walked."""
     try:
         return json.dumps(obj, indent=indent, default=_default, allow_nan=False)
     except ValueError:

@@ -1,8 +1,7 @@
 """Length masks over padded token sequences: which of a row's ``L`` positions are its own tokens.
 
-Every text tower and head that pools words over a caption's first ``lengths`` positions uses these
-three, so the mask and the pooling are written once (plain torch, no host reads: the lengths stay on
-the device).
+Every text tower and head that pools over a caption's first ``lengths`` positions uses these (plain
+torch, no host reads).
 """
 from __future__ import annotations
 

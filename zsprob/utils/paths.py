@@ -1,8 +1,5 @@
-"""Where zsprob's shipped resources live: prompts/ and configs/ at the repository root; and what marks
-a training run's directory (:data:`RUN_MARKERS`).
-
-zsprob is installed editable (``pip install -e .``), so these folders sit next to the
-package. ``ZSPROB_HOME`` overrides the root.
+"""Where zsprob's shipped resources live (prompts/ and configs/ beside the package, or under
+``ZSPROB_HOME``), and what marks a training run's directory (:data:`RUN_MARKERS`).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Paths that may be URLs: scheme checks with one-line errors, opening and listing through fsspec.
 
-fsspec does all the I/O here (``fsspec.core.url_to_fs``, ``fs.open``, ``fs.glob``, ``fs.exists``,
-``fs.put_file``, ``fs.get_file``, ``fs.mv``, ``fs.rm``); which protocols exist and which need an
-extra package (s3fs, gcsfs, aiohttp, ...) is fsspec's registry. zsprob writes the classification of
-a string (local path, ``file://``, ``pipe:`` command, fsspec URL), the error lines a user sees for
-an unknown scheme or a missing backend, and an atomic small-file write (temporary name, then
-``fs.mv``: a rename on local-like file systems, one PUT on object stores).
+fsspec does the I/O and knows the protocols; zsprob classifies a string (local path, ``file://``,
+``pipe:`` command, fsspec URL), words the errors for an unknown scheme or a missing backend, and writes
+small files atomically (a temporary name, then ``fs.mv``).
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """What a training DataLoader worker does at start: leave the stop to the main process.
 
-A scheduler (SLURM, ``timeout``) signals every process of the job, and Ctrl-C reaches the whole
-terminal group. The training process catches SIGTERM / SIGUSR1 to finish its step and write a
-checkpoint (:class:`zsprob.train.resilience.StopSignals`). A worker killed by the same signal would make
-torch raise in the main process ("DataLoader worker ... is killed by signal") before it can do so, or
-leave the main process without the batch of the step it is finishing. So a worker ignores SIGINT and
-SIGUSR1, and on SIGTERM keeps serving for :data:`SIGTERM_GRACE_S` seconds, then leaves quietly (exit
-status 0, which torch does not count as a failure). The main process shuts its loader down once it has
-checkpointed; a second SIGTERM (torch's own shutdown of a worker that does not stop) ends it at once.
+A scheduler's SIGTERM or a terminal's Ctrl-C reaches every process of the job; the training process
+catches it to finish its step and checkpoint (:class:`zsprob.train.resilience.StopSignals`). A worker
+killed meanwhile would make torch raise in the main process first, so a worker ignores SIGINT and
+SIGUSR1, and on SIGTERM keeps serving for :data:`SIGTERM_GRACE_S` seconds, then exits 0; a second
+SIGTERM (torch's own shutdown) ends it at once.
 """
 from __future__ import annotations
 

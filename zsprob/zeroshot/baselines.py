@@ -1,10 +1,9 @@
 """The published transductive and few-shot baselines: ProLIP's Bayesian prompt re-weighting, ZPE.
 
 ``bprw`` (ProLIP's "use NN" mode: the unlabelled evaluation images nearest each class), ``bprw-fewshot``
-(ProLIP's ``--use_gt`` mode: labelled shots per class, from the split the user names) and ``zpe``
-(Allingham et al., ICML 2023: one weight per template from unlabelled images). References, read and
-not copied: ProLIP's ``src/analysis/unc_zeroshot_prompts.py`` and the ZPE authors' notebook. Plain
-torch; the weights become class Gaussians through :mod:`zsprob.zeroshot.selection_base`.
+(its ``--use_gt`` mode: labelled shots per class, from the split the user names) and ``zpe`` (Allingham
+et al., ICML 2023: one weight per template from unlabelled images). References, read and not copied:
+ProLIP's ``src/analysis/unc_zeroshot_prompts.py`` and the ZPE authors' notebook. Plain torch.
 """
 from __future__ import annotations
 
@@ -13,9 +12,9 @@ import math
 import torch
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.selection_base import (Selection, as_feats, check_labels, make_selection, prompt_mask,
+from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, prompt_mask,
                                             require_sigma, slot_logits)
-from zsprob.zeroshot.strategy_registry import StrategyInputs, strategy_runner
+from zsprob.zeroshot.strategy_registry import StrategyInputs
 
 
 def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-12, max_iter=1000, mask=None):
@@ -89,16 +88,12 @@ def select_bprw(bank, pool_feats, *, n_neighbors: int = 10, n_samples: int = 10,
                 data: str = "unlabelled images") -> Selection:
     """ProLIP's Bayesian prompt re-weighting (BPRW), defaults = its "use NN" setting (5-1-10-10-0.02-inverse).
 
-    Per class: the ``n_neighbors`` unlabelled images nearest to the class's average prompt mean,
-    ``n_samples`` draws from each image Gaussian, then EM for the mixing proportions of the
-    class's prompt Gaussians N(mu_t, var_mult * sigma^2_t + stable_eps) under a Dirichlet(alpha)
-    prior. Class mean = sum_t pi_t mu_t (not renormalised, as in ProLIP), sigma^2 = sum_t pi_t^2 sigma^2_t.
-    Transductive: the neighbours are evaluation images (their labels are never read).
-    """
+    Per class: ``n_samples`` draws from each of the ``n_neighbors`` unlabelled images nearest the class's
+    average prompt, then EM for the Dirichlet(alpha)-MAP mixing proportions of the class's prompt Gaussians
+    N(mu_t, var_mult sigma^2_t + stable_eps). Class mean = sum_t pi_t mu_t (not renormalised, as in ProLIP),
+    sigma^2 = sum_t pi_t^2 sigma^2_t."""
     require_sigma(bank, "bprw")
     x, xlv = as_feats(pool_feats)
-    if x.shape[0] == 0:
-        raise UserError("bprw needs unlabelled images")
     gen = torch.Generator().manual_seed(seed)
     nn_k = min(n_neighbors, x.shape[0])
     sims = x.double() @ bank.mu_normed.double().mean(1).T     # [N, C]
@@ -125,9 +120,7 @@ def select_bprw_fewshot(bank, shot_feats, shot_labels, *, shots: int | None = No
     """
     require_sigma(bank, "bprw-fewshot")
     x, xlv = as_feats(shot_feats)
-    y = check_labels(shot_labels, bank.num_classes, "few-shot split")
-    if shots is not None and int(shots) < 1:
-        raise UserError(f"--shots must be at least 1, got {shots}")
+    y = torch.as_tensor(shot_labels).long()
     per_class = [torch.nonzero(y == c).flatten()[:shots] for c in range(bank.num_classes)]
     empty = [bank.classnames[c] for c, idx in enumerate(per_class) if len(idx) == 0]
     if empty:
@@ -153,61 +146,48 @@ def select_bprw_fewshot(bank, shot_feats, shot_labels, *, shots: int | None = No
                                 "reference": "ProLIP analysis/unc_zeroshot_prompts.py --use_gt"})
 
 
-def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, reference_feats=None,
-               data: str = "unlabelled images") -> Selection:
+def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, data: str = "unlabelled images") -> Selection:
     """ZPE (Allingham et al., ICML 2023): one weight per template, shared by all classes.
 
-    logits l[n, t, c] = logit_scale * cos(x_n, mu_tc); normalised by subtracting the mean over
-    images per (t, c) -- the unlabelled pool's mean, averaged with a reference (pre-training-
-    like) set's mean when ``reference_feats`` is given (the authors' "both" mode); score
-    s_t = mean_n max_c normalised l[n, t, c]; weights = softmax_t(s_t); class vector =
+    logits l[n, t, c] = logit_scale * cos(x_n, mu_tc), centred by their mean over the unlabelled images
+    per (t, c); score s_t = mean_n max_c centred l[n, t, c]; weights = softmax_t(s_t); class vector =
     sum_t w_t mu_tc (the weighted average of logits, not renormalised). Works without sigma.
     """
     x, _ = as_feats(pool_feats)
-    if x.shape[0] == 0:
-        raise UserError("zpe needs unlabelled images")
     mun = bank.mu_normed                                      # [C, T, D]
     C, T, D = mun.shape
     scores = torch.zeros(T, dtype=torch.float64)
     mask = prompt_mask(bank)
-    ref_mean = None
-    if reference_feats is not None:
-        r, _ = as_feats(reference_feats)
-        ref_mean = logit_scale * torch.einsum("nd,ctd->tc", r, mun) / r.shape[0] if mask is None else \
-            torch.stack([slot_logits(bank, r, t, logit_scale).mean(0).float() for t in range(T)])
     for t in range(T):
         if mask is None:
             lt = logit_scale * (x @ mun[:, t].T)              # [N, C]
         else:  # per-class pools: slot t = each class's t-th prompt (docs/zeroshot.md)
             lt = slot_logits(bank, x, t, logit_scale).float()
-        mean = lt.mean(0, keepdim=True)
-        if ref_mean is not None:
-            mean = 0.5 * (mean + ref_mean[t][None])
-        scores[t] = (lt - mean).max(1).values.double().mean()
+        scores[t] = (lt - lt.mean(0, keepdim=True)).max(1).values.double().mean()
     w = torch.softmax(scores, 0).float()
     W = w[None].expand(C, T).contiguous()
     if mask is not None:
         W = W * mask                                          # renormalised per class over its own prompts
     return make_selection(bank, "zpe", "ZPE", W, renormalize=False, var_rule="mean",
                           info={"data_used": data, "n_pool_images": int(x.shape[0]), "logit_scale": logit_scale,
-                                "debias": "test+reference" if ref_mean is not None else "test (unlabelled pool mean)",
+                                "debias": "test (unlabelled pool mean)",
                                 "template_scores": [float(v) for v in scores],
                                 "reference": "Allingham et al., ICML 2023, Algorithm 2 / authors' notebook"})
 
 
-@strategy_runner("bprw")
-def _run_bprw(bank, given: StrategyInputs) -> Selection:
+# ----------------------------------------------------------------------------- the registry's runners
+# (zsprob.zeroshot.strategy_registry names each as "module:function")
+
+def run_bprw(bank, given: StrategyInputs) -> Selection:
     return select_bprw(bank, given.pool, data=given.pool_data)
 
 
-@strategy_runner("bprw-fewshot")
-def _run_bprw_fewshot(bank, given: StrategyInputs) -> Selection:
-    from_eval = given.shots_split == "eval"
+def run_bprw_fewshot(bank, given: StrategyInputs) -> Selection:
+    from_eval = given.request.shots_split == "eval"
     data = "evaluation split labels (EVAL SHOTS)" if from_eval else given.select_data
-    return select_bprw_fewshot(bank, given.select[0], given.select[1], shots=given.shots, data=data,
+    return select_bprw_fewshot(bank, given.select[0], given.select[1], shots=given.request.shots, data=data,
                                from_eval=from_eval)
 
 
-@strategy_runner("zpe")
-def _run_zpe(bank, given: StrategyInputs) -> Selection:
+def run_zpe(bank, given: StrategyInputs) -> Selection:
     return select_zpe(bank, given.pool, data=given.pool_data)

@@ -1,24 +1,11 @@
 """Calibration of zero-shot class probabilities: ECE, NLL and a temperature fitted on the selection split.
 
-The class probabilities are ``softmax(logits / T)`` with ``logits = logit_scale * scores``, where
-``scores`` are :func:`zsprob.zeroshot.metrics.class_scores` (cosine, -CSD or the
-uncertainty-adjusted cosine) and ``logit_scale`` is the factor the model itself puts in front of
-that score (:func:`model_logit_scale`). Definitions (all in float64):
-
-* **NLL**: ``mean_n -log softmax(logits_n / T)[y_n]`` (nats per image).
-* **ECE** (Guo et al., 2017): confidence ``p_n = max_c softmax(logits_n / T)_c``, prediction
-  ``argmax_c``; ``B = 15`` equal-width bins ``(b / B, (b + 1) / B]`` (a confidence of exactly 1.0
-  falls in the last bin; an exact edge ``b / B`` in bin ``b - 1``); ``ECE = sum_b (n_b / N) *
-  |acc_b - conf_b|``, empty bins contributing nothing. Reported as a fraction in [0, 1].
-* **Temperature** ``T``: the minimiser of the NLL on the labelled *selection* split
-  (``classify/select``), by bounded Brent search over ``log T`` in ``[log 1e-3, log 1e3]``
-  (scipy.optimize); the NLL is convex in ``1 / T``, so the search finds the global minimum in
-  the bracket. ``ece_at_t`` / ``nll_at_t`` are the evaluation split's figures at that ``T``. The
-  fit never sees an evaluation label (:func:`calibration_report` takes the two splits apart and
-  fits on the selection one only). For a strategy that reads no labels, ``T`` is a report-only
-  figure: it plays no part in which prompts the strategy chose.
-
-scipy does the 1-D minimisation; the rest is numpy.
+Probabilities are ``softmax(logit_scale * scores / T)``: ``scores`` from
+:func:`zsprob.zeroshot.metrics.class_scores`, ``logit_scale`` the factor the model itself puts in front of
+that score (:func:`model_logit_scale`). ECE uses 15 equal-width bins ``(b / 15, (b + 1) / 15]`` (1.0 in the
+last); ``T`` minimises the NLL on the labelled selection split only (bounded search over log T in
+[1e-3, 1e3]) and is a report-only figure. docs/zeroshot.md ("Calibration") gives the definitions in full.
+scipy does the 1-D minimisation; the rest is numpy, in float64.
 """
 from __future__ import annotations
 
@@ -122,14 +109,9 @@ def calibration_report(eval_logits, eval_labels, select_logits=None, select_labe
 def model_logit_scale(model, score: str = "cosine") -> tuple[float, str]:
     """``(scale, where it came from)``: the factor the model applies to ``score`` to make logits.
 
-    * a zsprob checkpoint trained with PCME++ / PCME (``loss_params`` ``scale`` = a, logits =
-      -a d + b): ``a`` for ``csd``; ``2 a`` for ``cosine`` / ``unc``, since on unit-norm means
-      ``-a ||x - c||^2 = 2 a cos(x, c) - 2 a``;
-    * InfoNCE / ProLIP (``loss_params`` ``logit_scale`` = log s, s clamped at 100): ``s`` for
-      ``cosine`` / ``unc``, ``s / 2`` for ``csd`` (ProLIP's logit is ``s (cos - (u_x + u_c) / 2)
-      = (s / 2)(-CSD) + const``);
-    * a plain open_clip model: ``exp(logit_scale)`` of the wrapped model, clamped at 100;
-    * otherwise CLIP's zero-shot convention, 100.
+    PCME++ / PCME checkpoints (logits = -a d + b): ``a`` for ``csd``, ``2 a`` for cosine-type scores (on unit
+    means -a ||x - c||^2 = 2 a cos - 2 a); InfoNCE / ProLIP: s = exp(logit_scale) clamped at 100 (``s / 2``
+    for ``csd``); a plain open_clip model: its own exp(logit_scale); otherwise CLIP's 100.
     """
     extra = ((getattr(model, "checkpoint_meta", None) or {}).get("extra") or {})
     params = extra.get("loss_params") or {}
@@ -183,9 +165,11 @@ def row_calibration(selection, eval_feats, select_feats=None, *, score: str = "c
     return {**{k: report[k] for k in ROW_FIELDS}, "calibration": report}
 
 
-def model_logit_scales(model, scores=("cosine", "csd", "unc")) -> dict:
+def model_logit_scales(model) -> dict:
     """``{score: (scale, source)}`` of :func:`model_logit_scale` for every score name."""
-    return {s: model_logit_scale(model, s) for s in scores}
+    from zsprob.zeroshot.options import SCORES
+
+    return {s: model_logit_scale(model, s) for s in SCORES}
 
 
 def _fmt(v, nd: int = 3) -> str:

@@ -1,25 +1,12 @@
 """CARPRT (ICLR 2026): class-aware prompt reweighting from unlabelled images, and its class-shared counterpart.
 
-For every prompt (class c, template t) the logits are ``l[n, c, t] = s * cos(x_n, mu_ct)`` (s the logit
-scale, 100 as in CLIP). For each template t and image n, the template's own classifier predicts
-``c*(n, t) = argmax_c l[n, c, t]`` with score ``m(n, t) = max_c l[n, c, t]``. CARPRT's class-specific score
-is the mean max-logit over the images that template assigns to the class::
-
-    score[c, t] = sum_{n: c*(n, t) = c} m(n, t) / #{n: c*(n, t) = c}        (0 when no image goes to c)
-    w[c, :] = softmax_t(score[c, :] / temperature)                           (per class, over templates)
-    class vector_c = sum_t w[c, t] mu_ct / ||mu_ct||                          (not renormalised)
-
-``carprt-shared`` is the class-shared weighting CARPRT is compared with: one score per template,
-``score_t = mean_n m(n, t)`` (every image, whatever class it goes to; equal to the count-weighted mean
-of the class scores), ``w_t = softmax_t(score_t / temperature)`` for every class. ZPE (``zpe``) is the
-other class-shared weighting; it also centres the logits per (t, c) over images first.
-
-Both read the unlabelled evaluation images (no labels, no training): they are **transductive**.
-Reference, read and not copied: the authors' ``test.py`` (github tmlr-group/CARPRT), which collects
-these sums and counts over the test loader, takes ``softmax(weight / temp, dim=prompts)`` and scores with
-``einsum('pc,pcd->cd', weights, text_features)``. Per-class prompt pools (prompts that exist for one
-class only): slot t is each class's t-th prompt (:func:`~zsprob.zeroshot.selection_base.slot_logits`),
-see docs/zeroshot.md. Plain torch.
+With logits ``l[n, c, t] = s * cos(x_n, mu_ct)`` (s = 100, CLIP's scale), template t's classifier sends
+image n to ``c*(n, t) = argmax_c l`` with score ``m(n, t) = max_c l``. ``carprt``: ``score[c, t]`` = mean
+of m over the images template t sends to c (0 when none), ``w[c, :] = softmax_t(score[c, :] / temperature)``;
+``carprt-shared``: ``score_t = mean_n m(n, t)``, one weight per template for every class. Class vector =
+``sum_t w mu_ct / ||mu_ct||`` (not renormalised). Both read the unlabelled evaluation images:
+transductive. Reference, read and not copied: the authors' ``test.py`` (github tmlr-group/CARPRT);
+docs/zeroshot.md states the rule and its per-class-pool variant. Plain torch.
 """
 from __future__ import annotations
 
@@ -27,7 +14,7 @@ import torch
 
 from zsprob.errors import UserError
 from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, prompt_mask, slot_logits
-from zsprob.zeroshot.strategy_registry import StrategyInputs, strategy_runner
+from zsprob.zeroshot.strategy_registry import StrategyInputs
 
 LOGIT_SCALE = 100.0
 
@@ -35,8 +22,6 @@ LOGIT_SCALE = 100.0
 def carprt_scores(bank, feats, logit_scale: float = LOGIT_SCALE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(score [C, T], counts [C, T], shared [T])`` of the module docstring, in float64."""
     x, _ = as_feats(feats)
-    if x.shape[0] == 0:
-        raise UserError("carprt needs unlabelled images")
     C, T = bank.num_classes, bank.num_templates
     sums = torch.zeros(C, T, dtype=torch.float64)
     counts = torch.zeros(C, T, dtype=torch.float64)
@@ -86,11 +71,12 @@ def select_carprt_shared(bank, pool_feats, *, temperature: float = 1.0, logit_sc
                                 "rule": "w_t = softmax_t(mean_n max_c l[n, c, t] / temperature), shared by classes"})
 
 
-@strategy_runner("carprt")
-def _run_carprt(bank, given: StrategyInputs) -> Selection:
+# ----------------------------------------------------------------------------- the registry's runners
+# (zsprob.zeroshot.strategy_registry names each as "module:function")
+
+def run_carprt(bank, given: StrategyInputs) -> Selection:
     return select_carprt(bank, given.pool, data=given.pool_data)
 
 
-@strategy_runner("carprt-shared")
-def _run_carprt_shared(bank, given: StrategyInputs) -> Selection:
+def run_carprt_shared(bank, given: StrategyInputs) -> Selection:
     return select_carprt_shared(bank, given.pool, data=given.pool_data)

@@ -1,49 +1,49 @@
-"""Zero-shot classification runners: ``--compare`` over every strategy, tables, plots, selection files.
+"""Zero-shot classification: the library calls behind ``zsprob select-prompts`` and ``zsprob zeroshot``.
 
-:func:`compare_strategies` / :func:`compare_on_features` score every prompt strategy of
-:mod:`zsprob.zeroshot.selection` on one set of cached image embeddings and write the table and
-plots (matplotlib); :func:`run_selection` and :func:`zeroshot_eval` are the library functions behind
-``zsprob select-prompts`` and ``zsprob zeroshot``; :func:`save_selection` / :func:`load_selection`
-read and write selection.json. The image features and their cache live in
-:mod:`zsprob.zeroshot.features`, the scores, metrics and diagnostics in
-:mod:`zsprob.zeroshot.metrics` (both re-exported here).
+Every entry point takes one :class:`~zsprob.zeroshot.options.ZeroShotRequest` (or its fields as keywords):
+:func:`run_selection` chooses prompts with one strategy, :func:`zeroshot_eval` scores one prompt set,
+:func:`compare_strategies` scores every strategy (through :func:`compare_on_features`, which works on
+cached image embeddings and writes the table and the plots with matplotlib). Each split is listed once,
+and the class names are checked against it once, before anything is encoded; :func:`save_selection` /
+:func:`load_selection` write and read selection.json.
 
-Honesty: only ``oracle`` / ``oracle-global`` ever receive evaluation labels; ZPE and BPRW
-receive the evaluation images without labels (both papers are transductive that way). What each
-strategy reads, and so what is encoded for it, is its entry in
-:mod:`zsprob.zeroshot.strategy_registry`; ``run_strategy`` hands a strategy nothing else.
+Only the strategies whose registry entry (:mod:`zsprob.zeroshot.strategy_registry`) reads evaluation
+labels receive them; ``run_strategy`` hands a strategy nothing it did not declare, and what is encoded
+follows the same entry.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
 from zsprob.errors import UserError
 from zsprob.zeroshot.calibration import calibration_table, model_logit_scales, row_calibration
-from zsprob.zeroshot.features import DATASET_KINDS, ImageFeatures, encode_split, load_split  # noqa: F401
-from zsprob.zeroshot.metrics import (COLLAPSE_COSINE, SCORES, class_scores, class_separation,  # noqa: F401
-                                     evaluate_scores, evaluate_selection, prompt_quality_diagnostic,
-                                     separation_warning, top1_hits, topk_curve)
-from zsprob.zeroshot.options import parse_k_grid, strategy_from_topk  # noqa: F401  (re-exported)
+from zsprob.zeroshot.features import ImageFeatures, Split, encode_split
+from zsprob.zeroshot.metrics import (class_separation, evaluate_selection, prompt_quality_diagnostic, top1_hits,
+                                     topk_curve)
+from zsprob.zeroshot.options import COMPARE_FILES, ZeroShotRequest, as_request, parse_k_grid
 from zsprob.zeroshot.paired import detectable_effect_summary, paired_stats
-from zsprob.zeroshot.strategy_registry import (SELECTION_LABELS, UNLABELLED_IMAGES, check_shots_split,
-                                               compare_order, get_strategy, shots_source)
+from zsprob.zeroshot.strategy_registry import (SELECTION_LABELS, UNLABELLED_IMAGES, compare_order, get_strategy,
+                                               shots_source)
+
+#: the evaluation and labelled selection splits by their names inside a root (other kinds: the root itself)
+SPLIT_NAMES = {"synthetic": ("eval", "select"), "imagenet": ("val", "train")}
 
 
 # ----------------------------------------------------------------------------- selection I/O
-
-def model_info(model, model_id: str, checkpoint=None, name=None, pretrained=None) -> dict:
-    return {"id": model_id, "checkpoint": None if checkpoint is None else str(checkpoint),
-            "name": name or getattr(model, "name", None), "pretrained": pretrained,
-            "deterministic": bool(getattr(model, "deterministic", False)),
-            "embed_dim": getattr(model, "embed_dim", None)}
-
 
 def save_selection(selection, path, *, model: dict | None = None, data: dict | None = None) -> Path:
     from zsprob.utils.io import atomic_write_json
 
     return atomic_write_json(path, selection.to_dict(model=model, data=data))
+
+
+def load_selection(path):
+    from zsprob.utils.io import read_json
+    from zsprob.zeroshot.selection_base import Selection
+
+    return Selection.from_dict(read_json(path, "selection file"), source=str(path))
 
 
 def check_selection_classes(selected, dataset, source) -> None:
@@ -52,33 +52,16 @@ def check_selection_classes(selected, dataset, source) -> None:
     classes are ids that share no name with the selection (ImageNet wnids) are matched by position."""
     from zsprob.data.classification import class_key
 
+    if len(selected) != len(dataset):
+        raise UserError(f"the selection has {len(selected)} classes, the dataset {len(dataset)}")
     ours, theirs = [class_key(str(c)) for c in selected], [class_key(str(c)) for c in dataset]
     if ours == theirs or not set(ours) & set(theirs):
         return
     wrong = [(i, a, b) for i, (a, b, x, y) in enumerate(zip(selected, dataset, ours, theirs)) if x != y]
     i, a, b = wrong[0]
-    raise UserError(f"{source} does not hold the dataset's classes in its order: class {i} is {a!r} there and {b!r} "
-                    f"in the dataset ({len(wrong)} of {len(dataset)} differ); run zsprob select-prompts on this dataset")
-
-
-def _check_class_count(classnames, dataset: str, ev) -> None:
-    """One line when a --classes file names another number of classes than the evaluation split has (a
-    folder dataset matches names to its folders instead, in :func:`prepare`)."""
-    if classnames is None or dataset == "folder":
-        return
-    from zsprob.zeroshot.prompts import load_classnames
-
-    n_names, n_eval = len(load_classnames(classnames)), len(load_split(*ev).classnames)
-    if n_names != n_eval:
-        raise UserError(f"--classes {classnames} names {n_names} classes, the dataset has {n_eval}: give one name per "
-                        "class, in the dataset's order")
-
-
-def load_selection(path):
-    from zsprob.utils.io import read_json
-    from zsprob.zeroshot.selection import Selection
-
-    return Selection.from_dict(read_json(path, "selection file"), source=str(path))
+    raise UserError(f"{source} does not hold the dataset's classes in its order: class {i} is {a!r} there and "
+                    f"{b!r} in the dataset ({len(wrong)} of {len(dataset)} differ); run zsprob select-prompts on "
+                    "this dataset")
 
 
 # ----------------------------------------------------------------------------- compare
@@ -140,7 +123,7 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
         ax.set_ylabel("top-1 accuracy (%)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-        files["accuracy_vs_topk"] = str(save_figure(fig, out_dir / "accuracy_vs_topk.png", dpi=120))
+        files["accuracy_vs_topk"] = str(save_figure(fig, out_dir / COMPARE_FILES[2], dpi=120))
     hist = {n: s.k for n, s in selections.items() if n in ("auto", "oracle") and s.k is not None}
     if hist:
         T = max(len(s.templates) for s in selections.values())
@@ -152,71 +135,69 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
         ax.set_ylabel("number of classes")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-        files["per_class_k_hist"] = str(save_figure(fig, out_dir / "per_class_k_hist.png", dpi=120))
+        files["per_class_k_hist"] = str(save_figure(fig, out_dir / COMPARE_FILES[3], dpi=120))
     return files
 
 
-def _compare_row(name, bank, eval_feats, select, given: dict, score: str, unc_weight: float = 0.5):
+def _compare_row(name, bank, eval_feats, select, request: ZeroShotRequest, data: dict):
     """One ``--compare`` row: ``(row, selection or None, per-image hits or None)``."""
-    from zsprob.zeroshot.selection import NeedsSigma, run_strategy
+    from zsprob.zeroshot.selection import run_strategy
+    from zsprob.zeroshot.selection_base import NeedsSigma
 
     entry = get_strategy(name)
-    audit = entry.audit(given["shots_split"])
-    if SELECTION_LABELS in entry.needs and select is None and not (entry.shots and given["shots_split"] == "eval"):
+    audit = entry.audit(request.shots_split)
+    eval_shots = entry.shots and request.shots_split == "eval"
+    if SELECTION_LABELS in entry.needs and select is None and not eval_shots:
         return {"name": name, "label": name, "skipped": "no labelled selection split", **audit}, None, None
     try:
         t0 = time.perf_counter()
-        sel = run_strategy(name, bank, select=select, pool=eval_feats.feats,  # the pool: images without labels
-                           eval_=(eval_feats.feats, eval_feats.labels) if audit["reads_eval_labels"] else None,
-                           **given)
+        sel = run_strategy(name, bank, request, select=select, pool=eval_feats.feats,  # the pool: images, no labels
+                           eval_=(eval_feats.feats, eval_feats.labels) if audit["reads_eval_labels"] else None, **data)
         secs = time.perf_counter() - t0
     except NeedsSigma:
         return {"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)", **audit}, None, None
-    row_score = score if (score == "cosine" or sel.class_logvar is not None) else "cosine"
-    metrics = evaluate_selection(sel, eval_feats, score=row_score, unc_weight=unc_weight)
+    score = request.score if (request.score == "cosine" or sel.class_logvar is not None) else "cosine"
+    metrics = evaluate_selection(sel, eval_feats, score=score, unc_weight=request.unc_weight)
     row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels, **audit,
            "data_used": sel.info.get("data_used", "none (text only)"), "seconds": secs,
            "info": {k: v for k, v in sel.info.items() if not k.endswith("curve")}}
     if sel.k is not None:
         row["k_mean"] = sum(sel.k) / len(sel.k)
         row["k_per_class"] = dict(zip(sel.classnames, sel.k))
-    return row, sel, top1_hits(sel, eval_feats, row_score, unc_weight)
+    return row, sel, top1_hits(sel, eval_feats, score, request.unc_weight)
 
 
-def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeatures | None = None, *,
-                        out_dir=None, k_values=None, score: str = "cosine", strategies: Sequence[str] | None = None,
-                        model: dict | None = None, title: str = "", threshold_c: float = 1.0,
-                        write_selections: bool = True, shots: int | None = None, shots_split: str = "select",
-                        allow_eval_shots: bool = False, logit_scales: dict | None = None,
-                        unc_weight: float = 0.5) -> dict:
-    """Every strategy on one prompt bank and one set of image embeddings; the table and figures.
+def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeatures | None = None,
+                        request: ZeroShotRequest | None = None, *, strategies=None, out_dir=None,
+                        model: dict | None = None, title: str = "", write_selections: bool = True,
+                        logit_scales: dict | None = None, **fields) -> dict:
+    """Every strategy (``strategies``, default the ``--compare`` order) on one prompt bank and one set of
+    image embeddings, with the options of ``request`` (or its fields as keywords); the table and figures.
 
-    Returns ``{"rows": [...], "table": str, "curves": {...}, "files": {...}, "deterministic": bool}``.
-    Each row: ``name``, ``label``, ``metrics`` (see :func:`evaluate_scores`), ``uses_eval_labels``, the
-    registry's protocol facts (``reads_eval_labels``, ``transductive``, ``label_split``), ``data_used``,
-    ``paired_vs_all`` (:mod:`zsprob.zeroshot.paired`), ``k_mean`` / ``k_hist`` for hard selections, or
-    ``skipped`` with the reason; scored rows also get :func:`row_calibration`'s fields (``logit_scales``:
-    :func:`model_logit_scales`, default CLIP's 100). ``shots`` / ``shots_split`` / ``allow_eval_shots``:
-    the few-shot strategies' shots (see :func:`zsprob.zeroshot.selection.run_strategy`). ``unc_weight``:
-    the weight of sigma^2 under ``score="unc"`` (:func:`zsprob.zeroshot.metrics.class_scores`).
+    Returns ``{"rows": [...], "table": str, "curves": {...}, "files": {...}, "deterministic": bool, ...}``.
+    Each row: ``name``, ``label``, ``metrics`` (:func:`~zsprob.zeroshot.metrics.evaluate_scores`),
+    ``uses_eval_labels``, the registry's protocol facts (``reads_eval_labels``, ``transductive``,
+    ``label_split``), ``data_used``, ``paired_vs_all`` (:mod:`zsprob.zeroshot.paired`), ``k_mean`` /
+    ``k_per_class`` for hard selections, or ``skipped`` with the reason; scored rows also get
+    :func:`~zsprob.zeroshot.calibration.row_calibration`'s fields (``logit_scales``: default CLIP's 100).
+    With ``out_dir``, writes :data:`~zsprob.zeroshot.options.COMPARE_FILES` there.
     """
     from zsprob.zeroshot.selection import select_all
 
-    check_shots_split(shots_split, allow_eval_shots)
-    strategies = list(strategies or compare_order())
+    request = as_request(request, **fields)
+    score, k_values = request.score, request.k_values
     select = None if select_feats is None else (select_feats.feats, select_feats.labels)
-    given = {"k_values": k_values, "threshold_c": threshold_c, "shots": shots, "shots_split": shots_split,
-             "allow_eval_shots": allow_eval_shots, "pool_data": f"unlabelled evaluation images ({len(eval_feats)})",
-             "select_data": "selection split labels" if select_feats is None else
-             f"selection split labels ({len(select_feats)} images)"}
+    data = {"pool_data": f"unlabelled evaluation images ({len(eval_feats)})",
+            "select_data": "selection split labels" if select_feats is None else
+            f"selection split labels ({len(select_feats)} images)"}
     rows, selections, hits = [], {}, {}
-    for name in strategies:
-        row, sel, row_hits = _compare_row(name, bank, eval_feats, select, given, score, unc_weight)
+    for name in strategies or compare_order():
+        row, sel, row_hits = _compare_row(name, bank, eval_feats, select, request, data)
         rows.append(row)
         if sel is not None:
             selections[name], hits[name] = sel, row_hits
             row.update(row_calibration(sel, eval_feats, select_feats, score=score, logit_scales=logit_scales,
-                                       unc_weight=unc_weight))
+                                       unc_weight=request.unc_weight))
     reference = hits["all"] if "all" in hits else top1_hits(select_all(bank), eval_feats, "cosine")
     for row in rows:
         if not row.get("skipped"):
@@ -227,293 +208,265 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
         if select_feats is not None:
             curves["select"] = topk_curve(bank, select_feats, k_values)
         curves["reference"] = {r["name"]: r["metrics"]["top1"] for r in rows if not r.get("skipped")}
-    files = {}
-    diagnostic = prompt_quality_diagnostic(bank, eval_feats, k_values)
     all_classifier = selections["all"] if "all" in selections else select_all(bank)  # CLIP's classifier
     result = {"rows": rows, "curves": curves, "deterministic": bank.deterministic, "score": score,
               "class_separation": class_separation(all_classifier.class_mu, bank.classnames),
               "n_eval": len(eval_feats), "n_select": None if select_feats is None else len(select_feats),
               "classes": list(bank.classnames), "n_templates": bank.num_templates, "model": model or {},
-              "diagnostic_eval_labels": diagnostic,
+              "diagnostic_eval_labels": prompt_quality_diagnostic(bank, eval_feats, k_values),
               "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats)),
-              **({"unc_weight": unc_weight} if score == "unc" else {})}
+              **({"unc_weight": request.unc_weight} if score == "unc" else {})}
     result["table"] = format_table(rows) + "\n\n" + calibration_table(rows)
-    if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        files.update(_plots(out_dir, curves, selections, title))
-        if write_selections:
-            for name, sel in selections.items():
-                p = save_selection(sel, out_dir / "selections" / f"{name}.json", model=model,
-                                   data={"used": sel.info.get("data_used")})
-                files[f"selection:{name}"] = str(p)
-        from zsprob.utils.io import atomic_write_json, atomic_write_text
-
-        atomic_write_text(out_dir / "compare.md", result["table"] + "\n")
-        files["table"] = str(out_dir / "compare.md")
-        files["json"] = str(out_dir / "compare.json")
-        result["files"] = files
-        atomic_write_json(out_dir / "compare.json", result)
-    result["files"] = files
+    result["files"] = {} if out_dir is None else _write_compare(Path(out_dir), result, curves, selections, title,
+                                                               model, write_selections)
     result["selections"] = selections
     return result
 
 
-def _resolve_splits(dataset: str, root, select_root=None):
-    """(eval (kind, root, split), selection (kind, root, split) or None) for a dataset kind."""
-    if dataset == "synthetic":
-        ev = ("synthetic", root, "eval")
-        se = ("synthetic", root, "select") if select_root is None else ("synthetic", select_root, "select")
-        return ev, se
-    if dataset == "imagenet":
-        ev = ("imagenet", root, "val")
-        se = None if select_root is None else ("imagenet", select_root, "train")
-        return ev, se
-    if dataset == "folder":
-        return ("folder", root, None), (None if select_root is None else ("folder", select_root, None))
-    raise UserError(f"unknown dataset kind {dataset!r}; choose from {', '.join(DATASET_KINDS)}")
+def _write_compare(out_dir: Path, result: dict, curves: dict, selections: dict, title: str, model,
+                   write_selections: bool) -> dict:
+    """Write the figures, the selections, compare.md and compare.json of a ``--compare`` run; their paths."""
+    from zsprob.utils.io import atomic_write_json, atomic_write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = _plots(out_dir, curves, selections, title)
+    if write_selections:
+        for name, sel in selections.items():
+            path = save_selection(sel, out_dir / COMPARE_FILES[4] / f"{name}.json", model=model,
+                                  data={"used": sel.info.get("data_used")})
+            files[f"selection:{name}"] = str(path)
+    atomic_write_text(out_dir / COMPARE_FILES[0], result["table"] + "\n")
+    files["table"], files["json"] = str(out_dir / COMPARE_FILES[0]), str(out_dir / COMPARE_FILES[1])
+    atomic_write_json(out_dir / COMPARE_FILES[1], {**result, "files": files})
+    return files
 
 
-def build_bank(model, names, *, templates=None, class_prompts=None, cache_dir=None, model_id=None, device=None,
-               progress: bool = True, precision: str = "fp32"):
-    """The prompt bank: every class x template (``templates``, default the 80 CLIP templates), or each
-    class's own pool from a CuPL-style ``class_prompts`` JSON file (:mod:`zsprob.zeroshot.pools`)."""
-    from zsprob.zeroshot.prompts import build_prompt_bank, load_templates
+# ----------------------------------------------------------------------------- splits, class names, bank
 
-    if class_prompts is None:
-        return build_prompt_bank(model, names, load_templates(templates), cache_dir=cache_dir, model_id=model_id,
-                                 device=device, progress=progress, precision=precision)
-    from zsprob.zeroshot.pools import build_pool_bank
+def _splits(request: ZeroShotRequest, model) -> tuple[Split | None, Split | None]:
+    """The evaluation split (None without a root) and the labelled selection split (``select_root``; a
+    SynthWorld's own ``classify/select``; else None), to be listed with the model's transform."""
+    transform = getattr(model, "preprocess_val", None)
+    kind, root = request.dataset, request.root
+    eval_name, select_name = SPLIT_NAMES.get(kind, (None, None))
+    ev = None if root is None else Split(kind, root, eval_name, transform)
+    if request.select_root is not None:
+        return ev, Split(kind, request.select_root, select_name, transform)
+    if kind == "synthetic" and root is not None and (Path(root) / "classify" / "select").is_dir():
+        return ev, Split(kind, root, select_name, transform)
+    return ev, None
 
-    if templates is not None:
-        raise UserError("--class-prompts gives each class its own prompts; it does not take --templates")
-    return build_pool_bank(model, names, class_prompts, cache_dir=cache_dir, model_id=model_id, device=device,
-                           progress=progress, precision=precision)
 
-
-def prepare(model, root, dataset: str = "synthetic", *, select_root=None, templates=None, classnames=None,
-            cache_dir=None, model_id: str | None = None, batch_size: int = 256, device=None,
-            progress: bool = True, need_select: bool = True, num_workers: int = 0, precision: str = "fp32",
-            class_prompts=None):
-    """Bank + evaluation features (+ selection features) for ``model`` on a dataset, all cached."""
-    from zsprob.models.fingerprint import model_fingerprint
+def _class_names(request: ZeroShotRequest, reference: Split | None) -> list[str]:
+    """The class names prompts are made for, in ``reference``'s label order: ``--classes`` (matched to a
+    folder dataset's folders by name), else the split's own. Checked here, before anything is encoded."""
     from zsprob.zeroshot.prompts import load_classnames
 
-    if model_id is None:
-        model_id = model_fingerprint(model)
-    ev, se = _resolve_splits(dataset, root, select_root)
-    if dataset == "synthetic" and select_root is None:
-        sel_dir = Path(root) / "classify" / "select"
-        if not sel_dir.is_dir():
-            se = None
-    enc = {"device": device, "num_workers": num_workers, "precision": precision}
-    eval_feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size,
-                              progress=progress, **enc)
-    select_feats = None
-    if se is not None and need_select:
-        select_feats = encode_split(model, *se, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size,
-                                    progress=progress, **enc)
-        if list(select_feats.classnames) != list(eval_feats.classnames):
-            raise UserError("the selection split's classes differ from the evaluation split's classes")
-    names = load_classnames(classnames) if classnames is not None else list(eval_feats.classnames)
-    if classnames is not None and dataset == "folder":
-        names = _align_to_folders(names, classnames, eval_feats.classnames)
-    if len(names) != len(eval_feats.classnames):
-        raise UserError(f"class-name file has {len(names)} names but the dataset has "
-                        f"{len(eval_feats.classnames)} classes")
-    bank = build_bank(model, names, templates=templates, class_prompts=class_prompts, cache_dir=cache_dir,
-                      model_id=model_id, device=device, progress=progress, precision=precision)
-    # the bank's class names are the prompt words; features carry the same order
-    eval_feats.classnames = list(bank.classnames)
+    if request.classnames is None:
+        if reference is not None:
+            return reference.classnames
+        if request.dataset == "imagenet":
+            return load_classnames("imagenet_classnames.txt")
+        raise UserError("no class names: pass --classes FILE or the dataset --root")
+    names = load_classnames(request.classnames)
+    if reference is None:
+        return names
+    if request.dataset == "folder":
+        from zsprob.data.classification import align_classnames
+
+        return align_classnames(reference.classnames, names, f"class-name file {request.classnames}")
+    if len(names) != len(reference.classnames):
+        raise UserError(f"--classes {request.classnames} names {len(names)} classes, the dataset has "
+                        f"{len(reference.classnames)}: give one name per class, in the dataset's order")
+    return names
+
+
+def _same_classes(ev: Split | None, se: Split | None) -> None:
+    if ev is not None and se is not None and ev.classnames != se.classnames:
+        raise UserError("the selection split's classes differ from the evaluation split's classes")
+
+
+def build_bank(model, names, model_id: str, request: ZeroShotRequest):
+    """The prompt bank: every class x template (``templates``, default the 80 CLIP templates), or each
+    class's own pool from a CuPL-style ``class_prompts`` JSON file (:mod:`zsprob.zeroshot.pools`)."""
+    encoding = {"cache_dir": request.cache_dir, "model_id": model_id, "device": request.device,
+                "progress": request.progress, "precision": request.precision}
+    if request.class_prompts is None:
+        from zsprob.zeroshot.prompts import build_prompt_bank, load_templates
+
+        return build_prompt_bank(model, names, load_templates(request.templates), **encoding)
+    from zsprob.zeroshot.pools import build_pool_bank
+
+    return build_pool_bank(model, names, request.class_prompts, **encoding)
+
+
+def prepare(model, request: ZeroShotRequest | None = None, *, need_select: bool = True, **fields):
+    """``(bank, eval features, selection features or None, model fingerprint)`` of a request, all cached."""
+    from zsprob.models.fingerprint import model_fingerprint
+
+    request = as_request(request, **fields)
+    model_id = model_fingerprint(model)
+    ev, se = _splits(request, model)
+    se = se if need_select else None
+    names = _class_names(request, ev)
+    _same_classes(ev, se)
+    eval_feats = encode_split(model, ev, model_id, request)
+    select_feats = None if se is None else encode_split(model, se, model_id, request)
+    bank = build_bank(model, names, model_id, request)
+    eval_feats.classnames = list(bank.classnames)  # the prompt words, in the features' label order
     if select_feats is not None:
         select_feats.classnames = list(bank.classnames)
     return bank, eval_feats, select_feats, model_id
 
 
-def compare_strategies(model, root, dataset: str = "synthetic", out_dir=None, *, select_root=None,
-                       templates=None, classnames=None, cache_dir=None, k_values=None, score: str = "cosine",
-                       batch_size: int = 256, device=None, progress: bool = True, model_id: str | None = None,
-                       model_meta: dict | None = None, num_workers: int = 0, precision: str = "fp32",
-                       shots: int | None = None, shots_split: str = "select", allow_eval_shots: bool = False,
-                       class_prompts=None, unc_weight: float = 0.5) -> dict:
-    """Evaluate every prompt strategy on ``dataset`` at ``root`` in one run (the demo's entry point).
+def compare_strategies(model, request: ZeroShotRequest | None = None, *, out_dir=None, **fields) -> dict:
+    """Evaluate every prompt strategy on a request's dataset in one run (the demo's entry point).
 
-    ``model``: a ``ProbCLIP`` (zsprob checkpoint or plain open_clip through
-    ``zsprob.models.load_for_inference``). For SynthWorld, ``root`` is the ``zsprob data
-    synthetic`` output: prompts are chosen on ``classify/select`` and scored on
-    ``classify/eval``. Writes ``compare.json``, ``compare.md``, ``accuracy_vs_topk.png``,
-    ``per_class_k_hist.png`` and ``selections/*.json`` under ``out_dir`` (default
-    ``<root>/zeroshot-compare``). Returns the dict of :func:`compare_on_features` plus
-    ``timings``.
+    ``model``: a ``ProbCLIP`` (a zsprob checkpoint, or plain open_clip through
+    ``zsprob.models.load_for_inference``). For SynthWorld, ``root`` is the ``zsprob data synthetic`` output:
+    prompts are chosen on ``classify/select`` and scored on ``classify/eval``. Writes the
+    :data:`~zsprob.zeroshot.options.COMPARE_FILES` under ``out_dir`` (default ``<root>/zeroshot-compare``;
+    the cache, unless given, in its ``cache/``). Returns :func:`compare_on_features`'s dict plus
+    ``timings``, ``skipped_unreadable_images`` and ``dataset``.
     """
     t0 = time.perf_counter()
-    out_dir = Path(out_dir) if out_dir is not None else Path(root) / "zeroshot-compare"
-    cache_dir = Path(cache_dir) if cache_dir is not None else out_dir / "cache"
-    bank, ev, se, model_id = prepare(model, root, dataset, select_root=select_root, templates=templates,
-                                     classnames=classnames, cache_dir=cache_dir, model_id=model_id,
-                                     batch_size=batch_size, device=device, progress=progress,
-                                     num_workers=num_workers, precision=precision, class_prompts=class_prompts)
-    meta = dict(model_meta or {})
+    request = as_request(request, **fields)
+    out_dir = Path(out_dir) if out_dir is not None else Path(request.root) / "zeroshot-compare"
+    if isinstance(request.k_values, str):
+        request = replace(request, k_values=parse_k_grid(request.k_values))
+    if request.cache_dir is None:
+        request = replace(request, cache_dir=out_dir / "cache")
+    bank, ev, se, model_id = prepare(model, request)
+    meta = {**(request.model_meta or {})}
     meta.setdefault("id", model_id)
-    title = f"{dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
-    res = compare_on_features(bank, ev, se, out_dir=out_dir, k_values=k_values, score=score, model=meta,
-                              title=title, shots=shots, shots_split=shots_split, allow_eval_shots=allow_eval_shots,
-                              logit_scales=model_logit_scales(model), unc_weight=unc_weight)
+    title = f"{request.dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
+    res = compare_on_features(bank, ev, se, request, out_dir=out_dir, model=meta, title=title,
+                              logit_scales=model_logit_scales(model))
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["skipped_unreadable_images"] = {"eval": ev.skipped, "select": se.skipped if se is not None else 0}
-    res["dataset"] = {"kind": dataset, "root": str(root), "select_root": None if se is None else se.source}
-    if "json" in res.get("files", {}):
+    res["dataset"] = {"kind": request.dataset, "root": str(request.root),
+                      "select_root": None if se is None else se.source}
+    if "json" in res["files"]:
         from zsprob.utils.io import atomic_write_json
 
         atomic_write_json(res["files"]["json"], {k: v for k, v in res.items() if k != "selections"})
     return res
 
 
-# ----------------------------------------------------------------------------- library entry points of the CLI
+# ----------------------------------------------------------------------------- one strategy, one prompt set
 
-def _align_to_folders(names: list[str], source, folder_classes) -> list[str]:
-    """A user's class names in the folder dataset's label order (by name, else by position)."""
-    if folder_classes is None:
-        return names
-    from zsprob.data.classification import align_classnames
+def _reads(request: ZeroShotRequest, ev: Split | None, se: Split | None) -> tuple[Split | None, Split | None]:
+    """(the selection split, the evaluation split) the request's strategy reads (None: not read), its needs
+    checked here, before anything is encoded."""
+    entry = get_strategy(request.strategy)
+    eval_shots = entry.shots and request.shots_split == "eval"
+    select = se if SELECTION_LABELS in entry.reads and request.use_select and not eval_shots else None
+    reads_labels = entry.audit(request.shots_split)["reads_eval_labels"]
+    if (UNLABELLED_IMAGES in entry.reads or reads_labels) and ev is None:
+        raise UserError(f"strategy '{request.strategy}' needs the evaluation images: pass --root")
+    evaluation = ev if UNLABELLED_IMAGES in entry.reads or reads_labels else None
+    entry.check_data(select=shots_source(entry, request.shots_split, select, evaluation),
+                     pool=evaluation if UNLABELLED_IMAGES in entry.reads else None,
+                     eval_=evaluation if reads_labels else None)
+    return select, evaluation
 
-    return align_classnames(list(folder_classes), names, f"class-name file {source}")
 
-
-def run_selection(model, dataset: str, root=None, *, strategy: str = "auto", k: int | None = None,
-                  select_root=None, use_select: bool = True, templates=None, classnames=None, cache_dir=None,
-                  k_values=None, threshold_c: float = 1.0, beta: float = 1.0, batch_size: int = 256,
-                  device=None, progress: bool = True, model_meta: dict | None = None, num_workers: int = 0,
-                  precision: str = "fp32", shots: int | None = None, shots_split: str = "select",
-                  allow_eval_shots: bool = False, class_prompts=None):
-    """Choose prompts with one strategy; returns ``(selection, selection_json_dict)``.
-
-    Reads only what the strategy needs: the labelled selection split (auto / global /
-    fusion-select / bprw-fewshot), the unlabelled evaluation images (zpe / bprw / carprt), the
-    evaluation labels (oracle; bprw-fewshot with ``shots_split="eval"`` and ``allow_eval_shots``).
-    """
-    from zsprob.models.fingerprint import model_fingerprint
-    from zsprob.zeroshot.prompts import load_classnames
+def _select(model, request: ZeroShotRequest, model_id: str, ev: Split | None, se: Split | None):
+    """``(selection, selection.json dict, evaluation features if encoded)`` of the request's strategy."""
     from zsprob.zeroshot.selection import run_strategy
 
-    entry = get_strategy(strategy)
-    check_shots_split(shots_split, allow_eval_shots)
-    audit = entry.audit(shots_split)
-    model_id = model_fingerprint(model)
-    ev, se = _resolve_splits(dataset, root if root is not None else ".", select_root)
-    if dataset == "synthetic" and select_root is None and root is not None \
-            and not (Path(root) / "classify" / "select").is_dir():
-        se = None
-    needs_select = SELECTION_LABELS in entry.reads and use_select and not (entry.shots and shots_split == "eval")
-    needs_pool = UNLABELLED_IMAGES in entry.reads
-    needs_eval = audit["reads_eval_labels"]
-    if (needs_pool or needs_eval) and root is None:
-        raise UserError(f"strategy '{strategy}' needs the evaluation images: pass --root")
-    select = pool = eval_ = None
-    enc = {"device": device, "num_workers": num_workers, "precision": precision}
+    entry = get_strategy(request.strategy)
+    select_split, eval_split = _reads(request, ev, se)
+    _same_classes(ev, select_split)
+    names = _class_names(request, ev or select_split)
+    select = pool = eval_ = ev_feats = None
     data = {}
-    ev_feats = None
-    if needs_select and se is not None:
-        sf = encode_split(model, *se, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size,
-                          progress=progress, **enc)
+    if select_split is not None:
+        sf = encode_split(model, select_split, model_id, request)
         select = (sf.feats, sf.labels)
         data["selection_split"] = {"source": sf.source, "n_images": len(sf), "labels_used": True}
-    if needs_pool or needs_eval:
-        ev_feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size,
-                                progress=progress, **enc)
-        if needs_pool:
+    if eval_split is not None:
+        ev_feats = encode_split(model, eval_split, model_id, request)
+        if UNLABELLED_IMAGES in entry.reads:
             pool = ev_feats.feats
-            data["unlabelled_images"] = {"source": ev_feats.source, "n_images": len(ev_feats),
-                                         "labels_used": False}
-        if needs_eval:
+            data["unlabelled_images"] = {"source": ev_feats.source, "n_images": len(ev_feats), "labels_used": False}
+        if entry.audit(request.shots_split)["reads_eval_labels"]:
             eval_ = (ev_feats.feats, ev_feats.labels)
-            data["evaluation_split"] = {"source": ev_feats.source, "n_images": len(ev_feats),
-                                        "labels_used": True}
-    if classnames is not None:
-        names = load_classnames(classnames)
-    elif dataset == "imagenet" and root is None:
-        names = load_classnames("imagenet_classnames.txt")
-    elif root is not None:
-        names = list(ev_feats.classnames) if ev_feats is not None else list(load_split(*ev).classnames)
-    else:
-        raise UserError("no class names: pass --classes FILE or the dataset --root")
-    if classnames is not None and dataset == "folder":
-        names = _align_to_folders(names, classnames, sf.classnames if select is not None else
-                                  ev_feats.classnames if ev_feats is not None else
-                                  load_split(*ev).classnames if root is not None else None)
-    if select is not None and len(sf.classnames) != len(names):
-        raise UserError(f"the selection split has {len(sf.classnames)} classes but there are {len(names)} "
-                        "class names")
-    entry.check_data(select=shots_source(entry, shots_split, select, eval_), pool=pool, eval_=eval_)
-    bank = build_bank(model, names, templates=templates, class_prompts=class_prompts, cache_dir=cache_dir,
-                      model_id=model_id, device=device, progress=progress, precision=precision)
-    k_values = parse_k_grid(k_values, bank.num_templates) if isinstance(k_values, str) else k_values
-    sel = run_strategy(strategy, bank, k=k, select=select, pool=pool, eval_=eval_, k_values=k_values,
-                       threshold_c=threshold_c, beta=beta, shots=shots, shots_split=shots_split,
-                       allow_eval_shots=allow_eval_shots,
+            data["evaluation_split"] = {"source": ev_feats.source, "n_images": len(ev_feats), "labels_used": True}
+    bank = build_bank(model, names, model_id, request)
+    if isinstance(request.k_values, str):
+        request = replace(request, k_values=parse_k_grid(request.k_values, bank.num_templates))
+    sel = run_strategy(request.strategy, bank, request, select=select, pool=pool, eval_=eval_,
                        select_data=f"selection split labels ({data.get('selection_split', {}).get('source')})",
                        pool_data=f"unlabelled images ({data.get('unlabelled_images', {}).get('source')})")
-    if not data:
-        data["images"] = "none (text uncertainties only)"
-    meta = dict(model_meta or {})
+    meta = {**(request.model_meta or {})}
     meta.setdefault("id", model_id)
-    doc = sel.to_dict(model=meta, data=data)
-    doc["protocol"] = audit
+    doc = sel.to_dict(model=meta, data=data or {"images": "none (text uncertainties only)"})
+    doc["protocol"] = entry.audit(request.shots_split)
+    return sel, doc, ev_feats
+
+
+def run_selection(model, request: ZeroShotRequest | None = None, **fields):
+    """Choose prompts with the request's strategy; returns ``(selection, selection_json_dict)``.
+
+    Reads only what the strategy's registry entry reads: the labelled selection split (auto / global /
+    fusion-select / bprw-fewshot), the unlabelled evaluation images (zpe / bprw / carprt), the evaluation
+    labels (oracles; bprw-fewshot with ``shots_split="eval"`` and ``allow_eval_shots``).
+    """
+    from zsprob.models.fingerprint import model_fingerprint
+
+    request = as_request(request, **fields)
+    ev, se = _splits(request, model)
+    sel, doc, _ = _select(model, request, model_fingerprint(model), ev, se)
     return sel, doc
 
 
-def zeroshot_eval(model, dataset: str, root, *, prompts=None, strategy: str = "auto", k: int | None = None,
-                  select_root=None, templates=None, classnames=None, cache_dir=None, k_values=None,
-                  score: str = "cosine", unc_weight: float = 0.5, threshold_c: float = 1.0, beta: float = 1.0,
-                  batch_size: int = 256, device=None, progress: bool = True, model_meta: dict | None = None,
-                  num_workers: int = 0, precision: str = "fp32", shots: int | None = None,
-                  shots_split: str = "select", allow_eval_shots: bool = False, class_prompts=None) -> dict:
-    """Zero-shot accuracy of one prompt set (a selection.json, or a strategy run now) on a dataset."""
-    from zsprob.models.fingerprint import is_model, model_fingerprint
+def _read_selection(request: ZeroShotRequest, model, model_id: str, ev: Split):
+    """The request's selection file, refused in one line when another model made it or it holds other classes."""
+    from zsprob.models.fingerprint import is_model
+    from zsprob.utils.io import read_json
+    from zsprob.zeroshot.selection_base import Selection
 
+    prompts = request.prompts
+    doc = read_json(prompts, "selection file")
+    sel = Selection.from_dict(doc, source=str(prompts))
+    made_with = (doc.get("model") or {}).get("id")
+    if made_with and not is_model(made_with, model, model_id):
+        raise UserError(f"{prompts} was made with another model (id {made_with}, this model {model_id}); "
+                        "run zsprob select-prompts with this model")
+    if sel.class_mu.shape[1] != getattr(model, "embed_dim", sel.class_mu.shape[1]):
+        raise UserError(f"{prompts} has embed_dim {sel.class_mu.shape[1]}, the model {model.embed_dim}")
+    check_selection_classes(sel.classnames, ev.classnames, prompts)
+    return sel
+
+
+def zeroshot_eval(model, request: ZeroShotRequest | None = None, **fields) -> dict:
+    """Zero-shot accuracy of one prompt set (the request's selection file, or its strategy run now)."""
+    from zsprob import __version__
+    from zsprob.models.fingerprint import model_fingerprint
+
+    request = as_request(request, **fields)
     model_id = model_fingerprint(model)
-    ev, _ = _resolve_splits(dataset, root, select_root)
-    if prompts is not None and class_prompts is not None:
-        raise UserError("--prompts is a finished selection; --class-prompts chooses prompts, give one of them")
-    if prompts is not None:
-        sel = load_selection(prompts)
-        from zsprob.utils.io import read_json
-
-        made_with = read_json(prompts, "selection file").get("model", {}).get("id")
-        if made_with and not is_model(made_with, model, model_id):
-            raise UserError(f"{prompts} was made with another model (id {made_with}, this model {model_id}); "
-                            "run zsprob select-prompts with this model")
-        if sel.class_mu.shape[1] != getattr(model, "embed_dim", sel.class_mu.shape[1]):
-            raise UserError(f"{prompts} has embed_dim {sel.class_mu.shape[1]}, the model {model.embed_dim}")
-        check_selection_classes(sel.classnames, load_split(*ev).classnames, prompts)  # before any image is encoded
-        sel_doc = {"file": str(prompts)}
+    ev, se = _splits(request, model)
+    feats = None
+    if request.prompts is not None:
+        sel = _read_selection(request, model, model_id, ev)
+        sel_doc = {"file": str(request.prompts)}
     else:
-        _check_class_count(classnames, dataset, ev)  # before any image or prompt is encoded
-        sel, _doc = run_selection(model, dataset, root, strategy=strategy, k=k, select_root=select_root,
-                                  templates=templates, classnames=classnames, cache_dir=cache_dir,
-                                  k_values=k_values, threshold_c=threshold_c, beta=beta, batch_size=batch_size,
-                                  device=device, progress=progress, model_meta=model_meta,
-                                  num_workers=num_workers, precision=precision, shots=shots,
-                                  shots_split=shots_split, allow_eval_shots=allow_eval_shots,
-                                  class_prompts=class_prompts)
-        sel_doc = {"file": None, "protocol": _doc["protocol"]}
-    feats = encode_split(model, *ev, model_id=model_id, cache_dir=cache_dir, batch_size=batch_size, device=device,
-                         progress=progress, num_workers=num_workers, precision=precision)
-    if len(sel.classnames) != len(feats.classnames):
-        raise UserError(f"the selection has {len(sel.classnames)} classes, the dataset {len(feats.classnames)}")
+        sel, doc, feats = _select(model, request, model_id, ev, se)
+        sel_doc = {"file": None, "protocol": doc["protocol"]}
+    if feats is None:
+        feats = encode_split(model, ev, model_id, request)
     feats.classnames = list(sel.classnames)
+    score, unc_weight = request.score, request.unc_weight
     metrics = evaluate_selection(sel, feats, score=score, unc_weight=unc_weight)
-    separation = class_separation(sel.class_mu, sel.classnames)
     sel_doc.update({"strategy": sel.strategy, "label": sel.label, "uses_eval_labels": sel.uses_eval_labels,
                     "k": sel.k, "how": {k_: v for k_, v in sel.info.items() if not k_.endswith("curve")}})
-    from zsprob import __version__
-
-    meta = dict(model_meta or {})
+    meta = {**(request.model_meta or {})}
     meta.setdefault("id", model_id)
-    return {"zsprob_version": __version__, "dataset": {"kind": dataset, "root": str(root), "source": feats.source,
-                                                               "skipped_unreadable_images": feats.skipped},
-            "model": meta, "score": score, **({"unc_weight": unc_weight} if score == "unc" else {}),
-            "selection": sel_doc, "metrics": metrics,
-            "class_separation": separation,
-            "images_from_cache": feats.from_cache}
+    dataset = {"kind": request.dataset, "root": str(request.root), "source": feats.source,
+               "skipped_unreadable_images": feats.skipped}
+    return {"zsprob_version": __version__, "dataset": dataset, "model": meta, "score": score,
+            **({"unc_weight": unc_weight} if score == "unc" else {}), "selection": sel_doc, "metrics": metrics,
+            "class_separation": class_separation(sel.class_mu, sel.classnames), "images_from_cache": feats.from_cache}

@@ -1,13 +1,11 @@
 """Image features of a classification split and their on-disk cache.
 
-:class:`ImageFeatures` holds one split's image Gaussians and labels; :func:`encode_split` reads
-the split through :mod:`zsprob.data.classification` (folders, ImageNet, SynthWorld) with the
-model's open_clip ``preprocess_val`` transform, embeds it with
-:func:`zsprob.models.encode.encode_images` (on ``device``, with ``num_workers`` decoding
-processes and the encoding ``precision``), and caches the result (safetensors + a JSON of the
-key, written atomically by :mod:`zsprob.utils.io`) under a key made of the model fingerprint and
-the dataset's identity (paths, labels, transform; the precision when it is not fp32, so fp32
-caches keep their keys).
+:class:`Split` names one split and lists its dataset once (through :mod:`zsprob.data.classification`,
+with the model's open_clip ``preprocess_val`` transform); :class:`ImageFeatures` holds its image Gaussians
+and labels; :func:`encode_split` embeds it with :func:`zsprob.models.encode.encode_images` and caches the
+result (safetensors + a JSON of the key, written atomically by :mod:`zsprob.utils.io`) under a key made
+of the model fingerprint and the dataset's identity (paths, labels, transform; the precision when it is
+not fp32, so fp32 caches keep their keys).
 """
 from __future__ import annotations
 
@@ -15,13 +13,36 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from zsprob.errors import UserError
 
-DATASET_KINDS = ("imagenet", "synthetic", "folder")
+@dataclass
+class Split:
+    """One classification split: a dataset ``kind``, its ``root`` and the split ``name`` there (None: the
+    root itself). :attr:`dataset` lists it once, with ``transform``, when first asked for."""
+
+    kind: str
+    root: Any
+    name: str | None
+    transform: Any = None
+
+    @cached_property
+    def dataset(self):
+        from zsprob.data.classification import build_classification_dataset
+
+        return build_classification_dataset(self.kind, self.root, split=self.name, transform=self.transform)
+
+    @property
+    def classnames(self) -> list[str]:
+        return list(self.dataset.classnames)
+
+    @property
+    def source(self) -> str:
+        return f"{self.kind}:{self.root}" + (f":{self.name}" if self.name else "")
 
 
 @dataclass
@@ -49,15 +70,6 @@ class ImageFeatures:
         return int(self.mu.shape[0])
 
 
-def load_split(kind: str, root, split: str | None, transform=None):
-    """A classification dataset through ``zsprob.data.classification`` (items ``(image, label)``)."""
-    if kind not in DATASET_KINDS:
-        raise UserError(f"unknown dataset kind {kind!r}; choose from {', '.join(DATASET_KINDS)}")
-    from zsprob.data.classification import build_classification_dataset
-
-    return build_classification_dataset(kind, root, split=split, transform=transform)
-
-
 def _dataset_identity(kind, root, split, ds) -> dict:
     targets = list(getattr(ds, "targets", []))
     h = hashlib.sha256(json.dumps(targets).encode())
@@ -73,52 +85,33 @@ def _dataset_identity(kind, root, split, ds) -> dict:
             "classnames": list(ds.classnames), "content": h.hexdigest()[:24]}
 
 
-def encode_split(model, kind: str, root, split: str | None, *, model_id: str, cache_dir=None,
-                 batch_size: int = 256, device=None, num_workers: int = 0, progress: bool = True,
-                 precision: str = "fp32") -> ImageFeatures:
-    """Embed a classification split (cached on disk by model fingerprint + dataset identity)."""
-    from zsprob.utils.devices import check_precision
-    from zsprob.utils.io import atomic_write, atomic_write_json
+def encode_split(model, split: Split, model_id: str, request) -> ImageFeatures:
+    """Embed a classification split, cached on disk under ``request.cache_dir`` (model fingerprint + dataset
+    identity); ``request``'s ``batch_size``, ``device``, ``num_workers``, ``precision``, ``progress`` apply."""
+    from zsprob.zeroshot.prompts import read_cache, write_cache
 
-    check_precision(precision)
-
-    ds = load_split(kind, root, split, transform=getattr(model, "preprocess_val", None))
-    if len(ds) == 0:
-        raise UserError(f"{kind} split {split or ''} under {root} has no images")
-    ident = _dataset_identity(kind, root, split, ds)
+    ds, precision = split.dataset, request.precision
+    ident = _dataset_identity(split.kind, split.root, split.name, ds)
     ident["transform"] = repr(getattr(model, "preprocess_val", None))
     if precision != "fp32":
         ident["precision"] = precision
     key = hashlib.sha256(json.dumps({"model": model_id, **ident}, sort_keys=True).encode()).hexdigest()
     labels = torch.as_tensor(list(ds.targets), dtype=torch.long)
-    source = f"{kind}:{root}" + (f":{split}" if split else "")
-    stem = Path(cache_dir) / f"images-{key[:24]}" if cache_dir is not None else None
-    if stem is not None and stem.with_suffix(".safetensors").is_file():
-        try:
-            from safetensors.torch import load_file
-
-            meta = json.loads(stem.with_suffix(".json").read_text())
-            if meta.get("key") == key:
-                t = load_file(str(stem.with_suffix(".safetensors")))
-                return ImageFeatures(t["mu"], t.get("logvar"), t["labels"], list(ds.classnames), source,
-                                     from_cache=True, skipped=len(getattr(ds, "skipped", ())))
-        except Exception:
-            pass
+    skipped = len(getattr(ds, "skipped", ()))
+    stem = Path(request.cache_dir) / f"images-{key[:24]}" if request.cache_dir is not None else None
+    cached = None if stem is None else read_cache(stem, key)
+    if cached is not None:
+        tensors = cached[0]
+        return ImageFeatures(tensors["mu"], tensors.get("logvar"), tensors["labels"], list(ds.classnames), split.source,
+                             from_cache=True, skipped=skipped)
     from zsprob.models.encode import encode_images
 
     t0 = time.perf_counter()
-    mu, logvar = encode_images(model, ds, batch_size=batch_size, device=device, num_workers=num_workers,
-                               progress=progress, precision=precision)
+    mu, logvar = encode_images(model, ds, batch_size=request.batch_size, device=request.device,
+                               num_workers=request.num_workers, progress=request.progress, precision=precision)
     secs = time.perf_counter() - t0
-    feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), source, seconds=secs,
-                          skipped=len(getattr(ds, "skipped", ())))
+    feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), split.source, seconds=secs, skipped=skipped)
     if stem is not None:
-        from safetensors.torch import save_file
-
-        tensors = {"mu": mu.contiguous(), "labels": labels}
-        if logvar is not None:
-            tensors["logvar"] = logvar.contiguous()
-        atomic_write(stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, tmp))
-        atomic_write_json(stem.with_suffix(".json"), {"key": key, "model_id": model_id, **ident,
-                                                      "encode_seconds": secs})
+        write_cache(stem, {"mu": mu, "labels": labels, "logvar": logvar},
+                    {"key": key, "model_id": model_id, **ident, "encode_seconds": secs})
     return feats

@@ -1,11 +1,10 @@
 """Zero-shot scores, metrics and label-free diagnostics.
 
-:func:`class_scores` turns image Gaussians and a selection's class embeddings into [N, C]
-similarities (cosine of means by default; CSD and the other Gaussian scores through
-``zsprob.prob.score``); :func:`evaluate_scores` gives top-1 / top-5 / per-class accuracy and
-image-uncertainty bins; :func:`topk_curve` and :func:`prompt_quality_diagnostic` sweep the number of
-prompts; :func:`class_separation` and :func:`separation_warning` say, without reading an image,
-whether the class text embeddings have collapsed. Plain torch.
+:func:`class_scores` gives [N, C] similarities of images to a selection's classes (cosine of means, or
+CSD through ``zsprob.prob.score``, or the uncertainty-adjusted cosine); :func:`evaluate_scores` top-1 /
+top-5 / per-class accuracy and image-uncertainty bins; :func:`topk_curve` and
+:func:`prompt_quality_diagnostic` sweep the number of prompts; :func:`class_separation` says, without
+reading an image, whether the class text embeddings have collapsed. Plain torch.
 """
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ import torch.nn.functional as F
 
 from zsprob.errors import UserError
 from zsprob.zeroshot.features import ImageFeatures
-
-SCORES = ("cosine", "csd", "unc")
+from zsprob.zeroshot.options import SCORES
 
 
 def class_scores(img_mu: torch.Tensor, img_logvar: torch.Tensor | None, selection, score: str = "cosine",
@@ -78,10 +76,7 @@ def evaluate_scores(scores: torch.Tensor, labels: torch.Tensor, classnames: Sequ
 
 
 def evaluate_selection(selection, feats: ImageFeatures, score: str = "cosine", unc_weight: float = 0.5) -> dict:
-    if list(selection.classnames) != list(feats.classnames):
-        raise UserError("the selection's classes differ from the dataset's classes "
-                        f"({len(selection.classnames)} vs {len(feats.classnames)}; first "
-                        f"{selection.classnames[:2]} vs {feats.classnames[:2]})")
+    """:func:`evaluate_scores` of a selection on image features whose labels index its classes."""
     s = class_scores(feats.mu, feats.logvar, selection, score=score, unc_weight=unc_weight)
     return evaluate_scores(s, feats.labels, feats.classnames, feats.uncertainty)
 
@@ -153,13 +148,8 @@ COLLAPSE_COSINE = 0.95
 
 def class_separation(class_vectors: torch.Tensor, classnames: Sequence[str],
                      collapse_cosine: float = COLLAPSE_COSINE) -> dict:
-    """How far apart the class text embeddings are (label-free; reads no image).
-
-    A text tower that has not learned to tell the class names apart maps every class prompt to
-    nearly the same vector; zero-shot accuracy is then near chance whatever the prompts. This
-    reports the mean and largest pairwise cosine between the (normalised) class vectors, the
-    closest pair, and ``collapsed`` = mean pairwise cosine above ``collapse_cosine``.
-    """
+    """Mean and largest pairwise cosine of the class text embeddings, the closest pair, and ``collapsed``
+    (mean above ``collapse_cosine``: the text tower cannot tell the class names apart). Reads no image."""
     v = F.normalize(class_vectors.float(), dim=-1)
     C = v.shape[0]
     if C < 2:

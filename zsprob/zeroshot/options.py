@@ -1,8 +1,109 @@
-"""Option parsing shared by the zero-shot CLI commands (no torch import: errors stay instant)."""
+"""The zero-shot request: one record of what ``select-prompts`` / ``zeroshot`` / ``--compare`` are asked to do.
+
+:class:`ZeroShotRequest` holds the data, the prompts, the strategy and its options, the score and how to
+encode; the command line builds it from its options and every library entry point of
+:mod:`zsprob.zeroshot.classify` takes it (or its fields as keywords). Its choices (:data:`DATASET_KINDS`,
+:data:`SCORES`, :data:`COMPARE_FILES`) are declared here, without torch, so the command line reads them
+instantly; an invalid request is one :class:`UserError` line when it is made.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from zsprob.data.classification import KINDS as DATASET_KINDS  # noqa: F401  (the kinds the data layer reads)
 from zsprob.errors import UserError
-from zsprob.zeroshot.strategy_registry import get_strategy
+from zsprob.zeroshot.strategy_registry import check_shots_split, get_strategy
+
+#: how an image is scored against a class (zsprob.zeroshot.metrics.class_scores)
+SCORES = ("cosine", "csd", "unc")
+#: what ``--compare`` writes into its folder (zsprob.zeroshot.classify.compare_on_features)
+COMPARE_FILES = ("compare.md", "compare.json", "accuracy_vs_topk.png", "per_class_k_hist.png", "selections")
+#: the words ``--topk`` takes besides a number
+TOPK_WORDS = ("auto", "all", "oracle")
+
+
+@dataclass(frozen=True)
+class ZeroShotRequest:
+    """One zero-shot or prompt-selection request.
+
+    Data: ``dataset`` (a kind of :data:`DATASET_KINDS`), ``root`` (the evaluation data; SynthWorld: the
+    ``zsprob data synthetic`` output), ``select_root`` (a labelled selection split), ``use_select`` (False:
+    ignore it). Prompts: ``prompts`` (a finished selection.json, ``zeroshot_eval`` only), ``templates``,
+    ``classnames`` (files), ``class_prompts`` (per-class pools, instead of templates). Strategy: ``strategy``
+    and its K ``k`` (the one strategy a single run uses; ``--compare`` runs them all), ``k_values`` (the K
+    grid: a list, or text like "1-80"), ``threshold_c``, ``beta``, ``shots``, ``shots_split``,
+    ``allow_eval_shots``. Scoring: ``score``, ``unc_weight``. Encoding: ``cache_dir``, ``batch_size``,
+    ``device``, ``num_workers``, ``precision``, ``progress``. ``model_meta``: how result files describe the model.
+    """
+
+    dataset: str = "synthetic"
+    root: Any = None
+    select_root: Any = None
+    use_select: bool = True
+    prompts: Any = None
+    templates: Any = None
+    classnames: Any = None
+    class_prompts: Any = None
+    strategy: str = "auto"
+    k: int | None = None
+    k_values: Any = None
+    threshold_c: float = 1.0
+    beta: float = 1.0
+    shots: int | None = None
+    shots_split: str = "select"
+    allow_eval_shots: bool = False
+    score: str = "cosine"
+    unc_weight: float = 0.5
+    cache_dir: Any = None
+    batch_size: int = 256
+    device: Any = None
+    num_workers: int = 0
+    precision: str = "fp32"
+    progress: bool = True
+    model_meta: dict | None = None
+
+    def __post_init__(self):
+        if self.dataset not in DATASET_KINDS:
+            raise UserError(f"unknown dataset kind {self.dataset!r}; choose from {', '.join(DATASET_KINDS)}")
+        get_strategy(self.strategy)
+        check_shots_split(self.shots_split, self.allow_eval_shots)
+        if self.shots is not None and self.shots < 1:
+            raise UserError(f"--shots must be at least 1, got {self.shots}")
+        if self.score not in SCORES:
+            raise UserError(f"unknown score {self.score!r}; choose from {', '.join(SCORES)}")
+        if self.prompts is not None and self.class_prompts is not None:
+            raise UserError("--prompts is a finished selection; --class-prompts chooses prompts, give one of them")
+        if self.class_prompts is not None and self.templates is not None:
+            raise UserError("--class-prompts gives each class its own prompts; it does not take --templates")
+
+
+_FIELDS = {f.name for f in fields(ZeroShotRequest)}
+
+
+def as_request(request: ZeroShotRequest | None = None, **changes) -> ZeroShotRequest:
+    """``request`` with ``changes`` (field names of :class:`ZeroShotRequest`), or a new one made of them."""
+    if request is not None and not isinstance(request, ZeroShotRequest):
+        raise TypeError(f"expected a ZeroShotRequest or keyword fields (root=..., dataset=...), got {request!r}")
+    unknown = sorted(set(changes) - _FIELDS)
+    if unknown:
+        raise TypeError(f"not a ZeroShotRequest field: {', '.join(unknown)}")
+    if request is None:
+        return ZeroShotRequest(**changes)
+    return replace(request, **changes) if changes else request
+
+
+#: request fields the command line names otherwise (option -> field)
+_RENAMED = {"classes": "classnames", "k_grid": "k_values", "workers": "num_workers"}
+
+
+def request_from_options(opts: dict, **fields) -> ZeroShotRequest:
+    """The request of ``select-prompts`` / ``zeroshot`` from their parsed options (click's names; ``--no-select``
+    is ``use_select=False``), with ``fields`` set on top."""
+    given = {_RENAMED.get(name, name): value for name, value in opts.items() if _RENAMED.get(name, name) in _FIELDS}
+    if "no_select" in opts:
+        given["use_select"] = not opts["no_select"]
+    return ZeroShotRequest(**{**given, **fields})
 
 
 def parse_k_grid(text: str | None, T: int | None = None):
@@ -43,7 +144,7 @@ def strategy_from_topk(topk: str | None, strategy: str | None):
         entry.check_k(k)
         return strategy, k
     t = (topk or "auto").strip().lower()
-    if t in ("auto", "all", "oracle"):
+    if t in TOPK_WORDS:
         return t, None
     if t.isdigit() and int(t) >= 1:
         return "topk", int(t)

@@ -1,22 +1,12 @@
 """Paired comparison of two classifiers scored on the same images: difference, bootstrap CI, McNemar.
 
-Every ``--compare`` row is compared with ``all`` (the 80-template CLIP average) on the same evaluation
-images. With per-image hits ``a_i`` (the strategy) and ``r_i`` (the reference), the discordant pairs are
-``n10 = #{a_i = 1, r_i = 0}`` and ``n01 = #{a_i = 0, r_i = 1}``; everything below depends only on them and N:
-
-* ``diff`` = 100 (n10 - n01) / N, top-1 points.
-* ``ci95``: the paired bootstrap over images (resample the N images with replacement, B times, take the
-  2.5 and 97.5 percentiles of the difference). Resampling images draws ``(n10*, n01*, rest*)`` from
-  Multinomial(N; n10/N, n01/N, rest/N), which is what is sampled (exactly the same distribution, no
-  [B, N] index matrix). Seeded.
-* ``mcnemar_p``: exact two-sided McNemar test = two-sided binomial test of n10 out of n10 + n01 at 1/2:
-  p = min(1, 2 P[Binom(n10 + n01, 1/2) <= min(n10, n01)]) (1 when there is no discordant pair).
-* ``mde``: the smallest |diff| this evaluation set detects with power 80% at two-sided alpha 0.05, from
-  the discordance rate d = (n10 + n01) / N under the normal approximation of the paired-difference test:
-  MDE = (z_0.975 + z_0.80) sqrt(d / N) (top-1 points x 100). See docs/zeroshot.md.
-
-The binomial tail is summed here in log space (``math.lgamma``); numpy draws the multinomial. scipy's
-``binomtest`` gives the same p (tested).
+Every ``--compare`` row is compared with ``all`` on the same evaluation images. Everything depends only
+on the discordant counts ``n10`` (the strategy right, the reference wrong), ``n01`` (the reverse) and N:
+``diff`` = 100 (n10 - n01) / N; ``ci95`` a seeded paired bootstrap, drawing (n10*, n01*, rest*) from
+Multinomial(N; n10/N, n01/N, rest/N), which is what resampling images does; ``mcnemar_p`` the exact
+two-sided binomial test of n10 in n10 + n01 at 1/2 (the tail summed in log space; equal to scipy's
+``binomtest``, tested); ``mde`` = (z_0.975 + z_0.80) sqrt(d / N), d = (n10 + n01) / N. docs/zeroshot.md
+("Paired statistics") explains each.
 """
 from __future__ import annotations
 

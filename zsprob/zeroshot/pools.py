@@ -1,13 +1,10 @@
 """Per-class prompt pools (CuPL's ``{"class name": ["prompt", ...]}`` files) as a padded prompt bank.
 
-:func:`load_class_prompts` reads and checks the JSON file, :func:`match_pools` maps its classes to the
-dataset's by name, :func:`build_pool_bank` embeds every prompt once (the text tower through
-:func:`zsprob.models.encode.encode_texts`, the cache with safetensors and zsprob's atomic writers) into a
-:class:`PromptPoolBank`: a :class:`~zsprob.zeroshot.prompts.PromptBank` whose "templates" are slots
-(class c's t-th prompt) padded to the longest pool, with a ``mask`` [C, T] of the slots that exist.
-Every strategy reads the mask (:func:`zsprob.zeroshot.selection_base.prompt_mask`): an absent slot has
-infinite uncertainty (ranked last, never kept), no weight, and a K larger than a class's pool keeps the
-whole pool.
+:func:`load_class_prompts` reads and checks the file, :func:`match_pools` maps its classes to the dataset's
+by name, :func:`build_pool_bank` embeds every prompt once (cached) into a :class:`PromptPoolBank`: a
+:class:`~zsprob.zeroshot.prompts.PromptBank` whose "templates" are slots (class c's t-th prompt) padded to
+the longest pool, with a ``mask`` [C, T] of the slots that exist. An absent slot has infinite uncertainty
+(ranked last, never kept) and no weight in any strategy.
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.prompts import PromptBank
+from zsprob.zeroshot.prompts import PromptBank, read_cache, write_cache
 
 POOL_FORMAT = 1
 
@@ -75,10 +72,6 @@ class PromptPoolBank(PromptBank):
         unc = super().uncertainty
         return None if unc is None else unc.masked_fill(~self.mask, float("inf"))
 
-    @property
-    def pool_sizes(self) -> list[int]:
-        return [len(p) for p in self.pools]
-
 
 def slot_names(T: int) -> list[str]:
     return [f"[pool prompt {t + 1}]" for t in range(T)]
@@ -101,7 +94,7 @@ def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id:
             logvar[c, :n] = logvar_flat[start:start + n].float()
         start += n
     return PromptPoolBank(list(classnames), slot_names(T), mu, logvar, model_id=model_id,
-                          key=pool_key(model_id, classnames, pools), pools=[list(p) for p in pools], mask=mask)
+                          pools=[list(p) for p in pools], mask=mask)
 
 
 def pool_key(model_id: str, classnames, pools) -> str:
@@ -126,9 +119,9 @@ def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_i
     model_id = model_id or model_fingerprint(model)
     key = pool_key(model_id if precision == "fp32" else f"{model_id}+{precision}", classnames, pools)
     stem = None if cache_dir is None else Path(cache_dir) / f"poolbank-{key[:24]}"
-    cached = _load_cached(stem, key)
+    cached = None if stem is None else read_cache(stem, key)
     if cached is not None:
-        bank = pool_bank_from_embeddings(cached[0], cached[1], classnames, pools, model_id)
+        bank = pool_bank_from_embeddings(cached[0]["mu"], cached[0].get("logvar"), classnames, pools, model_id)
         bank.from_cache = True
         return bank
     from zsprob.models.encode import encode_texts
@@ -140,32 +133,7 @@ def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_i
     bank = pool_bank_from_embeddings(mu, logvar, classnames, pools, model_id)
     bank.encode_seconds = time.perf_counter() - t0
     if stem is not None:
-        _save_cached(stem, key, mu, logvar)
+        write_cache(stem, {"mu": mu, "logvar": logvar},
+                    {"format": POOL_FORMAT, "key": key, "n_prompts": int(mu.shape[0])})
     return bank
 
-
-def _load_cached(stem, key):
-    if stem is None or not stem.with_suffix(".safetensors").is_file():
-        return None
-    try:
-        from safetensors.torch import load_file
-
-        if json.loads(stem.with_suffix(".json").read_text()).get("key") != key:
-            return None
-        tensors = load_file(str(stem.with_suffix(".safetensors")))
-        return tensors["mu"], tensors.get("logvar")
-    except Exception:  # a torn or foreign file is a cache miss
-        return None
-
-
-def _save_cached(stem, key, mu, logvar) -> None:
-    from safetensors.torch import save_file
-
-    from zsprob.utils.io import atomic_write, atomic_write_json
-
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {"mu": mu.contiguous()}
-    if logvar is not None:
-        tensors["logvar"] = logvar.contiguous()
-    atomic_write(stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, tmp))
-    atomic_write_json(stem.with_suffix(".json"), {"format": POOL_FORMAT, "key": key, "n_prompts": int(mu.shape[0])})

@@ -1,21 +1,16 @@
 """Prompt templates, class names and the prompt bank (every class x template, embedded once).
 
-What the libraries do: the text tower and its tokenizer are open_clip's (through
-``zsprob.models``: ``encode_texts`` batches, runs under ``no_grad`` and returns float32
-``(mu, logvar)``); the cache files are written with ``safetensors`` and zsprob's atomic
-writers. What zsprob writes itself: template / class-list parsing and validation, the
-``PromptBank`` container (``mu``/``logvar`` shaped [C, T, D], uncertainty ``||sigma^2||_1``
-per prompt) and its disk cache, keyed by (model fingerprint, templates, class names).
-
-Text order: prompts are embedded class-major (``classes[0]`` with every template, then
-``classes[1]`` ...), in one call so ``encode_texts`` can use large batches.
+zsprob parses and checks template / class-name files and selection files, holds the
+:class:`PromptBank` (``mu`` / ``logvar`` [C, T, D], uncertainty ``||sigma^2||_1`` per prompt) and caches
+it on disk keyed by (model fingerprint, templates, class names); the text tower and tokenizer are
+open_clip's (through :func:`zsprob.models.encode.encode_texts`), the cache files safetensors. Prompts are
+embedded class-major (``classes[0]`` with every template, then ``classes[1]`` ...) in one call.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -218,17 +213,8 @@ class PromptBank:
     mu: "object"
     logvar: "object | None" = None
     model_id: str = ""
-    key: str = ""
     encode_seconds: float = 0.0
     from_cache: bool = False
-    meta: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        C, T = len(self.classnames), len(self.templates)
-        if tuple(self.mu.shape[:2]) != (C, T) or self.mu.dim() != 3:
-            raise ValueError(f"bank mu must be [C={C}, T={T}, D], got {tuple(self.mu.shape)}")
-        if self.logvar is not None and self.logvar.shape != self.mu.shape:
-            raise ValueError("bank logvar must have the shape of mu")
 
     @property
     def num_classes(self) -> int:
@@ -237,10 +223,6 @@ class PromptBank:
     @property
     def num_templates(self) -> int:
         return len(self.templates)
-
-    @property
-    def dim(self) -> int:
-        return int(self.mu.shape[-1])
 
     @property
     def deterministic(self) -> bool:
@@ -269,48 +251,33 @@ class PromptBank:
         C, T = len(classnames), len(templates)
         mu = mu.float().reshape(C, T, -1)
         logvar = None if logvar is None else logvar.float().reshape(C, T, -1)
-        return cls(classnames, templates, mu, logvar, model_id=model_id,
-                   key=bank_key(model_id, templates, classnames))
+        return cls(classnames, templates, mu, logvar, model_id=model_id)
 
-    # -- cache files -----------------------------------------------------------------------
-    def save(self, path_stem) -> Path:
-        """Write ``<stem>.safetensors`` (mu, logvar) and ``<stem>.json`` (key, names), atomically."""
-        from safetensors.torch import save_file
 
-        from zsprob.utils.io import atomic_write, atomic_write_json
-
-        stem = Path(path_stem)
-        tensors = {"mu": self.mu.contiguous()}
-        if self.logvar is not None:
-            tensors["logvar"] = self.logvar.contiguous()
-        atomic_write(stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, tmp))
-        atomic_write_json(stem.with_suffix(".json"), {
-            "format": BANK_FORMAT, "key": self.key, "model_id": self.model_id,
-            "classnames": self.classnames, "templates": self.templates,
-            "deterministic": self.deterministic, "shape": list(self.mu.shape),
-            "encode_seconds": self.encode_seconds})
-        return stem.with_suffix(".safetensors")
-
-    @classmethod
-    def load(cls, path_stem, expect_key: str | None = None) -> "PromptBank | None":
-        """Read a cached bank; ``None`` if absent, unreadable or for another key."""
+def read_cache(stem: Path, key: str) -> tuple[dict, dict] | None:
+    """``(tensors, meta)`` of the cache entry ``stem`` written under ``key`` (:func:`write_cache`); ``None``
+    when it is absent, torn or another key's."""
+    json_path, tensor_path = stem.with_suffix(".json"), stem.with_suffix(".safetensors")
+    if not (json_path.is_file() and tensor_path.is_file()):
+        return None
+    try:
         from safetensors.torch import load_file
 
-        stem = Path(path_stem)
-        jp, tp = stem.with_suffix(".json"), stem.with_suffix(".safetensors")
-        if not (jp.is_file() and tp.is_file()):
-            return None
-        try:
-            meta = json.loads(jp.read_text(encoding="utf-8"))
-            if meta.get("format") != BANK_FORMAT or (expect_key and meta.get("key") != expect_key):
-                return None
-            t = load_file(str(tp))
-            bank = cls(list(meta["classnames"]), list(meta["templates"]), t["mu"], t.get("logvar"),
-                       model_id=meta.get("model_id", ""), key=meta.get("key", ""),
-                       encode_seconds=float(meta.get("encode_seconds", 0.0)), from_cache=True)
-        except Exception:  # a torn or foreign file is a cache miss, not an error
-            return None
-        return bank
+        meta = json.loads(json_path.read_text(encoding="utf-8"))
+        return (load_file(str(tensor_path)), meta) if meta.get("key") == key else None
+    except Exception:  # a torn or foreign file is a cache miss, not an error
+        return None
+
+
+def write_cache(stem: Path, tensors: dict, meta: dict) -> None:
+    """Write ``<stem>.safetensors`` (``tensors``; ``None`` ones left out) and ``<stem>.json`` (``meta``), atomically."""
+    from safetensors.torch import save_file
+
+    from zsprob.utils.io import atomic_write, atomic_write_json
+
+    tensors = {name: t.contiguous() for name, t in tensors.items() if t is not None}
+    atomic_write(stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, tmp))
+    atomic_write_json(stem.with_suffix(".json"), meta)
 
 
 def check_cache_dir(cache_dir, what: str = "cache folder") -> Path:
@@ -380,10 +347,12 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
         model_id = model_fingerprint(model)
     key = bank_key(model_id if precision == "fp32" else f"{model_id}+{precision}", templates, classnames)
     stem = bank_cache_stem(check_cache_dir(cache_dir), key) if cache_dir is not None else None
-    if stem is not None:
-        cached = PromptBank.load(stem, expect_key=key)
-        if cached is not None:
-            return cached
+    cached = None if stem is None else read_cache(stem, key)
+    if cached is not None and cached[1].get("format") == BANK_FORMAT:
+        tensors, meta = cached
+        return PromptBank(list(meta["classnames"]), list(meta["templates"]), tensors["mu"], tensors.get("logvar"),
+                          model_id=meta.get("model_id", ""), encode_seconds=float(meta.get("encode_seconds", 0.0)),
+                          from_cache=True)
     texts = prompt_texts(classnames, templates)
     t0 = time.perf_counter()
     if encode_fn is None and callable(getattr(model, "tokenizer", None)):
@@ -410,6 +379,8 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
     bank = PromptBank.from_embeddings(mu, logvar, classnames, templates, model_id=model_id)
     bank.encode_seconds = seconds
     if stem is not None:
-        os.makedirs(stem.parent, exist_ok=True)
-        bank.save(stem)
+        write_cache(stem, {"mu": bank.mu, "logvar": bank.logvar}, {
+            "format": BANK_FORMAT, "key": key, "model_id": model_id, "classnames": bank.classnames,
+            "templates": bank.templates, "deterministic": bank.deterministic, "shape": list(bank.mu.shape),
+            "encode_seconds": seconds})
     return bank

@@ -1,70 +1,15 @@
 """Prompt-selection strategies: from a prompt bank to one class embedding (mu, sigma^2) per class.
 
-Everything here is tensor math on a :class:`~zsprob.zeroshot.prompts.PromptBank` (means are
-L2-normalised per prompt first, the CLIP convention) and, for the strategies that look at
-images, on precomputed image embeddings. Nothing here encodes text or images. zsprob writes
-all of it itself; the reference for ``all`` is open_clip's ``build_zero_shot_classifier``
-(tested equal), for ``bprw`` ProLIP's ``analysis/unc_zeroshot_prompts.py`` and for ``zpe``
-the authors' notebook of Allingham et al. (2023); neither is copied.
+Tensor math on a :class:`~zsprob.zeroshot.prompts.PromptBank` (means L2-normalised per prompt first, the
+CLIP convention) and, for the strategies that look at images, on precomputed image embeddings; nothing
+here encodes. This module holds the uncertainty rules, the selection-split searches, the oracles on the
+evaluation labels, their registry runners and the dispatcher :func:`run_strategy`; ProLIP's BPRW and ZPE
+are in :mod:`zsprob.zeroshot.baselines`, CARPRT in :mod:`zsprob.zeroshot.carprt`. docs/zeroshot.md
+describes every strategy and the data it reads. ``all`` equals open_clip's ``build_zero_shot_classifier``
+(tested).
 
-Which data each strategy reads (``Selection.uses_eval_labels`` records the last column; the
-registry, :mod:`zsprob.zeroshot.strategy_registry`, holds these facts -- evaluation labels,
-transductive, which split's labels -- and the ``--compare`` order, and :func:`run_strategy`
-dispatches through it to the ``_run_*`` functions at the end of this module and of
-:mod:`zsprob.zeroshot.baselines` (bprw, bprw-fewshot, zpe), which this module imports; the
-:class:`Selection` container and the weights -> Gaussian steps are :mod:`zsprob.zeroshot.selection_base`):
-
-==================  ===========================================================  ===========
-strategy            what it does                                                  eval labels
-==================  ===========================================================  ===========
-all                 mean of the normalised means of all T templates, renormalised  no
-single              one template ("a photo of a {}." if present, else the first)   no
-topk (K)            per class the K lowest-uncertainty templates, CLIP average     no
-global              ``topk`` with the K that maximises the selection-split          no
-                    log-likelihood (labelled selection split)
-auto                per-class K on the labelled selection split, shrunk towards    no
-                    the global K (Bayesian MAP, shrinkage chosen by CV); without
-                    a selection split falls back to ``threshold``
-threshold           label-free: keep templates with u <= mean_c + c * std_c          no
-                    (ProLIP's ``by_std_values_per_class``; c = 1 by default)
-fusion              precision weights w ∝ u^-beta (beta = 1: inverse ||sigma^2||_1)  no
-fusion-select       the same with beta chosen on the selection split                no
-poe                 per-dimension product of the prompt Gaussians                   no
-bprw                ProLIP Bayesian prompt re-weighting: EM for prompt mixture     no (uses
-                    weights on samples of the nearest unlabelled images            unlabelled
-zpe                 ZPE (Allingham et al. 2023): prompt scores from normalised     images)
-                    max-logits on unlabelled images, softmax weights
-carprt              CARPRT (ICLR 2026): per class, softmax over templates of the    no (uses
-                    mean max-logit of the images each template assigns to it;      unlabelled
-                    ``carprt-shared``: one weight per template (class-shared)       images)
-bprw-fewshot        BPRW on labelled shots per class (ProLIP ``--use_gt``), from   only with
-                    ``--shots-split`` (the evaluation split needs                  --allow-eval-
-                    ``--allow-eval-shots`` and is then marked)                     shots
-oracle              per-class best K searched on the evaluation labels (PCME++     YES
-                    Table 6 protocol); ``oracle-global`` the eval-best global K
-==================  ===========================================================  ===========
-
-Ties: templates are ranked by ``||sigma^2||_1`` with a *stable* sort, so equal
-uncertainties keep template-file order (the earlier template is kept first). When two K
-are equally good, the larger K (closer to ``all``) wins.
-
-The ``auto`` rule, exactly (``select_auto``):
-1. ``S[n, c, k]`` = cosine between selection image ``n`` and class ``c``'s top-``k``
-   classifier, for every ``k`` in ``k_values`` (default 1..T).
-2. A softmax temperature ``s`` is fitted by maximum likelihood on the selection split for
-   the ``all`` classifier (grid over 1..1000, log-spaced).
-3. Global K: ``K_g = argmax_k sum_n log softmax(s * S[n, :, k])[y_n]``.
-4. Per class, with every other class at ``K_g``: the selection log-likelihood ``J_c(k)``
-   of ALL selection images when class ``c`` uses top-``k`` (class ``c`` is a candidate
-   in every image's softmax), plus a log-normal prior centred at ``K_g``:
-   ``K_c = argmax_k J_c(k) - (log k - log K_g)^2 / (2 tau^2)`` (one coordinate-ascent pass).
-5. ``tau`` (the shrinkage) is chosen from {0, 0.25, 0.5, 1, 2, inf} by stratified
-   ``F``-fold cross-validation on the selection split (``F = min(5, images per class)``),
-   with the one-standard-error rule: the most-shrunk ``tau`` whose held-out log-likelihood is
-   within one standard error (of the per-image differences) of the best. ``tau = 0`` is the
-   global K; with one image per class no CV is possible and ``tau = 0.5``.
-A handful of images thus moves a class away from ``K_g`` only when the held-out
-likelihood says per-class choices generalise.
+Ties: templates are ranked by ``||sigma^2||_1`` with a stable sort, so equal uncertainties keep
+template-file order; when two K are equally good, the larger K (closer to ``all``) wins.
 """
 from __future__ import annotations
 
@@ -74,17 +19,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from zsprob.errors import UserError
-from zsprob.zeroshot import baselines, carprt  # noqa: F401  (attach the bprw / bprw-fewshot / zpe / carprt runners)
-from zsprob.zeroshot.baselines import (_em_mixture_weights, select_bprw, select_bprw_fewshot,  # noqa: F401
-                                       select_zpe)
-from zsprob.zeroshot.carprt import select_carprt, select_carprt_shared  # noqa: F401  (re-exported)
-from zsprob.zeroshot.selection_base import (NeedsSigma, Selection, as_feats, check_labels,  # noqa: F401
-                                            combine, make_selection, prompt_mask, require_sigma, topk_mask,
-                                            uncertainty_order)
-from zsprob.zeroshot.strategy_registry import (StrategyInputs, check_shots_split, get_strategy, shots_source,
-                                               strategies_without_runner, strategy_runner)
-from zsprob.zeroshot.prompts import SINGLE_TEMPLATE  # noqa: F401  (CLIP's single prompt; re-exported)
+from zsprob.zeroshot.options import as_request
+from zsprob.zeroshot.prompts import SINGLE_TEMPLATE
+from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, prompt_mask,
+                                            require_sigma, topk_mask, uncertainty_order)
+from zsprob.zeroshot.strategy_registry import StrategyInputs, get_strategy, shots_source
 
 TAU_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
 BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -104,11 +43,9 @@ def select_all(bank) -> Selection:
     return make_selection(bank, "all", "all", W, k=W.sum(1).long().tolist(), info={"k_global": T})
 
 
-def select_single(bank, template: str | None = None) -> Selection:
-    if template is None:
-        template = SINGLE_TEMPLATE if SINGLE_TEMPLATE in bank.templates else bank.templates[0]
-    if template not in bank.templates:
-        raise UserError(f"template {template!r} is not in the prompt bank")
+def select_single(bank) -> Selection:
+    """CLIP's one prompt ("a photo of a {}.") when the bank has it, else the first template."""
+    template = SINGLE_TEMPLATE if SINGLE_TEMPLATE in bank.templates else bank.templates[0]
     t = bank.templates.index(template)
     W = torch.zeros(bank.num_classes, bank.num_templates)
     W[:, t] = 1
@@ -268,7 +205,7 @@ def _gather_classes(S, kc):
 def select_global(bank, select_feats, select_labels, k_values=None, *, data: str = "selection split") -> Selection:
     """The paper's "same top-K for all classes", with K chosen on the labelled selection split."""
     x, _ = as_feats(select_feats)
-    y = check_labels(select_labels, bank.num_classes, "selection split")
+    y = torch.as_tensor(select_labels).long()
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     scale, g, _, curve = _fit_auto(S, y, k_values, 0.0)
@@ -283,9 +220,14 @@ def select_global(bank, select_feats, select_labels, k_values=None, *, data: str
 
 def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, taus=TAU_GRID,
                 threshold_c: float = 1.0, data: str = "selection split") -> Selection:
-    """``--topk auto``: per-class K with shrinkage to the global K (see the module docstring).
+    """``--topk auto``: per-class K with shrinkage to the global K, on the labelled selection split.
 
-    Without a labelled selection split: the label-free :func:`select_threshold` rule.
+    ``S[n, c, k]``: cosine of image n with class c's top-k classifier. A softmax temperature is fitted for
+    the ``all`` classifier (:func:`fit_scale`); the global K_g maximises the selection log-likelihood; per
+    class, with every other class at K_g, ``K_c = argmax_k J_c(k) - (log k - log K_g)^2 / (2 tau^2)`` (one
+    coordinate-ascent pass). ``tau`` comes from ``taus`` by stratified F-fold cross-validation (F = min(5,
+    images per class)) with the one-standard-error rule (the most-shrunk tau within one SE of the best);
+    one image per class allows no CV and gives tau = 0.5. Without a selection split: :func:`select_threshold`.
     """
     unc = require_sigma(bank, "auto")
     if select_feats is None or select_labels is None:
@@ -295,7 +237,7 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
         sel.info["variant"] = "label-free (no selection split)"
         return sel
     x, _ = as_feats(select_feats)
-    y = check_labels(select_labels, bank.num_classes, "selection split")
+    y = torch.as_tensor(select_labels).long()
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     counts = torch.bincount(y, minlength=bank.num_classes)
@@ -341,7 +283,7 @@ def select_fusion_tuned(bank, select_feats, select_labels, betas=BETA_GRID, *,
     """Precision-weighted fusion with beta chosen by selection-split log-likelihood."""
     require_sigma(bank, "fusion-select")
     x, _ = as_feats(select_feats)
-    y = check_labels(select_labels, bank.num_classes, "selection split")
+    y = torch.as_tensor(select_labels).long()
     base = select_all(bank)
     scale = fit_scale(x @ base.class_mu.T, y)
     lls = {}
@@ -362,7 +304,7 @@ def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
     when every class uses that K, searched ON THE EVALUATION LABELS (marked as such)."""
     unc = require_sigma(bank, "oracle")
     x, _ = as_feats(eval_feats)
-    y = check_labels(eval_labels, bank.num_classes, "evaluation split")
+    y = torch.as_tensor(eval_labels).long()
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     C = bank.num_classes
@@ -384,7 +326,7 @@ def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
 
 def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Selection:
     x, _ = as_feats(eval_feats)
-    y = check_labels(eval_labels, bank.num_classes, "evaluation split")
+    y = torch.as_tensor(eval_labels).long()
     k_values = list(k_values or default_k_values(bank.num_templates))
     S = topk_score_tensor(bank, x, k_values)
     acc = (S.argmax(1) == y[:, None]).double().mean(0)
@@ -395,96 +337,75 @@ def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Select
     return sel
 
 
-# ----------------------------------------------------------------------------- the registry's functions
-# each built-in strategy of zsprob.zeroshot.strategy_registry: fn(bank, StrategyInputs) -> Selection
+# ----------------------------------------------------------------------------- the registry's runners
+# zsprob.zeroshot.strategy_registry names each as "module:function": fn(bank, StrategyInputs) -> Selection
 
-@strategy_runner("all")
-def _run_all(bank, given: StrategyInputs) -> Selection:
+def run_all(bank, given: StrategyInputs) -> Selection:
     return select_all(bank)
 
 
-@strategy_runner("single")
-def _run_single(bank, given: StrategyInputs) -> Selection:
-    return select_single(bank, given.template)
+def run_single(bank, given: StrategyInputs) -> Selection:
+    return select_single(bank)
 
 
-@strategy_runner("topk")
-def _run_topk(bank, given: StrategyInputs) -> Selection:
-    return select_topk(bank, given.k)
+def run_topk(bank, given: StrategyInputs) -> Selection:
+    return select_topk(bank, given.request.k)
 
 
-@strategy_runner("threshold")
-def _run_threshold(bank, given: StrategyInputs) -> Selection:
-    return select_threshold(bank, given.threshold_c)
+def run_threshold(bank, given: StrategyInputs) -> Selection:
+    return select_threshold(bank, given.request.threshold_c)
 
 
-@strategy_runner("fusion")
-def _run_fusion(bank, given: StrategyInputs) -> Selection:
-    return select_fusion(bank, given.beta)
+def run_fusion(bank, given: StrategyInputs) -> Selection:
+    return select_fusion(bank, given.request.beta)
 
 
-@strategy_runner("poe")
-def _run_poe(bank, given: StrategyInputs) -> Selection:
+def run_poe(bank, given: StrategyInputs) -> Selection:
     return select_poe(bank)
 
 
-@strategy_runner("auto")
-def _run_auto(bank, given: StrategyInputs) -> Selection:
+def run_auto(bank, given: StrategyInputs) -> Selection:
     if given.select is None:  # the label-free rule
-        return select_auto(bank, threshold_c=given.threshold_c)
-    return select_auto(bank, given.select[0], given.select[1], given.k_values, threshold_c=given.threshold_c,
-                       data=given.select_data)
+        return select_auto(bank, threshold_c=given.request.threshold_c)
+    return select_auto(bank, given.select[0], given.select[1], given.request.k_values,
+                       threshold_c=given.request.threshold_c, data=given.select_data)
 
 
-@strategy_runner("global")
-def _run_global(bank, given: StrategyInputs) -> Selection:
-    return select_global(bank, given.select[0], given.select[1], given.k_values, data=given.select_data)
+def run_global(bank, given: StrategyInputs) -> Selection:
+    return select_global(bank, given.select[0], given.select[1], given.request.k_values, data=given.select_data)
 
 
-@strategy_runner("fusion-select")
-def _run_fusion_select(bank, given: StrategyInputs) -> Selection:
+def run_fusion_select(bank, given: StrategyInputs) -> Selection:
     return select_fusion_tuned(bank, given.select[0], given.select[1], data=given.select_data)
 
 
-@strategy_runner("oracle")
-def _run_oracle(bank, given: StrategyInputs) -> Selection:
-    return select_oracle(bank, given.eval_[0], given.eval_[1], given.k_values)
+def run_oracle(bank, given: StrategyInputs) -> Selection:
+    return select_oracle(bank, given.eval_[0], given.eval_[1], given.request.k_values)
 
 
-@strategy_runner("oracle-global")
-def _run_oracle_global(bank, given: StrategyInputs) -> Selection:
-    return select_oracle_global(bank, given.eval_[0], given.eval_[1], given.k_values)
-
-
-if strategies_without_runner():  # every registered strategy runs (the registry declares, this module runs)
-    raise ImportError(f"strategies without a function: {strategies_without_runner()}")
+def run_oracle_global(bank, given: StrategyInputs) -> Selection:
+    return select_oracle_global(bank, given.eval_[0], given.eval_[1], given.request.k_values)
 
 
 # ----------------------------------------------------------------------------- dispatcher
 
-def run_strategy(name: str, bank, *, k: int | None = None, select=None, pool=None, eval_=None,
-                 k_values=None, threshold_c: float = 1.0, beta: float = 1.0, template: str | None = None,
-                 select_data: str = "selection split", pool_data: str = "unlabelled images",
-                 shots: int | None = None, shots_split: str = "select", allow_eval_shots: bool = False) -> Selection:
-    """One strategy by name, through its registry entry. ``select``/``eval_`` are ``(feats, labels)``;
-    ``pool`` unlabelled feats. The strategy receives only the data its entry declares. A few-shot
-    strategy's shots come from ``select``, or from ``eval_`` when ``shots_split="eval"``, which is refused
-    unless ``allow_eval_shots``.
+def run_strategy(name: str, bank, request=None, *, select=None, pool=None, eval_=None,
+                 select_data: str = "selection split", pool_data: str = "unlabelled images", **fields) -> Selection:
+    """One strategy by name, through its registry entry, with the options of ``request`` (a
+    :class:`~zsprob.zeroshot.options.ZeroShotRequest`, or its fields as keywords: ``k``, ``k_values``,
+    ``threshold_c``, ``beta``, ``shots``, ``shots_split``, ``allow_eval_shots``). ``select`` / ``eval_``:
+    ``(feats, labels)``; ``pool``: unlabelled feats; the strategy receives only the data its entry declares.
+    A few-shot strategy's shots come from ``select``, or from ``eval_`` when ``shots_split="eval"``.
 
     Refused, in this order: an unknown name, a missing K, a missing needed input, a model without
-    sigma^2 for a strategy that reads it (:class:`NeedsSigma`).
+    sigma^2 for a strategy that reads it (:class:`~zsprob.zeroshot.selection_base.NeedsSigma`).
     """
     entry = get_strategy(name)
-    if entry.run is None:
-        raise RuntimeError(f"strategy {name!r} is registered without a function (register_strategy(run=...))")
-    entry.check_k(k)
-    if entry.shots:
-        check_shots_split(shots_split, allow_eval_shots)
-        select = shots_source(entry, shots_split, select, eval_)
+    request = as_request(request, **fields)
+    entry.check_k(request.k)
+    select = shots_source(entry, request.shots_split, select, eval_)
     entry.check_data(select=select, pool=pool, eval_=eval_)
     if entry.sigma:
         require_sigma(bank, name)
-    given = entry.inputs(k=k, select=select, pool=pool, eval_=eval_, k_values=k_values, threshold_c=threshold_c,
-                         beta=beta, template=template, select_data=select_data, pool_data=pool_data, shots=shots,
-                         shots_split=shots_split)
-    return entry.run(bank, given)
+    return entry.run(bank, entry.inputs(request, select=select, pool=pool, eval_=eval_, select_data=select_data,
+                                        pool_data=pool_data))

@@ -1,12 +1,9 @@
 """What every prompt-selection strategy returns and the shared steps from template weights to class Gaussians.
 
 :class:`Selection` (per-class template weights, the class Gaussians, how they were chosen, the
-selection.json document), :func:`combine` / :func:`make_selection` (weights -> class mean and
-sigma^2), the uncertainty ranking (:func:`uncertainty_order`, :func:`topk_mask`) and the input checks
-every strategy module shares (:func:`require_sigma`, :func:`as_feats`, :func:`check_labels`). The
-strategies themselves live in :mod:`zsprob.zeroshot.selection` (uncertainty rules, selection-split
-searches, oracles), :mod:`zsprob.zeroshot.baselines` (ProLIP BPRW, ZPE) and
-:mod:`zsprob.zeroshot.carprt`. Plain torch.
+selection.json document), :func:`combine` / :func:`make_selection` (weights -> class mean and sigma^2),
+the uncertainty ranking (:func:`uncertainty_order`, :func:`topk_mask`) and the steps every strategy
+module shares (:func:`require_sigma`, :func:`as_feats`, :func:`slot_logits`). Plain torch.
 """
 from __future__ import annotations
 
@@ -44,10 +41,6 @@ class Selection:
     normalized: bool = True
     info: dict = field(default_factory=dict)
     class_prompts: list | None = None  # per-class prompt pools: class c's prompt in slot t (else None)
-
-    @property
-    def class_uncertainty(self) -> torch.Tensor | None:
-        return None if self.class_logvar is None else self.class_logvar.exp().sum(-1)
 
     def to_dict(self, *, model: dict | None = None, data: dict | None = None) -> dict:
         """The selection.json document (readable by humans and by :meth:`from_dict`)."""
@@ -91,35 +84,30 @@ class Selection:
     def from_dict(cls, d: dict, source: str = "selection") -> "Selection":
         from zsprob.zeroshot.prompts import check_selection_document
 
-        check_selection_document(d, source)
-        try:
-            if d.get("format") != "zsprob-selection/1":
-                raise KeyError("format")
-            templates = list(d["templates"])
-            classes = d["classes"]
-            C, T = len(classes), len(templates)
-            W = torch.zeros(C, T)
-            U = torch.full((C, T), float("nan"))
-            mus, sig = [], []
-            for c, entry in enumerate(classes):
-                for kept in entry["kept"]:
-                    W[c, int(kept["index"])] = float(kept["weight"])
-                    if kept.get("uncertainty") is not None:
-                        U[c, int(kept["index"])] = float(kept["uncertainty"])
-                mus.append(torch.tensor(entry["mu"], dtype=torch.float32))
-                sig.append(None if entry.get("sigma2") is None else torch.tensor(entry["sigma2"]))
-            mu = torch.stack(mus)
-            logvar = None if any(s is None for s in sig) else torch.stack(sig).clamp_min(1e-30).log()
-            ks = [e.get("k") for e in classes]
-            return cls(strategy=d["strategy"], label=d.get("label", d["strategy"]),
-                       classnames=[e["name"] for e in classes], templates=templates, weights=W,
-                       class_mu=mu, class_logvar=logvar, uncertainty=None if torch.isnan(U).all() else U,
-                       k=None if any(k is None for k in ks) else [int(k) for k in ks],
-                       uses_eval_labels=bool(d.get("uses_eval_labels", False)),
-                       normalized=bool(d.get("normalized", True)), info=dict(d.get("how", {})),
-                       class_prompts=d.get("class_prompts"))
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise UserError(f"{source} is not a zsprob selection file ({type(e).__name__}: {e})") from None
+        check_selection_document(d, source)  # every field read below has its shape
+        templates = list(d["templates"])
+        classes = d["classes"]
+        C, T = len(classes), len(templates)
+        W = torch.zeros(C, T)
+        U = torch.full((C, T), float("nan"))
+        mus, sig = [], []
+        for c, entry in enumerate(classes):
+            for kept in entry["kept"]:
+                W[c, int(kept["index"])] = float(kept["weight"])
+                if kept.get("uncertainty") is not None:
+                    U[c, int(kept["index"])] = float(kept["uncertainty"])
+            mus.append(torch.tensor(entry["mu"], dtype=torch.float32))
+            sig.append(None if entry.get("sigma2") is None else torch.tensor(entry["sigma2"]))
+        mu = torch.stack(mus)
+        logvar = None if any(s is None for s in sig) else torch.stack(sig).clamp_min(1e-30).log()
+        ks = [e.get("k") for e in classes]
+        return cls(strategy=d["strategy"], label=d.get("label", d["strategy"]),
+                   classnames=[e["name"] for e in classes], templates=templates, weights=W,
+                   class_mu=mu, class_logvar=logvar, uncertainty=None if torch.isnan(U).all() else U,
+                   k=None if any(k is None for k in ks) else [int(k) for k in ks],
+                   uses_eval_labels=bool(d.get("uses_eval_labels", False)),
+                   normalized=bool(d.get("normalized", True)), info=dict(d.get("how") or {}),
+                   class_prompts=d.get("class_prompts"))
 
 
 # ----------------------------------------------------------------------------- shared steps
@@ -217,12 +205,3 @@ def as_feats(feats):
     else:
         mu, logvar = feats, None
     return F.normalize(mu.float(), dim=-1), (None if logvar is None else logvar.float())
-
-
-def check_labels(y, C, what):
-    y = torch.as_tensor(y).long()
-    if y.numel() == 0:
-        raise UserError(f"{what}: no labelled images")
-    if y.min() < 0 or y.max() >= C:
-        raise UserError(f"{what}: labels out of range for {C} classes")
-    return y

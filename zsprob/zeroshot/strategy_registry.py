@@ -1,26 +1,20 @@
-"""The prompt-selection strategies: one registry entry per name, carrying every fact a caller reads.
+"""The prompt-selection strategies: one declaration per name, holding every fact a caller reads and its code.
 
-An entry (:class:`Strategy`) says which data the strategy reads (the labelled selection split, the
-unlabelled evaluation images, the evaluation labels; which of them it cannot run without), whether it
-ranks or weights prompts by sigma^2, whether it needs a K, where it stands in ``--compare`` and which
-function runs it. Everyone reads the entries instead of keeping a list:
-:func:`zsprob.zeroshot.selection.run_strategy` dispatches through them, :mod:`zsprob.zeroshot.classify`
-reads what to encode and the ``--compare`` order, :mod:`zsprob.zeroshot.options` the K rule, and the
-command line's ``--strategy`` choices are :func:`strategy_names` (through ``zsprob.methods.STRATEGIES``).
-
-A strategy defined anywhere registers its function and its facts in one call, timm-style::
+An entry (:class:`Strategy`) says which data the strategy reads, whether it ranks or weights prompts by
+sigma^2, whether it needs a K, where it stands in ``--compare``, which tuning options it reads and which
+function runs it; dispatch, what is encoded, the ``--compare`` order and the ``--strategy`` choices are all
+read from the entries. The built-ins are declared at the end of this module, once each, naming their
+function as ``"module:function"`` (imported on the first run), so the command line reads the names
+without torch while each function sits beside its tensor math. Elsewhere::
 
     register_strategy("mine", run=my_selection, needs=(SELECTION_LABELS,), sigma=True, compare=45)
 
-``run(bank, given)`` gets the prompt bank and a :class:`StrategyInputs` holding only the data the
-entry declares (a strategy that does not declare the evaluation labels never receives them) and
-returns a :class:`~zsprob.zeroshot.selection.Selection`. The built-in strategies are declared below
-without torch, so the command line lists and checks names instantly; their functions sit beside the
-tensor math in :mod:`zsprob.zeroshot.selection` and attach themselves by name (:func:`strategy_runner`).
-Plain Python; imports only zsprob.errors.
+``run(bank, given)`` gets the prompt bank and a :class:`StrategyInputs` holding only the data the entry
+declares, and returns a :class:`~zsprob.zeroshot.selection_base.Selection`. Plain Python.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -40,26 +34,20 @@ _MISSING = {SELECTION_LABELS: "needs a labelled selection split (--select-root)"
 
 @dataclass(frozen=True)
 class StrategyInputs:
-    """What a strategy's function receives besides the bank (data it did not declare is ``None``).
+    """What a strategy's function receives besides the bank; data it did not declare is ``None``.
 
-    ``select`` / ``eval_``: ``(feats, labels)``; ``pool``: unlabelled image features; ``k``: the
-    top-K of ``topk``; ``k_values``: the K grid of the searches; ``threshold_c``: the ``threshold``
-    rule's c; ``beta``: fusion's exponent; ``template``: ``single``'s template; ``select_data`` /
-    ``pool_data``: how the data is described in the selection's ``info``.
+    ``request``: the :class:`~zsprob.zeroshot.options.ZeroShotRequest` (its options ``k``, ``k_values``,
+    ``threshold_c``, ``beta``, ``shots``, ``shots_split``); ``select`` / ``eval_``: ``(feats, labels)``;
+    ``pool``: unlabelled image features; ``select_data`` / ``pool_data``: the data as the selection's
+    ``info`` describes it.
     """
 
-    k: int | None = None
+    request: Any
     select: Any = None
     pool: Any = None
     eval_: Any = None
-    k_values: Any = None
-    threshold_c: float = 1.0
-    beta: float = 1.0
-    template: str | None = None
     select_data: str = "selection split"
     pool_data: str = "unlabelled images"
-    shots: int | None = None
-    shots_split: str = "select"
 
 
 @dataclass
@@ -69,7 +57,8 @@ class Strategy:
     ``needs``: data it cannot run without; ``uses``: data it reads when given (``auto`` falls back to
     a label-free rule without a selection split); ``sigma``: ranks or weights prompts by sigma^2;
     ``needs_k``: takes a K from the user (``--topk N``); ``compare``: its rank in ``--compare``
-    (smaller first), ``None`` to leave it out; ``run``: ``run(bank, StrategyInputs) -> Selection``;
+    (smaller first), ``None`` to leave it out; ``code``: the function ``run(bank, StrategyInputs) ->
+    Selection``, or ``"module:function"`` naming it (:attr:`run` imports it on first use);
     ``shots``: a few-shot strategy whose labelled images (``needs`` SELECTION_LABELS) come from the
     split the user names (``--shots-split``; the evaluation split only with ``--allow-eval-shots``);
     ``options``: the options of :data:`STRATEGY_OPTIONS` it reads (the command line refuses one given to a
@@ -77,14 +66,22 @@ class Strategy:
     """
 
     name: str
+    code: Callable | str
     needs: tuple[str, ...] = ()
     uses: tuple[str, ...] = ()
     sigma: bool = False
     needs_k: bool = False
     compare: int | None = None
-    run: Callable | None = None
     shots: bool = False
     options: tuple[str, ...] = ()
+
+    @property
+    def run(self) -> Callable:
+        """The strategy's function (a ``"module:function"`` is imported once, here)."""
+        if isinstance(self.code, str):
+            module, _, name = self.code.partition(":")
+            self.code = getattr(importlib.import_module(module), name)
+        return self.code
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -128,31 +125,31 @@ class Strategy:
             if given[kind] is None:
                 raise UserError(f"strategy '{self.name}' {_MISSING[kind]}")
 
-    def inputs(self, **given) -> StrategyInputs:
+    def inputs(self, request, **given) -> StrategyInputs:
         """A :class:`StrategyInputs` holding only the data this strategy declares."""
         reads = self.reads
         for key, kind in (("select", SELECTION_LABELS), ("pool", UNLABELLED_IMAGES), ("eval_", EVAL_LABELS)):
             if kind not in reads:
                 given[key] = None
-        return StrategyInputs(**given)
+        return StrategyInputs(request, **given)
 
 
 _REGISTRY: dict[str, Strategy] = {}
 
 #: the options a strategy may read: the K grid of the searches, the threshold rule's c, fusion's beta and
-#: the few-shot strategies' shots (the ``StrategyInputs`` fields ``k_values``, ``threshold_c``, ``beta``,
-#: ``shots``, ``shots_split``; on the command line --k-grid, --threshold-c, --beta, --shots, --shots-split)
+#: the few-shot strategies' shots (request fields ``k_values``, ``threshold_c``, ``beta``, ``shots``,
+#: ``shots_split``; on the command line --k-grid, --threshold-c, --beta, --shots, --shots-split)
 STRATEGY_OPTIONS = ("k_grid", "threshold_c", "beta", "shots", "shots_split")
 
 
-def register_strategy(name: str, *, run: Callable | None = None, needs=(), uses=(), sigma: bool = False,
+def register_strategy(name: str, *, run: Callable | str | None = None, needs=(), uses=(), sigma: bool = False,
                       needs_k: bool = False, compare: int | None = None, shots: bool = False,
                       options=()) -> Strategy:
     """Add a strategy (its name last in the ``--strategy`` choices); returns its entry.
 
-    ``run`` may be attached later by :func:`strategy_runner` (the built-ins do so from
-    :mod:`zsprob.zeroshot.selection`). A name already registered, an unknown kind of data or a
-    strategy that needs K in ``--compare`` (which passes none) is a programming error (ValueError).
+    ``run``: its function, or ``"module:function"``. A name already registered, an unknown kind of data,
+    a strategy that needs K in ``--compare`` (which passes none) or one without a function is a
+    programming error (ValueError).
     """
     if name in _REGISTRY:
         raise ValueError(f"strategy {name!r} is already registered")
@@ -167,7 +164,9 @@ def register_strategy(name: str, *, run: Callable | None = None, needs=(), uses=
     options = tuple(options) + (("shots", "shots_split") if shots else ())
     if any(option not in STRATEGY_OPTIONS for option in options):
         raise ValueError(f"strategy {name!r}: options must be among {STRATEGY_OPTIONS}, got {options}")
-    entry = Strategy(name, needs, uses, bool(sigma), bool(needs_k), compare, run, bool(shots), options)
+    if run is None:
+        raise ValueError(f"strategy {name!r} has no function: pass run=function or run='module:function'")
+    entry = Strategy(name, run, needs, uses, bool(sigma), bool(needs_k), compare, bool(shots), options)
     _REGISTRY[name] = entry
     return entry
 
@@ -191,17 +190,6 @@ def shots_source(entry: Strategy, shots_split: str, select, eval_):
     return select
 
 
-def strategy_runner(name: str):
-    """Decorator: ``fn`` runs the registered strategy ``name`` (``fn(bank, StrategyInputs)``)."""
-    def attach(fn):
-        entry = _REGISTRY.get(name)
-        if entry is None:
-            raise ValueError(f"strategy {name!r} is not registered")
-        entry.run = fn
-        return fn
-    return attach
-
-
 def get_strategy(name: str) -> Strategy:
     """The entry of ``name``; an unknown name is one :class:`UserError` line with the choices."""
     entry = _REGISTRY.get(name)
@@ -221,44 +209,36 @@ def compare_order() -> tuple[str, ...]:
     return tuple(entry.name for entry in sorted(ranked, key=lambda entry: entry.compare))
 
 
-def sigma_strategies() -> tuple[str, ...]:
-    """The strategies that rank or weight prompts by sigma^2 (refused for a deterministic model)."""
-    return tuple(name for name, entry in _REGISTRY.items() if entry.sigma)
-
-
 def readers_of(option: str) -> tuple[str, ...]:
     """The strategies that read the option ``option`` (one of :data:`STRATEGY_OPTIONS`)."""
     return tuple(name for name, entry in _REGISTRY.items() if option in entry.options)
 
 
-def strategies_without_runner() -> list[str]:
-    return [name for name, entry in _REGISTRY.items() if entry.run is None]
-
-
-def __getattr__(name):  # the old constant names, read live from the registry
-    views = {"STRATEGIES": strategy_names, "COMPARE_ORDER": compare_order, "SIGMA_STRATEGIES": sigma_strategies}
-    if name in views:
-        return views[name]()
-    raise AttributeError(name)
-
-
 # ----------------------------------------------------------------------------- the built-in strategies
-# (the table in zsprob.zeroshot.selection's docstring says what each does; the functions are there)
+# what each does: the table in docs/zeroshot.md; its function: the module named beside it
 
-register_strategy("all", compare=10)
-register_strategy("single", compare=20)
-register_strategy("topk", sigma=True, needs_k=True)
-register_strategy("global", needs=(SELECTION_LABELS,), sigma=True, compare=30, options=("k_grid",))
-register_strategy("auto", uses=(SELECTION_LABELS,), sigma=True, compare=40, options=("k_grid", "threshold_c"))
-register_strategy("threshold", sigma=True, compare=50, options=("threshold_c",))
-register_strategy("fusion", sigma=True, compare=60, options=("beta",))
-register_strategy("fusion-select", needs=(SELECTION_LABELS,), sigma=True, compare=70)
-register_strategy("poe", sigma=True, compare=80)
-register_strategy("bprw", needs=(UNLABELLED_IMAGES,), sigma=True, compare=90)               # ProLIP "use NN"
-register_strategy("bprw-fewshot", needs=(SELECTION_LABELS,), sigma=True, compare=95, shots=True)  # ProLIP shots
-register_strategy("zpe", needs=(UNLABELLED_IMAGES,), compare=100)
-register_strategy("carprt", needs=(UNLABELLED_IMAGES,), compare=104)          # CARPRT, class-specific weights
-register_strategy("carprt-shared", needs=(UNLABELLED_IMAGES,), compare=106)   # its class-shared counterpart
+_SELECTION, _BASELINES, _CARPRT = "zsprob.zeroshot.selection", "zsprob.zeroshot.baselines", "zsprob.zeroshot.carprt"
 
-register_strategy("oracle", needs=(EVAL_LABELS,), sigma=True, compare=120, options=("k_grid",))
-register_strategy("oracle-global", needs=(EVAL_LABELS,), sigma=True, compare=110, options=("k_grid",))
+register_strategy("all", run=f"{_SELECTION}:run_all", compare=10)
+register_strategy("single", run=f"{_SELECTION}:run_single", compare=20)
+register_strategy("topk", run=f"{_SELECTION}:run_topk", sigma=True, needs_k=True)
+register_strategy("global", run=f"{_SELECTION}:run_global", needs=(SELECTION_LABELS,), sigma=True, compare=30,
+                  options=("k_grid",))
+register_strategy("auto", run=f"{_SELECTION}:run_auto", uses=(SELECTION_LABELS,), sigma=True, compare=40,
+                  options=("k_grid", "threshold_c"))
+register_strategy("threshold", run=f"{_SELECTION}:run_threshold", sigma=True, compare=50, options=("threshold_c",))
+register_strategy("fusion", run=f"{_SELECTION}:run_fusion", sigma=True, compare=60, options=("beta",))
+register_strategy("fusion-select", run=f"{_SELECTION}:run_fusion_select", needs=(SELECTION_LABELS,), sigma=True,
+                  compare=70)
+register_strategy("poe", run=f"{_SELECTION}:run_poe", sigma=True, compare=80)
+register_strategy("bprw", run=f"{_BASELINES}:run_bprw", needs=(UNLABELLED_IMAGES,), sigma=True,  # ProLIP "use NN"
+                  compare=90)
+register_strategy("bprw-fewshot", run=f"{_BASELINES}:run_bprw_fewshot", needs=(SELECTION_LABELS,),  # ProLIP shots
+                  sigma=True, compare=95, shots=True)
+register_strategy("zpe", run=f"{_BASELINES}:run_zpe", needs=(UNLABELLED_IMAGES,), compare=100)
+register_strategy("carprt", run=f"{_CARPRT}:run_carprt", needs=(UNLABELLED_IMAGES,), compare=104)  # class-specific
+register_strategy("carprt-shared", run=f"{_CARPRT}:run_carprt_shared", needs=(UNLABELLED_IMAGES,), compare=106)
+register_strategy("oracle", run=f"{_SELECTION}:run_oracle", needs=(EVAL_LABELS,), sigma=True, compare=120,
+                  options=("k_grid",))
+register_strategy("oracle-global", run=f"{_SELECTION}:run_oracle_global", needs=(EVAL_LABELS,), sigma=True,
+                  compare=110, options=("k_grid",))

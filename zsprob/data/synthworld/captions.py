@@ -1,21 +1,11 @@
-"""SynthWorld captions: the grammar, the match predicate and the exact caption ambiguity.
+"""SynthWorld's captions: the grammar, the match predicate and the exact caption ambiguity.
 
-Caption metadata (``caption_meta``) is a dict::
-
-    {"text": str, "kind": "full"|"partial"|"scene"|"count"|"condition"|"vague",
-     "objects": [ {attr: value, ...}, ... ],   # one dict per object phrase (mentioned attributes)
-     "condition": str|None, "background": str|None, "count": int|None,
-     "noisy": bool, "ambiguity": float}
-
-Match predicate (:func:`caption_matches`): a caption is true of a scene when every object
-phrase is satisfied by some object of the scene (all mentioned attributes equal) and the
-mentioned condition, background type and object count hold.
-
-Ambiguity = ln(fraction of scenes of the world prior the caption is true of), computed
-*analytically* from the sampling priors in :mod:`zsprob.data.synthworld.scene` by exact
-enumeration (a small dynamic programme over objects; shapes and grid cells are drawn without
-replacement). :func:`match_matrix` evaluates the predicate for many captions x scenes with
-numpy. Everything here is written by zsprob (numpy only).
+A caption's metadata is ``{"text", "kind", "objects": [mentioned attributes per object phrase],
+"condition", "background", "count", "noisy", "ambiguity"}``. A caption is true of a scene when every
+object phrase is satisfied by some object and the mentioned condition, background and count hold.
+Ambiguity = ln(share of the world prior's scenes the caption is true of), computed analytically from
+the priors of ``scene`` by exact enumeration; :func:`match_matrix` evaluates the predicate for many
+captions x scenes with numpy.
 """
 from __future__ import annotations
 
@@ -370,12 +360,8 @@ def _iid_match_prob(ph: dict, regime: str) -> float:
 
 
 def _distinct_shapes_prob(phrases: list[dict], regime: str, n: int) -> float:
-    """Every phrase names a different shape, so each must be matched by a different object.
-
-    Sum over the ordered choices of distinct object slots for the phrases: P(those slots
-    carry those shapes) x P(named cells on those slots) x product of the independent
-    attribute probabilities.
-    """
+    """Every phrase names a different shape, so each is matched by a different object: a sum over the ordered
+    choices of object slots of P(those shapes) x P(named cells) x the independent attribute probabilities."""
     from itertools import permutations
 
     K = len(phrases)
@@ -492,12 +478,8 @@ def _dp_prob(phrases_t: tuple, regime: str, n: int) -> float:
 
 
 def _single_phrase_prob(ph: dict, regime: str, n: int) -> float:
-    """Closed form for one phrase (shapes and cells are never repeated within a scene).
-
-    q = P(an object's independent attributes match); the named shape, if any, is on at most
-    one object (P = n / |shapes| that it is present, then on one object with the cell, if
-    named, drawn independently); likewise a named cell is occupied by at most one object.
-    """
+    """Closed form for one phrase: shapes and cells never repeat within a scene, so a named shape or cell is
+    on at most one object; q = P(an object's independent attributes match)."""
     q = _iid_match_prob(ph, regime)
     if "position" in ph:
         npos = len(POSITIONS)

@@ -1,13 +1,7 @@
-"""Checking a SynthWorld on disk against its manifest: file sizes and SHA-256, shards that hold samples.
-
-:func:`file_checksums` lists every file a run wrote (``pretrain/``, ``classify/``, ``retrieval/``)
-with its size and SHA-256, which the writer records in ``manifest.json`` (``checksums``);
-:func:`damaged_files` compares the files with that record (a re-run of ``zsprob data synthetic``
-regenerates the ones that differ); :func:`check_pretrain_shards` is the cheap check a reader of the
-pretraining shards makes before training (sizes only, no hashing). Worlds written before the
-manifest had checksums pass on what can be checked without them (:func:`broken_shards`: shards
-that are unreadable, empty or cut short). :func:`zsprob.utils.io.sha256_file` hashes (with
-``hashlib``); the rest is zsprob's.
+"""Checking a SynthWorld on disk against its manifest: the size and SHA-256 of every file a run wrote
+(recorded in ``manifest.json``; a re-run regenerates the files that differ), and the cheap check a
+reader of the pretraining shards makes before training. Worlds written before the manifest had
+checksums are checked for shards that are unreadable, empty or cut short.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""SynthWorld's byte-exact file writers: JPEG, JSON, USTAR tar shards and ``.npz`` files with fixed metadata.
-
-Everything a SynthWorld run writes goes through here, so the same arguments give the same
-bytes: Pillow encodes JPEG (no optimisation, baseline), ``json`` writes compact UTF-8,
-``tarfile`` is the reference writer of the shards (fixed mtime / mode / owner) and
-:func:`tar_bytes` writes the same bytes faster; ``zipfile`` holds the ``.npz`` arrays with
-fixed timestamps in the layout ``scipy.sparse.load_npz`` reads. :mod:`zsprob.utils.io`
-makes each write atomic (temp name + rename).
+"""SynthWorld's byte-exact file writers: JPEG, JSON, USTAR tar shards and ``.npz`` files with fixed
+metadata, so the same arguments give the same bytes. Pillow encodes JPEG; ``tarfile`` is the reference
+tar writer and :func:`tar_bytes` writes the same bytes faster; ``zipfile`` holds the ``.npz`` arrays in
+the layout ``scipy.sparse.load_npz`` reads; :mod:`zsprob.utils.io` makes each write atomic.
 """
 from __future__ import annotations
 
@@ -68,11 +64,8 @@ def ustar_header(name: bytes, size: int) -> bytes:
 
 
 def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
-    """The same bytes as :func:`tar_bytes_tarfile` (checked by the tests), about 10x faster.
-
-    Names are short ASCII keys (< 100 bytes) and sizes < 8 GiB, so plain USTAR headers
-    suffice; anything else falls back to the tarfile module (PAX format).
-    """
+    """The bytes of :func:`tar_bytes_tarfile`, faster: plain USTAR headers for short ASCII names and sizes
+    below 8 GiB, the tarfile module (PAX format) otherwise."""
     parts = []
     total = 0
     for name, data in members:

@@ -1,6 +1,4 @@
 """SynthWorld's preview sheet: one row per rendering condition, images with two of their captions.
-
-Pillow draws the grid and the text; the samples come from :class:`~zsprob.data.synthworld.world.SynthWorld`.
 """
 from __future__ import annotations
 

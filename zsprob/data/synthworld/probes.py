@@ -1,18 +1,7 @@
-"""Probe sets for the uncertainty-validity evidence, built from SynthWorld's exact ground truth.
-
-* :func:`inclusion_pairs`: caption pairs ``(general, specific)`` of the SynthWorld grammar where
-  every scene satisfying ``specific`` satisfies ``general`` and not conversely ("a star" vs
-  "a red star", "a red star" vs "a large red striped star", "a red star" vs "a red star and a blue
-  circle"), with and without the grammar's wrappers. Each pair is kept only when the exact
-  ambiguity of ``general`` exceeds that of ``specific`` and what ``general`` asserts is contained
-  in what ``specific`` asserts (:func:`asserts_within`).
-* :func:`crop_scenes`: Pishdad et al.'s crop test on SynthWorld: a scene with object A alone and
-  the same scene with A and B (pixel-identical A, background and condition, B added), with the
-  captions "A" and "A and B".
-
-Captions, predicate and ambiguity come from :mod:`zsprob.data.synthworld.captions`, scenes from
-:func:`zsprob.data.synthworld.world.make_scene`; rendering is the caller's (``SynthWorld.render``).
-Everything is a pure function of ``seed`` (numpy's Generator). Written by zsprob.
+"""Probe sets for the uncertainty-validity evidence, from SynthWorld's exact ground truth: inclusion pairs
+``(general, specific)`` of captions where every scene ``specific`` is true of satisfies ``general`` and
+not conversely, and Pishdad et al.'s crop test (a scene with A alone and the same scene with A and B,
+captions "A" and "A and B"). Pure functions of ``seed``.
 """
 from __future__ import annotations
 
@@ -44,10 +33,8 @@ def _caption(phrases: list[str], mentioned: list[dict], wrapper: str) -> dict:
 
 
 def asserts_within(general: dict, specific: dict) -> bool:
-    """True when every assertion of ``general`` is made by ``specific`` too: each object phrase of
-    ``general`` is a sub-dict of some phrase of ``specific``, and its condition / background / count
-    (where set) are equal. Together with a strictly larger ambiguity this makes ``specific`` a strict
-    refinement of ``general``."""
+    """True when every assertion of ``general`` is made by ``specific`` too (each object phrase a sub-dict of
+    one of ``specific``'s, the same condition / background / count where set)."""
     for key in ("condition", "background", "count"):
         if general.get(key) is not None and general.get(key) != specific.get(key):
             return False
@@ -78,14 +65,8 @@ def _conjunction_pair(rng: np.random.Generator, wrapper_general: str, wrapper_sp
 
 
 def inclusion_pairs(n_pairs: int = 1000, seed: int = 0, *, conjunction_fraction: float = 0.25) -> list[dict]:
-    """``n_pairs`` exact inclusion pairs ``{"general", "specific", "kind", "same_word_count"}``.
-
-    ``general`` / ``specific`` are caption metas (``text``, ``objects``, ..., ``ambiguity``);
-    ``kind`` is "attribute" (the specific caption names more attributes of the same object) or
-    "conjunction" (it adds a second object). Wrappers ("a photo of {}", ...) are drawn
-    independently for the two captions, so word counts differ or coincide by chance.
-    Duplicated text pairs are skipped.
-    """
+    """``n_pairs`` distinct inclusion pairs ``{"general", "specific", "kind", "same_word_count"}`` of caption
+    metas; ``kind``: "attribute" (more attributes of the same object) or "conjunction" (a second object)."""
     if n_pairs < 1:
         raise UserError(f"n_pairs must be >= 1, got {n_pairs}")
     rng = np.random.default_rng([int(seed), 17])
@@ -112,14 +93,8 @@ def inclusion_pairs(n_pairs: int = 1000, seed: int = 0, *, conjunction_fraction:
 
 
 def crop_scenes(n_trials: int = 300, seed: int = 0) -> list[dict]:
-    """Pishdad et al.'s crop triplets on SynthWorld (normal condition).
-
-    Each trial: ``{"scene_a", "scene_ab", "caption_a", "caption_ab"}``. ``scene_ab`` is a
-    :func:`make_scene` with objects A and B (distinct shapes and cells, random background);
-    ``scene_a`` is the same scene with B removed (A's jitter, rotation and the background colour
-    are copied, so A's pixels are identical). ``caption_a`` names A (shape + colour, and its size
-    or fill at random); ``caption_ab`` is "caption A and caption B" as in the paper.
-    """
+    """Pishdad et al.'s crop trials ``{"scene_a", "scene_ab", "caption_a", "caption_ab"}``: ``scene_a`` is
+    ``scene_ab`` with B removed (A's pixels identical), ``caption_ab`` "caption A and caption B"."""
     if n_trials < 1:
         raise UserError(f"n_trials must be >= 1, got {n_trials}")
     rng = np.random.default_rng([int(seed), 4])

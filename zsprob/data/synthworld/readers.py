@@ -1,7 +1,5 @@
-"""Reading a SynthWorld back: the retrieval splits with exact ground truth, the pretraining shards, jWAE's split.
-
-scipy.sparse reads the plausible-match matrix (``.npz``), ``tarfile`` the shards, ``json`` the
-Karpathy-format annotations; :mod:`zsprob.errors` names a missing file with the command that makes it.
+"""Reading a SynthWorld back: the retrieval splits with exact ground truth, the pretraining shards, and
+jWAE's paired / unpaired split.
 """
 from __future__ import annotations
 
@@ -127,13 +125,8 @@ def read_pretrain_items(shards: str | os.PathLike) -> PretrainItems:
 
 
 def paired_split(n: int, paired_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """The semi-supervised split of ``n`` pretraining samples: (paired indices, unpaired indices).
-
-    ``round(paired_fraction * n)`` samples (at least one), drawn by a permutation seeded by
-    ``seed``, keep their image-caption pairing; the rest give unpaired images and unpaired
-    captions (jWAE's limited-supervision setting: the remaining pairs are used without labels).
-    Sorted index arrays; the paired set of a smaller fraction is a subset of a larger one's.
-    """
+    """jWAE's split of ``n`` pretraining samples into sorted (paired, unpaired) indices: ``round(paired_fraction
+    * n)`` (at least one) keep their pairing; a smaller fraction's paired set is a subset of a larger one's."""
     f = float(paired_fraction)
     if not 0.0 < f <= 1.0:
         raise UserError(f"data.paired_fraction must be in (0, 1], got {paired_fraction!r}")

@@ -1,18 +1,10 @@
-"""SynthWorld vocabulary, sampling priors and scene sampling (pure Python + numpy).
+"""SynthWorld's vocabulary, sampling priors and scene sampling.
 
-A *scene* is a JSON-able dict that fully determines one SynthWorld image: its rendering
-condition, background, objects (shape, colour, size, position, fill) and the continuous
-rendering parameters (jitter, rotation, background colour / angle, noise seed).
-:func:`sample_scene` draws it from a :class:`Stream` (Python's Mersenne Twister, whose
-``random()`` sequence per int seed is stable across Python versions); :func:`scene_rng` seeds
-it from a BLAKE2b hash of (seed, split, index), so a scene is a pure function of those three
-values.
-
-The constants here (vocabularies, COND_P, NUM_OBJECTS_P, ...) are read by both the sampler
-and the analytic caption ambiguity in :mod:`zsprob.data.synthworld.captions`; a change to the
-sampling *logic* (e.g. drawing shapes with replacement) must be mirrored there — the tests
-compare the analytic probabilities with Monte Carlo frequencies of this sampler.
-Written by zsprob.
+A scene is a JSON-able dict that fixes one image: condition, background, objects (shape, colour, size,
+position, fill) and the continuous rendering parameters. :func:`scene_rng` seeds a :class:`Stream` from
+a BLAKE2b hash of (seed, split, index), so a scene is a pure function of the three. The priors here are
+read by the analytic caption ambiguity too (``captions``): a change to the sampling logic must be
+mirrored there; the tests compare the two with Monte Carlo frequencies.
 """
 from __future__ import annotations
 
@@ -56,14 +48,9 @@ VOCAB: dict[str, list[str]] = {"shape": SHAPES, "color": COLOR_NAMES, "size": SI
 
 
 class Stream:
-    """Fast scalar random draws: Python's Mersenne Twister (``random.Random``) seeded with an int.
-
-    Python guarantees that ``random()`` yields the same sequence for the same int seed in every
-    version, and every draw here is derived from ``random()`` alone: ``integers(n)`` /
-    ``integers(lo, hi)`` uniform, ``uniform(a, b)``, ``sample(n, k)`` = k distinct values of
-    range(n) in uniformly random order (partial Fisher-Yates). One C call per draw, no numpy
-    overhead.
-    """
+    """Scalar random draws from Python's Mersenne Twister seeded with an int. Every draw derives from
+    ``random()`` alone, whose sequence per int seed Python keeps stable across versions; ``sample(n, k)``
+    is k distinct values of range(n) in random order (partial Fisher-Yates)."""
 
     __slots__ = ("random",)
 
@@ -93,12 +80,8 @@ def scene_rng(seed: int, split: str, index: int, *extra) -> Stream:
 
 
 def _bg_color(rng: Stream, avoid: list[tuple[int, int, int]]) -> list[int]:
-    """A random background colour far enough from every object colour to keep objects visible.
-
-    24 candidates are drawn at once; the first one at distance >= 110 (RGB) from every object
-    colour wins, else the farthest. Near-white colours are penalised (white paper is reserved
-    for the drawing condition).
-    """
+    """A background colour at RGB distance >= 110 from every object colour (the first of 24 candidates, else the
+    farthest); near-white is penalised (white paper is the drawing condition's)."""
     best, best_d = None, -1.0
     for _ in range(24):
         c = [rng.integers(256), rng.integers(256), rng.integers(256)]
@@ -128,14 +111,8 @@ _NOBJ_CUM = np.cumsum(NUM_OBJECTS_P).tolist()
 
 def sample_scene(rng: Stream, *, shape: str | None = None, single: bool = False,
                  condition: str | None = None) -> dict:
-    """Draw one scene.
-
-    Default: the world prior (condition ~ COND_P, 1/2/3 objects with p 0.6/0.3/0.1, distinct
-    shapes and grid cells, colour/size/fill uniform and independent). ``shape`` forces the
-    (main) object's shape and ``single`` forces one object (classification splits);
-    ``condition`` forces the condition (previews). Only unforced scenes follow the prior
-    that caption ambiguity is computed under.
-    """
+    """One scene from the world prior (docs/synthworld.md); ``shape`` forces the main object's shape and
+    ``single`` one object (classification splits), ``condition`` the condition (previews)."""
     cond = CONDITIONS[_pick(rng, _COND_CUM)]
     if condition is not None:
         cond = condition

@@ -1,9 +1,6 @@
-"""SynthWorld's work units: one pretraining shard, one chunk of classification or retrieval images.
-
-Each unit is a pure function of its argument dict (run in any process, in any order, skipped
-when its files exist), so ``generate(workers=N)`` writes the same bytes for every N;
-:func:`run_unit` dispatches on ``args["kind"]``. The writer (:mod:`.writer`) makes the units and
-collects their results; the bytes come from :mod:`.files`.
+"""SynthWorld's work units: one pretraining shard, one chunk of classification or retrieval images. Each is
+a pure function of its argument dict (any process, any order, skipped when its files exist), so
+``generate(workers=N)`` writes the same bytes for every N.
 """
 from __future__ import annotations
 
@@ -37,7 +34,7 @@ def pretrain_unit(args: dict) -> dict:
 
 
 def classify_unit(args: dict) -> dict:
-    """Write classification images ``start`` .. ``end`` of part ``args["part"]`` (select / eval), one folder per class."""
+    """Write classification images ``start`` .. ``end`` of ``args["part"]`` (select / eval), a folder per class."""
     out = Path(args["out"])
     world = SynthWorld(args["seed"], args["image_size"])
     part = args["part"]

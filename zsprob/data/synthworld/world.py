@@ -1,9 +1,6 @@
-"""SynthWorld's world: ``SynthWorld`` (one sample per (seed, split, index)), hand-made scenes, the format constants.
-
-A sample is a scene from :mod:`zsprob.data.synthworld.scene`, drawn by
-:mod:`zsprob.data.synthworld.render` and captioned by :mod:`zsprob.data.synthworld.captions`;
-this module puts the three together and holds the constants the writer and the CLI read
-(sizes, presets, retrieval image ids). Pure Python + numpy; Pillow draws (in ``render``).
+"""SynthWorld's world: :class:`SynthWorld` puts a scene (``scene``), its image (``render``) and five captions
+(``captions``) together per (seed, split, index); hand-made scenes; the constants the writer and the CLI
+read (sizes, presets, retrieval image ids).
 """
 from __future__ import annotations
 
@@ -21,11 +18,10 @@ from zsprob.errors import UserError
 FORMAT_VERSION = 1
 MIN_SIZE, MAX_SIZE = 32, 224
 CAPTIONS_PER_IMAGE = 5
+# recorded in every manifest as written (the module path in it is an old name): a change changes every world's bytes
 AMBIGUITY_METHOD = ("analytic: ln P(caption true | scene ~ world prior), exact enumeration over the "
-# the manifest records this string as written by earlier versions (the function now lives in
-# zsprob.data.synthworld.captions); changing it would change every generated world's bytes
                     "sampling priors (zsprob.data.synth_captions.caption_probability)")
-# defaults: ~23k samples, < 1 min to generate on 2 cores, a demo-sized world
+# a demo-sized world (docs/synthworld.md)
 DEFAULTS: dict[str, Any] = dict(image_size=64, num_pretrain=20000, num_classify_select=10,
                                 num_classify_eval=50, num_retrieval=1000, num_retrieval_val=500,
                                 noise=0.0, seed=0, shard_size=1000)
@@ -52,12 +48,8 @@ def check_image_size(image_size: int) -> int:
 
 
 class SynthWorld:
-    """The world: ``sample(split, index)`` renders one scene with five captions and ground truth.
-
-    Splits whose name starts with ``classify`` hold one main object whose shape is the class
-    ``SHAPES[index % len(SHAPES)]`` (the condition is random; "many" shows copies of it);
-    every other split name draws from the world prior (1-3 objects).
-    """
+    """The world: ``sample(split, index)`` renders one scene with five captions and ground truth. Splits named
+    ``classify*`` hold one main object of shape ``SHAPES[index % len(SHAPES)]``; the others follow the prior."""
 
     def __init__(self, seed: int = 0, image_size: int = 64):
         self.seed = int(seed)
@@ -102,33 +94,28 @@ class SynthWorld:
 
     def meta(self, split: str, index: int, noise: float = 0.0, condition: str | None = None) -> dict:
         """The ground truth of ``sample(split, index)`` without rendering the image."""
+        return self._scene_meta(split, index, noise, condition)[1]
+
+    def _scene_meta(self, split: str, index: int, noise: float, condition: str | None) -> tuple[dict, dict]:
         sc, rng = self.scene(split, index, condition)
         cms = self.captions_for(sc, rng, split, index, float(noise))
-        return {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
-                **sc, "captions": cms}
+        return sc, {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
+                    **sc, "captions": cms}
 
     def sample(self, split: str, index: int, noise: float = 0.0, condition: str | None = None) -> SynthSample:
         """The (seed, split, index) sample; ``condition`` forces a condition (previews only)."""
         if not 0.0 <= float(noise) <= 1.0:
             raise UserError(f"noise must be in [0, 1], got {noise}")
-        sc, rng = self.scene(split, index, condition)
-        cms = self.captions_for(sc, rng, split, index, float(noise))
-        image = render_scene(sc, self.image_size)
-        meta = {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
-                **sc, "captions": cms}
-        return SynthSample(image=image, captions=[c["text"] for c in cms], meta=meta)
+        sc, meta = self._scene_meta(split, index, noise, condition)
+        return SynthSample(image=render_scene(sc, self.image_size), captions=[c["text"] for c in meta["captions"]],
+                           meta=meta)
 
 
 def make_scene(objects: list[dict], *, condition: str = "normal", background: str = "plain",
                seed: int = 0) -> dict:
-    """A hand-made scene for controlled experiments, e.g. Pishdad et al.'s test (an image with
-    object A vs one with A and B, captions "A" vs "A and B").
-
-    ``objects``: dicts with ``shape`` (required), ``color`` (default "red"), ``size``
-    ("medium"), ``position`` (distinct cells, default: the first free of center, left,
-    right, ...), ``fill`` ("solid"). Render it with ``SynthWorld.render(scene)``; match
-    captions with :func:`caption_matches`. Rendering details are drawn from ``seed``.
-    """
+    """A hand-made scene for controlled experiments (Pishdad et al.'s A vs A and B). ``objects``: dicts with
+    ``shape`` and optionally ``color`` ("red"), ``size`` ("medium"), ``position`` (distinct cells; default:
+    the first free of center, left, right, ...) and ``fill`` ("solid"); rendering details come from ``seed``."""
     if condition not in CONDITIONS:
         raise UserError(f"unknown condition {condition!r}; one of {CONDITIONS}")
     if background not in BACKGROUNDS:

@@ -1,12 +1,7 @@
-"""Writing a SynthWorld: :func:`generate` (splits -> work units -> shards, images, annotations, manifest).
-
-The steps, each a function below: check the arguments (:func:`_validate`), make ``out`` ready
-(resume, or refuse / overwrite a world made with other arguments: :func:`_prepare_out`), list
-the work units (:func:`_make_units`), run them (:func:`_run_units`, one process or a
-``multiprocessing`` pool; :mod:`.units` does the rendering), then write the retrieval
-annotations (:func:`_write_retrieval_split`, :func:`_write_karpathy_json`), the class names and
-the manifest (:func:`_manifest`). Every byte goes through :mod:`.files`, so the output does
-not depend on ``workers``; tqdm shows progress.
+"""Writing a SynthWorld: :func:`generate` checks the arguments, makes ``out`` ready (resume, or refuse /
+overwrite a world made with other arguments), runs the work units (one process or a pool; ``units``
+renders), then writes the retrieval annotations, the class names and the manifest. Every byte goes
+through ``files``, so the output does not depend on ``workers``.
 """
 from __future__ import annotations
 
@@ -67,16 +62,9 @@ def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int 
              shard_size: int = 1000, jpeg_quality: int = 90, workers: int = 1, progress: bool = True,
              overwrite: bool = False, preview: bool = False,
              callback: Callable[[str, int], None] | None = None) -> dict:
-    """Write a SynthWorld under ``out`` and return its manifest (also ``out/manifest.json``).
-
-    ``num_classify_select`` / ``num_classify_eval`` are images *per class*; ``num_retrieval``
-    (test) and ``num_retrieval_val`` are images (five captions each). ``noise`` is the noisy
-    correspondence rate of the pretraining captions (evaluation splits are always clean).
-    ``workers > 1`` uses processes; the bytes written do not depend on it. Re-running with the
-    same arguments resumes (existing shards / images are kept); different arguments on an
-    existing world raise :class:`UserError` unless ``overwrite=True`` (which deletes the
-    world's ``pretrain/``, ``classify/`` and ``retrieval/`` folders first).
-    """
+    """Write a SynthWorld under ``out`` and return its manifest (docs/synthworld.md). ``num_classify_*`` are
+    images per class. The same arguments resume; others on an existing world are a UserError unless
+    ``overwrite`` (which deletes the world's folders first)."""
     if num_retrieval_val is None:
         num_retrieval_val = num_retrieval // 2
     counts = dict(num_pretrain=num_pretrain, num_classify_select=num_classify_select,
@@ -126,10 +114,8 @@ def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int 
 
 
 def _remove_damaged(out: Path) -> list[str]:
-    """Before a re-run: delete the files that differ from the size and SHA-256 the existing manifest records
-    (a truncated shard, an overwritten image), so the run writes them again, deterministically from the seed;
-    returns their paths (relative to ``out``) and says which on stderr. A world written before the manifest
-    had checksums is checked for unreadable, empty or cut-short shards only."""
+    """Before a re-run: delete the files that differ from the manifest's sizes and SHA-256 (without checksums:
+    the broken shards), so the run writes them again; returns their paths relative to ``out``."""
     manifest = read_manifest(out)
     recorded = (manifest or {}).get("checksums")
     damaged = damaged_files(out, recorded) if isinstance(recorded, dict) else broken_shards(out)
@@ -204,8 +190,7 @@ def _run_units(units: list[dict], counts: dict, workers: int, total_samples: int
         if workers > 1 and len(units) > 1:
             import multiprocessing as mp
 
-            # fork where the platform has it (no re-import of the caller's __main__); the units
-            # use numpy / Pillow only, so a parent holding torch threads is not an issue
+            # fork where the platform has it; the units use numpy / Pillow only
             methods = mp.get_all_start_methods()
             ctx = mp.get_context("fork" if "fork" in methods else "spawn")
             with ctx.Pool(min(workers, len(units))) as pool:

@@ -1,7 +1,5 @@
 """What the shard pipeline counts: every kind of skipped item, the per-worker counters that travel with
 the batches, their rate-limited warnings, and the one line a stalled stream ends with.
-
-Plain Python (``collections.Counter``, ``logging``); imports nothing else.
 """
 from __future__ import annotations
 

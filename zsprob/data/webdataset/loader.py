@@ -1,9 +1,7 @@
 """The shard loader of one rank: :func:`build_wds_pipeline` checks the options and the shards and makes a
-:class:`WdsLoader`, which keeps one DataLoader for every epoch, tells its workers each epoch's position,
-adds up the counts they send, raises a stalled stream's line, and saves / restores its position.
-
-webdataset's :class:`webdataset.WebLoader` (a ``torch.utils.data.DataLoader``) runs the workers, with
-torch's ``persistent_workers``; ``torch.distributed`` (or the environment) gives rank and world size.
+:class:`WdsLoader`, which keeps one DataLoader (webdataset's ``WebLoader``, persistent workers) for every
+epoch, tells its workers each epoch's position, adds up the counts they send, raises a stalled stream's
+line, and saves / restores its position.
 """
 from __future__ import annotations
 
@@ -30,13 +28,8 @@ def _identity_collate(x):
 
 
 class WdsLoader:
-    """Iterable over ``(images [B,3,H,W], tokens [B,L])`` batches of one rank (see the package docstring
-    of :mod:`zsprob.data.webdataset`).
-
-    Attributes: ``epoch`` (the epoch the next iteration reads), ``num_batches`` (batches per
-    epoch on this rank when fixed by ``num_samples``, else None), ``num_shards``,
-    ``batch_size``, ``num_workers``, ``rank``, ``world_size``.
-    """
+    """Iterable over the ``(images [B,3,H,W], tokens [B,L])`` batches of one rank; ``epoch`` is the epoch the
+    next iteration reads, ``num_batches`` the batches per epoch when ``num_samples`` fixes them (else None)."""
 
     def __init__(self, stream: ShardStream, *, epoch: int, num_workers: int, pin_memory: bool,
                  prefetch_factor: Optional[int], timeout: float):
@@ -93,9 +86,6 @@ class WdsLoader:
         d["epoch"] = self.epoch
         return d
 
-    def reset_stats(self) -> None:
-        self._stats = Counter({k: 0 for k in STAT_KEYS})
-
     # -- epochs and resuming
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Make the next iteration read epoch ``epoch``, starting after ``skip_batches`` batches."""
@@ -117,9 +107,8 @@ class WdsLoader:
 
     # -- iteration
     def _dataloader(self):
-        """The one DataLoader of this loader, made at the first iteration and kept across epochs: with
-        workers they are persistent (started once; each epoch's position reaches them through the
-        stream's shared memory). Remade only when ``num_workers`` or ``pin_memory`` changed."""
+        """The one DataLoader of this loader, made at the first iteration and kept across epochs (remade
+        only when its settings changed)."""
         config = (self.num_workers, bool(self.pin_memory), self.prefetch_factor, self.timeout)
         if self._loader is not None and self._loader_config == config:
             return self._loader
@@ -179,17 +168,10 @@ def _dist_info(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int
 def build_wds_pipeline(shards, options: Optional[ShardPipelineOptions] = None, *,
                        preprocess: Optional[Callable], tokenizer: Optional[Callable], epoch: int = 0,
                        skip_batches: int = 0, **changes) -> WdsLoader:
-    """Build the shard loader; see the package docstring of :mod:`zsprob.data.webdataset` for the exact
-    semantics.
-
-    ``options``: a :class:`ShardPipelineOptions`; keyword ``changes`` name its fields (``batch_size=4,
-    num_workers=2``) and replace them (without ``options`` they start from the defaults).
-    ``preprocess``: PIL image -> tensor (the model's open_clip transform, optionally with
-    :class:`zsprob.data.transforms.SizeAugment`); ``tokenizer``: list[str] -> LongTensor [B, L]
-    (called once per batch, in the worker). ``tokenizer=None`` yields caption strings,
-    ``preprocess=None`` PIL images. ``with_keys=True`` yields ``(images, tokens, keys)``.
-    ``epoch`` / ``skip_batches``: where the first iteration starts.
-    """
+    """The shard loader (docs/data.md). Keyword ``changes`` replace fields of ``options`` (or of the defaults).
+    ``preprocess``: PIL image -> tensor (None: PIL images); ``tokenizer``: list[str] -> LongTensor [B, L],
+    once per batch in the worker (None: caption strings). ``epoch`` / ``skip_batches``: where the first
+    iteration starts."""
     opts = ShardPipelineOptions.build(options, **changes)
     sources = expand_shards(shards)
     w = parse_weights(opts.weights, len(sources))

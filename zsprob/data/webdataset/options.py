@@ -1,7 +1,5 @@
 """The shard pipeline's options: one frozen :class:`ShardPipelineOptions`, checked once and handed down
 unchanged to the stream of every epoch, and the caption cleaner its ``dataset_type`` picks.
-
-``dataclasses`` holds the options; :mod:`zsprob.data.captions` cleans the captions.
 """
 from __future__ import annotations
 
@@ -17,14 +15,9 @@ IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 
 @dataclass(frozen=True)
 class ShardPipelineOptions:
-    """Every option of the shard pipeline except the shards, the two callables and the position in the
-    stream: built once (from a training config by :func:`zsprob.train.data.shard_options`, or by hand)
-    and handed down unchanged to the stream of each epoch. The package docstring of
-    :mod:`zsprob.data.webdataset` gives the semantics.
-
+    """Every option of the shard pipeline but the shards, the two callables and the position (docs/data.md).
     ``clean`` overrides the caption cleaning of ``dataset_type``; ``rank`` / ``world_size`` default to
-    ``torch.distributed``, else the ``RANK`` / ``WORLD_SIZE`` environment.
-    """
+    ``torch.distributed``, else the ``RANK`` / ``WORLD_SIZE`` environment."""
 
     batch_size: int
     seed: int = 0

@@ -2,9 +2,7 @@
 
 Members are grouped per shard, so a truncated shard cannot leak a half sample into the next one
 (open_clip's ``group_by_keys_nothrow`` breaks on webdataset 1.0's end-of-shard markers). webdataset
-streams the tar members (:func:`webdataset.tariterators.tar_file_iterator`) and splits key from
-extension (:func:`webdataset.tariterators.base_plus_ext`); PIL decodes the images; ``json`` the
-metadata. Every thing skipped is counted on the worker's :class:`~zsprob.data.webdataset.counts.Counts`.
+streams the members; PIL decodes the images. Everything skipped is counted on the worker's ``Counts``.
 """
 from __future__ import annotations
 
@@ -52,9 +50,7 @@ def read_shard(url: str, counts: Counts, complete: Callable[[dict], bool]) -> It
                 current["__bad__"] = True
             current[suffix] = f["data"]
     except Exception as e:  # tarfile.ReadError, EOFError, OSError, a failing pipe: ...
-        failed = True
-        # nothing readable at all (empty / garbage file, a URL that returned nothing):
-        # the shard is as good as missing; otherwise it broke off in the middle
+        failed = True  # nothing readable at all: as good as missing; else it broke off in the middle
         counts.bad("missing_shard" if members == 0 else "truncated_shard",
                    f"{url}: {type(e).__name__}: {e}")
     finally:
@@ -101,7 +97,6 @@ class SampleDecoder:
                 return None
             cap = meta.get(field) if isinstance(meta, dict) else None
             if isinstance(cap, (list, tuple)):
-                # strings, or dicts with a "text" / "caption" field (SynthWorld's caption records)
                 cap = [c if isinstance(c, str) else (c.get("text") or c.get("caption"))
                        if isinstance(c, dict) else None for c in cap]
                 cap = [c for c in cap if isinstance(c, str)]

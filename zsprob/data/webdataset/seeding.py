@@ -1,9 +1,6 @@
-"""The shard pipeline's seeds: one mixing rule for (seed, epoch, rank, worker, ...) tuples, the base seed
-a fresh DataLoader would give its workers (so persistent workers re-seed as fresh ones), and a private
-seeding of torch's and Python's global generators around one call.
-
-numpy's ``SeedSequence`` mixes the parts; torch's own worker seeding rule
-(``torch.utils.data._utils.worker._generate_state``) seeds numpy in a worker.
+"""The shard pipeline's seeds: one mixing rule for (seed, epoch, rank, worker, ...) tuples, the seeds a
+fresh DataLoader gives its workers (so persistent workers re-seed as fresh ones), and a private seeding
+of torch's and Python's global generators around one call. numpy's ``SeedSequence`` mixes the parts.
 """
 from __future__ import annotations
 
@@ -32,10 +29,8 @@ def loader_base_seed(generator: torch.Generator) -> int:
 
 
 def seed_worker_as_fresh(base_seed: int, worker: int) -> None:
-    """Seed this worker's global generators (random, torch, numpy) exactly as torch seeds worker
-    ``worker`` of a fresh DataLoader iterator with ``base_seed``: a persistent worker that calls this
-    when a new epoch starts is in the state a newly started one would be in, so a transform or a
-    tokenizer drawing from those generators sees the same numbers as with a loader made per epoch."""
+    """Seed this worker's global generators (random, torch, numpy) as torch seeds worker ``worker`` of a fresh
+    DataLoader iterator with ``base_seed``, so a persistent worker starts each epoch as a new one would."""
     from torch.utils.data._utils.worker import _generate_state  # torch's numpy seeding of workers
 
     random.seed(base_seed + worker)

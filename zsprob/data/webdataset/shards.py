@@ -1,9 +1,6 @@
-"""Shard specs to URLs: ``::`` sources, brace patterns, directories (local or fsspec), the check that some
-shard exists, per-source weights, and opening one shard as a byte stream.
-
-webdataset expands brace patterns and ``WDS_`` variables (:func:`webdataset.shardlists.expand_urls`) and
-opens ``pipe:`` commands and the URLs only a command-line tool reads (:func:`webdataset.gopen.gopen`);
-fsspec lists, probes and opens every other URL (:mod:`zsprob.utils.remote`).
+"""Shard specs to URLs (``::`` sources, brace patterns, local or fsspec directories), the check that some
+shard exists, per-source weights, and opening one shard as a byte stream. webdataset expands patterns
+and opens ``pipe:`` commands; fsspec lists, probes and opens other URLs (:mod:`zsprob.utils.remote`).
 """
 from __future__ import annotations
 

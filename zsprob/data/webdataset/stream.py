@@ -1,10 +1,6 @@
 """The iterable each DataLoader worker runs: the epoch's seeded shard schedule -> samples -> shuffle
 buffer -> preprocessed, tokenised batches, with the worker's counts sent along with every batch, the
 batches to skip on resume sent as placeholders, and a stream that stalls ended with one line.
-
-webdataset's sample shuffle buffer (``webdataset.filters._shuffle``) shuffles; torch's
-``IterableDataset`` and ``get_worker_info`` tell the worker who it is; ``multiprocessing.RawArray``
-carries the epoch's position to persistent workers.
 """
 from __future__ import annotations
 
@@ -30,10 +26,8 @@ log = logging.getLogger("zsprob.data")
 
 
 class BatchBuffer:
-    """Collects one batch of images. Tensors are copied into a preallocated [B, ...] tensor as
-    they arrive (while still in cache); inside a DataLoader worker that tensor lives in shared
-    memory, as torch's default_collate does, so sending the batch to the main process copies
-    nothing. Saves the separate torch.stack pass and the copy into shared memory."""
+    """Collects one batch of images into a preallocated [B, ...] tensor as they arrive; inside a DataLoader
+    worker it lives in shared memory (as torch's default_collate does), so sending the batch copies nothing."""
 
     def __init__(self, batch_size: int, shared: bool):
         self.batch_size = batch_size
@@ -72,11 +66,8 @@ class BatchBuffer:
 
 
 class SharedPosition:
-    """The epoch a stream reads and the batches it skips, in shared memory: persistent DataLoader
-    workers keep the copy of the stream they were started with, and read each new epoch's position
-    from here when the loader starts the epoch (open_clip's SharedEpoch does this for the epoch).
-    Pickled while a worker process starts, it stays shared; pickled otherwise (a deep copy), it
-    becomes a detached copy of the values."""
+    """The epoch a stream reads and the batches it skips, in shared memory, where persistent workers read each
+    epoch's position. Pickled while a worker process starts it stays shared; otherwise it is copied."""
 
     def __init__(self, epoch: int = 0, skip: int = 0):
         self._values = multiprocessing.RawArray("q", [int(epoch), int(skip)])
@@ -176,8 +167,7 @@ class ShardStream(IterableDataset):
 
     # ---- reading
     def _samples(self, shard_urls: Iterable[str], counts: Counts) -> Iterator[dict]:
-        # repeating / resampled shard streams are endless: stop when shard after shard gives
-        # nothing (every shard missing or broken) instead of spinning forever
+        # endless streams stop when shard after shard gives nothing instead of spinning forever
         limit = 10 * len(self.urls) + 10
         empty = 0
         for url in shard_urls:
@@ -263,9 +253,7 @@ class ShardStream(IterableDataset):
         yield self._placeholder(counts)  # flush the last counts
 
     def _fatal(self, counts: Counts, run: int):
-        """A placeholder carrying the one-line error of a stream that skipped ``run`` samples in a row
-        (raised by :class:`~zsprob.data.webdataset.loader.WdsLoader` in the main process, so a DataLoader
-        worker reports it as one line)."""
+        """A placeholder carrying the one-line error of a stalled stream (the loader raises it)."""
         msg = stall_message(counts, run, self.max_skips)
         d = counts.take()
         d["__fatal__"] = msg

@@ -1,15 +1,11 @@
 """Official checkpoint in, zsprob model / checkpoint out (``zsprob convert``), strictly.
 
-Steps: read the official file (:mod:`.io`), detect its layout, then :func:`create_from_official`
-(also what ``create_model(name, pretrained=OFFICIAL)`` calls): pick a COCO trainer file's SWA or
-raw copy (:mod:`.swa`), build the zsprob model the weights belong to with the head options of
-that layout (:func:`.load.official_options`, :func:`zsprob.models.configs.fresh_model`), rename
-every key with the family's rules (an unknown key is an error) and load them strictly
-(:func:`.load.load_official`). The
-result is saved with ``zsprob.models.save`` (safetensors + JSON, atomic), the loss's official
-tensors (PCME++'s shift / negative_scale) as extra tensors. ProLIP's SigLIP tokenizer directory
-is resolved and loaded with :mod:`zsprob.models.hf_tokenizer`, so a missing or broken tokenizer
-fails before anything is written.
+Read the official file (:mod:`.io`), find its layout (:mod:`zsprob.models.catalogue`), then
+:func:`create_from_official` (also what ``create_model(name, pretrained=OFFICIAL)`` calls): pick a
+COCO trainer file's SWA or raw copy (:mod:`.swa`), build the model with the layout's head options
+and fill it strictly (:func:`.load.load_official`). ``zsprob.models.save`` writes the result, the
+loss's official tensors (PCME++'s shift / negative_scale) as extra tensors. A model whose tower names a
+Hugging Face tokenizer (ProLIP's SigLIP one) loads it from a local directory before anything is written.
 """
 from __future__ import annotations
 
@@ -18,42 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from zsprob.errors import UserError
+from zsprob.models.catalogue import default_model, detect_layout, layout
 from zsprob.models.configs import fresh_model, get_open_clip_config
-from zsprob.models.convert import LAYOUTS, detect_layout, read_state_dict
-from zsprob.models.convert.io import read_hf_config
-from zsprob.models.convert.load import load_official, official_options
+from zsprob.models.convert.io import read_hf_config, read_state_dict
+from zsprob.models.convert.load import load_official
 from zsprob.models.convert.swa import select_weights
-
-# the zsprob model each official layout builds when --model is not given
-DEFAULT_MODELS = {"prolip": "prolip-ViT-B-16", "pcmepp-hf": "pcmepp-ViT-B-16", "pcmepp-coco": "pcmepp-coco-ViT-B-32",
-                  "pcmepp-coco-mu": "pcmepp-coco-ViT-B-32"}
-
-
-# the COCO trainer's backbone, from the patch size of img_enc.backbone.conv1 (OpenAI CLIP ViT-B/32, B/16, L/14)
-COCO_MODELS_BY_PATCH = {32: "pcmepp-coco-ViT-B-32", 16: "pcmepp-coco-ViT-B-16", 14: "pcmepp-coco-ViT-L-14"}
-
-
-def default_model(kind: str, state: dict) -> str:
-    """The zsprob model a file of layout ``kind`` belongs to when --model is not given."""
-    conv = state.get("img_enc.backbone.conv1.weight") if kind in ("pcmepp-coco", "pcmepp-coco-mu") else None
-    if conv is not None and conv.ndim == 4 and int(conv.shape[-1]) in COCO_MODELS_BY_PATCH:
-        return COCO_MODELS_BY_PATCH[int(conv.shape[-1])]
-    return DEFAULT_MODELS[kind]
 
 
 def create_from_official(name: str, source, state: dict, kind: str, **options: Any):
     """A ProbCLIP built as ``name`` with the options that reproduce the official forward, then filled strictly.
 
-    A model whose config names a Hugging Face tokenizer (ProLIP's SigLIP one) needs it locally:
-    ``tokenizer_dir``, or a tokenizer directory beside the weights.
-    The loss's official tensors (PCME++'s shift / negative_scale) are kept as ``model.official_loss``.
-    ``weights`` ("swa-text" | "swa" | "raw"; None: the official final evaluation's) picks the copy of a COCO
-    trainer file with SWA copies (:mod:`zsprob.models.convert.swa`); the choice is ``config["official_weights"]``.
+    A Hugging Face tokenizer comes from ``tokenizer_dir`` or a directory beside the weights; the loss's
+    tensors go to ``model.official_loss``; ``weights`` picks a COCO trainer file's copy (:mod:`.swa`),
+    recorded as ``config["official_weights"]``.
     """
     if options.get("deterministic", False) is None:  # None: the file's own
         options.pop("deterministic")
     state, chosen = select_weights(state, kind, options.pop("weights", None), source)
-    fixed = official_options(kind, state, source)
+    fixed = layout(kind).options_for(state, source)
     clash = sorted(k for k in fixed if k in options and options[k] != fixed[k])
     if clash:
         raise UserError(f"{source} is an official {kind} checkpoint: {', '.join(clash)} must be as it was trained "
@@ -80,14 +58,13 @@ def convert_checkpoint(source: str | os.PathLike, *, model_name: str | None = No
     """
     state = read_state_dict(source)
     kind = layout_name or detect_layout(state)
-    if kind not in LAYOUTS:
-        raise UserError(f"unknown official layout {kind!r}; choose from {', '.join(LAYOUTS)}")
+    family = layout(kind).family
     name = model_name or default_model(kind, state)
     options = {"tokenizer_dir": str(tokenizer)} if tokenizer is not None else {}
     if weights is not None:
         options["weights"] = weights
     model = create_from_official(name, source, state, kind, **options)
-    info = {"source": str(source), "layout": kind, "family": LAYOUTS[kind].family, "model": name,
+    info = {"source": str(source), "layout": kind, "family": family, "model": name,
             "official_keys": len(state), "hf_config": read_hf_config(source),
             "tokenizer": model.config.get("tokenizer_dir"), "weights": model.config.get("official_weights")}
     return model, model.official_loss, info
@@ -101,5 +78,4 @@ def convert_to_checkpoint(source, out, **kw) -> Path:
     return save(model, out, extra={"converted_from": info}, extra_tensors={f"loss.{k}": v for k, v in loss.items()})
 
 
-__all__ = ["DEFAULT_MODELS", "COCO_MODELS_BY_PATCH", "default_model", "create_from_official", "convert_checkpoint",
-           "convert_to_checkpoint"]
+__all__ = ["create_from_official", "convert_checkpoint", "convert_to_checkpoint"]

@@ -1,15 +1,9 @@
 """Read an official checkpoint into a flat ``{name: tensor}`` dict, without unpickling code.
 
-Formats: a safetensors file; a PyTorch file (``.pt`` / ``.pth`` / ``.bin`` / ``.ckpt``) read with
-``torch.load(weights_only=True)``; a Hugging Face model directory (``config.json`` +
-``model.safetensors`` or ``pytorch_model.bin``, as ``PyTorchModelHubMixin.save_pretrained``
-writes for ProLIP and PCME++); the dict of the official PCME++ COCO trainer (a Lightning
-``ModelCheckpoint``: the weights under ``"state_dict"``; a ``"model"`` / ``"module"`` entry is
-accepted too) with a DistributedDataParallel ``module.`` prefix stripped. Its hyper-parameters
-(a ``munch.Munch``) are read as an ``OrderedDict`` in its place (``CONFIG_DICT_CLASSES``);
-any other Python object in the file is refused.
-
-safetensors and torch do the reading; this module only finds the weights inside the container.
+A safetensors file, a PyTorch file read with ``torch.load(weights_only=True)``, a Hugging Face model
+directory, or the official PCME++ COCO trainer's Lightning checkpoint (weights under ``state_dict``,
+a DistributedDataParallel ``module.`` prefix stripped; its ``munch.Munch`` hyper-parameters are read as
+an ``OrderedDict``). Any other Python object in the file is refused.
 """
 from __future__ import annotations
 

@@ -1,20 +1,17 @@
 """Name maps between an official state dict and zsprob's, as data, and the strict check.
 
 A family's map is a list of :class:`Rule`: an official key pattern and the zsprob key it becomes,
-both written with ``{i}`` for a block index and ``{rest}`` for a dotted tail. A rule maps in both
-directions, so ``to_official(to_zsprob(sd)) == sd`` is checked, not assumed. Keys that no rule
-names are errors, never dropped: strict conversion means every official key consumed, every
-expected zsprob key filled, shapes equal; each failure is one :class:`zsprob.UserError` line
-naming the key.
-
-Nothing here touches torch modules: the expected zsprob shapes come from the caller (a built
-model's ``state_dict()``), so the same code checks a full ProbCLIP or only its mean branch.
+both written with ``{i}`` for a block index and ``{rest}`` for a dotted tail; a rule reads both ways
+(the strict check names a missing key by its official name). Strict conversion: every official key
+consumed, every expected zsprob key filled, shapes equal; each failure is one
+:class:`zsprob.UserError` line naming the key. The expected shapes come from the caller (a built
+model's ``state_dict()``); nothing here touches torch modules.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from zsprob.errors import UserError
 
@@ -48,35 +45,17 @@ class Rule:
         return self.official.format(**match.groupdict()) if match else None
 
 
-def _rename(names: Iterable[str], rules: list[Rule], direction: str, what: str) -> dict[str, tuple[str, Rule]]:
-    out: dict[str, tuple[str, Rule]] = {}
-    for name in names:
-        hits = [(new, rule) for rule in rules
-                if (new := (rule.forward(name) if direction == "forward" else rule.backward(name))) is not None]
-        if not hits:
-            raise UserError(f"unexpected key {name!r} in the {what} (no rule of this family maps it)")
-        new, rule = hits[0]
-        if new in {v for v, _ in out.values()}:
-            raise UserError(f"two {what} keys map onto {new!r} (e.g. {name!r})")
-        out[name] = (new, rule)
-    return out
-
-
 def to_zsprob(state: Mapping, rules: list[Rule], what: str = "official checkpoint") -> dict:
-    """Rename every official key (an unknown key is a UserError naming it)."""
-    return {new: state[name] for name, (new, _rule) in _rename(state, rules, "forward", what).items()}
-
-
-def to_official(state: Mapping, rules: list[Rule], what: str = "zsprob state dict") -> dict:
-    """The inverse of :func:`to_zsprob`."""
-    return {new: state[name] for name, (new, _rule) in _rename(state, rules, "backward", what).items()}
-
-
-def branch_of(zsprob_name: str, rules: list[Rule]) -> str | None:
-    for rule in rules:
-        if rule.backward(zsprob_name) is not None:
-            return rule.branch
-    return None
+    """Rename every official key by the first rule that maps it (an unknown key is a UserError naming it)."""
+    out: dict = {}
+    for name, value in state.items():
+        new = next((new for rule in rules if (new := rule.forward(name)) is not None), None)
+        if new is None:
+            raise UserError(f"unexpected key {name!r} in the {what} (no rule of this family maps it)")
+        if new in out:
+            raise UserError(f"two {what} keys map onto {new!r} (e.g. {name!r})")
+        out[new] = value
+    return out
 
 
 def check_strict(converted: Mapping, expected_shapes: Mapping, rules: list[Rule], source: str) -> None:
@@ -98,4 +77,4 @@ def check_strict(converted: Mapping, expected_shapes: Mapping, rules: list[Rule]
                         f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}")
 
 
-__all__ = ["Rule", "to_zsprob", "to_official", "branch_of", "check_strict"]
+__all__ = ["Rule", "to_zsprob", "check_strict"]

@@ -1,35 +1,17 @@
-"""PCME++ (naver-ai/pcmepp) official state-dict names <-> zsprob names, for both official layouts.
+"""PCME++ (naver-ai/pcmepp) official state-dict names <-> zsprob names, as data.
 
-``hf_models.HfPCMEPPModel`` (the ImageNet zero-shot ViT-B/16 on the Hugging Face hub): open_clip
-CLIP names for the mean branch (``visual.*``, ``transformer.*``, ``token_embedding``, ...) plus
-``visual.uncertainty_transformer`` / ``uncertainty_transformer`` (the last ``unc_layers`` blocks,
-branched off the trunk) and ``visual.uncertainty_proj`` / ``uncertainty_text_projection``; the
-loss's ``shift`` / ``negative_scale`` sit at the top level.
-
-The official COCO trainer (``pcmepp.engine.PCMEPPModel``, a Lightning module; weights under the
-checkpoint's ``state_dict``): ``img_enc.backbone`` (OpenAI CLIP visual trunk without ``ln_post`` /
-``proj``, with ``uncertainty_transformer``), ``img_enc.image_encoder`` / ``image_std_encoder``
-(a biased ``fc`` to the embedding size, then GPO ``gpool``), ``img_enc.image_std_ln`` (with
-``sigma_ln_init``), ``txt_enc.backbone`` (the CLIP text trunk, ``transformer.prob_resblocks`` for
-uncertainty), ``txt_enc.linear`` / ``std_linear``, ``gpool`` / ``std_gpool``, ``text_std_ln``, and
-``criterion.shift`` / ``criterion.negative_scale``. Its non-probabilistic baselines
-(``is_probabilistic_model: false``: ``configs/others/info_nce.yaml``, ``vse_infty.yaml``,
-``pcmepp_mu_only.yaml``; ``EncoderClipImageFull`` / ``EncoderTextClip`` on OpenAI's plain ``CLIP``) hold
-the same mean keys and no uncertainty module: layout ``pcmepp-coco-mu`` (:data:`COCO_MU_RULES`), with
-the criterion's ``tau`` (InfoNCE), ``shift`` / ``negative_scale`` (PCME) or nothing (triplet). A file
-of an SWA run also holds ``swa_*`` copies (:data:`SWA_COPIES`); :mod:`zsprob.models.convert.swa` picks one
-copy and hands on the plain layout, which these rules rename.
-
-The mean-branch rules of the HF layout name today's ``ProbCLIP`` parameters; the sigma rules name
-the official-layout block heads of ``zsprob.models.prob_clip`` (``SigmaHead``: ``blocks``, ``proj``,
-``gpo``, ``sigma_ln``). The COCO trainer's rules name a ``ProbCLIP`` built with ``mean_head="fc"``
-(``image_head.fc`` / ``text_head.fc``: the biased Linear before GPO; the sigma head's ``proj`` is a
-biased Linear there too, its ``sigma_ln`` the official ``image_std_ln`` / ``text_std_ln``).
+``HF_RULES``: ``hf_models.HfPCMEPPModel`` (the ViT-B/16 on the Hugging Face hub): open_clip CLIP
+names for the mean branch plus ``visual.uncertainty_transformer`` / ``uncertainty_transformer``
+(the last ``unc_layers`` blocks, branched off the trunk), ``visual.uncertainty_proj`` /
+``uncertainty_text_projection`` and the loss's ``shift`` / ``negative_scale``. ``COCO_RULES``: the
+official COCO trainer (``pcmepp.engine.PCMEPPModel``, weights under the checkpoint's ``state_dict``):
+CLIP trunks without ``ln_post`` / projections, a biased ``fc`` + GPO per head (a ``ProbCLIP`` with
+``mean_head="fc"``), ``*_std_ln`` and the criterion's tensors; ``COCO_MU_RULES`` the same without the
+uncertainty modules (``is_probabilistic_model: false``). A file of an SWA run also holds ``swa_*``
+copies, which :mod:`zsprob.models.convert.swa` resolves before these rules rename.
 """
+from zsprob.errors import UserError
 from zsprob.models.convert.mapping import Rule
-
-FAMILY = "pcmepp"
-MODELS = ("pcmepp-ViT-B-16", "pcmepp-coco-ViT-B-32", "pcmepp-coco-ViT-B-16", "pcmepp-coco-ViT-L-14")
 
 HF_RULES = [
     Rule("visual.uncertainty_transformer.resblocks.{i}.{rest}", "image_sigma.blocks.{i}.{rest}", "sigma"),
@@ -92,12 +74,7 @@ COCO_RULES = [
 # the mu-only COCO trainer (is_probabilistic_model: false): the same rules without the uncertainty modules
 COCO_MU_RULES = [rule for rule in COCO_RULES if rule.branch != "sigma"]
 
-# the COCO trainer's SWA copies (train.swa_start_epoch set, as configs/pcmepp.yaml does): pcmepp/engine.py wraps
-# img_enc, txt_enc and, for a probabilistic model only, criterion in torch.optim.swa_utils.AveragedModel, whose
-# state is the update count n_averaged and the averaged module under ``module.`` (zsprob.models.convert.swa)
-SWA_COPIES = {"pcmepp-coco": {"img_enc": "swa_img_enc", "txt_enc": "swa_txt_enc", "criterion": "swa_criterion"},
-              "pcmepp-coco-mu": {"img_enc": "swa_img_enc", "txt_enc": "swa_txt_enc"}}
-SWA_MODULE, SWA_COUNT = "module.", "n_averaged"
+SWA_MODULE, SWA_COUNT = "module.", "n_averaged"  # torch.optim.swa_utils.AveragedModel's state (.swa)
 
 
 def raw_name(key: str) -> str:
@@ -115,14 +92,20 @@ COCO_SIGMA_PARTS = {"image uncertainty blocks": "img_enc.backbone.uncertainty_tr
                     "text std head": "txt_enc.std_linear."}
 
 
-def coco_layout(state) -> str:
-    """``pcmepp-coco`` when a COCO trainer file holds any uncertainty module (raw or SWA copy), else
-    ``pcmepp-coco-mu``."""
-    has = any(raw_name(k).startswith(tuple(COCO_SIGMA_PARTS.values())) for k in state)
-    return "pcmepp-coco" if has else "pcmepp-coco-mu"
+def is_coco(keys) -> bool:
+    """Whether a file's keys are the COCO trainer's (raw modules or SWA copies)."""
+    return any(k.startswith(("img_enc.", "txt_enc.", "swa_img_enc.", "swa_txt_enc.")) for k in keys)
 
 
-def coco_sigma_parts(state) -> tuple[list[str], list[str]]:
-    """(uncertainty modules present, absent) in a COCO trainer state dict."""
+def has_sigma(keys) -> bool:
+    """Whether a COCO trainer file holds any uncertainty module (raw or SWA copy)."""
+    return any(raw_name(k).startswith(tuple(COCO_SIGMA_PARTS.values())) for k in keys)
+
+
+def check_sigma_parts(state, source) -> None:
+    """A probabilistic COCO trainer file holds every uncertainty module (one line naming what it lacks)."""
     present = [part for part, prefix in COCO_SIGMA_PARTS.items() if any(k.startswith(prefix) for k in state)]
-    return present, [part for part in COCO_SIGMA_PARTS if part not in present]
+    absent = [part for part in COCO_SIGMA_PARTS if part not in present]
+    if absent:
+        raise UserError(f"{source}: neither PCME++ COCO layout: it has {', '.join(present)} but no "
+                        f"{', '.join(absent)} (a probabilistic trainer file has all four, a mu-only one none)")

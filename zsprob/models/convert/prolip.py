@@ -1,25 +1,16 @@
-"""ProLIP (naver-ai/prolip, ``prolip.model.ProLIP``) official state-dict names <-> zsprob names.
+"""ProLIP (naver-ai/prolip, ``prolip.model.ProLIP``) official state-dict names <-> zsprob names, as data.
 
-ProLIP's towers are open_clip's ViT and TextTransformer with one extra learned [UNC] token each
-(``visual.unc_embedding``, ``text.unc_emb``) whose output goes through its own projection
-(``visual.uncertainty_proj``, ``text.text_uncertainty_projection``) to log sigma^2. The mean
-branch keeps open_clip's names under ``clip.``; the [UNC] parameters map onto the
-``image_sigma`` / ``text_sigma`` :class:`zsprob.models.sigma_heads.UncTokenHead` that
-``sigma_head: "unc"`` builds.
-
-The positional tables are one row longer than open_clip's, for the [UNC] token: the image
-table is [CLS, UNC, patches...], the text table [tokens..., UNC, CLS]. :func:`split` cuts the
-[UNC] row out into its own entry (named ``<table>[unc]``), :func:`join` puts it back, so the
-renaming rules below stay one key to one key.
+ProLIP's towers are open_clip's ViT and TextTransformer with one learned [UNC] token each
+(``visual.unc_embedding``, ``text.unc_emb``) and its own projection to log sigma^2; they map onto
+the :class:`zsprob.models.sigma_heads.UncTokenHead` of ``sigma_head: "unc"``, the mean branch keeps
+open_clip's names under ``clip.``. The positional tables hold one more row, for [UNC] (image
+[CLS, UNC, patches...], text [tokens..., UNC, CLS]); :func:`split` cuts it out into its own entry
+(``<table>[unc]``), so every rule maps one key to one key.
 """
 from __future__ import annotations
 
-import torch
-
 from zsprob.models.convert.mapping import Rule
 
-FAMILY = "prolip"
-MODELS = ("prolip-ViT-B-16", "prolip-ViT-B-16-long", "prolip-ViT-L-16", "prolip-ViT-H-14", "prolip-ViT-SO400M-14")
 UNC_ROW = "[unc]"  # suffix of the split-off [UNC] row of a positional table
 # table -> index of its [UNC] row: image row 1 (after CLS), text the second-to-last row (before CLS)
 TABLES = {"visual.positional_embedding": 1, "text.positional_embedding": -2}
@@ -42,6 +33,8 @@ RULES = [
 
 def split(state: dict) -> dict:
     """Official state -> the same with each positional table's [UNC] row as its own ``<table>[unc]`` entry."""
+    import torch
+
     out = {}
     for key, value in state.items():
         row = TABLES.get(key)
@@ -53,18 +46,3 @@ def split(state: dict) -> dict:
         out[key + UNC_ROW] = value[row]
     return out
 
-
-def join(state: dict) -> dict:
-    """The inverse of :func:`split`."""
-    out = {}
-    for key, value in state.items():
-        if key.endswith(UNC_ROW) and key[:-len(UNC_ROW)] in TABLES:
-            continue
-        row = TABLES.get(key)
-        unc = state.get(key + UNC_ROW)
-        if row is None or unc is None:
-            out[key] = value
-            continue
-        row = row % (value.shape[0] + 1)
-        out[key] = torch.cat([value[:row], unc[None].to(value.dtype), value[row:]])
-    return out

@@ -1,38 +1,27 @@
 """The SWA copies in a PCME++ COCO trainer checkpoint: choose the weights to load, check the other copy.
 
-With ``train.swa_start_epoch`` set (``configs/pcmepp.yaml`` sets 16), naver-ai/pcmepp's
-``pcmepp/engine.py`` (``PCMEPPModel.__init__``) wraps ``img_enc``, ``txt_enc`` and, for a
-probabilistic model only, ``criterion`` in ``torch.optim.swa_utils.AveragedModel`` as
-``swa_img_enc``, ``swa_txt_enc``, ``swa_criterion``. The checkpoint then holds, beside every raw key
-``img_enc.<rest>``, the averaged ``swa_img_enc.module.<rest>`` (same shape) and the update count
-``swa_img_enc.n_averaged`` (an int64 scalar, 0 until the first update after ``swa_start_epoch``);
-:data:`zsprob.models.convert.pcmepp.SWA_COPIES` lists the copies of each COCO layout. The modules
-hold no buffers, so an averaged copy is complete (the official code calls no ``update_bn``).
+With ``train.swa_start_epoch`` set, naver-ai/pcmepp's ``PCMEPPModel`` wraps ``img_enc``, ``txt_enc``
+and, for a probabilistic model only, ``criterion`` in ``torch.optim.swa_utils.AveragedModel``
+(``swa_img_enc`` ...: each raw key ``img_enc.<rest>`` gets ``swa_img_enc.module.<rest>`` of the same
+shape and the update count ``swa_img_enc.n_averaged``; a layout's copies are its catalogue entry's
+``swa_copies``). ``weights`` (:data:`WEIGHTS`) picks what is loaded:
 
-``weights`` (:data:`WEIGHTS`) picks what is loaded:
+* ``"swa-text"``: what the official code evaluates at the end of training (``train.py`` validates once
+  more with ``eval_by_swa``: SWA text encoder, raw image encoder, raw criterion).
+* ``"swa"``: every averaged copy.
+* ``"raw"``: the trained modules as last updated.
 
-* ``"swa-text"``: what the official code evaluates at the end of training. ``train.py`` validates
-  once more after ``trainer.fit`` with ``model.eval_by_swa = True``; ``PCMEPPModel.forward_step``
-  (``use_swa=True``) then encodes captions with ``swa_txt_enc`` but images with ``self.img_enc``,
-  the raw encoder (its CLIP-backbone branch does not use the local ``img_enc`` it chose), and
-  ``validation_step`` uses ``self.criterion``, the raw shift / negative_scale.
-* ``"swa"``: every averaged copy (image and text encoders, and the criterion's shift / negative_scale
-  where the file averages it).
-* ``"raw"``: the trained modules as last updated (what each validation during training uses).
-
-None (the default) is ``"swa-text"`` for a file whose copies were averaged (``n_averaged`` > 0) and
-``"raw"`` for one without SWA copies or whose copies were never updated. Strictness: an SWA file must
-hold the copy of every module its layout averages (with its ``n_averaged``), each with exactly the
-raw module's keys and shapes, whichever copy is loaded; the loaded one is then checked against the
-model like any official file. A copy for only some modules, an unknown ``swa_`` key, SWA asked of a
-file without copies or with ``n_averaged`` 0 is one :class:`zsprob.UserError` line naming the key.
+None is ``"swa-text"`` for a file whose copies were averaged (``n_averaged`` > 0), else ``"raw"``.
+An SWA file must hold the copy of every module its layout averages, each with exactly the raw
+module's keys and shapes; anything else is one :class:`zsprob.UserError` line naming the key.
 """
 from __future__ import annotations
 
 import os
 
 from zsprob.errors import UserError
-from zsprob.models.convert.pcmepp import SWA_COPIES, SWA_COUNT, SWA_MODULE
+from zsprob.models.catalogue import LAYOUTS
+from zsprob.models.convert.pcmepp import SWA_COUNT, SWA_MODULE
 
 WEIGHTS = ("swa-text", "swa", "raw")
 # the raw modules each choice replaces by their averaged copies
@@ -41,7 +30,7 @@ AVERAGED = {"swa-text": ("txt_enc",), "swa": ("img_enc", "txt_enc", "criterion")
 
 def _split(state: dict, kind: str, source) -> tuple[dict, dict, dict]:
     """(raw state, {copy: {rest: tensor}}, {copy: n_averaged tensor}); an unknown ``swa_`` key is an error."""
-    allowed = set(SWA_COPIES[kind].values())
+    allowed = set(LAYOUTS[kind].swa_copies.values())
     raw, copies, counts = {}, {}, {}
     for key, value in state.items():
         if not key.startswith("swa_"):
@@ -50,7 +39,7 @@ def _split(state: dict, kind: str, source) -> tuple[dict, dict, dict]:
         copy, _, rest = key.partition(".")
         if copy not in allowed:
             raise UserError(f"{source}: unexpected key {key!r} (the SWA copies of a {kind} trainer file are "
-                            f"{', '.join(SWA_COPIES[kind].values())})")
+                            f"{', '.join(LAYOUTS[kind].swa_copies.values())})")
         if rest == SWA_COUNT:
             if value.ndim != 0 or value.is_floating_point() or value.is_complex():
                 raise UserError(f"{source}: key {key!r} is not an integer count (shape {tuple(value.shape)}, "
@@ -102,10 +91,12 @@ def select_weights(state: dict, kind: str, weights: str | None, source: str | os
     """
     if weights is not None and weights not in WEIGHTS:
         raise UserError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
-    if kind not in SWA_COPIES:
+    expected = LAYOUTS[kind].swa_copies
+    if not expected:
         if weights is not None:
+            with_copies = ", ".join(name for name, lay in LAYOUTS.items() if lay.swa_copies)
             raise UserError(f"{source} is an official {kind} checkpoint: weights={weights!r} chooses between the SWA "
-                            "and raw copies of a PCME++ COCO trainer checkpoint (layouts pcmepp-coco, pcmepp-coco-mu)")
+                            f"and raw copies of a PCME++ COCO trainer checkpoint (layouts {with_copies})")
         return state, None
     raw, copies, counts = _split(state, kind, source)
     present = set(copies) | set(counts)
@@ -115,7 +106,6 @@ def select_weights(state: dict, kind: str, weights: str | None, source: str | os
                             "swa_txt_enc.*: a run with train.swa_start_epoch); its weights are the raw ones "
                             "(weights='raw')")
         return raw, "raw"
-    expected = SWA_COPIES[kind]
     missing = [copy for copy in expected.values() if copy not in present]
     if missing:
         raise UserError(f"{source}: SWA copies for only some modules: it has {', '.join(sorted(present))} but no "

@@ -1,18 +1,11 @@
 """Tower adapters: where each kind of tower keeps its blocks, norms, projections and pooling.
 
-An adapter is a plain Python object (not a module) around a tower of the wrapped open_clip model;
-:class:`~zsprob.models.prob_clip.ProbCLIP` cuts trunk and heads through it and never looks at the
-tower's classes itself. Each adapter gives: ``kind`` ("vit", "timm", "text", "bow"), ``blocks``
-(the residual blocks / stages the trunk and heads are cut from), ``embed`` (input -> tokens
-before the first block), ``run_block``, ``ln`` (what follows the last block in the mean head:
-open_clip's final LayerNorm, or the tail + pooling of a timm trunk), ``proj``, ``project``,
-``native_pool``, ``num_tokens``, ``depth_of`` (for layer-wise lr decay) and ``local_features``
-(what PCME's attention module reads: ``sigma_head="pcme"``); the [UNC] token adapters also
-``insert_unc`` / ``split_unc``.
-
-One module per family: :mod:`.openclip` (open_clip's ViT and text transformer),
-:mod:`.timm_trunk` (timm CNN trunks), :mod:`.bow` (bag-of-words text).
-:func:`vision_tower` / :func:`text_tower` pick the adapter for a model.
+An adapter is a plain object around a tower of the wrapped open_clip model; ProbCLIP cuts trunk and
+heads through it and never looks at the tower's classes. Each gives ``kind``, ``blocks``, ``embed``,
+``run_block``, ``ln`` (what follows the last block in the mean head), ``proj``, ``project``,
+``native_pool``, ``num_tokens``, ``depth_of`` (layer-wise lr decay) and ``local_features`` (what PCME's
+module reads); the [UNC] token adapters also ``insert_unc`` / ``split_unc``. One module per family:
+:mod:`.openclip`, :mod:`.timm_trunk`, :mod:`.bow`.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Tower adapter for zsprob's bag-of-words text tower (:mod:`zsprob.models.bow_text`, the SynthWorld model).
+"""Tower adapter for zsprob's bag-of-words text tower (:mod:`zsprob.models.bow_text`).
 
-No blocks: the trunk is the word embedding, the mean head the per-token projection pooled over
-the caption (masked mean natively, or GPO), the log-variance head a second projection of the
-same embeddings. Plain torch.
+No blocks: the trunk is the word embedding, the mean head the per-token projection pooled over the
+caption, the log-variance head a second projection of the same embeddings.
 """
 from __future__ import annotations
 
@@ -13,12 +12,7 @@ from zsprob.models.towers.openclip import TextHeads
 
 
 class BowTextTower(TextHeads):
-    """A :class:`zsprob.models.bow_text.BagOfWordsText` tower: no blocks, a per-token projection, pooled.
-
-    The trunk is the word embedding; the mean head is the projection (+ pooling: masked mean
-    natively, or GPO); the log-variance head is a second projection of the same word embeddings
-    (+ its own pooling), so a word can make a caption more or less certain.
-    """
+    """A :class:`zsprob.models.bow_text.BagOfWordsText` tower: no blocks, a per-token projection, pooled."""
 
     kind = "bow"
     is_clip = False

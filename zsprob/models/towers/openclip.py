@@ -1,12 +1,9 @@
 """Tower adapters for open_clip's own transformers: the ViT image tower and the text transformer.
 
-Each adapter is a plain Python object (not a module) that knows where open_clip keeps things
-(the protocol is in :mod:`zsprob.models.towers`). open_clip provides the towers themselves
-(patch / token embeddings, residual attention blocks, final LayerNorms, projections, the causal
-mask, ``text_global_pool``); zsprob adds where the [UNC] token goes (after a ViT's class token,
-after the last text position, with the extra attention-mask row / column: :func:`unc_text_mask`)
-and which positions native pooling reads. :class:`TextHeads` is what every text adapter shares
-(the bag-of-words adapter in :mod:`.bow` too).
+open_clip provides the towers (embeddings, blocks, LayerNorms, projections, masks, ``text_global_pool``);
+zsprob adds where the [UNC] token goes (after a ViT's class token; after the last text position with an
+extra mask row and column, :func:`unc_text_mask`) and which positions native pooling reads.
+:class:`TextHeads` is what every text adapter shares (the bag of words' too).
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Tower adapter for open_clip's ``TimmModel`` image towers (CNN trunks from timm), cut at their stages.
 
-The "blocks" are the trunk's stages, so the log-variance head copies the last ``n`` stages plus
-what follows them (EfficientNet's conv_head, ConvNeXt's norm_pre and head norm, the global
-pooling: :class:`TimmPost`) and open_clip's projection head. timm provides the stages, their
-init and ``forward_head``'s operations; zsprob only decides where to cut (:func:`timm_layout`,
-one entry per family: ResNet, EfficientNet, RegNet, ConvNeXt and zsprob's ``zsprob_plaincnn``).
+The "blocks" are the trunk's stages; the log-variance head copies the last ``n`` and what follows them
+(:class:`TimmPost`: the tail, timm's pooling) and open_clip's projection head. timm provides the
+stages and their init; zsprob decides where to cut (:func:`timm_layout`, one entry per family).
 """
 from __future__ import annotations
 
@@ -19,12 +17,9 @@ from zsprob.models.towers.openclip import ViTTower
 class TimmPost(nn.Module):
     """What a timm trunk does after its last stage, as one module the log-variance head can copy.
 
-    ``tail``: the modules of ``forward_features`` after the stages (EfficientNet's conv_head +
-    bn2, ConvNeXt's norm_pre, RegNet's final_conv; none for ResNet). ``pooled(x)`` = tail +
-    timm's own ``forward_head`` operations (global pool, ConvNeXt's head norm, dropout; the
-    classifier is Identity because open_clip resets it) - exactly what open_clip's TimmModel
-    computes before its projection. ``forward(x)`` = tail + per-position head norm, flattened to
-    tokens [B, H*W, C] for GPO (the CNN analogue of applying ln_post to every ViT token).
+    ``tail``: ``forward_features``' modules after the stages. ``pooled(x)``: tail + timm's ``forward_head``
+    (what open_clip's TimmModel computes before its projection). ``forward(x)``: tail + per-position head
+    norm, as tokens [B, H*W, C] for GPO.
     """
 
     def __init__(self, tail: list[nn.Module], head: nn.Module | None, global_pool: nn.Module | None,
@@ -85,12 +80,7 @@ def timm_layout(trunk: nn.Module) -> dict:
 
 
 class TimmVisionTower:
-    """An open_clip ``TimmModel`` image tower (a CNN from timm), seen as stem + stages + head.
-
-    The "blocks" are the trunk's stages (ResNet layer1-4, EfficientNet block groups, RegNet
-    s1-s4, ConvNeXt stages): the log-variance head copies the last ``n`` stages, the tail and
-    the pooling; the mean head is the trunk's own last stages + open_clip's projection head.
-    """
+    """An open_clip ``TimmModel`` image tower (a CNN from timm), seen as stem + stages (the "blocks") + head."""
 
     kind = "timm"
 
