@@ -138,9 +138,9 @@ class PCMEPPLoss(OcclusionTerm, nn.Module):
 
     def extra_repr(self) -> str:
         return (f"distance={self.distance!r}, match_sigma={self.match_sigma!r}, pp_alpha={self.pp_alpha}, "
-                f"vib_beta={self.vib_beta}, inclusion_alpha_occ={self.inclusion_alpha_occ}, caption_nll_alpha={self.caption_nll_alpha}, "
-                f"caption_nll_scale={self.caption_nll_scale}, image_nll_alpha={self.image_nll_alpha}, "
-                f"image_nll_scale={self.image_nll_scale}")
+                f"vib_beta={self.vib_beta}, inclusion_alpha_occ={self.inclusion_alpha_occ}, "
+                f"caption_nll_alpha={self.caption_nll_alpha}, caption_nll_scale={self.caption_nll_scale}, "
+                f"image_nll_alpha={self.image_nll_alpha}, image_nll_scale={self.image_nll_scale}")
 
     def pairwise_distance(self, mu_a, logvar_a, mu_b, logvar_b) -> torch.Tensor:
         if self.distance == "csd":
