@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from zsprob.posthoc import METHODS
+from zsprob.posthoc import get_method
 from zsprob.posthoc.adapter import AdapterSettings
 from zsprob.posthoc.features import DataSpec, extract, feature_key, load_features, save_features
 from zsprob.posthoc.heads import adapter_for, probabilistic_copy
@@ -29,7 +29,7 @@ def posthoc(frozen, data: DataSpec, out: str | Path, *, method: str = "adapter",
     from zsprob.models.checkpoint import save
     from zsprob.utils.io import atomic_write_json
 
-    chosen = METHODS[method]
+    chosen = get_method(method)
     module, name = chosen.fit.split(":")
     fit = getattr(importlib.import_module(module), name)
     settings = settings or AdapterSettings()
