@@ -10,13 +10,13 @@ from __future__ import annotations
 import click
 
 from zsprob.cli.types import CHECKPOINT, COUNT, COUNT0, TOKENIZER, InPath
+from zsprob.models.convert.swa import WEIGHTS as OFFICIAL_WEIGHTS
 from zsprob.utils.devices import parse_device, resolve_device  # noqa: F401 (resolve_device: the commands')
+from zsprob.utils.paths import CHECKPOINT_FILES
 from zsprob.zeroshot.strategy_registry import SHOTS_SPLITS, STRATEGY_OPTIONS
 
 # where --tokenizer / --weights are kept (click context meta) for the model loaders, as create_model's keywords
 OFFICIAL_FILE_KEYS = {"zsprob.tokenizer": "tokenizer_dir", "zsprob.weights": "weights"}
-# the copies of a PCME++ COCO trainer file with SWA copies (zsprob.models.convert.swa.WEIGHTS; no torch here)
-OFFICIAL_WEIGHTS = ("swa-text", "swa", "raw")
 WEIGHTS_HELP = ("A PCME++ COCO trainer file's SWA copies: swa-text (the official final evaluation: SWA text "
                 "encoder, raw image encoder and criterion), swa (every averaged copy) or raw (the trained weights). "
                 "Default: swa-text when the file holds averaged copies, else raw.")
@@ -166,10 +166,6 @@ def refuse_unread_options(strategy: str, compare: bool, names=STRATEGY_OPTIONS) 
             readers = ", ".join(readers_of(option))
             refuse_given(f"{'under --compare' if compare else f'with --strategy {strategy}'} "
                          f"(strategies that read it: {readers})", option)
-
-
-#: a zsprob checkpoint's two files (zsprob.models.checkpoint.WEIGHTS_NAME / META_NAME; no torch here)
-CHECKPOINT_FILES = ("model.safetensors", "zsprob.json")
 
 
 def model_inputs(checkpoint=None, pretrained=None) -> tuple[dict, dict]:
