@@ -11,6 +11,11 @@ class UserError(Exception):
     """An error caused by the user's input or environment, reported without a traceback."""
 
 
+def one_line(text) -> str:
+    """``str(text)`` with every run of whitespace (newlines too) as one space: how a message is printed."""
+    return " ".join(str(text).split())
+
+
 def not_found(what: str, path, hint: str = "") -> UserError:
     """The error for a missing input: "WHAT not found: PATH (HINT)"."""
     return UserError(f"{what} not found: {path}" + (f" ({hint})" if hint else ""))

@@ -157,13 +157,13 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 class _Stderr(threading.Thread):
-    """Copies a step's stderr to ours (``show``) until a stop signal has come; what follows is held back
-    (:attr:`held`). Keeps the last few KB either way (:attr:`tail`)."""
+    """Copies a step's stderr to ours (``show``) until a stop signal has come; what follows is held back.
+    Keeps the last 64 KB either way (:attr:`tail`)."""
 
     def __init__(self, pipe, show: bool, guard: StopGuard):
         super().__init__(daemon=True)
         self.pipe, self.show, self.guard = pipe, show, guard
-        self.held, self.tail = "", ""
+        self.tail = ""
         self.open_line = False  # what we copied ends without a newline (a progress bar)
 
     def run(self) -> None:
@@ -174,9 +174,7 @@ class _Stderr(threading.Thread):
             text = decode(chunk, final=not chunk)
             if self.show and self.guard.received is None:
                 self._write(text)
-            else:
-                self.held = (self.held + text)[-65536:]
-            self.tail = (self.tail + text)[-4096:]
+            self.tail = (self.tail + text)[-65536:]
             if not chunk:
                 break
         self.pipe.close()
@@ -242,12 +240,11 @@ def _run_child(args: list[str], env: dict, stream: bool, guard: StopGuard) -> tu
     return rc, killed, err
 
 
-def _stop_detail(rc: int, killed: bool, held: str) -> str:
+def _stop_detail(rc: int, killed: bool, saved: re.Match | None) -> str:
     if killed:
         return f"; it did not exit within {STOP_GRACE_S:.0f} s and was killed"
-    m = re.search(r"after step (\d+) of (\d+); checkpoint", held)
-    if m:
-        return f"; it saved a checkpoint after step {m[1]} of {m[2]}"
+    if saved:
+        return f"; it saved a checkpoint after step {saved[1]} of {saved[2]}"
     return f"; it exited with code {rc}"
 
 
@@ -286,9 +283,9 @@ def _run_step(out: Path, step: Step, args: list[str], env: dict, stream: bool, g
     rc, killed, err = _run_child(args, env, stream, guard)
     dt = time.time() - t0
     if guard.received is not None and (rc != 0 or killed):
-        m = re.search(r"after step (\d+) of", err.held)
-        raise guard.stopped(f"during step '{step.name}'", _stop_detail(rc, killed, err.held),
-                            step=int(m[1]) if m else 0)
+        saved = re.search(r"after step (\d+) of (\d+); checkpoint", err.tail)  # the step's own stop line
+        raise guard.stopped(f"during step '{step.name}'", _stop_detail(rc, killed, saved),
+                            step=int(saved[1]) if saved else 0)
     if rc != 0:
         lines = err.tail.strip().splitlines()[-1:] if not stream else []
         tail = f": {lines[0]}" if lines else ""
