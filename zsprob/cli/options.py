@@ -7,6 +7,8 @@ runs (``--device``, ``--workers``, ``--precision``). Training's options live in
 """
 from __future__ import annotations
 
+import functools
+
 import click
 
 from zsprob.cli.types import CHECKPOINT, COUNT, COUNT0, TOKENIZER, InPath
@@ -71,9 +73,8 @@ def device_options(f, *, encoding: bool = True):
     return click.option("--device", default="auto", show_default=True, callback=_device_form, help=DEVICE_HELP)(f)
 
 
-def scoring_device_option(f):
-    """``--device`` alone, for commands that only score or search (no encoding)."""
-    return device_options(f, encoding=False)
+#: ``--device`` alone, for commands that only score or search (no encoding)
+scoring_device_option = functools.partial(device_options, encoding=False)
 
 
 def model_options(f):
@@ -82,16 +83,14 @@ def model_options(f):
                      "ProLIP / PCME++ checkpoint (file or directory) or a zsprob checkpoint (with --model).")(f)
     f = click.option("--model", "model_name", default=None,
                      help="A plain open_clip model name (e.g. ViT-B-32) instead of a checkpoint.")(f)
-    f = click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
-    return f
+    return click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
 
 
 def eval_model_options(f):
     """The model options of ``zsprob eval``, with --device/--workers/--precision and --batch-size."""
     f = model_options(f)
     f = device_options(f)
-    f = click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
-    return f
+    return click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
 
 
 def common_options(f):

@@ -7,6 +7,7 @@ target replaced, the link kept); a directory, pipe, device or socket is refused 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -17,15 +18,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-_UMASK: list[int] = []
-
-
+@functools.cache
 def _umask() -> int:
-    if not _UMASK:
-        m = os.umask(0)
-        os.umask(m)
-        _UMASK.append(m)
-    return _UMASK[0]
+    """The process's umask, read once (reading it means setting it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 #: what a path is that a write must not replace, by its ``st_mode`` test
@@ -90,11 +88,7 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsyn
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> Path:
-    def _w(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            f.write(data)
-
-    return atomic_write(path, _w, fsync=fsync)
+    return atomic_write(path, lambda tmp: Path(tmp).write_bytes(data), fsync=fsync)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -119,8 +119,7 @@ def put_file_atomic(fs, local: str | os.PathLike, path: str) -> None:
 def write_bytes_atomic(fs, path: str, data: bytes) -> None:
     """``data`` to ``path`` on ``fs`` under a temporary name, then moved into place."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with fs.open(tmp, "wb") as f:
-        f.write(data)
+    fs.pipe_file(tmp, data)
     fs.mv(tmp, path)
 
 
