@@ -167,42 +167,30 @@ def refuse_unread_options(strategy: str, compare: bool, names=STRATEGY_OPTIONS) 
                          f"(strategies that read it: {readers})", option)
 
 
-def model_inputs(checkpoint=None, pretrained=None) -> tuple[dict, dict]:
-    """The model paths of the command line as ``({option: file}, {option: model directory})``: --checkpoint,
-    --pretrained (when it is a path, not an open_clip tag) and --tokenizer. A zsprob checkpoint's own file,
-    or a published file beside its tokenizer, also names its folder as a model directory."""
+def refuse_overwriting_inputs(outputs: dict, inputs: dict, *, checkpoint=None, pretrained=None, dirs=None,
+                              data=None) -> None:
+    """One line, before anything is written, when an output (``{name: path}``: --out and every file written
+    beside it) would destroy an input: one of the files ``inputs`` (``{option: path}``, None skipped), a file in
+    an input model directory (--checkpoint, --pretrained when a path, --tokenizer, and ``dirs``; a zsprob
+    checkpoint's own file or a published file beside its tokenizer names its folder) or one a dataset root of
+    ``data`` ships (:func:`zsprob.utils.checks.check_outputs_apart`)."""
     import os
 
-    from zsprob.utils.checks import is_tokenizer_dir
+    from zsprob.utils.checks import check_outputs_apart, is_tokenizer_dir
 
-    ctx = click.get_current_context(silent=True)
-    tokenizer = ctx.meta.get("zsprob.tokenizer") if ctx is not None else None
-    files: dict = {}
-    dirs: dict = {}
-    for option, given in (("--checkpoint", checkpoint), ("--pretrained", pretrained), ("--tokenizer", tokenizer)):
+    model_files: dict = {}
+    model_dirs: dict = {}
+    for option, given in (("--checkpoint", checkpoint), ("--pretrained", pretrained),
+                          ("--tokenizer", official_file_kwargs().get("tokenizer_dir"))):
         path = None if given is None else os.path.expanduser(os.fspath(given))
         if path is None or not os.path.exists(path):
             continue
         if os.path.isdir(path):
-            dirs[option] = given
+            model_dirs[option] = given
             continue
-        files[option] = given
-        folder = os.path.dirname(os.path.abspath(path))
-        if os.path.basename(path) in CHECKPOINT_FILES or is_tokenizer_dir(folder):
-            dirs[option] = os.path.dirname(os.fspath(given)) or "."  # as typed (resolved when compared)
-    return files, dirs
-
-
-def refuse_overwriting_inputs(outputs: dict, inputs: dict, *, checkpoint=None, pretrained=None, dirs=None,
-                              data=None) -> None:
-    """One line, before anything is written, when an output (``{name: path}``: --out and every file written
-    beside it) would destroy an input: it is one of the input files ``inputs`` (``{option: path}``, None
-    skipped; e.g. ``--out E.npz``), or lies inside an input model directory (the --checkpoint /
-    --pretrained / --tokenizer of :func:`model_inputs`, and ``dirs``), or replaces a file a dataset root of
-    ``data`` ships (:func:`zsprob.utils.checks.check_outputs_apart`)."""
-    from zsprob.utils.checks import check_outputs_apart
-
-    model_files, model_dirs = model_inputs(checkpoint, pretrained)
+        model_files[option] = given
+        if os.path.basename(path) in CHECKPOINT_FILES or is_tokenizer_dir(os.path.dirname(os.path.abspath(path))):
+            model_dirs[option] = os.path.dirname(os.fspath(given)) or "."  # as typed (resolved when compared)
     check_outputs_apart(outputs, {**model_files, **inputs}, {**model_dirs, **(dirs or {})}, data)
 
 

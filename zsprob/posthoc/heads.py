@@ -7,10 +7,7 @@ pooled heads (bag-of-words or CNN towers) or PCME++'s block heads (open_clip ViT
 
 A :class:`HeadAdapter` is one tower's head seen from the cache: ``encode(inputs)`` gives the frozen
 mean and the tensor the head reads (stored once in the feature file), ``logvar(features)`` runs the
-trainable part on it. The kinds (:func:`adapter_for`): ``words`` (the bag of words' pooled [UNC] head:
-features are the summed word embeddings and the length), ``pooled`` (a CNN's pooled vector),
-``token`` (ProLIP's [UNC] token after the final LayerNorm; only its projection trains) and ``block``
-(the trunk's token outputs, the input of PCME++'s copied blocks).
+trainable part on it; :func:`adapter_for` picks the kind (words, pooled, token or block) for a head.
 """
 from __future__ import annotations
 
@@ -72,7 +69,7 @@ def trainable_names(model) -> set[str]:
     projection only)."""
     names = {f"{side}_sigma.{name}" for side in ("image", "text")
              for name, _ in adapter_for(model, side).parameters_named()}
-    if getattr(model, "sigma_readout", None) is not None:
+    if model.sigma_readout is not None:
         raise UserError("post-hoc heads support diagonal covariances; this model uses sigma_shape spherical_one")
     return names
 

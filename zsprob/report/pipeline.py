@@ -78,10 +78,8 @@ def is_done(out: Path, step: Step) -> bool:
 
 
 class StopGuard:
-    """Context manager: SIGTERM / SIGINT / SIGUSR1 are recorded (:attr:`received`) and passed on to the
-    running step (:attr:`proc`) instead of killing the runner. Handlers are installed in the main thread
-    only (Python's rule) and restored on exit; :attr:`active` is the one installed now (nested runners
-    share it)."""
+    """Context manager: the stop signals are recorded (:attr:`received`) and passed on to the running step
+    (:attr:`proc`); handlers in the main thread only, restored on exit. :attr:`active`: the one installed now."""
 
     active: "StopGuard | None" = None
 
@@ -301,10 +299,8 @@ def _run_step(out: Path, step: Step, args: list[str], env: dict, stream: bool, g
 
 def run_steps(out: Path, steps: Sequence[Step], echo: Callable[[str], None] = print,
               stream: bool = True) -> dict[str, dict]:
-    """Run (or skip) each step in order; return {name: {seconds, skipped, command}}.
-
-    A stop signal (see :class:`StopGuard`) raises :class:`zsprob.errors.Preempted` once the running
-    step has exited; that step is not marked done."""
+    """Run (or skip) each step in order; return {name: {seconds, skipped, command}}. A stop signal raises
+    :class:`zsprob.errors.Preempted` once the running step has exited (module docstring)."""
     timings: dict[str, dict] = {}
     invalidated = False
     full_env = _child_env(stream)
