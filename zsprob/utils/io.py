@@ -60,11 +60,9 @@ def write_target(path: str | os.PathLike) -> Path:
 
 
 def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsync: bool = True) -> Path:
-    """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path``; returns ``path``.
-
-    The file gets the usual mode (0666 less the umask, not mkstemp's 0600). ``fsync=False`` skips the
-    flush to disk for bulk writes of many small files (a power loss may then lose the latest ones).
-    """
+    """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path`` (mode 0666 less the
+    umask, not mkstemp's 0600); returns ``path``. ``fsync=False`` skips the flush to disk for bulk writes of many
+    small files (a power loss may then lose the latest ones)."""
     path = Path(path)
     target = write_target(path)
     target.parent.mkdir(parents=True, exist_ok=True)
