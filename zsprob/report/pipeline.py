@@ -67,12 +67,9 @@ def _marker(out: Path, step: Step) -> Path:
 
 
 def is_done(out: Path, step: Step) -> bool:
-    m = _marker(out, step)
-    if not m.is_file():
-        return False
     try:
-        rec = json.loads(m.read_text())
-    except json.JSONDecodeError:
+        rec = json.loads(_marker(out, step).read_text())
+    except (OSError, json.JSONDecodeError):
         return False
     return rec.get("fingerprint") == step.fingerprint() and all(Path(p).exists() for p in step.outputs)
 
@@ -122,13 +119,9 @@ class StopGuard:
         except (ProcessLookupError, PermissionError):
             pass
 
-    @property
-    def exit_code(self) -> int:
-        return 130 if self.received == "SIGINT" else 143
-
     def stopped(self, where: str, detail: str = "", step: int = 0) -> Preempted:
         return Preempted(f"demo stopped {where} ({self.received}{detail}); run the same command to resume",
-                         exit_code=self.exit_code, step=step)
+                         exit_code=130 if self.received == "SIGINT" else 143, step=step)
 
     def check(self, where: str) -> None:
         """Raise :class:`Preempted` if a stop signal has come."""
