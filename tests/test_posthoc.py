@@ -234,6 +234,17 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, frozen, tiny_world):
         assert not out.exists(), name
 
 
+def test_an_unknown_method_is_one_line_for_python_callers_too(tmp_path):
+    """The registry lookup words it, before a model or a file is touched."""
+    from zsprob.errors import UserError
+    from zsprob.posthoc.features import DataSpec
+    from zsprob.posthoc.run import posthoc
+
+    with pytest.raises(UserError, match="unknown post-hoc method 'bayes'; choose one of adapter, laplace"):
+        posthoc(None, DataSpec("synthetic", str(tmp_path)), tmp_path / "out", method="bayes")
+    assert not (tmp_path / "out").exists()
+
+
 def test_coco_data_end_to_end_keeps_the_means_and_the_cosine_retrieval(tmp_path, frozen):
     from test_data_coco import make_coco
     from zsprob.data.coco import CocoCaptions, CocoPairs

@@ -196,11 +196,14 @@ def test_sigterm_stops_a_run_stuck_in_data_loading(tiny_world, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_demo_runner_resumes_an_interrupted_run_and_replaces_one_with_other_arguments(tiny_world, tmp_path):
+def test_the_demo_runner_resumes_an_interrupted_run_and_replaces_one_with_other_arguments(tiny_world, tmp_path,
+                                                                                         monkeypatch):
     """zsprob demo's step runner: a finished pretrain re-run with other arguments starts over (--overwrite);
     an interrupted one (config.yaml, no step marker) continues (--resume auto)."""
     from zsprob.report.pipeline import Step, run_steps
 
+    for name, value in env().items():  # the steps inherit it: this checkout, one thread, no GPU
+        monkeypatch.setenv(name, value)
     run = tmp_path / "run"
 
     def step(steps: int) -> Step:
@@ -209,15 +212,15 @@ def test_the_demo_runner_resumes_an_interrupted_run_and_replaces_one_with_other_
                     fresh_args=["--overwrite"], started_marker=run / "config.yaml")
 
     log: list[str] = []
-    run_steps(tmp_path, [step(4)], echo=log.append, stream=False, env=env())
-    run_steps(tmp_path, [step(3)], echo=log.append, stream=False, env=env())  # other arguments: start over
+    run_steps(tmp_path, [step(4)], echo=log.append, stream=False)
+    run_steps(tmp_path, [step(3)], echo=log.append, stream=False)  # other arguments: start over
     assert any("starting over" in line for line in log)
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["steps"], summary["start_step"]) == (3, 0) and sorted(read_losses(run)) == [1, 2, 3]
     # interrupted after its checkpoint at step 3 of 5: the marker of the 3-step run is gone, the run resumes
     (tmp_path / ".steps" / "pretrain.json").unlink()
     (run / "summary.json").unlink()
-    run_steps(tmp_path, [step(5)], echo=log.append, stream=False, env=env())
+    run_steps(tmp_path, [step(5)], echo=log.append, stream=False)
     assert any("resuming" in line for line in log)
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["steps"], summary["start_step"]) == (5, 3) and sorted(read_losses(run)) == [1, 2, 3, 4, 5]

@@ -11,30 +11,30 @@ class UserError(Exception):
     """An error caused by the user's input or environment, reported without a traceback."""
 
 
+def one_line(text) -> str:
+    """``str(text)`` with every run of whitespace (newlines too) as one space: how a message is printed."""
+    return " ".join(str(text).split())
+
+
 def not_found(what: str, path, hint: str = "") -> UserError:
     """The error for a missing input: "WHAT not found: PATH (HINT)"."""
     return UserError(f"{what} not found: {path}" + (f" ({hint})" if hint else ""))
 
 
-def require_file(path, what: str, hint: str = "") -> "object":
-    """Return ``Path(path)`` if it is an existing file, else raise :class:`UserError`; ``what`` names the file
-    ("COCO Karpathy split JSON"), ``hint`` says where it comes from or how to make it."""
+def require_file(path, what: str, hint: str = "", kind: str = "file") -> "object":
+    """Return ``Path(path)`` if it is an existing file (``kind="dir"``: directory), else raise :func:`not_found`'s
+    error; ``what`` names it ("COCO Karpathy split JSON"), ``hint`` says where it comes from or how to make it."""
     from pathlib import Path
 
     p = Path(path)
-    if not p.is_file():
+    if not (p.is_dir() if kind == "dir" else p.is_file()):
         raise not_found(what, p, hint)
     return p
 
 
 def require_dir(path, what: str, hint: str = "") -> "object":
     """Return ``Path(path)`` if it is an existing directory, else raise :class:`UserError`."""
-    from pathlib import Path
-
-    p = Path(path)
-    if not p.is_dir():
-        raise not_found(what, p, hint)
-    return p
+    return require_file(path, what, hint, kind="dir")
 
 
 def check_range(value: Any, what: str, low: float, high: float = math.inf, low_open: bool = False) -> float:

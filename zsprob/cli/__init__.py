@@ -20,7 +20,7 @@ import warnings
 import click
 
 from zsprob import __version__
-from zsprob.errors import Preempted, UserError
+from zsprob.errors import Preempted, UserError, one_line
 
 # command name -> (module, attribute, one-line help shown by `zsprob --help`)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -70,10 +70,6 @@ def cli(debug: bool) -> None:
     # --debug is read by main() from the arguments, before click parses them (_debug_asked)
 
 
-def _one_line(msg: str) -> str:
-    return " ".join(str(msg).split())
-
-
 def _own_words(e: UserError) -> str:
     """The message of a UserError, also when a torch DataLoader worker raised it (torch re-raises it in the main
     process with the worker's traceback in front: the last line holds the message)."""
@@ -101,13 +97,22 @@ def _environment_error(e: BaseException) -> str | None:
     for anything else (a bug: the traceback stays)."""
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or \
             (isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e))):
-        return ("out of memory: " + " ".join(str(e).split())[:200] +
+        return ("out of memory: " + one_line(e)[:200] +
                 " (a smaller --batch-size, or train.accum_steps / model.grad_checkpointing, needs less)")
     if isinstance(e, OSError) and e.errno is not None and e.strerror:
         where = f": {e.filename}" if e.filename else ""
         where += f" -> {e.filename2}" if getattr(e, "filename2", None) else ""
         return f"{e.strerror}{where}"
     return None
+
+
+def _error_line(e: BaseException, args: list[str]) -> str | None:
+    """The one line of a user's error (click's usage errors, a :class:`UserError`) or of what the machine refused
+    (:func:`_environment_error`); None for a bug, whose traceback stays."""
+    if isinstance(e, click.ClickException):
+        hint = " (--debug goes before the command: zsprob --debug COMMAND ...)" if "--debug" in args else ""
+        return e.format_message() + hint
+    return _own_words(e) if isinstance(e, UserError) else _environment_error(e)
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,7 +123,7 @@ def _warning_line(message, category, filename, lineno, file=None, line=None, _py
     if not os.path.abspath(str(filename)).startswith(_PACKAGE_DIR + os.sep):
         return _python(message, category, filename, lineno, file, line)
     try:
-        print(f"zsprob: warning: {_one_line(message)}", file=file or sys.stderr)
+        print(f"zsprob: warning: {one_line(message)}", file=file or sys.stderr)
     except OSError:  # stderr gone (closed pipe): nothing to tell
         pass
 
@@ -130,7 +135,7 @@ class _LogLine(logging.Formatter):
         msg = record.getMessage()
         for prefix in ("zsprob: warning: ", "zsprob.data: "):
             msg = msg[len(prefix):] if msg.startswith(prefix) else msg
-        return f"zsprob: {record.levelname.lower()}: {_one_line(msg)}"
+        return f"zsprob: {record.levelname.lower()}: {one_line(msg)}"
 
 
 def _log_lines() -> None:
@@ -165,29 +170,18 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("zsprob: aborted", err=True)
         sys.exit(130)
-    except click.ClickException as e:
-        if debug:
-            raise
-        hint = " (--debug goes before the command: zsprob --debug COMMAND ...)" if "--debug" in args else ""
-        click.echo(f"zsprob: error: {_one_line(e.format_message())}{hint}", err=True)
-        sys.exit(2)
-    except UserError as e:
-        if debug:
-            raise
-        click.echo(f"zsprob: error: {_one_line(_own_words(e))}", err=True)
-        sys.exit(2)
     except KeyboardInterrupt:
         click.echo("zsprob: interrupted", err=True)
         sys.exit(130)
     except Preempted as e:
         if os.environ.get("RANK", "0") == "0":
-            click.echo(f"zsprob: {'interrupted' if e.interrupted else 'pre-empted'}: {_one_line(e)}", err=True)
+            click.echo(f"zsprob: {'interrupted' if e.interrupted else 'pre-empted'}: {one_line(e)}", err=True)
         sys.exit(e.exit_code)
-    except (OSError, MemoryError, RuntimeError) as e:
-        line = None if debug else _environment_error(e)
+    except (click.ClickException, UserError, OSError, MemoryError, RuntimeError) as e:
+        line = None if debug else _error_line(e, args)
         if line is None:
             raise
-        click.echo(f"zsprob: error: {_one_line(line)}", err=True)
+        click.echo(f"zsprob: error: {one_line(line)}", err=True)
         sys.exit(2)
     if isinstance(rv, int) and rv not in (0, None):
         sys.exit(rv)

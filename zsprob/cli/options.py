@@ -7,16 +7,18 @@ runs (``--device``, ``--workers``, ``--precision``). Training's options live in
 """
 from __future__ import annotations
 
+import functools
+
 import click
 
 from zsprob.cli.types import CHECKPOINT, COUNT, COUNT0, TOKENIZER, InPath
+from zsprob.models.convert.swa import WEIGHTS as OFFICIAL_WEIGHTS
 from zsprob.utils.devices import parse_device, resolve_device  # noqa: F401 (resolve_device: the commands')
+from zsprob.utils.paths import CHECKPOINT_FILES
 from zsprob.zeroshot.strategy_registry import SHOTS_SPLITS, STRATEGY_OPTIONS
 
 # where --tokenizer / --weights are kept (click context meta) for the model loaders, as create_model's keywords
 OFFICIAL_FILE_KEYS = {"zsprob.tokenizer": "tokenizer_dir", "zsprob.weights": "weights"}
-# the copies of a PCME++ COCO trainer file with SWA copies (zsprob.models.convert.swa.WEIGHTS; no torch here)
-OFFICIAL_WEIGHTS = ("swa-text", "swa", "raw")
 WEIGHTS_HELP = ("A PCME++ COCO trainer file's SWA copies: swa-text (the official final evaluation: SWA text "
                 "encoder, raw image encoder and criterion), swa (every averaged copy) or raw (the trained weights). "
                 "Default: swa-text when the file holds averaged copies, else raw.")
@@ -71,9 +73,8 @@ def device_options(f, *, encoding: bool = True):
     return click.option("--device", default="auto", show_default=True, callback=_device_form, help=DEVICE_HELP)(f)
 
 
-def scoring_device_option(f):
-    """``--device`` alone, for commands that only score or search (no encoding)."""
-    return device_options(f, encoding=False)
+#: ``--device`` alone, for commands that only score or search (no encoding)
+scoring_device_option = functools.partial(device_options, encoding=False)
 
 
 def model_options(f):
@@ -82,16 +83,14 @@ def model_options(f):
                      "ProLIP / PCME++ checkpoint (file or directory) or a zsprob checkpoint (with --model).")(f)
     f = click.option("--model", "model_name", default=None,
                      help="A plain open_clip model name (e.g. ViT-B-32) instead of a checkpoint.")(f)
-    f = click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
-    return f
+    return click.option("--checkpoint", type=CHECKPOINT, default=None, help="zsprob checkpoint directory.")(f)
 
 
 def eval_model_options(f):
     """The model options of ``zsprob eval``, with --device/--workers/--precision and --batch-size."""
     f = model_options(f)
     f = device_options(f)
-    f = click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
-    return f
+    return click.option("--batch-size", type=COUNT, default=128, show_default=True)(f)
 
 
 def common_options(f):
@@ -168,46 +167,30 @@ def refuse_unread_options(strategy: str, compare: bool, names=STRATEGY_OPTIONS) 
                          f"(strategies that read it: {readers})", option)
 
 
-#: a zsprob checkpoint's two files (zsprob.models.checkpoint.WEIGHTS_NAME / META_NAME; no torch here)
-CHECKPOINT_FILES = ("model.safetensors", "zsprob.json")
-
-
-def model_inputs(checkpoint=None, pretrained=None) -> tuple[dict, dict]:
-    """The model paths of the command line as ``({option: file}, {option: model directory})``: --checkpoint,
-    --pretrained (when it is a path, not an open_clip tag) and --tokenizer. A zsprob checkpoint's own file,
-    or a published file beside its tokenizer, also names its folder as a model directory."""
+def refuse_overwriting_inputs(outputs: dict, inputs: dict, *, checkpoint=None, pretrained=None, dirs=None,
+                              data=None) -> None:
+    """One line, before anything is written, when an output (``{name: path}``: --out and every file written
+    beside it) would destroy an input: one of the files ``inputs`` (``{option: path}``, None skipped), a file in
+    an input model directory (--checkpoint, --pretrained when a path, --tokenizer, and ``dirs``; a zsprob
+    checkpoint's own file or a published file beside its tokenizer names its folder) or one a dataset root of
+    ``data`` ships (:func:`zsprob.utils.checks.check_outputs_apart`)."""
     import os
 
-    from zsprob.utils.checks import is_tokenizer_dir
+    from zsprob.utils.checks import check_outputs_apart, is_tokenizer_dir
 
-    ctx = click.get_current_context(silent=True)
-    tokenizer = ctx.meta.get("zsprob.tokenizer") if ctx is not None else None
-    files: dict = {}
-    dirs: dict = {}
-    for option, given in (("--checkpoint", checkpoint), ("--pretrained", pretrained), ("--tokenizer", tokenizer)):
+    model_files: dict = {}
+    model_dirs: dict = {}
+    for option, given in (("--checkpoint", checkpoint), ("--pretrained", pretrained),
+                          ("--tokenizer", official_file_kwargs().get("tokenizer_dir"))):
         path = None if given is None else os.path.expanduser(os.fspath(given))
         if path is None or not os.path.exists(path):
             continue
         if os.path.isdir(path):
-            dirs[option] = given
+            model_dirs[option] = given
             continue
-        files[option] = given
-        folder = os.path.dirname(os.path.abspath(path))
-        if os.path.basename(path) in CHECKPOINT_FILES or is_tokenizer_dir(folder):
-            dirs[option] = os.path.dirname(os.fspath(given)) or "."  # as typed (resolved when compared)
-    return files, dirs
-
-
-def refuse_overwriting_inputs(outputs: dict, inputs: dict, *, checkpoint=None, pretrained=None, dirs=None,
-                              data=None) -> None:
-    """One line, before anything is written, when an output (``{name: path}``: --out and every file written
-    beside it) would destroy an input: it is one of the input files ``inputs`` (``{option: path}``, None
-    skipped; e.g. ``--out E.npz``), or lies inside an input model directory (the --checkpoint /
-    --pretrained / --tokenizer of :func:`model_inputs`, and ``dirs``), or replaces a file a dataset root of
-    ``data`` ships (:func:`zsprob.utils.checks.check_outputs_apart`)."""
-    from zsprob.utils.checks import check_outputs_apart
-
-    model_files, model_dirs = model_inputs(checkpoint, pretrained)
+        model_files[option] = given
+        if os.path.basename(path) in CHECKPOINT_FILES or is_tokenizer_dir(os.path.dirname(os.path.abspath(path))):
+            model_dirs[option] = os.path.dirname(os.fspath(given)) or "."  # as typed (resolved when compared)
     check_outputs_apart(outputs, {**model_files, **inputs}, {**model_dirs, **(dirs or {})}, data)
 
 

@@ -15,7 +15,7 @@ import os
 import torch
 from torch import nn
 
-from zsprob.errors import UserError
+from zsprob.errors import UserError, one_line
 
 MODEL_TYPE = "zsprob"
 INSTALL_HINT = "CLIP_benchmark is not installed: pip install 'zsprob[clip-benchmark]'"
@@ -132,17 +132,13 @@ def run_cli(args: list[str]) -> int:
     except ValueError as e:
         if "Unsupported dataset" not in str(e):
             raise
-        raise UserError(f"clip-benchmark: {_one_line(e)} (its dataset names: the README of CLIP_benchmark, "
+        raise UserError(f"clip-benchmark: {one_line(e)[:400]} (its dataset names: the README of CLIP_benchmark, "
                         "e.g. cifar10, imagenet1k, mscoco_captions, wds/...)") from None
     except OSError as e:  # a dataset it would download (no network here), a file missing or unreadable
-        raise UserError(f"clip-benchmark: {type(e).__name__}: {_one_line(e)}{_download_hint(e)}") from None
+        raise UserError(f"clip-benchmark: {type(e).__name__}: {one_line(e)[:400]}{_download_hint(e)}") from None
     finally:
         sys.argv = argv
     return int(rv or 0)
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:400]
 
 
 def _download_hint(e: OSError) -> str:

@@ -16,9 +16,7 @@ import torch
 
 from zsprob.errors import UserError
 from zsprob.utils.io import sha256_file
-
-WEIGHTS_NAME = "model.safetensors"
-META_NAME = "zsprob.json"
+from zsprob.utils.paths import CHECKPOINT_META as META_NAME, CHECKPOINT_WEIGHTS as WEIGHTS_NAME
 FORMAT = "zsprob-checkpoint"
 FORMAT_VERSION = 1
 EXTRA_PREFIX = "extra_tensors."

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from zsprob.errors import UserError
+
 
 class Method(NamedTuple):
     """One post-hoc method: its fit function (``"module:name"``, imported on use) and what its sigma^2 means."""
@@ -33,4 +35,11 @@ METHODS = {
 DATA_KINDS = ("synthetic", "webdataset", "coco")
 
 
-__all__ = ["METHODS", "DATA_KINDS", "Method"]
+def get_method(name: str) -> Method:
+    """The entry of ``name``; an unknown name is one :class:`UserError` line with the choices."""
+    if name not in METHODS:
+        raise UserError(f"unknown post-hoc method {name!r}; choose one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+__all__ = ["METHODS", "DATA_KINDS", "Method", "get_method"]

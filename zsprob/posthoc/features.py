@@ -120,9 +120,8 @@ def feature_key(model, spec: DataSpec, adapters: dict, *, views: int, seed: int)
     """The JSON that says which source, data and draws a feature file holds."""
     from zsprob.data.degrade import DEFAULT_DEGRADE_OPS
 
-    meta = getattr(model, "checkpoint_meta", None) or {}
-    weights = meta.get("weights", {}).get("sha256") if isinstance(meta, dict) else None
-    return json.dumps({"model": model.name, "weights": weights, "source": getattr(model, "posthoc_source", None),
+    weights = (model.checkpoint_meta or {}).get("weights", {}).get("sha256")
+    return json.dumps({"model": model.name, "weights": weights, "source": model.posthoc_source,
                        "data": spec.key(), "views": views, "seed": seed,
                        "heads": {side: a.kind for side, a in adapters.items()},
                        "copies": {"word_drop": WORD_DROP, "image_ops": list(DEFAULT_DEGRADE_OPS)}}, sort_keys=True)

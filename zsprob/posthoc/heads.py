@@ -7,10 +7,7 @@ pooled heads (bag-of-words or CNN towers) or PCME++'s block heads (open_clip ViT
 
 A :class:`HeadAdapter` is one tower's head seen from the cache: ``encode(inputs)`` gives the frozen
 mean and the tensor the head reads (stored once in the feature file), ``logvar(features)`` runs the
-trainable part on it. The kinds (:data:`ADAPTERS`): ``words`` (the bag of words' pooled [UNC] head:
-features are the summed word embeddings and the length), ``pooled`` (a CNN's pooled vector),
-``token`` (ProLIP's [UNC] token after the final LayerNorm; only its projection trains) and ``block``
-(the trunk's token outputs, the input of PCME++'s copied blocks).
+trainable part on it; :func:`adapter_for` picks the kind (words, pooled, token or block) for a head.
 """
 from __future__ import annotations
 
@@ -52,15 +49,13 @@ def probabilistic_copy(frozen, *, seed: int = 0):
                         "kind); post-hoc heads need a zsprob ProbCLIP, an open_clip model or a published one")
     kind = head_kind_for(frozen)
     config = copy.deepcopy(frozen.config)
-    fresh = frozen.deterministic
-    if fresh:
+    if frozen.deterministic:
         config.update(deterministic=False, sigma_head=kind, sigma_bias_init=FRESH_BIAS_INIT, sigma_detach=True,
                       sigma_param="logvar", sigma_shape="diagonal", sigma_ln_init=None)
     torch.manual_seed(int(seed))
     model = model_from_config(config)
-    state = frozen.state_dict()
     trainable = trainable_names(model)
-    kept = {k: v for k, v in state.items() if k not in trainable}
+    kept = {k: v for k, v in frozen.state_dict().items() if k not in trainable}
     missing, unexpected = model.load_state_dict(kept, strict=False)
     if unexpected or set(missing) - trainable:
         raise UserError(f"the post-hoc copy of {frozen.name} does not match its weights (missing "
@@ -72,13 +67,9 @@ def probabilistic_copy(frozen, *, seed: int = 0):
 def trainable_names(model) -> set[str]:
     """Names of the parameters post-hoc training may change: the log-variance heads (an [UNC] token's
     projection only)."""
-    names = set()
-    for side in ("image", "text"):
-        if getattr(model, f"{side}_sigma") is None:
-            raise UserError(f"{model.name} has no {side} log-variance head")
-        for name, _ in adapter_for(model, side).parameters_named():
-            names.add(f"{side}_sigma.{name}")
-    if getattr(model, "sigma_readout", None) is not None:
+    names = {f"{side}_sigma.{name}" for side in ("image", "text")
+             for name, _ in adapter_for(model, side).parameters_named()}
+    if model.sigma_readout is not None:
         raise UserError("post-hoc heads support diagonal covariances; this model uses sigma_shape spherical_one")
     return names
 
@@ -104,8 +95,9 @@ class HeadAdapter:
         return encode(inputs, with_sigma=with_sigma)
 
     def encode(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(frozen mean [B, D], the head's frozen features [B, F]) of a batch of inputs."""
-        raise NotImplementedError
+        """(frozen mean [B, D], the head's frozen features [B, F]) of a batch of inputs: by default the input
+        the head receives in the model's own forward."""
+        return self._hooked_encode(self.head, inputs)
 
     def _hooked_encode(self, module: nn.Module, inputs: torch.Tensor, **hook) -> tuple[torch.Tensor, torch.Tensor]:
         """(frozen mean, the first input ``module`` receives in the model's forward, as float32)."""
@@ -174,14 +166,7 @@ class WordsAdapter(HeadAdapter):
         return features[:, -1]
 
 
-class _HookedAdapter(HeadAdapter):
-    """Features = the input the head module receives in the model's own forward (a forward pre-hook)."""
-
-    def encode(self, inputs):
-        return self._hooked_encode(self.head, inputs)
-
-
-class PooledAdapter(_HookedAdapter):
+class PooledAdapter(HeadAdapter):
     """CNN: features = timm's pooled last-stage vector (the projection's input too)."""
 
     kind = "pooled"
@@ -190,7 +175,7 @@ class PooledAdapter(_HookedAdapter):
         return features
 
 
-class TokenAdapter(_HookedAdapter):
+class TokenAdapter(HeadAdapter):
     """ProLIP's [UNC] token: features = its output after the final LayerNorm; the projection trains."""
 
     kind = "token"
@@ -232,24 +217,19 @@ class BlockAdapter(HeadAdapter):
         return head.finish(tower.project(tower.native_pool(x, head.ln, ctx), head.proj))
 
 
-#: head class (and whether it pools words) -> adapter
-ADAPTERS = {"words": WordsAdapter, "pooled": PooledAdapter, "token": TokenAdapter, "block": BlockAdapter}
-
-
 def adapter_for(model, side: str) -> HeadAdapter:
     """The :class:`HeadAdapter` of ``model``'s ``side`` head; a head kind without one is a UserError."""
     head = getattr(model, f"{side}_sigma")
     if isinstance(head, UncPooledHead):
-        return ADAPTERS["words" if head.unc_emb is not None else "pooled"](model, side)
+        return (WordsAdapter if head.unc_emb is not None else PooledAdapter)(model, side)
     if isinstance(head, UncTokenHead):
-        return ADAPTERS["token"](model, side)
+        return TokenAdapter(model, side)
     if isinstance(head, SigmaHead) and head.gpo is None and len(head.blocks) and model.mean_head == "proj" \
             and model.towers()[side].kind in ("vit", "text"):
-        return ADAPTERS["block"](model, side)
+        return BlockAdapter(model, side)
     raise UserError(f"post-hoc training does not know the {side} head {type(head).__name__} of {model.name} "
                     "(supported: pooled MLP heads, ProLIP's [UNC] tokens, natively pooled block heads on ViT / text "
                     "transformers)")
 
 
-__all__ = ["probabilistic_copy", "head_kind_for", "trainable_names", "adapter_for", "HeadAdapter", "ADAPTERS",
-           "FRESH_BIAS_INIT"]
+__all__ = ["probabilistic_copy", "head_kind_for", "trainable_names", "adapter_for", "HeadAdapter", "FRESH_BIAS_INIT"]

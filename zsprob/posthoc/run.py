@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from zsprob.posthoc import METHODS
+from zsprob.posthoc import get_method
 from zsprob.posthoc.adapter import AdapterSettings
 from zsprob.posthoc.features import DataSpec, extract, feature_key, load_features, save_features
 from zsprob.posthoc.heads import adapter_for, probabilistic_copy
@@ -21,15 +21,12 @@ def posthoc(frozen, data: DataSpec, out: str | Path, *, method: str = "adapter",
             encode_batch_size: int = 256, settings: AdapterSettings | None = None, device="cpu",
             feature_file: str | Path | None = None, source: dict | None = None, progress: bool = True) -> dict:
     """Give ``frozen`` trained log-variance heads; write ``out/model`` and ``out/summary.json``; return the summary.
-
-    ``views``: passes over the data, each with its own caption draw and copies; ``feature_file``: where
-    the cached features live (default ``out/features.safetensors``; reused when it holds the same
-    source, data and draws); ``source``: how the frozen model was named, for the record.
-    """
+    ``feature_file`` (default ``out/features.safetensors``) is reused when it holds the same source, data and draws;
+    ``source``: how the frozen model was named, for the record."""
     from zsprob.models.checkpoint import save
     from zsprob.utils.io import atomic_write_json
 
-    chosen = METHODS[method]
+    chosen = get_method(method)
     module, name = chosen.fit.split(":")
     fit = getattr(importlib.import_module(module), name)
     settings = settings or AdapterSettings()

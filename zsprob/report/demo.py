@@ -57,6 +57,18 @@ def _pretrain_step(name: str, recipe: str, method: str, extra: list[str], data: 
                 resume_args=["--resume", "auto"], fresh_args=["--overwrite"], started_marker=run_dir / "config.yaml")
 
 
+def _compare_step(name: str, checkpoint: Path, data: Path, out_json: Path) -> Step:
+    return Step(f"zeroshot-compare-{name}", f"Zero-shot: every prompt strategy ({name})",
+                ["zeroshot", "synthetic", "--checkpoint", str(checkpoint), "--root", str(data),
+                 "--select-root", str(data), "--compare", "--out", str(out_json)], outputs=[out_json])
+
+
+def _eval_step(name: str, title: str, checkpoint: Path, data: Path, score: str, out_json: Path, extra=()) -> Step:
+    return Step(f"eval-{name}", f"{title} ({name})",
+                ["eval", "synthetic", "--checkpoint", str(checkpoint), "--root", str(data), "--score", score,
+                 *extra, "--out", str(out_json)], outputs=[out_json])
+
+
 def plan(out: Path, s: DemoSettings) -> list[Step]:
     """The demo's steps, as the commands a user would run by hand."""
     out = Path(out)
@@ -78,30 +90,17 @@ def plan(out: Path, s: DemoSettings) -> list[Step]:
                        "--prompts", str(zs / "selection.json"), "--out", str(zs / "selected.json")],
                       outputs=[zs / "selected.json"]))
     for m in DEMO_MODELS:
-        ck = out / "runs" / m / "model"
-        steps.append(Step(f"zeroshot-compare-{m}", f"Zero-shot: every prompt strategy ({m})",
-                          ["zeroshot", "synthetic", "--checkpoint", str(ck), "--root", str(data),
-                           "--select-root", str(data), "--compare", "--out", str(zs / m / "compare.json")],
-                          outputs=[zs / m / "compare.json"]))
+        steps.append(_compare_step(m, out / "runs" / m / "model", data, zs / m / "compare.json"))
     for m in DEMO_MODELS:
-        ck = out / "runs" / m / "model"
-        rd = out / "retrieval" / m
-        steps.append(Step(f"eval-{m}", f"Retrieval and uncertainty analyses ({m})",
-                          ["eval", "synthetic", "--checkpoint", str(ck), "--root", str(data),
-                           "--score", "csd" if m == "pcmepp" else "cosine", "--out", str(rd / "metrics.json")],
-                          outputs=[rd / "metrics.json"]))
+        steps.append(_eval_step(m, "Retrieval and uncertainty analyses", out / "runs" / m / "model", data,
+                                "csd" if m == "pcmepp" else "cosine", out / "retrieval" / m / "metrics.json"))
     if s.all_methods:  # after the main steps: turning it on for an existing OUT only adds steps
         for name, (recipe, method, extra) in DEMO_EXTRA_RUNS.items():
             md = out / "methods" / name
             steps.append(_pretrain_step(name, recipe, method, extra, data, md / "run", s))
-            steps.append(Step(f"eval-{name}", f"Retrieval and uncertainty validity ({name})",
-                              ["eval", "synthetic", "--checkpoint", str(md / "run" / "model"), "--root", str(data),
-                               "--score", "csd", "--no-corruption", "--out", str(md / "retrieval" / "metrics.json")],
-                              outputs=[md / "retrieval" / "metrics.json"]))
-            steps.append(Step(f"zeroshot-compare-{name}", f"Zero-shot: every prompt strategy ({name})",
-                              ["zeroshot", "synthetic", "--checkpoint", str(md / "run" / "model"), "--root", str(data),
-                               "--select-root", str(data), "--compare", "--out", str(md / "compare.json")],
-                              outputs=[md / "compare.json"]))
+            steps.append(_eval_step(name, "Retrieval and uncertainty validity", md / "run" / "model", data, "csd",
+                                    md / "retrieval" / "metrics.json", extra=["--no-corruption"]))
+            steps.append(_compare_step(name, md / "run" / "model", data, md / "compare.json"))
     return steps
 
 

@@ -30,6 +30,13 @@ def decile_sizes(n_queries: int, n_bins: int) -> list[int]:
     return [base + (1 if b < extra else 0) for b in range(n_bins)]
 
 
+def dig(d: Any, *keys: str) -> Any:
+    """``d[k1][k2]...`` of nested JSON dicts; None where a level is missing, null or empty."""
+    for key in keys:
+        d = (d or {}).get(key)
+    return d
+
+
 def _not_measured(what: str) -> Check:
     return False, f"not measured ({what} missing from the report)"
 
@@ -37,7 +44,7 @@ def _not_measured(what: str) -> Check:
 # ----------------------------------------------------------------------------- claims
 def tracks_ambiguity(validity: dict | None) -> Check:
     """Spearman(caption ||sigma^2||_1, exact ambiguity) > 0.3 with its bootstrap 95% interval above 0."""
-    overall = ((validity or {}).get("text_ambiguity") or {}).get("overall") or {}
+    overall = dig(validity, "text_ambiguity", "overall") or {}
     rho, lo, hi = overall.get("rho"), overall.get("lo"), overall.get("hi")
     if rho is None or lo is None or not all(math.isfinite(v) for v in (rho, lo, hi)):
         return _not_measured("Spearman(caption sigma^2, ambiguity) with its interval")
@@ -48,7 +55,7 @@ def tracks_ambiguity(validity: dict | None) -> Check:
 
 def inclusion_above_chance(validity: dict | None) -> Check:
     """The general caption of an exact inclusion pair has the larger ||sigma^2||_1: accuracy - 2 SE > 50%."""
-    sigma = ((validity or {}).get("inclusion") or {}).get("sigma") or {}
+    sigma = dig(validity, "inclusion", "sigma") or {}
     acc, se, n = sigma.get("accuracy"), sigma.get("se"), sigma.get("n")
     if acc is None or se is None or not n or not math.isfinite(acc):
         return _not_measured("inclusion accuracy of the sigma comparison")
@@ -101,17 +108,15 @@ def claim_checks(r: dict) -> dict[str, Check]:
         out[f"uncertainty_{m}_tracks_ambiguity"] = tracks_ambiguity(validity)
         out[f"uncertainty_{m}_inclusion_above_chance"] = inclusion_above_chance(validity)
         out[f"uncertainty_{m}_r1_falls_with_caption_uncertainty"] = r1_falls_with_uncertainty(
-            ((rt["uncertainty"].get("deciles") or {}).get("caption queries") or {}).get("r1"),
-            (rt.get("t2i") or {}).get("n_queries"))
+            dig(rt, "uncertainty", "deciles", "caption queries", "r1"), dig(rt, "t2i", "n_queries"))
         if base_rt:
             for d in ("i2t", "t2i"):
                 out[f"baseline_{m}_not_below_{BASELINE}_{d}_r1"] = not_below(
-                    m, (rt.get(d) or {}).get("r@1"), BASELINE, (base_rt.get(d) or {}).get("r@1"),
-                    (rt.get(d) or {}).get("n_queries"))
+                    m, dig(rt, d, "r@1"), BASELINE, dig(base_rt, d, "r@1"), dig(rt, d, "n_queries"))
         zs, base_zs = r["zeroshot"].get(m), r["zeroshot"].get(BASELINE)
         if base_zs:
             out[f"baseline_{m}_not_below_{BASELINE}_zeroshot"] = not_below(
-                m, _zeroshot_all(zs), BASELINE, _zeroshot_all(base_zs), (zs or {}).get("n_eval"))
+                m, _zeroshot_all(zs), BASELINE, _zeroshot_all(base_zs), dig(zs, "n_eval"))
     return out
 
 
@@ -125,7 +130,7 @@ def _zeroshot_sanity(m: str, z: dict | None) -> dict[str, Check]:
         out[f"zeroshot_{m}_above_chance"] = (best is not None and best > 2 * z["chance_top1"],
                                              f"best label-free top-1 {shown}% vs chance {z['chance_top1']:.1f}%; "
                                              f"rule: > 2x chance")
-    sep = (z or {}).get("class_separation") or {}
+    sep = dig(z, "class_separation") or {}
     if sep.get("mean_pairwise_cosine") is not None:
         out[f"zeroshot_{m}_class_names_separated"] = (not sep["collapsed"], f"mean pairwise cosine of the class "
                                                       f"vectors {sep['mean_pairwise_cosine']:.3f}")
@@ -166,5 +171,5 @@ def run_checks(r: dict) -> tuple[dict[str, bool], dict[str, str]]:
     return {k: bool(ok) for k, (ok, _) in found.items()}, {k: why for k, (_, why) in found.items()}
 
 
-__all__ = ["BASELINE", "MIN_SPEARMAN", "binomial_se", "claim_checks", "decile_sizes", "inclusion_above_chance",
+__all__ = ["BASELINE", "MIN_SPEARMAN", "binomial_se", "claim_checks", "decile_sizes", "dig", "inclusion_above_chance",
            "not_below", "r1_falls_with_uncertainty", "run_checks", "sanity_checks", "tracks_ambiguity"]

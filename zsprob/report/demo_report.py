@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zsprob import __version__
-from zsprob.report.demo_checks import run_checks
+from zsprob.report.demo_checks import dig, run_checks
 from zsprob.report.demo_runs import DEMO_EXTRA_RUNS, RECIPES
 from zsprob.report.plots import read_jsonl, training_curves
 from zsprob.utils.io import atomic_write_json, atomic_write_text
@@ -34,12 +34,10 @@ def _load(path: Path) -> Any:
 
 
 def _rel(out: Path, p: str | Path | None) -> str | None:
-    if not p:
+    """``p`` relative to ``out`` when it names a file that exists, else None."""
+    if not p or not Path(p).exists():
         return None
-    p = Path(p)
-    if not p.exists():
-        return None
-    return os.path.relpath(p.resolve(), out.resolve())
+    return os.path.relpath(Path(p).resolve(), out.resolve())
 
 
 def _f(v: Any, nd: int = 1) -> str:
@@ -84,12 +82,11 @@ def _zeroshot(path: Path) -> dict | None:
     rows = []
     for r in d.get("rows", []):
         m = r.get("metrics", {})
-        rows.append({"name": r.get("name"), "label": r.get("label"), "top1": m.get("top1"), "top5": m.get("top5"),
-                     "mean_per_class": m.get("mean_per_class"),
+        rows.append({"name": r.get("name"), "label": r.get("label"),
+                     **{k: m.get(k) for k in ("top1", "top5", "mean_per_class")},
                      "uses_eval_labels": bool(r.get("uses_eval_labels", "oracle" in str(r.get("name")))),
-                     "data_used": r.get("data_used"), "k_mean": r.get("k_mean"),
-                     "paired_vs_all": r.get("paired_vs_all"),
-                     **{k: r.get(k) for k in ("ece", "nll", "temperature", "ece_at_t", "nll_at_t")}})
+                     **{k: r.get(k) for k in ("data_used", "k_mean", "paired_vs_all", "ece", "nll", "temperature",
+                                              "ece_at_t", "nll_at_t")}})
     by = {r["name"]: r for r in rows}
     res = {"rows": rows, "n_classes": len(d.get("classes", [])), "n_eval": d.get("n_eval"),
            "min_detectable_effect": d.get("min_detectable_effect") or {},
@@ -97,10 +94,8 @@ def _zeroshot(path: Path) -> dict | None:
            "table": d.get("table"), "class_separation": d.get("class_separation")}
     if res["n_classes"]:
         res["chance_top1"] = 100.0 / res["n_classes"]
-    if "all" in by and "auto" in by and by["all"]["top1"] is not None and by["auto"]["top1"] is not None:
-        res["gain_auto_over_all"] = by["auto"]["top1"] - by["all"]["top1"]
-    for name in ("fusion", "poe"):
-        if name in by and "all" in by and by[name]["top1"] is not None:
+    for name in ("auto", "fusion", "poe"):
+        if dig(by, name, "top1") is not None and dig(by, "all", "top1") is not None:
             res[f"gain_{name}_over_all"] = by[name]["top1"] - by["all"]["top1"]
     return res
 
@@ -127,18 +122,18 @@ def _retrieval(path: Path) -> dict | None:
         gt = unc.get("ground_truth", {})
         dec = unc.get("deciles", {})
         res["uncertainty"] = {
-            "spearman_text_uncertainty_vs_ambiguity": (gt.get("text_uncertainty_vs_ambiguity") or {}).get("rho"),
-            "spearman_image_uncertainty_vs_num_objects": (gt.get("image_uncertainty_vs_num_objects") or {}).get("rho"),
+            "spearman_text_uncertainty_vs_ambiguity": dig(gt, "text_uncertainty_vs_ambiguity", "rho"),
+            "spearman_image_uncertainty_vs_num_objects": dig(gt, "image_uncertainty_vs_num_objects", "rho"),
             "image_uncertainty_by_condition": {k: v.get("mean") for k, v in
                                                (gt.get("image_uncertainty_by_condition") or {}).items()},
             "image_uncertainty_by_num_objects": {k: v.get("mean") for k, v in
                                                  (gt.get("image_uncertainty_by_num_objects") or {}).items()},
-            "deciles": {q: {"spearman": (v.get("spearman") or {}).get("rho") if isinstance(v.get("spearman"), dict)
+            "deciles": {q: {"spearman": dig(v, "spearman", "rho") if isinstance(v.get("spearman"), dict)
                             else v.get("spearman"),
                             "r1": [b.get("r1") for b in v.get("bins", [])],
-                            "neg_sr2": (v.get("sr2") or {}).get("neg_sr2")} for q, v in dec.items()},
-            "corruption_spearman_image": ((unc.get("corruption") or {}).get("spearman_image") or {}).get("rho"),
-            "corruption_spearman_text": ((unc.get("corruption") or {}).get("spearman_text") or {}).get("rho"),
+                            "neg_sr2": dig(v, "sr2", "neg_sr2")} for q, v in dec.items()},
+            "corruption_spearman_image": dig(unc, "corruption", "spearman_image", "rho"),
+            "corruption_spearman_text": dig(unc, "corruption", "spearman_text", "rho"),
         }
     return res
 
@@ -147,24 +142,21 @@ def _method_row(rt: dict | None, zs: dict | None) -> dict | None:
     """One row of the method table from the :func:`_retrieval` and :func:`_zeroshot` figures of a run."""
     if not rt:
         return None
-    row: dict[str, Any] = {"score": rt["score"], "i2t_r1": (rt["i2t"] or {}).get("r@1"),
-                           "t2i_r1": (rt["t2i"] or {}).get("r@1")}
+    row: dict[str, Any] = {"score": rt["score"], "i2t_r1": dig(rt, "i2t", "r@1"), "t2i_r1": dig(rt, "t2i", "r@1")}
     uv = rt.get("uncertainty_validity")
     if uv:
-        ta = uv.get("text_ambiguity") or {}
-        overall = ta.get("overall") or {}
-        counted = [b for b in (ta.get("by_word_count") or {}).values() if b.get("counts")]
-        inc = uv.get("inclusion") or {}
-        cond = uv.get("image_conditions") or {}
-        cq = (uv.get("deciles") or {}).get("caption queries") or {}
+        overall = dig(uv, "text_ambiguity", "overall") or {}
+        counted = [b for b in (dig(uv, "text_ambiguity", "by_word_count") or {}).values() if b.get("counts")]
+        cq = dig(uv, "deciles", "caption queries") or {}
         r1 = cq.get("r1") or []
         row.update({"spearman": overall.get("rho"), "spearman_ci": [overall.get("lo"), overall.get("hi")],
                     "bins_positive": sum(1 for b in counted if b["rho"] > 0), "bins_counted": len(counted),
-                    "inclusion": (inc.get("inclusion") or {}).get("accuracy"),
-                    "inclusion_sigma": (inc.get("sigma") or {}).get("accuracy"),
-                    "conditions_more_uncertain": cond.get("more_uncertain"), "conditions": cond.get("of"),
+                    "inclusion": dig(uv, "inclusion", "inclusion", "accuracy"),
+                    "inclusion_sigma": dig(uv, "inclusion", "sigma", "accuracy"),
+                    "conditions_more_uncertain": dig(uv, "image_conditions", "more_uncertain"),
+                    "conditions": dig(uv, "image_conditions", "of"),
                     "caption_decile_r1": [r1[0], r1[-1]] if r1 else None,
-                    "caption_decile_spearman": (cq.get("spearman_bins") or {}).get("rho")})
+                    "caption_decile_spearman": dig(cq, "spearman_bins", "rho")})
     if zs:
         top1 = {r["name"]: r["top1"] for r in zs["rows"] if not r["uses_eval_labels"]}
         row["zeroshot_all"] = top1.get("all")
@@ -251,10 +243,10 @@ def build_report(out: str | Path, settings: dict | None = None, timings: dict | 
     if (out / "methods").is_dir():
         report["methods"] = _methods(out, report)
     if selected:
-        report["zeroshot_selected"] = {"top1": selected.get("metrics", {}).get("top1"),
-                                       "top5": selected.get("metrics", {}).get("top5"),
-                                       "strategy": (selected.get("selection") or {}).get("label"),
-                                       "uses_eval_labels": (selected.get("selection") or {}).get("uses_eval_labels")}
+        report["zeroshot_selected"] = {"top1": dig(selected, "metrics", "top1"),
+                                       "top5": dig(selected, "metrics", "top5"),
+                                       "strategy": dig(selected, "selection", "label"),
+                                       "uses_eval_labels": dig(selected, "selection", "uses_eval_labels")}
     report["checks"], report["check_evidence"] = run_checks(report)
     atomic_write_json(out / "report.json", report)
     atomic_write_text(out / "report.md", _markdown(out, report, curves))
@@ -347,7 +339,7 @@ def _md_zeroshot(L: list[str], out: Path, r: dict) -> None:
                  f"Chance top-1: {_f(zp.get('chance_top1'))}%. Prompts: the 80 CLIP ImageNet templates. "
                  "Every strategy except the two marked EVAL LABELS chooses prompts without the evaluation labels.\n")
         for m, z in r["zeroshot"].items():
-            sep = (z or {}).get("class_separation") or {}
+            sep = dig(z, "class_separation") or {}
             if sep.get("collapsed"):
                 L.append(f"**Warning ({METHOD_LABEL[m]}): the class prompts embed almost identically (mean pairwise "
                          f"cosine {sep['mean_pairwise_cosine']:.3f} between the {sep['n_classes']} class vectors; "
@@ -426,7 +418,7 @@ def _md_uncertainty(L: list[str], out: Path, r: dict) -> None:
         L.append(_img(out, files.get("deciles_png"), "R@1 per uncertainty decile"))
         L.append("R@1 of image and caption queries grouped into ten bins of their uncertainty (PCME++ Fig. 5): "
                  "a useful uncertainty makes the most uncertain queries the hardest.\n")
-        sr2 = {q: d.get("neg_sr2") for q, d in (u.get("deciles") or {}).items() if d.get("neg_sr2") is not None}
+        sr2 = {q: d["neg_sr2"] for q, d in (u.get("deciles") or {}).items() if d.get("neg_sr2") is not None}
         if sr2:
             L.append("ProbVLM's calibration figure -SR^2 of these bins (Spearman x R^2 of a line through R@1 per "
                      "bin, negated; 1 = R@1 falls linearly with uncertainty): "

@@ -67,21 +67,16 @@ def _marker(out: Path, step: Step) -> Path:
 
 
 def is_done(out: Path, step: Step) -> bool:
-    m = _marker(out, step)
-    if not m.is_file():
-        return False
     try:
-        rec = json.loads(m.read_text())
-    except json.JSONDecodeError:
+        rec = json.loads(_marker(out, step).read_text())
+    except (OSError, json.JSONDecodeError):
         return False
     return rec.get("fingerprint") == step.fingerprint() and all(Path(p).exists() for p in step.outputs)
 
 
 class StopGuard:
-    """Context manager: SIGTERM / SIGINT / SIGUSR1 are recorded (:attr:`received`) and passed on to the
-    running step (:attr:`proc`) instead of killing the runner. Handlers are installed in the main thread
-    only (Python's rule) and restored on exit; :attr:`active` is the one installed now (nested runners
-    share it)."""
+    """Context manager: the stop signals are recorded (:attr:`received`) and passed on to the running step
+    (:attr:`proc`); handlers in the main thread only, restored on exit. :attr:`active`: the one installed now."""
 
     active: "StopGuard | None" = None
 
@@ -124,13 +119,9 @@ class StopGuard:
         except (ProcessLookupError, PermissionError):
             pass
 
-    @property
-    def exit_code(self) -> int:
-        return 130 if self.received == "SIGINT" else 143
-
     def stopped(self, where: str, detail: str = "", step: int = 0) -> Preempted:
         return Preempted(f"demo stopped {where} ({self.received}{detail}); run the same command to resume",
-                         exit_code=self.exit_code, step=step)
+                         exit_code=130 if self.received == "SIGINT" else 143, step=step)
 
     def check(self, where: str) -> None:
         """Raise :class:`Preempted` if a stop signal has come."""
@@ -157,13 +148,13 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 class _Stderr(threading.Thread):
-    """Copies a step's stderr to ours (``show``) until a stop signal has come; what follows is held back
-    (:attr:`held`). Keeps the last few KB either way (:attr:`tail`)."""
+    """Copies a step's stderr to ours (``show``) until a stop signal has come; what follows is held back.
+    Keeps the last 64 KB either way (:attr:`tail`)."""
 
     def __init__(self, pipe, show: bool, guard: StopGuard):
         super().__init__(daemon=True)
         self.pipe, self.show, self.guard = pipe, show, guard
-        self.held, self.tail = "", ""
+        self.tail = ""
         self.open_line = False  # what we copied ends without a newline (a progress bar)
 
     def run(self) -> None:
@@ -174,9 +165,7 @@ class _Stderr(threading.Thread):
             text = decode(chunk, final=not chunk)
             if self.show and self.guard.received is None:
                 self._write(text)
-            else:
-                self.held = (self.held + text)[-65536:]
-            self.tail = (self.tail + text)[-4096:]
+            self.tail = (self.tail + text)[-65536:]
             if not chunk:
                 break
         self.pipe.close()
@@ -242,12 +231,11 @@ def _run_child(args: list[str], env: dict, stream: bool, guard: StopGuard) -> tu
     return rc, killed, err
 
 
-def _stop_detail(rc: int, killed: bool, held: str) -> str:
+def _stop_detail(rc: int, killed: bool, saved: re.Match | None) -> str:
     if killed:
         return f"; it did not exit within {STOP_GRACE_S:.0f} s and was killed"
-    m = re.search(r"after step (\d+) of (\d+); checkpoint", held)
-    if m:
-        return f"; it saved a checkpoint after step {m[1]} of {m[2]}"
+    if saved:
+        return f"; it saved a checkpoint after step {saved[1]} of {saved[2]}"
     return f"; it exited with code {rc}"
 
 
@@ -286,9 +274,9 @@ def _run_step(out: Path, step: Step, args: list[str], env: dict, stream: bool, g
     rc, killed, err = _run_child(args, env, stream, guard)
     dt = time.time() - t0
     if guard.received is not None and (rc != 0 or killed):
-        m = re.search(r"after step (\d+) of", err.held)
-        raise guard.stopped(f"during step '{step.name}'", _stop_detail(rc, killed, err.held),
-                            step=int(m[1]) if m else 0)
+        saved = re.search(r"after step (\d+) of (\d+); checkpoint", err.tail)  # the step's own stop line
+        raise guard.stopped(f"during step '{step.name}'", _stop_detail(rc, killed, saved),
+                            step=int(saved[1]) if saved else 0)
     if rc != 0:
         lines = err.tail.strip().splitlines()[-1:] if not stream else []
         tail = f": {lines[0]}" if lines else ""
@@ -304,10 +292,8 @@ def _run_step(out: Path, step: Step, args: list[str], env: dict, stream: bool, g
 
 def run_steps(out: Path, steps: Sequence[Step], echo: Callable[[str], None] = print,
               stream: bool = True) -> dict[str, dict]:
-    """Run (or skip) each step in order; return {name: {seconds, skipped, command}}.
-
-    A stop signal (see :class:`StopGuard`) raises :class:`zsprob.errors.Preempted` once the running
-    step has exited; that step is not marked done."""
+    """Run (or skip) each step in order; return {name: {seconds, skipped, command}}. A stop signal raises
+    :class:`zsprob.errors.Preempted` once the running step has exited (module docstring)."""
     timings: dict[str, dict] = {}
     invalidated = False
     full_env = _child_env(stream)

@@ -34,10 +34,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not p.is_file():
         return rows
     for line in p.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
+        try:  # a blank or torn line is not JSON
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue

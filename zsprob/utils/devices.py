@@ -71,5 +71,5 @@ def default_workers() -> int:
     return min(4, os.cpu_count() or 1)
 
 
-__all__ = ["DEVICE_CHOICES", "PRECISIONS", "ENCODE_PRECISIONS", "parse_device", "resolve_device", "check_precision", "encode_autocast",
-           "default_workers"]
+__all__ = ["DEVICE_CHOICES", "PRECISIONS", "ENCODE_PRECISIONS", "parse_device", "resolve_device", "check_precision",
+           "encode_autocast", "default_workers"]

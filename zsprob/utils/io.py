@@ -7,6 +7,7 @@ target replaced, the link kept); a directory, pipe, device or socket is refused 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -17,15 +18,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-_UMASK: list[int] = []
-
-
+@functools.cache
 def _umask() -> int:
-    if not _UMASK:
-        m = os.umask(0)
-        os.umask(m)
-        _UMASK.append(m)
-    return _UMASK[0]
+    """The process's umask, read once (reading it means setting it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 #: what a path is that a write must not replace, by its ``st_mode`` test
@@ -62,11 +60,9 @@ def write_target(path: str | os.PathLike) -> Path:
 
 
 def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsync: bool = True) -> Path:
-    """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path``; returns ``path``.
-
-    The file gets the usual mode (0666 less the umask, not mkstemp's 0600). ``fsync=False`` skips the
-    flush to disk for bulk writes of many small files (a power loss may then lose the latest ones).
-    """
+    """Call ``writer(tmp_path)`` to produce the file, then atomically rename it to ``path`` (mode 0666 less the
+    umask, not mkstemp's 0600); returns ``path``. ``fsync=False`` skips the flush to disk for bulk writes of many
+    small files (a power loss may then lose the latest ones)."""
     path = Path(path)
     target = write_target(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -90,11 +86,7 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsyn
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> Path:
-    def _w(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            f.write(data)
-
-    return atomic_write(path, _w, fsync=fsync)
+    return atomic_write(path, lambda tmp: Path(tmp).write_bytes(data), fsync=fsync)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

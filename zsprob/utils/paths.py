@@ -1,5 +1,5 @@
 """Where zsprob's shipped resources live (prompts/ and configs/ beside the package, or under
-``ZSPROB_HOME``), and what marks a training run's directory (:data:`RUN_MARKERS`).
+``ZSPROB_HOME``), what marks a training run's directory (:data:`RUN_MARKERS`) and a checkpoint's file names.
 """
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from pathlib import Path
 #: what a `zsprob pretrain` / `finetune` run directory holds at its top: reusing it needs --resume or
 #: --overwrite (zsprob.train.resilience), and `zsprob demo` refuses it as its --out (zsprob.report.demo)
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "model")
+#: a zsprob checkpoint directory's two files (zsprob.models.checkpoint; declared here, where no torch is imported)
+CHECKPOINT_WEIGHTS = "model.safetensors"
+CHECKPOINT_META = "zsprob.json"
+CHECKPOINT_FILES = (CHECKPOINT_WEIGHTS, CHECKPOINT_META)
 
 
 def project_root() -> Path:

@@ -13,7 +13,7 @@ from typing import Iterable
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from zsprob.errors import UserError
+from zsprob.errors import UserError, one_line
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -50,7 +50,7 @@ def fsspec_problem(scheme: str) -> str | None:
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError as e:
-        return " ".join(str(e).split()) or f"the fsspec backend of {scheme}:// is not installed"
+        return one_line(e) or f"the fsspec backend of {scheme}:// is not installed"
     except ValueError:
         return "unknown"
     return None
@@ -119,8 +119,7 @@ def put_file_atomic(fs, local: str | os.PathLike, path: str) -> None:
 def write_bytes_atomic(fs, path: str, data: bytes) -> None:
     """``data`` to ``path`` on ``fs`` under a temporary name, then moved into place."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with fs.open(tmp, "wb") as f:
-        f.write(data)
+    fs.pipe_file(tmp, data)
     fs.mv(tmp, path)
 
 
