@@ -1,10 +1,6 @@
-"""A bag-of-words text tower, and the CLIP container that pairs it with an open_clip image tower.
-
-Trained from scratch on SynthWorld, open_clip's text transformer collapses every caption onto one
-direction and a bag of words does not (docs/findings.md). :class:`BagOfWordsText`: a learnt embedding
-per token, a per-token projection, pooled over the caption (``mixer``: :mod:`zsprob.models.word_mixer`).
-:class:`BowCLIP` pairs it with open_clip's image tower; a model JSON selects it with
-``"text_cfg": {"tower": "bow", ...}``.
+"""A bag-of-words text tower (:class:`BagOfWordsText`), and :class:`BowCLIP` pairing it with an open_clip
+image tower (``"text_cfg": {"tower": "bow", ...}``): trained from scratch on SynthWorld it does not collapse
+as the text transformer does (docs/findings.md).
 """
 from __future__ import annotations
 

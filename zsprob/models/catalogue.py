@@ -1,10 +1,7 @@
 """The model catalogue: one entry per model and per official layout with every fact about it (timm's cfgs).
 
-A :class:`Model` is a name whose tower config is ``configs/models/<name>.json`` (open_clip's format),
-the official layouts its published weights come in and where to fetch them. A :class:`Layout` says how
-a published ProLIP / PCME++ file is recognised, how its keys map onto zsprob's (:mod:`.convert.prolip`,
-:mod:`.convert.pcmepp`), the create_model options that reproduce the official forward and the tensors
-it lacks. No other module names a model or a layout. No torch at import.
+A :class:`Model`'s tower config is ``configs/models/<name>.json``; a :class:`Layout` says how a published
+ProLIP / PCME++ file is recognised, mapped and built. No other module names a model or a layout; no torch.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The checkpoint format: a directory with ``model.safetensors`` + ``zsprob.json``; never pickled.
-
-``zsprob.json`` holds ``model.config``, the method and step, the zsprob version, the caller's ``extra``
-and the weights' size and SHA-256. The weights are written first and the JSON last (each atomically),
-and reading checks size and hash, so a crash between the writes or a damaged file is a UserError, not
-a half-loaded model. This module imports nothing from the package (the builder rebuilds the model).
+"""The checkpoint format: a directory with ``model.safetensors`` + ``zsprob.json`` (config, method, step,
+version, ``extra``, the weights' size and SHA-256); never pickled. Each file is written atomically, the
+JSON last, and reading checks size and hash. Imports nothing from the package.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Model configs: a model name + create_model's options -> ``model.config`` -> a ProbCLIP (no weights here).
 
 open_clip holds the tower configs (zsprob's ``configs/models/*.json`` registered with it) and builds the
-CLIP model, tokenizer and transforms; this module splits create_model's options into open_clip's and the
-head options (:func:`resolve_options`), writes ``model.config`` (:func:`model_config`) and wraps (:func:`wrap`).
+CLIP model, tokenizer and transforms.
 """
 from __future__ import annotations
 
@@ -80,7 +79,7 @@ def build_open_clip(cfg: dict) -> torch.nn.Module:
     oc = _open_clip()
     cfg = copy.deepcopy(cfg)
     cfg.pop("preprocess_cfg", None)  # transforms, not a constructor argument (read by _preprocess_cfg)
-    custom_text = cfg.pop("custom_text", False) or "hf_model_name" in cfg.get("text_cfg", {})
+    custom_text = cfg.pop("custom_text", False)
     if "multimodal_cfg" in cfg:
         raise UserError("CoCa models (multimodal_cfg) are not supported by zsprob")
     vision_cfg = cfg.get("vision_cfg", {})

@@ -1,9 +1,5 @@
-"""Batched embedding of image datasets and caption lists into (mu, logvar).
-
-Both functions run under ``torch.no_grad()`` in eval mode (the model's mode is restored), optionally
-under bfloat16 autocast (``precision="bf16"``), and return float32 CPU tensors in input order;
-``logvar`` is None for deterministic models.
-"""
+"""Batched embedding of image datasets and caption lists into (mu, logvar): float32 CPU tensors in input
+order, computed in eval mode (the model's mode restored), optionally under bf16 autocast."""
 from __future__ import annotations
 
 import os
@@ -55,17 +51,6 @@ def _encode_all(model, encode, batches: Iterable[torch.Tensor], device, precisio
     return _cat(mus, model.embed_dim), (_cat(lvs, model.embed_dim) if want_sigma else None)
 
 
-def image_loader(dataset, *, batch_size: int, device, num_workers: int = 0):
-    """The in-order DataLoader of an image dataset (persistent workers; pinned batches for CUDA)."""
-    from torch.utils.data import DataLoader
-
-    workers = int(num_workers)
-    if workers < 0:
-        raise UserError(f"num_workers must be >= 0, got {workers}")
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
-                      pin_memory=torch.device(device).type == "cuda", persistent_workers=workers > 0)
-
-
 @torch.no_grad()
 def encode_images(model, dataset_or_loader, *, batch_size: int = 256, device=None, num_workers: int = 0,
                   progress: bool = True, with_sigma: bool = True, precision: str = "fp32"):
@@ -78,7 +63,9 @@ def encode_images(model, dataset_or_loader, *, batch_size: int = 256, device=Non
     if isinstance(dataset_or_loader, DataLoader) or not hasattr(dataset_or_loader, "__getitem__"):
         loader: Iterable = dataset_or_loader
     else:
-        loader = image_loader(dataset_or_loader, batch_size=batch_size, device=device, num_workers=num_workers)
+        workers = int(num_workers)  # decoding processes, kept across passes; pinned batches for CUDA
+        loader = DataLoader(dataset_or_loader, batch_size=batch_size, shuffle=False, num_workers=workers,
+                            pin_memory=device.type == "cuda", persistent_workers=workers > 0)
     batches = (_images_of(batch).to(device, non_blocking=True)
                for batch in tqdm(loader, desc="encode images", disable=not transient_bars(progress), leave=False))
     return _encode_all(model, model.encode_image, batches, device, precision, with_sigma)

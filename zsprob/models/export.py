@@ -1,10 +1,8 @@
 """Export a zsprob model to an open_clip / Hugging Face model directory, with a model card.
 
-``export_open_clip(CKPT, DIR)`` writes what ``open_clip.create_model_and_transforms("local-dir:DIR")``
-reads (config, the mean path's weights under open_clip's names, the Hugging Face tokenizer's files) and
-a ``README.md``; the log-variance heads and the checkpoint metadata go beside them, where open_clip does
-not look, so zsprob loads the whole Gaussian model back. Only a model whose means open_clip computes
-itself can go; anything else is refused before anything is written.
+open_clip reads the means (``create_model_and_transforms("local-dir:DIR")``); the log-variance heads and
+the checkpoint metadata go beside them, so zsprob loads the whole model back. A model whose means
+open_clip cannot compute is refused before anything is written.
 """
 from __future__ import annotations
 

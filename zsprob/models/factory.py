@@ -1,9 +1,7 @@
 """create_model: any open_clip model name or zsprob config (+ pretrained weights) -> ProbCLIP.
 
-What ``pretrained`` names comes from :mod:`.sources`, the config and head options from :mod:`.configs`,
-the weights from :mod:`.weights` (loaded into the mean branch *before* the log-variance heads are
-made, so ``sigma_init="copy"`` copies the pretrained head); a published file goes to
-:func:`~zsprob.models.convert.convert.create_from_official` whole. zsprob never downloads.
+The weights go into the mean branch *before* the log-variance heads are made, so ``sigma_init="copy"``
+copies the pretrained head. zsprob never downloads.
 """
 from __future__ import annotations
 

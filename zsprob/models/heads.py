@@ -1,9 +1,8 @@
-"""GPO (VSE infinity's Generalized Pooling Operator, which PCME++ pools its heads with) and variance bounds.
+"""GPO (VSE infinity's Generalized Pooling Operator, PCME++'s pooling) and variance bounds.
 
-GPO sorts every feature dimension over the tokens and averages the sorted values with weights that
-depend only on the rank and the number of tokens (a bidirectional GRU over sinusoidal rank encodings).
-Fixed shapes and no host reads, so ``torch.compile`` traces it whole; :class:`RankGRU` runs
-``nn.GRU``'s parameters through ``torch.gru``, which dynamo traces where it does not trace ``nn.GRU``.
+GPO averages each feature dimension's sorted values with weights from a bidirectional GRU over rank
+encodings; fixed shapes and no host reads, so ``torch.compile`` traces it whole (:class:`RankGRU`
+runs ``nn.GRU``'s parameters through ``torch.gru``, which dynamo traces).
 """
 from __future__ import annotations
 

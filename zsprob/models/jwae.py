@@ -1,8 +1,5 @@
-"""The jWAE model: per-modality MLP autoencoders over the features of a frozen tower (jWAE, Sec. 3).
-
-Over the mean output of a frozen deterministic ProbCLIP; retrieval uses the l2-normalised codes
-(``encode_*`` return ``(codes, None)``), training the raw codes and reconstructions. The architecture
-is ``model.jwae`` of a training config, saved in the checkpoint's config beside the tower's.
+"""The jWAE model: per-modality MLP autoencoders over the mean features of a frozen deterministic tower
+(jWAE, Sec. 3); retrieval uses the l2-normalised codes, training the raw codes and reconstructions.
 """
 from __future__ import annotations
 

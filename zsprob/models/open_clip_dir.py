@@ -1,8 +1,5 @@
-"""The open_clip / Hugging Face model directory, read side: ``open_clip_config.json`` and a zsprob export in it.
-
-The config holds ``model_cfg`` and ``preprocess_cfg``; a zsprob export adds a ``zsprob`` section that
-open_clip ignores (the checkpoint metadata and its two weights files' sizes and hashes). Writing it is
-:mod:`zsprob.models.export`'s job.
+"""The open_clip model directory, read side: ``open_clip_config.json`` and the ``zsprob`` section a zsprob
+export adds to it (checkpoint metadata, the weights files' sizes and hashes), which open_clip ignores.
 """
 from __future__ import annotations
 

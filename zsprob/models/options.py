@@ -1,8 +1,6 @@
-"""The head options of a :class:`~zsprob.models.ProbCLIP`: one record, each option declared once.
-
-Each field carries its default, its value in a checkpoint saved before it existed (``legacy``), whether
-fine-tuning a zsprob checkpoint keeps the checkpoint's value (``inherit``) and its allowed values.
-:class:`ModelOptions` checks itself when made; the checks that need a built tower stay in ProbCLIP.
+"""The head options of a :class:`~zsprob.models.ProbCLIP`: one record, each option declared once with its
+default, its value in a checkpoint saved before it existed (``legacy``), whether fine-tuning keeps a
+checkpoint's value (``inherit``) and its allowed values. Checks needing a built tower stay in ProbCLIP.
 """
 from __future__ import annotations
 

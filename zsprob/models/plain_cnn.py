@@ -1,9 +1,5 @@
-"""``zsprob_plaincnn`` / ``zsprob_plaincnn_small``: small VGG-style conv nets registered with timm, for SynthWorld.
-
-A stride-2 3x3 stem, one 3x3 conv-BN-ReLU per stage, max-pool between stages: on 64 px SynthWorld
-scenes it learns shape within a CPU-minutes budget (docs/findings.md). They are regular timm models,
-so open_clip's ``TimmModel`` wraps them (``"timm_model_name": "zsprob_plaincnn_small"``) and zsprob cuts
-them at their stages; :func:`register` registers them. No pretrained weights exist.
+"""``zsprob_plaincnn`` / ``zsprob_plaincnn_small``: small VGG-style timm models that learn SynthWorld's shapes
+in CPU minutes (docs/findings.md); open_clip's ``TimmModel`` wraps them and zsprob cuts them at their stages.
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """ProbCLIP: an open_clip CLIP model turned into a pair of Gaussian encoders (PCME++ Sec. 2.5).
 
-open_clip provides the towers, tokenizers and transforms; the wrapped model is kept whole as
-``self.clip``, so an open_clip state dict loads into it unchanged. zsprob adds the log-variance heads
-(:mod:`zsprob.models.sigma_heads`) and runs them beside the mean branch through the tower adapters of
-:mod:`zsprob.models.towers`: ``sigma_head="block"`` (PCME++) cuts each tower into a shared trunk, a
-mean head and a log-variance copy of the last ``sigma_depth`` blocks; ``"unc"`` (ProLIP) and
-``"pcme"`` (PCME) share the whole tower. docs/models.md says what each option builds. ``mu`` is
-l2-normalised (``normalize_mu``), ``logvar`` raw, optionally bounded; both float32, also under bf16
-autocast.
+open_clip provides the towers, tokenizers and transforms (the model is kept whole as ``self.clip``, so
+its state dicts load unchanged); zsprob adds the log-variance heads (:mod:`.sigma_heads`) beside the
+mean branch, through the tower adapters (:mod:`.towers`). docs/models.md says what each option builds.
 """
 from __future__ import annotations
 
@@ -63,9 +58,7 @@ def _make_unc_head(tower, side: str, embed_dim: int, bias_init: float, sigma_ln)
     if tower.kind == "bow":
         return UncPooledHead(tower.width, embed_dim, bias_init, word_init_std=tower.src.embed_init_std,
                              sigma_ln=sigma_ln)
-    if tower.kind == "timm":
-        return UncPooledHead(tower.width, embed_dim, bias_init, sigma_ln=sigma_ln)
-    raise UserError(f"sigma_head 'unc' cannot serve a {tower.kind} tower")
+    return UncPooledHead(tower.width, embed_dim, bias_init, sigma_ln=sigma_ln)
 
 
 def _reinit_block_head_(head: SigmaHead, tower, side: str, official: bool, bias_init: float,
@@ -127,8 +120,7 @@ class ProbCLIP(nn.Module):
         else:
             self.image_head = self.text_head = None
         self._check_sigma_depth()
-        # logit_scale / logit_bias of open_clip are not used by zsprob's losses: keep them (so
-        # open_clip state dicts load strictly) but frozen, so DDP sees no unused trainable params.
+        # open_clip's logit_scale / logit_bias, unused by zsprob's losses: kept (strict loads) but frozen (DDP)
         for pname in ("logit_scale", "logit_bias"):
             p = getattr(clip_model, pname, None)
             if isinstance(p, nn.Parameter):

@@ -1,10 +1,8 @@
 """The log-variance (log sigma^2) heads of :class:`zsprob.models.ProbCLIP`, and their init laws.
 
-``"block"``: :class:`SigmaHead` (PCME++'s copy of the last blocks; ``sigma_layout`` "official" for its
-code's init laws, "legacy" for zsprob's earlier head); ``"unc"``: :class:`UncTokenHead` (ProLIP's [UNC]
-token) or :class:`UncPooledHead` (towers without tokens); ``"pcme"``: :class:`PCMEUncertaintyHead`. The
-layouts and laws were read from naver-ai/pcmepp, naver-ai/prolip and naver-ai/pcme; docs/models.md
-says what each option builds. torch provides every layer, open_clip the copied blocks.
+``"block"``: :class:`SigmaHead` (PCME++); ``"unc"``: :class:`UncTokenHead` (ProLIP's [UNC] token) or
+:class:`UncPooledHead` (towers without tokens); ``"pcme"``: :class:`PCMEUncertaintyHead`. Layouts and
+init laws as in naver-ai/pcmepp, naver-ai/prolip and naver-ai/pcme (docs/models.md).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What ``pretrained`` names, resolved in one place: nothing, open_clip weights, a published file, a zsprob checkpoint.
-
-The factory, the builder and the CLI's model loading all ask :func:`identify`, so a spec means the same
-thing everywhere; :func:`resolve_pretrained` finds an open_clip tag's or directory's weights without
-downloading (open_clip's pretrained registry names the file, huggingface_hub's cache holds it).
+"""What ``pretrained`` names (nothing, open_clip weights, a published file, a zsprob checkpoint), resolved in
+one place for the factory, the builder and the CLI; open_clip weights found without downloading.
 """
 from __future__ import annotations
 
@@ -17,17 +14,12 @@ from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint, load_meta, r
 from zsprob.models.convert.load import sniff
 from zsprob.models.open_clip_dir import export_meta, export_section, pretrained_cfg, read_config
 
-#: the kinds of ``pretrained``: none (random init), an open_clip tag / file / directory, a published
-#: ProLIP / PCME++ file, a zsprob checkpoint
-KINDS = ("none", "open_clip", "official", "zsprob")
-
-
 @dataclass
 class Source:
-    """A resolved ``pretrained``: ``kind`` (of :data:`KINDS`), a zsprob checkpoint's ``meta`` (zsprob.json), a
-    published file's ``state`` and ``layout`` (an export's layout is "open_clip")."""
+    """A resolved ``pretrained``: its ``kind``, a zsprob checkpoint's ``meta`` (zsprob.json), a published
+    file's ``state`` and ``layout`` (an export's layout is "open_clip")."""
 
-    kind: str
+    kind: str  # "none" (random init), "open_clip" (a tag, file or directory), "official" or "zsprob"
     path: str | os.PathLike | None = None
     meta: dict | None = None
     state: dict | None = None

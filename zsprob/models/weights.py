@@ -1,8 +1,5 @@
-"""Loading weights into a built model: open_clip files and zsprob checkpoints (whole, or to fine-tune).
-
-Strict everywhere: a missing or unexpected key, or a tensor of another shape, is a UserError naming
-it; only open_clip projections of another shape (another ``embed_dim``) keep their random init. open_clip
-reads and converts the files; TorchScript archives (OpenAI's originals) are read with ``torch.jit.load``.
+"""Loading weights into a built model, strictly (a bad key or shape is a UserError naming it): open_clip
+files (projections of another ``embed_dim`` keep their init) and zsprob checkpoints (whole, or to fine-tune).
 """
 from __future__ import annotations
 

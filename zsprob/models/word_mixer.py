@@ -1,10 +1,6 @@
-"""Word mixers: what makes the bag-of-words text tower's words interact (``text_cfg.mixer``).
-
-In the plain bag a caption's embedding is linear in the mean of its word embeddings, so a prompt
-template shifts every class alike. A mixer maps word embeddings [B, L, w] to word vectors of the same
-shape: ``"mlp"`` adds an MLP of the caption's mean to every word, ``"transformer"`` runs bidirectional
-self-attention blocks, ``"bigram"`` adds the hashed embedding of the bigram each word starts (fastText).
-The residual output layers (and the bigram table) start at zero, so a mixed tower starts as the bag.
+"""Word mixers of the bag-of-words tower (``text_cfg.mixer``): in a plain bag a prompt template shifts every
+class alike. ``"mlp"``, ``"transformer"`` and ``"bigram"`` (fastText's hashed bigrams) map word vectors
+[B, L, w] to [B, L, w]; their residual output layers start at zero, so a mixed tower starts as the bag.
 """
 from __future__ import annotations
 

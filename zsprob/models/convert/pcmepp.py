@@ -1,10 +1,5 @@
-"""PCME++ (naver-ai/pcmepp) official state-dict names <-> zsprob names, as data.
-
-``HF_RULES``: ``hf_models.HfPCMEPPModel`` (open_clip names plus the uncertainty blocks, projections and the
-loss's ``shift`` / ``negative_scale``). ``COCO_RULES``: the official COCO trainer (CLIP trunks without
-``ln_post`` / projections, a biased ``fc`` + GPO per head: ``mean_head="fc"``); ``COCO_MU_RULES`` the same
-without the uncertainty modules. An SWA run's ``swa_*`` copies are resolved first (:mod:`.swa`).
-"""
+"""PCME++ (naver-ai/pcmepp) official state-dict names <-> zsprob names, as data: ``HF_RULES`` for the hub's
+``HfPCMEPPModel``, ``COCO_RULES`` / ``COCO_MU_RULES`` for the COCO trainer's files (``mean_head="fc"``)."""
 from zsprob.errors import UserError
 from zsprob.models.convert.mapping import Rule
 

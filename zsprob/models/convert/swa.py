@@ -1,14 +1,8 @@
 """The SWA copies in a PCME++ COCO trainer checkpoint: choose the weights to load, check the other copy.
 
-With ``train.swa_start_epoch`` set, naver-ai/pcmepp wraps ``img_enc``, ``txt_enc`` and (probabilistic
-models) ``criterion`` in torch's ``AveragedModel``: each raw key ``img_enc.<rest>`` gets
-``swa_img_enc.module.<rest>`` of the same shape, plus the count ``swa_img_enc.n_averaged``. ``weights``
-picks what is loaded: ``"swa-text"`` what the official code evaluates at the end of training (SWA text
-encoder, raw image encoder and criterion), ``"swa"`` every averaged copy, ``"raw"`` the trained modules.
-
-None is ``"swa-text"`` for a file whose copies were averaged (``n_averaged`` > 0), else ``"raw"``.
-An SWA file must hold the copy of every module its layout averages, each with exactly the raw
-module's keys and shapes; anything else is one :class:`zsprob.UserError` line naming the key.
+``swa_img_enc.module.<rest>`` (+ ``swa_img_enc.n_averaged``) averages ``img_enc.<rest>``. ``weights``:
+``"swa-text"`` what the official code evaluates at the end of training (SWA text encoder, raw image encoder
+and criterion; the default when averaged), ``"swa"`` every averaged copy, ``"raw"`` the trained modules.
 """
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Tower adapters: where each kind of tower keeps its blocks, norms, projections and pooling.
-
-ProbCLIP cuts trunk and heads through an adapter and never looks at the tower's classes. Each gives
-``kind``, ``blocks``, ``embed``, ``run_block``, ``ln`` (what follows the last block in the mean head),
-``proj``, ``project``, ``native_pool``, ``num_tokens``, ``depth_of`` (layer-wise lr decay) and
-``local_features`` (what PCME's module reads); the [UNC] adapters also ``insert_unc`` / ``split_unc``.
-"""
+"""Tower adapters: where each kind of tower keeps its blocks, norms, projections and pooling, so ProbCLIP
+cuts trunk and heads without looking at the tower's classes (one module per family)."""
 from __future__ import annotations
 
 from torch import nn

@@ -1,8 +1,5 @@
-"""Tower adapters for open_clip's ViT image tower and text transformer.
-
-open_clip provides the towers; zsprob adds where the [UNC] token goes (after a ViT's class token; after
-the last text position, with an extra mask row and column) and which positions native pooling reads.
-"""
+"""Tower adapters for open_clip's ViT image tower and text transformer: where the [UNC] token goes and
+which positions native pooling reads."""
 from __future__ import annotations
 
 import torch
@@ -123,7 +120,6 @@ class TextTower(TextHeads):
 
     def __init__(self, clip_model: nn.Module, truncate: bool):
         import open_clip as oc
-        from open_clip.transformer import TextTransformer
 
         if isinstance(clip_model, oc.CLIP):
             self.src = clip_model
@@ -134,11 +130,7 @@ class TextTower(TextHeads):
             self.causal = clip_model.attn_mask is not None
             self.cls = False
         else:
-            text = getattr(clip_model, "text", None)
-            if not isinstance(text, TextTransformer):
-                raise UserError(
-                    f"zsprob needs an open_clip TextTransformer text tower; this model has "
-                    f"{type(text).__name__} (Hugging Face text towers are not supported yet)")
+            text = clip_model.text  # a TextTransformer: build_open_clip refuses Hugging Face text towers
             self.src = text
             self.is_clip = False
             self.pool_type = text.pool_type

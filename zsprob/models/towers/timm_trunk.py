@@ -1,8 +1,5 @@
-"""Tower adapter for open_clip's ``TimmModel`` image towers (timm CNN trunks), cut at their stages.
-
-The "blocks" are the trunk's stages; the log-variance head copies the last ``n``, what follows them
-(:class:`TimmPost`) and open_clip's projection head. zsprob decides where to cut (:func:`timm_layout`).
-"""
+"""Tower adapter for open_clip's ``TimmModel`` image towers (timm CNN trunks), cut at their stages: the
+log-variance head copies the last ``n`` stages, what follows them (:class:`TimmPost`) and the projection."""
 from __future__ import annotations
 
 import torch
