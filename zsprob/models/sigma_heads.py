@@ -220,9 +220,9 @@ def reinit_block_legacy_(block: nn.Module, width: int, num_layers: int) -> None:
     _clip_weight_laws_(block, width, num_layers, others=True)
 
 
-def reset_block_defaults_(block: nn.Module) -> None:
-    """Every layer's PyTorch construction-time init; attention last, as its reset zeroes the out-projection bias
-    that the Linear's own reset would overwrite."""
+def reinit_block_official_(block: nn.Module, side: str, width: int, num_layers: int) -> None:
+    """PCME++'s official init: every layer's PyTorch default (attention last, as its reset zeroes the
+    out-projection bias a Linear reset would overwrite); text blocks get CLIP's weight laws on top."""
     attention = []
     for mod in block.modules():
         if isinstance(mod, nn.MultiheadAttention):
@@ -231,11 +231,6 @@ def reset_block_defaults_(block: nn.Module) -> None:
             mod.reset_parameters()
     for mod in attention:
         mod._reset_parameters()
-
-
-def reinit_block_official_(block: nn.Module, side: str, width: int, num_layers: int) -> None:
-    """PCME++'s official init: image blocks keep PyTorch defaults, text blocks get CLIP's weight laws on top."""
-    reset_block_defaults_(block)
     if side == "text":
         _clip_weight_laws_(block, width, num_layers)
 
