@@ -30,7 +30,7 @@ def config_path(path: str | os.PathLike) -> Path | None:
 
 
 def read_config(path: str | os.PathLike) -> dict | None:
-    """The parsed ``open_clip_config.json`` in the directory ``path``, or None; not JSON or no ``model_cfg``: UserError."""
+    """The parsed ``open_clip_config.json`` in the directory ``path``, or None; UserError if malformed."""
     cfg = config_path(path)
     if cfg is None:
         return None
