@@ -1,9 +1,7 @@
 """`zsprob convert`: a published ProLIP / PCME++ checkpoint -> a zsprob checkpoint (thin wrapper).
 
-Calls :func:`zsprob.models.convert.convert.convert_to_checkpoint`; errors are one line (exit 2). Like
-``zsprob export``, a non-empty ``--out`` is refused without ``--overwrite``; an ``--out`` that is SOURCE,
-lies inside it (or inside ``--tokenizer``), or whose files would replace the SOURCE file is refused even
-with it. Every refusal comes before anything is read or written.
+Every refusal of ``--out`` (not empty without ``--overwrite``; SOURCE, inside it or inside ``--tokenizer``;
+files that would replace SOURCE) comes before anything is read or written.
 """
 from pathlib import Path
 

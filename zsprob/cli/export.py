@@ -1,7 +1,4 @@
-"""`zsprob export`: a zsprob checkpoint -> an open_clip / Hugging Face model directory with a model card (thin).
-
-Calls :func:`zsprob.models.export.export_open_clip`; errors are one line (exit 2), nothing written.
-"""
+"""`zsprob export`: a zsprob checkpoint -> an open_clip / Hugging Face model directory with a model card (thin)."""
 import click
 
 from zsprob.cli.types import CHECKPOINT, OUT_DIR, InPath

@@ -1,12 +1,7 @@
-"""zsprob.models: open_clip towers with mean / log-variance heads, checkpoints, batched encoding.
+"""zsprob.models: open_clip towers with mean / log-variance heads, the model catalogue, checkpoints, encoding.
 
-Owns the probabilistic towers (``prob_clip``, tower adapters in ``towers/``, head options in
-``options``), the model catalogue (``catalogue``: every model and official layout), one way to get a
-model (``sources`` says what a spec names, ``configs`` builds from a config, ``weights`` loads weights,
-``factory`` puts them together in ``create_model``, ``builder`` rebuilds a checkpoint), the checkpoint
-format (``checkpoint``) and the converters of published files (``convert/``). May import
-``zsprob.errors``, ``zsprob.utils`` and the root package only. The names below load on first use, so
-the command line reads the catalogue without torch.
+May import ``zsprob.errors``, ``zsprob.utils`` and the root package only. The names below load on first
+use, so the command line reads the catalogue without torch.
 
     model = create_model("zsprob-tiny")                 # or "ViT-B-16", pretrained="openai" (cached)
     mu, logvar = model.encode_image(images)             # [B, D] each, float32

@@ -1,12 +1,6 @@
-"""A bag-of-words text tower, and the CLIP container that pairs it with an open_clip image tower.
-
-On SynthWorld, trained from scratch on a CPU, the open_clip text transformer maps every caption onto
-one direction and zero-shot stays at chance; a bag of words cannot collapse that way (docs/findings.md,
-"How the demo's towers were chosen"). :class:`BagOfWordsText`: a learnt embedding per token (open_clip's
-tokenizer), a per-token projection, pooled over the caption (masked mean natively, or GPO in ProbCLIP);
-``mixer`` makes the words interact first (:mod:`zsprob.models.word_mixer`). :class:`BowCLIP`: open_clip's
-image tower (``_build_vision_tower``) with this text tower and open_clip's CLIP interface; a model JSON
-selects it with ``"text_cfg": {"tower": "bow", ...}``.
+"""A bag-of-words text tower (:class:`BagOfWordsText`), and :class:`BowCLIP` pairing it with an open_clip
+image tower (``"text_cfg": {"tower": "bow", ...}``): trained from scratch on SynthWorld it does not collapse
+as the text transformer does (docs/findings.md).
 """
 from __future__ import annotations
 
@@ -55,8 +49,7 @@ class BagOfWordsText(nn.Module):
         return masked_mean(x, lengths)
 
     def embed(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Word embeddings [B, L, width] of the tokens, those tokens, lengths. The full context is kept:
-        cutting it after the longest caption would make the host read that length from the device."""
+        """(word embeddings [B, L, width], the tokens, lengths); the full context is kept (no host read)."""
         x, lengths = self.token_embedding(text), self.lengths(text)
         if self.mixer is not None:
             x = self.mixer(x, lengths, text)
@@ -102,6 +95,3 @@ class BowCLIP(nn.Module):
 
 def is_bow_config(cfg: dict) -> bool:
     return dict(cfg.get("text_cfg") or {}).get("tower") == "bow"
-
-
-__all__ = ["BagOfWordsText", "BowCLIP", "is_bow_config"]

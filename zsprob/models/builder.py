@@ -1,9 +1,4 @@
-"""Build a model from a checkpoint: :func:`load` (a zsprob checkpoint) and :func:`load_for_inference`.
-
-What a spec names comes from :mod:`zsprob.models.sources` (the factory's answer too); the model is
-rebuilt from the checkpoint's config (:mod:`zsprob.models.configs`) and filled strictly
-(:mod:`zsprob.models.weights`); a plain open_clip model goes through :mod:`zsprob.models.factory`.
-"""
+"""Rebuild a model from a checkpoint: :func:`load` (a zsprob checkpoint) and :func:`load_for_inference` (the CLI's)."""
 from __future__ import annotations
 
 import os
@@ -21,11 +16,8 @@ from zsprob.models.weights import load_checkpoint
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", *, verify: bool = True):
-    """Rebuild the ProbCLIP (or the jWAE model, :mod:`zsprob.models.jwae`) saved at ``path`` (directory,
-    or a file inside it). No pickle involved.
-
-    ``verify`` checks the weights' SHA-256 against zsprob.json (reads the file once more).
-    """
+    """The ProbCLIP (or jWAE model) saved at ``path`` (its directory or a file in it), strictly; no pickle.
+    ``verify`` checks the weights' SHA-256 (reads the file once more)."""
     return _load(zsprob_source(checkpoint_dir(path)), map_location, verify)
 
 
@@ -47,11 +39,7 @@ def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str |
                        pretrained: str | os.PathLike | None = None, *, device: str | torch.device | None = None,
                        **create_kwargs):
     """A model in eval mode for the CLI: a zsprob ``checkpoint``, or ``model`` with optional ``pretrained``.
-
-    An open_clip model is wrapped with native pooling and no sigma heads (its mean is open_clip's normalised
-    features; ``create_kwargs`` change that); a published file keeps its heads (``create_kwargs`` may carry
-    ``tokenizer_dir`` and ``weights``).
-    """
+    An open_clip model gets native pooling and no sigma heads unless ``create_kwargs`` say otherwise."""
     if checkpoint is not None and model is not None:
         raise UserError("give either a zsprob checkpoint or an open_clip model name, not both")
     zs_file = checkpoint if checkpoint is not None else pretrained if pretrained and is_checkpoint(pretrained) else None
@@ -73,9 +61,7 @@ def load_for_inference(checkpoint: str | os.PathLike | None = None, model: str |
 
 
 def _model_for_inference(model: str, pretrained, create_kwargs: dict):
-    """``--model NAME [--pretrained P]``: P a zsprob checkpoint of NAME (e.g. converted), a published
-    ProLIP / PCME++ file (mean and log sigma^2 as trained) or open_clip weights (native pooling, no
-    sigma heads unless ``create_kwargs`` says otherwise)."""
+    """``--model NAME [--pretrained P]``: P a zsprob checkpoint of NAME, a published file or open_clip weights."""
     require_published_weights(model, pretrained)
     source = identify(pretrained) if pretrained else Source("none")
     if source.kind == "zsprob":
@@ -88,6 +74,3 @@ def _model_for_inference(model: str, pretrained, create_kwargs: dict):
     kw = dict(pooling="native", deterministic=True)
     kw.update(create_kwargs)
     return create_model(model, pretrained=pretrained, **kw)
-
-
-__all__ = ["load", "load_for_inference"]

@@ -1,12 +1,7 @@
 """The model catalogue: one entry per model and per official layout with every fact about it (timm's cfgs).
 
-A :class:`Model` is a name whose tower config is open_clip's JSON ``configs/models/<name>.json``
-(registered with open_clip; it also names the model's Hugging Face tokenizer), the official layouts
-its published weights come in and where to fetch them. A :class:`Layout` is how a published
-ProLIP / PCME++ file is recognised, how its keys map onto zsprob's (the family's rules in
-:mod:`.convert.prolip` / :mod:`.convert.pcmepp`), the create_model options that reproduce the
-official forward and the tensors it lacks. Sources, the converter, the CLI's choices and the head
-options read these tables; no other module names a model or a layout. No torch at import.
+A :class:`Model`'s tower config is ``configs/models/<name>.json``; a :class:`Layout` says how a published
+ProLIP / PCME++ file is recognised, mapped and built. No other module names a model or a layout; no torch.
 """
 from __future__ import annotations
 
@@ -19,17 +14,12 @@ from zsprob.errors import UserError
 from zsprob.models.convert import pcmepp, prolip
 
 
-def _same(state: dict) -> dict:
-    return dict(state)
-
-
 @dataclass(frozen=True)
 class Layout:
-    """An official layout. ``recognise(keys)``: whether a file's key names are in it. ``options``: the
-    create_model options of its models; ``sigma_blocks`` / ``sigma_ln``: key markers of the uncertainty
-    blocks (counted: ``sigma_depth``) and of a LayerNorm on log sigma^2 (present: ``sigma_ln_init`` 0.01).
-    ``split``: official state -> one key per zsprob key. ``zero_fills`` / ``keep_own``: model tensors the
-    file lacks, set to 0 (the same function) or kept as built. ``swa_copies``: raw module -> its SWA copy."""
+    """An official layout. ``recognise(keys)``: whether a file's key names are in it; ``options``: its
+    create_model options; ``sigma_blocks`` / ``sigma_ln``: key markers counted as ``sigma_depth`` / present as
+    ``sigma_ln_init`` 0.01; ``split``: official state -> one key per zsprob key; ``zero_fills`` / ``keep_own``:
+    model tensors the file lacks, set to 0 or kept as built; ``swa_copies``: raw module -> its SWA copy."""
 
     family: str
     description: str
@@ -39,7 +29,7 @@ class Layout:
     sigma_blocks: str | None = None
     sigma_ln: tuple[str, ...] = ()
     check: Callable[[dict, str], None] | None = None
-    split: Callable[[dict], dict] = _same
+    split: Callable[[dict], dict] = dict
     zero_fills: tuple[str, ...] = ()
     keep_own: tuple[str, ...] = ()
     swa_copies: dict = field(default_factory=dict)
@@ -106,9 +96,8 @@ def detect_layout(state) -> str:
 
 @dataclass(frozen=True)
 class Model:
-    """A zsprob model: ``layouts`` its published weights come in (the first layout's first published
-    model is what ``zsprob convert`` builds by default), ``fetch`` where those weights come from (None:
-    none are published; zsprob never downloads)."""
+    """A zsprob model: the ``layouts`` its published weights come in and where to ``fetch`` them (None: none
+    are published; zsprob never downloads)."""
 
     name: str
     layouts: tuple[str, ...] = ()
@@ -165,8 +154,8 @@ def default_model(kind: str, state: dict) -> str:
 
 
 def require_published_weights(name: str | None, pretrained) -> None:
-    """A published model used without ``pretrained`` would be random weights under a published name, and its
-    tokenizer would come from the Hugging Face hub: one UserError line at once instead, naming what to fetch."""
+    """A published model without ``pretrained`` would be random weights under a published name: one UserError
+    line instead, naming what to fetch."""
     model = MODELS.get(name)
     if model is None or model.fetch is None or (pretrained is not None and str(pretrained) != ""):
         return
@@ -174,7 +163,3 @@ def require_published_weights(name: str | None, pretrained) -> None:
            "--tokenizer TOKDIR)" if model.tokenizer else "")
     raise UserError(f"--model {name} needs its published weights, and zsprob never downloads: fetch {model.fetch}, "
                     f"then pass --pretrained DIR{tok}")
-
-
-__all__ = ["Layout", "LAYOUTS", "layout", "detect_layout", "Model", "MODELS", "default_model",
-           "require_published_weights"]

@@ -1,10 +1,6 @@
-"""The checkpoint format: a directory with ``model.safetensors`` + ``zsprob.json``; never pickled.
-
-``zsprob.json`` holds what rebuilds the model (``model.config``), the method and step, the zsprob
-version, the caller's ``extra`` dict and the size and SHA-256 of the weights. The weights are written
-first and the JSON last (each atomically, :mod:`zsprob.utils.io`), and :func:`read_tensors` checks size
-and hash, so a crash between the writes or a damaged file is a UserError, not a half-loaded model.
-Rebuilding the model is :mod:`zsprob.models.builder`'s job; this module imports nothing from the package.
+"""The checkpoint format: a directory with ``model.safetensors`` + ``zsprob.json`` (config, method, step,
+version, ``extra``, the weights' size and SHA-256); never pickled. Each file is written atomically, the
+JSON last, and reading checks size and hash. Imports nothing from the package.
 """
 from __future__ import annotations
 
@@ -32,12 +28,9 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
 
 def save(model, path: str | os.PathLike, extra: dict | None = None, *,
          extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write ``model`` to the directory ``path`` (created if needed); returns the directory.
-
-    ``extra``: JSON-serialisable dict stored in zsprob.json (``method`` and ``step`` are also
-    copied to the top level). ``extra_tensors``: optional named tensors (e.g. a loss's learnable
-    scale and shift) stored beside the weights; read them back with :func:`load_extra_tensors`.
-    """
+    """Write ``model`` to the directory ``path`` (created if needed); returns the directory. ``extra``: a JSON
+    dict for zsprob.json (``method`` and ``step`` also at its top level); ``extra_tensors``: named tensors
+    (e.g. a loss's scale and shift) stored beside the weights (:func:`load_extra_tensors`)."""
     from safetensors.torch import save_file
 
     import zsprob
@@ -108,24 +101,28 @@ def load_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
-def read_tensors(d: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint directory ``d`` (model weights and ``EXTRA_PREFIX`` tensors) on
-    the CPU, after checking the file's size and, with ``verify``, its SHA-256 against ``meta``."""
+def read_weights(f: Path, info: dict, verify: bool, what: str, listed_in: str) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file ``f`` on the CPU, after checking its size and, with ``verify``, its
+    SHA-256 against ``info`` (as ``listed_in`` records them); ``what`` names the file in the errors."""
     from safetensors.torch import load_file
 
-    w = d / meta.get("weights", {}).get("file", WEIGHTS_NAME)
-    if not w.is_file():
-        raise UserError(f"checkpoint weights missing: {w}")
-    info = meta.get("weights", {})
-    if "bytes" in info and w.stat().st_size != int(info["bytes"]):
-        raise UserError(f"checkpoint weights {w} are truncated or were overwritten: {w.stat().st_size} bytes, "
+    if not f.is_file():
+        raise UserError(f"{what} missing: {f}")
+    if "bytes" in info and f.stat().st_size != int(info["bytes"]):
+        raise UserError(f"{what} {f} are truncated or were overwritten: {f.stat().st_size} bytes, "
                         f"{info['bytes']} expected")
-    if verify and info.get("sha256") and sha256_file(w) != info["sha256"]:
-        raise UserError(f"checkpoint weights {w} are corrupted (SHA-256 mismatch with {META_NAME})")
+    if verify and info.get("sha256") and sha256_file(f) != info["sha256"]:
+        raise UserError(f"{what} {f} are corrupted (SHA-256 mismatch with {listed_in})")
     try:
-        return load_file(str(w), device="cpu")
+        return load_file(str(f), device="cpu")
     except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
-        raise UserError(f"cannot read checkpoint weights {w}: {type(e).__name__}: {e}") from None
+        raise UserError(f"cannot read {what} {f}: {type(e).__name__}: {e}") from None
+
+
+def read_tensors(d: Path, meta: dict, verify: bool) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint directory ``d`` (model weights and ``EXTRA_PREFIX`` tensors), checked."""
+    info = meta.get("weights", {})
+    return read_weights(d / info.get("file", WEIGHTS_NAME), info, verify, "checkpoint weights", META_NAME)
 
 
 def load_extra_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -140,7 +137,3 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
     """Whether ``path`` is (or lies in) a zsprob checkpoint directory."""
     d = checkpoint_dir(path)
     return d.is_dir() and (d / META_NAME).is_file()
-
-
-__all__ = ["save", "load_meta", "read_tensors", "load_extra_tensors", "is_checkpoint", "checkpoint_dir", "sha256_file",
-           "WEIGHTS_NAME", "META_NAME", "EXTRA_PREFIX", "FORMAT", "FORMAT_VERSION"]

@@ -1,11 +1,7 @@
-"""Model configs: an open_clip model name or zsprob config + zsprob's options -> ``model.config`` -> a ProbCLIP.
+"""Model configs: a model name + create_model's options -> ``model.config`` -> a ProbCLIP (no weights here).
 
-open_clip holds the model configs (zsprob's own JSONs in ``configs/models/`` are registered with
-``open_clip.add_model_config``), builds the CLIP model, the tokenizer and the image transforms.
-zsprob splits :func:`~zsprob.models.create_model`'s options into open_clip's and its own
-(:func:`resolve_options`, the head options a :class:`~zsprob.models.options.ModelOptions`), writes
-what rebuilds the model into ``model.config`` (:func:`model_config`) and wraps the open_clip model
-into a :class:`~zsprob.models.prob_clip.ProbCLIP` (:func:`wrap`). Nothing here reads weights.
+open_clip holds the tower configs (zsprob's ``configs/models/*.json`` registered with it) and builds the
+CLIP model, tokenizer and transforms.
 """
 from __future__ import annotations
 
@@ -21,6 +17,8 @@ from zsprob.models.options import ModelOptions
 _registered = False
 # create_model options that are zsprob's besides the head options (everything else goes to open_clip)
 _OTHER_OPTIONS = ("tokenizer_dir",)
+# open_clip options create_model takes by name: the tower config they go into
+_TOWER_OPTIONS = {"image_size": "vision_cfg", "context_length": "text_cfg", "patch_dropout": "vision_cfg"}
 
 
 def _open_clip():
@@ -81,7 +79,7 @@ def build_open_clip(cfg: dict) -> torch.nn.Module:
     oc = _open_clip()
     cfg = copy.deepcopy(cfg)
     cfg.pop("preprocess_cfg", None)  # transforms, not a constructor argument (read by _preprocess_cfg)
-    custom_text = cfg.pop("custom_text", False) or "hf_model_name" in cfg.get("text_cfg", {})
+    custom_text = cfg.pop("custom_text", False)
     if "multimodal_cfg" in cfg:
         raise UserError("CoCa models (multimodal_cfg) are not supported by zsprob")
     vision_cfg = cfg.get("vision_cfg", {})
@@ -125,8 +123,7 @@ def preprocess_cfg(open_clip_cfg: dict, pretrained_cfg: dict | None) -> dict:
 
 
 def wrap(clip_model: torch.nn.Module, config: dict, options: ModelOptions | None = None):
-    """ProbCLIP around an open_clip model, with open_clip's tokenizer and transforms (``options``: those of
-    ``config``, when the caller has them)."""
+    """ProbCLIP around an open_clip model, with its tokenizer and transforms (``options``: ``config``'s)."""
     from zsprob.models.prob_clip import ProbCLIP
 
     oc = _open_clip()
@@ -174,10 +171,9 @@ def _unknown_options(overrides: dict, pretrained) -> str:
 
 def resolve_options(base: dict, overrides: dict, embed_dim: int | None, pretrained=None,
                     checkpoint_config: dict | None = None, **head) -> tuple[dict, ModelOptions, str | None]:
-    """(open_clip config, head options, tokenizer directory) of a create_model call: ``base`` (an open_clip
-    config, copied by the caller) with the open_clip options of ``overrides`` applied; ``head``: create_model's
-    named head options. ``overrides`` is emptied; a name nothing takes is a UserError. ``checkpoint_config``:
-    the config of a zsprob checkpoint being fine-tuned, whose head kind is kept unless an option says otherwise."""
+    """(open_clip config, head options, tokenizer directory) of a create_model call: ``base`` (a copy) with the
+    open_clip options of ``overrides`` applied, which are used up (a name nothing takes is a UserError).
+    ``checkpoint_config``: a zsprob checkpoint being fine-tuned, whose head kind is kept unless overridden."""
     ocfg = base
     zopts = {k: overrides.pop(k) for k in list(overrides) if k in ModelOptions.names() + _OTHER_OPTIONS}
     tokenizer_dir = zopts.pop("tokenizer_dir", None)
@@ -185,12 +181,9 @@ def resolve_options(base: dict, overrides: dict, embed_dim: int | None, pretrain
         zopts = {**ModelOptions.inherited(checkpoint_config), **zopts}
     if "open_clip_cfg" in overrides:
         _deep_update(ocfg, copy.deepcopy(overrides.pop("open_clip_cfg")))
-    if "image_size" in overrides:
-        ocfg["vision_cfg"]["image_size"] = overrides.pop("image_size")
-    if "context_length" in overrides:
-        ocfg["text_cfg"]["context_length"] = overrides.pop("context_length")
-    if "patch_dropout" in overrides:
-        ocfg["vision_cfg"]["patch_dropout"] = overrides.pop("patch_dropout")
+    for key, tower in _TOWER_OPTIONS.items():
+        if key in overrides:
+            ocfg[tower][key] = overrides.pop(key)
     if "quick_gelu" in overrides:
         ocfg["quick_gelu"] = bool(overrides.pop("quick_gelu"))
     if overrides:
@@ -202,8 +195,8 @@ def resolve_options(base: dict, overrides: dict, embed_dim: int | None, pretrain
 
 def model_config(name: str, ocfg: dict, options: ModelOptions, *, tokenizer_dir=None,
                  pretrained_cfg: dict | None = None, pretrained=None, reinit: list[str] = ()) -> dict:
-    """``model.config``: everything :func:`model_from_config` needs to rebuild the model (``reinit``: tower
-    parameters that kept their random init)."""
+    """``model.config``: what :func:`model_from_config` rebuilds the model from (``reinit``: tower parameters
+    that kept their random init)."""
     return {
         "name": name,
         "open_clip_cfg": ocfg,
@@ -218,15 +211,10 @@ def model_config(name: str, ocfg: dict, options: ModelOptions, *, tokenizer_dir=
 
 def fresh_model(name: str, *, embed_dim: int | None = None, cache_dir: str | None = None, seed: int | None = None,
                 **overrides: Any):
-    """A randomly initialised ProbCLIP: ``create_model(name, None, ...)`` (the same options; ``cache_dir``
-    has nothing to find), for the converters, which fill the weights themselves."""
+    """``create_model(name, None, ...)`` for the converters, which fill the weights themselves."""
     register_model_configs()
     ocfg, options, tokenizer_dir = resolve_options(get_open_clip_config(name), overrides, embed_dim)
     if seed is not None:
         torch.manual_seed(int(seed))
     clip_model = build_open_clip(ocfg)
     return wrap(clip_model, model_config(name, ocfg, options, tokenizer_dir=tokenizer_dir), options)
-
-
-__all__ = ["register_model_configs", "list_models", "get_open_clip_config", "build_open_clip", "preprocess_cfg",
-           "wrap", "model_from_config", "resolve_options", "model_config", "fresh_model"]

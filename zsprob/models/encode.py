@@ -1,10 +1,5 @@
-"""Batched embedding of image datasets and caption lists into (mu, logvar).
-
-torch's DataLoader batches (worker processes, pinned memory on CUDA), tqdm shows progress, the
-model's tokenizer makes tokens and ``precision="bf16"`` runs the towers under bfloat16 autocast. Both
-functions run under ``torch.no_grad()`` in eval mode (the model's mode is restored) and return float32
-CPU tensors in input order; ``logvar`` is None for deterministic models.
-"""
+"""Batched embedding of image datasets and caption lists into (mu, logvar): float32 CPU tensors in input
+order, computed in eval mode (the model's mode restored), optionally under bf16 autocast."""
 from __future__ import annotations
 
 import os
@@ -16,11 +11,8 @@ from zsprob.errors import UserError
 from zsprob.utils.devices import encode_autocast
 
 
-def _device_of(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover
-        return torch.device("cpu")
+def _device_of(model, device) -> torch.device:
+    return torch.device(device) if device is not None else next(model.parameters()).device
 
 
 def _images_of(batch):
@@ -41,9 +33,7 @@ def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
 
 
 def _encode_all(model, encode, batches: Iterable[torch.Tensor], device, precision: str, with_sigma: bool):
-    """``encode`` (the model's image or text tower) over ``batches`` in eval mode under the precision's
-    autocast: ``(mu [N, D], logvar [N, D] or None)``, float32 on the CPU. The model's train / eval mode is
-    restored afterwards, also on an error."""
+    """``encode`` (the image or text tower) over ``batches`` in eval mode: (mu [N, D], logvar [N, D] or None)."""
     autocast = encode_autocast(device, precision)
     want_sigma = with_sigma and not model.deterministic
     was_training = model.training
@@ -61,66 +51,45 @@ def _encode_all(model, encode, batches: Iterable[torch.Tensor], device, precisio
     return _cat(mus, model.embed_dim), (_cat(lvs, model.embed_dim) if want_sigma else None)
 
 
-def image_loader(dataset, *, batch_size: int, device, num_workers: int = 0):
-    """The in-order DataLoader of an image dataset: ``num_workers`` decoding processes (kept alive
-    across passes when > 0) and pinned batches when ``device`` is CUDA."""
-    from torch.utils.data import DataLoader
-
-    workers = int(num_workers)
-    if workers < 0:
-        raise UserError(f"num_workers must be >= 0, got {workers}")
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
-                      pin_memory=torch.device(device).type == "cuda", persistent_workers=workers > 0)
-
-
 @torch.no_grad()
 def encode_images(model, dataset_or_loader, *, batch_size: int = 256, device=None, num_workers: int = 0,
                   progress: bool = True, with_sigma: bool = True, precision: str = "fp32"):
-    """Embed every image of a dataset (items ``(image_tensor, ...)`` or tensors) or a DataLoader.
-
-    ``num_workers`` decode a dataset in worker processes (:func:`image_loader`; ignored for a
-    DataLoader); ``precision`` "bf16" runs the image tower under bfloat16 autocast.
-    Returns ``(mu [N, D], logvar [N, D] or None)``, float32 on the CPU, in dataset order.
-    """
+    """Embed every image of a dataset (items ``(image_tensor, ...)`` or tensors) or a DataLoader:
+    ``(mu [N, D], logvar [N, D] or None)``, float32 on the CPU, in dataset order."""
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    device = torch.device(device) if device is not None else _device_of(model)
+    device = _device_of(model, device)
     if isinstance(dataset_or_loader, DataLoader) or not hasattr(dataset_or_loader, "__getitem__"):
         loader: Iterable = dataset_or_loader
     else:
-        loader = image_loader(dataset_or_loader, batch_size=batch_size, device=device, num_workers=num_workers)
+        workers = int(num_workers)  # decoding processes, kept across passes; pinned batches for CUDA
+        loader = DataLoader(dataset_or_loader, batch_size=batch_size, shuffle=False, num_workers=workers,
+                            pin_memory=device.type == "cuda", persistent_workers=workers > 0)
     batches = (_images_of(batch).to(device, non_blocking=True)
                for batch in tqdm(loader, desc="encode images", disable=not transient_bars(progress), leave=False))
     return _encode_all(model, model.encode_image, batches, device, precision, with_sigma)
 
 
 def transient_bars(progress: bool) -> bool:
-    """Whether to show a progress bar that erases itself when done (``leave=False``). The command line
-    turns them off (``ZSPROB_TRANSIENT_BARS=0``) when its stderr is a file or a pipe: there the bar's
-    carriage returns leave no line break, and a later ``zsprob: error:`` line would follow it on the same line."""
+    """Whether to show a self-erasing progress bar; the CLI turns them off (``ZSPROB_TRANSIENT_BARS=0``) when
+    stderr is not a terminal, where a later ``zsprob: error:`` line would follow the bar on its line."""
     return bool(progress) and os.environ.get("ZSPROB_TRANSIENT_BARS", "1") != "0"
 
 
 @torch.no_grad()
 def encode_texts(model, texts: Sequence[str] | torch.Tensor, *, batch_size: int = 512, device=None,
                  progress: bool = True, with_sigma: bool = True, precision: str = "fp32"):
-    """Embed captions (a list of strings, or a LongTensor of tokens) in batches; ``precision``
-    "bf16" runs the text tower under bfloat16 autocast.
-
-    Returns ``(mu [N, D], logvar [N, D] or None)``, float32 on the CPU, in input order.
-    """
+    """Embed captions (a list of strings, or a LongTensor of tokens) in batches:
+    ``(mu [N, D], logvar [N, D] or None)``, float32 on the CPU, in input order."""
     from tqdm.auto import tqdm
 
     if isinstance(texts, str):
         raise UserError("encode_texts expects a list of captions, not a single string")
-    device = torch.device(device) if device is not None else _device_of(model)
+    device = _device_of(model, device)
     chunks = (texts[start:start + batch_size]
               for start in tqdm(range(0, len(texts), batch_size), desc="encode texts",
                                 disable=not transient_bars(progress), leave=False))
     batches = ((chunk if isinstance(chunk, torch.Tensor) else model.tokenizer(list(chunk))).to(device)
                for chunk in chunks)
     return _encode_all(model, model.encode_text, batches, device, precision, with_sigma)
-
-
-__all__ = ["encode_images", "encode_texts", "image_loader"]

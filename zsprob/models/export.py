@@ -1,12 +1,8 @@
 """Export a zsprob model to an open_clip / Hugging Face model directory, with a model card.
 
-``export_open_clip(CKPT, DIR)`` writes what ``open_clip.create_model_and_transforms("local-dir:DIR")``
-reads (``open_clip_config.json``, ``open_clip_model.safetensors``: the mean path under open_clip's
-names, the Hugging Face tokenizer's files) and a model card ``README.md``; the log-variance heads go to
-``zsprob_sigma_heads.safetensors`` and the checkpoint metadata to a ``zsprob`` section of the config
-that open_clip ignores, so zsprob loads the whole Gaussian model back (:mod:`zsprob.models.open_clip_dir`).
-Only a model whose means open_clip computes itself can go (open_clip towers, native pooling, open_clip's
-projection head, no [UNC] token in the sequences); anything else is refused before anything is written.
+open_clip reads the means (``create_model_and_transforms("local-dir:DIR")``); the log-variance heads and
+the checkpoint metadata go beside them, so zsprob loads the whole model back. A model whose means
+open_clip cannot compute is refused before anything is written.
 """
 from __future__ import annotations
 
@@ -52,8 +48,6 @@ def _load_source(checkpoint):
     from zsprob.models.open_clip_dir import export_section
 
     path = Path(checkpoint)
-    if not path.exists():
-        raise UserError(f"checkpoint not found: {path}")
     if not (is_checkpoint(path) or (path.is_dir() and export_section(path) is not None)):
         raise UserError(f"{path} is not a zsprob checkpoint (no zsprob.json) nor a zsprob open_clip export; "
                         "convert a published file first with `zsprob convert`")
@@ -82,10 +76,7 @@ def _tokenizer_files(config: dict) -> list[Path]:
     d = config.get("tokenizer_dir")
     if not d:
         return []
-    d = Path(d)
-    if not d.is_dir():
-        raise UserError(f"the model's tokenizer directory {d} is gone; the export needs its files")
-    return sorted(f for f in d.iterdir() if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES)
+    return sorted(f for f in Path(d).iterdir() if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES)
                   and f.name not in (CONFIG_NAME, "zsprob.json", "README.md"))
 
 
@@ -140,15 +131,10 @@ def is_export_dir(path: Path) -> bool:
 def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool = False,
                      eval_files=()) -> Path:
     """Write the open_clip directory of the zsprob checkpoint ``checkpoint`` to ``out``; returns ``out``.
-
-    ``eval_files``: result files of ``zsprob eval`` (metrics.json) or ``zsprob zeroshot``
-    (results.json) whose figures go into the model card, beside those of the run's metrics.jsonl.
-    Every refusal (format, checkpoint, model, output) comes before anything is written.
-    """
+    ``eval_files``: ``zsprob eval`` / ``zsprob zeroshot`` results whose figures go into the model card.
+    Every refusal comes before anything is written."""
     from safetensors.torch import save_file
 
-    from zsprob.models.checkpoint import load_meta
-    from zsprob.models.open_clip_dir import export_meta, export_section
     from zsprob.utils.io import atomic_write, atomic_write_json, atomic_write_text
 
     if fmt not in FORMATS:
@@ -159,8 +145,7 @@ def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool
     evals = [_read_eval_file(f) for f in eval_files]
     _check_made_with(evals, model, checkpoint)
     src = Path(checkpoint)
-    section = export_section(src) if src.is_dir() else None
-    meta = export_meta(src, section) if section is not None else load_meta(src)
+    meta = model.checkpoint_meta
     tok_files = _tokenizer_files(model.config)
     clip_sd, heads = _split_state(model)
     out.mkdir(parents=True, exist_ok=True)
@@ -177,15 +162,17 @@ def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool
     zmeta = {k: v for k, v in meta.items() if k != "weights"}
     doc = {"model_cfg": _model_cfg(model), "preprocess_cfg": dict(model.config["preprocess_cfg"]),
            "zsprob": {"format": EXPORT_FORMAT, "format_version": EXPORT_VERSION, "meta": zmeta, "files": files}}
-    atomic_write_text(out / "README.md", model_card(model, meta, _run_dir(src, section), evals, heads))
+    atomic_write_text(out / "README.md", model_card(model, meta, _run_dir(src), evals, heads))
     atomic_write_json(out / CONFIG_NAME, doc)  # last: a directory without it is no export
     return out
 
 
-def _run_dir(src: Path, section) -> Path | None:
-    """The training run a checkpoint came from (RUN/model -> RUN), when its files are there."""
+def _run_dir(src: Path) -> Path | None:
+    """The training run a checkpoint (not an export) came from (RUN/model -> RUN), when its files are there."""
+    from zsprob.models.checkpoint import is_checkpoint
+
     run = src.resolve().parent
-    return run if section is None and any((run / f).is_file() for f in RUN_FILES) else None
+    return run if is_checkpoint(src) and any((run / f).is_file() for f in RUN_FILES) else None
 
 
 def _read_eval_file(path) -> dict:
@@ -205,8 +192,7 @@ def _read_eval_file(path) -> dict:
 
 
 def _check_made_with(evals: list[dict], model, checkpoint) -> None:
-    """One line when an evaluation file names another model than the one exported (files that name
-    none, such as results of precomputed embeddings, are taken as they are)."""
+    """One line when an evaluation file names another model than the one exported (one naming none is taken)."""
     from zsprob.models.fingerprint import is_model, model_fingerprint
 
     made_with = [(ev["file"], ev["model"]) for ev in evals
@@ -221,7 +207,7 @@ def _check_made_with(evals: list[dict], model, checkpoint) -> None:
 
 
 # ----------------------------------------------------------------------------- the model card
-def _front_matter(model, meta: dict) -> str:
+def _front_matter(meta: dict) -> str:
     method = meta.get("method") or (meta.get("extra") or {}).get("method")
     tags = ["open_clip", "clip", "zsprob", "probabilistic-embeddings", "zero-shot-image-classification"]
     if method:
@@ -295,7 +281,7 @@ def _fmt(v) -> str:
 def model_card(model, meta: dict, run: Path | None, evals: list[dict], heads: dict) -> str:
     """README.md of an export: front matter, what the model is, how to load it, recipe and figures."""
     pre = model.config["preprocess_cfg"]
-    body = [_front_matter(model, meta), f"# {model.name} (zsprob, probabilistic)", "",
+    body = [_front_matter(meta), f"# {model.name} (zsprob, probabilistic)", "",
             f"A probabilistic image-text model trained with zsprob (method {meta.get('method')}): "
             f"each image and caption maps to a Gaussian N(mu, sigma^2) in {model.embed_dim} dimensions. "
             "This directory holds the mean path as an open_clip model (its features are zsprob's mu) and, "
@@ -311,6 +297,3 @@ def model_card(model, meta: dict, run: Path | None, evals: list[dict], heads: di
             f"interpolation {pre.get('interpolation')}, resize mode {pre.get('resize_mode')}.", ""]
     body += _recipe(run, meta) + _figures(run, evals)
     return "\n".join(body)
-
-
-__all__ = ["FORMATS", "export_refusal", "export_open_clip", "model_card"]

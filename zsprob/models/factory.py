@@ -1,12 +1,7 @@
 """create_model: any open_clip model name or zsprob config (+ pretrained weights) -> ProbCLIP.
 
-The steps, each in its module: what ``pretrained`` names (:mod:`zsprob.models.sources`), the
-open_clip config and the head options (:mod:`zsprob.models.configs`; an open_clip model directory's
-own ``open_clip_config.json`` gives the config), the open_clip model, its weights
-(:mod:`zsprob.models.weights`: loaded into the mean branch *before* the log-variance heads are copied,
-so ``sigma_init="copy"`` copies the pretrained head), ``model.config`` and the ProbCLIP around it. A
-published file goes to :func:`zsprob.models.convert.convert.create_from_official` whole. zsprob never
-downloads: a tag must be in the local cache, else a UserError names the file to fetch.
+The weights go into the mean branch *before* the log-variance heads are made, so ``sigma_init="copy"``
+copies the pretrained head. zsprob never downloads.
 """
 from __future__ import annotations
 
@@ -29,19 +24,14 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
                  sigma_depth: int = 1, sigma_init: str = "random", pooling: str = "gpo",
                  deterministic: bool | None = None, var_bounds=None, cache_dir: str | None = None,
                  seed: int | None = None, **overrides: Any):
-    """Build a :class:`~zsprob.models.prob_clip.ProbCLIP`.
+    """A :class:`~zsprob.models.prob_clip.ProbCLIP` named ``name`` (open_clip's or the catalogue's).
 
-    name: an open_clip model name (``ViT-B-16``) or a model of :mod:`zsprob.models.catalogue`.
-    pretrained: None (random init), an open_clip tag whose weights are cached, an open_clip checkpoint
-        file or directory (into the mean branch), a published ProLIP / PCME++ file (loaded whole and
-        strictly, the head options its layout's; ``weights`` picks a COCO trainer file's copy) or a
-        zsprob checkpoint (fine-tuned: its heads kept where they fit the options).
-    embed_dim: D (default: the config's); a pretrained projection of another size is re-initialised.
-    seed: seeds torch's RNG before building. The head options (``sigma_depth`` ... and the
-    ``overrides`` named in :class:`~zsprob.models.options.ModelOptions`; deterministic=None: False, or a
-    published file's own), ``tokenizer_dir`` (a local Hugging Face tokenizer) and open_clip's
-    ``image_size``, ``context_length``, ``quick_gelu``, ``patch_dropout``, ``open_clip_cfg={...}``
-    (merged into the open_clip config).
+    ``pretrained``: None, a cached open_clip tag, an open_clip file or directory (the mean branch), a
+    published ProLIP / PCME++ file (whole, strictly; ``weights`` picks a COCO trainer file's copy) or a
+    zsprob checkpoint (fine-tuned: its heads kept where they fit). ``embed_dim``: D (a pretrained
+    projection of another size is re-initialised). ``overrides``: the head options of
+    :class:`~zsprob.models.options.ModelOptions`, ``tokenizer_dir`` and open_clip's ``image_size``,
+    ``context_length``, ``quick_gelu``, ``patch_dropout``, ``open_clip_cfg`` (merged into its config).
     """
     register_model_configs()
     source = identify(pretrained)
@@ -80,8 +70,7 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
 
 
 def _check_official_embed_dim(name: str, source: Source, embed_dim: int | None) -> None:
-    """A published file's architecture is fixed: ``embed_dim`` may only repeat the model's own size
-    (e.g. a recipe's D = 1024)."""
+    """A published file's architecture is fixed: ``embed_dim`` may only repeat the model's own size."""
     if embed_dim is not None and int(embed_dim) == int(get_open_clip_config(name).get("embed_dim", -1)):
         embed_dim = None  # the model's own size is no change
     if embed_dim is not None:
@@ -90,14 +79,9 @@ def _check_official_embed_dim(name: str, source: Source, embed_dim: int | None) 
 
 
 def _load_tower(clip_model: torch.nn.Module, source: Source, ckpt) -> tuple[list[str], dict]:
-    """The weights of the wrapped open_clip model: an open_clip file (``ckpt``) or a zsprob
-    checkpoint's tower; returns (re-initialised projections, the zsprob checkpoint's head tensors)."""
+    """Fill the open_clip model from ``ckpt`` or a zsprob checkpoint: (re-initialised projections, head tensors)."""
     if ckpt is not None:
         return load_open_clip_weights(clip_model, ckpt), {}
     if source.kind == "zsprob":
         return load_checkpoint_tower(clip_model, source)
     return [], {}
-
-
-__all__ = ["create_model", "create_from_official", "list_models", "register_model_configs", "resolve_pretrained",
-           "load_open_clip_weights", "model_from_config", "build_open_clip", "get_open_clip_config"]

@@ -1,8 +1,4 @@
-"""A model's identity: a cheap fingerprint of its config and weights.
-
-Zero-shot caches and selection files, evaluation results and exports name the model they were made
-with (:func:`model_fingerprint`), so a file made with another model is refused rather than mixed in.
-"""
+"""A model's identity: a cheap fingerprint of its config and weights, so a file made with another model is refused."""
 from __future__ import annotations
 
 import hashlib
@@ -13,20 +9,13 @@ _BITS = {2: "int16", 4: "int32", 8: "int64"}
 
 
 def model_fingerprint(model) -> str:
-    """A cheap identity of a model's weights, the same on every machine and at every thread count.
-
-    Hashes the model config (when it has one), every parameter/buffer name and shape, a strided
-    sample of each tensor's values (up to 256 numbers) and the sum of all its values' bit patterns as
-    integers (wrapping at 2^64: exact, so no summation order or thread count can change it). Any
-    training step changes it; it costs a fraction of a second even for ViT-L.
-    """
+    """A cheap identity of a model's config and weights, the same on every machine and thread count: every
+    tensor's name, shape, a strided sample and the integer sum of its values' bit patterns (exact)."""
     return _fingerprint(model, _bit_sum)
 
 
 def legacy_fingerprint(model) -> str:
-    """The fingerprint zsprob wrote before 2026-11-28: the same, with each tensor's float64 sum in place of
-    its bit sum (which the thread count could change in the last digit); read by :func:`is_model` alone,
-    so files written then are still taken."""
+    """The earlier fingerprint (each tensor's float64 sum in place of its bit sum), so older files are still taken."""
     return _fingerprint(model, lambda flat: repr(float(flat.double().sum().cpu())))
 
 
@@ -61,8 +50,7 @@ def _fingerprint(model, tensor_sum) -> str:
 
 
 def is_model(made_with: str, model, own: str | None = None) -> bool:
-    """Whether a file's model id ``made_with`` names ``model`` (``own``: its fingerprint, when known); an id
-    written before 2026-11-28 is held against :func:`legacy_fingerprint`."""
+    """Whether a file's model id ``made_with`` names ``model`` (``own``: its fingerprint, when known)."""
     own = own or model_fingerprint(model)
     return made_with == own or made_with == legacy_fingerprint(model)
 
@@ -70,6 +58,3 @@ def is_model(made_with: str, model, own: str | None = None) -> bool:
 def model_identity(model) -> dict:
     """What a results file records of the model it was made with: its fingerprint and name."""
     return {"id": model_fingerprint(model), "name": getattr(model, "name", None)}
-
-
-__all__ = ["model_fingerprint", "legacy_fingerprint", "is_model", "model_identity"]

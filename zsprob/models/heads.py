@@ -1,15 +1,8 @@
-"""Pooling and output heads written by zsprob: GPO and variance bounds.
+"""GPO (VSE infinity's Generalized Pooling Operator, PCME++'s pooling) and variance bounds.
 
-* :class:`GPO`, the Generalized Pooling Operator of VSE infinity (Chen et al. 2021), which PCME++
-  uses to pool both heads' tokens: every feature dimension is sorted over the tokens and the sorted
-  values are averaged with weights that depend only on the rank k and the number of tokens n (a
-  bidirectional GRU over sinusoidal rank encodings, a linear score, softmax at temperature 0.1). Fixed
-  shapes and no host reads, so a GPU step does not stall on it and ``torch.compile`` traces it whole:
-  for T tokens the backward direction runs over every length n = 1..T at once, a [T, T] table of
-  weights from which each sample gathers the row of its length.
-* :class:`RankGRU`: ``nn.GRU``'s parameters (names, init) run one direction at a time through
-  ``torch.gru`` (dynamo does not trace ``nn.GRU`` modules).
-* :func:`bound_logvar`: a raw log-variance mapped smoothly into ``[log lo, log hi]`` (Pishdad et al.).
+GPO averages each feature dimension's sorted values with weights from a bidirectional GRU over rank
+encodings; fixed shapes and no host reads, so ``torch.compile`` traces it whole (:class:`RankGRU`
+runs ``nn.GRU``'s parameters through ``torch.gru``, which dynamo traces).
 """
 from __future__ import annotations
 
@@ -43,9 +36,8 @@ def sinusoid_encoding(n: int, dim: int, device=None, dtype=torch.float32) -> tor
 
 
 class RankGRU(nn.Module):
-    """A one-layer bidirectional GRU's parameters (``nn.GRU(input_size, hidden_size,
-    bidirectional=True)``: the same names, shapes, order and initialisation), each direction run
-    on its own with :meth:`direction`."""
+    """The parameters of ``nn.GRU(input_size, hidden_size, bidirectional=True)`` (names, shapes, order, init),
+    each direction run on its own with :meth:`direction`."""
 
     def __init__(self, input_size: int, hidden_size: int):
         super().__init__()
@@ -64,9 +56,8 @@ class RankGRU(nn.Module):
             nn.init.uniform_(weight, -bound, bound)
 
     def direction(self, inputs: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-        """Hidden states [N, L, hidden] of one direction's cell run over ``inputs`` [N, L, input]
-        from step 0 to L-1 with a zero initial state (``reverse`` picks the ``_reverse`` weights;
-        the caller orders the inputs)."""
+        """Hidden states [N, L, hidden] of one direction's cell over ``inputs`` [N, L, input], steps 0 to L-1 from
+        a zero state (``reverse`` picks the ``_reverse`` weights; the caller orders the inputs)."""
         suffix = "_reverse" if reverse else ""
         weights = [getattr(self, f"{name}_l0{suffix}") for name in _GRU_PARAMS]
         h0 = inputs.new_zeros(1, inputs.shape[0], self.hidden_size)
@@ -77,12 +68,8 @@ class RankGRU(nn.Module):
 
 
 class GPO(nn.Module):
-    """Generalized Pooling Operator: rank-weighted sum of per-dimension sorted features.
-
-    ``forward(features [B, T, D], lengths [B] or None) -> pooled [B, D]``. Positions at or
-    beyond a sample's length are padding and ignored (lengths are clamped to [1, T]).
-    ``lengths=None`` means every token counts.
-    """
+    """Rank-weighted sum of per-dimension sorted features: ``forward(features [B, T, D], lengths [B] or None)
+    -> [B, D]``; positions at or beyond a sample's length (clamped to [1, T]) are padding."""
 
     def __init__(self, d_pe: int = 32, d_hidden: int = 32, temperature: float = 0.1):
         super().__init__()
@@ -93,10 +80,8 @@ class GPO(nn.Module):
         self.score = nn.Linear(self.d_hidden, 1, bias=False)
 
     def weight_table(self, length: int, every_length: bool = True, device=None) -> torch.Tensor:
-        """Softmax weights over the ranks 0..length-1: [length, length] with row n-1 for a sequence
-        of n tokens (zero at ranks >= n) when ``every_length``, else the one row [1, length] for n =
-        length. The GRU and the scores run in the GRU's dtype with autocast off, the softmax in at
-        least float32."""
+        """Softmax weights over ranks: [length, length], row n-1 for n tokens (zero at ranks >= n), or with
+        ``every_length`` False the one row [1, length]. GRU dtype with autocast off; softmax in float32 or wider."""
         device = self.score.weight.device if device is None else device
         w_dtype = self.gru.weight_ih_l0.dtype
         pe = sinusoid_encoding(length, self.d_pe, device=device, dtype=w_dtype)       # [T, d_pe]
@@ -118,8 +103,7 @@ class GPO(nn.Module):
             return torch.softmax(s.to(torch.promote_types(s.dtype, torch.float32)), dim=1)
 
     def rank_weights(self, lengths: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weights [B, length] over sorted ranks (zero at and beyond each sample's length, which
-        must lie in [1, length]) and the valid mask [B, length]."""
+        """Weights [B, length] over sorted ranks (zero from each length on, lengths in [1, length]) and the mask."""
         lengths = lengths.to(dtype=torch.long)
         table = self.weight_table(length, every_length=True, device=lengths.device)
         mask = length_mask(lengths, length)
@@ -144,14 +128,10 @@ class GPO(nn.Module):
 
 
 def bound_logvar(raw: torch.Tensor, bounds: tuple[float, float] | None) -> torch.Tensor:
-    """Map raw head outputs to log-variances in ``[log lo, log hi]`` (identity if ``bounds`` is None).
-
-    ``log lo + (log hi - log lo) * sigmoid(raw)``: smooth, so gradients never vanish at a
-    clamp; raw = 0 gives the geometric middle of the range (variance 1 for [0.1, 10]).
-    """
+    """Raw head outputs -> ``log lo + (log hi - log lo) * sigmoid(raw)`` (identity if ``bounds`` is None):
+    smooth, so no gradient dies at a clamp (Pishdad et al.)."""
     if bounds is None:
         return raw
     lo, hi = float(bounds[0]), float(bounds[1])
     llo, lhi = math.log(lo), math.log(hi)
     return llo + (lhi - llo) * torch.sigmoid(raw)
-

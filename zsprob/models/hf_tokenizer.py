@@ -1,8 +1,7 @@
 """Hugging Face tokenizers from a local directory (ProLIP's SigLIP tokenizer), never from the hub.
 
-zsprob finds the directory (``--tokenizer DIR``, or ``tokenizer/`` beside the weights), keeps the
-network out (``HF_HUB_OFFLINE``, ``local_files_only``) and reports one line; ``transformers`` reads the
-files and open_clip's ``HFTokenizer`` cleans the text (ProLIP's ``canonicalize``) and pads / truncates.
+zsprob finds the directory and keeps the network out; ``transformers`` reads the files and open_clip's
+``HFTokenizer`` cleans the text (ProLIP's ``canonicalize``) and pads / truncates.
 """
 from __future__ import annotations
 
@@ -50,7 +49,3 @@ def load_hf_tokenizer(directory: str | os.PathLike, context_length: int = PROLIP
         raise UserError(f"tokenizer in {directory} has no pad token (tokenizer_config.json / special_tokens_map.json)")
     tok.directory = str(directory)
     return tok
-
-
-__all__ = ["TOKENIZER_FILES", "PROLIP_CONTEXT_LENGTH", "PROLIP_TEXT_CLEANING", "is_tokenizer_dir",
-           "find_tokenizer_dir", "load_hf_tokenizer"]

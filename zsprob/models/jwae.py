@@ -1,11 +1,5 @@
-"""The jWAE model: per-modality MLP autoencoders over the features of a frozen tower (jWAE, Sec. 3).
-
-Encoder input -> hidden -> latent (ReLU), decoder latent -> hidden -> input, one per modality, over
-the mean output of a frozen deterministic :class:`~zsprob.models.prob_clip.ProbCLIP` (on SynthWorld
-a seeded random ``zsprob-tiny-bow``). Retrieval uses the l2-normalised codes (``encode_*`` return
-``(codes, None)``), training the raw codes and reconstructions. The architecture is ``model.jwae`` of a
-training config (``latent_dim``, ``image_hidden``, ``text_hidden``, ``decoder: {image_hidden,
-text_hidden}``), saved in the checkpoint's config beside the tower's.
+"""The jWAE model: per-modality MLP autoencoders over the mean features of a frozen deterministic tower
+(jWAE, Sec. 3); retrieval uses the l2-normalised codes, training the raw codes and reconstructions.
 """
 from __future__ import annotations
 
@@ -18,8 +12,6 @@ from torch import nn
 
 from zsprob.errors import UserError
 from zsprob.models.configs import model_from_config
-
-__all__ = ["JWAEModel", "resolve_jwae_config", "jwae_from_config", "JWAE_KIND"]
 
 JWAE_KIND = "jwae"
 _KEYS = {"latent_dim", "image_hidden", "text_hidden", "decoder"}

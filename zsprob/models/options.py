@@ -1,11 +1,6 @@
-"""The head options of a :class:`~zsprob.models.ProbCLIP`: one record, each option declared once.
-
-Each field carries its default for a new model, its value in a checkpoint saved before the option
-existed (``legacy``), whether fine-tuning a zsprob checkpoint keeps the checkpoint's value
-(``inherit``) and its allowed values. :class:`ModelOptions` checks itself when it is made, so the
-model behind it trusts it; the checks that need a built tower (depth, local features) stay in
-:mod:`zsprob.models.prob_clip`. ``create_model``'s keyword options, ``model.config`` and a saved
-zsprob.json all go through here.
+"""The head options of a :class:`~zsprob.models.ProbCLIP`: one record, each option declared once with its
+default, its value in a checkpoint saved before it existed (``legacy``), whether fine-tuning keeps a
+checkpoint's value (``inherit``) and its allowed values. Checks needing a built tower stay in ProbCLIP.
 """
 from __future__ import annotations
 
@@ -44,8 +39,8 @@ class ModelOptions:
     ProLIP paper) or "prolip" (its released code, for its weights); sigma_detach: heads read the trunk
     detached; mean_head: "proj" (open_clip's) or "fc" (PCME++'s COCO trainer); sigma_bias_init: the
     initial log sigma^2 bias; truncate_text: cut captions after the longest end-of-text on the CPU;
-    size_augment: VSE infinity's token-drop probability. Values keep the types the caller gave but
-    for the casts declared here, so ``model.config`` (and the model's fingerprint) is as before.
+    size_augment: VSE infinity's token-drop probability. Values keep the caller's types but for the
+    declared casts, as ``model.config`` (and so the fingerprint) holds them.
     """
 
     sigma_depth: int = _option(1, cast=int, legacy=_REQUIRED)
@@ -138,6 +133,3 @@ class ModelOptions:
     def bounds(self) -> tuple[float, float] | None:
         """``var_bounds`` as floats, or None."""
         return None if self.var_bounds is None else (float(self.var_bounds[0]), float(self.var_bounds[1]))
-
-
-__all__ = ["ModelOptions", "MEAN_HEADS"]

@@ -1,37 +1,21 @@
-"""``zsprob_plaincnn`` / ``zsprob_plaincnn_small``: small VGG-style conv nets registered with timm, for SynthWorld.
-
-A stride-2 3x3 stem, one 3x3 conv-BN-ReLU per stage, max-pool between stages: on 64 px SynthWorld
-scenes it learns shape within a CPU-minutes budget where timm's and open_clip's small towers do not
-(docs/findings.md). They are regular timm models (``ConvNormAct``, ``create_classifier``, the usual
-interface), so open_clip's ``TimmModel`` wraps them like any timm trunk (``"timm_model_name":
-"zsprob_plaincnn_small"``) and zsprob cuts them at their stages. :func:`register` registers them
-(``zsprob.models.configs`` calls it before building any tower); no pretrained weights exist.
+"""``zsprob_plaincnn`` / ``zsprob_plaincnn_small``: small VGG-style timm models that learn SynthWorld's shapes
+in CPU minutes (docs/findings.md); open_clip's ``TimmModel`` wraps them and zsprob cuts them at their stages.
 """
 from __future__ import annotations
 
 import torch
+from timm.layers import ConvNormAct, create_classifier
+from timm.models import build_model_with_cfg, register_model
 from torch import nn
 
 
-def _timm():
-    import timm  # noqa: F401
-    from timm.layers import ConvNormAct, create_classifier
-    from timm.models import build_model_with_cfg, register_model
-
-    return ConvNormAct, create_classifier, build_model_with_cfg, register_model
-
-
 class PlainConvNet(nn.Module):
-    """stem (3x3 conv stride 2) -> stages [max-pool 2x2 (from the 2nd stage) + 3x3 conv-BN-ReLU] -> pool -> fc.
-
-    widths: output channels of the stages; stem_width: channels of the stem. The overall stride is
-    2 * 2 ** (len(widths) - 1) (16 with the defaults: 64 px -> 4 x 4 final positions).
-    """
+    """stem (3x3 conv stride 2) -> stages [max-pool 2x2 (from the 2nd) + 3x3 conv-BN-ReLU] -> pool -> fc;
+    overall stride 2 * 2 ** (len(widths) - 1) (64 px -> 4 x 4 with the defaults)."""
 
     def __init__(self, widths: tuple[int, ...] = (64, 128, 256, 256), stem_width: int = 32, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = "avg", drop_rate: float = 0.0, **_ignored):
         super().__init__()
-        ConvNormAct, create_classifier, _, _ = _timm()
         self.num_classes = num_classes
         self.drop_rate = float(drop_rate)
         self.grad_checkpointing = False
@@ -64,7 +48,6 @@ class PlainConvNet(nn.Module):
         return self.fc
 
     def reset_classifier(self, num_classes: int, global_pool: str = "avg") -> None:
-        _, create_classifier, _, _ = _timm()
         self.num_classes = num_classes
         self.global_pool, self.fc = create_classifier(self.num_features, num_classes, pool_type=global_pool)
 
@@ -87,7 +70,6 @@ class PlainConvNet(nn.Module):
 
 
 def _build(variant: str, pretrained: bool, widths: tuple[int, ...], **kwargs) -> PlainConvNet:
-    _, _, build_model_with_cfg, _ = _timm()
     if pretrained:
         from zsprob.errors import UserError
 
@@ -126,11 +108,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    _, _, _, register_model = _timm()
     default_cfgs.update(zsprob_plaincnn=_cfg(), zsprob_plaincnn_small=_cfg())
     register_model(zsprob_plaincnn)
     register_model(zsprob_plaincnn_small)
     _registered = True
-
-
-__all__ = ["PlainConvNet", "register", "zsprob_plaincnn", "zsprob_plaincnn_small"]

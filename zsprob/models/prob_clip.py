@@ -1,25 +1,8 @@
 """ProbCLIP: an open_clip CLIP model turned into a pair of Gaussian encoders (PCME++ Sec. 2.5).
 
-open_clip provides the towers (embeddings, residual blocks, final LayerNorms, projections, masks,
-CLS / end-of-text pooling), the tokenizers and the transforms; the wrapped model is kept whole as
-``self.clip``, so an open_clip state dict loads into it unchanged. zsprob adds the log-variance
-heads (:mod:`zsprob.models.sigma_heads`) and runs them beside the mean branch, through the tower
-adapters of :mod:`zsprob.models.towers`:
-
-* ``sigma_head="block"`` (PCME++): each tower is cut into a shared trunk (all but the last
-  ``sigma_depth`` blocks, or a timm trunk's stages), a mean head (those blocks, the final LayerNorm
-  and projection) and a log-variance head (a copy of them, re-initialised or kept as a copy);
-* ``"unc"`` (ProLIP): the whole tower is shared; a learned [UNC] token joins the sequence and its
-  output gives log sigma^2 (bag-of-words and CNN towers: a small MLP on a pooled vector);
-* ``"pcme"`` (PCME): the whole tower is shared; an attention module reads its local features.
-
-Pooling ``"gpo"`` applies the final LayerNorm and projection to every token and pools them with GPO
-(:mod:`zsprob.models.heads`); ``"native"`` is open_clip's. ``mean_head="fc"`` is PCME++'s COCO trainer
-layout: no ``ln_post`` / projections, a biased Linear on every token before GPO. SizeAugment (VSE
-infinity) drops image tokens before GPO in training. With native pooling at fixed positions and no
-head reading the other tokens, the last block runs its queries and MLP at those positions only (equal
-up to float rounding). ``mu`` is l2-normalised (``normalize_mu``), ``logvar`` raw, optionally bounded;
-both float32, also under bf16 autocast.
+open_clip provides the towers, tokenizers and transforms (the model is kept whole as ``self.clip``, so
+its state dicts load unchanged); zsprob adds the log-variance heads (:mod:`.sigma_heads`) beside the
+mean branch, through the tower adapters (:mod:`.towers`). docs/models.md says what each option builds.
 """
 from __future__ import annotations
 
@@ -43,21 +26,13 @@ from zsprob.models.towers import text_tower, vision_tower
 from zsprob.models.towers.bow import BowTextTower as _BowTextTower  # noqa: F401 - tests patch it here
 
 
-def _open_clip():
-    import open_clip
-
-    return open_clip
-
-
-# --------------------------------------------------------------------------------------
-# Building the heads (the log-variance modules themselves live in zsprob.models.sigma_heads).
-# --------------------------------------------------------------------------------------
 def strip_mean_projection_(clip_model: nn.Module) -> nn.Module:
-    """``mean_head="fc"``: open_clip's ``visual.ln_post`` becomes Identity, ``visual.proj`` and
-    ``text_projection`` None (open_clip skips them), so the state dict holds no such keys. Idempotent."""
+    """``mean_head="fc"``: no ``visual.ln_post`` (Identity), ``visual.proj`` or ``text_projection`` (None,
+    which open_clip skips), so the state dict holds no such keys. Idempotent."""
+    import open_clip
     from open_clip.transformer import VisionTransformer
 
-    if not isinstance(clip_model, _open_clip().CLIP) or not isinstance(clip_model.visual, VisionTransformer):
+    if not isinstance(clip_model, open_clip.CLIP) or not isinstance(clip_model.visual, VisionTransformer):
         raise UserError("mean_head 'fc' (PCME++'s COCO layout) needs an open_clip CLIP with a ViT image tower and "
                         "the built-in text transformer")
     visual = clip_model.visual
@@ -68,8 +43,7 @@ def strip_mean_projection_(clip_model: nn.Module) -> nn.Module:
 
 
 def _fc_head(width: int, embed_dim: int, side: str) -> nn.ModuleDict:
-    """The official COCO mean head ``fc``: image Xavier-uniform weight and zero bias (``EncoderImageAggr``),
-    text ``nn.Linear``'s defaults (``ProbEncoderTextClip.linear``)."""
+    """The official COCO mean head ``fc``: image Xavier-uniform weight, zero bias; text nn.Linear's defaults."""
     fc = nn.Linear(width, embed_dim)
     if side == "image":
         nn.init.xavier_uniform_(fc.weight)
@@ -84,9 +58,7 @@ def _make_unc_head(tower, side: str, embed_dim: int, bias_init: float, sigma_ln)
     if tower.kind == "bow":
         return UncPooledHead(tower.width, embed_dim, bias_init, word_init_std=tower.src.embed_init_std,
                              sigma_ln=sigma_ln)
-    if tower.kind == "timm":
-        return UncPooledHead(tower.width, embed_dim, bias_init, sigma_ln=sigma_ln)
-    raise UserError(f"sigma_head 'unc' cannot serve a {tower.kind} tower")
+    return UncPooledHead(tower.width, embed_dim, bias_init, sigma_ln=sigma_ln)
 
 
 def _reinit_block_head_(head: SigmaHead, tower, side: str, official: bool, bias_init: float,
@@ -106,15 +78,11 @@ def _reinit_block_head_(head: SigmaHead, tower, side: str, official: bool, bias_
     reinit_projection_legacy_(head, width)
 
 
-# --------------------------------------------------------------------------------------
 class ProbCLIP(nn.Module):
-    """Gaussian image and text encoders on top of an open_clip CLIP model.
+    """Gaussian image and text encoders on top of an open_clip CLIP model (or a bag-of-words BowCLIP).
 
-    Build with :func:`zsprob.models.create_model` (or :func:`zsprob.models.load`). ``clip_model``: an
-    open_clip ``CLIP`` / ``CustomTextCLIP`` with a ViT or timm image tower and a TextTransformer, or a
-    :class:`zsprob.models.bow_text.BowCLIP`; ``config``: the dict that rebuilds this model
-    (:func:`zsprob.models.configs.model_from_config`); ``options``: its head options, each also an
-    attribute of the model (``var_bounds`` as floats).
+    Build with :func:`zsprob.models.create_model` or :func:`zsprob.models.load`. ``config`` rebuilds the
+    model; each of ``options`` is also an attribute (``var_bounds`` as floats).
     """
 
     #: the log-variance heads' modules (the trainer can clip their gradients apart: optim.grad_clip_split)
@@ -152,8 +120,7 @@ class ProbCLIP(nn.Module):
         else:
             self.image_head = self.text_head = None
         self._check_sigma_depth()
-        # logit_scale / logit_bias of open_clip are not used by zsprob's losses: keep them (so
-        # open_clip state dicts load strictly) but frozen, so DDP sees no unused trainable params.
+        # open_clip's logit_scale / logit_bias, unused by zsprob's losses: kept (strict loads) but frozen (DDP)
         for pname in ("logit_scale", "logit_bias"):
             p = getattr(clip_model, pname, None)
             if isinstance(p, nn.Parameter):
@@ -218,7 +185,6 @@ class ProbCLIP(nn.Module):
             return (self.image_head if tower is self._vision else self.text_head)["fc"]
         return tower.proj
 
-    # ----------------------------------------------------------------------------------
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward (saves memory on large towers)."""
@@ -243,12 +209,8 @@ class ProbCLIP(nn.Module):
         return gpo(tokens, lengths)
 
     def _size_augment(self, b: int, t: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """VSE infinity's SizeAugment for image tokens (training + GPO only).
-
-        A sample is augmented with probability 1 - r, r ~ U(0, 1) per sample (when r > p); each of
-        its tokens is then dropped with probability p * r. Returns (token order putting kept
-        tokens first, number kept) or None when off.
-        """
+        """VSE infinity's SizeAugment of image tokens (training + GPO only): with r ~ U(0, 1) per sample, a
+        sample with r > p drops each token with probability p * r. (token order, kept first; number kept) or None."""
         p = self.size_augment
         if p <= 0 or not self.training or self.pooling != "gpo":
             return None
@@ -344,12 +306,10 @@ class ProbCLIP(nn.Module):
         txt_mu, txt_logvar = self.encode_text(tokens)
         return {"img_mu": img_mu, "img_logvar": img_logvar, "txt_mu": txt_mu, "txt_logvar": txt_logvar}
 
-    # ----------------------------------------------------------------------------------
     def param_info(self) -> dict[str, dict[str, Any]]:
-        """Per-parameter metadata for the trainer: ``tower`` ("image" | "text" | "other"); ``depth`` (0 for
-        embeddings, [UNC] ones included; i + 1 for block i and its log-variance copy; ``num_layers`` = blocks + 1
-        for everything after the blocks), so layer-wise decay is ``decay ** (num_layers - depth)``; ``backbone``
-        (a parameter a pretrained open_clip checkpoint provides, not a re-initialised projection)."""
+        """Per parameter: ``tower`` (image | text | other), ``depth`` (0 embeddings, i + 1 block i and its copy,
+        ``num_layers`` = blocks + 1 after the blocks: layer-wise decay ``decay ** (num_layers - depth)``) and
+        ``backbone`` (what a pretrained open_clip checkpoint provides)."""
         nv, nt = self._vision.num_blocks, self._text.num_blocks
         split_v, split_t = nv - self._head_depth(self._vision), nt - self._head_depth(self._text)
         vis_prefix = "clip.visual."
@@ -362,8 +322,7 @@ class ProbCLIP(nn.Module):
             if name.startswith(vis_prefix):
                 tower, num_layers = "image", nv + 1
                 depth = self._vision.depth_of(name[len(vis_prefix):])
-            elif name.startswith("clip.") and name.split(".")[-1] not in ("logit_scale", "logit_bias") \
-                    and (name.startswith(text_prefix)):
+            elif name.startswith(text_prefix) and parts[-1] not in ("logit_scale", "logit_bias"):
                 tower, num_layers = "text", nt + 1
                 depth = self._text.depth_of(name[len(text_prefix):])
             elif parts[0] in ("image_sigma", "image_gpo", "image_head"):
@@ -418,7 +377,3 @@ def _sigma_depth_of(parts: list[str], split: int, num_layers: int) -> int:
     if parts[0].endswith("_sigma") and parts[1] in UNC_EMBEDDING_NAMES:
         return 0
     return num_layers
-
-
-__all__ = ["ProbCLIP", "strip_mean_projection_"]
-

@@ -1,22 +1,8 @@
 """The log-variance (log sigma^2) heads of :class:`zsprob.models.ProbCLIP`, and their init laws.
 
-torch provides every layer, open_clip the blocks the ``"block"`` head copies; the layouts and init
-laws were read from naver-ai/pcmepp, naver-ai/prolip and naver-ai/pcme (docs/models.md says what each
-option builds):
-
-* ``"block"`` - :class:`SigmaHead` (PCME++): a copy of the tower's last ``sigma_depth`` blocks +
-  (LayerNorm) + projection + a per-dimension bias (+ its own GPO). ``sigma_layout="official"``: no
-  LayerNorm before the projection, PCME++'s init laws; ``"legacy"``: zsprob's earlier head (a copy of
-  the final LayerNorm, CLIP's laws, zero biases). Both apply to open_clip transformers only; timm and
-  bag-of-words towers build the same head under either.
-* ``"unc"`` - :class:`UncTokenHead` (ProLIP's [UNC] token, open_clip transformers) and
-  :class:`UncPooledHead` (an MLP on a pooled vector: bag of words with an [UNC] word, CNNs).
-  ``unc_layout="prolip"`` computes what ProLIP's released code does (``ln_post`` twice on the image
-  class token, text log sigma^2 from the projected [CLS] output), ``"zsprob"`` what its paper says.
-* ``"pcme"`` - :class:`PCMEUncertaintyHead`: PCME's local-attention module over a tower's local features.
-
-``sigma_ln_init`` adds PCME++'s LayerNorm on log sigma^2; ``sigma_param`` / ``sigma_shape`` post-process
-any head's D outputs (log sigma; Pishdad et al.'s spherical covariances, :func:`spherical_readout`).
+``"block"``: :class:`SigmaHead` (PCME++); ``"unc"``: :class:`UncTokenHead` (ProLIP's [UNC] token) or
+:class:`UncPooledHead` (towers without tokens); ``"pcme"``: :class:`PCMEUncertaintyHead`. Layouts and
+init laws as in naver-ai/pcmepp, naver-ai/prolip and naver-ai/pcme (docs/models.md).
 """
 from __future__ import annotations
 
@@ -31,13 +17,9 @@ from zsprob.utils.masks import masked_sum
 
 SIGMA_HEADS = ("block", "unc", "pcme")
 SIGMA_LAYOUTS = ("official", "legacy")
-# what the head's output is: log sigma^2, or log sigma as PCME's official code (logvar = 2 x output)
-SIGMA_PARAMS = ("logvar", "logsigma")
-# Pishdad et al.'s covariance shapes: diagonal, or one sigma per embedding (the average of the D
-# variances, "spherical-avgpool", or one predicted value: a learned linear readout of them)
-SIGMA_SHAPES = ("diagonal", "spherical_mean", "spherical_one")
-# "unc" heads: zsprob's reading of the paper, or what ProLIP's released code computes (its published weights)
-UNC_LAYOUTS = ("zsprob", "prolip")
+SIGMA_PARAMS = ("logvar", "logsigma")  # the head predicts log sigma^2, or log sigma (PCME's code)
+SIGMA_SHAPES = ("diagonal", "spherical_mean", "spherical_one")  # Pishdad et al.'s covariance shapes
+UNC_LAYOUTS = ("zsprob", "prolip")  # "unc" heads as ProLIP's paper says, or as its released code computes
 # default sigma_bias_init per head kind: PCME++'s bias_init 0, ProLIP's init_unc_bias -10
 DEFAULT_BIAS_INIT = {"block": 0.0, "unc": -10.0, "pcme": 0.0}
 # names of the [UNC] embeddings (param_info: depth 0, like the tower's own embeddings)
@@ -55,8 +37,7 @@ def make_sigma_ln(embed_dim: int, weight_init: float | None, bias_init: float) -
 
 
 def spherical_readout(embed_dim: int) -> nn.Linear:
-    """``Linear(D, 1)`` giving one log-variance per embedding from the head's D log-variances;
-    weight 1/D and bias 0, so it starts as their mean (the geometric mean of the variances)."""
+    """``Linear(D, 1)``: one log-variance from the head's D, starting as their mean (weight 1/D, bias 0)."""
     fc = nn.Linear(embed_dim, 1)
     nn.init.constant_(fc.weight, 1.0 / embed_dim)
     nn.init.zeros_(fc.bias)
@@ -64,12 +45,10 @@ def spherical_readout(embed_dim: int) -> nn.Linear:
 
 
 class PCMEUncertaintyHead(nn.Module):
-    """PCME's local-attention uncertainty module (PCME Sec. 3, ``models/uncertainty_module.py``) over
-    local features x [B, T, w]: one-head attention pooling ``softmax_T(w2 tanh(w1 x))`` (hidden w / 2,
-    padding masked, Xavier-uniform, no biases), then ``fc`` (Xavier-uniform, bias ``bias_init``), plus
-    a residual branch: image - ``fc2`` of the tower's pooled feature [B, w]; text - a bidirectional GRU
-    (D / 2 per direction) over the same features, read at the last valid position as the official code
-    reads it. Output: D values (log sigma or log sigma^2, as ``sigma_param`` says).
+    """PCME's local-attention uncertainty module (PCME Sec. 3) over local features [B, T, w] -> D values.
+
+    Attention pooling ``softmax_T(w2 tanh(w1 x))`` then ``fc``, plus a residual: image ``fc2`` of the
+    pooled feature [B, w]; text a bidirectional GRU (D / 2 per direction) read at the last valid position.
     """
 
     def __init__(self, side: str, width: int, embed_dim: int, bias_init: float = 0.0):
@@ -140,11 +119,8 @@ class SigmaHead(nn.Module):
 class UncTokenHead(nn.Module):
     """ProLIP's [UNC] token of one open_clip transformer tower: embedding, position, projection.
 
-    ``side``: "image" (names ``unc_embedding``, ``uncertainty_proj``) or "text" (``unc_emb``,
-    ``text_uncertainty_projection``), so ProLIP's keys map one to one. Init as ProLIP:
-    image embedding N(0, w^-1/2) (``scale * randn``), text embedding N(0, 0.01); positions as the
-    tower's own table (image N(0, w^-1/2), text N(0, 0.01)); projection weight N(0, w^-1/2),
-    bias ``bias_init``.
+    Parameter names and init are ProLIP's per side, so its keys map one to one: embedding and position
+    N(0, w^-1/2) for the image, N(0, 0.01) for the text; projection weight N(0, w^-1/2), bias ``bias_init``.
     """
 
     def __init__(self, side: str, width: int, embed_dim: int, bias_init: float,
@@ -186,12 +162,8 @@ class UncTokenHead(nn.Module):
 
 
 class UncPooledHead(nn.Module):
-    """log sigma^2 = MLP(pooled vector) for towers without tokens (bag of words, CNN).
-
-    ``word_init_std``: when given (bag of words), a learned [UNC] word embedding ``unc_emb``
-    (N(0, word_init_std), like the tower's word embeddings) joins every caption's bag:
-    :meth:`pool_words` is the masked mean over the caption's words and [UNC].
-    """
+    """log sigma^2 = MLP(pooled vector) for towers without tokens (bag of words, CNN). With ``word_init_std``
+    (bag of words), a learned [UNC] word ``unc_emb`` ~ N(0, word_init_std) joins every caption's bag."""
 
     def __init__(self, in_dim: int, embed_dim: int, bias_init: float, word_init_std: float | None = None,
                  sigma_ln: nn.LayerNorm | None = None):
@@ -213,9 +185,6 @@ class UncPooledHead(nn.Module):
         return self.sigma_ln(raw) if self.sigma_ln is not None else raw
 
 
-# --------------------------------------------------------------------------------------
-# Init laws of the duplicated blocks and the block head's projection.
-# --------------------------------------------------------------------------------------
 def _is_norm_param(root: nn.Module, name: str) -> bool:
     mod_name = name.rsplit(".", 1)[0] if "." in name else ""
     mod = root.get_submodule(mod_name) if mod_name else root
@@ -223,9 +192,8 @@ def _is_norm_param(root: nn.Module, name: str) -> bool:
 
 
 def _clip_weight_laws_(block: nn.Module, width: int, num_layers: int, *, others: bool = False) -> None:
-    """CLIP's normal laws on a residual attention block's four weight matrices; with ``others``
-    (the legacy init) also zero biases and N(0, 0.02) on every other matrix, LayerNorms left alone.
-    One pass in parameter order, so the random draws come in the order of the parameters."""
+    """CLIP's normal laws on a block's four weight matrices, in parameter order; with ``others`` (legacy) also
+    zero biases and N(0, 0.02) on every other matrix, LayerNorms left alone."""
     attn_std = width ** -0.5
     proj_std = width ** -0.5 * (2 * max(num_layers, 1)) ** -0.5
     fc_std = (2 * width) ** -0.5
@@ -252,12 +220,9 @@ def reinit_block_legacy_(block: nn.Module, width: int, num_layers: int) -> None:
     _clip_weight_laws_(block, width, num_layers, others=True)
 
 
-def reset_block_defaults_(block: nn.Module) -> None:
-    """Every layer's PyTorch construction-time init (Linear / LayerNorm first, attention after).
-
-    ``nn.MultiheadAttention._reset_parameters`` zeroes its out-projection bias, which
-    ``nn.Linear.reset_parameters`` of that out-projection would otherwise overwrite.
-    """
+def reinit_block_official_(block: nn.Module, side: str, width: int, num_layers: int) -> None:
+    """PCME++'s official init: every layer's PyTorch default (attention last, as its reset zeroes the
+    out-projection bias a Linear reset would overwrite); text blocks get CLIP's weight laws on top."""
     attention = []
     for mod in block.modules():
         if isinstance(mod, nn.MultiheadAttention):
@@ -266,19 +231,14 @@ def reset_block_defaults_(block: nn.Module) -> None:
             mod.reset_parameters()
     for mod in attention:
         mod._reset_parameters()
-
-
-def reinit_block_official_(block: nn.Module, side: str, width: int, num_layers: int) -> None:
-    """PCME++'s official init: image blocks keep PyTorch defaults, text blocks get CLIP's weight laws on top."""
-    reset_block_defaults_(block)
     if side == "text":
         _clip_weight_laws_(block, width, num_layers)
 
 
 def reinit_projection_official_(head: SigmaHead, side: str, width: int, bias_init: float,
                                 with_sigma_ln: bool) -> None:
-    """The official sigma ``nn.Linear(width, D)`` laws on ``proj`` (image Xavier-uniform, text U(+-w^-1/2)) and
-    ``bias`` (``bias_init``; with ``sigma_ln_init`` the official default: image 0, text U(+-w^-1/2))."""
+    """The official sigma Linear's laws on ``proj`` (image Xavier-uniform, text U(+-w^-1/2)) and ``bias``
+    (``bias_init``; with the LayerNorm on log sigma^2: image 0, text U(+-w^-1/2))."""
     weight = head.proj.weight if isinstance(head.proj, nn.Linear) else head.proj
     bound = width ** -0.5
     with torch.no_grad():
@@ -315,9 +275,3 @@ def reinit_cnn_head_(head: SigmaHead) -> None:
     for mod in head.modules():
         if mod is not head and mod is not head.sigma_ln and hasattr(mod, "reset_parameters"):
             mod.reset_parameters()
-
-
-__all__ = ["SIGMA_HEADS", "SIGMA_LAYOUTS", "UNC_LAYOUTS", "DEFAULT_BIAS_INIT", "UNC_EMBEDDING_NAMES", "SigmaHead",
-           "UncTokenHead", "UncPooledHead", "make_sigma_ln", "reinit_block_legacy_", "reinit_block_official_",
-           "reset_block_defaults_", "reinit_projection_official_", "reinit_projection_legacy_",
-           "reinit_cnn_head_"]

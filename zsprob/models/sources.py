@@ -1,10 +1,5 @@
-"""What ``pretrained`` names, resolved in one place: nothing, open_clip weights, a published file, a zsprob checkpoint.
-
-:func:`identify` answers which of the four a ``pretrained`` argument is (and reads what the answer
-needs: a zsprob checkpoint's metadata, a published file's state dict and layout);
-:func:`resolve_pretrained` finds an open_clip tag's or directory's weights file without downloading
-(open_clip's pretrained registry names it, huggingface_hub's cache holds it). The factory, the
-builder and the CLI's model loading all ask here, so a spec means the same thing everywhere.
+"""What ``pretrained`` names (nothing, open_clip weights, a published file, a zsprob checkpoint), resolved in
+one place for the factory, the builder and the CLI; open_clip weights found without downloading.
 """
 from __future__ import annotations
 
@@ -19,26 +14,19 @@ from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint, load_meta, r
 from zsprob.models.convert.load import sniff
 from zsprob.models.open_clip_dir import export_meta, export_section, pretrained_cfg, read_config
 
-#: the kinds of ``pretrained``: none (random init), an open_clip tag / file / directory, a published
-#: ProLIP / PCME++ file, a zsprob checkpoint
-KINDS = ("none", "open_clip", "official", "zsprob")
-
-
 @dataclass
 class Source:
-    """A resolved ``pretrained``: ``kind`` (one of :data:`KINDS`) and what that kind carries:
-    ``meta`` (a zsprob checkpoint's zsprob.json), ``state`` / ``layout`` (a published file's
-    state dict and official layout)."""
+    """A resolved ``pretrained``: its ``kind``, a zsprob checkpoint's ``meta`` (zsprob.json), a published
+    file's ``state`` and ``layout`` (an export's layout is "open_clip")."""
 
-    kind: str
+    kind: str  # "none" (random init), "open_clip" (a tag, file or directory), "official" or "zsprob"
     path: str | os.PathLike | None = None
     meta: dict | None = None
     state: dict | None = None
     layout: str | None = None
 
     def read_tensors(self, verify: bool = True) -> dict[str, torch.Tensor]:
-        """A zsprob checkpoint's tensors (size checked; SHA-256 too with ``verify``); an open_clip
-        export's (layout "open_clip") from its two weights files."""
+        """A zsprob checkpoint's (or export's) tensors, size checked and with ``verify`` SHA-256."""
         if self.layout == "open_clip":
             from zsprob.models.open_clip_dir import read_export_tensors
 
@@ -47,8 +35,7 @@ class Source:
 
 
 def zsprob_source(path: str | os.PathLike) -> Source:
-    """The zsprob checkpoint at ``path`` (its directory or a file in it), or a zsprob model exported to an
-    open_clip directory (``zsprob export``, layout "open_clip"); UserError when it is neither."""
+    """The zsprob checkpoint at ``path`` (its directory or a file in it) or export; UserError when neither."""
     section = export_section(path)
     if section is not None:
         return Source("zsprob", path, meta=export_meta(path, section), layout="open_clip")
@@ -56,9 +43,8 @@ def zsprob_source(path: str | os.PathLike) -> Source:
 
 
 def identify(pretrained) -> Source:
-    """Which kind of weights ``pretrained`` names (None or "" is none). A zsprob checkpoint is
-    recognised by its zsprob.json, a published file by its key names; anything else is an
-    open_clip tag or path, resolved when its weights are loaded (:func:`resolve_pretrained`)."""
+    """Which kind of weights ``pretrained`` names: a zsprob checkpoint by its zsprob.json, a published file by
+    its key names, anything else an open_clip tag or path (resolved when loaded)."""
     if pretrained is None or str(pretrained) == "":
         return Source("none")
     if is_checkpoint(pretrained) or export_section(pretrained) is not None:
@@ -75,10 +61,8 @@ _CKPT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetenso
 
 
 def _cached_hf(repo: str, filename: str, cache_dir: str | None) -> str | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # pragma: no cover
-        return None
+    from huggingface_hub import try_to_load_from_cache
+
     try:
         got = try_to_load_from_cache(repo_id=repo, filename=filename, cache_dir=cache_dir)
     except Exception:  # noqa: BLE001 - malformed cache entries count as missing
@@ -87,25 +71,20 @@ def _cached_hf(repo: str, filename: str, cache_dir: str | None) -> str | None:
 
 
 def _hf_cache_root(cache_dir: str | None) -> str:
-    if cache_dir:
-        return cache_dir
-    try:
-        from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.constants import HF_HUB_CACHE
 
-        return HF_HUB_CACHE
-    except ImportError:  # pragma: no cover
-        return os.path.expanduser("~/.cache/huggingface/hub")
+    return cache_dir or HF_HUB_CACHE
 
 
 def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str | None = None) -> tuple[Path, dict]:
-    """(checkpoint file, open_clip pretrained cfg) for a tag or a path; never downloads. A directory's
-    pretrained cfg is its ``open_clip_config.json``: the ``preprocess_cfg`` keys and ``model_cfg``."""
+    """(checkpoint file, open_clip pretrained cfg) for a tag or a path (a directory's cfg is its
+    ``open_clip_config.json``); never downloads."""
     import open_clip as oc
 
     p = Path(pretrained).expanduser()
     if p.is_file():
         return p, {}
-    if p.is_dir():  # its open_clip_config.json (model_cfg, preprocess_cfg) travels with the weights
+    if p.is_dir():
         doc = read_config(p)
         dir_cfg = pretrained_cfg(doc) if doc is not None else {}
         for fn in _CKPT_NAMES:
@@ -130,9 +109,7 @@ def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str 
     wanted = []
     hf = cfg.get("hf_hub", "")
     if hf:
-        repo, filename = os.path.split(hf.rstrip("/") if hf.endswith("/") else hf)
-        if hf.endswith("/"):
-            repo, filename = hf.rstrip("/"), ""
+        repo, filename = (hf.rstrip("/"), "") if hf.endswith("/") else os.path.split(hf)
         names = [filename] if filename else ["open_clip_model.safetensors", "open_clip_pytorch_model.bin"]
         if filename.endswith((".bin", ".pth")):
             names.insert(0, filename[:-4] + ".safetensors")
@@ -150,6 +127,3 @@ def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str 
         wanted.append(f"{url} to {target}")
     raise UserError(f"pretrained weights {name}/{tag} are not in the local cache and zsprob does not download "
                     f"at run time: download {' or '.join(wanted)}; or pass the checkpoint file path as pretrained")
-
-
-__all__ = ["KINDS", "Source", "identify", "zsprob_source", "resolve_pretrained"]

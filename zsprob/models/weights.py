@@ -1,11 +1,5 @@
-"""Loading weights into a built model, in one place: open_clip files, zsprob checkpoints (whole or for fine-tuning).
-
-Strict everywhere: a missing or unexpected key, or a tensor of another shape, is a UserError naming
-it; only open_clip projections of another shape (another ``embed_dim``) keep their random init and are
-returned (``reinit_params``). A zsprob checkpoint loads whole (:func:`load_checkpoint`) or as the start
-of fine-tuning (:func:`load_checkpoint_tower`, then :func:`load_checkpoint_heads`: the heads that fit,
-group by group). open_clip reads and converts checkpoint files; TorchScript archives (OpenAI's
-originals) are read with ``torch.jit.load``.
+"""Loading weights into a built model, strictly (a bad key or shape is a UserError naming it): open_clip
+files (projections of another ``embed_dim`` keep their init) and zsprob checkpoints (whole, or to fine-tune).
 """
 from __future__ import annotations
 
@@ -47,12 +41,8 @@ def _load_torchscript_state(path: Path) -> dict | None:
 
 
 def load_open_clip_weights(model: torch.nn.Module, path: str | os.PathLike) -> list[str]:
-    """Load an open_clip checkpoint file into an open_clip model (strict, except projections).
-
-    Returns the names of projection parameters whose shape differs from the checkpoint (they
-    keep their random init). Any other mismatch, a missing / unexpected key or an unreadable
-    file raises :class:`UserError`.
-    """
+    """Load an open_clip checkpoint file into an open_clip model, strictly; returns the projections whose shape
+    differs from the checkpoint's (they keep their random init)."""
     from open_clip.convert import convert_state_dict
     from open_clip.factory import load_state_dict
     from open_clip.model import convert_to_custom_text_state_dict, resize_pos_embed, resize_text_pos_embed
@@ -89,7 +79,6 @@ def load_open_clip_weights(model: torch.nn.Module, path: str | os.PathLike) -> l
 
 def _load_state_into(model: torch.nn.Module, sd: dict, source: str) -> list[str]:
     """Strict load except projections of another shape (returned; they keep their init)."""
-    path = source
     own = model.state_dict()
     reinit, bad = [], []
     for k, v in list(sd.items()):
@@ -100,20 +89,19 @@ def _load_state_into(model: torch.nn.Module, sd: dict, source: str) -> list[str]
             else:
                 bad.append(f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}")
     if bad:
-        raise UserError(f"open_clip checkpoint {path} does not match the model config: " + "; ".join(bad[:5]))
+        raise UserError(f"open_clip checkpoint {source} does not match the model config: " + "; ".join(bad[:5]))
     res = model.load_state_dict(sd, strict=False)
     missing = [k for k in res.missing_keys if k not in reinit]
     if missing or res.unexpected_keys:
-        raise UserError(f"open_clip checkpoint {path} does not match the model: missing {missing[:5]}, "
+        raise UserError(f"open_clip checkpoint {source} does not match the model: missing {missing[:5]}, "
                         f"unexpected {list(res.unexpected_keys)[:5]}")
     if reinit:
-        log.warning("projections %s re-initialised: embed_dim differs from the checkpoint %s", reinit, path)
+        log.warning("projections %s re-initialised: embed_dim differs from the checkpoint %s", reinit, source)
     return reinit
 
 
 def load_checkpoint(model: torch.nn.Module, tensors: dict[str, torch.Tensor], where) -> None:
-    """Fill ``model`` (rebuilt from the checkpoint's own config) with every model tensor of a zsprob
-    checkpoint, strictly (``where``: the checkpoint directory, for the error)."""
+    """Fill ``model`` (rebuilt from the checkpoint's config) with a zsprob checkpoint's tensors, strictly."""
     state = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
@@ -128,9 +116,8 @@ def load_checkpoint(model: torch.nn.Module, tensors: dict[str, torch.Tensor], wh
 
 
 def load_checkpoint_tower(clip_model: torch.nn.Module, source: Source) -> tuple[list[str], dict[str, torch.Tensor]]:
-    """Fine-tuning a zsprob checkpoint: its open_clip tensors (``clip.*``) into ``clip_model`` (strict
-    but for re-shaped projections). Returns (re-initialised projections, the checkpoint's other
-    model tensors: its heads, for :func:`load_checkpoint_heads`)."""
+    """Fine-tuning: a zsprob checkpoint's ``clip.*`` tensors into ``clip_model`` (strict but for re-shaped
+    projections); returns (re-initialised projections, its head tensors)."""
     tensors = source.read_tensors(verify=True)
     clip_sd = {k[len("clip."):]: v for k, v in tensors.items() if k.startswith("clip.")}
     if source.meta["config"].get("mean_head", "proj") == "fc":  # the saved tower has no ln_post / projections
@@ -144,9 +131,8 @@ def load_checkpoint_tower(clip_model: torch.nn.Module, source: Source) -> tuple[
 
 def load_checkpoint_heads(model: torch.nn.Module, heads: dict[str, torch.Tensor], source: Source,
                           sigma_init: str) -> None:
-    """The checkpoint's heads (GPO, log-variance heads) into ``model``, group by group, where they fit
-    (same keys, same shapes); the others keep their fresh init (a warning names them).
-    ``model.config["heads_from_checkpoint"]`` lists the groups loaded."""
+    """The checkpoint's heads into ``model``, group by group where keys and shapes fit (listed in
+    ``config["heads_from_checkpoint"]``); the others keep their fresh init and a warning names them."""
     own = model.state_dict()
     loaded, skipped = [], []
     for group in HEAD_GROUPS:
@@ -163,6 +149,3 @@ def load_checkpoint_heads(model: torch.nn.Module, heads: dict[str, torch.Tensor]
     if skipped:
         log.warning("zsprob checkpoint %s: %s do not fit this model (sigma_depth / pooling / embed_dim "
                     "differ) and keep their fresh init (sigma_init=%r)", source.path, skipped, sigma_init)
-
-
-__all__ = ["HEAD_GROUPS", "load_open_clip_weights", "load_checkpoint", "load_checkpoint_tower", "load_checkpoint_heads"]

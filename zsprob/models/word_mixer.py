@@ -1,17 +1,6 @@
-"""Word mixers: what makes the bag-of-words text tower's words interact (``text_cfg.mixer`` of :mod:`.bow_text`).
-
-In the plain bag a caption's embedding is linear in the mean of its word embeddings, so a prompt
-template shifts every class alike. A mixer maps the word embeddings [B, L, w] to word vectors of the
-same shape, which the tower pools and projects as before:
-
-* ``"mlp"`` (:class:`PooledWordMLP`): every word vector gets ``MLP(LN(mean of the caption's words))`` added;
-* ``"transformer"`` (:class:`WordTransformer`): pre-LayerNorm bidirectional self-attention blocks over the
-  caption's words, with learned positions;
-* ``"bigram"`` (:class:`BigramMixer`): every word vector gets the hashed embedding of the bigram it
-  starts added (fastText's bag of n-grams, Joulin et al. 2017).
-
-The residual branches' output layers (and the bigram table) start at zero, so a mixed tower starts as
-the bag of words (plus the transformer's small position embedding).
+"""Word mixers of the bag-of-words tower (``text_cfg.mixer``): in a plain bag a prompt template shifts every
+class alike. ``"mlp"``, ``"transformer"`` and ``"bigram"`` (fastText's hashed bigrams) map word vectors
+[B, L, w] to [B, L, w]; their residual output layers start at zero, so a mixed tower starts as the bag.
 """
 from __future__ import annotations
 
@@ -105,8 +94,6 @@ class BigramMixer(nn.Module):
         return (pairs[:, :-1] * BIGRAM_PRIME + pairs[:, 1:]) % self.buckets
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
-        if tokens is None:
-            raise UserError("the bigram mixer needs the caption's tokens")
         n = x.shape[1]
         if n < 2:
             return x
@@ -130,6 +117,3 @@ def make_mixer(kind: str, width: int, context_length: int, layers: int, heads: i
             raise UserError(f"mixer_layers and mixer_heads must be >= 1, got {layers} and {heads}")
         return WordTransformer(width, context_length, int(layers), int(heads), hidden)
     return None
-
-
-__all__ = ["MIXERS", "BigramMixer", "PooledWordMLP", "WordBlock", "WordTransformer", "make_mixer"]

@@ -1,11 +1,8 @@
 """Official checkpoint in, zsprob model / checkpoint out (``zsprob convert``), strictly.
 
-Read the official file (:mod:`.io`), find its layout (:mod:`zsprob.models.catalogue`), then
-:func:`create_from_official` (also what ``create_model(name, pretrained=OFFICIAL)`` calls): pick a
-COCO trainer file's SWA or raw copy (:mod:`.swa`), build the model with the layout's head options
-and fill it strictly (:func:`.load.load_official`). ``zsprob.models.save`` writes the result, the
-loss's official tensors (PCME++'s shift / negative_scale) as extra tensors. A model whose tower names a
-Hugging Face tokenizer (ProLIP's SigLIP one) loads it from a local directory before anything is written.
+:func:`create_from_official` (also what ``create_model(name, pretrained=OFFICIAL)`` calls) picks a COCO
+trainer file's copy (:mod:`.swa`), builds the model with the layout's head options and fills it
+strictly (:mod:`.load`); the saved checkpoint carries the loss's official tensors as extra tensors.
 """
 from __future__ import annotations
 
@@ -22,12 +19,8 @@ from zsprob.models.convert.swa import select_weights
 
 
 def create_from_official(name: str, source, state: dict, kind: str, **options: Any):
-    """A ProbCLIP built as ``name`` with the options that reproduce the official forward, then filled strictly.
-
-    A Hugging Face tokenizer comes from ``tokenizer_dir`` or a directory beside the weights; the loss's
-    tensors go to ``model.official_loss``; ``weights`` picks a COCO trainer file's copy (:mod:`.swa`),
-    recorded as ``config["official_weights"]``.
-    """
+    """A ProbCLIP built as ``name`` with the options that reproduce the official forward, filled strictly; the
+    loss's tensors in ``model.official_loss``, a COCO trainer file's copy in ``config["official_weights"]``."""
     if options.get("deterministic", False) is None:  # None: the file's own
         options.pop("deterministic")
     state, chosen = select_weights(state, kind, options.pop("weights", None), source)
@@ -52,10 +45,7 @@ def create_from_official(name: str, source, state: dict, kind: str, **options: A
 
 def convert_checkpoint(source: str | os.PathLike, *, model_name: str | None = None, layout_name: str | None = None,
                        tokenizer: str | os.PathLike | None = None, weights: str | None = None):
-    """(ProbCLIP with the official weights, loss tensors, info dict); raises UserError on any mismatch.
-
-    ``weights``: the copy of a COCO trainer file with SWA copies (:mod:`zsprob.models.convert.swa`).
-    """
+    """(ProbCLIP with the official weights, loss tensors, info dict); UserError on any mismatch."""
     state = read_state_dict(source)
     kind = layout_name or detect_layout(state)
     family = layout(kind).family
@@ -76,6 +66,3 @@ def convert_to_checkpoint(source, out, **kw) -> Path:
 
     model, loss, info = convert_checkpoint(source, **kw)
     return save(model, out, extra={"converted_from": info}, extra_tensors={f"loss.{k}": v for k, v in loss.items()})
-
-
-__all__ = ["create_from_official", "convert_checkpoint", "convert_to_checkpoint"]

@@ -1,9 +1,8 @@
 """Read an official checkpoint into a flat ``{name: tensor}`` dict, without unpickling code.
 
-A safetensors file, a PyTorch file read with ``torch.load(weights_only=True)``, a Hugging Face model
-directory, or the official PCME++ COCO trainer's Lightning checkpoint (weights under ``state_dict``,
-a DistributedDataParallel ``module.`` prefix stripped; its ``munch.Munch`` hyper-parameters are read as
-an ``OrderedDict``). Any other Python object in the file is refused.
+A safetensors file, a PyTorch file (``weights_only``; a trainer's ``munch.Munch`` hyper-parameters read
+as an ``OrderedDict``), a Hugging Face model directory, or a Lightning checkpoint's ``state_dict``
+(a DistributedDataParallel ``module.`` prefix stripped). Any other Python object is refused.
 """
 from __future__ import annotations
 
@@ -57,23 +56,19 @@ def _torch_file(path: Path) -> dict:
 
     with warnings.catch_warnings():  # torch's notes on the file's pickle protocol: the one line below says enough
         warnings.simplefilter("ignore", UserWarning)
-        return _torch_load(path)
-
-
-def _torch_load(path: Path) -> dict:
-    try:
-        unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
-    except Exception:  # noqa: BLE001 - not a zip checkpoint: torch.load reports it below
-        unsafe = set()
-    stand_ins = [(OrderedDict, name) for name in sorted(unsafe & set(CONFIG_DICT_CLASSES))]
-    try:
-        with torch.serialization.safe_globals(stand_ins):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - the file is the user's
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read {path} without unpickling code ({first}); if the file is from a source you "
-                        "trust, save its weights alone: torch.save(torch.load(FILE, weights_only=False)"
-                        "['state_dict'], 'weights.pt')") from None
+        try:
+            unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+        except Exception:  # noqa: BLE001 - not a zip checkpoint: torch.load reports it below
+            unsafe = set()
+        stand_ins = [(OrderedDict, name) for name in sorted(unsafe & set(CONFIG_DICT_CLASSES))]
+        try:
+            with torch.serialization.safe_globals(stand_ins):
+                return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - the file is the user's
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"cannot read {path} without unpickling code ({first}); if the file is from a source "
+                            "you trust, save its weights alone: torch.save(torch.load(FILE, weights_only=False)"
+                            "['state_dict'], 'weights.pt')") from None
 
 
 def _unwrap(obj, path: Path) -> dict:
@@ -88,7 +83,7 @@ def _unwrap(obj, path: Path) -> dict:
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Flat ``{name: tensor}`` of an official checkpoint file or directory (module docstring)."""
+    """Flat ``{name: tensor}`` of an official checkpoint file or directory."""
     file = weights_file(path)
     if file.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -105,6 +100,3 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if state and all(k.startswith("module.") for k in state):
         state = {k[len("module."):]: v for k, v in state.items()}
     return dict(state)
-
-
-__all__ = ["WEIGHT_FILES", "STATE_DICT_KEYS", "weights_file", "read_hf_config", "read_state_dict"]

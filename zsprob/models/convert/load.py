@@ -1,13 +1,8 @@
-"""Recognise an official ProLIP / PCME++ file and fill a built ProbCLIP with it, strictly.
+"""Recognise an official ProLIP / PCME++ file (:func:`sniff`) and fill a built ProbCLIP with it, strictly.
 
-``zsprob.models.create_model(name, pretrained=OFFICIAL)`` calls :func:`sniff` (is the file an
-official checkpoint, and which layout?), the layout's ``options_for`` (:mod:`zsprob.models.catalogue`)
-and :func:`load_official`; this module never builds a model, so the factory can import it. torch's
-``load_state_dict(strict=True)`` loads; the checks before it are
-:func:`zsprob.models.convert.mapping.check_strict`. The model tensors a layout lacks are filled as its
-catalogue entry says: PCME++'s sigma projection has no bias or its own, zsprob's block head one more
-(set to 0: the same function); the COCO trainer's files have no ``logit_scale`` (the model's own is
-kept, frozen and unused by zsprob's losses).
+This module never builds a model, so the factory can import it. The model tensors a layout lacks are
+filled as its catalogue entry says (a bias of 0 where the official head has none: the same function;
+the COCO trainer's missing ``logit_scale`` kept as built, unused by zsprob's losses).
 """
 from __future__ import annotations
 
@@ -31,11 +26,8 @@ def official_to_zsprob(state: dict, kind: str) -> dict:
 
 
 def sniff(path: str | os.PathLike) -> tuple[dict, str] | None:
-    """(official state dict, layout) when ``path`` is a ProLIP / PCME++ checkpoint, else None.
-
-    A safetensors file is recognised from its key names alone; a PyTorch file is read
-    (``weights_only``); anything unreadable here is left to open_clip's loader.
-    """
+    """(official state dict, layout) when ``path`` is a ProLIP / PCME++ checkpoint, else None (a safetensors
+    file is recognised by its key names before it is read; anything unreadable is left to open_clip)."""
     try:
         file = weights_file(path)
     except UserError:
@@ -74,6 +66,3 @@ def load_official(model, state: dict, kind: str, source: str | os.PathLike) -> d
     check_strict(converted, expected, lay.rules, str(Path(source)))
     model.load_state_dict({k: v for k, v in converted.items() if k not in loss}, strict=True)
     return {k[len(LOSS_PREFIX):]: v.detach().to(torch.float32) for k, v in loss.items()}
-
-
-__all__ = ["LOSS_PREFIX", "official_to_zsprob", "sniff", "load_official"]

@@ -1,11 +1,8 @@
 """Name maps between an official state dict and zsprob's, as data, and the strict check.
 
-A family's map is a list of :class:`Rule`: an official key pattern and the zsprob key it becomes,
-both written with ``{i}`` for a block index and ``{rest}`` for a dotted tail; a rule reads both ways
-(the strict check names a missing key by its official name). Strict conversion: every official key
-consumed, every expected zsprob key filled, shapes equal; each failure is one
-:class:`zsprob.UserError` line naming the key. The expected shapes come from the caller (a built
-model's ``state_dict()``); nothing here touches torch modules.
+A family's map is a list of :class:`Rule`: an official key template and the zsprob key it becomes, with
+``{i}`` for a block index and ``{rest}`` for a dotted tail; a rule reads both ways, so the strict check
+(every official key consumed, every expected key filled, shapes equal) names a key by its official name.
 """
 from __future__ import annotations
 
@@ -75,6 +72,3 @@ def check_strict(converted: Mapping, expected_shapes: Mapping, rules: list[Rule]
         official = next((o for r in rules if (o := r.backward(extra[0])) is not None), extra[0])
         raise UserError(f"{source}: key {official!r} ({extra[0]!r}) has no place in the model"
                         f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}")
-
-
-__all__ = ["Rule", "to_zsprob", "check_strict"]

@@ -1,15 +1,5 @@
-"""PCME++ (naver-ai/pcmepp) official state-dict names <-> zsprob names, as data.
-
-``HF_RULES``: ``hf_models.HfPCMEPPModel`` (the ViT-B/16 on the Hugging Face hub): open_clip CLIP
-names for the mean branch plus ``visual.uncertainty_transformer`` / ``uncertainty_transformer``
-(the last ``unc_layers`` blocks, branched off the trunk), ``visual.uncertainty_proj`` /
-``uncertainty_text_projection`` and the loss's ``shift`` / ``negative_scale``. ``COCO_RULES``: the
-official COCO trainer (``pcmepp.engine.PCMEPPModel``, weights under the checkpoint's ``state_dict``):
-CLIP trunks without ``ln_post`` / projections, a biased ``fc`` + GPO per head (a ``ProbCLIP`` with
-``mean_head="fc"``), ``*_std_ln`` and the criterion's tensors; ``COCO_MU_RULES`` the same without the
-uncertainty modules (``is_probabilistic_model: false``). A file of an SWA run also holds ``swa_*``
-copies, which :mod:`zsprob.models.convert.swa` resolves before these rules rename.
-"""
+"""PCME++ (naver-ai/pcmepp) official state-dict names <-> zsprob names, as data: ``HF_RULES`` for the hub's
+``HfPCMEPPModel``, ``COCO_RULES`` / ``COCO_MU_RULES`` for the COCO trainer's files (``mean_head="fc"``)."""
 from zsprob.errors import UserError
 from zsprob.models.convert.mapping import Rule
 

@@ -1,10 +1,7 @@
-"""ProLIP (naver-ai/prolip, ``prolip.model.ProLIP``) official state-dict names <-> zsprob names, as data.
+"""ProLIP (naver-ai/prolip) official state-dict names <-> zsprob names, as data.
 
-ProLIP's towers are open_clip's ViT and TextTransformer with one learned [UNC] token each
-(``visual.unc_embedding``, ``text.unc_emb``) and its own projection to log sigma^2; they map onto
-the :class:`zsprob.models.sigma_heads.UncTokenHead` of ``sigma_head: "unc"``, the mean branch keeps
-open_clip's names under ``clip.``. The positional tables hold one more row, for [UNC] (image
-[CLS, UNC, patches...], text [tokens..., UNC, CLS]); :func:`split` cuts it out into its own entry
+ProLIP's towers are open_clip's with one learned [UNC] token each (zsprob's ``UncTokenHead``). Its
+positional tables hold one more row, for [UNC]; :func:`split` cuts it out into its own entry
 (``<table>[unc]``), so every rule maps one key to one key.
 """
 from __future__ import annotations
@@ -45,4 +42,3 @@ def split(state: dict) -> dict:
         out[key] = torch.cat([value[:row], value[row + 1:]])
         out[key + UNC_ROW] = value[row]
     return out
-

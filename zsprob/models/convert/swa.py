@@ -1,19 +1,8 @@
 """The SWA copies in a PCME++ COCO trainer checkpoint: choose the weights to load, check the other copy.
 
-With ``train.swa_start_epoch`` set, naver-ai/pcmepp's ``PCMEPPModel`` wraps ``img_enc``, ``txt_enc``
-and, for a probabilistic model only, ``criterion`` in ``torch.optim.swa_utils.AveragedModel``
-(``swa_img_enc`` ...: each raw key ``img_enc.<rest>`` gets ``swa_img_enc.module.<rest>`` of the same
-shape and the update count ``swa_img_enc.n_averaged``; a layout's copies are its catalogue entry's
-``swa_copies``). ``weights`` (:data:`WEIGHTS`) picks what is loaded:
-
-* ``"swa-text"``: what the official code evaluates at the end of training (``train.py`` validates once
-  more with ``eval_by_swa``: SWA text encoder, raw image encoder, raw criterion).
-* ``"swa"``: every averaged copy.
-* ``"raw"``: the trained modules as last updated.
-
-None is ``"swa-text"`` for a file whose copies were averaged (``n_averaged`` > 0), else ``"raw"``.
-An SWA file must hold the copy of every module its layout averages, each with exactly the raw
-module's keys and shapes; anything else is one :class:`zsprob.UserError` line naming the key.
+``swa_img_enc.module.<rest>`` (+ ``swa_img_enc.n_averaged``) averages ``img_enc.<rest>``. ``weights``:
+``"swa-text"`` what the official code evaluates at the end of training (SWA text encoder, raw image encoder
+and criterion; the default when averaged), ``"swa"`` every averaged copy, ``"raw"`` the trained modules.
 """
 from __future__ import annotations
 
@@ -85,10 +74,8 @@ def _count(counts: dict, source) -> int:
 
 def select_weights(state: dict, kind: str, weights: str | None, source: str | os.PathLike = "checkpoint"
                    ) -> tuple[dict, str | None]:
-    """(``state`` in the plain layout ``kind``, holding the chosen copy; the choice), strictly (module docstring).
-
-    Layouts other than the COCO trainer's have no copies: the state is returned as it is, with None.
-    """
+    """(``state`` in the plain layout ``kind`` with the chosen copy, the choice); a layout without copies: (state,
+    None)."""
     if weights is not None and weights not in WEIGHTS:
         raise UserError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     expected = LAYOUTS[kind].swa_copies
@@ -123,6 +110,3 @@ def select_weights(state: dict, kind: str, weights: str | None, source: str | os
         if module in expected:
             out.update({f"{module}.{rest}": v for rest, v in copies.get(expected[module], {}).items()})
     return out, choice
-
-
-__all__ = ["WEIGHTS", "AVERAGED", "select_weights"]

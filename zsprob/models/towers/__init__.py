@@ -1,12 +1,5 @@
-"""Tower adapters: where each kind of tower keeps its blocks, norms, projections and pooling.
-
-An adapter is a plain object around a tower of the wrapped open_clip model; ProbCLIP cuts trunk and
-heads through it and never looks at the tower's classes. Each gives ``kind``, ``blocks``, ``embed``,
-``run_block``, ``ln`` (what follows the last block in the mean head), ``proj``, ``project``,
-``native_pool``, ``num_tokens``, ``depth_of`` (layer-wise lr decay) and ``local_features`` (what PCME's
-module reads); the [UNC] token adapters also ``insert_unc`` / ``split_unc``. One module per family:
-:mod:`.openclip`, :mod:`.timm_trunk`, :mod:`.bow`.
-"""
+"""Tower adapters: where each kind of tower keeps its blocks, norms, projections and pooling, so ProbCLIP
+cuts trunk and heads without looking at the tower's classes (one module per family)."""
 from __future__ import annotations
 
 from torch import nn
@@ -18,7 +11,7 @@ from zsprob.models.towers.timm_trunk import TimmVisionTower
 
 
 def vision_tower(clip_model: nn.Module):
-    """The adapter of ``clip_model``'s image tower: open_clip's ViT or a timm trunk (anything else: UserError)."""
+    """The adapter of ``clip_model``'s image tower: open_clip's ViT or a timm trunk."""
     from open_clip.timm_model import TimmModel
     from open_clip.transformer import VisionTransformer
 
@@ -38,6 +31,3 @@ def text_tower(clip_model: nn.Module, truncate: bool):
     if isinstance(getattr(clip_model, "text", None), BagOfWordsText):
         return BowTextTower(clip_model.text)
     return TextTower(clip_model, truncate)
-
-
-__all__ = ["vision_tower", "text_tower", "ViTTower", "TimmVisionTower", "TextTower", "BowTextTower"]

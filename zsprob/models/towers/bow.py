@@ -1,8 +1,4 @@
-"""Tower adapter for zsprob's bag-of-words text tower (:mod:`zsprob.models.bow_text`).
-
-No blocks: the trunk is the word embedding, the mean head the per-token projection pooled over the
-caption, the log-variance head a second projection of the same embeddings.
-"""
+"""Tower adapter for zsprob's bag-of-words text tower: no blocks, a per-token projection pooled over the caption."""
 from __future__ import annotations
 
 import torch
@@ -12,7 +8,7 @@ from zsprob.models.towers.openclip import TextHeads
 
 
 class BowTextTower(TextHeads):
-    """A :class:`zsprob.models.bow_text.BagOfWordsText` tower: no blocks, a per-token projection, pooled."""
+    """A :class:`zsprob.models.bow_text.BagOfWordsText` tower."""
 
     kind = "bow"
     is_clip = False
@@ -33,6 +29,3 @@ class BowTextTower(TextHeads):
     @staticmethod
     def depth_of(rest: str) -> int:
         return 0 if rest.startswith("token_embedding.") else 1
-
-
-__all__ = ["BowTextTower"]

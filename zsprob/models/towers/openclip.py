@@ -1,10 +1,5 @@
-"""Tower adapters for open_clip's own transformers: the ViT image tower and the text transformer.
-
-open_clip provides the towers (embeddings, blocks, LayerNorms, projections, masks, ``text_global_pool``);
-zsprob adds where the [UNC] token goes (after a ViT's class token; after the last text position with an
-extra mask row and column, :func:`unc_text_mask`) and which positions native pooling reads.
-:class:`TextHeads` is what every text adapter shares (the bag of words' too).
-"""
+"""Tower adapters for open_clip's ViT image tower and text transformer: where the [UNC] token goes and
+which positions native pooling reads."""
 from __future__ import annotations
 
 import torch
@@ -33,8 +28,6 @@ class ViTTower:
             raise UserError("open_clip image towers with attentional pooling (CoCa) are not supported")
         if visual.pool_type not in ("tok", "avg"):
             raise UserError(f"unsupported image pool_type {visual.pool_type!r}")
-        if not visual.transformer.batch_first:
-            raise UserError("open_clip transformer with batch_first=False is not supported")
         self.visual = visual
         self.blocks = visual.transformer.resblocks
         self.width = visual.transformer.width
@@ -60,8 +53,7 @@ class ViTTower:
         return x.shape[1]
 
     def pooled_rows(self, seq: int, unc: bool) -> list[int] | None:
-        """The positions native pooling reads (class token, then [UNC] when present), or None when
-        it reads every token (average pooling)."""
+        """The positions native pooling reads (class token, then [UNC]), or None (average pooling)."""
         if self.visual.pool_type != "tok":
             return None
         return [0, 1] if unc else [0]
@@ -76,13 +68,11 @@ class ViTTower:
         return pooled
 
     def local_features(self, x: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        """PCME's image module inputs: the patch tokens after ``ln_post`` [B, T, w] and the natively
-        pooled feature before the projection [B, w]."""
+        """PCME's image module inputs: patch tokens after ``ln_post`` [B, T, w], the pooled feature [B, w]."""
         return self.ln(x)[:, 1:], self.native_pool(x, self.ln, ctx)
 
     def insert_unc(self, x: torch.Tensor, mask, lengths, token: torch.Tensor):
-        """[CLS, patches] -> [CLS, UNC, patches] (ProLIP's order); ``ln_pre`` is per token, so the
-        [UNC] token gets it on its own, as if it had been applied after concatenation."""
+        """[CLS, patches] -> [CLS, UNC, patches] (ProLIP's order); [UNC] gets the per-token ``ln_pre`` on its own."""
         unc = self.visual.ln_pre(token.to(x.dtype))
         unc = unc.view(1, 1, -1).expand(x.shape[0], 1, -1)
         return torch.cat([x[:, :1], unc, x[:, 1:]], dim=1), mask
@@ -121,8 +111,7 @@ class TextHeads:
         return self.src.text_projection
 
     def local_features(self, x: torch.Tensor, ctx) -> tuple[torch.Tensor, None]:
-        """PCME's text module input: every position after the final LayerNorm [B, L, w] (a bag of words:
-        the word embeddings themselves, its ``ln_final`` is Identity); the module masks padding by length."""
+        """PCME's text module input: every position after the final LayerNorm [B, L, w]."""
         return self.ln(x), None
 
 
@@ -131,7 +120,6 @@ class TextTower(TextHeads):
 
     def __init__(self, clip_model: nn.Module, truncate: bool):
         import open_clip as oc
-        from open_clip.transformer import TextTransformer
 
         if isinstance(clip_model, oc.CLIP):
             self.src = clip_model
@@ -142,11 +130,7 @@ class TextTower(TextHeads):
             self.causal = clip_model.attn_mask is not None
             self.cls = False
         else:
-            text = getattr(clip_model, "text", None)
-            if not isinstance(text, TextTransformer):
-                raise UserError(
-                    f"zsprob needs an open_clip TextTransformer text tower; this model has "
-                    f"{type(text).__name__} (Hugging Face text towers are not supported yet)")
+            text = clip_model.text  # a TextTransformer: build_open_clip refuses Hugging Face text towers
             self.src = text
             self.is_clip = False
             self.pool_type = text.pool_type
@@ -161,14 +145,11 @@ class TextTower(TextHeads):
                 self.pool_type = "last"  # the appended [CLS] token pools the caption, whatever pool_type says
         if self.pool_type not in ("argmax", "eos", "first", "last"):
             raise UserError(f"unsupported text pool_type {self.pool_type!r}")
-        if not self.src.transformer.batch_first:
-            raise UserError("open_clip transformer with batch_first=False is not supported")
         self.blocks = self.src.transformer.resblocks
         self.width = self.src.transformer.width
         self.num_blocks = len(self.blocks)
-        # Truncating the sequence after the longest end-of-text token is exact for causal towers
-        # pooled at (or before) the EOT token: no earlier position attends to later ones. It reads that
-        # length on the host, so it is taken only where such a read stalls nothing (the CPU).
+        # Cutting after the longest end-of-text token is exact for causal towers pooled at or before it;
+        # it reads that length on the host, so it is taken only where such a read stalls nothing (the CPU).
         self.truncate = bool(truncate) and self.causal and self.pool_type in ("argmax", "eos", "first")
 
     def lengths(self, text: torch.Tensor) -> torch.Tensor:
@@ -209,9 +190,7 @@ class TextTower(TextHeads):
         return x, mask, (text, lengths)
 
     def insert_unc(self, x: torch.Tensor, mask, lengths: torch.Tensor, token: torch.Tensor):
-        """Append the [UNC] token after the last position; extend the attention mask (see
-        :mod:`zsprob.models.sigma_heads`): none stays none (ProLIP), otherwise [UNC] reads the
-        caption's tokens and itself, and caption tokens read [UNC] only in a non-causal tower."""
+        """Append the [UNC] token after the last position (ProLIP: before its [CLS]) and extend the mask."""
         b = x.shape[0]
         unc = token.to(x.dtype).view(1, 1, -1).expand(b, 1, -1)
         if self.cls:  # ProLIP's order: [tokens, UNC, CLS]
@@ -227,9 +206,8 @@ class TextTower(TextHeads):
         return x[:, :-1], x[:, -1]
 
     def pooled_rows(self, seq: int, unc: bool) -> list[int] | None:
-        """The positions native pooling reads when they are the same for every caption: ProLIP's
-        appended [CLS] (last), after [UNC] when present; None otherwise (end-of-text pooling reads a
-        position that depends on the caption)."""
+        """The positions native pooling reads when every caption has them: ProLIP's [CLS] last, after [UNC];
+        else None (end-of-text pooling reads a position per caption)."""
         if not self.cls:
             return None
         return [seq - 2, seq - 1] if unc else [seq - 1]
@@ -248,11 +226,8 @@ class TextTower(TextHeads):
 
 def unc_text_mask(mask: torch.Tensor, lengths: torch.Tensor, heads: int, causal: bool,
                    dtype: torch.dtype) -> torch.Tensor:
-    """A text tower's attention mask [L, L] or [B * heads, L, L] -> [B * heads, L + 1, L + 1] with [UNC] last.
-
-    Row L ([UNC]) may read the first ``lengths`` tokens and itself; column L (caption tokens
-    reading [UNC]) is open unless the tower is causal.
-    """
+    """A text mask [L, L] or [B * heads, L, L] -> [B * heads, L + 1, L + 1] with [UNC] last: it reads the first
+    ``lengths`` tokens and itself; caption tokens read it unless the tower is causal."""
     b, seq = lengths.shape[0], mask.shape[-1]
     if mask.dtype == torch.bool:  # PyTorch's boolean masks: True = may not attend
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
@@ -268,6 +243,3 @@ def unc_text_mask(mask: torch.Tensor, lengths: torch.Tensor, heads: int, causal:
     unc_row = torch.zeros(b, seq + 1, dtype=dtype, device=lengths.device).masked_fill(~readable, float("-inf"))
     full[:, seq, :] = unc_row.repeat_interleave(heads, dim=0)
     return full
-
-
-__all__ = ["ViTTower", "TextHeads", "TextTower", "unc_text_mask", "block_depth"]

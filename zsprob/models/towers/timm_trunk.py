@@ -1,9 +1,5 @@
-"""Tower adapter for open_clip's ``TimmModel`` image towers (CNN trunks from timm), cut at their stages.
-
-The "blocks" are the trunk's stages; the log-variance head copies the last ``n`` and what follows them
-(:class:`TimmPost`: the tail, timm's pooling) and open_clip's projection head. timm provides the
-stages and their init; zsprob decides where to cut (:func:`timm_layout`, one entry per family).
-"""
+"""Tower adapter for open_clip's ``TimmModel`` image towers (timm CNN trunks), cut at their stages: the
+log-variance head copies the last ``n`` stages, what follows them (:class:`TimmPost`) and the projection."""
 from __future__ import annotations
 
 import torch
@@ -15,12 +11,8 @@ from zsprob.models.towers.openclip import ViTTower
 
 
 class TimmPost(nn.Module):
-    """What a timm trunk does after its last stage, as one module the log-variance head can copy.
-
-    ``tail``: ``forward_features``' modules after the stages. ``pooled(x)``: tail + timm's ``forward_head``
-    (what open_clip's TimmModel computes before its projection). ``forward(x)``: tail + per-position head
-    norm, as tokens [B, H*W, C] for GPO.
-    """
+    """What a timm trunk does after its last stage, as one module the log-variance head can copy:
+    ``pooled(x)`` what open_clip's TimmModel projects, ``forward(x)`` tokens [B, H*W, C] for GPO."""
 
     def __init__(self, tail: list[nn.Module], head: nn.Module | None, global_pool: nn.Module | None,
                  drop_rate: float, token_norm: str | None):
@@ -93,8 +85,6 @@ class TimmVisionTower:
                             "and timm's own pooling (attention pooling / classifier-as-projection are not "
                             "supported)")
         lay = timm_layout(trunk)
-        if not isinstance(trunk.get_classifier(), nn.Identity):
-            raise UserError("the timm trunk still has a classifier; zsprob expects open_clip to have reset it")
         self.visual = visual
         self.trunk = trunk
         self.layout = lay
@@ -135,8 +125,7 @@ class TimmVisionTower:
         return ln.pooled(x)
 
     def local_features(self, x: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        """PCME's image module inputs, as it reads a ResNet: the last stage's H x W cells [B, H*W, C]
-        (after the tail and ConvNeXt's per-position head norm) and timm's pooled feature [B, C]."""
+        """PCME's image module inputs, as it reads a ResNet: the last stage's cells [B, H*W, C], the pooled [B, C]."""
         return self._post(x), self._post.pooled(x)
 
     def depth_of(self, rest: str) -> int:
@@ -150,6 +139,3 @@ class TimmVisionTower:
         return self.num_blocks + 1
 
     project = staticmethod(ViTTower.project)
-
-
-__all__ = ["TimmPost", "TimmVisionTower", "timm_layout"]
