@@ -82,15 +82,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zsprob.errors import UserError, check_range
-from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS, IMAGE_MASK_MODES
+from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS, IMAGE_MASK_MODES, TEXT_MASK_MODES
 from zsprob.prob.pairs import PairBatch, guard_term, stat
 __all__ = ["ProLIPLoss", "prolip_vib", "inclusion_logit_per_dim", "inclusion_loss", "cover_loss", "occlusion_terms", "prolip_inclusion", "cover_inclusion", "check_occlusion_options", "VIB_GUARD",
            "INCLUSION_GUARD", "INCLUSION_FORMS", "TEXT_MASK_MODES"]
 
 #: the inclusion tests ProLIPLoss can train with (module docstring)
 INCLUSION_FORMS = ("prolip", "cover")
-#: how the masked caption copies are made (zsprob.data.masking)
-TEXT_MASK_MODES = ("replace", "delete")
 #: what the occlusion term's gradient reaches: "all" (means and log-variances, as ProLIP) or
 #: "sigma" (the means are detached inside the term: it can shape sigma^2 but never move a mean)
 OCCLUSION_GRADS = ("all", "sigma")
