@@ -401,6 +401,8 @@ class ImageNetDataset(_ImageList):
 
 
 def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
+    from zsprob.data.synthworld.checks import read_manifest
+
     root = Path(root)
     hint = "generate it with `zsprob data synthetic --out OUT`"
     cls_dir = root / "classify" if (root / "classify").is_dir() else root
@@ -410,23 +412,12 @@ def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
         raise UserError(f"SynthWorld classify split must be 'select' or 'eval', got {split!r}")
     d = cls_dir / split
     if not d.is_dir():
-        counts = _manifest_counts(cls_dir.parent)
+        counts = (read_manifest(cls_dir.parent) or {}).get("counts") or {}
         if counts.get(f"classify_{split}") == 0:
             raise UserError(f"the SynthWorld {cls_dir.parent} has no classify/{split} images (generated with "
                             f"--num-classify-{split} 0); generate one with --num-classify-{split} N")
         raise UserError(f"SynthWorld classify split not found: {d} ({hint})")
     return FolderDataset(d, transform, classnames=cls_dir / "classnames.txt")
-
-
-def _manifest_counts(world: Path) -> dict:
-    """The ``counts`` of a SynthWorld's manifest.json ({} when there is none)."""
-    import json
-
-    try:
-        counts = json.loads((world / "manifest.json").read_text(encoding="utf-8")).get("counts")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return counts if isinstance(counts, dict) else {}
 
 
 def build_classification_dataset(kind: str, root: PathLike, split: Optional[str] = None,

@@ -110,6 +110,3 @@ def check_pretrain_shards(shards: str | os.PathLike) -> None:
     if tars and all(_empty_tar(t) for t in tars):
         raise UserError(f"the shards in {shards} hold no samples ({len(tars)} empty .tar files); {REGENERATE}")
 
-
-__all__ = ["DATA_FOLDERS", "written_files", "file_checksums", "read_manifest", "damaged_files", "broken_shards",
-           "check_pretrain_shards"]

@@ -61,5 +61,3 @@ def _wrap(text: str, width: int) -> list[str]:
         lines.append(cur)
     return lines
 
-
-__all__ = ["write_preview"]

@@ -134,5 +134,3 @@ def paired_split(n: int, paired_fraction: float, seed: int = 0) -> tuple[np.ndar
     k = max(1, int(round(f * n)))
     return np.sort(order[:k]), np.sort(order[k:])
 
-
-__all__ = ["RetrievalSplit", "load_retrieval_split", "PretrainItems", "read_pretrain_items", "paired_split"]

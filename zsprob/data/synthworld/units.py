@@ -17,7 +17,7 @@ def pretrain_unit(args: dict) -> dict:
     out = Path(args["out"])
     path = out / "pretrain" / f"shard-{args['shard']:06d}.tar"
     n = args["end"] - args["start"]
-    if path.is_file() and args.get("resume", True):
+    if path.is_file():
         return {"kind": "pretrain", "n": n, "skipped": True}
     world = SynthWorld(args["seed"], args["image_size"])
     members = []
@@ -38,17 +38,15 @@ def classify_unit(args: dict) -> dict:
     out = Path(args["out"])
     world = SynthWorld(args["seed"], args["image_size"])
     part = args["part"]
-    done = 0
     skipped = 0
     for i in range(args["start"], args["end"]):
         cls = SHAPES[i % len(SHAPES)]
         path = out / "classify" / part / cls / f"{cls}_{i // len(SHAPES):05d}.jpg"
-        if path.is_file() and args.get("resume", True):
+        if path.is_file():
             skipped += 1
             continue
         s = world.sample(f"classify-{part}", i)
         write_atomic(path, _jpeg(s.image, args["quality"]))
-        done += 1
     return {"kind": "classify", "n": args["end"] - args["start"], "skipped": skipped == args["end"] - args["start"]}
 
 
@@ -61,7 +59,7 @@ def retrieval_unit(args: dict) -> dict:
     skipped = 0
     for i in range(args["start"], args["end"]):
         path = out / "retrieval" / "images" / split / f"{RETRIEVAL_ID_BASE[split] + i}.jpg"
-        if path.is_file() and args.get("resume", True):  # ground truth without rendering
+        if path.is_file():  # ground truth without rendering
             meta = world.meta(f"retrieval-{split}", i)
             skipped += 1
         else:
@@ -77,5 +75,3 @@ def run_unit(args: dict) -> dict:
     """Run one unit by its ``kind`` (the function a process pool maps)."""
     return {"pretrain": pretrain_unit, "classify": classify_unit, "retrieval": retrieval_unit}[args["kind"]](args)
 
-
-__all__ = ["pretrain_unit", "classify_unit", "retrieval_unit", "run_unit"]

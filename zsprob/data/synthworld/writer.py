@@ -22,8 +22,8 @@ from zsprob.data.synthworld.preview import write_preview
 from zsprob.data.synthworld.scene import (BACKGROUNDS, COLOR_NAMES, COND_P, CONDITIONS, FILLS, NUM_OBJECTS_P,
                                           POSITIONS, SHAPES, SIZES)
 from zsprob.data.synthworld.units import run_unit
-from zsprob.data.synthworld.world import (AMBIGUITY_METHOD, CAPTIONS_PER_IMAGE, FORMAT_VERSION, RETRIEVAL_ID_BASE,
-                                          check_image_size)
+from zsprob.data.synthworld.world import (AMBIGUITY_METHOD, CAPTIONS_PER_IMAGE, DEFAULTS, FORMAT_VERSION,
+                                          RETRIEVAL_ID_BASE, check_image_size)
 from zsprob.errors import UserError
 
 #: images per classification / retrieval work unit
@@ -31,62 +31,52 @@ CHUNK = 250
 log = logging.getLogger("zsprob.data")
 
 
-def _params(image_size, num_pretrain, num_classify_select, num_classify_eval, num_retrieval,
-            num_retrieval_val, noise, seed, shard_size, quality) -> dict:
-    return {"format_version": FORMAT_VERSION, "seed": seed, "image_size": image_size, "noise": noise,
-            "num_pretrain": num_pretrain, "num_classify_select": num_classify_select,
-            "num_classify_eval": num_classify_eval, "num_retrieval": num_retrieval,
-            "num_retrieval_val": num_retrieval_val, "shard_size": shard_size, "jpeg_quality": quality}
-
-
-def _validate(image_size, counts: dict, noise, seed, shard_size, quality, workers) -> None:
-    check_image_size(image_size)
-    for k, v in counts.items():
-        if not isinstance(v, (int, np.integer)) or v < 0:
+def _validate(world: dict, quality, workers) -> None:
+    check_image_size(world["image_size"])
+    for k, v in world.items():
+        if k.startswith("num_") and (not isinstance(v, (int, np.integer)) or v < 0):
             raise UserError(f"{k} must be a non-negative integer, got {v!r}")
-    if not 0.0 <= float(noise) <= 1.0:
-        raise UserError(f"noise must be in [0, 1], got {noise}")
-    if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise UserError(f"seed must be a non-negative integer, got {seed!r}")
-    if shard_size < 1:
-        raise UserError(f"shard size must be >= 1, got {shard_size}")
+    if not 0.0 <= float(world["noise"]) <= 1.0:
+        raise UserError(f"noise must be in [0, 1], got {world['noise']}")
+    if not isinstance(world["seed"], (int, np.integer)) or world["seed"] < 0:
+        raise UserError(f"seed must be a non-negative integer, got {world['seed']!r}")
+    if world["shard_size"] < 1:
+        raise UserError(f"shard size must be >= 1, got {world['shard_size']}")
     if not 1 <= quality <= 100:
         raise UserError(f"JPEG quality must be in [1, 100], got {quality}")
     if workers < 1:
         raise UserError(f"workers must be >= 1, got {workers}")
 
 
-def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int = 20000,
-             num_classify_select: int = 10, num_classify_eval: int = 50, num_retrieval: int = 1000,
-             num_retrieval_val: int | None = 500, noise: float = 0.0, seed: int = 0,
-             shard_size: int = 1000, jpeg_quality: int = 90, workers: int = 1, progress: bool = True,
-             overwrite: bool = False, preview: bool = False,
-             callback: Callable[[str, int], None] | None = None) -> dict:
-    """Write a SynthWorld under ``out`` and return its manifest (docs/synthworld.md). ``num_classify_*`` are
-    images per class. The same arguments resume; others on an existing world are a UserError unless
-    ``overwrite`` (which deletes the world's folders first)."""
-    if num_retrieval_val is None:
-        num_retrieval_val = num_retrieval // 2
-    counts = dict(num_pretrain=num_pretrain, num_classify_select=num_classify_select,
-                  num_classify_eval=num_classify_eval, num_retrieval=num_retrieval,
-                  num_retrieval_val=num_retrieval_val)
-    _validate(image_size, counts, noise, seed, shard_size, jpeg_quality, workers)
-    image_size, seed, noise = int(image_size), int(seed), float(noise)
+def generate(out: str | os.PathLike, *, jpeg_quality: int = 90, workers: int = 1, progress: bool = True,
+             overwrite: bool = False, preview: bool = False, callback: Callable[[str, int], None] | None = None,
+             **world) -> dict:
+    """Write a SynthWorld under ``out`` and return its manifest (docs/synthworld.md). ``world``: any of the
+    keys of :data:`DEFAULTS` (image size, image counts, noise, seed, shard size), the rest as there;
+    ``num_classify_*`` are images per class. The same arguments resume; others on an existing world are a
+    UserError unless ``overwrite`` (which deletes the world's folders first)."""
+    unknown = sorted(set(world) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"generate() got unexpected keyword arguments {unknown}")
+    world = {**DEFAULTS, **world}
+    _validate(world, jpeg_quality, workers)
+    counts = {k: v for k, v in world.items() if k.startswith("num_")}
+    image_size, seed, noise = int(world["image_size"]), int(world["seed"]), float(world["noise"])
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out must be a directory, but {out} is a file")
-    params = _params(image_size, num_pretrain, num_classify_select, num_classify_eval, num_retrieval,
-                     num_retrieval_val, noise, seed, shard_size, jpeg_quality)
+    params = {"format_version": FORMAT_VERSION, "seed": seed, "image_size": image_size, "noise": noise, **counts,
+              "shard_size": world["shard_size"], "jpeg_quality": jpeg_quality}
     if not any(counts.values()):
         raise UserError("nothing to generate: every image count (--num-pretrain, --num-classify-select, "
                         "--num-classify-eval, --num-retrieval, --num-retrieval-val) is 0")
     _prepare_out(out, params, overwrite)
     regenerated = _remove_damaged(out)
 
-    base = dict(out=str(out), seed=seed, image_size=image_size, quality=jpeg_quality, resume=True)
-    units = _make_units(base, counts, shard_size, noise)
-    total_samples = num_pretrain + (num_classify_select + num_classify_eval) * len(SHAPES) + \
-        num_retrieval + num_retrieval_val
+    base = dict(out=str(out), seed=seed, image_size=image_size, quality=jpeg_quality)
+    units = _make_units(base, counts, world["shard_size"], noise)
+    classify = (counts["num_classify_select"] + counts["num_classify_eval"]) * len(SHAPES)
+    total_samples = counts["num_pretrain"] + classify + counts["num_retrieval"] + counts["num_retrieval_val"]
     t0 = time.perf_counter()
     rendered, retrieval_metas = _run_units(units, counts, workers, total_samples, progress, callback)
     gen_s = time.perf_counter() - t0
@@ -99,8 +89,7 @@ def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int 
     (out / "classify").mkdir(parents=True, exist_ok=True)
     write_atomic(out / "classify" / "classnames.txt", ("\n".join(SHAPES) + "\n").encode())
 
-    n_shards = (num_pretrain + shard_size - 1) // shard_size
-    manifest = _manifest(params, n_shards, total_samples)
+    manifest = _manifest(params, total_samples)
     manifest["checksums"] = file_checksums(out)
     write_atomic(out / "manifest.json", (dumps(manifest, indent=2) + "\n").encode())
     if preview:
@@ -162,8 +151,7 @@ def _make_units(base: dict, counts: dict, shard_size: int, noise: float) -> list
     retrieval chunks (test, val); ``base`` holds what every unit shares."""
     num_pretrain = counts["num_pretrain"]
     units: list[dict] = []
-    n_shards = (num_pretrain + shard_size - 1) // shard_size
-    for k in range(n_shards):
+    for k in range(_num_shards(num_pretrain, shard_size)):
         units.append(dict(base, kind="pretrain", shard=k, start=k * shard_size,
                           end=min(num_pretrain, (k + 1) * shard_size), noise=noise))
     for part, per_class in (("select", counts["num_classify_select"]), ("eval", counts["num_classify_eval"])):
@@ -205,10 +193,15 @@ def _run_units(units: list[dict], counts: dict, workers: int, total_samples: int
     return rendered, retrieval_metas
 
 
-def _manifest(params: dict, n_shards: int, total_samples: int) -> dict:
+def _num_shards(num_pretrain: int, shard_size: int) -> int:
+    return (num_pretrain + shard_size - 1) // shard_size
+
+
+def _manifest(params: dict, total_samples: int) -> dict:
     """``manifest.json``: the run's arguments and counts, the vocabulary, the priors and the file layout."""
     from zsprob import __version__
 
+    n_shards = _num_shards(params["num_pretrain"], params["shard_size"])
     num_classify_select, num_classify_eval = params["num_classify_select"], params["num_classify_eval"]
     num_retrieval, num_retrieval_val = params["num_retrieval"], params["num_retrieval_val"]
     return {
@@ -297,5 +290,3 @@ def _write_karpathy_json(out: Path, retrieval_metas: dict[str, list]) -> None:
     write_atomic(out / "retrieval" / "dataset_synthworld.json",
                   (dumps({"dataset": "synthworld", "images": images}) + "\n").encode())
 
-
-__all__ = ["generate", "CHUNK"]
