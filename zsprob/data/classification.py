@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from zsprob.errors import UserError
+from zsprob.errors import UserError, not_found, require_dir, require_file
 
 __all__ = ["FolderDataset", "ImageNetDataset", "build_classification_dataset", "imagenet_synsets",
            "imagenet_classnames", "IMAGE_EXTENSIONS", "KINDS"]
@@ -57,8 +57,7 @@ def imagenet_classnames(path: Optional[PathLike] = None) -> list[str]:
 
 
 def _read_lines(path: Path, what: str) -> list[str]:
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path}")
+    require_file(path, what)
     lines = [ln.rstrip("\r\n") for ln in path.read_text(encoding="utf-8").splitlines()]
     while lines and not lines[-1].strip():
         lines.pop()
@@ -248,10 +247,8 @@ class FolderDataset(_ImageList):
 
     def __init__(self, root: PathLike, transform: Optional[Callable] = None,
                  classnames: Union[None, PathLike, Sequence[str]] = None):
-        self.root = Path(root)
+        self.root = require_dir(root, "image folder")
         self.transform = transform
-        if not self.root.is_dir():
-            raise UserError(f"image folder not found: {self.root}")
         folders = _subdirs(self.root)
         if not folders:
             raise UserError(f"{self.root} has no class sub-folders (expected ROOT/<class>/<image>)")
@@ -293,11 +290,9 @@ class ImageNetDataset(_ImageList):
 
     def __init__(self, root: PathLike, split: str = "val", transform: Optional[Callable] = None, *,
                  label_file: Optional[PathLike] = None, classnames_file: Optional[PathLike] = None):
-        self.root = Path(root)
+        self.root = require_dir(root, "ImageNet root", IMAGENET_HINT)
         self.split = split
         self.transform = transform
-        if not self.root.is_dir():
-            raise UserError(f"ImageNet root not found: {self.root} ({IMAGENET_HINT})")
         base = self.root / split if split and (self.root / split).is_dir() else self.root
         self.image_dir = base
         self.synsets = imagenet_synsets()
@@ -352,10 +347,7 @@ class ImageNetDataset(_ImageList):
     @staticmethod
     def _find_label_file(base: Path, label_file) -> Path:
         if label_file is not None:
-            p = Path(label_file)
-            if not p.is_file():
-                raise UserError(f"ImageNet label file not found: {p}")
-            return p
+            return require_file(label_file, "ImageNet label file")
         for d in (base, base.parent):
             for name in _LABEL_FILES:
                 if (d / name).is_file():
@@ -406,8 +398,7 @@ def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
     root = Path(root)
     hint = "generate it with `zsprob data synthetic --out OUT`"
     cls_dir = root / "classify" if (root / "classify").is_dir() else root
-    if not (cls_dir / "classnames.txt").is_file():
-        raise UserError(f"SynthWorld classify split not found: {cls_dir / 'classnames.txt'} ({hint})")
+    require_file(cls_dir / "classnames.txt", "SynthWorld classify split", hint)
     if split not in ("select", "eval"):
         raise UserError(f"SynthWorld classify split must be 'select' or 'eval', got {split!r}")
     d = cls_dir / split
@@ -416,7 +407,7 @@ def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
         if counts.get(f"classify_{split}") == 0:
             raise UserError(f"the SynthWorld {cls_dir.parent} has no classify/{split} images (generated with "
                             f"--num-classify-{split} 0); generate one with --num-classify-{split} N")
-        raise UserError(f"SynthWorld classify split not found: {d} ({hint})")
+        raise not_found("SynthWorld classify split", d, hint)
     return FolderDataset(d, transform, classnames=cls_dir / "classnames.txt")
 
 

@@ -11,7 +11,6 @@ also case-insensitive (each annotation used once); what stays unmatched is repor
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections import defaultdict
@@ -20,7 +19,8 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from zsprob.errors import UserError
+from zsprob.errors import UserError, require_dir, require_file
+from zsprob.utils.io import read_json
 
 __all__ = ["CocoCaptions", "CocoImages", "CocoPairs", "SPLITS", "KARPATHY_HINT", "ANNOTATIONS_HINT"]
 
@@ -54,13 +54,7 @@ def _check_coco_entries(entries: list, data: dict, kjson) -> None:
 
 
 def _load_json(path: Path, what: str, hint: str):
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path} ({hint})")
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{what} is not valid JSON: {path} ({e})") from None
+    return read_json(require_file(path, what, hint), what)
 
 
 class KarpathyCaptions:
@@ -75,10 +69,7 @@ class KarpathyCaptions:
     def _find_karpathy(self, karpathy_json, hint: str) -> Path:
         """The split file: ``karpathy_json``, else ``KARPATHY_NAME`` in ROOT, ROOT/annotations or ROOT/karpathy."""
         if karpathy_json is not None:
-            p = Path(karpathy_json)
-            if not p.is_file():
-                raise UserError(f"{self.WHAT} not found: {p} ({hint})")
-            return p
+            return require_file(karpathy_json, self.WHAT, hint)
         for folder in (self.root, self.root / "annotations", self.root / "karpathy"):
             if (folder / self.KARPATHY_NAME).is_file():
                 return folder / self.KARPATHY_NAME
@@ -122,10 +113,6 @@ class KarpathyCaptions:
     def image_dataset(self, transform: Optional[Callable] = None) -> "CocoImages":
         return CocoImages(self, transform)
 
-    def pair_dataset(self, transform: Optional[Callable] = None, tokenizer: Optional[Callable] = None,
-                     mode: str = "random", seed: int = 0) -> "CocoPairs":
-        return CocoPairs(self, transform, tokenizer, mode=mode, seed=seed)
-
 
 class CocoCaptions(KarpathyCaptions):
     """One Karpathy split of COCO Captions with official ids (:class:`KarpathyCaptions` attributes).
@@ -143,10 +130,8 @@ class CocoCaptions(KarpathyCaptions):
                  check_images: bool = True):
         if split not in SPLITS:
             raise UserError(f"unknown COCO split {split!r}; choose one of {', '.join(SPLITS)}")
-        self.root = Path(root)
+        self.root = require_dir(root, "COCO root directory", IMAGES_HINT)
         self.split = split
-        if not self.root.is_dir():
-            raise UserError(f"COCO root directory not found: {self.root} ({IMAGES_HINT})")
         kjson = self._find_karpathy(karpathy_json, KARPATHY_HINT)
         ann_dir = Path(annotations_dir) if annotations_dir is not None else self.root / "annotations"
         self.annotations_dir = ann_dir
@@ -180,8 +165,6 @@ class CocoCaptions(KarpathyCaptions):
         self.instance_labels: Optional[np.ndarray] = None
         self.category_ids: list[int] = []
         self.category_names: list[str] = []
-        if instances not in ("auto", True, False):
-            raise UserError(f"instances must be 'auto', True or False, got {instances!r}")
         if instances:
             files = [ann_dir / f"instances_{f}.json" for f in sorted(folders)]
             if instances is True or all(f.is_file() for f in files):

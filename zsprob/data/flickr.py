@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from zsprob.data.coco import KarpathyCaptions, _load_json
-from zsprob.errors import UserError
+from zsprob.errors import UserError, require_dir
 
 __all__ = ["Flickr30kCaptions", "KARPATHY_KINDS", "SPLITS", "KARPATHY_HINT", "IMAGES_HINT", "karpathy_captions"]
 
@@ -44,9 +44,7 @@ class Flickr30kCaptions(KarpathyCaptions):
                  captions_per_image: Optional[int] = 5, check_images: bool = True, **_coco_only):
         if split not in SPLITS:
             raise UserError(f"unknown Flickr30k split {split!r}; choose one of {', '.join(SPLITS)}")
-        self.root, self.split = Path(root), split
-        if not self.root.is_dir():
-            raise UserError(f"Flickr30k root directory not found: {self.root} ({IMAGES_HINT})")
+        self.root, self.split = require_dir(root, "Flickr30k root directory", IMAGES_HINT), split
         kjson = self._find_karpathy(karpathy_json, KARPATHY_HINT)
         data = _load_json(kjson, self.WHAT, KARPATHY_HINT)
         if not isinstance(data, dict) or not isinstance(data.get("images"), list):
