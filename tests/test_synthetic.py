@@ -492,7 +492,7 @@ def test_make_scene_for_controlled_tests():
 
 
 def test_interrupted_generation_leaves_no_partial_files_and_resumes(tmp_path, monkeypatch):
-    import zsprob.data.synthworld.units as S
+    import zsprob.data.synthworld.writer as S
 
     kw = dict(TINY, num_pretrain=50, num_classify_eval=1, num_retrieval=6, num_retrieval_val=0)
     ref = tmp_path / "ref"

@@ -1,7 +1,8 @@
 """Writing a SynthWorld: :func:`generate` checks the arguments, makes ``out`` ready (resume, or refuse /
-overwrite a world made with other arguments), runs the work units (one process or a pool; ``units``
-renders), then writes the retrieval annotations, the class names and the manifest. Every byte goes
-through ``files``, so the output does not depend on ``workers``.
+overwrite a world made with other arguments), runs the work units, then writes the retrieval annotations,
+the class names and the manifest. A unit (one pretraining shard, one chunk of classification or retrieval
+images) is a pure function of its argument dict, run in any process and order and skipped where its files
+exist; every byte goes through ``files``, so the output does not depend on ``workers``.
 """
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from typing import Callable
 import numpy as np
 
 from zsprob.data.synthworld.captions import match_matrix
-from zsprob.data.synthworld.checks import broken_shards, damaged_files, file_checksums, read_manifest
-from zsprob.data.synthworld.files import dumps, sparse_npz_bytes, write_atomic
+from zsprob.data.synthworld.checks import DATA_FOLDERS, broken_shards, damaged_files, file_checksums, read_manifest
+# _jpeg is looked up at every call (the interrupted-run test replaces it here)
+from zsprob.data.synthworld.files import dumps, jpeg_bytes as _jpeg, sparse_npz_bytes, tar_bytes, write_atomic
 from zsprob.data.synthworld.preview import write_preview
 from zsprob.data.synthworld.scene import (BACKGROUNDS, COLOR_NAMES, COND_P, CONDITIONS, FILLS, NUM_OBJECTS_P,
                                           POSITIONS, SHAPES, SIZES)
-from zsprob.data.synthworld.units import run_unit
 from zsprob.data.synthworld.world import (AMBIGUITY_METHOD, CAPTIONS_PER_IMAGE, DEFAULTS, FORMAT_VERSION,
-                                          RETRIEVAL_ID_BASE, check_image_size)
+                                          RETRIEVAL_ID_BASE, SynthWorld, check_image_size)
 from zsprob.errors import UserError
 
 #: images per classification / retrieval work unit
@@ -129,17 +130,16 @@ def _prepare_out(out: Path, params: dict, overwrite: bool) -> None:
             old = None
     elif (out / "manifest.json").is_file():
         old = {"unknown": True}
-    if old is not None and old != params:
-        if not overwrite:
-            raise UserError(f"{out} already holds a SynthWorld generated with other arguments; "
-                            "use another --out or --overwrite")
+    if old is not None and old != params and not overwrite:
+        raise UserError(f"{out} already holds a SynthWorld generated with other arguments; "
+                        "use another --out or --overwrite")
     if overwrite and old is not None:  # only ever delete what a SynthWorld run wrote
-        for sub in ("pretrain", "classify", "retrieval"):
+        for sub in DATA_FOLDERS:
             shutil.rmtree(out / sub, ignore_errors=True)
         for f in ("manifest.json", "preview.png"):
             (out / f).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    for sub in ("pretrain", "classify", "retrieval"):  # temp files of a killed run
+    for sub in DATA_FOLDERS:  # temp files of a killed run
         if (out / sub).is_dir():
             for tmp in (out / sub).rglob(".*.tmp"):
                 tmp.unlink(missing_ok=True)
@@ -164,6 +164,57 @@ def _make_units(base: dict, counts: dict, shard_size: int, noise: float) -> list
     return units
 
 
+def _pretrain_unit(args: dict) -> dict:
+    """Write pretraining shard ``args["shard"]`` (samples ``start`` .. ``end``: JPEG, first caption, metadata)."""
+    path = Path(args["out"]) / "pretrain" / f"shard-{args['shard']:06d}.tar"
+    n = args["end"] - args["start"]
+    if path.is_file():
+        return {"kind": "pretrain", "n": n, "skipped": True}
+    world = SynthWorld(args["seed"], args["image_size"])
+    members = []
+    for i in range(args["start"], args["end"]):
+        s = world.sample("pretrain", i, noise=args["noise"])
+        key = f"{i:09d}"
+        rec = {"key": key, "status": "success", "caption": s.captions[0], "width": world.image_size,
+               "height": world.image_size, **s.meta}
+        members += [(f"{key}.jpg", _jpeg(s.image, args["quality"])),
+                    (f"{key}.txt", s.captions[0].encode("utf-8")),
+                    (f"{key}.json", dumps(rec).encode("utf-8"))]
+    write_atomic(path, tar_bytes(members))
+    return {"kind": "pretrain", "n": n, "skipped": False}
+
+
+def _images_unit(args: dict) -> dict:
+    """Write images ``start`` .. ``end`` of a classification part (a folder per class) or of a retrieval split;
+    a retrieval unit returns their metadata for the annotations (without rendering the images that exist)."""
+    out, world = Path(args["out"]), SynthWorld(args["seed"], args["image_size"])
+    retrieval = args["kind"] == "retrieval"
+    metas, skipped = [], 0
+    for i in range(args["start"], args["end"]):
+        if retrieval:
+            split = f"retrieval-{args['split']}"
+            path = out / "retrieval" / "images" / args["split"] / f"{RETRIEVAL_ID_BASE[args['split']] + i}.jpg"
+        else:
+            split, cls = f"classify-{args['part']}", SHAPES[i % len(SHAPES)]
+            path = out / "classify" / args["part"] / cls / f"{cls}_{i // len(SHAPES):05d}.jpg"
+        if path.is_file():
+            skipped += 1
+            if retrieval:  # the ground truth without rendering
+                metas.append(world.meta(split, i))
+            continue
+        s = world.sample(split, i)
+        write_atomic(path, _jpeg(s.image, args["quality"]))
+        metas.append(s.meta)
+    n = args["end"] - args["start"]
+    return {"kind": args["kind"], "n": n, "skipped": skipped == n, "metas": metas if retrieval else None,
+            "split": args.get("split"), "start": args["start"]}
+
+
+def _run_unit(args: dict) -> dict:
+    """Run one unit by its ``kind`` (the function a process pool maps)."""
+    return (_pretrain_unit if args["kind"] == "pretrain" else _images_unit)(args)
+
+
 def _run_units(units: list[dict], counts: dict, workers: int, total_samples: int, progress: bool,
                callback) -> tuple[int, dict[str, list]]:
     """Run every unit (in a process pool when ``workers > 1``) under a progress bar; returns the
@@ -182,12 +233,12 @@ def _run_units(units: list[dict], counts: dict, workers: int, total_samples: int
             methods = mp.get_all_start_methods()
             ctx = mp.get_context("fork" if "fork" in methods else "spawn")
             with ctx.Pool(min(workers, len(units))) as pool:
-                results = pool.imap_unordered(run_unit, units)
+                results = pool.imap_unordered(_run_unit, units)
                 for r in results:
                     rendered += _collect(r, retrieval_metas, bar, callback)
         else:
             for u in units:
-                rendered += _collect(run_unit(u), retrieval_metas, bar, callback)
+                rendered += _collect(_run_unit(u), retrieval_metas, bar, callback)
     finally:
         bar.close()
     return rendered, retrieval_metas
