@@ -182,6 +182,24 @@ class _ImageList:
         return (self.transform(img) if self.transform is not None else img), label
 
 
+def _folder_samples(base: Path, labelled: list[tuple[str, int]], what: str):
+    """([(path, label)], [(path, why)] skipped as unreadable, the folders with no readable image) of the class
+    folders ``labelled`` [(folder, label)] under ``base``; a folder without images, or no readable image at
+    all, is a UserError."""
+    samples, skipped, unreadable = [], [], []
+    for folder, label in labelled:
+        files = _images_under(base / folder)
+        if not files:
+            raise UserError(f"{what} {base / folder} has no images ({', '.join(IMAGE_EXTENSIONS)})")
+        files, bad = readable_images(files)
+        skipped += bad
+        if not files:
+            unreadable.append(folder)
+        samples.extend((p, label) for p in files)
+    require_readable(samples, skipped, base)
+    return samples, skipped, unreadable
+
+
 def class_key(name: str) -> str:
     """A class name as matched against another list of them: underscores read as spaces, whitespace and
     case ignored (``Oak_tree`` matches "oak tree")."""
@@ -255,20 +273,9 @@ class FolderDataset(_ImageList):
         if classnames is None and (self.root / "classnames.txt").is_file():
             classnames = self.root / "classnames.txt"
         self.class_folders, self.classnames = _resolve_classnames(folders, classnames, self.root)
-        self.samples = []
-        self.skipped: list[tuple[Path, str]] = []  # (path, why) of the images left out as unreadable
-        unreadable_classes = []
-        for label, folder in enumerate(self.class_folders):
-            files = _images_under(self.root / folder)
-            if not files:
-                raise UserError(f"class folder {self.root / folder} has no images "
-                                f"({', '.join(IMAGE_EXTENSIONS)})")
-            files, bad = readable_images(files)
-            self.skipped += bad
-            if not files:
-                unreadable_classes.append(folder)
-            self.samples.extend((p, label) for p in files)
-        require_readable(self.samples, self.skipped, self.root)
+        # skipped: (path, why) of the images left out as unreadable
+        self.samples, self.skipped, unreadable_classes = _folder_samples(
+            self.root, [(folder, label) for label, folder in enumerate(self.class_folders)], "class folder")
         if unreadable_classes:
             example, why = self.skipped[0]
             raise UserError(f"class folder {self.root / unreadable_classes[0]} has no readable images "
@@ -298,7 +305,6 @@ class ImageNetDataset(_ImageList):
         self.synsets = imagenet_synsets()
         index = {w: i for i, w in enumerate(self.synsets)}
         self.classnames = imagenet_classnames(classnames_file)
-        self.skipped: list[tuple[Path, str]] = []  # (path, why) of the images left out as unreadable
         dirs = _subdirs(base)
         wnid_dirs = [d for d in dirs if _WNID.match(d)]
         if wnid_dirs and label_file is None:
@@ -310,15 +316,7 @@ class ImageNetDataset(_ImageList):
             others = [d for d in dirs if d not in index]
             if others:
                 raise UserError(f"{base} mixes synset folders with other folders ({others[:3]})")
-            self.samples = []
-            for d in wnid_dirs:
-                files = _images_under(base / d)
-                if not files:
-                    raise UserError(f"synset folder {base / d} has no images")
-                files, bad = readable_images(files)
-                self.skipped += bad
-                self.samples.extend((p, index[d]) for p in files)
-            require_readable(self.samples, self.skipped, base)
+            self.samples, self.skipped, _ = _folder_samples(base, [(d, index[d]) for d in wnid_dirs], "synset folder")
             self.present_classes = len({label for _, label in self.samples})
         else:
             self.layout = "flat"

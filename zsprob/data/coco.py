@@ -1,6 +1,6 @@
 """COCO Captions with the Karpathy splits, official COCO ids and optional instance labels, and the parts every
 Karpathy-split caption set shares (:class:`KarpathyCaptions`: finding the split file, the caption lists,
-the image and pair datasets; Flickr30k is the other one, :mod:`zsprob.data.flickr`).
+the image dataset; Flickr30k is the other one, :mod:`zsprob.data.flickr`).
 
 Files (docs/data.md): ``dataset_coco.json``, ``annotations/captions_{train,val}2014.json``, optionally
 ``annotations/instances_*.json``, and the image folders. The Karpathy file has only its own sentence ids,

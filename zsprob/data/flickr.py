@@ -1,5 +1,5 @@
 """Flickr30k with the Karpathy splits, read the way COCO is (:class:`zsprob.data.coco.KarpathyCaptions`:
-the same attributes and image / pair datasets). Files: ``dataset_flickr30k.json`` (Karpathy's NeuralTalk
+the same attributes and image dataset). Files: ``dataset_flickr30k.json`` (Karpathy's NeuralTalk
 splits) in ROOT, ROOT/annotations or ROOT/karpathy, and the images unpacked to ROOT/flickr30k-images,
 ROOT/images or ROOT. :func:`karpathy_captions` picks the class of a data kind, the one switch the
 trainer and ``zsprob eval`` use.

@@ -308,15 +308,9 @@ def _write_retrieval_split(out: Path, split: str, metas: list[dict], image_size:
     pos = match_matrix(capt, metas)
     write_atomic(out / "retrieval" / f"{split}_positives.npz", sparse_npz_bytes(pos))
     base = RETRIEVAL_ID_BASE[split]
-    image_meta = []
-    for i, m in enumerate(metas):
-        im = {k: v for k, v in m.items() if k != "captions"}
-        im["image_id"] = base + i
-        image_meta.append(im)
-    caption_meta = []
-    for i, m in enumerate(metas):
-        for k, cm in enumerate(m["captions"]):
-            caption_meta.append(dict(cm, caption_id=(base + i) * 10 + k, image_index=i, image_id=base + i))
+    image_meta = [dict({k: v for k, v in m.items() if k != "captions"}, image_id=base + i) for i, m in enumerate(metas)]
+    caption_meta = [dict(cm, caption_id=(base + i) * 10 + k, image_index=i, image_id=base + i)
+                    for i, m in enumerate(metas) for k, cm in enumerate(m["captions"])]
     doc = {"split": split, "image_size": image_size, "num_images": len(metas), "num_captions": len(capt),
            "ambiguity_method": AMBIGUITY_METHOD, "image_meta": image_meta, "caption_meta": caption_meta,
            "caption_ambiguity": [cm["ambiguity"] for cm in caption_meta]}
@@ -330,11 +324,8 @@ def _write_karpathy_json(out: Path, retrieval_metas: dict[str, list]) -> None:
     for split in ("test", "val"):
         base = RETRIEVAL_ID_BASE[split]
         for i, m in enumerate(retrieval_metas[split]):
-            sents = []
-            for k, cm in enumerate(m["captions"]):
-                sid = (base + i) * 10 + k
-                toks = cm["text"].lower().replace(",", " ").split()
-                sents.append({"tokens": toks, "raw": cm["text"], "imgid": imgid, "sentid": sid})
+            sents = [{"tokens": cm["text"].lower().replace(",", " ").split(), "raw": cm["text"], "imgid": imgid,
+                      "sentid": (base + i) * 10 + k} for k, cm in enumerate(m["captions"])]
             images.append({"filepath": split, "filename": f"{base + i}.jpg", "imgid": imgid, "split": split,
                            "cocoid": base + i, "sentids": [s["sentid"] for s in sents], "sentences": sents})
             imgid += 1
