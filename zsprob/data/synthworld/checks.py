@@ -44,14 +44,8 @@ def read_manifest(out: Path) -> dict | None:
 
 def damaged_files(out: str | os.PathLike, checksums: dict) -> list[str]:
     """The recorded files that are missing or whose size or SHA-256 differs from ``checksums``, sorted."""
-    out = Path(out)
-    bad = []
-    for rel, want in sorted(checksums.items()):
-        path = out / rel
-        if not isinstance(want, dict) or not path.is_file() or path.stat().st_size != want.get("size") \
-                or sha256_file(path) != want.get("sha256"):
-            bad.append(rel)
-    return bad
+    found = file_checksums(out)
+    return sorted(rel for rel, want in checksums.items() if found.get(rel) != want)
 
 
 def broken_shards(out: str | os.PathLike) -> list[str]:
