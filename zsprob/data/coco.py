@@ -45,10 +45,8 @@ def _ws(s: str) -> str:
 def _check_coco_entries(entries: list, data: dict, kjson) -> None:
     """One line when the split file's image entries are not COCO's (Flickr30k's Karpathy file has the same
     layout, with ``imgid`` and no ``cocoid``)."""
-    lacking = next((im for im in entries if not isinstance(im, dict) or "cocoid" not in im or "filename" not in im),
-                   None)
-    if lacking is not None:
-        flickr = isinstance(lacking, dict) and str(data.get("dataset", "")).startswith("flickr")
+    if any("cocoid" not in im or "filename" not in im for im in entries):
+        flickr = str(data.get("dataset", "")).startswith("flickr")
         raise UserError(f"{kjson} is not COCO's Karpathy split: an image entry has no 'cocoid' / 'filename' "
                         f"(a {'Flickr30k' if flickr else 'another dataset'} file?); give dataset_coco.json")
 
@@ -74,6 +72,17 @@ class KarpathyCaptions:
             if (folder / self.KARPATHY_NAME).is_file():
                 return folder / self.KARPATHY_NAME
         raise UserError(f"{self.WHAT} not found: {self.root / self.KARPATHY_NAME} ({hint})")
+
+    def _split_entries(self, karpathy_json, hint: str, splits: Sequence[str]) -> tuple[Path, dict, list]:
+        """The split file, its content and its image entries of ``splits`` (a UserError when there is none)."""
+        kjson = self._find_karpathy(karpathy_json, hint)
+        data = _load_json(kjson, self.WHAT, hint)
+        if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+            raise UserError(f"{kjson} is not a Karpathy split file (no 'images' list)")
+        entries = [im for im in data["images"] if isinstance(im, dict) and im.get("split") in splits]
+        if not entries:
+            raise UserError(f"no images with split {' / '.join(splits)} in {kjson}")
+        return kjson, data, entries
 
     def _read_images(self, entries: list, kjson: Path, captions_per_image: Optional[int], image_id, image_path) \
             -> list[str]:
@@ -132,16 +141,9 @@ class CocoCaptions(KarpathyCaptions):
             raise UserError(f"unknown COCO split {split!r}; choose one of {', '.join(SPLITS)}")
         self.root = require_dir(root, "COCO root directory", IMAGES_HINT)
         self.split = split
-        kjson = self._find_karpathy(karpathy_json, KARPATHY_HINT)
         ann_dir = Path(annotations_dir) if annotations_dir is not None else self.root / "annotations"
         self.annotations_dir = ann_dir
-        data = _load_json(kjson, self.WHAT, KARPATHY_HINT)
-        if not isinstance(data, dict) or "images" not in data:
-            raise UserError(f"{kjson} is not a Karpathy split file (no 'images' list)")
-        wanted = set(SPLITS[split])
-        entries = [im for im in data["images"] if im.get("split") in wanted]
-        if not entries:
-            raise UserError(f"no images with split {sorted(wanted)} in {kjson}")
+        kjson, data, entries = self._split_entries(karpathy_json, KARPATHY_HINT, SPLITS[split])
         _check_coco_entries(entries, data, kjson)
         dirs: dict[str, Path] = {}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
-from zsprob.data.coco import KarpathyCaptions, _load_json
+from zsprob.data.coco import KarpathyCaptions
 from zsprob.errors import UserError, require_dir
 
 __all__ = ["Flickr30kCaptions", "KARPATHY_KINDS", "SPLITS", "KARPATHY_HINT", "IMAGES_HINT", "karpathy_captions"]
@@ -45,13 +45,7 @@ class Flickr30kCaptions(KarpathyCaptions):
         if split not in SPLITS:
             raise UserError(f"unknown Flickr30k split {split!r}; choose one of {', '.join(SPLITS)}")
         self.root, self.split = require_dir(root, "Flickr30k root directory", IMAGES_HINT), split
-        kjson = self._find_karpathy(karpathy_json, KARPATHY_HINT)
-        data = _load_json(kjson, self.WHAT, KARPATHY_HINT)
-        if not isinstance(data, dict) or not isinstance(data.get("images"), list):
-            raise UserError(f"{kjson} is not a Karpathy split file (no 'images' list)")
-        entries = [im for im in data["images"] if isinstance(im, dict) and im.get("split") == split]
-        if not entries:
-            raise UserError(f"no images with split {split!r} in {kjson}")
+        kjson, _, entries = self._split_entries(karpathy_json, KARPATHY_HINT, (split,))
         lacking = next((im for im in entries
                         if "filename" not in im or not isinstance(im.get("sentences") or [], list)), None)
         if lacking is not None:

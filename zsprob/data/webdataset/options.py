@@ -9,8 +9,6 @@ from typing import Any, Callable, Optional, Sequence
 from zsprob.data.captions import SHARD_KINDS
 from zsprob.errors import UserError
 
-IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
-
 
 @dataclass(frozen=True)
 class ShardPipelineOptions:
@@ -27,7 +25,7 @@ class ShardPipelineOptions:
     shuffle_initial: int = 500
     num_workers: int = 0
     caption_key: str = "txt"
-    image_keys: Sequence[str] = IMAGE_KEYS
+    image_keys: Sequence[str] = ("jpg", "jpeg", "png", "webp")
     dataset_type: str = "webdataset"
     prepend_subreddit: bool = False
     keep_emoji: bool = False

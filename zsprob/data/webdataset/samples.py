@@ -157,12 +157,11 @@ class SampleDecoder:
                 counts.bad("bad_caption", f"{s['__key__']}.json: {e}")
                 return None
             cap = meta.get(field) if isinstance(meta, dict) else None
-            if isinstance(cap, (list, tuple)):
-                cap = [c if isinstance(c, str) else (c.get("text") or c.get("caption"))
-                       if isinstance(c, dict) else None for c in cap]
-                cap = [c for c in cap if isinstance(c, str)]
-                cap = random.Random(seed).choice(cap) if cap else None
-            if cap is None or not isinstance(cap, str):
+            if isinstance(cap, (list, tuple)):  # strings or records with a "text" / "caption" field
+                texts = [(c.get("text") or c.get("caption")) if isinstance(c, dict) else c for c in cap]
+                texts = [c for c in texts if isinstance(c, str)]
+                cap = random.Random(seed).choice(texts) if texts else None
+            if not isinstance(cap, str):
                 counts.bad("missing_caption", f"{s['__key__']}: json has no {field!r}")
                 return None
         else:
