@@ -10,6 +10,7 @@ import pytest
 
 from conftest import TINY_TOWERS, tiny_model_args
 from zsprob import UserError
+from zsprob.data.coco import CocoPairs
 from zsprob.data.flickr import Flickr30kCaptions, karpathy_captions
 
 
@@ -67,7 +68,7 @@ def test_the_karpathy_file_is_read_like_coco(flickr, world):
     assert len(karpathy_captions("flickr30k", flickr, "train")) == 16 and len(Flickr30kCaptions(flickr, "val")) == 4
     image, index = test.image_dataset(lambda im: im.size)[3]
     assert image == (32, 32) and index == 3
-    pairs = test.pair_dataset(mode="all")
+    pairs = CocoPairs(test, mode="all")
     assert len(pairs) == 60 and pairs[7][1:] == (test.captions[7], 1, 7)
 
 

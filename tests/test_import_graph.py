@@ -104,9 +104,9 @@ def test_no_import_cycle_in_the_package():
 @pytest.mark.parametrize("kernel, forbidden", [
     ("zsprob.retrieval.index_format", "zsprob.retrieval"),  # the index's names, read by the CLI without torch
     ("zsprob.models.checkpoint", "zsprob.models"),  # the file format imports nothing from models/
-    # the shard pipeline's leaves: URLs, counters and seeds know nothing of the stream or the loader
+    # the shard pipeline's leaves: URLs, options and seeds know nothing of the stream or the loader
     ("zsprob.data.webdataset.shards", "zsprob.data.webdataset"),
-    ("zsprob.data.webdataset.counts", "zsprob.data.webdataset"),
+    ("zsprob.data.webdataset.options", "zsprob.data.webdataset"),
     ("zsprob.data.webdataset.seeding", "zsprob.data.webdataset"),
 ])
 def test_kernels_import_nothing_from_their_package(kernel, forbidden):

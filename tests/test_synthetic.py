@@ -426,15 +426,32 @@ def test_cli_data_group_help():
     assert r.returncode == 0 and "synthetic" in r.stdout
 
 
-def test_fast_tar_writer_equals_tarfile_module():
-    from zsprob.data.synthworld.files import tar_bytes as _tar_bytes, tar_bytes_tarfile as _tar_bytes_tarfile
+def _ustar_reference(members) -> bytes:
+    """The shard layout zsprob wrote before it used tarfile's PAX format: plain USTAR, fixed metadata."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            ti.mtime = 0
+            ti.mode = 0o644
+            ti.uid = ti.gid = 0
+            ti.uname = ti.gname = ""
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_tar_writer_writes_plain_ustar_for_short_names():
+    from zsprob.data.synthworld.files import tar_bytes as _tar_bytes
 
     rnd = np.random.default_rng(0)
     members = [(f"{i:09d}.{ext}", rnd.integers(0, 256, size=int(rnd.integers(0, 1500)), dtype=np.uint8).tobytes())
                for i in range(40) for ext in ("jpg", "txt", "json")]
     for k in (0, 1, 2, 7, len(members)):
-        assert _tar_bytes(members[:k]) == _tar_bytes_tarfile(members[:k])
-    # names the fast path cannot hold fall back to tarfile (PAX)
+        assert _tar_bytes(members[:k]) == _ustar_reference(members[:k])
+    # names USTAR cannot hold get a PAX header
     import tarfile
 
     long = [("x" * 120 + ".txt", b"abc")]
@@ -475,7 +492,7 @@ def test_make_scene_for_controlled_tests():
 
 
 def test_interrupted_generation_leaves_no_partial_files_and_resumes(tmp_path, monkeypatch):
-    import zsprob.data.synthworld.units as S
+    import zsprob.data.synthworld.writer as S
 
     kw = dict(TINY, num_pretrain=50, num_classify_eval=1, num_retrieval=6, num_retrieval_val=0)
     ref = tmp_path / "ref"

@@ -10,10 +10,12 @@ from __future__ import annotations
 #: how the occlusion term's image copies are made: ``cells`` blanked (ProLIP's patch dropping on the
 #: input) or ``degrade`` (one lossy operation of :data:`DEGRADE_OPS` per image; zsprob.data.degrade)
 IMAGE_MASK_MODES = ("cells", "degrade")
+#: how the masked caption copies are made: tokens replaced by a mask token, or deleted (zsprob.data.masking)
+TEXT_MASK_MODES = ("replace", "delete")
 DEGRADE_OPS = ("cells", "blur", "downsample", "dim", "jpeg", "grayscale", "crop", "shift", "sketch")
 DEFAULT_DEGRADE_OPS = DEGRADE_OPS[:7]   # the demo recipe's seven; shift / sketch are opt-in
 
-__all__ = ["METHODS", "STRATEGIES", "IMAGE_MASK_MODES", "DEGRADE_OPS", "DEFAULT_DEGRADE_OPS"]
+__all__ = ["METHODS", "STRATEGIES", "IMAGE_MASK_MODES", "TEXT_MASK_MODES", "DEGRADE_OPS", "DEFAULT_DEGRADE_OPS"]
 
 
 def __getattr__(name):

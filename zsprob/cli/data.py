@@ -56,12 +56,10 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
 
     from zsprob.data.synthetic import generate, write_preview
 
-    cfg = dict(DEFAULTS)
-    cfg.update(PRESETS[preset])
     given = dict(image_size=image_size, num_pretrain=num_pretrain, num_classify_select=num_classify_select,
                  num_classify_eval=num_classify_eval, num_retrieval=num_retrieval,
                  num_retrieval_val=num_retrieval_val, noise=noise, seed=seed, shard_size=shard_size)
-    cfg.update({k: v for k, v in given.items() if v is not None})
+    cfg = {**DEFAULTS, **PRESETS[preset], **{k: v for k, v in given.items() if v is not None}}
     if preview_only:
         p = write_preview(Path(out) / "preview.png", seed=cfg["seed"], image_size=cfg["image_size"])
         click.echo(f"preview: {p}")

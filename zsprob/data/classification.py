@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from zsprob.errors import UserError
+from zsprob.errors import UserError, not_found, require_dir, require_file
 
 __all__ = ["FolderDataset", "ImageNetDataset", "build_classification_dataset", "imagenet_synsets",
            "imagenet_classnames", "IMAGE_EXTENSIONS", "KINDS"]
@@ -57,8 +57,7 @@ def imagenet_classnames(path: Optional[PathLike] = None) -> list[str]:
 
 
 def _read_lines(path: Path, what: str) -> list[str]:
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path}")
+    require_file(path, what)
     lines = [ln.rstrip("\r\n") for ln in path.read_text(encoding="utf-8").splitlines()]
     while lines and not lines[-1].strip():
         lines.pop()
@@ -183,6 +182,24 @@ class _ImageList:
         return (self.transform(img) if self.transform is not None else img), label
 
 
+def _folder_samples(base: Path, labelled: list[tuple[str, int]], what: str):
+    """([(path, label)], [(path, why)] skipped as unreadable, the folders with no readable image) of the class
+    folders ``labelled`` [(folder, label)] under ``base``; a folder without images, or no readable image at
+    all, is a UserError."""
+    samples, skipped, unreadable = [], [], []
+    for folder, label in labelled:
+        files = _images_under(base / folder)
+        if not files:
+            raise UserError(f"{what} {base / folder} has no images ({', '.join(IMAGE_EXTENSIONS)})")
+        files, bad = readable_images(files)
+        skipped += bad
+        if not files:
+            unreadable.append(folder)
+        samples.extend((p, label) for p in files)
+    require_readable(samples, skipped, base)
+    return samples, skipped, unreadable
+
+
 def class_key(name: str) -> str:
     """A class name as matched against another list of them: underscores read as spaces, whitespace and
     case ignored (``Oak_tree`` matches "oak tree")."""
@@ -248,30 +265,17 @@ class FolderDataset(_ImageList):
 
     def __init__(self, root: PathLike, transform: Optional[Callable] = None,
                  classnames: Union[None, PathLike, Sequence[str]] = None):
-        self.root = Path(root)
+        self.root = require_dir(root, "image folder")
         self.transform = transform
-        if not self.root.is_dir():
-            raise UserError(f"image folder not found: {self.root}")
         folders = _subdirs(self.root)
         if not folders:
             raise UserError(f"{self.root} has no class sub-folders (expected ROOT/<class>/<image>)")
         if classnames is None and (self.root / "classnames.txt").is_file():
             classnames = self.root / "classnames.txt"
         self.class_folders, self.classnames = _resolve_classnames(folders, classnames, self.root)
-        self.samples = []
-        self.skipped: list[tuple[Path, str]] = []  # (path, why) of the images left out as unreadable
-        unreadable_classes = []
-        for label, folder in enumerate(self.class_folders):
-            files = _images_under(self.root / folder)
-            if not files:
-                raise UserError(f"class folder {self.root / folder} has no images "
-                                f"({', '.join(IMAGE_EXTENSIONS)})")
-            files, bad = readable_images(files)
-            self.skipped += bad
-            if not files:
-                unreadable_classes.append(folder)
-            self.samples.extend((p, label) for p in files)
-        require_readable(self.samples, self.skipped, self.root)
+        # skipped: (path, why) of the images left out as unreadable
+        self.samples, self.skipped, unreadable_classes = _folder_samples(
+            self.root, [(folder, label) for label, folder in enumerate(self.class_folders)], "class folder")
         if unreadable_classes:
             example, why = self.skipped[0]
             raise UserError(f"class folder {self.root / unreadable_classes[0]} has no readable images "
@@ -293,17 +297,14 @@ class ImageNetDataset(_ImageList):
 
     def __init__(self, root: PathLike, split: str = "val", transform: Optional[Callable] = None, *,
                  label_file: Optional[PathLike] = None, classnames_file: Optional[PathLike] = None):
-        self.root = Path(root)
+        self.root = require_dir(root, "ImageNet root", IMAGENET_HINT)
         self.split = split
         self.transform = transform
-        if not self.root.is_dir():
-            raise UserError(f"ImageNet root not found: {self.root} ({IMAGENET_HINT})")
         base = self.root / split if split and (self.root / split).is_dir() else self.root
         self.image_dir = base
         self.synsets = imagenet_synsets()
         index = {w: i for i, w in enumerate(self.synsets)}
         self.classnames = imagenet_classnames(classnames_file)
-        self.skipped: list[tuple[Path, str]] = []  # (path, why) of the images left out as unreadable
         dirs = _subdirs(base)
         wnid_dirs = [d for d in dirs if _WNID.match(d)]
         if wnid_dirs and label_file is None:
@@ -315,15 +316,7 @@ class ImageNetDataset(_ImageList):
             others = [d for d in dirs if d not in index]
             if others:
                 raise UserError(f"{base} mixes synset folders with other folders ({others[:3]})")
-            self.samples = []
-            for d in wnid_dirs:
-                files = _images_under(base / d)
-                if not files:
-                    raise UserError(f"synset folder {base / d} has no images")
-                files, bad = readable_images(files)
-                self.skipped += bad
-                self.samples.extend((p, index[d]) for p in files)
-            require_readable(self.samples, self.skipped, base)
+            self.samples, self.skipped, _ = _folder_samples(base, [(d, index[d]) for d in wnid_dirs], "synset folder")
             self.present_classes = len({label for _, label in self.samples})
         else:
             self.layout = "flat"
@@ -352,10 +345,7 @@ class ImageNetDataset(_ImageList):
     @staticmethod
     def _find_label_file(base: Path, label_file) -> Path:
         if label_file is not None:
-            p = Path(label_file)
-            if not p.is_file():
-                raise UserError(f"ImageNet label file not found: {p}")
-            return p
+            return require_file(label_file, "ImageNet label file")
         for d in (base, base.parent):
             for name in _LABEL_FILES:
                 if (d / name).is_file():
@@ -401,32 +391,22 @@ class ImageNetDataset(_ImageList):
 
 
 def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
+    from zsprob.data.synthworld.checks import read_manifest
+
     root = Path(root)
     hint = "generate it with `zsprob data synthetic --out OUT`"
     cls_dir = root / "classify" if (root / "classify").is_dir() else root
-    if not (cls_dir / "classnames.txt").is_file():
-        raise UserError(f"SynthWorld classify split not found: {cls_dir / 'classnames.txt'} ({hint})")
+    require_file(cls_dir / "classnames.txt", "SynthWorld classify split", hint)
     if split not in ("select", "eval"):
         raise UserError(f"SynthWorld classify split must be 'select' or 'eval', got {split!r}")
     d = cls_dir / split
     if not d.is_dir():
-        counts = _manifest_counts(cls_dir.parent)
+        counts = (read_manifest(cls_dir.parent) or {}).get("counts") or {}
         if counts.get(f"classify_{split}") == 0:
             raise UserError(f"the SynthWorld {cls_dir.parent} has no classify/{split} images (generated with "
                             f"--num-classify-{split} 0); generate one with --num-classify-{split} N")
-        raise UserError(f"SynthWorld classify split not found: {d} ({hint})")
+        raise not_found("SynthWorld classify split", d, hint)
     return FolderDataset(d, transform, classnames=cls_dir / "classnames.txt")
-
-
-def _manifest_counts(world: Path) -> dict:
-    """The ``counts`` of a SynthWorld's manifest.json ({} when there is none)."""
-    import json
-
-    try:
-        counts = json.loads((world / "manifest.json").read_text(encoding="utf-8")).get("counts")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return counts if isinstance(counts, dict) else {}
 
 
 def build_classification_dataset(kind: str, root: PathLike, split: Optional[str] = None,

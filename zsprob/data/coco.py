@@ -1,6 +1,6 @@
 """COCO Captions with the Karpathy splits, official COCO ids and optional instance labels, and the parts every
 Karpathy-split caption set shares (:class:`KarpathyCaptions`: finding the split file, the caption lists,
-the image and pair datasets; Flickr30k is the other one, :mod:`zsprob.data.flickr`).
+the image dataset; Flickr30k is the other one, :mod:`zsprob.data.flickr`).
 
 Files (docs/data.md): ``dataset_coco.json``, ``annotations/captions_{train,val}2014.json``, optionally
 ``annotations/instances_*.json``, and the image folders. The Karpathy file has only its own sentence ids,
@@ -11,7 +11,6 @@ also case-insensitive (each annotation used once); what stays unmatched is repor
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections import defaultdict
@@ -20,7 +19,8 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from zsprob.errors import UserError
+from zsprob.errors import UserError, require_dir, require_file
+from zsprob.utils.io import read_json
 
 __all__ = ["CocoCaptions", "CocoImages", "CocoPairs", "SPLITS", "KARPATHY_HINT", "ANNOTATIONS_HINT"]
 
@@ -45,22 +45,14 @@ def _ws(s: str) -> str:
 def _check_coco_entries(entries: list, data: dict, kjson) -> None:
     """One line when the split file's image entries are not COCO's (Flickr30k's Karpathy file has the same
     layout, with ``imgid`` and no ``cocoid``)."""
-    lacking = next((im for im in entries if not isinstance(im, dict) or "cocoid" not in im or "filename" not in im),
-                   None)
-    if lacking is not None:
-        flickr = isinstance(lacking, dict) and str(data.get("dataset", "")).startswith("flickr")
+    if any("cocoid" not in im or "filename" not in im for im in entries):
+        flickr = str(data.get("dataset", "")).startswith("flickr")
         raise UserError(f"{kjson} is not COCO's Karpathy split: an image entry has no 'cocoid' / 'filename' "
                         f"(a {'Flickr30k' if flickr else 'another dataset'} file?); give dataset_coco.json")
 
 
 def _load_json(path: Path, what: str, hint: str):
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path} ({hint})")
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{what} is not valid JSON: {path} ({e})") from None
+    return read_json(require_file(path, what, hint), what)
 
 
 class KarpathyCaptions:
@@ -75,14 +67,22 @@ class KarpathyCaptions:
     def _find_karpathy(self, karpathy_json, hint: str) -> Path:
         """The split file: ``karpathy_json``, else ``KARPATHY_NAME`` in ROOT, ROOT/annotations or ROOT/karpathy."""
         if karpathy_json is not None:
-            p = Path(karpathy_json)
-            if not p.is_file():
-                raise UserError(f"{self.WHAT} not found: {p} ({hint})")
-            return p
+            return require_file(karpathy_json, self.WHAT, hint)
         for folder in (self.root, self.root / "annotations", self.root / "karpathy"):
             if (folder / self.KARPATHY_NAME).is_file():
                 return folder / self.KARPATHY_NAME
         raise UserError(f"{self.WHAT} not found: {self.root / self.KARPATHY_NAME} ({hint})")
+
+    def _split_entries(self, karpathy_json, hint: str, splits: Sequence[str]) -> tuple[Path, dict, list]:
+        """The split file, its content and its image entries of ``splits`` (a UserError when there is none)."""
+        kjson = self._find_karpathy(karpathy_json, hint)
+        data = _load_json(kjson, self.WHAT, hint)
+        if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+            raise UserError(f"{kjson} is not a Karpathy split file (no 'images' list)")
+        entries = [im for im in data["images"] if isinstance(im, dict) and im.get("split") in splits]
+        if not entries:
+            raise UserError(f"no images with split {' / '.join(splits)} in {kjson}")
+        return kjson, data, entries
 
     def _read_images(self, entries: list, kjson: Path, captions_per_image: Optional[int], image_id, image_path) \
             -> list[str]:
@@ -122,10 +122,6 @@ class KarpathyCaptions:
     def image_dataset(self, transform: Optional[Callable] = None) -> "CocoImages":
         return CocoImages(self, transform)
 
-    def pair_dataset(self, transform: Optional[Callable] = None, tokenizer: Optional[Callable] = None,
-                     mode: str = "random", seed: int = 0) -> "CocoPairs":
-        return CocoPairs(self, transform, tokenizer, mode=mode, seed=seed)
-
 
 class CocoCaptions(KarpathyCaptions):
     """One Karpathy split of COCO Captions with official ids (:class:`KarpathyCaptions` attributes).
@@ -143,20 +139,11 @@ class CocoCaptions(KarpathyCaptions):
                  check_images: bool = True):
         if split not in SPLITS:
             raise UserError(f"unknown COCO split {split!r}; choose one of {', '.join(SPLITS)}")
-        self.root = Path(root)
+        self.root = require_dir(root, "COCO root directory", IMAGES_HINT)
         self.split = split
-        if not self.root.is_dir():
-            raise UserError(f"COCO root directory not found: {self.root} ({IMAGES_HINT})")
-        kjson = self._find_karpathy(karpathy_json, KARPATHY_HINT)
         ann_dir = Path(annotations_dir) if annotations_dir is not None else self.root / "annotations"
         self.annotations_dir = ann_dir
-        data = _load_json(kjson, self.WHAT, KARPATHY_HINT)
-        if not isinstance(data, dict) or "images" not in data:
-            raise UserError(f"{kjson} is not a Karpathy split file (no 'images' list)")
-        wanted = set(SPLITS[split])
-        entries = [im for im in data["images"] if im.get("split") in wanted]
-        if not entries:
-            raise UserError(f"no images with split {sorted(wanted)} in {kjson}")
+        kjson, data, entries = self._split_entries(karpathy_json, KARPATHY_HINT, SPLITS[split])
         _check_coco_entries(entries, data, kjson)
         dirs: dict[str, Path] = {}
 
@@ -180,8 +167,6 @@ class CocoCaptions(KarpathyCaptions):
         self.instance_labels: Optional[np.ndarray] = None
         self.category_ids: list[int] = []
         self.category_names: list[str] = []
-        if instances not in ("auto", True, False):
-            raise UserError(f"instances must be 'auto', True or False, got {instances!r}")
         if instances:
             files = [ann_dir / f"instances_{f}.json" for f in sorted(folders)]
             if instances is True or all(f.is_file() for f in files):

@@ -1,5 +1,5 @@
 """Flickr30k with the Karpathy splits, read the way COCO is (:class:`zsprob.data.coco.KarpathyCaptions`:
-the same attributes and image / pair datasets). Files: ``dataset_flickr30k.json`` (Karpathy's NeuralTalk
+the same attributes and image dataset). Files: ``dataset_flickr30k.json`` (Karpathy's NeuralTalk
 splits) in ROOT, ROOT/annotations or ROOT/karpathy, and the images unpacked to ROOT/flickr30k-images,
 ROOT/images or ROOT. :func:`karpathy_captions` picks the class of a data kind, the one switch the
 trainer and ``zsprob eval`` use.
@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
-from zsprob.data.coco import KarpathyCaptions, _load_json
-from zsprob.errors import UserError
+from zsprob.data.coco import KarpathyCaptions
+from zsprob.errors import UserError, require_dir
 
 __all__ = ["Flickr30kCaptions", "KARPATHY_KINDS", "SPLITS", "KARPATHY_HINT", "IMAGES_HINT", "karpathy_captions"]
 
@@ -44,16 +44,8 @@ class Flickr30kCaptions(KarpathyCaptions):
                  captions_per_image: Optional[int] = 5, check_images: bool = True, **_coco_only):
         if split not in SPLITS:
             raise UserError(f"unknown Flickr30k split {split!r}; choose one of {', '.join(SPLITS)}")
-        self.root, self.split = Path(root), split
-        if not self.root.is_dir():
-            raise UserError(f"Flickr30k root directory not found: {self.root} ({IMAGES_HINT})")
-        kjson = self._find_karpathy(karpathy_json, KARPATHY_HINT)
-        data = _load_json(kjson, self.WHAT, KARPATHY_HINT)
-        if not isinstance(data, dict) or not isinstance(data.get("images"), list):
-            raise UserError(f"{kjson} is not a Karpathy split file (no 'images' list)")
-        entries = [im for im in data["images"] if isinstance(im, dict) and im.get("split") == split]
-        if not entries:
-            raise UserError(f"no images with split {split!r} in {kjson}")
+        self.root, self.split = require_dir(root, "Flickr30k root directory", IMAGES_HINT), split
+        kjson, _, entries = self._split_entries(karpathy_json, KARPATHY_HINT, (split,))
         lacking = next((im for im in entries
                         if "filename" not in im or not isinstance(im.get("sentences") or [], list)), None)
         if lacking is not None:

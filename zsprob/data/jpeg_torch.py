@@ -52,18 +52,14 @@ def _fix(x: float) -> int:
     return int(x * (1 << SCALEBITS) + 0.5)
 
 
-def _scale(quality: int) -> int:
-    """IJG quality -> percentage scaling of the standard tables (``jpeg_quality_scaling``)."""
-    quality = min(max(int(quality), 1), 100)
-    return 5000 // quality if quality < 50 else 200 - 2 * quality
-
-
 def quant_tables(quality: int) -> tuple[list[int], list[int]]:
     """(luminance, chrominance) quantisation tables at ``quality`` (1..100), 64 entries each in
     natural order, as ``jpeg_set_quality(quality, force_baseline=TRUE)`` makes them."""
-    scale = _scale(quality)
-    table = lambda basic: [min(max((v * scale + 50) // 100, 1), 255) for v in basic]  # noqa: E731
-    return table(LUMINANCE_TABLE), table(CHROMINANCE_TABLE)
+    quality = min(max(int(quality), 1), 100)
+    scale = 5000 // quality if quality < 50 else 200 - 2 * quality  # libjpeg's jpeg_quality_scaling
+    luminance, chrominance = ([min(max((v * scale + 50) // 100, 1), 255) for v in basic]
+                              for basic in (LUMINANCE_TABLE, CHROMINANCE_TABLE))
+    return luminance, chrominance
 
 
 def _pad_to(plane: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

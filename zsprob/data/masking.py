@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from zsprob.errors import UserError
+from zsprob.methods import TEXT_MASK_MODES as TEXT_MASK_NAMES
 
 __all__ = ["TextMaskSpec", "text_mask_spec", "mask_tokens", "delete_tokens", "cells_to_mask", "mask_image_cells",
            "CLIP_MASK_TOKEN"]
@@ -90,8 +91,8 @@ def delete_tokens(tokens: torch.Tensor, drop_prob: float, spec: TextMaskSpec,
     return torch.where(keep, tokens, torch.full_like(tokens, pad_id)).gather(1, order)
 
 
-#: text masking functions by ProLIPLoss.text_mask_mode
-TEXT_MASK_MODES = {"replace": mask_tokens, "delete": delete_tokens}
+#: the masking function of each ProLIPLoss.text_mask_mode (the names' order: zsprob.methods.TEXT_MASK_MODES)
+TEXT_MASK_MODES = dict(zip(TEXT_MASK_NAMES, (mask_tokens, delete_tokens)))
 
 
 def cells_to_mask(n_cells: int, drop_prob: float) -> int:

@@ -7,8 +7,7 @@ for evaluation, ImageNet normalisation. torchvision's functional ops do the work
 """
 from __future__ import annotations
 
-__all__ = ["OfficialCocoTrainTransform", "official_coco_preprocess_cfg", "apply_official_coco_preprocess",
-           "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["OfficialCocoTrainTransform", "apply_official_coco_preprocess", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -42,20 +41,14 @@ class OfficialCocoTrainTransform:
         return f"OfficialCocoTrainTransform(size={self.size}, ratio=({self.min_ratio}, {self.max_ratio}), hflip=0.5)"
 
 
-def official_coco_preprocess_cfg(preprocess_cfg: dict) -> dict:
-    """A model's ``preprocess_cfg`` changed to the official evaluation transform: the whole image
-    resized to size x size (open_clip's ``resize_mode="squash"``, bilinear), ImageNet normalisation."""
-    out = dict(preprocess_cfg)
-    out.update(mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD), resize_mode="squash", interpolation="bilinear")
-    return out
-
-
 def apply_official_coco_preprocess(model) -> None:
-    """Give ``model`` (a ProbCLIP) the official COCO transforms; the evaluation one is written to
-    ``model.config["preprocess_cfg"]``, so a saved model evaluates with it."""
+    """Give ``model`` (a ProbCLIP) the official COCO transforms; the evaluation one (the whole image squashed
+    to size x size, bilinear, ImageNet normalisation) is written to ``model.config["preprocess_cfg"]``, so a
+    saved model evaluates with it."""
     from open_clip.transform import image_transform
 
-    cfg = official_coco_preprocess_cfg(model.config["preprocess_cfg"])
+    cfg = dict(model.config["preprocess_cfg"], mean=list(IMAGENET_MEAN), std=list(IMAGENET_STD),
+               resize_mode="squash", interpolation="bilinear")
     model.config["preprocess_cfg"] = cfg
     size = int(model.image_size)
     model.preprocess_train = OfficialCocoTrainTransform(size)

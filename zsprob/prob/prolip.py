@@ -37,14 +37,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from zsprob.errors import UserError, check_range
-from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS, IMAGE_MASK_MODES
+from zsprob.methods import DEFAULT_DEGRADE_OPS, DEGRADE_OPS, IMAGE_MASK_MODES, TEXT_MASK_MODES
 from zsprob.prob.pairs import PairBatch, guard_term, stat
 
 #: the inclusion tests the occlusion term (and ProLIPLoss's image-in-caption term) can train with
 INCLUSION_FORMS = ("prolip", "cover")
-#: how the masked caption copies are made (zsprob.data.masking)
-TEXT_MASK_MODES = ("replace", "delete")
-#: what the occlusion term's gradient reaches: "all" (means and log-variances, as ProLIP) or "sigma"
+#: what the occlusion term's gradient reaches: "all" (means and log-variances, as ProLIP) or
+#: "sigma" (the means are detached inside the term: it can shape sigma^2 but never move a mean)
 OCCLUSION_GRADS = ("all", "sigma")
 
 #: a VIB term above this is skipped for the step (ProLIP's ``kl_divergence``)

@@ -157,10 +157,8 @@ def caption_matches(caption_meta: dict, scene_meta: dict) -> bool:
     if c is not None and scene_meta["condition"] != c:
         return False
     b = caption_meta.get("background")
-    if b is not None:
-        sb = scene_meta["background"]
-        if (sb["type"] if isinstance(sb, dict) else sb) != b:
-            return False
+    if b is not None and scene_meta["background"] != b:
+        return False
     n = caption_meta.get("count")
     if n is not None and len(scene_meta["objects"]) != n:
         return False
@@ -178,8 +176,7 @@ def encode_scenes(scenes: list[dict]) -> dict[str, np.ndarray]:
     """Scenes -> integer arrays for :func:`match_matrix` (-1 = empty slot / no colour)."""
     n = len(scenes)
     cond = np.array([CONDITIONS.index(s["condition"]) for s in scenes], dtype=np.int16)
-    bg = np.array([BACKGROUNDS.index(s["background"] if isinstance(s["background"], str)
-                                     else s["background"]["type"]) for s in scenes], dtype=np.int16)
+    bg = np.array([BACKGROUNDS.index(s["background"]) for s in scenes], dtype=np.int16)
     cnt = np.array([len(s["objects"]) for s in scenes], dtype=np.int16)
     obj = np.full((len(ATTRS), n, MAX_SLOTS), -1, dtype=np.int16)
     for i, s in enumerate(scenes):
@@ -241,21 +238,10 @@ def caption_key(cm: dict) -> tuple:
 
 # --------------------------------------------------------------------------- ambiguity
 
-_RAW_CACHE: dict[tuple, float] = {}
-
-
 def ambiguity(caption_meta: dict, key: tuple | None = None) -> float:
-    """ln P(caption true of a scene drawn from the world prior), exact (analytic).
-
-    ``key``: the caption's :func:`caption_key` if already computed.
-    """
-    if key is None:
-        key = caption_key(caption_meta)
-    p = _RAW_CACHE.get(key)
-    if p is None:
-        p = caption_probability(canonical_key(key))
-        if len(_RAW_CACHE) < 500_000:
-            _RAW_CACHE[key] = p
+    """ln P(caption true of a scene drawn from the world prior), exact (analytic); ``key``: the caption's
+    :func:`caption_key` if already computed."""
+    p = _key_probability(caption_key(caption_meta) if key is None else key)
     if p <= 0:  # cannot happen for a caption generated from a scene of the world prior
         return float("-inf")
     return min(0.0, float(math.log(p)))  # clamp float round-off above 1
@@ -284,6 +270,11 @@ def canonical_key(key: tuple) -> tuple:
             items.append((a, m[v]))
         new_phrases.append(tuple(sorted(items)))
     return (tuple(sorted(new_phrases)), cond, bg, count)
+
+
+@lru_cache(maxsize=500_000)
+def _key_probability(key: tuple) -> float:
+    return caption_probability(canonical_key(key))
 
 
 @lru_cache(maxsize=200_000)
@@ -521,6 +512,3 @@ def _many_prob(phrases: list[dict], need: dict, n: int) -> float:
         total += (sw / len(SHAPES)) * (cw / len(COLOR_NAMES)) * (fw / len(FILLS)) * pcells
     return total
 
-
-__all__ = ["caption_matches", "make_caption", "match_matrix", "match_vector", "encode_scenes", "ambiguity",
-           "caption_probability", "caption_key", "canonical_key", "object_phrase"]

@@ -44,14 +44,8 @@ def read_manifest(out: Path) -> dict | None:
 
 def damaged_files(out: str | os.PathLike, checksums: dict) -> list[str]:
     """The recorded files that are missing or whose size or SHA-256 differs from ``checksums``, sorted."""
-    out = Path(out)
-    bad = []
-    for rel, want in sorted(checksums.items()):
-        path = out / rel
-        if not isinstance(want, dict) or not path.is_file() or path.stat().st_size != want.get("size") \
-                or sha256_file(path) != want.get("sha256"):
-            bad.append(rel)
-    return bad
+    found = file_checksums(out)
+    return sorted(rel for rel, want in checksums.items() if found.get(rel) != want)
 
 
 def broken_shards(out: str | os.PathLike) -> list[str]:
@@ -110,6 +104,3 @@ def check_pretrain_shards(shards: str | os.PathLike) -> None:
     if tars and all(_empty_tar(t) for t in tars):
         raise UserError(f"the shards in {shards} hold no samples ({len(tars)} empty .tar files); {REGENERATE}")
 
-
-__all__ = ["DATA_FOLDERS", "written_files", "file_checksums", "read_manifest", "damaged_files", "broken_shards",
-           "check_pretrain_shards"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import textwrap
 from pathlib import Path
 
 from zsprob.data.synthworld.files import write_atomic
@@ -39,7 +40,7 @@ def write_preview(path: str | os.PathLike, *, seed: int = 0, image_size: int = 6
             canvas.paste(im, (x, y + 8))
             ty = y + cell - 4
             for k, cap in enumerate(s.captions[:2]):
-                for line in _wrap(cap, 30)[:3]:
+                for line in textwrap.wrap(cap, 30)[:3]:
                     d.text((x, ty), line, fill=((20, 20, 130), (120, 25, 25))[k], font=font)
                     ty += 14
     path = Path(path)
@@ -47,19 +48,3 @@ def write_preview(path: str | os.PathLike, *, seed: int = 0, image_size: int = 6
     canvas.save(buf, format="PNG")
     write_atomic(path, buf.getvalue())
     return path
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    words, lines, cur = text.split(), [], ""
-    for w in words:
-        if cur and len(cur) + 1 + len(w) > width:
-            lines.append(cur)
-            cur = w
-        else:
-            cur = (cur + " " + w).strip()
-    if cur:
-        lines.append(cur)
-    return lines
-
-
-__all__ = ["write_preview"]

@@ -117,5 +117,3 @@ def crop_scenes(n_trials: int = 300, seed: int = 0) -> list[dict]:
                        "caption_ab": _caption([phrase_a, phrase_b], [mentioned_a, mentioned_b], "{}")})
     return trials
 
-
-__all__ = ["PROBE_ATTRS", "asserts_within", "crop_scenes", "inclusion_pairs"]

@@ -47,41 +47,31 @@ def load_retrieval_split(root: str | os.PathLike, split: str = "test") -> Retrie
     hint = "generate it with `zsprob data synthetic --out DIR`"
     require_dir(root, "SynthWorld folder", hint)
     rdir = require_dir(root / "retrieval", "SynthWorld retrieval folder", hint)
-    kj = require_file(rdir / "dataset_synthworld.json", "SynthWorld Karpathy-format JSON", hint)
     mfile = require_file(rdir / f"{split}_meta.json", f"SynthWorld retrieval {split} metadata", hint)
     pfile = require_file(rdir / f"{split}_positives.npz", f"SynthWorld retrieval {split} positives", hint)
     from zsprob.utils.io import read_json
 
-    data = read_json(kj, "SynthWorld Karpathy-format JSON")
     meta = read_json(mfile, f"SynthWorld retrieval {split} metadata")
     try:
         pos = sp.load_npz(pfile).tocsr().astype(bool)
     except Exception as e:  # noqa: BLE001
         raise UserError(f"SynthWorld positives file is corrupted: {pfile} ({e})") from None
-    imgs = [im for im in data.get("images", []) if im.get("split") == split]
-    paths, ids, caps, cids, cimg = [], [], [], [], []
-    for i, im in enumerate(imgs):
-        paths.append(rdir / "images" / im["filepath"] / im["filename"])
-        ids.append(int(im["cocoid"]))
-        for s in im["sentences"]:
-            caps.append(s["raw"])
-            cids.append(int(s["sentid"]))
-            cimg.append(i)
-    n_img, n_cap = len(paths), len(caps)
-    if n_img == 0:
+    images, captions = meta["image_meta"], meta["caption_meta"]
+    if not images:
         flag = "--num-retrieval" if split == "test" else "--num-retrieval-val"
         raise UserError(f"the SynthWorld {root} has no retrieval {split} images (generated with {flag} 0); "
                         f"generate one with {flag} N")
-    if pos.shape != (n_img, n_cap) or len(meta["caption_meta"]) != n_cap or len(meta["image_meta"]) != n_img:
-        raise UserError(f"SynthWorld retrieval {split} files disagree (JSON {n_img} images / {n_cap} captions, "
-                        f"positives {pos.shape}); regenerate with --overwrite")
+    if pos.shape != (len(images), len(captions)):
+        raise UserError(f"SynthWorld retrieval {split} files disagree ({len(images)} images / {len(captions)} "
+                        f"captions, positives {pos.shape}); regenerate with --overwrite")
+    paths = [rdir / "images" / split / f"{im['image_id']}.jpg" for im in images]
     for p in paths[:1] + paths[-1:]:
         require_file(p, "SynthWorld retrieval image", hint)
-    return RetrievalSplit(image_paths=paths, image_ids=ids, captions=caps, caption_ids=cids,
-                          caption_image=np.asarray(cimg, dtype=np.int64), positives=pos,
-                          caption_ambiguity=np.asarray(meta["caption_ambiguity"], dtype=np.float64),
-                          image_meta=meta["image_meta"], caption_meta=meta["caption_meta"], split=split,
-                          root=root)
+    return RetrievalSplit(image_paths=paths, image_ids=[im["image_id"] for im in images],
+                          captions=[c["text"] for c in captions], caption_ids=[c["caption_id"] for c in captions],
+                          caption_image=np.asarray([c["image_index"] for c in captions], dtype=np.int64),
+                          positives=pos, caption_ambiguity=np.asarray(meta["caption_ambiguity"], dtype=np.float64),
+                          image_meta=images, caption_meta=captions, split=split, root=root)
 
 
 # --------------------------------------------------------------------------- semi-supervised streams
@@ -134,5 +124,3 @@ def paired_split(n: int, paired_fraction: float, seed: int = 0) -> tuple[np.ndar
     k = max(1, int(round(f * n)))
     return np.sort(order[:k]), np.sort(order[k:])
 
-
-__all__ = ["RetrievalSplit", "load_retrieval_split", "PretrainItems", "read_pretrain_items", "paired_split"]

@@ -49,18 +49,16 @@ VOCAB: dict[str, list[str]] = {"shape": SHAPES, "color": COLOR_NAMES, "size": SI
 
 class Stream:
     """Scalar random draws from Python's Mersenne Twister seeded with an int. Every draw derives from
-    ``random()`` alone, whose sequence per int seed Python keeps stable across versions; ``sample(n, k)``
-    is k distinct values of range(n) in random order (partial Fisher-Yates)."""
+    ``random()`` alone, whose sequence per int seed Python keeps stable across versions; ``integers(n)`` is
+    one of range(n), ``sample(n, k)`` k distinct values of range(n) in random order (partial Fisher-Yates)."""
 
     __slots__ = ("random",)
 
     def __init__(self, seed: int):
         self.random = _random.Random(seed).random
 
-    def integers(self, lo: int, hi: int | None = None) -> int:
-        if hi is None:
-            lo, hi = 0, lo
-        return min(hi - 1, lo + int(self.random() * (hi - lo)))
+    def integers(self, n: int) -> int:
+        return min(n - 1, int(self.random() * n))
 
     def uniform(self, a: float, b: float) -> float:
         return a + (b - a) * self.random()

@@ -93,21 +93,18 @@ class SynthWorld:
         return render_scene(scene, self.image_size)
 
     def meta(self, split: str, index: int, noise: float = 0.0, condition: str | None = None) -> dict:
-        """The ground truth of ``sample(split, index)`` without rendering the image."""
-        return self._scene_meta(split, index, noise, condition)[1]
-
-    def _scene_meta(self, split: str, index: int, noise: float, condition: str | None) -> tuple[dict, dict]:
+        """The ground truth of ``sample(split, index)`` without rendering the image: the scene and its captions."""
         sc, rng = self.scene(split, index, condition)
         cms = self.captions_for(sc, rng, split, index, float(noise))
-        return sc, {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
-                    **sc, "captions": cms}
+        return {"seed": self.seed, "split": str(split), "index": int(index), "image_size": self.image_size,
+                **sc, "captions": cms}
 
     def sample(self, split: str, index: int, noise: float = 0.0, condition: str | None = None) -> SynthSample:
         """The (seed, split, index) sample; ``condition`` forces a condition (previews only)."""
         if not 0.0 <= float(noise) <= 1.0:
             raise UserError(f"noise must be in [0, 1], got {noise}")
-        sc, meta = self._scene_meta(split, index, noise, condition)
-        return SynthSample(image=render_scene(sc, self.image_size), captions=[c["text"] for c in meta["captions"]],
+        meta = self.meta(split, index, noise, condition)
+        return SynthSample(image=render_scene(meta, self.image_size), captions=[c["text"] for c in meta["captions"]],
                            meta=meta)
 
 
@@ -147,6 +144,3 @@ def make_scene(objects: list[dict], *, condition: str = "normal", background: st
     rng = scene_rng(seed, "custom:" + key, 0)
     return finish_scene(rng, condition, "plain" if condition == "drawing" else background, objs)
 
-
-__all__ = ["SynthWorld", "SynthSample", "make_scene", "check_image_size", "FORMAT_VERSION", "MIN_SIZE", "MAX_SIZE",
-           "CAPTIONS_PER_IMAGE", "AMBIGUITY_METHOD", "DEFAULTS", "PRESETS", "RETRIEVAL_ID_BASE"]

@@ -1,7 +1,8 @@
 """Writing a SynthWorld: :func:`generate` checks the arguments, makes ``out`` ready (resume, or refuse /
-overwrite a world made with other arguments), runs the work units (one process or a pool; ``units``
-renders), then writes the retrieval annotations, the class names and the manifest. Every byte goes
-through ``files``, so the output does not depend on ``workers``.
+overwrite a world made with other arguments), runs the work units, then writes the retrieval annotations,
+the class names and the manifest. A unit (one pretraining shard, one chunk of classification or retrieval
+images) is a pure function of its argument dict, run in any process and order and skipped where its files
+exist; every byte goes through ``files``, so the output does not depend on ``workers``.
 """
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from typing import Callable
 import numpy as np
 
 from zsprob.data.synthworld.captions import match_matrix
-from zsprob.data.synthworld.checks import broken_shards, damaged_files, file_checksums, read_manifest
-from zsprob.data.synthworld.files import dumps, sparse_npz_bytes, write_atomic
+from zsprob.data.synthworld.checks import DATA_FOLDERS, broken_shards, damaged_files, file_checksums, read_manifest
+# _jpeg is looked up at every call (the interrupted-run test replaces it here)
+from zsprob.data.synthworld.files import dumps, jpeg_bytes as _jpeg, sparse_npz_bytes, tar_bytes, write_atomic
 from zsprob.data.synthworld.preview import write_preview
 from zsprob.data.synthworld.scene import (BACKGROUNDS, COLOR_NAMES, COND_P, CONDITIONS, FILLS, NUM_OBJECTS_P,
                                           POSITIONS, SHAPES, SIZES)
-from zsprob.data.synthworld.units import run_unit
-from zsprob.data.synthworld.world import (AMBIGUITY_METHOD, CAPTIONS_PER_IMAGE, FORMAT_VERSION, RETRIEVAL_ID_BASE,
-                                          check_image_size)
+from zsprob.data.synthworld.world import (AMBIGUITY_METHOD, CAPTIONS_PER_IMAGE, DEFAULTS, FORMAT_VERSION,
+                                          RETRIEVAL_ID_BASE, SynthWorld, check_image_size)
 from zsprob.errors import UserError
 
 #: images per classification / retrieval work unit
@@ -31,62 +32,52 @@ CHUNK = 250
 log = logging.getLogger("zsprob.data")
 
 
-def _params(image_size, num_pretrain, num_classify_select, num_classify_eval, num_retrieval,
-            num_retrieval_val, noise, seed, shard_size, quality) -> dict:
-    return {"format_version": FORMAT_VERSION, "seed": seed, "image_size": image_size, "noise": noise,
-            "num_pretrain": num_pretrain, "num_classify_select": num_classify_select,
-            "num_classify_eval": num_classify_eval, "num_retrieval": num_retrieval,
-            "num_retrieval_val": num_retrieval_val, "shard_size": shard_size, "jpeg_quality": quality}
-
-
-def _validate(image_size, counts: dict, noise, seed, shard_size, quality, workers) -> None:
-    check_image_size(image_size)
-    for k, v in counts.items():
-        if not isinstance(v, (int, np.integer)) or v < 0:
+def _validate(world: dict, quality, workers) -> None:
+    check_image_size(world["image_size"])
+    for k, v in world.items():
+        if k.startswith("num_") and (not isinstance(v, (int, np.integer)) or v < 0):
             raise UserError(f"{k} must be a non-negative integer, got {v!r}")
-    if not 0.0 <= float(noise) <= 1.0:
-        raise UserError(f"noise must be in [0, 1], got {noise}")
-    if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise UserError(f"seed must be a non-negative integer, got {seed!r}")
-    if shard_size < 1:
-        raise UserError(f"shard size must be >= 1, got {shard_size}")
+    if not 0.0 <= float(world["noise"]) <= 1.0:
+        raise UserError(f"noise must be in [0, 1], got {world['noise']}")
+    if not isinstance(world["seed"], (int, np.integer)) or world["seed"] < 0:
+        raise UserError(f"seed must be a non-negative integer, got {world['seed']!r}")
+    if world["shard_size"] < 1:
+        raise UserError(f"shard size must be >= 1, got {world['shard_size']}")
     if not 1 <= quality <= 100:
         raise UserError(f"JPEG quality must be in [1, 100], got {quality}")
     if workers < 1:
         raise UserError(f"workers must be >= 1, got {workers}")
 
 
-def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int = 20000,
-             num_classify_select: int = 10, num_classify_eval: int = 50, num_retrieval: int = 1000,
-             num_retrieval_val: int | None = 500, noise: float = 0.0, seed: int = 0,
-             shard_size: int = 1000, jpeg_quality: int = 90, workers: int = 1, progress: bool = True,
-             overwrite: bool = False, preview: bool = False,
-             callback: Callable[[str, int], None] | None = None) -> dict:
-    """Write a SynthWorld under ``out`` and return its manifest (docs/synthworld.md). ``num_classify_*`` are
-    images per class. The same arguments resume; others on an existing world are a UserError unless
-    ``overwrite`` (which deletes the world's folders first)."""
-    if num_retrieval_val is None:
-        num_retrieval_val = num_retrieval // 2
-    counts = dict(num_pretrain=num_pretrain, num_classify_select=num_classify_select,
-                  num_classify_eval=num_classify_eval, num_retrieval=num_retrieval,
-                  num_retrieval_val=num_retrieval_val)
-    _validate(image_size, counts, noise, seed, shard_size, jpeg_quality, workers)
-    image_size, seed, noise = int(image_size), int(seed), float(noise)
+def generate(out: str | os.PathLike, *, jpeg_quality: int = 90, workers: int = 1, progress: bool = True,
+             overwrite: bool = False, preview: bool = False, callback: Callable[[str, int], None] | None = None,
+             **world) -> dict:
+    """Write a SynthWorld under ``out`` and return its manifest (docs/synthworld.md). ``world``: any of the
+    keys of :data:`DEFAULTS` (image size, image counts, noise, seed, shard size), the rest as there;
+    ``num_classify_*`` are images per class. The same arguments resume; others on an existing world are a
+    UserError unless ``overwrite`` (which deletes the world's folders first)."""
+    unknown = sorted(set(world) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"generate() got unexpected keyword arguments {unknown}")
+    world = {**DEFAULTS, **world}
+    _validate(world, jpeg_quality, workers)
+    counts = {k: v for k, v in world.items() if k.startswith("num_")}
+    image_size, seed, noise = int(world["image_size"]), int(world["seed"]), float(world["noise"])
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out must be a directory, but {out} is a file")
-    params = _params(image_size, num_pretrain, num_classify_select, num_classify_eval, num_retrieval,
-                     num_retrieval_val, noise, seed, shard_size, jpeg_quality)
+    params = {"format_version": FORMAT_VERSION, "seed": seed, "image_size": image_size, "noise": noise, **counts,
+              "shard_size": world["shard_size"], "jpeg_quality": jpeg_quality}
     if not any(counts.values()):
         raise UserError("nothing to generate: every image count (--num-pretrain, --num-classify-select, "
                         "--num-classify-eval, --num-retrieval, --num-retrieval-val) is 0")
     _prepare_out(out, params, overwrite)
     regenerated = _remove_damaged(out)
 
-    base = dict(out=str(out), seed=seed, image_size=image_size, quality=jpeg_quality, resume=True)
-    units = _make_units(base, counts, shard_size, noise)
-    total_samples = num_pretrain + (num_classify_select + num_classify_eval) * len(SHAPES) + \
-        num_retrieval + num_retrieval_val
+    base = dict(out=str(out), seed=seed, image_size=image_size, quality=jpeg_quality)
+    units = _make_units(base, counts, world["shard_size"], noise)
+    classify = (counts["num_classify_select"] + counts["num_classify_eval"]) * len(SHAPES)
+    total_samples = counts["num_pretrain"] + classify + counts["num_retrieval"] + counts["num_retrieval_val"]
     t0 = time.perf_counter()
     rendered, retrieval_metas = _run_units(units, counts, workers, total_samples, progress, callback)
     gen_s = time.perf_counter() - t0
@@ -99,8 +90,7 @@ def generate(out: str | os.PathLike, *, image_size: int = 64, num_pretrain: int 
     (out / "classify").mkdir(parents=True, exist_ok=True)
     write_atomic(out / "classify" / "classnames.txt", ("\n".join(SHAPES) + "\n").encode())
 
-    n_shards = (num_pretrain + shard_size - 1) // shard_size
-    manifest = _manifest(params, n_shards, total_samples)
+    manifest = _manifest(params, total_samples)
     manifest["checksums"] = file_checksums(out)
     write_atomic(out / "manifest.json", (dumps(manifest, indent=2) + "\n").encode())
     if preview:
@@ -140,17 +130,16 @@ def _prepare_out(out: Path, params: dict, overwrite: bool) -> None:
             old = None
     elif (out / "manifest.json").is_file():
         old = {"unknown": True}
-    if old is not None and old != params:
-        if not overwrite:
-            raise UserError(f"{out} already holds a SynthWorld generated with other arguments; "
-                            "use another --out or --overwrite")
+    if old is not None and old != params and not overwrite:
+        raise UserError(f"{out} already holds a SynthWorld generated with other arguments; "
+                        "use another --out or --overwrite")
     if overwrite and old is not None:  # only ever delete what a SynthWorld run wrote
-        for sub in ("pretrain", "classify", "retrieval"):
+        for sub in DATA_FOLDERS:
             shutil.rmtree(out / sub, ignore_errors=True)
         for f in ("manifest.json", "preview.png"):
             (out / f).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    for sub in ("pretrain", "classify", "retrieval"):  # temp files of a killed run
+    for sub in DATA_FOLDERS:  # temp files of a killed run
         if (out / sub).is_dir():
             for tmp in (out / sub).rglob(".*.tmp"):
                 tmp.unlink(missing_ok=True)
@@ -162,8 +151,7 @@ def _make_units(base: dict, counts: dict, shard_size: int, noise: float) -> list
     retrieval chunks (test, val); ``base`` holds what every unit shares."""
     num_pretrain = counts["num_pretrain"]
     units: list[dict] = []
-    n_shards = (num_pretrain + shard_size - 1) // shard_size
-    for k in range(n_shards):
+    for k in range(_num_shards(num_pretrain, shard_size)):
         units.append(dict(base, kind="pretrain", shard=k, start=k * shard_size,
                           end=min(num_pretrain, (k + 1) * shard_size), noise=noise))
     for part, per_class in (("select", counts["num_classify_select"]), ("eval", counts["num_classify_eval"])):
@@ -174,6 +162,57 @@ def _make_units(base: dict, counts: dict, shard_size: int, noise: float) -> list
         for a in range(0, n, CHUNK):
             units.append(dict(base, kind="retrieval", split=split, start=a, end=min(n, a + CHUNK)))
     return units
+
+
+def _pretrain_unit(args: dict) -> dict:
+    """Write pretraining shard ``args["shard"]`` (samples ``start`` .. ``end``: JPEG, first caption, metadata)."""
+    path = Path(args["out"]) / "pretrain" / f"shard-{args['shard']:06d}.tar"
+    n = args["end"] - args["start"]
+    if path.is_file():
+        return {"kind": "pretrain", "n": n, "skipped": True}
+    world = SynthWorld(args["seed"], args["image_size"])
+    members = []
+    for i in range(args["start"], args["end"]):
+        s = world.sample("pretrain", i, noise=args["noise"])
+        key = f"{i:09d}"
+        rec = {"key": key, "status": "success", "caption": s.captions[0], "width": world.image_size,
+               "height": world.image_size, **s.meta}
+        members += [(f"{key}.jpg", _jpeg(s.image, args["quality"])),
+                    (f"{key}.txt", s.captions[0].encode("utf-8")),
+                    (f"{key}.json", dumps(rec).encode("utf-8"))]
+    write_atomic(path, tar_bytes(members))
+    return {"kind": "pretrain", "n": n, "skipped": False}
+
+
+def _images_unit(args: dict) -> dict:
+    """Write images ``start`` .. ``end`` of a classification part (a folder per class) or of a retrieval split;
+    a retrieval unit returns their metadata for the annotations (without rendering the images that exist)."""
+    out, world = Path(args["out"]), SynthWorld(args["seed"], args["image_size"])
+    retrieval = args["kind"] == "retrieval"
+    metas, skipped = [], 0
+    for i in range(args["start"], args["end"]):
+        if retrieval:
+            split = f"retrieval-{args['split']}"
+            path = out / "retrieval" / "images" / args["split"] / f"{RETRIEVAL_ID_BASE[args['split']] + i}.jpg"
+        else:
+            split, cls = f"classify-{args['part']}", SHAPES[i % len(SHAPES)]
+            path = out / "classify" / args["part"] / cls / f"{cls}_{i // len(SHAPES):05d}.jpg"
+        if path.is_file():
+            skipped += 1
+            if retrieval:  # the ground truth without rendering
+                metas.append(world.meta(split, i))
+            continue
+        s = world.sample(split, i)
+        write_atomic(path, _jpeg(s.image, args["quality"]))
+        metas.append(s.meta)
+    n = args["end"] - args["start"]
+    return {"kind": args["kind"], "n": n, "skipped": skipped == n, "metas": metas if retrieval else None,
+            "split": args.get("split"), "start": args["start"]}
+
+
+def _run_unit(args: dict) -> dict:
+    """Run one unit by its ``kind`` (the function a process pool maps)."""
+    return (_pretrain_unit if args["kind"] == "pretrain" else _images_unit)(args)
 
 
 def _run_units(units: list[dict], counts: dict, workers: int, total_samples: int, progress: bool,
@@ -194,21 +233,26 @@ def _run_units(units: list[dict], counts: dict, workers: int, total_samples: int
             methods = mp.get_all_start_methods()
             ctx = mp.get_context("fork" if "fork" in methods else "spawn")
             with ctx.Pool(min(workers, len(units))) as pool:
-                results = pool.imap_unordered(run_unit, units)
+                results = pool.imap_unordered(_run_unit, units)
                 for r in results:
                     rendered += _collect(r, retrieval_metas, bar, callback)
         else:
             for u in units:
-                rendered += _collect(run_unit(u), retrieval_metas, bar, callback)
+                rendered += _collect(_run_unit(u), retrieval_metas, bar, callback)
     finally:
         bar.close()
     return rendered, retrieval_metas
 
 
-def _manifest(params: dict, n_shards: int, total_samples: int) -> dict:
+def _num_shards(num_pretrain: int, shard_size: int) -> int:
+    return (num_pretrain + shard_size - 1) // shard_size
+
+
+def _manifest(params: dict, total_samples: int) -> dict:
     """``manifest.json``: the run's arguments and counts, the vocabulary, the priors and the file layout."""
     from zsprob import __version__
 
+    n_shards = _num_shards(params["num_pretrain"], params["shard_size"])
     num_classify_select, num_classify_eval = params["num_classify_select"], params["num_classify_eval"]
     num_retrieval, num_retrieval_val = params["num_retrieval"], params["num_retrieval_val"]
     return {
@@ -264,15 +308,9 @@ def _write_retrieval_split(out: Path, split: str, metas: list[dict], image_size:
     pos = match_matrix(capt, metas)
     write_atomic(out / "retrieval" / f"{split}_positives.npz", sparse_npz_bytes(pos))
     base = RETRIEVAL_ID_BASE[split]
-    image_meta = []
-    for i, m in enumerate(metas):
-        im = {k: v for k, v in m.items() if k != "captions"}
-        im["image_id"] = base + i
-        image_meta.append(im)
-    caption_meta = []
-    for i, m in enumerate(metas):
-        for k, cm in enumerate(m["captions"]):
-            caption_meta.append(dict(cm, caption_id=(base + i) * 10 + k, image_index=i, image_id=base + i))
+    image_meta = [dict({k: v for k, v in m.items() if k != "captions"}, image_id=base + i) for i, m in enumerate(metas)]
+    caption_meta = [dict(cm, caption_id=(base + i) * 10 + k, image_index=i, image_id=base + i)
+                    for i, m in enumerate(metas) for k, cm in enumerate(m["captions"])]
     doc = {"split": split, "image_size": image_size, "num_images": len(metas), "num_captions": len(capt),
            "ambiguity_method": AMBIGUITY_METHOD, "image_meta": image_meta, "caption_meta": caption_meta,
            "caption_ambiguity": [cm["ambiguity"] for cm in caption_meta]}
@@ -286,16 +324,11 @@ def _write_karpathy_json(out: Path, retrieval_metas: dict[str, list]) -> None:
     for split in ("test", "val"):
         base = RETRIEVAL_ID_BASE[split]
         for i, m in enumerate(retrieval_metas[split]):
-            sents = []
-            for k, cm in enumerate(m["captions"]):
-                sid = (base + i) * 10 + k
-                toks = cm["text"].lower().replace(",", " ").split()
-                sents.append({"tokens": toks, "raw": cm["text"], "imgid": imgid, "sentid": sid})
+            sents = [{"tokens": cm["text"].lower().replace(",", " ").split(), "raw": cm["text"], "imgid": imgid,
+                      "sentid": (base + i) * 10 + k} for k, cm in enumerate(m["captions"])]
             images.append({"filepath": split, "filename": f"{base + i}.jpg", "imgid": imgid, "split": split,
                            "cocoid": base + i, "sentids": [s["sentid"] for s in sents], "sentences": sents})
             imgid += 1
     write_atomic(out / "retrieval" / "dataset_synthworld.json",
                   (dumps({"dataset": "synthworld", "images": images}) + "\n").encode())
 
-
-__all__ = ["generate", "CHUNK"]

@@ -6,26 +6,17 @@ runs the workers (``WebLoader``); fsspec opens other URLs (:mod:`zsprob.utils.re
 seeded shard schedule per epoch, rank and worker, grouping members per shard, counting what it skips,
 caption cleaning, per-sample seeding, batched tokenisation and exact resumption. docs/data.md gives the
 semantics (epochs, resampling, bad data, resuming). One job per module: ``shards`` (specs to URLs),
-``options``, ``counts``, ``samples`` (members to samples), ``seeding``, ``stream`` (a worker's
-iterable) and ``loader``.
+``options``, ``samples`` (members to samples, and the counts of what is skipped), ``seeding``, ``stream``
+(a worker's iterable) and ``loader``.
 """
 from __future__ import annotations
 
-from zsprob.data.captions import (FLAVOUR_CAPTION_KEYS, SHARD_KINDS, clean_caption,  # noqa: F401 (re-exported)
-                                  clean_redcaps_caption)
-from zsprob.data.webdataset.counts import STAT_KEYS
+from zsprob.data.captions import clean_caption, clean_redcaps_caption
 from zsprob.data.webdataset.loader import WdsLoader, build_wds_pipeline
-from zsprob.data.webdataset.options import DATASET_TYPES, IMAGE_KEYS, ShardPipelineOptions  # noqa: F401
-from zsprob.data.webdataset.seeding import loader_base_seed, seed_worker_as_fresh  # noqa: F401 (train.data)
-from zsprob.data.webdataset.shards import GOPEN_SCHEMES, expand_shards, open_shard  # noqa: F401
+from zsprob.data.webdataset.options import ShardPipelineOptions
+from zsprob.data.webdataset.samples import STAT_KEYS
+from zsprob.data.webdataset.seeding import loader_base_seed, seed_worker_as_fresh
+from zsprob.data.webdataset.shards import expand_shards
 
-__all__ = [
-    "build_wds_pipeline",
-    "ShardPipelineOptions",
-    "WdsLoader",
-    "expand_shards",
-    "clean_caption",
-    "clean_redcaps_caption",
-    "STAT_KEYS",
-    "DATASET_TYPES",
-]
+__all__ = ["build_wds_pipeline", "ShardPipelineOptions", "WdsLoader", "expand_shards", "clean_caption",
+           "clean_redcaps_caption", "STAT_KEYS", "loader_base_seed", "seed_worker_as_fresh"]

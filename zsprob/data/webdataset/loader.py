@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional
 
 import webdataset as wds
 
-from zsprob.data.webdataset.counts import ERROR_KEYS, STAT_KEYS
 from zsprob.data.webdataset.options import ShardPipelineOptions
+from zsprob.data.webdataset.samples import ERROR_KEYS, STAT_KEYS
 from zsprob.data.webdataset.seeding import loader_generator
 from zsprob.data.webdataset.shards import check_some_exist, expand_shards, parse_weights
 from zsprob.data.webdataset.stream import ShardStream
@@ -28,17 +28,18 @@ def _identity_collate(x):
 
 
 class WdsLoader:
-    """Iterable over the ``(images [B,3,H,W], tokens [B,L])`` batches of one rank; ``epoch`` is the epoch the
-    next iteration reads, ``num_batches`` the batches per epoch when ``num_samples`` fixes them (else None)."""
+    """Iterable over the ``(images [B,3,H,W], tokens [B,L])`` batches of one rank (with ``with_keys``, their keys
+    too); ``epoch`` is the epoch the next iteration reads, ``num_batches`` the batches per epoch when
+    ``num_samples`` fixes them (else None)."""
 
-    def __init__(self, stream: ShardStream, *, epoch: int, num_workers: int, pin_memory: bool,
-                 prefetch_factor: Optional[int], timeout: float):
+    def __init__(self, stream: ShardStream, opts: ShardPipelineOptions, *, epoch: int):
         self._stream = stream
         self.epoch = int(epoch)
-        self.num_workers = int(num_workers)
-        self.pin_memory = pin_memory
-        self.prefetch_factor = prefetch_factor
-        self.timeout = timeout
+        self.num_workers = opts.num_workers
+        self.pin_memory = opts.pin_memory  # the trainer sets it for its device
+        self.batch_size, self.rank, self.world_size = opts.batch_size, stream.rank, stream.world_size
+        self.shards = list(stream.urls)
+        self.num_shards = len(self.shards)
         self._skip = 0
         self._batch_in_epoch = 0
         self._stats: Counter = Counter({k: 0 for k in STAT_KEYS})
@@ -48,28 +49,7 @@ class WdsLoader:
         stream.num_workers = self.num_workers
         pw = stream.batches_per_worker()
         self.num_batches = pw * max(1, self.num_workers) if pw is not None else None
-        self.num_samples = self.num_batches * stream.batch_size if self.num_batches is not None else None
-
-    # -- info
-    @property
-    def batch_size(self) -> int:
-        return self._stream.batch_size
-
-    @property
-    def rank(self) -> int:
-        return self._stream.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._stream.world_size
-
-    @property
-    def num_shards(self) -> int:
-        return len(self._stream.urls)
-
-    @property
-    def shards(self) -> list[str]:
-        return list(self._stream.urls)
+        self.num_samples = self.num_batches * self.batch_size if self.num_batches is not None else None
 
     def __len__(self) -> int:
         if self.num_batches is None:
@@ -79,9 +59,7 @@ class WdsLoader:
     def stats(self) -> dict[str, int]:
         """Counts since construction (this rank, all its workers): good samples, batches, and
         every kind of skipped item (see ``STAT_KEYS``); plus ``skipped_total`` and ``epoch``."""
-        d = {k: int(self._stats.get(k, 0)) for k in STAT_KEYS}
-        for k, v in self._stats.items():
-            d.setdefault(k, int(v))
+        d = {k: int(self._stats[k]) for k in STAT_KEYS}
         d["skipped_total"] = sum(d[k] for k in ERROR_KEYS)
         d["epoch"] = self.epoch
         return d
@@ -94,7 +72,7 @@ class WdsLoader:
         self._batch_in_epoch = self._skip
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self._batch_in_epoch, "seed": self._stream.seed,
+        return {"epoch": self.epoch, "batch": self._batch_in_epoch, "seed": self._stream.opts.seed,
                 "num_workers": self.num_workers, "world_size": self.world_size,
                 "batch_size": self.batch_size}
 
@@ -108,20 +86,21 @@ class WdsLoader:
     # -- iteration
     def _dataloader(self):
         """The one DataLoader of this loader, made at the first iteration and kept across epochs (remade
-        only when its settings changed)."""
-        config = (self.num_workers, bool(self.pin_memory), self.prefetch_factor, self.timeout)
+        only when ``num_workers`` or ``pin_memory`` changed)."""
+        opts = self._stream.opts
+        config = (self.num_workers, bool(self.pin_memory))
         if self._loader is not None and self._loader_config == config:
             return self._loader
         self._stream.num_workers = self.num_workers
         kw: dict[str, Any] = dict(batch_size=None, shuffle=False, num_workers=self.num_workers,
                                   collate_fn=_identity_collate, pin_memory=bool(self.pin_memory),
-                                  generator=loader_generator(self._stream.seed, self.epoch))
+                                  generator=loader_generator(opts.seed, self.epoch))
         if self.num_workers > 0:
-            kw["timeout"] = self.timeout
+            kw["timeout"] = opts.timeout
             kw["persistent_workers"] = True
             kw["worker_init_fn"] = leave_stop_signals_to_the_main_process  # the stop is the trainer's to handle
-            if self.prefetch_factor is not None:
-                kw["prefetch_factor"] = self.prefetch_factor
+            if opts.prefetch_factor is not None:
+                kw["prefetch_factor"] = opts.prefetch_factor
         self._loader, self._loader_config = wds.WebLoader(self._stream, **kw), config
         self.loaders_made += 1
         return self._loader
@@ -132,7 +111,7 @@ class WdsLoader:
         loader = self._dataloader()
         self._stream.position.set(epoch, skip)  # before iter(): the workers read it when the epoch starts
         self._batch_in_epoch = skip
-        with_keys = self._stream.with_keys
+        width = 3 if self._stream.opts.with_keys else 2
         for item in loader:
             delta = item[-1]
             if delta:
@@ -143,25 +122,19 @@ class WdsLoader:
             if item[0] is None:
                 continue
             self._batch_in_epoch += 1
-            yield item[:-1] if with_keys else (item[0], item[1])
+            yield item[:width]
         self.epoch = epoch + 1
         self._batch_in_epoch = 0
 
 
 def _dist_info(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    r, w = 0, 1
-    try:
-        import torch.distributed as dist
+    """(rank, world size): the options', else torch.distributed's, else the RANK / WORLD_SIZE environment."""
+    import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            r, w = dist.get_rank(), dist.get_world_size()
-        else:
-            r = int(os.environ.get("RANK", 0))
-            w = int(os.environ.get("WORLD_SIZE", 1))
-    except Exception:  # pragma: no cover
-        pass
+    if dist.is_available() and dist.is_initialized():
+        r, w = dist.get_rank(), dist.get_world_size()
+    else:
+        r, w = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     return (int(rank) if rank is not None else r, int(world_size) if world_size is not None else w)
 
 
@@ -188,8 +161,6 @@ def build_wds_pipeline(shards, options: Optional[ShardPipelineOptions] = None, *
                         f"with a fixed epoch length; use fewer workers or resampled=True")
     stream = ShardStream(sources, opts, weights=w, preprocess=preprocess, tokenizer=tokenizer, rank=r,
                          world_size=ws)
-    loader = WdsLoader(stream, epoch=epoch, num_workers=opts.num_workers, pin_memory=opts.pin_memory,
-                       prefetch_factor=opts.prefetch_factor, timeout=opts.timeout)
-    if skip_batches:
-        loader.set_epoch(epoch, skip_batches)
+    loader = WdsLoader(stream, opts, epoch=epoch)
+    loader.set_epoch(epoch, skip_batches)
     return loader

@@ -1,21 +1,80 @@
-"""One shard's tar members grouped into samples, and a sample decoded into (caption, RGB image).
+"""One shard's tar members grouped into samples, a sample decoded into (caption, RGB image), and the
+counts of everything a worker skips (they travel with its batches; the first few of a kind are logged).
 
 Members are grouped per shard, so a truncated shard cannot leak a half sample into the next one
 (open_clip's ``group_by_keys_nothrow`` breaks on webdataset 1.0's end-of-shard markers). webdataset
-streams the members; PIL decodes the images. Everything skipped is counted on the worker's ``Counts``.
+streams the members; PIL decodes the images.
 """
 from __future__ import annotations
 
 import io
 import json
+import logging
 import random
+from collections import Counter
+from functools import partial
 from typing import Callable, Iterator, Optional
 
 from webdataset.tariterators import base_plus_ext, tar_file_iterator
 
-from zsprob.data.webdataset.counts import Counts
+from zsprob.data.captions import clean_caption, clean_redcaps_caption
 from zsprob.data.webdataset.options import ShardPipelineOptions
 from zsprob.data.webdataset.shards import open_shard, shard_is_missing
+
+log = logging.getLogger("zsprob.data")
+
+# every counter the loader reports (all start at 0)
+STAT_KEYS = (
+    "samples",            # good samples put into batches
+    "batches",            # batches handed out (not counting skipped ones)
+    "skipped_batches",    # batches skipped on resume
+    "shards_opened",      # shard files/streams opened (a shard read twice counts twice)
+    "missing_shard",      # shard missing, unopenable, or without one readable member (bad URL)
+    "truncated_shard",    # tar stream broke off after some members (truncated / corrupt tar)
+    "bad_image",          # image bytes PIL cannot decode
+    "missing_image",      # no jpg/jpeg/png/webp member
+    "missing_caption",    # no caption member / json field
+    "empty_caption",      # caption empty after cleaning
+    "bad_caption",        # caption bytes not UTF-8, json not parseable
+    "bad_sample",         # malformed group (e.g. duplicate member names)
+    "transform_error",    # preprocess raised
+    "dropped_partial",    # good samples in a final partial batch dropped by drop_last
+)
+#: the counters of skipped things (their sum is ``skipped_total``)
+ERROR_KEYS = tuple(k for k in STAT_KEYS if k not in ("samples", "batches", "skipped_batches",
+                                                     "shards_opened", "dropped_partial"))
+
+
+class Counts:
+    """One worker's counters since its last batch (``delta``) and in all (``seen``), with rate-limited warnings."""
+
+    def __init__(self, worker: int, rank: int):
+        self.delta: Counter = Counter()
+        self.seen: Counter = Counter()
+        self.where = f"rank {rank} worker {worker}"
+
+    def add(self, key: str, n: int = 1) -> None:
+        self.delta[key] += n
+
+    def bad(self, key: str, detail: str) -> None:
+        self.delta[key] += 1
+        self.seen[key] += 1
+        c = self.seen[key]
+        if c <= 5 or c % 1000 == 0:
+            log.warning("zsprob.data: skipped (%s, #%d on %s): %s", key, c, self.where, detail)
+
+    def take(self) -> dict:
+        d = dict(self.delta)
+        self.delta.clear()
+        return d
+
+    def stall_message(self, run: int, limit: int) -> str:
+        """The one-line error of a stream that skipped ``run`` samples in a row (``limit`` allowed), with
+        this worker's counts by reason."""
+        reasons = ", ".join(f"{k} {v}" for k, v in self.seen.most_common()) or "none counted"
+        return (f"the shard stream skipped {run} samples in a row on {self.where} and made no progress "
+                f"(reasons: {reasons}); check the shards, data.pipeline.caption_key and the image preprocessing "
+                f"(data.pipeline.max_consecutive_skips={limit} sets the limit)")
 
 
 def read_shard(url: str, counts: Counts, complete: Callable[[dict], bool]) -> Iterator[dict]:
@@ -73,7 +132,9 @@ class SampleDecoder:
     def __init__(self, opts: ShardPipelineOptions):
         self.caption_key = opts.caption_key
         self.image_keys = tuple(opts.image_keys)
-        self.clean_fn = opts.caption_cleaner()
+        self.clean_fn = opts.clean or clean_caption
+        if opts.clean is None and opts.dataset_type == "redcaps":
+            self.clean_fn = partial(clean_redcaps_caption, keep_emoji=opts.keep_emoji)
         self.prepend_subreddit = bool(opts.prepend_subreddit)
 
     def complete(self, s: dict) -> bool:
@@ -96,12 +157,11 @@ class SampleDecoder:
                 counts.bad("bad_caption", f"{s['__key__']}.json: {e}")
                 return None
             cap = meta.get(field) if isinstance(meta, dict) else None
-            if isinstance(cap, (list, tuple)):
-                cap = [c if isinstance(c, str) else (c.get("text") or c.get("caption"))
-                       if isinstance(c, dict) else None for c in cap]
-                cap = [c for c in cap if isinstance(c, str)]
-                cap = random.Random(seed).choice(cap) if cap else None
-            if cap is None or not isinstance(cap, str):
+            if isinstance(cap, (list, tuple)):  # strings or records with a "text" / "caption" field
+                texts = [(c.get("text") or c.get("caption")) if isinstance(c, dict) else c for c in cap]
+                texts = [c for c in texts if isinstance(c, str)]
+                cap = random.Random(seed).choice(texts) if texts else None
+            if not isinstance(cap, str):
                 counts.bad("missing_caption", f"{s['__key__']}: json has no {field!r}")
                 return None
         else:

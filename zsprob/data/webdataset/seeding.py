@@ -38,19 +38,13 @@ def seed_worker_as_fresh(base_seed: int, worker: int) -> None:
     np.random.seed(_generate_state(base_seed, worker))
 
 
-class PrivateRNG:
-    """Seed torch's default generator and Python's random for one call, then restore them."""
-
-    def __init__(self):
-        self.gen = torch.default_generator
-
-    def __call__(self, seed: int, fn: Callable, *args):
-        ts = self.gen.get_state()
-        ps = random.getstate()
-        try:
-            self.gen.manual_seed(seed)
-            random.seed(seed)
-            return fn(*args)
-        finally:
-            self.gen.set_state(ts)
-            random.setstate(ps)
+def call_seeded(seed: int, fn: Callable, *args):
+    """``fn(*args)`` with torch's default generator and Python's random seeded by ``seed``, both restored after."""
+    torch_state, python_state = torch.default_generator.get_state(), random.getstate()
+    try:
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        return fn(*args)
+    finally:
+        torch.default_generator.set_state(torch_state)
+        random.setstate(python_state)

@@ -16,15 +16,10 @@ from zsprob.utils import remote
 
 
 def _split_sources(shards: Union[str, os.PathLike, Sequence]) -> list[str]:
-    if isinstance(shards, (str, os.PathLike)):
-        s = str(shards)
-        return [p for p in s.split("::") if p.strip()]
-    out: list[str] = []
-    for item in shards:
-        if isinstance(item, (tuple, list)):
-            raise UserError("give weights with the weights= argument, not as (pattern, weight) pairs")
-        out.extend(p for p in str(item).split("::") if p.strip())
-    return out
+    items = [shards] if isinstance(shards, (str, os.PathLike)) else list(shards)
+    if any(isinstance(item, (tuple, list)) for item in items):
+        raise UserError("give weights with the weights= argument, not as (pattern, weight) pairs")
+    return [p for item in items for p in str(item).split("::") if p.strip()]
 
 
 #: schemes webdataset's gopen opens itself (curl, gsutil, ...) when fsspec's backend is not installed

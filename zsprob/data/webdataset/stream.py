@@ -16,10 +16,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 import webdataset as wds
 
-from zsprob.data.webdataset.counts import Counts, stall_message
 from zsprob.data.webdataset.options import ShardPipelineOptions
-from zsprob.data.webdataset.samples import SampleDecoder, read_shard
-from zsprob.data.webdataset.seeding import PrivateRNG, loader_base_seed, loader_generator, mix_seed, \
+from zsprob.data.webdataset.samples import Counts, SampleDecoder, read_shard
+from zsprob.data.webdataset.seeding import call_seeded, loader_base_seed, loader_generator, mix_seed, \
     seed_worker_as_fresh
 
 log = logging.getLogger("zsprob.data")
@@ -90,58 +89,43 @@ class SharedPosition:
 
 
 class ShardStream(IterableDataset):
-    """The iterable each DataLoader worker runs: shards -> samples -> shuffled -> batches."""
+    """The iterable each DataLoader worker runs: shards -> samples -> shuffled -> batches, each sent as
+    ``(images, tokens, keys, counts)`` (a placeholder with ``images=None`` carries only counts)."""
 
     def __init__(self, sources: list[list[str]], opts: ShardPipelineOptions, *, weights, preprocess, tokenizer,
                  rank: int, world_size: int):
         super().__init__()
         self.sources = sources
         self.urls = [u for s in sources for u in s]
+        self.opts = opts
         self.weights = weights
         self.preprocess = preprocess
         self.tokenizer = tokenizer
-        self.batch_size = int(opts.batch_size)
-        self.seed = int(opts.seed)
-        self.resampled = bool(opts.resampled)
-        self.shuffle = bool(opts.shuffle)
-        self.shuffle_buffer = int(opts.shuffle_buffer)
-        self.shuffle_initial = int(opts.shuffle_initial)
-        self.decoder = SampleDecoder(opts)
-        self.num_samples = opts.num_samples
-        self.drop_last = bool(opts.drop_last)
         self.rank = rank
         self.world_size = world_size
-        self.with_keys = bool(opts.with_keys)
-        self.max_skips = int(opts.max_consecutive_skips)
+        self.decoder = SampleDecoder(opts)
         # set by WdsLoader before each iteration; persistent workers read them from shared memory
         self.position = SharedPosition()
         self.num_workers = 0  # fixed while a DataLoader's workers live (WdsLoader remakes it on a change)
 
-    @property
-    def epoch(self) -> int:
-        return self.position.get()[0]
-
-    @property
-    def skip_batches(self) -> int:
-        return self.position.get()[1]
-
     # ---- schedule
     def batches_per_worker(self) -> Optional[int]:
-        if self.num_samples is None:
+        if self.opts.num_samples is None:
             return None
         nw = max(1, self.num_workers)
-        return max(1, math.ceil(self.num_samples / (self.batch_size * self.world_size * nw)))
+        return max(1, math.ceil(self.opts.num_samples / (self.opts.batch_size * self.world_size * nw)))
 
     def assigned_shards(self, worker: int, nw: int, epoch: int) -> list[str]:
         """Shards this (rank, worker) reads in a non-resampled epoch (before repeats)."""
         urls = list(self.urls)
-        if self.shuffle:
-            random.Random(mix_seed(self.seed, epoch, 0xA11)).shuffle(urls)
+        if self.opts.shuffle:
+            random.Random(mix_seed(self.opts.seed, epoch, 0xA11)).shuffle(urls)
         return urls[self.rank::self.world_size][worker::nw]
 
     def _shard_iter(self, worker: int, nw: int, epoch: int, repeat: bool) -> Iterator[str]:
-        if self.resampled:
-            rng = random.Random(mix_seed(self.seed, epoch, self.rank, worker, 0x5E5))
+        seed = self.opts.seed
+        if self.opts.resampled:
+            rng = random.Random(mix_seed(seed, epoch, self.rank, worker, 0x5E5))
             if self.weights is None:
                 while True:
                     yield rng.choice(self.urls)
@@ -160,8 +144,8 @@ class ShardStream(IterableDataset):
         p = 1
         while repeat:
             again = list(mine)
-            if self.shuffle:
-                random.Random(mix_seed(self.seed, epoch, self.rank, worker, p, 0xAE7)).shuffle(again)
+            if self.opts.shuffle:
+                random.Random(mix_seed(seed, epoch, self.rank, worker, p, 0xAE7)).shuffle(again)
             yield from again
             p += 1
 
@@ -183,23 +167,23 @@ class ShardStream(IterableDataset):
 
     # ---- the worker loop
     def __iter__(self):
+        opts = self.opts
         info = get_worker_info()
         worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         counts = Counts(worker, self.rank)
         epoch, k = self.position.get()
         if info is not None:  # a persistent worker starts each epoch as a fresh one would
-            seed_worker_as_fresh(loader_base_seed(loader_generator(self.seed, epoch)), worker)
+            seed_worker_as_fresh(loader_base_seed(loader_generator(opts.seed, epoch)), worker)
         per_worker = self.batches_per_worker()
         my_skip = max(0, -(-(k - worker) // nw)) if k > 0 else 0
         shards = self._shard_iter(worker, nw, epoch, repeat=per_worker is not None)
         samples = self._samples(shards, counts)
-        if self.shuffle and self.shuffle_buffer > 1:
-            rng = random.Random(mix_seed(self.seed, epoch, self.rank, worker, 0x5B0))
-            samples = wds.filters._shuffle(samples, self.shuffle_buffer,
-                                           min(self.shuffle_initial, self.shuffle_buffer), rng=rng)
-        sample_base = mix_seed(self.seed, epoch, self.rank, worker, 0x5A3)
-        private = PrivateRNG()
-        imgs = BatchBuffer(self.batch_size, shared=info is not None)
+        if opts.shuffle and opts.shuffle_buffer > 1:
+            rng = random.Random(mix_seed(opts.seed, epoch, self.rank, worker, 0x5B0))
+            samples = wds.filters._shuffle(samples, opts.shuffle_buffer,
+                                           min(opts.shuffle_initial, opts.shuffle_buffer), rng=rng)
+        sample_base = mix_seed(opts.seed, epoch, self.rank, worker, 0x5A3)
+        imgs = BatchBuffer(opts.batch_size, shared=info is not None)
         caps: list[str] = []
         keys: list[str] = []
         produced = 0
@@ -207,8 +191,9 @@ class ShardStream(IterableDataset):
         for idx, s in enumerate(samples):
             if per_worker is not None and produced >= per_worker:
                 break
-            if idx - last_good > self.max_skips:  # nothing usable comes: stop instead of spinning forever
-                yield self._fatal(counts, idx - last_good - 1)
+            if idx - last_good > opts.max_consecutive_skips:  # nothing usable comes: stop instead of spinning
+                yield None, None, None, {**counts.take(), "__fatal__": counts.stall_message(
+                    idx - last_good - 1, opts.max_consecutive_skips)}
                 return
             if s.get("__bad__"):
                 continue
@@ -222,7 +207,7 @@ class ShardStream(IterableDataset):
                 continue
             if not skipping:
                 try:
-                    img = private(sseed, self.preprocess, img) if self.preprocess is not None else img
+                    img = call_seeded(sseed, self.preprocess, img) if self.preprocess is not None else img
                 except Exception as e:
                     counts.bad("transform_error", f"{s['__key__']}: {type(e).__name__}: {e}")
                     continue
@@ -233,39 +218,27 @@ class ShardStream(IterableDataset):
             caps.append(cap)
             keys.append(s["__key__"])
             last_good = idx
-            if len(caps) == self.batch_size:
+            if len(caps) == opts.batch_size:
                 counts.add("samples", len(caps))
                 if skipping:
                     counts.add("skipped_batches")
-                    yield self._placeholder(counts)
+                    yield None, None, None, counts.take()
                 else:
                     yield self._emit(imgs, caps, keys, counts)
                 produced += 1
                 caps, keys = [], []
         if caps and per_worker is None:
-            if self.drop_last or produced < my_skip:
-                counts.add("dropped_partial" if self.drop_last else "samples", len(caps))
-                if not self.drop_last:
+            if opts.drop_last or produced < my_skip:
+                counts.add("dropped_partial" if opts.drop_last else "samples", len(caps))
+                if not opts.drop_last:
                     counts.add("skipped_batches")
             else:
                 counts.add("samples", len(caps))
                 yield self._emit(imgs, caps, keys, counts)
-        yield self._placeholder(counts)  # flush the last counts
-
-    def _fatal(self, counts: Counts, run: int):
-        """A placeholder carrying the one-line error of a stalled stream (the loader raises it)."""
-        msg = stall_message(counts, run, self.max_skips)
-        d = counts.take()
-        d["__fatal__"] = msg
-        return (None, None, None, d) if self.with_keys else (None, None, d)
-
-    def _placeholder(self, counts: Counts):
-        return (None, None, None, counts.take()) if self.with_keys else (None, None, counts.take())
+        yield None, None, None, counts.take()  # flush the last counts
 
     def _emit(self, imgs: BatchBuffer, caps, keys, counts: Counts):
         counts.add("batches")
         images = imgs.take()  # a tensor, or a list of PIL images with preprocess=None
         tokens = self.tokenizer(caps) if self.tokenizer is not None else list(caps)
-        if self.with_keys:
-            return images, tokens, list(keys), counts.take()
-        return images, tokens, counts.take()
+        return images, tokens, list(keys), counts.take()
