@@ -1,14 +1,12 @@
 """Gathering embeddings across processes with gradients, for global-batch pairwise losses.
 
-torch.distributed does the communication; zsprob writes the autograd rule (open_clip's
-``gather_features`` with ``local_loss=True``): each process scores its local rows against the columns of
-the whole global batch, and the gradients other processes send to its embeddings are summed back::
+torch.distributed does the communication; zsprob writes the autograd rule (open_clip's ``gather_features``
+with ``local_loss=True``): each process scores its local rows against the global batch's columns::
 
     forward:  all_gather(x_local)                  -> X [world * n, D]
-    backward: all_reduce(SUM, dL/dX)[local slice]  -> dL/dx_local
+    backward: all_reduce(SUM, dL/dX)[local slice]  -> dL/dx_local   (gloo has no reduce_scatter)
 
 With DDP averaging the parameter gradients, the update equals one process's on the same global batch.
-The backward uses ``all_reduce``, as gloo (the CPU backend) has no ``reduce_scatter``.
 """
 from __future__ import annotations
 
@@ -45,11 +43,8 @@ class _AllGatherWithGrad(torch.autograd.Function):
 
 
 def all_gather_with_grad(x: torch.Tensor | None) -> torch.Tensor | None:
-    """Concatenate ``x`` [n, ...] from every process (rank order) -> [world * n, ...], differentiable.
-
-    All processes must pass the same local size. Returns ``x`` itself outside a process group
-    and None for None (deterministic models have no logvar).
-    """
+    """``x`` [n, ...] of every process in rank order -> [world * n, ...], differentiable (the same n on every
+    process); ``x`` itself outside a process group, None for None."""
     if x is None or not is_distributed():
         return x
     return _AllGatherWithGrad.apply(x)
@@ -73,11 +68,8 @@ def gather_gaussians(mu: torch.Tensor, logvar: torch.Tensor | None):
 
 
 def block_diag_targets(local: torch.Tensor) -> torch.Tensor:
-    """Global [N, N] match targets from every process's local [n, n] targets (block diagonal).
-
-    Mixed images (MSDA) only mix captions of their own process's batch, so the global target
-    matrix is block diagonal with each process's block in rank order.
-    """
+    """Global [N, N] match targets, block diagonal from every process's local [n, n] ones (MSDA mixes within
+    a process's batch)."""
     if not is_distributed():
         return local
     blocks = all_gather_nograd(local.unsqueeze(0))  # [world, n, n]
