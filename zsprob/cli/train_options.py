@@ -67,19 +67,14 @@ def common_options(f):
 
 def _flag_writes(kw: dict) -> list[tuple[Key, str]]:
     """(the key whose flag wrote it, ``key=value``) for each flag given; the first key of an exclusive pair
-    clears the recipe's value of the other (``--steps``: epochs)."""
-    given = {key.name: key for key in FLAGGED if kw.get(_dest(key)) is not None}
-    by_name = {key.name: key for key in KEYS}
+    clears the recipe's value of the other (``--steps``: epochs; both flags given meet the schema's rule)."""
     writes = []
-    for name, key in given.items():
-        value = kw[_dest(key)]
-        writes.append((key, f"{name}={json.dumps(value) if isinstance(value, (list, bool)) else value}"))
-        for first, other, why in EXCLUSIVE:
-            if name == first and other in given:
-                raise UserError(f"{key.flag} {value} and {by_name[other].flag} {kw[_dest(by_name[other])]} are both "
-                                f"set: drop one ({why})")
-            if name == first:
-                writes.append((key, f"{other}=null"))
+    for key in FLAGGED:
+        value = kw.get(_dest(key))
+        if value is None:
+            continue
+        writes.append((key, f"{key.name}={json.dumps(value) if isinstance(value, (list, bool)) else value}"))
+        writes += [(key, f"{other}=null") for first, other, _ in EXCLUSIVE if first == key.name]
     return writes
 
 
