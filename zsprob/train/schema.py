@@ -70,9 +70,9 @@ INHERITED = object()
 
 @dataclass(frozen=True)
 class Key:
-    """One config key. ``flag``: its command-line flag (``--steps``), ``help`` when its text is not ``doc``;
-    ``free``: the section's keys at that depth and below take any keys (``loss``: 1, each method's options);
-    ``routine``: how a run is carried out, not what it learns (another value on ``--resume`` is no change)."""
+    """One config key. ``flag``: its command-line flag (``--steps``); ``free``: the section's keys at that depth
+    and below take any keys (``loss``: 1, each method's options); ``routine``: how a run is carried out, not
+    what it learns (another value on ``--resume`` is no change)."""
     name: str
     default: Any
     doc: str
