@@ -119,13 +119,12 @@ def _check_continues_checkpoint(run: Run, ckpt_dir: Path) -> None:
     changed settings that change what the run learns are one warning naming them."""
     from zsprob.models import load_meta
 
-    meta = load_meta(ckpt_dir / "model")
-    extra = meta.get("extra") or {}
-    saved = meta.get("method") or extra.get("method")
+    extra = load_meta(ckpt_dir / "model").get("extra") or {}
+    saved = extra.get("method")
     if saved and saved != run.cfg.method:
         raise UserError(f"--resume: the checkpoint {ckpt_dir} was trained with --method {saved}, this run asks for "
                         f"--method {run.cfg.method}; resume with --method {saved}, or start afresh with --overwrite")
-    saved_cfg = meta.get("train_config") or extra.get("train_config")
+    saved_cfg = extra.get("train_config")
     changed = changed_settings(saved_cfg, run.cfg.to_dict()) if isinstance(saved_cfg, dict) else []
     if changed and run.main:
         shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changed[:4])

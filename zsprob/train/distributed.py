@@ -25,15 +25,19 @@ def world_info() -> tuple[int, int]:
     return 0, 1
 
 
+def _all_gather(x: torch.Tensor) -> torch.Tensor:
+    """``x`` of every process, concatenated in rank order along the first dimension."""
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    return torch.cat(parts, dim=0)
+
+
 class _AllGatherWithGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        rank, world = dist.get_rank(), dist.get_world_size()
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(world)]
-        dist.all_gather(parts, x)
-        ctx.rank, ctx.n = rank, x.shape[0]
-        return torch.cat(parts, dim=0)
+        ctx.rank, ctx.n = dist.get_rank(), x.shape[0]
+        return _all_gather(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -50,17 +54,6 @@ def all_gather_with_grad(x: torch.Tensor | None) -> torch.Tensor | None:
     return _AllGatherWithGrad.apply(x)
 
 
-@torch.no_grad()
-def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` from every process without gradients (targets, counters)."""
-    if not is_distributed():
-        return x
-    x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x)
-    return torch.cat(parts, dim=0)
-
-
 def gather_gaussians(mu: torch.Tensor, logvar: torch.Tensor | None):
     """``((all_mu, all_logvar), offset)`` for the loss's ``all_img`` / ``all_txt`` arguments."""
     rank, _ = world_info()
@@ -72,7 +65,8 @@ def block_diag_targets(local: torch.Tensor) -> torch.Tensor:
     a process's batch)."""
     if not is_distributed():
         return local
-    blocks = all_gather_nograd(local.unsqueeze(0))  # [world, n, n]
+    with torch.no_grad():
+        blocks = _all_gather(local.unsqueeze(0))  # [world, n, n]
     return torch.block_diag(*blocks.unbind(0))
 
 

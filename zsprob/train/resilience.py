@@ -179,10 +179,14 @@ class StopSignals:
             StopSignals.active = self
         return self
 
-    def __exit__(self, *exc) -> None:
+    def disarm(self) -> None:
+        """Stop the data-wait timer, if armed."""
         if self._armed:
             signal.setitimer(signal.ITIMER_REAL, 0)
             self._armed = False
+
+    def __exit__(self, *exc) -> None:
+        self.disarm()
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
@@ -206,9 +210,7 @@ class data_wait:
     def __exit__(self, exc_type, exc, tb):
         if self.stop is not None:
             self.stop.waiting_since = None
-            if self.stop._armed:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                self.stop._armed = False
+            self.stop.disarm()
             workers_stopped = (self.stop.received and exc_type is not None and issubclass(exc_type, RuntimeError)
                                and "DataLoader worker" in str(exc))
             if exc_type is _StopWaiting or workers_stopped:

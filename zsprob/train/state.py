@@ -32,13 +32,11 @@ TUPLE = "__tuple__"
 def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
     """Replace every tensor / ndarray in a nested structure by a reference into ``tensors``."""
     if isinstance(obj, torch.Tensor):
-        key = prefix
-        tensors[key] = obj.detach().cpu().contiguous()
-        return {TENSOR: key}
+        tensors[prefix] = obj.detach().cpu().contiguous()
+        return {TENSOR: prefix}
     if isinstance(obj, np.ndarray):
-        key = prefix
-        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj))
-        return {NDARRAY: key}
+        tensors[prefix] = torch.from_numpy(np.ascontiguousarray(obj))
+        return {NDARRAY: prefix}
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
@@ -49,9 +47,9 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
         return {TUPLE: [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]}
     if isinstance(obj, list):
         return [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]
-    if isinstance(obj, (np.integer,)):
+    if isinstance(obj, np.integer):
         return int(obj)
-    if isinstance(obj, (np.floating,)):
+    if isinstance(obj, np.floating):
         return float(obj)
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
