@@ -1,12 +1,10 @@
 """Training batch sources with a resumable position (epoch, batch index within the epoch).
 
-webdataset (``zsprob.data.webdataset.build_wds_pipeline``) reads shards, torch's DataLoader COCO; the
-model's open_clip transforms and tokenizer prepare them. zsprob writes: one loader per source for the
-whole run (persistent workers; page-locked batches for CUDA); exact mid-epoch resume (an epoch's order is
-a function of (seed, epoch), the first ``skip`` batches are dropped, and workers start each epoch as a
-worker made for it would); the per-process slice of the GLOBAL batch; and noisy correspondence
-(``noise_ratio``, PCME++ Table 2): COCO permutes that share of captions once, streams rotate the
-captions of that share of rows in every batch (:func:`add_caption_noise`).
+webdataset reads shards, torch's DataLoader COCO; the model's transforms and tokenizer prepare them.
+zsprob writes one loader per source for the whole run, exact mid-epoch resume (an epoch's order is a
+function of (seed, epoch); the first ``skip`` batches are dropped), the per-process slice of the GLOBAL
+batch, and noisy correspondence (``noise_ratio``, PCME++ Table 2: COCO permutes that share of captions
+once, streams rotate them in every batch).
 """
 from __future__ import annotations
 
