@@ -44,7 +44,7 @@ def test_unknown_option_is_one_line_exit_2():
 
 
 def test_user_error_and_debug_traceback(tmp_path):
-    from zsprob.config import load_config  # noqa: F401  (imported to fail fast if broken)
+    from zsprob.config import read_yaml  # noqa: F401  (imported to fail fast if broken)
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [1, 2\nb: :\n")
     code = ("import sys; from zsprob.cli import main, cli\n"
@@ -52,7 +52,7 @@ def test_user_error_and_debug_traceback(tmp_path):
             "@cli.command('yaml-check')\n"
             "@click.argument('path')\n"
             "def yaml_check(path):\n"
-            "    from zsprob.config import load_config; load_config(path)\n"
+            "    from zsprob.config import read_yaml; read_yaml(path)\n"
             "main(sys.argv[1:])\n")
     import subprocess
     import sys

@@ -4,7 +4,15 @@ from __future__ import annotations
 import pytest
 
 from zsprob import UserError
-from zsprob.config import apply_override, load_config
+from zsprob.config import apply_override, read_yaml, to_config
+
+
+def load_config(path=None, overrides=(), defaults=None):
+    """A YAML file (and its base chain) over ``defaults``, patched with ``key=value`` overrides."""
+    cfg = to_config({**(defaults or {}), **(read_yaml(path) if path is not None else {})})
+    for item in overrides:
+        apply_override(cfg, item)
+    return cfg
 
 
 def test_base_chain_and_overrides(tmp_path):

@@ -13,11 +13,10 @@ import pytest
 import torch
 
 from conftest import run_cli
-from zsprob.config import load_config
 from zsprob.data.synthetic import paired_split
 from zsprob.errors import UserError
 from zsprob.prob.jwae import JWAEObjective
-from zsprob.train.defaults import DEFAULTS
+from zsprob.train.defaults import load_train_config
 from zsprob.train.jwae_data import FeatureStore, SemiSupervisedSource
 
 FEAT = 24
@@ -27,7 +26,7 @@ def jwae_cfg(*sets: str):
     base = ["model.embed_dim=24", "model.jwae.latent_dim=8", "model.jwae.image_hidden=32",
             "model.jwae.text_hidden=32", "data.batch_size=16", "train.tensorboard=false",
             "train.checkpoint_every=0", "train.log_every=10"]
-    return load_config("jwae_synthetic.yaml", base + list(sets), defaults=DEFAULTS)
+    return load_train_config("jwae_synthetic.yaml", base + list(sets))
 
 
 def feature_store(n=240, seed=0, n_caps=2) -> FeatureStore:
@@ -191,8 +190,8 @@ def test_cli_pretrain_jwae_with_unpaired_streams_then_eval_synthetic(tiny_world,
     (("--config", "jwae_synthetic.yaml", "--set", "data.paired_fraction=0"), "paired_fraction must be in (0, 1]"),
 ])
 def test_cli_bad_jwae_input_is_one_line_and_exit_2(tmp_path, tiny_world, args, message):
-    r = run_cli("pretrain", *args, "--data", "synthetic", "--shards", tiny_world / "pretrain", "--out", tmp_path / "run",
-                "--steps", 2, "--no-progress", "--set", "model.embed_dim=16", timeout=300)
+    r = run_cli("pretrain", *args, "--data", "synthetic", "--shards", tiny_world / "pretrain",
+                "--out", tmp_path / "run", "--steps", 2, "--no-progress", "--set", "model.embed_dim=16", timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr

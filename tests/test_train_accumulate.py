@@ -140,7 +140,7 @@ def _losses(run: Path) -> list[float]:
 def test_training_loop_with_accumulation_follows_the_big_batch(tmp_path):
     """Three optimiser steps with MSDA and text SizeAugment: K = 4 logs the losses of K = 1."""
     from zsprob.train import train
-    from zsprob.train.data import TensorSource
+    from helpers_train import TensorSource
     batches = [batch(s)[:2] for s in range(3)]
     train(_tensor_cfg(), tmp_path / "k1", source=TensorSource(batches), progress=False)
     train(_tensor_cfg(train={"accum_steps": 4}, model={"grad_checkpointing": True}), tmp_path / "k4",
@@ -217,7 +217,7 @@ def test_bf16_autocast_training_on_the_cpu(tmp_path, fresh_accelerate_state):
     """A few bf16 steps (accelerate autocast on the CPU), also with accumulation: finite, close to fp32."""
     from accelerate.state import AcceleratorState
     from zsprob.train import train
-    from zsprob.train.data import TensorSource
+    from helpers_train import TensorSource
     batches = [batch(s)[:2] for s in range(3)]
     train(_tensor_cfg(), tmp_path / "fp32", source=TensorSource(batches), progress=False)
     for name, extra in (("bf16", {}), ("bf16k2", {"accum_steps": 2})):
@@ -256,7 +256,7 @@ sys.path.insert(0, sys.argv[2])
 from test_train_accumulate import METHODS, B, batch, grads, step_module, _tensor_cfg
 from zsprob.train import train
 from zsprob.train.accumulate import accumulated_step
-from zsprob.train.data import TensorSource
+from helpers_train import TensorSource
 from zsprob.train import distributed as D
 
 out = sys.argv[1]
@@ -300,7 +300,7 @@ def test_two_processes_with_accumulation_match_one_process(tmp_path):
     import sys
     from safetensors.torch import load_file
     from zsprob.train import train
-    from zsprob.train.data import TensorSource
+    from helpers_train import TensorSource
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +22,9 @@ WORKER = textwrap.dedent('''
     from zsprob.prob import create_loss, needs_sigma
     from zsprob.train.loop import train
     from zsprob.train.step import ContrastiveStep
-    from zsprob.train.data import TensorSource
     from zsprob.train import distributed as D
+    sys.path.insert(0, sys.argv[2])
+    from helpers_train import TensorSource
 
     out = sys.argv[1]
     TINY = {"open_clip_cfg": {"vision_cfg": {"layers": 2, "width": 32, "head_width": 16, "patch_size": 8,
@@ -87,9 +89,10 @@ def test_two_processes_match_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()
-    _run([sys.executable, str(script), str(one)], tmp_path, env)
+    tests = str(Path(__file__).parent)
+    _run([sys.executable, str(script), str(one), tests], tmp_path, env)
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-          str(script), str(two)], tmp_path, env)
+          str(script), str(two), tests], tmp_path, env)
     l1 = json.loads((one / "losses.json").read_text())
     l2 = json.loads((two / "losses.json").read_text())
     for method in l1:

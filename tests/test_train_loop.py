@@ -102,7 +102,7 @@ def test_resume_continues_exactly(tiny_world, tmp_path):
 
 def test_nonfinite_losses_skip_then_stop(tmp_path):
     from zsprob.train import train
-    from zsprob.train.data import TensorSource
+    from helpers_train import TensorSource
     g = torch.Generator().manual_seed(0)
     good = [(torch.randn(8, 3, 32, 32, generator=g), torch.randint(1, 300, (8, 16), generator=g)) for _ in range(2)]
     bad = [(torch.full((8, 3, 32, 32), float("nan")), torch.randint(1, 300, (8, 16), generator=g)) for _ in range(4)]

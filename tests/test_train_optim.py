@@ -123,8 +123,9 @@ def test_adamp_and_adamw_created():
     assert isinstance(O.create_optimizer(O.param_groups(m, lr=0.1, weight_decay=0.1), name="adamw"),
                       torch.optim.AdamW)
     from zsprob.errors import UserError
-    with pytest.raises(UserError):
-        O.create_optimizer(groups, name="lion")
+    from zsprob.train.defaults import load_train_config, resolve_config
+    with pytest.raises(UserError, match="unknown optimizer 'lion'"):  # the config's rule, before anything is built
+        resolve_config(load_train_config(None, ["optim.name=lion"]))
 
 
 @pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])

@@ -1,19 +1,16 @@
 """YAML configs with dotted command-line overrides.
 
-A config is a nested dict read from a YAML file (``configs/*.yaml``), optionally built on a
-``base:`` file named inside it, then patched with ``--set a.b.c=value`` overrides whose values
-are parsed as YAML scalars (``1e-4`` -> float, ``true`` -> bool, ``[1, 2]`` -> list).
-Malformed files and overrides raise :class:`zsprob.UserError`.
-
-:class:`Config` is a dict with attribute access, so ``cfg.optim.lr`` and ``cfg["optim"]["lr"]``
-both work; it round-trips to YAML / JSON unchanged.
+A config is a nested dict read from a YAML file, built on the ``base:`` file it names, then patched with
+``a.b.c=value`` overrides parsed as YAML (``1e-4`` -> float, ``[1, 2]`` -> list); malformed input is a
+:class:`zsprob.UserError`. :class:`Config` is a dict with attribute access (``cfg.optim.lr``).
+The training config's keys and checks are :mod:`zsprob.train.defaults`'.
 """
 from __future__ import annotations
 
 import copy
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import yaml
 
@@ -131,18 +128,6 @@ def read_yaml(path: str | os.PathLike, _chain: tuple = ()) -> dict:
                             f"({' -> '.join(str(c) for c in chain)}); a base cannot include itself")
         data = deep_merge(read_yaml(base_path, chain), data)
     return data
-
-
-def load_config(path: str | os.PathLike | None = None, overrides: Iterable[str] = (),
-                defaults: Mapping | None = None) -> Config:
-    """Defaults <- YAML file (and its ``base:`` chain) <- ``key=value`` overrides."""
-    cfg: dict = copy.deepcopy(dict(defaults)) if defaults else {}
-    if path is not None:
-        cfg = deep_merge(cfg, read_yaml(path))
-    cfg = to_config(cfg)
-    for item in overrides:
-        apply_override(cfg, item)
-    return cfg
 
 
 def dump_yaml(cfg: Mapping) -> str:

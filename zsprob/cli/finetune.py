@@ -1,8 +1,5 @@
-"""`zsprob finetune coco` / `flickr30k`: fine-tune on COCO or Flickr30k captions with the PCME++ recipe (thin wrapper).
-
-Both commands take the same options and run one body (:func:`_finetune`); they differ in the data kind
-and its help texts. No torch import at module level; the work is :func:`zsprob.train.loop.train`.
-"""
+"""`zsprob finetune coco` / `flickr30k`: fine-tune on COCO or Flickr30k captions with the PCME++ recipe
+(thin wrapper; no torch import)."""
 import click
 
 from zsprob.cli.train_options import common_options, is_main_process, print_summary, resolve_run_config, run

@@ -1,8 +1,4 @@
-"""`zsprob pretrain`: pretrain a probabilistic image-text model on shards (thin wrapper).
-
-Parses options, resolves the config (recipe + flags + --set, checked once, before torch) and trains
-(:func:`zsprob.cli.train_options.run`). No torch import at module level.
-"""
+"""`zsprob pretrain`: pretrain a probabilistic image-text model on shards (thin wrapper; no torch import)."""
 import click
 
 from zsprob.cli.train_options import common_options, print_summary, resolve_run_config, run

@@ -1,11 +1,8 @@
 """The click options and glue shared by ``zsprob pretrain`` and ``zsprob finetune`` (no torch import at module level).
 
-Every config key declared with a flag (:data:`zsprob.train.defaults.KEYS`) is a first-class option: its
-click type comes from the key's rule and default, its help from the key's doc, and a value given writes
-``key=value`` (:func:`flag_overrides`). A flag wins over the YAML recipe; ``--set`` wins over both, applied
-last in command-line order; a flag and a ``--set`` of the same key are one line. The config is resolved
-and checked once, before torch is imported (:func:`resolve_run_config`).
-``--resume [auto|latest|DIR]`` and ``--resume-from DIR`` choose the checkpoint (:mod:`zsprob.train.resilience`).
+Every config key declared with a flag (:data:`zsprob.train.defaults.KEYS`) is an option typed by its rule
+and documented by its doc. A flag wins over the YAML recipe, ``--set`` over both; a flag and a ``--set`` of
+the same key are one line. The config is resolved and checked once, before torch is imported.
 """
 from __future__ import annotations
 
@@ -70,19 +67,14 @@ def common_options(f):
 
 def _flag_writes(kw: dict) -> list[tuple[Key, str]]:
     """(the key whose flag wrote it, ``key=value``) for each flag given; the first key of an exclusive pair
-    (:data:`zsprob.train.defaults.EXCLUSIVE`) clears the recipe's value of the other (``--steps``: epochs)."""
-    given = {key.name: key for key in FLAGGED if kw.get(_dest(key)) is not None}
-    by_name = {key.name: key for key in KEYS}
+    clears the recipe's value of the other (``--steps``: epochs; both flags given meet the schema's rule)."""
     writes = []
-    for name, key in given.items():
-        value = kw[_dest(key)]
-        writes.append((key, f"{name}={json.dumps(value) if isinstance(value, (list, bool)) else value}"))
-        for first, other, why in EXCLUSIVE:
-            if name == first and other in given:
-                raise UserError(f"{key.flag} {value} and {by_name[other].flag} {kw[_dest(by_name[other])]} are both "
-                                f"set: drop one ({why})")
-            if name == first:
-                writes.append((key, f"{other}=null"))
+    for key in FLAGGED:
+        value = kw.get(_dest(key))
+        if value is None:
+            continue
+        writes.append((key, f"{key.name}={json.dumps(value) if isinstance(value, (list, bool)) else value}"))
+        writes += [(key, f"{other}=null") for first, other, _ in EXCLUSIVE if first == key.name]
     return writes
 
 
@@ -106,8 +98,8 @@ def resolve_run_config(kw: dict, extra: list[str], default_config: str | None):
 
 
 def refuse_flag_and_set(writes: list[tuple[Key, str]], sets: list[str]) -> None:
-    """One line when a flag and a ``--set`` write the same key (or ``--set`` replaces the section holding
-    it), or one ``--set`` replaces another: otherwise the later one would silently win."""
+    """One line when a flag and a ``--set`` write the same key (or its section), or one ``--set`` replaces
+    another: otherwise the later one would silently win."""
     seen: dict[str, str] = {}
     for item in sets:  # the same key twice, or a key and then a section that replaces it: the later would win
         key = item.split("=", 1)[0].strip()  # (a section and then a key inside it refines it: allowed)

@@ -1,11 +1,9 @@
 """Large batches on few processes: exact gradient accumulation for pairwise losses, and activation
 checkpointing of the towers.
 
-Accumulation (``train.accum_steps K``) is open_clip's ``--accum-freq`` scheme in its "gradient cache" form:
-the K micro-batches are embedded without gradients, the pairwise loss is computed once on all of them
-(the cached embeddings as autograd leaves, giving ``g_j = dL / d emb_j`` and the loss parameters'
-gradients), then each micro-batch is encoded again with gradients and backpropagates
-``sum(emb_j * g_j)``: the gradient of the whole-batch loss. One step of a process holding ``n`` rows::
+Accumulation (``train.accum_steps K``) is open_clip's ``--accum-freq`` in its "gradient cache" form: the
+loss is computed once on the K micro-batches' cached embeddings, then each micro-batch is encoded again
+with gradients and backpropagates ``sum(emb_j * dL / d emb_j)``. One step of a process holding ``n`` rows::
 
     chunks  <- K micro-batches of n / K rows; masked copies (ProLIP occlusion) in further chunks
     no grad:  emb_c <- model(chunk c)              torch RNG state saved before each chunk
@@ -15,12 +13,9 @@ gradients), then each micro-batch is encoded again with gradients and backpropag
               backward(s)   under DDP no_sync except for the last chunk
     RNG state <- where the no-gradient pass and the loss left it
 
-Random draws before the towers (caption noise, SizeAugment, MSDA, occlusion masks) run once on the whole
-batch; draws inside the towers (dropout, patch dropout) are replayed from each chunk's saved RNG state.
-BatchNorm normalises each micro-batch on its own (as per-GPU BatchNorm under DDP), so only towers without
-it are exact. Checkpointing (``model.grad_checkpointing``) calls the model's ``set_grad_checkpointing``
-(open_clip's name; :class:`zsprob.models.prob_clip.ProbCLIP` recomputes its blocks with
-``torch.utils.checkpoint``).
+Draws before the towers run once on the whole batch; draws inside them (dropout) are replayed from each
+chunk's saved RNG state. BatchNorm normalises each micro-batch on its own, so only towers without it are
+exact. Checkpointing (``model.grad_checkpointing``) calls the model's ``set_grad_checkpointing``.
 """
 from __future__ import annotations
 
@@ -42,7 +37,7 @@ def at_least_fp32(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def check_accum_steps(k: int, local_batch_size: int) -> int:
-    """``train.accum_steps`` (a count the config checked) if it divides the per-process batch, else a UserError."""
+    """``train.accum_steps`` if it divides the per-process batch, else a UserError."""
     k = int(k)
     if local_batch_size % k:
         raise UserError(f"train.accum_steps {k} does not divide the per-process batch {local_batch_size} "
@@ -82,14 +77,13 @@ def _set_rng_state(state, device: torch.device) -> None:
         torch.cuda.set_rng_state(cuda, device)
 
 
-def chunk_inputs(images: torch.Tensor, tokens: torch.Tensor, k: int, masked) -> tuple[list, int]:
-    """[(images, tokens)] of the K micro-batches, then of the masked copies in pieces of at most
-    n / K rows; and the number of data chunks (K)."""
+def chunk_inputs(images: torch.Tensor, tokens: torch.Tensor, k: int, masked) -> list:
+    """[(images, tokens)] of the K micro-batches, then of the masked copies in pieces of n / K rows."""
     micro = images.shape[0] // k
     chunks = list(zip(images.split(micro), tokens.split(micro)))
     if masked is not None:
         chunks += list(zip(masked[0].split(micro), masked[1].split(micro)))
-    return chunks, k
+    return chunks
 
 
 def _leaves(outs: list[dict], side: str) -> torch.Tensor | None:
@@ -100,8 +94,8 @@ def _leaves(outs: list[dict], side: str) -> torch.Tensor | None:
 
 @dataclass
 class Surrogate:
-    """The scalar a re-encoding pass backpropagates: sum of <embedding, its cached gradient>
-    (+ <loss parameter, its gradient> on the chunk that carries them)."""
+    """The scalar a re-encoding pass backpropagates: sum of <embedding, its cached gradient> (+ <loss
+    parameter, its gradient> on the last chunk)."""
 
     grads: dict  # side -> gradient of the loss w.r.t. this chunk's embeddings (or None)
     loss_params: tuple = ()  # ((parameter, gradient), ...)
@@ -120,15 +114,9 @@ class Surrogate:
 
 @contextlib.contextmanager
 def frozen_norm_statistics(model: nn.Module):
-    """Inside, BatchNorm layers in training mode still normalise with the batch's statistics but
-    leave their running statistics (and batch counter) as they were: for the passes that must not
-    count (the no-gradient encoding pass here; the masked copies of the occlusion term, images with
-    blanked cells, which would pull the statistics evaluation uses towards theirs).
-
-    Done with momentum 0 (running = 1 x running + 0 x batch) rather than by copying the buffers back
-    afterwards: a training-mode BatchNorm keeps its running buffers for backward, and an in-place
-    restore would invalidate the graph of a pass that is differentiated.
-    """
+    """Inside, training-mode BatchNorm normalises with the batch's statistics but leaves its running ones (and
+    counter) alone: for passes that must not count (the no-gradient pass, the occlusion term's masked copies).
+    Done with momentum 0, not by restoring the buffers, which backward may still need."""
     norms = [m for m in model.modules()
              if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats]
     saved = [(m.momentum, None if m.num_batches_tracked is None else m.num_batches_tracked.clone()) for m in norms]
@@ -158,7 +146,7 @@ def _encode_chunks(raw, chunks: list, autocast) -> tuple[list[dict], list]:
 
 
 def _cached_loss(raw, outs: list[dict], n_data: int, matched, step: int):
-    """Loss and stats on the cached embeddings; gradients w.r.t. every chunk's embeddings and the loss's parameters."""
+    """Loss and stats on the cached embeddings; the gradients of every chunk's embeddings and the loss's parameters."""
     data = {s: _leaves(outs[:n_data], s) for s in SIDES}
     masked = {}
     if len(outs) > n_data:
@@ -191,17 +179,14 @@ def _chunk_grads(per_side: list[dict], outs: list[dict], n_data: int) -> list[di
 
 def accumulated_step(step_module: nn.Module, raw, images: torch.Tensor, tokens: torch.Tensor, matched,
                      step: int, k: int, acc=None):
-    """Forward and backward of one optimiser step in ``k`` micro-batches; gradients land in ``.grad``
-    as ``backward()`` of the whole-batch loss would put them. Returns (loss, stats).
-
-    ``step_module``: the (possibly DDP-wrapped) :class:`zsprob.train.loop.ContrastiveStep`; ``raw``:
-    the unwrapped one; ``acc``: the accelerate ``Accelerator`` (autocast, backward, no_sync) or None.
-    """
+    """Forward and backward of one step in ``k`` micro-batches, the gradients those of the whole-batch loss;
+    (loss, stats). ``step_module``: the (DDP-wrapped) ContrastiveStep, ``raw`` the unwrapped one; ``acc``: the
+    Accelerator (autocast, backward, no_sync) or None."""
     autocast = acc.autocast if acc is not None else contextlib.nullcontext
-    chunks, n_data = chunk_inputs(images, tokens, k, raw.masked_inputs(images, tokens, step))
+    chunks = chunk_inputs(images, tokens, k, raw.masked_inputs(images, tokens, step))
     outs, states = _encode_chunks(raw, chunks, autocast)
-    loss, stats, per_side, param_grads = _cached_loss(raw, outs, n_data, matched, step)
-    grads = _chunk_grads(per_side, outs, n_data)
+    loss, stats, per_side, param_grads = _cached_loss(raw, outs, k, matched, step)
+    grads = _chunk_grads(per_side, outs, k)
     device = images.device
     after = _rng_state(device)  # past every draw of the step (the loss may draw too: PCME's samples)
     for i, ((c_images, c_tokens), state, g) in enumerate(zip(chunks, states, grads)):
@@ -209,7 +194,7 @@ def accumulated_step(step_module: nn.Module, raw, images: torch.Tensor, tokens: 
         _set_rng_state(state, device)
         surrogate = Surrogate(g, param_grads if last else ())
         sync = contextlib.nullcontext() if last or acc is None else acc.no_sync(step_module)
-        frozen = frozen_norm_statistics(raw.model) if i >= n_data else contextlib.nullcontext()  # masked copies
+        frozen = frozen_norm_statistics(raw.model) if i >= k else contextlib.nullcontext()  # masked copies
         with sync, frozen:
             with autocast():
                 s, _ = step_module(c_images, c_tokens, surrogate=surrogate)

@@ -13,10 +13,9 @@ dimensions, gradient ``g`` and Adam update ``u``, viewed as rows (one per output
     w         <- w * (1 - lr * weight_decay * (wd_ratio if channel or layer else 1))
     w         <- w - lr / (1 - beta1^t) * u
 
-Biases, norms and scalars get plain Adam with decoupled weight decay. timm's ``AdamP`` computes the same
-update but decides with a Python ``if`` on a device value (a GPU wait per parameter); here both decisions
-are boolean tensors chosen with ``torch.where``, over torch's multi-tensor (``torch._foreach_*``) kernels.
-The state keeps timm's layout (``step`` a host int, ``exp_avg``, ``exp_avg_sq``): state dicts load both ways.
+Biases, norms and scalars get plain Adam with decoupled weight decay. timm's ``AdamP`` decides with a
+Python ``if`` on a device value (a GPU wait per parameter); here both decisions are boolean tensors
+(``torch.where``) over multi-tensor kernels. The state keeps timm's layout: state dicts load both ways.
 """
 from __future__ import annotations
 
@@ -39,11 +38,8 @@ class _Bucket:
 
 
 class AdamP(Optimizer):
-    """AdamP with timm's arguments and defaults; the projection is chosen on the device.
-
-    ``delta``: the orthogonality threshold (cosine < delta / sqrt(dimension)); ``wd_ratio``: the
-    weight-decay factor of projected parameters; ``nesterov``: Nesterov momentum in the update.
-    """
+    """AdamP with timm's arguments and defaults (``delta``: the orthogonality threshold, ``wd_ratio``: the
+    weight-decay factor of projected parameters)."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, delta: float = 0.1, wd_ratio: float = 0.1, nesterov: bool = False):
@@ -71,8 +67,7 @@ class AdamP(Optimizer):
         return loss
 
     def _buckets(self, group: dict) -> dict[int, _Bucket]:
-        """The group's parameters with a gradient, by step number after this step (one bucket unless
-        parameters joined training at different steps); initialises the state on the first step."""
+        """The group's parameters with a gradient, by their step number after this step (state made at the first)."""
         buckets: dict[int, _Bucket] = {}
         for p in group["params"]:
             if p.grad is None:
@@ -114,12 +109,9 @@ def _adam_directions(bucket: _Bucket, step: int, group: dict) -> list[torch.Tens
 
 def projection_scale(weight: torch.Tensor, grad: torch.Tensor, direction: torch.Tensor, delta: float,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, projected) of one parameter of two or more dimensions, both on its device.
-
-    ``direction - weight * scale`` is the projected update (``scale`` has shape [channels, 1, ...]:
-    per channel when the channel view is nearly orthogonal, one value when only the whole tensor
-    is, zero otherwise); ``projected`` is a 0-d boolean tensor, true when either view was.
-    """
+    """(scale, projected) of one parameter of two or more dimensions, on its device: ``direction - weight *
+    scale`` is the projected update (``scale`` [channels, 1, ...]: per channel, whole tensor or zero);
+    ``projected`` a 0-d boolean tensor."""
     rows = weight.shape[0]
     w, g, u = weight.reshape(rows, -1), grad.reshape(rows, -1), direction.reshape(rows, -1)
     ww, gg, wg, wu = (w * w).sum(1), (g * g).sum(1), (w * g).sum(1), (w * u).sum(1)
@@ -152,7 +144,7 @@ def _update(bucket: _Bucket, step: int, group: dict) -> None:
 
 
 def _decay(params: list, matrices: list[int], projected: list[torch.Tensor], group: dict) -> None:
-    """Decoupled weight decay: factor 1 - lr * wd, with wd scaled by wd_ratio where the update was projected."""
+    """Decoupled weight decay 1 - lr * wd, wd scaled by wd_ratio where the update was projected."""
     plain = 1 - group["lr"] * group["weight_decay"]
     reduced = 1 - group["lr"] * group["weight_decay"] * group["wd_ratio"]
     in_matrices = set(matrices)

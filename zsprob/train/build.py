@@ -1,12 +1,8 @@
-"""Building a training run from its config: the model, the loss, the data source, the accelerator,
-the optimiser and schedule, SWA, and the :class:`~zsprob.train.run.Run` that holds them.
+"""Building a training run from its resolved config: the accelerator, the model, the loss, the data source,
+the optimiser and schedule, SWA, and the :class:`~zsprob.train.run.Run` that holds them with its method's step.
 
-Takes a resolved config (:func:`zsprob.train.defaults.resolve_config`). Owns
-:func:`make_accelerator` (accelerate's ``Accelerator``: device, precision, DDP with the process
-group's timeout, TF32 on CUDA), the ``build_*`` functions and :func:`build_run`, which picks the step
-of the method (the pairwise step of :mod:`zsprob.train.step`, or jWAE's) and builds every part once.
-Libraries: accelerate (devices, DDP, mixed precision), torch (``torch.compile``), zsprob.models,
-zsprob.prob, zsprob.train.optim / data / schedule.
+accelerate does devices, DDP and mixed precision; zsprob.models, zsprob.prob and zsprob.train.data build
+the parts.
 """
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ from torch import nn
 
 from zsprob.config import Config
 from zsprob.data.captions import SHARD_KINDS
-from zsprob.data.flickr import KARPATHY_KINDS
 from zsprob.errors import UserError
 from zsprob.prob.method_registry import METHOD_ENTRIES
 from zsprob.train import accumulate, optim, resilience
@@ -30,35 +25,31 @@ from zsprob.train.data import (BatchSource, CocoSource, WdsSource, count_samples
                                shard_options)
 from zsprob.train.defaults import DEFAULTS
 from zsprob.train.run import DataCursor, Run
-from zsprob.train.schedule import SchedulePlan, resolve_schedule
+from zsprob.train.schedule import SchedulePlan, create_optimisation, resolve_schedule
 from zsprob.train.step import ContrastiveStep, gradient_clip_sets, one_step
 from zsprob.utils.checks import check_count, check_shards
 
 
-def _is_zsprob_checkpoint(path) -> bool:
-    from zsprob.models import is_checkpoint
-    return bool(path) and is_checkpoint(path)
-
-
 def build_model(cfg: Config):
-    from zsprob.models import create_model
+    """The model of ``cfg.model``, with the method's head defaults unless it loads a zsprob checkpoint."""
+    from zsprob.models import create_model, is_checkpoint
     m = cfg.model
     kw: dict[str, Any] = {}
     for key in ("embed_dim", "sigma_depth", "sigma_init", "pooling", "var_bounds", "sigma_head", "sigma_param",
                 "sigma_shape", "weights"):
         if m.get(key) is not None:
             kw[key] = m[key]
-    method = METHOD_ENTRIES[cfg.method]  # the config is resolved: a registered name
+    method = METHOD_ENTRIES[cfg.method]
     unset = {k: v for k, v in method.model_defaults(cfg).items() if kw.get(k) is None}
-    if unset and not _is_zsprob_checkpoint(m.pretrained):  # e.g. PCME's official head: log sigma
+    if unset and not (m.pretrained and is_checkpoint(m.pretrained)):  # e.g. PCME's official head: log sigma
         kw.update(unset)
     if kw.get("var_bounds") is not None:
         kw["var_bounds"] = tuple(kw["var_bounds"])
-    both = [k for k, v in (m.overrides or {}).items() if m.get(k) is not None and m[k] != v]
+    both = [k for k, v in m.overrides.items() if m.get(k) is not None and m[k] != v]
     if both:  # the override would win silently
         k = both[0]
         raise UserError(f"model.{k} ({m[k]!r}) and model.overrides.{k} ({m.overrides[k]!r}) are both set: drop one")
-    kw.update(dict(m.overrides or {}))
+    kw.update(m.overrides)
     if "image_size" in kw and not isinstance(kw["image_size"], (list, tuple)):  # 0 would skip every sample
         check_count(kw["image_size"], "model.overrides.image_size", ">=1")
     deterministic = bool(kw.pop("deterministic", not method.needs_sigma))
@@ -74,7 +65,7 @@ def build_model(cfg: Config):
 
 def build_loss(cfg: Config) -> nn.Module:
     from zsprob.prob import create_loss
-    kwargs = dict((cfg.loss or {}).get(cfg.method) or {})
+    kwargs = dict(cfg.loss[cfg.method])
     try:
         return create_loss(cfg.method, **kwargs)
     except TypeError as e:
@@ -82,11 +73,10 @@ def build_loss(cfg: Config) -> nn.Module:
 
 
 def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
+    """This process's share of the global batch, from shards or from a COCO / Flickr30k folder."""
     d = cfg.data
     B = int(d.batch_size)
-    # data.augment=False trains on the evaluation transform (resize + centre crop): open_clip's
-    # RandomResizedCrop also jitters the aspect ratio (3/4..4/3), which blurs classes that differ
-    # by aspect ratio only (SynthWorld's circle / ellipse, square / rectangle)
+    # data.augment=False: the evaluation transform (RandomResizedCrop's aspect jitter blurs shape classes)
     preprocess = model.preprocess_train if d.augment else model.preprocess_val
     if B % world:
         raise UserError(f"data.batch_size {B} (the global batch) is not divisible by {world} processes")
@@ -98,19 +88,17 @@ def build_source(cfg: Config, model, rank: int, world: int) -> BatchSource:
             samples = count_samples_synthetic(d.shards)
         options = shard_options(d, B // world, int(cfg.seed), samples)
         return WdsSource(resolve_shards(d.shards), options, preprocess=preprocess, tokenizer=model.tokenizer)
-    if kind in KARPATHY_KINDS:  # COCO or Flickr30k captions (Karpathy splits)
-        if not d.root:
-            raise UserError(f"--data {kind} needs --root (the {kind} directory)")
-        return CocoSource(d.root, preprocess=preprocess, tokenizer=model.tokenizer,
-                          global_batch_size=B, rank=rank, world=world, seed=int(cfg.seed),
-                          num_workers=int(d.num_workers), noise_ratio=float(d.noise_ratio or 0.0),
-                          karpathy_json=d.karpathy_json, dataset=kind)
-    raise UserError(f"unknown data kind {kind!r} (synthetic, webdataset, redcaps, coco, flickr30k)")
+    if not d.root:  # COCO or Flickr30k captions (Karpathy splits)
+        raise UserError(f"--data {kind} needs --root (the {kind} directory)")
+    return CocoSource(d.root, preprocess=preprocess, tokenizer=model.tokenizer,
+                      global_batch_size=B, rank=rank, world=world, seed=int(cfg.seed),
+                      num_workers=int(d.num_workers), noise_ratio=float(d.noise_ratio),
+                      karpathy_json=d.karpathy_json, dataset=kind)
 
 
 def make_accelerator(cfg: Config, out: Path):
-    """The accelerate ``Accelerator`` of ``cfg.train`` (device, precision, DDP and its process group's
-    timeout, TensorBoard) and its tracker name; TF32 for the towers on CUDA (``train.tf32``)."""
+    """The accelerate ``Accelerator`` of ``cfg.train`` (device, precision, DDP, TensorBoard) and its tracker
+    name; TF32 for the towers on CUDA (``train.tf32``)."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
@@ -129,7 +117,7 @@ def make_accelerator(cfg: Config, out: Path):
         except ImportError:
             warnings.warn("tensorboard is not installed; metrics go to metrics.jsonl only")
     timeout = timedelta(seconds=float(tc.dist_timeout_s))
-    resilience.init_restart_safe_process_group(cpu, timeout)  # before accelerate opens one: see its docstring
+    resilience.init_restart_safe_process_group(cpu, timeout)  # before accelerate opens one
     _forget_other_precision(mixed, cpu)
     acc = Accelerator(cpu=cpu, mixed_precision=mixed, log_with=log_with, project_dir=str(out),
                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=tc.find_unused_parameters),
@@ -140,9 +128,8 @@ def make_accelerator(cfg: Config, out: Path):
 
 
 def _forget_other_precision(mixed: str, cpu: bool) -> None:
-    """accelerate keeps one precision and device per process and refuses another; a second run in the
-    same process (the Python API, the demo's several models) may ask for another. Its process-wide
-    settings are then dropped (the process group, if any, is kept)."""
+    """accelerate keeps one precision and device per process and refuses another, which a second run in the
+    same process may ask for: its process-wide settings are then dropped (the process group is kept)."""
     from accelerate.state import AcceleratorState
     shared = AcceleratorState._shared_state
     if shared and (str(shared.get("_mixed_precision", mixed)) != mixed or bool(shared.get("_cpu", cpu)) != cpu):
@@ -150,7 +137,7 @@ def _forget_other_precision(mixed: str, cpu: bool) -> None:
 
 
 def training_on_cpu(tc) -> bool:
-    """``train.cpu``: null means the CPU when no GPU is visible; false without a GPU is one line."""
+    """``train.cpu``: null means the CPU when no GPU is visible."""
     if tc.cpu is None:
         return not torch.cuda.is_available()
     if not tc.cpu and not torch.cuda.is_available():
@@ -160,51 +147,41 @@ def training_on_cpu(tc) -> bool:
 
 
 def set_tf32(enabled: bool) -> None:
-    """TF32 for float32 matmuls and convolutions on CUDA (the towers); the losses and CSD opt out
-    (:func:`zsprob.train.step.full_precision_matmuls`)."""
+    """TF32 for float32 matmuls and convolutions on CUDA (the towers; the losses opt out)."""
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
 
 
 def build_optimisation(cfg: Config, model, step_module: nn.Module, plan: SchedulePlan):
-    """Parameter groups, the optimiser and the per-group lr schedule (with backbone freezing)."""
+    """The pairwise step's parameter groups (``optim.grouping``), then :func:`create_optimisation`."""
     oc = cfg.optim
-    sch = cfg.schedule
     info = model.param_info() if hasattr(model, "param_info") else {}
     groups = optim.param_groups(step_module, lr=float(oc.lr), weight_decay=float(oc.weight_decay), param_info=info,
-                            prefix="model.",
-                            layer_decay=float(oc.layer_decay) if oc.layer_decay is not None else None,
-                            image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
-                            grouping=str(oc.grouping or DEFAULTS["optim"]["grouping"]))
-    optimizer = optim.create_optimizer(groups, name=oc.name, lr=float(oc.lr), weight_decay=float(oc.weight_decay),
-                                   betas=oc.betas, eps=float(oc.eps), fused=oc.fused)
-    schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(sch.name, total_steps=plan.total_steps,
-                                                        warmup_steps=plan.warmup,
-                                                        min_lr_ratio=float(sch.min_lr_ratio),
-                                                        milestones=plan.milestones, gamma=float(sch.gamma)),
-                               freeze=plan.freeze)
-    return optimizer, schedule
+                                prefix="model.",
+                                layer_decay=float(oc.layer_decay) if oc.layer_decay is not None else None,
+                                image_lr_mult=float(oc.image_lr_mult), text_lr_mult=float(oc.text_lr_mult),
+                                grouping=str(oc.grouping or DEFAULTS["optim"]["grouping"]))
+    return create_optimisation(cfg, groups, plan, float(oc.lr))
 
 
 def batch_augmentations(cfg: Config, model) -> tuple[Any, float]:
-    """Text SizeAugment (``data.text_size_augment*``) and the label smoothing of steps without MSDA
-    (``msda.label_smoothing``), after checking the MSDA options; both off unless a recipe asks."""
+    """Text SizeAugment and the label smoothing of steps without MSDA, after checking the MSDA options."""
     from zsprob.data.text_augment import TextSizeAugment
     from zsprob.prob.msda import check_config
 
     msda = cfg.msda
-    label_smoothing = float(msda.label_smoothing or 0.0)
+    label_smoothing = float(msda.label_smoothing)
     check_config(enabled=bool(msda.enabled), mode=str(msda.mode), ratio=float(msda.ratio), alpha=float(msda.alpha),
                  switch_prob=float(msda.switch_prob), smoothing=float(msda.smoothing),
                  label_smoothing=label_smoothing)
-    text_aug = TextSizeAugment(float(cfg.data.text_size_augment or 0.0),
+    text_aug = TextSizeAugment(float(cfg.data.text_size_augment),
                                float(cfg.data.text_size_augment_masking),
                                float(cfg.data.text_size_augment_erasing), model.tokenizer)
     return text_aug, label_smoothing
 
 
 def build_swa(cfg: Config, model: nn.Module, plan: SchedulePlan, loss: nn.Module | None = None) -> optim.SWA | None:
-    """SWA of the model (and of the loss's a, b: ``swa.average_loss``, the official swa_criterion)."""
+    """SWA of the model (and of the loss's a, b with ``swa.average_loss``)."""
     if not cfg.swa.enabled:
         return None
     last = plan.steps_of(cfg.swa.last_steps, cfg.swa.last_epochs, "swa.last_epochs")
@@ -228,8 +205,8 @@ def build_parts(cfg: Config, acc, source: BatchSource | None):
 
 
 def compile_model(model: nn.Module, device: torch.device) -> None:
-    """``train.compile``: torch.compile the model in place (its state_dict keys unchanged), after
-    checking that a compiler is there (one line otherwise: a C++ compiler on the CPU, triton on CUDA)."""
+    """``train.compile``: torch.compile the model in place (state_dict keys unchanged), once a compiler is
+    known to be there (a C++ compiler on the CPU, triton on CUDA)."""
     if device.type == "cuda":
         from torch.utils._triton import has_triton
         if not has_triton():
@@ -242,11 +219,11 @@ def compile_model(model: nn.Module, device: torch.device) -> None:
 
 def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: BatchSource | None = None,
               hooks: Iterable = ()) -> Run:
-    """Every part of the run ``cfg`` describes, built once, with the step of its method (the run
-    directory's remote mirror, :func:`zsprob.train.remote_sync.for_run`, is added by the loop)."""
+    """Every part of the run ``cfg`` describes, built once, with the step of its method (the loop adds the
+    remote mirror)."""
     from zsprob.train import jwae_step
 
-    jwae = METHOD_ENTRIES[cfg.method].step_kind == "jwae"  # autoencoders + prior discriminator: its own parts and step
+    jwae = METHOD_ENTRIES[cfg.method].step_kind == "jwae"
     builder, step_fn = (jwae_step.build, jwae_step.one_step) if jwae else (build_parts, one_step)
     model, loss_fn, source, plan, step_module, optimizer, schedule = builder(cfg, acc, source)
     accum_steps = 1 if jwae else accumulate.check_accum_steps(cfg.train.accum_steps, source.local_batch_size)
@@ -258,7 +235,7 @@ def build_run(cfg: Config, out: Path, acc, log_with: str | None, *, source: Batc
     swa = build_swa(cfg, raw.model, plan, raw.loss)
     cursor = DataCursor(source, acc.device)
     clip_sets = gradient_clip_sets(raw, cfg.optim.grad_clip_split)
-    text_aug, label_smoothing = batch_augmentations(cfg, model)  # the MSDA options checked (zsprob.prob.msda)
+    text_aug, label_smoothing = batch_augmentations(cfg, model)
     return Run(cfg=cfg, out=out, acc=acc, log_with=log_with, step_module=step_module, raw=raw, optimizer=optimizer,
                schedule=schedule, swa=swa, source=source, cursor=cursor, total_steps=plan.total_steps,
                hooks=list(hooks), step_fn=step_fn, clip_sets=clip_sets, accum_steps=accum_steps, text_aug=text_aug,

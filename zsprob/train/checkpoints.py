@@ -1,14 +1,12 @@
 """A run's checkpoints: writing a resumable step directory, restoring one, saving the final model(s).
 
-Owns :func:`save_checkpoint` (every rank's random state, then the main process's models, optimiser,
-schedule, scaler, loss and SWA state, committed by a rename), :func:`restore_state` (the inverse, for
-``--resume``) and :func:`save_model` (a ``zsprob.models.save`` directory with the loss's parameters
-and the training config). The file format (safetensors + JSON) is :mod:`zsprob.train.state`'s;
-finding the directory to resume from is :mod:`zsprob.train.resilience`'s.
+The file format (safetensors + JSON) is :mod:`zsprob.train.state`'s; finding the directory to resume
+from is :mod:`zsprob.train.resilience`'s.
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -20,15 +18,15 @@ from zsprob.train import optim, resilience, state
 from zsprob.train.defaults import ROUTINE_KEYS
 from zsprob.train.logs import loss_scalars
 from zsprob.train.run import Run
-from zsprob.utils.io import atomic_write_text
+from zsprob.utils.io import atomic_write_json, atomic_write_text
 
 
 def save_checkpoint(run: Run, step_done: int) -> None:
     """A resumable step directory: every rank's random state, then (main) models, optimiser and schedule
-    state, written under a temporary name and committed by a rename (a write that fails or dies half-way
-    leaves the previous checkpoint the one ``--resume`` picks)."""
+    state, written under a temporary name and committed by a rename (a write that fails half-way leaves
+    the previous checkpoint the one ``--resume`` picks)."""
     acc, out = run.acc, run.out
-    tmp = state.checkpoint_root(out) / f".tmp-step-{step_done:07d}"
+    tmp = resilience.checkpoint_root(out) / f".tmp-step-{step_done:07d}"
     try:
         if run.main:
             if tmp.exists():
@@ -39,7 +37,7 @@ def save_checkpoint(run: Run, step_done: int) -> None:
         acc.wait_for_everyone()
         if run.main:
             _write_main_state(run, tmp, step_done)
-            state.commit_checkpoint(out, tmp, step_done, keep=int(run.cfg.train.keep_checkpoints))
+            commit_checkpoint(out, tmp, step_done, keep=int(run.cfg.train.keep_checkpoints))
             if run.sync is not None:
                 run.sync.try_push()
     except OSError as e:
@@ -49,6 +47,26 @@ def save_checkpoint(run: Run, step_done: int) -> None:
                         " is what --resume takes") from None
     acc.wait_for_everyone()
     resilience.fault_point("checkpoint-done", step_done, run.rank)
+
+
+def commit_checkpoint(out, tmp_dir: Path, step: int, keep: int) -> Path:
+    """Rename a fully written ``tmp_dir`` to ``step-NNNNNNN``, point latest.json at it, prune to ``keep``
+    step directories (0: all) and drop stale temporary ones."""
+    root = resilience.checkpoint_root(out)
+    final = root / f"step-{step:07d}"
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp_dir, final)
+    atomic_write_json(root / "latest.json", {"step": step, "dir": final.name})
+    if keep > 0:
+        steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+        for old in steps[:-keep]:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-*"):
+        if stale != tmp_dir:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
 
 
 def _write_main_state(run: Run, tmp: Path, step_done: int) -> None:
@@ -97,18 +115,16 @@ def restore_state(run: Run, ckpt_dir: Path) -> tuple[int, int, int, Any]:
 
 
 def _check_continues_checkpoint(run: Run, ckpt_dir: Path) -> None:
-    """``--resume`` continues the method the checkpoint was trained with: another ``--method`` is one line
-    naming both (its model and loss would not fit the checkpoint's state). Other settings that change what
-    the run learns (the batch size, the learning rate, the data, ...) are one warning naming them."""
+    """``--resume`` continues the checkpoint's method (another ``--method`` is one line naming both); other
+    changed settings that change what the run learns are one warning naming them."""
     from zsprob.models import load_meta
 
-    meta = load_meta(ckpt_dir / "model")
-    extra = meta.get("extra") or {}
-    saved = meta.get("method") or extra.get("method")
+    extra = load_meta(ckpt_dir / "model").get("extra") or {}
+    saved = extra.get("method")
     if saved and saved != run.cfg.method:
         raise UserError(f"--resume: the checkpoint {ckpt_dir} was trained with --method {saved}, this run asks for "
                         f"--method {run.cfg.method}; resume with --method {saved}, or start afresh with --overwrite")
-    saved_cfg = meta.get("train_config") or extra.get("train_config")
+    saved_cfg = extra.get("train_config")
     changed = changed_settings(saved_cfg, run.cfg.to_dict()) if isinstance(saved_cfg, dict) else []
     if changed and run.main:
         shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changed[:4])
@@ -118,8 +134,7 @@ def _check_continues_checkpoint(run: Run, ckpt_dir: Path) -> None:
 
 
 def changed_settings(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
-    """``(dotted key, saved value, new value)`` for each setting that differs, routine ones aside
-    (:data:`zsprob.train.defaults.ROUTINE_KEYS`: how a run is carried out, not what it learns)."""
+    """``(dotted key, saved value, new value)`` for each setting that differs, routine ones aside."""
     def leaves(d, prefix=""):
         for key, value in d.items():
             if isinstance(value, dict) and value:
@@ -132,8 +147,7 @@ def changed_settings(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
 
 
 def _load_parts(ckpt_dir, parts: list) -> None:
-    """``load_state_dict`` of each (module, state, name); a state that does not fit (another model config or
-    optimiser than the checkpoint's) is one line naming the part and the checkpoint."""
+    """``load_state_dict`` of each (module, state, name); a state that does not fit is one line naming it."""
     for module, saved, name in parts:
         try:
             module.load_state_dict(saved)
@@ -144,16 +158,15 @@ def _load_parts(ckpt_dir, parts: list) -> None:
 
 
 def save_model(raw, path: Path, cfg: Config, step: int, swa: optim.SWA | None = None) -> None:
+    """A ``zsprob.models.save`` directory of the model (or its SWA average) with the loss's parameters and the
+    training config."""
     from zsprob.models import save
     model = swa.averaged.module if swa is not None else raw.model
-    extra = {"method": cfg.method, "step": step, "loss_params": loss_scalars(raw.loss),
-             "train_config": cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)}
+    loss = swa.averaged_loss.module if swa is not None and swa.averaged_loss is not None else raw.loss
+    extra = {"method": cfg.method, "step": step, "loss_params": loss_scalars(loss), "train_config": cfg.to_dict()}
     if swa is not None:
         extra["swa_n"] = swa.n_averaged
-    loss = swa.averaged_loss.module if swa is not None and swa.averaged_loss is not None else raw.loss
-    loss_tensors = {f"loss.{k}": v for k, v in loss.state_dict().items()}
-    extra["loss_params"] = loss_scalars(loss)
-    save(model, path, extra=extra, extra_tensors=loss_tensors)
+    save(model, path, extra=extra, extra_tensors={f"loss.{k}": v for k, v in loss.state_dict().items()})
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

@@ -1,22 +1,16 @@
 """Training batch sources with a resumable position (epoch, batch index within the epoch).
 
-webdataset (through ``zsprob.data.webdataset.build_wds_pipeline``) reads shards, torch's DataLoader COCO,
-open_clip's tokenizer and transforms (carried by the model) prepare them. zsprob writes: one loader per
-source for the whole run (persistent workers that decode, augment, collate and tokenise; page-locked
-batches for CUDA); deterministic mid-epoch resume (an epoch's order is a function of (seed, epoch), the
-first ``skip`` batches are dropped, and workers start each epoch as a worker made for it would, so the
-batches equal a loader built per epoch); the per-process slice of the GLOBAL batch; and noisy
-correspondence (``noise_ratio``, PCME++ Table 2): COCO permutes that share of captions once, streams
-rotate the captions of that share of rows in every batch (:func:`add_caption_noise`).
+webdataset reads shards, torch's DataLoader COCO; the model's transforms and tokenizer prepare them.
+zsprob writes one loader per source for the whole run, exact mid-epoch resume (an epoch's order is a
+function of (seed, epoch); the first ``skip`` batches are dropped), the per-process slice of the GLOBAL
+batch, and noisy correspondence (``noise_ratio``, PCME++ Table 2: COCO permutes that share of captions
+once, streams rotate them in every batch).
 """
 from __future__ import annotations
 
-import contextlib
-import math
-import random
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -35,25 +29,8 @@ def mixed_seed(*parts: int) -> int:
     return int(out) & 0x7FFFFFFFFFFFFFFF
 
 
-@contextlib.contextmanager
-def isolated_rng():
-    """Run a block without disturbing the python / numpy / torch global generators.
-
-    Used for skip-ahead on resume: batches consumed before the checkpoint are re-read (the
-    stream cannot seek) without drawing from the generators that the restored run needs.
-    """
-    st = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    try:
-        yield
-    finally:
-        random.setstate(st[0])
-        np.random.set_state(st[1])
-        torch.set_rng_state(st[2])
-
-
 def pins_memory(device) -> bool:
-    """Whether batches bound for ``device`` should come in page-locked memory (CUDA: the copy to the
-    device then runs without blocking the host)."""
+    """Whether batches bound for ``device`` come in page-locked memory (CUDA: the copy then does not block)."""
     return device is not None and torch.device(device).type == "cuda"
 
 
@@ -64,8 +41,7 @@ class BatchSource:
     local_batch_size: int
 
     def configure(self, *, device=None) -> None:
-        """Tell the source where its batches go (the training device), before the first epoch: loaders
-        pin their batches for CUDA. The base source keeps its batches as they are."""
+        """Where the batches go (the training device), told before the first epoch: loaders pin for CUDA."""
 
     def epoch_batches(self, epoch: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         raise NotImplementedError
@@ -74,38 +50,9 @@ class BatchSource:
         return {}
 
 
-class TensorSource(BatchSource):
-    """In-memory global batches, sliced per process (tests, and any Python user with tensors).
-
-    ``batches``: a list of (images [B, ...], tokens [B, L]) GLOBAL batches; one epoch = the list.
-    """
-
-    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], rank: int = 0, world: int = 1):
-        self.batches = batches
-        self.rank, self.world = rank, world
-        b = batches[0][0].shape[0]
-        if b % world:
-            raise UserError(f"global batch {b} is not divisible by {world} processes")
-        self.local_batch_size = b // world
-        self.steps_per_epoch = len(batches)
-
-    def epoch_batches(self, epoch, skip=0):
-        n = self.local_batch_size
-        for images, tokens in self.batches[skip:]:
-            sl = slice(self.rank * n, (self.rank + 1) * n)
-            yield images[sl], tokens[sl]
-
-
 class WdsSource(BatchSource):
-    """WebDataset shards (SynthWorld, RedCaps, any img2dataset output) via build_wds_pipeline.
-
-    The pipeline owns the data order: shards permuted by (seed, epoch), split by rank and
-    worker, per-sample augmentation seeds; with ``num_samples`` every rank yields the same
-    number of full batches per epoch (needed by DDP). One loader serves every epoch: its workers
-    (decoding, augmentation, collation, tokenisation) start once and are told each epoch's position
-    (``set_epoch``); resuming passes the batches to skip, which the workers skip before
-    preprocessing (exact, see zsprob.data.webdataset).
-    """
+    """WebDataset shards (SynthWorld, RedCaps, any img2dataset output) through one loader for every epoch,
+    told each epoch's position (``set_epoch``: the batches to skip); the pipeline owns the data order."""
 
     def __init__(self, shards, options, *, preprocess, tokenizer):
         from zsprob.data.webdataset import build_wds_pipeline
@@ -133,16 +80,14 @@ class WdsSource(BatchSource):
 
 
 class _EpochIndices(list):
-    """One batch of dataset indices, tagged with its epoch: ``(generation, seed)``, where the
-    generation counts the epochs a source started and the seed is the one a DataLoader made for that
-    epoch would draw its workers' base seed with."""
+    """One batch of dataset indices tagged ``(generation, seed)``: the epoch's count in this source, and the
+    seed a DataLoader made for that epoch would draw its workers' base seed with."""
 
     epoch_seed: tuple[int, int] = (0, 0)
 
 
 class _EpochSampler:
-    """The batch sampler of the one COCO DataLoader: the index batches of the epoch set last, each
-    tagged (:class:`_EpochIndices`). Iterated in the main process at the start of every epoch."""
+    """The batch sampler of the one COCO DataLoader: the tagged index batches of the epoch set last."""
 
     def __init__(self):
         self.batches: list[list[int]] = []
@@ -172,9 +117,8 @@ class _CocoTrain(torch.utils.data.Dataset):
         return len(self.coco.captions)
 
     def __getitems__(self, indices):
-        """One batch; a persistent worker's first batch of an epoch first re-seeds its generators as a
-        worker freshly started for that epoch would have them (augmentations identical to a loader
-        made per epoch)."""
+        """One batch; a persistent worker's first batch of an epoch first re-seeds its generators as a worker
+        started for that epoch would have them."""
         from torch.utils.data import get_worker_info
 
         from zsprob.data.webdataset import loader_base_seed, seed_worker_as_fresh
@@ -199,11 +143,9 @@ class _CocoTrain(torch.utils.data.Dataset):
 
 
 class _CocoCollate:
-    """Collation inside the DataLoader workers: the readable samples' images stacked (into shared
-    memory, by torch's ``default_collate``), their captions tokenised, their image indices; a batch
-    with unreadable images is filled up to the local size with copies of its first readable sample.
-    Returns ``(images, tokens, image_index, unreadable)``, or ``(None, None, None, unreadable)`` when
-    no image of the batch could be read; ``unreadable`` is ``(count, image index of the first)``."""
+    """Collation in the workers: ``(images, tokens, image_index, unreadable)`` of the readable samples, filled
+    up to the local size with copies of the first (images None when none was readable); ``unreadable`` is
+    ``(count, image index of the first)``."""
 
     def __init__(self, tokenizer, batch_size: int):
         self.tokenizer, self.batch_size = tokenizer, batch_size
@@ -221,19 +163,15 @@ class _CocoCollate:
 
 
 def same_image_targets(image_index: torch.Tensor) -> torch.Tensor:
-    """[B, B] hard targets: 1 where row and column show the same image (its captions are positives
-    of each other's image, as naver-ai/pcmepp's engine marks them), else 0; on the indices' device."""
+    """[B, B] hard targets: 1 where row and column show the same image (naver-ai/pcmepp's positives), else 0."""
     return (image_index[:, None] == image_index[None, :]).float()
 
 
 class CocoSource(BatchSource):
-    """COCO Karpathy train captions (one sample per caption, PCME++ style), map-style and seekable.
-
-    Batches are (images, tokens, image_index): the third entry lets the trainer mark captions of
-    the same image in one batch as positives (:func:`same_image_targets`). One DataLoader serves
-    every epoch; its workers (persistent) decode, augment, collate and tokenise, and start each
-    epoch with the generator state a loader made for that epoch would give them (seeded by
-    (seed, epoch, skip, rank)), so the batches equal those of a loader built per epoch."""
+    """COCO / Flickr30k Karpathy train captions, one sample per caption, as (images, tokens, image_index)
+    batches (captions of one image are positives: :func:`same_image_targets`). One DataLoader with
+    persistent workers serves every epoch, its workers seeded by (seed, epoch, skip, rank) as a loader
+    built for that epoch would be."""
 
     def __init__(self, root, *, preprocess, tokenizer, global_batch_size: int, rank: int, world: int,
                  seed: int, num_workers: int, noise_ratio: float = 0.0, split: str = "train",
@@ -269,8 +207,7 @@ class CocoSource(BatchSource):
             self.pin_memory = pins_memory(device)
 
     def _dataloader(self) -> torch.utils.data.DataLoader:
-        """The one DataLoader of this source, kept across epochs (persistent workers when it has
-        workers); remade only when ``pin_memory`` changed."""
+        """The one DataLoader of this source, remade only when ``pin_memory`` changed."""
         if self._loader is None or self._loader.pin_memory != self.pin_memory:
             workers = self.num_workers
             self._loader = torch.utils.data.DataLoader(
@@ -305,10 +242,8 @@ class CocoSource(BatchSource):
 
 
 def add_caption_noise(tokens: torch.Tensor, ratio: float, generator: torch.Generator) -> tuple[torch.Tensor, int]:
-    """Rotate the captions of ``round(ratio * n)`` random rows among themselves (each gets a wrong one).
-
-    ``tokens`` may live on any device: the rows are drawn from ``generator`` on its own device (the
-    CPU in training) and copied over without waiting; the count returned comes from the shape."""
+    """Rotate the captions of ``round(ratio * n)`` random rows among themselves (each gets a wrong one);
+    (tokens, rows replaced). The rows are drawn on the generator's device and copied without waiting."""
     n = tokens.shape[0]
     k = int(round(ratio * n))
     if ratio <= 0 or k < 2:
@@ -322,10 +257,8 @@ def add_caption_noise(tokens: torch.Tensor, ratio: float, generator: torch.Gener
 
 def shard_options(data: Any, local_batch_size: int, seed: int, samples_per_epoch: int | None, *,
                   pin_memory: bool = False):
-    """The :class:`~zsprob.data.webdataset.ShardPipelineOptions` of a config's ``data`` section, built
-    once: the flavour, workers, shuffle buffer, resampling and epoch length, page-locked batches
-    (``pin_memory``: :func:`pins_memory` of the training device), then ``data.pipeline`` (any other
-    option by name; an unknown one is a UserError). Full batches only (``drop_last``)."""
+    """The :class:`~zsprob.data.webdataset.ShardPipelineOptions` of a config's ``data`` section (full batches
+    only), ``data.pipeline`` last (any other option by name)."""
     from zsprob.data.webdataset import ShardPipelineOptions
     base = dict(batch_size=int(local_batch_size), seed=int(seed), resampled=bool(data.get("resampled")),
                 num_workers=int(data.get("num_workers") or 0), dataset_type=str(data.kind), drop_last=True,
@@ -362,19 +295,9 @@ def _read_manifest(where: str) -> dict | None:
 
 
 def count_samples_synthetic(shards: str | Path) -> int | None:
-    """Number of pretraining samples from a SynthWorld manifest next to the shards (a path or an
-    fsspec URL), if any."""
+    """Number of pretraining samples from a SynthWorld manifest by the shards (a path or a URL), if any."""
     for cand in _manifest_candidates(str(shards)):
-        m = _read_manifest(cand)
-        if m is None:
-            continue
-        for key in ("num_pretrain", "pretrain"):
-            v = m.get(key)
-            if isinstance(v, int):
-                return v
-            if isinstance(v, dict) and isinstance(v.get("num"), int):
-                return v["num"]
-        counts = m.get("counts")
+        counts = (_read_manifest(cand) or {}).get("counts")
         if isinstance(counts, dict) and isinstance(counts.get("pretrain"), int):
             return counts["pretrain"]
     return None
@@ -393,15 +316,3 @@ def resolve_shards(shards: str | Path) -> str | list[str]:
             raise UserError(f"no .tar shards in {p}")
         return tars
     return str(shards)
-
-
-def steps_from(value: float | int | None, steps_per_epoch: int | None, what: str) -> int | None:
-    if value is None:
-        return None
-    if steps_per_epoch is None:
-        raise UserError(f"{what} is given in epochs but the epoch length is unknown "
-                        "(set data.samples_per_epoch, or give the value in steps)")
-    return int(math.ceil(float(value) * steps_per_epoch))
-
-
-Callback = Callable[..., Any]

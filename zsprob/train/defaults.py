@@ -1,14 +1,11 @@
 """Every key of a training config, declared once (:data:`KEYS`), and the one place a config is resolved.
 
-A recipe (YAML, ``configs/*.yaml``) is merged over the defaults and patched with ``--set a.b=v``
-overrides (:func:`load_train_config`); :func:`resolve_config` checks it, once, before anything is
-built, and the loop trusts what it returns. Everything else reads :data:`KEYS`: the defaults
-(:data:`DEFAULTS`), the checks (:mod:`zsprob.train.schema`), the first-class flags of ``zsprob
-pretrain`` / ``finetune`` (:mod:`zsprob.cli.train_options`), what a resumed run may change without a
-warning, and the table of keys in docs/training.md. The loss options (``loss.<method>``) are each
-method's registry entry (:mod:`zsprob.prob.method_registry`), checked by type here and by the loss.
-Durations are optimiser steps unless the key says epochs; an ``*_epochs`` key wins over its
-``*_steps`` key when the epoch length is known.
+A recipe (YAML) is merged over the defaults and patched with ``--set a.b=v`` (:func:`load_train_config`);
+:func:`resolve_config` checks it once, before anything is built, and the loop trusts what it returns. The
+defaults, the checks, the command-line flags, the keys a resume may change quietly and the docs' table all
+derive from :data:`KEYS`; the ``loss.<method>`` options are each method's registry entry. Durations are
+optimiser steps unless the key says epochs; an ``*_epochs`` key wins when the epoch length is known.
+No torch import.
 """
 from __future__ import annotations
 
@@ -17,8 +14,11 @@ import os
 from typing import Any, Iterable
 
 from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
+from zsprob.data.captions import SHARD_KINDS
+from zsprob.data.flickr import KARPATHY_KINDS
 from zsprob.errors import UserError
 from zsprob.prob.method_registry import METHOD_ENTRIES, default_loss_options, method_names
+from zsprob.train.optim import OPTIMIZERS, SCHEDULES
 from zsprob.train.remote_sync import check_target
 from zsprob.train.schema import INHERITED, Count, Key, OneOf, Range, check, nest
 from zsprob.utils.devices import PRECISIONS
@@ -57,7 +57,8 @@ KEYS: tuple[Key, ...] = (
     Key("loss.pcmepp.distance", INHERITED, "PCME++ distance: csd (paper) or wd (2-Wasserstein ablation).",
         OneOf(("csd", "wd")), flag="--distance"),
     # ------------------------------------------------------------------ data
-    Key("data.kind", "synthetic", "synthetic | webdataset | redcaps | coco | flickr30k"),
+    Key("data.kind", "synthetic", "where the training pairs come from: shards, or a COCO / Flickr30k folder",
+        OneOf(SHARD_KINDS + KARPATHY_KINDS, message="unknown data kind {value!r} ({listed})")),
     Key("data.shards", None, "shard directory, brace pattern or URL ('::' joins sources)"),
     Key("data.root", None, "COCO / Flickr30k directory"),
     Key("data.karpathy_json", None, "the Karpathy split file, when not under data.root"),
@@ -79,7 +80,8 @@ KEYS: tuple[Key, ...] = (
         OneOf(("clip", "official"), null=True)),
     Key("data.augment", True, "open_clip's training transform (RandomResizedCrop); false: the eval transform"),
     Key("data.pipeline", {}, "any other ShardPipelineOptions field by name (zsprob.data.webdataset)"),
-    Key("data.paired_fraction", 1.0, "--method jwae: share of pretraining pairs kept paired, in (0, 1]"),
+    Key("data.paired_fraction", 1.0, "--method jwae: share of pretraining pairs kept paired",
+        Range(0.0, 1.0, low_open=True, message="{name} must be in (0, 1], got {value!r}")),
     Key("data.unpaired", True, "--method jwae: the rest feeds image-only and caption-only streams"),
     Key("data.unpaired_batch_size", None, "--method jwae: unpaired rows per step (null: data.batch_size)",
         AT_LEAST_1),
@@ -95,7 +97,8 @@ KEYS: tuple[Key, ...] = (
     Key("msda.label_smoothing", 0.0, "smoothing of the identity targets of steps without MSDA (official 1e-4)",
         SHARE),
     # ------------------------------------------------------------------ optimiser (zsprob.train.optim)
-    Key("optim.name", "adamp", "adamp | adamp-timm | adamw | adam | sgd"),
+    Key("optim.name", "adamp", "optimiser (zsprob.train.optim)",
+        OneOf(OPTIMIZERS, message="unknown optimizer {value!r} (choose {listed})")),
     Key("optim.lr", 5e-4, "Base learning rate.", POSITIVE, flag="--lr"),
     Key("optim.weight_decay", 1e-4, "decoupled weight decay", NON_NEGATIVE),
     Key("optim.betas", [0.9, 0.999], "Adam betas", Range(0.0, 1.0, high_open=True)),
@@ -112,7 +115,8 @@ KEYS: tuple[Key, ...] = (
     Key("optim.disc_lr", None, "--method jwae: the discriminator's lr (null: optim.lr / 2)",
         Range(0.0, math.inf, True, null=True)),
     # ------------------------------------------------------------------ schedule
-    Key("schedule.name", "cosine", "cosine | step | constant"),
+    Key("schedule.name", "cosine", "lr schedule after the warm-up",
+        OneOf(SCHEDULES, message="unknown lr schedule {value!r} (choose {choices})")),
     Key("schedule.steps", None, "Total optimiser steps.", AT_LEAST_1, flag="--steps", routine=True),
     Key("schedule.epochs", None, "Total epochs (needs a known epoch length).", ABOVE_0, flag="--epochs",
         routine=True),

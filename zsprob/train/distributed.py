@@ -1,14 +1,12 @@
 """Gathering embeddings across processes with gradients, for global-batch pairwise losses.
 
-torch.distributed does the communication; zsprob writes the autograd rule (open_clip's
-``gather_features`` with ``local_loss=True``): each process scores its local rows against the columns of
-the whole global batch, and the gradients other processes send to its embeddings are summed back::
+torch.distributed does the communication; zsprob writes the autograd rule (open_clip's ``gather_features``
+with ``local_loss=True``): each process scores its local rows against the global batch's columns::
 
     forward:  all_gather(x_local)                  -> X [world * n, D]
-    backward: all_reduce(SUM, dL/dX)[local slice]  -> dL/dx_local
+    backward: all_reduce(SUM, dL/dX)[local slice]  -> dL/dx_local   (gloo has no reduce_scatter)
 
 With DDP averaging the parameter gradients, the update equals one process's on the same global batch.
-The backward uses ``all_reduce``, as gloo (the CPU backend) has no ``reduce_scatter``.
 """
 from __future__ import annotations
 
@@ -27,15 +25,19 @@ def world_info() -> tuple[int, int]:
     return 0, 1
 
 
+def _all_gather(x: torch.Tensor) -> torch.Tensor:
+    """``x`` of every process, concatenated in rank order along the first dimension."""
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x)
+    return torch.cat(parts, dim=0)
+
+
 class _AllGatherWithGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        rank, world = dist.get_rank(), dist.get_world_size()
-        x = x.contiguous()
-        parts = [torch.empty_like(x) for _ in range(world)]
-        dist.all_gather(parts, x)
-        ctx.rank, ctx.n = rank, x.shape[0]
-        return torch.cat(parts, dim=0)
+        ctx.rank, ctx.n = dist.get_rank(), x.shape[0]
+        return _all_gather(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -45,25 +47,11 @@ class _AllGatherWithGrad(torch.autograd.Function):
 
 
 def all_gather_with_grad(x: torch.Tensor | None) -> torch.Tensor | None:
-    """Concatenate ``x`` [n, ...] from every process (rank order) -> [world * n, ...], differentiable.
-
-    All processes must pass the same local size. Returns ``x`` itself outside a process group
-    and None for None (deterministic models have no logvar).
-    """
+    """``x`` [n, ...] of every process in rank order -> [world * n, ...], differentiable (the same n on every
+    process); ``x`` itself outside a process group, None for None."""
     if x is None or not is_distributed():
         return x
     return _AllGatherWithGrad.apply(x)
-
-
-@torch.no_grad()
-def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` from every process without gradients (targets, counters)."""
-    if not is_distributed():
-        return x
-    x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x)
-    return torch.cat(parts, dim=0)
 
 
 def gather_gaussians(mu: torch.Tensor, logvar: torch.Tensor | None):
@@ -73,14 +61,12 @@ def gather_gaussians(mu: torch.Tensor, logvar: torch.Tensor | None):
 
 
 def block_diag_targets(local: torch.Tensor) -> torch.Tensor:
-    """Global [N, N] match targets from every process's local [n, n] targets (block diagonal).
-
-    Mixed images (MSDA) only mix captions of their own process's batch, so the global target
-    matrix is block diagonal with each process's block in rank order.
-    """
+    """Global [N, N] match targets, block diagonal from every process's local [n, n] ones (MSDA mixes within
+    a process's batch)."""
     if not is_distributed():
         return local
-    blocks = all_gather_nograd(local.unsqueeze(0))  # [world, n, n]
+    with torch.no_grad():
+        blocks = _all_gather(local.unsqueeze(0))  # [world, n, n]
     return torch.block_diag(*blocks.unbind(0))
 
 

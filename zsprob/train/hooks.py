@@ -1,10 +1,8 @@
 """Evaluation hooks for the training loop: ``hook(model, step) -> dict`` on the main process.
 
-Built in: SynthWorld retrieval R@1 (image->text and text->image, with the five source captions
-as positives, as COCO counts them) on a subset of the retrieval split. Encoding uses
-``zsprob.models.encode_images`` / ``encode_texts``; scoring ``zsprob.prob.score`` (CSD for
-probabilistic models, cosine of the means for deterministic ones). The zero-shot and retrieval
-packages can provide richer hooks; any callable with this signature works.
+Built in: SynthWorld retrieval recall (each image's own captions as positives, as COCO counts them) on a
+subset of the retrieval split, scored by CSD (probabilistic models) or cosine; any callable of this
+signature works.
 """
 from __future__ import annotations
 

@@ -10,22 +10,18 @@ One step (WAE-GAN's adversarial game, as jWAE trains it)::
                       (the discriminator's gradients of this step are dropped before the update)
 
 One optimiser with two groups (``autoencoders`` at ``optim.lr``, ``discriminator`` at ``optim.disc_lr``);
-each update has gradients on one group only, which torch's Adam family leaves untouched. The
-discriminator is the step module's ``loss`` and the model its ``model``, so the loop's schedule,
-checkpoints, resume and hooks apply unchanged. Single process (the two-phase step does not go through DDP).
+each update has gradients on one group only. The discriminator is the step module's ``loss``, so the loop's
+schedule, checkpoints, resume and hooks apply unchanged. Single process (the step does not go through DDP).
 """
 from __future__ import annotations
-
-import time
 
 import torch
 from torch import nn
 
 from zsprob.errors import UserError
-from zsprob.train import optim
 from zsprob.train.data import mixed_seed
-from zsprob.train.schedule import resolve_schedule
-from zsprob.train.step import apply_if_finite, clip_gradient_sets, count_outcome, unscale_once
+from zsprob.train.schedule import create_optimisation, resolve_schedule
+from zsprob.train.step import clip_and_apply, count_outcome, fetch
 
 __all__ = ["JWAEStep", "build", "one_step", "build_model", "build_source"]
 
@@ -79,7 +75,7 @@ def build_model(cfg):
                         "e.g. --config jwae_synthetic.yaml")
     jc = resolve_jwae_config(dict(jc))
     kw = {k: m[k] for k in ("embed_dim", "pooling", "weights") if m[k] is not None}
-    kw.update(dict(m.overrides or {}))
+    kw.update(m.overrides)
     kw["deterministic"] = True
     tower = create_model(m.name, pretrained=m.pretrained, seed=int(cfg.seed), **kw)
     torch.manual_seed(int(cfg.seed) + 1)
@@ -90,13 +86,10 @@ def _check_data(cfg) -> None:
     d = cfg.data
     if d.kind != "synthetic":
         raise UserError(f"--method jwae trains on SynthWorld shards (--data synthetic), not {d.kind!r}")
-    if float(d.noise_ratio or 0) > 0 or cfg.msda.enabled or float(d.text_size_augment or 0) > 0:
+    if d.noise_ratio > 0 or cfg.msda.enabled or d.text_size_augment > 0:
         raise UserError("--method jwae has no caption noise, MSDA or text SizeAugment: turn them off")
     if not d.shards:
         raise UserError("--data synthetic needs --shards (the SynthWorld pretrain folder)")
-    f = d.paired_fraction
-    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < float(f) <= 1.0:
-        raise UserError(f"data.paired_fraction must be in (0, 1], got {f!r}")
 
 
 def build_source(cfg, model):
@@ -135,18 +128,11 @@ def _fingerprint(cfg, model, items) -> dict:
 
 def build_optimisation(cfg, step_module: JWAEStep, plan):
     """One optimiser, two groups (autoencoders, discriminator) and the loop's lr schedule over both."""
-    oc = cfg.optim
-    lr = float(oc.lr)
-    disc_lr = float(oc.disc_lr or lr / 2)
+    lr = float(cfg.optim.lr)
     groups = [{"params": step_module.model.trainable_parameters(), "lr": lr, "group_name": "autoencoders"},
-              {"params": list(step_module.loss.parameters()), "lr": disc_lr, "group_name": "discriminator"}]
-    optimizer = optim.create_optimizer(groups, name=oc.name, lr=lr, weight_decay=float(oc.weight_decay),
-                                       betas=oc.betas, eps=float(oc.eps), fused=oc.fused)
-    sch = cfg.schedule
-    schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(
-        sch.name, total_steps=plan.total_steps, warmup_steps=plan.warmup, min_lr_ratio=float(sch.min_lr_ratio),
-        milestones=plan.milestones, gamma=float(sch.gamma)))
-    return optimizer, schedule
+              {"params": list(step_module.loss.parameters()), "lr": float(cfg.optim.disc_lr or lr / 2),
+               "group_name": "discriminator"}]
+    return create_optimisation(cfg, groups, plan, lr)
 
 
 def build(cfg, acc, source):
@@ -158,8 +144,7 @@ def build(cfg, acc, source):
     if source is None:
         _check_data(cfg)  # bad data options fail before the tower is built
     model = build_model(cfg)
-    kwargs = dict((cfg.loss or {}).get("jwae") or {})
-    loss_fn = create_loss("jwae", latent_dim=model.embed_dim, **kwargs)
+    loss_fn = create_loss("jwae", latent_dim=model.embed_dim, **cfg.loss.jwae)
     model, loss_fn = model.to(acc.device), loss_fn.to(acc.device)
     if source is None:
         source = build_source(cfg, model)
@@ -180,19 +165,12 @@ def _update(run, loss: torch.Tensor, params: list, drop: list) -> bool:
     run.acc.backward(loss)
     for p in drop:
         p.grad = None
-    unscale_once(run)
-    check = loss.detach().float()
-    grad_clip = run.cfg.optim.grad_clip
-    if grad_clip:
-        check = check + 0.0 * clip_gradient_sets([params], float(grad_clip))[0].detach().float()
-    return apply_if_finite(run, check)
+    return clip_and_apply(run, loss, [params])[0]
 
 
 def one_step(run, step: int) -> dict:
     """Discriminator update, then autoencoder update, on one semi-supervised batch; returns the stats."""
-    started = time.perf_counter()
-    batch = _to(run.cursor.next(), run.acc.device)
-    run.counters.data_time += time.perf_counter() - started
+    batch = _to(fetch(run), run.acc.device)
     raw: JWAEStep = run.raw
     ae_params = raw.model.trainable_parameters()
     disc_params = list(raw.loss.parameters())

@@ -1,9 +1,5 @@
-"""What a run writes about itself while it runs: metrics.jsonl records, TensorBoard scalars, evaluation hooks.
-
-Owns :func:`log_record` (one record per logging interval: the interval's mean loss, the last step's
-loss terms, learning rates, throughput, data time, non-finite count, data-source statistics) and
-:func:`run_hooks` (the evaluation hooks on the main process). The one host read of the interval's
-summed loss happens here, at logging steps only. accelerate's tracker does the TensorBoard writing.
+"""What a run writes about itself while it runs: metrics.jsonl records, TensorBoard scalars (accelerate's
+tracker), evaluation hooks. The interval's summed loss is read on the host here, at logging steps only.
 """
 from __future__ import annotations
 
@@ -45,13 +41,13 @@ def current_lrs(optimizer) -> dict[str, float]:
 
 
 def log_record(run: Run, step_done: int, stats: dict, lr_groups: dict, log_every: int) -> dict:
-    """The metrics.jsonl record of the interval ending at ``step_done``; resets the interval."""
+    """The metrics.jsonl record of the interval ending at ``step_done`` (its mean loss, the last step's terms,
+    learning rates, throughput, counts); resets the interval."""
     now = time.perf_counter()
     mean_loss = (run.counters.loss_sum / max(1, run.counters.n_in_interval))
     if run.world > 1:
         mean_loss = dist.mean_across(mean_loss)
-    # None when every step of the interval was skipped (non-finite)
-    interval_loss = float(mean_loss.item()) if run.counters.n_in_interval else None
+    interval_loss = float(mean_loss.item()) if run.counters.n_in_interval else None  # None: all skipped
     if interval_loss is not None:
         run.counters.last_loss = interval_loss
     steps_in = step_done - (step_done - 1) // log_every * log_every if step_done == run.total_steps else log_every

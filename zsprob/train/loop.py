@@ -28,9 +28,7 @@ The run, one named function per line (:func:`train`)::
 
 Outputs under ``out``: ``config.yaml``, ``metrics.jsonl``, ``tensorboard/``, ``checkpoints/step-*/``
 (+ ``latest.json``), and at the end ``model/`` (a ``zsprob.models.save`` directory), ``model-swa/`` when
-SWA ran and ``summary.json``. The rooms: ``build`` (config -> parts), ``step`` (one step), ``run`` (the
-run's parts, counters and data cursor), ``checkpoints``, ``logs``, this module (the loop).
-Libraries: accelerate, tqdm.
+SWA ran and ``summary.json``. Libraries: accelerate, tqdm.
 """
 from __future__ import annotations
 
@@ -64,13 +62,12 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
           overwrite: bool = False) -> dict:
     """Train as ``cfg`` says (resolved and checked here); write everything under ``out``; return the summary.
 
-    ``resume``: "auto" (the latest valid checkpoint, else a fresh start), "latest" / True (``latest.json``,
-    required), a step directory, False, or None ("auto" under a torchrun elastic agent, else False). An
-    ``out`` holding a run needs ``resume`` or ``overwrite``; resuming never moves backwards, and a finished
-    run is returned unchanged (``already_finished``). ``source``: a :class:`~zsprob.train.data.BatchSource`
-    instead of ``cfg.data``. ``eval_hooks``: ``hook(model, step) -> dict`` on the main process every
-    ``train.eval_every`` steps and at the end (metrics.jsonl, "eval"). SIGTERM / SIGUSR1: the step
-    finishes, a checkpoint is written and :class:`zsprob.errors.Preempted` raised.
+    ``resume``: "auto" (the latest valid checkpoint, else a fresh start), "latest" / True, a step directory,
+    False, or None ("auto" under a torchrun elastic agent); an ``out`` holding a run needs ``resume`` or
+    ``overwrite``, and a finished run is returned unchanged (``already_finished``). ``source``: a
+    :class:`~zsprob.train.data.BatchSource` instead of ``cfg.data``. ``eval_hooks``: ``hook(model, step) ->
+    dict`` on the main process every ``train.eval_every`` steps and at the end. SIGTERM / SIGUSR1: a
+    checkpoint after the step, then :class:`zsprob.errors.Preempted`.
     """
     return train_resolved(resolve_config(cfg, out), out, resume=resume, source=source, eval_hooks=eval_hooks,
                           progress=progress, overwrite=overwrite)
@@ -80,7 +77,7 @@ def train_resolved(cfg: TrainConfig, out: str | os.PathLike, *, resume: bool | s
                    source: BatchSource | None = None, eval_hooks: Iterable[EvalHook] = (), progress: bool = True,
                    overwrite: bool = False) -> dict:
     """:func:`train` for a config :func:`~zsprob.train.defaults.resolve_config` has resolved with this
-    ``out`` already (the command line resolves its own before it imports torch): nothing is checked again."""
+    ``out`` (the command line resolves its own before it imports torch): nothing is checked again."""
     if not isinstance(cfg, TrainConfig):
         raise TypeError("train_resolved() takes the TrainConfig of resolve_config(cfg, out); train() takes any config")
     out = Path(out)
@@ -100,8 +97,7 @@ def _train(cfg, out: Path, resume, source, eval_hooks, progress: bool) -> dict:
     try:
         state.seed_everything(int(cfg.seed) + acc.process_index)
         run = build_run(cfg, out, acc, log_with, source=source, hooks=eval_hooks)
-        # the mirror: its write probe, then (resuming) a newer remote checkpoint pulled before the search
-        run = replace(run, sync=remote_sync.for_run(cfg, out, acc, resume))
+        run = replace(run, sync=remote_sync.for_run(cfg, out, acc, resume))  # resuming: pulled before the search
         ckpt_dir = resilience.find_resume_dir(resume, out)
         start_step = 0
         if ckpt_dir is not None and resilience.check_resume_target(
@@ -112,9 +108,7 @@ def _train(cfg, out: Path, resume, source, eval_hooks, progress: bool) -> dict:
         if ckpt_dir is not None:
             start_step, epoch, pos, rng_state = restore_state(run, ckpt_dir)
             run.cursor.seek(epoch, pos)
-            if rng_state is not None:
-                # Sources skip already-consumed batches under isolated_rng(), so the restored
-                # generators see exactly what they saw in the uninterrupted run.
+            if rng_state is not None:  # sources skip consumed batches without drawing from these generators
                 state.set_rng_state(rng_state)
         if run.main:
             out.mkdir(parents=True, exist_ok=True)
@@ -128,15 +122,15 @@ def _train(cfg, out: Path, resume, source, eval_hooks, progress: bool) -> dict:
 
 
 def finished_summary(out: Path) -> dict:
-    """The summary of a run that has already done all its steps (nothing is written)."""
+    """The summary of a run that has done all its steps (nothing is written)."""
     from zsprob.utils.io import read_json
     summary = read_json(out / "summary.json", "run summary")
     return {**summary, "already_finished": True}
 
 
 def run_steps(run: Run, start_step: int, progress: bool) -> dict:
-    """The steps from ``start_step`` to the end, then :func:`finish`; pre-emption signals are caught
-    for the whole of it (a signal during the final writes lets them complete)."""
+    """The steps from ``start_step`` to the end, then :func:`finish`, with pre-emption signals caught
+    throughout (a signal during the final writes lets them complete)."""
     from tqdm.auto import tqdm
     bar = tqdm(total=run.total_steps, initial=start_step, disable=not (progress and run.main), dynamic_ncols=True,
                desc=f"{run.cfg.method}")
@@ -162,8 +156,8 @@ def run_steps(run: Run, start_step: int, progress: bool) -> dict:
 
 
 def refuse_failed_compile(run: Run, error: Exception) -> None:
-    """``train.compile``: an error of torch.compile's own machinery (dynamo, inductor: a C++ or triton
-    compile that fails on this machine) is one UserError line with the way out, not its traceback."""
+    """``train.compile``: an error of torch.compile's machinery (dynamo, inductor) is one line with the way
+    out, not its traceback."""
     if run.cfg.train.compile and type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         detail = next((line for line in lines if "error:" in line.lower()), lines[0] if lines else "")[:300]
@@ -202,8 +196,8 @@ def after_step(run: Run, step_done: int, stats: dict, bar) -> bool:
 
 
 def stop_if_signalled(run: Run, stop: resilience.StopSignals, step_done: int, saved: bool) -> None:
-    """After a pre-emption signal (on any process): checkpoint ``step_done`` unless just done, then raise
-    :class:`Preempted`. The last step finishes the run normally instead."""
+    """After a pre-emption signal on any process: checkpoint ``step_done`` unless just done, then raise
+    :class:`Preempted` (after the last step the run finishes normally)."""
     received = stop.received is not None
     if run.world > 1:
         received = dist.all_reduce_any(received, run.acc.device)
@@ -215,7 +209,7 @@ def stop_if_signalled(run: Run, stop: resilience.StopSignals, step_done: int, sa
         run.acc.end_training()
     code = stop.code()
     raise Preempted(f"stopped by {stop.received or 'a signal to another process'} after step {step_done} of "
-                    f"{run.total_steps}; checkpoint {state.checkpoint_root(run.out) / f'step-{step_done:07d}'} "
+                    f"{run.total_steps}; checkpoint {resilience.checkpoint_root(run.out) / f'step-{step_done:07d}'} "
                     f"written; run the same command with --resume auto to continue (exit code {code})",
                     exit_code=code, step=step_done, interrupted=stop.received == "SIGINT")
 

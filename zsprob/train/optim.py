@@ -1,11 +1,10 @@
-"""Optimisers, parameter groups, learning-rate schedules, backbone freezing and SWA.
+"""Optimisers, parameter groups, learning-rate schedules, backbone freezing and SWA (imports torch lazily).
 
-torch provides AdamW / Adam / SGD and ``swa_utils.AveragedModel``, timm ``AdamP``
-(``adamp-timm``); the default AdamP is :mod:`zsprob.train.adamp`. zsprob writes the parameter grouping,
-the schedule functions (warm-up + cosine, step, constant) and the backbone freeze-then-warm-up factor, all
-in optimiser steps so that resuming is exact. The lr of group g at step s is
-``lr * scale_g * schedule(s) * freeze_g(s)``, where ``freeze_g`` is 0 while the group's backbone is frozen,
-then ramps linearly to 1 (PCME++: visual backbone frozen 2 epochs, 1 epoch of warm-up).
+torch provides AdamW / Adam / SGD and ``swa_utils.AveragedModel``, timm ``AdamP`` (``adamp-timm``); the
+default AdamP is :mod:`zsprob.train.adamp`. zsprob writes the parameter grouping, the schedules and the
+backbone freeze-then-warm-up factor, all in optimiser steps so that resuming is exact. The lr of group g
+at step s is ``lr * scale_g * schedule(s) * freeze_g(s)``; ``freeze_g`` is 0 while the group's backbone is
+frozen, then ramps linearly to 1.
 
 Two groupings (``optim.grouping``), read from ``param_info()`` (per parameter: tower, depth, num_layers,
 backbone; depth 0 = embeddings, 1..num_layers-1 = blocks, num_layers = final norm / projection / heads):
@@ -20,30 +19,26 @@ backbone; depth 0 = embeddings, 1..num_layers-1 = blocks, num_layers = final nor
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from zsprob.errors import UserError
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+#: the names of ``optim.name`` (the config's rule reads them here, without importing torch)
+OPTIMIZERS = ("adamp", "adamp-timm", "adamw", "adam", "sgd")
+#: the names of ``schedule.name``
+SCHEDULES = ("cosine", "step", "constant")
+
 
 def no_weight_decay(name: str, p: torch.Tensor) -> bool:
-    """Norms, biases and scalars (a, b, temperature, logit scale) are not weight-decayed.
-
-    Same rule as open_clip's trainer: 0/1-d tensors, or names with bn / ln / norm / bias.
-    """
+    """Norms, biases and scalars (a, b, temperature, logit scale) are not weight-decayed (open_clip's rule)."""
     if p.ndim < 2:
         return True
     low = name.lower()
     return any(k in low for k in ("norm", "ln_", ".ln", ".bn", "bias", "logit_scale"))
-
-
-def _lookup_info(name: str, info: dict, prefix: str) -> dict | None:
-    if prefix and name.startswith(prefix):
-        key = name[len(prefix):]
-        return info.get(key)
-    return info.get(name)
 
 
 def _tower_mult(tower: str, image_lr_mult: float, text_lr_mult: float) -> float:
@@ -53,10 +48,10 @@ def _tower_mult(tower: str, image_lr_mult: float, text_lr_mult: float) -> float:
 def _zsprob_group(name: str, p: torch.Tensor, info: dict | None, *, layer_decay: float | None,
                   image_lr_mult: float, text_lr_mult: float) -> tuple[str, bool, int, bool, float]:
     """(tower, backbone, depth key, weight-decayed, lr scale) of one parameter, zsprob's rule."""
-    tower = info.get("tower", "other") if info else "other"
-    backbone = bool(info.get("backbone", False)) if info else False
-    depth = int(info.get("depth", 0)) if info else 0
-    num_layers = int(info.get("num_layers", 0)) if info else 0
+    info = info or {}
+    tower = info.get("tower", "other")
+    backbone = bool(info.get("backbone", False))
+    depth, num_layers = int(info.get("depth", 0)), int(info.get("num_layers", 0))
     scale = 1.0
     decayed_layers = backbone and layer_decay not in (None, 1.0)
     if backbone:
@@ -88,22 +83,16 @@ def param_groups(module: nn.Module, *, lr: float, weight_decay: float,
                  param_info: dict | None = None, prefix: str = "",
                  layer_decay: float | None = None, image_lr_mult: float = 1.0,
                  text_lr_mult: float = 1.0, grouping: str = "zsprob") -> list[dict]:
-    """Optimizer parameter groups for ``module``.
-
-    ``param_info`` maps parameter names (without ``prefix``) to
-    ``dict(tower, depth, num_layers, backbone)`` as returned by ``ProbCLIP.param_info()``;
-    parameters it does not list (e.g. the loss's a, b) are "other" with scale 1.
-    ``grouping``: "zsprob" or "official" (see the module docstring).
-    Each group carries ``lr_scale``, ``tower``, ``backbone`` and ``group_name`` keys, which the
-    schedule and the freeze logic read.
-    """
+    """Optimiser parameter groups of ``module`` by ``grouping`` (the module docstring). ``param_info``: ``ProbCLIP.
+    param_info()``, keyed by parameter name without ``prefix``; a parameter it lacks (the loss's a, b) is "other".
+    Each group carries ``lr_scale``, ``tower``, ``backbone`` and ``group_name`` (read by the schedule)."""
     rule = _official_group if grouping == "official" else _zsprob_group
     param_info = param_info or {}
     buckets: dict[tuple, dict] = {}
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
-        info = _lookup_info(name, param_info, prefix)
+        info = param_info.get(name[len(prefix):] if prefix and name.startswith(prefix) else name)
         tower, backbone, depth_key, decay, scale = rule(
             name, p, info, layer_decay=layer_decay, image_lr_mult=image_lr_mult, text_lr_mult=text_lr_mult)
         key = (tower, backbone, depth_key, decay)
@@ -117,25 +106,15 @@ def param_groups(module: nn.Module, *, lr: float, weight_decay: float,
     return list(buckets.values())
 
 
-OPTIMIZERS = ("adamp", "adamp-timm", "adamw", "adam", "sgd")
-
-
 def create_optimizer(groups: list[dict], *, name: str = "adamp", lr: float = 5e-4,
                      weight_decay: float = 1e-4, betas: Iterable[float] = (0.9, 0.999),
                      eps: float = 1e-8, fused: bool = False, **kwargs) -> torch.optim.Optimizer:
-    """AdamP (PCME++'s optimiser), or torch's AdamW / Adam / SGD.
+    """The optimiser ``name`` of :data:`OPTIMIZERS`: AdamP (:mod:`zsprob.train.adamp`; ``adamp-timm``: timm's,
+    one or two host syncs per weight matrix and step), or torch's AdamW / Adam / SGD, multi-tensor (foreach)
+    on every device, or fused (``optim.fused``: faster, equal to float rounding only)."""
+    import torch
 
-    ``adamp``: :class:`zsprob.train.adamp.AdamP`, timm's AdamP update with the per-parameter
-    projection decided on the device (no host sync per parameter) and multi-tensor kernels; its
-    state dict has timm's layout, so checkpoints of either load into the other. ``adamp-timm``:
-    ``timm.optim.AdamP`` itself (one or two host syncs per weight matrix and step on a GPU).
-    torch's optimisers run their multi-tensor (foreach) implementation on every device: on the CPU
-    torch would pick the per-tensor loop, which gives bit-identical updates at half the speed.
-    ``fused=True`` (``optim.fused``): torch's fused kernels (CPU and CUDA), faster again, equal to
-    the loop to float rounding only. AdamP has no fused kernel.
-    """
     betas = tuple(float(b) for b in betas)
-    name = name.lower()
     if name in ("adamp", "adamp-timm"):
         if fused:
             raise UserError(f"optim.fused applies to torch's adamw / adam / sgd, not to {name}")
@@ -144,26 +123,20 @@ def create_optimizer(groups: list[dict], *, name: str = "adamp", lr: float = 5e-
         else:
             from zsprob.train.adamp import AdamP
         return AdamP(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
-    if fused:
-        kwargs.setdefault("fused", True)
-    else:
-        kwargs.setdefault("foreach", True)
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
-    if name == "adam":
-        return torch.optim.Adam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
+    kwargs.setdefault("fused" if fused else "foreach", True)
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=kwargs.pop("momentum", 0.9),
-                               weight_decay=weight_decay, **kwargs)
-    raise UserError(f"unknown optimizer {name!r} (choose {', '.join(OPTIMIZERS)})")
+        return torch.optim.SGD(groups, lr=lr, momentum=kwargs.pop("momentum", 0.9), weight_decay=weight_decay,
+                               **kwargs)
+    adam = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[name]
+    return adam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
 
 
 # ----------------------------------------------------------------------------- schedules
 
 def schedule_fn(name: str, *, total_steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.0,
                 milestones: Iterable[int] = (), gamma: float = 0.1) -> Callable[[int], float]:
-    """Multiplier of the base lr at optimiser step ``s`` (0-based: the lr used BY step s)."""
-    name = name.lower()
+    """Multiplier of the base lr at optimiser step ``s`` (0-based: the lr used BY step s) of the schedule
+    ``name`` (:data:`SCHEDULES`), after a linear warm-up."""
     total_steps = max(1, int(total_steps))
     warmup_steps = max(0, int(warmup_steps))
     milestones = sorted(int(m) for m in milestones)
@@ -171,22 +144,16 @@ def schedule_fn(name: str, *, total_steps: int, warmup_steps: int = 0, min_lr_ra
     def warm(s: int) -> float:
         return (s + 1) / (warmup_steps + 1) if s < warmup_steps else 1.0
 
-    if name == "cosine":
-        def f(s: int) -> float:
-            if s < warmup_steps:
-                return warm(s)
-            span = max(1, total_steps - warmup_steps)
-            prog = min(1.0, (s - warmup_steps) / span)
-            return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
-    elif name == "step":
-        def f(s: int) -> float:
-            return warm(s) * gamma ** sum(1 for m in milestones if s >= m)
-    elif name in ("constant", "const", "none"):
-        def f(s: int) -> float:
+    def cosine(s: int) -> float:
+        if s < warmup_steps:
             return warm(s)
-    else:
-        raise UserError(f"unknown lr schedule {name!r} (choose cosine, step or constant)")
-    return f
+        span = max(1, total_steps - warmup_steps)
+        prog = min(1.0, (s - warmup_steps) / span)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+
+    def step(s: int) -> float:
+        return warm(s) * gamma ** sum(1 for m in milestones if s >= m)
+    return {"cosine": cosine, "step": step, "constant": warm}[name]
 
 
 def freeze_fn(freeze_steps: int, unfreeze_warmup_steps: int) -> Callable[[int], float]:
@@ -204,8 +171,8 @@ def freeze_fn(freeze_steps: int, unfreeze_warmup_steps: int) -> Callable[[int], 
 
 
 def loss_warmup_fn(start: int, length: int) -> Callable[[int], float]:
-    """PCME++'s embedding warm-up (``embedding_warmup_after_freeze``): the loss of step ``start + k``
-    is multiplied by (k + 1) / ``length`` for k < ``length``, by 1 elsewhere (the lr is untouched)."""
+    """PCME++'s embedding warm-up: the loss of step ``start + k`` is multiplied by (k + 1) / ``length`` for
+    k < ``length``, by 1 elsewhere (the lr is untouched)."""
     start, length = int(start), max(1, int(length))
 
     def f(s: int) -> float:
@@ -214,10 +181,8 @@ def loss_warmup_fn(start: int, length: int) -> Callable[[int], float]:
 
 
 class GroupSchedule:
-    """Per-group lr = initial_lr * schedule(s) * freeze_g(s); a picklable-free LambdaLR replacement.
-
-    ``state_dict()`` is a plain dict of ints (the step), so it goes straight into the JSON state.
-    """
+    """Per-group lr = initial_lr * schedule(s) * freeze_g(s) (a LambdaLR whose state is one int, for the JSON
+    state); ``freeze``: tower -> :func:`freeze_fn`, applied to that tower's backbone groups."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, schedule: Callable[[int], float],
                  freeze: dict[str, Callable[[int], float]] | None = None):
@@ -267,14 +232,9 @@ def zero_frozen_grads(groups: list[dict]) -> None:
 # ----------------------------------------------------------------------------- SWA
 
 class SWA:
-    """Stochastic weight averaging over the last steps (torch.optim.swa_utils.AveragedModel).
-
-    ``maybe_update(step)`` averages the live weights every ``every`` steps once
-    ``step >= start``, counting from the end of a step (so with ``every = steps_per_epoch`` it
-    averages the end-of-epoch weights of the last epochs, as PCME++ does). ``loss``: a loss module
-    with learnable parameters (PCME's / PCME++'s a and b) averaged with the weights, as the
-    official ``swa_criterion``; its average is ``averaged_loss``.
-    """
+    """Stochastic weight averaging (torch's ``AveragedModel``): the weights after every ``every``-th step past
+    ``start`` (with ``every`` = an epoch, PCME++'s end-of-epoch weights); ``loss``: a loss with parameters
+    (PCME++'s a, b) averaged with them, as the official ``swa_criterion`` (``averaged_loss``)."""
 
     def __init__(self, model: nn.Module, *, start: int, every: int, device=None, loss: nn.Module | None = None):
         from torch.optim.swa_utils import AveragedModel
@@ -297,11 +257,13 @@ class SWA:
         """``step_done``: number of optimiser steps finished."""
         return step_done > self.start and (step_done - self.start) % self.every == 0
 
-    @torch.no_grad()
     def update(self, model: nn.Module, loss: nn.Module | None = None) -> None:
-        self.averaged.update_parameters(model)
-        if self.averaged_loss is not None and loss is not None:
-            self.averaged_loss.update_parameters(loss)
+        import torch
+
+        with torch.no_grad():
+            self.averaged.update_parameters(model)
+            if self.averaged_loss is not None and loss is not None:
+                self.averaged_loss.update_parameters(loss)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         out = {k: v.detach().cpu() for k, v in self.averaged.state_dict().items()}

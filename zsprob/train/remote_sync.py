@@ -1,13 +1,10 @@
 """A run directory mirrored to an fsspec URL (``train.remote_sync``), and pulled back on resume.
 
-As open_clip's ``--remote-sync``: the local run directory is the working copy, copied to the remote
-after every checkpoint and at the end (in the training process, on rank 0); ``--resume`` on a machine
-without the local copy first fetches the remote's latest checkpoint and logs. fsspec does the I/O;
-zsprob writes the order that keeps the remote consistent: every new or changed file but
-``checkpoints/latest.json`` (files outside step directories through a temporary name), then the
-pointer, then the step directories pruned locally are removed, so a reader finds the previous
-checkpoint or the new one, never a partial one. Hidden files are never copied; a copy that fails is a
-warning retried at the next checkpoint. The URL is checked with the config (:func:`check_target`).
+As open_clip's ``--remote-sync``: the local run directory is the working copy, copied to the remote after
+every checkpoint and at the end (rank 0); ``--resume`` first fetches a newer remote checkpoint. fsspec does
+the I/O; zsprob writes the order that keeps the remote consistent (changed files, then the pointer
+``checkpoints/latest.json``, then pruning), so a reader never finds a partial checkpoint. Hidden files are
+never copied; a failed copy is a warning, retried at the next checkpoint.
 """
 from __future__ import annotations
 
@@ -27,10 +24,8 @@ POINTER = "checkpoints/latest.json"
 
 
 def check_target(url: str, out: str | os.PathLike) -> None:
-    """One UserError line unless ``url`` can hold the mirror of the run directory ``out``: a scheme
-    fsspec can open here (not ``pipe:``), and a local mirror apart from ``out`` (neither the run, nor
-    holding it, nor inside it). Reads nothing remote, so a run checks it with its config, before it
-    builds anything (:func:`zsprob.train.defaults.resolve_config`)."""
+    """One UserError line unless ``url`` can hold the mirror of the run directory ``out``: a scheme fsspec can
+    open (not ``pipe:``), and a local mirror apart from ``out``. Reads nothing remote (checked with the config)."""
     if remote.check_url(str(url), "train.remote_sync") == "pipe":
         raise UserError(f"train.remote_sync: a pipe: command cannot hold checkpoints ({url!r}); use a local path, "
                         "file:// or an fsspec protocol (s3://, gs://, ...)")
@@ -127,8 +122,7 @@ class RemoteSync:
             raise UserError(f"train.remote_sync: {self.url}/{rel} is not valid JSON") from None
 
     def pull_latest(self) -> int | None:
-        """Fetch the remote's latest checkpoint (and its logs) when it is newer than the local one;
-        returns its step, or None when there was nothing newer."""
+        """Fetch the remote's latest checkpoint (and logs) when it is newer than the local one; its step, or None."""
         info = self._read_json(POINTER)
         if not info:
             return None
@@ -157,11 +151,8 @@ class RemoteSync:
 
 
 def for_run(cfg: Any, out: Path, acc: Any, resume: Any) -> RemoteSync | None:
-    """The run's mirror on the main process (None elsewhere, or without ``train.remote_sync``).
-
-    Checks the remote can be written, and when ``resume`` asks for the latest checkpoint (True,
-    ``"auto"``, ``"latest"``), pulls a newer remote checkpoint into ``out`` (each node's local main
-    process) before the run looks for one."""
+    """The run's mirror on the main process (None elsewhere, or without ``train.remote_sync``), its remote
+    probed; when ``resume`` asks for the latest checkpoint, a newer remote one is pulled into ``out`` first."""
     url = cfg.train.remote_sync
     if not url:
         return None

@@ -1,12 +1,11 @@
-"""Training that survives a cluster: the run directory's claim, ``--resume auto``, pre-emption signals.
+"""Training that survives a cluster: the run directory's claim, finding the checkpoint to resume from,
+pre-emption signals (no torch import).
 
-torchrun's elastic agent restarts the process group after a worker dies (``--max-restarts``) and says so
-in the ``TORCHELASTIC_*`` variables; Python's :mod:`signal` delivers SIGTERM / SIGUSR1 (how schedulers
-announce pre-emption). zsprob writes the policy: ``resume="auto"`` takes the latest valid checkpoint or
-starts afresh (the default under the agent, so a relaunch continues); :class:`StopSignals` only sets a
-flag, which the loop reads after each step (one all-reduce) to checkpoint and raise
-:class:`zsprob.errors.Preempted`, so a write in progress completes first; :class:`RunLock` and
-:func:`claim_run_dir` keep two runs out of one OUT; :func:`fault_point` is the tests' fault hook.
+torchrun's elastic agent restarts the process group after a worker dies and says so in the
+``TORCHELASTIC_*`` variables; Python's :mod:`signal` delivers SIGTERM / SIGUSR1. zsprob writes the policy:
+``resume="auto"`` takes the latest valid checkpoint or starts afresh (the default under the agent);
+:class:`StopSignals` only sets a flag, which the loop reads after each step to checkpoint and raise
+:class:`zsprob.errors.Preempted`; :class:`RunLock` and :func:`claim_run_dir` keep two runs out of one OUT.
 """
 from __future__ import annotations
 
@@ -26,8 +25,6 @@ ELASTIC_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELAST
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 #: the exit code of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it)
 INTERRUPT_EXIT_CODE = 130
-#: the exit code of a pre-empted run unless ``--requeue-exit-code`` / ``train.requeue_exit_code`` says otherwise
-DEFAULT_REQUEUE_EXIT_CODE = 143
 FAULT_ENV = "ZSPROB_TEST_FAULT"
 
 
@@ -44,19 +41,15 @@ def restart_count() -> int:
         return 0
 
 
-def init_restart_safe_process_group(cpu: bool, timeout=None) -> bool:
-    """Open the default process group under a key prefix of its own for each torchrun restart
-    (``zsprob/restart-<TORCHELASTIC_RESTART_COUNT>``), when torchrun shares its agent's TCPStore with every
-    generation of workers (``TORCHELASTIC_USE_AGENT_STORE=True``): otherwise a restarted worker can read its
-    dead peer's address (pytorch/pytorch#135712; docs/training.md). ``timeout``: ``train.dist_timeout_s``.
-    Returns whether it opened the group (accelerate then uses it)."""
+def init_restart_safe_process_group(cpu: bool, timeout) -> bool:
+    """Open the default process group under a key prefix of its own for each torchrun restart when torchrun
+    shares its agent's TCPStore with every generation of workers: otherwise a restarted worker can read its
+    dead peer's address (pytorch/pytorch#135712). Returns whether it opened the group (accelerate uses it)."""
     import torch
     import torch.distributed as dist
-    from datetime import timedelta
 
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not dist.is_available() or dist.is_initialized():
         return False
-    timeout = timeout if timeout is not None else timedelta(seconds=1800)  # train.dist_timeout_s's default
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
     backend = "gloo" if cpu or not torch.cuda.is_available() else "nccl"
@@ -67,6 +60,10 @@ def init_restart_safe_process_group(cpu: bool, timeout=None) -> bool:
     return True
 
 
+def checkpoint_root(out: str | os.PathLike) -> Path:
+    return Path(out) / "checkpoints"
+
+
 def is_complete(step_dir: Path) -> bool:
     """A committed step directory holds its state (json + tensors) and the model."""
     return ((step_dir / "state.json").is_file() and (step_dir / "state.safetensors").is_file()
@@ -74,10 +71,9 @@ def is_complete(step_dir: Path) -> bool:
 
 
 def latest_valid_checkpoint(out: str | os.PathLike) -> Path | None:
-    """The step directory ``latest.json`` names when it is complete; else the newest complete
-    ``step-*`` directory (a crash between committing a directory and updating ``latest.json``, or a
-    damaged pointer); None when there is none. Half-written ``.tmp-*`` directories never count."""
-    root = Path(out) / "checkpoints"  # zsprob.train.state.checkpoint_root, without importing torch
+    """The complete step directory ``latest.json`` names, else the newest complete ``step-*`` directory (a
+    crash before the pointer moved, or a damaged pointer), else None."""
+    root = checkpoint_root(out)
     pointer = root / "latest.json"
     try:
         named = root / json.loads(pointer.read_text())["dir"]
@@ -110,34 +106,34 @@ def find_resume_dir(resume, out: Path) -> Path | None:
         return None
     if mode == "auto":
         return latest_valid_checkpoint(out)
-    from zsprob.train import state
-    ckpt_dir = state.latest_checkpoint(out) if mode == "latest" else mode
-    if ckpt_dir is None:
+    ckpt_dir, pointer = mode, checkpoint_root(out) / "latest.json"
+    if mode == "latest" and not pointer.is_file():
         raise UserError(f"--resume: no checkpoint in {out / 'checkpoints'} (nothing to resume; "
                         "--resume auto starts afresh instead)")
-    if not (Path(ckpt_dir) / "state.json").is_file():
+    if mode == "latest":
+        try:
+            ckpt_dir = pointer.parent / json.loads(pointer.read_text())["dir"]
+        except json.JSONDecodeError:
+            raise UserError(f"{pointer} is corrupted; delete it or point --resume at a step directory") from None
+    if not (ckpt_dir / "state.json").is_file():
         raise UserError(f"--resume: {ckpt_dir} is not a checkpoint directory (no state.json)")
-    return Path(ckpt_dir)
+    return ckpt_dir
 
 
-#: seconds a stop signal that arrives while the loop waits for a batch gives the batch to come: then the
-#: run stops without a checkpoint (a stream that makes no progress never ends its step otherwise)
+#: seconds a stop signal during a wait for a batch gives the batch to come before the run stops without a
+#: checkpoint (a stream that makes no progress never ends its step otherwise)
 DATA_WAIT_GRACE_S = 10.0
 
 
 class StopSignals:
-    """Context manager: SIGTERM / SIGUSR1 set :attr:`received` instead of killing the process.
-
-    Installed only in the main thread (Python's rule); the previous handlers come back on exit.
-    While the loop waits for a batch (:func:`data_wait`), a signal also arms a timer: when no batch
-    has come :data:`DATA_WAIT_GRACE_S` seconds after the wait began, :class:`zsprob.errors.Preempted`
-    is raised there, with no checkpoint (``exit_code``: the requeue exit code).
-    """
+    """Context manager: SIGTERM / SIGUSR1 / the first SIGINT set :attr:`received` instead of killing the
+    process (main thread only; the previous handlers come back on exit). During a wait for a batch
+    (:class:`data_wait`) a signal also arms a timer that raises Preempted, without a checkpoint, when no
+    batch has come :data:`DATA_WAIT_GRACE_S` seconds after the wait began."""
 
     active: "StopSignals | None" = None  # the one installed now (data_wait finds it)
 
-    def __init__(self, names=STOP_SIGNALS, exit_code: int = DEFAULT_REQUEUE_EXIT_CODE, step: int = 0):
-        self.names = tuple(names)
+    def __init__(self, exit_code: int, step: int = 0):
         self.received: str | None = None
         self.exit_code, self.step = int(exit_code), int(step)
         self.waiting_since: float | None = None
@@ -174,7 +170,7 @@ class StopSignals:
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
-            for name in self.names:
+            for name in STOP_SIGNALS:
                 sig = getattr(signal, name, None)
                 if sig is not None:
                     self._old[sig] = signal.signal(sig, self._handler)
@@ -183,10 +179,14 @@ class StopSignals:
             StopSignals.active = self
         return self
 
-    def __exit__(self, *exc) -> None:
+    def disarm(self) -> None:
+        """Stop the data-wait timer, if armed."""
         if self._armed:
             signal.setitimer(signal.ITIMER_REAL, 0)
             self._armed = False
+
+    def __exit__(self, *exc) -> None:
+        self.disarm()
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
@@ -210,9 +210,7 @@ class data_wait:
     def __exit__(self, exc_type, exc, tb):
         if self.stop is not None:
             self.stop.waiting_since = None
-            if self.stop._armed:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                self.stop._armed = False
+            self.stop.disarm()
             workers_stopped = (self.stop.received and exc_type is not None and issubclass(exc_type, RuntimeError)
                                and "DataLoader worker" in str(exc))
             if exc_type is _StopWaiting or workers_stopped:
@@ -225,10 +223,9 @@ class _StopWaiting(BaseException):
 
 
 def fault_point(where: str, step: int, rank: int) -> None:
-    """Test-only fault injection. ``ZSPROB_TEST_FAULT="WHERE:STEP:ACTION[:RANK],..."`` with WHERE one
-    of ``checkpoint-mid`` (the model written, the state not yet) or ``checkpoint-done`` (committed)
-    and ACTION ``kill`` (SIGKILL), ``raise`` (an OSError) or a signal name (sent to this process).
-    Fires on the first attempt of an elastic group only, so a restarted group runs clean."""
+    """The tests' fault injection: ``ZSPROB_TEST_FAULT="WHERE:STEP:ACTION[:RANK],..."``, WHERE
+    ``checkpoint-mid`` or ``checkpoint-done``, ACTION ``kill``, ``raise`` (an OSError) or a signal name; on
+    the first attempt of an elastic group only."""
     spec = os.environ.get(FAULT_ENV)
     if not spec or restart_count() > 0:
         return
@@ -254,16 +251,15 @@ LOCK_NAME = ".lock"
 
 
 def run_markers(out: str | os.PathLike) -> list[str]:
-    """The :data:`zsprob.utils.paths.RUN_MARKERS` present under ``out`` (empty: a new, empty or missing directory,
-    or one that holds only the config.yaml of a run that stopped before its first record or checkpoint, on bad
-    shards say: nothing of it is kept, so the same command may simply run again there)."""
+    """The :data:`zsprob.utils.paths.RUN_MARKERS` present under ``out``; empty when only the config.yaml of a
+    run that stopped before its first record is there (the same command may simply run again)."""
     found = [m for m in RUN_MARKERS if (Path(out) / m).exists()]
     return found if set(found) - {"config.yaml"} else []
 
 
 def check_reuse(out: str | os.PathLike, resume, overwrite: bool) -> bool:
-    """Whether this launch overwrites ``out``; one line when ``out`` holds a run and neither ``resume``
-    nor ``overwrite`` says what to do with it. A restarted elastic group resumes instead of overwriting."""
+    """Whether this launch overwrites ``out``; one line when ``out`` holds a run and neither ``resume`` nor
+    ``overwrite`` says what to do with it (a restarted elastic group resumes instead of overwriting)."""
     mode = resume_mode(resume)
     if overwrite and resume not in (None, "", False, "no"):
         raise UserError("--overwrite and --resume contradict each other: drop one (--overwrite starts afresh, "
@@ -351,10 +347,9 @@ class RunLock:
 
 
 def claim_run_dir(out: Path, resume, overwrite: bool, main: bool, mirrored: bool = False) -> RunLock | None:
-    """Before a run writes anything: the lock (main process), the reuse rule (:func:`check_reuse`) and,
-    with ``overwrite``, the old run's files removed (main process). Returns the held lock (main).
-    A ``resume`` that names no checkpoint is one line here, before anything is built, unless the run has
-    a remote mirror (``mirrored``: its pull may bring one; the loop looks after the pull)."""
+    """Before a run writes anything: the lock and, with ``overwrite``, the old run removed (main process), the
+    reuse rule (every process); returns the held lock. A ``resume`` that names no checkpoint is one line here,
+    unless a remote mirror (``mirrored``) may bring one."""
     if not mirrored and resume_mode(resume) not in (None, "auto"):  # "auto" may find nothing: a fresh start
         find_resume_dir(resume, out)
     if not main:
@@ -382,8 +377,8 @@ def checkpoint_step(ckpt_dir: Path) -> int:
 
 
 def check_resume_target(ckpt_step: int, total_steps: int, ckpt_dir: Path, out: Path) -> bool:
-    """``--resume`` never moves backwards: one line when the checkpoint is past ``total_steps``.
-    Returns True when the run is finished (checkpoint at the end and summary.json written)."""
+    """``--resume`` never moves backwards (one line when the checkpoint is past ``total_steps``); True when the
+    run is finished (checkpoint at the end and summary.json written)."""
     if ckpt_step > total_steps:
         raise UserError(f"--resume: the checkpoint {ckpt_dir} is at step {ckpt_step}, past the {total_steps} steps "
                         f"asked for; resuming never goes back (ask for more steps than {ckpt_step}, or --overwrite)")

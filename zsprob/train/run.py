@@ -1,10 +1,5 @@
-"""What one training run holds between steps: its parts (fixed once built), its counters and its data cursor.
-
-Owns :class:`Run` (the parts a run is built from, frozen: configuration, accelerator, step module,
-optimiser, schedule, SWA, source, hooks, clipping sets, batch augmentations), :class:`Counters` (the
-few numbers that change every step: non-finite tallies and the current logging interval) and
-:class:`DataCursor` (the resumable (epoch, batch) position in a source). Built by
-:func:`zsprob.train.build.build_run`; read by the step, the logs, the checkpoints and the loop.
+"""What one training run holds between steps: its parts (:class:`Run`, fixed once built), its
+:class:`Counters` and its :class:`DataCursor` (the resumable (epoch, batch) position in a source).
 """
 from __future__ import annotations
 
@@ -36,6 +31,7 @@ class DataCursor:
         self.epoch, self.pos, self._it = int(epoch), int(pos), None
 
     def next(self):
+        """The next batch, every process moving to the next epoch together when one runs out."""
         while True:
             spe = self.source.steps_per_epoch
             batch = None
@@ -95,7 +91,6 @@ class Run:
     step_fn: Callable[["Run", int], dict]  # zsprob.train.step.one_step, or jWAE's own step
     clip_sets: list = field(default_factory=list)  # the trainable parameters, in the sets clipped apart
     accum_steps: int = 1  # micro-batches per step (zsprob.train.accumulate)
-    # batch augmentations of the official PCME++ recipe (zsprob.data.text_augment, zsprob.prob.msda)
     text_aug: Any = None
     label_smoothing: float = 0.0
     loss_scale: Callable[[int], float] | None = None  # the embedding warm-up (freeze.warmup_mode loss)
@@ -123,4 +118,4 @@ class Run:
     def noise(self) -> float:
         from zsprob.data.flickr import KARPATHY_KINDS  # their noise permutes the captions in the source
 
-        return float(self.cfg.data.noise_ratio or 0.0) if self.cfg.data.kind not in KARPATHY_KINDS else 0.0
+        return float(self.cfg.data.noise_ratio) if self.cfg.data.kind not in KARPATHY_KINDS else 0.0

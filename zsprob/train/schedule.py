@@ -1,11 +1,10 @@
-"""The run's durations: total, warm-up, milestone and backbone-freeze steps from ``cfg.schedule`` / ``cfg.freeze``.
-
-Owns :class:`SchedulePlan` and :func:`resolve_schedule` (epochs converted to optimiser steps with the
-source's epoch length). The per-group learning-rate functions themselves are :mod:`zsprob.train.optim`'s.
-Every training method (the pairwise step and jWAE's) reads its plan from here.
+"""The run's durations in optimiser steps: total, warm-up, milestones and backbone freezing, from
+``cfg.schedule`` / ``cfg.freeze`` (epochs converted with the source's epoch length), and the optimiser with
+its per-group lr schedule over them (the functions themselves are :mod:`zsprob.train.optim`'s).
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -13,8 +12,15 @@ from typing import Any, Callable
 from zsprob.config import Config
 from zsprob.errors import UserError
 from zsprob.train import optim
-from zsprob.train.data import steps_from
 from zsprob.train.defaults import DEFAULTS
+
+
+def steps_from(epochs: float | int, steps_per_epoch: int | None, what: str) -> int:
+    """``epochs`` in optimiser steps (rounded up); ``what`` names the key when the epoch length is unknown."""
+    if steps_per_epoch is None:
+        raise UserError(f"{what} is given in epochs but the epoch length is unknown "
+                        "(set data.samples_per_epoch, or give the value in steps)")
+    return int(math.ceil(float(epochs) * steps_per_epoch))
 
 
 @dataclass
@@ -33,9 +39,8 @@ class SchedulePlan:
 
 
 def warn_if_warmup_fills(warmup: int, total_steps: int) -> None:
-    """A warning when the warm-up is at least as long as the run (its learning rate never reaches
-    ``optim.lr``): a short ``--steps`` on a recipe with a long warm-up. Said once the run starts, so that a
-    run refused for another reason says that one line alone."""
+    """A warning when the warm-up is at least as long as the run (the lr never reaches ``optim.lr``), said once
+    the run starts so that a run refused for another reason says that one line alone."""
     if warmup >= total_steps:
         warnings.warn(f"the warm-up ({warmup} steps) is not shorter than the run ({total_steps} steps): "
                       "the learning rate never reaches optim.lr; shorten it with --set schedule.warmup_steps=N")
@@ -64,3 +69,14 @@ def resolve_schedule(cfg: Config, steps_per_epoch: int | None) -> SchedulePlan:
     if mode == "loss" and freeze_warmup > 0:  # PCME++'s embedding warm-up: the whole loss x (k + 1) / R
         plan.loss_scale = optim.loss_warmup_fn(max(frozen.values()), freeze_warmup)
     return plan
+
+
+def create_optimisation(cfg: Config, groups: list[dict], plan: SchedulePlan, lr: float):
+    """The optimiser of ``cfg.optim`` over ``groups``, and its per-group lr schedule with backbone freezing."""
+    oc, sch = cfg.optim, cfg.schedule
+    optimizer = optim.create_optimizer(groups, name=oc.name, lr=lr, weight_decay=float(oc.weight_decay),
+                                       betas=oc.betas, eps=float(oc.eps), fused=oc.fused)
+    schedule = optim.GroupSchedule(optimizer, optim.schedule_fn(
+        sch.name, total_steps=plan.total_steps, warmup_steps=plan.warmup, min_lr_ratio=float(sch.min_lr_ratio),
+        milestones=plan.milestones, gamma=float(sch.gamma)), freeze=plan.freeze)
+    return optimizer, schedule

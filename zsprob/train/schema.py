@@ -2,11 +2,9 @@
 
 A :class:`Key` holds everything known about one key: dotted name, default, one-line doc, rule
 (:class:`Count`, :class:`Range` or :class:`OneOf`), command-line flag and whether changing it on
-``--resume`` is routine. The default's type adds the rest: a true / false default takes YAML booleans
-only, a float default a finite number, a list of numbers as many finite numbers. :func:`check` runs
-every rule over a config (unknown keys first, each named with the nearest known one);
-:func:`nest` builds the nested defaults and :func:`table` the docs' table of keys. The declarations
-are :data:`zsprob.train.defaults.KEYS`.
+``--resume`` is routine; the default's type adds the rest (booleans, finite numbers, lists of them).
+:func:`check` runs every rule over a config, :func:`nest` builds the nested defaults and :func:`table`
+the docs' table. The declarations are :data:`zsprob.train.defaults.KEYS`.
 """
 from __future__ import annotations
 
@@ -37,12 +35,13 @@ class Count:
 @dataclass(frozen=True)
 class Range:
     """A finite number in [low, high] (``low_open`` / ``high_open`` exclude an end); for a list, each of its
-    numbers. Null is refused unless ``null``."""
+    numbers. Null is refused unless ``null``; ``message`` (``{name}``, ``{value}``) words a refusal."""
     low: float
     high: float = math.inf
     low_open: bool = False
     high_open: bool = False
     null: bool = False
+    message: str | None = None
 
     def text(self) -> str:
         top = f" and {'<' if self.high_open else '<='} {self.high:g}" if self.high < math.inf else ""
@@ -71,9 +70,9 @@ INHERITED = object()
 
 @dataclass(frozen=True)
 class Key:
-    """One config key. ``flag``: its command-line flag (``--steps``), ``help`` when its text is not ``doc``;
-    ``free``: the section's keys at that depth and below take any keys (``loss``: 1, each method's options);
-    ``routine``: how a run is carried out, not what it learns (another value on ``--resume`` is no change)."""
+    """One config key. ``flag``: its command-line flag (``--steps``); ``free``: the section's keys at that depth
+    and below take any keys (``loss``: 1, each method's options); ``routine``: how a run is carried out, not
+    what it learns (another value on ``--resume`` is no change)."""
     name: str
     default: Any
     doc: str
@@ -213,6 +212,8 @@ def _in_range(name: str, value: Any, rule: Range) -> Any:
         if rule.high_open and any(v >= rule.high for v in checked):
             raise UserError(name)
     except UserError:
+        if rule.message:
+            raise UserError(rule.message.format(name=name, value=value)) from None
         raise UserError(f"{name} must be {'null or ' if rule.null else ''}{'numbers' if many else 'a number'} "
                         f"{Range(rule.low, rule.high, rule.low_open, rule.high_open).text()}, got {value!r}") from None
     return checked if many and value else checked[0]

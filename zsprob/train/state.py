@@ -9,16 +9,12 @@ A checkpoint directory is::
         state.json             step, data position, optimizer scalars, scheduler, scaler, RNG (python)
     OUT/checkpoints/latest.json  {"step": 500, "dir": "step-000500"}   (written last, atomically)
 
-It is written under a temporary name and renamed before ``latest.json`` moves, so a crash leaves the
-previous checkpoint usable. zsprob flattens nested state dicts (tensors -> safetensors keys); safetensors
-does the tensor I/O.
+zsprob flattens nested state dicts (tensors -> safetensors keys); safetensors does the tensor I/O.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +32,11 @@ TUPLE = "__tuple__"
 def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
     """Replace every tensor / ndarray in a nested structure by a reference into ``tensors``."""
     if isinstance(obj, torch.Tensor):
-        key = prefix
-        tensors[key] = obj.detach().cpu().contiguous()
-        return {TENSOR: key}
+        tensors[prefix] = obj.detach().cpu().contiguous()
+        return {TENSOR: prefix}
     if isinstance(obj, np.ndarray):
-        key = prefix
-        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj))
-        return {NDARRAY: key}
+        tensors[prefix] = torch.from_numpy(np.ascontiguousarray(obj))
+        return {NDARRAY: prefix}
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
@@ -53,9 +47,9 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
         return {TUPLE: [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]}
     if isinstance(obj, list):
         return [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]
-    if isinstance(obj, (np.integer,)):
+    if isinstance(obj, np.integer):
         return int(obj)
-    if isinstance(obj, (np.floating,)):
+    if isinstance(obj, np.floating):
         return float(obj)
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
@@ -63,6 +57,7 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str) -> Any:
 
 
 def unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The inverse of :func:`flatten`."""
     if isinstance(obj, dict):
         if TENSOR in obj and len(obj) == 1:
             return tensors[obj[TENSOR]]
@@ -83,11 +78,8 @@ def unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 # ----------------------------------------------------------------------------- RNG
 
 def rng_state() -> dict:
-    """Python, numpy, torch CPU and (with CUDA) the current CUDA device's generator states.
-
-    Only the current device: each process of a run owns one GPU, and a checkpoint must resume on
-    a machine that shows a different number of them.
-    """
+    """Python, numpy, torch CPU and (with CUDA) the current device's generator states (a process owns one
+    GPU, and a checkpoint must resume on a machine that shows another number of them)."""
     st = {"python": random.getstate(), "numpy": np.random.get_state(),
           "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -96,8 +88,8 @@ def rng_state() -> dict:
 
 
 def set_rng_state(st: dict) -> None:
-    """The inverse of :func:`rng_state`. A CUDA state saved as a list (one per visible device, by older
-    checkpoints) gives the current device its entry, or the first one when it has fewer."""
+    """The inverse of :func:`rng_state`; a CUDA state saved as a list (older checkpoints: one per visible
+    device) gives the current device its entry, or the first one."""
     py = st["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     np_st = st["numpy"]
@@ -138,8 +130,8 @@ MAIN_STATE_KEYS = ("step", "epoch", "batch_in_epoch", "optimizer", "schedule", "
 
 
 def load_state(path: str | os.PathLike, require: tuple = ()) -> dict:
-    """Read a state written by :func:`save_state`; ``require``: keys it must hold (the integers among
-    step / epoch / batch_in_epoch must be integers). A state.json of another shape is one UserError line."""
+    """Read a state written by :func:`save_state`; ``require``: keys it must hold (step / epoch /
+    batch_in_epoch as integers). A damaged state is one UserError line."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     path = Path(path)
@@ -166,41 +158,3 @@ def load_state(path: str | os.PathLike, require: tuple = ()) -> dict:
     except (TypeError, ValueError, AttributeError) as e:
         raise UserError(f"training state {path / 'state.json'} is damaged ({type(e).__name__}: {e})") from None
 
-
-def checkpoint_root(out: str | os.PathLike) -> Path:
-    return Path(out) / "checkpoints"
-
-
-def latest_checkpoint(out: str | os.PathLike) -> Path | None:
-    """The directory named by ``OUT/checkpoints/latest.json``, or None if there is none."""
-    root = checkpoint_root(out)
-    pointer = root / "latest.json"
-    if not pointer.is_file():
-        return None
-    try:
-        info = json.loads(pointer.read_text())
-    except json.JSONDecodeError:
-        raise UserError(f"{pointer} is corrupted; delete it or point --resume at a step directory") from None
-    d = root / info["dir"]
-    if not (d / "state.json").is_file():
-        raise UserError(f"checkpoint {d} named by {pointer} is incomplete")
-    return d
-
-
-def commit_checkpoint(out: str | os.PathLike, tmp_dir: Path, step: int, keep: int = 2) -> Path:
-    """Rename a fully written ``tmp_dir`` to ``step-NNNNNN``, update latest.json, prune old ones."""
-    root = checkpoint_root(out)
-    final = root / f"step-{step:07d}"
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp_dir, final)
-    atomic_write_json(root / "latest.json", {"step": step, "dir": final.name})
-    if keep and keep > 0:
-        steps = sorted(p for p in root.glob("step-*") if p.is_dir())
-        for old in steps[:-keep]:
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp-*"):
-        if stale != tmp_dir:
-            shutil.rmtree(stale, ignore_errors=True)
-    return final

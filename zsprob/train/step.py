@@ -1,11 +1,8 @@
 """One training step of the pairwise losses: the step module, the batch, forward / backward / clip / update.
 
-Owns :class:`ContrastiveStep` (model + loss in one module, so DDP sees the loss's a, b; masked copies for
-the occlusion terms), :func:`next_batch`, :func:`one_step` and the pieces jWAE's step shares. The step is
-queued on the device and the host reads one value: whether it was finite (loss and gradient norms, on
-every process), which decides the update; the loss terms' own guards decide on the device. Under fp16
-the gradients are unscaled once and the scaler is updated on skipped steps too. accelerate does the
-backward and DDP; torch clips.
+The step is queued on the device and the host reads one value: whether the loss and the gradient norms
+were finite on every process, which decides the update. Under fp16 the gradients are unscaled once and
+the scaler is updated on skipped steps too. accelerate does the backward and DDP; torch clips.
 """
 from __future__ import annotations
 
@@ -27,14 +24,9 @@ from zsprob.train.run import Run
 
 
 class ContrastiveStep(nn.Module):
-    """Model + loss in one module, so DDP sees every trainable parameter (incl. the loss's a, b).
-
-    A loss with ``wants_masked`` (the occlusion inclusion term is on) also gets masked copies of
-    this process's first ``loss.n_masked(n, step)`` images and captions (``zsprob.data.masking``;
-    none while the term's scheduled weight is 0), encoded by the same model, and the 0-based
-    step; the masks come from a generator seeded by (seed, step, rank), so a run and its
-    resumption draw the same masks.
-    """
+    """Model + loss in one module, so DDP sees every trainable parameter (incl. the loss's a, b). A loss with
+    ``wants_masked`` (the occlusion term) also gets masked copies of the first ``loss.n_masked(n, step)`` rows,
+    encoded by the same model, with masks seeded by (seed, step, rank) so that a resumed run draws the same."""
 
     MASK_SALT = 0x3A5C  # keeps the mask stream apart from the noise / MSDA stream of the same step
 
@@ -65,8 +57,7 @@ class ContrastiveStep(nn.Module):
         return self.masked_images(images[:n_masked], generator), masked_tokens
 
     def masked_images(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """The occlusion term's image copies: cells blanked, or one lossy operation per image
-        (``image_mask_mode: degrade``, with the model's normalisation)."""
+        """The occlusion term's image copies: cells blanked, or one lossy operation per image (``degrade``)."""
         loss = self.loss
         if getattr(loss, "image_mask_mode", "cells") == "degrade":
             from zsprob.data.degrade import degrade_images
@@ -122,8 +113,8 @@ class ContrastiveStep(nn.Module):
 
 @contextlib.contextmanager
 def full_precision_matmuls():
-    """float32 matmuls in full precision inside the block (TF32 off), whatever ``train.tf32`` set for the
-    towers: CSD's squared distances subtract large numbers, and TF32's 10-bit mantissa would blur them."""
+    """float32 matmuls in full precision inside the block (TF32 off, whatever ``train.tf32`` set for the
+    towers): CSD's squared distances subtract large numbers, which TF32's 10-bit mantissa would blur."""
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -133,10 +124,8 @@ def full_precision_matmuls():
 
 
 def gradient_clip_sets(raw: nn.Module, split: bool) -> list[list]:
-    """The parameter sets whose gradient norms are clipped apart: all trainable parameters in one set,
-    or (``optim.grad_clip_split``) everything but the log-variance heads, then the heads
-    (``ProbCLIP.SIGMA_MODULES``), so large sigma-only gradients (the occlusion term's) never scale
-    down the means' update."""
+    """The parameter sets clipped apart: all trainable parameters, or (``optim.grad_clip_split``) all but the
+    log-variance heads, then the heads, so large sigma-only gradients never scale down the means' update."""
     named = [(name, p) for name, p in raw.named_parameters() if p.requires_grad]
     if not split:
         return [[p for _, p in named]]
@@ -148,30 +137,45 @@ def gradient_clip_sets(raw: nn.Module, split: bool) -> list[list]:
 
 
 def unscale_once(run: Run) -> None:
-    """Under fp16, divide the run's gradients by the loss scale once per update (before clipping and
-    the finiteness check); a no-op without a gradient scaler. The scaler records whether it found
-    inf / NaN, which its ``update()`` reads whether or not the step is applied."""
+    """Under fp16, divide the gradients by the loss scale once per update, before clipping; the scaler
+    records whether it found inf / NaN. A no-op without a scaler."""
     if run.acc.scaler is not None:
         run.acc.scaler.unscale_(getattr(run.optimizer, "optimizer", run.optimizer))  # accelerate's wrapper
 
 
 def clip_gradient_sets(sets: list[list], max_norm: float) -> list[torch.Tensor]:
-    """Clip each parameter set's gradient to ``max_norm`` on its own (torch's clip_grad_norm_, on the
-    device: no host sync); the norms before clipping, one per set. Gradients must be unscaled already
-    (:func:`unscale_once`)."""
+    """Clip each parameter set's gradient to ``max_norm`` on its own (on the device: no host sync); the norms
+    before clipping, one per set."""
     return [torch.nn.utils.clip_grad_norm_(params, max_norm) for params in sets]
 
 
-def next_batch(run: Run, step: int):
-    """The next local batch, copied to the device first (pinned on CUDA: the copy does not block), then
-    noisy captions, text SizeAugment, MSDA mixing (paper-text or official) and label smoothing where
-    configured, on the device, with every random number from one CPU generator seeded by
-    (seed, step, rank); without MSDA, captions of the same image (sources that yield image indices:
-    COCO) are positives, as the official engine marks them (its Mixup path does not);
-    returns (images, tokens, matched or None)."""
+def clip_and_apply(run: Run, loss: torch.Tensor, sets: list[list]) -> tuple[bool, list[torch.Tensor]]:
+    """Unscale, clip each parameter set apart and step unless the loss or a norm is non-finite (under fp16 the
+    scaler judges the gradients); (whether it stepped, the norms before clipping)."""
+    unscale_once(run)
+    check = loss.detach().float()
+    norms = []
+    if run.cfg.optim.grad_clip:
+        norms = [norm.detach().float() for norm in clip_gradient_sets(sets, float(run.cfg.optim.grad_clip))]
+        if run.acc.scaler is None:
+            for norm in norms:
+                check = check + 0.0 * norm  # NaN / inf norms poison the check
+    return apply_if_finite(run, check), norms
+
+
+def fetch(run: Run):
+    """The next batch of the run's data cursor, the wait for it added to the interval's data time."""
     started = time.perf_counter()
     batch = run.cursor.next()
     run.counters.data_time += time.perf_counter() - started
+    return batch
+
+
+def next_batch(run: Run, step: int):
+    """(images, tokens, match targets or None) of the next local batch on the device, with noisy captions,
+    text SizeAugment, MSDA or label smoothing where configured, every draw from one generator seeded by
+    (seed, step, rank); without MSDA, captions of one image (COCO) are positives, as the official engine has it."""
+    batch = fetch(run)
     device = run.acc.device
     images, tokens = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
     groups = None
@@ -220,16 +224,9 @@ def one_step(run: Run, step: int) -> dict:
     frozen = run.schedule.frozen_groups()
     if frozen:
         optim.zero_frozen_grads(frozen)
-    unscale_once(run)
-    check = loss.detach().float()
-    grad_clip = run.cfg.optim.grad_clip
-    if grad_clip:
-        norms = clip_gradient_sets(run.clip_sets, float(grad_clip))
-        for key, gnorm in zip(("grad_norm", "grad_norm_sigma"), norms):
-            stats[key] = gnorm.detach().float()  # before clipping (metrics.jsonl)
-            if run.acc.scaler is None:  # under fp16 the scaler owns non-finite gradients (it skips and backs off)
-                check = check + 0.0 * gnorm.detach().float()  # NaN / inf norms poison the check
-    count_outcome(run, apply_if_finite(run, check), loss, step, "loss or gradient")
+    finite, norms = clip_and_apply(run, loss, run.clip_sets)
+    stats.update(zip(("grad_norm", "grad_norm_sigma"), norms))
+    count_outcome(run, finite, loss, step, "loss or gradient")
     return stats
 
 
@@ -255,9 +252,8 @@ def forward_backward(run: Run, images, tokens, matched, step: int) -> tuple[torc
 
 
 def apply_if_finite(run: Run, check: torch.Tensor) -> bool:
-    """Step the optimiser if ``check`` is finite on every process, else skip the update (an fp16 scaler
-    is updated all the same); clear the gradients; True if it stepped. Reading ``check`` is the step's
-    one host sync."""
+    """Step the optimiser if ``check`` is finite on every process (the step's one host read), else skip the
+    update (an fp16 scaler is updated all the same); clear the gradients; True if it stepped."""
     if run.world > 1:
         check = dist.mean_across(check)
     finite = bool(torch.isfinite(check))
@@ -273,8 +269,8 @@ def apply_if_finite(run: Run, check: torch.Tensor) -> bool:
 
 
 def count_outcome(run: Run, finite: bool, loss: torch.Tensor, step: int, what: str) -> None:
-    """Add a finished step to the interval's loss, or count it as skipped: ``train.max_nonfinite``
-    skipped steps in a row stop the run with one line."""
+    """Add a finished step to the interval's loss, or count it as skipped (``train.max_nonfinite`` in a row
+    stop the run)."""
     counters = run.counters
     if finite:
         counters.consecutive_bad = 0

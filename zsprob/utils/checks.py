@@ -1,20 +1,7 @@
-"""Checks of user-given counts, inputs and output locations, shared by every command and the training config.
-
-One rule per kind of input, so every command words the same mistake the same way:
-
-- :func:`check_count`: steps, epochs, batch sizes, intervals, workers, threads ... must be numbers at
-  least a minimum (``>= 1``, ``>= 0``) or above it (``> 0``); integers unless said otherwise (the training
-  config's counts go through it too: :mod:`zsprob.train.schema`).
-- :func:`check_input`, :func:`check_shards`: an input that must exist, named in the message.
-- :func:`check_output`: an ``--out`` directory (or the folder of an ``--out`` file) that cannot be
-  created or written is refused before any work starts; the probe creates what is missing, writes a
-  file and removes both again; URLs are left to their writers. An ``--out`` that exists and is not a
-  regular file (a named pipe, a device, a socket) is refused: zsprob renames a new file over its outputs
-  (:mod:`zsprob.utils.io`), which would replace it; a symlink is judged by what it points to.
-- :func:`check_outputs_apart`: no output is one of the command's input files, lies inside an input
-  model directory, or replaces a file a dataset root ships (its manifest, split files, images, shards).
-
-The command line wraps them into click parameter types (``zsprob.cli.types``).
+"""Checks of user-given counts, inputs and output locations, shared by every command and the training config,
+so that every command words the same mistake the same way; the command line wraps them into click types
+(``zsprob.cli.types``). An output must be writable (probed before any work starts) and must not replace an
+input, a dataset's file, or a pipe / device / socket (zsprob renames a new file over its outputs).
 """
 from __future__ import annotations
 
@@ -68,12 +55,8 @@ def _is_url(path: str) -> bool:
 
 
 def _probe_dir(d: Path, what: str) -> None:  # what: "--out: " or ""
-    """Create ``d`` if missing, write and delete a probe file, then remove what this call created.
-
-    Safe when several processes (the ranks of one torchrun job) probe the same new directory at
-    once: a directory another process made counts as present, and one it removed under us is made
-    again (a few tries), so no rank sees a spurious error.
-    """
+    """Create ``d`` if missing, write and delete a probe file, then remove what this call created; safe when
+    the ranks of one torchrun job probe the same new directory at once."""
     created: list[Path] = []
     p = d
     while not p.exists() and p != p.parent:
@@ -131,8 +114,8 @@ def check_shards(kind: str, shards) -> None:
 
 
 def check_output(path: str | os.PathLike, what: str | None = "--out", kind: str = "dir") -> str | os.PathLike:
-    """``path`` if it can be written as a directory (``kind="dir"``) or a file (``kind="file"``);
-    ``what`` names it in the message (None: the caller adds the name)."""
+    """``path`` if it can be written as a directory (``kind="dir"``) or a file (``"file"``; a symlink is judged
+    by its target); URLs pass. ``what`` names it in the message (None: the caller adds the name)."""
     what = f"{what}: " if what else ""
     text = os.fspath(path)
     if _is_url(text):
@@ -173,18 +156,10 @@ def _within(path: Path, folder: Path) -> bool:
 
 def check_outputs_apart(outputs: Mapping[str, Any], files: Mapping[str, Any] | None = None,
                         dirs: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None) -> None:
-    """One line when an output would destroy an input, before anything is written. Each argument is
-    ``{name: path}`` (None skipped; symlinks resolved, so a link to an input counts as the input):
-
-    - ``outputs``: every file or folder the command writes (``--out`` and what it writes beside it);
-    - ``files``: input files (``--prompts``, ``--embeddings``, a checkpoint file ...): no output may be one;
-    - ``dirs``: input model directories (``--checkpoint DIR``, ``--pretrained DIR``, ``--tokenizer DIR``):
-      no output may be one or lie inside one;
-    - ``data``: dataset roots: outputs may go there (results kept beside the data), but not replace an
-      existing file the dataset ships (:data:`DATASET_FILES`).
-
-    An output that exists as a named pipe, a device or a socket is refused as well (a write would replace it).
-    """
+    """One line when an output would destroy an input, before anything is written. Each argument is ``{name:
+    path}`` (None skipped, symlinks resolved): ``outputs`` may not be one of the input ``files``, lie in one of
+    the input model ``dirs``, replace a file a ``data`` root ships (:data:`DATASET_FILES`), or be an existing
+    pipe, device or socket."""
     outs = _resolved(outputs)
     for name, (p, real) in outs.items():  # a pipe / device where a file goes beside --out: refused up front too
         if path_kind(real) not in (None, "regular file", "directory"):
