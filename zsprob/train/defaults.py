@@ -17,7 +17,7 @@ from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_conf
 from zsprob.data.captions import SHARD_KINDS
 from zsprob.data.flickr import KARPATHY_KINDS
 from zsprob.errors import UserError
-from zsprob.prob.method_registry import METHOD_ENTRIES, default_loss_options, method_names
+from zsprob.prob.method_registry import METHOD_ENTRIES, PCMEPP_DISTANCES, default_loss_options, method_names
 from zsprob.train.optim import OPTIMIZERS, SCHEDULES
 from zsprob.train.remote_sync import check_target
 from zsprob.train.schema import INHERITED, Count, Key, OneOf, Range, check, nest
@@ -55,7 +55,7 @@ KEYS: tuple[Key, ...] = (
     Key("loss", default_loss_options(), "keyword arguments of each method's loss (zsprob.prob.create_loss)",
         free=1),
     Key("loss.pcmepp.distance", INHERITED, "PCME++ distance: csd (paper) or wd (2-Wasserstein ablation).",
-        OneOf(("csd", "wd")), flag="--distance"),
+        OneOf(PCMEPP_DISTANCES), flag="--distance"),
     # ------------------------------------------------------------------ data
     Key("data.kind", "synthetic", "where the training pairs come from: shards, or a COCO / Flickr30k folder",
         OneOf(SHARD_KINDS + KARPATHY_KINDS, message="unknown data kind {value!r} ({listed})")),
