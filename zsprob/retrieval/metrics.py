@@ -147,19 +147,20 @@ class QueryMetrics:
         return {k: float(np.mean(v)) if len(v) else float("nan") for k, v in self.values.items()}
 
 
-def _score_rows(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``scores[rows]``, as a view when ``rows`` is a contiguous ascending range."""
-    n = rows.numel()
-    if n and int(rows[-1]) - int(rows[0]) == n - 1 and bool((rows[1:] > rows[:-1]).all()):
-        return scores[int(rows[0]): int(rows[0]) + n]
-    return scores.index_select(0, rows)
+def take(x: torch.Tensor, index, dim: int = 0) -> torch.Tensor:
+    """``x.index_select(dim, index)``, as a view when ``index`` is a contiguous ascending range (COCO 1K folds)."""
+    index = torch.as_tensor(index, dtype=torch.int64)
+    n = index.numel()
+    if n and int(index[-1]) - int(index[0]) == n - 1 and bool((index[1:] > index[:-1]).all()):
+        return x.narrow(dim, int(index[0]), n)
+    return x.index_select(dim, index)
 
 
 def rank_lists(scores: torch.Tensor, queries: np.ndarray, k: int, *, chunk_size: int = 2048) -> torch.Tensor:
     """Top-``k`` gallery indices [len(queries), k] (order of :func:`topk_ranking`) of the rows
     ``queries`` of ``scores`` [Q, G], in query chunks."""
     q = torch.as_tensor(np.asarray(queries, dtype=np.int64))
-    out = [topk_ranking(_score_rows(scores, q[a:a + chunk_size]), k) for a in range(0, q.numel(), chunk_size)]
+    out = [topk_ranking(take(scores, q[a:a + chunk_size]), k) for a in range(0, q.numel(), chunk_size)]
     return torch.cat(out) if out else torch.zeros(0, k, dtype=torch.int64)
 
 
