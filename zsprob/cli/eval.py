@@ -15,14 +15,14 @@ import click
 from zsprob.cli.options import (eval_model_options, official_file_kwargs, refuse_given, refuse_overwriting_inputs,
                                 resolve_device, scoring_device_option)
 from zsprob.cli.types import EMBEDDINGS, OUT_FILE, InPath
+from zsprob.prob.method_registry import SCORE_NAMES
 
-SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
 #: the held-out splits a benchmark is scored on
 SPLITS = ("test", "val")
 
 
 def _common(f):
-    f = click.option("--score", type=click.Choice(SCORES), default="csd", show_default=True,
+    f = click.option("--score", type=click.Choice(SCORE_NAMES), default="csd", show_default=True,
                      help="similarity used for ranking (zsprob.prob.score).")(f)
     f = click.option("--out", type=OUT_FILE, default="metrics.json", show_default=True,
                      help="metrics JSON; table.md, PNGs and pages go to the same folder.")(f)
@@ -47,14 +47,12 @@ def _file_options() -> dict:
     return {"--" + key.split(".", 1)[1]: meta.get(key) for key in OFFICIAL_FILE_KEYS}
 
 
-#: what the `eval` commands may write beside --out (coco / embeddings / flickr30k, and synthetic's figures)
-SIBLINGS = ("table.md", "uncertainty_deciles.png", "uncertainty_deciles.md", "uncertain_queries.md", "thumbs",
-            "uncertainty_groups.png", "uncertainty_vs_ambiguity.png", "corruption.png")
-
-
 def _eval_outputs(out: str) -> dict:
+    """--out and what an evaluation may write beside it (:data:`zsprob.retrieval.analysis.FILES`, the thumbnails)."""
+    from zsprob.retrieval.analysis import FILES, THUMBS
+
     outp = Path(out)
-    return {"--out": out, **{f"--out (beside it, {name})": outp.parent / name for name in SIBLINGS}}
+    return {"--out": out, **{f"--out (beside it, {name})": outp.parent / name for name in (*FILES.values(), THUMBS)}}
 
 
 def _refuse_destroying_inputs(out, save_embeddings=None, files=None, *, checkpoint=None, pretrained=None,

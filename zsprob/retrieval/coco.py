@@ -16,7 +16,7 @@ import numpy as np
 
 from zsprob.errors import UserError
 from zsprob.retrieval import metrics as M
-from zsprob.retrieval.embeddings import Embeddings
+from zsprob.retrieval.embeddings import Embeddings, encode_split
 from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
 from zsprob.retrieval.scoring import mc_score_options
 
@@ -181,23 +181,14 @@ def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, devi
                 progress: bool = True, karpathy_json=None, dataset=None, precision: str = "fp32",
                 check_images: bool = True):
     """Embed a COCO split (or an already parsed ``dataset``; ``check_images=False`` when its unreadable
-    images were already refused) with a zsprob / open_clip model; ``precision``: "fp32" or "bf16".
-    Returns ``(embeddings, instance_labels or None, dataset)``."""
+    images were already refused). Returns ``(embeddings, instance_labels or None, dataset)``."""
     from zsprob.data.coco import CocoCaptions
-    from zsprob.models.encode import encode_images, encode_texts
 
     ds = dataset if dataset is not None else CocoCaptions(root, split=split, karpathy_json=karpathy_json)
     if check_images:
         refuse_unreadable_images(ds.image_paths, split)
-    images = ds.image_dataset(model.preprocess_val)
-    img_mu, img_lv = encode_images(model, images, batch_size=batch_size, device=device, num_workers=num_workers,
-                                   progress=progress, precision=precision)
-    cap_mu, cap_lv = encode_texts(model, list(ds.captions), batch_size=max(batch_size, 256), device=device,
-                                  progress=progress, precision=precision)
-    emb = Embeddings(image_ids=np.asarray(ds.image_ids, dtype=np.int64),
-                     caption_ids=np.asarray(ds.caption_ids, dtype=np.int64), image_mu=img_mu, caption_mu=cap_mu,
-                     image_logvar=img_lv, caption_logvar=cap_lv,
-                     caption_image=np.asarray(ds.caption_image, dtype=np.int64))
+    emb = encode_split(model, ds, batch_size=batch_size, device=device, progress=progress, num_workers=num_workers,
+                       precision=precision)
     labels = getattr(ds, "instance_labels", None)
     return emb, (None if labels is None else np.asarray(labels)), ds
 
@@ -240,28 +231,6 @@ class CocoValSelection:
         return {"val_rsum": rsum, "val_best_rsum": self.best}
 
 
-class ImageList:
-    """A map-style dataset of image files -> ``transform(PIL image)`` (PIL decodes)."""
-
-    def __init__(self, paths, transform):
-        self.paths = [Path(p) for p in paths]
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        from PIL import Image
-
-        try:
-            with Image.open(self.paths[i]) as im:
-                image = im.convert("RGB")
-        except (OSError, ValueError) as e:  # truncated, not an image, unreadable: the benchmark is not complete
-            raise UserError(f"image {self.paths[i]} cannot be read ({' '.join(str(e).split())}); restore it: "
-                            "a retrieval benchmark is not scored with images missing") from None
-        return self.transform(image)
-
-
 def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd", out_dir=None, *,
                   embeddings=None, instance_labels=None, batch_size: int = 128, device=None, num_workers: int = 0,
                   analyses: bool = True, progress: bool = True, save_embeddings=None, karpathy_json=None,
@@ -274,7 +243,7 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     computed. Returns ``{"metrics", "summary", "table", "uncertainty", "files"}``; with ``out_dir``
     writes ``metrics.json``, ``table.md`` and (probabilistic models) the uncertainty analyses.
     """
-    from zsprob.retrieval.analysis import report_uncertainty
+    from zsprob.retrieval.analysis import FILES, report_uncertainty
     from zsprob.retrieval.embeddings import load_embeddings
     from zsprob.retrieval.evaluate import evaluate_embeddings, format_table, summary_row
     from zsprob.utils.io import atomic_write_json, atomic_write_text
@@ -312,7 +281,7 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
         made_with = {} if model is None else {"model": model_identity(model)}  # embeddings: no model here
         out["files"]["metrics"] = str(atomic_write_json(out_dir / metrics_file, {
             **made_with, "metrics": out["metrics"], "summary": out["summary"], "uncertainty": out["uncertainty"]}))
-        out["files"]["table"] = str(atomic_write_text(out_dir / "table.md", out["table"]))
+        out["files"]["table"] = str(atomic_write_text(out_dir / FILES["table"], out["table"]))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Precomputed test-set embeddings: the ``E.npz`` exchange format of ``zsprob eval --embeddings``.
+"""Test-set embeddings: a split embedded by a model (:func:`encode_split`), and the ``E.npz`` exchange
+format of ``zsprob eval --embeddings``.
 
 Arrays: ``image_ids`` [n_img] and ``caption_ids`` [n_cap] (unique integers, int64; official COCO ids
 for COCO), ``image_mu`` [n_img, D], ``caption_mu`` [n_cap, D], optionally ``image_logvar`` /
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError, require_file
+from zsprob.prob.distances import uncertainty
 
 REQUIRED = ("image_ids", "caption_ids", "image_mu", "caption_mu")
 OPTIONAL = ("image_logvar", "caption_logvar", "caption_image")
@@ -36,6 +38,10 @@ class Embeddings:
     @property
     def has_sigma(self) -> bool:
         return self.image_logvar is not None and self.caption_logvar is not None
+
+    def uncertainty(self) -> tuple[np.ndarray, np.ndarray]:
+        """||sigma^2||_1 of every image and every caption (float32; embeddings with sigma)."""
+        return uncertainty(self.image_logvar).numpy(), uncertainty(self.caption_logvar).numpy()
 
     def select(self, image_index: np.ndarray | None = None, caption_index: np.ndarray | None = None) -> "Embeddings":
         """Subset (and reorder) images / captions; ``caption_image`` is remapped."""
@@ -72,6 +78,45 @@ class Embeddings:
                 np.savez(f, **arrays)
 
         return atomic_write(path, w)
+
+
+class ImageList:
+    """A map-style dataset of image files -> ``transform(PIL image)``."""
+
+    def __init__(self, paths, transform):
+        self.paths = [Path(p) for p in paths]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        try:
+            with Image.open(self.paths[i]) as im:
+                image = im.convert("RGB")
+        except (OSError, ValueError) as e:  # truncated, not an image, unreadable: the benchmark is not complete
+            raise UserError(f"image {self.paths[i]} cannot be read ({' '.join(str(e).split())}); restore it: "
+                            "a retrieval benchmark is not scored with images missing") from None
+        return self.transform(image)
+
+
+def encode_split(model, split, *, batch_size: int = 128, device=None, progress: bool = False, num_workers: int = 0,
+                 precision: str = "fp32") -> Embeddings:
+    """A split's images (``image_paths``) and captions embedded with its ids (``image_ids``, ``caption_ids``,
+    ``caption_image``): ``num_workers`` decoding processes, ``precision`` "fp32" or "bf16" autocast of the
+    towers; float32 CPU embeddings either way."""
+    from zsprob.models.encode import encode_images, encode_texts
+
+    img_mu, img_lv = encode_images(model, ImageList(split.image_paths, model.preprocess_val), batch_size=batch_size,
+                                   device=device, progress=progress, num_workers=num_workers, precision=precision)
+    cap_mu, cap_lv = encode_texts(model, list(split.captions), batch_size=max(256, batch_size), device=device,
+                                  progress=progress, precision=precision)
+    return Embeddings(image_ids=np.asarray(split.image_ids, dtype=np.int64),
+                      caption_ids=np.asarray(split.caption_ids, dtype=np.int64), image_mu=img_mu, caption_mu=cap_mu,
+                      image_logvar=img_lv, caption_logvar=cap_lv,
+                      caption_image=np.asarray(split.caption_image, dtype=np.int64))
 
 
 def _f32(a: np.ndarray) -> torch.Tensor:
