@@ -218,16 +218,15 @@ def corruption_sweep(model, images: Sequence, captions: Sequence[str], *,
     for f in fractions:
         rng = np.random.default_rng(seed)
         batch = torch.stack([model.preprocess_val(erase_pixels(im, f, rng)) for im in pil])
-        _, lv = encode_images(model, batch, batch_size=batch_size, device=device, progress=False)
-        out["image"]["mean_sigma2"].append(float(lv.exp().mean()))
-        out["image"]["mean_l1"].append(float(lv.exp().sum(1).mean()))
+        _, image_lv = encode_images(model, batch, batch_size=batch_size, device=device, progress=False)
         rng = np.random.default_rng(seed)
         texts = [mask_words(c, f, rng) for c in captions]
-        _, lv = encode_texts(model, texts, batch_size=batch_size * 4, device=device, progress=False)
-        out["text"]["mean_sigma2"].append(float(lv.exp().mean()))
-        out["text"]["mean_l1"].append(float(lv.exp().sum(1).mean()))
-    out["spearman_image"] = spearman(out["fractions"], out["image"]["mean_sigma2"])
-    out["spearman_text"] = spearman(out["fractions"], out["text"]["mean_sigma2"])
+        _, text_lv = encode_texts(model, texts, batch_size=batch_size * 4, device=device, progress=False)
+        for key, lv in (("image", image_lv), ("text", text_lv)):
+            out[key]["mean_sigma2"].append(float(lv.exp().mean()))
+            out[key]["mean_l1"].append(float(lv.exp().sum(1).mean()))
+    for key in ("image", "text"):
+        out[f"spearman_{key}"] = spearman(out["fractions"], out[key]["mean_sigma2"])
     return out
 
 

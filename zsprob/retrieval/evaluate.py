@@ -20,9 +20,6 @@ from zsprob.retrieval.benchmarks import (SHARED_L_LIMIT, BenchmarkSet, EvalResul
                                          needed_length, sets_metrics)
 from zsprob.retrieval.scoring import PairScores
 
-__all__ = ["evaluate_scores", "evaluate_rankings", "evaluate_embeddings", "fold_metrics", "pmrp_fold_metrics",
-           "summary_row", "format_table"]
-
 
 def _direction_metrics(bs: BenchmarkSet, direction: str, ranked: torch.Tensor, ks: Sequence[int]):
     """One set's per-query metrics in one direction from every query's ranked list."""
@@ -185,39 +182,27 @@ def pmrp_fold_metrics(emb, task: RetrievalTask, score: str, *, seed: int = 0, ch
 
 
 # ----------------------------------------------------------------------------- tables
-def _avg(m: dict, key: str) -> float | None:
-    if "i2t" not in m or key not in m["i2t"]:
-        return None
-    return 0.5 * (m["i2t"][key] + m["t2i"][key])
+#: the summary row, in column order: (label, benchmark, metric), each the mean of i2t and t2i (RSUM as it is);
+#: a benchmark the metrics lack gives no column, and "RSUM (5K)" stands only without the 1K folds' RSUM
+SUMMARY_COLUMNS = (("ECCV mAP@R", "eccv", "map_at_r"), ("ECCV R-P", "eccv", "rprecision"), ("ECCV R@1", "eccv", "r@1"),
+                   ("CxC R@1", "cxc", "r@1"), ("COCO 1K R@1", "coco_1k", "r@1"), ("COCO 5K R@1", "coco_5k", "r@1"),
+                   ("R@1", "coco", "r@1"), ("RSUM", "coco", "rsum"), ("RSUM", "coco_1k", "rsum"),
+                   ("RSUM (5K)", "coco_5k", "rsum"), ("PMRP", "pmrp", "mean"), ("PMRP 1K", "pmrp_1k", "mean"),
+                   ("R@1", "caption", "r@1"), ("RSUM", "caption", "rsum"), ("PM mAP@R", "plausible", "map_at_r"),
+                   ("PM R-P", "plausible", "rprecision"))
 
 
 def summary_row(metrics: dict) -> dict[str, float]:
-    """The PCME++ Table 1 columns (average of i2t and t2i) that ``metrics`` has."""
+    """The PCME++ Table 1 style columns (:data:`SUMMARY_COLUMNS`) that ``metrics`` has."""
     row = {}
-    cols = [("ECCV mAP@R", "eccv", "map_at_r"), ("ECCV R-P", "eccv", "rprecision"), ("ECCV R@1", "eccv", "r@1"),
-            ("CxC R@1", "cxc", "r@1"), ("COCO 1K R@1", "coco_1k", "r@1"), ("COCO 5K R@1", "coco_5k", "r@1")]
-    for label, bench, key in cols:
-        if bench in metrics:
-            v = _avg(metrics[bench], key)
-            if v is not None:
-                row[label] = v
-    if "coco" in metrics:
-        row["R@1"] = _avg(metrics["coco"], "r@1")
-        row["RSUM"] = metrics["coco"]["rsum"]
-    if "coco_1k" in metrics:
-        row["RSUM"] = metrics["coco_1k"]["rsum"]
-    elif "coco_5k" in metrics:
-        row["RSUM (5K)"] = metrics["coco_5k"]["rsum"]
-    if "pmrp" in metrics:
-        row["PMRP"] = _avg(metrics["pmrp"], "mean")
-    if "pmrp_1k" in metrics:
-        row["PMRP 1K"] = _avg(metrics["pmrp_1k"], "mean")
-    if "caption" in metrics:
-        row["R@1"] = _avg(metrics["caption"], "r@1")
-        row["RSUM"] = metrics["caption"]["rsum"]
-    if "plausible" in metrics:
-        row["PM mAP@R"] = _avg(metrics["plausible"], "map_at_r")
-        row["PM R-P"] = _avg(metrics["plausible"], "rprecision")
+    for label, bench, key in SUMMARY_COLUMNS:
+        m = metrics.get(bench)
+        if m is None or (label == "RSUM (5K)" and "coco_1k" in metrics):
+            continue
+        if key == "rsum":
+            row[label] = m["rsum"]
+        elif key in m.get("i2t", {}):
+            row[label] = 0.5 * (m["i2t"][key] + m["t2i"][key])
     return row
 
 
@@ -226,7 +211,7 @@ def format_table(metrics: dict, label: str = "model") -> str:
     row = summary_row(metrics)
     lines = ["| " + " | ".join(["model"] + list(row)) + " |", "|" + "---|" * (len(row) + 1),
              "| " + " | ".join([label] + [f"{v:.1f}" for v in row.values()]) + " |", ""]
-    lines += ["| benchmark | direction | " + " | ".join(["metric", "value"]) + " |", "|---|---|---|---|"]
+    lines += ["| benchmark | direction | metric | value |", "|---|---|---|---|"]
     for bench, m in metrics.items():
         if not isinstance(m, dict) or "i2t" not in m:
             continue
@@ -240,18 +225,12 @@ def format_table(metrics: dict, label: str = "model") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _jsonable(score_kw: dict) -> dict:
-    """The score options worth recording (e.g. MC's a, b, J), as plain numbers."""
-    return {f"score_{k}": float(v) for k, v in score_kw.items() if isinstance(v, (int, float))}
-
-
 def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Sequence[int] = M.DEFAULT_KS,
                         keep_top: int = 0, chunk_size: int = 1024, progress: bool = False, seed: int = 0,
                         device=None, **score_kw) -> EvalResult:
-    """Score ``emb`` (:class:`zsprob.retrieval.embeddings.Embeddings`) with ``score`` (any
-    ``zsprob.prob.score`` name) in float32 blocks on ``device`` (default: where the embeddings live)
-    and evaluate ``task``. ``metrics["setup"]`` records the score, how it was ranked and the sizes.
-    """
+    """Score ``emb`` (:class:`~zsprob.retrieval.embeddings.Embeddings`) with ``score`` in float32 blocks on
+    ``device`` (default: where the embeddings live) and evaluate ``task``; ``metrics["setup"]`` records the
+    score, its numeric options (e.g. MC's a, b, J), how it was ranked and the sizes."""
     scores = PairScores(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar,
                         chunk_size=chunk_size, progress=progress, seed=seed, device=device, **score_kw)
     res = evaluate_scores(scores, task, ks=ks, keep_top=keep_top)
@@ -259,7 +238,7 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
     if pm_1k is not None:
         res.metrics["pmrp_1k"] = pm_1k
     res.metrics = {"setup": {"score": score, "method": "matrix (float32 score blocks)", "n_images": task.n_images,
-                             **_jsonable(score_kw), "n_captions": task.n_captions, "unit": "percent",
-                             "notes": list(task.notes)},
+                             **{f"score_{k}": float(v) for k, v in score_kw.items() if isinstance(v, (int, float))},
+                             "n_captions": task.n_captions, "unit": "percent", "notes": list(task.notes)},
                    **res.metrics}
     return res
