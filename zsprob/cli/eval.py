@@ -1,10 +1,8 @@
 """`zsprob eval`: retrieval evaluation (COCO 1K/5K, CxC, ECCV Caption, PMRP; Flickr30k; SynthWorld; any embeddings).
 
-Thin: parses options and calls :mod:`zsprob.retrieval` (torch is imported inside the commands).
-Refuses in one line an ``--out`` (or a file written beside it, or ``--save-embeddings``) that is one of
-the input files or lies inside the model's directory (--checkpoint / --pretrained / --tokenizer), or would
-replace a file of the dataset --root; ``--save-embeddings`` with ``--embeddings``; ranking files that give a
-query two lists.
+Thin: parses options and calls :mod:`zsprob.retrieval` (torch is imported inside the commands). Refuses in one
+line an output (``--out``, a file written beside it, ``--save-embeddings``) that would overwrite an input, options
+that have no effect together, and ranking files that give a query two lists.
 """
 from __future__ import annotations
 
@@ -173,36 +171,20 @@ def embeddings_cmd(embeddings, score, out, no_analysis, device):
     _finish(res, out)
 
 
-def _unique_keys(pairs: list) -> dict:
+def _unique_keys(path: Path, pairs: list) -> dict:
     """json object_pairs_hook: a key given twice (a query with two ranked lists) is an error, not "last wins"."""
+    from zsprob.errors import UserError
+
     out: dict = {}
     for key, value in pairs:
         if key in out:
-            raise _RepeatedKey(key)
+            raise UserError(f"{path}: key {key!r} appears twice (a query needs exactly one ranked list)")
         out[key] = value
     return out
 
 
-class _RepeatedKey(Exception):
-    pass
-
-
-def _read_json_strict(path: str, what: str):
-    import json
-
-    from zsprob.errors import UserError, require_file
-
-    p = require_file(path, what)
-    try:
-        return json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{what} is not valid JSON: {p} ({e})") from None
-    except _RepeatedKey as e:
-        raise UserError(f"{p}: key {e.args[0]!r} appears twice (a query needs exactly one ranked list)") from None
-
-
 def _pairs_to_dict(path: str, query_ids, lists) -> dict:
-    """`zsprob index search` output's parallel lists as {query id: list}; a repeated query id is an error."""
+    """`zsprob index search` output's parallel lists as {query id: list}, a repeated query id refused."""
     from zsprob.errors import UserError
 
     if not isinstance(query_ids, list) or not isinstance(lists, list):
@@ -221,9 +203,16 @@ def _pairs_to_dict(path: str, query_ids, lists) -> dict:
 
 def _read_rankings(path: str, direction: str) -> dict:
     """A `zsprob index search --out` file (query_ids, ids) or a JSON object {query id: [ids]}."""
+    import json
+    from functools import partial
+
     from zsprob.errors import UserError
 
-    obj = _read_json_strict(path, f"{direction} rankings")
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=partial(_unique_keys, p))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{direction} rankings is not valid JSON: {p} ({e})") from None
     if isinstance(obj, dict) and "query_ids" in obj and "ids" in obj:
         return _pairs_to_dict(path, obj["query_ids"], obj["ids"])
     if isinstance(obj, dict) and direction in obj and isinstance(obj[direction], dict):
@@ -240,9 +229,8 @@ def _read_rankings(path: str, direction: str) -> dict:
               help="caption->image rankings, same formats ({caption id: [image ids]}).")
 @click.option("--out", type=OUT_FILE, default="metrics.json", show_default=True)
 def rankings_cmd(i2t_path, t2i_path, out):
-    """Metrics of ranked id lists on the official COCO 5K test ids (COCO 1K/5K, CxC, ECCV Caption),
-    e.g. from `zsprob index search` or from eccv_caption-style dicts. Every query needs one list of
-    integer gallery ids, each id at most once."""
+    """Metrics of ranked id lists on the official COCO 5K test ids (COCO 1K/5K, CxC, ECCV Caption), e.g. from
+    `zsprob index search` or eccv_caption-style dicts: one list of integer gallery ids per query, each id once."""
     from zsprob.retrieval.coco import evaluate_coco_rankings
     from zsprob.utils.io import atomic_write_json
 

@@ -259,11 +259,9 @@ def group_stats(values, groups) -> dict[str, dict]:
 def report_uncertainty(emb, result, task, out_dir=None, *, image_paths=None, captions=None, n_pages: int = 5) -> dict:
     """R@1 per uncertainty decile of ``result`` (an EvalResult; the task's first recall set) for image and
     caption queries, written under ``out_dir`` with the uncertain-queries page (when top lists were kept).
-    Returns ``{"deciles": {...}, "files": {...}}``."""
+    Returns ``{"deciles": {...}, "files": {...}}`` (embeddings with sigma)."""
     from zsprob.utils.io import atomic_write_text
 
-    if not emb.has_sigma:
-        return {"deciles": None, "files": {}, "note": "deterministic embeddings: no uncertainty"}
     u_img, u_cap = emb.uncertainty()
     dec = {}
     for name, d, u in (("image queries", "i2t", u_img), ("caption queries", "t2i", u_cap)):

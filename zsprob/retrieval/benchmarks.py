@@ -1,12 +1,9 @@
 """The ground truth of a retrieval test set and the bookkeeping of its evaluation.
 
-A :class:`RetrievalTask` holds one test set's image and caption ids and one
-:class:`BenchmarkSet` of sparse positives per benchmark (COCO 5K, CxC, ECCV Caption, PMRP per
-zeta, SynthWorld's caption and plausible-match sets), optionally the COCO 1K folds;
-:class:`EvalResult` is what an evaluation returns. The helpers (how long a ranked list a set
-needs, a direction's result in percent, RSUM, the PMRP merge, the COCO 1K summary) serve both
-:func:`~zsprob.retrieval.evaluate.evaluate_scores` and :func:`~zsprob.retrieval.evaluate.evaluate_rankings`.
-scipy holds the sparse positives.
+A :class:`RetrievalTask` holds one test set's image and caption ids and one :class:`BenchmarkSet` of sparse
+(scipy) positives per benchmark, optionally the COCO 1K folds; :class:`EvalResult` is what an evaluation
+returns. :func:`sets_metrics` turns per-query metrics into every set's result, for score matrices and for
+ranked lists alike (:mod:`zsprob.retrieval.evaluate`).
 """
 from __future__ import annotations
 

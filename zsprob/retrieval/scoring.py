@@ -3,15 +3,13 @@
 The similarity itself is :func:`zsprob.prob.score` (closed forms by matrix products, MC by
 bounded sample blocks), so no [N, M, D] tensor is formed. This module adds:
 
-* :class:`PairScores`: the image x caption similarity of a whole test set, scored in row
-  blocks, and its contiguous transpose for text->image rows, so both directions rank by the very
-  same numbers. CSD, mean-only and cosine are one inner product of augmented vectors
-  (:func:`linear_form`): one GEMM per block, written straight into the output.
-* :func:`chunked_topk`: the best ``k`` gallery items of every query, merging per-block top-k,
-  for a gallery of any size in bounded memory.
+* :class:`PairScores`: the image x caption similarity of a whole test set, scored in row blocks, and its
+  contiguous transpose, so both directions rank by the same numbers; CSD, mean-only and cosine are one GEMM
+  of augmented vectors per block (:func:`linear_form`).
+* :func:`chunked_topk`: the best ``k`` gallery items of every query, for a gallery of any size.
 
-Both compute where the gallery tensors live, or on ``device=``; results come back as float32 /
-int64 CPU tensors, so the metrics downstream are the same code on every device.
+Both compute where the gallery lives, or on ``device=``, and return float32 / int64 CPU tensors, so the
+metrics downstream are the same code on every device.
 """
 from __future__ import annotations
 

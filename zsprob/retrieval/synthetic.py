@@ -37,9 +37,7 @@ def synthetic_task(split) -> RetrievalTask:
 
 
 def ground_truth_uncertainty(emb: Embeddings, split) -> dict:
-    """Text uncertainty vs caption ambiguity; image uncertainty vs #objects and condition."""
-    if not emb.has_sigma:
-        return {"note": "deterministic model: no uncertainty"}
+    """Text uncertainty vs caption ambiguity; image uncertainty vs #objects and condition (embeddings with sigma)."""
     u_img, u_cap = emb.uncertainty()
     n_obj = np.array([m.get("num_objects", len(m.get("objects", []))) for m in split.image_meta], dtype=np.float64)
     cond = [m.get("condition", "unknown") for m in split.image_meta]

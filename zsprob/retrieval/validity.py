@@ -1,13 +1,10 @@
 """Uncertainty-validity evidence on SynthWorld: does sigma^2 mean ambiguity?
 
-Each analysis compares a model's ||sigma^2||_1 (or ProLIP's inclusion test) with SynthWorld's exact
-ground truth, with an uncertainty interval and its count: :func:`ambiguity_spearman` (text
-uncertainty vs caption ambiguity, overall and per word count, bootstrap intervals),
-:func:`inclusion_accuracy` (exact inclusion pairs), :func:`condition_uncertainty` (image uncertainty
-per rendering condition), :func:`crop_test` (Pishdad et al.'s controlled test, their Sec. 4.3) and
-:func:`decile_trend` (R@1 per uncertainty decile). :func:`uncertainty_validity` runs all five for a
-model and :func:`validity_table` prints them. scipy ranks; :mod:`zsprob.prob.distances` does the
-Gaussian math.
+Each analysis compares a model's ||sigma^2||_1 (or ProLIP's inclusion test) with SynthWorld's exact ground
+truth, with an uncertainty interval and its count: text uncertainty vs caption ambiguity, exact inclusion
+pairs, image uncertainty per rendering condition, Pishdad et al.'s crop test (their Sec. 4.3) and R@1 per
+uncertainty decile. :func:`uncertainty_validity` runs all five for a model, :func:`validity_table` prints them.
+scipy ranks; :mod:`zsprob.prob.distances` does the Gaussian math.
 """
 from __future__ import annotations
 
@@ -177,16 +174,6 @@ class _RenderedScenes:
         return self.transform(self.world.render(self.scenes[index]).convert("RGB"))
 
 
-def _world_image_size(split) -> int:
-    size = (split.image_meta[0].get("image_size") if split.image_meta else None)
-    if size:
-        return int(size)
-    from PIL import Image
-
-    with Image.open(split.image_paths[0]) as image:
-        return int(image.size[0])
-
-
 def _encode_captions(model, texts, batch_size, device):
     from zsprob.models.encode import encode_texts
 
@@ -218,7 +205,7 @@ def uncertainty_validity(model, split, embeddings, deciles: dict, *, seed: int =
     inclusion["examples"] = [[p["general"]["text"], p["specific"]["text"]] for p in pairs[:5]]
 
     trials = crop_scenes(n_crops, seed)
-    world = SynthWorld(seed=seed, image_size=_world_image_size(split))
+    world = SynthWorld(seed=seed, image_size=int(split.image_meta[0]["image_size"]))
     scenes = [t["scene_a"] for t in trials] + [t["scene_ab"] for t in trials]
     image_mu, image_lv = encode_images(model, _RenderedScenes(world, scenes, model.preprocess_val),
                                        batch_size=batch_size, device=device, progress=False)
