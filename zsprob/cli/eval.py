@@ -38,13 +38,6 @@ def _load_model(checkpoint, model_name, pretrained, device):
                               **official_file_kwargs())
 
 
-def _file_options() -> dict:
-    """``--tokenizer`` / ``--weights`` as the user gave them (kept in the click context for the loaders)."""
-    from zsprob.cli.options import OFFICIAL_FILE_KEYS
-    meta = click.get_current_context().meta
-    return {"--" + key.split(".", 1)[1]: meta.get(key) for key in OFFICIAL_FILE_KEYS}
-
-
 def _eval_outputs(out: str) -> dict:
     """--out and what an evaluation may write beside it (:data:`zsprob.retrieval.analysis.FILES`, the thumbnails)."""
     from zsprob.retrieval.analysis import FILES, THUMBS
@@ -105,14 +98,13 @@ def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_s
             raise UserError("--root COCO_DIR is required unless --embeddings is given")
     elif checkpoint or model_name:
         raise UserError("give either --embeddings or a model (--checkpoint / --model), not both")
-    elif unused := [flag for flag, given in (("--root", root), ("--pretrained", pretrained),
-                                             *((f, v is not None) for f, v in _file_options().items())) if given]:
-        raise UserError(f"{' and '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --embeddings "
-                        "(the file already holds the embeddings): drop it, or evaluate a model instead")
-    elif save_embeddings:
-        raise UserError("--save-embeddings saves the embeddings a model computes; with --embeddings nothing is "
-                        "computed (the file already holds them), so give one or the other")
-    else:  # what only encoding reads (the file's split is the one it was encoded from)
+    else:
+        refuse_given("with --embeddings (the file already holds the embeddings): drop it, or evaluate a model instead",
+                     "root", "pretrained", "tokenizer", "weights")
+        if save_embeddings:
+            raise UserError("--save-embeddings saves the embeddings a model computes; with --embeddings nothing is "
+                            "computed (the file already holds them), so give one or the other")
+        # what only encoding reads (the file's split is the one it was encoded from)
         refuse_given("with --embeddings (they set how a model encodes; the file already holds the embeddings)",
                      "workers", "precision", "batch_size", "split")
     _refuse_destroying_inputs(out, save_embeddings, {"--embeddings": embeddings}, checkpoint=checkpoint,
