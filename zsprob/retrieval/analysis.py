@@ -83,10 +83,9 @@ def deciles_table(results: dict[str, dict]) -> str:
                  + " | ".join(f"{results[k]['spearman_bins']['rho']:.3f}" for k in names) + " |")
     lines.append("| Spearman(u, correct) per query | " + " | ".join(
         f"{results[k]['spearman_queries']['rho']:.3f}" for k in names) + " |")
-    if all("sr2" in results[k] for k in names):
-        lines.append("| -SR^2 (ProbVLM; higher = better) | " + " | ".join(
-            f"{results[k]['sr2']['neg_sr2']:.3f} (S {results[k]['sr2']['s']:.3f}, R^2 {results[k]['sr2']['r2']:.3f})"
-            for k in names) + " |")
+    lines.append("| -SR^2 (ProbVLM; higher = better) | " + " | ".join(
+        f"{results[k]['sr2']['neg_sr2']:.3f} (S {results[k]['sr2']['s']:.3f}, R^2 {results[k]['sr2']['r2']:.3f})"
+        for k in names) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -109,8 +108,7 @@ def plot_deciles(results: dict[str, dict], path, title: str = "R@1 per uncertain
 
 
 def _thumb(src, out_dir: Path, name: str, size: int = 96) -> str | None:
-    if src is None:
-        return None
+    """A JPEG thumbnail of ``src`` in ``out_dir``, as a link relative to the page (None if it cannot be read)."""
     from PIL import Image
 
     try:

@@ -211,10 +211,9 @@ def _read_meta(d: Path) -> dict:
     version = meta.get("version", FORMAT_VERSION)
     if not _is_count(version, 1) or version > FORMAT_VERSION:
         raise UserError(f"{f}: version {version!r} is not one this zsprob reads (up to {FORMAT_VERSION})")
-    if meta["kind"] not in KINDS:
-        raise UserError(f"{f}: kind {meta['kind']!r} is not one of {', '.join(KINDS)}")
-    if meta["metric"] not in METRICS:
-        raise UserError(f"{f}: metric {meta['metric']!r} is not one of {', '.join(METRICS)}")
+    for key, allowed in (("kind", KINDS), ("metric", METRICS)):
+        if meta[key] not in allowed:
+            raise UserError(f"{f}: {key} {meta[key]!r} is not one of {', '.join(allowed)}")
     for key, low in (("dim", 1), ("size", 1)):
         if not _is_count(meta[key], low):
             raise UserError(f"{f}: {key} must be an integer >= {low}, got {meta[key]!r}")
@@ -411,11 +410,9 @@ def brute_force_csd(q_mu, q_logvar, g_mu, g_logvar, k: int = 10, *, query_chunk:
 class MeanRerankIndex:
     """PCME++ App. C.3 baseline: a FAISS index on the means (L2), its ``candidates`` nearest re-ranked by CSD."""
 
-    def __init__(self, mu, logvar, *, kind: str = "hnsw", candidates: int = 100, hnsw_m: int = 32,
-                 ef_construction: int = 80, ef_search: int = 64, nlist: int | None = None, nprobe: int = 16,
-                 threads: int | None = None, seed: int = 0, var_sum: np.ndarray | None = None):
-        self.mean_index = build_index(mu, None, kind=kind, metric="l2", hnsw_m=hnsw_m, ef_construction=ef_construction,
-                                      ef_search=ef_search, nlist=nlist, nprobe=nprobe, threads=threads, seed=seed)
+    def __init__(self, mu, logvar, *, kind: str = "hnsw", candidates: int = 100, var_sum: np.ndarray | None = None,
+                 **index_options):
+        self.mean_index = build_index(mu, None, kind=kind, metric="l2", **index_options)  # hnsw_m, nlist, ...
         self.s = variance_sum(logvar, len(self.mean_index)) if var_sum is None else np.asarray(var_sum, np.float64)
         self.candidates = int(candidates)
 
