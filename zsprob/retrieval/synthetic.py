@@ -110,6 +110,7 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
     from zsprob.utils.io import atomic_write_json, atomic_write_text
 
     rs = load_retrieval_split(root, split)
+    out_dir = None if out_dir is None else Path(out_dir)
     emb = encode_split(model, rs, batch_size=batch_size, device=device, progress=progress, num_workers=num_workers,
                        precision=precision)
     task = synthetic_task(rs)
@@ -135,15 +136,14 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
                                        batch_size=min(64, batch_size), device=device)
             out["uncertainty"]["corruption"] = sweep
         if out_dir is not None:
-            out["files"]["groups_png"] = str(_plot_groups(gt, Path(out_dir) / A.FILES["groups_png"]))
-            out["files"]["ambiguity_png"] = str(_plot_ambiguity(emb, rs, gt, Path(out_dir) / A.FILES["ambiguity_png"]))
+            out["files"]["groups_png"] = str(_plot_groups(gt, out_dir / A.FILES["groups_png"]))
+            out["files"]["ambiguity_png"] = str(_plot_ambiguity(emb, rs, gt, out_dir / A.FILES["ambiguity_png"]))
             if corruption:
-                out["files"]["corruption_png"] = str(A.plot_corruption(sweep, Path(out_dir) / A.FILES["corruption_png"]))
+                out["files"]["corruption_png"] = str(A.plot_corruption(sweep, out_dir / A.FILES["corruption_png"]))
     else:
         out["uncertainty"] = None
         out["uncertainty_validity"] = None
     if out_dir is not None:
-        out_dir = Path(out_dir)
         out["files"]["table"] = str(atomic_write_text(out_dir / A.FILES["table"], out["table"]))
         out["files"]["metrics"] = str(out_dir / metrics_file)
         from zsprob.models.fingerprint import model_identity
