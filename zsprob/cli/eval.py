@@ -1,10 +1,8 @@
 """`zsprob eval`: retrieval evaluation (COCO 1K/5K, CxC, ECCV Caption, PMRP; Flickr30k; SynthWorld; any embeddings).
 
-Thin: parses options and calls :mod:`zsprob.retrieval` (torch is imported inside the commands).
-Refuses in one line an ``--out`` (or a file written beside it, or ``--save-embeddings``) that is one of
-the input files or lies inside the model's directory (--checkpoint / --pretrained / --tokenizer), or would
-replace a file of the dataset --root; ``--save-embeddings`` with ``--embeddings``; ranking files that give a
-query two lists.
+Thin: parses options and calls :mod:`zsprob.retrieval` (torch is imported inside the commands). Refuses in one
+line an output (``--out``, a file written beside it, ``--save-embeddings``) that would overwrite an input, options
+that have no effect together, and ranking files that give a query two lists.
 """
 from __future__ import annotations
 
@@ -15,14 +13,14 @@ import click
 from zsprob.cli.options import (eval_model_options, official_file_kwargs, refuse_given, refuse_overwriting_inputs,
                                 resolve_device, scoring_device_option)
 from zsprob.cli.types import EMBEDDINGS, OUT_FILE, InPath
+from zsprob.prob.method_registry import SCORE_NAMES
 
-SCORES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
 #: the held-out splits a benchmark is scored on
 SPLITS = ("test", "val")
 
 
 def _common(f):
-    f = click.option("--score", type=click.Choice(SCORES), default="csd", show_default=True,
+    f = click.option("--score", type=click.Choice(SCORE_NAMES), default="csd", show_default=True,
                      help="similarity used for ranking (zsprob.prob.score).")(f)
     f = click.option("--out", type=OUT_FILE, default="metrics.json", show_default=True,
                      help="metrics JSON; table.md, PNGs and pages go to the same folder.")(f)
@@ -40,21 +38,12 @@ def _load_model(checkpoint, model_name, pretrained, device):
                               **official_file_kwargs())
 
 
-def _file_options() -> dict:
-    """``--tokenizer`` / ``--weights`` as the user gave them (kept in the click context for the loaders)."""
-    from zsprob.cli.options import OFFICIAL_FILE_KEYS
-    meta = click.get_current_context().meta
-    return {"--" + key.split(".", 1)[1]: meta.get(key) for key in OFFICIAL_FILE_KEYS}
-
-
-#: what the `eval` commands may write beside --out (coco / embeddings / flickr30k, and synthetic's figures)
-SIBLINGS = ("table.md", "uncertainty_deciles.png", "uncertainty_deciles.md", "uncertain_queries.md", "thumbs",
-            "uncertainty_groups.png", "uncertainty_vs_ambiguity.png", "corruption.png")
-
-
 def _eval_outputs(out: str) -> dict:
+    """--out and what an evaluation may write beside it (:data:`zsprob.retrieval.analysis.FILES`, the thumbnails)."""
+    from zsprob.retrieval.analysis import FILES, THUMBS
+
     outp = Path(out)
-    return {"--out": out, **{f"--out (beside it, {name})": outp.parent / name for name in SIBLINGS}}
+    return {"--out": out, **{f"--out (beside it, {name})": outp.parent / name for name in (*FILES.values(), THUMBS)}}
 
 
 def _refuse_destroying_inputs(out, save_embeddings=None, files=None, *, checkpoint=None, pretrained=None,
@@ -109,14 +98,13 @@ def coco(checkpoint, model_name, pretrained, device, workers, precision, batch_s
             raise UserError("--root COCO_DIR is required unless --embeddings is given")
     elif checkpoint or model_name:
         raise UserError("give either --embeddings or a model (--checkpoint / --model), not both")
-    elif unused := [flag for flag, given in (("--root", root), ("--pretrained", pretrained),
-                                             *((f, v is not None) for f, v in _file_options().items())) if given]:
-        raise UserError(f"{' and '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --embeddings "
-                        "(the file already holds the embeddings): drop it, or evaluate a model instead")
-    elif save_embeddings:
-        raise UserError("--save-embeddings saves the embeddings a model computes; with --embeddings nothing is "
-                        "computed (the file already holds them), so give one or the other")
-    else:  # what only encoding reads (the file's split is the one it was encoded from)
+    else:
+        refuse_given("with --embeddings (the file already holds the embeddings): drop it, or evaluate a model instead",
+                     "root", "pretrained", "tokenizer", "weights")
+        if save_embeddings:
+            raise UserError("--save-embeddings saves the embeddings a model computes; with --embeddings nothing is "
+                            "computed (the file already holds them), so give one or the other")
+        # what only encoding reads (the file's split is the one it was encoded from)
         refuse_given("with --embeddings (they set how a model encodes; the file already holds the embeddings)",
                      "workers", "precision", "batch_size", "split")
     _refuse_destroying_inputs(out, save_embeddings, {"--embeddings": embeddings}, checkpoint=checkpoint,
@@ -175,36 +163,20 @@ def embeddings_cmd(embeddings, score, out, no_analysis, device):
     _finish(res, out)
 
 
-def _unique_keys(pairs: list) -> dict:
+def _unique_keys(path: Path, pairs: list) -> dict:
     """json object_pairs_hook: a key given twice (a query with two ranked lists) is an error, not "last wins"."""
+    from zsprob.errors import UserError
+
     out: dict = {}
     for key, value in pairs:
         if key in out:
-            raise _RepeatedKey(key)
+            raise UserError(f"{path}: key {key!r} appears twice (a query needs exactly one ranked list)")
         out[key] = value
     return out
 
 
-class _RepeatedKey(Exception):
-    pass
-
-
-def _read_json_strict(path: str, what: str):
-    import json
-
-    from zsprob.errors import UserError, require_file
-
-    p = require_file(path, what)
-    try:
-        return json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{what} is not valid JSON: {p} ({e})") from None
-    except _RepeatedKey as e:
-        raise UserError(f"{p}: key {e.args[0]!r} appears twice (a query needs exactly one ranked list)") from None
-
-
 def _pairs_to_dict(path: str, query_ids, lists) -> dict:
-    """`zsprob index search` output's parallel lists as {query id: list}; a repeated query id is an error."""
+    """`zsprob index search` output's parallel lists as {query id: list}, a repeated query id refused."""
     from zsprob.errors import UserError
 
     if not isinstance(query_ids, list) or not isinstance(lists, list):
@@ -223,9 +195,16 @@ def _pairs_to_dict(path: str, query_ids, lists) -> dict:
 
 def _read_rankings(path: str, direction: str) -> dict:
     """A `zsprob index search --out` file (query_ids, ids) or a JSON object {query id: [ids]}."""
+    import json
+    from functools import partial
+
     from zsprob.errors import UserError
 
-    obj = _read_json_strict(path, f"{direction} rankings")
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=partial(_unique_keys, p))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{direction} rankings is not valid JSON: {p} ({e})") from None
     if isinstance(obj, dict) and "query_ids" in obj and "ids" in obj:
         return _pairs_to_dict(path, obj["query_ids"], obj["ids"])
     if isinstance(obj, dict) and direction in obj and isinstance(obj[direction], dict):
@@ -242,9 +221,8 @@ def _read_rankings(path: str, direction: str) -> dict:
               help="caption->image rankings, same formats ({caption id: [image ids]}).")
 @click.option("--out", type=OUT_FILE, default="metrics.json", show_default=True)
 def rankings_cmd(i2t_path, t2i_path, out):
-    """Metrics of ranked id lists on the official COCO 5K test ids (COCO 1K/5K, CxC, ECCV Caption),
-    e.g. from `zsprob index search` or from eccv_caption-style dicts. Every query needs one list of
-    integer gallery ids, each id at most once."""
+    """Metrics of ranked id lists on the official COCO 5K test ids (COCO 1K/5K, CxC, ECCV Caption), e.g. from
+    `zsprob index search` or eccv_caption-style dicts: one list of integer gallery ids per query, each id once."""
     from zsprob.retrieval.coco import evaluate_coco_rankings
     from zsprob.utils.io import atomic_write_json
 

@@ -1,11 +1,8 @@
 """`zsprob index`: build and search exact / approximate CSD indexes (FAISS or torch).
 
-Thin: parses options and calls :mod:`zsprob.retrieval.search`; the kinds, augmentations, sides and
-files come from :mod:`zsprob.retrieval.index_format` (torch-free). Refuses in one line what would
-otherwise be ignored or lost: an option the chosen kind of index does not use, an ``--out`` that is
-one of the inputs, a build ``--out`` that already holds an index (without ``--overwrite``). ``-k`` above
-the index size returns every item; neighbours an approximate index did not find are id -1 and csd null
-in the ``--out`` JSON.
+Thin: parses options and calls :mod:`zsprob.retrieval.search`, with the names of
+:mod:`zsprob.retrieval.index_format` (torch-free) as choices. Refuses in one line an option the kind of index
+does not use, an ``--out`` that is an input, and a build ``--out`` holding an index (without ``--overwrite``).
 """
 from __future__ import annotations
 

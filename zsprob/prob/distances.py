@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from zsprob.errors import UserError
+from zsprob.prob.method_registry import SCORE_NAMES
 
 #: default size (number of elements) of one temporary block in the chunked functions (16 MiB in float32)
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
@@ -275,8 +276,6 @@ def uncertainty(logvar: torch.Tensor, kind: str = "l1") -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- scores
-
-SCORE_NAMES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
 
 
 def score(name: str, mu_a, logvar_a=None, mu_b=None, logvar_b=None, **kw) -> torch.Tensor:

@@ -30,6 +30,9 @@ STEP_KINDS = ("pairwise", "jwae")
 #: ablation; PCMEPPLoss also takes "mu", the mean-only distance of MuOnlyLoss
 PCMEPP_DISTANCES = ("csd", "wd")
 
+#: the similarities zsprob.prob.score ranks by (``zsprob eval --score``), here so the CLI reads them without torch
+SCORE_NAMES = ("csd", "mean", "cosine", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
+
 
 @dataclass(frozen=True)
 class Method:

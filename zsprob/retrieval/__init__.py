@@ -10,12 +10,13 @@ zeroshot or cli.
   made elsewhere, the Table-1 style table;
 - :mod:`~zsprob.retrieval.coco`: COCO 5K / 1K, CxC, ECCV Caption, PMRP; :func:`evaluate_coco`;
 - :mod:`~zsprob.retrieval.synthetic`: SynthWorld, :func:`evaluate_synthetic`;
-- :mod:`~zsprob.retrieval.analysis` / :mod:`~zsprob.retrieval.validity`: uncertainty analyses;
+- :mod:`~zsprob.retrieval.analysis` / :mod:`~zsprob.retrieval.validity`: uncertainty analyses (analysis also
+  names the files an evaluation writes);
 - :mod:`~zsprob.retrieval.search`: CSD ranking as nearest-neighbour search (FAISS, torch);
-  :mod:`~zsprob.retrieval.index_format` names its kinds and files without importing torch;
-- :mod:`~zsprob.retrieval.embeddings`: the ``E.npz`` format.
+  :mod:`~zsprob.retrieval.index_format` names its kinds and files;
+- :mod:`~zsprob.retrieval.embeddings`: a split embedded, and the ``E.npz`` format.
 
-Names are imported on first use, so that the command line reads ``index_format`` without torch.
+Names are imported on first use, so the command line reads ``index_format`` and ``analysis`` without torch.
 """
 from __future__ import annotations
 

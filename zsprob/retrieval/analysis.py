@@ -1,4 +1,5 @@
-"""Uncertainty analyses of a probabilistic retrieval model (PCME++ Fig. 5-6, PCME Fig. 6-7).
+"""Uncertainty analyses of a probabilistic retrieval model (PCME++ Fig. 5-6, PCME Fig. 6-7), and the names
+of the files an evaluation writes (:data:`FILES`; torch-free, so the command line reads them at once).
 
 R@1 per decile of ||sigma^2||_1 with its Spearman and ProbVLM's -SR^2 (:func:`uncertainty_deciles`),
 the most / least uncertain queries with their top items as a markdown page with thumbnails
@@ -13,7 +14,14 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
+
+#: what an evaluation writes beside its metrics JSON, by its key in the result's "files": the table, and for
+#: probabilistic models the uncertainty analyses (the last three on SynthWorld only)
+FILES = {"table": "table.md", "deciles_png": "uncertainty_deciles.png", "deciles_md": "uncertainty_deciles.md",
+         "uncertain_queries": "uncertain_queries.md", "groups_png": "uncertainty_groups.png",
+         "ambiguity_png": "uncertainty_vs_ambiguity.png", "corruption_png": "corruption.png"}
+#: the folder of the uncertain-queries page's thumbnails
+THUMBS = "thumbs"
 
 
 def spearman(x, y) -> dict[str, float]:
@@ -29,11 +37,9 @@ def spearman(x, y) -> dict[str, float]:
 
 
 def neg_sr2(bin_r1) -> dict[str, float]:
-    """ProbVLM's retrieval calibration figure ``-S R^2`` (Upadhyay et al., ICCV 2023, Sec. 5) of R@1 per
-    uncertainty bin (bin 1 = most certain): S = Spearman(bin, R@1), R^2 of the least-squares line
-    R@1 ~ bin. In [-1, 1], higher is better (R@1 falls steadily as uncertainty grows).
-    ``{"s", "r2", "neg_sr2"}``, NaN when R@1 is the same in every bin or there are fewer than three.
-    """
+    """ProbVLM's calibration figure ``-S R^2`` of R@1 per uncertainty bin (bin 1 = most certain): S =
+    Spearman(bin, R@1), R^2 of the line R@1 ~ bin; in [-1, 1], higher is better. ``{"s", "r2", "neg_sr2"}``,
+    NaN with fewer than three bins or the same R@1 in each."""
     y = np.asarray(bin_r1, dtype=np.float64)
     x = np.arange(1, len(y) + 1, dtype=np.float64)
     if len(y) < 3 or np.ptp(y) == 0:
@@ -45,12 +51,8 @@ def neg_sr2(bin_r1) -> dict[str, float]:
 
 
 def uncertainty_deciles(uncertainty, correct, n_bins: int = 10) -> dict:
-    """R@1 (mean of ``correct``) per quantile bin of ``uncertainty`` (bin 0 = most certain).
-
-    Returns ``{"bins": [{"bin", "lo", "hi", "n", "r1"}], "spearman_bins": {...},
-    "spearman_queries": {...}}`` with R@1 in percent. Queries are split into ``n_bins``
-    equal-count bins by rank (ties by position), so every bin is populated.
-    """
+    """R@1 in percent (mean of ``correct``) per equal-count bin of ``uncertainty`` by rank (bin 0 = most
+    certain): ``{"bins": [{"bin", "lo", "hi", "n", "r1"}], "spearman_bins", "spearman_queries", "sr2"}``."""
     u = np.asarray(uncertainty, dtype=np.float64)
     c = np.asarray(correct, dtype=np.float64)
     order = np.argsort(u, kind="stable")
@@ -81,10 +83,9 @@ def deciles_table(results: dict[str, dict]) -> str:
                  + " | ".join(f"{results[k]['spearman_bins']['rho']:.3f}" for k in names) + " |")
     lines.append("| Spearman(u, correct) per query | " + " | ".join(
         f"{results[k]['spearman_queries']['rho']:.3f}" for k in names) + " |")
-    if all("sr2" in results[k] for k in names):
-        lines.append("| -SR^2 (ProbVLM; higher = better) | " + " | ".join(
-            f"{results[k]['sr2']['neg_sr2']:.3f} (S {results[k]['sr2']['s']:.3f}, R^2 {results[k]['sr2']['r2']:.3f})"
-            for k in names) + " |")
+    lines.append("| -SR^2 (ProbVLM; higher = better) | " + " | ".join(
+        f"{results[k]['sr2']['neg_sr2']:.3f} (S {results[k]['sr2']['s']:.3f}, R^2 {results[k]['sr2']['r2']:.3f})"
+        for k in names) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -107,8 +108,7 @@ def plot_deciles(results: dict[str, dict], path, title: str = "R@1 per uncertain
 
 
 def _thumb(src, out_dir: Path, name: str, size: int = 96) -> str | None:
-    if src is None:
-        return None
+    """A JPEG thumbnail of ``src`` in ``out_dir``, as a link relative to the page (None if it cannot be read)."""
     from PIL import Image
 
     try:
@@ -128,11 +128,11 @@ def uncertain_queries_page(out_dir, *, image_uncertainty, caption_uncertainty, i
                            captions: Sequence[str] | None = None, image_ids: Sequence[int] | None = None,
                            caption_ids: Sequence[int] | None = None,
                            n: int = 5, top: int = 5, title: str = "Most and least uncertain queries") -> Path:
-    """Write ``out_dir/uncertain_queries.md`` (+ ``thumbs/``): for image and caption queries, the
-    ``n`` most and least uncertain ones with their top-``top`` retrieved items; a check mark
-    marks items that are annotated positives (``i2t_positives`` CSR [n_img, n_cap])."""
+    """Write ``out_dir/uncertain_queries.md`` (+ thumbnails): for image and caption queries, the ``n`` most
+    and least uncertain ones with their top-``top`` items, annotated positives (``i2t_positives`` CSR
+    [n_img, n_cap]) checked."""
     out_dir = Path(out_dir)
-    thumbs = out_dir / "thumbs"
+    thumbs = out_dir / THUMBS
     pos = None if i2t_positives is None else i2t_positives.tocsr()
 
     def is_pos(i, c):
@@ -167,7 +167,7 @@ def uncertain_queries_page(out_dir, *, image_uncertainty, caption_uncertainty, i
     out_dir.mkdir(parents=True, exist_ok=True)
     from zsprob.utils.io import atomic_write_text
 
-    return atomic_write_text(out_dir / "uncertain_queries.md", "\n".join(lines) + "\n")
+    return atomic_write_text(out_dir / FILES["uncertain_queries"], "\n".join(lines) + "\n")
 
 
 # ----------------------------------------------------------------------------- corruption
@@ -197,9 +197,9 @@ def mask_words(caption: str, fraction: float, rng: np.random.Generator) -> str:
 def corruption_sweep(model, images: Sequence, captions: Sequence[str], *,
                      fractions: Sequence[float] = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9), seed: int = 0,
                      batch_size: int = 64, device=None) -> dict:
-    """Mean uncertainty of images (PIL images or paths) with erased pixels and captions with masked
-    words: ``{"fractions", "image": {"mean_sigma2", "mean_l1"}, "text": {...}, "spearman_image",
-    "spearman_text"}`` (mean sigma^2 over dimensions and inputs; mean ||sigma^2||_1)."""
+    """Mean uncertainty of images (PIL images or paths) with erased pixels and captions with masked words:
+    ``{"fractions", "image": {"mean_sigma2", "mean_l1"}, "text": {...}, "spearman_image", "spearman_text"}``."""
+    import torch
     from PIL import Image
 
     from zsprob.models.encode import encode_images, encode_texts
@@ -216,16 +216,15 @@ def corruption_sweep(model, images: Sequence, captions: Sequence[str], *,
     for f in fractions:
         rng = np.random.default_rng(seed)
         batch = torch.stack([model.preprocess_val(erase_pixels(im, f, rng)) for im in pil])
-        _, lv = encode_images(model, batch, batch_size=batch_size, device=device, progress=False)
-        out["image"]["mean_sigma2"].append(float(lv.exp().mean()))
-        out["image"]["mean_l1"].append(float(lv.exp().sum(1).mean()))
+        _, image_lv = encode_images(model, batch, batch_size=batch_size, device=device, progress=False)
         rng = np.random.default_rng(seed)
         texts = [mask_words(c, f, rng) for c in captions]
-        _, lv = encode_texts(model, texts, batch_size=batch_size * 4, device=device, progress=False)
-        out["text"]["mean_sigma2"].append(float(lv.exp().mean()))
-        out["text"]["mean_l1"].append(float(lv.exp().sum(1).mean()))
-    out["spearman_image"] = spearman(out["fractions"], out["image"]["mean_sigma2"])
-    out["spearman_text"] = spearman(out["fractions"], out["text"]["mean_sigma2"])
+        _, text_lv = encode_texts(model, texts, batch_size=batch_size * 4, device=device, progress=False)
+        for key, lv in (("image", image_lv), ("text", text_lv)):
+            out[key]["mean_sigma2"].append(float(lv.exp().mean()))
+            out[key]["mean_l1"].append(float(lv.exp().sum(1).mean()))
+    for key in ("image", "text"):
+        out[f"spearman_{key}"] = spearman(out["fractions"], out[key]["mean_sigma2"])
     return out
 
 
@@ -256,15 +255,12 @@ def group_stats(values, groups) -> dict[str, dict]:
 
 
 def report_uncertainty(emb, result, task, out_dir=None, *, image_paths=None, captions=None, n_pages: int = 5) -> dict:
-    """Decile analysis of ``result`` (an EvalResult) for image and caption queries (R@1 on the task's first
-    recall benchmark), plus the uncertain-queries page when ``out_dir`` is given and top lists were
-    kept. Returns ``{"deciles": {...}, "files": {...}}``."""
+    """R@1 per uncertainty decile of ``result`` (an EvalResult; the task's first recall set) for image and
+    caption queries, written under ``out_dir`` with the uncertain-queries page (when top lists were kept).
+    Returns ``{"deciles": {...}, "files": {...}}`` (embeddings with sigma)."""
     from zsprob.utils.io import atomic_write_text
 
-    if not emb.has_sigma:
-        return {"deciles": None, "files": {}, "note": "deterministic embeddings: no uncertainty"}
-    u_img = emb.image_logvar.exp().sum(1).numpy()
-    u_cap = emb.caption_logvar.exp().sum(1).numpy()
+    u_img, u_cap = emb.uncertainty()
     dec = {}
     for name, d, u in (("image queries", "i2t", u_img), ("caption queries", "t2i", u_cap)):
         pq = result.per_query.get(d)
@@ -275,8 +271,8 @@ def report_uncertainty(emb, result, task, out_dir=None, *, image_paths=None, cap
     files = {}
     if out_dir is not None and dec:
         out_dir = Path(out_dir)
-        files["deciles_png"] = str(plot_deciles(dec, out_dir / "uncertainty_deciles.png"))
-        files["deciles_md"] = str(atomic_write_text(out_dir / "uncertainty_deciles.md", deciles_table(dec)))
+        files["deciles_png"] = str(plot_deciles(dec, out_dir / FILES["deciles_png"]))
+        files["deciles_md"] = str(atomic_write_text(out_dir / FILES["deciles_md"], deciles_table(dec)))
         if result.top:
             files["uncertain_queries"] = str(uncertain_queries_page(
                 out_dir, image_uncertainty=u_img, caption_uncertainty=u_cap, i2t_top=result.top["i2t"],

@@ -1,12 +1,9 @@
 """The ground truth of a retrieval test set and the bookkeeping of its evaluation.
 
-A :class:`RetrievalTask` holds one test set's image and caption ids and one
-:class:`BenchmarkSet` of sparse positives per benchmark (COCO 5K, CxC, ECCV Caption, PMRP per
-zeta, SynthWorld's caption and plausible-match sets), optionally the COCO 1K folds;
-:class:`EvalResult` is what an evaluation returns. The helpers (which queries a set has, how long
-a ranked list it needs, a direction's result in percent, RSUM, the PMRP merge, the COCO 1K
-summary) serve both :func:`~zsprob.retrieval.evaluate.evaluate_scores` and
-:func:`~zsprob.retrieval.evaluate.evaluate_rankings`. scipy holds the sparse positives.
+A :class:`RetrievalTask` holds one test set's image and caption ids and one :class:`BenchmarkSet` of sparse
+(scipy) positives per benchmark, optionally the COCO 1K folds; :class:`EvalResult` is what an evaluation
+returns. :func:`sets_metrics` turns per-query metrics into every set's result, for score matrices and for
+ranked lists alike (:mod:`zsprob.retrieval.evaluate`).
 """
 from __future__ import annotations
 
@@ -35,6 +32,18 @@ class BenchmarkSet:
     t2i_queries: np.ndarray | None = None
     i2t_n_pos: np.ndarray | None = None  # R per query if it counts positives outside the gallery
     t2i_n_pos: np.ndarray | None = None
+
+    def side(self, direction: str) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray | None]:
+        """One direction's positives, query rows (int64) and R per query (None: the positives' count)."""
+        pos, q, n_pos = ((self.i2t, self.i2t_queries, self.i2t_n_pos) if direction == "i2t"
+                         else (self.t2i, self.t2i_queries, self.t2i_n_pos))
+        if q is None:
+            q = np.flatnonzero(np.diff(pos.indptr) > 0)
+        return pos, np.asarray(q, dtype=np.int64), n_pos
+
+    def ks(self, ks: Sequence[int]) -> tuple[int, ...]:
+        """The R@K cut-offs this set reports: ``ks`` for a recall set, R@1 for the others."""
+        return tuple(ks) if self.kind == "recall" else (1,)
 
 
 @dataclass
@@ -71,38 +80,32 @@ def percent(d: dict) -> dict:
 
 
 def needed_length(bs: BenchmarkSet, direction: str, ks: Sequence[int]) -> int:
-    pos = bs.i2t if direction == "i2t" else bs.t2i
+    """The ranked-list length a set's metrics read: max(ks) for R@K, the largest R otherwise."""
     if bs.kind == "recall":
         return max(ks)
+    pos, q, n_pos = bs.side(direction)
     counts = np.diff(pos.indptr)
-    n_pos = bs.i2t_n_pos if direction == "i2t" else bs.t2i_n_pos
     if n_pos is not None:  # R counts positives outside the gallery too: the list must reach position R
         counts = np.maximum(counts, np.asarray(n_pos))
-    q = set_queries(bs, direction)
     return max(1, int(counts[q].max()) if len(q) else 1)
 
 
-def set_queries(bs: BenchmarkSet, direction: str) -> np.ndarray:
-    pos = bs.i2t if direction == "i2t" else bs.t2i
-    q = bs.i2t_queries if direction == "i2t" else bs.t2i_queries
-    if q is None:
-        q = np.flatnonzero(np.diff(pos.indptr) > 0)
-    return np.asarray(q, dtype=np.int64)
-
-
-def direction_result(bs: BenchmarkSet, vals: dict, n_queries: int) -> dict:
-    """One benchmark's mean metrics for one direction, in percent (PMRP keeps R-Precision only)."""
-    if bs.kind == "rprecision":
-        vals = {"rprecision": vals["rprecision"]}
-    out = percent(vals)
-    out["n_queries"] = int(n_queries)
-    return out
-
-
-def with_rsum(bs: BenchmarkSet, out: dict, ks: Sequence[int]) -> dict:
-    if bs.kind == "recall":
-        out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
-    return out
+def sets_metrics(task: RetrievalTask, ks: Sequence[int], direction_metrics) -> dict:
+    """Every set's mean metrics per direction in percent (PMRP: R-Precision only), RSUM for the recall sets
+    and the PMRP sets merged; ``direction_metrics(bs, direction)`` gives a direction's per-query metrics."""
+    metrics = {}
+    for bs in task.sets:
+        out = {}
+        for d in ("i2t", "t2i"):
+            qm = direction_metrics(bs, d)
+            vals = qm.mean()
+            out[d] = percent({"rprecision": vals["rprecision"]} if bs.kind == "rprecision" else vals)
+            out[d]["n_queries"] = len(qm.queries)
+        if bs.kind == "recall":
+            out["rsum"] = sum(out[d][f"r@{k}"] for d in ("i2t", "t2i") for k in ks)
+        metrics[bs.name] = out
+    merge_pmrp(metrics)
+    return metrics
 
 
 def merge_pmrp(metrics: dict) -> None:

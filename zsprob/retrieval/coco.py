@@ -16,7 +16,7 @@ import numpy as np
 
 from zsprob.errors import UserError
 from zsprob.retrieval import metrics as M
-from zsprob.retrieval.embeddings import Embeddings
+from zsprob.retrieval.embeddings import Embeddings, encode_split
 from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
 from zsprob.retrieval.scoring import mc_score_options
 
@@ -37,9 +37,8 @@ def eccv_metrics():
 
 
 def official_test_ids() -> tuple[np.ndarray, np.ndarray]:
-    """The 5,000 image ids and 25,000 caption ids of COCO 5K test, in eccv_caption's caption order
-    (``coco_ids``) and images in order of first appearance there, so each 1K fold is a contiguous
-    block of rows and columns."""
+    """The 5,000 image ids and 25,000 caption ids of COCO 5K test in eccv_caption's caption order (images in
+    order of first appearance there), so each 1K fold is a contiguous block of rows and columns."""
     m = eccv_metrics()
     caps = np.asarray(m.coco_ids, dtype=np.int64)
     seen: dict[int, None] = {}
@@ -49,8 +48,8 @@ def official_test_ids() -> tuple[np.ndarray, np.ndarray]:
 
 
 def official_subset(image_ids: np.ndarray, caption_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Indices selecting the official 5K test images and 25K captions (in eccv_caption's caption
-    order) from the given ids, or None when the ids do not contain the whole official set."""
+    """Indices selecting the official 5K test images and 25K captions (in eccv_caption's order) from the
+    given ids, or None when the ids do not contain the whole official set."""
     off_img, off_cap = official_test_ids()
     img_pos = {int(x): i for i, x in enumerate(image_ids)}
     cap_pos = {int(x): i for i, x in enumerate(caption_ids)}
@@ -78,10 +77,9 @@ def _gts_to_csr(gts: dict, q_index: dict, g_index: dict, n_q: int, n_g: int):
 def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.ndarray | None = None, *,
               instance_labels: np.ndarray | None = None, official: bool | None = None,
               zetas=PMRP_ZETAS) -> RetrievalTask:
-    """Ground truth of a COCO-style test set. ``official`` (default: whether the ids are exactly the
-    official 5K x 25K set, see :func:`official_subset`) takes eccv_caption's COCO 5K / CxC / ECCV ground
-    truth and folds; otherwise positives come from ``caption_image`` and the 1K folds (with 5,000
-    images) from the caption order, as in the Karpathy split files."""
+    """Ground truth of a COCO-style test set: eccv_caption's COCO 5K / CxC / ECCV and folds when ``official``
+    (default: the ids are exactly the official 5K x 25K set); otherwise positives from ``caption_image`` and,
+    with 5,000 images, the 1K folds from the caption order (as in the Karpathy split files)."""
     image_ids = np.asarray(image_ids, dtype=np.int64)
     caption_ids = np.asarray(caption_ids, dtype=np.int64)
     off_img, off_cap = official_test_ids()
@@ -146,8 +144,8 @@ def coco_task(image_ids: np.ndarray, caption_ids: np.ndarray, caption_image: np.
 
 def task_for_embeddings(emb: Embeddings,
                         instance_labels: np.ndarray | None = None) -> tuple[Embeddings, RetrievalTask]:
-    """Pick the official 5K subset when the embeddings contain it (extra captions, e.g. the 25,010
-    Karpathy test captions, are dropped), else evaluate the ids as given."""
+    """The official 5K subset and its task when the embeddings contain it (extra captions, e.g. the 25,010
+    Karpathy test captions, are dropped), else the ids as given."""
     sub = official_subset(emb.image_ids, emb.caption_ids)
     if sub is not None:
         ii, ci = sub
@@ -165,9 +163,8 @@ def task_for_embeddings(emb: Embeddings,
 
 
 def refuse_unreadable_images(paths, split: str) -> None:
-    """One line when an image of the split is missing, not an image, or cut short (checked when listed,
-    :func:`zsprob.data.classification.image_problem`): a benchmark split is scored whole, so nothing is
-    skipped (training on COCO replaces such images and counts them instead)."""
+    """One line when an image of the split is missing, not an image, or cut short: a benchmark split is
+    scored whole, so nothing is skipped (training on COCO replaces such images and counts them instead)."""
     from zsprob.data.classification import readable_images
 
     _, bad = readable_images([Path(p) for p in paths])
@@ -177,38 +174,11 @@ def refuse_unreadable_images(paths, split: str) -> None:
                         f"(e.g. {path}: {why}); a benchmark is scored on every image: restore them")
 
 
-def encode_coco(model, root, split: str = "test", *, batch_size: int = 128, device=None, num_workers: int = 0,
-                progress: bool = True, karpathy_json=None, dataset=None, precision: str = "fp32",
-                check_images: bool = True):
-    """Embed a COCO split (or an already parsed ``dataset``; ``check_images=False`` when its unreadable
-    images were already refused) with a zsprob / open_clip model; ``precision``: "fp32" or "bf16".
-    Returns ``(embeddings, instance_labels or None, dataset)``."""
-    from zsprob.data.coco import CocoCaptions
-    from zsprob.models.encode import encode_images, encode_texts
-
-    ds = dataset if dataset is not None else CocoCaptions(root, split=split, karpathy_json=karpathy_json)
-    if check_images:
-        refuse_unreadable_images(ds.image_paths, split)
-    images = ds.image_dataset(model.preprocess_val)
-    img_mu, img_lv = encode_images(model, images, batch_size=batch_size, device=device, num_workers=num_workers,
-                                   progress=progress, precision=precision)
-    cap_mu, cap_lv = encode_texts(model, list(ds.captions), batch_size=max(batch_size, 256), device=device,
-                                  progress=progress, precision=precision)
-    emb = Embeddings(image_ids=np.asarray(ds.image_ids, dtype=np.int64),
-                     caption_ids=np.asarray(ds.caption_ids, dtype=np.int64), image_mu=img_mu, caption_mu=cap_mu,
-                     image_logvar=img_lv, caption_logvar=cap_lv,
-                     caption_image=np.asarray(ds.caption_image, dtype=np.int64))
-    labels = getattr(ds, "instance_labels", None)
-    return emb, (None if labels is None else np.asarray(labels)), ds
-
-
 class CocoValSelection:
     """Model selection by validation RSUM, as PCME++'s engine keeps its best epoch: an evaluation hook
-    ``hook(model, step) -> {"val_rsum", "val_best_rsum"}`` (``zsprob.train.train(eval_hooks=...)``)
-    that embeds the Karpathy ``split``, computes RSUM (on the 1K folds for 5,000 images) and, when it
-    beats the best so far, writes the model (without the loss's a, b) to ``out_dir/model-best`` and
-    ``out_dir/best.json``. The split is parsed and its images checked once, when the hook is built,
-    so a broken split is refused before training starts."""
+    ``hook(model, step) -> {"val_rsum", "val_best_rsum"}`` that embeds the Karpathy ``split`` and, when its
+    RSUM (1K folds for 5,000 images) beats the best so far, writes ``out_dir/model-best`` and ``best.json``.
+    The split is parsed and its images checked when the hook is built, before training starts."""
 
     def __init__(self, root, out_dir, *, split: str = "val", karpathy_json=None, batch_size: int = 128,
                  score: str = "csd", method: str | None = None, dataset: str = "coco"):
@@ -226,9 +196,7 @@ class CocoValSelection:
         from zsprob.utils.io import atomic_write_json
 
         device = next(model.parameters()).device
-        emb, _, _ = encode_coco(model, self.root, self.split, batch_size=self.batch_size, device=device,
-                                progress=False, dataset=self._ds, check_images=False)
-        emb, task = task_for_embeddings(emb)
+        emb, task = task_for_embeddings(encode_split(model, self._ds, batch_size=self.batch_size, device=device))
         score = self.score if emb.has_sigma else "cosine"
         row = summary_row(evaluate_embeddings(emb, task, score=score).metrics)
         rsum = float(row.get("RSUM", row.get("RSUM (5K)", float("nan"))))
@@ -240,41 +208,17 @@ class CocoValSelection:
         return {"val_rsum": rsum, "val_best_rsum": self.best}
 
 
-class ImageList:
-    """A map-style dataset of image files -> ``transform(PIL image)`` (PIL decodes)."""
-
-    def __init__(self, paths, transform):
-        self.paths = [Path(p) for p in paths]
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        from PIL import Image
-
-        try:
-            with Image.open(self.paths[i]) as im:
-                image = im.convert("RGB")
-        except (OSError, ValueError) as e:  # truncated, not an image, unreadable: the benchmark is not complete
-            raise UserError(f"image {self.paths[i]} cannot be read ({' '.join(str(e).split())}); restore it: "
-                            "a retrieval benchmark is not scored with images missing") from None
-        return self.transform(image)
-
-
 def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd", out_dir=None, *,
                   embeddings=None, instance_labels=None, batch_size: int = 128, device=None, num_workers: int = 0,
                   analyses: bool = True, progress: bool = True, save_embeddings=None, karpathy_json=None,
                   label: str = "model", metrics_file: str = "metrics.json", precision: str = "fp32",
                   dataset=None) -> dict:
-    """COCO evaluation of a model (``model`` + ``root``, or an already parsed split ``dataset``, e.g.
-    Flickr30k's, whose positives come from ``caption_image`` as the set "coco") or of precomputed
-    ``embeddings`` (an :class:`Embeddings` or an ``.npz`` path). ``device`` encodes and scores;
-    ``num_workers`` and ``precision`` only encode; ``save_embeddings`` (``.npz``) keeps what the model
-    computed. Returns ``{"metrics", "summary", "table", "uncertainty", "files"}``; with ``out_dir``
-    writes ``metrics.json``, ``table.md`` and (probabilistic models) the uncertainty analyses.
-    """
-    from zsprob.retrieval.analysis import report_uncertainty
+    """COCO evaluation of a model on ``root``'s ``split`` (or on an already parsed ``dataset``, e.g. Flickr30k's,
+    scored as the set "coco") or of precomputed ``embeddings`` (an :class:`Embeddings` or an ``.npz`` path);
+    ``save_embeddings`` (``.npz``) keeps what the model computed. Returns ``{"metrics", "summary", "table",
+    "uncertainty", "files"}``; with ``out_dir`` writes the metrics, the table and the uncertainty analyses."""
+    from zsprob.data.coco import CocoCaptions
+    from zsprob.retrieval.analysis import FILES, report_uncertainty
     from zsprob.retrieval.embeddings import load_embeddings
     from zsprob.retrieval.evaluate import evaluate_embeddings, format_table, summary_row
     from zsprob.utils.io import atomic_write_json, atomic_write_text
@@ -283,11 +227,12 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     if embeddings is not None:
         emb = load_embeddings(embeddings) if isinstance(embeddings, (str, Path)) else embeddings
     else:
-        emb, labels, ds = encode_coco(model, root, split, batch_size=batch_size, device=device,
-                                      num_workers=num_workers, progress=progress, karpathy_json=karpathy_json,
-                                      precision=precision, dataset=dataset)
-        if instance_labels is None:
-            instance_labels = labels
+        ds = dataset if dataset is not None else CocoCaptions(root, split=split, karpathy_json=karpathy_json)
+        refuse_unreadable_images(ds.image_paths, split)
+        emb = encode_split(model, ds, batch_size=batch_size, device=device, progress=progress,
+                           num_workers=num_workers, precision=precision)
+        if instance_labels is None and getattr(ds, "instance_labels", None) is not None:
+            instance_labels = np.asarray(ds.instance_labels)
         if save_embeddings:
             emb.save(save_embeddings)
     sub = official_subset(emb.image_ids, emb.caption_ids)
@@ -312,7 +257,7 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
         made_with = {} if model is None else {"model": model_identity(model)}  # embeddings: no model here
         out["files"]["metrics"] = str(atomic_write_json(out_dir / metrics_file, {
             **made_with, "metrics": out["metrics"], "summary": out["summary"], "uncertainty": out["uncertainty"]}))
-        out["files"]["table"] = str(atomic_write_text(out_dir / "table.md", out["table"]))
+        out["files"]["table"] = str(atomic_write_text(out_dir / FILES["table"], out["table"]))
     return out
 
 
@@ -323,9 +268,7 @@ def _as_id_array(values: list, direction: str, what: str) -> np.ndarray:
         arr = np.asarray(values)
     except ValueError as e:  # ragged nesting
         raise UserError(f"{direction}: {what} must be integers ({e})") from None
-    if arr.ndim == 1 and arr.dtype.kind in "iu":
-        return arr.astype(np.int64)
-    if arr.ndim == 1 and arr.dtype.kind == "U":
+    if arr.ndim == 1 and arr.dtype.kind in "iuU":  # strings: JSON keys
         try:
             return arr.astype(np.int64)
         except (ValueError, OverflowError):
@@ -364,9 +307,8 @@ def _flatten_lists(rows: list, direction: str, query_ids: np.ndarray) -> tuple[n
 
 def _refuse_repeats(idx: np.ndarray, lengths: np.ndarray, query_ids: np.ndarray, gallery_ids: np.ndarray,
                     direction: str) -> None:
-    """A ranked list that names an item twice is refused: each repeat of a positive would count as
-    another hit (R-Precision, mAP@R, R@K above their true values). ``idx``: the lists' gallery
-    indices, one after another (``lengths`` each)."""
+    """A list naming an item twice is refused: a repeated positive would count as another hit. ``idx``: the
+    lists' gallery indices, one after another (``lengths`` each)."""
     n_g = len(gallery_ids)
     keys = np.sort(np.repeat(np.arange(len(lengths), dtype=np.int64), lengths) * n_g + idx)
     repeat = keys[1:] == keys[:-1]
@@ -380,9 +322,8 @@ def _refuse_repeats(idx: np.ndarray, lengths: np.ndarray, query_ids: np.ndarray,
 
 def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarray,
                        direction: str) -> tuple[np.ndarray, int]:
-    """{query id: [gallery ids, best first]} -> [n_queries, L] gallery indices in the order of
-    ``query_ids`` (L = the shortest of their lists; other queries are ignored); also returns the
-    longest list's length. Every id of every list must be an integer of the gallery, named once."""
+    """{query id: [gallery ids, best first]} -> [n_queries, L] gallery indices in the order of ``query_ids``
+    (L: the shortest of their lists; other queries ignored), and the longest list's length."""
     by_id = _lists_by_query(lists, direction)
     missing = [int(q) for q in query_ids if int(q) not in by_id]
     if missing:
@@ -402,10 +343,9 @@ def _id_lists_to_array(lists: dict, query_ids: np.ndarray, gallery_ids: np.ndarr
 
 
 def evaluate_coco_rankings(i2t: dict, t2i: dict, *, ks=M.DEFAULT_KS) -> dict:
-    """COCO 1K/5K, CxC and ECCV Caption metrics of ranked id lists on the official 5K test ids:
-    ``i2t`` {image id: [caption ids, best first]}, ``t2i`` {caption id: [image ids]} (eccv_caption's
-    ``compute_all_metrics`` input), cut to the shortest list. Returns ``{"metrics", "summary", "table",
-    "notes"}``."""
+    """COCO 1K/5K, CxC and ECCV Caption metrics of ranked id lists on the official 5K test ids, cut to the
+    shortest list: ``i2t`` {image id: [caption ids, best first]}, ``t2i`` {caption id: [image ids]}.
+    Returns ``{"metrics", "summary", "table", "notes"}``."""
     from zsprob.retrieval.evaluate import evaluate_rankings, format_table, summary_row
 
     img_ids, cap_ids = official_test_ids()

@@ -1,4 +1,5 @@
-"""Precomputed test-set embeddings: the ``E.npz`` exchange format of ``zsprob eval --embeddings``.
+"""Test-set embeddings: a split embedded by a model (:func:`encode_split`), and the ``E.npz`` exchange
+format of ``zsprob eval --embeddings``.
 
 Arrays: ``image_ids`` [n_img] and ``caption_ids`` [n_cap] (unique integers, int64; official COCO ids
 for COCO), ``image_mu`` [n_img, D], ``caption_mu`` [n_cap, D], optionally ``image_logvar`` /
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError, require_file
+from zsprob.prob.distances import uncertainty
 
 REQUIRED = ("image_ids", "caption_ids", "image_mu", "caption_mu")
 OPTIONAL = ("image_logvar", "caption_logvar", "caption_image")
@@ -37,6 +39,10 @@ class Embeddings:
     def has_sigma(self) -> bool:
         return self.image_logvar is not None and self.caption_logvar is not None
 
+    def uncertainty(self) -> tuple[np.ndarray, np.ndarray]:
+        """||sigma^2||_1 of every image and every caption (float32; embeddings with sigma)."""
+        return uncertainty(self.image_logvar).numpy(), uncertainty(self.caption_logvar).numpy()
+
     def select(self, image_index: np.ndarray | None = None, caption_index: np.ndarray | None = None) -> "Embeddings":
         """Subset (and reorder) images / captions; ``caption_image`` is remapped."""
         ii = np.arange(len(self.image_ids)) if image_index is None else np.asarray(image_index, dtype=np.int64)
@@ -57,15 +63,11 @@ class Embeddings:
     def save(self, path) -> Path:
         from zsprob.utils.io import atomic_write
 
-        arrays = {"image_ids": np.asarray(self.image_ids, dtype=np.int64),
-                  "caption_ids": np.asarray(self.caption_ids, dtype=np.int64),
-                  "image_mu": self.image_mu.numpy(), "caption_mu": self.caption_mu.numpy()}
-        if self.image_logvar is not None:
-            arrays["image_logvar"] = self.image_logvar.numpy()
-        if self.caption_logvar is not None:
-            arrays["caption_logvar"] = self.caption_logvar.numpy()
-        if self.caption_image is not None:
-            arrays["caption_image"] = np.asarray(self.caption_image, dtype=np.int64)
+        arrays = {}
+        for key in REQUIRED + OPTIONAL:  # the attributes are named as the arrays of the format
+            value = getattr(self, key)
+            if value is not None:
+                arrays[key] = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value, dtype=np.int64)
 
         def w(tmp):
             with open(tmp, "wb") as f:
@@ -74,14 +76,51 @@ class Embeddings:
         return atomic_write(path, w)
 
 
+class ImageList:
+    """A map-style dataset of image files -> ``transform(PIL image)``."""
+
+    def __init__(self, paths, transform):
+        self.paths = [Path(p) for p in paths]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        try:
+            with Image.open(self.paths[i]) as im:
+                image = im.convert("RGB")
+        except (OSError, ValueError) as e:  # truncated, not an image, unreadable: the benchmark is not complete
+            raise UserError(f"image {self.paths[i]} cannot be read ({' '.join(str(e).split())}); restore it: "
+                            "a retrieval benchmark is not scored with images missing") from None
+        return self.transform(image)
+
+
+def encode_split(model, split, *, batch_size: int = 128, device=None, progress: bool = False, num_workers: int = 0,
+                 precision: str = "fp32") -> Embeddings:
+    """A split's images (``image_paths``) and ``captions`` embedded, with its ids (``image_ids``, ``caption_ids``,
+    ``caption_image``); ``precision`` "bf16" autocasts the towers, the embeddings are float32 CPU tensors."""
+    from zsprob.models.encode import encode_images, encode_texts
+
+    img_mu, img_lv = encode_images(model, ImageList(split.image_paths, model.preprocess_val), batch_size=batch_size,
+                                   device=device, progress=progress, num_workers=num_workers, precision=precision)
+    cap_mu, cap_lv = encode_texts(model, list(split.captions), batch_size=max(256, batch_size), device=device,
+                                  progress=progress, precision=precision)
+    return Embeddings(image_ids=np.asarray(split.image_ids, dtype=np.int64),
+                      caption_ids=np.asarray(split.caption_ids, dtype=np.int64), image_mu=img_mu, caption_mu=cap_mu,
+                      image_logvar=img_lv, caption_logvar=cap_lv,
+                      caption_image=np.asarray(split.caption_image, dtype=np.int64))
+
+
 def _f32(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
 def check_ids(ids: np.ndarray, where: str, key: str, *, unique: bool = True, what: str = "ids") -> np.ndarray:
-    """``ids`` as int64 if it is a 1-D array of integers (without repeats when ``unique``); otherwise one
-    :class:`UserError` line naming ``where`` (the file) and ``key`` (the array). String and float ids are
-    refused rather than parsed or truncated: 3.7 -> 3 would silently pair the wrong items."""
+    """``ids`` as int64 if it is a 1-D array of integers (without repeats when ``unique``), else one
+    :class:`UserError` line naming ``where`` and ``key``; float ids are refused, not truncated into other items."""
     ids = np.asarray(ids)
     if ids.ndim != 1:
         raise UserError(f"{where}: {key} must be a 1-D array of integer {what}, got shape {ids.shape}")
@@ -145,8 +184,7 @@ def _check_caption_image(cap_img: np.ndarray, where: str, n_cap: int, n_img: int
 
 
 def _refuse_unknown(arrays: dict, where: str) -> None:
-    """An array the format does not name is refused: a misspelled optional array (``img_logvar``)
-    would otherwise be dropped and the file read as deterministic."""
+    """An array the format does not name is refused: a misspelled ``img_logvar`` would make the file deterministic."""
     unknown = sorted(set(arrays) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
         close = difflib.get_close_matches(unknown[0], REQUIRED + OPTIONAL, n=1, cutoff=0.5)
@@ -156,10 +194,8 @@ def _refuse_unknown(arrays: dict, where: str) -> None:
 
 
 def load_embeddings(path) -> Embeddings:
-    """Load and validate an ``E.npz``; problems raise :class:`UserError` naming the file and the array:
-    a missing or an unknown array, ids that are not unique 1-D integers, empty or mismatched shapes, values that
-    are not finite real numbers, log-variances whose exp overflows float32 (above :data:`LOGVAR_MAX`),
-    a ``caption_image`` outside the images."""
+    """Load an ``E.npz``, every array checked: a problem is one :class:`UserError` line naming the file and the
+    array (missing or unknown arrays, ids, shapes, non-finite values, logvar above :data:`LOGVAR_MAX`)."""
     p = require_file(path, "embeddings file", "an .npz with image_ids, caption_ids, image_mu, caption_mu")
     arrays = _read_npz(p)
     missing = [k for k in REQUIRED if k not in arrays]

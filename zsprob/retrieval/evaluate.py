@@ -16,63 +16,52 @@ import scipy.sparse as sp
 import torch
 
 from zsprob.retrieval import metrics as M
-from zsprob.retrieval.benchmarks import (SHARED_L_LIMIT, BenchmarkSet, EvalResult, RetrievalTask, direction_result,
-                                         fold_summary, merge_pmrp, needed_length, set_queries, with_rsum)
+from zsprob.retrieval.benchmarks import (SHARED_L_LIMIT, BenchmarkSet, EvalResult, RetrievalTask, fold_summary,
+                                         needed_length, sets_metrics)
 from zsprob.retrieval.scoring import PairScores
 
-__all__ = ["evaluate_scores", "evaluate_rankings", "evaluate_embeddings", "fold_metrics", "pmrp_fold_metrics",
-           "summary_row", "format_table"]
+
+def _direction_metrics(bs: BenchmarkSet, direction: str, ranked: torch.Tensor, ks: Sequence[int]):
+    """One set's per-query metrics in one direction from every query's ranked list."""
+    pos, queries, n_pos = bs.side(direction)
+    return M.metrics_from_ranking(ranked, pos, queries=queries, ks=bs.ks(ks), r_metrics=bs.kind != "recall",
+                                  n_pos=n_pos)
 
 
 def evaluate_scores(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS,
                     keep_top: int = 0, chunk_size: int = 2048) -> EvalResult:
     """All benchmark metrics of ``task`` from the image x caption ``scores``."""
-    metrics: dict = {}
-    per_query: dict = {}
-    top: dict = {}
     mats = {"i2t": scores.i2t, "t2i": scores.t2i}
-    n_q = {"i2t": task.n_images, "t2i": task.n_captions}
-    shared = [bs for bs in task.sets if needed_length(bs, "i2t", ks) <= SHARED_L_LIMIT
-              and needed_length(bs, "t2i", ks) <= SHARED_L_LIMIT]
-    ranked = {}
-    for d in ("i2t", "t2i"):
-        L = max([max(ks), keep_top] + [needed_length(bs, d, ks) for bs in shared])
-        L = min(L, mats[d].shape[1])
-        ranked[d] = M.rank_lists(mats[d], np.arange(n_q[d]), L, chunk_size=chunk_size)
+    shared = [bs for bs in task.sets if all(needed_length(bs, d, ks) <= SHARED_L_LIMIT for d in mats)]
+    ranked, top, per_query = {}, {}, {}
+    for d, mat in mats.items():
+        L = min(max([max(ks), keep_top] + [needed_length(bs, d, ks) for bs in shared]), mat.shape[1])
+        ranked[d] = M.rank_lists(mat, np.arange(mat.shape[0]), L, chunk_size=chunk_size)
         if keep_top:
             top[d] = ranked[d][:, :keep_top].numpy()
-    for bs in task.sets:
-        out = {}
-        for d in ("i2t", "t2i"):
-            pos = bs.i2t if d == "i2t" else bs.t2i
-            q = set_queries(bs, d)
-            r_metrics = bs.kind != "recall"
-            k_use = tuple(ks) if bs.kind == "recall" else (1,)
-            if bs in shared:
-                qm = M.metrics_from_ranking(ranked[d], pos, queries=q, ks=k_use, r_metrics=r_metrics,
-                                            n_pos=bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos)
-            else:
-                qm = M.rank_metrics(mats[d], pos, queries=q, ks=k_use, r_metrics=r_metrics, chunk_size=chunk_size)
-            out[d] = direction_result(bs, qm.mean(), len(q))
-            if bs.kind == "recall" and d not in per_query:
-                per_query[d] = {"queries": qm.queries, **qm.values, "set": bs.name}
-        metrics[bs.name] = with_rsum(bs, out, ks)
-    merge_pmrp(metrics)
+
+    def direction_metrics(bs: BenchmarkSet, d: str):
+        if bs in shared:
+            qm = _direction_metrics(bs, d, ranked[d], ks)
+        else:
+            pos, queries, _ = bs.side(d)
+            qm = M.rank_metrics(mats[d], pos, queries=queries, ks=bs.ks(ks), r_metrics=bs.kind != "recall",
+                                chunk_size=chunk_size)
+        if bs.kind == "recall" and d not in per_query:
+            per_query[d] = {"queries": qm.queries, **qm.values, "set": bs.name}
+        return qm
+
+    metrics = sets_metrics(task, ks, direction_metrics)
     if task.folds:
         metrics["coco_1k"] = fold_metrics(scores, task, ks=ks)
     return EvalResult(metrics=metrics, per_query=per_query, top=top)
 
 
 def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS) -> dict:
-    """All benchmark metrics of ``task`` from ranked lists made elsewhere (a FAISS search, another
-    toolkit): the counterpart of eccv_caption's ``Metrics.compute_all_metrics``.
-
-    ``ranked_i2t`` [n_images, L]: caption indices best first; ``ranked_t2i`` [n_captions, L']: image
-    indices. COCO 1K keeps each list's items of the query's fold, in order (eccv_caption's way), which
-    equals an in-fold ranking while every list holds ``max(ks)`` items of its fold. A list too short
-    for a metric, or naming an item twice (a repeated positive would count twice), is a ValueError.
-    Returns the nested percentages of :func:`evaluate_scores`.
-    """
+    """The metrics of :func:`evaluate_scores` from ranked index lists made elsewhere (eccv_caption's
+    ``compute_all_metrics``): ``ranked_i2t`` [n_images, L] caption indices best first, ``ranked_t2i``
+    [n_captions, L'] image indices. COCO 1K reads each list's items of the query's fold, in order, as
+    eccv_caption does. A list too short for a metric or naming an item twice is a ValueError."""
     ranked = {"i2t": torch.as_tensor(np.asarray(ranked_i2t), dtype=torch.int64),
               "t2i": torch.as_tensor(np.asarray(ranked_t2i), dtype=torch.int64)}
     n_q = {"i2t": task.n_images, "t2i": task.n_captions}
@@ -83,22 +72,14 @@ def evaluate_rankings(ranked_i2t, ranked_t2i, task: RetrievalTask, *, ks: Sequen
         if ranked[d].numel() and (int(ranked[d].min()) < 0 or int(ranked[d].max()) >= n_g[d]):
             raise ValueError(f"{d} rankings hold indices outside 0..{n_g[d] - 1}")
         _refuse_repeats(ranked[d], d)
-    metrics: dict = {}
-    for bs in task.sets:
-        out = {}
-        for d in ("i2t", "t2i"):
-            need = needed_length(bs, d, ks)
-            L = ranked[d].shape[1]
-            if L < min(need, n_g[d]):
-                raise ValueError(f"{bs.name} {d} needs ranked lists of at least {need} items, got {L}")
-            pos = bs.i2t if d == "i2t" else bs.t2i
-            q = set_queries(bs, d)
-            k_use = tuple(ks) if bs.kind == "recall" else (1,)
-            qm = M.metrics_from_ranking(ranked[d][:, :need], pos, queries=q, ks=k_use, r_metrics=bs.kind != "recall",
-                                        n_pos=bs.i2t_n_pos if d == "i2t" else bs.t2i_n_pos)
-            out[d] = direction_result(bs, qm.mean(), len(q))
-        metrics[bs.name] = with_rsum(bs, out, ks)
-    merge_pmrp(metrics)
+
+    def direction_metrics(bs: BenchmarkSet, d: str):
+        need = needed_length(bs, d, ks)
+        if ranked[d].shape[1] < min(need, n_g[d]):
+            raise ValueError(f"{bs.name} {d} needs ranked lists of at least {need} items, got {ranked[d].shape[1]}")
+        return _direction_metrics(bs, d, ranked[d][:, :need], ks)
+
+    metrics = sets_metrics(task, ks, direction_metrics)
     if task.folds:
         metrics["coco_1k"] = _fold_metrics_from_rankings(ranked, task, ks)
     return metrics
@@ -159,37 +140,19 @@ def _fold_metrics_from_rankings(ranked: dict, task: RetrievalTask, ks: Sequence[
     return fold_summary(per, task, ks)
 
 
-def _as_slice(idx: np.ndarray):
-    if len(idx) and idx[-1] - idx[0] == len(idx) - 1 and (np.diff(idx) == 1).all():
-        return slice(int(idx[0]), int(idx[-1]) + 1)
-    return torch.from_numpy(idx)
-
-
-def _block(mat: torch.Tensor, rows: np.ndarray, cols: np.ndarray) -> torch.Tensor:
-    """mat[rows][:, cols], as views when the indices are contiguous ranges (COCO 1K folds)."""
-    r, c = _as_slice(rows), _as_slice(cols)
-    out = mat[r] if isinstance(r, slice) else mat.index_select(0, r)
-    return out[:, c] if isinstance(c, slice) else out.index_select(1, c)
-
-
 def fold_metrics(scores: PairScores, task: RetrievalTask, *, ks: Sequence[int] = M.DEFAULT_KS) -> dict:
     """COCO 1K: each fold's images x captions ranked on their own; mean of the fold means."""
     pos = task.caption_positives()
     per = {"i2t": [], "t2i": []}
     for imgs, caps in task.folds:
-        sub_i = _block(scores.i2t, imgs, caps)
-        sub_t = _block(scores.t2i, caps, imgs)
+        sub_i = M.take(M.take(scores.i2t, imgs), caps, dim=1)
+        sub_t = M.take(M.take(scores.t2i, caps), imgs, dim=1)
         p_i = pos[imgs][:, caps]
-        p_t = sp.csr_matrix(p_i.T)
-        for d, sub, p in (("i2t", sub_i, p_i), ("t2i", sub_t, p_t)):
+        for d, sub, p in (("i2t", sub_i, p_i), ("t2i", sub_t, sp.csr_matrix(p_i.T))):
             q = np.flatnonzero(np.diff(p.indptr) > 0)
             ranked = M.rank_lists(sub, q, max(ks))
             per[d].append(M.metrics_from_ranking(ranked, p, ranked_queries=q, queries=q, ks=ks, r_metrics=False).mean())
     return fold_summary(per, task, ks)
-
-
-def _rows(x, idx):
-    return None if x is None else x[torch.from_numpy(np.asarray(idx, dtype=np.int64))]
 
 
 def pmrp_fold_metrics(emb, task: RetrievalTask, score: str, *, seed: int = 0, chunk_size: int = 1024,
@@ -203,8 +166,9 @@ def pmrp_fold_metrics(emb, task: RetrievalTask, score: str, *, seed: int = 0, ch
         return None
     per: dict = {d: {bs.name.replace("pmrp_", ""): [] for bs in pm_sets} for d in ("i2t", "t2i")}
     for imgs, caps in task.folds:
-        ps = PairScores(score, _rows(emb.image_mu, imgs), _rows(emb.image_logvar, imgs), _rows(emb.caption_mu, caps),
-                        _rows(emb.caption_logvar, caps), chunk_size=chunk_size, seed=seed, device=device, **score_kw)
+        fold = emb.select(imgs, caps)
+        ps = PairScores(score, fold.image_mu, fold.image_logvar, fold.caption_mu, fold.caption_logvar,
+                        chunk_size=chunk_size, seed=seed, device=device, **score_kw)
         for bs in pm_sets:
             for d, mat, pos in (("i2t", ps.i2t, bs.i2t[imgs][:, caps]), ("t2i", ps.t2i, bs.t2i[caps][:, imgs])):
                 qm = M.rank_metrics(mat, sp.csr_matrix(pos), ks=(1,), r_metrics=True)
@@ -218,39 +182,27 @@ def pmrp_fold_metrics(emb, task: RetrievalTask, score: str, *, seed: int = 0, ch
 
 
 # ----------------------------------------------------------------------------- tables
-def _avg(m: dict, key: str) -> float | None:
-    if "i2t" not in m or key not in m["i2t"]:
-        return None
-    return 0.5 * (m["i2t"][key] + m["t2i"][key])
+#: the summary row, in column order: (label, benchmark, metric), each the mean of i2t and t2i (RSUM as it is);
+#: a benchmark the metrics lack gives no column, and "RSUM (5K)" stands only without the 1K folds' RSUM
+SUMMARY_COLUMNS = (("ECCV mAP@R", "eccv", "map_at_r"), ("ECCV R-P", "eccv", "rprecision"), ("ECCV R@1", "eccv", "r@1"),
+                   ("CxC R@1", "cxc", "r@1"), ("COCO 1K R@1", "coco_1k", "r@1"), ("COCO 5K R@1", "coco_5k", "r@1"),
+                   ("R@1", "coco", "r@1"), ("RSUM", "coco", "rsum"), ("RSUM", "coco_1k", "rsum"),
+                   ("RSUM (5K)", "coco_5k", "rsum"), ("PMRP", "pmrp", "mean"), ("PMRP 1K", "pmrp_1k", "mean"),
+                   ("R@1", "caption", "r@1"), ("RSUM", "caption", "rsum"), ("PM mAP@R", "plausible", "map_at_r"),
+                   ("PM R-P", "plausible", "rprecision"))
 
 
 def summary_row(metrics: dict) -> dict[str, float]:
-    """The PCME++ Table 1 columns (average of i2t and t2i) that ``metrics`` has."""
+    """The PCME++ Table 1 style columns (:data:`SUMMARY_COLUMNS`) that ``metrics`` has."""
     row = {}
-    cols = [("ECCV mAP@R", "eccv", "map_at_r"), ("ECCV R-P", "eccv", "rprecision"), ("ECCV R@1", "eccv", "r@1"),
-            ("CxC R@1", "cxc", "r@1"), ("COCO 1K R@1", "coco_1k", "r@1"), ("COCO 5K R@1", "coco_5k", "r@1")]
-    for label, bench, key in cols:
-        if bench in metrics:
-            v = _avg(metrics[bench], key)
-            if v is not None:
-                row[label] = v
-    if "coco" in metrics:
-        row["R@1"] = _avg(metrics["coco"], "r@1")
-        row["RSUM"] = metrics["coco"]["rsum"]
-    if "coco_1k" in metrics:
-        row["RSUM"] = metrics["coco_1k"]["rsum"]
-    elif "coco_5k" in metrics:
-        row["RSUM (5K)"] = metrics["coco_5k"]["rsum"]
-    if "pmrp" in metrics:
-        row["PMRP"] = _avg(metrics["pmrp"], "mean")
-    if "pmrp_1k" in metrics:
-        row["PMRP 1K"] = _avg(metrics["pmrp_1k"], "mean")
-    if "caption" in metrics:
-        row["R@1"] = _avg(metrics["caption"], "r@1")
-        row["RSUM"] = metrics["caption"]["rsum"]
-    if "plausible" in metrics:
-        row["PM mAP@R"] = _avg(metrics["plausible"], "map_at_r")
-        row["PM R-P"] = _avg(metrics["plausible"], "rprecision")
+    for label, bench, key in SUMMARY_COLUMNS:
+        m = metrics.get(bench)
+        if m is None or (label == "RSUM (5K)" and "coco_1k" in metrics):
+            continue
+        if key == "rsum":
+            row[label] = m["rsum"]
+        elif key in m.get("i2t", {}):
+            row[label] = 0.5 * (m["i2t"][key] + m["t2i"][key])
     return row
 
 
@@ -259,7 +211,7 @@ def format_table(metrics: dict, label: str = "model") -> str:
     row = summary_row(metrics)
     lines = ["| " + " | ".join(["model"] + list(row)) + " |", "|" + "---|" * (len(row) + 1),
              "| " + " | ".join([label] + [f"{v:.1f}" for v in row.values()]) + " |", ""]
-    lines += ["| benchmark | direction | " + " | ".join(["metric", "value"]) + " |", "|---|---|---|---|"]
+    lines += ["| benchmark | direction | metric | value |", "|---|---|---|---|"]
     for bench, m in metrics.items():
         if not isinstance(m, dict) or "i2t" not in m:
             continue
@@ -273,18 +225,12 @@ def format_table(metrics: dict, label: str = "model") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _jsonable(score_kw: dict) -> dict:
-    """The score options worth recording (e.g. MC's a, b, J), as plain numbers."""
-    return {f"score_{k}": float(v) for k, v in score_kw.items() if isinstance(v, (int, float))}
-
-
 def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Sequence[int] = M.DEFAULT_KS,
                         keep_top: int = 0, chunk_size: int = 1024, progress: bool = False, seed: int = 0,
                         device=None, **score_kw) -> EvalResult:
-    """Score ``emb`` (:class:`zsprob.retrieval.embeddings.Embeddings`) with ``score`` (any
-    ``zsprob.prob.score`` name) in float32 blocks on ``device`` (default: where the embeddings live)
-    and evaluate ``task``. ``metrics["setup"]`` records the score, how it was ranked and the sizes.
-    """
+    """Score ``emb`` (:class:`~zsprob.retrieval.embeddings.Embeddings`) with ``score`` in float32 blocks on
+    ``device`` (default: where the embeddings live) and evaluate ``task``; ``metrics["setup"]`` records the
+    score, its numeric options (e.g. MC's a, b, J), how it was ranked and the sizes."""
     scores = PairScores(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar,
                         chunk_size=chunk_size, progress=progress, seed=seed, device=device, **score_kw)
     res = evaluate_scores(scores, task, ks=ks, keep_top=keep_top)
@@ -292,7 +238,7 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
     if pm_1k is not None:
         res.metrics["pmrp_1k"] = pm_1k
     res.metrics = {"setup": {"score": score, "method": "matrix (float32 score blocks)", "n_images": task.n_images,
-                             **_jsonable(score_kw), "n_captions": task.n_captions, "unit": "percent",
-                             "notes": list(task.notes)},
+                             **{f"score_{k}": float(v) for k, v in score_kw.items() if isinstance(v, (int, float))},
+                             "n_captions": task.n_captions, "unit": "percent", "notes": list(task.notes)},
                    **res.metrics}
     return res

@@ -64,12 +64,8 @@ def plausible_positives(image_labels: np.ndarray, caption_labels: np.ndarray, ze
 
 # ----------------------------------------------------------------------------- ranking
 def topk_ranking(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the ``k`` best gallery items per row, best first.
-
-    Order: descending score, ties broken by the lower gallery index -- exactly the first k of a
-    stable descending sort, also when ties straddle the k-th place (those rows are re-sorted in
-    full). ``scores`` [Q, G]; returns int64 [Q, min(k, G)].
-    """
+    """Indices (int64 [Q, min(k, G)]) of the ``k`` best items of each row of ``scores`` [Q, G]: exactly the first
+    k of a stable descending sort (ties to the lower index), also when ties straddle the k-th place."""
     g = scores.shape[1]
     k = min(int(k), g)
     k1 = min(k + 1, g)
@@ -95,8 +91,7 @@ def topk_ranking(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def hits_matrix(ranked: torch.Tensor, positives: sp.csr_matrix) -> torch.Tensor:
-    """``hits[q, r]`` = item ``ranked[q, r]`` is a positive of query ``q``
-    (a negative entry pads a list shorter than the others and is never a hit)."""
+    """``hits[q, r]``: item ``ranked[q, r]`` is a positive of query ``q`` (a negative entry pads and never hits)."""
     q, L = ranked.shape
     g = positives.shape[1]
     block = positives[:q]
@@ -113,11 +108,8 @@ def hits_matrix(ranked: torch.Tensor, positives: sp.csr_matrix) -> torch.Tensor:
 
 def metrics_from_hits(hits: torch.Tensor, n_pos: torch.Tensor, ks: Sequence[int] = DEFAULT_KS,
                       r_metrics: bool = True) -> dict[str, torch.Tensor]:
-    """Per-query metrics from a hits matrix [Q, L] and the number of positives per query [Q].
-
-    Returns float64 tensors [Q]: ``r@K`` for each K, and when ``r_metrics`` also
-    ``rprecision`` and ``map_at_r`` (these need L >= max(n_pos)).
-    """
+    """Per-query float64 [Q] ``r@K`` for each K and, with ``r_metrics``, ``rprecision`` and ``map_at_r`` (L >=
+    max(n_pos)) from a hits matrix [Q, L] and the number of positives per query [Q]."""
     out: dict[str, torch.Tensor] = {}
     L = hits.shape[1]
     for k in ks:
@@ -147,19 +139,20 @@ class QueryMetrics:
         return {k: float(np.mean(v)) if len(v) else float("nan") for k, v in self.values.items()}
 
 
-def _score_rows(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``scores[rows]``, as a view when ``rows`` is a contiguous ascending range."""
-    n = rows.numel()
-    if n and int(rows[-1]) - int(rows[0]) == n - 1 and bool((rows[1:] > rows[:-1]).all()):
-        return scores[int(rows[0]): int(rows[0]) + n]
-    return scores.index_select(0, rows)
+def take(x: torch.Tensor, index, dim: int = 0) -> torch.Tensor:
+    """``x.index_select(dim, index)``, as a view when ``index`` is a contiguous ascending range (COCO 1K folds)."""
+    index = torch.as_tensor(index, dtype=torch.int64)
+    n = index.numel()
+    if n and int(index[-1]) - int(index[0]) == n - 1 and bool((index[1:] > index[:-1]).all()):
+        return x.narrow(dim, int(index[0]), n)
+    return x.index_select(dim, index)
 
 
 def rank_lists(scores: torch.Tensor, queries: np.ndarray, k: int, *, chunk_size: int = 2048) -> torch.Tensor:
     """Top-``k`` gallery indices [len(queries), k] (order of :func:`topk_ranking`) of the rows
     ``queries`` of ``scores`` [Q, G], in query chunks."""
     q = torch.as_tensor(np.asarray(queries, dtype=np.int64))
-    out = [topk_ranking(_score_rows(scores, q[a:a + chunk_size]), k) for a in range(0, q.numel(), chunk_size)]
+    out = [topk_ranking(take(scores, q[a:a + chunk_size]), k) for a in range(0, q.numel(), chunk_size)]
     return torch.cat(out) if out else torch.zeros(0, k, dtype=torch.int64)
 
 
@@ -197,9 +190,8 @@ def metrics_from_ranking(ranked: torch.Tensor, positives: sp.csr_matrix, *, rank
 
 def rank_metrics(scores: torch.Tensor, positives: sp.csr_matrix, *, ks: Sequence[int] = DEFAULT_KS,
                  r_metrics: bool = True, queries: np.ndarray | None = None, chunk_size: int = 2048) -> QueryMetrics:
-    """Per-query metrics of the rows ``queries`` (default: those with a positive) of ``scores`` [Q, G]
-    against ``positives`` (CSR [Q, G]), ranked a query chunk at a time so a large R (PMRP) stays
-    bounded in memory."""
+    """Per-query metrics of the rows ``queries`` (default: those with a positive) of ``scores`` [Q, G] against
+    ``positives`` (CSR [Q, G]), ranked a query chunk at a time so a large R (PMRP) stays bounded in memory."""
     positives = sp.csr_matrix(positives, dtype=bool)
     positives.sort_indices()
     n_pos_all = np.diff(positives.indptr).astype(np.int64)

@@ -3,15 +3,13 @@
 The similarity itself is :func:`zsprob.prob.score` (closed forms by matrix products, MC by
 bounded sample blocks), so no [N, M, D] tensor is formed. This module adds:
 
-* :class:`PairScores`: the image x caption similarity of a whole test set, scored in row
-  blocks, and its contiguous transpose for text->image rows, so both directions rank by the very
-  same numbers. CSD, mean-only and cosine are one inner product of augmented vectors
-  (:func:`linear_form`): one GEMM per block, written straight into the output.
-* :func:`chunked_topk`: the best ``k`` gallery items of every query, merging per-block top-k,
-  for a gallery of any size in bounded memory.
+* :class:`PairScores`: the image x caption similarity of a whole test set, scored in row blocks, and its
+  contiguous transpose, so both directions rank by the same numbers; CSD, mean-only and cosine are one GEMM
+  of augmented vectors per block (:func:`linear_form`).
+* :func:`chunked_topk`: the best ``k`` gallery items of every query, for a gallery of any size.
 
-Both compute where the gallery tensors live, or on ``device=``; results come back as float32 /
-int64 CPU tensors, so the metrics downstream are the same code on every device.
+Both compute where the gallery lives, or on ``device=``, and return float32 / int64 CPU tensors, so the
+metrics downstream are the same code on every device.
 """
 from __future__ import annotations
 
@@ -21,22 +19,19 @@ import torch
 from zsprob.errors import UserError
 from zsprob.prob.distances import SCORE_NAMES, score
 
-NEEDS_SIGMA = ("csd", "w2", "kl", "minkl", "js", "elk", "bhattacharyya", "mc")
-
 
 def check_score(name: str, has_sigma: bool) -> None:
     """One line, before any block is scored, for an unknown score or one that needs sigma without it."""
     if name not in SCORE_NAMES:
         raise UserError(f"unknown score {name!r} (choose from {', '.join(SCORE_NAMES)})")
-    if name in NEEDS_SIGMA and not has_sigma:
+    if name not in ("mean", "cosine") and not has_sigma:
         raise UserError(f"score {name!r} needs sigma (logvar), but the embeddings have none; use 'mean' or 'cosine'")
 
 
 def mc_score_options(model) -> dict:
-    """Options of the "mc" score for a model trained by ``--method pcme``: its learned a (scale) and
-    b (shift), J (``loss.pcme.n_samples``) and the match probability of its loss form (slope 2 =
-    sigmoid(2 l) for the official form). Read from the checkpoint's metadata (``loss_params``,
-    ``train_config``); {} (a = b = 5, J = 7, sigmoid(l)) for any other model."""
+    """The "mc" score's options for a ``--method pcme`` model, from its checkpoint metadata: learned a
+    (scale) and b (shift), J (``loss.pcme.n_samples``) and the slope of its loss form's match probability
+    (2 for the official form); {} (a = b = 5, J = 7, slope 1) for any other model."""
     meta = getattr(model, "checkpoint_meta", None) or {}
     extra = meta.get("extra") or {}
     if extra.get("method") != "pcme":
@@ -50,14 +45,8 @@ def mc_score_options(model) -> dict:
     return opts
 
 
-def score_block(name: str, mu_a, logvar_a, mu_b, logvar_b, **kw) -> torch.Tensor:
-    """``zsprob.prob.score`` on one block, as float32 on the inputs' device."""
-    return score(name, mu_a, logvar_a, mu_b, logvar_b, **kw).float()
-
-
 def compute_device(device, gallery) -> torch.device:
-    """Where scores are computed: ``device`` if given, else where the ``gallery`` tensor lives (CPU
-    for numpy arrays)."""
+    """``device`` if given, else where the ``gallery`` tensor lives (the CPU for numpy arrays)."""
     if device is not None:
         return torch.device(device)
     return gallery.device if isinstance(gallery, torch.Tensor) else torch.device("cpu")
@@ -74,10 +63,8 @@ def on_device(x, device: torch.device):
 def score_matrix(name: str, mu_a: torch.Tensor, logvar_a: torch.Tensor | None, mu_b: torch.Tensor,
                  logvar_b: torch.Tensor | None, *, chunk_size: int = 1024, progress: bool = False,
                  seed: int = 0, device=None, **kw) -> torch.Tensor:
-    """Full similarity matrix [N, M] (float32, on the CPU), scored in blocks of ``chunk_size`` rows
-    on ``device`` (default: where ``mu_b``, the gallery, lives); the gallery is moved there once.
-    For "mc" a generator seeded with ``seed`` (on the compute device) makes the samples reproducible.
-    """
+    """Similarity matrix [N, M] (float32, on the CPU), scored in blocks of ``chunk_size`` rows on ``device``
+    (default: where ``mu_b``, the gallery, lives); "mc" draws its samples from a generator seeded with ``seed``."""
     check_score(name, logvar_a is not None and logvar_b is not None)
     dev = compute_device(device, mu_b)
     on_cpu = dev.type == "cpu"
@@ -101,13 +88,13 @@ def score_matrix(name: str, mu_a: torch.Tensor, logvar_a: torch.Tensor | None, m
             out[a:b].copy_(form[0][a:b] @ form[1].t())
         else:
             lv_a = None if logvar_a is None else on_device(logvar_a[a:b], dev)
-            out[a:b].copy_(score_block(name, on_device(mu_a[a:b], dev), lv_a, mu_b, logvar_b, **kw))
+            out[a:b].copy_(score(name, on_device(mu_a[a:b], dev), lv_a, mu_b, logvar_b, **kw).float())
     return out
 
 
 class PairScores:
-    """Image x caption similarities of a test set: ``i2t`` [n_img, n_cap] (computed in blocks, see
-    :func:`score_matrix`) and ``t2i`` [n_cap, n_img], its contiguous transpose."""
+    """Image x caption similarities of a test set: ``i2t`` [n_img, n_cap] (:func:`score_matrix`) and
+    ``t2i`` [n_cap, n_img], its contiguous transpose."""
 
     def __init__(self, name: str, img_mu, img_logvar, cap_mu, cap_logvar, *, chunk_size: int = 1024,
                  progress: bool = False, seed: int = 0, device=None, **kw):
@@ -118,11 +105,10 @@ class PairScores:
 
 
 def linear_form(name: str, mu_a, logvar_a, mu_b, logvar_b) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Float32 (A, B) with ``A @ B.T == score(name, ...)`` up to rounding for the scores that are one
-    inner product of augmented vectors (None for the others): -CSD = 2 mu_a.mu_b - (||mu_a||^2 + s_a)
-    - (||mu_b||^2 + s_b), s = ||sigma^2||_1 (row terms summed in float64), so A = [2 mu_a, -(||mu_a||^2
-    + s_a), 1], B = [mu_b, 1, -(||mu_b||^2 + s_b)]; "mean" has s = 0, "cosine" normalised means. Not
-    clamped at 0 as zsprob.prob.score is (the ranking is the same)."""
+    """Float32 (A, B) with ``A @ B.T == score(name, ...)`` up to rounding for "csd", "mean" and "cosine"
+    (None for the others): -CSD = 2 mu_a.mu_b - (||mu_a||^2 + s_a) - (||mu_b||^2 + s_b), s = ||sigma^2||_1
+    (row terms summed in float64), so A = [2 mu_a, -(||mu_a||^2 + s_a), 1], B = [mu_b, 1, -(||mu_b||^2 + s_b)];
+    "mean" has s = 0, "cosine" normalised means. Not clamped at 0 as score is (the ranking is the same)."""
     if name not in ("csd", "mean", "cosine") or torch.is_grad_enabled() and (
             getattr(mu_a, "requires_grad", False) or getattr(mu_b, "requires_grad", False)):
         return None
@@ -159,12 +145,9 @@ def transposed(x: torch.Tensor, rows: int = 64) -> torch.Tensor:
 def chunked_topk(name: str, q_mu: torch.Tensor, q_logvar: torch.Tensor | None, g_mu: torch.Tensor,
                  g_logvar: torch.Tensor | None, k: int, *, query_chunk: int = 1024, gallery_chunk: int = 65536,
                  progress: bool = False, device=None, **kw) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``k`` similarities and gallery indices [Q, k] of every query, best first (CPU tensors).
-
-    Memory is bounded by ``query_chunk x gallery_chunk`` scores at a time: per gallery block
-    the block's top-k are merged with the running top-k. Computed on ``device`` (default: where
-    ``g_mu``, the gallery, lives).
-    """
+    """Top-``k`` similarities and gallery indices [Q, k] of every query, best first (CPU tensors), with at
+    most ``query_chunk x gallery_chunk`` scores in memory: each gallery block's top-k merged into the running
+    top-k. Computed on ``device`` (default: where ``g_mu``, the gallery, lives)."""
     check_score(name, q_logvar is not None and g_logvar is not None)
     dev = compute_device(device, g_mu)
     if dev.type != "cpu":
@@ -179,22 +162,18 @@ def chunked_topk(name: str, q_mu: torch.Tensor, q_logvar: torch.Tensor | None, g
         it = tqdm(it, desc=f"search {name}", unit="block")
     for a in it:
         b = min(nq, a + query_chunk)
-        best_v = None
-        best_i = None
+        best_v = best_i = None
         for g0 in range(0, ng, gallery_chunk):
             g1 = min(ng, g0 + gallery_chunk)
             q_lv = None if q_logvar is None else on_device(q_logvar[a:b], dev)
-            s = score_block(name, on_device(q_mu[a:b], dev), q_lv, g_mu[g0:g1],
-                            None if g_logvar is None else g_logvar[g0:g1], **kw)
+            s = score(name, on_device(q_mu[a:b], dev), q_lv, g_mu[g0:g1],
+                      None if g_logvar is None else g_logvar[g0:g1], **kw).float()
             v, i = s.topk(min(k, g1 - g0), dim=1)
             i = i + g0
-            if best_v is None:
-                best_v, best_i = v, i
-            else:
-                cv = torch.cat([best_v, v], 1)
-                ci = torch.cat([best_i, i], 1)
-                best_v, j = cv.topk(k, dim=1)
-                best_i = ci.gather(1, j)
+            if best_v is not None:
+                v, j = torch.cat([best_v, v], 1).topk(k, dim=1)
+                i = torch.cat([best_i, i], 1).gather(1, j)
+            best_v, best_i = v, i
         vals_out[a:b] = best_v.cpu()
         idx_out[a:b] = best_i.cpu()
     return vals_out, idx_out

@@ -68,8 +68,7 @@ def augment_queries(mu, metric: str = "ip") -> np.ndarray:
 
 
 def augment_gallery(mu, logvar, metric: str = "ip", *, var_sum: np.ndarray | None = None) -> np.ndarray:
-    """[2 mu, -(||mu||^2 + s)] (ip) or [mu, sqrt(s)] (l2), float32 [N, D+1].
-    ``var_sum`` gives s = ||sigma^2||_1 directly instead of ``logvar``."""
+    """[2 mu, -(||mu||^2 + s)] (ip) or [mu, sqrt(s)] (l2), float32 [N, D+1]; ``var_sum``: s instead of ``logvar``."""
     mu64 = np.asarray(_np32(mu), dtype=np.float64)
     s = variance_sum(logvar, mu64.shape[0]) if var_sum is None else np.asarray(var_sum, dtype=np.float64)
     if metric == "ip":
@@ -113,9 +112,8 @@ class CSDIndex:
         self._gpu_resources = None  # faiss.StandardGpuResources of a GPU backend (kept alive with it)
 
     def to(self, device) -> "CSDIndex":
-        """Search on ``device`` from now on: kind "torch" moves its gallery tensor; flat and IVF
-        faiss indexes are copied to the GPU when faiss has GPUs (:func:`_faiss_gpu`), else they
-        stay on the CPU (as do HNSW indexes). Returns self."""
+        """Search on ``device`` from now on (kind "torch"; flat and IVF when faiss has GPUs, else they stay on
+        the CPU, as HNSW does). Returns self."""
         device = torch.device("cpu") if device is None else torch.device(device)
         if self.kind == "torch":
             self.backend = self.backend.to(device)
@@ -200,7 +198,7 @@ def _is_count(value, low: int = 0) -> bool:
 
 
 def _read_meta(d: Path) -> dict:
-    """index.json, with its required keys and their types checked (one line naming the file and key)."""
+    """index.json, its required keys and their types checked (one line naming the file and key)."""
     from zsprob.utils.io import read_json
 
     f = d / "index.json"
@@ -213,10 +211,9 @@ def _read_meta(d: Path) -> dict:
     version = meta.get("version", FORMAT_VERSION)
     if not _is_count(version, 1) or version > FORMAT_VERSION:
         raise UserError(f"{f}: version {version!r} is not one this zsprob reads (up to {FORMAT_VERSION})")
-    if meta["kind"] not in KINDS:
-        raise UserError(f"{f}: kind {meta['kind']!r} is not one of {', '.join(KINDS)}")
-    if meta["metric"] not in METRICS:
-        raise UserError(f"{f}: metric {meta['metric']!r} is not one of {', '.join(METRICS)}")
+    for key, allowed in (("kind", KINDS), ("metric", METRICS)):
+        if meta[key] not in allowed:
+            raise UserError(f"{f}: {key} {meta[key]!r} is not one of {', '.join(allowed)}")
     for key, low in (("dim", 1), ("size", 1)):
         if not _is_count(meta[key], low):
             raise UserError(f"{f}: {key} must be an integer >= {low}, got {meta[key]!r}")
@@ -230,8 +227,8 @@ def _read_meta(d: Path) -> dict:
 
 
 def _check_gallery(meta: dict, gallery: np.ndarray, f: Path) -> None:
-    """gallery.npy of a "torch" index against index.json: shape [size, dim + 1], float, and the sign of
-    the last column the metric's augmentation gives (ip: -(||mu||^2 + s) <= 0; l2: sqrt(s) >= 0)."""
+    """gallery.npy of a "torch" index against index.json: float [size, dim + 1], and the last column's sign
+    that the metric's augmentation gives (ip: -(||mu||^2 + s) <= 0; l2: sqrt(s) >= 0)."""
     want = (meta["size"], meta["dim"] + 1)
     if gallery.dtype.kind != "f" or gallery.shape != want:
         raise UserError(f"{f} holds a {gallery.dtype} array of shape {gallery.shape}; index.json (size "
@@ -265,17 +262,24 @@ def _check_faiss(meta: dict, index, f: Path) -> None:
         raise UserError(f"{f} has {index.nlist} inverted lists, but index.json says nlist {nlist}")
 
 
-def _read_backend(d: Path, meta: dict):
-    """The index's vectors (gallery.npy, a torch tensor) or its FAISS index, checked against index.json."""
-    f = d / backend_file(meta["kind"])
+def _read_file(f: Path, read, missing: str = ""):
+    """``read(f)``, a missing or unreadable index file being one :class:`UserError` line."""
     if not f.is_file():
-        raise UserError(f"index file not found: {f} (index.json says kind {meta['kind']!r})")
+        raise UserError(f"index file not found: {f}{missing}")
     try:
-        backend = np.load(f, allow_pickle=False) if meta["kind"] == "torch" else _faiss().read_index(str(f))
+        return read(f)
     except UserError:
         raise
     except Exception as e:
         raise UserError(f"cannot read index file {f}: {e}") from None
+
+
+def _read_backend(d: Path, meta: dict):
+    """The index's vectors (gallery.npy, a torch tensor) or its FAISS index, checked against index.json."""
+    f = d / backend_file(meta["kind"])
+    read = (lambda p: np.load(p, allow_pickle=False)) if meta["kind"] == "torch" else (
+        lambda p: _faiss().read_index(str(p)))
+    backend = _read_file(f, read, f" (index.json says kind {meta['kind']!r})")
     if meta["kind"] == "torch":
         _check_gallery(meta, backend, f)
         return torch.from_numpy(np.ascontiguousarray(backend, dtype=np.float32))
@@ -284,22 +288,15 @@ def _read_backend(d: Path, meta: dict):
 
 
 def load_index(path, device=None) -> CSDIndex:
-    """Load an index written by :meth:`CSDIndex.save` (moved to ``device`` if given). index.json is checked
-    against the files beside it, so a description that disagrees with the index is one
-    :class:`UserError` line rather than wrong neighbours."""
+    """Load an index written by :meth:`CSDIndex.save` (moved to ``device`` if given), index.json checked against
+    the files beside it: a disagreement is one :class:`UserError` line rather than wrong neighbours."""
     from zsprob.errors import require_dir
     from zsprob.retrieval.embeddings import check_ids
 
     d = require_dir(path, "index directory", "build one with `zsprob index build`")
     meta = _read_meta(d)
     f = d / "ids.npy"
-    if not f.is_file():
-        raise UserError(f"index file not found: {f}")
-    try:
-        ids = np.load(f, allow_pickle=False)
-    except Exception as e:
-        raise UserError(f"cannot read index file {f}: {e}") from None
-    ids = check_ids(ids, str(f), "ids")
+    ids = check_ids(_read_file(f, lambda p: np.load(p, allow_pickle=False)), str(f), "ids")
     if len(ids) != meta["size"]:
         raise UserError(f"{f} holds {len(ids)} ids, but index.json says size {meta['size']}")
     backend = _read_backend(d, meta)
@@ -313,17 +310,12 @@ def build_index(mu, logvar=None, *, kind: str = "flat", metric: str | None = Non
                 nlist: int | None = None, nprobe: int = 16, train_size: int = 100_000,
                 threads: int | None = None, seed: int = 0, var_sum: np.ndarray | None = None,
                 device=None) -> CSDIndex:
-    """Index a gallery for CSD search: ``kind`` and ``metric`` (default
-    :func:`~zsprob.retrieval.index_format.default_metric`) as named in :mod:`zsprob.retrieval.index_format`.
-    IVF trains its k-means on up to ``train_size`` vectors (``nlist``: :func:`default_nlist`, at most that
-    many); ``var_sum`` [N] may replace ``logvar`` (only s = ||sigma^2||_1 enters CSD ranking);
-    ``device``: where the index is trained, filled and searched (default the CPU).
-    """
+    """Index a gallery for CSD search (``kind``, ``metric``: :mod:`zsprob.retrieval.index_format`). IVF trains
+    its k-means on up to ``train_size`` vectors; ``var_sum`` [N] may replace ``logvar`` (only s = ||sigma^2||_1
+    enters CSD ranking); ``device``: where the index is trained, filled and searched (default the CPU)."""
     if kind not in KINDS:
         raise UserError(f"unknown index kind {kind!r} (choose from {', '.join(KINDS)})")
     metric = metric or default_metric(kind)
-    if metric not in METRICS:
-        raise UserError(f"unknown metric {metric!r} (choose from {', '.join(METRICS)})")
     mu_np = _np32(mu)
     if mu_np.ndim != 2 or mu_np.shape[0] == 0:
         raise UserError(f"gallery means must be a non-empty [N, D] array, got shape {tuple(mu_np.shape)}")
@@ -369,9 +361,8 @@ def default_nlist(n: int) -> int:
 
 
 def _ivf_lists(nlist: int | None, n: int, train_size: int) -> int:
-    """The IVF list count: ``nlist`` as given, or :func:`default_nlist`. A given ``nlist`` above the
-    number of training vectors (k-means cannot make more centroids than points; FAISS stops with an
-    error) is refused rather than lowered, so the index is never built with lists the user did not ask for."""
+    """``nlist`` as given, or :func:`default_nlist`; one above the number of training vectors (k-means makes no
+    more centroids than points) is refused rather than lowered to lists the user did not ask for."""
     if nlist is None:
         return default_nlist(n)
     nlist, most = int(nlist), min(n, int(train_size))
@@ -401,8 +392,7 @@ def _torch_search(q: torch.Tensor, gallery: torch.Tensor, k: int, metric: str, c
 
 def brute_force_csd(q_mu, q_logvar, g_mu, g_logvar, k: int = 10, *, query_chunk: int = 256,
                     gallery_chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k by CSD with ``zsprob.prob.score("csd")`` (chunked; the reference ranking).
-    Returns (csd [Q, k] ascending, gallery positions [Q, k])."""
+    """Exact top-k by CSD with ``zsprob.prob.score`` (the reference ranking): (csd [Q, k] ascending, positions)."""
     from zsprob.retrieval.scoring import chunked_topk
 
     qmu, gmu = torch.as_tensor(_np32(q_mu)), torch.as_tensor(_np32(g_mu))
@@ -418,14 +408,11 @@ def brute_force_csd(q_mu, q_logvar, g_mu, g_logvar, k: int = 10, *, query_chunk:
 
 
 class MeanRerankIndex:
-    """PCME++ App. C.3 baseline: a FAISS index on the means (L2), then the ``candidates`` nearest
-    means are re-ranked by CSD using the stored s_t = ||sigma_t^2||_1."""
+    """PCME++ App. C.3 baseline: a FAISS index on the means (L2), its ``candidates`` nearest re-ranked by CSD."""
 
-    def __init__(self, mu, logvar, *, kind: str = "hnsw", candidates: int = 100, hnsw_m: int = 32,
-                 ef_construction: int = 80, ef_search: int = 64, nlist: int | None = None, nprobe: int = 16,
-                 threads: int | None = None, seed: int = 0, var_sum: np.ndarray | None = None):
-        self.mean_index = build_index(mu, None, kind=kind, metric="l2", hnsw_m=hnsw_m, ef_construction=ef_construction,
-                                      ef_search=ef_search, nlist=nlist, nprobe=nprobe, threads=threads, seed=seed)
+    def __init__(self, mu, logvar, *, kind: str = "hnsw", candidates: int = 100, var_sum: np.ndarray | None = None,
+                 **index_options):
+        self.mean_index = build_index(mu, None, kind=kind, metric="l2", **index_options)  # hnsw_m, nlist, ...
         self.s = variance_sum(logvar, len(self.mean_index)) if var_sum is None else np.asarray(var_sum, np.float64)
         self.candidates = int(candidates)
 

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from zsprob.retrieval import analysis as A
 from zsprob.retrieval import metrics as M
-from zsprob.retrieval.embeddings import Embeddings
+from zsprob.retrieval.embeddings import Embeddings, encode_split
 from zsprob.retrieval.scoring import mc_score_options
 from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
 from zsprob.retrieval.evaluate import evaluate_embeddings, format_table
@@ -36,29 +36,9 @@ def synthetic_task(split) -> RetrievalTask:
         notes=["caption: five-caption positives (R@K, RSUM); plausible: exact plausible-match positives (mAP@R, R-P)"])
 
 
-def encode_split(model, split, *, batch_size: int = 128, device=None, progress: bool = False, num_workers: int = 0,
-                 precision: str = "fp32") -> Embeddings:
-    """The split's images and captions embedded (``zsprob.models.encode``: ``num_workers`` decoding
-    processes, ``precision`` "fp32" or "bf16" autocast; float32 CPU embeddings either way)."""
-    from zsprob.models.encode import encode_images, encode_texts
-    from zsprob.retrieval.coco import ImageList
-
-    img_mu, img_lv = encode_images(model, ImageList(split.image_paths, model.preprocess_val), batch_size=batch_size,
-                                   device=device, progress=progress, num_workers=num_workers, precision=precision)
-    cap_mu, cap_lv = encode_texts(model, list(split.captions), batch_size=max(256, batch_size), device=device,
-                                  progress=progress, precision=precision)
-    return Embeddings(image_ids=np.asarray(split.image_ids, dtype=np.int64),
-                      caption_ids=np.asarray(split.caption_ids, dtype=np.int64), image_mu=img_mu, caption_mu=cap_mu,
-                      image_logvar=img_lv, caption_logvar=cap_lv,
-                      caption_image=np.asarray(split.caption_image, dtype=np.int64))
-
-
 def ground_truth_uncertainty(emb: Embeddings, split) -> dict:
-    """Text uncertainty vs caption ambiguity; image uncertainty vs #objects and condition."""
-    if not emb.has_sigma:
-        return {"note": "deterministic model: no uncertainty"}
-    u_img = emb.image_logvar.exp().sum(1).numpy()
-    u_cap = emb.caption_logvar.exp().sum(1).numpy()
+    """Text uncertainty vs caption ambiguity; image uncertainty vs #objects and condition (embeddings with sigma)."""
+    u_img, u_cap = emb.uncertainty()
     n_obj = np.array([m.get("num_objects", len(m.get("objects", []))) for m in split.image_meta], dtype=np.float64)
     cond = [m.get("condition", "unknown") for m in split.image_meta]
     normal = np.array([c == "normal" for c in cond])
@@ -97,7 +77,7 @@ def _plot_ambiguity(emb: Embeddings, split, gt: dict, path) -> Path:
 
     plt = pyplot()
 
-    u_cap = emb.caption_logvar.exp().sum(1).numpy()
+    _, u_cap = emb.uncertainty()
     amb = np.asarray(split.caption_ambiguity, dtype=np.float64)
     rho = (gt.get("text_uncertainty_vs_ambiguity") or {}).get("rho", float("nan"))
     fig, ax = plt.subplots(figsize=(5.6, 4.0), dpi=120)
@@ -121,19 +101,16 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
                        progress: bool = False, seed: int = 0, metrics_file: str = "metrics.json",
                        validity: bool = True, n_pairs: int = 1000, n_crops: int = 300, num_workers: int = 0,
                        precision: str = "fp32") -> dict:
-    """Evaluate ``model`` on SynthWorld's retrieval ``split`` (root = a SynthWorld OUT folder); ``device``
-    encodes and scores, ``num_workers`` and ``precision`` apply to the split's embeddings only.
-
-    Returns a JSON-able dict: ``metrics`` (percent), ``summary``, ``table``, and for probabilistic
-    models ``uncertainty`` (``deciles``, ``ground_truth``, ``corruption``) and, with ``validity``,
-    ``uncertainty_validity`` / ``validity_table`` (on ``n_pairs`` pairs and ``n_crops`` triplets);
-    ``files``: what was written under ``out_dir``.
-    """
+    """Evaluate ``model`` on SynthWorld's retrieval ``split`` (root: a SynthWorld folder). Returns ``metrics``
+    (percent), ``summary``, ``table``, for probabilistic models ``uncertainty`` (``deciles``, ``ground_truth``,
+    ``corruption``) and, with ``validity``, ``uncertainty_validity`` / ``validity_table``; ``files``: what was
+    written under ``out_dir``."""
     from zsprob.data.synthetic import load_retrieval_split
     from zsprob.retrieval.evaluate import summary_row
     from zsprob.utils.io import atomic_write_json, atomic_write_text
 
     rs = load_retrieval_split(root, split)
+    out_dir = None if out_dir is None else Path(out_dir)
     emb = encode_split(model, rs, batch_size=batch_size, device=device, progress=progress, num_workers=num_workers,
                        precision=precision)
     task = synthetic_task(rs)
@@ -159,17 +136,15 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
                                        batch_size=min(64, batch_size), device=device)
             out["uncertainty"]["corruption"] = sweep
         if out_dir is not None:
-            out["files"]["groups_png"] = str(_plot_groups(gt, Path(out_dir) / "uncertainty_groups.png"))
-            out["files"]["ambiguity_png"] = str(_plot_ambiguity(emb, rs, gt,
-                                                                Path(out_dir) / "uncertainty_vs_ambiguity.png"))
+            out["files"]["groups_png"] = str(_plot_groups(gt, out_dir / A.FILES["groups_png"]))
+            out["files"]["ambiguity_png"] = str(_plot_ambiguity(emb, rs, gt, out_dir / A.FILES["ambiguity_png"]))
             if corruption:
-                out["files"]["corruption_png"] = str(A.plot_corruption(sweep, Path(out_dir) / "corruption.png"))
+                out["files"]["corruption_png"] = str(A.plot_corruption(sweep, out_dir / A.FILES["corruption_png"]))
     else:
         out["uncertainty"] = None
         out["uncertainty_validity"] = None
     if out_dir is not None:
-        out_dir = Path(out_dir)
-        out["files"]["table"] = str(atomic_write_text(out_dir / "table.md", out["table"]))
+        out["files"]["table"] = str(atomic_write_text(out_dir / A.FILES["table"], out["table"]))
         out["files"]["metrics"] = str(out_dir / metrics_file)
         from zsprob.models.fingerprint import model_identity
         atomic_write_json(out_dir / metrics_file, {"model": model_identity(model),

@@ -1,13 +1,10 @@
 """Uncertainty-validity evidence on SynthWorld: does sigma^2 mean ambiguity?
 
-Each analysis compares a model's ||sigma^2||_1 (or ProLIP's inclusion test) with SynthWorld's exact
-ground truth, with an uncertainty interval and its count: :func:`ambiguity_spearman` (text
-uncertainty vs caption ambiguity, overall and per word count, bootstrap intervals),
-:func:`inclusion_accuracy` (exact inclusion pairs), :func:`condition_uncertainty` (image uncertainty
-per rendering condition), :func:`crop_test` (Pishdad et al.'s controlled test, their Sec. 4.3) and
-:func:`decile_trend` (R@1 per uncertainty decile). :func:`uncertainty_validity` runs all five for a
-model and :func:`validity_table` prints them. scipy ranks; :mod:`zsprob.prob.distances` does the
-Gaussian math.
+Each analysis compares a model's ||sigma^2||_1 (or ProLIP's inclusion test) with SynthWorld's exact ground
+truth, with an uncertainty interval and its count: text uncertainty vs caption ambiguity, exact inclusion
+pairs, image uncertainty per rendering condition, Pishdad et al.'s crop test (their Sec. 4.3) and R@1 per
+uncertainty decile. :func:`uncertainty_validity` runs all five for a model, :func:`validity_table` prints them.
+scipy ranks; :mod:`zsprob.prob.distances` does the Gaussian math.
 """
 from __future__ import annotations
 
@@ -38,12 +35,8 @@ def _rowwise_spearman(x_ranks_rows: np.ndarray, y_ranks_rows: np.ndarray) -> np.
 
 
 def bootstrap_spearman(x, y, *, n_boot: int = N_BOOTSTRAP, seed: int = 0, level: float = 0.95) -> dict:
-    """Spearman's rho of (x, y) with a percentile bootstrap interval (resampling pairs).
-
-    Vectorised: all ``n_boot`` resamples are ranked at once (scipy ``rankdata`` along rows, ties
-    averaged, as Spearman's definition wants). Returns ``{"rho", "lo", "hi", "n"}`` (NaN when
-    undefined, e.g. fewer than 3 items or a constant input).
-    """
+    """Spearman's rho of (x, y) with a percentile bootstrap interval over resampled pairs (all resamples
+    ranked at once, ties averaged): ``{"rho", "lo", "hi", "n"}``, NaN with fewer than 3 items or a constant input."""
     from scipy.stats import rankdata
 
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
@@ -62,11 +55,8 @@ def bootstrap_spearman(x, y, *, n_boot: int = N_BOOTSTRAP, seed: int = 0, level:
 
 def ambiguity_spearman(text_uncertainty, caption_ambiguity, captions, *, seed: int = 0,
                        n_boot: int = N_BOOTSTRAP) -> dict:
-    """Spearman(text uncertainty, ambiguity) overall and per word count (bootstrap 95% intervals).
-
-    Returns ``{"overall": {...}, "by_word_count": {"3": {..., "counts": bool}, ...},
-    "positive_in_counted_bins": bool}``.
-    """
+    """Spearman(text uncertainty, ambiguity) with bootstrap 95% intervals, overall and per word count:
+    ``{"overall", "by_word_count": {"3": {..., "counts": bool}, ...}, "min_bin", "positive_in_counted_bins"}``."""
     u = np.asarray(text_uncertainty, dtype=np.float64)
     amb = np.asarray(caption_ambiguity, dtype=np.float64)
     words = np.array([len(c.split()) for c in captions])
@@ -90,12 +80,9 @@ def _binomial(correct: np.ndarray) -> dict:
 
 def inclusion_accuracy(general_mu, general_logvar, specific_mu, specific_logvar, same_word_count=None,
                        *, eps: float = -10.0) -> dict:
-    """Accuracy of the inclusion test and of the plain sigma comparison on (general, specific) rows.
-
-    ``inclusion``: correct when ``inclusion_logit(specific, general) > 0`` (specific inside general);
-    ``sigma``: correct when ||sigma^2||_1(general) > ||sigma^2||_1(specific). Each with ``se`` and
-    ``n``; with ``same_word_count`` (bool per pair) also ``by_word_count`` {"same", "different"}.
-    """
+    """Accuracy (with ``se``, ``n``) on (general, specific) rows of the inclusion test (``inclusion``:
+    ``inclusion_logit(specific, general) > 0``) and of the sigma comparison (``sigma``: the general caption
+    has the larger ||sigma^2||_1); with ``same_word_count`` (bool per pair) also ``by_word_count``."""
     logit = distances.inclusion_logit(specific_mu, specific_logvar, general_mu, general_logvar, eps=eps).numpy()
     plain = (distances.uncertainty(general_logvar) > distances.uncertainty(specific_logvar)).numpy()
     results = {"inclusion": np.asarray(logit > 0), "sigma": np.asarray(plain)}
@@ -108,12 +95,9 @@ def inclusion_accuracy(general_mu, general_logvar, specific_mu, specific_logvar,
 
 
 def condition_uncertainty(image_uncertainty, conditions, *, reference: str = "normal") -> dict:
-    """Mean image uncertainty per condition minus ``reference`` with its Welch standard error.
-
-    Returns ``{"by_condition": {cond: {"mean", "diff", "se", "n"}}, "reference": {...},
-    "more_uncertain": int, "of": len(DEGRADED_CONDITIONS)}`` (a condition absent from the data
-    counts as not more uncertain).
-    """
+    """Mean image uncertainty per condition minus ``reference``'s, with its Welch standard error:
+    ``{"by_condition": {cond: {"mean", "diff", "se", "n"}}, "reference", "more_uncertain", "of"}`` (a
+    degraded condition absent from the data counts as not more uncertain)."""
     u = np.asarray(image_uncertainty, dtype=np.float64)
     conditions = np.asarray(conditions)
     ref = u[conditions == reference]
@@ -131,8 +115,7 @@ def condition_uncertainty(image_uncertainty, conditions, *, reference: str = "no
 
 
 def _pair_similarity(name: str, image_mu, image_logvar, caption_mu, caption_logvar) -> torch.Tensor:
-    """Similarity of row i of the images with row i of the captions: the diagonal of ``score``,
-    computed in blocks of ``PAIR_BLOCK`` rows so memory stays bounded."""
+    """Similarity of image row i with caption row i: the diagonal of ``score``, in blocks of ``PAIR_BLOCK`` rows."""
     parts = [distances.score(name, image_mu[s:s + PAIR_BLOCK], image_logvar[s:s + PAIR_BLOCK],
                      caption_mu[s:s + PAIR_BLOCK], caption_logvar[s:s + PAIR_BLOCK]).diagonal()
              for s in range(0, len(image_mu), PAIR_BLOCK)]
@@ -140,14 +123,10 @@ def _pair_similarity(name: str, image_mu, image_logvar, caption_mu, caption_logv
 
 
 def crop_test(image_a, image_ab, caption_a, caption_ab) -> dict:
-    """Pishdad et al.'s crop test from the four Gaussians of every trial (each a (mu, logvar) pair):
-    mean uncertainty of image A vs A+B and of caption "A" vs "A and B", and binary selection: each
-    query chooses between the two candidates of the other modality of its triplet by similarity
-    (:data:`CROP_SIMILARITIES`; -KL with the caption as reference is the paper's), and is correct
-    when it picks its own counterpart.
-    Returns ``{"uncertainty": {each Gaussian: mean, se, n}, "image_ab_more_uncertain",
-    "caption_ab_less_uncertain", "selection": {similarity: {each query: accuracy, se, n}}}``.
-    """
+    """Pishdad et al.'s crop test on the four (mu, logvar) Gaussians of every trial: mean uncertainty of image
+    A vs A+B and caption "A" vs "A and B", and binary selection (each query picks one of the other modality's
+    two candidates by each of :data:`CROP_SIMILARITIES`; correct when it picks its own counterpart).
+    Returns ``{"uncertainty", "image_ab_more_uncertain", "caption_ab_less_uncertain", "selection"}``."""
     gaussians = {"image_a": image_a, "image_ab": image_ab, "caption_a": caption_a, "caption_ab": caption_ab}
     unc = {name: distances.uncertainty(lv).double().numpy() for name, (mu, lv) in gaussians.items()}
     n = len(unc["image_a"])
@@ -170,8 +149,7 @@ def crop_test(image_a, image_ab, caption_a, caption_ab) -> dict:
 
 
 def decile_trend(deciles: dict) -> dict:
-    """R@1 per uncertainty decile (bin 0 = most certain) and its Spearman, per query direction;
-    ``falling`` is True when Spearman(decile, R@1) < 0."""
+    """R@1 per uncertainty decile and its Spearman per query direction; ``falling``: Spearman(decile, R@1) < 0."""
     out = {}
     for direction, result in deciles.items():
         rho = result["spearman_bins"]["rho"]
@@ -196,16 +174,6 @@ class _RenderedScenes:
         return self.transform(self.world.render(self.scenes[index]).convert("RGB"))
 
 
-def _world_image_size(split) -> int:
-    size = (split.image_meta[0].get("image_size") if split.image_meta else None)
-    if size:
-        return int(size)
-    from PIL import Image
-
-    with Image.open(split.image_paths[0]) as image:
-        return int(image.size[0])
-
-
 def _encode_captions(model, texts, batch_size, device):
     from zsprob.models.encode import encode_texts
 
@@ -214,15 +182,14 @@ def _encode_captions(model, texts, batch_size, device):
 
 def uncertainty_validity(model, split, embeddings, deciles: dict, *, seed: int = 0, n_pairs: int = 1000,
                          n_crops: int = 300, n_boot: int = N_BOOTSTRAP, batch_size: int = 128, device=None) -> dict:
-    """All five analyses for ``model`` on a SynthWorld ``RetrievalSplit``, given its ``embeddings`` and
-    the ``deciles`` of the same evaluation. The ``n_pairs`` inclusion pairs and ``n_crops`` crop triplets
-    come from ``seed`` and are encoded once; probe images are rendered at the split's image size."""
+    """All five analyses for ``model`` on a SynthWorld ``RetrievalSplit``, given its ``embeddings`` and the
+    ``deciles`` of the same evaluation; the ``n_pairs`` inclusion pairs and ``n_crops`` crop triplets come
+    from ``seed``, their images rendered at the split's image size."""
     from zsprob.data.synthworld.probes import crop_scenes, inclusion_pairs
     from zsprob.data.synthetic import SynthWorld
     from zsprob.models.encode import encode_images
 
-    text_u = distances.uncertainty(embeddings.caption_logvar).double().numpy()
-    image_u = distances.uncertainty(embeddings.image_logvar).double().numpy()
+    image_u, text_u = embeddings.uncertainty()
     conditions = [m.get("condition", "unknown") for m in split.image_meta]
 
     pairs = inclusion_pairs(n_pairs, seed)
@@ -238,7 +205,7 @@ def uncertainty_validity(model, split, embeddings, deciles: dict, *, seed: int =
     inclusion["examples"] = [[p["general"]["text"], p["specific"]["text"]] for p in pairs[:5]]
 
     trials = crop_scenes(n_crops, seed)
-    world = SynthWorld(seed=seed, image_size=_world_image_size(split))
+    world = SynthWorld(seed=seed, image_size=int(split.image_meta[0]["image_size"]))
     scenes = [t["scene_a"] for t in trials] + [t["scene_ab"] for t in trials]
     image_mu, image_lv = encode_images(model, _RenderedScenes(world, scenes, model.preprocess_val),
                                        batch_size=batch_size, device=device, progress=False)
@@ -261,7 +228,7 @@ def uncertainty_validity(model, split, embeddings, deciles: dict, *, seed: int =
 
 
 def _num(v, spec: str) -> str:
-    """``v`` formatted, or "n/a" where it is undefined (NaN / None: too few items for it)."""
+    """``v`` formatted, or "n/a" where it is undefined (NaN / None)."""
     return format(v, spec) if v is not None and math.isfinite(v) else "n/a"
 
 
@@ -308,8 +275,3 @@ def validity_table(validity: dict, label: str = "model") -> str:
     lines = [f"| uncertainty validity ({label}) | value |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     return "\n".join(lines) + "\n"
-
-
-__all__ = ["CROP_SIMILARITIES", "DEGRADED_CONDITIONS", "MIN_BIN", "ambiguity_spearman", "bootstrap_spearman",
-           "condition_uncertainty", "crop_test", "decile_trend", "inclusion_accuracy", "uncertainty_validity",
-           "validity_table"]
