@@ -147,13 +147,9 @@ def require_readable(good: list, bad: list[tuple[Path, str]], where: Path) -> No
                         f"(e.g. {bad[0][0]}: {bad[0][1]})")
 
 
-_WARNED: set = set()  # (where, count) already reported by this process (a split is often listed twice)
-
-
 def warn_skipped(skipped: list[tuple[Path, str]], where: Path) -> None:
-    """One stderr line for the images a dataset skipped: their count and one example (once per process)."""
-    if skipped and (str(where), len(skipped)) not in _WARNED:
-        _WARNED.add((str(where), len(skipped)))
+    """One stderr line for the images a dataset skipped: their count and one example."""
+    if skipped:
         print(f"zsprob: warning: skipped {len(skipped)} unreadable image(s) under {where} "
               f"(e.g. {skipped[0][0]}: {skipped[0][1]})", file=sys.stderr, flush=True)
 
