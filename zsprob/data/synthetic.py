@@ -10,12 +10,11 @@ whatever the number of workers.
 from __future__ import annotations
 
 from zsprob.data.synthworld.captions import caption_matches
-from zsprob.data.synthworld.preview import write_preview
 from zsprob.data.synthworld.readers import (PretrainItems, RetrievalSplit, load_retrieval_split, paired_split,
                                             read_pretrain_items)
 from zsprob.data.synthworld.scene import CONDITIONS, SHAPES
 from zsprob.data.synthworld.world import DEFAULTS, PRESETS, SynthSample, SynthWorld, make_scene
-from zsprob.data.synthworld.writer import generate
+from zsprob.data.synthworld.writer import generate, write_preview
 
 __all__ = ["SynthWorld", "SynthSample", "RetrievalSplit", "caption_matches", "generate",
            "load_retrieval_split", "write_preview", "make_scene", "SHAPES", "CONDITIONS", "PRESETS", "DEFAULTS",

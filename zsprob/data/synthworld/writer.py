@@ -2,14 +2,17 @@
 overwrite a world made with other arguments), runs the work units, then writes the retrieval annotations,
 the class names and the manifest. A unit (one pretraining shard, one chunk of classification or retrieval
 images) is a pure function of its argument dict, run in any process and order and skipped where its files
-exist; every byte goes through ``files``, so the output does not depend on ``workers``.
+exist; every byte goes through ``files``, so the output does not depend on ``workers``. :func:`write_preview`
+draws the preview sheet (one row per rendering condition).
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import shutil
+import textwrap
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,7 +23,6 @@ from zsprob.data.synthworld.captions import match_matrix
 from zsprob.data.synthworld.checks import DATA_FOLDERS, broken_shards, damaged_files, file_checksums, read_manifest
 # _jpeg is looked up at every call (the interrupted-run test replaces it here)
 from zsprob.data.synthworld.files import dumps, jpeg_bytes as _jpeg, sparse_npz_bytes, tar_bytes, write_atomic
-from zsprob.data.synthworld.preview import write_preview
 from zsprob.data.synthworld.scene import (BACKGROUNDS, COLOR_NAMES, COND_P, CONDITIONS, FILLS, NUM_OBJECTS_P,
                                           POSITIONS, SHAPES, SIZES)
 from zsprob.data.synthworld.world import (AMBIGUITY_METHOD, CAPTIONS_PER_IMAGE, DEFAULTS, FORMAT_VERSION,
@@ -332,3 +334,40 @@ def _write_karpathy_json(out: Path, retrieval_metas: dict[str, list]) -> None:
     write_atomic(out / "retrieval" / "dataset_synthworld.json",
                   (dumps({"dataset": "synthworld", "images": images}) + "\n").encode())
 
+
+def write_preview(path: str | os.PathLike, *, seed: int = 0, image_size: int = 64, per_condition: int = 6,
+                  cell: int = 192) -> Path:
+    """A PNG grid: one row per condition, ``per_condition`` images with two of their captions."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    world = SynthWorld(seed, image_size)
+    try:
+        font = ImageFont.load_default(size=12)
+        bold = ImageFont.load_default(size=15)
+    except TypeError:  # Pillow < 10.1
+        font = bold = ImageFont.load_default()
+    disp = cell - 16
+    label_w = 130
+    text_h = 86
+    W = label_w + per_condition * cell
+    H = len(CONDITIONS) * (cell + text_h) + 10
+    canvas = Image.new("RGB", (W, H), "white")
+    d = ImageDraw.Draw(canvas)
+    for r, cond in enumerate(CONDITIONS):
+        y = 5 + r * (cell + text_h)
+        d.text((6, y + cell // 2 - 8), cond, fill="black", font=bold)
+        for c in range(per_condition):
+            s = world.sample("preview", r * 1000 + c, condition=cond)
+            im = s.image.resize((disp, disp), Image.NEAREST)
+            x = label_w + c * cell + 8
+            canvas.paste(im, (x, y + 8))
+            ty = y + cell - 4
+            for k, cap in enumerate(s.captions[:2]):
+                for line in textwrap.wrap(cap, 30)[:3]:
+                    d.text((x, ty), line, fill=((20, 20, 130), (120, 25, 25))[k], font=font)
+                    ty += 14
+    path = Path(path)
+    buf = io.BytesIO()
+    canvas.save(buf, format="PNG")
+    write_atomic(path, buf.getvalue())
+    return path
