@@ -16,7 +16,7 @@ from conftest import run_cli
 from zsprob.data.synthetic import paired_split
 from zsprob.errors import UserError
 from zsprob.prob.jwae import JWAEObjective
-from zsprob.train.defaults import load_train_config
+from zsprob.train.defaults import load_train_config, resolve_config
 from zsprob.train.jwae_data import FeatureStore, SemiSupervisedSource
 
 FEAT = 24
@@ -47,15 +47,15 @@ def source(fraction=0.5, unpaired=True, n=240, batch=16) -> SemiSupervisedSource
 
 # ----------------------------------------------------------------------------- data
 
-def test_paired_split_nests_partitions_and_rejects_fractions_outside_0_1():
+def test_paired_split_nests_partitions_and_the_config_rejects_fractions_outside_0_1():
     p10, u10 = paired_split(1000, 0.1, seed=3)
     p50, u50 = paired_split(1000, 0.5, seed=3)
     assert len(p10) == 100 and len(p50) == 500 and set(p10) <= set(p50)
     assert not set(p10) & set(u10) and len(set(p10) | set(u10)) == 1000
     assert len(paired_split(1000, 1.0)[1]) == 0
     for bad in (0.0, -0.1, 1.5):
-        with pytest.raises(UserError, match="paired_fraction"):
-            paired_split(10, bad)
+        with pytest.raises(UserError, match=r"data.paired_fraction must be in \(0, 1\]"):
+            resolve_config(jwae_cfg(f"data.paired_fraction={bad}"))
 
 
 def test_unpaired_streams_draw_only_from_the_unpaired_share_and_resume_exactly():
@@ -117,7 +117,6 @@ def test_discriminator_and_autoencoder_updates_touch_only_their_own_parameters()
     from accelerate import Accelerator
 
     from zsprob.train import jwae_step
-    from zsprob.train.defaults import resolve_config
     cfg = resolve_config(jwae_cfg("optim.grad_clip=2.0", "schedule.steps=5"))
     src = source(0.5)
     acc = Accelerator(cpu=True)

@@ -117,10 +117,7 @@ def read_pretrain_items(shards: str | os.PathLike) -> PretrainItems:
 def paired_split(n: int, paired_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """jWAE's split of ``n`` pretraining samples into sorted (paired, unpaired) indices: ``round(paired_fraction
     * n)`` (at least one) keep their pairing; a smaller fraction's paired set is a subset of a larger one's."""
-    f = float(paired_fraction)
-    if not 0.0 < f <= 1.0:
-        raise UserError(f"data.paired_fraction must be in (0, 1], got {paired_fraction!r}")
     order = np.random.default_rng([int(seed), 0x9A1D]).permutation(n)
-    k = max(1, int(round(f * n)))
+    k = max(1, int(round(float(paired_fraction) * n)))
     return np.sort(order[:k]), np.sort(order[k:])
 
