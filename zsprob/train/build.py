@@ -171,9 +171,7 @@ def batch_augmentations(cfg: Config, model) -> tuple[Any, float]:
 
     msda = cfg.msda
     label_smoothing = float(msda.label_smoothing)
-    check_config(enabled=bool(msda.enabled), mode=str(msda.mode), ratio=float(msda.ratio), alpha=float(msda.alpha),
-                 switch_prob=float(msda.switch_prob), smoothing=float(msda.smoothing),
-                 label_smoothing=label_smoothing)
+    check_config(enabled=bool(msda.enabled), mode=str(msda.mode), alpha=float(msda.alpha))
     text_aug = TextSizeAugment(float(cfg.data.text_size_augment),
                                float(cfg.data.text_size_augment_masking),
                                float(cfg.data.text_size_augment_erasing), model.tokenizer)
