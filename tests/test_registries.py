@@ -3,6 +3,7 @@ the command line's choices, the training defaults and the --compare order are re
 name is one UserError line with the choices; a strategy or method registered here reaches every caller."""
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -209,6 +210,8 @@ def test_every_method_has_its_facts_and_its_defaults_build_its_loss():
         extra = {"latent_dim": 8} if name == "jwae" else {}
         loss = create_loss(name, **entry.default_options(), **extra)  # the defaults are options the loss takes
         assert isinstance(loss, entry.loss), name
+        signature = inspect.signature(entry.loss).parameters  # ... and the loss's own defaults, declared twice
+        assert {k: signature[k].default for k in entry.loss_defaults} == dict(entry.loss_defaults), name
     assert [n for n in MR.method_names() if MR.get_method(n).step_kind == "jwae"] == ["jwae"]
     assert [n for n in MR.method_names() if MR.get_method(n).needs_sigma] == ["pcmepp", "pcme", "prob-triplet",
                                                                               "prolip"]

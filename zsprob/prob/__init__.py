@@ -12,16 +12,16 @@ declared once: its loss, sigma, default options, step; torch-free). Names are im
 from __future__ import annotations
 
 _EXPORTS = {
-    "distances": ("SCORE_NAMES", "bhattacharyya", "cosine", "csd", "elk", "inclusion_logit", "inclusion_test", "js",
-                  "kl", "kl_reverse", "mc_avg_l2", "mc_match_prob", "min_kl", "sample_gaussian", "score",
-                  "sq_euclidean", "uncertainty", "wasserstein2"),
+    "distances": ("bhattacharyya", "cosine", "csd", "elk", "inclusion_logit", "inclusion_test", "js", "kl",
+                  "kl_reverse", "mc_avg_l2", "mc_match_prob", "min_kl", "sample_gaussian", "score", "sq_euclidean",
+                  "uncertainty", "wasserstein2"),
     "losses": ("InfoNCELoss", "MuOnlyLoss", "PCMELoss", "PCMEPPLoss", "ProbTripletLoss", "TripletLoss",
                "pseudo_positive_targets", "vib_kl"),
     "prolip": ("ProLIPLoss",),
     "msda": ("mix_batch",),
     "jwae": ("JWAE_PRESETS", "JWAEObjective", "PriorDiscriminator", "discriminator_loss", "generator_loss",
              "max_margin_alignment", "mse_alignment", "reconstruction_loss", "sample_prior"),
-    "method_registry": ("register_method", "get_method", "method_names", "create_loss", "needs_sigma"),
+    "method_registry": ("register_method", "get_method", "method_names", "create_loss", "needs_sigma", "SCORE_NAMES"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 

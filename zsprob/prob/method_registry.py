@@ -3,11 +3,9 @@
 A declaration names the method's loss as ``"module:Class"`` (imported when a loss is first built, so this
 module needs no torch and the command line reads names and defaults instantly) or gives the class /
 factory itself; it says whether the loss reads sigma (the model must be probabilistic), its default
-options (the config's ``loss.<name>`` section), its training step (:data:`STEP_KINDS`), the model options
-it implies and the other spellings :func:`create_loss` accepts. Everyone reads the entries:
-:func:`create_loss` / :func:`needs_sigma`, the training defaults (:func:`default_loss_options`), the
-training loop (:data:`METHOD_ENTRIES`) and the ``--method`` choices (:func:`method_names`). A method
-defined anywhere registers the same way::
+options (the config's ``loss.<name>`` section, written here so the config needs no torch; a test holds
+them equal to the loss's own), its training step (:data:`STEP_KINDS`), the model options it implies and
+the other spellings :func:`create_loss` accepts. A method defined anywhere registers the same way::
 
     register_method("mine", "mypkg.losses:MyLoss", needs_sigma=True, loss_defaults={"margin": 0.2})
 """
