@@ -78,10 +78,14 @@ def test_deterministic_per_seed(batch):
 
 
 def test_bad_values_are_user_errors(tokenizer, batch):
-    for kwargs in ({"share": 1.5}, {"masking": -0.1}, {"masking": 0.7, "erasing": 0.5}):
-        with pytest.raises(UserError):
-            size_augment_tokens(batch[:2], **kwargs)
-    with pytest.raises(UserError, match="data.text_size_augment"):
-        TextSizeAugment(2.0, 0.5, 0.1, tokenizer)
+    with pytest.raises(UserError, match="masking \\+ erasing must be <= 1"):
+        size_augment_tokens(batch[:2], masking=0.7, erasing=0.5)
+    with pytest.raises(UserError, match="masking \\+ erasing must be <= 1"):
+        TextSizeAugment(0.2, 0.7, 0.5, tokenizer)
+    # each share is refused where the config enters (the schema)
+    from zsprob.train.defaults import resolve_config
+    for key, value in (("text_size_augment", 1.5), ("text_size_augment", 2.0), ("text_size_augment_masking", -0.1)):
+        with pytest.raises(UserError, match=f"data.{key} must be"):
+            resolve_config({"data": {key: value}})
     with pytest.raises(UserError):
         size_augment_tokens(batch[0])
