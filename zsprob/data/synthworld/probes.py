@@ -67,8 +67,6 @@ def _conjunction_pair(rng: np.random.Generator, wrapper_general: str, wrapper_sp
 def inclusion_pairs(n_pairs: int = 1000, seed: int = 0, *, conjunction_fraction: float = 0.25) -> list[dict]:
     """``n_pairs`` distinct inclusion pairs ``{"general", "specific", "kind", "same_word_count"}`` of caption
     metas; ``kind``: "attribute" (more attributes of the same object) or "conjunction" (a second object)."""
-    if n_pairs < 1:
-        raise UserError(f"n_pairs must be >= 1, got {n_pairs}")
     rng = np.random.default_rng([int(seed), 17])
     pairs, seen = [], set()
     attempts = 0
@@ -95,8 +93,6 @@ def inclusion_pairs(n_pairs: int = 1000, seed: int = 0, *, conjunction_fraction:
 def crop_scenes(n_trials: int = 300, seed: int = 0) -> list[dict]:
     """Pishdad et al.'s crop trials ``{"scene_a", "scene_ab", "caption_a", "caption_ab"}``: ``scene_a`` is
     ``scene_ab`` with B removed (A's pixels identical), ``caption_ab`` "caption A and caption B"."""
-    if n_trials < 1:
-        raise UserError(f"n_trials must be >= 1, got {n_trials}")
     rng = np.random.default_rng([int(seed), 4])
     trials = []
     for index in range(n_trials):
