@@ -2,8 +2,7 @@
 
 ``METHODS`` (training objectives, ``--method``) and ``STRATEGIES`` (prompt-selection strategies,
 ``--strategy``) are read live from :mod:`zsprob.prob.method_registry` and
-:mod:`zsprob.zeroshot.strategy_registry`, imported only when they are read. The image views are read
-by the losses' option checks (:mod:`zsprob.prob.prolip`) and made by :mod:`zsprob.data.degrade`.
+:mod:`zsprob.zeroshot.strategy_registry`, imported only when they are read.
 """
 from __future__ import annotations
 
