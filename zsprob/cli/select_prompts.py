@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
-                                refuse_overwriting_inputs, refuse_unread_options, resolve_device)
+from zsprob.cli.options import (check_prompt_outputs, common_options, load_model, model_options,
+                                refuse_unread_options, resolve_device)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
-from zsprob.cli.zeroshot import PROMPT_INPUTS
 from zsprob.methods import STRATEGIES
 from zsprob.zeroshot.options import DATASET_KINDS
 
@@ -44,12 +43,7 @@ def select_prompts(**opts):
     out = opts["out"]
     strategy, k = strategy_from_topk(opts["topk"], opts["strategy"])
     refuse_unread_options(strategy, compare=False)
-    cache = check_prompt_inputs(**{name: opts[name] for name in PROMPT_INPUTS}, out=out)
-    refuse_overwriting_inputs(prompt_outputs(out, cache, opts["cache_dir"] is not None),
-                              {"--templates": opts["templates"], "--classes": opts["classes"],
-                               "--class-prompts": opts["class_prompts"]},
-                              checkpoint=opts["checkpoint"], pretrained=opts["pretrained"],
-                              data={"--root": opts["root"], "--select-root": opts["select_root"]})
+    cache = check_prompt_outputs(opts)
     request = request_from_options(opts, strategy=strategy, k=k, cache_dir=cache, device=resolve_device(opts["device"]))
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import run_selection

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
-                                refuse_given, refuse_overwriting_inputs, refuse_unread_options, resolve_device)
+from zsprob.cli.options import (check_prompt_outputs, common_options, load_model, model_options, refuse_given,
+                                refuse_unread_options, resolve_device)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 from zsprob.zeroshot.options import COMPARE_FILES, DATASET_KINDS, SCORES
@@ -54,13 +54,7 @@ def zeroshot(**opts):
         refuse_unread_options(strategy, compare, names=("k_grid", "shots", "shots_split"))
     if opts["score"] != "unc":
         refuse_given(f"with --score {opts['score']} (it weights sigma^2 in --score unc alone)", "unc_weight")
-    cache = check_prompt_inputs(**{name: opts[name] for name in PROMPT_INPUTS}, out=out)
-    beside = COMPARE_FILES if compare else ()
-    refuse_overwriting_inputs(prompt_outputs(out, cache, opts["cache_dir"] is not None, beside),
-                              {"--prompts": prompts, "--templates": opts["templates"], "--classes": opts["classes"],
-                               "--class-prompts": opts["class_prompts"]}, checkpoint=opts["checkpoint"],
-                              pretrained=opts["pretrained"],
-                              data={"--root": opts["root"], "--select-root": opts["select_root"]})
+    cache = check_prompt_outputs(opts, COMPARE_FILES if compare else ())
     request = request_from_options(opts, strategy=strategy, k=k, cache_dir=cache, device=resolve_device(opts["device"]))
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import compare_strategies, zeroshot_eval
@@ -76,10 +70,6 @@ def zeroshot(**opts):
         atomic_write_json(out, res)
         _echo_result(res)
     click.echo(f"wrote {out}")
-
-
-#: the options check_prompt_inputs reads where they enter (zsprob.cli.options)
-PROMPT_INPUTS = ("templates", "classes", "class_prompts", "k_grid", "shots_split", "allow_eval_shots", "cache_dir")
 
 
 def _echo_compare(res: dict) -> None:

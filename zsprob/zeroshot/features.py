@@ -86,20 +86,20 @@ def _dataset_identity(kind, root, split, ds) -> dict:
 
 
 def encode_split(model, split: Split, model_id: str, request) -> ImageFeatures:
-    """Embed a classification split, cached on disk under ``request.cache_dir`` (model fingerprint + dataset
-    identity); ``request``'s ``batch_size``, ``device``, ``num_workers``, ``precision``, ``progress`` apply."""
-    from zsprob.zeroshot.prompts import read_cache, write_cache
+    """Embed a classification split with ``request``'s encoding options, cached under ``request.cache_dir``
+    by model fingerprint and dataset identity."""
+    from zsprob.zeroshot.prompts import cache_stem, content_key, read_cache, write_cache
 
     ds, precision = split.dataset, request.precision
     ident = _dataset_identity(split.kind, split.root, split.name, ds)
     ident["transform"] = repr(getattr(model, "preprocess_val", None))
     if precision != "fp32":
         ident["precision"] = precision
-    key = hashlib.sha256(json.dumps({"model": model_id, **ident}, sort_keys=True).encode()).hexdigest()
+    key = content_key({"model": model_id, **ident})
     labels = torch.as_tensor(list(ds.targets), dtype=torch.long)
     skipped = len(getattr(ds, "skipped", ()))
-    stem = Path(request.cache_dir) / f"images-{key[:24]}" if request.cache_dir is not None else None
-    cached = None if stem is None else read_cache(stem, key)
+    stem = cache_stem(request.cache_dir, "images", key)
+    cached = read_cache(stem, key)
     if cached is not None:
         tensors = cached[0]
         return ImageFeatures(tensors["mu"], tensors.get("logvar"), tensors["labels"], list(ds.classnames), split.source,
@@ -111,7 +111,6 @@ def encode_split(model, split: Split, model_id: str, request) -> ImageFeatures:
                                num_workers=request.num_workers, progress=request.progress, precision=precision)
     secs = time.perf_counter() - t0
     feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), split.source, seconds=secs, skipped=skipped)
-    if stem is not None:
-        write_cache(stem, {"mu": mu, "labels": labels, "logvar": logvar},
-                    {"key": key, "model_id": model_id, **ident, "encode_seconds": secs})
+    write_cache(stem, {"mu": mu, "labels": labels, "logvar": logvar},
+                {"key": key, "model_id": model_id, **ident, "encode_seconds": secs})
     return feats

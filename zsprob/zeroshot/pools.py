@@ -8,14 +8,13 @@ the longest pool, with a ``mask`` [C, T] of the slots that exist. An absent slot
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.prompts import PromptBank, read_cache, write_cache
+from zsprob.zeroshot.prompts import PromptBank, cache_stem, content_key, read_cache, write_cache
 
 POOL_FORMAT = 1
 
@@ -44,8 +43,8 @@ def load_class_prompts(path) -> dict[str, list[str]]:
 
 
 def match_pools(pools: dict[str, list[str]], classnames, source: str = "class-prompts file") -> list[list[str]]:
-    """The pools in the dataset's class order, matched by name: a class without a pool or a pool for no
-    class is refused (one line naming the first few)."""
+    """The pools in the dataset's class order, matched by name; a class without a pool or a pool for no
+    class is one line."""
     names = [str(c).strip() for c in classnames]
     missing = [c for c in dict.fromkeys(names) if c not in pools]
     if missing:
@@ -97,29 +96,19 @@ def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id:
                           pools=[list(p) for p in pools], mask=mask)
 
 
-def pool_key(model_id: str, classnames, pools) -> str:
-    payload = json.dumps({"format": POOL_FORMAT, "model": model_id, "classes": list(classnames),
-                          "pools": [list(p) for p in pools]}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_id: str | None = None,
+def build_pool_bank(model, classnames, class_prompts: dict, *, cache_dir=None, model_id: str | None = None,
                     batch_size: int = 512, device=None, progress: bool = True, precision: str = "fp32",
-                    source: str | None = None) -> PromptPoolBank:
-    """Embed every prompt of every class's pool once (cached under ``cache_dir``).
-
-    ``class_prompts``: a ``{"class name": [...]}`` dict or the path of such a JSON file.
-    """
+                    source: str = "class prompts") -> PromptPoolBank:
+    """Embed every prompt of every class's pool (``{"class name": [...]}``, named ``source`` in messages)
+    once, cached under ``cache_dir``."""
     from zsprob.models.fingerprint import model_fingerprint
 
-    if not isinstance(class_prompts, dict):
-        source = source or f"class-prompts file {class_prompts}"
-        class_prompts = load_class_prompts(class_prompts)
-    pools = match_pools(class_prompts, classnames, source or "class prompts")
+    pools = match_pools(class_prompts, classnames, source)
     model_id = model_id or model_fingerprint(model)
-    key = pool_key(model_id if precision == "fp32" else f"{model_id}+{precision}", classnames, pools)
-    stem = None if cache_dir is None else Path(cache_dir) / f"poolbank-{key[:24]}"
-    cached = None if stem is None else read_cache(stem, key)
+    key = content_key({"format": POOL_FORMAT, "model": model_id if precision == "fp32" else f"{model_id}+{precision}",
+                       "classes": list(classnames), "pools": pools})
+    stem = cache_stem(cache_dir, "poolbank", key)
+    cached = read_cache(stem, key)
     if cached is not None:
         bank = pool_bank_from_embeddings(cached[0]["mu"], cached[0].get("logvar"), classnames, pools, model_id)
         bank.from_cache = True
@@ -132,8 +121,6 @@ def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_i
                               precision=precision)
     bank = pool_bank_from_embeddings(mu, logvar, classnames, pools, model_id)
     bank.encode_seconds = time.perf_counter() - t0
-    if stem is not None:
-        write_cache(stem, {"mu": mu, "logvar": logvar},
-                    {"format": POOL_FORMAT, "key": key, "n_prompts": int(mu.shape[0])})
+    write_cache(stem, {"mu": mu, "logvar": logvar}, {"format": POOL_FORMAT, "key": key, "n_prompts": int(mu.shape[0])})
     return bank
 
