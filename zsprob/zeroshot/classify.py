@@ -79,6 +79,7 @@ def _eval_labels_cell(r: dict) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
+    """The markdown table of ``--compare``'s rows."""
     head = ["strategy", "top-1", "vs all [95% CI]", "McNemar p", "top-5", "per-class", "eval labels",
             "transductive", "labels from", "data used", "K (mean)"]
     lines = [head]
@@ -90,12 +91,10 @@ def format_table(rows: list[dict]) -> str:
         m = r["metrics"]
         lines.append([r["label"], _fmt(m["top1"]), *_paired_cells(r.get("paired_vs_all")), _fmt(m["top5"]),
                       _fmt(m["mean_per_class"]), _eval_labels_cell(r), *audit,
-                      r.get("data_used", ""), _fmt(r.get("k_mean"), 1) if r.get("k_mean") is not None else "-"])
+                      r.get("data_used", ""), _fmt(r.get("k_mean"), 1)])
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
-    out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(lines[0], widths)) + " |",
-           "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    for row in lines[1:]:
-        out.append("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |")
+    out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in lines]
+    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(out)
 
 
@@ -209,27 +208,28 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
               "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats)),
               **({"unc_weight": request.unc_weight} if score == "unc" else {})}
     result["table"] = format_table(rows) + "\n\n" + calibration_table(rows)
-    result["files"] = {} if out_dir is None else _write_compare(Path(out_dir), result, curves, selections, title,
-                                                               model, write_selections)
+    result["files"] = {}
     result["selections"] = selections
+    if out_dir is not None:
+        result["files"] = _write_compare(Path(out_dir), result, title, write_selections)
     return result
 
 
-def _write_compare(out_dir: Path, result: dict, curves: dict, selections: dict, title: str, model,
-                   write_selections: bool) -> dict:
-    """Write the figures, the selections, compare.md and compare.json; their paths."""
+def _write_compare(out_dir: Path, result: dict, title: str = "", write_selections: bool = True) -> dict:
+    """Write a ``--compare`` result's figures, selections, compare.md and compare.json; their paths."""
     from zsprob.utils.io import atomic_write_json, atomic_write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = _plots(out_dir, curves, selections, title)
+    files = _plots(out_dir, result["curves"], result["selections"], title)
     if write_selections:
-        for name, sel in selections.items():
-            path = save_selection(sel, out_dir / COMPARE_FILES[4] / f"{name}.json", model=model,
+        for name, sel in result["selections"].items():
+            path = save_selection(sel, out_dir / COMPARE_FILES[4] / f"{name}.json", model=result["model"],
                                   data={"used": sel.info.get("data_used")})
             files[f"selection:{name}"] = str(path)
     atomic_write_text(out_dir / COMPARE_FILES[0], result["table"] + "\n")
     files["table"], files["json"] = str(out_dir / COMPARE_FILES[0]), str(out_dir / COMPARE_FILES[1])
-    atomic_write_json(out_dir / COMPARE_FILES[1], {**result, "files": files})
+    atomic_write_json(out_dir / COMPARE_FILES[1],
+                      {**{key: value for key, value in result.items() if key != "selections"}, "files": files})
     return files
 
 
@@ -326,17 +326,13 @@ def compare_strategies(model, request: ZeroShotRequest | None = None, *, out_dir
     bank, ev, se, model_id = prepare(model, request)
     meta = _model_meta(request, model_id)
     title = f"{request.dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
-    res = compare_on_features(bank, ev, se, request, out_dir=out_dir, model=meta, title=title,
-                              logit_scales=model_logit_scales(model))
+    res = compare_on_features(bank, ev, se, request, model=meta, logit_scales=model_logit_scales(model))
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["skipped_unreadable_images"] = {"eval": ev.skipped, "select": se.skipped if se is not None else 0}
     res["dataset"] = {"kind": request.dataset, "root": str(request.root),
                       "select_root": None if se is None else se.source}
-    if "json" in res["files"]:
-        from zsprob.utils.io import atomic_write_json
-
-        atomic_write_json(res["files"]["json"], {k: v for k, v in res.items() if k != "selections"})
+    res["files"] = _write_compare(out_dir, res, title)
     return res
 
 
