@@ -1,10 +1,8 @@
 """`zsprob select-prompts`: rank prompt templates by text uncertainty and choose them per class.
 
-Thin: checks the options, builds one :class:`~zsprob.zeroshot.options.ZeroShotRequest`, loads the model
-(zsprob checkpoint or plain open_clip), calls ``zsprob.zeroshot.classify.run_selection`` and writes
-selection.json. No torch at import. An ``--out`` (or cache folder) that is an input file, lies inside the
-model's directory or would replace a file of the dataset is refused in one line before anything is loaded
-or written.
+Thin: checks the options and the outputs, builds one :class:`~zsprob.zeroshot.options.ZeroShotRequest`,
+loads the model, calls ``zsprob.zeroshot.classify.run_selection`` and writes selection.json. No torch at
+import.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """`zsprob zeroshot`: zero-shot classification with selected prompts (or every strategy: --compare).
 
-Thin: checks the options, builds one :class:`~zsprob.zeroshot.options.ZeroShotRequest`, loads the model,
-calls ``zsprob.zeroshot.classify.zeroshot_eval`` or ``compare_strategies``, writes results.json and prints
-a summary. No torch at import. An ``--out`` (or a file --compare writes beside it, or the cache folder)
-that is an input file (``--prompts p.json --out p.json``), lies inside the model's directory or would
-replace a file of the dataset is refused in one line before anything is loaded or written.
+Thin: checks the options and the outputs, builds one :class:`~zsprob.zeroshot.options.ZeroShotRequest`,
+loads the model, calls ``zsprob.zeroshot.classify.zeroshot_eval`` or ``compare_strategies``, writes
+results.json and prints a summary. No torch at import.
 """
 from __future__ import annotations
 

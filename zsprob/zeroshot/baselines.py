@@ -12,17 +12,14 @@ import math
 import torch
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, prompt_mask,
-                                            require_sigma, slot_logits)
+from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, require_sigma, slot_logits
 from zsprob.zeroshot.strategy_registry import StrategyInputs
 
 
 def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-12, max_iter=1000, mask=None):
-    """MAP mixing proportions (Dirichlet(alpha) prior) of fixed diagonal Gaussians, batched over classes.
-
-    obs [B, M, D], means / var [B, T, D] -> pi [B, T], iterations run. ``mask`` [B, T]: the components
-    that exist (per-class pools); the others keep weight 0.
-    """
+    """MAP mixing proportions (Dirichlet(alpha) prior) of fixed diagonal Gaussians, batched over classes:
+    obs [B, M, D], means / var [B, T, D] -> (pi [B, T], iterations run); ``mask`` [B, T]: the components
+    that exist (per-class pools)."""
     B, M, D = obs.shape
     T = means.shape[1]
     if prior == "inverse":
@@ -66,7 +63,7 @@ def _bprw_weights(bank, feats, idx, classes, *, n_samples: int, gen, alpha: floa
         obs = (obs[:, :, None] + eps * (0.5 * xlv.double()[idx]).exp()[:, :, None]).reshape(c, M * n_samples, D)
     mun = bank.mu_normed.double()[classes]
     var = bank.var.double()[classes] * var_mult + stable_eps
-    mask = prompt_mask(bank)
+    mask = bank.mask
     mask = None if mask is None else mask[classes]
     T = mun.shape[1]
     W = torch.zeros(len(classes), T, dtype=torch.float64)
@@ -139,17 +136,14 @@ def select_bprw_fewshot(bank, shot_feats, shot_labels, *, shots: int | None = No
 
 
 def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, data: str = "unlabelled images") -> Selection:
-    """ZPE (Allingham et al., ICML 2023): one weight per template, shared by all classes.
-
-    logits l[n, t, c] = logit_scale * cos(x_n, mu_tc), centred by their mean over the unlabelled images
-    per (t, c); score s_t = mean_n max_c centred l[n, t, c]; weights = softmax_t(s_t); class vector =
-    sum_t w_t mu_tc (the weighted average of logits, not renormalised). Works without sigma.
-    """
+    """ZPE (Allingham et al., ICML 2023): one weight per template, shared by all classes: softmax_t of
+    s_t = mean_n max_c of the logits l[n, t, c] = logit_scale * cos(x_n, mu_tc) centred over the unlabelled
+    images; class vector sum_t w_t mu_tc (not renormalised). Works without sigma."""
     x, _ = as_feats(pool_feats)
     mun = bank.mu_normed                                      # [C, T, D]
     C, T, D = mun.shape
     scores = torch.zeros(T, dtype=torch.float64)
-    mask = prompt_mask(bank)
+    mask = bank.mask
     for t in range(T):
         if mask is None:
             lt = logit_scale * (x @ mun[:, t].T)              # [N, C]
@@ -168,7 +162,6 @@ def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, data: str = "unl
 
 
 # ----------------------------------------------------------------------------- the registry's runners
-# (zsprob.zeroshot.strategy_registry names each as "module:function")
 
 def run_bprw(bank, given: StrategyInputs) -> Selection:
     return select_bprw(bank, given.pool, data=given.pool_data)

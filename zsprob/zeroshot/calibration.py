@@ -2,10 +2,9 @@
 
 Probabilities are ``softmax(logit_scale * scores / T)``: ``scores`` from
 :func:`zsprob.zeroshot.metrics.class_scores`, ``logit_scale`` the factor the model itself puts in front of
-that score (:func:`model_logit_scale`). ECE uses 15 equal-width bins ``(b / 15, (b + 1) / 15]`` (1.0 in the
-last); ``T`` minimises the NLL on the labelled selection split only (bounded search over log T in
-[1e-3, 1e3]) and is a report-only figure. docs/zeroshot.md ("Calibration") gives the definitions in full.
-scipy does the 1-D minimisation; the rest is numpy, in float64.
+that score (:func:`model_logit_scale`). ECE uses 15 equal-width bins ``(b / 15, (b + 1) / 15]``; ``T``
+minimises the NLL on the labelled selection split only and is a report-only figure (docs/zeroshot.md,
+"Calibration"). scipy does the 1-D minimisation; the rest is numpy, in float64.
 """
 from __future__ import annotations
 

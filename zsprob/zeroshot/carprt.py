@@ -5,8 +5,7 @@ image n to ``c*(n, t) = argmax_c l`` with score ``m(n, t) = max_c l``. ``carprt`
 of m over the images template t sends to c (0 when none), ``w[c, :] = softmax_t(score[c, :] / temperature)``;
 ``carprt-shared``: ``score_t = mean_n m(n, t)``, one weight per template for every class. Class vector =
 ``sum_t w mu_ct / ||mu_ct||`` (not renormalised). Both read the unlabelled evaluation images:
-transductive. Reference, read and not copied: the authors' ``test.py`` (github tmlr-group/CARPRT);
-docs/zeroshot.md states the rule and its per-class-pool variant. Plain torch.
+transductive. Reference, read and not copied: the authors' ``test.py`` (github tmlr-group/CARPRT). Plain torch.
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import functools
 import torch
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, prompt_mask, slot_logits
+from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, slot_logits
 from zsprob.zeroshot.strategy_registry import StrategyInputs
 
 LOGIT_SCALE = 100.0
@@ -56,7 +55,7 @@ def select_carprt(bank, pool_feats, *, shared: bool = False, temperature: float 
         info.update(class_scores=score.tolist(), class_counts=counts.long().tolist(),
                     reference="CARPRT (ICLR 2026), github tmlr-group/CARPRT test.py")
     logits = logits / temperature
-    mask = prompt_mask(bank)
+    mask = bank.mask
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     W = torch.softmax(logits, dim=-1)
@@ -68,7 +67,6 @@ select_carprt_shared = functools.partial(select_carprt, shared=True)
 
 
 # ----------------------------------------------------------------------------- the registry's runners
-# (zsprob.zeroshot.strategy_registry names each as "module:function")
 
 def run_carprt(bank, given: StrategyInputs) -> Selection:
     return select_carprt(bank, given.pool, data=given.pool_data)

@@ -1,11 +1,9 @@
 """Image features of a classification split and their on-disk cache.
 
-:class:`Split` names one split and lists its dataset once (through :mod:`zsprob.data.classification`,
-with the model's open_clip ``preprocess_val`` transform); :class:`ImageFeatures` holds its image Gaussians
-and labels; :func:`encode_split` embeds it with :func:`zsprob.models.encode.encode_images` and caches the
-result (safetensors + a JSON of the key, written atomically by :mod:`zsprob.utils.io`) under a key made
-of the model fingerprint and the dataset's identity (paths, labels, transform; the precision when it is
-not fp32, so fp32 caches keep their keys).
+:class:`Split` names one split and lists its dataset once (:mod:`zsprob.data.classification`, with the
+model's ``preprocess_val``); :func:`encode_split` embeds it (:func:`zsprob.models.encode.encode_images`)
+into :class:`ImageFeatures`, cached under the model fingerprint and the dataset's identity (paths, labels,
+transform; the precision when it is not fp32, so fp32 caches keep their keys).
 """
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ import torch
 @dataclass
 class Split:
     """One classification split: a dataset ``kind``, its ``root`` and the split ``name`` there (None: the
-    root itself). :attr:`dataset` lists it once, with ``transform``, when first asked for."""
+    root itself), listed once when first asked for."""
 
     kind: str
     root: Any

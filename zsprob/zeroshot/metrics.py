@@ -97,7 +97,7 @@ def prompt_quality_diagnostic(bank, feats: ImageFeatures, k_values=None) -> dict
 
     from zsprob.zeroshot.selection import default_k_values, topk_score_tensor
 
-    if bank.deterministic or getattr(bank, "mask", None) is not None:  # per-template analysis: shared templates
+    if bank.deterministic or bank.mask is not None:  # per-template analysis: shared templates
         return {}
     x = F.normalize(feats.mu.float(), dim=-1)
     y = feats.labels

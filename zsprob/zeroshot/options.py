@@ -1,10 +1,8 @@
 """The zero-shot request: one record of what ``select-prompts`` / ``zeroshot`` / ``--compare`` are asked to do.
 
 :class:`ZeroShotRequest` holds the data, the prompts, the strategy and its options, the score and how to
-encode; the command line builds it from its options and every library entry point of
-:mod:`zsprob.zeroshot.classify` takes it (or its fields as keywords). Its choices (:data:`DATASET_KINDS`,
-:data:`SCORES`, :data:`COMPARE_FILES`) are declared here, without torch, so the command line reads them
-instantly; an invalid request is one :class:`UserError` line when it is made.
+encode; the command line builds it and every entry point of :mod:`zsprob.zeroshot.classify` takes it. Its
+choices are declared here, without torch; an invalid request is one :class:`UserError` line when made.
 """
 from __future__ import annotations
 
@@ -139,9 +137,8 @@ def parse_k_grid(text: str | None, T: int | None = None):
 
 
 def strategy_from_topk(topk: str | None, strategy: str | None):
-    """Map ``--topk auto|N|all|oracle`` and ``--strategy`` to (strategy name, K or None).
-
-    ``--strategy`` is checked against the registry; a strategy that needs K takes ``--topk N``."""
+    """``--topk auto|N|all|oracle`` and ``--strategy`` as (strategy name, K or None); a strategy that needs K
+    takes ``--topk N``."""
     if strategy is not None:
         entry = get_strategy(strategy)
         if not entry.needs_k:

@@ -63,17 +63,12 @@ class PromptPoolBank(PromptBank):
     that exist (``mu`` / ``logvar`` are zero in the others)."""
 
     pools: list = field(default_factory=list)
-    mask: "object" = None
 
     @property
     def uncertainty(self):
         """``||sigma^2||_1`` per prompt, ``inf`` in the absent slots (so they rank last)."""
         unc = super().uncertainty
         return None if unc is None else unc.masked_fill(~self.mask, float("inf"))
-
-
-def slot_names(T: int) -> list[str]:
-    return [f"[pool prompt {t + 1}]" for t in range(T)]
 
 
 def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id: str = "") -> PromptPoolBank:
@@ -92,7 +87,7 @@ def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id:
         if logvar is not None:
             logvar[c, :n] = logvar_flat[start:start + n].float()
         start += n
-    return PromptPoolBank(list(classnames), slot_names(T), mu, logvar, model_id=model_id,
+    return PromptPoolBank(list(classnames), [f"[pool prompt {t + 1}]" for t in range(T)], mu, logvar, model_id=model_id,
                           pools=[list(p) for p in pools], mask=mask)
 
 

@@ -204,6 +204,7 @@ class PromptBank:
     model_id: str = ""
     encode_seconds: float = 0.0
     from_cache: bool = False
+    mask: "object | None" = None  # [C, T] bool: the prompts that exist (per-class pools); None: all of them
 
     @property
     def num_classes(self) -> int:

@@ -1,12 +1,9 @@
 """Prompt-selection strategies: from a prompt bank to one class embedding (mu, sigma^2) per class.
 
 Tensor math on a :class:`~zsprob.zeroshot.prompts.PromptBank` (means L2-normalised per prompt first, the
-CLIP convention) and, for the strategies that look at images, on precomputed image embeddings; nothing
-here encodes. This module holds the uncertainty rules, the selection-split searches, the oracles on the
-evaluation labels, their registry runners and the dispatcher :func:`run_strategy`; ProLIP's BPRW and ZPE
-are in :mod:`zsprob.zeroshot.baselines`, CARPRT in :mod:`zsprob.zeroshot.carprt`. docs/zeroshot.md
-describes every strategy and the data it reads. ``all`` equals open_clip's ``build_zero_shot_classifier``
-(tested).
+CLIP convention) and on precomputed image embeddings; nothing here encodes. The uncertainty rules, the
+selection-split searches, the oracles, their registry runners and the dispatcher :func:`run_strategy`
+(docs/zeroshot.md describes every strategy); ProLIP's BPRW and ZPE are in ``baselines``, CARPRT in ``carprt``.
 
 Ties: templates are ranked by ``||sigma^2||_1`` with a stable sort, so equal uncertainties keep
 template-file order; when two K are equally good, the larger K (closer to ``all``) wins.
@@ -21,8 +18,8 @@ import torch.nn.functional as F
 
 from zsprob.zeroshot.options import as_request
 from zsprob.zeroshot.prompts import SINGLE_TEMPLATE
-from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, prompt_mask,
-                                            require_sigma, topk_mask, uncertainty_order)
+from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, require_sigma, topk_mask,
+                                            uncertainty_order)
 from zsprob.zeroshot.strategy_registry import StrategyInputs, get_strategy, shots_source
 
 TAU_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
@@ -33,7 +30,7 @@ BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 def _valid(bank) -> torch.Tensor:
     """[C, T] bool: the prompts that exist (all of them unless the bank holds per-class pools)."""
-    mask = prompt_mask(bank)
+    mask = bank.mask
     return torch.ones(bank.num_classes, bank.num_templates, dtype=torch.bool) if mask is None else mask
 
 
@@ -64,7 +61,7 @@ def select_threshold(bank, c: float = 1.0) -> Selection:
     """ProLIP's per-class rule: keep templates with u <= mean(u_c) + c * std(u_c) (at least one)."""
     unc = require_sigma(bank, "threshold")
     valid = _valid(bank)
-    if prompt_mask(bank) is None:
+    if bank.mask is None:
         thr = unc.mean(1, keepdim=True) + c * unc.std(1, keepdim=True)
     else:  # per-class pools: mean and unbiased std over each class's own prompts (one prompt: std 0)
         n = valid.sum(1, keepdim=True)
@@ -328,7 +325,6 @@ def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Select
 
 
 # ----------------------------------------------------------------------------- the registry's runners
-# zsprob.zeroshot.strategy_registry names each as "module:function": fn(bank, StrategyInputs) -> Selection
 
 def run_all(bank, given: StrategyInputs) -> Selection:
     return select_all(bank)

@@ -109,12 +109,6 @@ class Selection:
 
 # ----------------------------------------------------------------------------- shared steps
 
-def prompt_mask(bank) -> torch.Tensor | None:
-    """[C, T] bool: the (class, slot) prompts that exist in a bank of per-class pools (the strategies give
-    the padding no weight and rank it last); None when every class has every template."""
-    return getattr(bank, "mask", None)
-
-
 def require_sigma(bank, strategy: str) -> torch.Tensor:
     if bank.logvar is None:
         raise NeedsSigma(f"strategy '{strategy}' ranks or weights prompts by sigma^2, but the model is "
@@ -127,7 +121,7 @@ def slot_logits(bank, x: torch.Tensor, t: int, logit_scale: float = 1.0) -> torc
     rows); in a bank of per-class pools a class whose pool is shorter competes with its pool average."""
     mun = bank.mu_normed.double()
     vectors = mun[:, t]                                         # [C, D]
-    mask = prompt_mask(bank)
+    mask = bank.mask
     if mask is not None and not bool(mask[:, t].all()):
         mean = (mun * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
         vectors = torch.where(mask[:, t, None], vectors, mean)
