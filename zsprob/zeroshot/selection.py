@@ -204,14 +204,14 @@ def _gather_classes(S, kc):
     return S[:, torch.arange(S.shape[1]), kc]                 # [N, C]
 
 
-def select_global(bank, select_feats, select_labels, k_values=None, *, data: str = "selection split") -> Selection:
+def run_global(bank, given: StrategyInputs) -> Selection:
     """The paper's "same top-K for all classes", with K chosen on the labelled selection split."""
-    S, y, k_values = _score_grid(bank, select_feats, select_labels, k_values)
+    S, y, k_values = _score_grid(bank, *given.select, given.request.k_values)
     scale, g, _, curve = _fit_auto(S, y, k_values, 0.0)
     K = k_values[g]
     sel = select_topk(bank, K)
     sel.strategy, sel.label = "global", f"global top-K (K={K}, selection split)"
-    sel.info.update({"data_used": data, "n_select_images": int(len(y)), "scale": scale,
+    sel.info.update({"data_used": given.select_data, "n_select_images": int(len(y)), "scale": scale,
                      "criterion": "selection-split log-likelihood", "k_values": k_values,
                      "select_loglik_curve": [float(v) for v in curve]})
     return sel
@@ -270,22 +270,20 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
     return make_selection(bank, "auto", "auto (selection split)", M.float(), k=ks, info=info)
 
 
-def select_fusion_tuned(bank, select_feats, select_labels, betas=BETA_GRID, *,
-                        data: str = "selection split") -> Selection:
-    """Precision-weighted fusion with beta chosen by selection-split log-likelihood."""
-    require_sigma(bank, "fusion-select")
-    x, _ = as_feats(select_feats)
-    y = torch.as_tensor(select_labels).long()
+def run_fusion_select(bank, given: StrategyInputs) -> Selection:
+    """Precision-weighted fusion with beta (of :data:`BETA_GRID`) chosen by selection-split log-likelihood."""
+    x, _ = as_feats(given.select[0])
+    y = torch.as_tensor(given.select[1]).long()
     base = select_all(bank)
     scale = fit_scale(x @ base.class_mu.T, y)
     lls = {}
-    for b in betas:
+    for b in BETA_GRID:
         sel = select_fusion(bank, b)
         lls[b] = _ll(scale * (x @ sel.class_mu.T), y).sum().item()
     best = max(lls.values())
     beta = min(b for b, v in lls.items() if v >= best - 1e-9)
     return select_fusion(bank, beta, strategy="fusion-select", label=f"fusion (beta={beta:g}, selection split)",
-                         info={"data_used": data, "scale": scale, "beta_grid": list(betas),
+                         info={"data_used": given.select_data, "scale": scale, "beta_grid": list(BETA_GRID),
                                "select_loglik": {str(b): v for b, v in lls.items()}})
 
 
@@ -313,9 +311,9 @@ def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
                                 "rule": "K_c = argmax_k recall_c(all classes at top-k); ties -> larger k"})
 
 
-def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Selection:
+def run_oracle_global(bank, given: StrategyInputs) -> Selection:
     """The one K for every class with the best accuracy ON THE EVALUATION LABELS."""
-    S, y, k_values = _score_grid(bank, eval_feats, eval_labels, k_values)
+    S, y, k_values = _score_grid(bank, *given.eval_, given.request.k_values)
     acc = (S.argmax(1) == y[:, None]).double().mean(0)
     K = k_values[int(_argmax_prefer_last(acc))]
     sel = select_topk(bank, K)
@@ -357,20 +355,8 @@ def run_auto(bank, given: StrategyInputs) -> Selection:
                        threshold_c=given.request.threshold_c, data=given.select_data)
 
 
-def run_global(bank, given: StrategyInputs) -> Selection:
-    return select_global(bank, given.select[0], given.select[1], given.request.k_values, data=given.select_data)
-
-
-def run_fusion_select(bank, given: StrategyInputs) -> Selection:
-    return select_fusion_tuned(bank, given.select[0], given.select[1], data=given.select_data)
-
-
 def run_oracle(bank, given: StrategyInputs) -> Selection:
     return select_oracle(bank, given.eval_[0], given.eval_[1], given.request.k_values)
-
-
-def run_oracle_global(bank, given: StrategyInputs) -> Selection:
-    return select_oracle_global(bank, given.eval_[0], given.eval_[1], given.request.k_values)
 
 
 # ----------------------------------------------------------------------------- dispatcher
