@@ -190,12 +190,18 @@ def check_prompt_outputs(opts: dict, beside=()) -> Path:
     return cache
 
 
-def load_model(checkpoint, model_name, pretrained, device):
-    """A model for select-prompts / zeroshot on ``device`` and its description for the result files."""
-    from zsprob.models import load_for_inference
+def request_and_model(opts: dict, **fields):
+    """``(model, request)`` of ``select-prompts`` / ``zeroshot``: the request made of the options and
+    ``fields`` (its inputs read and checked first), then the model on its device, described in ``model_meta``."""
+    from dataclasses import replace
 
-    m = load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device,
+    from zsprob.models import load_for_inference
+    from zsprob.zeroshot.options import request_from_options
+
+    request = request_from_options(opts, **fields, device=resolve_device(opts["device"]))
+    checkpoint, name, pretrained = opts["checkpoint"], opts["model_name"], opts["pretrained"]
+    m = load_for_inference(checkpoint=checkpoint, model=name, pretrained=pretrained, device=request.device,
                            **official_file_kwargs())
-    meta = {"checkpoint": None if checkpoint is None else str(checkpoint), "name": getattr(m, "name", model_name),
+    meta = {"checkpoint": None if checkpoint is None else str(checkpoint), "name": getattr(m, "name", name),
             "pretrained": pretrained, "deterministic": bool(m.deterministic), "embed_dim": m.embed_dim}
-    return m, meta
+    return m, replace(request, model_meta=meta)

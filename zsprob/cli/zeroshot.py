@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import click
 
-from zsprob.cli.options import (check_prompt_outputs, common_options, load_model, model_options, refuse_given,
-                                refuse_unread_options, resolve_device)
+from zsprob.cli.options import (check_prompt_outputs, common_options, model_options, refuse_given,
+                                refuse_unread_options, request_and_model)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 from zsprob.zeroshot.options import COMPARE_FILES, DATASET_KINDS, SCORES
@@ -33,11 +33,10 @@ from zsprob.zeroshot.options import COMPARE_FILES, DATASET_KINDS, SCORES
 @click.option("--out", type=OUT_FILE, required=True, help="results.json to write.")
 def zeroshot(**opts):
     """Zero-shot classification with selected prompts."""
-    from dataclasses import replace
     from pathlib import Path
 
     from zsprob.errors import UserError
-    from zsprob.zeroshot.options import request_from_options, strategy_from_topk
+    from zsprob.zeroshot.options import strategy_from_topk
 
     prompts, compare, out = opts["prompts"], opts["compare"], opts["out"]
     if prompts is not None and compare:
@@ -53,12 +52,10 @@ def zeroshot(**opts):
     if opts["score"] != "unc":
         refuse_given(f"with --score {opts['score']} (it weights sigma^2 in --score unc alone)", "unc_weight")
     cache = check_prompt_outputs(opts, COMPARE_FILES if compare else ())
-    request = request_from_options(opts, strategy=strategy, k=k, cache_dir=cache, device=resolve_device(opts["device"]))
+    model, request = request_and_model(opts, strategy=strategy, k=k, cache_dir=cache)
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import compare_strategies, zeroshot_eval
 
-    model, meta = load_model(opts["checkpoint"], opts["model_name"], opts["pretrained"], request.device)
-    request = replace(request, model_meta=meta)
     if compare:
         res = compare_strategies(model, request, out_dir=Path(out).resolve().parent)
         atomic_write_json(out, {k: v for k, v in res.items() if k != "selections"})

@@ -20,8 +20,7 @@ from zsprob.zeroshot.metrics import (class_separation, evaluate_selection, promp
                                      topk_curve)
 from zsprob.zeroshot.options import COMPARE_FILES, ZeroShotRequest, as_request, parse_k_grid
 from zsprob.zeroshot.paired import detectable_effect_summary, paired_stats
-from zsprob.zeroshot.strategy_registry import (SELECTION_LABELS, UNLABELLED_IMAGES, compare_order, get_strategy,
-                                               shots_source)
+from zsprob.zeroshot.strategy_registry import SELECTION_LABELS, UNLABELLED_IMAGES, compare_order, get_strategy
 
 #: the evaluation and labelled selection splits by their names inside a root (other kinds: the root itself)
 SPLIT_NAMES = {"synthetic": ("eval", "select"), "imagenet": ("val", "train")}
@@ -143,8 +142,7 @@ def _compare_row(name, bank, eval_feats, select, request: ZeroShotRequest, data:
 
     entry = get_strategy(name)
     audit = entry.audit(request.shots_split)
-    eval_shots = entry.shots and request.shots_split == "eval"
-    if SELECTION_LABELS in entry.needs and select is None and not eval_shots:
+    if SELECTION_LABELS in entry.needs and select is None and not entry.eval_shots(request.shots_split):
         return {"name": name, "label": name, "skipped": "no labelled selection split", **audit}, None, None
     try:
         t0 = time.perf_counter()
@@ -348,14 +346,14 @@ def _model_meta(request: ZeroShotRequest, model_id: str) -> dict:
 def _reads(request: ZeroShotRequest, ev: Split | None, se: Split | None) -> tuple[Split | None, Split | None]:
     """(the selection split, the evaluation split) the request's strategy reads (None: not read), its needs
     checked before anything is encoded."""
-    entry = get_strategy(request.strategy)
-    eval_shots = entry.shots and request.shots_split == "eval"
-    select = se if SELECTION_LABELS in entry.reads and request.use_select and not eval_shots else None
-    reads_labels = entry.audit(request.shots_split)["reads_eval_labels"]
+    entry, shots_split = get_strategy(request.strategy), request.shots_split
+    labelled = SELECTION_LABELS in entry.reads and request.use_select and not entry.eval_shots(shots_split)
+    select = se if labelled else None
+    reads_labels = entry.audit(shots_split)["reads_eval_labels"]
     if (UNLABELLED_IMAGES in entry.reads or reads_labels) and ev is None:
         raise UserError(f"strategy '{request.strategy}' needs the evaluation images: pass --root")
     evaluation = ev if UNLABELLED_IMAGES in entry.reads or reads_labels else None
-    entry.check_data(select=shots_source(entry, request.shots_split, select, evaluation),
+    entry.check_data(select=entry.shots_source(shots_split, select, evaluation),
                      pool=evaluation if UNLABELLED_IMAGES in entry.reads else None,
                      eval_=evaluation if reads_labels else None)
     return select, evaluation

@@ -9,6 +9,7 @@ n10 in n10 + n01 at 1/2; ``mde`` = (z_0.975 + z_0.80) sqrt(d / N), d = (n10 + n0
 from __future__ import annotations
 
 import math
+import statistics
 
 Z_975 = 1.959963984540054      # standard normal quantile at 0.975 (alpha = 0.05, two-sided)
 Z_80 = 0.8416212335729143      # at 0.80 (power 80%)
@@ -74,12 +75,11 @@ def paired_stats(hits, reference_hits, *, samples: int = BOOTSTRAP_SAMPLES, seed
 
 def detectable_effect_summary(rows: list[dict], n: int) -> dict:
     """The evaluation set's minimum detectable effect, from the median discordance of the label-free rows."""
-    rates = sorted(r["paired_vs_all"]["discordance"] for r in rows
-                   if r.get("paired_vs_all") and r["name"] != "all" and not r.get("uses_eval_labels"))
+    rates = [r["paired_vs_all"]["discordance"] for r in rows
+             if r.get("paired_vs_all") and r["name"] != "all" and not r.get("uses_eval_labels")]
     if not rates:
         return {}
-    mid = len(rates) // 2
-    median = rates[mid] if len(rates) % 2 else 0.5 * (rates[mid - 1] + rates[mid])
+    median = statistics.median(rates)
     return {"n_images": n, "median_discordance": median, "mde_top1_points": min_detectable_effect(median, n),
             "power": 0.8, "alpha": 0.05,
             "formula": "MDE = (z_0.975 + z_0.80) * sqrt(discordance / N), in top-1 points"}

@@ -20,7 +20,7 @@ from zsprob.zeroshot.options import as_request
 from zsprob.zeroshot.prompts import SINGLE_TEMPLATE
 from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, require_sigma, topk_mask,
                                             uncertainty_order)
-from zsprob.zeroshot.strategy_registry import StrategyInputs, get_strategy, shots_source
+from zsprob.zeroshot.strategy_registry import StrategyInputs, get_strategy
 
 TAU_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
 BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -370,7 +370,7 @@ def run_strategy(name: str, bank, request=None, *, select=None, pool=None, eval_
     entry = get_strategy(name)
     request = as_request(request, **fields)
     entry.check_k(request.k)
-    select = shots_source(entry, request.shots_split, select, eval_)
+    select = entry.shots_source(request.shots_split, select, eval_)
     entry.check_data(select=select, pool=pool, eval_=eval_)
     if entry.sigma:
         require_sigma(bank, name)

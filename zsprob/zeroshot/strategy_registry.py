@@ -98,9 +98,17 @@ class Strategy:
             return "selection split" if SELECTION_LABELS in self.needs else "selection split (when given)"
         return None
 
+    def eval_shots(self, shots_split: str) -> bool:
+        """Whether its labelled shots are evaluation images (``--shots-split eval``)."""
+        return self.shots and shots_split == "eval"
+
+    def shots_source(self, shots_split: str, select, eval_):
+        """What its ``select`` input holds: the evaluation split's for eval shots."""
+        return eval_ if self.eval_shots(shots_split) else select
+
     def audit(self, shots_split: str = "select") -> dict:
         """The protocol facts of one run: evaluation labels read, transductive, which split's labels."""
-        eval_shots = self.shots and shots_split == "eval"   # the shots are evaluation images, with labels
+        eval_shots = self.eval_shots(shots_split)
         return {"reads_eval_labels": self.reads_eval_labels or eval_shots,
                 "transductive": self.transductive or eval_shots, "label_split": self.label_split(shots_split)}
 
@@ -165,13 +173,6 @@ def check_shots_split(shots_split: str, allow_eval_shots: bool = False) -> None:
     if shots_split == "eval" and not allow_eval_shots:
         raise UserError("--shots-split eval takes the few-shot labels from the evaluation split that is then scored "
                         "(ProLIP's --use_gt protocol); pass --allow-eval-shots to run it, and the row is marked")
-
-
-def shots_source(entry: Strategy, shots_split: str, select, eval_):
-    """What a strategy's ``select`` input holds: the named split's (feats, labels) for a few-shot strategy."""
-    if entry.shots and shots_split == "eval":
-        return eval_
-    return select
 
 
 def get_strategy(name: str) -> Strategy:
