@@ -1,16 +1,15 @@
 """Per-class prompt pools (CuPL's ``{"class name": ["prompt", ...]}`` files) as a padded prompt bank.
 
 :func:`load_class_prompts` reads and checks the file, :func:`match_pools` maps its classes to the dataset's
-by name, :func:`build_pool_bank` embeds every prompt once (cached) into a :class:`PromptPoolBank`: a
+by name, :func:`build_pool_bank` embeds every prompt once (cached) into a
 :class:`~zsprob.zeroshot.prompts.PromptBank` whose "templates" are slots (class c's t-th prompt) padded to
-the longest pool, with a ``mask`` [C, T] of the slots that exist. An absent slot has infinite uncertainty
-(ranked last, never kept) and no weight in any strategy.
+the longest pool. An absent slot has infinite uncertainty (ranked last, never kept) and no weight in any
+strategy.
 """
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from zsprob.errors import UserError
@@ -57,22 +56,9 @@ def match_pools(pools: dict[str, list[str]], classnames, source: str = "class-pr
     return [list(pools[c]) for c in names]
 
 
-@dataclass
-class PromptPoolBank(PromptBank):
-    """A prompt bank of per-class pools: ``pools[c]`` the prompts of class c, ``mask`` [C, T] the slots
-    that exist (``mu`` / ``logvar`` are zero in the others)."""
-
-    pools: list = field(default_factory=list)
-
-    @property
-    def uncertainty(self):
-        """``||sigma^2||_1`` per prompt, ``inf`` in the absent slots (so they rank last)."""
-        unc = super().uncertainty
-        return None if unc is None else unc.masked_fill(~self.mask, float("inf"))
-
-
-def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id: str = "") -> PromptPoolBank:
-    """A :class:`PromptPoolBank` from [P, D] embeddings of the pools' prompts, class by class."""
+def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id: str = "") -> PromptBank:
+    """The bank of per-class pools from [P, D] embeddings of their prompts, class by class (``mu`` /
+    ``logvar`` zero in the absent slots)."""
     import torch
 
     sizes = [len(p) for p in pools]
@@ -87,13 +73,13 @@ def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id:
         if logvar is not None:
             logvar[c, :n] = logvar_flat[start:start + n].float()
         start += n
-    return PromptPoolBank(list(classnames), [f"[pool prompt {t + 1}]" for t in range(T)], mu, logvar, model_id=model_id,
-                          pools=[list(p) for p in pools], mask=mask)
+    return PromptBank(list(classnames), [f"[pool prompt {t + 1}]" for t in range(T)], mu, logvar, model_id=model_id,
+                      mask=mask, pools=[list(p) for p in pools])
 
 
 def build_pool_bank(model, classnames, class_prompts: dict, *, cache_dir=None, model_id: str | None = None,
                     batch_size: int = 512, device=None, progress: bool = True, precision: str = "fp32",
-                    source: str = "class prompts") -> PromptPoolBank:
+                    source: str = "class prompts") -> PromptBank:
     """Embed every prompt of every class's pool (``{"class name": [...]}``, named ``source`` in messages)
     once, cached under ``cache_dir``."""
     from zsprob.models.fingerprint import model_fingerprint

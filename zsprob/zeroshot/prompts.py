@@ -195,7 +195,9 @@ def content_key(payload: dict) -> str:
 @dataclass
 class PromptBank:
     """Embeddings of every (class, template) prompt: ``mu`` [C, T, D] float32 text means as the model
-    returns them, ``logvar`` [C, T, D] (log sigma^2) or ``None`` for a deterministic model."""
+    returns them, ``logvar`` [C, T, D] (log sigma^2) or ``None`` for a deterministic model. A bank of
+    per-class pools (:mod:`zsprob.zeroshot.pools`) holds class c's prompts ``pools[c]`` in its "template"
+    slots, padded to the longest pool, with ``mask`` [C, T] of the slots that exist."""
 
     classnames: list[str]
     templates: list[str]
@@ -204,7 +206,8 @@ class PromptBank:
     model_id: str = ""
     encode_seconds: float = 0.0
     from_cache: bool = False
-    mask: "object | None" = None  # [C, T] bool: the prompts that exist (per-class pools); None: all of them
+    mask: "object | None" = None
+    pools: list | None = None
 
     @property
     def num_classes(self) -> int:
@@ -230,8 +233,12 @@ class PromptBank:
 
     @property
     def uncertainty(self):
-        """``||sigma^2||_1`` per prompt, [C, T]; ``None`` for deterministic models."""
-        return None if self.logvar is None else self.logvar.float().exp().sum(-1)
+        """``||sigma^2||_1`` per prompt, [C, T] (``inf`` in absent pool slots, so they rank last); None for
+        deterministic models."""
+        if self.logvar is None:
+            return None
+        unc = self.logvar.float().exp().sum(-1)
+        return unc if self.mask is None else unc.masked_fill(~self.mask, float("inf"))
 
     @classmethod
     def from_embeddings(cls, mu, logvar, classnames, templates, model_id: str = "") -> "PromptBank":

@@ -175,7 +175,7 @@ def make_selection(bank, strategy, label, W, *, k=None, renormalize=True, var_ru
                      class_mu=cmu if mu is None else mu, class_logvar=clv if logvar is None else logvar,
                      uncertainty=bank.uncertainty, k=None if k is None else [int(v) for v in k],
                      uses_eval_labels=uses_eval_labels, normalized=renormalize, info=dict(info or {}),
-                     class_prompts=getattr(bank, "pools", None) or None)
+                     class_prompts=bank.pools)
 
 
 def as_feats(feats):
