@@ -26,7 +26,7 @@ def _tiny_open_clip():
 
 
 @pytest.mark.slow
-def test_all_equals_open_clip_build_zero_shot_classifier(tmp_path):
+def test_all_equals_open_clip_build_zero_shot_classifier(tmp_path, monkeypatch):
     from open_clip.zero_shot_classifier import build_zero_shot_classifier
 
     model, tok = _tiny_open_clip()
@@ -38,8 +38,8 @@ def test_all_equals_open_clip_build_zero_shot_classifier(tmp_path):
             outs = [m.encode_text(tok(texts[i:i + batch_size])) for i in range(0, len(texts), batch_size)]
         return torch.cat(outs), None       # raw (unnormalised) means: the bank normalises per prompt
 
-    bank = build_prompt_bank(model, CLASSES, templates, encode_fn=enc, model_id="tiny", cache_dir=tmp_path,
-                             batch_size=97)
+    monkeypatch.setattr("zsprob.models.encode.encode_texts", enc)
+    bank = build_prompt_bank(model, CLASSES, templates, model_id="tiny", cache_dir=tmp_path, batch_size=97)
     sel = select_all(bank)
     assert ref.shape == (model.text_projection.shape[1], len(CLASSES))
     assert torch.allclose(sel.class_mu, ref.T, atol=1e-5)

@@ -263,7 +263,7 @@ def test_evaluate_scores_metrics():
     assert [b["top1"] for b in m["uncertainty_bins"]] == [100.0, 0.0]
 
 
-def test_prompt_bank_cache_and_template_validation(tmp_path):
+def test_prompt_bank_cache_and_template_validation(tmp_path, monkeypatch):
     calls = []
 
     def enc(model, texts, **kw):
@@ -271,14 +271,15 @@ def test_prompt_bank_cache_and_template_validation(tmp_path):
         g = torch.Generator().manual_seed(len(texts))
         return torch.randn(len(texts), 4, generator=g), torch.randn(len(texts), 4, generator=g)
 
+    monkeypatch.setattr("zsprob.models.encode.encode_texts", enc)
     tmpl = ["a {}.", "the {}!"]
-    b1 = build_prompt_bank(object(), ["cat", "dog"], tmpl, cache_dir=tmp_path, model_id="m", encode_fn=enc,
+    b1 = build_prompt_bank(object(), ["cat", "dog"], tmpl, cache_dir=tmp_path, model_id="m",
                            progress=False)
     assert calls[0] == ["a cat.", "the cat!", "a dog.", "the dog!"] and b1.mu.shape == (2, 2, 4)
-    b2 = build_prompt_bank(object(), ["cat", "dog"], tmpl, cache_dir=tmp_path, model_id="m", encode_fn=enc)
+    b2 = build_prompt_bank(object(), ["cat", "dog"], tmpl, cache_dir=tmp_path, model_id="m")
     assert len(calls) == 1 and b2.from_cache and torch.equal(b1.mu, b2.mu) and torch.equal(b1.logvar, b2.logvar)
-    build_prompt_bank(object(), ["cat", "dog"], tmpl, cache_dir=tmp_path, model_id="other", encode_fn=enc)
-    build_prompt_bank(object(), ["cat", "dog"], tmpl[::-1], cache_dir=tmp_path, model_id="m", encode_fn=enc)
+    build_prompt_bank(object(), ["cat", "dog"], tmpl, cache_dir=tmp_path, model_id="other")
+    build_prompt_bank(object(), ["cat", "dog"], tmpl[::-1], cache_dir=tmp_path, model_id="m")
     assert len(calls) == 3
     assert len(load_templates()) == 80
     for bad in (["no placeholder"], ["two {} {}"], ["a {}", "a {}"]):

@@ -8,6 +8,7 @@ runs (``--device``, ``--workers``, ``--precision``). Training's options live in
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import click
 
@@ -116,29 +117,6 @@ def common_options(f):
                              "protocol; refused without --allow-eval-shots).")(f)
 
 
-def check_prompt_inputs(*, templates, classes, class_prompts, k_grid, shots_split, allow_eval_shots, cache_dir, out):
-    """Every prompt-side input of ``select-prompts`` / ``zeroshot`` checked where it enters, before a model
-    or an image is loaded (one line each): the shots rule, the pool file, the template and class-name
-    files, the K grid and the cache folder. Returns the cache folder."""
-    from pathlib import Path
-
-    from zsprob.zeroshot.options import parse_k_grid
-    from zsprob.zeroshot.prompts import check_cache_dir, load_classnames, load_templates
-    from zsprob.zeroshot.strategy_registry import check_shots_split
-
-    check_shots_split(shots_split, allow_eval_shots)
-    if class_prompts is not None:
-        from zsprob.zeroshot.pools import load_class_prompts
-        load_class_prompts(class_prompts)
-    if templates is not None:
-        load_templates(templates)
-    if classes is not None:
-        load_classnames(classes)
-    parse_k_grid(k_grid)
-    return check_cache_dir(cache_dir or Path(out).resolve().parent / "cache",
-                           "--cache-dir" if cache_dir else "cache folder (cache/ next to --out; or pass --cache-dir)")
-
-
 def refuse_given(why: str, *names: str) -> None:
     """One line naming the options of ``names`` given on the command line, which ``why`` says have no effect
     (so that they are not silently ignored)."""
@@ -194,21 +172,36 @@ def refuse_overwriting_inputs(outputs: dict, inputs: dict, *, checkpoint=None, p
     check_outputs_apart(outputs, {**model_files, **inputs}, {**model_dirs, **(dirs or {})}, data)
 
 
-def prompt_outputs(out, cache, cache_given: bool, beside=()) -> dict:
-    """What ``select-prompts`` / ``zeroshot`` write: --out, the files ``beside`` it and the cache folder."""
-    from pathlib import Path
+def check_prompt_outputs(opts: dict, beside=()) -> Path:
+    """The cache folder of ``select-prompts`` / ``zeroshot`` (--cache-dir, default cache/ next to --out),
+    checked; then one line when it, --out or a file ``beside`` --out would destroy an input. Returns it."""
+    from zsprob.utils.checks import check_output
 
+    out, given = opts["out"], opts["cache_dir"]
     folder = Path(out).resolve().parent
-    cache_name = "--cache-dir" if cache_given else "the cache folder (cache/ next to --out)"
-    return {"--out": out, **{f"--out (beside it, {name})": folder / name for name in beside}, cache_name: cache}
+    cache = Path(check_output(given or folder / "cache",
+                              "--cache-dir" if given else "cache folder (cache/ next to --out; or pass --cache-dir)"))
+    outputs = {"--out": out, **{f"--out (beside it, {name})": folder / name for name in beside},
+               "--cache-dir" if given else "the cache folder (cache/ next to --out)": cache}
+    inputs = {f"--{name.replace('_', '-')}": opts.get(name) for name in ("prompts", "templates", "classes",
+                                                                         "class_prompts")}
+    refuse_overwriting_inputs(outputs, inputs, checkpoint=opts["checkpoint"], pretrained=opts["pretrained"],
+                              data={"--root": opts["root"], "--select-root": opts["select_root"]})
+    return cache
 
 
-def load_model(checkpoint, model_name, pretrained, device):
-    """A model for select-prompts / zeroshot on ``device`` and its description for the result files."""
+def request_and_model(opts: dict, **fields):
+    """``(model, request)`` of ``select-prompts`` / ``zeroshot``: the request made of the options and
+    ``fields`` (its inputs read and checked first), then the model on its device, described in ``model_meta``."""
+    from dataclasses import replace
+
     from zsprob.models import load_for_inference
+    from zsprob.zeroshot.options import request_from_options
 
-    m = load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=device,
+    request = request_from_options(opts, **fields, device=resolve_device(opts["device"]))
+    checkpoint, name, pretrained = opts["checkpoint"], opts["model_name"], opts["pretrained"]
+    m = load_for_inference(checkpoint=checkpoint, model=name, pretrained=pretrained, device=request.device,
                            **official_file_kwargs())
-    meta = {"checkpoint": None if checkpoint is None else str(checkpoint), "name": getattr(m, "name", model_name),
+    meta = {"checkpoint": None if checkpoint is None else str(checkpoint), "name": getattr(m, "name", name),
             "pretrained": pretrained, "deterministic": bool(m.deterministic), "embed_dim": m.embed_dim}
-    return m, meta
+    return m, replace(request, model_meta=meta)

@@ -1,19 +1,16 @@
 """`zsprob select-prompts`: rank prompt templates by text uncertainty and choose them per class.
 
-Thin: checks the options, builds one :class:`~zsprob.zeroshot.options.ZeroShotRequest`, loads the model
-(zsprob checkpoint or plain open_clip), calls ``zsprob.zeroshot.classify.run_selection`` and writes
-selection.json. No torch at import. An ``--out`` (or cache folder) that is an input file, lies inside the
-model's directory or would replace a file of the dataset is refused in one line before anything is loaded
-or written.
+Thin: checks the options and the outputs, builds one :class:`~zsprob.zeroshot.options.ZeroShotRequest`,
+loads the model, calls ``zsprob.zeroshot.classify.run_selection`` and writes selection.json. No torch at
+import.
 """
 from __future__ import annotations
 
 import click
 
-from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
-                                refuse_overwriting_inputs, refuse_unread_options, resolve_device)
+from zsprob.cli.options import (check_prompt_outputs, common_options, model_options, refuse_unread_options,
+                                request_and_model)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
-from zsprob.cli.zeroshot import PROMPT_INPUTS
 from zsprob.methods import STRATEGIES
 from zsprob.zeroshot.options import DATASET_KINDS
 
@@ -37,25 +34,17 @@ from zsprob.zeroshot.options import DATASET_KINDS
 @click.option("--out", type=OUT_FILE, required=True, help="selection.json to write.")
 def select_prompts(**opts):
     """Rank prompt templates by text uncertainty and select them per class."""
-    from dataclasses import replace
-
-    from zsprob.zeroshot.options import request_from_options, strategy_from_topk
+    from zsprob.zeroshot.options import strategy_from_topk
 
     out = opts["out"]
     strategy, k = strategy_from_topk(opts["topk"], opts["strategy"])
     refuse_unread_options(strategy, compare=False)
-    cache = check_prompt_inputs(**{name: opts[name] for name in PROMPT_INPUTS}, out=out)
-    refuse_overwriting_inputs(prompt_outputs(out, cache, opts["cache_dir"] is not None),
-                              {"--templates": opts["templates"], "--classes": opts["classes"],
-                               "--class-prompts": opts["class_prompts"]},
-                              checkpoint=opts["checkpoint"], pretrained=opts["pretrained"],
-                              data={"--root": opts["root"], "--select-root": opts["select_root"]})
-    request = request_from_options(opts, strategy=strategy, k=k, cache_dir=cache, device=resolve_device(opts["device"]))
+    cache = check_prompt_outputs(opts)
+    model, request = request_and_model(opts, strategy=strategy, k=k, cache_dir=cache)
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import run_selection
 
-    model, meta = load_model(opts["checkpoint"], opts["model_name"], opts["pretrained"], request.device)
-    sel, doc = run_selection(model, replace(request, model_meta=meta))
+    sel, doc = run_selection(model, request)
     atomic_write_json(out, doc)
     ks = sel.k
     kdesc = "" if ks is None else f", K per class {min(ks)}..{max(ks)} (mean {sum(ks) / len(ks):.1f})"

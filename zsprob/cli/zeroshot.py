@@ -1,17 +1,15 @@
 """`zsprob zeroshot`: zero-shot classification with selected prompts (or every strategy: --compare).
 
-Thin: checks the options, builds one :class:`~zsprob.zeroshot.options.ZeroShotRequest`, loads the model,
-calls ``zsprob.zeroshot.classify.zeroshot_eval`` or ``compare_strategies``, writes results.json and prints
-a summary. No torch at import. An ``--out`` (or a file --compare writes beside it, or the cache folder)
-that is an input file (``--prompts p.json --out p.json``), lies inside the model's directory or would
-replace a file of the dataset is refused in one line before anything is loaded or written.
+Thin: checks the options and the outputs, builds one :class:`~zsprob.zeroshot.options.ZeroShotRequest`,
+loads the model, calls ``zsprob.zeroshot.classify.zeroshot_eval`` or ``compare_strategies``, writes
+results.json and prints a summary. No torch at import.
 """
 from __future__ import annotations
 
 import click
 
-from zsprob.cli.options import (check_prompt_inputs, common_options, load_model, model_options, prompt_outputs,
-                                refuse_given, refuse_overwriting_inputs, refuse_unread_options, resolve_device)
+from zsprob.cli.options import (check_prompt_outputs, common_options, model_options, refuse_given,
+                                refuse_unread_options, request_and_model)
 from zsprob.cli.types import OUT_FILE, REAL, InPath
 from zsprob.methods import STRATEGIES
 from zsprob.zeroshot.options import COMPARE_FILES, DATASET_KINDS, SCORES
@@ -35,11 +33,10 @@ from zsprob.zeroshot.options import COMPARE_FILES, DATASET_KINDS, SCORES
 @click.option("--out", type=OUT_FILE, required=True, help="results.json to write.")
 def zeroshot(**opts):
     """Zero-shot classification with selected prompts."""
-    from dataclasses import replace
     from pathlib import Path
 
     from zsprob.errors import UserError
-    from zsprob.zeroshot.options import request_from_options, strategy_from_topk
+    from zsprob.zeroshot.options import strategy_from_topk
 
     prompts, compare, out = opts["prompts"], opts["compare"], opts["out"]
     if prompts is not None and compare:
@@ -54,19 +51,11 @@ def zeroshot(**opts):
         refuse_unread_options(strategy, compare, names=("k_grid", "shots", "shots_split"))
     if opts["score"] != "unc":
         refuse_given(f"with --score {opts['score']} (it weights sigma^2 in --score unc alone)", "unc_weight")
-    cache = check_prompt_inputs(**{name: opts[name] for name in PROMPT_INPUTS}, out=out)
-    beside = COMPARE_FILES if compare else ()
-    refuse_overwriting_inputs(prompt_outputs(out, cache, opts["cache_dir"] is not None, beside),
-                              {"--prompts": prompts, "--templates": opts["templates"], "--classes": opts["classes"],
-                               "--class-prompts": opts["class_prompts"]}, checkpoint=opts["checkpoint"],
-                              pretrained=opts["pretrained"],
-                              data={"--root": opts["root"], "--select-root": opts["select_root"]})
-    request = request_from_options(opts, strategy=strategy, k=k, cache_dir=cache, device=resolve_device(opts["device"]))
+    cache = check_prompt_outputs(opts, COMPARE_FILES if compare else ())
+    model, request = request_and_model(opts, strategy=strategy, k=k, cache_dir=cache)
     from zsprob.utils.io import atomic_write_json
     from zsprob.zeroshot.classify import compare_strategies, zeroshot_eval
 
-    model, meta = load_model(opts["checkpoint"], opts["model_name"], opts["pretrained"], request.device)
-    request = replace(request, model_meta=meta)
     if compare:
         res = compare_strategies(model, request, out_dir=Path(out).resolve().parent)
         atomic_write_json(out, {k: v for k, v in res.items() if k != "selections"})
@@ -76,10 +65,6 @@ def zeroshot(**opts):
         atomic_write_json(out, res)
         _echo_result(res)
     click.echo(f"wrote {out}")
-
-
-#: the options check_prompt_inputs reads where they enter (zsprob.cli.options)
-PROMPT_INPUTS = ("templates", "classes", "class_prompts", "k_grid", "shots_split", "allow_eval_shots", "cache_dir")
 
 
 def _echo_compare(res: dict) -> None:

@@ -7,15 +7,10 @@ the root package; never train, retrieval or cli.
     res = compare_strategies(model, root="synth_out", dataset="synthetic", out_dir="zs")   # every strategy
     print(res["table"])
 
-Modules: ``options`` (the :class:`ZeroShotRequest` every entry point takes, its choices), ``prompts``
-(template / class files, the cached prompt bank), ``pools`` (per-class prompt pools from CuPL-style JSON
-files), ``strategy_registry`` (every strategy's facts and where its function is), ``selection_base`` (the
-Selection container, weights -> class Gaussians), ``selection`` (the uncertainty strategies, selection-split
-searches, oracles, the dispatcher), ``baselines`` (ProLIP BPRW, ZPE), ``carprt`` (CARPRT), ``features``
-(image embeddings of a split and their cache), ``metrics`` (scores, accuracy, label-free diagnostics),
-``calibration`` (ECE, NLL, temperature), ``paired`` (paired bootstrap, McNemar), ``classify`` (the functions
-behind ``zsprob select-prompts`` / ``zsprob zeroshot`` and ``--compare``). Imports are lazy so
-``import zsprob.zeroshot`` does not import torch.
+Modules: ``options`` (the request), ``prompts`` / ``pools`` (prompt files and banks), ``strategy_registry``,
+``selection_base`` / ``selection`` / ``baselines`` / ``carprt`` (the strategies), ``features`` (image
+embeddings), ``metrics``, ``calibration``, ``paired``, ``classify`` (the commands' library calls). Imports
+are lazy so ``import zsprob.zeroshot`` does not import torch.
 """
 from __future__ import annotations
 

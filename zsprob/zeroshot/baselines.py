@@ -12,17 +12,14 @@ import math
 import torch
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, prompt_mask,
-                                            require_sigma, slot_logits)
+from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, require_sigma, slot_logits
 from zsprob.zeroshot.strategy_registry import StrategyInputs
 
 
 def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-12, max_iter=1000, mask=None):
-    """MAP mixing proportions (Dirichlet(alpha) prior) of fixed diagonal Gaussians, batched over classes.
-
-    obs [B, M, D], means / var [B, T, D] -> pi [B, T], iterations run. ``mask`` [B, T]: the components
-    that exist (per-class pools); the others keep weight 0.
-    """
+    """MAP mixing proportions (Dirichlet(alpha) prior) of fixed diagonal Gaussians, batched over classes:
+    obs [B, M, D], means / var [B, T, D] -> (pi [B, T], iterations run); ``mask`` [B, T]: the components
+    that exist (per-class pools)."""
     B, M, D = obs.shape
     T = means.shape[1]
     if prior == "inverse":
@@ -54,22 +51,19 @@ def _em_mixture_weights(obs, means, var, *, alpha=5.0, prior="inverse", tol=1e-1
     return pi, it + 1
 
 
-def _sample_observations(mu, logvar, n_samples: int, gen) -> torch.Tensor:
-    """[C, M, D] image means -> [C, M * n_samples, D] draws from the image Gaussians (the means without sigma)."""
-    if logvar is None:
-        return mu
-    C, M, D = mu.shape
-    std = (0.5 * logvar).exp()
-    eps = torch.randn(C, M, n_samples, D, generator=gen, dtype=torch.float64)
-    return (mu[:, :, None] + eps * std[:, :, None]).reshape(C, M * n_samples, D)
-
-
-def _bprw_weights(bank, obs, *, alpha: float, var_mult: float, stable_eps: float, prior: str, classes=None):
-    """EM mixture weights [c, T] of the classes' prompt Gaussians N(mu_t, var_mult sigma^2_t + eps) on ``obs``."""
-    classes = torch.arange(bank.num_classes) if classes is None else classes
+def _bprw_weights(bank, feats, idx, classes, *, n_samples: int, gen, alpha: float, var_mult: float,
+                  stable_eps: float, prior: str):
+    """EM mixture weights [c, T] of ``classes``' prompt Gaussians N(mu_t, var_mult sigma^2_t + eps) on
+    ``n_samples`` draws from each image Gaussian ``feats[idx]`` ([c, M] indices); and the iterations run."""
+    x, xlv = feats
+    obs = x.double()[idx]                                      # [c, M, D]; the means without sigma
+    if xlv is not None:
+        c, M, D = obs.shape
+        eps = torch.randn(c, M, n_samples, D, generator=gen, dtype=torch.float64)
+        obs = (obs[:, :, None] + eps * (0.5 * xlv.double()[idx]).exp()[:, :, None]).reshape(c, M * n_samples, D)
     mun = bank.mu_normed.double()[classes]
     var = bank.var.double()[classes] * var_mult + stable_eps
-    mask = prompt_mask(bank)
+    mask = bank.mask
     mask = None if mask is None else mask[classes]
     T = mun.shape[1]
     W = torch.zeros(len(classes), T, dtype=torch.float64)
@@ -83,81 +77,73 @@ def _bprw_weights(bank, obs, *, alpha: float, var_mult: float, stable_eps: float
     return W, max(iters)
 
 
+def _bprw_selection(bank, strategy: str, label: str, W, info: dict, **kw) -> Selection:
+    """The selection of BPRW weights: class mean sum_t pi_t mu_t (not renormalised, as in ProLIP), sigma^2
+    sum_t pi_t^2 sigma^2_t."""
+    return make_selection(bank, strategy, label, W.float(), renormalize=False, var_rule="avg", info=info, **kw)
+
+
 def select_bprw(bank, pool_feats, *, n_neighbors: int = 10, n_samples: int = 10, alpha: float = 5.0,
                 var_mult: float = 1.0, stable_eps: float = 0.02, prior: str = "inverse", seed: int = 0,
                 data: str = "unlabelled images") -> Selection:
-    """ProLIP's Bayesian prompt re-weighting (BPRW), defaults = its "use NN" setting (5-1-10-10-0.02-inverse).
-
-    Per class: ``n_samples`` draws from each of the ``n_neighbors`` unlabelled images nearest the class's
-    average prompt, then EM for the Dirichlet(alpha)-MAP mixing proportions of the class's prompt Gaussians
-    N(mu_t, var_mult sigma^2_t + stable_eps). Class mean = sum_t pi_t mu_t (not renormalised, as in ProLIP),
-    sigma^2 = sum_t pi_t^2 sigma^2_t."""
+    """ProLIP's Bayesian prompt re-weighting (BPRW), defaults = its "use NN" setting (5-1-10-10-0.02-inverse):
+    per class, EM for the Dirichlet(alpha)-MAP mixing proportions of its prompt Gaussians on ``n_samples``
+    draws from each of the ``n_neighbors`` unlabelled images nearest its average prompt."""
     require_sigma(bank, "bprw")
-    x, xlv = as_feats(pool_feats)
-    gen = torch.Generator().manual_seed(seed)
+    feats = as_feats(pool_feats)
+    x = feats[0]
     nn_k = min(n_neighbors, x.shape[0])
     sims = x.double() @ bank.mu_normed.double().mean(1).T     # [N, C]
     idx = torch.topk(sims, nn_k, dim=0).indices.T             # [C, nn_k]
-    obs = _sample_observations(x.double()[idx], None if xlv is None else xlv.double()[idx], n_samples, gen)
-    W, n_iter = _bprw_weights(bank, obs, alpha=alpha, var_mult=var_mult, stable_eps=stable_eps, prior=prior)
-    return make_selection(bank, "bprw", "ProLIP BPRW (NN)", W.float(), renormalize=False, var_rule="avg",
-                          info={"data_used": data, "n_pool_images": int(x.shape[0]), "n_neighbors": nn_k,
-                                "n_samples": n_samples, "alpha": alpha, "var_mult": var_mult,
-                                "stable_eps": stable_eps, "prior": prior, "seed": seed, "mode": "NN (transductive)",
-                                "em_iterations_max": n_iter,
-                                "reference": "ProLIP (Chun et al., ICLR 2025) analysis/unc_zeroshot_prompts.py bprw"})
+    em = {"n_samples": n_samples, "alpha": alpha, "var_mult": var_mult, "stable_eps": stable_eps, "prior": prior}
+    W, n_iter = _bprw_weights(bank, feats, idx, torch.arange(bank.num_classes),
+                              gen=torch.Generator().manual_seed(seed), **em)
+    return _bprw_selection(bank, "bprw", "ProLIP BPRW (NN)", W, {
+        "data_used": data, "n_pool_images": int(x.shape[0]), "n_neighbors": nn_k, **em, "seed": seed,
+        "mode": "NN (transductive)", "em_iterations_max": n_iter,
+        "reference": "ProLIP (Chun et al., ICLR 2025) analysis/unc_zeroshot_prompts.py bprw"})
 
 
 def select_bprw_fewshot(bank, shot_feats, shot_labels, *, shots: int | None = None, n_samples: int = 10,
                         alpha: float = 5.0, var_mult: float = 1.0, stable_eps: float = 0.02,
                         prior: str = "inverse", seed: int = 0, data: str = "selection split",
                         from_eval: bool = False) -> Selection:
-    """ProLIP's BPRW with labelled shots (its ``--use_gt`` mode): per class the first ``shots`` images
-    of that class (index order; ``None``: all of them) replace the nearest neighbours.
-
-    ``from_eval`` records that the shots are evaluation images (ProLIP's published protocol), which
-    marks the selection as reading evaluation labels.
-    """
+    """ProLIP's BPRW with labelled shots (its ``--use_gt`` mode): per class the first ``shots`` images of that
+    class (index order; None: all) replace the nearest neighbours. ``from_eval`` (the shots are evaluation
+    images, ProLIP's published protocol) marks the selection as reading evaluation labels."""
     require_sigma(bank, "bprw-fewshot")
-    x, xlv = as_feats(shot_feats)
+    feats = as_feats(shot_feats)
     y = torch.as_tensor(shot_labels).long()
     per_class = [torch.nonzero(y == c).flatten()[:shots] for c in range(bank.num_classes)]
     empty = [bank.classnames[c] for c, idx in enumerate(per_class) if len(idx) == 0]
     if empty:
         raise UserError(f"few-shot split has no image of class {empty[0]!r} ({len(empty)} classes without shots)")
     gen = torch.Generator().manual_seed(seed)
+    em = {"n_samples": n_samples, "alpha": alpha, "var_mult": var_mult, "stable_eps": stable_eps, "prior": prior}
     W = torch.zeros(bank.num_classes, bank.num_templates, dtype=torch.float64)
     n_iter = 0
     for count in sorted({len(idx) for idx in per_class}):  # the EM is batched over classes with equal shots
         classes = torch.tensor([c for c, idx in enumerate(per_class) if len(idx) == count])
         idx = torch.stack([per_class[c] for c in classes.tolist()])
-        obs = _sample_observations(x.double()[idx], None if xlv is None else xlv.double()[idx], n_samples, gen)
-        W[classes], it = _bprw_weights(bank, obs, alpha=alpha, var_mult=var_mult, stable_eps=stable_eps,
-                                       prior=prior, classes=classes)
+        W[classes], it = _bprw_weights(bank, feats, idx, classes, gen=gen, **em)
         n_iter = max(n_iter, it)
     label = "ProLIP BPRW (few-shot, EVAL SHOTS)" if from_eval else "ProLIP BPRW (few-shot)"
-    return make_selection(bank, "bprw-fewshot", label, W.float(), renormalize=False, var_rule="avg",
-                          uses_eval_labels=from_eval,
-                          info={"data_used": data, "shots_per_class": [len(idx) for idx in per_class],
-                                "shots_from": "evaluation split" if from_eval else "selection split",
-                                "n_samples": n_samples, "alpha": alpha, "var_mult": var_mult,
-                                "stable_eps": stable_eps, "prior": prior, "seed": seed, "mode": "few-shot (labels)",
-                                "em_iterations_max": n_iter,
-                                "reference": "ProLIP analysis/unc_zeroshot_prompts.py --use_gt"})
+    return _bprw_selection(bank, "bprw-fewshot", label, W, {
+        "data_used": data, "shots_per_class": [len(idx) for idx in per_class],
+        "shots_from": "evaluation split" if from_eval else "selection split", **em, "seed": seed,
+        "mode": "few-shot (labels)", "em_iterations_max": n_iter,
+        "reference": "ProLIP analysis/unc_zeroshot_prompts.py --use_gt"}, uses_eval_labels=from_eval)
 
 
 def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, data: str = "unlabelled images") -> Selection:
-    """ZPE (Allingham et al., ICML 2023): one weight per template, shared by all classes.
-
-    logits l[n, t, c] = logit_scale * cos(x_n, mu_tc), centred by their mean over the unlabelled images
-    per (t, c); score s_t = mean_n max_c centred l[n, t, c]; weights = softmax_t(s_t); class vector =
-    sum_t w_t mu_tc (the weighted average of logits, not renormalised). Works without sigma.
-    """
+    """ZPE (Allingham et al., ICML 2023): one weight per template, shared by all classes: softmax_t of
+    s_t = mean_n max_c of the logits l[n, t, c] = logit_scale * cos(x_n, mu_tc) centred over the unlabelled
+    images; class vector sum_t w_t mu_tc (not renormalised). Works without sigma."""
     x, _ = as_feats(pool_feats)
     mun = bank.mu_normed                                      # [C, T, D]
     C, T, D = mun.shape
     scores = torch.zeros(T, dtype=torch.float64)
-    mask = prompt_mask(bank)
+    mask = bank.mask
     for t in range(T):
         if mask is None:
             lt = logit_scale * (x @ mun[:, t].T)              # [N, C]
@@ -176,7 +162,6 @@ def select_zpe(bank, pool_feats, *, logit_scale: float = 100.0, data: str = "unl
 
 
 # ----------------------------------------------------------------------------- the registry's runners
-# (zsprob.zeroshot.strategy_registry names each as "module:function")
 
 def run_bprw(bank, given: StrategyInputs) -> Selection:
     return select_bprw(bank, given.pool, data=given.pool_data)

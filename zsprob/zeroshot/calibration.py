@@ -2,10 +2,9 @@
 
 Probabilities are ``softmax(logit_scale * scores / T)``: ``scores`` from
 :func:`zsprob.zeroshot.metrics.class_scores`, ``logit_scale`` the factor the model itself puts in front of
-that score (:func:`model_logit_scale`). ECE uses 15 equal-width bins ``(b / 15, (b + 1) / 15]`` (1.0 in the
-last); ``T`` minimises the NLL on the labelled selection split only (bounded search over log T in
-[1e-3, 1e3]) and is a report-only figure. docs/zeroshot.md ("Calibration") gives the definitions in full.
-scipy does the 1-D minimisation; the rest is numpy, in float64.
+that score (:func:`model_logit_scale`). ECE uses 15 equal-width bins ``(b / 15, (b + 1) / 15]``; ``T``
+minimises the NLL on the labelled selection split only and is a report-only figure (docs/zeroshot.md,
+"Calibration"). scipy does the 1-D minimisation; the rest is numpy, in float64.
 """
 from __future__ import annotations
 
@@ -47,8 +46,8 @@ def softmax_nll(logits, labels, temperature: float = 1.0) -> float:
 
 
 def expected_calibration_error(logits, labels, temperature: float = 1.0, n_bins: int = ECE_BINS) -> dict:
-    """``{"ece", "bins"}``: ECE over ``n_bins`` equal-width confidence bins (module docstring);
-    ``bins`` lists the non-empty ones as ``{"lo", "hi", "n", "accuracy", "confidence"}``."""
+    """``{"ece", "bins"}``: ECE over ``n_bins`` equal-width confidence bins; ``bins`` lists the non-empty
+    ones as ``{"lo", "hi", "n", "accuracy", "confidence"}``."""
     z, y = _as_logits_labels(logits, labels)
     prob = np.exp(_log_softmax(z / float(temperature)))
     conf = prob.max(axis=1)
@@ -89,11 +88,8 @@ def fit_temperature(logits, labels, bounds: tuple[float, float] = T_BOUNDS) -> f
 
 def calibration_report(eval_logits, eval_labels, select_logits=None, select_labels=None,
                        n_bins: int = ECE_BINS) -> dict:
-    """ECE / NLL on the evaluation split at ``T = 1`` and at ``T`` fitted on the selection split.
-
-    ``{"ece", "nll", "temperature", "ece_at_t", "nll_at_t", "n_bins", "reliability"}``; without a
-    selection split the last three figures are ``None``. The selection split alone decides ``T``.
-    """
+    """ECE / NLL on the evaluation split at ``T = 1`` and at ``T`` fitted on the selection split alone
+    (``temperature``, ``ece_at_t``, ``nll_at_t``, ``reliability_at_t``; None without one)."""
     out = {"ece": expected_calibration_error(eval_logits, eval_labels, 1.0, n_bins)["ece"],
            "nll": softmax_nll(eval_logits, eval_labels), "n_bins": n_bins,
            "temperature": None, "ece_at_t": None, "nll_at_t": None}
@@ -107,12 +103,10 @@ def calibration_report(eval_logits, eval_labels, select_logits=None, select_labe
 
 
 def model_logit_scale(model, score: str = "cosine") -> tuple[float, str]:
-    """``(scale, where it came from)``: the factor the model applies to ``score`` to make logits.
-
-    PCME++ / PCME checkpoints (logits = -a d + b): ``a`` for ``csd``, ``2 a`` for cosine-type scores (on unit
-    means -a ||x - c||^2 = 2 a cos - 2 a); InfoNCE / ProLIP: s = exp(logit_scale) clamped at 100 (``s / 2``
-    for ``csd``); a plain open_clip model: its own exp(logit_scale); otherwise CLIP's 100.
-    """
+    """``(scale, where it came from)``: the factor the model applies to ``score`` to make logits. PCME++ /
+    PCME (logits = -a d + b): ``a`` for ``csd``, ``2 a`` for cosine-type scores (on unit means -a ||x - c||^2
+    = 2 a cos - 2 a); InfoNCE / ProLIP and plain open_clip: exp(logit_scale) clamped at 100 (halved for
+    ``csd``); otherwise CLIP's 100."""
     extra = ((getattr(model, "checkpoint_meta", None) or {}).get("extra") or {})
     params = extra.get("loss_params") or {}
     method = extra.get("method") or "checkpoint"
@@ -129,36 +123,27 @@ def model_logit_scale(model, score: str = "cosine") -> tuple[float, str]:
     return CLIP_ZEROSHOT_SCALE, "CLIP zero-shot convention (100)"
 
 
-def selection_calibration(selection, eval_feats, select_feats=None, *, score: str = "cosine",
-                          logit_scale: float = CLIP_ZEROSHOT_SCALE, unc_weight: float = 0.5) -> dict:
-    """:func:`calibration_report` of one prompt selection: logits = ``logit_scale`` x class scores
-    of the evaluation images, ``T`` fitted on the selection split's images and labels."""
-    from zsprob.zeroshot.metrics import class_scores
-
-    def logits(feats):
-        return logit_scale * class_scores(feats.mu, feats.logvar, selection, score=score,
-                                          unc_weight=unc_weight).double()
-
-    sel = (None, None) if select_feats is None else (logits(select_feats), select_feats.labels)
-    out = calibration_report(logits(eval_feats), eval_feats.labels, *sel)
-    out["logit_scale"] = float(logit_scale)
-    return out
-
-
 ROW_FIELDS = ("ece", "nll", "temperature", "ece_at_t", "nll_at_t")
 
 
 def row_calibration(selection, eval_feats, select_feats=None, *, score: str = "cosine",
                     logit_scales: dict | None = None, unc_weight: float = 0.5) -> dict:
-    """The calibration fields of one ``--compare`` row: :data:`ROW_FIELDS` plus ``calibration``
-    (logit scale and its source, bins, reliability at ``T``). ``logit_scales`` maps a score name to
-    ``(scale, source)`` (:func:`model_logit_scales`); missing: CLIP's 100. A selection without class
-    sigma^2 is scored by cosine whatever ``score`` says, as ``--compare`` scores its accuracy."""
+    """The calibration fields of one ``--compare`` row: :data:`ROW_FIELDS` of :func:`calibration_report` on
+    logits = scale x class scores, plus ``calibration`` (the whole report, the scale and its source).
+    ``logit_scales``: ``{score: (scale, source)}`` (:func:`model_logit_scales`; missing: CLIP's 100). A
+    selection without class sigma^2 is scored by cosine, as ``--compare`` scores its accuracy."""
+    from zsprob.zeroshot.metrics import class_scores
+
     if selection.class_logvar is None:
         score = "cosine"
     scale, source = (logit_scales or {}).get(score, (CLIP_ZEROSHOT_SCALE, "CLIP zero-shot convention (100)"))
-    report = selection_calibration(selection, eval_feats, select_feats, score=score, logit_scale=scale,
-                                   unc_weight=unc_weight)
+
+    def logits(feats):
+        return scale * class_scores(feats.mu, feats.logvar, selection, score=score, unc_weight=unc_weight).double()
+
+    sel = (None, None) if select_feats is None else (logits(select_feats), select_feats.labels)
+    report = calibration_report(logits(eval_feats), eval_feats.labels, *sel)
+    report["logit_scale"] = float(scale)
     report["logit_scale_source"] = source
     report["temperature_role"] = ("report only: fitted on the selection split after the prompts were chosen"
                                   if report["temperature"] is not None else "no labelled selection split")

@@ -5,15 +5,16 @@ image n to ``c*(n, t) = argmax_c l`` with score ``m(n, t) = max_c l``. ``carprt`
 of m over the images template t sends to c (0 when none), ``w[c, :] = softmax_t(score[c, :] / temperature)``;
 ``carprt-shared``: ``score_t = mean_n m(n, t)``, one weight per template for every class. Class vector =
 ``sum_t w mu_ct / ||mu_ct||`` (not renormalised). Both read the unlabelled evaluation images:
-transductive. Reference, read and not copied: the authors' ``test.py`` (github tmlr-group/CARPRT);
-docs/zeroshot.md states the rule and its per-class-pool variant. Plain torch.
+transductive. Reference, read and not copied: the authors' ``test.py`` (github tmlr-group/CARPRT). Plain torch.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, prompt_mask, slot_logits
+from zsprob.zeroshot.selection_base import Selection, as_feats, make_selection, slot_logits
 from zsprob.zeroshot.strategy_registry import StrategyInputs
 
 LOGIT_SCALE = 100.0
@@ -35,48 +36,41 @@ def carprt_scores(bank, feats, logit_scale: float = LOGIT_SCALE) -> tuple[torch.
     return score, counts, shared
 
 
-def _masked_softmax(logits: torch.Tensor, mask) -> torch.Tensor:
+def select_carprt(bank, pool_feats, *, shared: bool = False, temperature: float = 1.0,
+                  logit_scale: float = LOGIT_SCALE, data: str = "unlabelled images") -> Selection:
+    """CARPRT's class-specific template weights, or with ``shared`` one weight per template for every class
+    (module docstring). Works without sigma^2."""
+    if temperature <= 0:
+        raise UserError(f"carprt temperature must be positive, got {temperature}")
+    score, counts, template_scores = carprt_scores(bank, pool_feats, logit_scale)
+    info = {"data_used": data, "n_pool_images": int(as_feats(pool_feats)[0].shape[0]), "logit_scale": logit_scale,
+            "temperature": temperature}
+    if shared:
+        logits = template_scores[None].expand(bank.num_classes, bank.num_templates)
+        strategy, label = "carprt-shared", "CARPRT class-shared"
+        info.update(template_scores=template_scores.tolist(),
+                    rule="w_t = softmax_t(mean_n max_c l[n, c, t] / temperature), shared by classes")
+    else:
+        logits, strategy, label = score, "carprt", "CARPRT (class-aware)"
+        info.update(class_scores=score.tolist(), class_counts=counts.long().tolist(),
+                    reference="CARPRT (ICLR 2026), github tmlr-group/CARPRT test.py")
+    logits = logits / temperature
+    mask = bank.mask
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    W = torch.softmax(logits, dim=-1)
+    return make_selection(bank, strategy, label, W.float(), renormalize=False, var_rule="mean", info=info)
 
 
-def select_carprt(bank, pool_feats, *, temperature: float = 1.0, logit_scale: float = LOGIT_SCALE,
-                  data: str = "unlabelled images") -> Selection:
-    """CARPRT's class-specific template weights (module docstring). Works without sigma^2."""
-    if temperature <= 0:
-        raise UserError(f"carprt temperature must be positive, got {temperature}")
-    score, counts, _ = carprt_scores(bank, pool_feats, logit_scale)
-    W = _masked_softmax(score / temperature, prompt_mask(bank))
-    return make_selection(bank, "carprt", "CARPRT (class-aware)", W.float(), renormalize=False, var_rule="mean",
-                          info={"data_used": data, "n_pool_images": int(as_feats(pool_feats)[0].shape[0]),
-                                "logit_scale": logit_scale, "temperature": temperature,
-                                "class_scores": score.tolist(), "class_counts": counts.long().tolist(),
-                                "reference": "CARPRT (ICLR 2026), github tmlr-group/CARPRT test.py"})
-
-
-def select_carprt_shared(bank, pool_feats, *, temperature: float = 1.0, logit_scale: float = LOGIT_SCALE,
-                         data: str = "unlabelled images") -> Selection:
-    """The class-shared weighting: one softmax weight per template from its mean max-logit."""
-    if temperature <= 0:
-        raise UserError(f"carprt temperature must be positive, got {temperature}")
-    _, _, shared = carprt_scores(bank, pool_feats, logit_scale)
-    C, T = bank.num_classes, bank.num_templates
-    W = _masked_softmax((shared / temperature)[None].expand(C, T), prompt_mask(bank))
-    return make_selection(bank, "carprt-shared", "CARPRT class-shared", W.float(), renormalize=False,
-                          var_rule="mean",
-                          info={"data_used": data, "n_pool_images": int(as_feats(pool_feats)[0].shape[0]),
-                                "logit_scale": logit_scale, "temperature": temperature,
-                                "template_scores": shared.tolist(),
-                                "rule": "w_t = softmax_t(mean_n max_c l[n, c, t] / temperature), shared by classes"})
+#: the class-shared weighting: one softmax weight per template from its mean max-logit
+select_carprt_shared = functools.partial(select_carprt, shared=True)
 
 
 # ----------------------------------------------------------------------------- the registry's runners
-# (zsprob.zeroshot.strategy_registry names each as "module:function")
 
 def run_carprt(bank, given: StrategyInputs) -> Selection:
     return select_carprt(bank, given.pool, data=given.pool_data)
 
 
 def run_carprt_shared(bank, given: StrategyInputs) -> Selection:
-    return select_carprt_shared(bank, given.pool, data=given.pool_data)
+    return select_carprt(bank, given.pool, shared=True, data=given.pool_data)

@@ -3,13 +3,9 @@
 Every entry point takes one :class:`~zsprob.zeroshot.options.ZeroShotRequest` (or its fields as keywords):
 :func:`run_selection` chooses prompts with one strategy, :func:`zeroshot_eval` scores one prompt set,
 :func:`compare_strategies` scores every strategy (through :func:`compare_on_features`, which works on
-cached image embeddings and writes the table and the plots with matplotlib). Each split is listed once,
-and the class names are checked against it once, before anything is encoded; :func:`save_selection` /
-:func:`load_selection` write and read selection.json.
-
-Only the strategies whose registry entry (:mod:`zsprob.zeroshot.strategy_registry`) reads evaluation
-labels receive them; ``run_strategy`` hands a strategy nothing it did not declare, and what is encoded
-follows the same entry.
+cached image embeddings and writes the table and the plots with matplotlib). Each split is listed once
+and checked against the class names before anything is encoded; what is encoded, and which strategy
+receives evaluation labels, follows the strategy's registry entry.
 """
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ from zsprob.zeroshot.metrics import (class_separation, evaluate_selection, promp
                                      topk_curve)
 from zsprob.zeroshot.options import COMPARE_FILES, ZeroShotRequest, as_request, parse_k_grid
 from zsprob.zeroshot.paired import detectable_effect_summary, paired_stats
-from zsprob.zeroshot.strategy_registry import (SELECTION_LABELS, UNLABELLED_IMAGES, compare_order, get_strategy,
-                                               shots_source)
+from zsprob.zeroshot.strategy_registry import SELECTION_LABELS, UNLABELLED_IMAGES, compare_order, get_strategy
 
 #: the evaluation and labelled selection splits by their names inside a root (other kinds: the root itself)
 SPLIT_NAMES = {"synthetic": ("eval", "select"), "imagenet": ("val", "train")}
@@ -47,9 +42,8 @@ def load_selection(path):
 
 
 def check_selection_classes(selected, dataset, source) -> None:
-    """A selection's classes must be the dataset's, in its order (case, spaces and underscores aside): a
-    renamed or reordered class would score every image against another class's prompts. Datasets whose
-    classes are ids that share no name with the selection (ImageNet wnids) are matched by position."""
+    """Refuse a selection whose classes are not the dataset's in its order (case, spaces and underscores
+    aside); classes that share no name with it (ImageNet wnids) are matched by position."""
     from zsprob.data.classification import class_key
 
     if len(selected) != len(dataset):
@@ -84,6 +78,7 @@ def _eval_labels_cell(r: dict) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
+    """The markdown table of ``--compare``'s rows."""
     head = ["strategy", "top-1", "vs all [95% CI]", "McNemar p", "top-5", "per-class", "eval labels",
             "transductive", "labels from", "data used", "K (mean)"]
     lines = [head]
@@ -95,20 +90,17 @@ def format_table(rows: list[dict]) -> str:
         m = r["metrics"]
         lines.append([r["label"], _fmt(m["top1"]), *_paired_cells(r.get("paired_vs_all")), _fmt(m["top5"]),
                       _fmt(m["mean_per_class"]), _eval_labels_cell(r), *audit,
-                      r.get("data_used", ""), _fmt(r.get("k_mean"), 1) if r.get("k_mean") is not None else "-"])
+                      r.get("data_used", ""), _fmt(r.get("k_mean"), 1)])
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
-    out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(lines[0], widths)) + " |",
-           "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    for row in lines[1:]:
-        out.append("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |")
+    out = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in lines]
+    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(out)
 
 
 def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
-    from zsprob.report.plots import pyplot, save_figure
+    from zsprob.report.plots import pyplot
 
     plt = pyplot()
-
     files = {}
     if curves.get("eval"):
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
@@ -119,11 +111,8 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
         for name, ls in (("all", "--"), ("auto", ":"), ("fusion", "-.")):
             if name in curves.get("reference", {}):
                 ax.axhline(curves["reference"][name], ls=ls, color="gray", lw=1, label=f"{name} (eval)")
-        ax.set_xlabel("number of most certain prompts kept per class (same K for all classes)")
-        ax.set_ylabel("top-1 accuracy (%)")
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
-        files["accuracy_vs_topk"] = str(save_figure(fig, out_dir / COMPARE_FILES[2], dpi=120))
+        files["accuracy_vs_topk"] = _finish(fig, ax, "number of most certain prompts kept per class (same K for "
+                                            "all classes)", "top-1 accuracy (%)", title, out_dir / COMPARE_FILES[2])
     hist = {n: s.k for n, s in selections.items() if n in ("auto", "oracle") and s.k is not None}
     if hist:
         T = max(len(s.templates) for s in selections.values())
@@ -131,12 +120,19 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
         bins = range(1, T + 2)
         for i, (n, ks) in enumerate(hist.items()):
             ax.hist(ks, bins=bins, alpha=0.6, label=selections[n].label, color=f"C{i + 2}", align="left")
-        ax.set_xlabel("K chosen per class (most certain prompts kept)")
-        ax.set_ylabel("number of classes")
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
-        files["per_class_k_hist"] = str(save_figure(fig, out_dir / COMPARE_FILES[3], dpi=120))
+        files["per_class_k_hist"] = _finish(fig, ax, "K chosen per class (most certain prompts kept)",
+                                            "number of classes", title, out_dir / COMPARE_FILES[3])
     return files
+
+
+def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> str:
+    from zsprob.report.plots import save_figure
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return str(save_figure(fig, path, dpi=120))
 
 
 def _compare_row(name, bank, eval_feats, select, request: ZeroShotRequest, data: dict):
@@ -146,8 +142,7 @@ def _compare_row(name, bank, eval_feats, select, request: ZeroShotRequest, data:
 
     entry = get_strategy(name)
     audit = entry.audit(request.shots_split)
-    eval_shots = entry.shots and request.shots_split == "eval"
-    if SELECTION_LABELS in entry.needs and select is None and not eval_shots:
+    if SELECTION_LABELS in entry.needs and select is None and not entry.eval_shots(request.shots_split):
         return {"name": name, "label": name, "skipped": "no labelled selection split", **audit}, None, None
     try:
         t0 = time.perf_counter()
@@ -156,7 +151,7 @@ def _compare_row(name, bank, eval_feats, select, request: ZeroShotRequest, data:
         secs = time.perf_counter() - t0
     except NeedsSigma:
         return {"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)", **audit}, None, None
-    score = request.score if (request.score == "cosine" or sel.class_logvar is not None) else "cosine"
+    score = request.score if sel.class_logvar is not None else "cosine"
     metrics = evaluate_selection(sel, eval_feats, score=score, unc_weight=request.unc_weight)
     row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels, **audit,
            "data_used": sel.info.get("data_used", "none (text only)"), "seconds": secs,
@@ -172,16 +167,10 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
                         model: dict | None = None, title: str = "", write_selections: bool = True,
                         logit_scales: dict | None = None, **fields) -> dict:
     """Every strategy (``strategies``, default the ``--compare`` order) on one prompt bank and one set of
-    image embeddings, with the options of ``request`` (or its fields as keywords); the table and figures.
-
-    Returns ``{"rows": [...], "table": str, "curves": {...}, "files": {...}, "deterministic": bool, ...}``.
-    Each row: ``name``, ``label``, ``metrics`` (:func:`~zsprob.zeroshot.metrics.evaluate_scores`),
-    ``uses_eval_labels``, the registry's protocol facts (``reads_eval_labels``, ``transductive``,
-    ``label_split``), ``data_used``, ``paired_vs_all`` (:mod:`zsprob.zeroshot.paired`), ``k_mean`` /
-    ``k_per_class`` for hard selections, or ``skipped`` with the reason; scored rows also get
-    :func:`~zsprob.zeroshot.calibration.row_calibration`'s fields (``logit_scales``: default CLIP's 100).
-    With ``out_dir``, writes :data:`~zsprob.zeroshot.options.COMPARE_FILES` there.
-    """
+    image embeddings, with the options of ``request`` (or its fields as keywords); with ``out_dir``, writes
+    :data:`~zsprob.zeroshot.options.COMPARE_FILES` there. Returns ``{"rows", "table", "curves", "files", ...}``:
+    a row per strategy with its metrics, protocol facts, paired test against ``all`` and calibration, or
+    ``skipped`` with the reason."""
     from zsprob.zeroshot.selection import select_all
 
     request = as_request(request, **fields)
@@ -217,35 +206,36 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
               "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats)),
               **({"unc_weight": request.unc_weight} if score == "unc" else {})}
     result["table"] = format_table(rows) + "\n\n" + calibration_table(rows)
-    result["files"] = {} if out_dir is None else _write_compare(Path(out_dir), result, curves, selections, title,
-                                                               model, write_selections)
+    result["files"] = {}
     result["selections"] = selections
+    if out_dir is not None:
+        result["files"] = _write_compare(Path(out_dir), result, title, write_selections)
     return result
 
 
-def _write_compare(out_dir: Path, result: dict, curves: dict, selections: dict, title: str, model,
-                   write_selections: bool) -> dict:
-    """Write the figures, the selections, compare.md and compare.json of a ``--compare`` run; their paths."""
+def _write_compare(out_dir: Path, result: dict, title: str = "", write_selections: bool = True) -> dict:
+    """Write a ``--compare`` result's figures, selections, compare.md and compare.json; their paths."""
     from zsprob.utils.io import atomic_write_json, atomic_write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = _plots(out_dir, curves, selections, title)
+    files = _plots(out_dir, result["curves"], result["selections"], title)
     if write_selections:
-        for name, sel in selections.items():
-            path = save_selection(sel, out_dir / COMPARE_FILES[4] / f"{name}.json", model=model,
+        for name, sel in result["selections"].items():
+            path = save_selection(sel, out_dir / COMPARE_FILES[4] / f"{name}.json", model=result["model"],
                                   data={"used": sel.info.get("data_used")})
             files[f"selection:{name}"] = str(path)
     atomic_write_text(out_dir / COMPARE_FILES[0], result["table"] + "\n")
     files["table"], files["json"] = str(out_dir / COMPARE_FILES[0]), str(out_dir / COMPARE_FILES[1])
-    atomic_write_json(out_dir / COMPARE_FILES[1], {**result, "files": files})
+    atomic_write_json(out_dir / COMPARE_FILES[1],
+                      {**{key: value for key, value in result.items() if key != "selections"}, "files": files})
     return files
 
 
 # ----------------------------------------------------------------------------- splits, class names, bank
 
 def _splits(request: ZeroShotRequest, model) -> tuple[Split | None, Split | None]:
-    """The evaluation split (None without a root) and the labelled selection split (``select_root``; a
-    SynthWorld's own ``classify/select``; else None), to be listed with the model's transform."""
+    """The evaluation split (None without a root) and the labelled selection split (``select_root``, a
+    SynthWorld's own ``classify/select``, else None)."""
     transform = getattr(model, "preprocess_val", None)
     kind, root = request.dataset, request.root
     eval_name, select_name = SPLIT_NAMES.get(kind, (None, None))
@@ -259,24 +249,24 @@ def _splits(request: ZeroShotRequest, model) -> tuple[Split | None, Split | None
 
 def _class_names(request: ZeroShotRequest, reference: Split | None) -> list[str]:
     """The class names prompts are made for, in ``reference``'s label order: ``--classes`` (matched to a
-    folder dataset's folders by name), else the split's own. Checked here, before anything is encoded."""
+    folder dataset's folders by name), else the split's own."""
     from zsprob.zeroshot.prompts import load_classnames
 
-    if request.classnames is None:
+    names, source = request.classnames, request.sources.get("classnames", "(a list)")
+    if names is None:
         if reference is not None:
             return reference.classnames
         if request.dataset == "imagenet":
             return load_classnames("imagenet_classnames.txt")
         raise UserError("no class names: pass --classes FILE or the dataset --root")
-    names = load_classnames(request.classnames)
     if reference is None:
         return names
     if request.dataset == "folder":
         from zsprob.data.classification import align_classnames
 
-        return align_classnames(reference.classnames, names, f"class-name file {request.classnames}")
+        return align_classnames(reference.classnames, names, f"class-name file {source}")
     if len(names) != len(reference.classnames):
-        raise UserError(f"--classes {request.classnames} names {len(names)} classes, the dataset has "
+        raise UserError(f"--classes {source} names {len(names)} classes, the dataset has "
                         f"{len(reference.classnames)}: give one name per class, in the dataset's order")
     return names
 
@@ -287,17 +277,18 @@ def _same_classes(ev: Split | None, se: Split | None) -> None:
 
 
 def build_bank(model, names, model_id: str, request: ZeroShotRequest):
-    """The prompt bank: every class x template (``templates``, default the 80 CLIP templates), or each
-    class's own pool from a CuPL-style ``class_prompts`` JSON file (:mod:`zsprob.zeroshot.pools`)."""
+    """The prompt bank: every class x template (default the 80 CLIP templates), or each class's own pool."""
     encoding = {"cache_dir": request.cache_dir, "model_id": model_id, "device": request.device,
                 "progress": request.progress, "precision": request.precision}
     if request.class_prompts is None:
-        from zsprob.zeroshot.prompts import build_prompt_bank, load_templates
+        from zsprob.zeroshot.prompts import build_prompt_bank
 
-        return build_prompt_bank(model, names, load_templates(request.templates), **encoding)
+        return build_prompt_bank(model, names, request.templates, **encoding)
     from zsprob.zeroshot.pools import build_pool_bank
 
-    return build_pool_bank(model, names, request.class_prompts, **encoding)
+    source = request.sources.get("class_prompts")
+    return build_pool_bank(model, names, request.class_prompts, **encoding,
+                           source=f"class-prompts file {source}" if source else "class prompts")
 
 
 def prepare(model, request: ZeroShotRequest | None = None, *, need_select: bool = True, **fields):
@@ -320,15 +311,9 @@ def prepare(model, request: ZeroShotRequest | None = None, *, need_select: bool 
 
 
 def compare_strategies(model, request: ZeroShotRequest | None = None, *, out_dir=None, **fields) -> dict:
-    """Evaluate every prompt strategy on a request's dataset in one run (the demo's entry point).
-
-    ``model``: a ``ProbCLIP`` (a zsprob checkpoint, or plain open_clip through
-    ``zsprob.models.load_for_inference``). For SynthWorld, ``root`` is the ``zsprob data synthetic`` output:
-    prompts are chosen on ``classify/select`` and scored on ``classify/eval``. Writes the
-    :data:`~zsprob.zeroshot.options.COMPARE_FILES` under ``out_dir`` (default ``<root>/zeroshot-compare``;
-    the cache, unless given, in its ``cache/``). Returns :func:`compare_on_features`'s dict plus
-    ``timings``, ``skipped_unreadable_images`` and ``dataset``.
-    """
+    """Every prompt strategy on a request's dataset in one run: :func:`compare_on_features` on its encoded
+    splits, writing under ``out_dir`` (default ``<root>/zeroshot-compare``, the cache in its ``cache/``
+    unless given), plus ``timings``, ``skipped_unreadable_images`` and ``dataset``."""
     t0 = time.perf_counter()
     request = as_request(request, **fields)
     out_dir = Path(out_dir) if out_dir is not None else Path(request.root) / "zeroshot-compare"
@@ -337,36 +322,38 @@ def compare_strategies(model, request: ZeroShotRequest | None = None, *, out_dir
     if request.cache_dir is None:
         request = replace(request, cache_dir=out_dir / "cache")
     bank, ev, se, model_id = prepare(model, request)
-    meta = {**(request.model_meta or {})}
-    meta.setdefault("id", model_id)
+    meta = _model_meta(request, model_id)
     title = f"{request.dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
-    res = compare_on_features(bank, ev, se, request, out_dir=out_dir, model=meta, title=title,
-                              logit_scales=model_logit_scales(model))
+    res = compare_on_features(bank, ev, se, request, model=meta, logit_scales=model_logit_scales(model))
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["skipped_unreadable_images"] = {"eval": ev.skipped, "select": se.skipped if se is not None else 0}
     res["dataset"] = {"kind": request.dataset, "root": str(request.root),
                       "select_root": None if se is None else se.source}
-    if "json" in res["files"]:
-        from zsprob.utils.io import atomic_write_json
-
-        atomic_write_json(res["files"]["json"], {k: v for k, v in res.items() if k != "selections"})
+    res["files"] = _write_compare(out_dir, res, title)
     return res
+
+
+def _model_meta(request: ZeroShotRequest, model_id: str) -> dict:
+    """How result files describe the model: the request's ``model_meta`` with the fingerprint as ``id``."""
+    meta = {**(request.model_meta or {})}
+    meta.setdefault("id", model_id)
+    return meta
 
 
 # ----------------------------------------------------------------------------- one strategy, one prompt set
 
 def _reads(request: ZeroShotRequest, ev: Split | None, se: Split | None) -> tuple[Split | None, Split | None]:
     """(the selection split, the evaluation split) the request's strategy reads (None: not read), its needs
-    checked here, before anything is encoded."""
-    entry = get_strategy(request.strategy)
-    eval_shots = entry.shots and request.shots_split == "eval"
-    select = se if SELECTION_LABELS in entry.reads and request.use_select and not eval_shots else None
-    reads_labels = entry.audit(request.shots_split)["reads_eval_labels"]
+    checked before anything is encoded."""
+    entry, shots_split = get_strategy(request.strategy), request.shots_split
+    labelled = SELECTION_LABELS in entry.reads and request.use_select and not entry.eval_shots(shots_split)
+    select = se if labelled else None
+    reads_labels = entry.audit(shots_split)["reads_eval_labels"]
     if (UNLABELLED_IMAGES in entry.reads or reads_labels) and ev is None:
         raise UserError(f"strategy '{request.strategy}' needs the evaluation images: pass --root")
     evaluation = ev if UNLABELLED_IMAGES in entry.reads or reads_labels else None
-    entry.check_data(select=shots_source(entry, request.shots_split, select, evaluation),
+    entry.check_data(select=entry.shots_source(shots_split, select, evaluation),
                      pool=evaluation if UNLABELLED_IMAGES in entry.reads else None,
                      eval_=evaluation if reads_labels else None)
     return select, evaluation
@@ -400,20 +387,14 @@ def _select(model, request: ZeroShotRequest, model_id: str, ev: Split | None, se
     sel = run_strategy(request.strategy, bank, request, select=select, pool=pool, eval_=eval_,
                        select_data=f"selection split labels ({data.get('selection_split', {}).get('source')})",
                        pool_data=f"unlabelled images ({data.get('unlabelled_images', {}).get('source')})")
-    meta = {**(request.model_meta or {})}
-    meta.setdefault("id", model_id)
-    doc = sel.to_dict(model=meta, data=data or {"images": "none (text uncertainties only)"})
+    doc = sel.to_dict(model=_model_meta(request, model_id), data=data or {"images": "none (text uncertainties only)"})
     doc["protocol"] = entry.audit(request.shots_split)
     return sel, doc, ev_feats
 
 
 def run_selection(model, request: ZeroShotRequest | None = None, **fields):
-    """Choose prompts with the request's strategy; returns ``(selection, selection_json_dict)``.
-
-    Reads only what the strategy's registry entry reads: the labelled selection split (auto / global /
-    fusion-select / bprw-fewshot), the unlabelled evaluation images (zpe / bprw / carprt), the evaluation
-    labels (oracles; bprw-fewshot with ``shots_split="eval"`` and ``allow_eval_shots``).
-    """
+    """Choose prompts with the request's strategy, reading only the data its registry entry reads; returns
+    ``(selection, selection_json_dict)``."""
     from zsprob.models.fingerprint import model_fingerprint
 
     request = as_request(request, **fields)
@@ -463,10 +444,9 @@ def zeroshot_eval(model, request: ZeroShotRequest | None = None, **fields) -> di
     metrics = evaluate_selection(sel, feats, score=score, unc_weight=unc_weight)
     sel_doc.update({"strategy": sel.strategy, "label": sel.label, "uses_eval_labels": sel.uses_eval_labels,
                     "k": sel.k, "how": {k_: v for k_, v in sel.info.items() if not k_.endswith("curve")}})
-    meta = {**(request.model_meta or {})}
-    meta.setdefault("id", model_id)
     dataset = {"kind": request.dataset, "root": str(request.root), "source": feats.source,
                "skipped_unreadable_images": feats.skipped}
-    return {"zsprob_version": __version__, "dataset": dataset, "model": meta, "score": score,
-            **({"unc_weight": unc_weight} if score == "unc" else {}), "selection": sel_doc, "metrics": metrics,
-            "class_separation": class_separation(sel.class_mu, sel.classnames), "images_from_cache": feats.from_cache}
+    return {"zsprob_version": __version__, "dataset": dataset, "model": _model_meta(request, model_id),
+            "score": score, **({"unc_weight": unc_weight} if score == "unc" else {}), "selection": sel_doc,
+            "metrics": metrics, "class_separation": class_separation(sel.class_mu, sel.classnames),
+            "images_from_cache": feats.from_cache}

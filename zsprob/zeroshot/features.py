@@ -1,11 +1,9 @@
 """Image features of a classification split and their on-disk cache.
 
-:class:`Split` names one split and lists its dataset once (through :mod:`zsprob.data.classification`,
-with the model's open_clip ``preprocess_val`` transform); :class:`ImageFeatures` holds its image Gaussians
-and labels; :func:`encode_split` embeds it with :func:`zsprob.models.encode.encode_images` and caches the
-result (safetensors + a JSON of the key, written atomically by :mod:`zsprob.utils.io`) under a key made
-of the model fingerprint and the dataset's identity (paths, labels, transform; the precision when it is
-not fp32, so fp32 caches keep their keys).
+:class:`Split` names one split and lists its dataset once (:mod:`zsprob.data.classification`, with the
+model's ``preprocess_val``); :func:`encode_split` embeds it (:func:`zsprob.models.encode.encode_images`)
+into :class:`ImageFeatures`, cached under the model fingerprint and the dataset's identity (paths, labels,
+transform; the precision when it is not fp32, so fp32 caches keep their keys).
 """
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ import torch
 @dataclass
 class Split:
     """One classification split: a dataset ``kind``, its ``root`` and the split ``name`` there (None: the
-    root itself). :attr:`dataset` lists it once, with ``transform``, when first asked for."""
+    root itself), listed once when first asked for."""
 
     kind: str
     root: Any
@@ -86,20 +84,20 @@ def _dataset_identity(kind, root, split, ds) -> dict:
 
 
 def encode_split(model, split: Split, model_id: str, request) -> ImageFeatures:
-    """Embed a classification split, cached on disk under ``request.cache_dir`` (model fingerprint + dataset
-    identity); ``request``'s ``batch_size``, ``device``, ``num_workers``, ``precision``, ``progress`` apply."""
-    from zsprob.zeroshot.prompts import read_cache, write_cache
+    """Embed a classification split with ``request``'s encoding options, cached under ``request.cache_dir``
+    by model fingerprint and dataset identity."""
+    from zsprob.zeroshot.prompts import cache_stem, content_key, read_cache, write_cache
 
     ds, precision = split.dataset, request.precision
     ident = _dataset_identity(split.kind, split.root, split.name, ds)
     ident["transform"] = repr(getattr(model, "preprocess_val", None))
     if precision != "fp32":
         ident["precision"] = precision
-    key = hashlib.sha256(json.dumps({"model": model_id, **ident}, sort_keys=True).encode()).hexdigest()
+    key = content_key({"model": model_id, **ident})
     labels = torch.as_tensor(list(ds.targets), dtype=torch.long)
     skipped = len(getattr(ds, "skipped", ()))
-    stem = Path(request.cache_dir) / f"images-{key[:24]}" if request.cache_dir is not None else None
-    cached = None if stem is None else read_cache(stem, key)
+    stem = cache_stem(request.cache_dir, "images", key)
+    cached = read_cache(stem, key)
     if cached is not None:
         tensors = cached[0]
         return ImageFeatures(tensors["mu"], tensors.get("logvar"), tensors["labels"], list(ds.classnames), split.source,
@@ -111,7 +109,6 @@ def encode_split(model, split: Split, model_id: str, request) -> ImageFeatures:
                                num_workers=request.num_workers, progress=request.progress, precision=precision)
     secs = time.perf_counter() - t0
     feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), split.source, seconds=secs, skipped=skipped)
-    if stem is not None:
-        write_cache(stem, {"mu": mu, "labels": labels, "logvar": logvar},
-                    {"key": key, "model_id": model_id, **ident, "encode_seconds": secs})
+    write_cache(stem, {"mu": mu, "labels": labels, "logvar": logvar},
+                {"key": key, "model_id": model_id, **ident, "encode_seconds": secs})
     return feats

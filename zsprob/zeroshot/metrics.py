@@ -15,25 +15,17 @@ import torch.nn.functional as F
 
 from zsprob.errors import UserError
 from zsprob.zeroshot.features import ImageFeatures
-from zsprob.zeroshot.options import SCORES
 
 
 def class_scores(img_mu: torch.Tensor, img_logvar: torch.Tensor | None, selection, score: str = "cosine",
                  unc_weight: float = 0.5) -> torch.Tensor:
-    """[N, C] similarities (higher = better) between images and the selection's class embeddings.
-
-    ``cosine``: normalised image mean . class vector (the CLIP convention; class vectors of
-    ``zpe``/``bprw`` are their papers' un-renormalised weighted sums). ``csd``: negative
-    closed-form sampled distance between the image Gaussian and the class Gaussian
-    (``zsprob.prob.score('csd')``) on unit-norm means. ``unc``: cosine - unc_weight *
-    ||sigma^2_class||_1 (ProLIP's uncertainty-adjusted logits; with unit-norm means and
-    ``unc_weight = 0.5`` it ranks classes exactly as CSD does).
-    """
+    """[N, C] similarities (higher = better) of images and the selection's classes, by ``score``: ``cosine``
+    (normalised image mean . class vector, the CLIP convention), ``csd`` (negative closed-form sampled
+    distance between the image and class Gaussians on unit means) or ``unc`` (cosine - unc_weight *
+    ||sigma^2_class||_1, ProLIP's uncertainty-adjusted logits; at 0.5 it ranks classes as CSD does)."""
     x = F.normalize(img_mu.float(), dim=-1)
     if score == "cosine":
         return x @ selection.class_mu.float().T
-    if score not in SCORES:
-        raise UserError(f"unknown score {score!r}; choose from {', '.join(SCORES)}")
     if selection.class_logvar is None:
         raise UserError(f"score '{score}' needs class sigma^2; this selection has none (deterministic model)")
     cm = F.normalize(selection.class_mu.float(), dim=-1)
@@ -98,18 +90,14 @@ def topk_curve(bank, feats: ImageFeatures, k_values=None) -> dict:
 
 
 def prompt_quality_diagnostic(bank, feats: ImageFeatures, k_values=None) -> dict:
-    """Does text uncertainty track prompt quality? (analysis on labelled images; selects nothing).
-
-    For each template t: the accuracy of the single-template classifier and its uncertainty
-    averaged over classes; per class: the recall of each single template. Reports Spearman
-    correlations (negative = more certain prompts are better) and the per-class recall of the
-    same-top-K classifier for every K (the per-class curves behind the oracle).
-    """
+    """Does text uncertainty track prompt quality? Spearman correlations of the templates' uncertainties with
+    the accuracy of each single-template classifier (overall and per class), and the per-class recall of the
+    same-top-K classifier for every K, on labelled images (an analysis; it selects nothing)."""
     from scipy.stats import spearmanr
 
     from zsprob.zeroshot.selection import default_k_values, topk_score_tensor
 
-    if bank.deterministic or getattr(bank, "mask", None) is not None:  # per-template analysis: shared templates
+    if bank.deterministic or bank.mask is not None:  # per-template analysis: shared templates
         return {}
     x = F.normalize(feats.mu.float(), dim=-1)
     y = feats.labels
@@ -149,7 +137,7 @@ COLLAPSE_COSINE = 0.95
 def class_separation(class_vectors: torch.Tensor, classnames: Sequence[str],
                      collapse_cosine: float = COLLAPSE_COSINE) -> dict:
     """Mean and largest pairwise cosine of the class text embeddings, the closest pair, and ``collapsed``
-    (mean above ``collapse_cosine``: the text tower cannot tell the class names apart). Reads no image."""
+    (mean above ``collapse_cosine``: the text tower cannot tell the class names apart)."""
     v = F.normalize(class_vectors.float(), dim=-1)
     C = v.shape[0]
     if C < 2:

@@ -1,14 +1,13 @@
 """The zero-shot request: one record of what ``select-prompts`` / ``zeroshot`` / ``--compare`` are asked to do.
 
 :class:`ZeroShotRequest` holds the data, the prompts, the strategy and its options, the score and how to
-encode; the command line builds it from its options and every library entry point of
-:mod:`zsprob.zeroshot.classify` takes it (or its fields as keywords). Its choices (:data:`DATASET_KINDS`,
-:data:`SCORES`, :data:`COMPARE_FILES`) are declared here, without torch, so the command line reads them
-instantly; an invalid request is one :class:`UserError` line when it is made.
+encode; the command line builds it and every entry point of :mod:`zsprob.zeroshot.classify` takes it. Its
+choices are declared here, without torch; an invalid request is one :class:`UserError` line when made.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import os
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from zsprob.data.classification import KINDS as DATASET_KINDS  # noqa: F401  (the kinds the data layer reads)
@@ -25,16 +24,13 @@ TOPK_WORDS = ("auto", "all", "oracle")
 
 @dataclass(frozen=True)
 class ZeroShotRequest:
-    """One zero-shot or prompt-selection request.
+    """One zero-shot or prompt-selection request, checked when it is made.
 
-    Data: ``dataset`` (a kind of :data:`DATASET_KINDS`), ``root`` (the evaluation data; SynthWorld: the
-    ``zsprob data synthetic`` output), ``select_root`` (a labelled selection split), ``use_select`` (False:
-    ignore it). Prompts: ``prompts`` (a finished selection.json, ``zeroshot_eval`` only), ``templates``,
-    ``classnames`` (files), ``class_prompts`` (per-class pools, instead of templates). Strategy: ``strategy``
-    and its K ``k`` (the one strategy a single run uses; ``--compare`` runs them all), ``k_values`` (the K
-    grid: a list, or text like "1-80"), ``threshold_c``, ``beta``, ``shots``, ``shots_split``,
-    ``allow_eval_shots``. Scoring: ``score``, ``unc_weight``. Encoding: ``cache_dir``, ``batch_size``,
-    ``device``, ``num_workers``, ``precision``, ``progress``. ``model_meta``: how result files describe the model.
+    ``templates``, ``classnames`` and ``class_prompts`` take a file (read here, once, by the loaders of
+    :mod:`~zsprob.zeroshot.prompts` / :mod:`~zsprob.zeroshot.pools`) or its content; ``sources`` then names
+    the file each came from. ``prompts`` is a finished selection.json (``zeroshot_eval`` only); ``k`` the K of
+    the one strategy a single run uses; ``k_values`` the K grid (a list, or text like "1-80"); ``model_meta``
+    how result files describe the model.
     """
 
     dataset: str = "synthetic"
@@ -62,6 +58,7 @@ class ZeroShotRequest:
     precision: str = "fp32"
     progress: bool = True
     model_meta: dict | None = None
+    sources: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.dataset not in DATASET_KINDS:
@@ -76,6 +73,22 @@ class ZeroShotRequest:
             raise UserError("--prompts is a finished selection; --class-prompts chooses prompts, give one of them")
         if self.class_prompts is not None and self.templates is not None:
             raise UserError("--class-prompts gives each class its own prompts; it does not take --templates")
+        self._read_files()
+        if isinstance(self.k_values, str):
+            parse_k_grid(self.k_values)  # its form; the bound is the bank's number of templates
+
+    def _read_files(self) -> None:
+        from zsprob.zeroshot.pools import load_class_prompts
+        from zsprob.zeroshot.prompts import load_classnames, load_templates
+
+        sources = dict(self.sources)
+        for name, load in (("class_prompts", load_class_prompts), ("templates", load_templates),
+                           ("classnames", load_classnames)):
+            value = getattr(self, name)
+            if isinstance(value, (str, os.PathLike)):
+                object.__setattr__(self, name, load(value))
+                sources[name] = str(value)
+        object.__setattr__(self, "sources", sources)
 
 
 _FIELDS = {f.name for f in fields(ZeroShotRequest)}
@@ -83,11 +96,6 @@ _FIELDS = {f.name for f in fields(ZeroShotRequest)}
 
 def as_request(request: ZeroShotRequest | None = None, **changes) -> ZeroShotRequest:
     """``request`` with ``changes`` (field names of :class:`ZeroShotRequest`), or a new one made of them."""
-    if request is not None and not isinstance(request, ZeroShotRequest):
-        raise TypeError(f"expected a ZeroShotRequest or keyword fields (root=..., dataset=...), got {request!r}")
-    unknown = sorted(set(changes) - _FIELDS)
-    if unknown:
-        raise TypeError(f"not a ZeroShotRequest field: {', '.join(unknown)}")
     if request is None:
         return ZeroShotRequest(**changes)
     return replace(request, **changes) if changes else request
@@ -98,8 +106,7 @@ _RENAMED = {"classes": "classnames", "k_grid": "k_values", "workers": "num_worke
 
 
 def request_from_options(opts: dict, **fields) -> ZeroShotRequest:
-    """The request of ``select-prompts`` / ``zeroshot`` from their parsed options (click's names; ``--no-select``
-    is ``use_select=False``), with ``fields`` set on top."""
+    """The request of ``select-prompts`` / ``zeroshot`` from their parsed options, with ``fields`` on top."""
     given = {_RENAMED.get(name, name): value for name, value in opts.items() if _RENAMED.get(name, name) in _FIELDS}
     if "no_select" in opts:
         given["use_select"] = not opts["no_select"]
@@ -107,35 +114,31 @@ def request_from_options(opts: dict, **fields) -> ZeroShotRequest:
 
 
 def parse_k_grid(text: str | None, T: int | None = None):
-    """``"1,2,4,8"`` or ``"1-80"`` -> list of ints (``None`` -> all K)."""
+    """``"1,2,4,8"`` or ``"1-80"`` -> sorted list of ints (``None`` -> all K); with ``T`` (the number of
+    templates) every K is at most T and T itself ('all') is always a candidate."""
     if text is None or str(text).strip() == "":
         return None
-    out = []
-    try:
-        for part in str(text).split(","):
-            part = part.strip()
-            if "-" in part:
-                a, b = part.split("-", 1)
-                out.extend(range(int(a), int(b) + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise UserError(f"--k-grid must be comma-separated integers or ranges like 1-80, got {text!r}") from None
-    if any(int(a) > int(b) for a, b in (p.strip().split("-", 1) for p in str(text).split(",") if "-" in p)):
+    ranges = []
+    for part in filter(None, (part.strip() for part in str(text).split(","))):
+        low, _, high = part.partition("-")
+        try:
+            ranges.append(range(int(low), int(high or low) + 1))
+        except ValueError:
+            raise UserError(f"--k-grid must be comma-separated integers or ranges like 1-80, got {text!r}") from None
+    if not all(ranges):
         raise UserError(f"--k-grid ranges go from low to high (like 1-80), got {text!r}")
-    out = sorted(set(out))
+    out = sorted({k for values in ranges for k in values})
     if not out or out[0] < 1 or (T is not None and out[-1] > T):
         bound = f"the number of templates ({T})" if T is not None else "the number of templates"
         raise UserError(f"--k-grid values must be between 1 and {bound}, got {text!r}")
     if T is not None and out[-1] != T:
-        out.append(T)  # 'all' is always a candidate
+        out.append(T)
     return out
 
 
 def strategy_from_topk(topk: str | None, strategy: str | None):
-    """Map ``--topk auto|N|all|oracle`` and ``--strategy`` to (strategy name, K or None).
-
-    ``--strategy`` is checked against the registry; a strategy that needs K takes ``--topk N``."""
+    """``--topk auto|N|all|oracle`` and ``--strategy`` as (strategy name, K or None); a strategy that needs K
+    takes ``--topk N``."""
     if strategy is not None:
         entry = get_strategy(strategy)
         if not entry.needs_k:

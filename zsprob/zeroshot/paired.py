@@ -1,16 +1,15 @@
 """Paired comparison of two classifiers scored on the same images: difference, bootstrap CI, McNemar.
 
-Every ``--compare`` row is compared with ``all`` on the same evaluation images. Everything depends only
-on the discordant counts ``n10`` (the strategy right, the reference wrong), ``n01`` (the reverse) and N:
-``diff`` = 100 (n10 - n01) / N; ``ci95`` a seeded paired bootstrap, drawing (n10*, n01*, rest*) from
-Multinomial(N; n10/N, n01/N, rest/N), which is what resampling images does; ``mcnemar_p`` the exact
-two-sided binomial test of n10 in n10 + n01 at 1/2 (the tail summed in log space; equal to scipy's
-``binomtest``, tested); ``mde`` = (z_0.975 + z_0.80) sqrt(d / N), d = (n10 + n01) / N. docs/zeroshot.md
+Everything depends only on the discordant counts ``n10`` (the strategy right, the reference wrong), ``n01``
+(the reverse) and N: ``diff`` = 100 (n10 - n01) / N; ``ci95`` a seeded paired bootstrap drawing (n10*,
+n01*, rest*) from Multinomial(N; n10/N, n01/N, rest/N); ``mcnemar_p`` the exact two-sided binomial test of
+n10 in n10 + n01 at 1/2; ``mde`` = (z_0.975 + z_0.80) sqrt(d / N), d = (n10 + n01) / N. docs/zeroshot.md
 ("Paired statistics") explains each.
 """
 from __future__ import annotations
 
 import math
+import statistics
 
 Z_975 = 1.959963984540054      # standard normal quantile at 0.975 (alpha = 0.05, two-sided)
 Z_80 = 0.8416212335729143      # at 0.80 (power 80%)
@@ -50,20 +49,15 @@ def bootstrap_ci(n10: int, n01: int, n: int, *, samples: int = BOOTSTRAP_SAMPLES
 
 
 def min_detectable_effect(discordance_rate: float, n: int) -> float:
-    """Smallest |top-1 difference| (points) detected with power 80% at alpha 0.05 (normal approximation).
-
-    A discordance rate of 0 has no spread to estimate from: one discordant image (1/N) is used instead.
-    """
+    """Smallest |top-1 difference| (points) detected with power 80% at alpha 0.05 (normal approximation); a
+    discordance rate of 0 counts as one discordant image."""
     rate = max(float(discordance_rate), 1.0 / n)
     return 100.0 * (Z_975 + Z_80) * math.sqrt(rate / n)
 
 
 def paired_stats(hits, reference_hits, *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> dict:
-    """The paired comparison of one classifier's per-image top-1 hits with the reference's.
-
-    ``hits`` / ``reference_hits``: booleans per image (tensors, arrays or lists), same images in the
-    same order. Returns ``diff``, ``ci95``, ``mcnemar_p``, ``n10``, ``n01``, ``n``, ``discordance``, ``mde``.
-    """
+    """The paired comparison of one classifier's per-image top-1 hits (booleans, same images in the same
+    order) with the reference's: ``diff``, ``ci95``, ``mcnemar_p``, the counts, ``discordance``, ``mde``."""
     import numpy as np
 
     a = np.asarray(hits, dtype=bool).reshape(-1)
@@ -81,12 +75,11 @@ def paired_stats(hits, reference_hits, *, samples: int = BOOTSTRAP_SAMPLES, seed
 
 def detectable_effect_summary(rows: list[dict], n: int) -> dict:
     """The evaluation set's minimum detectable effect, from the median discordance of the label-free rows."""
-    rates = sorted(r["paired_vs_all"]["discordance"] for r in rows
-                   if r.get("paired_vs_all") and r["name"] != "all" and not r.get("uses_eval_labels"))
+    rates = [r["paired_vs_all"]["discordance"] for r in rows
+             if r.get("paired_vs_all") and r["name"] != "all" and not r.get("uses_eval_labels")]
     if not rates:
         return {}
-    mid = len(rates) // 2
-    median = rates[mid] if len(rates) % 2 else 0.5 * (rates[mid - 1] + rates[mid])
+    median = statistics.median(rates)
     return {"n_images": n, "median_discordance": median, "mde_top1_points": min_detectable_effect(median, n),
             "power": 0.8, "alpha": 0.05,
             "formula": "MDE = (z_0.975 + z_0.80) * sqrt(discordance / N), in top-1 points"}

@@ -1,21 +1,19 @@
 """Per-class prompt pools (CuPL's ``{"class name": ["prompt", ...]}`` files) as a padded prompt bank.
 
 :func:`load_class_prompts` reads and checks the file, :func:`match_pools` maps its classes to the dataset's
-by name, :func:`build_pool_bank` embeds every prompt once (cached) into a :class:`PromptPoolBank`: a
+by name, :func:`build_pool_bank` embeds every prompt once (cached) into a
 :class:`~zsprob.zeroshot.prompts.PromptBank` whose "templates" are slots (class c's t-th prompt) padded to
-the longest pool, with a ``mask`` [C, T] of the slots that exist. An absent slot has infinite uncertainty
-(ranked last, never kept) and no weight in any strategy.
+the longest pool. An absent slot has infinite uncertainty (ranked last, never kept) and no weight in any
+strategy.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.prompts import PromptBank, read_cache, write_cache
+from zsprob.zeroshot.prompts import PromptBank, cache_stem, content_key, read_cache, write_cache
 
 POOL_FORMAT = 1
 
@@ -44,8 +42,8 @@ def load_class_prompts(path) -> dict[str, list[str]]:
 
 
 def match_pools(pools: dict[str, list[str]], classnames, source: str = "class-prompts file") -> list[list[str]]:
-    """The pools in the dataset's class order, matched by name: a class without a pool or a pool for no
-    class is refused (one line naming the first few)."""
+    """The pools in the dataset's class order, matched by name; a class without a pool or a pool for no
+    class is one line."""
     names = [str(c).strip() for c in classnames]
     missing = [c for c in dict.fromkeys(names) if c not in pools]
     if missing:
@@ -58,27 +56,9 @@ def match_pools(pools: dict[str, list[str]], classnames, source: str = "class-pr
     return [list(pools[c]) for c in names]
 
 
-@dataclass
-class PromptPoolBank(PromptBank):
-    """A prompt bank of per-class pools: ``pools[c]`` the prompts of class c, ``mask`` [C, T] the slots
-    that exist (``mu`` / ``logvar`` are zero in the others)."""
-
-    pools: list = field(default_factory=list)
-    mask: "object" = None
-
-    @property
-    def uncertainty(self):
-        """``||sigma^2||_1`` per prompt, ``inf`` in the absent slots (so they rank last)."""
-        unc = super().uncertainty
-        return None if unc is None else unc.masked_fill(~self.mask, float("inf"))
-
-
-def slot_names(T: int) -> list[str]:
-    return [f"[pool prompt {t + 1}]" for t in range(T)]
-
-
-def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id: str = "") -> PromptPoolBank:
-    """A :class:`PromptPoolBank` from [P, D] embeddings of the pools' prompts, class by class."""
+def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id: str = "") -> PromptBank:
+    """The bank of per-class pools from [P, D] embeddings of their prompts, class by class (``mu`` /
+    ``logvar`` zero in the absent slots)."""
     import torch
 
     sizes = [len(p) for p in pools]
@@ -93,33 +73,23 @@ def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id:
         if logvar is not None:
             logvar[c, :n] = logvar_flat[start:start + n].float()
         start += n
-    return PromptPoolBank(list(classnames), slot_names(T), mu, logvar, model_id=model_id,
-                          pools=[list(p) for p in pools], mask=mask)
+    return PromptBank(list(classnames), [f"[pool prompt {t + 1}]" for t in range(T)], mu, logvar, model_id=model_id,
+                      mask=mask, pools=[list(p) for p in pools])
 
 
-def pool_key(model_id: str, classnames, pools) -> str:
-    payload = json.dumps({"format": POOL_FORMAT, "model": model_id, "classes": list(classnames),
-                          "pools": [list(p) for p in pools]}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_id: str | None = None,
+def build_pool_bank(model, classnames, class_prompts: dict, *, cache_dir=None, model_id: str | None = None,
                     batch_size: int = 512, device=None, progress: bool = True, precision: str = "fp32",
-                    source: str | None = None) -> PromptPoolBank:
-    """Embed every prompt of every class's pool once (cached under ``cache_dir``).
-
-    ``class_prompts``: a ``{"class name": [...]}`` dict or the path of such a JSON file.
-    """
+                    source: str = "class prompts") -> PromptBank:
+    """Embed every prompt of every class's pool (``{"class name": [...]}``, named ``source`` in messages)
+    once, cached under ``cache_dir``."""
     from zsprob.models.fingerprint import model_fingerprint
 
-    if not isinstance(class_prompts, dict):
-        source = source or f"class-prompts file {class_prompts}"
-        class_prompts = load_class_prompts(class_prompts)
-    pools = match_pools(class_prompts, classnames, source or "class prompts")
+    pools = match_pools(class_prompts, classnames, source)
     model_id = model_id or model_fingerprint(model)
-    key = pool_key(model_id if precision == "fp32" else f"{model_id}+{precision}", classnames, pools)
-    stem = None if cache_dir is None else Path(cache_dir) / f"poolbank-{key[:24]}"
-    cached = None if stem is None else read_cache(stem, key)
+    key = content_key({"format": POOL_FORMAT, "model": model_id if precision == "fp32" else f"{model_id}+{precision}",
+                       "classes": list(classnames), "pools": pools})
+    stem = cache_stem(cache_dir, "poolbank", key)
+    cached = read_cache(stem, key)
     if cached is not None:
         bank = pool_bank_from_embeddings(cached[0]["mu"], cached[0].get("logvar"), classnames, pools, model_id)
         bank.from_cache = True
@@ -132,8 +102,6 @@ def build_pool_bank(model, classnames, class_prompts, *, cache_dir=None, model_i
                               precision=precision)
     bank = pool_bank_from_embeddings(mu, logvar, classnames, pools, model_id)
     bank.encode_seconds = time.perf_counter() - t0
-    if stem is not None:
-        write_cache(stem, {"mu": mu, "logvar": logvar},
-                    {"format": POOL_FORMAT, "key": key, "n_prompts": int(mu.shape[0])})
+    write_cache(stem, {"mu": mu, "logvar": logvar}, {"format": POOL_FORMAT, "key": key, "n_prompts": int(mu.shape[0])})
     return bank
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from zsprob.errors import UserError
 
@@ -73,19 +73,15 @@ def validate_classnames(classnames: Sequence[str], source: str = "class names") 
 
 
 def load_templates(path=None) -> list[str]:
-    """Templates from a text file (one per line, ``{}`` for the class name; ``#`` comments).
-
-    ``None`` gives the 80 CLIP ImageNet templates shipped in ``prompts/``.
-    """
+    """Templates from a text file (one per line, ``{}`` for the class name; ``#`` comments); ``None``: the
+    80 CLIP ImageNet templates shipped in ``prompts/``."""
     p = _resolve(path or DEFAULT_TEMPLATES, "prompt template file")
     return validate_templates(_read_lines(p, "prompt template file"), str(p))
 
 
 def load_classnames(path) -> list[str]:
-    """Class names from a text file (one per line, ``#`` comments). A name given twice is refused,
-    naming it and its lines (two classes with one name get the same prompts, so the second is never
-    predicted); the one exception is CLIP's ImageNet list as shipped in ``prompts/`` (its "missile"
-    and "sunglasses" repeat, as in every published CLIP evaluation)."""
+    """Class names from a text file (one per line, ``#`` comments). A repeated name is refused (two classes
+    with one name get the same prompts), except in CLIP's ImageNet list as shipped in ``prompts/``."""
     p = _resolve(path, "class-name file")
     numbered = _numbered_lines(p, "class-name file")
     names = validate_classnames([ln for _, ln in numbered], str(p))
@@ -127,10 +123,8 @@ SELECTION_FORMAT = "zsprob-selection/1"
 
 
 def check_selection_document(doc, source: str = "selection") -> dict:
-    """``doc`` (a parsed selection.json) if it has the shape ``zsprob select-prompts`` writes: a mapping
-    with the format tag, a strategy, the templates and one entry per class (name, kept templates by
-    index and weight, the class mean and optional sigma^2 of one length). Anything else (a list, a
-    mapping of another shape, a template index out of range) is one :class:`UserError` line."""
+    """``doc`` (a parsed selection.json) if it has the shape ``zsprob select-prompts`` writes; anything else
+    is one :class:`UserError` line."""
     problem = _selection_problem(doc)
     if problem:
         raise UserError(f"{source} is not a zsprob selection file ({problem}); make one with zsprob select-prompts")
@@ -191,22 +185,19 @@ def _class_entry_problem(entry, num_templates: int) -> str:
     return ""
 
 
-def bank_key(model_id: str, templates: Sequence[str], classnames: Sequence[str]) -> str:
-    payload = json.dumps({"format": BANK_FORMAT, "model": model_id, "templates": list(templates),
-                          "classes": list(classnames)}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
+def content_key(payload: dict) -> str:
+    """The key a cache entry is kept under: sha256 of ``payload`` as sorted JSON."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 # ----------------------------------------------------------------------------- the bank
 
 @dataclass
 class PromptBank:
-    """Embeddings of every (class, template) prompt.
-
-    ``mu``: [C, T, D] float32 text means as the model returns them; ``logvar``: [C, T, D]
-    (log sigma^2) or ``None`` for a deterministic model. ``uncertainty`` is ``||sigma^2||_1``
-    per prompt, [C, T] (``None`` when deterministic).
-    """
+    """Embeddings of every (class, template) prompt: ``mu`` [C, T, D] float32 text means as the model
+    returns them, ``logvar`` [C, T, D] (log sigma^2) or ``None`` for a deterministic model. A bank of
+    per-class pools (:mod:`zsprob.zeroshot.pools`) holds class c's prompts ``pools[c]`` in its "template"
+    slots, padded to the longest pool, with ``mask`` [C, T] of the slots that exist."""
 
     classnames: list[str]
     templates: list[str]
@@ -215,6 +206,8 @@ class PromptBank:
     model_id: str = ""
     encode_seconds: float = 0.0
     from_cache: bool = False
+    mask: "object | None" = None
+    pools: list | None = None
 
     @property
     def num_classes(self) -> int:
@@ -240,68 +233,60 @@ class PromptBank:
 
     @property
     def uncertainty(self):
-        """``||sigma^2||_1`` per prompt, [C, T]; ``None`` for deterministic models."""
-        return None if self.logvar is None else self.logvar.float().exp().sum(-1)
+        """``||sigma^2||_1`` per prompt, [C, T] (``inf`` in absent pool slots, so they rank last); None for
+        deterministic models."""
+        if self.logvar is None:
+            return None
+        unc = self.logvar.float().exp().sum(-1)
+        return unc if self.mask is None else unc.masked_fill(~self.mask, float("inf"))
 
     @classmethod
     def from_embeddings(cls, mu, logvar, classnames, templates, model_id: str = "") -> "PromptBank":
         """A bank from precomputed [C*T, D] (class-major) or [C, T, D] tensors."""
-        classnames = validate_classnames(classnames)
-        templates = validate_templates(templates)
         C, T = len(classnames), len(templates)
         mu = mu.float().reshape(C, T, -1)
         logvar = None if logvar is None else logvar.float().reshape(C, T, -1)
-        return cls(classnames, templates, mu, logvar, model_id=model_id)
+        return cls(list(classnames), list(templates), mu, logvar, model_id=model_id)
 
 
-def read_cache(stem: Path, key: str) -> tuple[dict, dict] | None:
-    """``(tensors, meta)`` of the cache entry ``stem`` written under ``key`` (:func:`write_cache`); ``None``
-    when it is absent, torn or another key's."""
-    json_path, tensor_path = stem.with_suffix(".json"), stem.with_suffix(".safetensors")
-    if not (json_path.is_file() and tensor_path.is_file()):
+def cache_stem(cache_dir, kind: str, key: str) -> Path | None:
+    """Where the cache entry ``key`` of ``kind`` lives under ``cache_dir`` (None: no cache)."""
+    return None if cache_dir is None else Path(cache_dir) / f"{kind}-{key[:24]}"
+
+
+def read_cache(stem: Path | None, key: str) -> tuple[dict, dict] | None:
+    """``(tensors, meta)`` of the cache entry ``stem`` written under ``key``; None when there is no cache
+    or the entry is absent, torn or another key's (a miss, not an error)."""
+    if stem is None:
         return None
     try:
         from safetensors.torch import load_file
 
-        meta = json.loads(json_path.read_text(encoding="utf-8"))
-        return (load_file(str(tensor_path)), meta) if meta.get("key") == key else None
-    except Exception:  # a torn or foreign file is a cache miss, not an error
+        meta = json.loads(stem.with_suffix(".json").read_text(encoding="utf-8"))
+        return (load_file(str(stem.with_suffix(".safetensors"))), meta) if meta.get("key") == key else None
+    except Exception:
         return None
 
 
-def write_cache(stem: Path, tensors: dict, meta: dict) -> None:
-    """Write ``<stem>.safetensors`` (``tensors``; ``None`` ones left out) and ``<stem>.json`` (``meta``), atomically."""
+def write_cache(stem: Path | None, tensors: dict, meta: dict) -> None:
+    """Write ``<stem>.safetensors`` (``tensors``; ``None`` ones left out) and ``<stem>.json`` (``meta``),
+    atomically; nothing without a cache."""
     from safetensors.torch import save_file
 
     from zsprob.utils.io import atomic_write, atomic_write_json
 
+    if stem is None:
+        return
     tensors = {name: t.contiguous() for name, t in tensors.items() if t is not None}
     atomic_write(stem.with_suffix(".safetensors"), lambda tmp: save_file(tensors, tmp))
     atomic_write_json(stem.with_suffix(".json"), meta)
 
 
-def check_cache_dir(cache_dir, what: str = "cache folder") -> Path:
-    """``cache_dir`` as a Path when it is a directory or can be made one (nothing is created here);
-    a file in its place is one :class:`UserError` line, before any encoding is spent."""
-    from zsprob.utils.checks import check_output
-
-    check_output(cache_dir, what, "dir")
-    return Path(cache_dir)
-
-
-def bank_cache_stem(cache_dir, key: str) -> Path:
-    return Path(cache_dir) / f"promptbank-{key[:24]}"
-
-
 def check_class_names_survive(tokens, classnames: Sequence[str], templates: Sequence[str], tokenizer) -> None:
-    """One UserError line when the tokenizer's context length cuts a template before the class names
-    differ: two classes with different names get one prompt, whose embedding can never tell them apart
-    (and a ranking by sigma^2 would score a prompt without its class). ``tokens``: [C * T, L], class-major,
-    from ``tokenizer``. Two rows that agree are held against the same prompts tokenised with room to spare
-    (open_clip's ``context_length=``): only those that then differ were cut. CLIP's ImageNet names repeat
-    ("missile"), and a tokenizer may read two names alike: such rows are left alone."""
-    from zsprob.errors import UserError
-
+    """One UserError line when the tokenizer's context length cuts a template before the class names differ
+    (two classes would get one prompt). ``tokens``: [C * T, L], class-major, from ``tokenizer``. Rows that
+    agree are tokenised again with room to spare: only those that then differ were cut (names that repeat
+    or read alike are left alone)."""
     C, T = len(classnames), len(templates)
     if C < 2:
         return
@@ -328,26 +313,22 @@ def check_class_names_survive(tokens, classnames: Sequence[str], templates: Sequ
 
 def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str] | None = None, *,
                       cache_dir=None, model_id: str | None = None, batch_size: int = 512,
-                      device=None, progress: bool = True,
-                      encode_fn: Callable | None = None, precision: str = "fp32") -> PromptBank:
-    """Embed every class x template prompt once (batched), with a disk cache.
-
-    ``encode_fn(model, texts, batch_size=..., device=..., progress=...) -> (mu, logvar)``
-    defaults to :func:`zsprob.models.encode.encode_texts`. ``model_id`` identifies the
-    weights in the cache key (defaults to :func:`model_fingerprint`). With ``cache_dir``,
-    a bank for the same (model, templates, classes) is read back instead of re-encoded.
-    ``precision`` "bf16" encodes under bfloat16 autocast (and enters the cache key).
-    """
+                      device=None, progress: bool = True, precision: str = "fp32") -> PromptBank:
+    """Embed every class x template prompt once (batched; default templates: the 80 CLIP ones), cached under
+    ``cache_dir`` by (``model_id``, default the model's fingerprint; precision; templates; class names)."""
     import time
+
+    from zsprob.models.encode import encode_texts
 
     classnames = validate_classnames(classnames)
     templates = validate_templates(templates if templates is not None else load_templates())
     if model_id is None:
         from zsprob.models.fingerprint import model_fingerprint
         model_id = model_fingerprint(model)
-    key = bank_key(model_id if precision == "fp32" else f"{model_id}+{precision}", templates, classnames)
-    stem = bank_cache_stem(check_cache_dir(cache_dir), key) if cache_dir is not None else None
-    cached = None if stem is None else read_cache(stem, key)
+    key = content_key({"format": BANK_FORMAT, "model": model_id if precision == "fp32" else f"{model_id}+{precision}",
+                       "templates": templates, "classes": classnames})
+    stem = cache_stem(cache_dir, "promptbank", key)
+    cached = read_cache(stem, key)
     if cached is not None and cached[1].get("format") == BANK_FORMAT:
         tensors, meta = cached
         return PromptBank(list(meta["classnames"]), list(meta["templates"]), tensors["mu"], tensors.get("logvar"),
@@ -355,12 +336,10 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
                           from_cache=True)
     texts = prompt_texts(classnames, templates)
     t0 = time.perf_counter()
-    if encode_fn is None and callable(getattr(model, "tokenizer", None)):
+    if callable(getattr(model, "tokenizer", None)):
         # Tokenise once, sort by length (longest first) so every batch is cut to its own longest
         # prompt by the text tower's exact causal truncation, then restore the class-major order.
         import torch
-
-        from zsprob.models.encode import encode_texts
 
         tokens = model.tokenizer(texts)
         check_class_names_survive(tokens, classnames, templates, model.tokenizer)
@@ -371,16 +350,13 @@ def build_prompt_bank(model, classnames: Sequence[str], templates: Sequence[str]
         inv[order] = torch.arange(len(order))
         mu, logvar = mu_s[inv], (None if lv_s is None else lv_s[inv])
     else:
-        if encode_fn is None:
-            from zsprob.models.encode import encode_texts as encode_fn
-        kw = {} if precision == "fp32" else {"precision": precision}  # a caller's encode_fn may not take it
-        mu, logvar = encode_fn(model, texts, batch_size=batch_size, device=device, progress=progress, **kw)
+        mu, logvar = encode_texts(model, texts, batch_size=batch_size, device=device, progress=progress,
+                                  precision=precision)
     seconds = time.perf_counter() - t0
     bank = PromptBank.from_embeddings(mu, logvar, classnames, templates, model_id=model_id)
     bank.encode_seconds = seconds
-    if stem is not None:
-        write_cache(stem, {"mu": bank.mu, "logvar": bank.logvar}, {
-            "format": BANK_FORMAT, "key": key, "model_id": model_id, "classnames": bank.classnames,
-            "templates": bank.templates, "deterministic": bank.deterministic, "shape": list(bank.mu.shape),
-            "encode_seconds": seconds})
+    write_cache(stem, {"mu": bank.mu, "logvar": bank.logvar}, {
+        "format": BANK_FORMAT, "key": key, "model_id": model_id, "classnames": bank.classnames,
+        "templates": bank.templates, "deterministic": bank.deterministic, "shape": list(bank.mu.shape),
+        "encode_seconds": seconds})
     return bank

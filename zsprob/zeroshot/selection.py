@@ -1,12 +1,9 @@
 """Prompt-selection strategies: from a prompt bank to one class embedding (mu, sigma^2) per class.
 
 Tensor math on a :class:`~zsprob.zeroshot.prompts.PromptBank` (means L2-normalised per prompt first, the
-CLIP convention) and, for the strategies that look at images, on precomputed image embeddings; nothing
-here encodes. This module holds the uncertainty rules, the selection-split searches, the oracles on the
-evaluation labels, their registry runners and the dispatcher :func:`run_strategy`; ProLIP's BPRW and ZPE
-are in :mod:`zsprob.zeroshot.baselines`, CARPRT in :mod:`zsprob.zeroshot.carprt`. docs/zeroshot.md
-describes every strategy and the data it reads. ``all`` equals open_clip's ``build_zero_shot_classifier``
-(tested).
+CLIP convention) and on precomputed image embeddings; nothing here encodes. The uncertainty rules, the
+selection-split searches, the oracles, their registry runners and the dispatcher :func:`run_strategy`
+(docs/zeroshot.md describes every strategy); ProLIP's BPRW and ZPE are in ``baselines``, CARPRT in ``carprt``.
 
 Ties: templates are ranked by ``||sigma^2||_1`` with a stable sort, so equal uncertainties keep
 template-file order; when two K are equally good, the larger K (closer to ``all``) wins.
@@ -21,9 +18,9 @@ import torch.nn.functional as F
 
 from zsprob.zeroshot.options import as_request
 from zsprob.zeroshot.prompts import SINGLE_TEMPLATE
-from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, prompt_mask,
-                                            require_sigma, topk_mask, uncertainty_order)
-from zsprob.zeroshot.strategy_registry import StrategyInputs, get_strategy, shots_source
+from zsprob.zeroshot.selection_base import (Selection, as_feats, make_selection, require_sigma, topk_mask,
+                                            uncertainty_order)
+from zsprob.zeroshot.strategy_registry import StrategyInputs, get_strategy
 
 TAU_GRID = (0.0, 0.25, 0.5, 1.0, 2.0, math.inf)
 BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -33,14 +30,14 @@ BETA_GRID = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 def _valid(bank) -> torch.Tensor:
     """[C, T] bool: the prompts that exist (all of them unless the bank holds per-class pools)."""
-    mask = prompt_mask(bank)
+    mask = bank.mask
     return torch.ones(bank.num_classes, bank.num_templates, dtype=torch.bool) if mask is None else mask
 
 
 def select_all(bank) -> Selection:
-    T = bank.num_templates
+    """CLIP's classifier: every template, equally weighted."""
     W = _valid(bank).float()
-    return make_selection(bank, "all", "all", W, k=W.sum(1).long().tolist(), info={"k_global": T})
+    return make_selection(bank, "all", "all", W, k=W.sum(1).long().tolist(), info={"k_global": bank.num_templates})
 
 
 def select_single(bank) -> Selection:
@@ -64,7 +61,7 @@ def select_threshold(bank, c: float = 1.0) -> Selection:
     """ProLIP's per-class rule: keep templates with u <= mean(u_c) + c * std(u_c) (at least one)."""
     unc = require_sigma(bank, "threshold")
     valid = _valid(bank)
-    if prompt_mask(bank) is None:
+    if bank.mask is None:
         thr = unc.mean(1, keepdim=True) + c * unc.std(1, keepdim=True)
     else:  # per-class pools: mean and unbiased std over each class's own prompts (one prompt: std 0)
         n = valid.sum(1, keepdim=True)
@@ -113,6 +110,13 @@ def default_k_values(T: int) -> list[int]:
     return list(range(1, T + 1))
 
 
+def _score_grid(bank, feats, labels, k_values):
+    """``(S, y, k_values)``: :func:`topk_score_tensor` of labelled images over the K grid (default every K)."""
+    x, _ = as_feats(feats)
+    k_values = list(k_values or default_k_values(bank.num_templates))
+    return topk_score_tensor(bank, x, k_values), torch.as_tensor(labels).long(), k_values
+
+
 def topk_score_tensor(bank, x_normed: torch.Tensor, k_values: Sequence[int]) -> torch.Tensor:
     """S[n, c, j]: cosine of image n with class c's top-``k_values[j]`` CLIP-average classifier."""
     unc = require_sigma(bank, "topk")
@@ -153,7 +157,7 @@ def choose_global_k(S: torch.Tensor, y: torch.Tensor, scale: float) -> tuple[int
 
 def per_class_map_k(S: torch.Tensor, y: torch.Tensor, scale: float, g: int, k_values: Sequence[int],
                     tau: float) -> torch.Tensor:
-    """Per-class index into k_values: argmax_k J_c(k) + log prior(k | K_g, tau) (see module doc)."""
+    """Per-class index into k_values: argmax_k J_c(k) + log prior(k | K_g, tau) (:func:`select_auto`)."""
     N, C, nK = S.shape
     if tau == 0:
         return torch.full((C,), g, dtype=torch.long)
@@ -197,22 +201,17 @@ def _fit_auto(S, y, k_values, tau):
 
 
 def _gather_classes(S, kc):
-    N, C, _ = S.shape
-    return S[:, torch.arange(C), kc]                          # [N, C]
+    return S[:, torch.arange(S.shape[1]), kc]                 # [N, C]
 
 
-
-def select_global(bank, select_feats, select_labels, k_values=None, *, data: str = "selection split") -> Selection:
+def run_global(bank, given: StrategyInputs) -> Selection:
     """The paper's "same top-K for all classes", with K chosen on the labelled selection split."""
-    x, _ = as_feats(select_feats)
-    y = torch.as_tensor(select_labels).long()
-    k_values = list(k_values or default_k_values(bank.num_templates))
-    S = topk_score_tensor(bank, x, k_values)
+    S, y, k_values = _score_grid(bank, *given.select, given.request.k_values)
     scale, g, _, curve = _fit_auto(S, y, k_values, 0.0)
     K = k_values[g]
     sel = select_topk(bank, K)
     sel.strategy, sel.label = "global", f"global top-K (K={K}, selection split)"
-    sel.info.update({"data_used": data, "n_select_images": int(len(y)), "scale": scale,
+    sel.info.update({"data_used": given.select_data, "n_select_images": int(len(y)), "scale": scale,
                      "criterion": "selection-split log-likelihood", "k_values": k_values,
                      "select_loglik_curve": [float(v) for v in curve]})
     return sel
@@ -222,12 +221,10 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
                 threshold_c: float = 1.0, data: str = "selection split") -> Selection:
     """``--topk auto``: per-class K with shrinkage to the global K, on the labelled selection split.
 
-    ``S[n, c, k]``: cosine of image n with class c's top-k classifier. A softmax temperature is fitted for
-    the ``all`` classifier (:func:`fit_scale`); the global K_g maximises the selection log-likelihood; per
-    class, with every other class at K_g, ``K_c = argmax_k J_c(k) - (log k - log K_g)^2 / (2 tau^2)`` (one
-    coordinate-ascent pass). ``tau`` comes from ``taus`` by stratified F-fold cross-validation (F = min(5,
-    images per class)) with the one-standard-error rule (the most-shrunk tau within one SE of the best);
-    one image per class allows no CV and gives tau = 0.5. Without a selection split: :func:`select_threshold`.
+    With a softmax temperature fitted for ``all`` and K_g maximising the selection log-likelihood, per class
+    (the others at K_g) ``K_c = argmax_k J_c(k) - (log k - log K_g)^2 / (2 tau^2)``; ``tau`` from ``taus``
+    by stratified cross-validation (F = min(5, images per class) folds) with the one-standard-error rule, 0.5
+    without CV. Without a selection split: :func:`select_threshold`.
     """
     unc = require_sigma(bank, "auto")
     if select_feats is None or select_labels is None:
@@ -236,10 +233,7 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
         sel.label = "auto (label-free)"
         sel.info["variant"] = "label-free (no selection split)"
         return sel
-    x, _ = as_feats(select_feats)
-    y = torch.as_tensor(select_labels).long()
-    k_values = list(k_values or default_k_values(bank.num_templates))
-    S = topk_score_tensor(bank, x, k_values)
+    S, y, k_values = _score_grid(bank, select_feats, select_labels, k_values)
     counts = torch.bincount(y, minlength=bank.num_classes)
     n_folds = int(min(5, counts[counts > 0].min().item())) if (counts > 0).any() else 0
     cv = {}
@@ -255,9 +249,7 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
             per_image[tau] = ll
             cv[tau] = ll.sum().item()
         best_tau = max(cv, key=lambda t: cv[t])
-        # one-standard-error rule: the most-shrunk tau whose held-out log-likelihood is within one
-        # standard error (of the per-image differences) of the best
-        tau = best_tau
+        tau = best_tau   # the most-shrunk tau within one standard error (of per-image differences) of the best
         for t in sorted(taus):
             d = per_image[best_tau] - per_image[t]
             if d.sum().item() <= math.sqrt(len(d)) * d.std().item() + 1e-9:
@@ -278,35 +270,30 @@ def select_auto(bank, select_feats=None, select_labels=None, k_values=None, *, t
     return make_selection(bank, "auto", "auto (selection split)", M.float(), k=ks, info=info)
 
 
-def select_fusion_tuned(bank, select_feats, select_labels, betas=BETA_GRID, *,
-                        data: str = "selection split") -> Selection:
-    """Precision-weighted fusion with beta chosen by selection-split log-likelihood."""
-    require_sigma(bank, "fusion-select")
-    x, _ = as_feats(select_feats)
-    y = torch.as_tensor(select_labels).long()
+def run_fusion_select(bank, given: StrategyInputs) -> Selection:
+    """Precision-weighted fusion with beta (of :data:`BETA_GRID`) chosen by selection-split log-likelihood."""
+    x, _ = as_feats(given.select[0])
+    y = torch.as_tensor(given.select[1]).long()
     base = select_all(bank)
     scale = fit_scale(x @ base.class_mu.T, y)
     lls = {}
-    for b in betas:
+    for b in BETA_GRID:
         sel = select_fusion(bank, b)
         lls[b] = _ll(scale * (x @ sel.class_mu.T), y).sum().item()
     best = max(lls.values())
     beta = min(b for b, v in lls.items() if v >= best - 1e-9)
     return select_fusion(bank, beta, strategy="fusion-select", label=f"fusion (beta={beta:g}, selection split)",
-                         info={"data_used": data, "scale": scale, "beta_grid": list(betas),
+                         info={"data_used": given.select_data, "scale": scale, "beta_grid": list(BETA_GRID),
                                "select_loglik": {str(b): v for b, v in lls.items()}})
 
 
 # ----------------------------------------------------------------------------- evaluation-label oracle
 
 def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
-    """PCME++ Table 6 "best top-K per class": per class the K with the best class accuracy
-    when every class uses that K, searched ON THE EVALUATION LABELS (marked as such)."""
+    """PCME++ Table 6 "best top-K per class": per class the K with the best class accuracy when every class
+    uses that K, searched ON THE EVALUATION LABELS (marked as such)."""
     unc = require_sigma(bank, "oracle")
-    x, _ = as_feats(eval_feats)
-    y = torch.as_tensor(eval_labels).long()
-    k_values = list(k_values or default_k_values(bank.num_templates))
-    S = topk_score_tensor(bank, x, k_values)
+    S, y, k_values = _score_grid(bank, eval_feats, eval_labels, k_values)
     C = bank.num_classes
     pred = S.argmax(1)                                        # [N, nK]
     correct = (pred == y[:, None]).double()
@@ -324,11 +311,9 @@ def select_oracle(bank, eval_feats, eval_labels, k_values=None) -> Selection:
                                 "rule": "K_c = argmax_k recall_c(all classes at top-k); ties -> larger k"})
 
 
-def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Selection:
-    x, _ = as_feats(eval_feats)
-    y = torch.as_tensor(eval_labels).long()
-    k_values = list(k_values or default_k_values(bank.num_templates))
-    S = topk_score_tensor(bank, x, k_values)
+def run_oracle_global(bank, given: StrategyInputs) -> Selection:
+    """The one K for every class with the best accuracy ON THE EVALUATION LABELS."""
+    S, y, k_values = _score_grid(bank, *given.eval_, given.request.k_values)
     acc = (S.argmax(1) == y[:, None]).double().mean(0)
     K = k_values[int(_argmax_prefer_last(acc))]
     sel = select_topk(bank, K)
@@ -338,7 +323,6 @@ def select_oracle_global(bank, eval_feats, eval_labels, k_values=None) -> Select
 
 
 # ----------------------------------------------------------------------------- the registry's runners
-# zsprob.zeroshot.strategy_registry names each as "module:function": fn(bank, StrategyInputs) -> Selection
 
 def run_all(bank, given: StrategyInputs) -> Selection:
     return select_all(bank)
@@ -371,39 +355,22 @@ def run_auto(bank, given: StrategyInputs) -> Selection:
                        threshold_c=given.request.threshold_c, data=given.select_data)
 
 
-def run_global(bank, given: StrategyInputs) -> Selection:
-    return select_global(bank, given.select[0], given.select[1], given.request.k_values, data=given.select_data)
-
-
-def run_fusion_select(bank, given: StrategyInputs) -> Selection:
-    return select_fusion_tuned(bank, given.select[0], given.select[1], data=given.select_data)
-
-
 def run_oracle(bank, given: StrategyInputs) -> Selection:
     return select_oracle(bank, given.eval_[0], given.eval_[1], given.request.k_values)
-
-
-def run_oracle_global(bank, given: StrategyInputs) -> Selection:
-    return select_oracle_global(bank, given.eval_[0], given.eval_[1], given.request.k_values)
 
 
 # ----------------------------------------------------------------------------- dispatcher
 
 def run_strategy(name: str, bank, request=None, *, select=None, pool=None, eval_=None,
                  select_data: str = "selection split", pool_data: str = "unlabelled images", **fields) -> Selection:
-    """One strategy by name, through its registry entry, with the options of ``request`` (a
-    :class:`~zsprob.zeroshot.options.ZeroShotRequest`, or its fields as keywords: ``k``, ``k_values``,
-    ``threshold_c``, ``beta``, ``shots``, ``shots_split``, ``allow_eval_shots``). ``select`` / ``eval_``:
-    ``(feats, labels)``; ``pool``: unlabelled feats; the strategy receives only the data its entry declares.
-    A few-shot strategy's shots come from ``select``, or from ``eval_`` when ``shots_split="eval"``.
-
-    Refused, in this order: an unknown name, a missing K, a missing needed input, a model without
-    sigma^2 for a strategy that reads it (:class:`~zsprob.zeroshot.selection_base.NeedsSigma`).
-    """
+    """One strategy by name, with the options of ``request`` (or its fields as keywords); ``select`` /
+    ``eval_``: ``(feats, labels)``, ``pool``: unlabelled feats, of which it receives only what its entry
+    declares. Refused in one line: an unknown name, a missing K or needed input, a model without sigma^2
+    for a strategy that reads it (:class:`~zsprob.zeroshot.selection_base.NeedsSigma`)."""
     entry = get_strategy(name)
     request = as_request(request, **fields)
     entry.check_k(request.k)
-    select = shots_source(entry, request.shots_split, select, eval_)
+    select = entry.shots_source(request.shots_split, select, eval_)
     entry.check_data(select=select, pool=pool, eval_=eval_)
     if entry.sigma:
         require_sigma(bank, name)

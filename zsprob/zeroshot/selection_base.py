@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from zsprob.errors import UserError
+from zsprob.zeroshot.prompts import SELECTION_FORMAT, check_selection_document
 
 
 class NeedsSigma(UserError):
@@ -21,12 +22,9 @@ class NeedsSigma(UserError):
 
 @dataclass
 class Selection:
-    """The outcome of a strategy: per class template weights and one class Gaussian.
-
-    ``weights`` [C, T] (rows sum to 1; 0 = template not used), ``class_mu`` [C, D] (unit norm
-    when ``normalized``), ``class_logvar`` [C, D] or ``None``, ``k`` per-class number of kept
-    templates for hard selections (else ``None``), ``info``: how it was chosen.
-    """
+    """The outcome of a strategy: ``weights`` [C, T] (rows sum to 1; 0 = template not used), one class
+    Gaussian (``class_mu`` [C, D], unit norm when ``normalized``; ``class_logvar`` [C, D] or None), ``k`` the
+    number of kept templates per class for hard selections, ``info`` how it was chosen."""
 
     strategy: str
     label: str
@@ -65,7 +63,7 @@ class Selection:
                 "sigma2": None if self.class_logvar is None else [float(v) for v in self.class_logvar[c].exp()],
             })
         return {
-            "format": "zsprob-selection/1",
+            "format": SELECTION_FORMAT,
             "zsprob_version": __version__,
             "strategy": self.strategy,
             "label": self.label,
@@ -82,9 +80,8 @@ class Selection:
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "selection") -> "Selection":
-        from zsprob.zeroshot.prompts import check_selection_document
-
-        check_selection_document(d, source)  # every field read below has its shape
+        """The selection of a selection.json document, refused in one line when it has another shape."""
+        check_selection_document(d, source)
         templates = list(d["templates"])
         classes = d["classes"]
         C, T = len(classes), len(templates)
@@ -112,15 +109,6 @@ class Selection:
 
 # ----------------------------------------------------------------------------- shared steps
 
-def prompt_mask(bank) -> torch.Tensor | None:
-    """[C, T] bool: which (class, slot) prompts exist; ``None`` when every class has every template.
-
-    A bank of per-class prompt pools (:mod:`zsprob.zeroshot.pools`) pads the shorter pools; the
-    strategies give those slots no weight and rank them last.
-    """
-    return getattr(bank, "mask", None)
-
-
 def require_sigma(bank, strategy: str) -> torch.Tensor:
     if bank.logvar is None:
         raise NeedsSigma(f"strategy '{strategy}' ranks or weights prompts by sigma^2, but the model is "
@@ -129,14 +117,11 @@ def require_sigma(bank, strategy: str) -> torch.Tensor:
 
 
 def slot_logits(bank, x: torch.Tensor, t: int, logit_scale: float = 1.0) -> torch.Tensor:
-    """[N, C] float64 logits ``logit_scale * cos(x_n, mu_ct)`` of template ``t``'s classifier.
-
-    In a bank of per-class pools, slot ``t`` of class c is c's t-th prompt; a class whose pool is shorter
-    competes there with its pool average (``x`` unit-norm rows).
-    """
+    """[N, C] float64 logits ``logit_scale * cos(x_n, mu_ct)`` of template ``t``'s classifier (``x``: unit
+    rows); in a bank of per-class pools a class whose pool is shorter competes with its pool average."""
     mun = bank.mu_normed.double()
     vectors = mun[:, t]                                         # [C, D]
-    mask = prompt_mask(bank)
+    mask = bank.mask
     if mask is not None and not bool(mask[:, t].all()):
         mean = (mun * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
         vectors = torch.where(mask[:, t, None], vectors, mean)
@@ -149,10 +134,8 @@ def uncertainty_order(unc: torch.Tensor) -> torch.Tensor:
 
 
 def topk_mask(unc: torch.Tensor, k) -> torch.Tensor:
-    """Boolean [C, T]: per class exactly the ``k`` lowest-uncertainty templates (``k`` int or [C]).
-
-    Infinite uncertainty marks an absent prompt (per-class pools): a class keeps at most its finite ones.
-    """
+    """Boolean [C, T]: per class the ``k`` lowest-uncertainty templates (``k`` int or [C]); infinite
+    uncertainty marks an absent prompt (per-class pools), so a class keeps at most its finite ones."""
     C, T = unc.shape
     k = torch.as_tensor(k).long()
     if k.dim() == 0:
@@ -167,12 +150,9 @@ def topk_mask(unc: torch.Tensor, k) -> torch.Tensor:
 
 
 def combine(bank, weights: torch.Tensor, *, renormalize: bool = True, var_rule: str = "mean"):
-    """Class Gaussians from per-class template weights (rows are normalised to sum to 1).
-
-    mu_c = sum_t w_ct * mu_ct / ||mu_ct|| (then renormalised when ``renormalize``);
-    sigma^2_c = sum_t w_ct sigma^2_ct (``mean``) or sum_t w_ct^2 sigma^2_ct (``avg`` -- the
-    variance of the weighted average of independent Gaussians, ProLIP's BPRW rule).
-    """
+    """Class Gaussians from per-class template weights (rows normalised to sum to 1): mu_c = sum_t w_ct
+    mu_ct / ||mu_ct|| (renormalised when ``renormalize``); sigma^2_c = sum_t w_ct sigma^2_ct (``mean``) or
+    sum_t w_ct^2 sigma^2_ct (``avg``: the variance of a weighted average, ProLIP's BPRW rule)."""
     W = weights.float()
     W = W / W.sum(1, keepdim=True).clamp_min(1e-30)
     mu = torch.einsum("ct,ctd->cd", W, bank.mu_normed)
@@ -195,7 +175,7 @@ def make_selection(bank, strategy, label, W, *, k=None, renormalize=True, var_ru
                      class_mu=cmu if mu is None else mu, class_logvar=clv if logvar is None else logvar,
                      uncertainty=bank.uncertainty, k=None if k is None else [int(v) for v in k],
                      uses_eval_labels=uses_eval_labels, normalized=renormalize, info=dict(info or {}),
-                     class_prompts=getattr(bank, "pools", None) or None)
+                     class_prompts=bank.pools)
 
 
 def as_feats(feats):

@@ -2,15 +2,14 @@
 
 An entry (:class:`Strategy`) says which data the strategy reads, whether it ranks or weights prompts by
 sigma^2, whether it needs a K, where it stands in ``--compare``, which tuning options it reads and which
-function runs it; dispatch, what is encoded, the ``--compare`` order and the ``--strategy`` choices are all
-read from the entries. The built-ins are declared at the end of this module, once each, naming their
-function as ``"module:function"`` (imported on the first run), so the command line reads the names
-without torch while each function sits beside its tensor math. Elsewhere::
+function runs it; dispatch, what is encoded and the command line's choices are read from the entries. The
+built-ins are declared at the end, naming their function as ``"module:function"`` (imported on the first
+run), so the command line reads the names without torch. Elsewhere::
 
     register_strategy("mine", run=my_selection, needs=(SELECTION_LABELS,), sigma=True, compare=45)
 
-``run(bank, given)`` gets the prompt bank and a :class:`StrategyInputs` holding only the data the entry
-declares, and returns a :class:`~zsprob.zeroshot.selection_base.Selection`. Plain Python.
+``run(bank, given)`` gets the prompt bank and a :class:`StrategyInputs` and returns a
+:class:`~zsprob.zeroshot.selection_base.Selection`. Plain Python.
 """
 from __future__ import annotations
 
@@ -34,13 +33,9 @@ _MISSING = {SELECTION_LABELS: "needs a labelled selection split (--select-root)"
 
 @dataclass(frozen=True)
 class StrategyInputs:
-    """What a strategy's function receives besides the bank; data it did not declare is ``None``.
-
-    ``request``: the :class:`~zsprob.zeroshot.options.ZeroShotRequest` (its options ``k``, ``k_values``,
-    ``threshold_c``, ``beta``, ``shots``, ``shots_split``); ``select`` / ``eval_``: ``(feats, labels)``;
-    ``pool``: unlabelled image features; ``select_data`` / ``pool_data``: the data as the selection's
-    ``info`` describes it.
-    """
+    """What a strategy's function receives besides the bank (data it did not declare is ``None``): the
+    :class:`~zsprob.zeroshot.options.ZeroShotRequest`, ``select`` / ``eval_`` as ``(feats, labels)``, the
+    unlabelled ``pool`` features, and how the selection's ``info`` describes the data."""
 
     request: Any
     select: Any = None
@@ -54,15 +49,11 @@ class StrategyInputs:
 class Strategy:
     """One strategy's facts and function.
 
-    ``needs``: data it cannot run without; ``uses``: data it reads when given (``auto`` falls back to
-    a label-free rule without a selection split); ``sigma``: ranks or weights prompts by sigma^2;
-    ``needs_k``: takes a K from the user (``--topk N``); ``compare``: its rank in ``--compare``
-    (smaller first), ``None`` to leave it out; ``code``: the function ``run(bank, StrategyInputs) ->
-    Selection``, or ``"module:function"`` naming it (:attr:`run` imports it on first use);
-    ``shots``: a few-shot strategy whose labelled images (``needs`` SELECTION_LABELS) come from the
-    split the user names (``--shots-split``; the evaluation split only with ``--allow-eval-shots``);
-    ``options``: the options of :data:`STRATEGY_OPTIONS` it reads (the command line refuses one given to a
-    strategy that would ignore it); a few-shot strategy reads ``shots`` / ``shots_split`` by that fact.
+    ``needs``: data it cannot run without; ``uses``: data it reads when given; ``sigma``: ranks or weights
+    prompts by sigma^2; ``needs_k``: takes ``--topk N``; ``compare``: its rank in ``--compare`` (None: left
+    out); ``code``: ``run(bank, StrategyInputs) -> Selection`` or ``"module:function"``; ``shots``: its
+    labelled images come from the split ``--shots-split`` names; ``options``: the
+    :data:`STRATEGY_OPTIONS` it reads (the command line refuses them for any other strategy).
     """
 
     name: str
@@ -107,14 +98,21 @@ class Strategy:
             return "selection split" if SELECTION_LABELS in self.needs else "selection split (when given)"
         return None
 
+    def eval_shots(self, shots_split: str) -> bool:
+        """Whether its labelled shots are evaluation images (``--shots-split eval``)."""
+        return self.shots and shots_split == "eval"
+
+    def shots_source(self, shots_split: str, select, eval_):
+        """What its ``select`` input holds: the evaluation split's for eval shots."""
+        return eval_ if self.eval_shots(shots_split) else select
+
     def audit(self, shots_split: str = "select") -> dict:
         """The protocol facts of one run: evaluation labels read, transductive, which split's labels."""
-        eval_shots = self.shots and shots_split == "eval"   # the shots are evaluation images, with labels
+        eval_shots = self.eval_shots(shots_split)
         return {"reads_eval_labels": self.reads_eval_labels or eval_shots,
                 "transductive": self.transductive or eval_shots, "label_split": self.label_split(shots_split)}
 
     def check_k(self, k) -> None:
-        """The one "needs K" rule: a strategy with ``needs_k`` refuses a missing K."""
         if self.needs_k and k is None:
             raise UserError(f"strategy '{self.name}' needs K: pass --topk N (a number)")
 
@@ -136,21 +134,15 @@ class Strategy:
 
 _REGISTRY: dict[str, Strategy] = {}
 
-#: the options a strategy may read: the K grid of the searches, the threshold rule's c, fusion's beta and
-#: the few-shot strategies' shots (request fields ``k_values``, ``threshold_c``, ``beta``, ``shots``,
-#: ``shots_split``; on the command line --k-grid, --threshold-c, --beta, --shots, --shots-split)
+#: the options a strategy may read (command-line names: --k-grid, --threshold-c, --beta, --shots, --shots-split)
 STRATEGY_OPTIONS = ("k_grid", "threshold_c", "beta", "shots", "shots_split")
 
 
 def register_strategy(name: str, *, run: Callable | str | None = None, needs=(), uses=(), sigma: bool = False,
                       needs_k: bool = False, compare: int | None = None, shots: bool = False,
                       options=()) -> Strategy:
-    """Add a strategy (its name last in the ``--strategy`` choices); returns its entry.
-
-    ``run``: its function, or ``"module:function"``. A name already registered, an unknown kind of data,
-    a strategy that needs K in ``--compare`` (which passes none) or one without a function is a
-    programming error (ValueError).
-    """
+    """Add a strategy (its name last in the ``--strategy`` choices); returns its entry. A wrong registration
+    is a programming error (ValueError)."""
     if name in _REGISTRY:
         raise ValueError(f"strategy {name!r} is already registered")
     needs, uses = tuple(needs), tuple(uses)
@@ -181,13 +173,6 @@ def check_shots_split(shots_split: str, allow_eval_shots: bool = False) -> None:
     if shots_split == "eval" and not allow_eval_shots:
         raise UserError("--shots-split eval takes the few-shot labels from the evaluation split that is then scored "
                         "(ProLIP's --use_gt protocol); pass --allow-eval-shots to run it, and the row is marked")
-
-
-def shots_source(entry: Strategy, shots_split: str, select, eval_):
-    """What a strategy's ``select`` input holds: the named split's (feats, labels) for a few-shot strategy."""
-    if entry.shots and shots_split == "eval":
-        return eval_
-    return select
 
 
 def get_strategy(name: str) -> Strategy:
