@@ -1,7 +1,8 @@
 """The one exception type for errors a user can cause, and the helpers that word them alike.
 
 Raise :class:`UserError` with a message that says what is wrong and what to do; the command line
-prints it as one line on stderr and exits 2 (a traceback only with ``zsprob --debug``).
+prints it as one line on stderr and exits 2 (a traceback only with ``zsprob --debug``). A run stopped by
+one of :data:`STOP_SIGNALS` raises :class:`Preempted`, which exits with its own code.
 """
 from __future__ import annotations
 
