@@ -621,11 +621,11 @@ def test_weights_applies_to_coco_trainer_files_only(tmp_path):
     for kw in (dict(checkpoint=converted), dict(model="pcmepp-coco-tiny", pretrained=converted)):
         with pytest.raises(UserError, match="is a zsprob checkpoint, whose copy was chosen when it was converted"):
             load_for_inference(**kw, weights="swa")
-    from zsprob.cli.train_options import flag_overrides
+    from zsprob.cli.train_options import _flag_writes
     from zsprob.train.defaults import load_train_config
     from zsprob.train.build import build_model
 
-    assert flag_overrides({"weights": "swa"}) == ["model.weights=swa"]
+    assert [item for _, item in _flag_writes({"weights": "swa"})] == ["model.weights=swa"]
     cfg = load_train_config(None, ["model.name=pcmepp-coco-tiny", f"model.pretrained={tmp_path / 'last.ckpt'}",
                                    "model.weights=swa", "model.sigma_depth=1"])
     assert build_model(cfg).config["official_weights"] == "swa"

@@ -122,7 +122,8 @@ def test_ctrl_c_finishes_the_step_checkpoints_exits_130_and_resumes_exactly(tiny
 def test_a_second_ctrl_c_stops_at_once():
     """The first SIGINT is noted (the loop stops after its step); the handler then gives SIGINT back to
     Python's default, so a second one raises KeyboardInterrupt (the CLI: "zsprob: interrupted", 130)."""
-    from zsprob.train.resilience import INTERRUPT_EXIT_CODE, StopSignals
+    from zsprob.errors import INTERRUPT_EXIT_CODE
+    from zsprob.train.resilience import StopSignals
     before = signal.getsignal(signal.SIGINT)
     with StopSignals(exit_code=143, step=4) as stop:
         os.kill(os.getpid(), signal.SIGINT)
@@ -140,7 +141,7 @@ def test_a_second_ctrl_c_stops_at_once():
 
 def test_sigterm_to_the_whole_process_group_with_loader_workers_is_the_same_one_line(tiny_world, tmp_path):
     """A scheduler or `timeout` signals every process of the group, DataLoader workers too: they leave the stop
-    to the main process (zsprob.utils.workers), which checkpoints as above; before, a worker killed by the
+    to the main process (zsprob.utils.signals), which checkpoints as above; before, a worker killed by the
     signal surfaced as a traceback ("DataLoader worker ... is killed by signal")."""
     out = tmp_path / "run"
     args = pretrain_args(tiny_world, out, "--checkpoint-every", "0", "--workers", "1", steps=400)

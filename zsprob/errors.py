@@ -1,8 +1,11 @@
 """The one exception type for errors a user can cause, and the helpers that word them alike.
 
 Raise :class:`UserError` with a message that says what is wrong and what to do; the command line
-prints it as one line on stderr and exits 2 (a traceback only with ``zsprob --debug``).
+prints it as one line on stderr and exits 2 (a traceback only with ``zsprob --debug``). A run stopped by
+one of :data:`STOP_SIGNALS` raises :class:`Preempted`, which exits with its own code.
 """
+from __future__ import annotations
+
 import math
 from typing import Any
 
@@ -49,6 +52,20 @@ def check_range(value: Any, what: str, low: float, high: float = math.inf, low_o
     if not math.isfinite(number) or too_low or number > high:
         raise UserError(f"{what} must be a number {bound}, got {value!r}")
     return number
+
+
+#: the signals that stop a run (and the demo's runner) after a checkpoint instead of killing it
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
+#: exit codes of a stopped run, as a shell reports them: 128 + SIGINT after Ctrl-C, 128 + SIGTERM otherwise
+#: (the default ``--requeue-exit-code``)
+INTERRUPT_EXIT_CODE = 130
+PREEMPT_EXIT_CODE = 143
+
+
+def stop_exit_code(signal_name: str | None, requeue_exit_code: int = PREEMPT_EXIT_CODE) -> int:
+    """The exit code of a run stopped by ``signal_name``: :data:`INTERRUPT_EXIT_CODE` after Ctrl-C, else
+    ``requeue_exit_code``."""
+    return INTERRUPT_EXIT_CODE if signal_name == "SIGINT" else requeue_exit_code
 
 
 class Preempted(Exception):

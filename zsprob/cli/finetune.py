@@ -2,7 +2,7 @@
 (thin wrapper; no torch import)."""
 import click
 
-from zsprob.cli.train_options import common_options, is_main_process, print_summary, resolve_run_config, run
+from zsprob.cli.train_options import common_options, print_summary, resolve_run_config, run
 from zsprob.cli.types import InPath
 
 DEFAULT_CONFIG = "finetune_coco_vitb32.yaml"
@@ -39,9 +39,7 @@ def _finetune(kind: str, root, karpathy_json, val: bool, kw: dict) -> None:
     if val:
         from zsprob.retrieval.coco import CocoValSelection
         hooks = (CocoValSelection(root, kw["out"], karpathy_json=karpathy_json, method=cfg.method, dataset=kind),)
-    summary = run(cfg, kw, hooks)
-    if is_main_process():
-        print_summary(summary)
+    print_summary(run(cfg, kw, hooks))
 
 
 @finetune.command("coco")

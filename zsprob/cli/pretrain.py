@@ -34,7 +34,4 @@ def pretrain(data_kind, shards, **kw):
             from zsprob.data.synthworld.checks import check_pretrain_shards
             check_pretrain_shards(cfg.data.shards)
     from zsprob.train.hooks import default_hooks
-    summary = run(cfg, kw, hooks=default_hooks(cfg))
-    from zsprob.cli.train_options import is_main_process
-    if is_main_process():
-        print_summary(summary)
+    print_summary(run(cfg, kw, hooks=default_hooks(cfg)))

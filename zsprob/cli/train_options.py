@@ -78,11 +78,6 @@ def _flag_writes(kw: dict) -> list[tuple[Key, str]]:
     return writes
 
 
-def flag_overrides(kw: dict) -> list[str]:
-    """``key=value`` strings for the first-class flags that were given."""
-    return [item for _, item in _flag_writes(kw)]
-
-
 def resolve_run_config(kw: dict, extra: list[str], default_config: str | None):
     """Recipe (or the run's saved config.yaml when resuming without --config) + flags + --set, checked once."""
     from zsprob.train.defaults import load_train_config, resolve_config
@@ -142,7 +137,9 @@ def run(cfg, kw: dict, hooks=()) -> dict:
 
 
 def print_summary(summary: dict) -> None:
-    if not summary:
+    """What the run did, on the main process only (torchrun starts one command per process)."""
+    import os
+    if not summary or os.environ.get("RANK", "0") != "0":
         return
     if summary.get("already_finished"):
         click.echo(f"the run is already finished ({summary['steps']} of {summary['steps']} steps; "
@@ -166,9 +163,4 @@ def print_summary(summary: dict) -> None:
         click.echo(f"{bad} unreadable training image(s) were replaced by copies of readable samples of their batches")
 
 
-def is_main_process() -> bool:
-    import os
-    return os.environ.get("RANK", "0") == "0"
-
-
-__all__ = ["common_options", "flag_overrides", "resolve_run_config", "run", "print_summary", "is_main_process"]
+__all__ = ["common_options", "resolve_run_config", "run", "print_summary"]

@@ -235,17 +235,10 @@ def _recipe(run: Path | None, meta: dict) -> list[str]:
 
 
 def _last_eval(run: Path | None) -> dict | None:
-    if run is None or not (run / "metrics.jsonl").is_file():
+    if run is None:
         return None
-    last = None
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and rec.get("eval"):
-            last = rec
-    return last
+    from zsprob.utils.io import read_jsonl
+    return next((rec for rec in reversed(read_jsonl(run / "metrics.jsonl")) if rec.get("eval")), None)
 
 
 def _figures(run: Path | None, evals: list[dict]) -> list[str]:

@@ -16,8 +16,8 @@ from typing import Any
 from zsprob import __version__
 from zsprob.report.demo_checks import dig, run_checks
 from zsprob.report.demo_runs import DEMO_EXTRA_RUNS, RECIPES
-from zsprob.report.plots import read_jsonl, training_curves
-from zsprob.utils.io import atomic_write_json, atomic_write_text
+from zsprob.report.plots import training_curves
+from zsprob.utils.io import atomic_write_json, atomic_write_text, read_jsonl
 
 METHOD_LABEL = {"pcmepp": "PCME++", "infonce": "InfoNCE"}
 #: row names of the method table (``--all-methods``)

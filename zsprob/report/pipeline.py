@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from zsprob.errors import Preempted, UserError
+from zsprob.errors import Preempted, UserError, stop_exit_code
 from zsprob.utils.io import atomic_write_json
+from zsprob.utils.signals import install_stop_handlers, restore_handlers
 
 #: seconds a step is given to exit after the runner passed a stop signal on to it; then it is killed
 STOP_GRACE_S = 60.0
-#: the signals that stop the runner (each passed on to the running step)
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 #: seconds between two looks at whether the running step has exited
 POLL_S = 0.1
 
@@ -87,18 +86,12 @@ class StopGuard:
         self._old: dict = {}
 
     def __enter__(self) -> "StopGuard":
-        if threading.current_thread() is threading.main_thread():
-            for name in STOP_SIGNALS:
-                sig = getattr(signal, name, None)
-                if sig is not None:
-                    self._old[sig] = signal.signal(sig, self._handler)
+        self._old = install_stop_handlers(self._handler)
         StopGuard.active = self
         return self
 
     def __exit__(self, *exc) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
+        restore_handlers(self._old)
         if StopGuard.active is self:
             StopGuard.active = None
 
@@ -121,7 +114,7 @@ class StopGuard:
 
     def stopped(self, where: str, detail: str = "", step: int = 0) -> Preempted:
         return Preempted(f"demo stopped {where} ({self.received}{detail}); run the same command to resume",
-                         exit_code=130 if self.received == "SIGINT" else 143, step=step)
+                         exit_code=stop_exit_code(self.received), step=step)
 
     def check(self, where: str) -> None:
         """Raise :class:`Preempted` if a stop signal has come."""

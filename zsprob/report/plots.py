@@ -1,10 +1,11 @@
 """Training curves from metrics.jsonl logs, drawn by matplotlib (Agg backend) into PNG files."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Mapping, Sequence
+
+from zsprob.utils.io import read_jsonl
 
 
 def pyplot():
@@ -25,20 +26,6 @@ def save_figure(fig, path: str | Path, dpi: int | None = None) -> Path:
     fig.savefig(path, dpi=dpi if dpi is not None else "figure")
     pyplot().close(fig)
     return path
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Records of a JSONL log; a torn last line (crash mid-write) is ignored."""
-    rows = []
-    p = Path(path)
-    if not p.is_file():
-        return rows
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:  # a blank or torn line is not JSON
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def smooth(values: Sequence[float], window: int) -> list[float]:

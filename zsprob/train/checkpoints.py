@@ -5,7 +5,6 @@ from is :mod:`zsprob.train.resilience`'s.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import warnings
@@ -18,7 +17,7 @@ from zsprob.train import optim, resilience, state
 from zsprob.train.defaults import ROUTINE_KEYS
 from zsprob.train.logs import loss_scalars
 from zsprob.train.run import Run
-from zsprob.utils.io import atomic_write_json, atomic_write_text
+from zsprob.utils.io import atomic_write_json, atomic_write_text, read_jsonl, to_json
 
 
 def save_checkpoint(run: Run, step_done: int) -> None:
@@ -171,14 +170,6 @@ def save_model(raw, path: Path, cfg: Config, step: int, swa: optim.SWA | None = 
 
 def _truncate_metrics(path: Path, step: int) -> None:
     """Drop records logged after ``step`` (a killed run may have logged past its last checkpoint)."""
-    if not path.is_file():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if int(rec.get("step", 0)) <= step:
-            keep.append(line)
-    atomic_write_text(path, "".join(x + "\n" for x in keep))
+    if path.is_file():
+        kept = [to_json(rec, indent=None) for rec in read_jsonl(path) if int(rec.get("step", 0)) <= step]
+        atomic_write_text(path, "".join(kept))

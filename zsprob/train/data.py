@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError
-from zsprob.utils.workers import leave_stop_signals_to_the_main_process
+from zsprob.utils.signals import leave_stop_signals_to_the_main_process
 
 
 def mixed_seed(*parts: int) -> int:

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
 from zsprob.data.captions import SHARD_KINDS
 from zsprob.data.flickr import KARPATHY_KINDS
-from zsprob.errors import UserError
+from zsprob.errors import PREEMPT_EXIT_CODE, UserError
 from zsprob.prob.method_registry import METHOD_ENTRIES, PCMEPP_DISTANCES, default_loss_options, method_names
 from zsprob.train.optim import OPTIMIZERS, SCHEDULES
 from zsprob.train.remote_sync import check_target
@@ -150,7 +150,7 @@ KEYS: tuple[Key, ...] = (
         flag="--checkpoint-every", routine=True),
     Key("train.keep_checkpoints", 2, "step directories kept (0: all)", SET_0, routine=True),
     Key("train.max_nonfinite", 10, "consecutive non-finite losses before the run stops", SET_1, routine=True),
-    Key("train.requeue_exit_code", 143, "Exit code after SIGTERM / SIGUSR1 (checkpoint written first).",
+    Key("train.requeue_exit_code", PREEMPT_EXIT_CODE, "Exit code after SIGTERM / SIGUSR1 (checkpoint written first).",
         Count(">=0", most=255, null=False), flag="--requeue-exit-code", routine=True),
     Key("train.tensorboard", True, "TensorBoard scalars beside metrics.jsonl", routine=True),
     Key("train.eval_every", None, "Steps between evaluation hooks.", AT_LEAST_0, flag="--eval-every", routine=True),

@@ -13,18 +13,14 @@ import json
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 
-from zsprob.errors import UserError
+from zsprob.errors import Preempted, UserError, stop_exit_code
 from zsprob.utils.paths import RUN_MARKERS
+from zsprob.utils.signals import install_stop_handlers, restore_handlers
 
 #: environment variables torchrun's elastic agent sets in every worker
 ELASTIC_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
-#: signals treated as "pre-empted: checkpoint and exit"; SIGINT (Ctrl-C) too, the first one only
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
-#: the exit code of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it)
-INTERRUPT_EXIT_CODE = 130
 FAULT_ENV = "ZSPROB_TEST_FAULT"
 
 
@@ -158,7 +154,6 @@ class StopSignals:
             raise _StopWaiting()  # a BaseException: no "except Exception" in a data pipeline swallows it
 
     def preempted(self):
-        from zsprob.errors import Preempted
         return Preempted(f"stopped by {self.received} while waiting for training data (no batch within "
                          f"{DATA_WAIT_GRACE_S:.0f} s, at step {self.step}); no checkpoint written: "
                          "--resume auto continues from the last one", exit_code=self.code(), step=self.step,
@@ -166,14 +161,11 @@ class StopSignals:
 
     def code(self) -> int:
         """The exit code of this stop: 130 after Ctrl-C, else the requeue exit code."""
-        return INTERRUPT_EXIT_CODE if self.received == "SIGINT" else self.exit_code
+        return stop_exit_code(self.received, self.exit_code)
 
     def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for name in STOP_SIGNALS:
-                sig = getattr(signal, name, None)
-                if sig is not None:
-                    self._old[sig] = signal.signal(sig, self._handler)
+        self._old = install_stop_handlers(self._handler)
+        if self._old:  # the main thread, the only one that may install handlers
             if hasattr(signal, "SIGALRM"):
                 self._old[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._alarm)
             StopSignals.active = self
@@ -187,9 +179,7 @@ class StopSignals:
 
     def __exit__(self, *exc) -> None:
         self.disarm()
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
+        restore_handlers(self._old)
         if StopSignals.active is self:
             StopSignals.active = None
 

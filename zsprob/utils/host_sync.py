@@ -11,7 +11,6 @@ Calls from ``torch/optim`` are skipped (its step counters live on the host on pu
 from __future__ import annotations
 
 import collections
-import contextlib
 import sys
 
 import torch
@@ -58,16 +57,6 @@ class HostSyncCounter(TorchFunctionMode):
         super().__init__()
         self.by_name: collections.Counter = collections.Counter()
         self.where: collections.Counter = collections.Counter()
-        self._paused = 0
-
-    @contextlib.contextmanager
-    def paused(self):
-        """Calls inside the block are not counted (e.g. host-side batch preparation)."""
-        self._paused += 1
-        try:
-            yield
-        finally:
-            self._paused -= 1
 
     @property
     def total(self) -> int:
@@ -77,7 +66,7 @@ class HostSyncCounter(TorchFunctionMode):
         name = _call_name(func)
         if name not in SYNC_CALLS:
             name = _host_copy(name, args, kwargs)
-        if name is not None and not self._paused and not _caller_is_torch_optim():
+        if name is not None and not _caller_is_torch_optim():
             self.by_name[name] += 1
             self.where[f"{caller_site(sys._getframe(1))} {name}"] += 1
         return func(*args, **(kwargs or {}))

@@ -158,6 +158,23 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
         f.write(_dumps(record, None) + "\n")
 
 
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The records (JSON objects) of a JSONL log, [] when it is absent; a blank or torn line (a crash
+    mid-write) is skipped."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    records = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file, read in 4 MiB chunks (``hashlib`` hashes)."""
     h = hashlib.sha256()

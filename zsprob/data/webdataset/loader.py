@@ -18,7 +18,7 @@ from zsprob.data.webdataset.seeding import loader_generator
 from zsprob.data.webdataset.shards import check_some_exist, expand_shards, parse_weights
 from zsprob.data.webdataset.stream import ShardStream
 from zsprob.errors import UserError
-from zsprob.utils.workers import leave_stop_signals_to_the_main_process
+from zsprob.utils.signals import leave_stop_signals_to_the_main_process
 
 log = logging.getLogger("zsprob.data")
 
