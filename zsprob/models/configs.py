@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -208,13 +207,3 @@ def model_config(name: str, ocfg: dict, options: ModelOptions, *, tokenizer_dir=
         "reinit_params": ["clip." + k for k in reinit],
     }
 
-
-def fresh_model(name: str, *, embed_dim: int | None = None, cache_dir: str | None = None, seed: int | None = None,
-                **overrides: Any):
-    """``create_model(name, None, ...)`` for the converters, which fill the weights themselves."""
-    register_model_configs()
-    ocfg, options, tokenizer_dir = resolve_options(get_open_clip_config(name), overrides, embed_dim)
-    if seed is not None:
-        torch.manual_seed(int(seed))
-    clip_model = build_open_clip(ocfg)
-    return wrap(clip_model, model_config(name, ocfg, options, tokenizer_dir=tokenizer_dir), options)
