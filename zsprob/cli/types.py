@@ -18,9 +18,6 @@ class _Checked(click.ParamType):
 
     name = "path"
 
-    def check(self, value):
-        raise NotImplementedError
-
     def convert(self, value, param, ctx):
         try:
             return self.check(value)
