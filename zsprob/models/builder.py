@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.catalogue import default_model, detect_layout, layout, require_published_weights
+from zsprob.models.catalogue import LAYOUTS, default_model, detect_layout, require_published_weights
 from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint, save
 from zsprob.models.configs import model_from_config
 from zsprob.models.convert.io import read_hf_config, read_state_dict
@@ -90,7 +90,7 @@ def convert_to_checkpoint(source: str | os.PathLike, out: str | os.PathLike, *, 
     if weights is not None:
         options["weights"] = weights
     model = create_from_official(name, source, state, kind, **options)
-    info = {"source": str(source), "layout": kind, "family": layout(kind).family, "model": name,
+    info = {"source": str(source), "layout": kind, "family": LAYOUTS[kind].family, "model": name,
             "official_keys": len(state), "hf_config": read_hf_config(source),
             "tokenizer": model.config.get("tokenizer_dir"), "weights": model.config.get("official_weights")}
     loss = {f"loss.{k}": v for k, v in model.official_loss.items()}

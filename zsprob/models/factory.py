@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.catalogue import layout
+from zsprob.models.catalogue import LAYOUTS
 from zsprob.models.configs import (build_open_clip, get_open_clip_config, list_models, model_config,
                                    model_from_config, register_model_configs, resolve_options, wrap)
 from zsprob.models.convert.load import load_official
@@ -78,7 +78,7 @@ def create_from_official(name: str, source, state: dict, kind: str, **options: A
     if options.get("deterministic", False) is None:  # None: the file's own
         options.pop("deterministic")
     state, chosen = select_weights(state, kind, options.pop("weights", None), source)
-    fixed = layout(kind).options_for(state, source)
+    fixed = LAYOUTS[kind].options_for(state, source)
     clash = sorted(k for k in fixed if k in options and options[k] != fixed[k])
     if clash:
         raise UserError(f"{source} is an official {kind} checkpoint: {', '.join(clash)} must be as it was trained "
