@@ -99,9 +99,7 @@ def create_from_official(name: str, source, state: dict, kind: str, **options: A
 
 def _check_official_embed_dim(name: str, source: Source, embed_dim: int | None) -> None:
     """A published file's architecture is fixed: ``embed_dim`` may only repeat the model's own size."""
-    if embed_dim is not None and int(embed_dim) == int(get_open_clip_config(name).get("embed_dim", -1)):
-        embed_dim = None  # the model's own size is no change
-    if embed_dim is not None:
+    if embed_dim is not None and int(embed_dim) != int(get_open_clip_config(name).get("embed_dim", -1)):
         raise UserError(f"{source.path} is an official {source.layout} checkpoint: its architecture is fixed "
                         "(no embed_dim option)")
 
