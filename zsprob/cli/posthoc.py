@@ -86,9 +86,9 @@ def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method,
         raise UserError(f"{out_path / 'model'} exists; pass --overwrite to replace it")
     import torch
 
+    from zsprob.models import load_for_inference
     from zsprob.posthoc.adapter import AdapterSettings
     from zsprob.posthoc.features import DataSpec
-    from zsprob.models import load_for_inference
     from zsprob.posthoc.run import posthoc as run_posthoc
 
     if threads:
