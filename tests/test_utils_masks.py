@@ -34,6 +34,8 @@ def test_the_towers_pool_with_the_shared_helper():
     """The bag-of-words tower's pooling is the helper's, bit for bit (no private copy)."""
     from zsprob.models.bow_text import BagOfWordsText
 
-    x = torch.randn(4, 6, 8)
-    lengths = torch.tensor([6, 1, 4, 2])
-    assert torch.equal(BagOfWordsText.masked_mean(x, lengths), masked_mean(x, lengths))
+    tower = BagOfWordsText(embed_dim=8, vocab_size=50, width=16)
+    tokens = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 0, 0, 0, 0, 0], [1, 2, 3, 4, 0, 0], [5, 6, 0, 0, 0, 0]])
+    words, _, lengths = tower.embed(tokens)
+    assert lengths.tolist() == [6, 1, 4, 2]
+    assert torch.equal(tower(tokens), tower.text_projection(masked_mean(words, lengths)))

@@ -42,15 +42,18 @@ def require_dir(path, what: str, hint: str = "") -> "object":
 
 def check_range(value: Any, what: str, low: float, high: float = math.inf, low_open: bool = False) -> float:
     """``float(value)`` if it is a finite number >= ``low`` (> ``low`` with ``low_open``) and <= ``high``;
-    otherwise one :class:`UserError` line "WHAT must be a number >= LOW [and <= HIGH], got VALUE"."""
-    bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+    otherwise one :class:`UserError` line "WHAT must be a number >= LOW and <= HIGH, got VALUE" (an infinite
+    bound unsaid)."""
+    limits = [f"{'>' if low_open else '>='} {low:g}"] if low > -math.inf else []
+    limits += [f"<= {high:g}"] if high < math.inf else []
+    refusal = UserError(f"{what} must be a number {' and '.join(limits)}".rstrip() + f", got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise UserError(f"{what} must be a number {bound}, got {value!r}") from None
+        raise refusal from None
     too_low = number <= low if low_open else number < low
     if not math.isfinite(number) or too_low or number > high:
-        raise UserError(f"{what} must be a number {bound}, got {value!r}")
+        raise refusal
     return number
 
 

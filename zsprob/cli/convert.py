@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
-from zsprob.cli.options import CHECKPOINT_FILES, OFFICIAL_WEIGHTS, WEIGHTS_HELP
+from zsprob.cli.options import OFFICIAL_WEIGHTS, WEIGHTS_HELP
 from zsprob.cli.types import OUT_DIR, TOKENIZER, InPath
 from zsprob.models.catalogue import LAYOUTS
+from zsprob.utils.paths import CHECKPOINT_FILES
 
 
 def _refuse_out(source, out, tokenizer, overwrite: bool) -> None:
@@ -54,7 +55,7 @@ def convert(source, out, model_name, layout_name, tokenizer, weights, overwrite)
     Every official key must be consumed and every zsprob parameter filled, shapes equal.
     """
     _refuse_out(source, out, tokenizer, overwrite)
-    from zsprob.models.convert.convert import convert_to_checkpoint
+    from zsprob.models.builder import convert_to_checkpoint
 
     path = convert_to_checkpoint(source, out, model_name=model_name, layout_name=layout_name, tokenizer=tokenizer,
                                  weights=weights)

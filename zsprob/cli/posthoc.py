@@ -86,15 +86,18 @@ def posthoc(checkpoint, model_name, pretrained, data_kind, shards, root, method,
         raise UserError(f"{out_path / 'model'} exists; pass --overwrite to replace it")
     import torch
 
+    from zsprob.models import load_for_inference
     from zsprob.posthoc.adapter import AdapterSettings
     from zsprob.posthoc.features import DataSpec
-    from zsprob.posthoc.run import load_source
     from zsprob.posthoc.run import posthoc as run_posthoc
 
     if threads:
         torch.set_num_threads(threads)
     dev = resolve_device(device)
-    frozen, source = load_source(checkpoint, model_name, pretrained, device=dev, **official_file_kwargs())
+    frozen = load_for_inference(checkpoint=checkpoint, model=model_name, pretrained=pretrained, device=dev,
+                                **official_file_kwargs())
+    source = {"checkpoint": None if checkpoint is None else str(checkpoint), "model": model_name,
+              "pretrained": None if pretrained is None else str(pretrained)}  # how the frozen model was named
     data = DataSpec(data_kind, root if data_kind == "coco" else shards, max_samples=max_samples, workers=workers)
     settings = AdapterSettings(steps=steps, batch_size=batch_size, lr=lr, seed=seed, prior_precision=prior_precision,
                                inclusion_alpha=inclusion_alpha, same_length_alpha=same_length_alpha)

@@ -1,11 +1,7 @@
 """CLIP_benchmark model type "zsprob": zsprob models in CLIP_benchmark's own evaluation.
 
-:func:`register` adds ``"zsprob"`` to ``clip_benchmark.models.TYPE2FUNC`` (and ``MODEL_TYPES``), so
-``clip_benchmark.models.load_clip("zsprob", model_name=..., pretrained=..., cache_dir=None, device=...)``
-gives a model whose ``encode_image`` / ``encode_text`` return zsprob's means and ``encode_*_sigma2``
-sigma^2 (:func:`load_zsprob` says which names it takes). Where the installed numpy breaks
-CLIP_benchmark's zero-shot ``accuracy()`` (a ``float()`` of a one-element array), :func:`register`
-replaces it by :func:`topk_accuracy`, the same figure. :func:`run_cli` runs CLIP_benchmark's own
+:func:`register` adds the type (``encode_*`` give zsprob's means, ``encode_*_sigma2`` sigma^2) and repairs
+CLIP_benchmark's zero-shot ``accuracy()`` where the installed numpy breaks it; :func:`run_cli` runs its
 command line with the type registered. CLIP_benchmark does the datasets, loaders and metrics.
 """
 from __future__ import annotations

@@ -23,6 +23,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
 
 
-__all__ = ["create_model", "list_models", "model_from_config", "register_model_configs", "ProbCLIP", "GPO",
-           "bound_logvar", "save", "load", "load_meta", "load_extra_tensors", "load_for_inference",
-           "is_checkpoint", "encode_images", "encode_texts"]
+__all__ = list(_HOMES)

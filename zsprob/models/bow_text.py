@@ -43,11 +43,6 @@ class BagOfWordsText(nn.Module):
         """Number of tokens before the padding (start-of-text .. end-of-text), at least 1."""
         return (text != self.pad_id).sum(dim=-1).clamp(min=1)
 
-    @staticmethod
-    def masked_mean(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Mean of x [B, L, C] over the first ``lengths`` positions of each row."""
-        return masked_mean(x, lengths)
-
     def embed(self, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(word embeddings [B, L, width], the tokens, lengths); the full context is kept (no host read)."""
         x, lengths = self.token_embedding(text), self.lengths(text)
@@ -57,7 +52,7 @@ class BagOfWordsText(nn.Module):
 
     def forward(self, text: torch.Tensor) -> torch.Tensor:
         x, _, lengths = self.embed(text)
-        return self.text_projection(self.masked_mean(x, lengths))
+        return self.text_projection(masked_mean(x, lengths))
 
 
 class BowCLIP(nn.Module):

@@ -1,16 +1,18 @@
-"""Rebuild a model from a checkpoint: :func:`load` (a zsprob checkpoint) and :func:`load_for_inference` (the CLI's)."""
+"""Rebuild a model from a checkpoint: :func:`load` (a zsprob checkpoint), :func:`load_for_inference` (the CLI's)
+and :func:`convert_to_checkpoint` (a published ProLIP / PCME++ file, strictly: ``zsprob convert``)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint
+from zsprob.models.catalogue import LAYOUTS, default_model, detect_layout, require_published_weights
+from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint, save
 from zsprob.models.configs import model_from_config
-from zsprob.models.convert.convert import create_from_official
-from zsprob.models.factory import create_model
-from zsprob.models.catalogue import require_published_weights
+from zsprob.models.convert.io import read_hf_config, read_state_dict
+from zsprob.models.factory import create_from_official, create_model
 from zsprob.models.sources import Source, identify, zsprob_source
 from zsprob.models.weights import load_checkpoint
 
@@ -74,3 +76,22 @@ def _model_for_inference(model: str, pretrained, create_kwargs: dict):
     kw = dict(pooling="native", deterministic=True)
     kw.update(create_kwargs)
     return create_model(model, pretrained=pretrained, **kw)
+
+
+def convert_to_checkpoint(source: str | os.PathLike, out: str | os.PathLike, *, model_name: str | None = None,
+                          layout_name: str | None = None, tokenizer: str | os.PathLike | None = None,
+                          weights: str | None = None) -> Path:
+    """Save the ProbCLIP with the official weights of ``source`` (and its loss's tensors) to ``out``; returns the
+    directory. UserError on any mismatch."""
+    state = read_state_dict(source)
+    kind = layout_name or detect_layout(state)
+    name = model_name or default_model(kind, state)
+    options = {"tokenizer_dir": str(tokenizer)} if tokenizer is not None else {}
+    if weights is not None:
+        options["weights"] = weights
+    model = create_from_official(name, source, state, kind, **options)
+    info = {"source": str(source), "layout": kind, "family": LAYOUTS[kind].family, "model": name,
+            "official_keys": len(state), "hf_config": read_hf_config(source),
+            "tokenizer": model.config.get("tokenizer_dir"), "weights": model.config.get("official_weights")}
+    loss = {f"loss.{k}": v for k, v in model.official_loss.items()}
+    return save(model, out, extra={"converted_from": info}, extra_tensors=loss)

@@ -79,12 +79,6 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 
-def layout(name: str) -> Layout:
-    if name not in LAYOUTS:
-        raise UserError(f"unknown official layout {name!r}; choose from {', '.join(LAYOUTS)}")
-    return LAYOUTS[name]
-
-
 def detect_layout(state) -> str:
     """The official layout a state dict (or its key names) is in."""
     for name, lay in LAYOUTS.items():

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
+import open_clip
 import torch
 
 from zsprob.errors import UserError
@@ -19,12 +19,6 @@ _registered = False
 _OTHER_OPTIONS = ("tokenizer_dir",)
 # open_clip options create_model takes by name: the tower config they go into
 _TOWER_OPTIONS = {"image_size": "vision_cfg", "context_length": "text_cfg", "patch_dropout": "vision_cfg"}
-
-
-def _open_clip():
-    import open_clip
-
-    return open_clip
 
 
 def register_model_configs() -> None:
@@ -39,14 +33,14 @@ def register_model_configs() -> None:
 
     d = model_configs_dir()
     if d.is_dir():
-        _open_clip().add_model_config(d)
+        open_clip.add_model_config(d)
     _registered = True
 
 
 def list_models() -> list[str]:
     """Every name :func:`create_model` accepts (open_clip's configs plus zsprob's)."""
     register_model_configs()
-    return list(_open_clip().list_models())
+    return list(open_clip.list_models())
 
 
 def _deep_update(base: dict, upd: dict) -> dict:
@@ -62,12 +56,11 @@ def _deep_update(base: dict, upd: dict) -> dict:
 def get_open_clip_config(name: str) -> dict:
     """A copy of open_clip's config of ``name`` (zsprob's configs registered first); UserError naming close names."""
     register_model_configs()
-    oc = _open_clip()
-    cfg = oc.get_model_config(name.replace("/", "-"))
+    cfg = open_clip.get_model_config(name.replace("/", "-"))
     if cfg is None:
         import difflib
 
-        close = difflib.get_close_matches(name, oc.list_models(), n=5)
+        close = difflib.get_close_matches(name, open_clip.list_models(), n=5)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UserError(f"unknown model {name!r}: not an open_clip model name nor a zsprob config in "
                         f"configs/models/ (see zsprob.models.list_models()){hint}")
@@ -76,7 +69,6 @@ def get_open_clip_config(name: str) -> dict:
 
 def build_open_clip(cfg: dict) -> torch.nn.Module:
     """Instantiate an open_clip CLIP / CustomTextCLIP from a full model config (random init)."""
-    oc = _open_clip()
     cfg = copy.deepcopy(cfg)
     cfg.pop("preprocess_cfg", None)  # transforms, not a constructor argument (read by _preprocess_cfg)
     custom_text = cfg.pop("custom_text", False)
@@ -87,7 +79,7 @@ def build_open_clip(cfg: dict) -> torch.nn.Module:
         vision_cfg["timm_model_pretrained"] = False  # never fetch timm weights at run time
     if "hf_model_name" in cfg.get("text_cfg", {}):
         raise UserError("open_clip models with Hugging Face text towers are not supported by zsprob")
-    cls = oc.CustomTextCLIP if custom_text else oc.CLIP
+    cls = open_clip.CustomTextCLIP if custom_text else open_clip.CLIP
     from zsprob.models.bow_text import BowCLIP, is_bow_config
 
     if is_bow_config(cfg):
@@ -100,12 +92,11 @@ def build_open_clip(cfg: dict) -> torch.nn.Module:
 
 def _transforms(preprocess_cfg: dict):
     """(train, val) image transforms of a ``preprocess_cfg`` (open_clip's ``image_transform``)."""
-    oc = _open_clip()
     kw = dict(mean=tuple(preprocess_cfg["mean"]), std=tuple(preprocess_cfg["std"]),
               interpolation=preprocess_cfg.get("interpolation"), resize_mode=preprocess_cfg.get("resize_mode"),
               fill_color=preprocess_cfg.get("fill_color", 0))
     size = preprocess_cfg["size"]
-    return oc.image_transform(size, is_train=True, **kw), oc.image_transform(size, is_train=False, **kw)
+    return open_clip.image_transform(size, is_train=True, **kw), open_clip.image_transform(size, is_train=False, **kw)
 
 
 def preprocess_cfg(open_clip_cfg: dict, pretrained_cfg: dict | None) -> dict:
@@ -126,7 +117,6 @@ def wrap(clip_model: torch.nn.Module, config: dict, options: ModelOptions | None
     """ProbCLIP around an open_clip model, with its tokenizer and transforms (``options``: ``config``'s)."""
     from zsprob.models.prob_clip import ProbCLIP
 
-    oc = _open_clip()
     name = config["name"]
     ctx = config["open_clip_cfg"].get("text_cfg", {}).get("context_length", 77)
     if config.get("tokenizer_dir"):  # a local Hugging Face tokenizer (ProLIP's SigLIP tokenizer), never the hub
@@ -135,7 +125,7 @@ def wrap(clip_model: torch.nn.Module, config: dict, options: ModelOptions | None
         tokenizer = load_hf_tokenizer(config["tokenizer_dir"], context_length=ctx)
     else:
         try:
-            tokenizer = oc.get_tokenizer(name if name in oc.list_models() else "", context_length=ctx)
+            tokenizer = open_clip.get_tokenizer(name if name in open_clip.list_models() else "", context_length=ctx)
         except Exception as e:  # noqa: BLE001 - e.g. an HF tokenizer that is not cached
             raise UserError(f"cannot build the tokenizer for {name} (a local Hugging Face tokenizer directory "
                             f"goes in tokenizer_dir / --tokenizer DIR): {str(e).splitlines()[0]}") from None
@@ -208,13 +198,3 @@ def model_config(name: str, ocfg: dict, options: ModelOptions, *, tokenizer_dir=
         "reinit_params": ["clip." + k for k in reinit],
     }
 
-
-def fresh_model(name: str, *, embed_dim: int | None = None, cache_dir: str | None = None, seed: int | None = None,
-                **overrides: Any):
-    """``create_model(name, None, ...)`` for the converters, which fill the weights themselves."""
-    register_model_configs()
-    ocfg, options, tokenizer_dir = resolve_options(get_open_clip_config(name), overrides, embed_dim)
-    if seed is not None:
-        torch.manual_seed(int(seed))
-    clip_model = build_open_clip(ocfg)
-    return wrap(clip_model, model_config(name, ocfg, options, tokenizer_dir=tokenizer_dir), options)

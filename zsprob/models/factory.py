@@ -1,7 +1,8 @@
 """create_model: any open_clip model name or zsprob config (+ pretrained weights) -> ProbCLIP.
 
 The weights go into the mean branch *before* the log-variance heads are made, so ``sigma_init="copy"``
-copies the pretrained head. zsprob never downloads.
+copies the pretrained head. A published ProLIP / PCME++ file (:func:`create_from_official`) is built with
+its layout's head options and filled strictly. zsprob never downloads.
 """
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from typing import Any
 import torch
 
 from zsprob.errors import UserError
+from zsprob.models.catalogue import LAYOUTS
 from zsprob.models.configs import (build_open_clip, get_open_clip_config, list_models, model_config,
                                    model_from_config, register_model_configs, resolve_options, wrap)
-from zsprob.models.convert.convert import create_from_official
+from zsprob.models.convert.load import load_official
+from zsprob.models.convert.swa import select_weights
 from zsprob.models.open_clip_dir import read_config
 from zsprob.models.sources import Source, identify, resolve_pretrained
 from zsprob.models.weights import load_checkpoint_heads, load_checkpoint_tower, load_open_clip_weights
@@ -69,11 +72,34 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
     return model
 
 
+def create_from_official(name: str, source, state: dict, kind: str, **options: Any):
+    """A ProbCLIP built as ``name`` with the options that reproduce the official forward, filled strictly; the
+    loss's tensors in ``model.official_loss``, a COCO trainer file's copy in ``config["official_weights"]``."""
+    if options.get("deterministic", False) is None:  # None: the file's own
+        options.pop("deterministic")
+    state, chosen = select_weights(state, kind, options.pop("weights", None), source)
+    fixed = LAYOUTS[kind].options_for(state, source)
+    clash = sorted(k for k in fixed if k in options and options[k] != fixed[k])
+    if clash:
+        raise UserError(f"{source} is an official {kind} checkpoint: {', '.join(clash)} must be as it was trained "
+                        f"({', '.join(f'{k}={fixed[k]!r}' for k in clash)})")
+    options.update(fixed)
+    hf_tokenizer = get_open_clip_config(name).get("text_cfg", {}).get("hf_tokenizer_name")
+    if hf_tokenizer or options.get("tokenizer_dir"):
+        from zsprob.models.hf_tokenizer import find_tokenizer_dir
+
+        options["tokenizer_dir"] = str(find_tokenizer_dir(source, options.get("tokenizer_dir")))
+    model = create_model(name, None, **options)
+    model.official_loss = load_official(model, state, kind, source)
+    model.config.update(pretrained=str(source), official_layout=kind)
+    if chosen is not None:
+        model.config["official_weights"] = chosen
+    return model
+
+
 def _check_official_embed_dim(name: str, source: Source, embed_dim: int | None) -> None:
     """A published file's architecture is fixed: ``embed_dim`` may only repeat the model's own size."""
-    if embed_dim is not None and int(embed_dim) == int(get_open_clip_config(name).get("embed_dim", -1)):
-        embed_dim = None  # the model's own size is no change
-    if embed_dim is not None:
+    if embed_dim is not None and int(embed_dim) != int(get_open_clip_config(name).get("embed_dim", -1)):
         raise UserError(f"{source.path} is an official {source.layout} checkpoint: its architecture is fixed "
                         "(no embed_dim option)")
 

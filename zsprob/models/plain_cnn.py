@@ -98,7 +98,6 @@ def _cfg() -> dict:
                 first_conv="stem.conv", classifier="fc")
 
 
-
 default_cfgs: dict[str, dict] = {}  # filled by register() (timm reads it at registration)
 _registered = False
 

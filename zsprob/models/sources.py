@@ -70,12 +70,6 @@ def _cached_hf(repo: str, filename: str, cache_dir: str | None) -> str | None:
     return got if isinstance(got, str) and os.path.isfile(got) else None
 
 
-def _hf_cache_root(cache_dir: str | None) -> str:
-    from huggingface_hub.constants import HF_HUB_CACHE
-
-    return cache_dir or HF_HUB_CACHE
-
-
 def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str | None = None) -> tuple[Path, dict]:
     """(checkpoint file, open_clip pretrained cfg) for a tag or a path (a directory's cfg is its
     ``open_clip_config.json``); never downloads."""
@@ -117,8 +111,10 @@ def resolve_pretrained(name: str, pretrained: str | os.PathLike, cache_dir: str 
             got = _cached_hf(repo, fn, cache_dir)
             if got:
                 return Path(got), cfg
+        from huggingface_hub.constants import HF_HUB_CACHE
+
         wanted.append(f"https://huggingface.co/{repo} file {names[-1]} into the Hugging Face cache "
-                      f"{_hf_cache_root(cache_dir)} (e.g. `huggingface-cli download {repo} {names[-1]}`)")
+                      f"{cache_dir or HF_HUB_CACHE} (e.g. `huggingface-cli download {repo} {names[-1]}`)")
     url = cfg.get("url", "")
     if url:
         target = Path(cache_dir or os.path.expanduser("~/.cache/clip")) / os.path.basename(url)

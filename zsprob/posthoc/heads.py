@@ -1,13 +1,9 @@
 """The post-hoc model: a frozen model's towers and means, with log-variance heads that can be trained apart.
 
-:func:`probabilistic_copy` rebuilds any loaded :class:`zsprob.models.ProbCLIP` with log-variance heads
-on: every tensor on the mean path is copied from the frozen model (so the means are bit for bit the
-same) and only the heads train. The head is the model's own kind when it has one, else zsprob's
-pooled heads (bag-of-words or CNN towers) or PCME++'s block heads (open_clip ViT / text transformer).
-
-A :class:`HeadAdapter` is one tower's head seen from the cache: ``encode(inputs)`` gives the frozen
-mean and the tensor the head reads (stored once in the feature file), ``logvar(features)`` runs the
-trainable part on it; :func:`adapter_for` picks the kind (words, pooled, token or block) for a head.
+:func:`probabilistic_copy` builds the copy (the head is the model's own kind when it has one, else zsprob's
+pooled heads or PCME++'s block heads). A :class:`HeadAdapter` is one tower's head seen from the cache:
+``encode(inputs)`` gives the frozen mean and the tensor the head reads (stored once in the feature file),
+``logvar(features)`` runs the trainable part on it; :func:`adapter_for` picks the kind for a head.
 """
 from __future__ import annotations
 

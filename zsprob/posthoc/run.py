@@ -57,16 +57,4 @@ def posthoc(frozen, data: DataSpec, out: str | Path, *, method: str = "adapter",
     return record
 
 
-def load_source(checkpoint=None, model=None, pretrained=None, *, device="cpu", **create_kwargs):
-    """The frozen model a post-hoc run starts from (any spec ``zsprob.models.load_for_inference`` takes)
-    and its description for the record."""
-    from zsprob.models import load_for_inference
-
-    frozen = load_for_inference(checkpoint=checkpoint, model=model, pretrained=pretrained, device=device,
-                                **create_kwargs)
-    source = {"checkpoint": None if checkpoint is None else str(checkpoint), "model": model,
-              "pretrained": None if pretrained is None else str(pretrained)}
-    return frozen, source
-
-
-__all__ = ["posthoc", "load_source"]
+__all__ = ["posthoc"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from zsprob.errors import UserError
-from zsprob.models.catalogue import detect_layout, layout
+from zsprob.models.catalogue import LAYOUTS, detect_layout
 from zsprob.models.convert.io import TORCH_SUFFIXES, read_state_dict, weights_file
 from zsprob.models.convert.mapping import check_strict, to_zsprob
 
@@ -21,7 +21,7 @@ LOSS_PREFIX = "loss."
 
 def official_to_zsprob(state: dict, kind: str) -> dict:
     """Official names -> zsprob names (the layout's split, then its rules; an unknown key is a UserError)."""
-    lay = layout(kind)
+    lay = LAYOUTS[kind]
     return to_zsprob(lay.split(state), lay.rules)
 
 
@@ -51,7 +51,7 @@ def sniff(path: str | os.PathLike) -> tuple[dict, str] | None:
 
 def load_official(model, state: dict, kind: str, source: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Load ``state`` (official names, layout ``kind``) into ``model`` strictly; returns the loss's tensors."""
-    lay = layout(kind)
+    lay = LAYOUTS[kind]
     converted = official_to_zsprob(state, kind)
     own = model.state_dict()
     for key in lay.zero_fills:

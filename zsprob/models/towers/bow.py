@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from zsprob.models.towers.openclip import TextHeads
+from zsprob.utils.masks import masked_mean
 
 
 class BowTextTower(TextHeads):
@@ -24,7 +25,7 @@ class BowTextTower(TextHeads):
         return x, None, (text, lengths)
 
     def native_pool(self, x: torch.Tensor, ln: nn.Module, ctx) -> torch.Tensor:
-        return self.src.masked_mean(ln(x), ctx[1])
+        return masked_mean(ln(x), ctx[1])
 
     @staticmethod
     def depth_of(rest: str) -> int:
