@@ -43,10 +43,11 @@ def require_dir(path, what: str, hint: str = "") -> "object":
 def check_range(value: Any, what: str, low: float, high: float = math.inf, low_open: bool = False) -> float:
     """``float(value)`` if it is a finite number >= ``low`` (> ``low`` with ``low_open``) and <= ``high``;
     otherwise one :class:`UserError` line "WHAT must be a number >= LOW and <= HIGH, got VALUE" (an infinite
-    bound unsaid)."""
+    bound unsaid; "a finite number" when both are)."""
     limits = [f"{'>' if low_open else '>='} {low:g}"] if low > -math.inf else []
     limits += [f"<= {high:g}"] if high < math.inf else []
-    refusal = UserError(f"{what} must be a number {' and '.join(limits)}".rstrip() + f", got {value!r}")
+    wording = f"a number {' and '.join(limits)}" if limits else "a finite number"
+    refusal = UserError(f"{what} must be {wording}, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
