@@ -205,7 +205,7 @@ def test_defaults_are_the_recipe_and_scale_is_clamped():
     ({"drop_prob": -0.1}, "drop_prob"),
     ({"init_logit_scale": 10.0}, "init_logit_scale"),
     ({"mask_patch_size": 0}, "mask_patch_size"),
-    ({"inclusion_eps": "x"}, "must be a number"),
+    ({"inclusion_eps": "x"}, "inclusion_eps must be a finite number"),
     ({"inclusion_form": "kl"}, "inclusion_form must be one of prolip, cover"),
     ({"text_mask_mode": "drop"}, "text_mask_mode must be one of replace, delete"),
     ({"cover_scale": 0}, "cover_scale must be a number > 0"),
