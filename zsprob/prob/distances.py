@@ -1,24 +1,9 @@
 """Pairwise distances and similarities between diagonal Gaussians, and uncertainty scalars.
 
 A Gaussian is ``(mu, logvar)``, tensors [N, D] with ``logvar = log sigma^2``; a pairwise function takes
-rows ``a`` [N, D] and columns ``b`` [M, D] and returns [N, M]. With v = sigma^2 and sums over D:
-
-- ``csd`` (PCME++ Eq. 1): E||Z_a - Z_b||^2 = ||mu_a - mu_b||^2 + sum(v_a) + sum(v_b);
-- ``wasserstein2``: ||mu_a - mu_b||^2 + ||sigma_a - sigma_b||^2 (``form="var"``: variances in place of
-  sigma, Pishdad et al. as printed; ``squared=False``: the square root, as they use it);
-- ``kl`` = KL(a || b) = 0.5 sum[log v_b - log v_a + v_a / v_b + (mu_a - mu_b)^2 / v_b - 1];
-  ``kl_reverse``, ``min_kl``, and ``js`` = 0.5 (KL(a||b) + KL(b||a)) as PCME defines its "JS";
-- ``elk`` (PCME): 0.5 sum[(mu_a - mu_b)^2 / (v_a + v_b) + log(v_a + v_b)], no 2 pi constant;
-- ``bhattacharyya``: 0.25 sum (mu_a - mu_b)^2 / (v_a + v_b) + 0.5 sum log((v_a + v_b) / (2 sqrt(v_a v_b)));
-- ``mc_match_prob`` (PCME Eq. 2-3): the mean over J x J reparameterised sample pairs of
-  sigmoid(-a ||z_a - z_b||_2 + b); ``mc_avg_l2``: the mean sampled L2 distance (PCME Table 1);
-- ``inclusion_test`` / ``inclusion_logit`` (ProLIP Sec. 3.3): element-wise, row i of 1 in row i of 2;
-- ``uncertainty``: ||sigma^2||_1 (PCME++), sum logvar (Pishdad et al.) or the geometric mean of sigma (PCME).
-
-Memory: the closed forms that separate over (a, b) are matrix products, with no [N, M, D] tensor; ELK,
-Bhattacharyya and the Monte Carlo functions run in blocks of at most ``chunk_elements`` elements.
-float64 inputs are computed in float64, everything else in float32 (the dtype of the result).
-"""
+rows ``a`` [N, D] and columns ``b`` [M, D] and returns [N, M]. Closed forms that separate over (a, b) are
+matrix products (no [N, M, D] tensor); the rest run in bounded blocks. float64 in, float64 out; else float32.
+Every formula and the paper it follows: docs/prob.md."""
 from __future__ import annotations
 
 import math

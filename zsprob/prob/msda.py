@@ -1,23 +1,9 @@
-"""Mixed sample data augmentation (MSDA) with soft image-text match targets (PCME++ Sec. 2.4). Modes:
+"""Mixed sample data augmentation (MSDA) with soft image-text match targets (PCME++ Sec. 2.4).
 
-- "official" (:func:`mix_batch_official`), what naver-ai/pcmepp trains with (its ``Mixup`` in "elem"
-  mode): each image i is mixed with probability ``ratio`` with its partner B - 1 - i (an odd batch's
-  middle image stays unmixed; the official code drops it), by CutMix with probability ``switch_prob``
-  else Mixup, lambda ~ Beta(alpha, alpha) per image. Targets are the official smoothed labels: every
-  entry of row i is s (``smoothing``), ``matched[i, i] = lam (1 - s) + (1 - lam) s`` and
-  ``matched[i, B-1-i] = lam s + (1 - lam)(1 - s)``. Steps without mixing smooth the identity
-  (:func:`smooth_targets`).
-- "random" / "mixup" / "cutmix" (:func:`mix_batch`), the paper's text: Mixup or CutMix per batch on a
-  share ``ratio`` of the images, each with a random partner: ``matched[i, i] = lambda`` and
-  ``matched[i, j] = 1 - lambda``.
-
-For CutMix lambda is the area kept after the box is clipped; the box is timm's
-``cutmix_bbox_and_lam`` (numpy's global RNG, seeded for the call and restored). Every random number is
-drawn on the host from a numpy generator seeded by one draw of the torch ``generator``; the mixing and
-the targets are computed on the batch's device with nothing read back (bit-identical on the CPU to
-mixing row by row). Each process mixes its own batch; the global targets are the block diagonal
-(``zsprob.train.distributed.block_diag_targets``).
-"""
+Two families: "official" (naver-ai/pcmepp's per-image Mixup / CutMix with partner B - 1 - i and smoothed
+targets) and the paper text's per-batch "random" / "mixup" / "cutmix". timm gives the CutMix box; random
+numbers come from the host, the mixing runs on the batch's device with nothing read back. Targets and
+modes in full: docs/prob.md."""
 from __future__ import annotations
 
 import numpy as np

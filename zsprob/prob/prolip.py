@@ -4,29 +4,10 @@
                                all_txt=None, offset=0, masked_img=None, masked_txt=None)
 
 Rows, columns, ``offset`` and ``matched`` mean what :mod:`zsprob.prob.losses` says; ``masked_img`` /
-``masked_txt`` are ``(mu, logvar)`` of masked copies of this process's first rows (made by
-:mod:`zsprob.data.masking`). The terms, as naver-ai/prolip's ``src/prolip/loss.py`` computes them (the
-recipe's values are the defaults):
-
-- PPCL, weight ``ppcl_weight``: logits s (mu_i . mu_t - (||sigma_i^2||_1 + ||sigma_t^2||_1) / 2) + b over
-  local images x global texts; the loss is the sum of BCE(logits, m) over pairs / local rows (each pair
-  counted once, on the process holding the image). s = exp(logit_scale), the log clamped to
-  [0, log 100] and initialised to log(1 / 0.07); b initialised to -10.
-- Inclusion (Sec. 3.3): -log sigmoid(inclusion_scale * (test(1 in 2) - test(2 in 1))) PER DIMENSION,
-  averaged over rows and dimensions. In closed form, with s = sigma^2, W_2 = s_1 + 2 s_2 and
-  W_1 = 2 s_1 + s_2, the difference is (lv_2 - lv_1) - log(W_2 / W_1) / 2 - e^eps (mu_1 - mu_2)^2
-  (1 / W_2 - 1 / W_1): at the recipe's eps = -20 a loss on the variances. Image in its caption:
-  weight ``inclusion_alpha``; original in its masked copy, per modality: ``inclusion_alpha_occ``.
-  A term above 1e5 is skipped for the step, as in the official code.
-- VIB, weight ``vib_beta``: ProLIP's ``kl_divergence``, -0.5 mean(1 + h - mu^2 - exp(h)) with
-  h = logvar / 2 (minimum at sigma = 1); a term above 1e4 is skipped.
-
-The occlusion term (:class:`OcclusionTerm`) is shared with PCMEPPLoss. Masking: ``drop_ratio`` (share of
-rows given a masked copy), ``drop_prob`` (of tokens masked), ``image_drop_prob`` (of ``mask_patch_size``
-pixel cells blanked: the official ViT keeps 75% of its patches). zsprob's options, off by default
-(docs/prob.md, docs/findings.md): ``inclusion_form="cover"`` (:func:`cover_loss`), a start step and a
-warm-up, ``text_mask_mode="delete"``, ``occlusion_grad="sigma"`` and ``image_mask_mode="degrade"``.
-"""
+``masked_txt`` are ``(mu, logvar)`` of masked copies of this process's first rows (:mod:`zsprob.data.masking`).
+The terms (PPCL, inclusion, VIB) follow naver-ai/prolip's ``loss.py``; their formulas, the masking options and
+zsprob's additions (``inclusion_form="cover"``, ``occlusion_grad``, ...): docs/prob.md. :class:`OcclusionTerm`
+is shared with PCMEPPLoss."""
 from __future__ import annotations
 
 import inspect

@@ -1,23 +1,11 @@
 """zsprob.retrieval: retrieval evaluation, uncertainty analyses and exact CSD search.
 
 May import data, models, prob, report (plots), ``zsprob.errors`` and ``zsprob.utils``; never train,
-zeroshot or cli.
-
-- :mod:`~zsprob.retrieval.metrics`: R@K, R-Precision, mAP@R, COCO 1K folds, PMRP over rankings;
-- :mod:`~zsprob.retrieval.scoring`: chunked scoring with ``zsprob.prob.score`` (:class:`PairScores`);
-- :mod:`~zsprob.retrieval.benchmarks`: :class:`RetrievalTask`, :class:`BenchmarkSet`, :class:`EvalResult`;
-- :mod:`~zsprob.retrieval.evaluate`: every benchmark's metrics from a score matrix or from rankings
-  made elsewhere, the Table-1 style table;
-- :mod:`~zsprob.retrieval.coco`: COCO 5K / 1K, CxC, ECCV Caption, PMRP; :func:`evaluate_coco`;
-- :mod:`~zsprob.retrieval.synthetic`: SynthWorld, :func:`evaluate_synthetic`;
-- :mod:`~zsprob.retrieval.analysis` / :mod:`~zsprob.retrieval.validity`: uncertainty analyses (analysis also
-  names the files an evaluation writes);
-- :mod:`~zsprob.retrieval.search`: CSD ranking as nearest-neighbour search (FAISS, torch);
-  :mod:`~zsprob.retrieval.index_format` names its kinds and files;
-- :mod:`~zsprob.retrieval.embeddings`: a split embedded, and the ``E.npz`` format.
-
-Names are imported on first use, so the command line reads ``index_format`` and ``analysis`` without torch.
-"""
+zeroshot or cli. Modules: ``metrics`` (R@K, R-P, mAP@R, 1K folds, PMRP), ``scoring`` (chunked scores),
+``benchmarks`` (tasks and results), ``evaluate`` (metrics from scores or rankings), ``coco`` / ``synthetic``
+(the benchmarks), ``analysis`` / ``validity`` (uncertainty analyses; analysis names the output files),
+``search`` / ``index_format`` (CSD as nearest-neighbour search, FAISS), ``embeddings`` (``E.npz``).
+Names are imported on first use, so the command line reads ``index_format`` and ``analysis`` without torch."""
 from __future__ import annotations
 
 _EXPORTS = {

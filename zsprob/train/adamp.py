@@ -1,22 +1,10 @@
 """AdamP (Heo et al., ICLR 2021) with the projection decision taken on the device.
 
-AdamP is Adam for scale-invariant weights (followed by a normalisation): a weight whose gradient is
-nearly orthogonal to it, per output channel or over the whole tensor, loses the update's component along
-the weight, and its decoupled weight decay is scaled by ``wd_ratio``. For a parameter ``w`` of two or more
-dimensions, gradient ``g`` and Adam update ``u``, viewed as rows (one per output channel) or as one row::
-
-    cos_r      = |<g_r, w_r>| / (max(|g_r|, eps) * max(|w_r|, eps))        per row r of a view
-    channel    = max_r cos_r < delta / sqrt(row length)                      (rows = channels)
-    layer      = cos < delta / sqrt(numel)                                   (one row: the whole tensor)
-    u_r       <- u_r - w_r * <w_r, u_r> / (|w_r| + eps)^2                    channel view if ``channel``,
-                                                                             else layer view if ``layer``
-    w         <- w * (1 - lr * weight_decay * (wd_ratio if channel or layer else 1))
-    w         <- w - lr / (1 - beta1^t) * u
-
-Biases, norms and scalars get plain Adam with decoupled weight decay. timm's ``AdamP`` decides with a
-Python ``if`` on a device value (a GPU wait per parameter); here both decisions are boolean tensors
-(``torch.where``) over multi-tensor kernels. The state keeps timm's layout: state dicts load both ways.
-"""
+AdamP is Adam for scale-invariant weights: a weight whose gradient is nearly orthogonal to it (per output
+channel or over the whole tensor) loses the update's component along the weight, and its weight decay is
+scaled by ``wd_ratio``. timm's ``AdamP`` decides with a Python ``if`` on a device value (a GPU wait per
+parameter); here the decisions are boolean tensors over multi-tensor kernels, and the state keeps timm's
+layout, so state dicts load both ways. The update in formulas: docs/training.md."""
 from __future__ import annotations
 
 import math

@@ -1,35 +1,22 @@
-"""The training loop behind ``zsprob pretrain`` and ``zsprob finetune``.
+"""The training loop behind ``zsprob pretrain`` and ``zsprob finetune``; accelerate does devices and DDP.
 
 One step (:mod:`zsprob.train.step`; ``--method jwae``: :mod:`zsprob.train.jwae_step`)::
 
-    images, tokens  <- next local batch (global batch / world processes)
-    noisy captions   (data.noise_ratio), MSDA mixing (msda.*): generator seeded by (seed, step, rank)
-    mu, logvar       <- model(images, tokens)               (autocast in bf16 / fp16)
-    masked copies    <- model(masked first rows)            (losses with wants_masked: ProLIP; seed, step, rank)
-    columns          <- all_gather_with_grad(mu, logvar)    (every process: local rows x global columns)
-    loss, stats      <- loss(local rows, matched, all_img, all_txt, offset)   (float32)
-    backward; frozen backbone grads dropped; unscale (fp16); clip; the update unless non-finite
-    (the one host read of the step)
+    images, tokens  <- next local batch; noisy captions, MSDA   (generators seeded by (seed, step, rank))
+    mu, logvar      <- model(images, tokens) (+ masked copies for ProLIP's occlusion term), autocast
+    columns         <- all_gather_with_grad(mu, logvar)         (local rows x global columns)
+    loss, stats     <- loss(local rows, matched, all_img, all_txt, offset)   (float32)
+    backward; frozen grads dropped; unscale; clip; update unless non-finite   (the one host read)
 
-The run, one named function per line (:func:`train`)::
+The run (:func:`train`)::
 
-    cfg <- resolve_config(cfg, out)           (zsprob.train.defaults: defaults merged, every key checked)
-    train_resolved(cfg, out): claim out       (the command line enters here, its config resolved)
-    accelerator <- make_accelerator(cfg, out)                     (zsprob.train.build)
-    run <- build_run(cfg, ...)            (model, loss, source, schedule plan, optimiser, SWA, the step)
-    run.sync <- remote_sync.for_run(...)       (train.remote_sync: write probe; resuming: pull first)
-    restore_state(run, resume directory)                          (when resuming: zsprob.train.checkpoints)
-    run_steps: for step in start..run.total_steps:                (SIGTERM / SIGUSR1 caught: StopSignals)
-        run.step_fn(run, step)                                    (next_batch, forward, backward, update)
-        after_step: schedule.step(); SWA update;
-                    log_record / save_checkpoint / run_hooks      (at their intervals)
-        stop_if_signalled                                         (pre-empted: checkpoint, raise Preempted)
-    finish(run)                                                   (checkpoint, final model(s), hooks, summary)
+    cfg <- resolve_config(cfg, out); train_resolved: claim out; make_accelerator; build_run
+    remote_sync.for_run (resuming: pull first); restore_state (resuming)
+    for step in start..total_steps:                                      (SIGTERM / SIGUSR1 caught)
+        run.step_fn; schedule, SWA; log / checkpoint / hooks at their intervals; stop_if_signalled
+    finish: checkpoint, final model(s), hooks, summary.json
 
-Outputs under ``out``: ``config.yaml``, ``metrics.jsonl``, ``tensorboard/``, ``checkpoints/step-*/``
-(+ ``latest.json``), and at the end ``model/`` (a ``zsprob.models.save`` directory), ``model-swa/`` when
-SWA ran and ``summary.json``. Libraries: accelerate, tqdm.
-"""
+What a run writes under ``out``: docs/training.md."""
 from __future__ import annotations
 
 import os

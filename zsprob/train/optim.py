@@ -1,21 +1,10 @@
 """Optimisers, parameter groups, learning-rate schedules, backbone freezing and SWA (imports torch lazily).
 
 torch provides AdamW / Adam / SGD and ``swa_utils.AveragedModel``, timm ``AdamP`` (``adamp-timm``); the
-default AdamP is :mod:`zsprob.train.adamp`. zsprob writes the parameter grouping, the schedules and the
-backbone freeze-then-warm-up factor, all in optimiser steps so that resuming is exact. The lr of group g
-at step s is ``lr * scale_g * schedule(s) * freeze_g(s)``; ``freeze_g`` is 0 while the group's backbone is
-frozen, then ramps linearly to 1.
-
-Two groupings (``optim.grouping``), read from ``param_info()`` (per parameter: tower, depth, num_layers,
-backbone; depth 0 = embeddings, 1..num_layers-1 = blocks, num_layers = final norm / projection / heads):
-
-- ``zsprob``: backbone parameters get ``tower_mult * layer_decay ** (num_layers - depth)``, added modules
-  (sigma blocks, heads, GPO, loss) 1; no weight decay on norms, biases and scalars.
-- ``official`` (naver-ai/pcmepp's ``configure_optimizers``): only blocks are layer-decayed, the sigma
-  blocks at the depth of the block they duplicate and counted as backbone (a frozen backbone freezes
-  them); the rest of the backbone keeps ``tower_mult``, added modules outside blocks 1; weight decay on
-  every tower parameter and on none outside the towers (the loss's a, b, logit scale).
-"""
+default AdamP is :mod:`zsprob.train.adamp`. zsprob writes the parameter grouping (``optim.grouping``: zsprob
+or naver-ai/pcmepp's official groups, read from ``param_info()``), the schedules and the backbone
+freeze-then-warm-up factor, all in optimiser steps so that resuming is exact. The lr rule and both
+groupings: docs/training.md."""
 from __future__ import annotations
 
 import math
