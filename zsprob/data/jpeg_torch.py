@@ -1,16 +1,9 @@
 """JPEG's round trip (encode at quality q, decode) without the bytes: on the images' device in torch,
 and on the CPU through Pillow's libjpeg, the reference the device path equals pixel for pixel.
 
-Entropy coding is lossless, so the round trip is fixed by the lossy steps around it, written here as
-libjpeg(-turbo) does them with its defaults (``jpeg_set_quality(q, force_baseline=TRUE)``, 4:2:0
-chroma, the "islow" integer DCT; the default decoder's "fancy" chroma upsampling): RGB -> YCbCr in
-16-bit fixed point; chroma edge-replicated to whole MCUs and averaged over 2 x 2 with alternating
-rounding bias; level shift, 8 x 8 DCT, quantisation by the Annex K.1 tables scaled by quality; the
-inverse steps, clamped to [0, 255]. Every step is integer tensor arithmetic, the DCT pair included:
-its rounding decides which coefficients cross a quantisation boundary. A single-channel image is a
-greyscale JPEG. Nothing reads a pixel on the host. Pillow encodes and decodes the CPU reference;
-docs/data.md says which settings make the two equal.
-"""
+The device path writes libjpeg's lossy steps (colour conversion, 4:2:0 chroma, "islow" DCT, quantisation,
+"fancy" upsampling) as integer tensor arithmetic, so nothing reads a pixel on the host; the steps and the
+settings that make the two equal: docs/data.md."""
 from __future__ import annotations
 
 import io

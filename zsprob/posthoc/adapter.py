@@ -1,20 +1,9 @@
 """``--method adapter``: log-variance heads trained on the frozen towers' cached features with the sigma recipe's terms.
 
-The terms of the demo's sigma recipe (configs/synthetic_tiny_sigma.yaml) minus the match loss (the
-means are frozen), each on a batch of cached rows:
-
-    loss = occlusion_alpha * (cover(image in its degraded copy) + cover(caption in its word-deleted copy))
-         + inclusion_alpha * (incl(image in its degraded copy) + incl(caption in its word-deleted copy))
-         + same_length_alpha * rank(captions of equal length)
-         + caption_nll_alpha * -log N(image mean; caption mean, caption_nll_scale * sigma_caption^2)
-         + image_nll_alpha   * -log N(caption mean; image mean, image_nll_scale * sigma_image^2)
-         + vib_beta * (VIB(image) + VIB(caption))
-
-``cover`` is :func:`zsprob.prob.prolip.cover_loss` (summed variances); ``incl`` is -log sigmoid(
-inclusion_scale * ProLIP's inclusion logit), which weighs every dimension's log-variance alike, so the
-two can disagree; ``rank`` is :func:`same_length_rank`. torch's AdamW, LambdaLR and gradient clipping
-do the optimisation; the steady step reads nothing back to the host.
-"""
+The terms of the demo's sigma recipe (configs/synthetic_tiny_sigma.yaml) minus the match loss (the means are
+frozen): covering and inclusion of each row in its degraded copy, equal-length caption ranking
+(:func:`same_length_rank`), both likelihood terms and VIB; the weighted sum: docs/posthoc.md. torch's AdamW,
+LambdaLR and gradient clipping do the optimisation; the steady step reads nothing back to the host."""
 from __future__ import annotations
 
 import math

@@ -1,19 +1,11 @@
 """``--method laplace``: a K-FAC Laplace posterior of each tower's projection, propagated to the normalised mean.
 
-BayesVLM's idea: the projection ``z = W f + b`` gets a Gaussian posterior around its trained weights
-with precision
-
-    P = N (A kron G) + lambda I,   A = E[f~ f~^T] (f~ = [f, 1] with a bias),   G = E[g g^T],  g = dL/dz,
-
-L the symmetric InfoNCE loss of the frozen means on the cached pairs, N the number of pairs. With
-A = Qa diag(a) Qa^T and G = Qg diag(g) Qg^T, Cov(z) = Qg diag(c) Qg^T with
-``c_j = sum_i (Qa^T f~)_i^2 / (N a_i g_j + lambda)``; the normalised mean ``m = z / ||z||`` gets
-``J Cov(z) J^T``, ``J = (I - m m^T) / ||z||`` (the delta method), whose diagonal is sigma^2. lambda
-maximises the Laplace evidence (:func:`log_evidence`) unless given. The variance is epistemic (how
-unfamiliar the features are), not how vague an input is. The exact log-variances of the cached rows
-are distilled into the model's own heads, so the output is an ordinary zsprob checkpoint. torch does
-the eigendecompositions and autograd.
-"""
+BayesVLM's idea: the projection ``z = W f + b`` gets a Gaussian posterior with precision
+``N (A kron G) + lambda I`` (A, G: the Kronecker factors of the symmetric InfoNCE loss on the cached pairs;
+lambda by :func:`log_evidence` unless given); the covariance of z, through the eigenbases of A and G, and
+the delta method through ``z / ||z||`` give sigma^2 (formulas: docs/posthoc.md). The variance is epistemic,
+not how vague an input is. The exact log-variances are distilled into the model's own heads, so the output
+is an ordinary zsprob checkpoint. torch does the eigendecompositions and autograd."""
 from __future__ import annotations
 
 import math

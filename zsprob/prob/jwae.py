@@ -1,16 +1,13 @@
 """The objective terms of the joint Wasserstein autoencoders (jWAE) for image-text embeddings.
 
-Each modality has an autoencoder (encoder f, decoder g) mapping inputs to points z in R^d; each
-modality's codes are pushed towards the shared prior N(0, I_d) by an adversarial (GAN) term, and
-paired codes are aligned by MSE (jWAE-MSE, Eq. 7) or a bidirectional max-margin hinge (jWAE-MH,
-Eq. 1). The encoders minimise (Eq. 6 plus the alignment)
+Each modality's autoencoder (encoder f, decoder g) maps inputs to codes z in R^d. The encoders minimise
+(Eq. 6 plus the alignment, presets in :data:`JWAE_PRESETS`)
 
     lambda1 rec(x_v, g_v(f_v(x_v))) + lambda2 rec(x_t, g_t(f_t(x_t)))
     + lambda3 D_JS(F_v || N(0, I)) + lambda4 D_JS(F_t || N(0, I)) + align(z_v, z_t)
 
-with the paper's presets (:data:`JWAE_PRESETS`); one shared discriminator has its own optimiser.
-Unpaired images / captions enter only their modality's reconstruction and prior terms.
-"""
+the prior terms adversarial (one shared discriminator, its own optimiser), the alignment MSE (jWAE-MSE, Eq. 7)
+or a bidirectional max-margin hinge (jWAE-MH, Eq. 1). Unpaired rows enter only their modality's rec and prior."""
 from __future__ import annotations
 
 import torch

@@ -5,17 +5,10 @@
 
 ``img_*`` / ``txt_*`` are this process's rows [n, D] (logvar None for a loss without sigma);
 ``all_img`` / ``all_txt`` the ``(mu, logvar)`` of the globally gathered batch [N, D], this process's rows
-at ``offset`` (None in one process: the columns are the local batch); ``matched`` the soft match
-targets [N_img, N_txt] in [0, 1] of the global batch (the identity if None; MSDA makes them soft).
-Every loss is a mean over this process's rows, so the mean over processes equals the single-process
-loss on the global batch, and with gradient-carrying gathers the gradients agree too.
-
-PCME++ (:class:`PCMEPPLoss`, :class:`MuOnlyLoss`), PCME (:class:`PCMELoss`), CLIP (:class:`InfoNCELoss`),
-VSE++ (:class:`TripletLoss`) and Pishdad et al. (:class:`ProbTripletLoss`) are here; ProLIP's objective
-is :mod:`zsprob.prob.prolip`, jWAE's :mod:`zsprob.prob.jwae`. Which loss each training method uses is
-declared in :mod:`zsprob.prob.method_registry`; docs/prob.md notes where the papers' printed
-expressions and the official code differ, and what zsprob follows.
-"""
+at ``offset`` (None in one process); ``matched`` the soft targets [N_img, N_txt] in [0, 1] of the global
+batch (identity if None). Every loss is a mean over this process's rows, so the mean over processes equals
+the single-process loss on the global batch. PCME++, PCME, CLIP, VSE++ and Pishdad et al. are here; ProLIP
+is :mod:`zsprob.prob.prolip`, jWAE :mod:`zsprob.prob.jwae`; the methods: :mod:`zsprob.prob.method_registry`."""
 from __future__ import annotations
 
 import math

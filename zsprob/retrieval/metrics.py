@@ -1,22 +1,10 @@
 """Retrieval metrics as tensor operations over rankings.
 
-The ranking (:func:`topk_ranking`: descending score, ties broken by the lower gallery index) and
-every metric as a reduction over a ``hits`` matrix (``hits[q, r]``: the item ranked ``r`` for
-query ``q`` is a positive), a query chunk at a time, with no per-query Python loop. Positives are
-``scipy.sparse`` CSR matrices (query x gallery). The definitions are eccv_caption 0.1.0's
-(``_metrics.py``):
-
-* R@K: 1 if any of the first K ranked items is a positive.
-* R-Precision: (#positives among the first R ranked items) / R, R = number of positives.
-* mAP@R: (1/R) * sum_{r<=R, item r positive} precision@r.
-* COCO 1K: the test captions (in the given order) are split into five contiguous folds; a fold's
-  images are those captions' images; each query is ranked among its fold's items only and the
-  five fold means are averaged (eccv_caption filters a truncated global list to the fold, which
-  equals this when the list holds at least K fold items).
-* PMRP: PCME's plausible-match R-Precision, positives from 80-class instance labels.
-
-Queries with no positive are not evaluated (eccv_caption's ground truth has no such keys).
-"""
+The ranking (:func:`topk_ranking`: descending score, ties broken by the lower gallery index) and every
+metric (R@K, R-Precision, mAP@R, COCO 1K folds, PMRP) as a reduction over a ``hits`` matrix (``hits[q, r]``:
+the item ranked ``r`` for query ``q`` is a positive), a query chunk at a time, with no per-query Python loop.
+Positives are ``scipy.sparse`` CSR matrices (query x gallery). The definitions are eccv_caption 0.1.0's
+(docs/retrieval.md states them); queries with no positive are not evaluated."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,16 +1,10 @@
-"""Chunked image-caption scoring for retrieval.
+"""Chunked image-caption scoring for retrieval; the similarity itself is :func:`zsprob.prob.score`.
 
-The similarity itself is :func:`zsprob.prob.score` (closed forms by matrix products, MC by
-bounded sample blocks), so no [N, M, D] tensor is formed. This module adds:
-
-* :class:`PairScores`: the image x caption similarity of a whole test set, scored in row blocks, and its
-  contiguous transpose, so both directions rank by the same numbers; CSD, mean-only and cosine are one GEMM
-  of augmented vectors per block (:func:`linear_form`).
-* :func:`chunked_topk`: the best ``k`` gallery items of every query, for a gallery of any size.
-
-Both compute where the gallery lives, or on ``device=``, and return float32 / int64 CPU tensors, so the
-metrics downstream are the same code on every device.
-"""
+:class:`PairScores` is a test set's image x caption similarity, scored in row blocks (CSD, mean-only and
+cosine as one GEMM of augmented vectors per block, :func:`linear_form`), with its contiguous transpose so
+both directions rank the same numbers; :func:`chunked_topk` gives the best ``k`` items of every query for a
+gallery of any size. Both compute where the gallery lives (or on ``device=``) and return float32 / int64 CPU
+tensors, so the metrics downstream are the same code on every device."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,21 +1,12 @@
 """Exact (and approximate) CSD search over large galleries.
 
-PCME++'s closed-form sampled distance is CSD(v, t) = ||mu_v - mu_t||^2 + s_v + s_t with
-s = sum(sigma^2). For a fixed query s_v is a constant, so ranking a gallery by CSD is a plain
-nearest-neighbour problem on *augmented* vectors, with no re-ranking step:
-
-* inner product ("ip", maximum inner-product search):
-  q = [mu_v, 1], x = [2 mu_t, -(||mu_t||^2 + s_t)];  q.x = ||mu_v||^2 + s_v - CSD(v, t)
-* squared L2 ("l2"): q = [mu_v, 0], x = [mu_t, sqrt(s_t)];  ||q - x||^2 = CSD(v, t) - s_v
-  (s_t >= 0, so the square root exists); graph and inverted-file indexes are built for L2.
-
-An exact index on these vectors returns the exact CSD ranking; approximate ones (HNSW, IVF)
-approximate CSD itself rather than the means only. :class:`MeanRerankIndex` is the paper's
-scheme (PCME++ App. C.3: a mean-only index, then K' candidates re-ranked by CSD), kept as the
-baseline. FAISS (faiss-cpu, imported lazily) does the indexes, their search, their files and
-their GPU copies; zsprob writes the augmentation, the torch brute-force path, the conversion back
-to CSD and the on-disk layout (:mod:`zsprob.retrieval.index_format`).
-"""
+For a fixed query, ranking by CSD(v, t) = ||mu_v - mu_t||^2 + s_v + s_t (s = sum(sigma^2)) is a plain
+nearest-neighbour problem on augmented vectors (inner product or squared L2; docs/retrieval.md gives both),
+so an exact index returns the exact CSD ranking and HNSW / IVF approximate CSD itself.
+:class:`MeanRerankIndex` is PCME++ App. C.3's mean-only index re-ranked by CSD, kept as the baseline. FAISS
+(faiss-cpu, imported lazily) does the indexes, their search, files and GPU copies; zsprob writes the
+augmentation, the torch brute-force path, the conversion back to CSD and the on-disk layout
+(:mod:`zsprob.retrieval.index_format`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

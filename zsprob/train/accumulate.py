@@ -1,22 +1,11 @@
 """Large batches on few processes: exact gradient accumulation for pairwise losses, and activation
 checkpointing of the towers.
 
-Accumulation (``train.accum_steps K``) is open_clip's ``--accum-freq`` in its "gradient cache" form: the
-loss is computed once on the K micro-batches' cached embeddings, then each micro-batch is encoded again
-with gradients and backpropagates ``sum(emb_j * dL / d emb_j)``. One step of a process holding ``n`` rows::
-
-    chunks  <- K micro-batches of n / K rows; masked copies (ProLIP occlusion) in further chunks
-    no grad:  emb_c <- model(chunk c)              torch RNG state saved before each chunk
-    leaves:   L, stats <- ContrastiveStep.pairwise_loss(cat(emb), matched)   (gathered columns)
-              g_c, g_loss <- autograd.grad(L, emb + loss parameters)
-    grad:     for each chunk c: restore its RNG state; s = <model(chunk c), g_c> (+ <p, g_loss> last)
-              backward(s)   under DDP no_sync except for the last chunk
-    RNG state <- where the no-gradient pass and the loss left it
-
-Draws before the towers run once on the whole batch; draws inside them (dropout) are replayed from each
-chunk's saved RNG state. BatchNorm normalises each micro-batch on its own, so only towers without it are
-exact. Checkpointing (``model.grad_checkpointing``) calls the model's ``set_grad_checkpointing``.
-"""
+Accumulation (``train.accum_steps K``) is open_clip's ``--accum-freq`` in its "gradient cache" form: the K
+micro-batches are encoded without gradients (each chunk's torch RNG state saved), the loss and its gradient
+w.r.t. the embeddings are computed once on all of them, then each chunk is encoded again from its saved RNG
+state and backpropagates ``<emb_c, dL/d emb_c>`` (DDP ``no_sync`` except for the last). Exact except for
+BatchNorm; what is drawn where: docs/training.md. Checkpointing calls the model's ``set_grad_checkpointing``."""
 from __future__ import annotations
 
 import contextlib

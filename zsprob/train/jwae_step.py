@@ -1,18 +1,10 @@
 """The jWAE training step (``--method jwae``): autoencoders and the prior discriminator in alternation.
 
-One step (WAE-GAN's adversarial game, as jWAE trains it)::
-
-    batch          <- paired rows + unpaired image-only / caption-only rows (zsprob.train.jwae_data)
-    codes          <- per-modality encoders / decoders over the frozen tower's features
-    discriminator  <- minimise D's cross-entropy: N(0, I) samples -> 1, (detached) codes -> 0
-                      (prior samples from a generator seeded by (seed, step, rank))
-    autoencoders   <- minimise lambda1 rec_v + lambda2 rec_t + lambda3 adv_v + lambda4 adv_t + alignment
-                      (the discriminator's gradients of this step are dropped before the update)
-
-One optimiser with two groups (``autoencoders`` at ``optim.lr``, ``discriminator`` at ``optim.disc_lr``);
-each update has gradients on one group only. The discriminator is the step module's ``loss``, so the loop's
-schedule, checkpoints, resume and hooks apply unchanged. Single process (the step does not go through DDP).
-"""
+Each step (WAE-GAN's game, as jWAE trains it) first updates the discriminator (N(0, I) samples, drawn from a
+generator seeded by (seed, step, rank), against detached codes), then the autoencoders on reconstruction,
+adversarial and alignment terms over paired and unpaired rows (:mod:`zsprob.train.jwae_data`). One optimiser,
+two groups (``optim.lr``, ``optim.disc_lr``), each update with gradients on one group only. The discriminator
+is the step module's ``loss``, so the loop's schedule, checkpoints, resume and hooks apply. Single process."""
 from __future__ import annotations
 
 import torch

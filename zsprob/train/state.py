@@ -1,16 +1,10 @@
 """Training state for exact resume: safetensors for tensors, JSON for the rest (nothing is pickled).
 
-A checkpoint directory is::
-
-    OUT/checkpoints/step-000500/
-        model/                 zsprob.models.save(...) (model.safetensors + zsprob.json)
-        model-swa/             averaged model, when SWA has started
-        state.safetensors      optimizer tensors, RNG states, SWA running average
-        state.json             step, data position, optimizer scalars, scheduler, scaler, RNG (python)
-    OUT/checkpoints/latest.json  {"step": 500, "dir": "step-000500"}   (written last, atomically)
-
-zsprob flattens nested state dicts (tensors -> safetensors keys); safetensors does the tensor I/O.
-"""
+A checkpoint is ``OUT/checkpoints/step-NNNNNN/`` holding ``model/`` (:func:`zsprob.models.save`),
+``model-swa/`` (once SWA started), ``state.safetensors`` (optimizer tensors, RNG states, SWA average) and
+``state.json`` (step, data position, optimizer scalars, scheduler, scaler, Python RNG); ``latest.json``
+beside them (``{"step": 500, "dir": "step-000500"}``) is written last, atomically. zsprob flattens nested
+state dicts into safetensors keys; safetensors does the tensor I/O."""
 from __future__ import annotations
 
 import os

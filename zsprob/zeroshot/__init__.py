@@ -1,17 +1,9 @@
 """zsprob.zeroshot: prompt banks, uncertainty-based prompt selection, zero-shot classification.
 
 May import data, models, prob, report (plots), ``zsprob.methods``, ``zsprob.errors``, ``zsprob.utils`` and
-the root package; never train, retrieval or cli.
-
-    from zsprob.zeroshot import compare_strategies
-    res = compare_strategies(model, root="synth_out", dataset="synthetic", out_dir="zs")   # every strategy
-    print(res["table"])
-
-Modules: ``options`` (the request), ``prompts`` / ``pools`` (prompt files and banks), ``strategy_registry``,
-``selection_base`` / ``selection`` / ``baselines`` / ``carprt`` (the strategies), ``features`` (image
-embeddings), ``metrics``, ``calibration``, ``paired``, ``classify`` (the commands' library calls). Imports
-are lazy so ``import zsprob.zeroshot`` does not import torch.
-"""
+the root package; never train, retrieval or cli. Entry point: ``compare_strategies(model, root=...,
+dataset="synthetic", out_dir=...)`` runs every strategy (its ``["table"]`` is the comparison). Imports are
+lazy, so ``import zsprob.zeroshot`` does not import torch."""
 from __future__ import annotations
 
 _EXPORTS = {

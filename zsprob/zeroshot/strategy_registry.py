@@ -1,16 +1,10 @@
 """The prompt-selection strategies: one declaration per name, holding every fact a caller reads and its code.
 
-An entry (:class:`Strategy`) says which data the strategy reads, whether it ranks or weights prompts by
-sigma^2, whether it needs a K, where it stands in ``--compare``, which tuning options it reads and which
-function runs it; dispatch, what is encoded and the command line's choices are read from the entries. The
-built-ins are declared at the end, naming their function as ``"module:function"`` (imported on the first
-run), so the command line reads the names without torch. Elsewhere::
-
-    register_strategy("mine", run=my_selection, needs=(SELECTION_LABELS,), sigma=True, compare=45)
-
-``run(bank, given)`` gets the prompt bank and a :class:`StrategyInputs` and returns a
-:class:`~zsprob.zeroshot.selection_base.Selection`. Plain Python.
-"""
+An entry (:class:`Strategy`) is read by dispatch, encoding and the command line's choices. The built-ins are
+declared at the end with ``"module:function"`` (imported on the first run), so the command line reads the
+names without torch; a new one: ``register_strategy("mine", run=fn, needs=(SELECTION_LABELS,), sigma=True,
+compare=45)``, where ``run(bank, given)`` takes the bank and a :class:`StrategyInputs` and returns a
+:class:`~zsprob.zeroshot.selection_base.Selection`. Plain Python."""
 from __future__ import annotations
 
 import importlib
