@@ -1,14 +1,10 @@
 """The ``zsprob`` command line: a click group whose sub-commands live one per module here, imported on use.
 
-Each command is a thin function that parses options and calls the library; shared options live in
-``options`` (evaluation) and ``train_options`` (training). ``zsprob --help`` imports no torch.
-
-Error policy: a :class:`zsprob.UserError`, a click usage error or what the machine refuses (memory, a
-file it will not write) prints one line ``zsprob: error: ...`` on stderr and exits 2; ``zsprob --debug
-CMD`` (or ``ZSPROB_DEBUG=1``) re-raises with the traceback. A run stopped by SIGTERM / SIGUSR1
-(:class:`zsprob.errors.Preempted`) prints one line and exits with its requeue code. zsprob's own
-warnings and log records print as ``zsprob: warning: ...``, one line each.
-"""
+Each command is a thin function that parses options and calls the library (shared options: ``options``,
+``train_options``); ``zsprob --help`` imports no torch. Errors: a :class:`zsprob.UserError`, a usage error or
+what the machine refuses prints one ``zsprob: error: ...`` line and exits 2 (``--debug`` / ``ZSPROB_DEBUG=1``:
+the traceback); :class:`zsprob.errors.Preempted` prints one line and exits with its requeue code; warnings and
+log records print as ``zsprob: warning: ...``, one line each."""
 from __future__ import annotations
 
 import importlib

@@ -1,14 +1,9 @@
 """COCO Captions with the Karpathy splits, official COCO ids and optional instance labels, and the parts every
-Karpathy-split caption set shares (:class:`KarpathyCaptions`: finding the split file, the caption lists,
-the image dataset; Flickr30k is the other one, :mod:`zsprob.data.flickr`).
+Karpathy-split caption set shares (:class:`KarpathyCaptions`; Flickr30k is :mod:`zsprob.data.flickr`).
 
-Files (docs/data.md): ``dataset_coco.json``, ``annotations/captions_{train,val}2014.json``, optionally
-``annotations/instances_*.json``, and the image folders. The Karpathy file has only its own sentence ids,
-while the CxC and ECCV Caption ground truth is keyed by official COCO ids, so each Karpathy caption is
-matched to an official annotation of the same image: by exact raw text, then whitespace-normalised, then
-also case-insensitive (each annotation used once); what stays unmatched is reported
-(``CocoCaptions.unmapped``, a warning) and gets id -1. Train is train + restval, as in VSE / PCME.
-"""
+CxC and ECCV Caption are keyed by official COCO ids, which the Karpathy file lacks, so each Karpathy caption is
+matched to an official annotation of its image (exact text, then whitespace-normalised, then case-insensitive);
+the unmatched get id -1 and a warning. Files and layout: docs/data.md. Train is train + restval (VSE / PCME)."""
 from __future__ import annotations
 
 import logging

@@ -1,14 +1,9 @@
-"""Lossy views of images for the occlusion inclusion term: "an image is included in a degraded copy of
-itself". :func:`degrade_images` puts each image through one operation drawn from ``ops`` (blanked
-cells, blur, downsampling, dimming, JPEG, greyscale, crop, shift, sketch) at a random strength; the
-table of operations and strengths is in docs/data.md.
+"""Lossy views of images for the occlusion inclusion term: "an image is included in a degraded copy of itself".
 
-Images are the model's normalised tensors [B, C, H, W] on any device. Every random number comes from
-one CPU generator, read on the host without a device sync; the rows of each operation are gathered and
-written back with index tensors copied without blocking. JPEG runs through Pillow's libjpeg on the
-CPU and through :func:`zsprob.data.jpeg_torch.jpeg_roundtrip` elsewhere, so no operation syncs.
-torchvision blurs, ``torch.nn.functional.interpolate`` resamples; the rest is zsprob's.
-"""
+:func:`degrade_images` puts each image (normalised [B, C, H, W], any device) through one operation of ``ops``
+at a random strength (the table: docs/data.md). Random numbers come from one CPU generator and rows move by
+index tensors copied without blocking; JPEG is Pillow on the CPU and :func:`zsprob.data.jpeg_torch.jpeg_roundtrip`
+elsewhere, so no operation syncs. torchvision blurs, ``interpolate`` resamples; the rest is zsprob's."""
 from __future__ import annotations
 
 import math

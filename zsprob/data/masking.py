@@ -1,14 +1,10 @@
 """Masked copies of inputs for ProLIP's occlusion inclusion term (a partial input includes the whole).
 
-:func:`mask_tokens` replaces ordinary caption tokens by a mask token (as ProLIP's trainer does);
-:func:`delete_tokens` deletes them, so the copy is a more general caption ("a red star" -> "a star");
-padding and the start / end tokens are never touched. :func:`mask_image_cells` blanks pixel cells:
-ProLIP drops ViT patch tokens, but zsprob also trains CNN towers, so it masks the input. The mask token
-(:func:`text_mask_spec`) is "?" for CLIP's BPE (ordinary and below end-of-text, so argmax pooling and
-the bag of words' length are unchanged), else the tokenizer's mask, ``<extra_id_99>`` or unk token.
-Draws come from an explicit generator on its own device and are copied over without blocking; the
-options were checked with the loss's (:func:`zsprob.prob.prolip.check_occlusion_options`).
-"""
+:func:`mask_tokens` replaces ordinary caption tokens by a mask token (ProLIP's trainer), :func:`delete_tokens`
+deletes them ("a red star" -> "a star"); padding and start / end tokens are never touched. The mask token is
+"?" for CLIP's BPE (ordinary and below end-of-text, so argmax pooling and the bag of words' length hold), else
+the tokenizer's own. :func:`mask_image_cells` blanks pixel cells (ProLIP drops ViT patches; zsprob also trains
+CNNs). Draws come from an explicit generator on its own device and are copied over without blocking."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +29,8 @@ class TextMaskSpec:
 
 
 def text_mask_spec(tokenizer) -> TextMaskSpec:
-    """Mask token and protected ids for an open_clip tokenizer (module docstring)."""
+    """Mask token and protected ids for an open_clip tokenizer: "?" for CLIP's BPE (module docstring), else the
+    tokenizer's mask token, ``<extra_id_99>`` or its unk token."""
     encoder = getattr(tokenizer, "encoder", None)
     if isinstance(encoder, dict) and hasattr(tokenizer, "sot_token_id"):  # open_clip SimpleTokenizer
         protected = {0, int(tokenizer.sot_token_id), int(tokenizer.eot_token_id)}

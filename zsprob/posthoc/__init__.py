@@ -1,15 +1,9 @@
 """Post-hoc uncertainty: log-variance heads for a frozen model whose means stay bit-identical.
 
-Owns ``zsprob posthoc``: any model zsprob can load becomes a probabilistic zsprob checkpoint.
-:mod:`~zsprob.posthoc.heads` builds the copy and runs a head on cached features,
-:mod:`~zsprob.posthoc.features` computes those features once, :mod:`~zsprob.posthoc.adapter` and
-:mod:`~zsprob.posthoc.laplace` fit the heads (the two :data:`METHODS`), and
-:func:`zsprob.posthoc.run.posthoc` chains them. This module imports no torch, so the command line
-reads its lists for free.
-
-May import: data, models, prob, errors, utils and the root package. torch, safetensors and tqdm
-do the rest.
-"""
+Owns ``zsprob posthoc``: any model zsprob can load becomes a probabilistic zsprob checkpoint. ``heads`` builds
+the copy, ``features`` caches what the heads read, ``adapter`` / ``laplace`` fit them (:data:`METHODS`) and
+``run.posthoc`` chains them. Imports no torch, so the command line reads its lists for free. May import data,
+models, prob, errors, utils and the root package; torch, safetensors and tqdm do the rest."""
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -1,14 +1,9 @@
 """zsprob.prob: tensor math on diagonal Gaussian embeddings, and the training methods' registry.
 
-No models, data or I/O: may import ``zsprob.errors``, ``zsprob.methods`` and ``zsprob.utils.host_sync``
-only. :mod:`~zsprob.prob.distances` (pairwise distances [N, M], ProLIP's inclusion test, uncertainty
-scalars, :func:`score`), :mod:`~zsprob.prob.losses` (the pairwise objectives), :mod:`~zsprob.prob.prolip`
-(ProLIP's objective and the occlusion inclusion term), :mod:`~zsprob.prob.jwae` (jWAE's terms),
-:mod:`~zsprob.prob.msda` (Mixup / CutMix with soft targets), :mod:`~zsprob.prob.pairs` (the rows /
-columns bookkeeping of the losses) and :mod:`~zsprob.prob.method_registry` (each training method
-declared once: its loss, sigma, default options, step; torch-free). Names are imported on first use
-(``from zsprob.prob import csd``), so the registry is read without importing torch.
-"""
+No models, data or I/O: may import ``zsprob.errors``, ``zsprob.methods`` and ``zsprob.utils.host_sync`` only.
+Modules: ``distances`` (pairwise [N, M], :func:`score`), ``losses``, ``prolip``, ``jwae``, ``msda``, ``pairs``
+(rows / columns bookkeeping) and ``method_registry`` (torch-free). Names are imported on first use
+(``from zsprob.prob import csd``), so the registry is read without importing torch."""
 from __future__ import annotations
 
 _EXPORTS = {

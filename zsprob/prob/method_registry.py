@@ -1,14 +1,9 @@
 """The training methods: one :func:`register_method` call per name, holding every fact about it.
 
-A declaration names the method's loss as ``"module:Class"`` (imported when a loss is first built, so this
-module needs no torch and the command line reads names and defaults instantly) or gives the class /
-factory itself; it says whether the loss reads sigma (the model must be probabilistic), its default
-options (the config's ``loss.<name>`` section, written here so the config needs no torch; a test holds
-them equal to the loss's own), its training step (:data:`STEP_KINDS`), the model options it implies and
-the other spellings :func:`create_loss` accepts. A method defined anywhere registers the same way::
-
-    register_method("mine", "mypkg.losses:MyLoss", needs_sigma=True, loss_defaults={"margin": 0.2})
-"""
+A declaration names its loss as ``"module:Class"`` (imported when first built, so the command line reads names
+and defaults without torch) or the class itself, whether it reads sigma, its default options (the config's
+``loss.<name>``; a test holds them equal to the loss's own), its step (:data:`STEP_KINDS`), the model options it
+implies and its aliases. Elsewhere: ``register_method("mine", "mypkg.losses:MyLoss", needs_sigma=True)``."""
 from __future__ import annotations
 
 import copy

@@ -1,15 +1,10 @@
 """A resumable chain of zsprob commands, each run as a real subprocess.
 
-A :class:`Step` is a command line (``zsprob ...`` as a user would type it), the files it must leave
-and a fingerprint of its arguments, written to ``OUT/.steps/NAME.json`` when it succeeds. A later run
-skips a step whose fingerprint and outputs are there and re-runs it, and every step after it, when
-its arguments changed; a step that died half-way runs again (training resumes from its checkpoint).
-
-:class:`StopGuard`: each step runs in a session of its own; SIGTERM, SIGINT and SIGUSR1 to the runner
-are passed on to the step (SIGINT as SIGTERM), which is waited for (:data:`STOP_GRACE_S`, then
-killed), and the runner raises :class:`zsprob.errors.Preempted` (exit 130 for SIGINT, else 143). The
-interrupted step is not marked done. On Linux a step also gets SIGTERM when the runner dies.
-"""
+A :class:`Step` is a command line as a user would type it, the files it must leave and a fingerprint of its
+arguments (``OUT/.steps/NAME.json`` once it succeeds): a later run skips a finished step and re-runs a changed
+one and every step after it. :class:`StopGuard` passes SIGTERM / SIGINT / SIGUSR1 on to the running step (its
+own session), waits :data:`STOP_GRACE_S`, then raises :class:`zsprob.errors.Preempted` (exit 130 for SIGINT,
+else 143); the step stays unmarked. On Linux a step also gets SIGTERM when the runner dies."""
 from __future__ import annotations
 
 import codecs

@@ -1,13 +1,8 @@
 """Gathering embeddings across processes with gradients, for global-batch pairwise losses.
 
-torch.distributed does the communication; zsprob writes the autograd rule (open_clip's ``gather_features``
-with ``local_loss=True``): each process scores its local rows against the global batch's columns::
-
-    forward:  all_gather(x_local)                  -> X [world * n, D]
-    backward: all_reduce(SUM, dL/dX)[local slice]  -> dL/dx_local   (gloo has no reduce_scatter)
-
-With DDP averaging the parameter gradients, the update equals one process's on the same global batch.
-"""
+torch.distributed communicates; zsprob writes open_clip's ``gather_features(local_loss=True)`` rule: forward
+``all_gather(x_local) -> X [world * n, D]``, backward ``all_reduce(SUM, dL/dX)[local slice]`` (gloo has no
+reduce_scatter). With DDP averaging parameter gradients, the update equals one process's on the global batch."""
 from __future__ import annotations
 
 import torch

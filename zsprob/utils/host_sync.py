@@ -1,13 +1,9 @@
 """Counting the tensor calls that make the host wait for the device, on any device (the CPU included).
 
-On a GPU every ``.item()``, ``bool(tensor)``, ``.cpu()``, ``unique`` or ``nonzero`` stalls the launch
-queue. ``torch.cuda.set_sync_debug_mode`` reports them on CUDA only; :class:`HostSyncCounter` counts
-them through torch's ``TorchFunctionMode``, so a test can pin "at most one host sync per steady
-training step" without a GPU. Also counted: two host-to-device copies an accelerator waits for
-(``torch.tensor`` / ``as_tensor`` of Python data with a ``device``; ``x[tensor_index] = number``).
-Calls from ``torch/optim`` are skipped (its step counters live on the host on purpose).
-:func:`host_read_is_free` says where such a read costs nothing (the CPU).
-"""
+``torch.cuda.set_sync_debug_mode`` reports them on CUDA only; :class:`HostSyncCounter` counts ``.item()``,
+``bool(tensor)``, ``.cpu()``, ``unique``, ``nonzero`` and the two host-to-device copies an accelerator waits for
+(``torch.tensor`` of Python data with a ``device``; ``x[tensor_index] = number``) through ``TorchFunctionMode``,
+so a CPU test can pin one host sync per training step. ``torch/optim``'s calls are skipped (host step counters)."""
 from __future__ import annotations
 
 import collections

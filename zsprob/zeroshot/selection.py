@@ -1,13 +1,9 @@
 """Prompt-selection strategies: from a prompt bank to one class embedding (mu, sigma^2) per class.
 
-Tensor math on a :class:`~zsprob.zeroshot.prompts.PromptBank` (means L2-normalised per prompt first, the
-CLIP convention) and on precomputed image embeddings; nothing here encodes. The uncertainty rules, the
-selection-split searches, the oracles, their registry runners and the dispatcher :func:`run_strategy`
-(docs/zeroshot.md describes every strategy); ProLIP's BPRW and ZPE are in ``baselines``, CARPRT in ``carprt``.
-
-Ties: templates are ranked by ``||sigma^2||_1`` with a stable sort, so equal uncertainties keep
-template-file order; when two K are equally good, the larger K (closer to ``all``) wins.
-"""
+Tensor math on a :class:`~zsprob.zeroshot.prompts.PromptBank` (means L2-normalised per prompt, CLIP's
+convention) and on precomputed image embeddings; nothing here encodes. docs/zeroshot.md describes every
+strategy; BPRW / ZPE are in ``baselines``, CARPRT in ``carprt``. Ties: a stable sort on ``||sigma^2||_1`` keeps
+template-file order, and of two equally good K the larger (closer to ``all``) wins."""
 from __future__ import annotations
 
 import math

@@ -1,14 +1,10 @@
 """WebDataset image-text shards (RedCaps, img2dataset output, SynthWorld's pretraining shards): one
 :func:`build_wds_pipeline` call with one :class:`ShardPipelineOptions` gives a :class:`WdsLoader`.
 
-webdataset expands shard patterns, opens ``pipe:`` commands, streams tar members, shuffles samples and
-runs the workers (``WebLoader``); fsspec opens other URLs (:mod:`zsprob.utils.remote`). zsprob writes the
-seeded shard schedule per epoch, rank and worker, grouping members per shard, counting what it skips,
-caption cleaning, per-sample seeding, batched tokenisation and exact resumption. docs/data.md gives the
-semantics (epochs, resampling, bad data, resuming). One job per module: ``shards`` (specs to URLs),
-``options``, ``samples`` (members to samples, and the counts of what is skipped), ``seeding``, ``stream``
-(a worker's iterable) and ``loader``.
-"""
+webdataset expands patterns, streams tar members, shuffles and runs the workers; fsspec opens other URLs
+(:mod:`zsprob.utils.remote`). zsprob writes the seeded shard schedule per epoch, rank and worker, skip counts,
+caption cleaning, per-sample seeding, batched tokenisation and exact resumption (semantics: docs/data.md).
+Modules: ``shards``, ``options``, ``samples``, ``seeding``, ``stream`` (a worker's iterable), ``loader``."""
 from __future__ import annotations
 
 from zsprob.data.captions import clean_caption, clean_redcaps_caption
