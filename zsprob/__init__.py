@@ -15,10 +15,8 @@ Every input maps to a diagonal Gaussian N(mu, sigma^2), stored as tensors ``(mu,
     zsprob.cli           the ``zsprob`` command line
     zsprob.utils         atomic writes, JSON, devices, URLs, resource paths
 
-Beside them: ``zsprob.config`` (training configs), ``zsprob.methods`` (the names of the training
-methods and prompt strategies) and ``zsprob.errors`` (:class:`UserError`). README.md is the manual
-and docs/ holds the method pages; sub-packages are imported on use, so ``import zsprob`` is cheap.
-"""
+Beside them: ``zsprob.config``, ``zsprob.methods`` (method and strategy names), ``zsprob.errors`` (UserError).
+README.md is the manual, docs/ the method pages; sub-packages load on use, so ``import zsprob`` is cheap."""
 from zsprob.errors import UserError
 
 __version__ = "0.1.0"

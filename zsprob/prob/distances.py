@@ -201,12 +201,9 @@ def _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator):
 def mc_match_prob(mu_a, logvar_a, mu_b, logvar_b, a=5.0, b=5.0, n_samples: int = 7,
                   generator: torch.Generator | None = None,
                   chunk_size: int = DEFAULT_CHUNK_ELEMENTS, slope: float = 1.0) -> torch.Tensor:
-    """PCME's Monte Carlo match probability (Eq. 2-3), [N, M].
-
-    mean over the J x J sample pairs of sigmoid(slope * (-a ||z_a - z_b||_2 + b)); ``slope`` = 2 is
-    the official PCME code's e^l / (e^l + e^-l). ``chunk_size`` bounds the number of sample-pair
-    distances held at once. ``a``, ``b`` may be tensors (learnable).
-    """
+    """PCME's Monte Carlo match probability (Eq. 2-3), [N, M]: the mean over J x J sample pairs of
+    sigmoid(slope * (-a ||z_a - z_b||_2 + b)) (slope 2: the official code); ``chunk_size`` bounds the
+    sample-pair distances held at once; ``a``, ``b`` may be tensors (learnable)."""
     z_a, z_b = _mc_inputs(mu_a, logvar_a, mu_b, logvar_b, n_samples, generator)
     return sample_blocks(z_a, z_b, _reduced_dist_block, chunk_size, False,
                          lambda d: torch.sigmoid(slope * (-a * d + b)).mean(dim=(1, 3)), z_a.shape[1], z_b.shape[1])
@@ -264,13 +261,9 @@ def uncertainty(logvar: torch.Tensor, kind: str = "l1") -> torch.Tensor:
 
 
 def score(name: str, mu_a, logvar_a=None, mu_b=None, logvar_b=None, **kw) -> torch.Tensor:
-    """Similarity matrix [N, M] for retrieval / classification: higher = better match.
-
-    Distances are negated ("csd" -> -CSD, "kl" -> -KL(a||b), "w2" -> -W2^2, ...); "cosine" is the
-    cosine of the means; "mc" is the match probability. ``kw`` go to the underlying function
-    (``form``/``squared`` for "w2"; ``a``, ``b``, ``n_samples``, ``generator`` for "mc").
-    ``logvar_a``/``logvar_b`` may be None for "mean" and "cosine".
-    """
+    """Similarity matrix [N, M] for retrieval / classification, higher = better: distances negated, "cosine"
+    of the means, "mc" the match probability. ``kw`` go to the underlying function; ``logvar_a`` /
+    ``logvar_b`` may be None for "mean" and "cosine"."""
     if name == "mean":
         return -sq_euclidean(mu_a, mu_b)
     if name == "cosine":

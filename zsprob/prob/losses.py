@@ -38,13 +38,9 @@ def caption_nll(targets: torch.Tensor, img_mu: torch.Tensor, txt_mu: torch.Tenso
                 txt_logvar: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """Mean over caption rows of -log N(mu_v; mu_t, diag scale * sigma_t^2) + const over the matched images.
 
-    ``targets`` [n, M]: each caption row's match weights over the image columns ``img_mu`` [M, D]
-    (normalised per row; rows without a match are left out); ``txt_mu`` / ``txt_logvar`` [n, D]. Per
-    pair 0.5 sum_d ((mu_v - mu_t)^2 / (scale sigma_t^2) + log sigma_t^2), whose minimum over sigma_t^2
-    is the residual of the caption's images around its mean / ``scale``. The weighted residual is
-    W mu^2 - 2 mu_t W mu + mu_t^2 (rows of W summing to 1): no [n, M, D] tensor. With the roles swapped
-    it is the image likelihood term (``PCMEPPLoss(image_nll_alpha=...)``).
-    """
+    ``targets`` [n, M]: each caption row's match weights over the image columns ``img_mu`` [M, D] (normalised per
+    row; rows without a match are left out); ``txt_mu`` / ``txt_logvar`` [n, D]. The weighted residual is
+    W mu^2 - 2 mu_t W mu + mu_t^2, so no [n, M, D] tensor; with the roles swapped it is the image likelihood term."""
     weight = targets.clamp(min=0)
     total = weight.sum(dim=1)
     keep = total > 0  # rows without a positive column add nothing
@@ -88,16 +84,12 @@ def _bce(logits, targets):
 # ----------------------------------------------------------------------------- PCME++
 
 class PCMEPPLoss(OcclusionTerm, nn.Module):
-    """PCME++: L_match (i2t + t2i) + pp_alpha L_pseudo-match (i2t + t2i) + vib_beta L_VIB.
+    """PCME++: L_match (i2t + t2i) + pp_alpha L_pseudo-match (i2t + t2i) + vib_beta L_VIB (:func:`vib_kl`).
 
-    Logits -a * distance + b with learnable a (``self.scale``) and b (``self.shift``); ``distance``
-    "csd" (PCME++), "wd" (2-Wasserstein ablation) or "mu" (mean-only: with the occlusion term on, the
-    match loss trains the means and sigma^2 learns from that term and VIB alone). VIB per modality is
-    :func:`vib_kl`. ``match_sigma="detach"``: the match loss reads sigma^2 as a constant (the means'
-    gradients keep its offsets; only the other terms train sigma^2). zsprob's extensions, off by
-    default: ProLIP's occlusion inclusion term (:class:`~zsprob.prob.prolip.OcclusionTerm`) and the
-    caption / image likelihood terms (:func:`caption_nll`).
-    """
+    Logits -a * distance + b with learnable a (``self.scale``) and b (``self.shift``); ``distance`` "csd",
+    "wd" (2-Wasserstein ablation) or "mu" (mean-only match loss). ``match_sigma="detach"`` and zsprob's terms
+    (occlusion inclusion, :class:`~zsprob.prob.prolip.OcclusionTerm`; caption / image likelihood,
+    :func:`caption_nll`), all off by default: docs/prob.md."""
 
     DISTANCES = PCMEPP_DISTANCES + ("mu",)
     MATCH_SIGMA = ("train", "detach")
@@ -265,16 +257,10 @@ def _samples(mu, lv, eps):
 class PCMELoss(nn.Module):
     """PCME's soft contrastive loss on the Monte Carlo match probability (J samples per input).
 
-    NLL_vt = -[m log p_vt + (1 - m) log(1 - p_vt)], p_vt = mean_jj' s(-a ||z_v^j - z_t^j'||_2 + b), in
-    both directions, plus ``vib_beta`` * KL(. || N(0, I)) and ``uniform_weight`` * the uniformity
-    log mean exp(-2 ||z - z'||^2) of the local samples. ``form`` (:data:`PCME_FORMS`, table in
-    docs/prob.md): "official" is naver-ai/pcme's ``MCSoftContrastiveLoss`` (s(l) = sigmoid(2 l),
-    a = b = 15, sums over pairs, its KL on h = log sigma, 128 uniformity samples drawn with
-    replacement), so the official config's weights apply unchanged; "zsprob" averages (s = sigmoid,
-    a = b = 5, KL on log sigma^2, at most 1024 samples without replacement). A summed form is each
-    process's mean times the global count, so the process average is the single-process loss. Noise is
-    drawn for the whole global batch (``generator=`` in forward), the same on every process.
-    """
+    BCE on p_vt = mean_jj' s(-a ||z_v^j - z_t^j'||_2 + b) in both directions, plus ``vib_beta`` * KL and
+    ``uniform_weight`` * the samples' uniformity. ``form`` (:data:`PCME_FORMS`; the table in docs/prob.md):
+    "official" is naver-ai/pcme's ``MCSoftContrastiveLoss`` (so its config's weights apply unchanged), "zsprob"
+    averages. Noise is drawn for the whole global batch (``generator=`` in forward), the same on every process."""
 
     def __init__(self, n_samples: int = 7, init_scale: float | None = None, init_shift: float | None = None,
                  vib_beta: float = 1e-5, uniform_weight: float = 0.0, uniform_max_samples: int | None = None,
@@ -427,13 +413,9 @@ class TripletLoss(nn.Module):
 
 
 class ProbTripletLoss(nn.Module):
-    """Pishdad et al.'s hinge triplet on a distribution similarity sim(i, c):
-
-    "kl": -KL(N_i || N_c) (caption as reference), "minkl": -min(KL(i||c), KL(c||i)),
-    "w2": -W2 = -sqrt(||mu_i - mu_c||^2 + ||sigma_i - sigma_c||^2),
-    "w2var": the same with variances (the diagonal form as the paper prints it).
-    Variances are clamped to ``var_bounds`` (default [0.1, 10]; None: no clamp).
-    """
+    """Pishdad et al.'s hinge triplet on a distribution similarity: "kl" = -KL(N_i || N_c), "minkl",
+    "w2" = -W2 (sigma) and "w2var" (variances, as the paper prints it); the formulas: docs/prob.md.
+    Variances are clamped to ``var_bounds`` (default [0.1, 10]; None: no clamp)."""
 
     SIMILARITIES = ("kl", "minkl", "w2", "w2var")
 

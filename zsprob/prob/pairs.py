@@ -96,11 +96,7 @@ def hinge_rows(sim: torch.Tensor, targets: torch.Tensor, margin: float, negative
 
 
 def guard_term(value: torch.Tensor, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``value``, or ``value * 0`` when ``|value| > limit``; 1 if so else 0), decided on the device.
-
-    The official code's guard against loss explosions skips a term for the step when it exceeds a
-    limit; here the choice is a ``torch.where``, so the step never waits for the device to say which
-    (the gradient is the term's, or zero). The 0 / 1 flag goes to the stats (metrics.jsonl).
-    """
+    """(``value``, or ``value * 0`` when ``|value| > limit``; 1 if so else 0): the official code's skip of an
+    exploding term, decided by ``torch.where`` so the step never waits for the device; the flag goes to the stats."""
     tripped = value.detach().abs() > limit
     return torch.where(tripped, value * 0.0, value), tripped.to(torch.float32)

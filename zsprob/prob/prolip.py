@@ -41,13 +41,12 @@ def prolip_vib(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
 
 
 class _InclusionLoss(torch.autograd.Function):
-    """mean(softplus(-scale * logit)) with the closed-form logit of the module docstring, in in-place steps
+    """mean(softplus(-scale * logit)) with ProLIP's closed-form inclusion logit (docs/prob.md), in in-place steps
     and a hand-written backward that recomputes them (fewer passes over [N, D], none of the intermediates
     autograd would keep). With r_k = 1 / W_k, q = e^eps (mu_1 - mu_2)^2:
     d logit / d mu_1 = -2 e^eps (mu_1 - mu_2) (r_2 - r_1) = -d logit / d mu_2,
     d logit / d logvar_1 = -1 - s_1 (r_2 - 2 r_1) / 2 - q s_1 (2 r_1^2 - r_2^2),
-    d logit / d logvar_2 = 1 - s_2 (2 r_2 - r_1) / 2 - q s_2 (r_1^2 - 2 r_2^2).
-    """
+    d logit / d logvar_2 = 1 - s_2 (2 r_2 - r_1) / 2 - q s_2 (r_1^2 - 2 r_2^2)."""
 
     @staticmethod
     def _parts(mu_1, logvar_1, mu_2, logvar_2, eps: float):

@@ -1,12 +1,9 @@
 """`zsprob demo`: the whole mission on SynthWorld, offline, on a CPU, with a report.
 
-The demo is the real commands a user would type (:func:`plan`), chained and made resumable by
-:mod:`zsprob.report.pipeline`: generate SynthWorld, pretrain PCME++ and an InfoNCE baseline, select
-prompts without evaluation labels, classify zero-shot with that selection and with every strategy,
-evaluate retrieval; with ``--all-methods`` also the other objectives on the same budget. Then
-:func:`zsprob.report.demo_report.build_report` writes OUT/report.md and OUT/report.json. A stop
-signal stops the running step cleanly and the same command resumes.
-"""
+The demo is the real commands a user would type (:func:`plan`: generate SynthWorld, pretrain PCME++ and an
+InfoNCE baseline, select prompts, classify zero-shot, evaluate retrieval; ``--all-methods``: the other
+objectives too), chained and made resumable by :mod:`zsprob.report.pipeline`; then
+:func:`zsprob.report.demo_report.build_report` writes OUT/report.md and OUT/report.json."""
 from __future__ import annotations
 
 import time

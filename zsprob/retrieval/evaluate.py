@@ -1,12 +1,9 @@
 """Evaluate a test set's image x caption scores on several benchmarks at once.
 
-:func:`evaluate_scores` ranks each direction of a score matrix once (top-L, L = the longest list
-any metric needs) and reads every benchmark's metrics off the same lists; benchmarks with very
-long positive lists (PMRP) are ranked in query chunks. :func:`evaluate_embeddings` scores
-embeddings into that matrix first; :func:`evaluate_rankings` reads the same metrics off ranked
-lists made elsewhere (eccv_caption's ``compute_all_metrics`` interface, with index arrays).
-Results are percentages, plus per-query arrays for the uncertainty analyses.
-"""
+:func:`evaluate_scores` ranks each direction once (top-L, L = the longest list any metric needs; PMRP in
+query chunks) and reads every benchmark off the same lists; :func:`evaluate_embeddings` scores embeddings
+first; :func:`evaluate_rankings` takes ranked lists made elsewhere (eccv_caption's ``compute_all_metrics``
+interface). Results are percentages, plus per-query arrays for the uncertainty analyses."""
 from __future__ import annotations
 
 from typing import Sequence

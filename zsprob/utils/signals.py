@@ -1,12 +1,10 @@
 """Stop signals inside a process: handlers installed for a block and restored after it (the training loop's
-:class:`zsprob.train.resilience.StopSignals`, the demo runner's :class:`zsprob.report.pipeline.StopGuard`), and
-what a training DataLoader worker does with them. The signals and exit codes are :mod:`zsprob.errors`'.
+:class:`zsprob.train.resilience.StopSignals`, the demo's :class:`zsprob.report.pipeline.StopGuard`), and what a
+training DataLoader worker does with them; signals and exit codes are :mod:`zsprob.errors`'.
 
-A scheduler's SIGTERM or a terminal's Ctrl-C reaches every process of the job; the training process
-catches it to finish its step and checkpoint. A worker killed meanwhile would make torch raise in the main
-process first, so a worker ignores SIGINT and SIGUSR1, and on SIGTERM keeps serving for
-:data:`SIGTERM_GRACE_S` seconds, then exits 0; a second SIGTERM (torch's own shutdown) ends it at once.
-"""
+A job's SIGTERM or Ctrl-C reaches every process; the trainer catches it to finish its step and checkpoint. A
+worker killed meanwhile would make torch raise first, so a worker ignores SIGINT and SIGUSR1 and, on SIGTERM,
+keeps serving for :data:`SIGTERM_GRACE_S` seconds, then exits 0; a second SIGTERM ends it at once."""
 from __future__ import annotations
 
 import os

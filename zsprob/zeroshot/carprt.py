@@ -1,12 +1,10 @@
 """CARPRT (ICLR 2026): class-aware prompt reweighting from unlabelled images, and its class-shared counterpart.
 
-With logits ``l[n, c, t] = s * cos(x_n, mu_ct)`` (s = 100, CLIP's scale), template t's classifier sends
-image n to ``c*(n, t) = argmax_c l`` with score ``m(n, t) = max_c l``. ``carprt``: ``score[c, t]`` = mean
-of m over the images template t sends to c (0 when none), ``w[c, :] = softmax_t(score[c, :] / temperature)``;
-``carprt-shared``: ``score_t = mean_n m(n, t)``, one weight per template for every class. Class vector =
-``sum_t w mu_ct / ||mu_ct||`` (not renormalised). Both read the unlabelled evaluation images:
-transductive. Reference, read and not copied: the authors' ``test.py`` (github tmlr-group/CARPRT). Plain torch.
-"""
+With ``l[n, c, t] = 100 cos(x_n, mu_ct)``, template t sends image n to ``argmax_c l`` with score ``max_c l``.
+``carprt``: ``w[c, :] = softmax_t(score[c, :] / temperature)``, score = mean of those scores over the images t
+sends to c (0 when none); ``carprt-shared``: one weight per template from its mean score over all images. Class
+vector = ``sum_t w mu_ct / ||mu_ct||`` (not renormalised). Transductive. Reference, read and not copied: the
+authors' ``test.py`` (github tmlr-group/CARPRT). Plain torch."""
 from __future__ import annotations
 
 import functools

@@ -1,12 +1,9 @@
 """Zero-shot classification: the library calls behind ``zsprob select-prompts`` and ``zsprob zeroshot``.
 
 Every entry point takes one :class:`~zsprob.zeroshot.options.ZeroShotRequest` (or its fields as keywords):
-:func:`run_selection` chooses prompts with one strategy, :func:`zeroshot_eval` scores one prompt set,
-:func:`compare_strategies` scores every strategy (through :func:`compare_on_features`, which works on
-cached image embeddings and writes the table and the plots with matplotlib). Each split is listed once
-and checked against the class names before anything is encoded; what is encoded, and which strategy
-receives evaluation labels, follows the strategy's registry entry.
-"""
+:func:`run_selection` (one strategy), :func:`zeroshot_eval` (one prompt set), :func:`compare_strategies`
+(every strategy, through :func:`compare_on_features` on cached image embeddings; matplotlib plots). Splits
+are checked against the class names before anything is encoded; the registry entry says what is encoded."""
 from __future__ import annotations
 
 import time
