@@ -46,7 +46,7 @@ class AdapterSettings:
 
 
 def sigma_terms(adapters: dict, batch: dict[str, torch.Tensor], s: AdapterSettings) -> dict[str, torch.Tensor]:
-    """Each term of the module docstring's loss on one batch of cached rows, and ``loss``, their weighted sum."""
+    """Each term of the loss in docs/posthoc.md on one batch of cached rows, and ``loss``, their weighted sum."""
     lv = {part: adapters[part.split("_")[0]].logvar(batch[f"{part}_features"]) for part in PARTS}
     mu = {part: batch[f"{part}_mu"] for part in PARTS}
     matched = torch.eye(mu["image"].shape[0], device=mu["image"].device, dtype=mu["image"].dtype)

@@ -73,7 +73,7 @@ class KFACPosterior:
         self.prior = float(prior)
 
     def z_covariance_diagonal(self, features: torch.Tensor) -> torch.Tensor:
-        """c [N, D]: Cov(z) = Qg diag(c) Qg^T for each row of ``features`` (module docstring)."""
+        """c [N, D]: Cov(z) = Qg diag(c) Qg^T for each row of ``features`` (docs/posthoc.md)."""
         proj = (with_bias_input(features.double(), self.bias) @ self.q_a).square()
         denominator = self.n * self.eig_a.clamp(min=0)[:, None] * self.eig_g.clamp(min=0)[None, :] + self.prior
         return proj @ (1.0 / denominator)

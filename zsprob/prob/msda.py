@@ -42,7 +42,7 @@ def official_targets(lam: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
 def mix_batch_official(images: torch.Tensor, *, ratio: float = 0.25, alpha: float = 2.0,
                        switch_prob: float = 0.5, smoothing: float = 1e-4,
                        generator: torch.Generator | None = None, return_info: bool = False):
-    """naver-ai/pcmepp's per-image MSDA (module docstring) of ``images`` [B, C, H, W] (not modified):
+    """naver-ai/pcmepp's per-image MSDA (docs/prob.md) of ``images`` [B, C, H, W] (not modified):
     ``ratio`` (mix_batch_ratio), ``alpha`` (its Mixup and CutMix alphas), ``switch_prob``, ``smoothing``
     (mixup_smoothing). Returns ``(mixed_images, matched [B, B] float32)`` on the images' device, plus
     ``dict(index, partner, lam, cutmix)`` of the mixed images with ``return_info``."""

@@ -221,7 +221,7 @@ class OcclusionTerm:
         return int(n_rows * self.drop_ratio)
 
     def inclusion(self, mu_in, logvar_in, mu_out, logvar_out) -> torch.Tensor:
-        """The inclusion loss of "in" inside "out" in the configured form (module docstring)."""
+        """The inclusion loss of "in" inside "out" in the configured form (docs/prob.md)."""
         if self.inclusion_form == "cover":
             return cover_loss(mu_in, logvar_in, mu_out, logvar_out, self.cover_scale, self.cover_lambda)
         return inclusion_loss(mu_in, logvar_in, mu_out, logvar_out, self.inclusion_scale, self.inclusion_eps)
@@ -253,7 +253,7 @@ class OcclusionTerm:
 class ProLIPLoss(OcclusionTerm, nn.Module):
     """ppcl_weight * PPCL + inclusion_alpha * L_incl(image in caption)
     + inclusion_alpha_occ * (L_incl(image in masked image) + L_incl(text in masked text))
-    + vib_beta * (VIB_image + VIB_text); the module docstring describes every term."""
+    + vib_beta * (VIB_image + VIB_text); docs/prob.md describes every term."""
 
     def __init__(self, ppcl_weight: float = 1.0, inclusion_alpha: float = 1e-7, inclusion_alpha_occ: float = 1e-3,
                  vib_beta: float = 1e-4, inclusion_scale: float = 1000.0, inclusion_eps: float = -20.0,

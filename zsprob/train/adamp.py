@@ -116,7 +116,7 @@ def projection_scale(weight: torch.Tensor, grad: torch.Tensor, direction: torch.
 
 
 def _update(bucket: _Bucket, step: int, group: dict) -> None:
-    """One AdamP step of the bucket's parameters (the module docstring's update)."""
+    """One AdamP step of the bucket's parameters (the update in docs/training.md)."""
     params = bucket.params
     directions = _adam_directions(bucket, step, group)
     matrices = [i for i, p in enumerate(params) if p.ndim > 1]

@@ -72,7 +72,7 @@ def param_groups(module: nn.Module, *, lr: float, weight_decay: float,
                  param_info: dict | None = None, prefix: str = "",
                  layer_decay: float | None = None, image_lr_mult: float = 1.0,
                  text_lr_mult: float = 1.0, grouping: str = "zsprob") -> list[dict]:
-    """Optimiser parameter groups of ``module`` by ``grouping`` (the module docstring). ``param_info``: ``ProbCLIP.
+    """Optimiser parameter groups of ``module`` by ``grouping`` (docs/training.md). ``param_info``: ``ProbCLIP.
     param_info()``, keyed by parameter name without ``prefix``; a parameter it lacks (the loss's a, b) is "other".
     Each group carries ``lr_scale``, ``tower``, ``backbone`` and ``group_name`` (read by the schedule)."""
     rule = _official_group if grouping == "official" else _zsprob_group
