@@ -13,10 +13,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Under pytest-xdist (README's command: one worker per core) each worker, and the CLI processes it
+# starts, computes on one torch thread: two workers of two spinning threads on two cores ran 3-4x slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run only where torch sees a CUDA device."""
+    """Tests marked ``slow`` first, the longest (``slow(seconds=...)``) first of all, so that under
+    pytest-xdist a free worker takes the short ones while another runs them; tests marked ``gpu``
+    run only where torch sees a CUDA device."""
+    def cost(item) -> float:
+        slow = item.get_closest_marker("slow")
+        return 0.0 if slow is None else slow.kwargs.get("seconds", 1.0)
+
+    items.sort(key=lambda item: -cost(item))  # stable: file order among equals
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch

@@ -48,7 +48,7 @@ def test_demo_rejects_bad_options():
     assert r.returncode == 2 and r.stderr.startswith("zsprob: error:") and r.stderr.count("\n") == 1
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=250)
 def test_demo_quick_end_to_end(tmp_path):
     out = tmp_path / "demo"
     r = run_cli("demo", "--quick", "--out", out, timeout=1800)

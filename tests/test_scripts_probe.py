@@ -62,6 +62,7 @@ def _script_runner(script: Path):
     return run
 
 
+@pytest.mark.slow(seconds=40)
 def test_probe_text_sigma_head_reports_what_the_model_says(tmp_path):
     """experiments/probe_text_sigma_head.py on a generated world and a demo-recipe model (bag of words,
     [UNC] pooled head): with --steps 0 its val Spearman is the model's own, computed here from

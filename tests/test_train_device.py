@@ -63,7 +63,7 @@ def test_compile_without_a_compiler_is_one_line(monkeypatch):
         build.compile_model(torch.nn.Linear(2, 2), torch.device("cpu"))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_compiled_training_matches_eager(tiny_world, tmp_path):
     import shutil
     if not (shutil.which("g++") or shutil.which("c++")):

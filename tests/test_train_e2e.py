@@ -17,7 +17,7 @@ from conftest import run_cli
 STEPS = int(os.environ.get("ZSPROB_E2E_STEPS", "300"))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=60)
 def test_pretrain_synthetic_beats_chance(tmp_path):
     from zsprob.data.synthetic import generate
     from zsprob.models import load
