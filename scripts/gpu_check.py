@@ -35,23 +35,27 @@ this script times, compares and writes the tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check_record import Check, figure  # noqa: E402  (after the path: run as a script)
 
 #: dense bf16 tensor peak in FLOP/s (first match in the device name wins)
 BF16_PEAK = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12))
@@ -82,73 +86,27 @@ QUICK = Sizes("ViT-B-16", "ViT-B-16", 64, 512, 2, 4, 64, 8, 3, 224, 512, 8, "bf1
 assert FULL.eval_cpu_images <= 250 and QUICK.eval_cpu_images <= 250  # within the first image chunk
 CPU_QUICK = Sizes("zsprob-tiny", "zsprob-tiny", 32, 64, 2, 4, 8, 3, 1, 64, 16, 0, "fp32", 40, 8)
 
-#: rough seconds of each section (full, quick); a section does not start unless they fit the budget
-ESTIMATE = {"versions": (2, 1), "losses": (10, 3), "forward": (20, 3), "train_steps": (60, 10), "bf16": (30, 5),
-            "throughput": (150, 15), "evaluation": (60, 5), "degrade": (15, 3)}
-
-
-# ----------------------------------------------------------------------------- records
-
-def figure(name: str, value, unit: str, tolerance: str | None = None, ok: bool | None = None, note: str = "") -> dict:
-    """One reported number with its unit; ``tolerance`` and ``ok`` for the compared ones."""
-    if isinstance(value, float) and not math.isfinite(value):
-        value = str(value)
-    return {"name": name, "value": value, "unit": unit, "tolerance": tolerance, "pass": ok, "note": note}
-
-
-class Check:
-    """Runs the sections under a time budget and keeps their records."""
-
-    def __init__(self, args, sizes: Sizes, device: str, tmp: Path):
-        self.args, self.sizes, self.device, self.tmp = args, sizes, device, tmp
-        self.t0 = time.perf_counter()
-        self.sections: dict[str, dict] = {}
-        self.shared: dict = {}
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def left(self) -> float:
-        return self.args.budget_s - self.elapsed()
-
-    def run(self, name: str, fn) -> None:
-        need = ESTIMATE[name][1 if self.args.quick or self.device == "cpu" else 0]
-        if self.left() < need:
-            self.sections[name] = {"status": "skipped", "reason": f"time budget: {self.left():.0f} s left of "
-                                   f"{self.args.budget_s:.0f} s, the section needs about {need} s", "seconds": 0.0}
-            print(f"[{name}] skipped (budget)", flush=True)
-            return
-        print(f"[{name}] ...", flush=True)
-        t, cpu = time.perf_counter(), cpu_seconds()
-        try:
-            rec = {"status": "ok", **fn(self)}
-        except Exception as e:  # one failing section is recorded; the next one runs
-            rec = {"status": "error", "error": f"{type(e).__name__}: {e}"[-2000:],
-                   "traceback": traceback.format_exc()[-4000:]}
-        rec["seconds"] = round(time.perf_counter() - t, 2)
-        rec["cpu_seconds"] = round(cpu_seconds() - cpu, 2)
-        if "figures" in rec:
-            flags = [f["pass"] for f in rec["figures"] if f["pass"] is not None]
-            if flags:
-                rec["equal"] = all(flags)
-        self.sections[name] = rec
-        print(f"[{name}] {rec['status']} in {rec['seconds']:.1f} s"
-              + (f" equal={rec['equal']}" if "equal" in rec else "")
-              + (f": {rec['error']}" if rec["status"] == "error" else ""), flush=True)
-
-    def sub_timeout(self) -> float:
-        """A subprocess may run until the budget is spent, plus a margin for writing the report."""
-        return max(30.0, self.left() + 20.0)
+#: seconds of each section by mode; a section starts only if its figure fits in what is left of the budget.
+#: "cuda" (full sizes on one H200): guesses that add up to the 2026-11-28 calls (docs/benchmarks.md): all
+#: eight sections 162 s; versions, bf16 and throughput 93 s; evaluation about 41 s. "cuda-quick": guesses.
+#: "cpu-quick": wall seconds of a --device cpu --quick run on the project's 2-core CPU (measured, the
+#: open_clip baseline and the fp16 stand-in included; CPU_QUICK_MEASURED has its CPU seconds).
+ESTIMATE = {"versions": {"cuda": 5, "cuda-quick": 5, "cpu-quick": 3},
+            "losses": {"cuda": 3, "cuda-quick": 2, "cpu-quick": 0.1},
+            "forward": {"cuda": 8, "cuda-quick": 5, "cpu-quick": 0.5},
+            "train_steps": {"cuda": 20, "cuda-quick": 10, "cpu-quick": 1.5},
+            "bf16": {"cuda": 20, "cuda-quick": 10, "cpu-quick": 2.5},
+            "throughput": {"cuda": 70, "cuda-quick": 40, "cpu-quick": 13},
+            "evaluation": {"cuda": 45, "cuda-quick": 15, "cpu-quick": 0.5},
+            "degrade": {"cuda": 5, "cuda-quick": 3, "cpu-quick": 0.1}}
+#: (wall s, CPU s) of each section in one --device cpu --quick run, 2-core AMD EPYC, torch 2.14.1, 2026-11-28
+CPU_QUICK_MEASURED: dict = {}
+#: one lent session: 900 device-seconds; each call costs about 120 s besides the script (start, transfers,
+#: wheel installs, idle: 2026-11-28, 3 calls in 750 device-seconds, 389 s of them in the script)
+SESSION_S, CALL_OVERHEAD_S = 900, 120
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its finished children."""
-    import resource
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
 
 def sync(device: str) -> None:
     import torch
@@ -212,7 +170,8 @@ def section_versions(c: Check) -> dict:
             info[mod] = __import__(mod).__version__
         except Exception as e:  # a missing package is a finding, not a failure of the section
             info[mod] = f"not importable ({type(e).__name__})"
-    figs = []
+    c.put("info", info)
+    figs = c.figures()
     if c.device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info["capability"] = f"{props.major}.{props.minor}"
@@ -256,7 +215,7 @@ def section_losses(c: Check) -> dict:
 
     from zsprob.prob import csd
     inputs = loss_inputs(c.sizes.loss_n, c.sizes.loss_d)
-    figs = []
+    figs = c.figures()
     for name, make, tol_v, tol_g in loss_cases():
         results = []
         for dtype, device in (("float64", "cpu"), ("float32", c.device)):
@@ -311,7 +270,7 @@ def section_forward(c: Check) -> dict:
         model.to(c.device)
         got = encode(model, images, tokens, c.device)
     c.shared["forward_fp32"] = got
-    figs = []
+    figs = c.figures()
     for i, (part, tol) in enumerate((("image mu", 1e-4), ("image logvar", 1e-3), ("text mu", 1e-4),
                                      ("text logvar", 1e-3))):
         diff = float((got[i] - ref[i]).abs().max())
@@ -378,7 +337,7 @@ def section_train_steps(c: Check) -> dict:
     cpu = three_steps(c, "cpu", "fp32", "cpu_fp32")
     dev = cpu if c.device == "cpu" else three_steps(c, c.device, "fp32", f"{c.device}_fp32")
     c.shared["steps_fp32"] = dev
-    figs = []
+    figs = c.figures()
     for i, (a, b) in enumerate(zip(dev["losses"], cpu["losses"])):
         rel = abs(a - b) / abs(b)
         figs.append(figure(f"step {i + 1} loss {a:.6f} ({c.device}) vs {b:.6f} (CPU)", rel, "relative difference",
@@ -400,7 +359,7 @@ def section_bf16(c: Check) -> dict:
     import torch
     fp32 = c.shared.get("steps_fp32") or three_steps(c, c.device, "fp32", f"{c.device}_fp32")
     bf16 = three_steps(c, c.device, "bf16", f"{c.device}_bf16")
-    figs = []
+    figs = c.figures()
     for i, (a, b) in enumerate(zip(bf16["losses"], fp32["losses"])):
         rel = abs(a - b) / abs(b)
         figs.append(figure(f"step {i + 1} loss {a:.5f} (bf16) vs {b:.5f} (fp32)", rel, "relative difference",
@@ -417,32 +376,71 @@ def section_bf16(c: Check) -> dict:
     for i, part in ((1, "image logvar"), (3, "text logvar")):
         diff = float((got[i] - ref[i]).abs().max())
         figs.append(figure(f"{c.sizes.model} {part}, bf16 vs fp32", diff, "max |diff|", "<= 0.25", diff <= 0.25))
-    if c.device == "cuda":  # fp16 is refused on the CPU (one line, exit 2)
+    if c.device == "cuda":
         figs += fp16_figures(three_steps(c, c.device, "fp16", f"{c.device}_fp16"), fp32)
+    else:  # the CUDA-only fp16 steps rehearsed: the same path, float16 autocast and a GradScaler on the CPU
+        with cpu_fp16_stand_in():
+            rehearsal = three_steps(c, "cpu", "fp16", "cpu_fp16_stand_in")
+        figs += fp16_figures(rehearsal, fp32, FP16_STAND_IN, note="on the CPU: float16 autocast and "
+                             "torch.amp.GradScaler('cpu') in place of CUDA's (cpu_fp16_stand_in)")
     return {"figures": figs, "device": c.device}
 
 
-def fp16_figures(fp16: dict, fp32: dict) -> list[dict]:
-    """The three steps in fp16 (accelerate's GradScaler) against float32: every logged loss finite and,
-    while no step has been skipped (a scaler starting at 2^16 may skip the first ones and back off),
-    within 5%; the skipped steps and the final weights' finiteness are reported."""
+FP16_STAND_IN = "fp16 stand-in"
+
+
+@contextlib.contextmanager
+def cpu_fp16_stand_in():
+    """fp16 training on the CPU in place of CUDA's, so that the fp16 steps of this check run in CI:
+    zsprob's refusal of fp16 on the CPU is lifted (``build.training_on_cpu`` answers False; with no GPU
+    visible accelerate still picks the CPU) and accelerate's ``Accelerator`` is given what it gives a GPU
+    under fp16, float16 autocast and a GradScaler (``torch.amp.GradScaler("cpu")``). Everything after
+    (the optimizer wrapper, zsprob's unscale, clip, skipped-step count and loss-scale log) is the real
+    code. Not rehearsed: CUDA's float16 kernels and the CUDA GradScaler's fused unscale."""
+    import accelerate
+    import torch
+
+    import zsprob.train.build as build
+    base, on_cpu = accelerate.Accelerator, build.training_on_cpu
+
+    class StandIn(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.state.mixed_precision == "fp16" and self.device.type == "cpu":
+                self.native_amp = True
+                self.scaler = torch.amp.GradScaler("cpu")
+    accelerate.Accelerator, build.training_on_cpu = StandIn, (lambda tc: False)
+    try:
+        yield
+    finally:
+        accelerate.Accelerator, build.training_on_cpu = base, on_cpu
+
+
+def fp16_figures(fp16: dict, fp32: dict, label: str = "fp16", note: str = "") -> list[dict]:
+    """The three steps in fp16 (accelerate's GradScaler) against float32: a scaler ran (a loss scale in
+    every log record), every logged loss finite and, while no step has been skipped (a scaler starting at
+    2^16 may skip the first ones and back off), within 5%; the skipped steps and the final weights'
+    finiteness are reported."""
     import torch
     skipped = fp16["skipped"]  # cumulative, one per logged step
-    figs = [figure("fp16: updates skipped (GradScaler or non-finite loss), cumulative per step", str(skipped), "steps",
-                   note=f"loss scale after each step {fp16['loss_scales']}; the scaler starts at 2^16 and halves "
-                        "on each skip"),
-            figure("fp16: logged steps", len(fp16["losses"]), "steps", "== 3", len(fp16["losses"]) == 3)]
+    scaled = bool(fp16["loss_scales"]) and all(s is not None for s in fp16["loss_scales"])
+    figs = [figure(f"{label}: updates skipped (GradScaler or non-finite loss), cumulative per step", str(skipped),
+                   "steps", note=f"loss scale after each step {fp16['loss_scales']}; the scaler starts at 2^16 and "
+                                 "halves on each skip"),
+            figure(f"{label}: a GradScaler ran (loss scale logged every step)", scaled, "yes/no", "yes", scaled,
+                   note),
+            figure(f"{label}: logged steps", len(fp16["losses"]), "steps", "== 3", len(fp16["losses"]) == 3)]
     for i, (a, b) in enumerate(zip(fp16["losses"], fp32["losses"])):
         if a is None or not math.isfinite(a):
-            figs.append(figure(f"step {i + 1} loss (fp16)", str(a), "loss", "finite", False))
+            figs.append(figure(f"step {i + 1} loss ({label})", str(a), "loss", "finite", False))
             continue
         rel = abs(a - b) / abs(b)
         judged = i == 0 or skipped[i - 1] == 0  # same weights as fp32 until an update is skipped
-        figs.append(figure(f"step {i + 1} loss {a:.5f} (fp16) vs {b:.5f} (fp32)", rel, "relative difference",
+        figs.append(figure(f"step {i + 1} loss {a:.5f} ({label}) vs {b:.5f} (fp32)", rel, "relative difference",
                            "<= 5e-2" if judged else None, rel <= 5e-2 if judged else None,
                            note="" if judged else "after a skipped step: not comparable, reported only"))
     finite = all(bool(torch.isfinite(v.float()).all()) for v in fp16["weights"].values())
-    figs.append(figure("fp16: final weights finite", finite, "", "all finite", finite))
+    figs.append(figure(f"{label}: final weights finite", finite, "yes/no", "all finite", finite))
     return figs
 
 
@@ -457,28 +455,35 @@ def throughput_args(c: Check) -> SimpleNamespace:
 
 
 def throughput_runs(c: Check, world: Path, ns) -> dict:
-    from bench_train import open_clip_ready, run_open_clip, run_zsprob
-    runs = {"zsprob infonce": lambda: run_zsprob(world, c.tmp / "tp_zi", "infonce", ns,
-                                                 ["--set", "model.pooling=native"]),
-            "zsprob pcmepp": lambda: run_zsprob(world, c.tmp / "tp_zp", "pcmepp", ns,
-                                                ["--set", "model.pooling=native"])}
-    results, skipped = {}, []
-    why = open_clip_ready(ns.wds0286)
+    """Each run in turn, its result (or ``{"status": "error", ...}``) saved as soon as it ends: one
+    failing run (open_clip's trainer is the likeliest) costs only its own figures."""
+    import bench_train
+    runs = {"zsprob infonce": lambda: bench_train.run_zsprob(world, c.tmp / "tp_zi", "infonce", ns,
+                                                             ["--set", "model.pooling=native"]),
+            "zsprob pcmepp": lambda: bench_train.run_zsprob(world, c.tmp / "tp_zp", "pcmepp", ns,
+                                                            ["--set", "model.pooling=native"])}
+    results: dict = {}
+    skipped: list = []
+    c.put("runs", results)
+    c.put("skipped", skipped)
+    why = bench_train.open_clip_ready(ns.wds0286)
     if why is None:
-        runs["open_clip_train infonce"] = lambda: run_open_clip(world, c.tmp / "tp_oc", ns)
+        runs["open_clip_train infonce"] = lambda: bench_train.run_open_clip(world, c.tmp / "tp_oc", ns)
     else:
         skipped.append({"what": "open_clip_train", "reason": why})
     for name, fn in runs.items():
         ns.timeout = c.sub_timeout()
         try:
-            results[name] = fn()
-        except Exception as e:  # one failing run is recorded; the others still run
-            results[name] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+            results[name] = {"status": "ok", **fn()}
+        except Exception as e:  # one failing run is recorded beside the others; the others still run
+            results[name] = {"status": "error", "error": f"{type(e).__name__}: {e}"[-2000:]}
+        print(f"[throughput] {name}: {results[name]['status']}", flush=True)
+        c.save()
     return {"runs": results, "skipped": skipped}
 
 
 def run_figures(name: str, res: dict, ns, peak: float | None) -> list[dict]:
-    if "error" in res:
+    if res.get("status") == "error":
         return [figure(f"{name}: failed", None, "", note=res["error"][-300:])]
     figs = [figure(f"{name}: median samples/s", round(res["median_sps"], 1), "samples/s",
                    note=f"{res['steps_measured']} steps after {ns.skip} warm-up")]
@@ -519,13 +524,15 @@ def section_throughput(c: Check) -> dict:
     got = throughput_runs(c, world(c, s.tp_num_pretrain, s.tp_image_size), ns)
     runs, skipped = got["runs"], got["skipped"]
     peak = bf16_peak(device_name(c.device)) if c.device == "cuda" else None
-    figs = [f for name, res in runs.items() for f in run_figures(name, res, ns, peak)]
-    oc = runs.get("open_clip_train infonce", {}).get("median_sps")
+    figs = c.figures()
+    figs += [f for name, res in runs.items() for f in run_figures(name, res, ns, peak)]
+    oc = runs.get("open_clip_train infonce", {})
     for name in ("zsprob infonce", "zsprob pcmepp"):
-        if oc and "median_sps" in runs[name]:
-            figs.append(figure(f"{name} / open_clip_train", round(runs[name]["median_sps"] / oc, 3), "x (samples/s)"))
-        if oc and runs[name].get("peak_mem_bytes") and runs["open_clip_train infonce"].get("peak_mem_bytes"):
-            ratio = runs[name]["peak_mem_bytes"] / runs["open_clip_train infonce"]["peak_mem_bytes"]
+        if oc.get("median_sps") and "median_sps" in runs[name]:
+            figs.append(figure(f"{name} / open_clip_train", round(runs[name]["median_sps"] / oc["median_sps"], 3),
+                               "x (samples/s)"))
+        if oc.get("peak_mem_bytes") and runs[name].get("peak_mem_bytes"):
+            ratio = runs[name]["peak_mem_bytes"] / oc["peak_mem_bytes"]
             figs.append(figure(f"{name} / open_clip_train peak memory", round(ratio, 3), "x (bytes)"))
     mfu, why = mfu_figures(runs, peak, c.device, s.tp_batch)
     figs += mfu
@@ -533,11 +540,12 @@ def section_throughput(c: Check) -> dict:
     if c.device == "cpu":
         skipped.append({"what": "host syncs with torch.cuda.set_sync_debug_mode", "reason": "needs CUDA; counted "
                         "with zsprob.utils.host_sync.HostSyncCounter instead"})
-    failed = [n for n, r in runs.items() if "error" in r]
     out = {"figures": figs, "skipped": skipped, "setup": {k: v for k, v in vars(ns).items() if k != "timeout"},
            "runs": runs}
-    if failed:
-        raise RuntimeError(f"runs failed: {', '.join(failed)}: " + "; ".join(runs[n]["error"][-400:] for n in failed))
+    failed = [n for n, r in runs.items() if r["status"] == "error"]
+    if failed:  # the section is marked failed, every figure of the other runs kept
+        out.update(status="error", error=f"runs failed: {', '.join(failed)}: "
+                   + "; ".join(runs[n]["error"][-400:] for n in failed))
     return out
 
 
@@ -723,7 +731,7 @@ def flat_recalls(metrics: dict) -> dict:
 
 
 def section_evaluation(c: Check) -> dict:
-    figs: list = []
+    figs = c.figures()
     n_img = c.sizes.eval_images
     emb, tokens, model = eval_embed(c, n_img, figs)
     metrics = eval_rank(c, emb, n_img, figs)
@@ -753,7 +761,8 @@ def section_degrade(c: Check) -> dict:
     sync(c.device)
     seconds = time.perf_counter() - t
     differ = int((got.cpu() != ref).sum())
-    figs = [figure(f"JPEG round trip on {c.device} vs libjpeg (CPU), {n} images {side}x{side + 5}, q 5..20",
+    figs = c.figures()
+    figs += [figure(f"JPEG round trip on {c.device} vs libjpeg (CPU), {n} images {side}x{side + 5}, q 5..20",
                    differ, "pixels that differ", "0", differ == 0),
             figure(f"JPEG round trip on {c.device}, first call", seconds, "s")]
     normed = (torch.rand(n, 3, side, side, generator=g) - 0.5).to(c.device)
@@ -773,55 +782,74 @@ SECTIONS = [("versions", section_versions), ("losses", section_losses), ("forwar
             ("evaluation", section_evaluation), ("degrade", section_degrade)]
 
 
-# ----------------------------------------------------------------------------- report
-
-def write_report(c: Check, out: Path) -> None:
-    info = c.sections.get("versions", {}).get("info", {})
-    doc = {"device": c.device, "device_name": info.get("device") or device_name(c.device), "quick": c.args.quick,
-           "budget_s": c.args.budget_s, "total_s": round(c.elapsed(), 1), "cpu_s": round(cpu_seconds(), 1),
-           "sizes": asdict(c.sizes),
-           "sections": c.sections}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str))
-    (out / "gpu_check.md").write_text(markdown(doc))
+def mode(args) -> str:
+    return f"{args.device}-quick" if args.quick else ("cuda" if args.device == "cuda" else "cpu")
 
 
-def fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if (v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e5)) else f"{v:.4g}"
-    return "-" if v is None else str(v)
+def estimate(name: str, args) -> float:
+    """The seconds section ``name`` is expected to take in this mode (full CPU runs: not estimated, 0)."""
+    return ESTIMATE[name].get(mode(args), 0)
 
 
-def cell(v) -> str:
-    """Text for one Markdown table cell: pipes escaped, one line."""
-    return str(v).replace("|", "\\|").replace("\n", " ")
+SECTION_WORK = {
+    "versions": lambda s: "versions of python, torch, CUDA, cuDNN, open_clip, ...; the device's name and memory",
+    "losses": lambda s: f"PCME++, InfoNCE, ProLIP losses and CSD at N {s.loss_n}, D {s.loss_d}: device float32 vs "
+                        "CPU float64, values and input gradients",
+    "forward": lambda s: f"{s.model} forward of {s.fwd_batch} images + captions on the CPU and on the device",
+    "train_steps": lambda s: f"3 pretrain steps (PCME++, {s.train_model}, batch {s.train_batch}, float32) on the CPU "
+                             "and on the device",
+    "bf16": lambda s: f"3 steps in bf16 and 3 in fp16 (GradScaler; on the CPU the fp16 stand-in), a bf16 "
+                      f"{s.model} forward",
+    "throughput": lambda s: f"SynthWorld {s.tp_num_pretrain} images at {s.tp_image_size} px; runs "
+                            f"{', '.join(THROUGHPUT_RUNS)}: {s.tp_steps} steps (+5 probe steps for zsprob), batch "
+                            f"{s.tp_batch}, {s.tp_precision}, {s.tp_workers} workers",
+    "evaluation": lambda s: f"{s.eval_images} images + {5 * s.eval_images} captions encoded on the device, CSD "
+                            f"top-{s.eval_k} on the device and the CPU, {s.eval_cpu_images} images on the CPU",
+    "degrade": lambda s: "JPEG round trip of 8 (quick) or 64 images on the device vs libjpeg, one degrade_images call"}
+THROUGHPUT_RUNS = ("zsprob infonce", "zsprob pcmepp", "open_clip_train infonce")
 
 
-def markdown(doc: dict) -> str:
-    lines = [f"# zsprob GPU check: {doc['device_name']}", "",
-             f"Device: `{doc['device']}` ({doc['device_name']}); quick: {doc['quick']}; "
-             f"total {doc['total_s']} s wall ({doc['cpu_s']} CPU s) of a {doc['budget_s']} s budget.", ""]
-    info = doc["sections"].get("versions", {}).get("info", {})
-    if info:
-        lines += ["| version | value |", "| --- | --- |"] + [f"| {k} | {cell(v)} |" for k, v in info.items()] + [""]
-    lines += ["Per section: wall seconds (s) and CPU seconds of this process and its children (cpu s).", "",
-              "| section | status | s | cpu s | figure | value | unit | tolerance | pass |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, rec in doc["sections"].items():
-        head = f"| {name} | {rec['status']} | {rec.get('seconds', 0)} | {rec.get('cpu_seconds', 0)} "
-        if rec["status"] != "ok":
-            lines.append(head + f"| {cell(rec.get('reason') or rec.get('error', ''))} | | | | |")
-            head = "| | | | "
-        for f in rec.get("figures", []):
-            ok = "" if f["pass"] is None else ("yes" if f["pass"] else "**NO**")
-            note = f" ({f['note']})" if f.get("note") else ""
-            lines.append(head + f"| {cell(f['name'] + note)} | {cell(fmt(f['value']))} | {cell(f['unit'])} "
-                         f"| {cell(f['tolerance'] or '')} | {ok} |")
-            head = "| | | | "
-        for s in rec.get("skipped", []):
-            lines.append(head + f"| {cell(s['what'])}: skipped | | | {cell(s['reason'])} | |")
-            head = "| | | | "
-    return "\n".join(lines) + "\n"
+def previous_sections(path: Path | None) -> dict:
+    if path is None:
+        return {}
+    return json.loads(path.read_text()).get("sections", {})
+
+
+def plan_text(args, sizes: Sizes) -> str:
+    """What a run with these arguments would do, section by section, with its estimated seconds, the
+    measured CPU cost of a --device cpu --quick run, and whether one lent session holds it."""
+    from bench_train import open_clip_ready
+    before = previous_sections(args.plan_from)
+    only = set(args.only.split(",")) if args.only else None
+    lines = [f"gpu_check plan: --device {args.device}{' --quick' if args.quick else ''}, budget {args.budget_s:g} s "
+             "(no section starts past it)", "",
+             f"| section | what runs | est. s ({mode(args)}) | CPU quick: wall s / CPU s (measured) "
+             + (f"| {args.plan_from.name}: wall s / CPU s " if before else "") + "|",
+             "| --- | --- | --- | --- |" + (" --- |" if before else "")]
+    total = 0.0
+    for name, _ in SECTIONS:
+        if only is not None and name not in only:
+            continue
+        need = estimate(name, args)
+        fits = total + need <= args.budget_s
+        total += need if fits else 0
+        wall, cpu = CPU_QUICK_MEASURED.get(name, ("-", "-"))
+        row = (f"| {name} | {SECTION_WORK[name](sizes)} | {need:g}{'' if fits else ' (skipped: budget)'} "
+               f"| {wall} / {cpu} |")
+        if before:
+            rec = before.get(name, {})
+            row += f" {rec.get('seconds', '-')} / {rec.get('cpu_seconds', '-')} ({rec.get('status', 'not run')}) |"
+        lines.append(row)
+    why = open_clip_ready(args.wds0286)
+    lines += ["", f"open_clip_train baseline here: {'ready' if why is None else 'skipped: ' + why}"
+              f" (--wds0286 {args.wds0286})",
+              f"estimated script time: {total:.0f} s of the {args.budget_s:g} s budget"]
+    if args.device == "cuda":
+        call = total + CALL_OVERHEAD_S
+        lines.append(f"one device call: about {call:.0f} s ({CALL_OVERHEAD_S} s start, transfers and installs); "
+                     f"a {SESSION_S} s session holds {int(SESSION_S // call)} such call(s)"
+                     + ("" if call <= SESSION_S else ": TOO LONG, lower --budget-s or use --only"))
+    return "\n".join(lines)
 
 
 def parse_args(argv=None):
@@ -833,13 +861,32 @@ def parse_args(argv=None):
     ap.add_argument("--budget-s", type=float, default=420.0, help="no section starts when it would overrun this")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: torch's, 1 with --device cpu --quick)")
-    ap.add_argument("--wds0286", default="/tmp/wds0286", help="directory with webdataset 0.2.86 for open_clip_train")
+    ap.add_argument("--wds0286", default=os.environ.get("ZSPROB_WDS0286", "/tmp/wds0286"),
+                    help="directory with webdataset 0.2.86 for open_clip_train (default: $ZSPROB_WDS0286 or "
+                         "/tmp/wds0286)")
     ap.add_argument("--only", default=None, help="comma-separated section names (default: all)")
-    return ap.parse_args(argv)
+    ap.add_argument("--plan", action="store_true",
+                    help="print the sections, runs, sizes and time estimates of this run and exit (runs nothing)")
+    ap.add_argument("--plan-from", type=Path, default=None,
+                    help="with --plan: also show each section's seconds from this earlier gpu_check.json")
+    args = ap.parse_args(argv)
+    unknown = set(args.only.split(",")) - {name for name, _ in SECTIONS} if args.only else set()
+    if unknown:
+        ap.error(f"--only: unknown section(s) {', '.join(sorted(unknown))}")
+    return args
+
+
+def stop_on_sigterm(signum, frame):
+    """SIGTERM (a time limit's first signal) ends the run as Ctrl-C would: the report is written first."""
+    raise SystemExit(128 + signum)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    sizes = (CPU_QUICK if args.device == "cpu" else QUICK) if args.quick else FULL
+    if args.plan:
+        print(plan_text(args, sizes))
+        return 0
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check.py: error: --device cuda but torch sees no CUDA device (use --device cpu)", file=sys.stderr)
@@ -847,20 +894,24 @@ def main(argv=None) -> int:
     # the CPU quick run's tensors are tiny: one thread wastes nothing and does not spin on a shared machine
     args.threads = args.threads or (1 if args.device == "cpu" and args.quick else torch.get_num_threads())
     torch.set_num_threads(args.threads)
-    sizes = (CPU_QUICK if args.device == "cpu" else QUICK) if args.quick else FULL
     only = set(args.only.split(",")) if args.only else None
     tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
-    check = Check(args, sizes, args.device, tmp)
+    check = Check(args, sizes, args.device, tmp, args.out, device_name(args.device))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if main_thread else None
     try:
         for name, fn in SECTIONS:
             if only is None or name in only:
-                check.run(name, fn)
-                write_report(check, args.out)  # a report even if the machine is taken away later
+                check.run(name, fn, estimate(name, args))  # each figure is on disk as soon as it is made
     finally:
-        write_report(check, args.out)
+        check.save()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"wrote {args.out / 'gpu_check.json'} and {args.out / 'gpu_check.md'} in {check.elapsed():.0f} s")
-    return 0
+    failed = check.failed()
+    print(f"wrote {args.out / 'gpu_check.json'} and {args.out / 'gpu_check.md'} in {check.elapsed():.0f} s"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
