@@ -9,10 +9,14 @@ and ``timeout_s: 540``; the command, one line:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/wds0286 .whl-oc/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && set -o pipefail && python3 scripts/gpu_check.py --device cuda --out $OUT --wds0286 /tmp/wds0286 2>&1 | tee $OUT/gpu_check.log
 
 (prefix ``ZSPROB_GIT_HEAD=<git rev-parse HEAD> `` to record the commit: the copied tree has no .git).
-On the CPU, as CI runs it: ``python scripts/gpu_check.py --device cpu --quick --out DIR``.
+On the CPU, as CI runs it: ``python scripts/gpu_check.py --device cpu --quick --out DIR``. Before a lent
+session, ``--plan`` prints what the run will do, section by section, with its estimated seconds and the
+measured cost of the CPU quick run (``--plan-from`` an earlier gpu_check.json adds that run's seconds).
 
 Sections (each timed; an exception is recorded in the JSON and the next section runs; no section
-starts when the budget would be overrun):
+starts when the budget would be overrun). Every figure, run and section is written to the report as
+soon as it is made (scripts/gpu_check_record.py), so a run killed at any point keeps what it measured;
+the exit status is 1 when a section failed or a figure is out of its tolerance:
 
 1. ``versions``: torch, CUDA, cuDNN, the device, python, zsprob's git HEAD.
 2. ``losses``: PCMEPPLoss, InfoNCELoss, ProLIPLoss and CSD on the device in float32 against the CPU in
@@ -22,7 +26,8 @@ starts when the budget would be overrun):
    same three steps in bf16 against float32 on the device, and embedding cosines.
 3. ``throughput``: ``zsprob pretrain`` (InfoNCE, PCME++) against ``open_clip_train.main`` on the
    device (scripts/bench_train.py): median samples/s, peak memory, optimizer-step ms, host syncs per
-   steady step, FLOPs per step and MFU.
+   steady step, FLOPs per step and MFU; a run that fails is recorded as ``{"status": "error"}`` beside
+   the others' figures.
 4. ``evaluation``: 5,000 images (224 px, random) and 25,000 captions through the ProbCLIP on the
    device, CSD top-k ranking on the device and on the CPU from the same embeddings (float32 and
    float64), and zsprob's evaluation on the CPU: identical rankings and metrics, and times.
@@ -55,7 +60,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_check_record import Check, figure  # noqa: E402  (after the path: run as a script)
+from gpu_check_eval import encode_all, eval_cpu, eval_images, eval_rank, same_up_to_ties, sync  # noqa: E402,F401
+from gpu_check_plan import ESTIMATE, THROUGHPUT_RUNS, estimate, plan_text  # noqa: E402,F401  (tests read them)
+from gpu_check_record import Check, figure  # noqa: E402
 
 #: dense bf16 tensor peak in FLOP/s (first match in the device name wins)
 BF16_PEAK = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12))
@@ -86,33 +93,7 @@ QUICK = Sizes("ViT-B-16", "ViT-B-16", 64, 512, 2, 4, 64, 8, 3, 224, 512, 8, "bf1
 assert FULL.eval_cpu_images <= 250 and QUICK.eval_cpu_images <= 250  # within the first image chunk
 CPU_QUICK = Sizes("zsprob-tiny", "zsprob-tiny", 32, 64, 2, 4, 8, 3, 1, 64, 16, 0, "fp32", 40, 8)
 
-#: seconds of each section by mode; a section starts only if its figure fits in what is left of the budget.
-#: "cuda" (full sizes on one H200): guesses that add up to the 2026-11-28 calls (docs/benchmarks.md): all
-#: eight sections 162 s; versions, bf16 and throughput 93 s; evaluation about 41 s. "cuda-quick": guesses.
-#: "cpu-quick": wall seconds of a --device cpu --quick run on the project's 2-core CPU (measured, the
-#: open_clip baseline and the fp16 stand-in included; CPU_QUICK_MEASURED has its CPU seconds).
-ESTIMATE = {"versions": {"cuda": 5, "cuda-quick": 5, "cpu-quick": 3},
-            "losses": {"cuda": 3, "cuda-quick": 2, "cpu-quick": 0.1},
-            "forward": {"cuda": 8, "cuda-quick": 5, "cpu-quick": 0.5},
-            "train_steps": {"cuda": 20, "cuda-quick": 10, "cpu-quick": 1.5},
-            "bf16": {"cuda": 20, "cuda-quick": 10, "cpu-quick": 2.5},
-            "throughput": {"cuda": 70, "cuda-quick": 40, "cpu-quick": 13},
-            "evaluation": {"cuda": 45, "cuda-quick": 15, "cpu-quick": 0.5},
-            "degrade": {"cuda": 5, "cuda-quick": 3, "cpu-quick": 0.1}}
-#: (wall s, CPU s) of each section in one --device cpu --quick run, 2-core AMD EPYC, torch 2.14.1, 2026-11-28
-CPU_QUICK_MEASURED: dict = {}
-#: one lent session: 900 device-seconds; each call costs about 120 s besides the script (start, transfers,
-#: wheel installs, idle: 2026-11-28, 3 calls in 750 device-seconds, 389 s of them in the script)
-SESSION_S, CALL_OVERHEAD_S = 900, 120
-
-
 # ----------------------------------------------------------------------------- helpers
-
-def sync(device: str) -> None:
-    import torch
-    if device == "cuda":
-        torch.cuda.synchronize()
-
 
 class no_tf32:
     """float32 matmuls and convolutions in full float32 (TF32 off) inside the block."""
@@ -449,8 +430,8 @@ def fp16_figures(fp16: dict, fp32: dict, label: str = "fp16", note: str = "") ->
 def throughput_args(c: Check) -> SimpleNamespace:
     s = c.sizes
     return SimpleNamespace(device=c.device, model=s.train_model, precision=s.tp_precision, steps=s.tp_steps,
-                           skip=s.tp_skip, batch_size=s.tp_batch, threads=c.args.threads, workers=s.tp_workers, probe=True,
-                           wds0286=c.args.wds0286, oc_min_one_worker=False, timeout=c.sub_timeout(),
+                           skip=s.tp_skip, batch_size=s.tp_batch, threads=c.args.threads, workers=s.tp_workers,
+                           probe=True, wds0286=c.args.wds0286, oc_min_one_worker=False, timeout=c.sub_timeout(),
                            inprocess=True)
 
 
@@ -551,51 +532,6 @@ def section_throughput(c: Check) -> dict:
 
 # ----------------------------------------------------------------------------- 4. evaluation
 
-def eval_images(n: int, size: int, device: str, chunk: int = 250):
-    """Random images, generated chunk by chunk on ``device`` (seeded): the same on every call."""
-    import torch
-    for i, a in enumerate(range(0, n, chunk)):
-        g = torch.Generator(device=device).manual_seed(1000 + i)
-        yield torch.randn(min(chunk, n - a), 3, size, size, generator=g, device=device)
-
-
-def encode_all(model, n_images: int, tokens, device: str, bf16: bool, batch: int = 250):
-    """(img_mu, img_lv, cap_mu, cap_lv) on ``device`` and the seconds it took."""
-    import torch
-    sync(device)
-    t = time.perf_counter()
-    parts: list[list] = [[], [], [], []]
-    with torch.no_grad(), torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
-        for images in eval_images(n_images, model.image_size or 224, device):
-            mu, lv = model.encode_image(images)
-            parts[0].append(mu.float())
-            parts[1].append(lv.float())
-        for a in range(0, len(tokens), batch * 4):
-            mu, lv = model.encode_text(tokens[a:a + batch * 4].to(device))
-            parts[2].append(mu.float())
-            parts[3].append(lv.float())
-    out = [torch.cat(p) for p in parts]
-    sync(device)
-    return out, time.perf_counter() - t
-
-
-def rank_both(emb: list, k: int, device: str, dtype):
-    """CSD top-k of both directions on ``device`` from ``emb`` (cast to ``dtype``): indices and seconds."""
-    from zsprob.retrieval.scoring import chunked_topk
-    img_mu, img_lv, cap_mu, cap_lv = (e.to(device=device, dtype=dtype) for e in emb)
-    sync(device)
-    t = time.perf_counter()
-    i2t = chunked_topk("csd", img_mu, img_lv, cap_mu, cap_lv, k)[1]
-    t2i = chunked_topk("csd", cap_mu, cap_lv, img_mu, img_lv, k)[1]
-    return (i2t, t2i), time.perf_counter() - t
-
-
-def recalls(ranked, positives, ks=(1, 5, 10)) -> dict:
-    from zsprob.retrieval.metrics import metrics_from_ranking
-    res = metrics_from_ranking(ranked, positives, ks=ks, r_metrics=False)
-    return {key: float(v.mean()) * 100 for key, v in res.values.items()}
-
-
 def eval_embed(c: Check, n_img: int, figs: list) -> tuple[list, list, object]:
     import torch
     model = make_probclip(c.sizes.model, c.device)
@@ -628,106 +564,6 @@ def eval_cpu_subsample(c: Check, model, tokens, emb: list, figs: list) -> None:
     diff = max(float((g - r.cpu()).abs().max()) for g, r in zip(got, ref))
     figs.append(figure(f"CPU vs {c.device} embeddings of the subsample (mu, logvar)", diff, "max |diff|", "<= 1e-3",
                        diff <= 1e-3))
-
-
-def eval_rank(c: Check, emb: list, n_img: int, figs: list) -> dict:
-    import numpy as np
-    import torch
-
-    from zsprob.retrieval.metrics import positives_from_assignment
-    cap_img = np.repeat(np.arange(n_img), 5)
-    i2t_pos = positives_from_assignment(cap_img, n_img)
-    t2i_pos = i2t_pos.T.tocsr()
-    emb_cpu = [e.cpu() for e in emb]
-    metrics = {}
-    for dtype in (torch.float32, torch.float64):
-        tag = str(dtype).split(".")[-1]
-        (d_i2t, d_t2i), d_s = rank_both(emb, c.sizes.eval_k, c.device, dtype)
-        (c_i2t, c_t2i), c_s = rank_both(emb_cpu, c.sizes.eval_k, "cpu", dtype)
-        figs.append(figure(f"CSD top-{c.sizes.eval_k} both directions, {tag}, {c.device}", round(d_s, 3), "s"))
-        figs.append(figure(f"CSD top-{c.sizes.eval_k} both directions, {tag}, CPU", round(c_s, 3), "s"))
-        same = float(torch.cat([(d_i2t == c_i2t).all(1), (d_t2i == c_t2i).all(1)]).float().mean())
-        tied = float(torch.cat([same_up_to_ties(d_i2t, c_i2t, emb_cpu, False),
-                                same_up_to_ties(d_t2i, c_t2i, emb_cpu, True)]).float().mean())
-        tol = 0.999 if dtype == torch.float64 else 0.99
-        figs.append(figure(f"{tag} ranked lists identical, {c.device} vs CPU", same, "fraction of queries",
-                           note="exact ties (repeated captions) may be ordered differently by each device"))
-        figs.append(figure(f"{tag} ranked lists identical up to exact ties, {c.device} vs CPU", tied,
-                           "fraction of queries", f">= {tol}", tied >= tol,
-                           note="the float64 CSD of each listed pair, rank by rank, equal to 1e-12 relative"))
-        dev_m = {**{f"i2t {k}": v for k, v in recalls(d_i2t, i2t_pos).items()},
-                 **{f"t2i {k}": v for k, v in recalls(d_t2i, t2i_pos).items()}}
-        cpu_m = {**{f"i2t {k}": v for k, v in recalls(c_i2t, i2t_pos).items()},
-                 **{f"t2i {k}": v for k, v in recalls(c_t2i, t2i_pos).items()}}
-        diff = max(abs(dev_m[k] - cpu_m[k]) for k in dev_m)
-        mtol = 0.0 if dtype == torch.float64 else 0.1
-        figs.append(figure(f"{tag} R@1/5/10 both directions, {c.device} vs CPU", diff, "max |diff|, percentage points",
-                           f"<= {mtol:g}", diff <= mtol))
-        metrics[tag] = dev_m
-    return metrics
-
-
-def same_up_to_ties(dev, cpu, emb: list, captions_first: bool):
-    """Per query: the two top-k lists rank the same gallery scores, i.e. they are equal up to the order
-    of exactly tied items. The float64 CSD of each listed (query, item) pair is compared rank by rank
-    (relative 1e-12), so lists that differ only among repeated, identical captions count as equal."""
-    import torch
-
-    from zsprob.prob.distances import csd
-    img_mu, img_lv, cap_mu, cap_lv = (e.cpu().double() for e in emb)
-    q_mu, q_lv, g_mu, g_lv = (cap_mu, cap_lv, img_mu, img_lv) if captions_first else (img_mu, img_lv, cap_mu, cap_lv)
-    ok = []
-    for a in range(0, len(dev), 1024):
-        rows = slice(a, a + 1024)
-        score = csd(q_mu[rows], q_lv[rows], g_mu, g_lv)  # [chunk, gallery] in float64
-        d = score.gather(1, dev[rows].cpu().long())
-        c = score.gather(1, cpu[rows].cpu().long())
-        ok.append(((d - c).abs() <= 1e-12 * c.abs().clamp_min(1.0)).all(1))
-    return torch.cat(ok)
-
-
-def eval_cpu(emb: list, n_img: int, ref: dict, figs: list) -> None:
-    import numpy as np
-
-    from zsprob.retrieval import Embeddings, evaluate_embeddings
-    from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
-    from zsprob.retrieval.metrics import positives_from_assignment
-    import scipy.sparse as sp
-    cap_img = np.repeat(np.arange(n_img), 5)
-    pos = positives_from_assignment(cap_img, n_img)
-    task = RetrievalTask("coco5k-sized", np.arange(n_img), np.arange(5 * n_img), cap_img,
-                         sets=[BenchmarkSet("caption", pos, sp.csr_matrix(pos.T))])
-    e = [t.cpu() for t in emb]
-    data = Embeddings(image_ids=task.image_ids, caption_ids=task.caption_ids, image_mu=e[0], caption_mu=e[2],
-                      image_logvar=e[1], caption_logvar=e[3], caption_image=cap_img)
-    t = time.perf_counter()
-    res = evaluate_embeddings(data, task, score="csd")
-    figs.append(figure("zsprob evaluation (CSD, every metric), CPU", round(time.perf_counter() - t, 3), "s",
-                       note=res.metrics.get("setup", {}).get("method", "")))
-    got = flat_recalls(res.metrics)
-    common = [k for k in ref if k in got]
-    diffs = {k: round(got[k] - ref[k], 6) for k in common}
-    # float32 scores on both sides, computed differently: near-ties may order a few queries otherwise
-    ok = bool(common) and all(abs(diffs[k]) <= 0.1 for k in common)
-    figs.append(figure(f"CPU evaluation R@K vs float32 top-k on the device ({len(common)} values)",
-                       max((abs(v) for v in diffs.values()), default=float("nan")), "max |diff|, percentage points",
-                       "<= 0.1", ok, note=f"differences: {diffs}"))
-
-
-def flat_recalls(metrics: dict) -> dict:
-    """{"i2t r@1": value, ...} from an EvalResult's nested metrics (first recall set)."""
-    out = {}
-
-    def walk(d, path):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, path + [str(k)])
-            elif isinstance(v, (int, float)) and str(k).lower() in ("r@1", "r@5", "r@10"):
-                direction = next((p for p in path if p in ("i2t", "t2i")), None)
-                if direction and f"{direction} {k.lower()}" not in out:
-                    out[f"{direction} {k.lower()}"] = float(v)
-    walk(metrics, [])
-    return out
 
 
 def section_evaluation(c: Check) -> dict:
@@ -782,76 +618,6 @@ SECTIONS = [("versions", section_versions), ("losses", section_losses), ("forwar
             ("evaluation", section_evaluation), ("degrade", section_degrade)]
 
 
-def mode(args) -> str:
-    return f"{args.device}-quick" if args.quick else ("cuda" if args.device == "cuda" else "cpu")
-
-
-def estimate(name: str, args) -> float:
-    """The seconds section ``name`` is expected to take in this mode (full CPU runs: not estimated, 0)."""
-    return ESTIMATE[name].get(mode(args), 0)
-
-
-SECTION_WORK = {
-    "versions": lambda s: "versions of python, torch, CUDA, cuDNN, open_clip, ...; the device's name and memory",
-    "losses": lambda s: f"PCME++, InfoNCE, ProLIP losses and CSD at N {s.loss_n}, D {s.loss_d}: device float32 vs "
-                        "CPU float64, values and input gradients",
-    "forward": lambda s: f"{s.model} forward of {s.fwd_batch} images + captions on the CPU and on the device",
-    "train_steps": lambda s: f"3 pretrain steps (PCME++, {s.train_model}, batch {s.train_batch}, float32) on the CPU "
-                             "and on the device",
-    "bf16": lambda s: f"3 steps in bf16 and 3 in fp16 (GradScaler; on the CPU the fp16 stand-in), a bf16 "
-                      f"{s.model} forward",
-    "throughput": lambda s: f"SynthWorld {s.tp_num_pretrain} images at {s.tp_image_size} px; runs "
-                            f"{', '.join(THROUGHPUT_RUNS)}: {s.tp_steps} steps (+5 probe steps for zsprob), batch "
-                            f"{s.tp_batch}, {s.tp_precision}, {s.tp_workers} workers",
-    "evaluation": lambda s: f"{s.eval_images} images + {5 * s.eval_images} captions encoded on the device, CSD "
-                            f"top-{s.eval_k} on the device and the CPU, {s.eval_cpu_images} images on the CPU",
-    "degrade": lambda s: "JPEG round trip of 8 (quick) or 64 images on the device vs libjpeg, one degrade_images call"}
-THROUGHPUT_RUNS = ("zsprob infonce", "zsprob pcmepp", "open_clip_train infonce")
-
-
-def previous_sections(path: Path | None) -> dict:
-    if path is None:
-        return {}
-    return json.loads(path.read_text()).get("sections", {})
-
-
-def plan_text(args, sizes: Sizes) -> str:
-    """What a run with these arguments would do, section by section, with its estimated seconds, the
-    measured CPU cost of a --device cpu --quick run, and whether one lent session holds it."""
-    from bench_train import open_clip_ready
-    before = previous_sections(args.plan_from)
-    only = set(args.only.split(",")) if args.only else None
-    lines = [f"gpu_check plan: --device {args.device}{' --quick' if args.quick else ''}, budget {args.budget_s:g} s "
-             "(no section starts past it)", "",
-             f"| section | what runs | est. s ({mode(args)}) | CPU quick: wall s / CPU s (measured) "
-             + (f"| {args.plan_from.name}: wall s / CPU s " if before else "") + "|",
-             "| --- | --- | --- | --- |" + (" --- |" if before else "")]
-    total = 0.0
-    for name, _ in SECTIONS:
-        if only is not None and name not in only:
-            continue
-        need = estimate(name, args)
-        fits = total + need <= args.budget_s
-        total += need if fits else 0
-        wall, cpu = CPU_QUICK_MEASURED.get(name, ("-", "-"))
-        row = (f"| {name} | {SECTION_WORK[name](sizes)} | {need:g}{'' if fits else ' (skipped: budget)'} "
-               f"| {wall} / {cpu} |")
-        if before:
-            rec = before.get(name, {})
-            row += f" {rec.get('seconds', '-')} / {rec.get('cpu_seconds', '-')} ({rec.get('status', 'not run')}) |"
-        lines.append(row)
-    why = open_clip_ready(args.wds0286)
-    lines += ["", f"open_clip_train baseline here: {'ready' if why is None else 'skipped: ' + why}"
-              f" (--wds0286 {args.wds0286})",
-              f"estimated script time: {total:.0f} s of the {args.budget_s:g} s budget"]
-    if args.device == "cuda":
-        call = total + CALL_OVERHEAD_S
-        lines.append(f"one device call: about {call:.0f} s ({CALL_OVERHEAD_S} s start, transfers and installs); "
-                     f"a {SESSION_S} s session holds {int(SESSION_S // call)} such call(s)"
-                     + ("" if call <= SESSION_S else ": TOO LONG, lower --budget-s or use --only"))
-    return "\n".join(lines)
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -885,7 +651,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     sizes = (CPU_QUICK if args.device == "cpu" else QUICK) if args.quick else FULL
     if args.plan:
-        print(plan_text(args, sizes))
+        print(plan_text(args, sizes, [name for name, _ in SECTIONS]))
         return 0
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():

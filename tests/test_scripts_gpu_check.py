@@ -22,8 +22,12 @@ EQUALITY = ("losses", "forward", "train_steps", "bf16", "evaluation", "degrade")
 BASELINE = "open_clip_train infonce"
 
 
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH", "")])}
+
+
 def _run(*args, timeout=900, extra_env=None):
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1]), **(extra_env or {})}
+    env = {**_env(), **(extra_env or {})}
     env.pop("OUT", None)
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env)
@@ -164,7 +168,7 @@ def _assert_kept(out: Path, hang_status: str) -> None:
 def test_a_run_killed_part_way_keeps_every_figure_measured_so_far(tmp_path):
     """SIGKILL (an out-of-memory kill, a hard time limit) in a section's middle: the report on disk parses
     and holds the finished section and the figure the section in flight had made."""
-    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1])}
+    env = _env()
     proc = subprocess.Popen([sys.executable, "-c", HANGING_RUN, str(SCRIPT.parent), "--device", "cpu", "--quick",
                              "--only", "losses,hang", "--out", str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
