@@ -377,7 +377,7 @@ def cpu_fp16_stand_in():
     visible accelerate still picks the CPU) and accelerate's ``Accelerator`` is given what it gives a GPU
     under fp16, float16 autocast and a GradScaler (``torch.amp.GradScaler("cpu")``). Everything after
     (the optimizer wrapper, zsprob's unscale, clip, skipped-step count and loss-scale log) is the real
-    code. Not rehearsed: CUDA's float16 kernels and the CUDA GradScaler's fused unscale."""
+    code. Not rehearsed: CUDA's float16 kernels and CUDA autocast's list of float16 ops (the CPU's differs)."""
     import accelerate
     import torch
 
