@@ -168,9 +168,10 @@ def _assert_kept(out: Path, hang_status: str) -> None:
 def test_a_run_killed_part_way_keeps_every_figure_measured_so_far(tmp_path):
     """SIGKILL (an out-of-memory kill, a hard time limit) in a section's middle: the report on disk parses
     and holds the finished section and the figure the section in flight had made."""
-    env = _env()
+    env = {**_env(), "TMPDIR": str(tmp_path / "tmp")}  # the killed run cannot remove its temporary folder
+    (tmp_path / "tmp").mkdir()
     proc = subprocess.Popen([sys.executable, "-c", HANGING_RUN, str(SCRIPT.parent), "--device", "cpu", "--quick",
-                             "--only", "losses,hang", "--out", str(tmp_path)], stdout=subprocess.PIPE,
+                             "--only", "losses,hang", "--out", str(tmp_path / "gc")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         for line in proc.stdout:
@@ -181,7 +182,7 @@ def test_a_run_killed_part_way_keeps_every_figure_measured_so_far(tmp_path):
     finally:
         proc.kill()
         proc.communicate()
-    _assert_kept(tmp_path, "running")
+    _assert_kept(tmp_path / "gc", "running")
 
 
 def test_sigterm_in_a_section_records_it_interrupted_and_exits_143(tmp_path, monkeypatch):
