@@ -19,9 +19,9 @@ in samples/s): host syncs per step (``torch.cuda.set_sync_debug_mode("warn")`` w
 one step (``torch.utils.flop_counter.FlopCounterMode``); on CUDA every run also reports its peak
 ``torch.cuda.max_memory_allocated``. scripts/gpu_check.py uses these pieces.
 
-open_clip's trainer needs pandas and webdataset 0.2.86 (its pipeline breaks on webdataset 1.0):
-``pip install --no-deps --target /tmp/wds0286 webdataset==0.2.86`` and pass ``--wds0286 /tmp/wds0286``
-(put first on its PYTHONPATH, only for that subprocess).
+open_clip's trainer needs pandas (``pip install -e '.[bench]'``) and webdataset 0.2.86 (its pipeline
+breaks on webdataset 1.0): ``pip install --no-deps --target /tmp/wds0286 webdataset==0.2.86`` and pass
+``--wds0286 /tmp/wds0286`` or set ``ZSPROB_WDS0286`` (put first on its PYTHONPATH, only for that subprocess).
 
     nice python scripts/bench_train.py --world /tmp/sw --steps 20 --batch-size 64
     python scripts/bench_train.py --device cuda --model ViT-B-16 --precision bf16 --image-size 224 \\
@@ -418,7 +418,8 @@ def parse_args(argv=None):
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--probe", action="store_true", help="host syncs, optimizer-step ms, FLOPs (zsprob runs)")
     ap.add_argument("--oc-min-one-worker", action="store_true")
-    ap.add_argument("--wds0286", default="/tmp/wds0286", help="directory with webdataset 0.2.86 for open_clip")
+    ap.add_argument("--wds0286", default=os.environ.get("ZSPROB_WDS0286", "/tmp/wds0286"),
+                    help="directory with webdataset 0.2.86 for open_clip (default: $ZSPROB_WDS0286 or /tmp/wds0286)")
     ap.add_argument("--out", type=Path, default=None, help="write the results JSON here")
     args = ap.parse_args(argv)
     if args.device == "cuda":

@@ -9,10 +9,14 @@ and ``timeout_s: 540``; the command, one line:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/wds0286 .whl-oc/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && set -o pipefail && python3 scripts/gpu_check.py --device cuda --out $OUT --wds0286 /tmp/wds0286 2>&1 | tee $OUT/gpu_check.log
 
 (prefix ``ZSPROB_GIT_HEAD=<git rev-parse HEAD> `` to record the commit: the copied tree has no .git).
-On the CPU, as CI runs it: ``python scripts/gpu_check.py --device cpu --quick --out DIR``.
+On the CPU, as CI runs it: ``python scripts/gpu_check.py --device cpu --quick --out DIR``. Before a lent
+session, ``--plan`` prints what the run will do, section by section, with its estimated seconds and the
+measured cost of the CPU quick run (``--plan-from`` an earlier gpu_check.json adds that run's seconds).
 
 Sections (each timed; an exception is recorded in the JSON and the next section runs; no section
-starts when the budget would be overrun):
+starts when the budget would be overrun). Every figure, run and section is written to the report as
+soon as it is made (scripts/gpu_check_record.py), so a run killed at any point keeps what it measured;
+the exit status is 1 when a section failed or a figure is out of its tolerance:
 
 1. ``versions``: torch, CUDA, cuDNN, the device, python, zsprob's git HEAD.
 2. ``losses``: PCMEPPLoss, InfoNCELoss, ProLIPLoss and CSD on the device in float32 against the CPU in
@@ -22,7 +26,8 @@ starts when the budget would be overrun):
    same three steps in bf16 against float32 on the device, and embedding cosines.
 3. ``throughput``: ``zsprob pretrain`` (InfoNCE, PCME++) against ``open_clip_train.main`` on the
    device (scripts/bench_train.py): median samples/s, peak memory, optimizer-step ms, host syncs per
-   steady step, FLOPs per step and MFU.
+   steady step, FLOPs per step and MFU; a run that fails is recorded as ``{"status": "error"}`` beside
+   the others' figures.
 4. ``evaluation``: 5,000 images (224 px, random) and 25,000 captions through the ProbCLIP on the
    device, CSD top-k ranking on the device and on the CPU from the same embeddings (float32 and
    float64), and zsprob's evaluation on the CPU: identical rankings and metrics, and times.
@@ -35,23 +40,29 @@ this script times, compares and writes the tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check_eval import encode_all, eval_cpu, eval_images, eval_rank, same_up_to_ties, sync  # noqa: E402,F401
+from gpu_check_plan import ESTIMATE, THROUGHPUT_RUNS, estimate, plan_text  # noqa: E402,F401  (tests read them)
+from gpu_check_record import Check, figure  # noqa: E402
 
 #: dense bf16 tensor peak in FLOP/s (first match in the device name wins)
 BF16_PEAK = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12))
@@ -82,79 +93,7 @@ QUICK = Sizes("ViT-B-16", "ViT-B-16", 64, 512, 2, 4, 64, 8, 3, 224, 512, 8, "bf1
 assert FULL.eval_cpu_images <= 250 and QUICK.eval_cpu_images <= 250  # within the first image chunk
 CPU_QUICK = Sizes("zsprob-tiny", "zsprob-tiny", 32, 64, 2, 4, 8, 3, 1, 64, 16, 0, "fp32", 40, 8)
 
-#: rough seconds of each section (full, quick); a section does not start unless they fit the budget
-ESTIMATE = {"versions": (2, 1), "losses": (10, 3), "forward": (20, 3), "train_steps": (60, 10), "bf16": (30, 5),
-            "throughput": (150, 15), "evaluation": (60, 5), "degrade": (15, 3)}
-
-
-# ----------------------------------------------------------------------------- records
-
-def figure(name: str, value, unit: str, tolerance: str | None = None, ok: bool | None = None, note: str = "") -> dict:
-    """One reported number with its unit; ``tolerance`` and ``ok`` for the compared ones."""
-    if isinstance(value, float) and not math.isfinite(value):
-        value = str(value)
-    return {"name": name, "value": value, "unit": unit, "tolerance": tolerance, "pass": ok, "note": note}
-
-
-class Check:
-    """Runs the sections under a time budget and keeps their records."""
-
-    def __init__(self, args, sizes: Sizes, device: str, tmp: Path):
-        self.args, self.sizes, self.device, self.tmp = args, sizes, device, tmp
-        self.t0 = time.perf_counter()
-        self.sections: dict[str, dict] = {}
-        self.shared: dict = {}
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def left(self) -> float:
-        return self.args.budget_s - self.elapsed()
-
-    def run(self, name: str, fn) -> None:
-        need = ESTIMATE[name][1 if self.args.quick or self.device == "cpu" else 0]
-        if self.left() < need:
-            self.sections[name] = {"status": "skipped", "reason": f"time budget: {self.left():.0f} s left of "
-                                   f"{self.args.budget_s:.0f} s, the section needs about {need} s", "seconds": 0.0}
-            print(f"[{name}] skipped (budget)", flush=True)
-            return
-        print(f"[{name}] ...", flush=True)
-        t, cpu = time.perf_counter(), cpu_seconds()
-        try:
-            rec = {"status": "ok", **fn(self)}
-        except Exception as e:  # one failing section is recorded; the next one runs
-            rec = {"status": "error", "error": f"{type(e).__name__}: {e}"[-2000:],
-                   "traceback": traceback.format_exc()[-4000:]}
-        rec["seconds"] = round(time.perf_counter() - t, 2)
-        rec["cpu_seconds"] = round(cpu_seconds() - cpu, 2)
-        if "figures" in rec:
-            flags = [f["pass"] for f in rec["figures"] if f["pass"] is not None]
-            if flags:
-                rec["equal"] = all(flags)
-        self.sections[name] = rec
-        print(f"[{name}] {rec['status']} in {rec['seconds']:.1f} s"
-              + (f" equal={rec['equal']}" if "equal" in rec else "")
-              + (f": {rec['error']}" if rec["status"] == "error" else ""), flush=True)
-
-    def sub_timeout(self) -> float:
-        """A subprocess may run until the budget is spent, plus a margin for writing the report."""
-        return max(30.0, self.left() + 20.0)
-
-
 # ----------------------------------------------------------------------------- helpers
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its finished children."""
-    import resource
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def sync(device: str) -> None:
-    import torch
-    if device == "cuda":
-        torch.cuda.synchronize()
-
 
 class no_tf32:
     """float32 matmuls and convolutions in full float32 (TF32 off) inside the block."""
@@ -212,7 +151,8 @@ def section_versions(c: Check) -> dict:
             info[mod] = __import__(mod).__version__
         except Exception as e:  # a missing package is a finding, not a failure of the section
             info[mod] = f"not importable ({type(e).__name__})"
-    figs = []
+    c.put("info", info)
+    figs = c.figures()
     if c.device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info["capability"] = f"{props.major}.{props.minor}"
@@ -256,7 +196,7 @@ def section_losses(c: Check) -> dict:
 
     from zsprob.prob import csd
     inputs = loss_inputs(c.sizes.loss_n, c.sizes.loss_d)
-    figs = []
+    figs = c.figures()
     for name, make, tol_v, tol_g in loss_cases():
         results = []
         for dtype, device in (("float64", "cpu"), ("float32", c.device)):
@@ -311,7 +251,7 @@ def section_forward(c: Check) -> dict:
         model.to(c.device)
         got = encode(model, images, tokens, c.device)
     c.shared["forward_fp32"] = got
-    figs = []
+    figs = c.figures()
     for i, (part, tol) in enumerate((("image mu", 1e-4), ("image logvar", 1e-3), ("text mu", 1e-4),
                                      ("text logvar", 1e-3))):
         diff = float((got[i] - ref[i]).abs().max())
@@ -378,7 +318,7 @@ def section_train_steps(c: Check) -> dict:
     cpu = three_steps(c, "cpu", "fp32", "cpu_fp32")
     dev = cpu if c.device == "cpu" else three_steps(c, c.device, "fp32", f"{c.device}_fp32")
     c.shared["steps_fp32"] = dev
-    figs = []
+    figs = c.figures()
     for i, (a, b) in enumerate(zip(dev["losses"], cpu["losses"])):
         rel = abs(a - b) / abs(b)
         figs.append(figure(f"step {i + 1} loss {a:.6f} ({c.device}) vs {b:.6f} (CPU)", rel, "relative difference",
@@ -400,7 +340,7 @@ def section_bf16(c: Check) -> dict:
     import torch
     fp32 = c.shared.get("steps_fp32") or three_steps(c, c.device, "fp32", f"{c.device}_fp32")
     bf16 = three_steps(c, c.device, "bf16", f"{c.device}_bf16")
-    figs = []
+    figs = c.figures()
     for i, (a, b) in enumerate(zip(bf16["losses"], fp32["losses"])):
         rel = abs(a - b) / abs(b)
         figs.append(figure(f"step {i + 1} loss {a:.5f} (bf16) vs {b:.5f} (fp32)", rel, "relative difference",
@@ -417,32 +357,71 @@ def section_bf16(c: Check) -> dict:
     for i, part in ((1, "image logvar"), (3, "text logvar")):
         diff = float((got[i] - ref[i]).abs().max())
         figs.append(figure(f"{c.sizes.model} {part}, bf16 vs fp32", diff, "max |diff|", "<= 0.25", diff <= 0.25))
-    if c.device == "cuda":  # fp16 is refused on the CPU (one line, exit 2)
+    if c.device == "cuda":
         figs += fp16_figures(three_steps(c, c.device, "fp16", f"{c.device}_fp16"), fp32)
+    else:  # the CUDA-only fp16 steps rehearsed: the same path, float16 autocast and a GradScaler on the CPU
+        with cpu_fp16_stand_in():
+            rehearsal = three_steps(c, "cpu", "fp16", "cpu_fp16_stand_in")
+        figs += fp16_figures(rehearsal, fp32, FP16_STAND_IN, note="on the CPU: float16 autocast and "
+                             "torch.amp.GradScaler('cpu') in place of CUDA's (cpu_fp16_stand_in)")
     return {"figures": figs, "device": c.device}
 
 
-def fp16_figures(fp16: dict, fp32: dict) -> list[dict]:
-    """The three steps in fp16 (accelerate's GradScaler) against float32: every logged loss finite and,
-    while no step has been skipped (a scaler starting at 2^16 may skip the first ones and back off),
-    within 5%; the skipped steps and the final weights' finiteness are reported."""
+FP16_STAND_IN = "fp16 stand-in"
+
+
+@contextlib.contextmanager
+def cpu_fp16_stand_in():
+    """fp16 training on the CPU in place of CUDA's, so that the fp16 steps of this check run in CI:
+    zsprob's refusal of fp16 on the CPU is lifted (``build.training_on_cpu`` answers False; with no GPU
+    visible accelerate still picks the CPU) and accelerate's ``Accelerator`` is given what it gives a GPU
+    under fp16, float16 autocast and a GradScaler (``torch.amp.GradScaler("cpu")``). Everything after
+    (the optimizer wrapper, zsprob's unscale, clip, skipped-step count and loss-scale log) is the real
+    code. Not rehearsed: CUDA's float16 kernels and CUDA autocast's list of float16 ops (the CPU's differs)."""
+    import accelerate
+    import torch
+
+    import zsprob.train.build as build
+    base, on_cpu = accelerate.Accelerator, build.training_on_cpu
+
+    class StandIn(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.state.mixed_precision == "fp16" and self.device.type == "cpu":
+                self.native_amp = True
+                self.scaler = torch.amp.GradScaler("cpu")
+    accelerate.Accelerator, build.training_on_cpu = StandIn, (lambda tc: False)
+    try:
+        yield
+    finally:
+        accelerate.Accelerator, build.training_on_cpu = base, on_cpu
+
+
+def fp16_figures(fp16: dict, fp32: dict, label: str = "fp16", note: str = "") -> list[dict]:
+    """The three steps in fp16 (accelerate's GradScaler) against float32: a scaler ran (a loss scale in
+    every log record), every logged loss finite and, while no step has been skipped (a scaler starting at
+    2^16 may skip the first ones and back off), within 5%; the skipped steps and the final weights'
+    finiteness are reported."""
     import torch
     skipped = fp16["skipped"]  # cumulative, one per logged step
-    figs = [figure("fp16: updates skipped (GradScaler or non-finite loss), cumulative per step", str(skipped), "steps",
-                   note=f"loss scale after each step {fp16['loss_scales']}; the scaler starts at 2^16 and halves "
-                        "on each skip"),
-            figure("fp16: logged steps", len(fp16["losses"]), "steps", "== 3", len(fp16["losses"]) == 3)]
+    scaled = bool(fp16["loss_scales"]) and all(s is not None for s in fp16["loss_scales"])
+    figs = [figure(f"{label}: updates skipped (GradScaler or non-finite loss), cumulative per step", str(skipped),
+                   "steps", note=f"loss scale after each step {fp16['loss_scales']}; the scaler starts at 2^16 and "
+                                 "halves on each skip"),
+            figure(f"{label}: a GradScaler ran (loss scale logged every step)", scaled, "yes/no", "yes", scaled,
+                   note),
+            figure(f"{label}: logged steps", len(fp16["losses"]), "steps", "== 3", len(fp16["losses"]) == 3)]
     for i, (a, b) in enumerate(zip(fp16["losses"], fp32["losses"])):
         if a is None or not math.isfinite(a):
-            figs.append(figure(f"step {i + 1} loss (fp16)", str(a), "loss", "finite", False))
+            figs.append(figure(f"step {i + 1} loss ({label})", str(a), "loss", "finite", False))
             continue
         rel = abs(a - b) / abs(b)
         judged = i == 0 or skipped[i - 1] == 0  # same weights as fp32 until an update is skipped
-        figs.append(figure(f"step {i + 1} loss {a:.5f} (fp16) vs {b:.5f} (fp32)", rel, "relative difference",
+        figs.append(figure(f"step {i + 1} loss {a:.5f} ({label}) vs {b:.5f} (fp32)", rel, "relative difference",
                            "<= 5e-2" if judged else None, rel <= 5e-2 if judged else None,
                            note="" if judged else "after a skipped step: not comparable, reported only"))
     finite = all(bool(torch.isfinite(v.float()).all()) for v in fp16["weights"].values())
-    figs.append(figure("fp16: final weights finite", finite, "", "all finite", finite))
+    figs.append(figure(f"{label}: final weights finite", finite, "yes/no", "all finite", finite))
     return figs
 
 
@@ -451,34 +430,41 @@ def fp16_figures(fp16: dict, fp32: dict) -> list[dict]:
 def throughput_args(c: Check) -> SimpleNamespace:
     s = c.sizes
     return SimpleNamespace(device=c.device, model=s.train_model, precision=s.tp_precision, steps=s.tp_steps,
-                           skip=s.tp_skip, batch_size=s.tp_batch, threads=c.args.threads, workers=s.tp_workers, probe=True,
-                           wds0286=c.args.wds0286, oc_min_one_worker=False, timeout=c.sub_timeout(),
+                           skip=s.tp_skip, batch_size=s.tp_batch, threads=c.args.threads, workers=s.tp_workers,
+                           probe=True, wds0286=c.args.wds0286, oc_min_one_worker=False, timeout=c.sub_timeout(),
                            inprocess=True)
 
 
 def throughput_runs(c: Check, world: Path, ns) -> dict:
-    from bench_train import open_clip_ready, run_open_clip, run_zsprob
-    runs = {"zsprob infonce": lambda: run_zsprob(world, c.tmp / "tp_zi", "infonce", ns,
-                                                 ["--set", "model.pooling=native"]),
-            "zsprob pcmepp": lambda: run_zsprob(world, c.tmp / "tp_zp", "pcmepp", ns,
-                                                ["--set", "model.pooling=native"])}
-    results, skipped = {}, []
-    why = open_clip_ready(ns.wds0286)
+    """Each run in turn, its result (or ``{"status": "error", ...}``) saved as soon as it ends: one
+    failing run (open_clip's trainer is the likeliest) costs only its own figures."""
+    import bench_train
+    runs = {"zsprob infonce": lambda: bench_train.run_zsprob(world, c.tmp / "tp_zi", "infonce", ns,
+                                                             ["--set", "model.pooling=native"]),
+            "zsprob pcmepp": lambda: bench_train.run_zsprob(world, c.tmp / "tp_zp", "pcmepp", ns,
+                                                            ["--set", "model.pooling=native"])}
+    results: dict = {}
+    skipped: list = []
+    c.put("runs", results)
+    c.put("skipped", skipped)
+    why = bench_train.open_clip_ready(ns.wds0286)
     if why is None:
-        runs["open_clip_train infonce"] = lambda: run_open_clip(world, c.tmp / "tp_oc", ns)
+        runs["open_clip_train infonce"] = lambda: bench_train.run_open_clip(world, c.tmp / "tp_oc", ns)
     else:
         skipped.append({"what": "open_clip_train", "reason": why})
     for name, fn in runs.items():
         ns.timeout = c.sub_timeout()
         try:
-            results[name] = fn()
-        except Exception as e:  # one failing run is recorded; the others still run
-            results[name] = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+            results[name] = {"status": "ok", **fn()}
+        except Exception as e:  # one failing run is recorded beside the others; the others still run
+            results[name] = {"status": "error", "error": f"{type(e).__name__}: {e}"[-2000:]}
+        print(f"[throughput] {name}: {results[name]['status']}", flush=True)
+        c.save()
     return {"runs": results, "skipped": skipped}
 
 
 def run_figures(name: str, res: dict, ns, peak: float | None) -> list[dict]:
-    if "error" in res:
+    if res.get("status") == "error":
         return [figure(f"{name}: failed", None, "", note=res["error"][-300:])]
     figs = [figure(f"{name}: median samples/s", round(res["median_sps"], 1), "samples/s",
                    note=f"{res['steps_measured']} steps after {ns.skip} warm-up")]
@@ -519,13 +505,15 @@ def section_throughput(c: Check) -> dict:
     got = throughput_runs(c, world(c, s.tp_num_pretrain, s.tp_image_size), ns)
     runs, skipped = got["runs"], got["skipped"]
     peak = bf16_peak(device_name(c.device)) if c.device == "cuda" else None
-    figs = [f for name, res in runs.items() for f in run_figures(name, res, ns, peak)]
-    oc = runs.get("open_clip_train infonce", {}).get("median_sps")
+    figs = c.figures()
+    figs += [f for name, res in runs.items() for f in run_figures(name, res, ns, peak)]
+    oc = runs.get("open_clip_train infonce", {})
     for name in ("zsprob infonce", "zsprob pcmepp"):
-        if oc and "median_sps" in runs[name]:
-            figs.append(figure(f"{name} / open_clip_train", round(runs[name]["median_sps"] / oc, 3), "x (samples/s)"))
-        if oc and runs[name].get("peak_mem_bytes") and runs["open_clip_train infonce"].get("peak_mem_bytes"):
-            ratio = runs[name]["peak_mem_bytes"] / runs["open_clip_train infonce"]["peak_mem_bytes"]
+        if oc.get("median_sps") and "median_sps" in runs[name]:
+            figs.append(figure(f"{name} / open_clip_train", round(runs[name]["median_sps"] / oc["median_sps"], 3),
+                               "x (samples/s)"))
+        if oc.get("peak_mem_bytes") and runs[name].get("peak_mem_bytes"):
+            ratio = runs[name]["peak_mem_bytes"] / oc["peak_mem_bytes"]
             figs.append(figure(f"{name} / open_clip_train peak memory", round(ratio, 3), "x (bytes)"))
     mfu, why = mfu_figures(runs, peak, c.device, s.tp_batch)
     figs += mfu
@@ -533,60 +521,16 @@ def section_throughput(c: Check) -> dict:
     if c.device == "cpu":
         skipped.append({"what": "host syncs with torch.cuda.set_sync_debug_mode", "reason": "needs CUDA; counted "
                         "with zsprob.utils.host_sync.HostSyncCounter instead"})
-    failed = [n for n, r in runs.items() if "error" in r]
     out = {"figures": figs, "skipped": skipped, "setup": {k: v for k, v in vars(ns).items() if k != "timeout"},
            "runs": runs}
-    if failed:
-        raise RuntimeError(f"runs failed: {', '.join(failed)}: " + "; ".join(runs[n]["error"][-400:] for n in failed))
+    failed = [n for n, r in runs.items() if r["status"] == "error"]
+    if failed:  # the section is marked failed, every figure of the other runs kept
+        out.update(status="error", error=f"runs failed: {', '.join(failed)}: "
+                   + "; ".join(runs[n]["error"][-400:] for n in failed))
     return out
 
 
 # ----------------------------------------------------------------------------- 4. evaluation
-
-def eval_images(n: int, size: int, device: str, chunk: int = 250):
-    """Random images, generated chunk by chunk on ``device`` (seeded): the same on every call."""
-    import torch
-    for i, a in enumerate(range(0, n, chunk)):
-        g = torch.Generator(device=device).manual_seed(1000 + i)
-        yield torch.randn(min(chunk, n - a), 3, size, size, generator=g, device=device)
-
-
-def encode_all(model, n_images: int, tokens, device: str, bf16: bool, batch: int = 250):
-    """(img_mu, img_lv, cap_mu, cap_lv) on ``device`` and the seconds it took."""
-    import torch
-    sync(device)
-    t = time.perf_counter()
-    parts: list[list] = [[], [], [], []]
-    with torch.no_grad(), torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
-        for images in eval_images(n_images, model.image_size or 224, device):
-            mu, lv = model.encode_image(images)
-            parts[0].append(mu.float())
-            parts[1].append(lv.float())
-        for a in range(0, len(tokens), batch * 4):
-            mu, lv = model.encode_text(tokens[a:a + batch * 4].to(device))
-            parts[2].append(mu.float())
-            parts[3].append(lv.float())
-    out = [torch.cat(p) for p in parts]
-    sync(device)
-    return out, time.perf_counter() - t
-
-
-def rank_both(emb: list, k: int, device: str, dtype):
-    """CSD top-k of both directions on ``device`` from ``emb`` (cast to ``dtype``): indices and seconds."""
-    from zsprob.retrieval.scoring import chunked_topk
-    img_mu, img_lv, cap_mu, cap_lv = (e.to(device=device, dtype=dtype) for e in emb)
-    sync(device)
-    t = time.perf_counter()
-    i2t = chunked_topk("csd", img_mu, img_lv, cap_mu, cap_lv, k)[1]
-    t2i = chunked_topk("csd", cap_mu, cap_lv, img_mu, img_lv, k)[1]
-    return (i2t, t2i), time.perf_counter() - t
-
-
-def recalls(ranked, positives, ks=(1, 5, 10)) -> dict:
-    from zsprob.retrieval.metrics import metrics_from_ranking
-    res = metrics_from_ranking(ranked, positives, ks=ks, r_metrics=False)
-    return {key: float(v.mean()) * 100 for key, v in res.values.items()}
-
 
 def eval_embed(c: Check, n_img: int, figs: list) -> tuple[list, list, object]:
     import torch
@@ -622,108 +566,8 @@ def eval_cpu_subsample(c: Check, model, tokens, emb: list, figs: list) -> None:
                        diff <= 1e-3))
 
 
-def eval_rank(c: Check, emb: list, n_img: int, figs: list) -> dict:
-    import numpy as np
-    import torch
-
-    from zsprob.retrieval.metrics import positives_from_assignment
-    cap_img = np.repeat(np.arange(n_img), 5)
-    i2t_pos = positives_from_assignment(cap_img, n_img)
-    t2i_pos = i2t_pos.T.tocsr()
-    emb_cpu = [e.cpu() for e in emb]
-    metrics = {}
-    for dtype in (torch.float32, torch.float64):
-        tag = str(dtype).split(".")[-1]
-        (d_i2t, d_t2i), d_s = rank_both(emb, c.sizes.eval_k, c.device, dtype)
-        (c_i2t, c_t2i), c_s = rank_both(emb_cpu, c.sizes.eval_k, "cpu", dtype)
-        figs.append(figure(f"CSD top-{c.sizes.eval_k} both directions, {tag}, {c.device}", round(d_s, 3), "s"))
-        figs.append(figure(f"CSD top-{c.sizes.eval_k} both directions, {tag}, CPU", round(c_s, 3), "s"))
-        same = float(torch.cat([(d_i2t == c_i2t).all(1), (d_t2i == c_t2i).all(1)]).float().mean())
-        tied = float(torch.cat([same_up_to_ties(d_i2t, c_i2t, emb_cpu, False),
-                                same_up_to_ties(d_t2i, c_t2i, emb_cpu, True)]).float().mean())
-        tol = 0.999 if dtype == torch.float64 else 0.99
-        figs.append(figure(f"{tag} ranked lists identical, {c.device} vs CPU", same, "fraction of queries",
-                           note="exact ties (repeated captions) may be ordered differently by each device"))
-        figs.append(figure(f"{tag} ranked lists identical up to exact ties, {c.device} vs CPU", tied,
-                           "fraction of queries", f">= {tol}", tied >= tol,
-                           note="the float64 CSD of each listed pair, rank by rank, equal to 1e-12 relative"))
-        dev_m = {**{f"i2t {k}": v for k, v in recalls(d_i2t, i2t_pos).items()},
-                 **{f"t2i {k}": v for k, v in recalls(d_t2i, t2i_pos).items()}}
-        cpu_m = {**{f"i2t {k}": v for k, v in recalls(c_i2t, i2t_pos).items()},
-                 **{f"t2i {k}": v for k, v in recalls(c_t2i, t2i_pos).items()}}
-        diff = max(abs(dev_m[k] - cpu_m[k]) for k in dev_m)
-        mtol = 0.0 if dtype == torch.float64 else 0.1
-        figs.append(figure(f"{tag} R@1/5/10 both directions, {c.device} vs CPU", diff, "max |diff|, percentage points",
-                           f"<= {mtol:g}", diff <= mtol))
-        metrics[tag] = dev_m
-    return metrics
-
-
-def same_up_to_ties(dev, cpu, emb: list, captions_first: bool):
-    """Per query: the two top-k lists rank the same gallery scores, i.e. they are equal up to the order
-    of exactly tied items. The float64 CSD of each listed (query, item) pair is compared rank by rank
-    (relative 1e-12), so lists that differ only among repeated, identical captions count as equal."""
-    import torch
-
-    from zsprob.prob.distances import csd
-    img_mu, img_lv, cap_mu, cap_lv = (e.cpu().double() for e in emb)
-    q_mu, q_lv, g_mu, g_lv = (cap_mu, cap_lv, img_mu, img_lv) if captions_first else (img_mu, img_lv, cap_mu, cap_lv)
-    ok = []
-    for a in range(0, len(dev), 1024):
-        rows = slice(a, a + 1024)
-        score = csd(q_mu[rows], q_lv[rows], g_mu, g_lv)  # [chunk, gallery] in float64
-        d = score.gather(1, dev[rows].cpu().long())
-        c = score.gather(1, cpu[rows].cpu().long())
-        ok.append(((d - c).abs() <= 1e-12 * c.abs().clamp_min(1.0)).all(1))
-    return torch.cat(ok)
-
-
-def eval_cpu(emb: list, n_img: int, ref: dict, figs: list) -> None:
-    import numpy as np
-
-    from zsprob.retrieval import Embeddings, evaluate_embeddings
-    from zsprob.retrieval.benchmarks import BenchmarkSet, RetrievalTask
-    from zsprob.retrieval.metrics import positives_from_assignment
-    import scipy.sparse as sp
-    cap_img = np.repeat(np.arange(n_img), 5)
-    pos = positives_from_assignment(cap_img, n_img)
-    task = RetrievalTask("coco5k-sized", np.arange(n_img), np.arange(5 * n_img), cap_img,
-                         sets=[BenchmarkSet("caption", pos, sp.csr_matrix(pos.T))])
-    e = [t.cpu() for t in emb]
-    data = Embeddings(image_ids=task.image_ids, caption_ids=task.caption_ids, image_mu=e[0], caption_mu=e[2],
-                      image_logvar=e[1], caption_logvar=e[3], caption_image=cap_img)
-    t = time.perf_counter()
-    res = evaluate_embeddings(data, task, score="csd")
-    figs.append(figure("zsprob evaluation (CSD, every metric), CPU", round(time.perf_counter() - t, 3), "s",
-                       note=res.metrics.get("setup", {}).get("method", "")))
-    got = flat_recalls(res.metrics)
-    common = [k for k in ref if k in got]
-    diffs = {k: round(got[k] - ref[k], 6) for k in common}
-    # float32 scores on both sides, computed differently: near-ties may order a few queries otherwise
-    ok = bool(common) and all(abs(diffs[k]) <= 0.1 for k in common)
-    figs.append(figure(f"CPU evaluation R@K vs float32 top-k on the device ({len(common)} values)",
-                       max((abs(v) for v in diffs.values()), default=float("nan")), "max |diff|, percentage points",
-                       "<= 0.1", ok, note=f"differences: {diffs}"))
-
-
-def flat_recalls(metrics: dict) -> dict:
-    """{"i2t r@1": value, ...} from an EvalResult's nested metrics (first recall set)."""
-    out = {}
-
-    def walk(d, path):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, path + [str(k)])
-            elif isinstance(v, (int, float)) and str(k).lower() in ("r@1", "r@5", "r@10"):
-                direction = next((p for p in path if p in ("i2t", "t2i")), None)
-                if direction and f"{direction} {k.lower()}" not in out:
-                    out[f"{direction} {k.lower()}"] = float(v)
-    walk(metrics, [])
-    return out
-
-
 def section_evaluation(c: Check) -> dict:
-    figs: list = []
+    figs = c.figures()
     n_img = c.sizes.eval_images
     emb, tokens, model = eval_embed(c, n_img, figs)
     metrics = eval_rank(c, emb, n_img, figs)
@@ -753,7 +597,8 @@ def section_degrade(c: Check) -> dict:
     sync(c.device)
     seconds = time.perf_counter() - t
     differ = int((got.cpu() != ref).sum())
-    figs = [figure(f"JPEG round trip on {c.device} vs libjpeg (CPU), {n} images {side}x{side + 5}, q 5..20",
+    figs = c.figures()
+    figs += [figure(f"JPEG round trip on {c.device} vs libjpeg (CPU), {n} images {side}x{side + 5}, q 5..20",
                    differ, "pixels that differ", "0", differ == 0),
             figure(f"JPEG round trip on {c.device}, first call", seconds, "s")]
     normed = (torch.rand(n, 3, side, side, generator=g) - 0.5).to(c.device)
@@ -773,57 +618,6 @@ SECTIONS = [("versions", section_versions), ("losses", section_losses), ("forwar
             ("evaluation", section_evaluation), ("degrade", section_degrade)]
 
 
-# ----------------------------------------------------------------------------- report
-
-def write_report(c: Check, out: Path) -> None:
-    info = c.sections.get("versions", {}).get("info", {})
-    doc = {"device": c.device, "device_name": info.get("device") or device_name(c.device), "quick": c.args.quick,
-           "budget_s": c.args.budget_s, "total_s": round(c.elapsed(), 1), "cpu_s": round(cpu_seconds(), 1),
-           "sizes": asdict(c.sizes),
-           "sections": c.sections}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(doc, indent=1, default=str))
-    (out / "gpu_check.md").write_text(markdown(doc))
-
-
-def fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if (v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e5)) else f"{v:.4g}"
-    return "-" if v is None else str(v)
-
-
-def cell(v) -> str:
-    """Text for one Markdown table cell: pipes escaped, one line."""
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown(doc: dict) -> str:
-    lines = [f"# zsprob GPU check: {doc['device_name']}", "",
-             f"Device: `{doc['device']}` ({doc['device_name']}); quick: {doc['quick']}; "
-             f"total {doc['total_s']} s wall ({doc['cpu_s']} CPU s) of a {doc['budget_s']} s budget.", ""]
-    info = doc["sections"].get("versions", {}).get("info", {})
-    if info:
-        lines += ["| version | value |", "| --- | --- |"] + [f"| {k} | {cell(v)} |" for k, v in info.items()] + [""]
-    lines += ["Per section: wall seconds (s) and CPU seconds of this process and its children (cpu s).", "",
-              "| section | status | s | cpu s | figure | value | unit | tolerance | pass |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, rec in doc["sections"].items():
-        head = f"| {name} | {rec['status']} | {rec.get('seconds', 0)} | {rec.get('cpu_seconds', 0)} "
-        if rec["status"] != "ok":
-            lines.append(head + f"| {cell(rec.get('reason') or rec.get('error', ''))} | | | | |")
-            head = "| | | | "
-        for f in rec.get("figures", []):
-            ok = "" if f["pass"] is None else ("yes" if f["pass"] else "**NO**")
-            note = f" ({f['note']})" if f.get("note") else ""
-            lines.append(head + f"| {cell(f['name'] + note)} | {cell(fmt(f['value']))} | {cell(f['unit'])} "
-                         f"| {cell(f['tolerance'] or '')} | {ok} |")
-            head = "| | | | "
-        for s in rec.get("skipped", []):
-            lines.append(head + f"| {cell(s['what'])}: skipped | | | {cell(s['reason'])} | |")
-            head = "| | | | "
-    return "\n".join(lines) + "\n"
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -833,13 +627,32 @@ def parse_args(argv=None):
     ap.add_argument("--budget-s", type=float, default=420.0, help="no section starts when it would overrun this")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: torch's, 1 with --device cpu --quick)")
-    ap.add_argument("--wds0286", default="/tmp/wds0286", help="directory with webdataset 0.2.86 for open_clip_train")
+    ap.add_argument("--wds0286", default=os.environ.get("ZSPROB_WDS0286", "/tmp/wds0286"),
+                    help="directory with webdataset 0.2.86 for open_clip_train (default: $ZSPROB_WDS0286 or "
+                         "/tmp/wds0286)")
     ap.add_argument("--only", default=None, help="comma-separated section names (default: all)")
-    return ap.parse_args(argv)
+    ap.add_argument("--plan", action="store_true",
+                    help="print the sections, runs, sizes and time estimates of this run and exit (runs nothing)")
+    ap.add_argument("--plan-from", type=Path, default=None,
+                    help="with --plan: also show each section's seconds from this earlier gpu_check.json")
+    args = ap.parse_args(argv)
+    unknown = set(args.only.split(",")) - {name for name, _ in SECTIONS} if args.only else set()
+    if unknown:
+        ap.error(f"--only: unknown section(s) {', '.join(sorted(unknown))}")
+    return args
+
+
+def stop_on_sigterm(signum, frame):
+    """SIGTERM (a time limit's first signal) ends the run as Ctrl-C would: the report is written first."""
+    raise SystemExit(128 + signum)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    sizes = (CPU_QUICK if args.device == "cpu" else QUICK) if args.quick else FULL
+    if args.plan:
+        print(plan_text(args, sizes, [name for name, _ in SECTIONS]))
+        return 0
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check.py: error: --device cuda but torch sees no CUDA device (use --device cpu)", file=sys.stderr)
@@ -847,20 +660,24 @@ def main(argv=None) -> int:
     # the CPU quick run's tensors are tiny: one thread wastes nothing and does not spin on a shared machine
     args.threads = args.threads or (1 if args.device == "cpu" and args.quick else torch.get_num_threads())
     torch.set_num_threads(args.threads)
-    sizes = (CPU_QUICK if args.device == "cpu" else QUICK) if args.quick else FULL
     only = set(args.only.split(",")) if args.only else None
     tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
-    check = Check(args, sizes, args.device, tmp)
+    check = Check(args, sizes, args.device, tmp, args.out, device_name(args.device))
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm) if main_thread else None
     try:
         for name, fn in SECTIONS:
             if only is None or name in only:
-                check.run(name, fn)
-                write_report(check, args.out)  # a report even if the machine is taken away later
+                check.run(name, fn, estimate(name, args))  # each figure is on disk as soon as it is made
     finally:
-        write_report(check, args.out)
+        check.save()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"wrote {args.out / 'gpu_check.json'} and {args.out / 'gpu_check.md'} in {check.elapsed():.0f} s")
-    return 0
+    failed = check.failed()
+    print(f"wrote {args.out / 'gpu_check.json'} and {args.out / 'gpu_check.md'} in {check.elapsed():.0f} s"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
