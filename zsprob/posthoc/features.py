@@ -38,28 +38,26 @@ class DataSpec:
                 else str(self.path), "max_samples": self.max_samples}
 
 
-def _shard_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int, device):
+def _shard_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int, pin: bool):
     from zsprob.data.webdataset import build_wds_pipeline
-    from zsprob.train.data import pins_memory
 
     synthetic = spec.kind == "synthetic"
     loader = build_wds_pipeline(spec.path, preprocess=model.preprocess_val, tokenizer=model.tokenizer, epoch=view,
                                 batch_size=batch_size, seed=seed, shuffle=False, num_workers=spec.workers,
-                                caption_key="json:captions" if synthetic else "txt", pin_memory=pins_memory(device),
+                                caption_key="json:captions" if synthetic else "txt", pin_memory=pin,
                                 dataset_type="synthetic" if synthetic else "webdataset")
     for batch in loader:
         yield batch[0], batch[1]
 
 
-def _coco_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int, device):
+def _coco_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int, pin: bool):
     from zsprob.data.coco import CocoCaptions, CocoPairs
-    from zsprob.train.data import pins_memory
 
     pairs = CocoPairs(CocoCaptions(spec.path, split="train", official_ids=False, instances=False),
                       model.preprocess_val, model.tokenizer, mode="random", seed=seed)
     pairs.set_epoch(view)
     loader = torch.utils.data.DataLoader(pairs, batch_size=batch_size, shuffle=False, num_workers=spec.workers,
-                                         pin_memory=pins_memory(device))
+                                         pin_memory=pin)
     for images, tokens, _image_index, _caption_index in loader:
         yield images, tokens
 
@@ -69,7 +67,8 @@ def pair_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int, d
     page-locked memory when bound for a CUDA ``device``."""
     source = _coco_batches if spec.kind == "coco" else _shard_batches
     seen = 0
-    for images, tokens in source(spec, model, batch_size, view, seed, device):
+    pin = device is not None and torch.device(device).type == "cuda"  # CUDA: non-blocking copies to the device
+    for images, tokens in source(spec, model, batch_size, view, seed, pin):
         if spec.max_samples is not None:
             images, tokens = images[:spec.max_samples - seen], tokens[:spec.max_samples - seen]
         if images.shape[0] == 0:
