@@ -126,12 +126,15 @@ def test_discriminator_and_autoencoder_updates_touch_only_their_own_parameters()
     codes = step_module.codes(batch)
     before = _snapshot(step_module)
     d_loss, _ = step_module.discriminator_loss(codes, step=0)
-    assert jwae_step._update(run, d_loss, list(loss.parameters()), model.trainable_parameters())
+    jwae_step._backward_check(run, d_loss, list(loss.parameters()), model.trainable_parameters())
+    jwae_step.optimizer_step(run)
+    optimizer.zero_grad(set_to_none=True)
     changed = _changed(step_module, before)
     assert changed and all(n.startswith("loss.discriminator.") for n in changed), changed
     before = _snapshot(step_module)
     g_loss, _ = step_module.generator_loss(codes)
-    assert jwae_step._update(run, g_loss, model.trainable_parameters(), list(loss.parameters()))
+    assert jwae_step.apply_if_finite(run, jwae_step._backward_check(run, g_loss, model.trainable_parameters(),
+                                                                    list(loss.parameters())))
     changed = _changed(step_module, before)
     assert {n.split(".")[1] for n in changed} == {"image_encoder", "image_decoder", "text_encoder", "text_decoder"}
     assert all(n.startswith("model.") and not n.startswith("model.tower.") for n in changed), changed

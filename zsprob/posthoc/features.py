@@ -38,34 +38,37 @@ class DataSpec:
                 else str(self.path), "max_samples": self.max_samples}
 
 
-def _shard_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int):
+def _shard_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int, pin: bool):
     from zsprob.data.webdataset import build_wds_pipeline
 
     synthetic = spec.kind == "synthetic"
     loader = build_wds_pipeline(spec.path, preprocess=model.preprocess_val, tokenizer=model.tokenizer, epoch=view,
                                 batch_size=batch_size, seed=seed, shuffle=False, num_workers=spec.workers,
-                                caption_key="json:captions" if synthetic else "txt",
+                                caption_key="json:captions" if synthetic else "txt", pin_memory=pin,
                                 dataset_type="synthetic" if synthetic else "webdataset")
     for batch in loader:
         yield batch[0], batch[1]
 
 
-def _coco_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int):
+def _coco_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int, pin: bool):
     from zsprob.data.coco import CocoCaptions, CocoPairs
 
     pairs = CocoPairs(CocoCaptions(spec.path, split="train", official_ids=False, instances=False),
                       model.preprocess_val, model.tokenizer, mode="random", seed=seed)
     pairs.set_epoch(view)
-    loader = torch.utils.data.DataLoader(pairs, batch_size=batch_size, shuffle=False, num_workers=spec.workers)
+    loader = torch.utils.data.DataLoader(pairs, batch_size=batch_size, shuffle=False, num_workers=spec.workers,
+                                         pin_memory=pin)
     for images, tokens, _image_index, _caption_index in loader:
         yield images, tokens
 
 
-def pair_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int):
-    """(images, tokens) batches of one view, in the data's order, capped at ``spec.max_samples`` images."""
+def pair_batches(spec: DataSpec, model, batch_size: int, view: int, seed: int, device=None):
+    """(images, tokens) batches of one view, in the data's order, capped at ``spec.max_samples`` images; in
+    page-locked memory when bound for a CUDA ``device``."""
     source = _coco_batches if spec.kind == "coco" else _shard_batches
     seen = 0
-    for images, tokens in source(spec, model, batch_size, view, seed):
+    pin = device is not None and torch.device(device).type == "cuda"  # CUDA: non-blocking copies to the device
+    for images, tokens in source(spec, model, batch_size, view, seed, pin):
         if spec.max_samples is not None:
             images, tokens = images[:spec.max_samples - seen], tokens[:spec.max_samples - seen]
         if images.shape[0] == 0:
@@ -100,12 +103,12 @@ def extract(model, adapters: dict, spec: DataSpec, *, views: int, batch_size: in
     rows: dict[str, list[torch.Tensor]] = {}
     bar = tqdm(desc="post-hoc features", unit="img", disable=not progress)
     for view in range(views):
-        for index, (images, tokens) in enumerate(pair_batches(spec, model, batch_size, view, seed)):
+        for index, (images, tokens) in enumerate(pair_batches(spec, model, batch_size, view, seed, device)):
             generator = torch.Generator().manual_seed(_view_seed(seed, view, index))
             degraded, deleted = _copies(model, images, tokens, generator, mask_spec)
             inputs = {"image": images, "image_copy": degraded, "text": tokens, "text_copy": deleted}
             for part, value in inputs.items():
-                mu, features = adapters[part.split("_")[0]].encode(value.to(device))
+                mu, features = adapters[part.split("_")[0]].encode(value.to(device, non_blocking=True))
                 rows.setdefault(f"{part}_mu", []).append(mu.float().cpu())
                 rows.setdefault(f"{part}_features", []).append(features.float().cpu())
             bar.update(images.shape[0])

@@ -42,7 +42,7 @@ def infonce_output_grads(image_z: torch.Tensor, text_z: torch.Tensor, logit_scal
         zi = image_z[start:start + batch_size].detach().double().requires_grad_(True)
         zt = text_z[start:start + batch_size].detach().double().requires_grad_(True)
         logits = logit_scale * F.normalize(zi, dim=-1) @ F.normalize(zt, dim=-1).t()
-        labels = torch.arange(zi.shape[0])
+        labels = torch.arange(zi.shape[0], device=zi.device)
         loss = 0.5 * (F.cross_entropy(logits, labels, reduction="sum")
                       + F.cross_entropy(logits.t(), labels, reduction="sum"))
         grads.append(torch.autograd.grad(loss, (zi, zt)))
@@ -67,8 +67,8 @@ class KFACPosterior:
         self.n = int(n)
         self.eig_a, self.q_a = torch.linalg.eigh(factor_a.double())
         self.eig_g, self.q_g = torch.linalg.eigh(factor_g.double())
-        weight_sq = float(self.weight.square().sum() + (0 if self.bias is None else self.bias.square().sum()))
         if prior is None:
+            weight_sq = float(self.weight.square().sum() + (0 if self.bias is None else self.bias.square().sum()))
             prior = max(PRIOR_GRID, key=lambda lam: log_evidence(lam, self.eig_a, self.eig_g, self.n, weight_sq))
         self.prior = float(prior)
 
@@ -126,6 +126,7 @@ def fit_laplace(adapters: dict, features: dict, settings, device, progress: bool
 
     from zsprob.posthoc.adapter import train_heads
 
+    features = {k: v.to(device) for k, v in features.items()}  # the cached rows meet the weights on the device
     posteriors = _posteriors(adapters, features, settings)
     targets = dict(features)
     for part in PARTS:
@@ -136,8 +137,8 @@ def fit_laplace(adapters: dict, features: dict, settings, device, progress: bool
     agreement = {}
     with torch.no_grad():
         for side in ("image", "text"):
-            head = adapters[side].logvar(features[f"{side}_features"].to(device)).exp().sum(1).cpu()
-            exact = targets[f"{side}_laplace"].exp().sum(1)
+            head = adapters[side].logvar(features[f"{side}_features"]).exp().sum(1).cpu()
+            exact = targets[f"{side}_laplace"].exp().sum(1).cpu()
             agreement[side] = float(spearmanr(head.numpy(), exact.numpy()).statistic)
     return {**fitted, "prior_precision": {s: p.prior for s, p in posteriors.items()},
             "distillation_spearman": agreement}

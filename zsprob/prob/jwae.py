@@ -51,13 +51,9 @@ class PriorDiscriminator(nn.Module):
         return self.net(z)
 
 
-def sample_prior(n: int, dim: int, *, like: torch.Tensor | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """n samples of N(0, I_dim) (device / dtype of ``like``)."""
-    dev = generator.device if generator is not None else (like.device if like is not None else "cpu")
-    dtype = like.dtype if like is not None else torch.float32
-    z = torch.randn((n, dim), generator=generator, device=dev, dtype=dtype)
-    return z.to(like.device) if like is not None else z
+def sample_prior(n: int, dim: int, *, like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """n samples of N(0, I_dim) on the device and in the dtype of ``like`` (``generator``: one on that device)."""
+    return torch.randn((n, dim), generator=generator, device=like.device, dtype=like.dtype)
 
 
 def discriminator_loss(disc: nn.Module, z_codes: torch.Tensor, z_prior: torch.Tensor | None = None,
@@ -67,7 +63,7 @@ def discriminator_loss(disc: nn.Module, z_codes: torch.Tensor, z_prior: torch.Te
     if z_prior is None:
         z_prior = sample_prior(z_codes.shape[0], z_codes.shape[1], like=z_codes, generator=generator)
     logits = disc(torch.cat([z_prior, z_codes.detach()], dim=0))
-    labels = torch.cat([torch.ones(z_prior.shape[0]), torch.zeros(z_codes.shape[0])]).long().to(logits.device)
+    labels = (torch.arange(logits.shape[0], device=logits.device) < z_prior.shape[0]).long()  # made on the device
     return F.cross_entropy(logits, labels)
 
 

@@ -65,15 +65,6 @@ def block_diag_targets(local: torch.Tensor) -> torch.Tensor:
     return torch.block_diag(*blocks.unbind(0))
 
 
-def all_reduce_any(flag: bool, device: torch.device) -> bool:
-    """True if ``flag`` is true on any process (used to end a data epoch together)."""
-    if not is_distributed():
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
 def mean_across(values: torch.Tensor) -> torch.Tensor:
     """Average a tensor over processes (for logging)."""
     if not is_distributed():

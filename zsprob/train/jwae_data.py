@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError
-from zsprob.train.data import BatchSource, mixed_seed
+from zsprob.train.data import BatchSource, mixed_seed, pins_memory
 
 __all__ = ["RawStore", "FeatureStore", "SemiSupervisedSource"]
 
@@ -64,15 +64,15 @@ class FeatureStore:
         n_caps = np.array([raw.n_captions(i) for i in range(n)])
         c_max = int(n_caps.max())
         device = device or next(model.parameters()).device
-        img = torch.cat([model.image_features(raw.images(np.arange(s, min(n, s + batch_size))).to(device)).cpu()
+        img = torch.cat([model.image_features(_to_device(raw.images(np.arange(s, min(n, s + batch_size))), device))
                          for s in range(0, n, batch_size)])
         pairs = [(i, c) for i in range(n) for c in range(c_max)]
         txt = []
         for s in range(0, len(pairs), 4 * batch_size):
             chunk = np.array(pairs[s:s + 4 * batch_size])
             which = np.minimum(chunk[:, 1], n_caps[chunk[:, 0]] - 1)
-            txt.append(model.text_features(raw.texts(chunk[:, 0], which).to(device)).cpu())
-        return cls(img, torch.cat(txt).view(n, c_max, -1), n_caps)
+            txt.append(model.text_features(_to_device(raw.texts(chunk[:, 0], which), device)))
+        return cls(img.cpu(), torch.cat(txt).view(n, c_max, -1).cpu(), n_caps)  # read back once
 
     @classmethod
     def cached(cls, path, fingerprint: dict, model, raw: RawStore) -> "FeatureStore":
@@ -111,6 +111,11 @@ class FeatureStore:
 
     def texts(self, idx: np.ndarray, which: np.ndarray) -> torch.Tensor:
         return self.text_feats[torch.as_tensor(idx, dtype=torch.long), torch.as_tensor(which, dtype=torch.long)]
+
+
+def _to_device(x: torch.Tensor, device) -> torch.Tensor:
+    """``x`` on ``device``, copied from page-locked memory for CUDA, so that the copy does not block."""
+    return (x.pin_memory() if pins_memory(device) else x).to(device, non_blocking=True)
 
 
 class SemiSupervisedSource(BatchSource):

@@ -7,13 +7,15 @@ two groups (``optim.lr``, ``optim.disc_lr``), each update with gradients on one 
 is the step module's ``loss``, so the loop's schedule, checkpoints, resume and hooks apply. Single process."""
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
 from zsprob.errors import UserError
 from zsprob.train.data import mixed_seed
 from zsprob.train.schedule import create_optimisation, resolve_schedule
-from zsprob.train.step import clip_and_apply, count_outcome, fetch
+from zsprob.train.step import apply_if_finite, clip_check, count_outcome, fetch, optimizer_step
 
 __all__ = ["JWAEStep", "build", "one_step", "build_model", "build_source"]
 
@@ -152,25 +154,35 @@ def _to(batch: dict, device) -> dict:
     return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
-def _update(run, loss: torch.Tensor, params: list, drop: list) -> bool:
-    """Backward ``loss``, drop the gradients of ``drop``, clip ``params``, step unless non-finite."""
+def _backward_check(run, loss: torch.Tensor, params: list, drop: list) -> torch.Tensor:
+    """Backward ``loss``, drop the gradients of ``drop``, clip ``params``; the update's finiteness check."""
     run.acc.backward(loss)
     for p in drop:
         p.grad = None
-    return clip_and_apply(run, loss, [params])[0]
+    return clip_check(run, loss, [params])[0]
 
 
 def one_step(run, step: int) -> dict:
-    """Discriminator update, then autoencoder update, on one semi-supervised batch; returns the stats."""
+    """Discriminator update, then autoencoder update, on one semi-supervised batch; returns the stats. One
+    verdict for both (the step's one host read): a non-finite term skips the whole step, the discriminator's
+    update, made before it so that the autoencoders play against it, undone."""
     batch = _to(fetch(run), run.acc.device)
     raw: JWAEStep = run.raw
     ae_params = raw.model.trainable_parameters()
     disc_params = list(raw.loss.parameters())
     codes = raw.codes(batch)
     d_loss, d_stats = raw.discriminator_loss(codes, step)
-    d_ok = _update(run, d_loss, disc_params, ae_params)
+    d_check = _backward_check(run, d_loss, disc_params, ae_params)
+    kept = {p: (p.detach().clone(), copy.deepcopy(run.optimizer.state[p])) for p in disc_params}
+    optimizer_step(run)
+    run.optimizer.zero_grad(set_to_none=True)
     g_loss, g_stats = raw.generator_loss(codes)
-    g_ok = _update(run, g_loss, ae_params, disc_params)
-    count_outcome(run, d_ok and g_ok, g_loss, step, "jWAE loss")
+    ok = apply_if_finite(run, _backward_check(run, g_loss, ae_params, disc_params) + 0.0 * d_check)
+    if not ok:  # the discriminator's update undone
+        with torch.no_grad():
+            for p, (value, state) in kept.items():
+                p.copy_(value)
+                run.optimizer.state[p] = state
+    count_outcome(run, ok, g_loss, step, "jWAE loss")
     return {**g_stats, **d_stats, "n_unpaired_img": 0 if codes[2] is None else codes[2][2].shape[0],
             "n_unpaired_txt": 0 if codes[3] is None else codes[3][2].shape[0]}

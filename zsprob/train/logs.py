@@ -15,24 +15,19 @@ from zsprob.train.run import Run
 from zsprob.utils.io import append_jsonl
 
 
-def _scalar(v) -> float | int | None:
-    """A one-element tensor or a number as a float; None for anything else."""
-    if isinstance(v, torch.Tensor):
-        if v.numel() != 1:
-            return None
-        return v.detach().float().item()
-    if isinstance(v, (int, float, np.floating, np.integer)):
-        return float(v)
-    return None
+def read_scalars(values: list) -> list[float]:
+    """Numbers and one-element tensors as floats, the tensors read on the host together: one stacked copy
+    from the first tensor's device, one sync."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack([t.detach().float().reshape(()).to(tensors[0].device) for t in tensors]).tolist()
+                if tensors else ())
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
 def loss_scalars(loss: nn.Module) -> dict[str, float]:
     """The loss's one-number parameters (PCME++'s a, b, ...) by name."""
-    out = {}
-    for name, p in loss.named_parameters():
-        if p.numel() == 1:
-            out[name] = float(p.detach().float().item())
-    return out
+    named = {name: p for name, p in loss.named_parameters() if p.numel() == 1}
+    return dict(zip(named, read_scalars(list(named.values()))))
 
 
 def current_lrs(optimizer) -> dict[str, float]:
@@ -47,17 +42,19 @@ def log_record(run: Run, step_done: int, stats: dict, lr_groups: dict, log_every
     mean_loss = (run.counters.loss_sum / max(1, run.counters.n_in_interval))
     if run.world > 1:
         mean_loss = dist.mean_across(mean_loss)
-    interval_loss = float(mean_loss.item()) if run.counters.n_in_interval else None  # None: all skipped
+    # the interval's mean loss, the last step's terms on this process (rank 0), the loss's one-number parameters
+    # and the fp16 loss scale: read in one stacked copy
+    terms = {k: v for k, v in stats.items() if k not in ("step", "epoch", "loss") and (
+        isinstance(v, torch.Tensor) and v.numel() == 1 or isinstance(v, (int, float, np.floating, np.integer)))}
+    terms.update({k: p for k, p in run.raw.loss.named_parameters() if p.numel() == 1 and k not in terms})
+    scale = getattr(run.acc.scaler, "_scale", None)
+    read = read_scalars([mean_loss, *terms.values()] + ([scale] if scale is not None else []))
+    interval_loss = read[0] if run.counters.n_in_interval else None  # None: all skipped
     if interval_loss is not None:
         run.counters.last_loss = interval_loss
     steps_in = step_done - (step_done - 1) // log_every * log_every if step_done == run.total_steps else log_every
-    rec: dict[str, Any] = {"step": step_done, "epoch": run.cursor.epoch, "loss": interval_loss}
-    for k, v in stats.items():  # the last step's terms on this process (rank 0)
-        s = _scalar(v)
-        if s is not None and k not in rec:
-            rec[k] = s
-    for k, v in loss_scalars(run.raw.loss).items():
-        rec.setdefault(k, v)
+    rec: dict[str, Any] = {"step": step_done, "epoch": run.cursor.epoch, "loss": interval_loss,
+                           **dict(zip(terms, read[1:]))}
     rec["lr"] = max(lr_groups.values()) if lr_groups else 0.0
     rec["lr_groups"] = lr_groups
     elapsed = now - run.counters.t_interval
@@ -65,9 +62,8 @@ def log_record(run: Run, step_done: int, stats: dict, lr_groups: dict, log_every
     rec["data_time_frac"] = run.counters.data_time / max(elapsed, 1e-9)
     rec["nonfinite_total"] = run.counters.nonfinite_total
     if run.acc.scaler is not None:  # fp16: the loss scale now and the updates the scaler has skipped
-        scale = getattr(run.acc.scaler, "_scale", None)
         if scale is not None:
-            rec["loss_scale"] = float(scale.item())
+            rec["loss_scale"] = read[-1]
         rec["scaler_skipped_total"] = run.counters.scaler_skipped
     if run.noise > 0:
         rec["noisy_pairs"] = run.counters.noisy_rows

@@ -30,7 +30,6 @@ from torch import nn
 
 from zsprob.config import dump_yaml
 from zsprob.errors import Preempted, UserError
-from zsprob.train import distributed as dist
 from zsprob.train import remote_sync, resilience, state
 from zsprob.train.build import build_run, make_accelerator
 from zsprob.train.checkpoints import restore_state, save_checkpoint, save_model
@@ -185,9 +184,7 @@ def after_step(run: Run, step_done: int, stats: dict, bar) -> bool:
 def stop_if_signalled(run: Run, stop: resilience.StopSignals, step_done: int, saved: bool) -> None:
     """After a pre-emption signal on any process: checkpoint ``step_done`` unless just done, then raise
     :class:`Preempted` (after the last step the run finishes normally)."""
-    received = stop.received is not None
-    if run.world > 1:
-        received = dist.all_reduce_any(received, run.acc.device)
+    received = run.counters.stop_anywhere if run.world > 1 else stop.received is not None  # (step.step_verdict)
     if not received or step_done == run.total_steps:
         return
     if not saved:

@@ -18,30 +18,42 @@ from zsprob.train.data import BatchSource
 
 
 class DataCursor:
-    """Walks epochs of a source; (epoch, pos) is the resumable position, pos = batches consumed."""
+    """Walks epochs of a source; (epoch, pos) is the resumable position, pos = batches consumed. A step of
+    several processes fetches its next batch early (:meth:`look_ahead`), so that whether any process ran out
+    travels in the step's one reduction (:meth:`agree`)."""
 
     def __init__(self, source: BatchSource, device: torch.device, epoch: int = 0, pos: int = 0):
         self.source, self.device = source, device
         self.epoch, self.pos = epoch, pos
-        self._it = None
+        self._it = self._ahead = None
         self._empty_epochs = 0
 
     def seek(self, epoch: int, pos: int) -> None:
         """Continue from batch ``pos`` of ``epoch`` (a resumed run's position)."""
-        self.epoch, self.pos, self._it = int(epoch), int(pos), None
+        self.epoch, self.pos, self._it, self._ahead = int(epoch), int(pos), None, None
+
+    def _fetch(self):
+        """Batch ``pos`` of this epoch on this process, or None when the epoch has ended here."""
+        spe = self.source.steps_per_epoch
+        if spe is not None and self.pos >= spe:
+            return None
+        with resilience.data_wait():  # a stop signal while no batch comes stops the run
+            if self._it is None:
+                self._it = iter(self.source.epoch_batches(self.epoch, skip=self.pos))
+            return next(self._it, None)
 
     def next(self):
         """The next batch, every process moving to the next epoch together when one runs out."""
+        if self._ahead is not None:  # fetched by look_ahead, and every process has one (agree)
+            batch, self._ahead = self._ahead, None
+            self.pos += 1
+            return batch
         while True:
-            spe = self.source.steps_per_epoch
-            batch = None
-            if spe is None or self.pos < spe:
-                with resilience.data_wait():  # a stop signal while no batch comes stops the run
-                    if self._it is None:
-                        self._it = iter(self.source.epoch_batches(self.epoch, skip=self.pos))
-                    batch = next(self._it, None)
-            exhausted = dist.all_reduce_any(batch is None, self.device)
-            if not exhausted:
+            batch = self._fetch()
+            missing = batch is None
+            if dist.is_distributed():  # the first batch of an epoch: its own reduction (a step's: step_verdict)
+                missing = dist.mean_across(torch.full((), float(missing), device=self.device)).item() > 0
+            if not missing:
                 self.pos += 1
                 self._empty_epochs = 0
                 return batch
@@ -50,9 +62,17 @@ class DataCursor:
                 if self._empty_epochs >= 2:
                     raise UserError("the training data yielded no full batch; check --shards and the batch size "
                                     f"(local batch {self.source.local_batch_size})")
-            self.epoch += 1
-            self.pos = 0
-            self._it = None
+            self.agree(True)
+
+    def look_ahead(self) -> bool:
+        """Fetch the next batch before it is due (it still counts as not consumed); True if there is none here."""
+        self._ahead = self._fetch()
+        return self._ahead is None
+
+    def agree(self, missing_anywhere: bool) -> None:
+        """When any process has no next batch, every process starts the next epoch (dropping what it holds)."""
+        if missing_anywhere:
+            self.epoch, self.pos, self._it, self._ahead = self.epoch + 1, 0, None, None
 
 
 @dataclass
@@ -69,6 +89,7 @@ class Counters:
     noisy_rows: int = 0
     last_loss: float = float("nan")
     last_stats: dict = field(default_factory=dict)
+    stop_anywhere: bool = False  # several processes: a stop signal had reached one by this step's check
 
 
 @dataclass(frozen=True)

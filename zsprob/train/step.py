@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import time
 import warnings
 
@@ -17,7 +18,7 @@ from torch import nn
 from zsprob.errors import UserError
 from zsprob.train import accumulate
 from zsprob.train import distributed as dist
-from zsprob.train import optim
+from zsprob.train import optim, resilience
 from zsprob.train.accumulate import at_least_fp32
 from zsprob.train.data import add_caption_noise, mixed_seed
 from zsprob.train.run import Run
@@ -149,9 +150,9 @@ def clip_gradient_sets(sets: list[list], max_norm: float) -> list[torch.Tensor]:
     return [torch.nn.utils.clip_grad_norm_(params, max_norm) for params in sets]
 
 
-def clip_and_apply(run: Run, loss: torch.Tensor, sets: list[list]) -> tuple[bool, list[torch.Tensor]]:
-    """Unscale, clip each parameter set apart and step unless the loss or a norm is non-finite (under fp16 the
-    scaler judges the gradients); (whether it stepped, the norms before clipping)."""
+def clip_check(run: Run, loss: torch.Tensor, sets: list[list]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Unscale and clip each parameter set apart; (the update's check: the loss, made non-finite by a non-finite
+    norm unless an fp16 scaler judges the gradients, the norms before clipping)."""
     unscale_once(run)
     check = loss.detach().float()
     norms = []
@@ -160,13 +161,14 @@ def clip_and_apply(run: Run, loss: torch.Tensor, sets: list[list]) -> tuple[bool
         if run.acc.scaler is None:
             for norm in norms:
                 check = check + 0.0 * norm  # NaN / inf norms poison the check
-    return apply_if_finite(run, check), norms
+    return check, norms
 
 
-def fetch(run: Run):
-    """The next batch of the run's data cursor, the wait for it added to the interval's data time."""
+def fetch(run: Run, ahead: bool = False):
+    """The next batch of the run's data cursor (``ahead``: whether the one after it is missing,
+    :meth:`~zsprob.train.run.DataCursor.look_ahead`), the wait added to the interval's data time."""
     started = time.perf_counter()
-    batch = run.cursor.next()
+    batch = run.cursor.look_ahead() if ahead else run.cursor.next()
     run.counters.data_time += time.perf_counter() - started
     return batch
 
@@ -224,7 +226,8 @@ def one_step(run: Run, step: int) -> dict:
     frozen = run.schedule.frozen_groups()
     if frozen:
         optim.zero_frozen_grads(frozen)
-    finite, norms = clip_and_apply(run, loss, run.clip_sets)
+    check, norms = clip_check(run, loss, run.clip_sets)
+    finite = apply_if_finite(run, check)
     stats.update(zip(("grad_norm", "grad_norm_sigma"), norms))
     count_outcome(run, finite, loss, step, "loss or gradient")
     return stats
@@ -247,25 +250,42 @@ def forward_backward(run: Run, images, tokens, matched, step: int) -> tuple[torc
             loss = loss * scale
         run.acc.backward(loss)
     if scale != 1.0:
-        stats["loss_warmup"] = torch.tensor(scale)
+        stats["loss_warmup"] = loss.new_full((), scale)
     return loss, stats
 
 
 def apply_if_finite(run: Run, check: torch.Tensor) -> bool:
-    """Step the optimiser if ``check`` is finite on every process (the step's one host read), else skip the
-    update (an fp16 scaler is updated all the same); clear the gradients; True if it stepped."""
-    if run.world > 1:
-        check = dist.mean_across(check)
-    finite = bool(torch.isfinite(check))
+    """Step the optimiser if ``check`` is finite on every process (:func:`step_verdict`), else skip the update
+    (an fp16 scaler is updated all the same); clear the gradients; True if it stepped."""
+    finite = step_verdict(run, check)
     if finite:
-        run.optimizer.step()
-        # accelerate's wrapper knows without another sync: the scaler's step has read found_inf on the host
-        if run.acc.scaler is not None and getattr(run.optimizer, "step_was_skipped", False):
-            run.counters.scaler_skipped += 1
+        optimizer_step(run)
     elif run.acc.scaler is not None:
         run.acc.scaler.update()  # a skipped step still ends the scaler's iteration (inf seen: the scale backs off)
     run.optimizer.zero_grad(set_to_none=True)
     return finite
+
+
+def optimizer_step(run: Run) -> None:
+    run.optimizer.step()
+    # accelerate's wrapper knows without another sync: the scaler's step has read found_inf on the host
+    if run.acc.scaler is not None and getattr(run.optimizer, "step_was_skipped", False):
+        run.counters.scaler_skipped += 1
+
+
+def step_verdict(run: Run, check: torch.Tensor) -> bool:
+    """Whether ``check`` is finite on every process: the step's one host read. With several processes the same
+    reduction says whether any has no next batch (the cursor fetches it now) or has received a stop signal,
+    so that all move to the next epoch, or stop after this step, together."""
+    if run.world == 1:
+        return bool(torch.isfinite(check))
+    missing = fetch(run, ahead=True)
+    signalled = getattr(resilience.StopSignals.active, "received", None) is not None
+    flags = torch.stack([check, torch.full_like(check, float(missing)), torch.full_like(check, float(signalled))])
+    check_mean, missing_share, signalled_share = dist.mean_across(flags).tolist()
+    run.cursor.agree(missing_share > 0)
+    run.counters.stop_anywhere = signalled_share > 0
+    return math.isfinite(check_mean)
 
 
 def count_outcome(run: Run, finite: bool, loss: torch.Tensor, step: int, what: str) -> None:
