@@ -1,11 +1,8 @@
 """SynthWorld, the embedded offline image-caption world (docs/synthworld.md): the public entry, re-exporting
-what callers use from :mod:`zsprob.data.synthworld`, which holds one step per module.
+what callers use from :mod:`zsprob.data.synthworld`.
 
     world = SynthWorld(seed=0, image_size=64); s = world.sample("pretrain", 17)   # image, captions, meta
     generate(out, ...) -> manifest; load_retrieval_split(out, "test"); read_pretrain_items(out / "pretrain")
-
-Every sample is a pure function of (seed, split, index), and the same arguments write the same bytes
-whatever the number of workers.
 """
 from __future__ import annotations
 

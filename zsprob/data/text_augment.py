@@ -1,11 +1,8 @@
 """Text SizeAugment on token batches, as naver-ai/pcmepp applies it to COCO training captions.
 
-Between a caption's start and end tokens each token is selected with probability ``share``; a selected
-token is replaced by the mask token (CLIP's BPE "M") with probability ``masking``, by a random token with
-probability ``erasing``, and deleted otherwise (the rest move up). One deviation from the official
-code: random tokens come from ``[1, vocab_size - 2)``, so neither padding nor CLIP's start / end ids
-appear inside a caption. The tokens ([B, L], padded with 0) may live on any device: the draws come from
-the generator on its own device and are copied over without waiting; nothing is read back.
+Each token between start and end is selected with probability ``share``, then masked (``masking``), randomised
+(``erasing``) or deleted. Unlike the official code, random tokens come from ``[1, vocab_size - 2)``, so neither
+padding nor CLIP's start / end ids appear inside a caption. Tokens [B, L] stay on their device; nothing is read back.
 """
 from __future__ import annotations
 

@@ -29,12 +29,10 @@ def create_model(name: str, pretrained: str | os.PathLike | None = None, *, embe
                  seed: int | None = None, **overrides: Any):
     """A :class:`~zsprob.models.prob_clip.ProbCLIP` named ``name`` (open_clip's or the catalogue's).
 
-    ``pretrained``: None, a cached open_clip tag, an open_clip file or directory (the mean branch), a
-    published ProLIP / PCME++ file (whole, strictly; ``weights`` picks a COCO trainer file's copy) or a
-    zsprob checkpoint (fine-tuned: its heads kept where they fit). ``embed_dim``: D (a pretrained
-    projection of another size is re-initialised). ``overrides``: the head options of
-    :class:`~zsprob.models.options.ModelOptions`, ``tokenizer_dir`` and open_clip's ``image_size``,
-    ``context_length``, ``quick_gelu``, ``patch_dropout``, ``open_clip_cfg`` (merged into its config).
+    ``pretrained``: None, a cached open_clip tag, an open_clip file or directory (the mean branch), a published
+    ProLIP / PCME++ file (whole, strictly; ``weights`` picks a COCO trainer file's copy) or a zsprob checkpoint
+    (its heads kept where they fit). A pretrained projection of another size than ``embed_dim`` is
+    re-initialised. ``overrides``: the head options, ``tokenizer_dir`` and open_clip's (docs/models.md).
     """
     register_model_configs()
     source = identify(pretrained)

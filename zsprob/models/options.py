@@ -27,20 +27,9 @@ def _list(value):
 
 @dataclass
 class ModelOptions:
-    """What a ProbCLIP is beyond its towers.
-
-    sigma_depth: blocks in each head (the trunk is the other L - n); sigma_init: "random" (PCME++) or
-    "copy" (the mean head's weights); pooling: "gpo" or "native" (open_clip's); deterministic: no
-    log-variance heads (logvar None); var_bounds: None or (lo, hi) variance bounds; sigma_head:
-    "block" | "unc" | "pcme" (:mod:`zsprob.models.sigma_heads`); sigma_layout: "official" (PCME++'s
-    code) or "legacy" (zsprob's earlier block head); sigma_ln_init / sigma_ln_init_bias: a LayerNorm on
-    log sigma^2 (None: off); sigma_param: the head predicts "logvar" or "logsigma"; sigma_shape:
-    "diagonal" or Pishdad et al.'s "spherical_mean" / "spherical_one"; unc_layout: "zsprob" (the
-    ProLIP paper) or "prolip" (its released code, for its weights); sigma_detach: heads read the trunk
-    detached; mean_head: "proj" (open_clip's) or "fc" (PCME++'s COCO trainer); sigma_bias_init: the
-    initial log sigma^2 bias; truncate_text: cut captions after the longest end-of-text on the CPU;
-    size_augment: VSE infinity's token-drop probability. Values keep the caller's types but for the
-    declared casts, as ``model.config`` (and so the fingerprint) holds them.
+    """What a ProbCLIP is beyond its towers: each head option with its default, its check and the value a
+    checkpoint saved before the option existed gets; docs/models.md says what each option does. Values keep the
+    caller's types but for the declared casts, as ``model.config`` (and so the fingerprint) holds them.
     """
 
     sigma_depth: int = _option(1, cast=int, legacy=_REQUIRED)

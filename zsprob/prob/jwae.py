@@ -1,13 +1,8 @@
 """The objective terms of the joint Wasserstein autoencoders (jWAE) for image-text embeddings.
 
-Each modality's autoencoder (encoder f, decoder g) maps inputs to codes z in R^d. The encoders minimise
-(Eq. 6 plus the alignment, presets in :data:`JWAE_PRESETS`)
-
-    lambda1 rec(x_v, g_v(f_v(x_v))) + lambda2 rec(x_t, g_t(f_t(x_t)))
-    + lambda3 D_JS(F_v || N(0, I)) + lambda4 D_JS(F_t || N(0, I)) + align(z_v, z_t)
-
-the prior terms adversarial (one shared discriminator, its own optimiser), the alignment MSE (jWAE-MSE, Eq. 7)
-or a bidirectional max-margin hinge (jWAE-MH, Eq. 1). Unpaired rows enter only their modality's rec and prior."""
+Per modality a reconstruction and an adversarial JS prior term (one shared discriminator, its own optimiser),
+plus an alignment of the paired codes: MSE (jWAE-MSE) or a bidirectional max-margin hinge (jWAE-MH). Unpaired
+rows enter only their modality's terms. The weighted sum and its presets (:data:`JWAE_PRESETS`): docs/training.md."""
 from __future__ import annotations
 
 import torch

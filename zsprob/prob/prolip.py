@@ -3,11 +3,9 @@
     loss, stats = ProLIPLoss()(img_mu, img_logvar, txt_mu, txt_logvar, matched=None, all_img=None,
                                all_txt=None, offset=0, masked_img=None, masked_txt=None)
 
-Rows, columns, ``offset`` and ``matched`` mean what :mod:`zsprob.prob.losses` says; ``masked_img`` /
-``masked_txt`` are ``(mu, logvar)`` of masked copies of this process's first rows (:mod:`zsprob.data.masking`).
-The terms (PPCL, inclusion, VIB) follow naver-ai/prolip's ``loss.py``; their formulas, the masking options and
-zsprob's additions (``inclusion_form="cover"``, ``occlusion_grad``, ...): docs/prob.md. :class:`OcclusionTerm`
-is shared with PCMEPPLoss."""
+Arguments as :mod:`zsprob.prob.losses` says; ``masked_img`` / ``masked_txt``: ``(mu, logvar)`` of masked copies
+of this process's first rows. Terms as naver-ai/prolip's ``loss.py``; formulas and zsprob's additions: docs/prob.md.
+:class:`OcclusionTerm` is shared with PCMEPPLoss."""
 from __future__ import annotations
 
 import inspect

@@ -1,11 +1,8 @@
 """Uncertainty analyses of a probabilistic retrieval model (PCME++ Fig. 5-6, PCME Fig. 6-7), and the names
 of the files an evaluation writes (:data:`FILES`; torch-free, so the command line reads them at once).
 
-R@1 per decile of ||sigma^2||_1 with its Spearman and ProbVLM's -SR^2 (:func:`uncertainty_deciles`),
-the most / least uncertain queries with their top items as a markdown page with thumbnails
-(:func:`uncertain_queries_page`), mean sigma^2 as pixels are erased or words masked, re-encoded by
-the model (:func:`corruption_sweep`), and the plots. scipy.stats ranks, matplotlib plots, PIL
-writes the thumbnails.
+R@1 per uncertainty decile (:func:`uncertainty_deciles`), the most / least uncertain queries as a markdown
+page (:func:`uncertain_queries_page`), sigma^2 as inputs are erased or masked (:func:`corruption_sweep`), plots.
 """
 from __future__ import annotations
 

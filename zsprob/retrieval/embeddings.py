@@ -1,11 +1,8 @@
 """Test-set embeddings: a split embedded by a model (:func:`encode_split`), and the ``E.npz`` exchange
-format of ``zsprob eval --embeddings``.
+format of ``zsprob eval --embeddings`` (its arrays: docs/retrieval.md).
 
-Arrays: ``image_ids`` [n_img] and ``caption_ids`` [n_cap] (unique integers, int64; official COCO ids
-for COCO), ``image_mu`` [n_img, D], ``caption_mu`` [n_cap, D], optionally ``image_logvar`` /
-``caption_logvar`` (log sigma^2; absent for deterministic models) and ``caption_image`` [n_cap] (each
-caption's image as an index into ``image_ids``; without it the ground truth comes from elsewhere,
-e.g. eccv_caption). :func:`load_embeddings` checks every array where the file is read.
+``caption_image`` [n_cap] is each caption's image as an index into ``image_ids``; without it the ground truth
+comes from elsewhere, e.g. eccv_caption. :func:`load_embeddings` checks every array where the file is read.
 """
 from __future__ import annotations
 

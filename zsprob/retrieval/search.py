@@ -1,12 +1,9 @@
 """Exact (and approximate) CSD search over large galleries.
 
-For a fixed query, ranking by CSD(v, t) = ||mu_v - mu_t||^2 + s_v + s_t (s = sum(sigma^2)) is a plain
-nearest-neighbour problem on augmented vectors (inner product or squared L2; docs/retrieval.md gives both),
-so an exact index returns the exact CSD ranking and HNSW / IVF approximate CSD itself.
-:class:`MeanRerankIndex` is PCME++ App. C.3's mean-only index re-ranked by CSD, kept as the baseline. FAISS
-(faiss-cpu, imported lazily) does the indexes, their search, files and GPU copies; zsprob writes the
-augmentation, the torch brute-force path, the conversion back to CSD and the on-disk layout
-(:mod:`zsprob.retrieval.index_format`)."""
+For a fixed query, ranking by CSD is nearest-neighbour search on augmented vectors (docs/retrieval.md), so an
+exact index returns the exact CSD ranking; :class:`MeanRerankIndex` (PCME++ App. C.3: mean-only, re-ranked by
+CSD) is the baseline. FAISS (faiss-cpu, imported lazily) does the indexes; zsprob writes the augmentation, the
+torch brute-force path, the conversion back to CSD and the on-disk layout (:mod:`zsprob.retrieval.index_format`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

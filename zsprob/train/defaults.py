@@ -1,11 +1,9 @@
-"""Every key of a training config, declared once (:data:`KEYS`), and the one place a config is resolved.
+"""Every key of a training config, declared once (:data:`KEYS`; the ``loss.<method>`` options are each method's
+registry entry), and the one place a config is resolved (no torch import).
 
 A recipe (YAML) is merged over the defaults and patched with ``--set a.b=v`` (:func:`load_train_config`);
-:func:`resolve_config` checks it once, before anything is built, and the loop trusts what it returns. The
-defaults, the checks, the command-line flags, the keys a resume may change quietly and the docs' table all
-derive from :data:`KEYS`; the ``loss.<method>`` options are each method's registry entry. Durations are
-optimiser steps unless the key says epochs; an ``*_epochs`` key wins when the epoch length is known.
-No torch import.
+:func:`resolve_config` checks it once, before anything is built, and the loop trusts what it returns. Durations
+are optimiser steps unless the key says epochs; an ``*_epochs`` key wins when the epoch length is known.
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """jWAE's semi-supervised batches: a paired stream plus unpaired image-only and caption-only streams.
 
-A share ``data.paired_fraction`` of SynthWorld's pretraining split keeps its pairing
-(:func:`zsprob.data.synthetic.paired_split`), the rest feeds two unpaired streams. An epoch is one pass over
-the paired set in a permutation seeded by (seed, epoch); step ``s``'s draws are seeded by (seed, epoch, s),
-so a resumed run reads the same batches. A batch is a dict: ``img`` / ``txt``, ``u_img`` / ``u_txt`` (None
-without unpaired rows) and ``features`` (True: the frozen tower's features, :class:`FeatureStore`; False:
-images and tokens, :class:`RawStore`).
+A share ``data.paired_fraction`` of SynthWorld's pretraining split keeps its pairing, the rest feeds the
+unpaired streams; step ``s``'s draws are seeded by (seed, epoch, s), so a resumed run reads the same batches.
+A batch is a dict: ``img`` / ``txt``, ``u_img`` / ``u_txt`` (None without unpaired rows) and ``features``
+(True: the frozen tower's features, :class:`FeatureStore`; False: images and tokens, :class:`RawStore`).
 """
 from __future__ import annotations
 

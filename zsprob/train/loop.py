@@ -48,12 +48,10 @@ def train(cfg: Any, out: str | os.PathLike, *, resume: bool | str | None = None,
           overwrite: bool = False) -> dict:
     """Train as ``cfg`` says (resolved and checked here); write everything under ``out``; return the summary.
 
-    ``resume``: "auto" (the latest valid checkpoint, else a fresh start), "latest" / True, a step directory,
-    False, or None ("auto" under a torchrun elastic agent); an ``out`` holding a run needs ``resume`` or
-    ``overwrite``, and a finished run is returned unchanged (``already_finished``). ``source``: a
-    :class:`~zsprob.train.data.BatchSource` instead of ``cfg.data``. ``eval_hooks``: ``hook(model, step) ->
-    dict`` on the main process every ``train.eval_every`` steps and at the end. SIGTERM / SIGUSR1: a
-    checkpoint after the step, then :class:`zsprob.errors.Preempted`.
+    ``resume``: "auto" (latest valid checkpoint, else fresh), "latest" / True, a step directory, False, or None
+    ("auto" under torchrun's elastic agent); an ``out`` holding a run needs ``resume`` or ``overwrite``, and a
+    finished run is returned unchanged. ``source``: a :class:`~zsprob.train.data.BatchSource` instead of
+    ``cfg.data``; ``eval_hooks``: ``hook(model, step) -> dict`` on the main process every ``train.eval_every``.
     """
     return train_resolved(resolve_config(cfg, out), out, resume=resume, source=source, eval_hooks=eval_hooks,
                           progress=progress, overwrite=overwrite)

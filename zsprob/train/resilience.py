@@ -1,11 +1,7 @@
-"""Training that survives a cluster: the run directory's claim, finding the checkpoint to resume from,
-pre-emption signals (no torch import).
-
-torchrun's elastic agent restarts the process group after a worker dies and says so in the
-``TORCHELASTIC_*`` variables; Python's :mod:`signal` delivers SIGTERM / SIGUSR1. zsprob writes the policy:
-``resume="auto"`` takes the latest valid checkpoint or starts afresh (the default under the agent);
-:class:`StopSignals` only sets a flag, which the loop reads after each step to checkpoint and raise
-:class:`zsprob.errors.Preempted`; :class:`RunLock` and :func:`claim_run_dir` keep two runs out of one OUT.
+"""Training that survives a cluster (no torch import): the run directory's claim (:class:`RunLock`,
+:func:`claim_run_dir`: two runs never share one OUT), the checkpoint to resume from (``resume="auto"``: the
+latest valid one, else a fresh start; the default under torchrun's elastic agent) and pre-emption signals
+(:class:`StopSignals` only sets a flag; the loop checkpoints after the step and raises ``Preempted``).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """SynthWorld's captions: the grammar, the match predicate and the exact caption ambiguity.
 
-A caption's metadata is ``{"text", "kind", "objects": [mentioned attributes per object phrase],
-"condition", "background", "count", "noisy", "ambiguity"}``. A caption is true of a scene when every
-object phrase is satisfied by some object and the mentioned condition, background and count hold.
-Ambiguity = ln(share of the world prior's scenes the caption is true of), computed analytically from
-the priors of ``scene`` by exact enumeration; :func:`match_matrix` evaluates the predicate for many
-captions x scenes with numpy.
+A caption is true of a scene when every object phrase is satisfied by some object and the mentioned condition,
+background and count hold. Ambiguity = ln(share of the world prior's scenes the caption is true of), by exact
+enumeration of ``scene``'s priors; :func:`match_matrix` evaluates the predicate for captions x scenes in numpy.
 """
 from __future__ import annotations
 
