@@ -1,10 +1,9 @@
 """Image classification datasets for zero-shot evaluation: ImageNet (synset folders, or flat files with a
 label file), any folder-per-class set, SynthWorld's classify splits; docs/data.md gives the layouts.
 
-Every dataset has ``classnames``, ``targets``, ``samples`` ([(path, label)]) and ``ds[i] -> (image,
-label)``. User mistakes raise :class:`zsprob.UserError`; unreadable images are left out when the
-dataset is listed (``skipped``, one warning line). timm ships the 1,000 ImageNet synsets in class order,
-which aligns folders and label files with ``prompts/imagenet_classnames.txt``; PIL opens the images.
+Every dataset has ``classnames``, ``targets``, ``samples`` ([(path, label)]) and ``ds[i] -> (image, label)``;
+unreadable images are left out when it is listed (``skipped``, one warning). timm ships the ImageNet synsets in
+class order, which aligns folders and label files with ``prompts/imagenet_classnames.txt``.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The feature file of post-hoc training: every tensor the heads read, computed once by the frozen towers.
 
-Each *view* is one pass over the data that draws one caption per image, a copy of each image degraded by
-one lossy operation and a copy of each caption with words deleted (the demo's sigma recipe's copies), and
-stores the frozen mean and the head's features of the originals and the copies. Training then reads
-this file, never the data. The file is safetensors with a JSON key in its metadata (source, data,
-views, seed, head kinds): a later run with the same key reads it instead of the data.
+Each *view* is one pass over the data (one caption per image, a degraded copy of each image and caption) storing
+the frozen mean and the head's features; training reads this file, never the data. A safetensors file with a
+JSON key in its metadata: a later run with the same key reads it instead of the data.
 """
 from __future__ import annotations
 

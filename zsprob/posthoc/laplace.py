@@ -1,11 +1,9 @@
 """``--method laplace``: a K-FAC Laplace posterior of each tower's projection, propagated to the normalised mean.
 
-BayesVLM's idea: the projection ``z = W f + b`` gets a Gaussian posterior with precision
-``N (A kron G) + lambda I`` (A, G: the Kronecker factors of the symmetric InfoNCE loss on the cached pairs;
-lambda by :func:`log_evidence` unless given); the covariance of z, through the eigenbases of A and G, and
-the delta method through ``z / ||z||`` give sigma^2 (formulas: docs/posthoc.md). The variance is epistemic,
-not how vague an input is. The exact log-variances are distilled into the model's own heads, so the output
-is an ordinary zsprob checkpoint. torch does the eigendecompositions and autograd."""
+BayesVLM's idea: the projection ``z = W f + b`` gets a Gaussian posterior from the Kronecker factors of the
+symmetric InfoNCE loss on the cached pairs; its covariance through ``z / ||z||`` gives sigma^2 (formulas:
+docs/posthoc.md). The variance is epistemic, not how vague an input is. The exact log-variances are distilled
+into the model's own heads, so the output is an ordinary zsprob checkpoint."""
 from __future__ import annotations
 
 import math

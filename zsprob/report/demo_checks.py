@@ -1,10 +1,7 @@
 """The demo report's checks: yes / no answers computed from the report's own figures (report.json).
 
-Each check returns whether it holds and one line of evidence (the figures, their standard error and
-the rule). Sanity checks (each model: it trained and is above chance) and claims (each model with
-sigma: what the report says its uncertainty means) are listed in docs/demo.md. A claim whose figures
-the report lacks is "no" (not measured). scipy ranks; the rest is arithmetic on the figures and
-intervals the commands wrote.
+Each check returns whether it holds and one line of evidence (the figures, their standard error and the rule);
+the list is in docs/demo.md. A claim whose figures the report lacks is "no" (not measured).
 """
 from __future__ import annotations
 

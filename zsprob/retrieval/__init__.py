@@ -1,11 +1,8 @@
 """zsprob.retrieval: retrieval evaluation, uncertainty analyses and exact CSD search.
 
 May import data, models, prob, report (plots), ``zsprob.errors`` and ``zsprob.utils``; never train,
-zeroshot or cli. Modules: ``metrics`` (R@K, R-P, mAP@R, 1K folds, PMRP), ``scoring`` (chunked scores),
-``benchmarks`` (tasks and results), ``evaluate`` (metrics from scores or rankings), ``coco`` / ``synthetic``
-(the benchmarks), ``analysis`` / ``validity`` (uncertainty analyses; analysis names the output files),
-``search`` / ``index_format`` (CSD as nearest-neighbour search, FAISS), ``embeddings`` (``E.npz``).
-Names are imported on first use, so the command line reads ``index_format`` and ``analysis`` without torch."""
+zeroshot or cli. Names are imported on first use, so the command line reads ``index_format`` and ``analysis``
+(which names the output files) without torch."""
 from __future__ import annotations
 
 _EXPORTS = {

@@ -1,10 +1,8 @@
 """COCO benchmarks: COCO 1K / 5K, CxC, ECCV Caption and PMRP, wired to the official ground truth.
 
-The ground truth for the COCO 5K test split, CxC and ECCV Caption comes from ``eccv_caption``
-(``coco_ids``, ``coco_gts``, ``cxc_gts``, ``eccv_gts``), keyed by official COCO ids; this module maps
-those ids to rows / columns of the embeddings as sparse positives. The 1K folds are eccv_caption's:
-five contiguous chunks of its ``coco_ids`` caption order. PMRP (PCME) uses 80-class instance labels
-when the data set has them. Images come from ``zsprob.data.coco``, the towers from ``zsprob.models``.
+``eccv_caption`` gives the ground truth keyed by official COCO ids, and the 1K folds (five contiguous chunks of
+its ``coco_ids`` order); this module maps those ids to embedding rows / columns as sparse positives. PMRP
+(PCME) uses 80-class instance labels when the data set has them.
 """
 from __future__ import annotations
 

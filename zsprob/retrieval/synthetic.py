@@ -1,10 +1,7 @@
 """Retrieval evaluation and uncertainty analyses on SynthWorld's retrieval split.
 
-SynthWorld (``zsprob.data.synthetic.load_retrieval_split``) gives five captions per image, the
-*exact* plausible-match matrix, each caption's ambiguity and each image's scene metadata. The split
-is scored as ``caption`` (five-caption positives: R@1/5/10, RSUM, the COCO protocol) and
-``plausible`` (every plausible match: mAP@R, R-Precision, R@1, the ECCV Caption protocol, exact);
-for probabilistic models uncertainty is set against that ground truth.
+Scored as ``caption`` (five-caption positives, the COCO protocol) and ``plausible`` (SynthWorld's exact
+plausible-match matrix, the ECCV Caption protocol); uncertainty is set against the exact caption ambiguity.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Uncertainty-validity evidence on SynthWorld: does sigma^2 mean ambiguity?
 
 Each analysis compares a model's ||sigma^2||_1 (or ProLIP's inclusion test) with SynthWorld's exact ground
-truth, with an uncertainty interval and its count: text uncertainty vs caption ambiguity, exact inclusion
-pairs, image uncertainty per rendering condition, Pishdad et al.'s crop test (their Sec. 4.3) and R@1 per
-uncertainty decile. :func:`uncertainty_validity` runs all five for a model, :func:`validity_table` prints them.
-scipy ranks; :mod:`zsprob.prob.distances` does the Gaussian math.
+truth, with an interval and its count. :func:`uncertainty_validity` runs all five for a model,
+:func:`validity_table` prints them; scipy ranks, :mod:`zsprob.prob.distances` does the Gaussian math.
 """
 from __future__ import annotations
 

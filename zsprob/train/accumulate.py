@@ -1,11 +1,9 @@
 """Large batches on few processes: exact gradient accumulation for pairwise losses, and activation
 checkpointing of the towers.
 
-Accumulation (``train.accum_steps K``) is open_clip's ``--accum-freq`` in its "gradient cache" form: the K
-micro-batches are encoded without gradients (each chunk's torch RNG state saved), the loss and its gradient
-w.r.t. the embeddings are computed once on all of them, then each chunk is encoded again from its saved RNG
-state and backpropagates ``<emb_c, dL/d emb_c>`` (DDP ``no_sync`` except for the last). Exact except for
-BatchNorm; what is drawn where: docs/training.md. Checkpointing calls the model's ``set_grad_checkpointing``."""
+Accumulation (``train.accum_steps K``) is open_clip's ``--accum-freq`` as a "gradient cache": embed the K
+micro-batches without gradients, take the loss's gradient w.r.t. all embeddings once, then re-encode each chunk
+from its saved RNG state and backpropagate ``<emb_c, dL/d emb_c>``. Exact except for BatchNorm (docs/training.md)."""
 from __future__ import annotations
 
 import contextlib

@@ -1,10 +1,8 @@
 """Training batch sources with a resumable position (epoch, batch index within the epoch).
 
-webdataset reads shards, torch's DataLoader COCO; the model's transforms and tokenizer prepare them.
-zsprob writes one loader per source for the whole run, exact mid-epoch resume (an epoch's order is a
-function of (seed, epoch); the first ``skip`` batches are dropped), the per-process slice of the GLOBAL
-batch, and noisy correspondence (``noise_ratio``, PCME++ Table 2: COCO permutes that share of captions
-once, streams rotate them in every batch).
+webdataset reads shards, torch's DataLoader COCO. zsprob writes one loader per source for the whole run, exact
+mid-epoch resume (an epoch's order is a function of (seed, epoch)), the per-process slice of the GLOBAL batch,
+and noisy correspondence (``noise_ratio``: COCO permutes captions once, streams rotate them in every batch).
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """A run directory mirrored to an fsspec URL (``train.remote_sync``), and pulled back on resume.
 
-As open_clip's ``--remote-sync``: the local run directory is the working copy, copied to the remote after
-every checkpoint and at the end (rank 0); ``--resume`` first fetches a newer remote checkpoint. fsspec does
-the I/O; zsprob writes the order that keeps the remote consistent (changed files, then the pointer
-``checkpoints/latest.json``, then pruning), so a reader never finds a partial checkpoint. Hidden files are
-never copied; a failed copy is a warning, retried at the next checkpoint.
+As open_clip's ``--remote-sync``; fsspec does the I/O. zsprob writes the order that keeps the remote consistent
+(changed files, then the pointer ``checkpoints/latest.json``, then pruning), so a reader never finds a partial
+checkpoint. Hidden files are never copied; a failed copy is a warning, retried at the next checkpoint.
 """
 from __future__ import annotations
 

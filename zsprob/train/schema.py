@@ -1,10 +1,8 @@
 """What a config key is, and how a config is checked against a list of them (no torch, no click).
 
-A :class:`Key` holds everything known about one key: dotted name, default, one-line doc, rule
-(:class:`Count`, :class:`Range` or :class:`OneOf`), command-line flag and whether changing it on
-``--resume`` is routine; the default's type adds the rest (booleans, finite numbers, lists of them).
-:func:`check` runs every rule over a config, :func:`nest` builds the nested defaults and :func:`table`
-the docs' table. The declarations are :data:`zsprob.train.defaults.KEYS`.
+A :class:`Key` holds everything known about one key (name, default, doc, rule, flag, whether a resume may change
+it); the default's type adds the rest. :func:`check` runs every rule, :func:`nest` builds the nested defaults and
+:func:`table` the docs' table. The declarations are :data:`zsprob.train.defaults.KEYS`.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Calibration of zero-shot class probabilities: ECE, NLL and a temperature fitted on the selection split.
 
-Probabilities are ``softmax(logit_scale * scores / T)``: ``scores`` from
-:func:`zsprob.zeroshot.metrics.class_scores`, ``logit_scale`` the factor the model itself puts in front of
-that score (:func:`model_logit_scale`). ECE uses 15 equal-width bins ``(b / 15, (b + 1) / 15]``; ``T``
-minimises the NLL on the labelled selection split only and is a report-only figure (docs/zeroshot.md,
-"Calibration"). scipy does the 1-D minimisation; the rest is numpy, in float64.
+Probabilities are ``softmax(logit_scale * scores / T)``, ``logit_scale`` the model's own factor
+(:func:`model_logit_scale`); ``T`` is fitted on the labelled selection split only and is a report-only figure
+(bins and details: docs/zeroshot.md, "Calibration"). scipy does the 1-D minimisation; the rest is float64 numpy.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Zero-shot scores, metrics and label-free diagnostics.
+"""Zero-shot scores, metrics and label-free diagnostics, in plain torch.
 
-:func:`class_scores` gives [N, C] similarities of images to a selection's classes (cosine of means, or
-CSD through ``zsprob.prob.score``, or the uncertainty-adjusted cosine); :func:`evaluate_scores` top-1 /
-top-5 / per-class accuracy and image-uncertainty bins; :func:`topk_curve` and
-:func:`prompt_quality_diagnostic` sweep the number of prompts; :func:`class_separation` says, without
-reading an image, whether the class text embeddings have collapsed. Plain torch.
+:func:`class_scores` gives [N, C] similarities of images to a selection's classes; :func:`evaluate_scores`
+accuracies and image-uncertainty bins; :func:`class_separation` says, without reading an image, whether the
+class text embeddings have collapsed.
 """
 from __future__ import annotations
 

@@ -26,11 +26,9 @@ TOPK_WORDS = ("auto", "all", "oracle")
 class ZeroShotRequest:
     """One zero-shot or prompt-selection request, checked when it is made.
 
-    ``templates``, ``classnames`` and ``class_prompts`` take a file (read here, once, by the loaders of
-    :mod:`~zsprob.zeroshot.prompts` / :mod:`~zsprob.zeroshot.pools`) or its content; ``sources`` then names
-    the file each came from. ``prompts`` is a finished selection.json (``zeroshot_eval`` only); ``k`` the K of
-    the one strategy a single run uses; ``k_values`` the K grid (a list, or text like "1-80"); ``model_meta``
-    how result files describe the model.
+    ``templates``, ``classnames`` and ``class_prompts`` take a file (read here, once) or its content; ``sources``
+    then names the file each came from. ``prompts`` is a finished selection.json (``zeroshot_eval`` only);
+    ``k_values`` the K grid (a list, or text like "1-80"); ``model_meta`` how result files describe the model.
     """
 
     dataset: str = "synthetic"

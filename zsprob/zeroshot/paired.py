@@ -1,10 +1,7 @@
 """Paired comparison of two classifiers scored on the same images: difference, bootstrap CI, McNemar.
 
 Everything depends only on the discordant counts ``n10`` (the strategy right, the reference wrong), ``n01``
-(the reverse) and N: ``diff`` = 100 (n10 - n01) / N; ``ci95`` a seeded paired bootstrap drawing (n10*,
-n01*, rest*) from Multinomial(N; n10/N, n01/N, rest/N); ``mcnemar_p`` the exact two-sided binomial test of
-n10 in n10 + n01 at 1/2; ``mde`` = (z_0.975 + z_0.80) sqrt(d / N), d = (n10 + n01) / N. docs/zeroshot.md
-("Paired statistics") explains each.
+(the reverse) and N; the formulas: docs/zeroshot.md ("Paired statistics").
 """
 from __future__ import annotations
 

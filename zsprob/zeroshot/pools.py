@@ -1,10 +1,8 @@
 """Per-class prompt pools (CuPL's ``{"class name": ["prompt", ...]}`` files) as a padded prompt bank.
 
-:func:`load_class_prompts` reads and checks the file, :func:`match_pools` maps its classes to the dataset's
-by name, :func:`build_pool_bank` embeds every prompt once (cached) into a
-:class:`~zsprob.zeroshot.prompts.PromptBank` whose "templates" are slots (class c's t-th prompt) padded to
-the longest pool. An absent slot has infinite uncertainty (ranked last, never kept) and no weight in any
-strategy.
+Each pool is matched to the dataset's classes by name and embedded once (cached) into a
+:class:`~zsprob.zeroshot.prompts.PromptBank` whose "templates" are slots padded to the longest pool; an absent
+slot has infinite uncertainty (ranked last, never kept) and no weight in any strategy.
 """
 from __future__ import annotations
 

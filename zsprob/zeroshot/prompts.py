@@ -1,10 +1,8 @@
 """Prompt templates, class names and the prompt bank (every class x template, embedded once).
 
-zsprob parses and checks template / class-name files and selection files, holds the
-:class:`PromptBank` (``mu`` / ``logvar`` [C, T, D], uncertainty ``||sigma^2||_1`` per prompt) and caches
-it on disk keyed by (model fingerprint, templates, class names); the text tower and tokenizer are
-open_clip's (through :func:`zsprob.models.encode.encode_texts`), the cache files safetensors. Prompts are
-embedded class-major (``classes[0]`` with every template, then ``classes[1]`` ...) in one call.
+zsprob parses and checks template / class-name and selection files, and holds the :class:`PromptBank` (``mu`` /
+``logvar`` [C, T, D], ``||sigma^2||_1`` per prompt), embedded class-major in one call by open_clip's text tower
+and cached on disk (safetensors) keyed by (model fingerprint, templates, class names).
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """SynthWorld's vocabulary, sampling priors and scene sampling.
 
-A scene is a JSON-able dict that fixes one image: condition, background, objects (shape, colour, size,
-position, fill) and the continuous rendering parameters. :func:`scene_rng` seeds a :class:`Stream` from
-a BLAKE2b hash of (seed, split, index), so a scene is a pure function of the three. The priors here are
-read by the analytic caption ambiguity too (``captions``): a change to the sampling logic must be
-mirrored there; the tests compare the two with Monte Carlo frequencies.
+A scene is a JSON-able dict that fixes one image; :func:`scene_rng` seeds it from a BLAKE2b hash of (seed,
+split, index). The analytic caption ambiguity (``captions``) reads these priors too: a change to the sampling
+logic must be mirrored there (the tests compare the two with Monte Carlo frequencies).
 """
 from __future__ import annotations
 
