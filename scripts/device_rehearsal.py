@@ -33,6 +33,7 @@ Patched, because the meta device cannot do it (nothing else is):
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import sys
@@ -127,9 +128,9 @@ def _stand_in(name: str, t: torch.Tensor):
         return host.tolist() if name == "tolist" else host.numpy()
     if name in ("__bool__", "equal", "allclose") or t.dtype == torch.bool:
         return True
-    if name in ("__int__", "__index__") or not t.dtype.is_floating_point:
+    if name in ("__int__", "__index__"):
         return 1
-    return 1.0
+    return 0.0 if t.dtype.is_floating_point else 0
 
 
 class StandIn(TorchFunctionMode):
@@ -275,11 +276,16 @@ class StandInAccelerator:
         self.is_main_process = self.is_local_main_process = True
 
     def prepare(self, module, optimizer):
+        """The module on the device; the optimiser's parameters are the moved ones (a CPU parameter cannot
+        take meta data in place, so ``Module.to`` makes new ones) and its state is on the device too."""
+        before = list(module.parameters())
         module.to(self.device)
-        for state in optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(self.device)
+        moved = {id(old): new for old, new in zip(before, module.parameters())}
+        for group in optimizer.param_groups:
+            group["params"] = [moved.get(id(p), p) for p in group["params"]]
+        optimizer.state = collections.defaultdict(dict, {moved.get(id(p), p): {
+            key: value.to(self.device) if isinstance(value, torch.Tensor) and key != "step" else value
+            for key, value in state.items()} for p, state in optimizer.state.items()})
         return module, StandInOptimizer(optimizer, self.scaler)
 
     def backward(self, loss):
@@ -376,15 +382,21 @@ def train_path(recipe: str, world: Path, out: Path, extra=(), *, model="recipe",
     from zsprob.train import state
     from zsprob.train.build import build_run
     from zsprob.train.defaults import load_train_config, resolve_config
-    from zsprob.train.loop import after_step
 
     cfg = resolve_config(load_train_config(ROOT / "configs" / recipe, tiny_overrides(world, model) + list(extra)), out)
     state.seed_everything(int(cfg.seed))
     acc = StandInAccelerator(fp16=fp16, num_processes=processes)
-    run = build_run(cfg, out, acc, None)
+    with two_processes() if processes > 1 else contextlib.nullcontext():
+        _train_steps(build_run(cfg, out, acc, None), judge_log)
+
+
+def _train_steps(run, judge_log: bool) -> None:
+    """:data:`STEPS` steps of ``run`` and the loop's after-step work, the steady ones judged."""
+    from zsprob.train.loop import after_step
+
     _watch_batches(run)
     run.step_module.train()
-    run.counters.loss_sum = torch.zeros((), device=acc.device)
+    run.counters.loss_sum = torch.zeros((), device=run.acc.device)
     for step in range(STEPS):
         WATCH.steady = step >= FIRST_STEADY
         with DeviceSyncCounter() as counter:
@@ -461,14 +473,29 @@ def all_paths(world: Path, out: Path) -> dict:
     paths = {name: (lambda recipe=recipe, extra=extra, kw=kw, name=name:
                     train_path(recipe, world, out / name.replace(" ", "_"), extra, **kw))
              for name, (recipe, extra, kw) in training_paths().items()}
+    for method in ("adapter", "laplace"):
+        paths[f"posthoc {method}"] = lambda method=method: posthoc_path(method, world, out / f"posthoc-{method}")
     return paths
+
+
+def posthoc_path(method: str, world: Path, out: Path) -> None:
+    """``zsprob posthoc --method METHOD --device cuda`` on a frozen zsprob-tiny-bow: features, fit, the saved copy."""
+    from zsprob.models import create_model
+    from zsprob.posthoc.adapter import AdapterSettings
+    from zsprob.posthoc.features import DataSpec
+    from zsprob.posthoc.run import posthoc
+
+    frozen = create_model("zsprob-tiny-bow", deterministic=True)  # the demo recipe's towers (laplace reads them)
+    settings = AdapterSettings(steps=STEPS, batch_size=8, warmup_steps=1)
+    posthoc(frozen, DataSpec("synthetic", str(world / "pretrain"), max_samples=8), out, method=method, views=1,
+            encode_batch_size=8, settings=settings, device=DEVICE, progress=False)
 
 
 def make_world(base: Path) -> Path:
     from zsprob.data.synthetic import generate
 
-    generate(base / "sw", image_size=32, num_pretrain=16, num_classify_select=8, num_classify_eval=8,
-             num_retrieval=4, num_retrieval_val=0, shard_size=16, progress=False)
+    generate(base / "sw", image_size=32, num_pretrain=32, num_classify_select=8, num_classify_eval=8,
+             num_retrieval=4, num_retrieval_val=0, shard_size=8, progress=False)
     return base / "sw"
 
 
