@@ -2,10 +2,12 @@
 
     python scripts/device_rehearsal.py [--only SUBSTRING ...] [--list]
 
-The paths (``--list``): pretrain / finetune of every method of the method registry on both demo recipes
-(configs/synthetic_tiny.yaml, configs/synthetic_tiny_sigma.yaml with its degraded copies), fp16 with a
-GradScaler, gradient accumulation, SWA, MSDA (both modes), two processes, the logging step; posthoc (adapter,
-laplace); eval (the matrix route); zero-shot with every strategy of the strategy registry; index build / search.
+The paths (``--list``): pretrain of every method of the method registry on both demo recipes
+(configs/synthetic_tiny.yaml; configs/synthetic_tiny_sigma.yaml with its degraded copies, for the methods with
+sigma; jWAE on configs/jwae_synthetic.yaml), PCME's uniform term, fp16 with a GradScaler, gradient accumulation,
+SWA, MSDA (both modes), two processes, the logging step, the RedCaps flagship and the COCO fine-tuning recipes
+with zsprob-tiny's towers on SynthWorld shards; posthoc (adapter, laplace). Not yet driven: eval (the matrix
+route), zero-shot / select-prompts, index build / search, and FakeTensorMode's fake ``cuda`` device.
 Each calls zsprob's library in-process with tiny sizes on PyTorch's ``meta`` device (forward, backward and the
 optimisers run there, every value is absent), 3 training steps (a warm-up and 2 steady ones).
 
@@ -16,7 +18,8 @@ A fault is one line ``path: kind at file:line (detail)``:
   steady training step or a logging step (the one allowed: the step's finiteness verdict, the log's stacked read);
 - ``data-dependent shape``: nonzero / a boolean mask / unique on a device tensor (the meta device refuses them);
 - ``blocking copy``: a host-to-device copy in a steady step that blocks (no ``non_blocking``, or Python data via
-  ``torch.tensor(..., device=)``), or any one beyond the batch's own;
+  ``torch.tensor(..., device=)``); ``extra host-to-device copy``: a non-blocking one beyond the batch's own (from
+  pageable memory CUDA may wait for the stream);
 - ``crash``: any other error of the path.
 
 Patched, because the meta device cannot do it (nothing else is):
@@ -187,7 +190,8 @@ class StandIn(TorchFunctionMode):
         if blocking:
             WATCH.fault("blocking copy", site, f"{name} of a cpu {list(source.shape)} without non_blocking")
         elif id(source) not in WATCH.batch_ids:
-            WATCH.fault("blocking copy", site, f"{name} of a cpu {list(source.shape)} beyond the batch's own")
+            WATCH.fault("extra host-to-device copy", site,
+                        f"non-blocking {name} of a pageable cpu {list(source.shape)}")
 
 
 def touches_device(name: str, tensors, args, kwargs) -> bool:
@@ -447,7 +451,8 @@ def training_paths() -> dict:
     paths = {}
     for recipe, tag in ((A, "recipe"), (B, "sigma recipe")):  # the sigma recipe's heads need sigma
         for method in method_names():
-            if METHOD_ENTRIES[method].step_kind == "pairwise" and (tag == "recipe" or METHOD_ENTRIES[method].needs_sigma):
+            entry = METHOD_ENTRIES[method]
+            if entry.step_kind == "pairwise" and (tag == "recipe" or entry.needs_sigma):
                 paths[f"pretrain {tag} {method}"] = (recipe, [f"method={method}"], {})
     paths["pretrain jwae"] = ("jwae_synthetic.yaml", [], {})
     tiny_swa = ["swa.enabled=true", "swa.last_steps=2", "swa.every_steps=1", "swa.last_epochs=null"]
@@ -513,7 +518,8 @@ def run_path(name: str, drive) -> list[Fault]:
         while tb is not None:
             frames.append(tb.tb_frame)
             tb = tb.tb_next
-        WATCH.fault("crash", site(frames[-1]) if frames else "?", f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        first_line = str(e).splitlines()[0][:200] if str(e) else ""
+        WATCH.fault("crash", site(frames[-1]) if frames else "?", f"{type(e).__name__}: {first_line}")
     return list(WATCH.faults)
 
 
