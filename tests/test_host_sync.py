@@ -65,3 +65,43 @@ def test_identity_targets_and_pooled_rows_make_no_host_copy():
     assert torch.equal(pairs.t_i2t, torch.eye(7)[2:5]) and torch.equal(pairs.t_t2i, torch.eye(7)[2:5])
     with torch.no_grad():
         torch.testing.assert_close(rows, block(x)[:, 3:5], rtol=1e-5, atol=1e-6)
+
+
+def test_boolean_mask_indexing_is_counted_and_other_indexing_is_not():
+    """A boolean mask picks a data-dependent number of rows: the device's nonzero, read by the host."""
+    x = torch.randn(5, 3)
+    mask = x[:, 0] > 0
+    with HostSyncCounter() as counter:
+        x[mask]
+        x[mask, 1:]  # the mask inside a tuple index
+        x.masked_select(mask[:, None])
+        torch.argwhere(mask)
+        x[torch.arange(2)], x.index_select(0, torch.arange(2)), x[1:], x[None]  # fixed shapes: no sync
+        x.masked_fill(mask[:, None], 0.0), torch.where(mask[:, None], x, 0.0)
+    assert counter.by_name == {"__getitem__(bool mask)": 2, "masked_select": 1, "argwhere": 1}, counter.where
+
+
+def test_copies_into_host_memory_are_counted():
+    """``.cpu()``, ``.to("cpu")`` and a copy of a device tensor into a CPU tensor, each once. On the CPU
+    the counter sees a copy to the host when the call names it as "cpu" (``x.to(device)`` with a CPU
+    ``device`` is how device-agnostic code moves data to the run's own device: not counted there); a device
+    tensor (a fake CUDA tensor here) is counted whatever names the host."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    x = torch.randn(4)
+    cpu = torch.device("cpu")
+    with HostSyncCounter() as on_cpu:
+        x.cpu()
+        x.to("cpu")
+        x.to(device="cpu", dtype=torch.float64)
+        x.to(cpu), x.to(x), x.to(torch.float64), torch.zeros(4).copy_(x)  # the run's own device: not counted
+        x.to("cpu", non_blocking=True)  # into pinned memory: nothing waits
+    assert on_cpu.by_name == {"cpu": 1, "to(cpu)": 2}, on_cpu.where
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        on_device = torch.randn(4, device="cuda")
+        with HostSyncCounter() as counter:
+            on_device.to(cpu)
+            on_device.to(x)
+            x.copy_(on_device)
+            on_device.copy_(x)  # host to device: not a read
+            on_device.to("cpu", non_blocking=True)
+    assert counter.by_name == {"to(cpu)": 2, "copy_(into host)": 1}, counter.where
