@@ -2,9 +2,8 @@
 the meta device, without a fault; and the rehearsal failing, with the fault's kind and file:line, on each kind
 of fault it claims to catch (a CPU tensor, a host read, a boolean index planted in a loss's forward).
 
-A path that fails on main is marked ``xfail(strict=True)`` with the fault: issue 49's known ones (their fix is
-pending on another branch) and those the rehearsal found beyond the issue's list. When a fix merges, the strict
-mark turns red: remove it."""
+A path that still fails is marked ``xfail(strict=True)`` with the fault (those the rehearsal found beyond issue
+49's list; the issue's own are fixed). When a fix lands, the strict mark turns red: remove it."""
 from __future__ import annotations
 
 import sys
@@ -17,19 +16,10 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 import device_rehearsal as rehearsal  # noqa: E402
 
-PENDING = "issue 49 fix pending: "
 FOUND = "found by the rehearsal, not in issue 49's list: "
 EXTRA_COPIES = ("non-blocking copies of CPU-generator draws from pageable memory to the device in the step "
                 "beyond the batch's own: ")
 FAILING = {
-    "pretrain jwae": PENDING + "jWAE's 2 host reads (train/step.py apply_if_finite twice) and labels built on "
-                               "the CPU, copied blocking (prob/jwae.py)",
-    "pretrain pcme uniform_weight": PENDING + "PCMELoss(uniform_weight>0) indexes with a boolean mask "
-                                              "(prob/losses.py)",
-    "pretrain logging step": PENDING + "15 .item() calls per logging step (train/logs.py)",
-    "pretrain 2 processes": PENDING + "all_reduce_any every step: torch.tensor(host data, device=) and .item() "
-                                      "(train/distributed.py)",
-    "posthoc laplace": PENDING + "cached CPU features meet the device projection (posthoc/laplace.py)",
     "pretrain fp16 GradScaler": FOUND + "2 host reads per fp16 step: the finite check (train/step.py "
                                         "apply_if_finite) and GradScaler.step's found_inf read",
     "pretrain sigma recipe fp16 GradScaler": FOUND + "2 host reads per fp16 step, and " + EXTRA_COPIES
