@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Under pytest-xdist (README's command: one worker per core) each worker, and the CLI processes it
-# starts, computes on one torch thread: two workers of two spinning threads on two cores ran 3-4x slower.
+# starts, computes on one torch thread (two workers of two OpenMP threads each oversubscribe two cores).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
