@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from helpers_train import count_step_syncs
 
 WORKER = textwrap.dedent('''
     import json, os, signal, sys
@@ -149,29 +150,9 @@ def test_jwae_step_makes_at_most_one_host_read(tmp_path, monkeypatch):
     """Both halves of the game (discriminator, then autoencoders) under one verdict; labels made on the device."""
     from zsprob.train import jwae_step
     from zsprob.train.loop import train
-    from zsprob.utils import host_sync
-    from zsprob.utils.host_sync import HostSyncCounter
 
-    monkeypatch.setattr(host_sync, "HOST_READ_FREE", set())
-    counters = []
-    real_one_step, real_fetch = jwae_step.one_step, jwae_step.fetch
-
-    def fetch(run):  # the host-side batch: not counted
-        counter = counters[-1]
-        before = counter.by_name.copy(), counter.where.copy()
-        try:
-            return real_fetch(run)
-        finally:
-            counter.by_name, counter.where = before
-
-    def one_step(run, step):
-        counters.append(HostSyncCounter())
-        with counters[-1]:
-            return real_one_step(run, step)
-
-    monkeypatch.setattr(jwae_step, "fetch", fetch)
-    monkeypatch.setattr(jwae_step, "one_step", one_step)
-    train(_jwae_cfg("schedule.steps=5"), tmp_path / "run", source=_jwae_source(), progress=False)
+    counters = count_step_syncs(monkeypatch, jwae_step, jwae_step, "fetch", lambda: train(
+        _jwae_cfg("schedule.steps=5"), tmp_path / "run", source=_jwae_source(), progress=False))
     assert len(counters) == 5
     worst = max(counters[1:], key=lambda c: c.total)
     assert worst.total <= 1, dict(worst.where)

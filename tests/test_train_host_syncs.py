@@ -16,36 +16,15 @@ import json
 import pytest
 
 from conftest import ROOT, TINY_TOWERS
+from helpers_train import count_step_syncs
 
 
 def _count_per_step(cfg, out, monkeypatch) -> list:
     from zsprob.train import build
     from zsprob.train import step as step_module
     from zsprob.train.loop import train
-    from zsprob.utils.host_sync import HostSyncCounter
 
-    from zsprob.utils import host_sync
-    monkeypatch.setattr(host_sync, "HOST_READ_FREE", set())  # count the accelerator's path, not the CPU's shortcuts
-    counters = []
-    real_one_step, real_next_batch = step_module.one_step, step_module.next_batch
-
-    def next_batch(run, step):  # host-side batch preparation: its calls are not counted
-        counter = counters[-1]
-        before = counter.by_name.copy(), counter.where.copy()
-        try:
-            return real_next_batch(run, step)
-        finally:
-            counter.by_name, counter.where = before
-
-    def one_step(run, step):
-        counters.append(HostSyncCounter())
-        with counters[-1]:
-            return real_one_step(run, step)
-
-    monkeypatch.setattr(step_module, "next_batch", next_batch)
-    monkeypatch.setattr(build, "one_step", one_step)
-    train(cfg, out, progress=False)
-    return counters
+    return count_step_syncs(monkeypatch, build, step_module, "next_batch", lambda: train(cfg, out, progress=False))
 
 
 def _overrides(world, steps: int = 6) -> list[str]:
