@@ -31,7 +31,10 @@ Patched, because the meta device cannot do it (nothing else is):
 - a host read of a device value cannot be answered on meta: :class:`StandIn` answers it with a stand-in value
   (True, 1, 1.0, zeros) after it was counted, and a copy of a device tensor to the host gives zeros, so that a
   path runs on to its end and shows every fault;
-- two processes: ``torch.distributed`` answers as a world of two whose collectives copy the local tensor.
+- two processes: ``torch.distributed`` answers as a world of two whose collectives copy the local tensor;
+- page-locked memory: zsprob's ``host_sync.pins_memory`` says yes for meta as for CUDA, so ``to_device`` pins, and
+  ``Tensor.pin_memory`` (no accelerator here) gives a copy marked pinned; a non-blocking copy from a marked
+  tensor is no fault, one from pageable memory is.
 """
 from __future__ import annotations
 
@@ -189,7 +192,7 @@ class StandIn(TorchFunctionMode):
         blocking = not (kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True))
         if blocking:
             WATCH.fault("blocking copy", site, f"{name} of a cpu {list(source.shape)} without non_blocking")
-        elif id(source) not in WATCH.batch_ids:
+        elif id(source) not in WATCH.batch_ids and not getattr(source, "stand_in_pinned", False):
             WATCH.fault("extra host-to-device copy", site,
                         f"non-blocking {name} of a pageable cpu {list(source.shape)}")
 
@@ -329,13 +332,29 @@ class MetaGenerator(torch.Generator):
         super().__init__()
 
 
+def _pins_memory(device) -> bool:
+    """zsprob's "does this device pin?" answering yes for the stand-in device, as for CUDA."""
+    return device is not None and torch.device(device).type in ("cuda", "meta")
+
+
+def _pin_memory(self, *args, **kwargs):
+    """``Tensor.pin_memory`` without an accelerator: a copy marked as page-locked."""
+    pinned = self.clone()
+    pinned.stand_in_pinned = True
+    return pinned
+
+
 @contextlib.contextmanager
 def stand_in_device():
     """The meta device's patches (module docstring) and the :class:`StandIn` checks, for the block."""
+    from unittest import mock
+
+    from zsprob.utils import host_sync
     autocast, generator = torch.autocast, torch.Generator
     torch.autocast, torch.Generator = _Autocast, MetaGenerator
     try:
-        with StandIn():
+        with mock.patch.object(host_sync, "pins_memory", _pins_memory), \
+                mock.patch.object(torch.Tensor, "pin_memory", _pin_memory), StandIn():
             yield
     finally:
         torch.autocast, torch.Generator = autocast, generator

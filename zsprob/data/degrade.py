@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from zsprob.data.masking import mask_image_cells
 from zsprob.data.jpeg_torch import jpeg_roundtrip, libjpeg_roundtrip
 from zsprob.methods import DEFAULT_DEGRADE_OPS
-from zsprob.utils.host_sync import host_read_is_free
+from zsprob.utils.host_sync import host_read_is_free, to_device
 
 __all__ = ["degrade_images", "blur", "downsample", "dim", "jpeg", "grayscale", "crop", "shift", "sketch"]
 
@@ -44,7 +44,7 @@ def _uniform(generator, n: int, low: float, high: float) -> list[float]:
 
 def _on(values, like: torch.Tensor) -> torch.Tensor:
     """Host numbers as a tensor of ``like``'s dtype on ``like``'s device (copied without blocking)."""
-    return torch.as_tensor(values, dtype=like.dtype).to(like.device, non_blocking=True)
+    return to_device(torch.as_tensor(values, dtype=like.dtype), like.device)
 
 
 def _stats(mean, std, images: torch.Tensor):
@@ -197,7 +197,7 @@ def degrade_images(images: torch.Tensor, generator: torch.Generator, *, mean: Se
     for index, name in enumerate(ops):
         rows = [row for row, drawn in enumerate(chosen) if drawn == index]
         if rows:
-            where = torch.tensor(rows, dtype=torch.long).to(images.device, non_blocking=True)
+            where = to_device(torch.tensor(rows, dtype=torch.long), images.device)
             degraded = _apply(name, images.index_select(0, where), generator, mean, std, drop_prob, cell)
             out.index_copy_(0, where, degraded)
-    return out, choice.to(images.device, non_blocking=True)
+    return out, to_device(choice, images.device)

@@ -12,6 +12,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from zsprob.utils.host_sync import to_device
+
 __all__ = ["jpeg_roundtrip", "libjpeg_bytes", "libjpeg_roundtrip", "quant_tables", "LUMINANCE_TABLE",
            "CHROMINANCE_TABLE"]
 
@@ -195,8 +197,8 @@ def jpeg_roundtrip(images: torch.Tensor, qualities: Sequence[int]) -> torch.Tens
         raise ValueError(f"one quality in 1..100 per image, got {qualities} for {images.shape[0]} images")
     height, width = images.shape[-2:]
     tables = [quant_tables(q) for q in qualities]
-    luma_tables, chroma_tables = (torch.tensor([t[i] for t in tables], dtype=torch.int64).reshape(-1, 8, 8)
-                                  .to(images.device, non_blocking=True) for i in (0, 1))
+    luma_tables, chroma_tables = (to_device(torch.tensor([t[i] for t in tables], dtype=torch.int64).reshape(-1, 8, 8),
+                                            images.device) for i in (0, 1))
     pixels = images.to(torch.int32)
     if images.shape[1] == 1:
         luma = _lossy_blocks(_pad_to(pixels[:, 0], 8, 8), luma_tables)

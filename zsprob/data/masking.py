@@ -13,6 +13,7 @@ import torch
 
 from zsprob.errors import UserError
 from zsprob.methods import TEXT_MASK_MODES as TEXT_MASK_NAMES
+from zsprob.utils.host_sync import to_device
 
 __all__ = ["TextMaskSpec", "text_mask_spec", "mask_tokens", "delete_tokens", "cells_to_mask", "mask_image_cells",
            "CLIP_MASK_TOKEN"]
@@ -56,7 +57,7 @@ def _draws_like(shape, generator: torch.Generator | None, target: torch.Tensor) 
     """Uniform draws of ``shape`` on the generator's device (``target``'s without one), copied to
     ``target``'s device without blocking."""
     device = generator.device if generator is not None else target.device
-    return torch.rand(shape, generator=generator, device=device).to(target.device, non_blocking=True)
+    return to_device(torch.rand(shape, generator=generator, device=device), target.device)
 
 
 def _protected(tokens: torch.Tensor, spec: TextMaskSpec) -> torch.Tensor:
@@ -64,7 +65,7 @@ def _protected(tokens: torch.Tensor, spec: TextMaskSpec) -> torch.Tensor:
     ``unique``: a binary search in the sorted ids)."""
     if not spec.protected_ids:
         return torch.zeros_like(tokens, dtype=torch.bool)
-    ids = torch.tensor(sorted(spec.protected_ids), dtype=tokens.dtype).to(tokens.device, non_blocking=True)
+    ids = to_device(torch.tensor(sorted(spec.protected_ids), dtype=tokens.dtype), tokens.device)
     nearest = torch.searchsorted(ids, tokens.contiguous()).clamp(max=len(spec.protected_ids) - 1)
     return ids.take(nearest) == tokens
 
@@ -111,7 +112,7 @@ def mask_image_cells(images: torch.Tensor, drop_prob: float, cell: int,
     dropped = torch.zeros(batch, rows * cols, dtype=torch.bool, device=device)
     if n_drop > 0:
         dropped.scatter_(1, scores.topk(n_drop, dim=1).indices, True)
-    cell_mask = dropped.view(batch, 1, rows, cols).to(images.device, non_blocking=True)
+    cell_mask = to_device(dropped.view(batch, 1, rows, cols), images.device)
     cell_row = torch.arange(height, device=images.device) // cell    # the cell of each pixel row / column
     cell_col = torch.arange(width, device=images.device) // cell
     pixel_mask = cell_mask.index_select(2, cell_row).index_select(3, cell_col)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from zsprob.errors import UserError
+from zsprob.utils.host_sync import to_device
 
 __all__ = ["size_augment_tokens", "mask_token_of", "TextSizeAugment"]
 
@@ -76,7 +77,7 @@ def _draws(bsz: int, length: int, vocab_size: int, generator: torch.Generator | 
     where = generator.device if generator is not None else device
     draw = torch.rand(bsz, length, generator=generator, device=where)
     random_ids = torch.randint(1, vocab_size - 2, (bsz, length), generator=generator, device=where)
-    return draw.to(device, non_blocking=True), random_ids.to(device, non_blocking=True)
+    return to_device(draw, device), to_device(random_ids, device)
 
 
 def _close_gaps(tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError
+from zsprob.utils.host_sync import to_device
 
 #: "official" (naver-ai/pcmepp's per-image mixing) and the paper text's per-batch modes
 MODES = ("official", "random", "mixup", "cutmix")
@@ -63,7 +64,7 @@ def mix_batch_official(images: torch.Tensor, *, ratio: float = 0.25, alpha: floa
         else:
             plan.add(i, j, float(lams[i]))
     out = plan.apply(images)
-    lam = torch.as_tensor(lams, dtype=torch.float64).to(images.device, non_blocking=True)
+    lam = to_device(torch.as_tensor(lams, dtype=torch.float64), images.device)
     matched = official_targets(lam, smoothing)
     return (out, matched, plan.info(cutmix=True)) if return_info else (out, matched)
 
@@ -99,18 +100,18 @@ class _MixPlan:
         cut = [n for n, b in enumerate(self.boxes) if b is not None]
         if mix:
             rows, partners = self.index_tensors(mix, images.device)
-            lam = torch.tensor([self.lams[n] for n in mix], dtype=torch.float64).to(images.device, non_blocking=True)
+            lam = to_device(torch.tensor([self.lams[n] for n in mix], dtype=torch.float64), images.device)
             out[rows] = _blend(images[rows], images[partners], lam)
         if cut:
             rows, partners = self.index_tensors(cut, images.device)
-            boxes = torch.tensor([self.boxes[n] for n in cut], dtype=torch.long).to(images.device, non_blocking=True)
+            boxes = to_device(torch.tensor([self.boxes[n] for n in cut], dtype=torch.long), images.device)
             inside = _box_mask(boxes, images.shape[-2], images.shape[-1]).unsqueeze(1)
             out[rows] = torch.where(inside, images[partners], images[rows])
         return out
 
     def index_tensors(self, which, device) -> tuple[torch.Tensor, torch.Tensor]:
         both = torch.tensor([[self.rows[n] for n in which], [self.partners[n] for n in which]], dtype=torch.long)
-        both = both.to(device, non_blocking=True)
+        both = to_device(both, device)
         return both[0], both[1]
 
 
@@ -185,7 +186,7 @@ def mix_batch(images: torch.Tensor, *, ratio: float = 0.25, alpha: float = 2.0, 
             plan.add(i, j, *_timm_box(images.shape, lam, int(rng.integers(0, 2 ** 31 - 1))))
     out = plan.apply(images)
     rows, partners = plan.index_tensors(range(len(plan.rows)), matched.device)  # the soft targets
-    lam = torch.tensor(plan.lams, dtype=torch.float64).to(matched.device, non_blocking=True)
+    lam = to_device(torch.tensor(plan.lams, dtype=torch.float64), matched.device)
     matched[rows, rows] = lam.to(matched.dtype)
     matched[rows, partners] = (1.0 - lam).to(matched.dtype)
     info = {"mode": use, **plan.info(cutmix=False)}

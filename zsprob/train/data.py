@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError
+from zsprob.utils.host_sync import pins_memory, to_device
 from zsprob.utils.signals import leave_stop_signals_to_the_main_process
 
 
@@ -25,11 +26,6 @@ def mixed_seed(*parts: int) -> int:
         for p in parts:
             out = (out ^ np.uint64(int(p) & 0xFFFFFFFFFFFFFFFF)) * np.uint64(1099511628211) + h
     return int(out) & 0x7FFFFFFFFFFFFFFF
-
-
-def pins_memory(device) -> bool:
-    """Whether batches bound for ``device`` come in page-locked memory (CUDA: the copy then does not block)."""
-    return device is not None and torch.device(device).type == "cuda"
 
 
 class BatchSource:
@@ -247,7 +243,7 @@ def add_caption_noise(tokens: torch.Tensor, ratio: float, generator: torch.Gener
     if ratio <= 0 or k < 2:
         return tokens, 0
     rows = torch.randperm(n, generator=generator, device=generator.device if generator is not None else "cpu")[:k]
-    rows = rows.to(tokens.device, non_blocking=True)
+    rows = to_device(rows, tokens.device)
     out = tokens.clone()
     out[rows] = tokens[rows.roll(1)]
     return out, k

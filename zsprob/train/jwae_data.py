@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError
-from zsprob.train.data import BatchSource, mixed_seed, pins_memory
+from zsprob.train.data import BatchSource, mixed_seed
+from zsprob.utils.host_sync import to_device
 
 __all__ = ["RawStore", "FeatureStore", "SemiSupervisedSource"]
 
@@ -62,14 +63,14 @@ class FeatureStore:
         n_caps = np.array([raw.n_captions(i) for i in range(n)])
         c_max = int(n_caps.max())
         device = device or next(model.parameters()).device
-        img = torch.cat([model.image_features(_to_device(raw.images(np.arange(s, min(n, s + batch_size))), device))
+        img = torch.cat([model.image_features(to_device(raw.images(np.arange(s, min(n, s + batch_size))), device))
                          for s in range(0, n, batch_size)])
         pairs = [(i, c) for i in range(n) for c in range(c_max)]
         txt = []
         for s in range(0, len(pairs), 4 * batch_size):
             chunk = np.array(pairs[s:s + 4 * batch_size])
             which = np.minimum(chunk[:, 1], n_caps[chunk[:, 0]] - 1)
-            txt.append(model.text_features(_to_device(raw.texts(chunk[:, 0], which), device)))
+            txt.append(model.text_features(to_device(raw.texts(chunk[:, 0], which), device)))
         return cls(img.cpu(), torch.cat(txt).view(n, c_max, -1).cpu(), n_caps)  # read back once
 
     @classmethod
@@ -109,11 +110,6 @@ class FeatureStore:
 
     def texts(self, idx: np.ndarray, which: np.ndarray) -> torch.Tensor:
         return self.text_feats[torch.as_tensor(idx, dtype=torch.long), torch.as_tensor(which, dtype=torch.long)]
-
-
-def _to_device(x: torch.Tensor, device) -> torch.Tensor:
-    """``x`` on ``device``, copied from page-locked memory for CUDA, so that the copy does not block."""
-    return (x.pin_memory() if pins_memory(device) else x).to(device, non_blocking=True)
 
 
 class SemiSupervisedSource(BatchSource):

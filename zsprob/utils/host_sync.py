@@ -27,6 +27,16 @@ def host_read_is_free(device) -> bool:
     return torch.device(device).type in HOST_READ_FREE
 
 
+def pins_memory(device) -> bool:
+    """Whether host tensors bound for ``device`` go through page-locked memory (CUDA: the copy then does not block)."""
+    return device is not None and torch.device(device).type == "cuda"
+
+
+def to_device(x: torch.Tensor, device) -> torch.Tensor:
+    """``x`` on ``device`` without blocking: a CPU tensor bound for CUDA is copied from page-locked memory."""
+    return (x.pin_memory() if x.device.type == "cpu" and pins_memory(device) else x).to(device, non_blocking=True)
+
+
 class HostSyncCounter(TorchFunctionMode):
     """``with HostSyncCounter() as c: ...`` counts host-synchronising tensor calls in the block: ``c.total``,
     ``c.by_name`` (by call name) and ``c.where`` ("file:line name" of the first frame outside torch)."""
