@@ -141,7 +141,7 @@ def unscale_once(run: Run) -> None:
     """Under fp16, divide the gradients by the loss scale once per update, before clipping; the scaler
     records whether it found inf / NaN. A no-op without a scaler."""
     if run.acc.scaler is not None:
-        run.acc.scaler.unscale_(getattr(run.optimizer, "optimizer", run.optimizer))  # accelerate's wrapper
+        run.acc.scaler.unscale_(_inner(run))
 
 
 def clip_gradient_sets(sets: list[list], max_norm: float) -> list[torch.Tensor]:
@@ -255,37 +255,47 @@ def forward_backward(run: Run, images, tokens, matched, step: int) -> tuple[torc
 
 
 def apply_if_finite(run: Run, check: torch.Tensor) -> bool:
-    """Step the optimiser if ``check`` is finite on every process (:func:`step_verdict`), else skip the update
-    (an fp16 scaler is updated all the same); clear the gradients; True if it stepped."""
-    finite = step_verdict(run, check)
-    if finite:
-        optimizer_step(run)
-    elif run.acc.scaler is not None:
-        run.acc.scaler.update()  # a skipped step still ends the scaler's iteration (inf seen: the scale backs off)
+    """Step the optimiser if ``check`` is finite on every process (:func:`step_verdict`) and, under fp16, the
+    scaler found no inf / NaN gradient at its scale (read in the same host read: the scaler's own step would
+    read it again); the scaler is updated either way. Clear the gradients; True if ``check`` was finite."""
+    scaler = run.acc.scaler
+    found_inf = None
+    if scaler is not None:  # recorded by unscale_ (:func:`unscale_once`) until the scaler's update
+        found_inf = sum(scaler._per_optimizer_states[id(_inner(run))]["found_inf_per_device"].values())
+    finite, overflow = step_verdict(run, check, found_inf)
+    if finite and not overflow:
+        _inner(run).step()  # the gradients are unscaled already
+    if scaler is not None:
+        run.counters.scaler_skipped += int(finite and overflow)
+        scaler.update()  # ends the scaler's iteration; inf seen: the scale backs off
     run.optimizer.zero_grad(set_to_none=True)
     return finite
 
 
 def optimizer_step(run: Run) -> None:
+    """An unconditional update (jWAE's discriminator), through accelerate's wrapper and its scaler."""
     run.optimizer.step()
-    # accelerate's wrapper knows without another sync: the scaler's step has read found_inf on the host
-    if run.acc.scaler is not None and getattr(run.optimizer, "step_was_skipped", False):
-        run.counters.scaler_skipped += 1
 
 
-def step_verdict(run: Run, check: torch.Tensor) -> bool:
-    """Whether ``check`` is finite on every process: the step's one host read. With several processes the same
-    reduction says whether any has no next batch (the cursor fetches it now) or has received a stop signal,
-    so that all move to the next epoch, or stop after this step, together."""
+def _inner(run: Run):
+    return getattr(run.optimizer, "optimizer", run.optimizer)  # accelerate's wrapper holds the torch optimiser
+
+
+def step_verdict(run: Run, check: torch.Tensor, found_inf: torch.Tensor | None = None) -> tuple[bool, bool]:
+    """(whether ``check`` is finite on every process, whether any found an fp16 overflow): the step's one host
+    read. With several processes the same reduction says whether any has no next batch (the cursor fetches
+    it now) or has received a stop signal, so that all move to the next epoch, or stop after this step, together."""
+    flags = [check] if found_inf is None else [check, found_inf.to(check.dtype)]
     if run.world == 1:
-        return bool(torch.isfinite(check))
+        values = torch.stack(flags).tolist()
+        return math.isfinite(values[0]), len(values) > 1 and values[1] > 0
     missing = fetch(run, ahead=True)
     signalled = getattr(resilience.StopSignals.active, "received", None) is not None
-    flags = torch.stack([check, torch.full_like(check, float(missing)), torch.full_like(check, float(signalled))])
-    check_mean, missing_share, signalled_share = dist.mean_across(flags).tolist()
+    flags += [torch.full_like(check, float(missing)), torch.full_like(check, float(signalled))]
+    *values, missing_share, signalled_share = dist.mean_across(torch.stack(flags)).tolist()
     run.cursor.agree(missing_share > 0)
     run.counters.stop_anywhere = signalled_share > 0
-    return math.isfinite(check_mean)
+    return math.isfinite(values[0]), len(values) > 1 and values[1] > 0
 
 
 def count_outcome(run: Run, finite: bool, loss: torch.Tensor, step: int, what: str) -> None:
