@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import inspect
 import json
 import sys
 import tempfile
@@ -499,6 +500,7 @@ def all_paths(world: Path, out: Path) -> dict:
              for name, (recipe, extra, kw) in training_paths().items()}
     for method in ("adapter", "laplace"):
         paths[f"posthoc {method}"] = lambda method=method: posthoc_path(method, world, out / f"posthoc-{method}")
+    paths.update(inference_paths(world, out))
     return paths
 
 
@@ -515,11 +517,131 @@ def posthoc_path(method: str, world: Path, out: Path) -> None:
             encode_batch_size=8, settings=settings, device=DEVICE, progress=False)
 
 
+# ----------------------------------------------------------------------------- inference
+
+INFERENCE_BATCH = 4  # several batches per encoding pass, so that a read per batch shows as more reads than passes
+
+
+@dataclass
+class Inference:
+    """One zsprob-tiny with sigma heads on the device in eval mode (as ``load_for_inference`` hands it to the
+    CLI), shared by every inference path with one feature cache, and the encoding passes of the current path."""
+    model: object = None
+    passes: int = 0
+    copies: int = 0  # the host copies the passes may make: means and log-variances, once per HOST_COPY_EVERY batches
+
+
+INFERENCE = Inference()
+
+
+def tiny_model():
+    if INFERENCE.model is None:
+        from zsprob.models import create_model
+
+        INFERENCE.model = create_model("zsprob-tiny", pretrained=None, embed_dim=16, seed=0, **TINY_TOWERS)
+    return INFERENCE.model.to(DEVICE).eval()
+
+
+def judge_inference(counter: HostSyncCounter) -> None:
+    """An inference path reads its device results at the end of each pass: each encoding pass copies its means and
+    log-variances once per ``HOST_COPY_EVERY`` batches (:func:`zsprob.models.encode._to_host`), any other site
+    once. More: a read per batch."""
+    from zsprob.models import encode
+
+    lines, first = inspect.getsourcelines(encode._to_host)
+    copies = {f"{Path(encode.__file__).parent.name}/encode.py:{n}" for n in range(first, first + len(lines))}
+    for where, n in counter.where.items():
+        at, _, name = where.partition(" ")
+        allowed = INFERENCE.copies if at in copies else 1
+        if n > allowed:
+            WATCH.fault("host reads", at, f"{n} x {name} at one site; at most {allowed} ({INFERENCE.passes} "
+                                          "encoding passes): a read per batch")
+
+
+def inference_path(drive) -> None:
+    """``drive()`` with every host read of a device value counted, each site judged against the passes made."""
+    from zsprob.models import encode
+
+    real = encode._encode_all
+
+    def counted_pass(model, encode_fn, batches, *args, **kwargs):
+        seen = [0]
+
+        def counted(batches=batches):
+            for batch in batches:
+                seen[0] += 1
+                yield batch
+        try:
+            return real(model, encode_fn, counted(), *args, **kwargs)
+        finally:
+            INFERENCE.passes += 1
+            INFERENCE.copies += 2 * max(1, -(-seen[0] // encode.HOST_COPY_EVERY))
+    INFERENCE.passes = INFERENCE.copies = 0
+    encode._encode_all = counted_pass
+    try:
+        with DeviceSyncCounter() as counter:
+            drive()
+    finally:
+        encode._encode_all = real
+    WATCH.reads.append(counter.total)
+    judge_inference(counter)
+
+
+def eval_path(world: Path, out: Path) -> None:
+    """``zsprob eval synthetic --device cuda`` (the matrix route): encoding, scoring and metrics."""
+    from zsprob.retrieval.synthetic import evaluate_synthetic
+
+    evaluate_synthetic(tiny_model(), world, "test", "csd", out, batch_size=INFERENCE_BATCH, device=DEVICE,
+                       corruption=False, validity=False, progress=False)
+
+
+def zeroshot_path(world: Path, out: Path, strategy: str | None) -> None:
+    """``zsprob select-prompts --strategy STRATEGY --device cuda`` (``zsprob zeroshot --compare`` when None),
+    on 6 of CLIP's templates; the image features come from the cache shared by the paths after the first."""
+    from zsprob.zeroshot.classify import compare_strategies, run_selection
+
+    request = dict(dataset="synthetic", root=str(world), batch_size=INFERENCE_BATCH, device=DEVICE, progress=False,
+                   cache_dir=out.parent / "zs-cache", k_values="1-4", templates=str(world.parent / "templates.txt"))
+    if strategy is None:
+        compare_strategies(tiny_model(), out_dir=out, **request)
+    else:
+        from zsprob.zeroshot.strategy_registry import get_strategy
+
+        run_selection(tiny_model(), strategy=strategy, k=2 if get_strategy(strategy).needs_k else None, **request)
+
+
+def index_path(out: Path) -> None:
+    """``zsprob index build --kind torch --device cuda`` then ``index search``: the device kind (flat, HNSW
+    and IVF are faiss's, on the host unless faiss has GPUs)."""
+    from zsprob.retrieval.search import build_index, load_index
+
+    gallery, queries = torch.randn(40, 16), torch.randn(6, 16)
+    idx = build_index(gallery, torch.randn(40, 16), kind="torch", device=DEVICE)
+    idx.save(out)
+    load_index(out).to(DEVICE).search(queries, torch.randn(6, 16), 5)
+
+
+def inference_paths(world: Path, out: Path) -> dict:
+    """name -> a callable that drives the path: eval, zero-shot (compare, and select-prompts per strategy), index."""
+    from zsprob.zeroshot.strategy_registry import strategy_names
+
+    paths = {"eval synthetic": lambda: inference_path(lambda: eval_path(world, out / "eval")),
+             "zeroshot compare": lambda: inference_path(lambda: zeroshot_path(world, out / "zs-compare", None)),
+             "index torch build search": lambda: inference_path(lambda: index_path(out / "index"))}
+    for strategy in strategy_names():
+        paths[f"select-prompts {strategy}"] = lambda strategy=strategy: inference_path(
+            lambda: zeroshot_path(world, out / f"zs-{strategy}", strategy))
+    return paths
+
+
 def make_world(base: Path) -> Path:
     from zsprob.data.synthetic import generate
 
     generate(base / "sw", image_size=32, num_pretrain=32, num_classify_select=8, num_classify_eval=8,
              num_retrieval=4, num_retrieval_val=0, shard_size=8, progress=False)
+    from zsprob.zeroshot.prompts import load_templates
+
+    (base / "templates.txt").write_text("\n".join(load_templates()[:6]) + "\n")
     return base / "sw"
 
 

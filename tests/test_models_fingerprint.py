@@ -61,3 +61,26 @@ def test_the_legacy_fingerprint_is_the_one_zsprob_wrote():
         model.bias.copy_(torch.tensor([0.5, -1.25]))
     assert legacy_fingerprint(model) == "6238e450d92ae4f05969bcae3407a24a"
     assert is_model("6238e450d92ae4f05969bcae3407a24a", model) and model_fingerprint(model) != legacy_fingerprint(model)
+
+
+def test_the_fingerprint_is_the_one_the_per_tensor_code_gave():
+    """The id the per-tensor code (one host read per tensor, before issue 49) gave the eighths model above: the
+    batched reads hash the same bytes (bit sums are exact, so the id is the same on every machine)."""
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.arange(6.0).reshape(2, 3) / 8)
+        model.bias.copy_(torch.tensor([0.5, -1.25]))
+    assert model_fingerprint(model) == "9cb03736b5c7e5e4e936485c3587f9dc"
+
+
+def test_a_fingerprint_reads_the_device_twice_whatever_the_tensor_count(monkeypatch):
+    """On a GPU each host read waits for the device: the samples and the sums are copied to the host once each
+    (the counter, told that the CPU is a device, also counts the numpy / list views of those copies)."""
+    from zsprob.utils import host_sync
+    from zsprob.utils.host_sync import HostSyncCounter
+
+    monkeypatch.setattr(host_sync, "HOST_READ_FREE", set())  # count as on an accelerator
+    for model in (torch.nn.Linear(3, 2), Big()):
+        with HostSyncCounter() as counter:
+            model_fingerprint(model)
+        assert counter.by_name == {"cpu": 2, "numpy": 1, "tolist": 1}

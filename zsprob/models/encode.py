@@ -28,27 +28,41 @@ def _images_of(batch):
                     f"{type(batch).__name__} (did you forget the transform, e.g. model.preprocess_val?)")
 
 
-def _cat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
-    return torch.cat(parts, 0) if parts else torch.zeros(0, dim)
+#: batches of results kept on the device between copies to the host (each copy waits for the device)
+HOST_COPY_EVERY = 64
+
+
+def _to_host(parts: list[torch.Tensor], done: list[torch.Tensor]) -> None:
+    """Append the device results ``parts`` to ``done`` as one float32 CPU tensor (one host copy), and empty it."""
+    if parts:
+        done.append(torch.cat(parts, 0).float().cpu())
+        parts.clear()
 
 
 def _encode_all(model, encode, batches: Iterable[torch.Tensor], device, precision: str, with_sigma: bool):
-    """``encode`` (the image or text tower) over ``batches`` in eval mode: (mu [N, D], logvar [N, D] or None)."""
+    """``encode`` (the image or text tower) over ``batches`` in eval mode: (mu [N, D], logvar [N, D] or None).
+    Results stay on the device for :data:`HOST_COPY_EVERY` batches, then go to the host in one copy."""
     autocast = encode_autocast(device, precision)
     want_sigma = with_sigma and not model.deterministic
     was_training = model.training
     model.eval()
-    mus, lvs = [], []
+    pending, done = ([], []), ([], [])
     try:
         for batch in batches:
             with autocast:
                 mu, lv = encode(batch, with_sigma=want_sigma)
-            mus.append(mu.float().cpu())
+            pending[0].append(mu)
             if lv is not None:
-                lvs.append(lv.float().cpu())
+                pending[1].append(lv)
+            if len(pending[0]) == HOST_COPY_EVERY:
+                for part, out in zip(pending, done):
+                    _to_host(part, out)
+        for part, out in zip(pending, done):
+            _to_host(part, out)
     finally:
         model.train(was_training)
-    return _cat(mus, model.embed_dim), (_cat(lvs, model.embed_dim) if want_sigma else None)
+    mus, lvs = (torch.cat(out, 0) if out else torch.zeros(0, model.embed_dim) for out in done)
+    return mus, (lvs if want_sigma else None)
 
 
 @torch.no_grad()
