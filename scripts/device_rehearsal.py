@@ -6,10 +6,13 @@ The paths (``--list``): pretrain of every method of the method registry on both 
 (configs/synthetic_tiny.yaml; configs/synthetic_tiny_sigma.yaml with its degraded copies, for the methods with
 sigma; jWAE on configs/jwae_synthetic.yaml), PCME's uniform term, fp16 with a GradScaler, gradient accumulation,
 SWA, MSDA (both modes), two processes, the logging step, the RedCaps flagship and the COCO fine-tuning recipes
-with zsprob-tiny's towers on SynthWorld shards; posthoc (adapter, laplace). Not yet driven: eval (the matrix
-route), zero-shot / select-prompts, index build / search, and FakeTensorMode's fake ``cuda`` device.
-Each calls zsprob's library in-process with tiny sizes on PyTorch's ``meta`` device (forward, backward and the
-optimisers run there, every value is absent), 3 training steps (a warm-up and 2 steady ones).
+with zsprob-tiny's towers on SynthWorld shards; posthoc (adapter, laplace); eval (the matrix route), ``zeroshot
+--compare``, select-prompts for every strategy, the torch index's build and search. Each calls zsprob's library
+in-process with tiny sizes on PyTorch's ``meta`` device (forward, backward and the optimisers run there, every
+value is absent), 3 training steps (a warm-up and 2 steady ones). The ``fake-cuda`` paths (eval's scores, the
+encoding passes in float32 and bf16) run under FakeTensorMode, where ``cuda`` is a device string that matters:
+a CPU tensor meeting a fake CUDA one raises there. FakeTensorMode runs forwards only on a CPU build (no
+backward, no cuDNN: GPO's GRU asks cuDNN about the device, so that path uses open_clip's native pooling).
 
 A fault is one line ``path: kind at file:line (detail)``:
 - ``cpu tensor meets device``: a CPU tensor that is not a 0-dim scalar in a call with a device tensor;
@@ -20,6 +23,8 @@ A fault is one line ``path: kind at file:line (detail)``:
 - ``blocking copy``: a host-to-device copy in a steady step that blocks (no ``non_blocking``, or Python data via
   ``torch.tensor(..., device=)``); ``extra host-to-device copy``: a non-blocking one beyond the batch's own (from
   pageable memory CUDA may wait for the stream);
+- ``host reads`` in an inference path: more reads at one site than its passes allow (each encoding pass copies
+  its results once per 64 batches; any other site once): a read per batch;
 - ``crash``: any other error of the path.
 
 Patched, because the meta device cannot do it (nothing else is):
@@ -32,6 +37,7 @@ Patched, because the meta device cannot do it (nothing else is):
   (True, 1, 1.0, zeros) after it was counted, and a copy of a device tensor to the host gives zeros, so that a
   path runs on to its end and shows every fault;
 - two processes: ``torch.distributed`` answers as a world of two whose collectives copy the local tensor;
+- ``torch.Generator(device="cuda")`` starts CUDA, which a CPU build cannot: under the fake device a CPU one;
 - page-locked memory: zsprob's ``host_sync.pins_memory`` says yes for meta as for CUDA, so ``to_device`` pins, and
   ``Tensor.pin_memory`` (no accelerator here) gives a copy marked pinned; a non-blocking copy from a marked
   tensor is no fault, one from pageable memory is.
@@ -501,6 +507,7 @@ def all_paths(world: Path, out: Path) -> dict:
     for method in ("adapter", "laplace"):
         paths[f"posthoc {method}"] = lambda method=method: posthoc_path(method, world, out / f"posthoc-{method}")
     paths.update(inference_paths(world, out))
+    paths.update(fake_cuda_paths())
     return paths
 
 
@@ -519,6 +526,8 @@ def posthoc_path(method: str, world: Path, out: Path) -> None:
 
 # ----------------------------------------------------------------------------- inference
 
+#: the most often an encoding pass may copy its results to the host: once per 64 batches (each copy waits)
+COPY_EVERY = 64
 INFERENCE_BATCH = 4  # several batches per encoding pass, so that a read per batch shows as more reads than passes
 
 
@@ -544,7 +553,7 @@ def tiny_model():
 
 def judge_inference(counter: HostSyncCounter) -> None:
     """An inference path reads its device results at the end of each pass: each encoding pass copies its means and
-    log-variances once per ``HOST_COPY_EVERY`` batches (:func:`zsprob.models.encode._to_host`), any other site
+    log-variances once per :data:`COPY_EVERY` batches (:func:`zsprob.models.encode._to_host`), any other site
     once. More: a read per batch."""
     from zsprob.models import encode
 
@@ -575,7 +584,7 @@ def inference_path(drive) -> None:
             return real(model, encode_fn, counted(), *args, **kwargs)
         finally:
             INFERENCE.passes += 1
-            INFERENCE.copies += 2 * max(1, -(-seen[0] // encode.HOST_COPY_EVERY))
+            INFERENCE.copies += 2 * max(1, -(-seen[0] // COPY_EVERY))
     INFERENCE.passes = INFERENCE.copies = 0
     encode._encode_all = counted_pass
     try:
@@ -588,10 +597,11 @@ def inference_path(drive) -> None:
 
 
 def eval_path(world: Path, out: Path) -> None:
-    """``zsprob eval synthetic --device cuda`` (the matrix route): encoding, scoring and metrics."""
+    """``zsprob eval synthetic --device cuda`` (the matrix route): encoding (one item per batch: 4 images, 4
+    captions), scoring and metrics."""
     from zsprob.retrieval.synthetic import evaluate_synthetic
 
-    evaluate_synthetic(tiny_model(), world, "test", "csd", out, batch_size=INFERENCE_BATCH, device=DEVICE,
+    evaluate_synthetic(tiny_model(), world, "test", "csd", out, batch_size=1, device=DEVICE,
                        corruption=False, validity=False, progress=False)
 
 
@@ -634,6 +644,75 @@ def inference_paths(world: Path, out: Path) -> dict:
     return paths
 
 
+# ----------------------------------------------------------------------------- a fake cuda device
+
+class FakeCudaGenerator(torch.Generator):
+    """``torch.Generator(device="cuda")`` would start CUDA, which a CPU build cannot: a CPU generator stands in."""
+
+    def __new__(cls, device=None):
+        return super().__new__(cls, "cpu")
+
+    def __init__(self, device=None):
+        super().__init__()
+
+
+@contextlib.contextmanager
+def fake_cuda():
+    """FakeTensorMode, in which tensors made on ``cuda`` are fakes on a device that does not exist here: a CPU
+    tensor (not a 0-dim scalar) meeting one raises, and is reported as the fault ``cpu tensor meets device`` at
+    zsprob's line. Host data enters as real tensors (``allow_non_fake_inputs``), as a loader's batches do."""
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode
+
+    generator = torch.Generator
+    torch.Generator = FakeCudaGenerator
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            yield
+    except FakeTensorDeviceMismatchError as e:
+        tb, frames = e.__traceback__, []
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        WATCH.fault("cpu tensor meets device", site(frames[-1]), str(e).splitlines()[0][:160])
+    finally:
+        torch.Generator = generator
+
+
+def fake_cuda_scores() -> None:
+    """``zsprob eval --device cuda``'s scoring: every score of the matrix route and the chunked top-k of the
+    index, CPU embeddings in, the blocks scored on the device, CPU results out."""
+    from zsprob.prob.method_registry import SCORE_NAMES
+    from zsprob.retrieval.scoring import chunked_topk, score_matrix
+
+    g = torch.Generator().manual_seed(0)
+    a, b = [torch.randn(6, 16, generator=g) for _ in range(2)], [torch.randn(9, 16, generator=g) for _ in range(2)]
+    with fake_cuda():
+        for name in SCORE_NAMES:
+            score_matrix(name, *a, *b, chunk_size=4, device="cuda", **({"n_samples": 2} if name == "mc" else {}))
+        chunked_topk("csd", *a, *b, 3, query_chunk=4, gallery_chunk=4, device="cuda")
+
+
+def fake_cuda_encode() -> None:
+    """``encode_images`` / ``encode_texts`` with the model on ``cuda`` (the batches made on the host, as a loader
+    makes them), in float32 and under bf16 autocast. open_clip's native pooling: GPO's GRU asks cuDNN about
+    the device, which a CPU build cannot answer (GPO runs on meta in the other paths)."""
+    from zsprob.models import create_model
+    from zsprob.models.encode import encode_images, encode_texts
+
+    model = create_model("zsprob-tiny", pretrained=None, embed_dim=16, seed=0, pooling="native", **TINY_TOWERS)
+    images = torch.randn(10, 3, 32, 32)
+    with fake_cuda():
+        model._apply(lambda t: torch.empty_like(t, device="cuda"))
+        for precision in ("fp32", "bf16"):
+            encode_images(model.eval(), iter(images.split(4)), device="cuda", progress=False, precision=precision)
+            encode_texts(model, ["a photo of a cat", "a dog"] * 3, batch_size=4, device="cuda", progress=False,
+                         precision=precision)
+
+
+def fake_cuda_paths() -> dict:
+    return {"fake-cuda eval scores": fake_cuda_scores, "fake-cuda encode": fake_cuda_encode}
+
+
 def make_world(base: Path) -> Path:
     from zsprob.data.synthetic import generate
 
@@ -649,7 +728,7 @@ def run_path(name: str, drive) -> list[Fault]:
     """Drive one path under the stand-in device; its faults (a crash is one)."""
     WATCH.path, WATCH.faults, WATCH.steady, WATCH.reads = name, [], False, []
     try:
-        with stand_in_device():
+        with contextlib.nullcontext() if name.startswith("fake-cuda") else stand_in_device():
             drive()
     except Abort:
         pass

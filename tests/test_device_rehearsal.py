@@ -7,6 +7,7 @@ A path that still fails is marked ``xfail(strict=True)`` with the fault (those t
 from __future__ import annotations
 
 import sys
+import warnings
 
 import pytest
 import torch
@@ -25,14 +26,26 @@ def _path_names() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def results():
-    return rehearsal.rehearse()
+def paths(tmp_path_factory):
+    """One tiny world per worker; each path is its own test, so that pytest-xdist spreads them."""
+    base = tmp_path_factory.mktemp("rehearsal")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return rehearsal.all_paths(rehearsal.make_world(base), base / "runs")
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=FAILING[n]))
-                                  if n in FAILING else n for n in _path_names()])
-def test_device_path_has_no_fault(results, name):
-    assert results[name] == [], "\n".join(f.line() for f in results[name])
+def _marks(name: str) -> list:
+    """A path still failing: strict xfail; the slowest (every strategy of ``--compare``): started first."""
+    return ([pytest.mark.xfail(strict=True, reason=FAILING[name])] if name in FAILING else []) + \
+        ([pytest.mark.slow(seconds=20)] if name == "zeroshot compare" else [])
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in _path_names()])
+def test_device_path_has_no_fault(paths, name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = rehearsal.run_path(name, paths[name])
+    assert found == [], "\n".join(f.line() for f in found)
 
 
 def test_every_method_and_both_recipes_are_rehearsed():
@@ -94,3 +107,26 @@ def test_a_pageable_copy_is_a_fault_and_a_pinned_one_is_not(monkeypatch):
            + (mu[:, 0] * to_device(torch.ones(mu.shape[0]), mu.device)).sum() * 0)
     faults = _faults("extra host-to-device copy")
     assert len(faults) == 1 and "pageable cpu [8]" in faults[0].detail, faults
+
+
+def test_a_read_per_batch_in_encoding_is_a_fault(monkeypatch):
+    """Encoding that copies every batch's results to the host (as it did before issue 49) is caught: more reads
+    at one site than the passes made allow."""
+    from zsprob.models import encode
+    monkeypatch.setattr(encode, "HOST_COPY_EVERY", 1)
+    found = rehearsal.rehearse(["eval synthetic"])["eval synthetic"]
+    assert found and all(f.kind == "host reads" and f.site.startswith("models/encode.py:") for f in found), found
+    assert "a read per batch" in found[0].detail
+
+
+def test_a_cpu_tensor_meeting_a_fake_cuda_one_is_a_fault(monkeypatch):
+    """On the fake ``cuda`` device, a CPU tensor planted in a score's forward is reported at its line."""
+    from zsprob.prob import distances
+    csd = distances.csd
+
+    def planted(mu_a, *args, **kwargs):
+        return csd(mu_a, *args, **kwargs) + torch.zeros(mu_a.shape[0], 1)
+    monkeypatch.setattr(distances, "csd", planted)
+    found = rehearsal.rehearse(["fake-cuda eval scores"])["fake-cuda eval scores"]
+    assert len(found) == 1 and found[0].kind == "cpu tensor meets device", found
+    assert "test_device_rehearsal.py:" in found[0].site
