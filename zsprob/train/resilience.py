@@ -256,6 +256,11 @@ def check_reuse(out: str | os.PathLike, resume, overwrite: bool) -> bool:
     if found and mode is None and not overwrite:
         raise UserError(f"--out {out} already holds a run ({', '.join(found)}): pass --resume to continue it or "
                         "--overwrite to replace it (or choose another --out)")
+    finished = [name for name in ("model", "summary.json") if (Path(out) / name).exists()]
+    if finished and mode == "auto" and not overwrite and latest_valid_checkpoint(out) is None:
+        raise UserError(f"--out {out} holds a finished run ({', '.join(finished)}) and no checkpoint to continue "
+                        "from (extending needs its checkpoints/): --resume auto never trains over it; pass "
+                        "--overwrite to replace it, or choose another --out")
     return bool(overwrite)
 
 
@@ -308,7 +313,10 @@ class RunLock:
     def acquire(self) -> "RunLock":
         import socket
         import warnings
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        folder = self.path.parent
+        self.created = not folder.exists()
+        self.was_empty = self.created or (folder.is_dir() and not any(folder.iterdir()))
+        folder.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -326,10 +334,21 @@ class RunLock:
             return self
         raise UserError(f"--out {self.path.parent}: could not take the lock {self.path} (contended)")
 
-    def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
+    def release(self, refused: bool = False) -> None:
+        """Unlock; ``refused`` (the run stopped on a UserError before its first checkpoint): remove what it wrote
+        in a folder that was new or empty, and the folder it created, so that a refused run leaves nothing."""
+        if not self.held:
+            return
+        self.path.unlink(missing_ok=True)
+        self.held = False
+        out = self.path.parent
+        if refused and self.was_empty and not (out / "model").exists() and latest_valid_checkpoint(out) is None:
+            remove_run(out)
+            if self.created:
+                try:
+                    out.rmdir()
+                except OSError:
+                    pass
 
 
 def claim_run_dir(out: Path, resume, overwrite: bool, main: bool, mirrored: bool = False) -> RunLock | None:
