@@ -56,17 +56,40 @@ def checkpoint_root(out: str | os.PathLike) -> Path:
     return Path(out) / "checkpoints"
 
 
+def _whole_tensors(path: Path) -> bool:
+    """Whether a safetensors file is whole: its header parses and the file is as long as the header says (a
+    truncated or overwritten file is not; no tensor is read)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if length > size - 8:
+                return False
+            header = json.loads(f.read(length))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return size == 8 + length + end
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return False
+
+
 def is_complete(step_dir: Path) -> bool:
-    """A committed step directory holds its state (json + tensors) and the model."""
-    return ((step_dir / "state.json").is_file() and (step_dir / "state.safetensors").is_file()
-            and (step_dir / "model").is_dir())
+    """A committed step directory holds its state (a JSON object and whole tensors) and the model."""
+    try:
+        meta = json.loads((step_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(meta, dict) and isinstance(meta.get("step"), int) and (step_dir / "model" / "zsprob.json").is_file()
+            and _whole_tensors(step_dir / "state.safetensors") and _whole_tensors(step_dir / "model" / "model.safetensors"))
 
 
-def latest_valid_checkpoint(out: str | os.PathLike) -> Path | None:
+def latest_valid_checkpoint(out: str | os.PathLike, say: bool = False) -> Path | None:
     """The complete step directory ``latest.json`` names, else the newest complete ``step-*`` directory (a
-    crash before the pointer moved, or a damaged pointer), else None."""
+    crash before the pointer moved, a pointer gone or damaged, a damaged latest checkpoint), else None;
+    ``say``: a warning on the main process when it is not the one ``latest.json`` names."""
+    import warnings
     root = checkpoint_root(out)
     pointer = root / "latest.json"
+    named = None
     try:
         named = root / json.loads(pointer.read_text())["dir"]
         if is_complete(named):
@@ -74,6 +97,9 @@ def latest_valid_checkpoint(out: str | os.PathLike) -> Path | None:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     steps = sorted(p for p in root.glob("step-*") if p.is_dir() and is_complete(p)) if root.is_dir() else []
+    if steps and say and os.environ.get("RANK", "0") == "0":
+        why = f"{named} is incomplete or damaged" if named else f"{pointer} is missing or unreadable"
+        warnings.warn(f"--resume: {why}; resuming from {steps[-1]}, the newest complete checkpoint")
     return steps[-1] if steps else None
 
 
@@ -91,25 +117,21 @@ def resume_mode(resume) -> str | Path | None:
     return Path(resume)
 
 
-def find_resume_dir(resume, out: Path) -> Path | None:
-    """The step directory to resume from, per :func:`resume_mode`; None for a fresh start."""
+def find_resume_dir(resume, out: Path, say: bool = True) -> Path | None:
+    """The step directory to resume from, per :func:`resume_mode`; None for a fresh start. "auto" and "latest"
+    take the newest complete checkpoint when ``latest.json`` is gone or names a damaged one (saying so)."""
     mode = resume_mode(resume)
     if mode is None:
         return None
-    if mode == "auto":
-        return latest_valid_checkpoint(out)
-    ckpt_dir, pointer = mode, checkpoint_root(out) / "latest.json"
-    if mode == "latest" and not pointer.is_file():
-        raise UserError(f"--resume: no checkpoint in {out / 'checkpoints'} (nothing to resume; "
-                        "--resume auto starts afresh instead)")
-    if mode == "latest":
-        try:
-            ckpt_dir = pointer.parent / json.loads(pointer.read_text())["dir"]
-        except json.JSONDecodeError:
-            raise UserError(f"{pointer} is corrupted; delete it or point --resume at a step directory") from None
-    if not (ckpt_dir / "state.json").is_file():
-        raise UserError(f"--resume: {ckpt_dir} is not a checkpoint directory (no state.json)")
-    return ckpt_dir
+    if mode in ("auto", "latest"):
+        found = latest_valid_checkpoint(out, say=say)
+        if found is None and mode == "latest":
+            raise UserError(f"--resume: no complete checkpoint in {out / 'checkpoints'} (nothing to resume; "
+                            "--resume auto starts afresh instead)")
+        return found
+    if not (mode / "state.json").is_file():
+        raise UserError(f"--resume: {mode} is not a checkpoint directory (no state.json)")
+    return mode
 
 
 #: seconds a stop signal during a wait for a batch gives the batch to come before the run stops without a
@@ -356,7 +378,7 @@ def claim_run_dir(out: Path, resume, overwrite: bool, main: bool, mirrored: bool
     reuse rule (every process); returns the held lock. A ``resume`` that names no checkpoint is one line here,
     unless a remote mirror (``mirrored``) may bring one."""
     if not mirrored and resume_mode(resume) not in (None, "auto"):  # "auto" may find nothing: a fresh start
-        find_resume_dir(resume, out)
+        find_resume_dir(resume, out, say=False)
     if not main:
         check_reuse(out, resume, overwrite)
         return None

@@ -140,6 +140,22 @@ def refuse_owned(path: str | os.PathLike, what: str, own: str | None = None) -> 
                             "write elsewhere (a run or a world is only ever written by the command that made it)")
 
 
+def absolute_paths(cfg: dict, keys) -> dict:
+    """``cfg`` (nested dicts) with each dotted key of ``keys`` that holds a local path made absolute and normal
+    (``./x``, ``x/`` and ``$PWD/x`` alike; each '::'-joined part; URLs and ``scheme:`` sources as given), so that a
+    run records where its data is and a resume from another folder compares like with like."""
+    for key in keys:
+        *sections, last = key.split(".")
+        node = cfg
+        for part in sections:
+            node = node.get(part) if isinstance(node, dict) else None
+        value = node.get(last) if isinstance(node, dict) else None
+        if isinstance(value, str) and value:
+            node[last] = "::".join(part if ":" in part or not part else os.path.abspath(os.path.expanduser(part))
+                                   for part in value.split("::"))
+    return cfg
+
+
 def check_output(path: str | os.PathLike, what: str | None = "--out", kind: str = "dir",
                  own: str | None = None) -> str | os.PathLike:
     """``path`` if it can be written as a directory (``kind="dir"``) or a file (``"file"``; a symlink is judged
