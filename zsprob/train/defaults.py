@@ -209,6 +209,9 @@ def resolve_config(cfg: Any, out: str | os.PathLike | None = None) -> TrainConfi
     check(cfg, KEYS, DEFAULTS, EXCLUSIVE)
     if METHOD_ENTRIES[cfg.method].step_kind != "pairwise" and cfg.train.accum_steps != 1:
         raise UserError(f"train.accum_steps applies to the pairwise losses, not to --method {cfg.method}")
+    if METHOD_ENTRIES[cfg.method].needs_negatives and cfg.data.batch_size < 2:
+        raise UserError(f"--method {cfg.method} learns from the other pairs of a batch: at --batch-size 1 its loss "
+                        "is 0 at every step; use a batch of 2 or more")
     if out is not None and cfg.train.remote_sync:
         check_target(cfg.train.remote_sync, out)
     return cfg
