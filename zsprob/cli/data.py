@@ -10,6 +10,7 @@ import click
 
 from zsprob.cli.types import COUNT, COUNT0, SHARE, OutPath
 from zsprob.data.synthworld.world import DEFAULTS, MAX_SIZE, MIN_SIZE, PRESETS
+from zsprob.errors import UserError
 
 
 def _preset_help(name: str) -> str:
@@ -72,6 +73,9 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
         t0 = time.perf_counter()
         m = generate(out, workers=workers, progress=not no_progress, overwrite=overwrite, preview=preview, **cfg)
         wall = time.perf_counter() - t0
+    except UserError:
+        lock.release(refused=True)  # refused before writing: a folder the lock made goes too
+        raise
     finally:
         lock.release()
     st, c = m["stats"], m["counts"]
@@ -94,7 +98,6 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
 def _claim(out):
     """The lock of ``out`` (one line when another run holds it), then one line unless ``out`` is new, empty or
     a SynthWorld: a folder of the user's files is never written into."""
-    from zsprob.errors import UserError
     from zsprob.train.resilience import LOCK_NAME, RunLock
     from zsprob.utils.checks import owner_kind
 

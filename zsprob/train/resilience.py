@@ -78,8 +78,9 @@ def is_complete(step_dir: Path) -> bool:
         meta = json.loads((step_dir / "state.json").read_text())
     except (OSError, ValueError):
         return False
-    return (isinstance(meta, dict) and isinstance(meta.get("step"), int) and (step_dir / "model" / "zsprob.json").is_file()
-            and _whole_tensors(step_dir / "state.safetensors") and _whole_tensors(step_dir / "model" / "model.safetensors"))
+    model = step_dir / "model"
+    return (isinstance(meta, dict) and isinstance(meta.get("step"), int) and (model / "zsprob.json").is_file()
+            and _whole_tensors(step_dir / "state.safetensors") and _whole_tensors(model / "model.safetensors"))
 
 
 def latest_valid_checkpoint(out: str | os.PathLike, say: bool = False) -> Path | None:
@@ -357,14 +358,15 @@ class RunLock:
         raise UserError(f"--out {self.path.parent}: could not take the lock {self.path} (contended)")
 
     def release(self, refused: bool = False) -> None:
-        """Unlock; ``refused`` (the run stopped on a UserError before its first checkpoint): remove what it wrote
-        in a folder that was new or empty, and the folder it created, so that a refused run leaves nothing."""
+        """Unlock; ``refused`` (the run stopped on a UserError before it logged or saved anything): remove what it
+        wrote in a folder that was new or empty, and the folder it created, so that a refused run leaves nothing."""
         if not self.held:
             return
         self.path.unlink(missing_ok=True)
         self.held = False
         out = self.path.parent
-        if refused and self.was_empty and not (out / "model").exists() and latest_valid_checkpoint(out) is None:
+        kept = [name for name in ("metrics.jsonl", "model", "checkpoints") if (out / name).exists()]
+        if refused and self.was_empty and not kept:
             remove_run(out)
             if self.created:
                 try:

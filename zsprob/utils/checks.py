@@ -141,17 +141,14 @@ def refuse_owned(path: str | os.PathLike, what: str, own: str | None = None) -> 
 
 
 def absolute_paths(cfg: dict, keys) -> dict:
-    """``cfg`` (nested dicts) with each dotted key of ``keys`` that holds a local path made absolute and normal
-    (``./x``, ``x/`` and ``$PWD/x`` alike; each '::'-joined part; URLs and ``scheme:`` sources as given), so that a
-    run records where its data is and a resume from another folder compares like with like."""
+    """``cfg`` (nested dicts) with each ``section.name`` key of ``keys`` that holds a local path made absolute and
+    normal (``./x``, ``x/`` and ``$PWD/x`` alike; each '::'-joined part; URLs and ``scheme:`` sources as given), so
+    that a run records where its data is and a resume from another folder compares like with like."""
     for key in keys:
-        *sections, last = key.split(".")
-        node = cfg
-        for part in sections:
-            node = node.get(part) if isinstance(node, dict) else None
-        value = node.get(last) if isinstance(node, dict) else None
+        section, name = key.split(".")
+        value = (cfg.get(section) or {}).get(name)
         if isinstance(value, str) and value:
-            node[last] = "::".join(part if ":" in part or not part else os.path.abspath(os.path.expanduser(part))
+            cfg[section][name] = "::".join(part if ":" in part or not part else os.path.abspath(os.path.expanduser(part))
                                    for part in value.split("::"))
     return cfg
 
