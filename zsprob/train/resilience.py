@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import sys
+import time
+import warnings
 from pathlib import Path
 
 from zsprob.errors import Preempted, UserError, stop_exit_code
@@ -87,7 +91,6 @@ def latest_valid_checkpoint(out: str | os.PathLike, say: bool = False) -> Path |
     """The complete step directory ``latest.json`` names, else the newest complete ``step-*`` directory (a
     crash before the pointer moved, a pointer gone or damaged, a damaged latest checkpoint), else None;
     ``say``: a warning on the main process when it is not the one ``latest.json`` names."""
-    import warnings
     root = checkpoint_root(out)
     pointer = root / "latest.json"
     named = None
@@ -163,7 +166,6 @@ class StopSignals:
                       "again to stop at once, without one)", file=sys.stderr, flush=True)
         self.received = self.received or signal.Signals(signum).name
         if self.waiting_since is not None and not self._armed:
-            import time
             self._armed = True
             left = max(0.01, DATA_WAIT_GRACE_S - (time.monotonic() - self.waiting_since))
             signal.setitimer(signal.ITIMER_REAL, left, 1.0)  # again every second until the wait ends
@@ -212,7 +214,6 @@ class data_wait:
 
     def __enter__(self):
         if self.stop is not None:
-            import time
             self.stop.waiting_since = time.monotonic()
         return self
 
@@ -289,7 +290,6 @@ def check_reuse(out: str | os.PathLike, resume, overwrite: bool) -> bool:
 
 def remove_run(out: str | os.PathLike) -> None:
     """--overwrite: the old run's files (:data:`RUN_ENTRIES`) removed before the fresh run starts."""
-    import shutil
     for name in RUN_ENTRIES:
         p = Path(out) / name
         if p.is_dir() and not p.is_symlink():
@@ -318,8 +318,6 @@ class RunLock:
 
     def _stale(self) -> tuple[bool, str]:
         """(whether the existing lock can be taken over, who holds it)."""
-        import socket
-        import time
         try:
             info = json.loads(self.path.read_text())
             pid, host = int(info["pid"]), str(info["host"])
@@ -334,8 +332,6 @@ class RunLock:
         return here and (pid == os.getpid() or not _pid_alive(pid)), f"pid {pid} on {host}"
 
     def acquire(self) -> "RunLock":
-        import socket
-        import warnings
         folder = self.path.parent
         self.created = not folder.exists()
         self.was_empty = self.created or (folder.is_dir() and not any(folder.iterdir()))
