@@ -67,9 +67,7 @@ def _whole_tensors(path: Path) -> bool:
         size = path.stat().st_size
         with open(path, "rb") as f:
             length = int.from_bytes(f.read(8), "little")
-            if length > size - 8:
-                return False
-            header = json.loads(f.read(length))
+            header = json.loads(f.read(min(length, size)))  # a length past the file: no huge read, and not whole
         end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
         return size == 8 + length + end
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
@@ -87,22 +85,27 @@ def is_complete(step_dir: Path) -> bool:
             and _whole_tensors(step_dir / "state.safetensors") and _whole_tensors(model / "model.safetensors"))
 
 
+def named_checkpoint(out: str | os.PathLike) -> Path | None:
+    """The existing directory ``latest.json`` names, or None (no pointer, an unreadable one, no such directory)."""
+    root = checkpoint_root(out)
+    try:
+        named = root / json.loads((root / "latest.json").read_text())["dir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return named if named.is_dir() else None
+
+
 def latest_valid_checkpoint(out: str | os.PathLike, say: bool = False) -> Path | None:
     """The complete step directory ``latest.json`` names, else the newest complete ``step-*`` directory (a
     crash before the pointer moved, a pointer gone or damaged, a damaged latest checkpoint), else None;
     ``say``: a warning on the main process when it is not the one ``latest.json`` names."""
     root = checkpoint_root(out)
-    pointer = root / "latest.json"
-    named = None
-    try:
-        named = root / json.loads(pointer.read_text())["dir"]
-        if is_complete(named):
-            return named
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    named = named_checkpoint(out)
+    if named is not None and is_complete(named):
+        return named
     steps = sorted(p for p in root.glob("step-*") if p.is_dir() and is_complete(p)) if root.is_dir() else []
     if steps and say and os.environ.get("RANK", "0") == "0":
-        why = f"{named} is incomplete or damaged" if named else f"{pointer} is missing or unreadable"
+        why = f"{named} is incomplete or damaged" if named else f"{root / 'latest.json'} is missing or unreadable"
         warnings.warn(f"--resume: {why}; resuming from {steps[-1]}, the newest complete checkpoint")
     return steps[-1] if steps else None
 
@@ -127,8 +130,8 @@ def find_resume_dir(resume, out: Path, say: bool = True) -> Path | None:
     mode = resume_mode(resume)
     if mode is None:
         return None
-    if mode in ("auto", "latest"):
-        found = latest_valid_checkpoint(out, say=say)
+    if mode in ("auto", "latest"):  # none complete: the damaged one named, refused in one line by its loader
+        found = latest_valid_checkpoint(out, say=say) or named_checkpoint(out)
         if found is None and mode == "latest":
             raise UserError(f"--resume: no complete checkpoint in {out / 'checkpoints'} (nothing to resume; "
                             "--resume auto starts afresh instead)")
@@ -364,11 +367,8 @@ class RunLock:
         kept = [name for name in ("metrics.jsonl", "model", "checkpoints") if (out / name).exists()]
         if refused and self.was_empty and not kept:
             remove_run(out)
-            if self.created:
-                try:
-                    out.rmdir()
-                except OSError:
-                    pass
+            if self.created and not any(out.iterdir()):
+                out.rmdir()
 
 
 def claim_run_dir(out: Path, resume, overwrite: bool, main: bool, mirrored: bool = False) -> RunLock | None:

@@ -148,8 +148,8 @@ def absolute_paths(cfg: dict, keys) -> dict:
         section, name = key.split(".")
         value = (cfg.get(section) or {}).get(name)
         if isinstance(value, str) and value:
-            cfg[section][name] = "::".join(part if ":" in part or not part else os.path.abspath(os.path.expanduser(part))
-                                   for part in value.split("::"))
+            local = [p if ":" in p or not p else os.path.abspath(os.path.expanduser(p)) for p in value.split("::")]
+            cfg[section][name] = "::".join(local)
     return cfg
 
 
