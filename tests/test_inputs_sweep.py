@@ -86,7 +86,7 @@ def test_a_run_that_stopped_before_training_may_run_again_and_warnings_are_singl
     lines = r.stderr.splitlines()
     assert lines[-1].startswith("zsprob: error: the training data yielded no full batch"), r.stderr
     assert all(line.startswith("zsprob: warning: ") for line in lines[:-1]) and len(set(lines)) == len(lines), r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["config.yaml"]  # nothing trained, nothing to keep
+    assert not out.exists()  # nothing trained: the refused run leaves nothing (docs/ownership.md)
     r = _pretrain(world, out)  # the same --out, now with good shards: no --overwrite needed
     assert r.returncode == 0, r.stderr[-2000:]
     assert "trained pcmepp for 1 step " in r.stdout
@@ -176,7 +176,7 @@ def test_the_demo_refuses_a_training_run_directory_and_a_setting_given_twice(wor
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.yaml").write_text("method: pcmepp\n")
-    one_line_error(run_cli("demo", "--out", run, "--quick"), "holds a training run", "not a demo")
+    one_line_error(run_cli("demo", "--out", run, "--quick"), "is the training run", "does not own")
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml"]
     # model.sigma_head and model.overrides.sigma_head disagreeing: the override would win silently
     one_line_error(_pretrain(world, tmp_path / "o", "--set", "model.sigma_head=block",

@@ -140,12 +140,14 @@ def test_an_output_equal_to_a_prompt_file_is_refused(made, work, option):
     assert digest(work) == before
 
 
-def test_eval_does_not_replace_a_dataset_file_but_may_write_beside_it(made, tmp_path):
+def test_eval_writes_nothing_into_a_world(made, tmp_path):
+    """A SynthWorld is written only by `data synthetic` (docs/ownership.md): neither its files nor new ones."""
     world = tmp_path / "world"
     shutil.copytree(made / "world", world)
     before = digest(world)
-    refused(run_cli("eval", "synthetic", "--checkpoint", made / "ckpt", "--root", world, *CPU, "--no-analysis",
-                    "--out", world / "manifest.json", cwd=tmp_path), "manifest.json", "--root")
+    for out in (world / "manifest.json", world / "results.json"):
+        refused(run_cli("eval", "synthetic", "--checkpoint", made / "ckpt", "--root", world, *CPU, "--no-analysis",
+                        "--out", out, cwd=tmp_path), str(out), "inside the SynthWorld")
     assert digest(world) == before
 
 

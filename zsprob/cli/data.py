@@ -1,13 +1,16 @@
 """`zsprob data`: generate SynthWorld (``zsprob data synthetic``).
 
-Thin: parses options and calls :func:`zsprob.data.synthetic.generate`; no torch import.
+Thin: parses options and calls :func:`zsprob.data.synthetic.generate`; no torch import. OUT is a new or empty
+folder or a world of its own, held under the run lock (:class:`zsprob.train.resilience.RunLock`) while written,
+so that two runs never mix their worlds in one folder.
 """
 from __future__ import annotations
 
 import click
 
-from zsprob.cli.types import COUNT, COUNT0, OUT_DIR, SHARE
+from zsprob.cli.types import COUNT, COUNT0, SHARE, OutPath
 from zsprob.data.synthworld.world import DEFAULTS, MAX_SIZE, MIN_SIZE, PRESETS
+from zsprob.errors import UserError
 
 
 def _preset_help(name: str) -> str:
@@ -23,7 +26,8 @@ def data() -> None:
 
 
 @data.command("synthetic")
-@click.option("--out", required=True, type=OUT_DIR, help="Output folder.")
+@click.option("--out", required=True, type=OutPath("dir", own="world"),
+              help="Output folder: new, empty, or a SynthWorld (completed, or replaced with --overwrite).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default="default", show_default=True,
               help=f"Size preset; explicit --num-* options override it. {'; '.join(map(_preset_help, PRESETS))}.")
 @click.option("--image-size", type=int, default=None,
@@ -60,13 +64,20 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
                  num_classify_eval=num_classify_eval, num_retrieval=num_retrieval,
                  num_retrieval_val=num_retrieval_val, noise=noise, seed=seed, shard_size=shard_size)
     cfg = {**DEFAULTS, **PRESETS[preset], **{k: v for k, v in given.items() if v is not None}}
-    if preview_only:
-        p = write_preview(Path(out) / "preview.png", seed=cfg["seed"], image_size=cfg["image_size"])
-        click.echo(f"preview: {p}")
-        return
-    t0 = time.perf_counter()
-    m = generate(out, workers=workers, progress=not no_progress, overwrite=overwrite, preview=preview, **cfg)
-    wall = time.perf_counter() - t0
+    lock = _claim(Path(out))
+    try:
+        if preview_only:
+            p = write_preview(Path(out) / "preview.png", seed=cfg["seed"], image_size=cfg["image_size"])
+            click.echo(f"preview: {p}")
+            return
+        t0 = time.perf_counter()
+        m = generate(out, workers=workers, progress=not no_progress, overwrite=overwrite, preview=preview, **cfg)
+        wall = time.perf_counter() - t0
+    except UserError:
+        lock.release(refused=True)  # refused before writing: a folder the lock made goes too
+        raise
+    finally:
+        lock.release()
     st, c = m["stats"], m["counts"]
     click.echo(f"SynthWorld written to {out} (seed {m['seed']}, {m['image_size']} px, noise {m['noise']})")
     click.echo(f"  pretrain:  {c['pretrain']} images in {c['pretrain_shards']} shards")
@@ -82,3 +93,16 @@ def synthetic(out, preset, image_size, num_pretrain, num_classify_select, num_cl
                f"total {wall:.1f} s")
     click.echo(json.dumps({"samples_per_second": round(st["samples_per_second"], 1), "rendered": st["rendered"],
                            "workers": workers, "seconds": round(wall, 2)}))
+
+
+def _claim(out):
+    """The lock of ``out`` (one line when another run holds it), then one line unless ``out`` is new, empty or
+    a SynthWorld: a folder of the user's files is never written into."""
+    from zsprob.train.resilience import LOCK_NAME, RunLock
+    from zsprob.utils.checks import owner_kind
+
+    lock = RunLock(out).acquire()
+    if owner_kind(out) is None and any(p.name != LOCK_NAME for p in out.iterdir()):
+        lock.release()
+        raise UserError(f"--out {out} holds files but no SynthWorld; write the world to a new or empty folder")
+    return lock

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from zsprob.cli.options import OFFICIAL_WEIGHTS, WEIGHTS_HELP
-from zsprob.cli.types import OUT_DIR
+from zsprob.cli.types import OutPath
 from zsprob.errors import UserError
 from zsprob.train.defaults import EXCLUSIVE, KEYS
 from zsprob.train.schema import Count, Key, OneOf, Range
@@ -45,7 +45,7 @@ def common_options(f):
     opts = [
         click.option("--config", "config_path", type=str, default=None,
                      help="YAML recipe (a path, or a name in configs/)."),
-        click.option("--out", required=True, type=OUT_DIR,
+        click.option("--out", required=True, type=OutPath("dir", own="run"),
                      help="Run directory: metrics.jsonl, checkpoints/, model/ (the trained checkpoint)."),
         *map(_flag_option, FLAGGED),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",

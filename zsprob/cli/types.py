@@ -64,15 +64,16 @@ class Real(click.ParamType):
 
 class OutPath(_Checked):
     """An output directory (``kind="dir"``) or file (``kind="file"``) that can be created and written; an
-    existing file must be a regular one (or a symlink to one), since zsprob renames a new file over it."""
+    existing file must be a regular one (or a symlink to one), since zsprob renames a new file over it; ``own``:
+    the kind of folder ("run" / "world") the command may write into as its owner (zsprob.utils.checks)."""
 
-    def __init__(self, kind: str = "dir"):
-        self.kind = kind
+    def __init__(self, kind: str = "dir", own: str | None = None):
+        self.kind, self.own = kind, own
 
     def check(self, value):
         from zsprob.utils.checks import check_output
 
-        return check_output(value, None, self.kind)
+        return check_output(value, None, self.kind, self.own)
 
 
 class InPath(_Checked):

@@ -113,9 +113,19 @@ def _check_out(out: Path, overwrite: bool, checkpoint, eval_files) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise UserError(f"--out {out} is not empty; pass --overwrite to replace an earlier export there")
-        if not is_export_dir(out):
+        if not (is_export_dir(out) or _killed_export(out)):
             raise UserError(f"--out {out} holds files but no earlier zsprob export (its {CONFIG_NAME}); "
                             "--overwrite replaces an export only: write to an empty or new directory")
+        for tmp in out.glob(".*.tmp"):  # a killed export's temporary files (zsprob.utils.io.atomic_write)
+            tmp.unlink()
+
+
+def _killed_export(path: Path) -> bool:
+    """Whether ``path`` holds only what an export killed before its last file leaves: its weights files and
+    their temporary files."""
+    names = (WEIGHTS_NAME, SIGMA_NAME)
+    return all(p.is_file() and (p.name in names or any(p.name.startswith(f".{n}.") and p.name.endswith(".tmp")
+                                                       for n in names)) for p in path.iterdir())
 
 
 def is_export_dir(path: Path) -> bool:

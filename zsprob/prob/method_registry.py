@@ -40,6 +40,7 @@ class Method:
     step_kind: str = "pairwise"
     model_hook: Callable[[Mapping], dict] | None = None
     aliases: tuple[str, ...] = ()
+    needs_negatives: bool = False  # learns only from the other pairs of a batch (its loss is 0 at batch size 1)
 
     @property
     def loss(self) -> Callable:
@@ -70,7 +71,8 @@ def _key(name) -> str:
 
 
 def register_method(name: str, loss, *, needs_sigma: bool, loss_defaults=None, step_kind: str = "pairwise",
-                    model_defaults: Callable[[Mapping], dict] | None = None, aliases=()) -> Method:
+                    model_defaults: Callable[[Mapping], dict] | None = None, aliases=(),
+                    needs_negatives: bool = False) -> Method:
     """Declare a training method (its name last in the ``--method`` choices); returns its entry. A name or
     alias already taken, or an unknown step kind, is a programming error (ValueError)."""
     taken = [n for n in (name, *aliases) if _key(n) in _REGISTRY or _key(n) in _ALIASES]
@@ -79,7 +81,7 @@ def register_method(name: str, loss, *, needs_sigma: bool, loss_defaults=None, s
     if step_kind not in STEP_KINDS:
         raise ValueError(f"method {name!r}: step_kind must be one of {STEP_KINDS}, got {step_kind!r}")
     entry = Method(name, loss, bool(needs_sigma), dict(loss_defaults or {}), step_kind, model_defaults,
-                   tuple(aliases))
+                   tuple(aliases), bool(needs_negatives))
     _REGISTRY[name] = entry
     _ALIASES.update({_key(alias): name for alias in aliases})
     return entry
@@ -135,9 +137,9 @@ register_method("pcmepp", "zsprob.prob.losses:PCMEPPLoss", needs_sigma=True, ali
 register_method("pcme", "zsprob.prob.losses:PCMELoss", needs_sigma=True, model_defaults=_pcme_model_defaults,
                 loss_defaults={"n_samples": 7, "form": "official", "vib_beta": 1e-5, "uniform_weight": 0.0})
 register_method("infonce", "zsprob.prob.losses:InfoNCELoss", needs_sigma=False, aliases=("clip",),
-                loss_defaults={"init_temperature": 0.07})
+                loss_defaults={"init_temperature": 0.07}, needs_negatives=True)
 register_method("triplet", "zsprob.prob.losses:TripletLoss", needs_sigma=False, aliases=("vse", "vsepp"),
-                loss_defaults={"margin": 0.2})
+                loss_defaults={"margin": 0.2}, needs_negatives=True)
 register_method("prob-triplet", "zsprob.prob.losses:ProbTripletLoss", needs_sigma=True,
                 aliases=("probtriplet", "pishdad"), loss_defaults={"similarity": "kl", "margin": 0.2})
 register_method("mu-only", "zsprob.prob.losses:MuOnlyLoss", needs_sigma=False, aliases=("mu", "muonly"),

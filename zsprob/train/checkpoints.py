@@ -14,9 +14,10 @@ from typing import Any
 from zsprob.config import Config
 from zsprob.errors import UserError
 from zsprob.train import optim, resilience, state
-from zsprob.train.defaults import ROUTINE_KEYS
+from zsprob.train.defaults import PATH_KEYS, ROUTINE_KEYS
 from zsprob.train.logs import loss_scalars
 from zsprob.train.run import Run
+from zsprob.utils.checks import absolute_paths
 from zsprob.utils.io import atomic_write_json, atomic_write_text, read_jsonl, to_json
 
 
@@ -124,6 +125,8 @@ def _check_continues_checkpoint(run: Run, ckpt_dir: Path) -> None:
         raise UserError(f"--resume: the checkpoint {ckpt_dir} was trained with --method {saved}, this run asks for "
                         f"--method {run.cfg.method}; resume with --method {saved}, or start afresh with --overwrite")
     saved_cfg = extra.get("train_config")
+    if isinstance(saved_cfg, dict):  # a path recorded relative (older runs) compares resolved from here
+        absolute_paths(saved_cfg, PATH_KEYS)
     changed = changed_settings(saved_cfg, run.cfg.to_dict()) if isinstance(saved_cfg, dict) else []
     if changed and run.main:
         shown = ", ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changed[:4])

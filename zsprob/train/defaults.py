@@ -195,14 +195,23 @@ def with_defaults(cfg: Any = None) -> TrainConfig:
     return TrainConfig(to_config(deep_merge(DEFAULTS, dict(cfg or {}))))
 
 
+#: the keys that hold local paths: recorded absolutely when a run starts (zsprob.utils.checks.absolute_paths)
+PATH_KEYS = ("data.shards", "data.root", "data.karpathy_json", "data.feature_cache")
+
+
 def resolve_config(cfg: Any, out: str | os.PathLike | None = None) -> TrainConfig:
     """The one place a run's config is checked: :data:`DEFAULTS` <- ``cfg``, then every rule of :data:`KEYS`
     and :data:`EXCLUSIVE`, the method's step kind, and with the run directory ``out`` the mirror
     ``train.remote_sync`` against it. The loop builds from the result without checking it again."""
-    cfg = with_defaults(cfg)
+    from zsprob.utils.checks import absolute_paths
+
+    cfg = absolute_paths(with_defaults(cfg), PATH_KEYS)
     check(cfg, KEYS, DEFAULTS, EXCLUSIVE)
     if METHOD_ENTRIES[cfg.method].step_kind != "pairwise" and cfg.train.accum_steps != 1:
         raise UserError(f"train.accum_steps applies to the pairwise losses, not to --method {cfg.method}")
+    if METHOD_ENTRIES[cfg.method].needs_negatives and cfg.data.batch_size < 2:
+        raise UserError(f"--method {cfg.method} learns from the other pairs of a batch: at --batch-size 1 its loss "
+                        "is 0 at every step; use a batch of 2 or more")
     if out is not None and cfg.train.remote_sync:
         check_target(cfg.train.remote_sync, out)
     return cfg

@@ -67,11 +67,15 @@ def train_resolved(cfg: TrainConfig, out: str | os.PathLike, *, resume: bool | s
     out = Path(out)
     lock = resilience.claim_run_dir(out, resume, overwrite, main=os.environ.get("RANK", "0") == "0",
                                     mirrored=bool(cfg.train.remote_sync))
+    refused = False
     try:
         return _train(cfg, out, resume, source, eval_hooks, progress)
+    except UserError:
+        refused = True
+        raise
     finally:
         if lock is not None:
-            lock.release()
+            lock.release(refused)
 
 
 def _train(cfg, out: Path, resume, source, eval_hooks, progress: bool) -> dict:

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import sys
+import time
+import warnings
 from pathlib import Path
 
 from zsprob.errors import Preempted, UserError, stop_exit_code
@@ -56,24 +60,53 @@ def checkpoint_root(out: str | os.PathLike) -> Path:
     return Path(out) / "checkpoints"
 
 
-def is_complete(step_dir: Path) -> bool:
-    """A committed step directory holds its state (json + tensors) and the model."""
-    return ((step_dir / "state.json").is_file() and (step_dir / "state.safetensors").is_file()
-            and (step_dir / "model").is_dir())
-
-
-def latest_valid_checkpoint(out: str | os.PathLike) -> Path | None:
-    """The complete step directory ``latest.json`` names, else the newest complete ``step-*`` directory (a
-    crash before the pointer moved, or a damaged pointer), else None."""
-    root = checkpoint_root(out)
-    pointer = root / "latest.json"
+def _whole_tensors(path: Path) -> bool:
+    """Whether a safetensors file is whole: its header parses and the file is as long as the header says (a
+    truncated or overwritten file is not; no tensor is read)."""
     try:
-        named = root / json.loads(pointer.read_text())["dir"]
-        if is_complete(named):
-            return named
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(min(length, size)))  # a length past the file: no huge read, and not whole
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return size == 8 + length + end
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return False
+
+
+def is_complete(step_dir: Path) -> bool:
+    """A committed step directory holds its state (a JSON object and whole tensors) and the model."""
+    try:
+        meta = json.loads((step_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    model = step_dir / "model"
+    return (isinstance(meta, dict) and isinstance(meta.get("step"), int) and (model / "zsprob.json").is_file()
+            and _whole_tensors(step_dir / "state.safetensors") and _whole_tensors(model / "model.safetensors"))
+
+
+def named_checkpoint(out: str | os.PathLike) -> Path | None:
+    """The existing directory ``latest.json`` names, or None (no pointer, an unreadable one, no such directory)."""
+    root = checkpoint_root(out)
+    try:
+        named = root / json.loads((root / "latest.json").read_text())["dir"]
     except (OSError, ValueError, KeyError, TypeError):
-        pass
+        return None
+    return named if named.is_dir() else None
+
+
+def latest_valid_checkpoint(out: str | os.PathLike, say: bool = False) -> Path | None:
+    """The complete step directory ``latest.json`` names, else the newest complete ``step-*`` directory (a
+    crash before the pointer moved, a pointer gone or damaged, a damaged latest checkpoint), else None;
+    ``say``: a warning on the main process when it is not the one ``latest.json`` names."""
+    root = checkpoint_root(out)
+    named = named_checkpoint(out)
+    if named is not None and is_complete(named):
+        return named
     steps = sorted(p for p in root.glob("step-*") if p.is_dir() and is_complete(p)) if root.is_dir() else []
+    if steps and say and os.environ.get("RANK", "0") == "0":
+        why = f"{named} is incomplete or damaged" if named else f"{root / 'latest.json'} is missing or unreadable"
+        warnings.warn(f"--resume: {why}; resuming from {steps[-1]}, the newest complete checkpoint")
     return steps[-1] if steps else None
 
 
@@ -91,25 +124,21 @@ def resume_mode(resume) -> str | Path | None:
     return Path(resume)
 
 
-def find_resume_dir(resume, out: Path) -> Path | None:
-    """The step directory to resume from, per :func:`resume_mode`; None for a fresh start."""
+def find_resume_dir(resume, out: Path, say: bool = True) -> Path | None:
+    """The step directory to resume from, per :func:`resume_mode`; None for a fresh start. "auto" and "latest"
+    take the newest complete checkpoint when ``latest.json`` is gone or names a damaged one (saying so)."""
     mode = resume_mode(resume)
     if mode is None:
         return None
-    if mode == "auto":
-        return latest_valid_checkpoint(out)
-    ckpt_dir, pointer = mode, checkpoint_root(out) / "latest.json"
-    if mode == "latest" and not pointer.is_file():
-        raise UserError(f"--resume: no checkpoint in {out / 'checkpoints'} (nothing to resume; "
-                        "--resume auto starts afresh instead)")
-    if mode == "latest":
-        try:
-            ckpt_dir = pointer.parent / json.loads(pointer.read_text())["dir"]
-        except json.JSONDecodeError:
-            raise UserError(f"{pointer} is corrupted; delete it or point --resume at a step directory") from None
-    if not (ckpt_dir / "state.json").is_file():
-        raise UserError(f"--resume: {ckpt_dir} is not a checkpoint directory (no state.json)")
-    return ckpt_dir
+    if mode in ("auto", "latest"):  # none complete: the damaged one named, refused in one line by its loader
+        found = latest_valid_checkpoint(out, say=say) or named_checkpoint(out)
+        if found is None and mode == "latest":
+            raise UserError(f"--resume: no complete checkpoint in {out / 'checkpoints'} (nothing to resume; "
+                            "--resume auto starts afresh instead)")
+        return found
+    if not (mode / "state.json").is_file():
+        raise UserError(f"--resume: {mode} is not a checkpoint directory (no state.json)")
+    return mode
 
 
 #: seconds a stop signal during a wait for a batch gives the batch to come before the run stops without a
@@ -140,7 +169,6 @@ class StopSignals:
                       "again to stop at once, without one)", file=sys.stderr, flush=True)
         self.received = self.received or signal.Signals(signum).name
         if self.waiting_since is not None and not self._armed:
-            import time
             self._armed = True
             left = max(0.01, DATA_WAIT_GRACE_S - (time.monotonic() - self.waiting_since))
             signal.setitimer(signal.ITIMER_REAL, left, 1.0)  # again every second until the wait ends
@@ -189,7 +217,6 @@ class data_wait:
 
     def __enter__(self):
         if self.stop is not None:
-            import time
             self.stop.waiting_since = time.monotonic()
         return self
 
@@ -256,12 +283,16 @@ def check_reuse(out: str | os.PathLike, resume, overwrite: bool) -> bool:
     if found and mode is None and not overwrite:
         raise UserError(f"--out {out} already holds a run ({', '.join(found)}): pass --resume to continue it or "
                         "--overwrite to replace it (or choose another --out)")
+    finished = [name for name in ("model", "summary.json") if (Path(out) / name).exists()]
+    if finished and mode == "auto" and not overwrite and latest_valid_checkpoint(out) is None:
+        raise UserError(f"--out {out} holds a finished run ({', '.join(finished)}) and no checkpoint to continue "
+                        "from (extending needs its checkpoints/): --resume auto never trains over it; pass "
+                        "--overwrite to replace it, or choose another --out")
     return bool(overwrite)
 
 
 def remove_run(out: str | os.PathLike) -> None:
     """--overwrite: the old run's files (:data:`RUN_ENTRIES`) removed before the fresh run starts."""
-    import shutil
     for name in RUN_ENTRIES:
         p = Path(out) / name
         if p.is_dir() and not p.is_symlink():
@@ -290,8 +321,6 @@ class RunLock:
 
     def _stale(self) -> tuple[bool, str]:
         """(whether the existing lock can be taken over, who holds it)."""
-        import socket
-        import time
         try:
             info = json.loads(self.path.read_text())
             pid, host = int(info["pid"]), str(info["host"])
@@ -306,9 +335,10 @@ class RunLock:
         return here and (pid == os.getpid() or not _pid_alive(pid)), f"pid {pid} on {host}"
 
     def acquire(self) -> "RunLock":
-        import socket
-        import warnings
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        folder = self.path.parent
+        self.created = not folder.exists()
+        self.was_empty = self.created or (folder.is_dir() and not any(folder.iterdir()))
+        folder.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -326,10 +356,19 @@ class RunLock:
             return self
         raise UserError(f"--out {self.path.parent}: could not take the lock {self.path} (contended)")
 
-    def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
+    def release(self, refused: bool = False) -> None:
+        """Unlock; ``refused`` (the run stopped on a UserError before it logged or saved anything): remove what it
+        wrote in a folder that was new or empty, and the folder it created, so that a refused run leaves nothing."""
+        if not self.held:
+            return
+        self.path.unlink(missing_ok=True)
+        self.held = False
+        out = self.path.parent
+        kept = [name for name in ("metrics.jsonl", "model", "checkpoints") if (out / name).exists()]
+        if refused and self.was_empty and not kept:
+            remove_run(out)
+            if self.created and not any(out.iterdir()):
+                out.rmdir()
 
 
 def claim_run_dir(out: Path, resume, overwrite: bool, main: bool, mirrored: bool = False) -> RunLock | None:
@@ -337,7 +376,7 @@ def claim_run_dir(out: Path, resume, overwrite: bool, main: bool, mirrored: bool
     reuse rule (every process); returns the held lock. A ``resume`` that names no checkpoint is one line here,
     unless a remote mirror (``mirrored``) may bring one."""
     if not mirrored and resume_mode(resume) not in (None, "auto"):  # "auto" may find nothing: a fresh start
-        find_resume_dir(resume, out)
+        find_resume_dir(resume, out, say=False)
     if not main:
         check_reuse(out, resume, overwrite)
         return None

@@ -1,7 +1,8 @@
 """Checks of user-given counts, inputs and output locations, shared by every command and the training config,
 so that every command words the same mistake the same way; the command line wraps them into click types
 (``zsprob.cli.types``). An output must be writable (probed before any work starts) and must not replace an
-input, a dataset's file, or a pipe / device / socket (zsprob renames a new file over its outputs).
+input, a dataset's file, or a pipe / device / socket (zsprob renames a new file over its outputs); it never lies
+in a training run's directory or a SynthWorld that the command does not own (:func:`refuse_owned`).
 """
 from __future__ import annotations
 
@@ -113,14 +114,56 @@ def check_shards(kind: str, shards) -> None:
                         " then pass --shards DIR/pretrain)")
 
 
-def check_output(path: str | os.PathLike, what: str | None = "--out", kind: str = "dir") -> str | os.PathLike:
+def owner_kind(folder: Path) -> str | None:
+    """"run" when ``folder`` is a training run's directory (config.yaml with metrics.jsonl, summary.json or
+    checkpoints/), "world" when it is a SynthWorld (its parameters, or its manifest beside its folders), else None."""
+    if (folder / "config.yaml").is_file() and any((folder / n).exists() for n in ("metrics.jsonl", "summary.json",
+                                                                                   "checkpoints")):
+        return "run"
+    if (folder / ".synthworld-params.json").is_file() or ((folder / "manifest.json").is_file() and any(
+            (folder / sub).is_dir() for sub in ("pretrain", "classify", "retrieval"))):
+        return "world"
+    return None
+
+
+def refuse_owned(path: str | os.PathLike, what: str, own: str | None = None) -> None:
+    """The ownership rule of every output: one line when ``path`` (symlinks resolved) lies inside a run directory
+    or a SynthWorld, or is one, unless ``own`` ("run" / "world") says the command writes that kind itself there
+    (``pretrain --out RUN`` resumes, ``data synthetic --out WORLD`` completes it)."""
+    real = Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+    for folder in (real, *real.parents):
+        kind = owner_kind(folder)
+        if kind is not None and not (folder == real and kind == own):
+            where = "is" if folder == real else "is inside"
+            name = {"run": "the training run", "world": "the SynthWorld"}[kind]
+            raise UserError(f"{what}{path} {where} {name} {folder}, which this command does not own; "
+                            "write elsewhere (a run or a world is only ever written by the command that made it)")
+
+
+def absolute_paths(cfg: dict, keys) -> dict:
+    """``cfg`` (nested dicts) with each ``section.name`` key of ``keys`` that holds a local path made absolute and
+    normal (``./x``, ``x/`` and ``$PWD/x`` alike; each '::'-joined part; URLs and ``scheme:`` sources as given), so
+    that a run records where its data is and a resume from another folder compares like with like."""
+    for key in keys:
+        section, name = key.split(".")
+        value = (cfg.get(section) or {}).get(name)
+        if isinstance(value, str) and value:
+            local = [p if ":" in p or not p else os.path.abspath(os.path.expanduser(p)) for p in value.split("::")]
+            cfg[section][name] = "::".join(local)
+    return cfg
+
+
+def check_output(path: str | os.PathLike, what: str | None = "--out", kind: str = "dir",
+                 own: str | None = None) -> str | os.PathLike:
     """``path`` if it can be written as a directory (``kind="dir"``) or a file (``"file"``; a symlink is judged
-    by its target); URLs pass. ``what`` names it in the message (None: the caller adds the name)."""
+    by its target) and :func:`refuse_owned` lets it (``own``); URLs pass. ``what`` names it in the message
+    (None: the caller adds the name)."""
     what = f"{what}: " if what else ""
     text = os.fspath(path)
     if _is_url(text):
         return path
     p = Path(text)
+    refuse_owned(p, what, own)
     found = path_kind(p)
     if kind == "dir":
         if found not in (None, "directory"):
@@ -162,6 +205,7 @@ def check_outputs_apart(outputs: Mapping[str, Any], files: Mapping[str, Any] | N
     pipe, device or socket."""
     outs = _resolved(outputs)
     for name, (p, real) in outs.items():  # a pipe / device where a file goes beside --out: refused up front too
+        refuse_owned(real, f"{name} ")
         if path_kind(real) not in (None, "regular file", "directory"):
             raise UserError(f"{name} {p} is a {path_kind(real)}, not a regular file: zsprob renames a new file "
                             "over its outputs, which would replace it; move it or write the results elsewhere")

@@ -72,8 +72,20 @@ class ZeroShotRequest:
         if self.class_prompts is not None and self.templates is not None:
             raise UserError("--class-prompts gives each class its own prompts; it does not take --templates")
         self._read_files()
+        self._check_k()
         if isinstance(self.k_values, str):
             parse_k_grid(self.k_values)  # its form; the bound is the bank's number of templates
+
+    def _check_k(self) -> None:
+        """``k`` within the prompts per class (the templates, or the longest pool), before anything is encoded."""
+        from zsprob.zeroshot.prompts import load_templates
+
+        if self.k is None or self.prompts is not None:
+            return
+        pools = self.class_prompts
+        count = max(map(len, pools.values())) if isinstance(pools, dict) else len(self.templates or load_templates())
+        if not 1 <= self.k <= count:
+            raise UserError(f"--topk must be between 1 and {count} (the prompts per class), got {self.k}")
 
     def _read_files(self) -> None:
         from zsprob.zeroshot.pools import load_class_prompts
