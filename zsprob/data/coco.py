@@ -283,11 +283,10 @@ class CocoCaptions(KarpathyCaptions):
 
 
 def _open_image(path: Path):
-    from PIL import Image
+    from zsprob.data.images import open_rgb
 
     try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
+        return open_rgb(path)
     except FileNotFoundError:
         raise UserError(f"COCO image not found: {path} ({IMAGES_HINT})") from None
 

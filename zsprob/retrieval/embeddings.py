@@ -84,11 +84,10 @@ class ImageList:
         return len(self.paths)
 
     def __getitem__(self, i):
-        from PIL import Image
+        from zsprob.data.images import open_rgb
 
         try:
-            with Image.open(self.paths[i]) as im:
-                image = im.convert("RGB")
+            image = open_rgb(self.paths[i])
         except (OSError, ValueError) as e:  # truncated, not an image, unreadable: the benchmark is not complete
             raise UserError(f"image {self.paths[i]} cannot be read ({' '.join(str(e).split())}); restore it: "
                             "a retrieval benchmark is not scored with images missing") from None
