@@ -57,3 +57,25 @@ def test_an_npz_that_would_inflate_far_past_its_size_is_refused_unread(tmp_path,
     with pytest.raises(UserError, match=r"bomb.npz are refused: .* bytes that inflate to 16,0\d\d,\d\d\d"):
         embeddings.load_embeddings(path)
     assert not read  # refused before numpy opened it
+
+
+def test_cached_image_features_follow_the_files_not_their_names(tmp_path):
+    """A world regenerated in place with another seed (same paths, other pixels) is encoded again; the same files
+    reuse the cache. Before issue 50 the cache was keyed by paths and labels: the old features were reused."""
+    import json
+
+    from conftest import TINY_TOWERS, small_world
+    from zsprob.data.synthetic import generate
+    sizes = dict(num_pretrain=4, num_classify_select=4, num_classify_eval=12, num_retrieval=2, num_retrieval_val=0)
+    made = small_world(tmp_path, seed=2, model={**TINY_TOWERS, "embed_dim": 16}, **sizes)
+    common = ["zeroshot", "synthetic", "--checkpoint", made["ckpt"], "--root", made["root"], "--strategy", "all",
+              "--cache-dir", tmp_path / "cache", "--workers", "0"]
+
+    def from_cache(n):
+        r = run_cli(*common, "--out", tmp_path / f"r{n}.json", timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads((tmp_path / f"r{n}.json").read_text())["images_from_cache"]
+
+    assert from_cache(1) is False and from_cache(2) is True
+    generate(made["root"], image_size=32, progress=False, seed=3, overwrite=True, **sizes)
+    assert from_cache(3) is False and from_cache(4) is True
