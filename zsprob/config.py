@@ -54,6 +54,67 @@ def to_config(x: Any) -> Any:
     return x
 
 
+#: a config nested deeper, or whose aliases expand to more values, is refused before it is built
+YAML_MAX_DEPTH, YAML_MAX_VALUES = 64, 100_000
+
+
+class _Refused(yaml.YAMLError):
+    pass
+
+
+class _GuardedLoader(yaml.SafeLoader):
+    """yaml's SafeLoader that refuses nesting past :data:`YAML_MAX_DEPTH` (deeper, the composer's recursion
+    fails) and documents whose aliases expand past :data:`YAML_MAX_VALUES` values (a few hundred bytes of
+    nested aliases can stand for billions, which merging the config would then walk)."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > YAML_MAX_DEPTH:
+                raise _Refused(f"it is nested more than {YAML_MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_document(self, node):
+        sizes: dict[int, int | None] = {}
+
+        def size(n) -> int:
+            if id(n) in sizes:
+                if sizes[id(n)] is None:
+                    raise _Refused("an alias refers to a collection that holds it")
+                return sizes[id(n)]
+            sizes[id(n)] = None
+            parts = [x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode) else \
+                n.value if isinstance(n, yaml.SequenceNode) else []
+            sizes[id(n)] = 1 + sum(size(x) for x in parts)
+            return sizes[id(n)]
+        if size(node) > YAML_MAX_VALUES:
+            raise _Refused(f"its aliases expand to more than {YAML_MAX_VALUES:,} values")
+        return super().construct_document(node)
+
+
+def load_yaml(text: str):
+    """``text`` parsed as YAML by :class:`_GuardedLoader` (plain data only, as ``yaml.safe_load``)."""
+    return yaml.load(text, Loader=_GuardedLoader)
+
+
+def refuse_pipes(data: Any, source, key: str = "") -> None:
+    """A ``pipe:`` value runs a shell command when its data is opened: from a config file only with
+    ``--allow-pipe`` (the command line's own ``--shards`` / ``--set`` may name one)."""
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            refuse_pipes(v, source, f"{key}.{k}" if key else str(k))
+    elif isinstance(data, list):
+        for v in data:
+            refuse_pipes(v, source, key)
+    elif isinstance(data, str) and data.lstrip().startswith("pipe:"):
+        raise UserError(f"config {source}: {key} runs a shell command ({data[:60]!r}); a config file may not run "
+                        "commands unless --allow-pipe is given (or name it on the command line: --shards, --set)")
+
+
 def deep_merge(base: Mapping, update: Mapping) -> dict:
     """``update`` merged into a copy of ``base``; nested mappings merge, everything else replaces."""
     out = copy.deepcopy(dict(base))
@@ -68,7 +129,7 @@ def deep_merge(base: Mapping, update: Mapping) -> dict:
 def parse_value(text: str) -> Any:
     """Parse an override value as a YAML scalar / flow collection."""
     try:
-        return yaml.safe_load(text) if text.strip() != "" else ""
+        return load_yaml(text) if text.strip() != "" else ""
     except yaml.YAMLError:
         return text
 
@@ -101,13 +162,15 @@ def read_yaml(path: str | os.PathLike, _chain: tuple = ()) -> dict:
     if not p.is_file():
         raise UserError(f"config file not found: {path} (looked in . and {configs_dir()})")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = load_yaml(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         line = p.read_bytes()[:e.start].count(b"\n") + 1
         raise UserError(f"config file {p} is not UTF-8 text (byte 0x{e.object[e.start]:02x} on line {line}); "
                         "save it as UTF-8") from None
     except OSError as e:
         raise UserError(f"cannot read config file {p}: {e.strerror or e}") from None
+    except _Refused as e:
+        raise UserError(f"config file {p} is refused: {e}") from None
     except yaml.YAMLError as e:
         first = " ".join(str(e).split())
         raise UserError(f"malformed YAML in {p}: {first}") from None

@@ -59,6 +59,7 @@ def common_options(f):
                      help="OUT holds an earlier run: remove its files and start afresh (without --resume or "
                           "--overwrite such an OUT is refused)."),
         click.option("--no-progress", is_flag=True, help="No progress bar."),
+        click.option("--allow-pipe", is_flag=True, help="Let the config file's data sources run pipe: commands."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -83,13 +84,15 @@ def resolve_run_config(kw: dict, extra: list[str], default_config: str | None):
     from zsprob.train.defaults import load_train_config, resolve_config
     path = kw.get("config_path")
     out = Path(kw["out"])
-    if path is None and resuming(kw) and (out / "config.yaml").is_file():
+    saved = path is None and resuming(kw) and (out / "config.yaml").is_file()
+    if saved:  # the run's own config: a pipe: in it was allowed when the run started
         path = str(out / "config.yaml")
     if path is None:
         path = default_config
     writes, sets = _flag_writes(kw), list(kw.get("overrides") or ())
     refuse_flag_and_set(writes, sets)
-    return resolve_config(load_train_config(path, extra + [item for _, item in writes] + sets), out)
+    allow = saved or bool(kw.get("allow_pipe"))
+    return resolve_config(load_train_config(path, extra + [item for _, item in writes] + sets, allow), out)
 
 
 def refuse_flag_and_set(writes: list[tuple[Key, str]], sets: list[str]) -> None:

@@ -82,11 +82,10 @@ def _subdirs(d: Path) -> list[str]:
 
 
 def _open_rgb(path: Path):
-    from PIL import Image
+    from zsprob.data.images import open_rgb
 
     try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
+        return open_rgb(path)
     except (OSError, SyntaxError, ValueError) as e:  # damage the listing's check could not see
         raise UserError(f"cannot decode image {path} ({type(e).__name__}: {e}); remove or replace it") from None
 

@@ -46,6 +46,31 @@ def _check_coco_entries(entries: list, data: dict, kjson) -> None:
                         f"(a {'Flickr30k' if flickr else 'another dataset'} file?); give dataset_coco.json")
 
 
+def _sentences(im: dict, where: str) -> list[tuple[str, int]]:
+    """(raw text, sentid or -1) of an entry's captions: ``raw``, else its ``tokens`` joined."""
+    sents = im.get("sentences")
+    if not isinstance(sents, list):
+        raise UserError(f"{where}: 'sentences' must be a list of captions, got {type(sents).__name__}")
+    out = []
+    for s in sents:
+        raw = s.get("raw") if isinstance(s, dict) else None
+        tokens = s.get("tokens") if isinstance(s, dict) and raw is None else None
+        if raw is None and isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
+            raw = " ".join(tokens)
+        sent_id = s.get("sentid", -1) if isinstance(s, dict) else None
+        if not isinstance(raw, str) or isinstance(sent_id, bool) or not isinstance(sent_id, int):
+            raise UserError(f"{where}: a caption is not {{'raw': text, 'sentid': integer}}: {str(s)[:80]}")
+        out.append((raw, sent_id))
+    return out
+
+
+def _safe_name(name, where: str) -> str:
+    """An image's file name, refused when it is not a relative path inside the image folder."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise UserError(f"{where}: its filename {name!r} is not a file name inside the image folder")
+    return name
+
+
 def _load_json(path: Path, what: str, hint: str):
     return read_json(require_file(path, what, hint), what)
 
@@ -82,27 +107,39 @@ class KarpathyCaptions:
     def _read_images(self, entries: list, kjson: Path, captions_per_image: Optional[int], image_id, image_path) \
             -> list[str]:
         """Fill the caption lists from the split file's ``entries`` (the first ``captions_per_image`` of each
-        image; fewer is an error; ``images_with_extra_captions`` counts the longer ones); returns the raw texts."""
+        image; fewer is an error; ``images_with_extra_captions`` counts the longer ones); returns the raw texts.
+        An entry that is not what Karpathy's files hold, or an image, file name or sentence id named twice, is
+        one line naming the file and the entry."""
         self.image_ids, self.image_paths, self.captions, self.sent_ids = [], [], [], []
         self.images_with_extra_captions = 0
         self.image_captions: list[list[int]] = []
-        caption_image, raws = [], []
-        for im in entries:
-            sents = im.get("sentences") or []
+        caption_image, raws, names, ids, sent_seen = [], [], set(), set(), set()
+        for n, im in enumerate(entries):
+            where = f"{kjson}: image entry {n} ({im.get('cocoid', im.get('filename'))!r})"
+            sents = _sentences(im, where)
             if captions_per_image is not None:
                 if len(sents) < captions_per_image:
-                    raise UserError(f"image {im.get('cocoid', im.get('filename'))} has {len(sents)} captions in "
-                                    f"{kjson}, fewer than {captions_per_image}")
+                    raise UserError(f"{where} has {len(sents)} captions, fewer than {captions_per_image}")
                 self.images_with_extra_captions += len(sents) > captions_per_image
                 sents = sents[:captions_per_image]
             self.image_captions.append(list(range(len(self.captions), len(self.captions) + len(sents))))
-            for s in sents:
-                raw = s.get("raw")
-                raws.append(raw if raw is not None else " ".join(s.get("tokens", [])))
-                self.captions.append(raws[-1].strip())
-                self.sent_ids.append(int(s.get("sentid", -1)))
+            for raw, sent_id in sents:
+                if sent_id != -1 and sent_id in sent_seen:
+                    raise UserError(f"{where}: sentid {sent_id} is named twice in the file")
+                sent_seen.add(sent_id)
+                raws.append(raw)
+                self.captions.append(raw.strip())
+                self.sent_ids.append(sent_id)
                 caption_image.append(len(self.image_ids))
-            self.image_ids.append(image_id(im))
+            name = _safe_name(im.get("filename"), where)
+            try:
+                self.image_ids.append(image_id(im))
+            except (TypeError, ValueError):
+                raise UserError(f"{where}: its image id is not a number") from None
+            if name in names or self.image_ids[-1] in ids:
+                raise UserError(f"{where}: the image is named twice in the file (id {self.image_ids[-1]}, {name})")
+            names.add(name)
+            ids.add(self.image_ids[-1])
             self.image_paths.append(image_path(im))
         self.caption_image = np.asarray(caption_image, dtype=np.int64)
         return raws
@@ -246,11 +283,10 @@ class CocoCaptions(KarpathyCaptions):
 
 
 def _open_image(path: Path):
-    from PIL import Image
+    from zsprob.data.images import open_rgb
 
     try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
+        return open_rgb(path)
     except FileNotFoundError:
         raise UserError(f"COCO image not found: {path} ({IMAGES_HINT})") from None
 

@@ -26,7 +26,8 @@ class OfficialCocoTrainTransform:
 
         import torchvision.transforms.functional as TF
 
-        img = img.convert("RGB")
+        from zsprob.data.images import to_rgb
+        img = to_rgb(img)
         w, h = img.size
         r = random.uniform(self.min_ratio, self.max_ratio)
         ch, cw = max(1, int(h * r)), max(1, int(w * r))

@@ -197,17 +197,11 @@ def corruption_sweep(model, images: Sequence, captions: Sequence[str], *,
     """Mean uncertainty of images (PIL images or paths) with erased pixels and captions with masked words:
     ``{"fractions", "image": {"mean_sigma2", "mean_l1"}, "text": {...}, "spearman_image", "spearman_text"}``."""
     import torch
-    from PIL import Image
 
+    from zsprob.data.images import open_rgb, to_rgb
     from zsprob.models.encode import encode_images, encode_texts
 
-    pil = []
-    for im in images:
-        if isinstance(im, (str, Path)):
-            with Image.open(im) as f:
-                pil.append(f.convert("RGB"))
-        else:
-            pil.append(im.convert("RGB"))
+    pil = [open_rgb(im) if isinstance(im, (str, Path)) else to_rgb(im) for im in images]
     out = {"fractions": [float(f) for f in fractions], "image": {"mean_sigma2": [], "mean_l1": []},
            "text": {"mean_sigma2": [], "mean_l1": []}, "n_images": len(pil), "n_captions": len(captions)}
     for f in fractions:

@@ -84,11 +84,10 @@ class ImageList:
         return len(self.paths)
 
     def __getitem__(self, i):
-        from PIL import Image
+        from zsprob.data.images import open_rgb
 
         try:
-            with Image.open(self.paths[i]) as im:
-                image = im.convert("RGB")
+            image = open_rgb(self.paths[i])
         except (OSError, ValueError) as e:  # truncated, not an image, unreadable: the benchmark is not complete
             raise UserError(f"image {self.paths[i]} cannot be read ({' '.join(str(e).split())}); restore it: "
                             "a retrieval benchmark is not scored with images missing") from None
@@ -138,14 +137,27 @@ def check_ids(ids: np.ndarray, where: str, key: str, *, unique: bool = True, wha
 
 
 def _check_values(a: np.ndarray, where: str, key: str) -> None:
-    """A real-valued array (float or integer dtype) without NaN or inf."""
+    """A real-valued array (float or integer dtype) without NaN or inf in float32, the dtype it is used in."""
     if a.dtype.kind not in "fiu":
         raise UserError(f"{where}: {key} must hold real numbers, got dtype {a.dtype}")
-    if not np.isfinite(a).all():
-        raise UserError(f"{where}: {key} contains NaN or inf")
+    with np.errstate(over="ignore"):
+        if not np.isfinite(a.astype(np.float32, copy=False)).all():
+            raise UserError(f"{where}: {key} contains NaN, inf or values beyond float32's range (+-3.4e38)")
+
+
+#: an archive whose members inflate past this, and past 100 times their compressed size, is refused unread
+NPZ_INFLATE_LIMIT = 256 * 2 ** 20
 
 
 def _read_npz(p: Path) -> dict:
+    import zipfile
+
+    if zipfile.is_zipfile(p):
+        with zipfile.ZipFile(p) as zf:
+            inflated, packed = (sum(getattr(i, k) for i in zf.infolist()) for k in ("file_size", "compress_size"))
+        if inflated > NPZ_INFLATE_LIMIT and inflated > 100 * packed:
+            raise UserError(f"embeddings {p} are refused: {packed:,} bytes that inflate to {inflated:,} (a zip bomb?); "
+                            "save embeddings with numpy.savez, uncompressed")
     try:
         z = np.load(p, allow_pickle=False)
         if not hasattr(z, "files"):

@@ -124,12 +124,11 @@ class _CocoTrain(torch.utils.data.Dataset):
         return [self[i] for i in indices]
 
     def __getitem__(self, i):
-        from PIL import Image
+        from zsprob.data.images import open_rgb
         img_idx = int(self.coco.caption_image[i])
         path = self.coco.image_paths[img_idx]
         try:
-            with Image.open(path) as im:
-                image = self.preprocess(im.convert("RGB"))
+            image = self.preprocess(open_rgb(path))
             ok = True
         except (OSError, ValueError):
             image, ok = None, False

@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any, Iterable
 
-from zsprob.config import Config, apply_override, deep_merge, read_yaml, to_config
+from zsprob.config import Config, apply_override, deep_merge, read_yaml, refuse_pipes, to_config
 from zsprob.data.captions import SHARD_KINDS
 from zsprob.data.flickr import KARPATHY_KINDS
 from zsprob.errors import PREEMPT_EXIT_CODE, UserError
@@ -217,10 +217,14 @@ def resolve_config(cfg: Any, out: str | os.PathLike | None = None) -> TrainConfi
     return cfg
 
 
-def load_train_config(path=None, overrides: Iterable[str] = ()) -> TrainConfig:
+def load_train_config(path=None, overrides: Iterable[str] = (), allow_pipe: bool = False) -> TrainConfig:
     """A recipe (YAML, with its ``base:`` chain; a run's saved config.yaml reads the same way) over
-    :data:`DEFAULTS`, patched with ``a.b=v`` overrides; :func:`resolve_config` checks it."""
-    cfg = with_defaults(read_yaml(path) if path is not None else {})
+    :data:`DEFAULTS`, patched with ``a.b=v`` overrides; :func:`resolve_config` checks it. A ``pipe:`` command
+    in the recipe is refused unless ``allow_pipe``."""
+    recipe = read_yaml(path) if path is not None else {}
+    if not allow_pipe:
+        refuse_pipes(recipe, path)
+    cfg = with_defaults(recipe)
     for item in overrides:
         apply_override(cfg, item)
     return cfg

@@ -49,8 +49,7 @@ def retrieval_recall(model, image_tensors, captions, caption_image, *, batch_siz
 
 def synthworld_retrieval_hook(root, *, max_images: int = 200, split: str = "test") -> Callable:
     """Hook computing SynthWorld retrieval recall on the first ``max_images`` images of a split."""
-    from PIL import Image
-
+    from zsprob.data.images import open_rgb
     from zsprob.data.synthetic import load_retrieval_split
     rs = load_retrieval_split(root, split=split)
     n = min(max_images, len(rs.image_paths))
@@ -58,10 +57,7 @@ def synthworld_retrieval_hook(root, *, max_images: int = 200, split: str = "test
     keep_caps = np.nonzero(np.asarray(rs.caption_image) < n)[0]
     captions = [rs.captions[i] for i in keep_caps]
     cap_img = np.asarray(rs.caption_image)[keep_caps]
-    pil = []
-    for p in rs.image_paths[:n]:
-        with Image.open(p) as im:
-            pil.append(im.convert("RGB"))
+    pil = [open_rgb(p) for p in rs.image_paths[:n]]
 
     def hook(model, step):
         images = [model.preprocess_val(im) for im in pil]

@@ -7,7 +7,6 @@ A batch is a dict: ``img`` / ``txt``, ``u_img`` / ``u_txt`` (None without unpair
 """
 from __future__ import annotations
 
-import io
 from typing import Iterator
 
 import numpy as np
@@ -37,12 +36,8 @@ class RawStore:
         return len(self.items.captions[i])
 
     def images(self, idx: np.ndarray) -> torch.Tensor:
-        from PIL import Image
-        out = []
-        for i in idx:
-            with Image.open(io.BytesIO(self.items.jpegs[int(i)])) as im:
-                out.append(self.preprocess(im.convert("RGB")))
-        return torch.stack(out)
+        from zsprob.data.images import open_rgb
+        return torch.stack([self.preprocess(open_rgb(self.items.jpegs[int(i)])) for i in idx])
 
     def texts(self, idx: np.ndarray, which: np.ndarray) -> torch.Tensor:
         return self.tokenizer([self.items.captions[int(i)][int(c)] for i, c in zip(idx, which)])

@@ -39,14 +39,15 @@ def load_selection(path):
 
 
 def check_selection_classes(selected, dataset, source) -> None:
-    """Refuse a selection whose classes are not the dataset's in its order (case, spaces and underscores
-    aside); classes that share no name with it (ImageNet wnids) are matched by position."""
+    """Refuse a selection whose classes are not the dataset's, by name and in its order (case, spaces and
+    underscores aside): a selection is never mapped to other classes by position."""
     from zsprob.data.classification import class_key
 
     if len(selected) != len(dataset):
-        raise UserError(f"the selection has {len(selected)} classes, the dataset {len(dataset)}")
+        raise UserError(f"{source} has {len(selected)} classes, the dataset {len(dataset)}; run zsprob "
+                        "select-prompts on this dataset")
     ours, theirs = [class_key(str(c)) for c in selected], [class_key(str(c)) for c in dataset]
-    if ours == theirs or not set(ours) & set(theirs):
+    if ours == theirs:
         return
     wrong = [(i, a, b) for i, (a, b, x, y) in enumerate(zip(selected, dataset, ours, theirs)) if x != y]
     i, a, b = wrong[0]

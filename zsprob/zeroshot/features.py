@@ -2,13 +2,14 @@
 
 :class:`Split` names one split and lists its dataset once (:mod:`zsprob.data.classification`, with the
 model's ``preprocess_val``); :func:`encode_split` embeds it (:func:`zsprob.models.encode.encode_images`)
-into :class:`ImageFeatures`, cached under the model fingerprint and the dataset's identity (paths, labels,
-transform; the precision when it is not fp32, so fp32 caches keep their keys).
+into :class:`ImageFeatures`, cached under the model fingerprint and the dataset's identity (paths with their
+sizes and modification times, labels, transform; the precision when it is not fp32).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -68,16 +69,27 @@ class ImageFeatures:
         return int(self.mu.shape[0])
 
 
+def _stat(path: str) -> list[int]:
+    try:
+        st = os.stat(path)
+        return [st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [-1, -1]
+
+
 def _dataset_identity(kind, root, split, ds) -> dict:
+    """What the cached features depend on: the labels, each file's path, size and modification time (a world
+    regenerated in place changes them), the class names."""
     targets = list(getattr(ds, "targets", []))
     h = hashlib.sha256(json.dumps(targets).encode())
     for attr in ("samples", "paths", "image_paths", "files"):
         v = getattr(ds, attr, None)
         if v is not None:
             try:
-                h.update(json.dumps([str(p if not isinstance(p, (tuple, list)) else p[0]) for p in v]).encode())
+                paths = [str(p if not isinstance(p, (tuple, list)) else p[0]) for p in v]
             except TypeError:
-                pass
+                break
+            h.update(json.dumps([[p, *_stat(p)] for p in paths]).encode())
             break
     return {"kind": kind, "root": str(Path(root).resolve()), "split": split, "n": len(ds),
             "classnames": list(ds.classnames), "content": h.hexdigest()[:24]}

@@ -7,7 +7,6 @@ streams the members; PIL decodes the images.
 """
 from __future__ import annotations
 
-import io
 import json
 import logging
 import random
@@ -190,14 +189,12 @@ class SampleDecoder:
 
     def image(self, s: dict, counts: Counts):
         """The sample's first image member fully decoded as RGB, or None (counted)."""
-        from PIL import Image
+        from zsprob.data.images import open_rgb
 
         for k in self.image_keys:
             if k in s:
-                try:
-                    im = Image.open(io.BytesIO(s[k]))
-                    im.load()  # full decode here, so a corrupt or truncated file fails now
-                    return im if im.mode == "RGB" else im.convert("RGB")
+                try:  # full decode here, so a corrupt or truncated file fails now
+                    return open_rgb(s[k], f"{s['__key__']}.{k}")
                 except Exception as e:
                     counts.bad("bad_image", f"{s['__key__']}.{k}: {type(e).__name__}: {e}")
                     return None

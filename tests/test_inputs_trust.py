@@ -1,0 +1,81 @@
+"""Inputs are trusted only as far as they prove it: a selection is mapped to a dataset's classes by name only,
+embeddings are checked in float32 (the dtype they are used in), and an .npz that would inflate far past its
+size is refused before it is decompressed. Each case was accepted, or gave a traceback, before issue 50."""
+from __future__ import annotations
+
+import zipfile
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from zsprob.errors import UserError
+
+
+def test_a_selection_of_other_classes_is_never_mapped_by_position():
+    from zsprob.zeroshot.classify import check_selection_classes
+    check_selection_classes(["Golden retriever", "tabby_cat"], ["golden retriever", "tabby cat"], "sel.json")
+    with pytest.raises(UserError, match=r"sel.json does not hold the dataset's classes in its order: class 0 is "
+                                        r"'cat' there and 'bird' in the dataset \(2 of 2 differ\)"):
+        check_selection_classes(["cat", "dog"], ["bird", "fish"], "sel.json")  # no name in common: was accepted
+    with pytest.raises(UserError, match="sel.json has 2 classes, the dataset 3; run zsprob select-prompts"):
+        check_selection_classes(["cat", "dog"], ["bird", "fish", "cow"], "sel.json")
+
+
+def _embeddings(path, **override):
+    g = np.random.default_rng(0)
+    arrays = dict(image_ids=np.arange(4), caption_ids=np.arange(8), image_mu=g.normal(size=(4, 3)),
+                  caption_mu=g.normal(size=(8, 3)), caption_image=np.repeat(np.arange(4), 2))
+    arrays.update(override)
+    np.savez(path, **arrays)
+    return path
+
+
+def test_a_float64_value_that_overflows_float32_is_refused(tmp_path):
+    from zsprob.retrieval.embeddings import load_embeddings
+    mu = np.random.default_rng(1).normal(size=(8, 3))
+    mu[2, 1] = 1e300  # finite in float64, inf in float32
+    path = _embeddings(tmp_path / "e.npz", caption_mu=mu)
+    with pytest.raises(UserError, match="caption_mu contains NaN, inf or values beyond float32's range"):
+        load_embeddings(path)
+    r = run_cli("eval", "embeddings", path, "--out", tmp_path / "out.json", timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].endswith("values beyond float32's range (+-3.4e38)")
+
+
+def test_an_npz_that_would_inflate_far_past_its_size_is_refused_unread(tmp_path, monkeypatch):
+    from zsprob.retrieval import embeddings
+    path = tmp_path / "bomb.npz"
+    _embeddings(tmp_path / "ok.npz")
+    with zipfile.ZipFile(tmp_path / "ok.npz") as src, zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as dst:
+        for name in src.namelist():
+            dst.writestr(name, src.read(name))
+        dst.writestr("zeros.npy", np.zeros(4_000_000, dtype=np.float32).tobytes())  # 16 MB of zeros: a few KB
+    monkeypatch.setattr(embeddings, "NPZ_INFLATE_LIMIT", 8 * 2 ** 20)
+    read = []
+    monkeypatch.setattr(np, "load", lambda *a, **k: read.append(a))
+    with pytest.raises(UserError, match=r"bomb.npz are refused: .* bytes that inflate to 16,0\d\d,\d\d\d"):
+        embeddings.load_embeddings(path)
+    assert not read  # refused before numpy opened it
+
+
+def test_cached_image_features_follow_the_files_not_their_names(tmp_path):
+    """A world regenerated in place with another seed (same paths, other pixels) is encoded again; the same files
+    reuse the cache. Before issue 50 the cache was keyed by paths and labels: the old features were reused."""
+    import json
+
+    from conftest import TINY_TOWERS, small_world
+    from zsprob.data.synthetic import generate
+    sizes = dict(num_pretrain=4, num_classify_select=4, num_classify_eval=12, num_retrieval=2, num_retrieval_val=0)
+    made = small_world(tmp_path, seed=2, model={**TINY_TOWERS, "embed_dim": 16}, **sizes)
+    common = ["zeroshot", "synthetic", "--checkpoint", made["ckpt"], "--root", made["root"], "--strategy", "all",
+              "--cache-dir", tmp_path / "cache", "--workers", "0"]
+
+    def from_cache(n):
+        r = run_cli(*common, "--out", tmp_path / f"r{n}.json", timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads((tmp_path / f"r{n}.json").read_text())["images_from_cache"]
+
+    assert from_cache(1) is False and from_cache(2) is True
+    generate(made["root"], image_size=32, progress=False, seed=3, overwrite=True, **sizes)
+    assert from_cache(3) is False and from_cache(4) is True
