@@ -79,3 +79,24 @@ def test_cached_image_features_follow_the_files_not_their_names(tmp_path):
     assert from_cache(1) is False and from_cache(2) is True
     generate(made["root"], image_size=32, progress=False, seed=3, overwrite=True, **sizes)
     assert from_cache(3) is False and from_cache(4) is True
+
+
+@pytest.mark.parametrize("error", [
+    OSError(28, "No space left on device"),  # Python's own write: no file name
+    RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"),  # safetensors
+    RuntimeError("Error in faiss::write_index: 'ret == (size * 4)' failed: write error in x: 2 != 5 (No space left "
+                 "on device)"),
+])
+def test_a_full_disk_names_the_file_and_keeps_the_previous_one(tmp_path, error):
+    from zsprob.cli import _environment_error
+    from zsprob.utils.io import atomic_write
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"before")
+
+    def writer(tmp):
+        open(tmp, "wb").write(b"half")
+        raise error
+    with pytest.raises(OSError) as e:
+        atomic_write(target, writer)
+    assert _environment_error(e.value) == f"no space left on device (the previous file is kept): {target}"
+    assert target.read_bytes() == b"before" and [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]

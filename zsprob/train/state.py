@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from zsprob.errors import UserError
-from zsprob.utils.io import atomic_write_json, read_json
+from zsprob.utils.io import atomic_write, atomic_write_json, read_json
 
 TENSOR = "__tensor__"
 NDARRAY = "__ndarray__"
@@ -113,9 +113,7 @@ def save_state(path: str | os.PathLike, state: dict) -> None:
     path.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     meta = flatten(state, tensors, "s")
-    tmp = path / ".state.safetensors.tmp"
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path / "state.safetensors")
+    atomic_write(path / "state.safetensors", lambda tmp: save_file(tensors, tmp))
     atomic_write_json(path / "state.json", meta)
 
 

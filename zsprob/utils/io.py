@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import math
+import errno
 import os
 import stat
 import tempfile
@@ -76,13 +77,19 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], None], *, fsyn
         os.chmod(tmp, 0o666 & ~_umask())
         write_target(target)  # what the writer ran for: a pipe made there meanwhile is not replaced either
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if _disk_full(e):  # safetensors and FAISS word it their own way, and Python's names no file
+            raise OSError(errno.ENOSPC, "no space left on device (the previous file is kept)", str(target)) from None
         raise
     return path
+
+
+def _disk_full(e: BaseException) -> bool:
+    return getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e) or "os error 28" in str(e)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = True) -> Path:
