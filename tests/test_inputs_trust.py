@@ -100,3 +100,38 @@ def test_a_full_disk_names_the_file_and_keeps_the_previous_one(tmp_path, error):
         atomic_write(target, writer)
     assert _environment_error(e.value) == f"no space left on device (the previous file is kept): {target}"
     assert target.read_bytes() == b"before" and [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+
+
+def test_a_checkpoint_carries_its_tokenizer(tmp_path):
+    """The tokenizer's files are copied into the checkpoint: changing or removing the directory it came from
+    changes nothing; changing the copy is one line. Before issue 50 only the directory's path was stored."""
+    import shutil
+
+    import torch
+    from test_models_hf_tokenizer import make_tokenizer_dir
+    from zsprob.models import create_model, load, save
+    from zsprob.models.fingerprint import model_fingerprint
+
+    directory = make_tokenizer_dir(tmp_path / "tok")
+    model = create_model("zsprob-tiny", tokenizer_dir=directory)
+    tokens = model.tokenizer(["a red car"])
+    ckpt = save(model, tmp_path / "ckpt")
+    shutil.rmtree(directory)
+    directory.mkdir()  # something else where the tokenizer was
+    (directory / "tokenizer.json").write_text("{}")
+    again = load(ckpt)
+    assert torch.equal(again.tokenizer(["a red car"]), tokens)
+    assert model_fingerprint(again) == model_fingerprint(model)  # where the checkpoint lies is not its identity
+    vocab = ckpt / "tokenizer" / "tokenizer.json"
+    vocab.write_text(vocab.read_text().replace('"red"', '"rod"'))
+    with pytest.raises(UserError, match=r"its tokenizer files differ from those saved with it \(tokenizer.json"):
+        load(ckpt)
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_one_line(tmp_path):
+    from test_models_hf_tokenizer import make_tokenizer_dir
+    from zsprob.models import create_model
+    directory = make_tokenizer_dir(tmp_path / "tok")
+    tiny = {"open_clip_cfg": {"text_cfg": {"vocab_size": 50}}}  # the tokenizer has about 200 tokens
+    with pytest.raises(UserError, match="has .* tokens, more than the model's vocabulary of 50"):
+        create_model("zsprob-tiny", tokenizer_dir=directory, **tiny)

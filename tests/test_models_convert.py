@@ -239,7 +239,8 @@ def test_local_tokenizer_dir_goes_into_the_model_and_its_checkpoint(tmp_path):
     assert model.tokenizer.tokenizer.decode(tokens[0], skip_special_tokens=True) == "a red car"
     again = load(save(model, tmp_path / "ckpt"))
     assert torch.equal(again.tokenizer(["A RED car!"]), tokens)
-    assert again.config["tokenizer_dir"] == str(directory.resolve())
+    assert again.config["tokenizer_dir"] == str(directory.resolve())  # its identity, as saved
+    assert again.tokenizer.directory == str(tmp_path / "ckpt" / "tokenizer")  # the copy saved with the weights
 
 
 def test_pcmepp_hf_b16_fills_pcmepp_vit_b16_exactly():

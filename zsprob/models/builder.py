@@ -9,7 +9,7 @@ import torch
 
 from zsprob.errors import UserError
 from zsprob.models.catalogue import LAYOUTS, default_model, detect_layout, require_published_weights
-from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint, save
+from zsprob.models.checkpoint import checkpoint_dir, is_checkpoint, save, saved_tokenizer
 from zsprob.models.configs import model_from_config
 from zsprob.models.convert.io import read_hf_config, read_state_dict
 from zsprob.models.factory import create_from_official, create_model
@@ -27,11 +27,16 @@ def _load(source: Source, map_location: str | torch.device = "cpu", verify: bool
     """:func:`load` of a resolved zsprob checkpoint: the model its config describes, filled strictly."""
     meta = source.meta
     tensors = source.read_tensors(verify)
-    if meta["config"].get("kind") == "jwae":  # jWAE autoencoders over a frozen tower
+    config = dict(meta["config"])
+    own_tokenizer = saved_tokenizer(checkpoint_dir(source.path), meta)
+    if own_tokenizer is not None:  # the copy saved with the weights, not the directory it came from
+        config["tokenizer_dir"] = own_tokenizer
+    if config.get("kind") == "jwae":  # jWAE autoencoders over a frozen tower
         from zsprob.models.jwae import jwae_from_config
-        model = jwae_from_config(meta["config"])
+        model = jwae_from_config(config)
     else:
-        model = model_from_config(meta["config"])
+        model = model_from_config(config)
+        model.config["tokenizer_dir"] = meta["config"].get("tokenizer_dir")  # its identity (fingerprint) as saved
     load_checkpoint(model, tensors, checkpoint_dir(source.path))
     model.checkpoint_meta = meta
     return model.to(map_location)

@@ -56,6 +56,8 @@ def save(model, path: str | os.PathLike, extra: dict | None = None, *,
     wpath = d / WEIGHTS_NAME
     extra = dict(extra or {})
     cfg = dict(model.config)
+    tokenizer = _copy_tokenizer(getattr(getattr(model, "tokenizer", None), "directory", None) or
+                                cfg.get("tokenizer_dir"), d / TOKENIZER_DIR)
     meta: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -73,9 +75,45 @@ def save(model, path: str | os.PathLike, extra: dict | None = None, *,
         "extra": extra,
         "weights": {"file": WEIGHTS_NAME, "bytes": wpath.stat().st_size, "sha256": sha256_file(wpath),
                     "num_tensors": len(tensors)},
+        "tokenizer": tokenizer,
     }
     atomic_write_json(d / META_NAME, meta)
     return d
+
+
+#: the folder in a checkpoint that holds a copy of its Hugging Face tokenizer (as transformers saves one)
+TOKENIZER_DIR = "tokenizer"
+
+
+def _copy_tokenizer(source, into: Path) -> dict | None:
+    """Copy the files of a local tokenizer directory into the checkpoint: {file: sha256}, or None (no directory)."""
+    from zsprob.utils.io import atomic_write_bytes
+
+    if not source or not Path(source).is_dir():
+        return None
+    if Path(source).resolve() != into.resolve():
+        for f in sorted(Path(source).iterdir()):
+            if f.is_file():
+                atomic_write_bytes(into / f.name, f.read_bytes())
+    return _tokenizer_hashes(into)
+
+
+def _tokenizer_hashes(d: Path) -> dict:
+    return {f.name: sha256_file(f) for f in sorted(d.iterdir()) if f.is_file()}
+
+
+def saved_tokenizer(d: Path, meta: dict) -> str | None:
+    """The checkpoint's own copy of its tokenizer (None when it was saved without one), checked against the
+    hashes recorded at saving: a changed file is one line, not a silently different tokenization."""
+    recorded = meta.get("tokenizer")
+    if not recorded:
+        return None
+    found = _tokenizer_hashes(d / TOKENIZER_DIR) if (d / TOKENIZER_DIR).is_dir() else {}
+    changed = sorted(name for name in set(recorded) | set(found) if recorded.get(name) != found.get(name))
+    if changed:
+        raise UserError(f"checkpoint {d}: its tokenizer files differ from those saved with it ({', '.join(changed)} "
+                        f"in {d / TOKENIZER_DIR}); restore them")
+    return str(d / TOKENIZER_DIR)
 
 
 def load_meta(path: str | os.PathLike) -> dict:

@@ -123,6 +123,10 @@ def wrap(clip_model: torch.nn.Module, config: dict, options: ModelOptions | None
         from zsprob.models.hf_tokenizer import load_hf_tokenizer
 
         tokenizer = load_hf_tokenizer(config["tokenizer_dir"], context_length=ctx)
+        vocab = config["open_clip_cfg"].get("text_cfg", {}).get("vocab_size", 49408)
+        if len(tokenizer.tokenizer) > vocab:
+            raise UserError(f"the tokenizer in {tokenizer.directory} has {len(tokenizer.tokenizer)} tokens, more than "
+                            f"the model's vocabulary of {vocab}: its ids would index past the token embedding")
     else:
         try:
             tokenizer = open_clip.get_tokenizer(name if name in open_clip.list_models() else "", context_length=ctx)

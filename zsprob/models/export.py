@@ -71,9 +71,10 @@ def _split_state(model) -> tuple[dict, dict]:
     return clip, heads
 
 
-def _tokenizer_files(config: dict) -> list[Path]:
-    """The files of the model's Hugging Face tokenizer directory (none for open_clip's built-in tokenizers)."""
-    d = config.get("tokenizer_dir")
+def _tokenizer_files(model) -> list[Path]:
+    """The files of the model's Hugging Face tokenizer directory, the copy it was loaded from (none for open_clip's
+    built-in tokenizers)."""
+    d = getattr(model.tokenizer, "directory", None) or model.config.get("tokenizer_dir")
     if not d:
         return []
     return sorted(f for f in Path(d).iterdir() if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES)
@@ -156,7 +157,7 @@ def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool
     _check_made_with(evals, model, checkpoint)
     src = Path(checkpoint)
     meta = model.checkpoint_meta
-    tok_files = _tokenizer_files(model.config)
+    tok_files = _tokenizer_files(model)
     clip_sd, heads = _split_state(model)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / WEIGHTS_NAME, lambda tmp: save_file(clip_sd, tmp, metadata={"format": "pt"}))
@@ -169,7 +170,7 @@ def export_open_clip(checkpoint, out, *, fmt: str = "open_clip", overwrite: bool
     for f in tok_files:
         if f.resolve() != (out / f.name).resolve():
             shutil.copyfile(f, out / f.name)
-    zmeta = {k: v for k, v in meta.items() if k != "weights"}
+    zmeta = {k: v for k, v in meta.items() if k not in ("weights", "tokenizer")}  # its tokenizer: beside it
     doc = {"model_cfg": _model_cfg(model), "preprocess_cfg": dict(model.config["preprocess_cfg"]),
            "zsprob": {"format": EXPORT_FORMAT, "format_version": EXPORT_VERSION, "meta": zmeta, "files": files}}
     atomic_write_text(out / "README.md", model_card(model, meta, _run_dir(src), evals, heads))
