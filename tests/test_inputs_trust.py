@@ -135,3 +135,19 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_one_line(tmp_path):
     tiny = {"open_clip_cfg": {"text_cfg": {"vocab_size": 50}}}  # the tokenizer has about 200 tokens
     with pytest.raises(UserError, match="has .* tokens, more than the model's vocabulary of 50"):
         create_model("zsprob-tiny", tokenizer_dir=directory, **tiny)
+
+
+def test_pool_prompts_cut_to_one_text_for_two_classes_are_refused():
+    """CuPL-style pools whose prompts differ only past the tokenizer's context length would give two classes
+    one prompt: refused, as templates cut the same way already were. Prompts that fit are taken."""
+    from conftest import TINY_TOWERS
+    from zsprob.models import create_model
+    from zsprob.zeroshot.pools import build_pool_bank
+    model = create_model("zsprob-tiny", embed_dim=16, seed=0, **TINY_TOWERS)  # a context of 16 tokens
+    filler = "a photo of something seen from far away on a grey day in the middle of winter, which is"
+    fits = {"cat": ["a cat", "a photo of a cat"], "dog": ["a dog", "a photo of a dog"]}
+    assert build_pool_bank(model, ["cat", "dog"], fits, progress=False).mu.shape[:2] == (2, 2)
+    cut = {"cat": ["a cat", f"{filler} a cat"], "dog": ["a dog", f"{filler} a dog"]}
+    with pytest.raises(UserError, match=r"pools.json: .* \('dog'\) and .* \('cat'\) are cut at the tokenizer's 16 "
+                                        r"tokens to the same prompt"):
+        build_pool_bank(model, ["cat", "dog"], cut, progress=False, source="pools.json")

@@ -75,6 +75,28 @@ def pool_bank_from_embeddings(mu_flat, logvar_flat, classnames, pools, model_id:
                       mask=mask, pools=[list(p) for p in pools])
 
 
+def check_pools_survive(tokens, pools: list[list[str]], classnames, tokenizer, source: str) -> None:
+    """One line when the tokenizer's context length cuts prompts of two classes to the same tokens (the text
+    that told them apart lies past the cut), as :func:`~zsprob.zeroshot.prompts.check_class_names_survive`
+    does for templates; prompts that read alike with room to spare are left alone."""
+    owner = [c for c, pool in enumerate(pools) for _ in pool]
+    texts = [t for pool in pools for t in pool]
+    _, group = tokens.unique(dim=0, return_inverse=True)
+    first: dict[int, int] = {}
+    for i, g in enumerate(group.tolist()):
+        j = first.setdefault(g, i)
+        if owner[j] == owner[i]:
+            continue
+        try:
+            roomy = tokenizer([texts[j], texts[i]], context_length=max(4096, 4 * tokens.shape[1]))
+        except TypeError:  # a tokenizer without the keyword: cannot tell a cut from a shared reading
+            return
+        if bool((roomy[0] != roomy[1]).any()):
+            raise UserError(f"{source}: {texts[i][:60]!r} ({classnames[owner[i]]!r}) and {texts[j][:60]!r} "
+                            f"({classnames[owner[j]]!r}) are cut at the tokenizer's {tokens.shape[1]} tokens to "
+                            "the same prompt; shorten them")
+
+
 def build_pool_bank(model, classnames, class_prompts: dict, *, cache_dir=None, model_id: str | None = None,
                     batch_size: int = 512, device=None, progress: bool = True, precision: str = "fp32",
                     source: str = "class prompts") -> PromptBank:
@@ -96,6 +118,9 @@ def build_pool_bank(model, classnames, class_prompts: dict, *, cache_dir=None, m
 
     texts = [t for pool in pools for t in pool]
     t0 = time.perf_counter()
+    if callable(getattr(model, "tokenizer", None)):
+        texts = model.tokenizer(texts)
+        check_pools_survive(texts, pools, classnames, model.tokenizer, source)
     mu, logvar = encode_texts(model, texts, batch_size=batch_size, device=device, progress=progress,
                               precision=precision)
     bank = pool_bank_from_embeddings(mu, logvar, classnames, pools, model_id)
