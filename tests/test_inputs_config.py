@@ -67,3 +67,17 @@ def test_the_python_api_refuses_a_pipe_in_a_recipe_unless_allowed(tmp_path):
     with pytest.raises(UserError, match="runs a shell command"):
         load_train_config(config)
     assert load_train_config(config, allow_pipe=True).data.shards == "pipe:cat x.tar"
+
+
+@pytest.mark.slow(seconds=25)
+def test_a_tiny_run_and_its_evaluation_print_no_raw_python_warning(tmp_path, tiny_world):
+    """stderr holds zsprob's own lines only (``zsprob: warning: ...``), never a library's raw warning with its
+    file and line, in a fresh interpreter (no warning registry shared with the test's process)."""
+    run = tmp_path / "run"
+    for args in (["pretrain", "--config", "synthetic_tiny.yaml", "--shards", tiny_world / "pretrain", "--out", run,
+                  *TINY], ["eval", "synthetic", "--checkpoint", run / "model", "--root", tiny_world,
+                           "--out", tmp_path / "eval.json"]):
+        r = run_cli(*args, cold=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        raw = [line for line in r.stderr.splitlines() if "Warning" in line or "warnings.warn" in line]
+        assert raw == [], raw

@@ -151,3 +151,23 @@ def test_pool_prompts_cut_to_one_text_for_two_classes_are_refused():
     with pytest.raises(UserError, match=r"pools.json: .* \('dog'\) and .* \('cat'\) are cut at the tokenizer's 16 "
                                         r"tokens to the same prompt"):
         build_pool_bank(model, ["cat", "dog"], cut, progress=False, source="pools.json")
+
+
+@pytest.mark.parametrize("command", ["eval", "zeroshot"])
+def test_a_file_that_differs_from_the_worlds_recorded_checksum_is_one_line(tmp_path, command):
+    """A world's manifest records every file's SHA-256: evaluation checks the files it reads against it (an
+    image edited in place still decodes, and was scored, before issue 50)."""
+    from conftest import TINY_TOWERS, small_world
+    from PIL import Image
+    made = small_world(tmp_path, seed=2, model={**TINY_TOWERS, "embed_dim": 16}, num_pretrain=4,
+                       num_classify_select=2, num_classify_eval=4, num_retrieval=3, num_retrieval_val=0)
+    folder = "retrieval/images/test" if command == "eval" else "classify/eval"
+    image = sorted((made["root"] / folder).rglob("*.jpg"))[0]
+    Image.new("RGB", (32, 32), (255, 0, 0)).save(image)  # a valid image, not the world's
+    args = ["eval", "synthetic"] if command == "eval" else ["zeroshot", "synthetic", "--strategy", "all"]
+    r = run_cli(*args, "--checkpoint", made["ckpt"], "--root", made["root"], "--out", tmp_path / "out.json",
+                timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"zsprob: error: {image.resolve()} is not the file this SynthWorld recorded (missing, or its size or "
+        "SHA-256 differs from manifest.json); re-run `zsprob data synthetic` with the same arguments to regenerate it")

@@ -385,7 +385,7 @@ class ImageNetDataset(_ImageList):
 
 
 def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
-    from zsprob.data.synthworld.checks import read_manifest
+    from zsprob.data.synthworld.checks import read_manifest, verify_recorded
 
     root = Path(root)
     hint = "generate it with `zsprob data synthetic --out OUT`"
@@ -400,6 +400,7 @@ def _synthetic(root: PathLike, split: str, transform) -> FolderDataset:
             raise UserError(f"the SynthWorld {cls_dir.parent} has no classify/{split} images (generated with "
                             f"--num-classify-{split} 0); generate one with --num-classify-{split} N")
         raise not_found("SynthWorld classify split", d, hint)
+    verify_recorded(cls_dir.parent, ("classify/classnames.txt", f"classify/{split}/"))
     return FolderDataset(d, transform, classnames=cls_dir / "classnames.txt")
 
 

@@ -48,6 +48,26 @@ def damaged_files(out: str | os.PathLike, checksums: dict) -> list[str]:
     return sorted(rel for rel, want in checksums.items() if found.get(rel) != want)
 
 
+_VERIFIED: set[tuple[str, str]] = set()
+
+
+def verify_recorded(out: str | os.PathLike, prefixes: tuple[str, ...]) -> None:
+    """Check the files of ``out`` under ``prefixes`` (e.g. ``retrieval/test_``) against the SHA-256 its manifest
+    records, once per process: an evaluation reads what the world wrote, or says which file changed."""
+    out = Path(out).resolve()
+    recorded = (read_manifest(out) or {}).get("checksums") or {}
+    for prefix in prefixes:
+        if (str(out), prefix) in _VERIFIED:
+            continue
+        for rel, want in recorded.items():
+            if rel.startswith(prefix) and isinstance(want, dict):
+                f = out / rel
+                if not f.is_file() or f.stat().st_size != want.get("size") or sha256_file(f) != want.get("sha256"):
+                    raise UserError(f"{f} is not the file this SynthWorld recorded (missing, or its size or SHA-256 "
+                                    f"differs from manifest.json); {REGENERATE}")
+        _VERIFIED.add((str(out), prefix))
+
+
 def broken_shards(out: str | os.PathLike) -> list[str]:
     """The pretraining shards of ``out`` that are unreadable, hold no member or end inside a member (cut
     short): what can be told without recorded checksums (a world written before the manifest had them)."""

@@ -51,6 +51,8 @@ def load_retrieval_split(root: str | os.PathLike, split: str = "test") -> Retrie
     pfile = require_file(rdir / f"{split}_positives.npz", f"SynthWorld retrieval {split} positives", hint)
     from zsprob.utils.io import read_json
 
+    from zsprob.data.synthworld.checks import verify_recorded
+    verify_recorded(root, (f"retrieval/{split}_", f"retrieval/images/{split}/"))
     meta = read_json(mfile, f"SynthWorld retrieval {split} metadata")
     try:
         pos = sp.load_npz(pfile).tocsr().astype(bool)
