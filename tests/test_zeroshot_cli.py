@@ -111,6 +111,10 @@ def test_select_then_zeroshot_then_compare(world, tmp_path):
     assert (tmp_path / "cmp" / "accuracy_vs_topk.png").stat().st_size > 1000
     assert (tmp_path / "cmp" / "per_class_k_hist.png").stat().st_size > 1000
     assert (tmp_path / "cmp" / "selections" / "auto.json").is_file()
+    sel = cmp["selective"]  # which confidence flags the wrong predictions, for all-80 and auto
+    assert set(sel) == {"all", "auto"} and set(sel["auto"]["scores"]) == {"msp", "entropy", "margin", "image_sigma2",
+                                                                           "class_sigma2"}
+    assert "minus_msp" in sel["auto"]["scores"]["image_sigma2"] and "Selective prediction, auto" in r.stdout
     # image embeddings and the prompt bank were cached and are reused
     cached = list((tmp_path / "cmp" / "cache").glob("*.safetensors"))
     assert any(p.name.startswith("images-") for p in cached) and any(p.name.startswith("promptbank-") for p in cached)

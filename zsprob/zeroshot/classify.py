@@ -203,12 +203,52 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
               "diagnostic_eval_labels": prompt_quality_diagnostic(bank, eval_feats, k_values),
               "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats)),
               **({"unc_weight": request.unc_weight} if score == "unc" else {})}
-    result["table"] = format_table(rows) + "\n\n" + calibration_table(rows)
+    result["selective"] = _selective(selections, eval_feats, score, logit_scales, request.unc_weight)
+    result["table"] = format_table(rows) + "\n\n" + calibration_table(rows) + selective_table(result["selective"])
     result["files"] = {}
     result["selections"] = selections
     if out_dir is not None:
         result["files"] = _write_compare(Path(out_dir), result, title, write_selections)
     return result
+
+
+#: the rows whose predictions get a selective-prediction block: CLIP's all-80 and the flagship auto
+SELECTIVE_ROWS = ("all", "auto")
+
+
+def _selective(selections: dict, feats: ImageFeatures, score: str, logit_scales: dict | None, unc_weight: float):
+    """Per headline row: which confidence score best tells right zero-shot predictions from wrong ones
+    (:mod:`zsprob.zeroshot.selective`), at the model's logit scale for ``score``."""
+    import torch
+
+    from zsprob.zeroshot.metrics import class_scores
+    from zsprob.zeroshot.selective import selective_report, zeroshot_confidences
+
+    scale = (logit_scales or {}).get(score, (100.0, ""))[0]
+    out = {}
+    for name in (n for n in SELECTIVE_ROWS if n in selections):
+        sel = selections[name]
+        s = class_scores(feats.mu, feats.logvar, sel, score=score, unc_weight=unc_weight)
+        correct = (s.argmax(1) == torch.as_tensor(feats.labels).long()).numpy()
+        out[name] = selective_report(correct, zeroshot_confidences(s, scale, feats.logvar, sel.class_logvar),
+                                     n_boot=300)
+    return out
+
+
+def selective_table(selective: dict) -> str:
+    """Markdown: per headline row and score, AURC and AUROC (wrong prediction) with 95% intervals and the paired
+    AUROC difference against maximum softmax probability."""
+    lines = []
+    for name, rep in selective.items():
+        lines += [f"\n\nSelective prediction, {name} ({rep['n']} images, accuracy {100 * rep['accuracy']:.1f}%):",
+                  "| score | AURC | AUROC (wrong) | AUROC - msp | acc@80% | acc@50% |", "|---|---|---|---|---|---|"]
+        for s, e in rep["scores"].items():
+            d = e.get("minus_msp", {}).get("auroc")
+            diff = "-" if d is None else f"{d['value']:+.3f} [{_fmt(d['ci95'][0], 3)}, {_fmt(d['ci95'][1], 3)}]"
+            lines.append(f"| {s} | {e['aurc']['value']:.3f} | {e['auroc']['value']:.3f} "
+                         f"[{_fmt(e['auroc']['ci95'][0], 3)}, {_fmt(e['auroc']['ci95'][1], 3)}] | {diff} | "
+                         f"{100 * e['acc_at_80']['value']:.1f} | {100 * e['acc_at_50']['value']:.1f} |")
+    return "\n".join(lines)
 
 
 def _write_compare(out_dir: Path, result: dict, title: str = "", write_selections: bool = True) -> dict:

@@ -1,0 +1,74 @@
+"""Selective prediction (zsprob.zeroshot.selective) against hand computations in float64: the risk-coverage
+curve and AURC of a small case, ties broken by expectation, the oracle's E-AURC of 0, AUROC as the
+Mann-Whitney count, accuracy at a coverage, the seeded bootstrap and its paired differences."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from zsprob.zeroshot.selective import aurc, risk_coverage, selective_metrics, selective_report, zeroshot_confidences
+
+
+def test_risk_coverage_and_aurc_of_a_small_case():
+    correct, conf = [1, 0, 1, 1], [0.9, 0.8, 0.7, 0.1]
+    coverage, risk = risk_coverage(correct, conf)
+    assert coverage.tolist() == [0.25, 0.5, 0.75, 1.0]
+    assert risk == pytest.approx([0.0, 1 / 2, 1 / 3, 1 / 4], abs=1e-15)
+    assert aurc(correct, conf) == pytest.approx((0 + 1 / 2 + 1 / 3 + 1 / 4) / 4, abs=1e-15)
+
+
+def test_ties_are_broken_by_expectation():
+    """A tie's risk is the mean over every order of it: a constant score has a random order's AURC."""
+    correct, conf = np.array([1, 0, 1, 0, 1]), np.array([0.5, 0.5, 0.5, 0.9, 0.9])
+    orders = []
+    for tie_a in itertools.permutations([3, 4]):
+        for tie_b in itertools.permutations([0, 1, 2]):
+            kept = ~correct[list(tie_a + tie_b)].astype(bool)
+            orders.append(np.cumsum(kept) / np.arange(1, 6))
+    assert risk_coverage(correct, conf)[1] == pytest.approx(np.mean(orders, axis=0), abs=1e-15)
+    assert risk_coverage(correct, np.zeros(5))[1] == pytest.approx([0.4] * 5)
+
+
+def test_metrics_against_hand_counts():
+    g = np.random.default_rng(0)
+    correct = g.random(200) < 0.6
+    conf = correct + g.normal(0, 1.0, 200)
+    m = selective_metrics(correct, conf)
+    wrong, right = conf[~correct], conf[correct]
+    pairs = (wrong[:, None] < right[None, :]).sum() + 0.5 * (wrong[:, None] == right[None, :]).sum()
+    assert m["auroc"] == pytest.approx(pairs / (len(wrong) * len(right)), abs=1e-12)
+    kept = np.argsort(-conf)[:160]
+    assert m["acc_at_80"] == pytest.approx(correct[kept].mean(), abs=1e-12)
+    oracle = selective_metrics(correct, correct.astype(float))
+    assert oracle["eaurc"] == pytest.approx(0.0, abs=1e-15) and oracle["auroc"] == 1.0
+    assert m["eaurc"] > 0 and m["aurc"] == pytest.approx(oracle["aurc"] + m["eaurc"], abs=1e-15)
+
+
+def test_the_bootstrap_is_seeded_and_paired():
+    g = np.random.default_rng(1)
+    correct = g.random(150) < 0.5
+    scores = {"msp": correct + g.normal(0, 1, 150), "other": g.normal(0, 1, 150)}
+    a = selective_report(correct, scores, n_boot=60, seed=3)
+    assert a == selective_report(correct, scores, n_boot=60, seed=3)
+    e = a["scores"]["other"]
+    lo, hi = e["auroc"]["ci95"]
+    assert lo <= e["auroc"]["value"] <= hi and 0.35 < e["auroc"]["value"] < 0.65  # a random score: ~0.5
+    d = e["minus_msp"]["auroc"]
+    assert d["value"] == pytest.approx(e["auroc"]["value"] - a["scores"]["msp"]["auroc"]["value"])
+    assert d["ci95"][1] < 0  # the informative baseline beats noise, on the same resamples
+    assert "minus_msp" not in a["scores"]["msp"] and len(e["curve"]["coverage"]) == 50
+
+
+def test_zeroshot_confidences_by_hand():
+    scores = torch.tensor([[0.2, 0.1, -0.1], [0.0, 0.3, 0.29]], dtype=torch.float64)
+    logvar_img = torch.log(torch.tensor([[0.5, 0.5], [1.0, 2.0]]))
+    logvar_cls = torch.log(torch.tensor([[1.0, 1.0], [0.1, 0.1], [3.0, 3.0]]))
+    c = zeroshot_confidences(scores, 10.0, logvar_img, logvar_cls)
+    p = np.exp(10 * scores.numpy())
+    p /= p.sum(1, keepdims=True)
+    assert c["msp"] == pytest.approx(p.max(1)) and c["entropy"] == pytest.approx((p * np.log(p)).sum(1))
+    assert c["margin"] == pytest.approx(np.sort(p, 1)[:, -1] - np.sort(p, 1)[:, -2])
+    assert c["image_sigma2"] == pytest.approx([-1.0, -3.0]) and c["class_sigma2"] == pytest.approx([-2.0, -0.2])
