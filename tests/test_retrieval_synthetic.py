@@ -82,6 +82,9 @@ def test_evaluate_synthetic_end_to_end(synthworld, tmp_path):
     assert m["plausible"]["t2i"]["rprecision"] == pytest.approx(100 * exp["rprecision"], abs=1e-6)
     exp5 = M.rank_metrics(s, five, r_metrics=False).mean()
     assert m["caption"]["i2t"]["r@5"] == pytest.approx(100 * exp5["r@5"], abs=1e-6)
+    sel = res["selective"]  # R@1 misses flagged per direction, the accuracy that of R@1 itself
+    assert sel["i2t"]["n"] == 40 and sel["i2t"]["accuracy"] == pytest.approx(m["caption"]["i2t"]["r@1"] / 100)
+    assert set(sel["t2i"]["scores"]) == {"msp", "entropy", "margin", "top1_score", "query_sigma2"}
 
     unc = res["uncertainty"]
     gt = unc["ground_truth"]

@@ -72,3 +72,26 @@ def test_zeroshot_confidences_by_hand():
     assert c["msp"] == pytest.approx(p.max(1)) and c["entropy"] == pytest.approx((p * np.log(p)).sum(1))
     assert c["margin"] == pytest.approx(np.sort(p, 1)[:, -1] - np.sort(p, 1)[:, -2])
     assert c["image_sigma2"] == pytest.approx([-1.0, -3.0]) and c["class_sigma2"] == pytest.approx([-2.0, -0.2])
+
+
+def test_retrieval_block_reads_each_querys_row_and_its_r_at_1():
+    """``zsprob eval``'s block: per direction, the queries of the recall benchmark, R@1 as correctness, the
+    row's softmax baselines, its top-1 score and the query's sigma^2."""
+    import types
+
+    from zsprob.retrieval.evaluate import selective_block
+    g = torch.Generator().manual_seed(0)
+    i2t = torch.randn(6, 10, generator=g)
+    scores = types.SimpleNamespace(i2t=i2t, t2i=i2t.T.contiguous())
+    emb = types.SimpleNamespace(image_logvar=torch.randn(6, 3, generator=g), caption_logvar=torch.randn(10, 3))
+    hits = np.array([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    per_query = {"i2t": {"queries": np.arange(6), "r@1": hits}}
+    block = selective_block(scores, per_query, emb, logit_scale=5.0, n_boot=20)["i2t"]
+    assert block["n"] == 6 and block["accuracy"] == 0.5
+    top1 = i2t.max(1).values.double().numpy()
+    wrong, right = top1[hits == 0], top1[hits > 0]
+    assert block["scores"]["top1_score"]["auroc"]["value"] == pytest.approx(
+        (wrong[:, None] < right[None, :]).mean(), abs=1e-12)
+    sigma = emb.image_logvar.double().exp().sum(1).numpy()
+    assert block["scores"]["query_sigma2"]["aurc"]["value"] == pytest.approx(
+        selective_metrics(hits > 0, -sigma)["aurc"], abs=1e-12)

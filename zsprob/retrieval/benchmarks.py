@@ -73,6 +73,7 @@ class EvalResult:
     metrics: dict  # nested, percentages
     per_query: dict  # {"i2t": {"r@1": array over images}, "t2i": {...}} from the first recall set
     top: dict  # {"i2t": [n_img, T] caption indices, "t2i": [n_cap, T] image indices}
+    selective: dict | None = None  # per direction: zsprob.retrieval.evaluate.selective_block
 
 
 def percent(d: dict) -> dict:

@@ -236,9 +236,11 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     sub = official_subset(emb.image_ids, emb.caption_ids)
     emb, task = task_for_embeddings(emb, instance_labels)
     mc = mc_score_options(model) if score == "mc" else {}
+    from zsprob.zeroshot.calibration import model_logit_scale
+    scale = model_logit_scale(model, score)[0] if model is not None else None
     res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, device=device,
-                              **mc)
-    out = {"metrics": res.metrics, "summary": summary_row(res.metrics),
+                              logit_scale=scale, **mc)
+    out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "selective": res.selective,
            "table": format_table(res.metrics, label=label), "uncertainty": None, "files": {}}
     if analyses and emb.has_sigma:
         paths = captions = None
@@ -254,7 +256,8 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
         from zsprob.models.fingerprint import model_identity
         made_with = {} if model is None else {"model": model_identity(model)}  # embeddings: no model here
         out["files"]["metrics"] = str(atomic_write_json(out_dir / metrics_file, {
-            **made_with, "metrics": out["metrics"], "summary": out["summary"], "uncertainty": out["uncertainty"]}))
+            **made_with, "metrics": out["metrics"], "summary": out["summary"], "uncertainty": out["uncertainty"],
+            "selective": out["selective"]}))
         out["files"]["table"] = str(atomic_write_text(out_dir / FILES["table"], out["table"]))
     return out
 

@@ -224,13 +224,16 @@ def format_table(metrics: dict, label: str = "model") -> str:
 
 def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Sequence[int] = M.DEFAULT_KS,
                         keep_top: int = 0, chunk_size: int = 1024, progress: bool = False, seed: int = 0,
-                        device=None, **score_kw) -> EvalResult:
+                        device=None, logit_scale: float | None = None, **score_kw) -> EvalResult:
     """Score ``emb`` (:class:`~zsprob.retrieval.embeddings.Embeddings`) with ``score`` in float32 blocks on
     ``device`` (default: where the embeddings live) and evaluate ``task``; ``metrics["setup"]`` records the
-    score, its numeric options (e.g. MC's a, b, J), how it was ranked and the sizes."""
+    score, its numeric options (e.g. MC's a, b, J), how it was ranked and the sizes. With ``logit_scale`` (the
+    model's, for its softmax baselines), ``selective``: :func:`selective_block`."""
     scores = PairScores(score, emb.image_mu, emb.image_logvar, emb.caption_mu, emb.caption_logvar,
                         chunk_size=chunk_size, progress=progress, seed=seed, device=device, **score_kw)
     res = evaluate_scores(scores, task, ks=ks, keep_top=keep_top)
+    if logit_scale is not None:
+        res.selective = selective_block(scores, res.per_query, emb, logit_scale)
     pm_1k = pmrp_fold_metrics(emb, task, score, seed=seed, chunk_size=chunk_size, device=device, **score_kw)
     if pm_1k is not None:
         res.metrics["pmrp_1k"] = pm_1k
@@ -239,3 +242,22 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
                              "n_captions": task.n_captions, "unit": "percent", "notes": list(task.notes)},
                    **res.metrics}
     return res
+
+
+def selective_block(scores: PairScores, per_query: dict, emb, logit_scale: float, n_boot: int = 300) -> dict:
+    """Per direction of the recall benchmark: which confidence flags a query whose top-1 item is not a positive
+    (:mod:`zsprob.zeroshot.selective`): the softmax baselines over the query's row at ``logit_scale``, its
+    top-1 score (a monotone function of PCME++'s match probability) and, with sigma^2, the query's."""
+    from zsprob.zeroshot.selective import selective_report, zeroshot_confidences
+
+    out = {}
+    for d, pq in per_query.items():
+        queries = torch.as_tensor(np.asarray(pq["queries"]), dtype=torch.long)
+        rows = (scores.i2t if d == "i2t" else scores.t2i)[queries].double()
+        logvar = emb.image_logvar if d == "i2t" else emb.caption_logvar
+        conf = zeroshot_confidences(rows, logit_scale, None if logvar is None else logvar[queries])
+        conf["top1_score"] = rows.max(1).values.numpy()
+        if "image_sigma2" in conf:
+            conf["query_sigma2"] = conf.pop("image_sigma2")
+        out[d] = selective_report(np.asarray(pq["r@1"]) > 0, conf, n_boot=n_boot)
+    return out

@@ -112,8 +112,10 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
                        precision=precision)
     task = synthetic_task(rs)
     mc = mc_score_options(model) if score == "mc" else {}
-    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, device=device, **mc)
-    out = {"metrics": res.metrics, "summary": summary_row(res.metrics),
+    from zsprob.zeroshot.calibration import model_logit_scale
+    res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, device=device,
+                              logit_scale=model_logit_scale(model, score)[0], **mc)
+    out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "selective": res.selective,
            "table": format_table(res.metrics, label=getattr(model, "name", "model")), "files": {}}
     if emb.has_sigma:
         unc = A.report_uncertainty(emb, res, task, out_dir, image_paths=rs.image_paths, captions=rs.captions)
@@ -146,6 +148,7 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
         from zsprob.models.fingerprint import model_identity
         atomic_write_json(out_dir / metrics_file, {"model": model_identity(model),
                                                    "metrics": out["metrics"], "summary": out["summary"],
+                                                   "selective": out["selective"],
                                                    "uncertainty": out["uncertainty"],
                                                    "uncertainty_validity": out.get("uncertainty_validity"),
                                                    "validity_table": out.get("validity_table"),
