@@ -240,7 +240,7 @@ def add_syncs(record: dict, suffix: str, where: list[str]) -> None:
 def time_optimizer(inner, run, step: int, record: dict):
     import torch
     cuda = run.acc.device.type == "cuda"
-    optimizer = run.optimizer
+    optimizer = getattr(run.optimizer, "optimizer", run.optimizer)  # the torch optimiser the step calls
     original = optimizer.step
 
     def timed(*args, **kwargs):
