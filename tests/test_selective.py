@@ -1,4 +1,4 @@
-"""Selective prediction (zsprob.zeroshot.selective) against hand computations in float64: the risk-coverage
+"""Selective prediction (zsprob.utils.selective) against hand computations in float64: the risk-coverage
 curve and AURC of a small case, ties broken by expectation, the oracle's E-AURC of 0, AUROC as the
 Mann-Whitney count, accuracy at a coverage, the seeded bootstrap and its paired differences."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from zsprob.zeroshot.selective import aurc, risk_coverage, selective_metrics, selective_report, zeroshot_confidences
+from zsprob.utils.selective import aurc, risk_coverage, selective_metrics, selective_report, zeroshot_confidences
 
 
 def test_risk_coverage_and_aurc_of_a_small_case():

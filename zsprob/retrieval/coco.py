@@ -236,7 +236,7 @@ def evaluate_coco(model=None, root=None, split: str = "test", score: str = "csd"
     sub = official_subset(emb.image_ids, emb.caption_ids)
     emb, task = task_for_embeddings(emb, instance_labels)
     mc = mc_score_options(model) if score == "mc" else {}
-    from zsprob.zeroshot.calibration import model_logit_scale
+    from zsprob.models.logit_scale import model_logit_scale
     scale = model_logit_scale(model, score)[0] if model is not None else None
     res = evaluate_embeddings(emb, task, score=score, keep_top=5 if analyses else 0, progress=progress, device=device,
                               logit_scale=scale, **mc)

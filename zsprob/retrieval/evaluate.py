@@ -246,9 +246,9 @@ def evaluate_embeddings(emb, task: RetrievalTask, *, score: str = "csd", ks: Seq
 
 def selective_block(scores: PairScores, per_query: dict, emb, logit_scale: float, n_boot: int = 300) -> dict:
     """Per direction of the recall benchmark: which confidence flags a query whose top-1 item is not a positive
-    (:mod:`zsprob.zeroshot.selective`): the softmax baselines over the query's row at ``logit_scale``, its
+    (:mod:`zsprob.utils.selective`): the softmax baselines over the query's row at ``logit_scale``, its
     top-1 score (a monotone function of PCME++'s match probability) and, with sigma^2, the query's."""
-    from zsprob.zeroshot.selective import selective_report, zeroshot_confidences
+    from zsprob.utils.selective import selective_report, zeroshot_confidences
 
     out = {}
     for d, pq in per_query.items():

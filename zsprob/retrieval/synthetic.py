@@ -112,7 +112,7 @@ def evaluate_synthetic(model, root, split: str = "test", score: str = "csd", out
                        precision=precision)
     task = synthetic_task(rs)
     mc = mc_score_options(model) if score == "mc" else {}
-    from zsprob.zeroshot.calibration import model_logit_scale
+    from zsprob.models.logit_scale import model_logit_scale
     res = evaluate_embeddings(emb, task, score=score, keep_top=5, seed=seed, device=device,
                               logit_scale=model_logit_scale(model, score)[0], **mc)
     out = {"metrics": res.metrics, "summary": summary_row(res.metrics), "selective": res.selective,

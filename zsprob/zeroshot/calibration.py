@@ -11,12 +11,11 @@ import math
 import numpy as np
 
 from zsprob.errors import UserError
+from zsprob.models.logit_scale import CLIP_ZEROSHOT_SCALE, logit_scale_of, model_logit_scale
 
 ECE_BINS = 15
 T_BOUNDS = (1e-3, 1e3)
 #: CLIP's zero-shot convention (open_clip ``zero_shot_classifier`` evaluation: 100 * cosine)
-CLIP_ZEROSHOT_SCALE = 100.0
-MAX_LOGIT_SCALE = 100.0
 
 
 def _as_logits_labels(logits, labels) -> tuple[np.ndarray, np.ndarray]:
@@ -100,37 +99,6 @@ def calibration_report(eval_logits, eval_labels, select_logits=None, select_labe
     return out
 
 
-def model_logit_scale(model, score: str = "cosine", found: tuple | None = None) -> tuple[float, str]:
-    """``(scale, where it came from)``: the factor the model applies to ``score`` to make logits. PCME++ /
-    PCME (logits = -a d + b): ``a`` for ``csd``, ``2 a`` for cosine-type scores (on unit means -a ||x - c||^2
-    = 2 a cos - 2 a); InfoNCE / ProLIP and plain open_clip: exp(logit_scale) clamped at 100 (halved for
-    ``csd``); otherwise CLIP's 100. ``found``: :func:`_scale_of` (read from the model when None)."""
-    kind, value, source = found or _scale_of(model)
-    if kind == "scale":
-        return (value if score == "csd" else 2.0 * value), source
-    if kind == "logit_scale":
-        return (value / 2.0 if score == "csd" else value), source
-    return CLIP_ZEROSHOT_SCALE, source
-
-
-def _scale_of(model) -> tuple[str, float, str]:
-    """(kind, value, source) of the model's logit scale: read once (a device parameter is a host read)."""
-    extra = ((getattr(model, "checkpoint_meta", None) or {}).get("extra") or {})
-    params = extra.get("loss_params") or {}
-    method = extra.get("method") or "checkpoint"
-    if "scale" in params:
-        a = float(params["scale"])
-        return "scale", a, f"{method} loss scale a = {a:.4g}"
-    if "logit_scale" in params:
-        s = min(math.exp(float(params["logit_scale"])), MAX_LOGIT_SCALE)
-        return "logit_scale", s, f"{method} loss logit_scale exp = {s:.4g}"
-    param = getattr(getattr(model, "clip", None), "logit_scale", None)
-    if param is not None and not extra:
-        s = min(math.exp(float(param.detach().float().cpu())), MAX_LOGIT_SCALE)
-        return "logit_scale", s, f"open_clip logit_scale exp = {s:.4g}"
-    return "clip", CLIP_ZEROSHOT_SCALE, "CLIP zero-shot convention (100)"
-
-
 ROW_FIELDS = ("ece", "nll", "temperature", "ece_at_t", "nll_at_t")
 
 
@@ -162,7 +130,7 @@ def model_logit_scales(model) -> dict:
     """``{score: (scale, source)}`` of :func:`model_logit_scale` for every score name."""
     from zsprob.zeroshot.options import SCORES
 
-    found = _scale_of(model)
+    found = logit_scale_of(model)
     return {s: model_logit_scale(model, s, found) for s in SCORES}
 
 

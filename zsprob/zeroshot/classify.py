@@ -218,11 +218,11 @@ SELECTIVE_ROWS = ("all", "auto")
 
 def _selective(selections: dict, feats: ImageFeatures, score: str, logit_scales: dict | None, unc_weight: float):
     """Per headline row: which confidence score best tells right zero-shot predictions from wrong ones
-    (:mod:`zsprob.zeroshot.selective`), at the model's logit scale for ``score``."""
+    (:mod:`zsprob.utils.selective`), at the model's logit scale for ``score``."""
     import torch
 
     from zsprob.zeroshot.metrics import class_scores
-    from zsprob.zeroshot.selective import selective_report, zeroshot_confidences
+    from zsprob.utils.selective import selective_report, zeroshot_confidences
 
     scale = (logit_scales or {}).get(score, (100.0, ""))[0]
     out = {}
