@@ -56,8 +56,7 @@ def save(model, path: str | os.PathLike, extra: dict | None = None, *,
     wpath = d / WEIGHTS_NAME
     extra = dict(extra or {})
     cfg = dict(model.config)
-    tokenizer = _copy_tokenizer(getattr(getattr(model, "tokenizer", None), "directory", None) or
-                                cfg.get("tokenizer_dir"), d / TOKENIZER_DIR)
+    tokenizer = _copy_tokenizer(tokenizer_directory(model), d / TOKENIZER_DIR)
     meta: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -83,6 +82,11 @@ def save(model, path: str | os.PathLike, extra: dict | None = None, *,
 
 #: the folder in a checkpoint that holds a copy of its Hugging Face tokenizer (as transformers saves one)
 TOKENIZER_DIR = "tokenizer"
+
+
+def tokenizer_directory(model) -> str | None:
+    """The local Hugging Face tokenizer directory the model reads (a loaded checkpoint's own copy), or None."""
+    return getattr(getattr(model, "tokenizer", None), "directory", None) or model.config.get("tokenizer_dir")
 
 
 def _copy_tokenizer(source, into: Path) -> dict | None:

@@ -74,7 +74,9 @@ def _split_state(model) -> tuple[dict, dict]:
 def _tokenizer_files(model) -> list[Path]:
     """The files of the model's Hugging Face tokenizer directory, the copy it was loaded from (none for open_clip's
     built-in tokenizers)."""
-    d = getattr(model.tokenizer, "directory", None) or model.config.get("tokenizer_dir")
+    from zsprob.models.checkpoint import tokenizer_directory
+
+    d = tokenizer_directory(model)
     if not d:
         return []
     return sorted(f for f in Path(d).iterdir() if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES)

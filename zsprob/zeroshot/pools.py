@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from zsprob.errors import UserError
-from zsprob.zeroshot.prompts import PromptBank, cache_stem, content_key, read_cache, write_cache
+from zsprob.zeroshot.prompts import PromptBank, cache_stem, content_key, cut_apart, read_cache, write_cache
 
 POOL_FORMAT = 1
 
@@ -87,11 +87,10 @@ def check_pools_survive(tokens, pools: list[list[str]], classnames, tokenizer, s
         j = first.setdefault(g, i)
         if owner[j] == owner[i]:
             continue
-        try:
-            roomy = tokenizer([texts[j], texts[i]], context_length=max(4096, 4 * tokens.shape[1]))
-        except TypeError:  # a tokenizer without the keyword: cannot tell a cut from a shared reading
+        apart = cut_apart(tokenizer, texts[j], texts[i], tokens.shape[1])
+        if apart is None:
             return
-        if bool((roomy[0] != roomy[1]).any()):
+        if apart:
             raise UserError(f"{source}: {texts[i][:60]!r} ({classnames[owner[i]]!r}) and {texts[j][:60]!r} "
                             f"({classnames[owner[j]]!r}) are cut at the tokenizer's {tokens.shape[1]} tokens to "
                             "the same prompt; shorten them")

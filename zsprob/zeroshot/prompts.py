@@ -280,6 +280,17 @@ def write_cache(stem: Path | None, tensors: dict, meta: dict) -> None:
     atomic_write_json(stem.with_suffix(".json"), meta)
 
 
+def cut_apart(tokenizer, a: str, b: str, length: int) -> bool | None:
+    """Whether texts that read alike at ``length`` tokens differ when tokenised with room to spare (the cut hid
+    what told them apart); None for a tokenizer without the keyword, which cannot tell a cut from a shared
+    reading."""
+    try:
+        roomy = tokenizer([a, b], context_length=max(4096, 4 * length))
+    except TypeError:
+        return None
+    return bool((roomy[0] != roomy[1]).any())
+
+
 def check_class_names_survive(tokens, classnames: Sequence[str], templates: Sequence[str], tokenizer) -> None:
     """One UserError line when the tokenizer's context length cuts a template before the class names differ
     (two classes would get one prompt). ``tokens``: [C * T, L], class-major, from ``tokenizer``. Rows that
@@ -297,12 +308,10 @@ def check_class_names_survive(tokens, classnames: Sequence[str], templates: Sequ
             names = list(dict.fromkeys(classnames[i] for i in members))
             if len(names) < 2:
                 continue
-            texts = [render(templates[t], name) for name in names[:2]]
-            try:
-                roomy = tokenizer(texts, context_length=max(4096, 4 * rows.shape[1]))
-            except TypeError:  # a tokenizer without the keyword: cannot tell a cut from a shared reading
+            apart = cut_apart(tokenizer, *(render(templates[t], name) for name in names[:2]), rows.shape[1])
+            if apart is None:
                 return
-            if not bool((roomy[0] != roomy[1]).any()):
+            if not apart:
                 continue
             raise UserError(f"template {t + 1} ({templates[t][:60]!r}) is cut at the tokenizer's {rows.shape[1]} "
                             f"tokens before the class names differ: {names[0]!r} and {names[1]!r} get the same "

@@ -43,9 +43,15 @@ def read_manifest(out: Path) -> dict | None:
 
 
 def damaged_files(out: str | os.PathLike, checksums: dict) -> list[str]:
-    """The recorded files that are missing or whose size or SHA-256 differs from ``checksums``, sorted."""
-    found = file_checksums(out)
-    return sorted(rel for rel, want in checksums.items() if found.get(rel) != want)
+    """The recorded files that are missing or whose size or SHA-256 differs from ``checksums``, sorted (only the
+    recorded files are read, and a file of another size is not hashed)."""
+    out = Path(out)
+
+    def intact(rel: str, want) -> bool:
+        f = out / rel
+        return (isinstance(want, dict) and f.is_file() and f.stat().st_size == want.get("size")
+                and {"size": want.get("size"), "sha256": sha256_file(f)} == want)
+    return sorted(rel for rel, want in checksums.items() if not intact(rel, want))
 
 
 _VERIFIED: set[tuple[str, str]] = set()
@@ -53,19 +59,16 @@ _VERIFIED: set[tuple[str, str]] = set()
 
 def verify_recorded(out: str | os.PathLike, prefixes: tuple[str, ...]) -> None:
     """Check the files of ``out`` under ``prefixes`` (e.g. ``retrieval/test_``) against the SHA-256 its manifest
-    records, once per process: an evaluation reads what the world wrote, or says which file changed."""
+    records (:func:`damaged_files`), once per process: an evaluation reads what the world wrote, or says which
+    file changed."""
     out = Path(out).resolve()
-    recorded = (read_manifest(out) or {}).get("checksums") or {}
-    for prefix in prefixes:
-        if (str(out), prefix) in _VERIFIED:
-            continue
-        for rel, want in recorded.items():
-            if rel.startswith(prefix) and isinstance(want, dict):
-                f = out / rel
-                if not f.is_file() or f.stat().st_size != want.get("size") or sha256_file(f) != want.get("sha256"):
-                    raise UserError(f"{f} is not the file this SynthWorld recorded (missing, or its size or SHA-256 "
-                                    f"differs from manifest.json); {REGENERATE}")
-        _VERIFIED.add((str(out), prefix))
+    todo = tuple(p for p in prefixes if (str(out), p) not in _VERIFIED)
+    recorded = ((read_manifest(out) or {}).get("checksums") or {}) if todo else {}
+    damaged = damaged_files(out, {rel: want for rel, want in recorded.items() if rel.startswith(todo)})
+    if damaged:
+        raise UserError(f"{out / damaged[0]} is not the file this SynthWorld recorded (missing, or its size or "
+                        f"SHA-256 differs from manifest.json); {REGENERATE}")
+    _VERIFIED.update((str(out), p) for p in todo)
 
 
 def broken_shards(out: str | os.PathLike) -> list[str]:
