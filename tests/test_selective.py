@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from zsprob.utils.selective import aurc, risk_coverage, selective_metrics, selective_report, zeroshot_confidences
+from zsprob.utils.selective import (aurc, risk_coverage, selective_metrics, selective_report, sigma_confidence,
+                                    softmax_confidences)
 
 
 def test_risk_coverage_and_aurc_of_a_small_case():
@@ -66,7 +67,8 @@ def test_zeroshot_confidences_by_hand():
     scores = torch.tensor([[0.2, 0.1, -0.1], [0.0, 0.3, 0.29]], dtype=torch.float64)
     logvar_img = torch.log(torch.tensor([[0.5, 0.5], [1.0, 2.0]]))
     logvar_cls = torch.log(torch.tensor([[1.0, 1.0], [0.1, 0.1], [3.0, 3.0]]))
-    c = zeroshot_confidences(scores, 10.0, logvar_img, logvar_cls)
+    c = {**softmax_confidences(scores, 10.0), "image_sigma2": sigma_confidence(logvar_img),
+         "class_sigma2": sigma_confidence(logvar_cls)[scores.argmax(1).numpy()]}
     p = np.exp(10 * scores.numpy())
     p /= p.sum(1, keepdims=True)
     assert c["msp"] == pytest.approx(p.max(1)) and c["entropy"] == pytest.approx((p * np.log(p)).sum(1))

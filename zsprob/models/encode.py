@@ -46,7 +46,11 @@ def _encode_all(model, encode, batches: Iterable[torch.Tensor], device, precisio
     want_sigma = with_sigma and not model.deterministic
     was_training = model.training
     model.eval()
-    pending, done = ([], []), ([], [])
+    pending, done = ([], []), ([], [])  # (means, log-variances) on the device / on the host
+
+    def flush():
+        for part, out in zip(pending, done):
+            _to_host(part, out)
     try:
         for batch in batches:
             with autocast:
@@ -55,10 +59,8 @@ def _encode_all(model, encode, batches: Iterable[torch.Tensor], device, precisio
             if lv is not None:
                 pending[1].append(lv)
             if len(pending[0]) == HOST_COPY_EVERY:
-                for part, out in zip(pending, done):
-                    _to_host(part, out)
-        for part, out in zip(pending, done):
-            _to_host(part, out)
+                flush()
+        flush()
     finally:
         model.train(was_training)
     mus, lvs = (torch.cat(out, 0) if out else torch.zeros(0, model.embed_dim) for out in done)

@@ -248,16 +248,15 @@ def selective_block(scores: PairScores, per_query: dict, emb, logit_scale: float
     """Per direction of the recall benchmark: which confidence flags a query whose top-1 item is not a positive
     (:mod:`zsprob.utils.selective`): the softmax baselines over the query's row at ``logit_scale``, its
     top-1 score (a monotone function of PCME++'s match probability) and, with sigma^2, the query's."""
-    from zsprob.utils.selective import selective_report, zeroshot_confidences
+    from zsprob.utils.selective import selective_report, sigma_confidence, softmax_confidences
 
     out = {}
     for d, pq in per_query.items():
         queries = torch.as_tensor(np.asarray(pq["queries"]), dtype=torch.long)
         rows = (scores.i2t if d == "i2t" else scores.t2i)[queries].double()
         logvar = emb.image_logvar if d == "i2t" else emb.caption_logvar
-        conf = zeroshot_confidences(rows, logit_scale, None if logvar is None else logvar[queries])
-        conf["top1_score"] = rows.max(1).values.numpy()
-        if "image_sigma2" in conf:
-            conf["query_sigma2"] = conf.pop("image_sigma2")
+        conf = {**softmax_confidences(rows, logit_scale), "top1_score": rows.max(1).values.numpy()}
+        if logvar is not None:
+            conf["query_sigma2"] = sigma_confidence(logvar[queries])
         out[d] = selective_report(np.asarray(pq["r@1"]) > 0, conf, n_boot=n_boot)
     return out

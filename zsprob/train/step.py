@@ -285,17 +285,17 @@ def step_verdict(run: Run, check: torch.Tensor, found_inf: torch.Tensor | None =
     """(whether ``check`` is finite on every process, whether any found an fp16 overflow): the step's one host
     read. With several processes the same reduction says whether any has no next batch (the cursor fetches
     it now) or has received a stop signal, so that all move to the next epoch, or stop after this step, together."""
-    flags = [check] if found_inf is None else [check, found_inf.to(check.dtype)]
+    flags = [check, check.new_zeros(()) if found_inf is None else found_inf.to(check.dtype)]
     if run.world == 1:
-        values = torch.stack(flags).tolist()
-        return math.isfinite(values[0]), len(values) > 1 and values[1] > 0
+        check_value, overflow = torch.stack(flags).tolist()
+        return math.isfinite(check_value), overflow > 0
     missing = fetch(run, ahead=True)
     signalled = getattr(resilience.StopSignals.active, "received", None) is not None
     flags += [torch.full_like(check, float(missing)), torch.full_like(check, float(signalled))]
-    *values, missing_share, signalled_share = dist.mean_across(torch.stack(flags)).tolist()
+    check_mean, overflow_share, missing_share, signalled_share = dist.mean_across(torch.stack(flags)).tolist()
     run.cursor.agree(missing_share > 0)
     run.counters.stop_anywhere = signalled_share > 0
-    return math.isfinite(values[0]), len(values) > 1 and values[1] > 0
+    return math.isfinite(check_mean), overflow_share > 0
 
 
 def count_outcome(run: Run, finite: bool, loss: torch.Tensor, step: int, what: str) -> None:

@@ -15,10 +15,9 @@ import torch
 
 from zsprob.errors import UserError
 
-__all__ = ["risk_coverage", "aurc", "selective_metrics", "selective_report", "zeroshot_confidences", "SCORES"]
+__all__ = ["risk_coverage", "aurc", "selective_metrics", "selective_report", "softmax_confidences",
+           "sigma_confidence"]
 
-#: the zero-shot confidence scores (deterministic baselines first; sigma^2 ones need a model with sigma)
-SCORES = ("msp", "entropy", "margin", "image_sigma2", "class_sigma2")
 COVERAGES = (0.8, 0.5)
 
 
@@ -93,16 +92,16 @@ def _ci(values: np.ndarray) -> list:
     return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if len(values) else [None, None]
 
 
-def zeroshot_confidences(scores: torch.Tensor, logit_scale: float, image_logvar=None, class_logvar=None) -> dict:
-    """Confidence per image from [N, C] class scores: maximum softmax probability at ``logit_scale``, negative
-    entropy, top-1 minus top-2 probability; with sigma^2, minus the image's ||sigma^2||_1 and minus the
-    predicted class prompt's."""
+def softmax_confidences(scores: torch.Tensor, logit_scale: float) -> dict:
+    """The deterministic baselines per row of [N, C] scores: maximum softmax probability at ``logit_scale``,
+    negative entropy, top-1 minus top-2 probability."""
     p = torch.softmax(logit_scale * scores.double(), dim=1)
     top = p.topk(min(2, p.shape[1]), dim=1).values
     out = {"msp": top[:, 0], "entropy": (p * p.clamp_min(1e-300).log()).sum(1),
            "margin": top[:, 0] - (top[:, 1] if top.shape[1] > 1 else 0.0)}
-    if image_logvar is not None:
-        out["image_sigma2"] = -image_logvar.double().exp().sum(1)
-    if class_logvar is not None:
-        out["class_sigma2"] = -class_logvar.double().exp().sum(1)[scores.argmax(1)]
     return {k: v.numpy() for k, v in out.items()}
+
+
+def sigma_confidence(logvar: torch.Tensor):
+    """Minus ||sigma^2||_1 per row: the more certain embedding is the more trusted."""
+    return (-logvar.double().exp().sum(1)).numpy()

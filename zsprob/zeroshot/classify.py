@@ -222,7 +222,7 @@ def _selective(selections: dict, feats: ImageFeatures, score: str, logit_scales:
     import torch
 
     from zsprob.zeroshot.metrics import class_scores
-    from zsprob.utils.selective import selective_report, zeroshot_confidences
+    from zsprob.utils.selective import selective_report, sigma_confidence, softmax_confidences
 
     scale = (logit_scales or {}).get(score, (100.0, ""))[0]
     out = {}
@@ -230,8 +230,12 @@ def _selective(selections: dict, feats: ImageFeatures, score: str, logit_scales:
         sel = selections[name]
         s = class_scores(feats.mu, feats.logvar, sel, score=score, unc_weight=unc_weight)
         correct = (s.argmax(1) == torch.as_tensor(feats.labels).long()).numpy()
-        out[name] = selective_report(correct, zeroshot_confidences(s, scale, feats.logvar, sel.class_logvar),
-                                     n_boot=300)
+        conf = softmax_confidences(s, scale)
+        if feats.logvar is not None:
+            conf["image_sigma2"] = sigma_confidence(feats.logvar)
+        if sel.class_logvar is not None:  # the predicted class's prompt
+            conf["class_sigma2"] = sigma_confidence(sel.class_logvar)[s.argmax(1).numpy()]
+        out[name] = selective_report(correct, conf, n_boot=300)
     return out
 
 
