@@ -53,6 +53,8 @@ BASES: dict[str, list[str]] = {
                        "--device", "cpu", "--workers", "0", "--out", OUT + "/selection.json"],
     "zeroshot": ["zeroshot", "synthetic", "--checkpoint", "{CKPT}", "--root", "{WORLD}", "--device", "cpu",
                  "--workers", "0", "--out", OUT + "/zeroshot.json"],
+    "probe": ["probe", "synthetic", "--checkpoint", "{CKPT}", "--root", "{WORLD}", "--device", "cpu",
+              "--workers", "0", "--seeds", "1", "--out", OUT + "/probe.json"],
     "eval coco": ["eval", "coco", "--embeddings", "{EMB}", "--out", OUT + "/metrics.json"],
     "eval embeddings": ["eval", "embeddings", "{EMB}", "--out", OUT + "/metrics.json"],
     "eval rankings": ["eval", "rankings", "--i2t", "{I2T}", "--t2i", "{T2I}", "--out", OUT + "/metrics.json"],
@@ -99,6 +101,7 @@ STRINGS: dict[str, list[str]] = {
     "format": ["no-such-format", ""],
     "feature_file": ["{GARBAGE}", "{EMPTY_FILE}", "{EMPTY_DIR}"],
     "resume_from": ["{MISSING}", "{EMPTY_DIR}"],
+    "kshots": ["abc", "0", "1,x", "-2", "1000"],
 }
 #: commands whose arguments another program parses (CLIP_benchmark's own command line)
 PASSED_ON = {"clip-benchmark"}

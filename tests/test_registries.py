@@ -142,7 +142,7 @@ def test_a_registered_strategy_reaches_dispatch_and_compare_and_sees_only_its_da
 
     res = compare_on_features(bank, ev, sel_f)
     names = [row["name"] for row in res["rows"]]
-    assert names == list(order) and not res["rows"][names.index("mine")].get("skipped")
+    assert names == [*order, "linear-probe", "tip-adapter"] and not res["rows"][names.index("mine")].get("skipped")
     without_split = compare_on_features(bank, ev, None)
     assert {r["name"]: r.get("skipped") for r in without_split["rows"]}["mine"] == "no labelled selection split"
 

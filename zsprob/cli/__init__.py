@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "select-prompts": ("zsprob.cli.select_prompts", "select_prompts",
                        "Rank prompt templates by text uncertainty and select them per class."),
     "zeroshot": ("zsprob.cli.zeroshot", "zeroshot", "Zero-shot classification with selected prompts."),
+    "probe": ("zsprob.cli.probe", "probe", "Linear-probe baseline on frozen image embeddings (full, k-shot)."),
     "eval": ("zsprob.cli.eval", "eval_", "Retrieval evaluation (COCO 1K/5K, CxC, ECCV, PMRP, SynthWorld)."),
     "index": ("zsprob.cli.index", "index", "Build and search exact / approximate CSD indexes (FAISS)."),
     "convert": ("zsprob.cli.convert", "convert", "Convert a published ProLIP / PCME++ checkpoint to zsprob's format."),

@@ -172,9 +172,10 @@ def refuse_overwriting_inputs(outputs: dict, inputs: dict, *, checkpoint=None, p
     check_outputs_apart(outputs, {**model_files, **inputs}, {**model_dirs, **(dirs or {})}, data)
 
 
-def check_prompt_outputs(opts: dict, beside=()) -> Path:
-    """The cache folder of ``select-prompts`` / ``zeroshot`` (--cache-dir, default cache/ next to --out),
-    checked; then one line when it, --out or a file ``beside`` --out would destroy an input. Returns it."""
+def check_prompt_outputs(opts: dict, beside=(), roots: dict | None = None) -> Path:
+    """The cache folder of ``select-prompts`` / ``zeroshot`` / ``probe`` (--cache-dir, default cache/ next to
+    --out), checked; then one line when it, --out or a file ``beside`` --out would destroy an input or a data
+    root (``roots``, default --root and --select-root). Returns it."""
     from zsprob.utils.checks import check_output
 
     out, given = opts["out"], opts["cache_dir"]
@@ -186,7 +187,7 @@ def check_prompt_outputs(opts: dict, beside=()) -> Path:
     inputs = {f"--{name.replace('_', '-')}": opts.get(name) for name in ("prompts", "templates", "classes",
                                                                          "class_prompts")}
     refuse_overwriting_inputs(outputs, inputs, checkpoint=opts["checkpoint"], pretrained=opts["pretrained"],
-                              data={"--root": opts["root"], "--select-root": opts["select_root"]})
+                              data=roots or {"--root": opts["root"], "--select-root": opts["select_root"]})
     return cache
 
 

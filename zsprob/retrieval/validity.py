@@ -35,13 +35,13 @@ def _rowwise_spearman(x_ranks_rows: np.ndarray, y_ranks_rows: np.ndarray) -> np.
 def bootstrap_spearman(x, y, *, n_boot: int = N_BOOTSTRAP, seed: int = 0, level: float = 0.95) -> dict:
     """Spearman's rho of (x, y) with a percentile bootstrap interval over resampled pairs (all resamples
     ranked at once, ties averaged): ``{"rho", "lo", "hi", "n"}``, NaN with fewer than 3 items or a constant input."""
-    from scipy.stats import rankdata
+    from scipy.stats import rankdata, spearmanr
 
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     n = len(x)
     if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return {"rho": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": int(n)}
-    rho = float(_rowwise_spearman(rankdata(x)[None], rankdata(y)[None])[0])
+    rho = float(spearmanr(x, y).statistic)
     rng = np.random.default_rng([int(seed), n])
     idx = rng.integers(0, n, size=(n_boot, n))
     boot = _rowwise_spearman(rankdata(x[idx], axis=1), rankdata(y[idx], axis=1))

@@ -163,12 +163,13 @@ def _compare_row(name, bank, eval_feats, select, request: ZeroShotRequest, data:
 def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeatures | None = None,
                         request: ZeroShotRequest | None = None, *, strategies=None, out_dir=None,
                         model: dict | None = None, title: str = "", write_selections: bool = True,
-                        logit_scales: dict | None = None, **fields) -> dict:
+                        logit_scales: dict | None = None, label_baselines: bool = True, **fields) -> dict:
     """Every strategy (``strategies``, default the ``--compare`` order) on one prompt bank and one set of
     image embeddings, with the options of ``request`` (or its fields as keywords); with ``out_dir``, writes
     :data:`~zsprob.zeroshot.options.COMPARE_FILES` there. Returns ``{"rows", "table", "curves", "files", ...}``:
     a row per strategy with its metrics, protocol facts, paired test against ``all`` and calibration, or
-    ``skipped`` with the reason."""
+    ``skipped`` with the reason; with ``label_baselines``, then the linear probe and Tip-Adapter trained on the
+    selection split's labels (:mod:`zsprob.zeroshot.probe`)."""
     from zsprob.zeroshot.selection import select_all
 
     request = as_request(request, **fields)
@@ -185,7 +186,12 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
             selections[name], hits[name] = sel, row_hits
             row.update(row_calibration(sel, eval_feats, select_feats, score=score, logit_scales=logit_scales,
                                        unc_weight=request.unc_weight))
-    reference = hits["all"] if "all" in hits else top1_hits(select_all(bank), eval_feats, "cosine")
+    all_classifier = selections["all"] if "all" in selections else select_all(bank)  # CLIP's classifier
+    if label_baselines:
+        for row, row_hits in _label_baselines(all_classifier, eval_feats, select_feats, logit_scales):
+            rows.append(row)
+            hits[row["name"]] = row_hits
+    reference = hits["all"] if "all" in hits else top1_hits(all_classifier, eval_feats, "cosine")
     for row in rows:
         if not row.get("skipped"):
             row["paired_vs_all"] = paired_stats(hits[row["name"]], reference)
@@ -195,7 +201,6 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
         if select_feats is not None:
             curves["select"] = topk_curve(bank, select_feats, k_values)
         curves["reference"] = {r["name"]: r["metrics"]["top1"] for r in rows if not r.get("skipped")}
-    all_classifier = selections["all"] if "all" in selections else select_all(bank)  # CLIP's classifier
     result = {"rows": rows, "curves": curves, "deterministic": bank.deterministic, "score": score,
               "class_separation": class_separation(all_classifier.class_mu, bank.classnames),
               "n_eval": len(eval_feats), "n_select": None if select_feats is None else len(select_feats),
@@ -210,6 +215,18 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
     if out_dir is not None:
         result["files"] = _write_compare(Path(out_dir), result, title, write_selections)
     return result
+
+
+def _label_baselines(all_classifier, eval_feats: ImageFeatures, select_feats: ImageFeatures | None,
+                     logit_scales: dict | None) -> list:
+    """``[(row, hits)]`` of the label-using baselines, or their skipped rows without a selection split."""
+    from zsprob.zeroshot.probe import SELECT_AUDIT, label_baseline_rows
+
+    if select_feats is None:
+        return [({"name": name, "label": name, "skipped": "no labelled selection split", **SELECT_AUDIT}, None)
+                for name in ("linear-probe", "tip-adapter")]
+    scale = (logit_scales or {}).get("cosine", (100.0, ""))[0]
+    return label_baseline_rows(all_classifier, eval_feats, select_feats, logit_scale=scale)
 
 
 #: the rows whose predictions get a selective-prediction block: CLIP's all-80 and the flagship auto
@@ -231,6 +248,8 @@ def _selective(selections: dict, feats: ImageFeatures, score: str, logit_scales:
         s = class_scores(feats.mu, feats.logvar, sel, score=score, unc_weight=unc_weight)
         correct = (s.argmax(1) == torch.as_tensor(feats.labels).long()).numpy()
         conf = softmax_confidences(s, scale)
+        if score == "csd":  # the predicted class's -CSD: PCME++'s match probability is monotone in it
+            conf["top1_score"] = s.max(1).values.double().numpy()
         if feats.logvar is not None:
             conf["image_sigma2"] = sigma_confidence(feats.logvar)
         if sel.class_logvar is not None:  # the predicted class's prompt
@@ -492,3 +511,37 @@ def zeroshot_eval(model, request: ZeroShotRequest | None = None, **fields) -> di
             "score": score, **({"unc_weight": unc_weight} if score == "unc" else {}), "selection": sel_doc,
             "metrics": metrics, "class_separation": class_separation(sel.class_mu, sel.classnames),
             "images_from_cache": feats.from_cache}
+
+
+# ----------------------------------------------------------------------------- linear probe
+
+def run_probe(model, request: ZeroShotRequest | None = None, *, shots=None, seeds: int = 3, **fields) -> dict:
+    """``zsprob probe``: the linear probe (:mod:`zsprob.zeroshot.probe`) on the request's labelled training split
+    (its selection split: ``select_root``, a SynthWorld's classify/select, ImageNet's train/ beside val/), full
+    and k-shot, scored on its evaluation split; the k values are checked before anything is encoded."""
+    from zsprob import __version__
+    from zsprob.models.fingerprint import model_fingerprint
+    from zsprob.zeroshot.probe import class_counts, draw_shots, probe_on_features, shots_for
+
+    request = as_request(request, **fields)
+    if request.dataset == "imagenet" and request.select_root is None:
+        request = replace(request, select_root=request.root)
+    ev, tr = _splits(request, model)
+    if tr is None:
+        raise UserError("a linear probe needs labelled training images: pass --train-root (a folder per class)")
+    _same_classes(ev, tr)
+    targets = list(tr.dataset.targets)
+    ks, _ = shots_for(class_counts(targets, tr.classnames, "training split"), shots)
+    if ks:
+        draw_shots(targets, max(ks), 0, tr.classnames)  # k larger than a class: one line, before encoding
+    model_id = model_fingerprint(model)
+    train, test = encode_split(model, tr, model_id, request), encode_split(model, ev, model_id, request)
+    result = probe_on_features(train, test, shots=shots, seeds=seeds)
+    protocol = {"features": "L2-normalised image means", "classifier": "scikit-learn LogisticRegression (L-BFGS)",
+                "full": "C swept on 20% of each class held out, then refit on all training images",
+                "kshot": "k images per class per seed; C swept on up to min(k, 4) more per class", "seeds": seeds,
+                "reads_eval_labels": False, "labels_from": tr.source}
+    dataset = {"kind": request.dataset, "root": str(request.root), "source": test.source, "train_source": train.source,
+               "n_train": len(train), "skipped_unreadable_images": {"eval": test.skipped, "train": train.skipped}}
+    return {"zsprob_version": __version__, "dataset": dataset, "model": _model_meta(request, model_id),
+            "protocol": protocol, **result, "images_from_cache": test.from_cache and train.from_cache}

@@ -15,19 +15,16 @@ BOOTSTRAP_SEED = 0
 
 
 def mcnemar_exact(n10: int, n01: int) -> float:
-    """Exact two-sided McNemar p-value: the binomial test of n10 successes in n10 + n01 trials at 1/2."""
+    """Exact two-sided McNemar p-value: scipy's binomial test of n10 successes in n10 + n01 trials at 1/2
+    (1.0 without a discordant image)."""
+    from scipy.stats import binomtest
+
     n10, n01 = int(n10), int(n01)
     if n10 < 0 or n01 < 0:
         raise ValueError("discordant counts must be non-negative")
-    n = n10 + n01
-    if n == 0:
+    if n10 + n01 == 0:
         return 1.0
-    low = min(n10, n01)
-    log_terms = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) - n * math.log(2.0)
-                 for j in range(low + 1)]
-    top = max(log_terms)
-    tail = math.exp(top) * sum(math.exp(t - top) for t in log_terms)
-    return min(1.0, 2.0 * tail)
+    return float(binomtest(n10, n10 + n01, 0.5).pvalue)
 
 
 def bootstrap_ci(n10: int, n01: int, n: int, *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED,
