@@ -68,8 +68,12 @@ def test_fit_probe_sweeps_C_on_validation_then_refits_on_all():
     grid = (0.01, 1.0, 100.0)
     model, info = P.fit_probe(x[tr], y[tr], 3, val=(x[va], y[va]), c_grid=grid)
     sweep = info["c_sweep"]["val_accuracy"]
-    expected = [float((P.probe_scores(P._fit(x[tr], y[tr], C), x[va], 3).argmax(1) == y[va]).mean()) for C in grid]
-    assert sweep == expected and info["C"] == grid[int(np.argmax(expected))] and info["n_train"] == len(y)
+    logps = [P.probe_scores(P._fit(x[tr], y[tr], C), x[va], 3) for C in grid]
+    expected = [float((lp.argmax(1) == y[va]).mean()) for lp in logps]
+    nll = [float(-lp[np.arange(len(va)), y[va]].mean()) for lp in logps]
+    best = max(range(3), key=lambda i: (expected[i], -nll[i]))  # accuracy, then the lower log-loss
+    assert sweep == expected and info["c_sweep"]["val_log_loss"] == pytest.approx(nll)
+    assert info["C"] == grid[best] and info["n_train"] == len(y)
     refit = P._fit(x, y, info["C"])
     np.testing.assert_allclose(P.probe_scores(model, x, 3), P.probe_scores(refit, x, 3))
     _, alone = P.fit_probe(x, y, 3)

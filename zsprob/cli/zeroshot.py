@@ -78,7 +78,7 @@ def _echo_compare(res: dict) -> None:
     if res["deterministic"]:
         click.echo("(deterministic model: strategies that need sigma^2 were skipped)")
     for name, path in res.get("files", {}).items():
-        if name.endswith(("topk", "hist")):
+        if name.endswith(("topk", "hist", "coverage")):
             click.echo(f"figure: {path}")
 
 

@@ -112,7 +112,7 @@ def _retrieval(path: Path) -> dict | None:
            "i2t": cap.get("i2t"), "t2i": cap.get("t2i"), "rsum": cap.get("rsum"),
            "pm_i2t": pl.get("i2t"), "pm_t2i": pl.get("t2i"), "summary": d.get("summary"),
            "files": d.get("files", {}), "uncertainty_validity": d.get("uncertainty_validity"),
-           "validity_table": d.get("validity_table")}
+           "validity_table": d.get("validity_table"), "selective": d.get("selective")}
     if res["n_images"] and res["n_captions"]:
         # chance R@1: i2t has 5 positives among all captions, t2i one among all images
         res["chance_r1_i2t"] = 100.0 * 5 / res["n_captions"]
@@ -367,6 +367,10 @@ def _md_zeroshot(L: list[str], out: Path, r: dict) -> None:
         L.append("Accuracy when every class keeps its K most certain prompts (PCME++ Fig. C.1, left).\n")
         L.append(_img(out, files.get("per_class_k_hist"), "per-class K histogram"))
         L.append("How many prompts `auto` kept per class (PCME++ Fig. C.1, right).\n")
+        if files.get("risk_coverage"):
+            L.append(_img(out, files["risk_coverage"], "risk-coverage curves"))
+            L.append("Error among the predictions kept when the least confident are set aside, per confidence score "
+                     "(all-80; lower is better; the tables above give AURC and AUROC with intervals).\n")
     zi = r["zeroshot"].get("infonce")
     if zi:
         L.append("### InfoNCE baseline (deterministic: strategies that need sigma^2 are skipped)\n")
@@ -395,6 +399,13 @@ def _md_retrieval(L: list[str], out: Path, r: dict) -> None:
         chance = (rt.get("chance_r1_i2t"), rt.get("chance_r1_t2i"))
     if chance:
         L.append(f"\nChance R@1: {_f(chance[0], 2)}% (i2t), {_f(chance[1], 2)}% (t2i).\n")
+    for m, rt in r["retrieval"].items():
+        if rt and rt.get("selective"):
+            from zsprob.utils.selective import selective_table
+
+            L.append(f"Which score flags a query whose top-1 item is wrong, {METHOD_LABEL[m]} (AUROC of low "
+                     "confidence for an R@1 miss, bootstrap 95% intervals; docs/zeroshot.md, Selective prediction):"
+                     + selective_table(rt["selective"], items="queries", right="R@1") + "\n")
 
 
 def _md_uncertainty(L: list[str], out: Path, r: dict) -> None:

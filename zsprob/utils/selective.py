@@ -15,8 +15,8 @@ import torch
 
 from zsprob.errors import UserError
 
-__all__ = ["risk_coverage", "aurc", "selective_metrics", "selective_report", "softmax_confidences",
-           "sigma_confidence"]
+__all__ = ["risk_coverage", "aurc", "selective_metrics", "selective_report", "selective_by_group",
+           "selective_groups_table", "selective_table", "softmax_confidences", "sigma_confidence"]
 
 COVERAGES = (0.8, 0.5)
 
@@ -105,3 +105,89 @@ def softmax_confidences(scores: torch.Tensor, logit_scale: float) -> dict:
 def sigma_confidence(logvar: torch.Tensor):
     """Minus ||sigma^2||_1 per row: the more certain embedding is the more trusted."""
     return (-logvar.double().exp().sum(1)).numpy()
+
+
+def low_confidence_auroc(group_conf, reference_conf) -> float:
+    """P(a group item is less confident than a reference item), ties counted half: the AUROC of low
+    confidence for "in the group" (Mann-Whitney, exact with ties)."""
+    ref = np.sort(np.asarray(reference_conf, dtype=np.float64))
+    g = np.asarray(group_conf, dtype=np.float64)
+    above = len(ref) - np.searchsorted(ref, g, "right")
+    ties = np.searchsorted(ref, g, "right") - np.searchsorted(ref, g, "left")
+    return float((above + 0.5 * ties).sum() / (len(g) * len(ref)))
+
+
+def selective_by_group(correct, confidences: dict, groups, *, reference: str = "normal", flag_share: float = 0.2,
+                       n_boot: int = 300, seed: int = 0, min_items: int = 5) -> dict:
+    """Does each score flag a group of items (a SynthWorld rendering condition: blurry, dark, cropped, ...)?
+    Per group: n, accuracy, and per score the mean confidence, the share of the group among the ``flag_share``
+    least confident of all items, and the AUROC of low confidence for "in this group rather than in
+    ``reference``" (scikit-learn), each with a bootstrap 95% interval over the group's (and the reference's)
+    items. Groups of fewer than ``min_items`` items get n and accuracy only."""
+    from scipy.stats import rankdata
+    from sklearn.metrics import roc_auc_score
+
+    correct, groups = np.asarray(correct, dtype=bool), np.asarray(groups).astype(str)
+    if len(groups) != len(correct):
+        raise UserError(f"{len(groups)} group labels for {len(correct)} predictions")
+    n_flag = max(1, int(np.ceil(flag_share * len(correct))))
+    flagged = {s: rankdata(np.asarray(c, dtype=np.float64)) <= n_flag for s, c in confidences.items()}
+    rng = np.random.default_rng(seed)
+    ref = np.flatnonzero(groups == reference)
+    out = {}
+    for g in sorted(set(groups.tolist()), key=lambda name: (name != reference, name)):
+        idx = np.flatnonzero(groups == g)
+        entry = {"n": int(len(idx)), "accuracy": float(correct[idx].mean())}
+        if g != reference and len(idx) >= min_items and len(ref) >= min_items:
+            draws = [(rng.choice(idx, len(idx)), rng.choice(ref, len(ref))) for _ in range(int(n_boot))]
+            entry["scores"] = {}
+            for s, conf in confidences.items():
+                conf = np.asarray(conf, dtype=np.float64)
+                both = np.concatenate([idx, ref])
+                auroc = roc_auc_score(np.isin(both, idx), -conf[both])
+                entry["scores"][s] = {
+                    "mean_confidence": float(conf[idx].mean()),
+                    "flagged_share": {"value": float(flagged[s][idx].mean()),
+                                      "ci95": _ci(np.array([flagged[s][a].mean() for a, _ in draws]))},
+                    "auroc_vs_reference": {"value": float(auroc), "ci95": _ci(np.array(
+                        [low_confidence_auroc(conf[a], conf[b]) for a, b in draws]))}}
+        out[g] = entry
+    return {"reference": reference, "flag_share": flag_share, "n_boot": int(n_boot), "groups": out}
+
+
+def selective_groups_table(by_group: dict, scores=("msp", "image_sigma2")) -> str:
+    """Markdown: per group, n, accuracy, and per score the AUROC of low confidence against the reference group
+    and the share of the group among the least confident items."""
+    share = int(round(100 * by_group["flag_share"]))
+    head = ["condition", "n", "accuracy"] + [f"{s}: AUROC vs {by_group['reference']}" for s in scores] + \
+        [f"{s}: in lowest {share}%" for s in scores]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g, e in by_group["groups"].items():
+        cells = [g, str(e["n"]), f"{100 * e['accuracy']:.1f}"]
+        got = e.get("scores", {})
+        for key in ("auroc_vs_reference", "flagged_share"):
+            for s in scores:
+                v = got.get(s, {}).get(key)
+                cells.append("-" if v is None else f"{v['value']:.2f} [{v['ci95'][0]:.2f}, {v['ci95'][1]:.2f}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def selective_table(selective: dict, items: str = "images", right: str = "accuracy") -> str:
+    """Markdown: per report (a ``--compare`` row, a retrieval direction) and score, AURC and AUROC (wrong
+    prediction) with 95% intervals and the paired AUROC difference against maximum softmax probability."""
+    lines = []
+    for name, rep in selective.items():
+        lines += [f"\n\nSelective prediction, {name} ({rep['n']} {items}, {right} {100 * rep['accuracy']:.1f}%):",
+                  "| score | AURC | AUROC (wrong) | AUROC - msp | acc@80% | acc@50% |", "|---|---|---|---|---|---|"]
+        for s, e in rep["scores"].items():
+            d = e.get("minus_msp", {}).get("auroc")
+            diff = "-" if d is None else f"{d['value']:+.3f} [{_cell(d['ci95'][0])}, {_cell(d['ci95'][1])}]"
+            lines.append(f"| {s} | {e['aurc']['value']:.3f} | {e['auroc']['value']:.3f} "
+                         f"[{_cell(e['auroc']['ci95'][0])}, {_cell(e['auroc']['ci95'][1])}] | {diff} | "
+                         f"{100 * e['acc_at_80']['value']:.1f} | {100 * e['acc_at_50']['value']:.1f} |")
+    return "\n".join(lines)

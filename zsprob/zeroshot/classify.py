@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from zsprob.errors import UserError
+from zsprob.utils.selective import selective_table
 from zsprob.zeroshot.calibration import calibration_table, model_logit_scales, row_calibration
 from zsprob.zeroshot.features import ImageFeatures, Split, encode_split
 from zsprob.zeroshot.metrics import (class_separation, evaluate_selection, prompt_quality_diagnostic, top1_hits,
@@ -123,6 +124,20 @@ def _plots(out_dir: Path, curves: dict, selections: dict, title: str) -> dict:
     return files
 
 
+def _risk_coverage_plot(report: dict, path: Path, title: str) -> str:
+    """The risk-coverage curve of each confidence score of one row's selective-prediction report."""
+    from zsprob.report.plots import pyplot
+
+    fig, ax = pyplot().subplots(figsize=(5.5, 3.5))
+    for i, (name, entry) in enumerate(report["scores"].items()):
+        curve = entry["curve"]
+        ax.plot(curve["coverage"], [100 * r for r in curve["risk"]], color=f"C{i}",
+                label=f"{name} (AURC {entry['aurc']['value']:.3f})")
+    ax.axhline(100 * (1 - report["accuracy"]), ls=":", color="gray", lw=1, label="keep every prediction")
+    return _finish(fig, ax, "coverage (share of the most confident predictions kept)", "error among kept (%)",
+                   f"{title}: all-80, which score to trust", path)
+
+
 def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> str:
     from zsprob.report.plots import save_figure
 
@@ -163,13 +178,15 @@ def _compare_row(name, bank, eval_feats, select, request: ZeroShotRequest, data:
 def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeatures | None = None,
                         request: ZeroShotRequest | None = None, *, strategies=None, out_dir=None,
                         model: dict | None = None, title: str = "", write_selections: bool = True,
-                        logit_scales: dict | None = None, label_baselines: bool = True, **fields) -> dict:
+                        logit_scales: dict | None = None, label_baselines: bool = True,
+                        image_conditions: list[str] | None = None, **fields) -> dict:
     """Every strategy (``strategies``, default the ``--compare`` order) on one prompt bank and one set of
     image embeddings, with the options of ``request`` (or its fields as keywords); with ``out_dir``, writes
     :data:`~zsprob.zeroshot.options.COMPARE_FILES` there. Returns ``{"rows", "table", "curves", "files", ...}``:
     a row per strategy with its metrics, protocol facts, paired test against ``all`` and calibration, or
     ``skipped`` with the reason; with ``label_baselines``, then the linear probe and Tip-Adapter trained on the
-    selection split's labels (:mod:`zsprob.zeroshot.probe`)."""
+    selection split's labels (:mod:`zsprob.zeroshot.probe`). ``image_conditions`` (one name per evaluation
+    image, e.g. SynthWorld's rendering conditions) adds the selective-prediction breakdown by condition."""
     from zsprob.zeroshot.selection import select_all
 
     request = as_request(request, **fields)
@@ -208,8 +225,15 @@ def compare_on_features(bank, eval_feats: ImageFeatures, select_feats: ImageFeat
               "diagnostic_eval_labels": prompt_quality_diagnostic(bank, eval_feats, k_values),
               "min_detectable_effect": detectable_effect_summary(rows, len(eval_feats)),
               **({"unc_weight": request.unc_weight} if score == "unc" else {})}
-    result["selective"] = _selective(selections, eval_feats, score, logit_scales, request.unc_weight)
+    result["selective"], by_condition = _selective(selections, eval_feats, score, logit_scales, request.unc_weight,
+                                                   image_conditions)
     result["table"] = format_table(rows) + "\n\n" + calibration_table(rows) + selective_table(result["selective"])
+    if by_condition:
+        from zsprob.utils.selective import selective_groups_table
+
+        result["selective_by_condition"] = by_condition
+        result["table"] += "".join(f"\n\nBy rendering condition, {name} (does a low score flag the degraded "
+                                   f"images?):\n" + selective_groups_table(g) for name, g in by_condition.items())
     result["files"] = {}
     result["selections"] = selections
     if out_dir is not None:
@@ -233,16 +257,18 @@ def _label_baselines(all_classifier, eval_feats: ImageFeatures, select_feats: Im
 SELECTIVE_ROWS = ("all", "auto")
 
 
-def _selective(selections: dict, feats: ImageFeatures, score: str, logit_scales: dict | None, unc_weight: float):
+def _selective(selections: dict, feats: ImageFeatures, score: str, logit_scales: dict | None, unc_weight: float,
+               conditions: list[str] | None = None):
     """Per headline row: which confidence score best tells right zero-shot predictions from wrong ones
-    (:mod:`zsprob.utils.selective`), at the model's logit scale for ``score``."""
+    (:mod:`zsprob.utils.selective`), at the model's logit scale for ``score``; and with ``conditions``, which
+    flags the images of each condition. Returns ``(reports, by condition)``."""
     import torch
 
     from zsprob.zeroshot.metrics import class_scores
-    from zsprob.utils.selective import selective_report, sigma_confidence, softmax_confidences
+    from zsprob.utils.selective import selective_by_group, selective_report, sigma_confidence, softmax_confidences
 
     scale = (logit_scales or {}).get(score, (100.0, ""))[0]
-    out = {}
+    out, by_condition = {}, {}
     for name in (n for n in SELECTIVE_ROWS if n in selections):
         sel = selections[name]
         s = class_scores(feats.mu, feats.logvar, sel, score=score, unc_weight=unc_weight)
@@ -255,23 +281,9 @@ def _selective(selections: dict, feats: ImageFeatures, score: str, logit_scales:
         if sel.class_logvar is not None:  # the predicted class's prompt
             conf["class_sigma2"] = sigma_confidence(sel.class_logvar)[s.argmax(1).numpy()]
         out[name] = selective_report(correct, conf, n_boot=300)
-    return out
-
-
-def selective_table(selective: dict) -> str:
-    """Markdown: per headline row and score, AURC and AUROC (wrong prediction) with 95% intervals and the paired
-    AUROC difference against maximum softmax probability."""
-    lines = []
-    for name, rep in selective.items():
-        lines += [f"\n\nSelective prediction, {name} ({rep['n']} images, accuracy {100 * rep['accuracy']:.1f}%):",
-                  "| score | AURC | AUROC (wrong) | AUROC - msp | acc@80% | acc@50% |", "|---|---|---|---|---|---|"]
-        for s, e in rep["scores"].items():
-            d = e.get("minus_msp", {}).get("auroc")
-            diff = "-" if d is None else f"{d['value']:+.3f} [{_fmt(d['ci95'][0], 3)}, {_fmt(d['ci95'][1], 3)}]"
-            lines.append(f"| {s} | {e['aurc']['value']:.3f} | {e['auroc']['value']:.3f} "
-                         f"[{_fmt(e['auroc']['ci95'][0], 3)}, {_fmt(e['auroc']['ci95'][1], 3)}] | {diff} | "
-                         f"{100 * e['acc_at_80']['value']:.1f} | {100 * e['acc_at_50']['value']:.1f} |")
-    return "\n".join(lines)
+        if conditions is not None and name == "all":  # image sigma^2 is the same for every row
+            by_condition[name] = selective_by_group(correct, conf, conditions)
+    return out, by_condition
 
 
 def _write_compare(out_dir: Path, result: dict, title: str = "", write_selections: bool = True) -> dict:
@@ -280,6 +292,8 @@ def _write_compare(out_dir: Path, result: dict, title: str = "", write_selection
 
     out_dir.mkdir(parents=True, exist_ok=True)
     files = _plots(out_dir, result["curves"], result["selections"], title)
+    if result.get("selective", {}).get("all"):
+        files["risk_coverage"] = _risk_coverage_plot(result["selective"]["all"], out_dir / COMPARE_FILES[5], title)
     if write_selections:
         for name, sel in result["selections"].items():
             path = save_selection(sel, out_dir / COMPARE_FILES[4] / f"{name}.json", model=result["model"],
@@ -385,7 +399,8 @@ def compare_strategies(model, request: ZeroShotRequest | None = None, *, out_dir
     bank, ev, se, model_id = prepare(model, request)
     meta = _model_meta(request, model_id)
     title = f"{request.dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
-    res = compare_on_features(bank, ev, se, request, model=meta, logit_scales=model_logit_scales(model))
+    res = compare_on_features(bank, ev, se, request, model=meta, logit_scales=model_logit_scales(model),
+                              image_conditions=_conditions(request, model, ev))
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["skipped_unreadable_images"] = {"eval": ev.skipped, "select": se.skipped if se is not None else 0}
@@ -393,6 +408,17 @@ def compare_strategies(model, request: ZeroShotRequest | None = None, *, out_dir
                       "select_root": None if se is None else se.source}
     res["files"] = _write_compare(out_dir, res, title)
     return res
+
+
+def _conditions(request: ZeroShotRequest, model, feats: ImageFeatures) -> list[str] | None:
+    """SynthWorld's rendering condition of each evaluation image (None for other datasets, or when an
+    unreadable image was left out of the features)."""
+    if request.dataset != "synthetic" or feats.skipped:
+        return None
+    from zsprob.data.synthworld.readers import classify_conditions
+
+    split = _splits(request, model)[0]
+    return classify_conditions(request.root, split.name, [path for path, _ in split.dataset.samples])
 
 
 def _model_meta(request: ZeroShotRequest, model_id: str) -> dict:

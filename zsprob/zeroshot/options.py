@@ -17,7 +17,8 @@ from zsprob.zeroshot.strategy_registry import check_shots_split, get_strategy
 #: how an image is scored against a class (zsprob.zeroshot.metrics.class_scores)
 SCORES = ("cosine", "csd", "unc")
 #: what ``--compare`` writes into its folder (zsprob.zeroshot.classify.compare_on_features)
-COMPARE_FILES = ("compare.md", "compare.json", "accuracy_vs_topk.png", "per_class_k_hist.png", "selections")
+COMPARE_FILES = ("compare.md", "compare.json", "accuracy_vs_topk.png", "per_class_k_hist.png", "selections",
+                 "risk_coverage.png")
 #: the words ``--topk`` takes besides a number
 TOPK_WORDS = ("auto", "all", "oracle")
 

@@ -98,22 +98,25 @@ def probe_scores(model, x, n_classes: int) -> np.ndarray:
 
 
 def fit_probe(x, y, n_classes: int, *, val=None, c_grid=C_GRID, tol: float = 1e-4):
-    """``(model, info)``: C chosen by validation accuracy over ``c_grid`` (ties: the smaller C), then the probe
-    refit on train + validation at that C; without validation images, C = 1.0."""
+    """``(model, info)``: C chosen by validation accuracy over ``c_grid`` (ties, frequent on a few validation
+    images: the lower validation log-loss), then the probe refit on train + validation at that C; without
+    validation images, C = 1.0."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.int64)
-    sweep = []
+    sweep, losses = [], []
     if val is not None and len(val[1]):
         xv, yv = np.asarray(val[0], dtype=np.float64), np.asarray(val[1], dtype=np.int64)
         for C in c_grid:
-            pred = probe_scores(_fit(x, y, C, tol), xv, n_classes).argmax(1)
-            sweep.append(float((pred == yv).mean()))
-        best = float(c_grid[int(np.argmax(sweep))])
+            logp = probe_scores(_fit(x, y, C, tol), xv, n_classes)
+            sweep.append(float((logp.argmax(1) == yv).mean()))
+            losses.append(float(-logp[np.arange(len(yv)), yv].mean()))
+        best = float(c_grid[min(range(len(c_grid)), key=lambda i: (-sweep[i], losses[i]))])
         x, y = np.concatenate([x, xv]), np.concatenate([y, yv])
         how = "swept on held-out validation images, then refit on all"
     else:
         best, how = 1.0, "scikit-learn's default (no image left for validation)"
     model = _fit(x, y, best, tol)
-    info = {"C": best, "C_chosen_by": how, "c_sweep": {"C": list(c_grid), "val_accuracy": sweep} if sweep else None,
+    info = {"C": best, "C_chosen_by": how,
+            "c_sweep": {"C": list(c_grid), "val_accuracy": sweep, "val_log_loss": losses} if sweep else None,
             "n_train": int(len(y)), "converged": bool(model.converged_)}
     return model, info
 

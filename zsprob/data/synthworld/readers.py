@@ -123,3 +123,28 @@ def paired_split(n: int, paired_fraction: float, seed: int = 0) -> tuple[np.ndar
     k = max(1, int(round(float(paired_fraction) * n)))
     return np.sort(order[:k]), np.sort(order[k:])
 
+
+
+def classify_conditions(root: str | os.PathLike, part: str, paths) -> list[str]:
+    """The rendering condition (normal, blurry, dark, cropped, ...) of each SynthWorld classification image,
+    from the world's seed in ``root``'s manifest and the file name (``classify/<part>/<class>/<class>_<j>.jpg``
+    is world index j x len(SHAPES) + the class's index), without rendering."""
+    import re
+
+    from zsprob.data.synthworld.checks import read_manifest
+    from zsprob.data.synthworld.scene import SHAPES
+    from zsprob.data.synthworld.world import SynthWorld
+
+    manifest = read_manifest(Path(root))
+    if manifest is None or "seed" not in manifest:
+        raise UserError(f"{root} has no readable SynthWorld manifest.json with its seed")
+    world = SynthWorld(int(manifest["seed"]), int(manifest.get("image_size", 64)))
+    out = []
+    for path in paths:
+        p = Path(path)
+        found = re.fullmatch(r"(.+)_(\d+)\.jpg", p.name)
+        if found is None or found.group(1) != p.parent.name or p.parent.name not in SHAPES:
+            raise UserError(f"{p} is not a SynthWorld classification image (<class>/<class>_<number>.jpg)")
+        index = int(found.group(2)) * len(SHAPES) + SHAPES.index(p.parent.name)
+        out.append(world.scene(f"classify-{part}", index)[0]["condition"])
+    return out
