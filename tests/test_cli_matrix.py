@@ -71,6 +71,7 @@ BASES: dict[str, list[str]] = {
                        "--workers", "0", "--out", OUT + "/metrics.json"],
     "finetune flickr30k": ["finetune", "flickr30k", "--root", "{FLICKR}", "--out", OUT, "--model", "zsprob-tiny-bow",
                            "--pretrained", "null", "--steps", "1", "--batch-size", "2", "--no-progress"],
+    "reproduce": ["reproduce", "pcmepp-table1-eval", "--smoke", "--out", OUT],
     "demo": ["demo", "--out", OUT, "--quick"],
 }
 

@@ -117,7 +117,7 @@ def _assert_one_line(err: str, code: int, rc: int, signame: str) -> str:
     assert rc == code, (rc, err[-3000:])
     assert "Traceback" not in err and err.strip().count("\n") == 0, err[-3000:]
     line = err.strip()
-    assert line.startswith("zsprob: pre-empted: demo stopped during step 'pretrain-tiny'"), line
+    assert line.startswith("zsprob: pre-empted: stopped during step 'pretrain-tiny'"), line
     assert f"({signame}" in line and line.endswith("run the same command to resume"), line
     return line
 

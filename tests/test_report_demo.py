@@ -38,7 +38,7 @@ def test_steps_skip_when_done_and_rerun_when_arguments_change(tmp_path):
 def test_failing_step_is_one_clear_user_error(tmp_path):
     bad = Step("bad", "bad step", ["data", "synthetic", "--out", str(tmp_path / "x"), "--image-size", "16"],
                outputs=[tmp_path / "x" / "manifest.json"])
-    with pytest.raises(UserError, match="demo step 'bad' failed with exit code 2"):
+    with pytest.raises(UserError, match="step 'bad' failed with exit code 2"):
         run_steps(tmp_path, [bad], echo=lambda s: None, stream=False)
     assert not is_done(tmp_path, bad)
 

@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "convert": ("zsprob.cli.convert", "convert", "Convert a published ProLIP / PCME++ checkpoint to zsprob's format."),
     "posthoc": ("zsprob.cli.posthoc", "posthoc",
                 "Give a frozen model trained log-variance heads, its means untouched."),
+    "reproduce": ("zsprob.cli.reproduce", "reproduce",
+                  "Reproduce a published table (PCME++, ProLIP): paper figures beside measured ones."),
     "demo": ("zsprob.cli.demo", "demo", "Run the whole mission on SynthWorld and write a report."),
     "export": ("zsprob.cli.export", "export", "Export a zsprob model to an open_clip / Hugging Face directory."),
     "clip-benchmark": ("zsprob.cli.clip_benchmark", "clip_benchmark", "Run CLIP_benchmark with zsprob models."),

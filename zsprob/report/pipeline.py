@@ -108,7 +108,7 @@ class StopGuard:
             pass
 
     def stopped(self, where: str, detail: str = "", step: int = 0) -> Preempted:
-        return Preempted(f"demo stopped {where} ({self.received}{detail}); run the same command to resume",
+        return Preempted(f"stopped {where} ({self.received}{detail}); run the same command to resume",
                          exit_code=stop_exit_code(self.received), step=step)
 
     def check(self, where: str) -> None:
@@ -268,11 +268,11 @@ def _run_step(out: Path, step: Step, args: list[str], env: dict, stream: bool, g
     if rc != 0:
         lines = err.tail.strip().splitlines()[-1:] if not stream else []
         tail = f": {lines[0]}" if lines else ""
-        raise UserError(f"demo step '{step.name}' failed with exit code {rc}{tail} "
-                        f"(command: {step.command()}); fix it and run the demo again to resume")
+        raise UserError(f"step '{step.name}' failed with exit code {rc}{tail} "
+                        f"(command: {step.command()}); fix it and run the same command again to resume")
     missing = [str(p) for p in step.outputs if not Path(p).exists()]
     if missing:
-        raise UserError(f"demo step '{step.name}' finished but did not write {missing[0]}")
+        raise UserError(f"step '{step.name}' finished but did not write {missing[0]}")
     atomic_write_json(_marker(out, step), {"fingerprint": step.fingerprint(), "seconds": dt,
                                            "command": step.command()})
     return dt

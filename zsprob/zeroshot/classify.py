@@ -164,6 +164,8 @@ def _compare_row(name, bank, eval_feats, select, request: ZeroShotRequest, data:
         secs = time.perf_counter() - t0
     except NeedsSigma:
         return {"name": name, "label": name, "skipped": "needs sigma^2 (deterministic model)", **audit}, None, None
+    except UserError as e:  # this strategy's data falls short (e.g. a class without shots); the others still run
+        return {"name": name, "label": name, "skipped": str(e), **audit}, None, None
     score = request.score if sel.class_logvar is not None else "cosine"
     metrics = evaluate_selection(sel, eval_feats, score=score, unc_weight=request.unc_weight)
     row = {"name": name, "label": sel.label, "metrics": metrics, "uses_eval_labels": sel.uses_eval_labels, **audit,
@@ -250,7 +252,11 @@ def _label_baselines(all_classifier, eval_feats: ImageFeatures, select_feats: Im
         return [({"name": name, "label": name, "skipped": "no labelled selection split", **SELECT_AUDIT}, None)
                 for name in ("linear-probe", "tip-adapter")]
     scale = (logit_scales or {}).get("cosine", (100.0, ""))[0]
-    return label_baseline_rows(all_classifier, eval_feats, select_feats, logit_scale=scale)
+    try:
+        return label_baseline_rows(all_classifier, eval_feats, select_feats, logit_scale=scale)
+    except UserError as e:  # e.g. a class without a labelled image: the prompt strategies' rows still stand
+        return [({"name": name, "label": name, "skipped": str(e), **SELECT_AUDIT}, None)
+                for name in ("linear-probe", "tip-adapter")]
 
 
 #: the rows whose predictions get a selective-prediction block: CLIP's all-80 and the flagship auto
