@@ -223,3 +223,21 @@ def test_probe_command_end_to_end(folders, tmp_path):
                     "--shots")
     _one_line_error(run_cli(*common, "--out", tmp_path / "x.json"), "--train-root")
     assert not (tmp_path / "x.json").exists()
+
+
+def test_compare_skips_the_rows_whose_labels_miss_a_class():
+    """A selection split without an image of some class: the few-shot strategy and both baselines are listed as
+    skipped with the reason, every other row is scored (before, the whole --compare stopped)."""
+    from test_zeroshot_selection import make_world
+
+    from zsprob.zeroshot.classify import compare_on_features
+    from zsprob.zeroshot.features import ImageFeatures
+
+    bank, sel_f, ev = make_world(seed=2)
+    keep = sel_f.labels != 0
+    partial = ImageFeatures(sel_f.mu[keep], sel_f.logvar[keep], sel_f.labels[keep], sel_f.classnames)
+    res = compare_on_features(bank, ev, partial, strategies=["all", "auto", "bprw-fewshot"])
+    rows = {r["name"]: r for r in res["rows"]}
+    for name in ("bprw-fewshot", "linear-probe", "tip-adapter"):
+        assert "no image of class 'class0'" in rows[name]["skipped"], name
+    assert not rows["all"].get("skipped") and not rows["auto"].get("skipped")

@@ -41,13 +41,13 @@ TABLE1 = {
 OFFICIAL_ROW = {"ViT-B-32": "Ours + SWA", "ViT-B-16": "Ours w/ SWA", "ViT-L-14": "Ours"}
 #: the Table 1 row of each method trained by recipe pcmepp-table1-train (ViT-B/32)
 TRAIN_ROW = {"pcmepp": "Ours", "infonce": "InfoNCE", "pcme": "PCME"}
-#: PCME++ Table 6 (ViT-S/16 on RedCaps, PCME++): --compare row -> (paper top-1, what the paper's row is)
-TABLE6 = {"single": (8.58, '"A photo of {}"'), "all": (9.33, "All 80 prompts"),
-          "oracle-global": (9.37, "Top-K certain prompts (K = 13, chosen on the evaluation labels)"),
-          "oracle": (14.75, "Best top-K for each class (chosen on the evaluation labels)")}
-#: ProLIP's abstract, ViT-B/16 (DataComp, 12.8B seen samples)
-PROLIP = {"all": (74.6, "ImageNet zero-shot, ViT-B/16"),
-          "bprw-fewshot": (75.8, "with uncertainty-based prompt re-weighting, few-shot (evaluation images as shots)")}
+#: PCME++ Table 6 (ViT-S/16 on RedCaps, PCME++): the paper's row -> (the --compare row that measures it, top-1)
+TABLE6 = {'"A photo of {}"': ("single", 8.58), "All 80 prompts": ("all", 9.33),
+          "Top-K certain prompts (K = 13, chosen on the evaluation labels)": ("oracle-global", 9.37),
+          "Best top-K for each class (chosen on the evaluation labels)": ("oracle", 14.75)}
+#: ProLIP's abstract, ViT-B/16 (DataComp, 12.8B seen samples), the same way
+PROLIP = {"ImageNet zero-shot, ViT-B/16": ("all", 74.6),
+          "with uncertainty-based prompt re-weighting, few-shot (evaluation images as shots)": ("bprw-fewshot", 75.8)}
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ def compare_figures(ctx: Context) -> list[dict]:
     rows = {r["name"]: r for r in _read(ctx.out / "zeroshot" / "compare.json")["rows"]}
     table = TABLE6 if name == "pcmepp-table6" else PROLIP
     out = []
-    for strategy, (paper, what) in table.items():
+    for what, (strategy, paper) in table.items():
         r = rows.get(strategy, {})
         top1 = None if r.get("skipped") else (r.get("metrics") or {}).get("top1")
         line = _line("ImageNet top-1", paper, None, [top1], f"{strategy}: {what}")

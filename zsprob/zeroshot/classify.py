@@ -417,14 +417,17 @@ def compare_strategies(model, request: ZeroShotRequest | None = None, *, out_dir
 
 
 def _conditions(request: ZeroShotRequest, model, feats: ImageFeatures) -> list[str] | None:
-    """SynthWorld's rendering condition of each evaluation image (None for other datasets, or when an
-    unreadable image was left out of the features)."""
+    """SynthWorld's rendering condition of each evaluation image (None for other datasets, when an unreadable
+    image was left out of the features, or for a folder that is not a generated world: no breakdown then)."""
     if request.dataset != "synthetic" or feats.skipped:
         return None
     from zsprob.data.synthworld.readers import classify_conditions
 
     split = _splits(request, model)[0]
-    return classify_conditions(request.root, split.name, [path for path, _ in split.dataset.samples])
+    try:
+        return classify_conditions(request.root, split.name, [path for path, _ in split.dataset.samples])
+    except UserError:
+        return None
 
 
 def _model_meta(request: ZeroShotRequest, model_id: str) -> dict:
