@@ -86,3 +86,17 @@ def test_compare_on_synthworld_writes_the_breakdown_the_plot_and_the_baseline_ro
         assert rows[name]["paired_vs_all"]["n"] == 80
     assert (out.parent / "risk_coverage.png").stat().st_size > 1000
     assert "By rendering condition, all" in (out.parent / "compare.md").read_text()
+
+
+def test_flagged_share_breaks_ties_by_expectation():
+    from zsprob.utils.selective import flagged_probability
+
+    # a constant score flags every item with probability n_flag / n
+    assert np.allclose(flagged_probability(np.ones(10), 2), 0.2)
+    # 0.1 < (0.5 x 3) < 0.9 x 2 with 2 places: the lowest is in, the tie of three shares the one left
+    p = flagged_probability([0.5, 0.9, 0.1, 0.5, 0.9, 0.5], 2)
+    assert np.allclose(p, [1 / 3, 0, 1, 1 / 3, 0, 1 / 3]) and p.sum() == pytest.approx(2)
+    groups = ["normal"] * 5 + ["g"] * 5
+    out = selective_by_group(np.ones(10, dtype=bool), {"c": np.ones(10)}, groups, n_boot=20)
+    assert out["groups"]["g"]["scores"]["c"]["flagged_share"]["value"] == pytest.approx(0.2)
+    assert out["groups"]["g"]["scores"]["c"]["auroc_vs_reference"]["value"] == pytest.approx(0.5)

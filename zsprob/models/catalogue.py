@@ -133,6 +133,10 @@ MODELS: dict[str, Model] = {m.name: m for m in (
     Model("pcmepp-coco-ViT-B-16", _COCO_LAYOUTS, _COCO_RUN),
     Model("pcmepp-coco-ViT-L-14", _COCO_LAYOUTS, _COCO_RUN),
 )}
+#: the smallest model with sigma heads, which smoke runs use untrained (zsprob reproduce --smoke)
+SMOKE_MODEL = MODELS["zsprob-tiny-bow"].name
+#: the ProLIP model whose ImageNet zero-shot figure its paper's abstract gives
+PROLIP_PAPER_MODEL = MODELS["prolip-ViT-B-16"].name
 
 
 def default_model(kind: str, state: dict) -> str:

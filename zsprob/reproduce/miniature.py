@@ -89,5 +89,7 @@ def make_miniatures(root: Path, kinds) -> Path:
     if not (root / "model" / "zsprob.json").exists():  # the tiny model the smoke evaluations load
         from zsprob.models import create_model, save
 
-        save(create_model("zsprob-tiny-bow", seed=0), root / "model")
+        from zsprob.models.catalogue import SMOKE_MODEL
+
+        save(create_model(SMOKE_MODEL, seed=0), root / "model")
     return root

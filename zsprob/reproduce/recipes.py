@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zsprob.models.catalogue import PROLIP_PAPER_MODEL
+
 #: Table 1 columns, as ``zsprob eval coco`` names them in metrics.json's "summary"
 COCO_COLUMNS = ("ECCV mAP@R", "ECCV R-P", "ECCV R@1", "CxC R@1", "COCO 1K R@1", "COCO 5K R@1", "RSUM")
 
@@ -80,7 +82,7 @@ RECIPES = {r.name: r for r in (
            "PCME++ (ICLR 2024) Table 6, PCME++ rows", ("redcaps", "imagenet")),
     Recipe("prolip-zeroshot", "ProLIP published weights, ImageNet zero-shot and prompt re-weighting",
            "ProLIP (ICLR 2025) abstract: ViT-B/16 zero-shot and its few-shot prompt re-weighting", ("imagenet",),
-           ("prolip-ViT-B-16",), needs_pretrained=True),
+           (PROLIP_PAPER_MODEL,), needs_pretrained=True),
     Recipe("pcme-coco", "PCME (CVPR 2021) COCO 1K / 5K with its published checkpoints",
            "PCME (CVPR 2021) Table 3", ("coco",),
            unsupported="PCME's published checkpoints (naver-ai/pcme: ResNet-152 image tower, GloVe word vectors, "

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zsprob.errors import UserError
+from zsprob.models import catalogue
 from zsprob.report.pipeline import Step, run_steps
 from zsprob.utils.paths import configs_dir
 from zsprob.reproduce.recipes import (DATA, OFFICIAL_ROW, PREPARE, PROLIP, RECIPES, TABLE1, TABLE6, TRAIN_ROW,
                                       data_path)
 
 #: the smoke runs' stand-ins: the model, and the options that keep a training step small
-SMOKE_MODEL = ["--model", "zsprob-tiny-bow", "--pretrained", "null"]
+SMOKE_MODEL = ["--model", catalogue.SMOKE_MODEL, "--pretrained", "null"]
 SMOKE_TRAIN = ["--steps", "2", "--batch-size", "4", "--workers", "0", "--no-progress"]
 
 

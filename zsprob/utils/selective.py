@@ -16,7 +16,8 @@ import torch
 from zsprob.errors import UserError
 
 __all__ = ["risk_coverage", "aurc", "selective_metrics", "selective_report", "selective_by_group",
-           "selective_groups_table", "selective_table", "softmax_confidences", "sigma_confidence"]
+           "flagged_probability", "selective_groups_table", "selective_table", "softmax_confidences",
+           "sigma_confidence"]
 
 COVERAGES = (0.8, 0.5)
 
@@ -117,21 +118,31 @@ def low_confidence_auroc(group_conf, reference_conf) -> float:
     return float((above + 0.5 * ties).sum() / (len(g) * len(ref)))
 
 
+def flagged_probability(confidence, n_flag: int) -> np.ndarray:
+    """Per item, the probability of being among the ``n_flag`` least confident, ties broken by expectation (a
+    tie straddling the cut shares its remaining places evenly), so a constant score flags every item with
+    probability n_flag / n."""
+    conf = np.asarray(confidence, dtype=np.float64)
+    values, group, size = np.unique(conf, return_inverse=True, return_counts=True)
+    start = np.concatenate([[0], np.cumsum(size)[:-1]])  # items strictly less confident than each tie group
+    return np.clip((n_flag - start[group]) / size[group], 0.0, 1.0)
+
+
 def selective_by_group(correct, confidences: dict, groups, *, reference: str = "normal", flag_share: float = 0.2,
                        n_boot: int = 300, seed: int = 0, min_items: int = 5) -> dict:
     """Does each score flag a group of items (a SynthWorld rendering condition: blurry, dark, cropped, ...)?
     Per group: n, accuracy, and per score the mean confidence, the share of the group among the ``flag_share``
-    least confident of all items, and the AUROC of low confidence for "in this group rather than in
-    ``reference``" (scikit-learn), each with a bootstrap 95% interval over the group's (and the reference's)
-    items. Groups of fewer than ``min_items`` items get n and accuracy only."""
-    from scipy.stats import rankdata
+    least confident of all items (ties by expectation: :func:`flagged_probability`), and the AUROC of low
+    confidence for "in this group rather than in ``reference``" (scikit-learn), each with a bootstrap 95%
+    interval over the group's (and the reference's) items. Groups of fewer than ``min_items`` items get n and
+    accuracy only."""
     from sklearn.metrics import roc_auc_score
 
     correct, groups = np.asarray(correct, dtype=bool), np.asarray(groups).astype(str)
     if len(groups) != len(correct):
         raise UserError(f"{len(groups)} group labels for {len(correct)} predictions")
     n_flag = max(1, int(np.ceil(flag_share * len(correct))))
-    flagged = {s: rankdata(np.asarray(c, dtype=np.float64)) <= n_flag for s, c in confidences.items()}
+    flagged = {s: flagged_probability(c, n_flag) for s, c in confidences.items()}
     rng = np.random.default_rng(seed)
     ref = np.flatnonzero(groups == reference)
     out = {}
