@@ -15,9 +15,9 @@ from pathlib import Path
 from zsprob.errors import UserError
 from zsprob.models import catalogue
 from zsprob.report.pipeline import Step, run_steps
-from zsprob.utils.paths import configs_dir
 from zsprob.reproduce.recipes import (DATA, OFFICIAL_ROW, PREPARE, PROLIP, RECIPES, TABLE1, TABLE6, TRAIN_ROW,
                                       data_path)
+from zsprob.utils.paths import configs_dir
 
 #: the smoke runs' stand-ins: the model, and the options that keep a training step small
 SMOKE_MODEL = ["--model", catalogue.SMOKE_MODEL, "--pretrained", "null"]
