@@ -16,6 +16,16 @@ seeds = [int(a) for a in sys.argv[2:]] or [0, 1, 2]
 def load(p):
     return json.loads(Path(p).read_text())
 
+
+def auroc_cells(rep: dict) -> str:
+    """Each score's AUROC of a selective-prediction report, with its paired difference against msp."""
+    cells = []
+    for name, e in rep["scores"].items():
+        d = e.get("minus_msp", {}).get("auroc")
+        diff = "" if d is None else f" ({d['value']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}])"
+        cells.append(f"{name} {e['auroc']['value']:.3f}{diff}")
+    return "; ".join(cells)
+
 print("## zero-shot selective (row all): AUROC(wrong) and minus msp [95% CI]")
 for s in seeds:
     c = load(R / f"zs{s}" / "compare.json")
@@ -23,23 +33,13 @@ for s in seeds:
         rep = c["selective"].get(row)
         if not rep:
             continue
-        cells = []
-        for name, e in rep["scores"].items():
-            d = e.get("minus_msp", {}).get("auroc")
-            diff = "" if d is None else f" ({d['value']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}])"
-            cells.append(f"{name} {e['auroc']['value']:.3f}{diff}")
-        print(f"seed {s} {row} acc {100*rep['accuracy']:.1f}: " + "; ".join(cells))
+        print(f"seed {s} {row} acc {100*rep['accuracy']:.1f}: " + auroc_cells(rep))
 print("\n## retrieval selective (test split): AUROC(R@1 miss) and minus msp")
 for s in seeds:
     m = load(R / f"ev{s}" / "metrics.json")
     sel = m.get("selective") or {}
     for direction, rep in sel.items():
-        cells = []
-        for name, e in rep["scores"].items():
-            d = e.get("minus_msp", {}).get("auroc")
-            diff = "" if d is None else f" ({d['value']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}])"
-            cells.append(f"{name} {e['auroc']['value']:.3f}{diff}")
-        print(f"seed {s} {direction} R@1 {100*rep['accuracy']:.1f}: " + "; ".join(cells))
+        print(f"seed {s} {direction} R@1 {100*rep['accuracy']:.1f}: " + auroc_cells(rep))
 print("\n## label-using rows: top-1 and paired vs all [95% CI]")
 names = ["all", "global", "auto", "fusion-select", "bprw-fewshot", "linear-probe", "tip-adapter"]
 table = {n: [] for n in names}

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from test_zeroshot_cli import _folder  # three drawn shapes, a folder per class
 from zsprob.errors import UserError
 from zsprob.zeroshot import probe as P
 
@@ -162,28 +163,6 @@ def test_compare_rows_train_on_the_selection_split_only():
 
 # ----------------------------------------------------------------------------- the command
 
-CLASSES = ["circle", "square", "triangle"]
-
-
-def _folder(root, n, offset=0):
-    from PIL import Image, ImageDraw
-
-    for k, c in enumerate(CLASSES):
-        (root / c).mkdir(parents=True)
-        for i in range(n):
-            img = Image.new("RGB", (32, 32), (30 * ((i + offset) % 5), 80, 40 * k))
-            d = ImageDraw.Draw(img)
-            box = (6 + i % 3, 6, 26, 26 - i % 4)
-            if c == "circle":
-                d.ellipse(box, fill=(250, 250, 250))
-            elif c == "square":
-                d.rectangle(box, fill=(250, 250, 250))
-            else:
-                d.polygon([(16, 6), (6, 26), (26, 26)], fill=(250, 250, 250))
-            img.save(root / c / f"{i:03d}.png")
-    return root
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     from zsprob.models import create_model, save
@@ -191,7 +170,7 @@ def folders(tmp_path_factory):
     base = tmp_path_factory.mktemp("probe")
     torch.manual_seed(0)
     ckpt = save(create_model("zsprob-tiny"), base / "ckpt")
-    return {"ckpt": str(ckpt), "eval": _folder(base / "eval", 4), "train": _folder(base / "train", 5, 7)}
+    return {"ckpt": str(ckpt), "eval": _folder(base / "eval", 4), "train": _folder(base / "train", 5)}
 
 
 def _one_line_error(r, words):
