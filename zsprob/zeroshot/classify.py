@@ -406,7 +406,7 @@ def compare_strategies(model, request: ZeroShotRequest | None = None, *, out_dir
     meta = _model_meta(request, model_id)
     title = f"{request.dataset} zero-shot, {meta.get('name') or getattr(model, 'name', '')}"
     res = compare_on_features(bank, ev, se, request, model=meta, logit_scales=model_logit_scales(model),
-                              image_conditions=_conditions(request, model, ev))
+                              image_conditions=_conditions(request, ev))
     res["timings"] = {"total_seconds": time.perf_counter() - t0, "bank_encode_seconds": bank.encode_seconds,
                       "bank_from_cache": bank.from_cache, "eval_images_from_cache": ev.from_cache}
     res["skipped_unreadable_images"] = {"eval": ev.skipped, "select": se.skipped if se is not None else 0}
@@ -416,16 +416,15 @@ def compare_strategies(model, request: ZeroShotRequest | None = None, *, out_dir
     return res
 
 
-def _conditions(request: ZeroShotRequest, model, feats: ImageFeatures) -> list[str] | None:
-    """SynthWorld's rendering condition of each evaluation image (None for other datasets, when an unreadable
-    image was left out of the features, or for a folder that is not a generated world: no breakdown then)."""
-    if request.dataset != "synthetic" or feats.skipped:
+def _conditions(request: ZeroShotRequest, feats: ImageFeatures) -> list[str] | None:
+    """SynthWorld's rendering condition of each evaluation image (None for other datasets, or for a folder that
+    is not a generated world: no breakdown then)."""
+    if request.dataset != "synthetic" or feats.paths is None:
         return None
     from zsprob.data.synthworld.readers import classify_conditions
 
-    split = _splits(request, model)[0]
     try:
-        return classify_conditions(request.root, split.name, [path for path, _ in split.dataset.samples])
+        return classify_conditions(request.root, SPLIT_NAMES["synthetic"][0], feats.paths)
     except UserError:
         return None
 

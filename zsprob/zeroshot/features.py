@@ -46,7 +46,8 @@ class Split:
 
 @dataclass
 class ImageFeatures:
-    """Cached image embeddings of one split: ``mu`` [N, D], ``logvar`` [N, D] or None, ``labels`` [N]."""
+    """Cached image embeddings of one split: ``mu`` [N, D], ``logvar`` [N, D] or None, ``labels`` [N], and
+    ``paths`` [N] the image files in the same order (None when made from tensors alone)."""
 
     mu: torch.Tensor
     logvar: torch.Tensor | None
@@ -56,6 +57,7 @@ class ImageFeatures:
     from_cache: bool = False
     seconds: float = 0.0
     skipped: int = 0  # unreadable images the dataset left out (a folder's damaged files)
+    paths: list[str] | None = None
 
     @property
     def feats(self):
@@ -108,19 +110,21 @@ def encode_split(model, split: Split, model_id: str, request) -> ImageFeatures:
     key = content_key({"model": model_id, **ident})
     labels = torch.as_tensor(list(ds.targets), dtype=torch.long)
     skipped = len(getattr(ds, "skipped", ()))
+    paths = [str(path) for path, _ in ds.samples]
     stem = cache_stem(request.cache_dir, "images", key)
     cached = read_cache(stem, key)
     if cached is not None:
         tensors = cached[0]
         return ImageFeatures(tensors["mu"], tensors.get("logvar"), tensors["labels"], list(ds.classnames), split.source,
-                             from_cache=True, skipped=skipped)
+                             from_cache=True, skipped=skipped, paths=paths)
     from zsprob.models.encode import encode_images
 
     t0 = time.perf_counter()
     mu, logvar = encode_images(model, ds, batch_size=request.batch_size, device=request.device,
                                num_workers=request.num_workers, progress=request.progress, precision=precision)
     secs = time.perf_counter() - t0
-    feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), split.source, seconds=secs, skipped=skipped)
+    feats = ImageFeatures(mu, logvar, labels, list(ds.classnames), split.source, seconds=secs, skipped=skipped,
+                          paths=paths)
     write_cache(stem, {"mu": mu, "labels": labels, "logvar": logvar},
                 {"key": key, "model_id": model_id, **ident, "encode_seconds": secs})
     return feats
