@@ -138,17 +138,6 @@ def build_steps(ctx: Context) -> list[Step]:
 
 # ----------------------------------------------------------------------------- paper beside measured
 
-def _mean_se(values: list[float]) -> tuple[float | None, float | None]:
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(var / len(values))
-
-
 def _verdict(diff, paper, paper_se, measured_se) -> str:
     if diff is None:
         return "not measured on this data" if paper is not None else "no paper figure"
@@ -159,11 +148,15 @@ def _verdict(diff, paper, paper_se, measured_se) -> str:
 
 
 def _line(label: str, paper, paper_se, measured: list[float], row: str) -> dict:
-    mean, se = _mean_se(measured)
-    diff = None if mean is None or paper is None else mean - paper
-    return {"row": row, "metric": label, "paper": paper, "paper_se": paper_se, "measured": mean,
-            "measured_se": se, "n_runs": len([v for v in measured if v is not None]), "diff": diff,
-            "verdict": _verdict(diff, paper, paper_se, se)}
+    """One figure: the paper's beside the mean and SE over the runs that measured it (None: not measured)."""
+    from zsprob.zeroshot.probe import seed_summary
+
+    runs = [v for v in measured if v is not None]
+    over = seed_summary(runs) if runs else {"mean": None, "se": None}
+    diff = None if over["mean"] is None or paper is None else over["mean"] - paper
+    return {"row": row, "metric": label, "paper": paper, "paper_se": paper_se, "measured": over["mean"],
+            "measured_se": over["se"], "n_runs": len(runs), "diff": diff,
+            "verdict": _verdict(diff, paper, paper_se, over["se"])}
 
 
 def _read(path: Path) -> dict:

@@ -248,15 +248,17 @@ def _label_baselines(all_classifier, eval_feats: ImageFeatures, select_feats: Im
     """``[(row, hits)]`` of the label-using baselines, or their skipped rows without a selection split."""
     from zsprob.zeroshot.probe import SELECT_AUDIT, label_baseline_rows
 
-    if select_feats is None:
-        return [({"name": name, "label": name, "skipped": "no labelled selection split", **SELECT_AUDIT}, None)
+    def skipped(why: str) -> list:
+        return [({"name": name, "label": name, "skipped": why, **SELECT_AUDIT}, None)
                 for name in ("linear-probe", "tip-adapter")]
+
+    if select_feats is None:
+        return skipped("no labelled selection split")
     scale = (logit_scales or {}).get("cosine", (100.0, ""))[0]
     try:
         return label_baseline_rows(all_classifier, eval_feats, select_feats, logit_scale=scale)
     except UserError as e:  # e.g. a class without a labelled image: the prompt strategies' rows still stand
-        return [({"name": name, "label": name, "skipped": str(e), **SELECT_AUDIT}, None)
-                for name in ("linear-probe", "tip-adapter")]
+        return skipped(str(e))
 
 
 #: the rows whose predictions get a selective-prediction block: CLIP's all-80 and the flagship auto

@@ -121,6 +121,13 @@ def fit_probe(x, y, n_classes: int, *, val=None, c_grid=C_GRID, tol: float = 1e-
     return model, info
 
 
+def full_probe(x, y, classnames, split: str = "training split"):
+    """``(model, info)`` of the probe on every labelled image: C swept on the images :func:`hold_out` sets
+    aside, then refit on all of them."""
+    tr, va = hold_out(y, classnames, split=split)
+    return fit_probe(x[tr], y[tr], len(classnames), val=(x[va], y[va]))
+
+
 def tip_adapter_scores(zs_logits, x, shots_x, shots_y, n_classes: int, alpha: float, beta: float) -> np.ndarray:
     """Tip-Adapter's logits: zero-shot logits + alpha * sum over each class's shots of exp(-beta (1 - cos))."""
     affinity = np.exp(-beta * (1.0 - unit_rows(x) @ unit_rows(shots_x).T))
@@ -185,8 +192,7 @@ def probe_on_features(train, test, *, shots=None, seeds: int = 3) -> dict:
     xs, ys = unit_rows(train.mu), train.labels.numpy()
     xt, yt = unit_rows(test.mu), test.labels.numpy()
     ks, dropped = shots_for(class_counts(ys, names, "training split"), shots)
-    tr, va = hold_out(ys, names)
-    model, info = fit_probe(xs[tr], ys[tr], n_classes, val=(xs[va], ys[va]))
+    model, info = full_probe(xs, ys, names)
     metrics = evaluate_scores(torch.from_numpy(probe_scores(model, xt, n_classes)), test.labels, names,
                               test.uncertainty)
     kshot = {}
@@ -241,8 +247,7 @@ def label_baseline_rows(all_selection, eval_feats, select_feats, *, logit_scale:
     common = {"uses_eval_labels": False, **SELECT_AUDIT,
               "data_used": f"selection split labels ({len(ys)} images)"}
     t0 = time.perf_counter()
-    tr, va = hold_out(ys, names, split="selection split")
-    model, info = fit_probe(xs[tr], ys[tr], n_classes, val=(xs[va], ys[va]))
+    model, info = full_probe(xs, ys, names, split="selection split")
     probe = probe_scores(model, xe, n_classes)
     t1 = time.perf_counter()
 
